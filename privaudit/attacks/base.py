@@ -1,0 +1,127 @@
+"""The :class:`Attack` base class, :class:`Reconstruction`, and scoring helpers.
+
+An attack plays one party (``party``, usually ``server``). It receives that party's
+:class:`~privaudit.transcript.View` and the prior knowledge the experiment grants it
+(:meth:`Attack.prior_knowledge`, e.g. a fraction of a victim's ratings), and returns a
+:class:`Reconstruction`. Scoring reads the victims' ``private`` messages from the full
+transcript; the attack itself never sees them.
+
+An attack that finds its view lacks what it needs (``requires``: message kinds holding
+per-client plaintext) says why and scores as the random-guess baseline; it never crashes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from privaudit.params import Configurable
+from privaudit.transcript import Transcript, View
+
+
+@dataclass
+class Reconstruction:
+    """What an attack recovered.
+
+    Attributes
+    ----------
+    attack : str
+    party : str
+        The party the attacker played.
+    victims : dict[str, dict[str, numpy.ndarray]]
+        Victim party id -> reconstructed fields (e.g. ``items``, ``ratings``, ``attributes``).
+    supported : bool
+        False when the view lacked what the attack needs (then ``reason`` says why).
+    reason : str
+    meta : dict
+        JSON-able details (solver used, seconds, per-user diagnostics summary).
+    """
+
+    attack: str
+    party: str
+    victims: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    supported: bool = True
+    reason: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Attack(Configurable):
+    """Base class of attacks.
+
+    Class attributes
+    ----------------
+    party : str
+        The party the attacker plays.
+    protocols : tuple[str, ...]
+        Protocol names whose transcripts it reads.
+    requires : tuple[str, ...]
+        Message kinds the view must hold (in plaintext) for the attack to apply.
+    default_sweep : tuple[str, tuple] | None
+        ``(param, values)`` swept when an experiment names no sweep (e.g. an aux fraction).
+    primary_metric : str
+        The metric an audit summarises (accuracy minus baseline).
+    """
+
+    kind_label = "attack"
+    party: str = "server"
+    protocols: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    default_sweep: tuple[str, tuple] | None = None
+    primary_metric: str = "accuracy"
+
+    def applicable(self, view: View) -> tuple[bool, str]:
+        """Whether ``view`` holds what this attack needs, and if not, why."""
+        kinds = view.kinds()
+        missing = [k for k in self.requires if kinds.get(k, 0) == 0]
+        if missing:
+            return False, f"the {view.party}'s view holds no {', '.join(missing)} messages"
+        encrypted = [
+            k for k in self.requires if any(m.meta.get("encrypted") or m.meta.get("masked") for m in view.select(k))
+        ]
+        if encrypted:
+            return False, (
+                f"the {view.party}'s view holds {', '.join(encrypted)} only as ciphertexts or masked values "
+                "(no per-client plaintext)"
+            )
+        return True, ""
+
+    def prior_knowledge(self, transcript: Transcript, rng: np.random.Generator) -> dict[str, Any]:
+        """Side knowledge granted to the attacker (default: none)."""
+        return {}
+
+    def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
+        raise NotImplementedError
+
+    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+        raise NotImplementedError
+
+    def baseline(self, transcript: Transcript) -> dict[str, float]:
+        raise NotImplementedError
+
+    def unsupported(self, reason: str) -> Reconstruction:
+        return Reconstruction(self.name, self.party, {}, supported=False, reason=reason)
+
+    def evaluate(self, transcript: Transcript, rng: np.random.Generator) -> "AttackOutcome":
+        """Run the attack on its party's view of ``transcript`` and score it.
+
+        When the attack does not apply, the metrics equal the baseline and ``reason`` says why.
+        """
+        view = transcript.view(self.party)
+        ok, reason = self.applicable(view)
+        if ok:
+            knowledge = self.prior_knowledge(transcript, rng)
+            recon = self.run(view, knowledge, rng)
+        else:
+            recon = self.unsupported(reason)
+        base = self.baseline(transcript)
+        metrics = self.score(recon, transcript) if recon.supported else dict(base)
+        return AttackOutcome(metrics, base, recon)
+
+
+@dataclass
+class AttackOutcome:
+    metrics: dict[str, float]
+    baseline: dict[str, float]
+    reconstruction: Reconstruction

@@ -1,0 +1,105 @@
+"""The :class:`Defense` base class: hooks that change what clients send.
+
+A defense has parameters (``params``), one of which may be its *strength* (``strength``, e.g. a
+noise scale, an epsilon, a sampling ratio) with a default grid to sweep. Protocols never call a
+defense directly: client uploads go through a :class:`~privaudit.protocols.base.Channel` that
+calls, for every active defense in order,
+
+- :meth:`Defense.on_client_data` before training (e.g. sampling adds virtual items),
+- :meth:`Defense.on_upload` on every batch of uploads (noise, encryption, masking),
+- :meth:`Defense.aggregate` when the receiver sums a batch (homomorphic or masked sums),
+- :meth:`Defense.on_download` on what the server sends back.
+
+What the receiver sees after the defenses is exactly what the transcript records for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from privaudit.params import Configurable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from privaudit.protocols.base import Channel
+
+
+@dataclass
+class UploadBatch:
+    """The uploads of one kind from many clients in one round.
+
+    Attributes
+    ----------
+    round : int
+    kind : str
+        Message kind (``grad_V``, ``grad_P``, ``H``, ...).
+    senders : list[str]
+        Client party ids, one per payload.
+    payloads : list[dict[str, numpy.ndarray]]
+        One payload per sender. By convention a payload with ``items`` (int64, r) and
+        ``values`` (r x K) holds rows of an item matrix; other payloads hold dense arrays.
+    receiver : str
+    noisy_keys : tuple[str, ...] | None
+        Payload entries a noise defense perturbs; ``None`` means every floating-point entry.
+    meta : dict
+        Per-batch metadata recorded with every message (e.g. ``{"encrypted": True}``).
+    """
+
+    round: int
+    kind: str
+    senders: list[str]
+    payloads: list[dict[str, np.ndarray]]
+    receiver: str = "server"
+    noisy_keys: tuple[str, ...] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def float_keys(self, payload: dict[str, np.ndarray]) -> list[str]:
+        """Names of the entries of ``payload`` that count as uploaded floats."""
+        if self.noisy_keys is not None:
+            return [k for k in self.noisy_keys if k in payload]
+        return [k for k, v in payload.items() if np.issubdtype(np.asarray(v).dtype, np.floating)]
+
+
+class Defense(Configurable):
+    """Base class of defenses. Subclasses set ``name``, ``description``, ``params`` and hooks.
+
+    Class attributes
+    ----------------
+    strength : str | None
+        The parameter an experiment sweeps by default.
+    default_grid : tuple
+        Default values of the strength for sweeps.
+    applies_to : tuple[str, ...] | None
+        Protocol names this defense supports (``None``: any protocol).
+    """
+
+    kind_label = "defense"
+    strength: str | None = None
+    default_grid: tuple = ()
+    applies_to: tuple[str, ...] | None = None
+
+    def on_client_data(self, data: Any, rng: np.random.Generator) -> Any:
+        """Change a client's local data before training (default: unchanged)."""
+        return data
+
+    def on_upload(self, batch: UploadBatch, channel: "Channel") -> UploadBatch:
+        """Transform a batch of uploads before it leaves the clients (default: unchanged)."""
+        return batch
+
+    def aggregate(self, batch: UploadBatch, channel: "Channel", rows: int | None) -> dict[str, np.ndarray] | None:
+        """Sum ``batch`` at the receiver, or ``None`` to leave it to the next defense / plain sum."""
+        return None
+
+    def on_download(self, payload: dict[str, np.ndarray], channel: "Channel") -> dict[str, np.ndarray]:
+        """Transform what the server sends to clients (default: unchanged)."""
+        return payload
+
+    def privacy_spent(self, rounds: int) -> dict[str, float] | None:
+        """Privacy loss of a client that took part in ``rounds`` rounds (``epsilon``, ``delta``), if known."""
+        return None
+
+    def hides_plaintext(self) -> bool:
+        """True when the receiver sees no per-client plaintext (encryption, secure aggregation)."""
+        return False

@@ -1,0 +1,177 @@
+"""The :class:`Protocol` base class and the uplink :class:`Channel`.
+
+A protocol simulates one federated recommender on a :class:`~privaudit.data.RatingsDataset`
+and returns a :class:`RunResult`: the transcript, the trained model, and utility metrics.
+Every client-to-server upload passes through a :class:`Channel` built from the active
+defenses, so a protocol never knows which defenses are on: it hands the channel the plaintext
+uploads of a batch of clients and gets back what the receiver sees (and, with
+:meth:`Channel.sum`, the receiver's aggregate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from privaudit.defenses.base import Defense, UploadBatch
+from privaudit.errors import PrivauditError
+from privaudit.params import resolve
+from privaudit.transcript import Transcript
+
+
+@dataclass
+class RunResult:
+    """Outcome of :meth:`Protocol.run`.
+
+    Attributes
+    ----------
+    transcript : Transcript
+    model : Any
+        Protocol-specific trained model (factor matrices, network weights).
+    utility : dict[str, float]
+        Utility metrics (e.g. ``ndcg@10``, ``rmse``), flat and JSON-able.
+    """
+
+    transcript: Transcript
+    model: Any
+    utility: dict[str, float] = field(default_factory=dict)
+
+
+class Channel:
+    """The uplink: applies the defenses to uploads and records what each party sees.
+
+    Parameters
+    ----------
+    defenses : sequence of Defense
+        Applied in order on upload; aggregation asks them in reverse order.
+    transcript : Transcript
+        Receives a message per sender for every recorded batch.
+    rng : numpy.random.Generator
+        Simulation randomness (noise draws). Cryptographic material never comes from it.
+    """
+
+    def __init__(self, defenses: Sequence[Defense], transcript: Transcript, rng: np.random.Generator):
+        self.defenses = list(defenses)
+        self.transcript = transcript
+        self.rng = rng
+
+    def client_data(self, data: Any) -> Any:
+        """Pass client-local data through every defense's ``on_client_data``."""
+        for defense in self.defenses:
+            data = defense.on_client_data(data, self.rng)
+        return data
+
+    def send(
+        self,
+        round: int,
+        kind: str,
+        senders: Sequence[str],
+        payloads: Sequence[Mapping[str, np.ndarray]],
+        receiver: str = "server",
+        record: bool = True,
+        noisy_keys: tuple[str, ...] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> UploadBatch:
+        """Upload one batch; returns it as the receiver sees it (after every defense).
+
+        With ``record`` the transcript gets one message per sender, from sender to receiver.
+        """
+        if len(senders) != len(payloads):
+            raise ValueError("one payload per sender is required")
+        batch = UploadBatch(round, kind, list(senders), [dict(p) for p in payloads], receiver, noisy_keys, dict(meta or {}))
+        for defense in self.defenses:
+            batch = defense.on_upload(batch, self)
+        if record:
+            for sender, payload in zip(batch.senders, batch.payloads):
+                self.transcript.add(round, sender, receiver, kind, payload, batch.meta)
+        return batch
+
+    def sum(self, batch: UploadBatch, rows: int | None = None, index_key: str = "items") -> dict[str, np.ndarray]:
+        """The receiver's aggregate of ``batch`` as plaintext.
+
+        For payloads with ``index_key`` (item-row uploads), entries are summed into ``rows``
+        rows by index (an ``counts`` entry gives how many senders touched each row); other
+        entries are summed elementwise. Defenses that hide plaintext (encryption, secure
+        aggregation) compute the sum themselves in :meth:`Defense.aggregate`.
+        """
+        for defense in reversed(self.defenses):
+            result = defense.aggregate(batch, self, rows)
+            if result is not None:
+                return result
+        return plain_sum(batch.payloads, rows, index_key)
+
+    def download(self, payload: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Pass a server-to-client payload through every defense's ``on_download``."""
+        out = dict(payload)
+        for defense in self.defenses:
+            out = defense.on_download(out, self)
+        return out
+
+
+def plain_sum(payloads: Sequence[Mapping[str, np.ndarray]], rows: int | None, index_key: str = "items") -> dict[str, np.ndarray]:
+    """Sum a list of payloads (row-indexed entries scattered into ``rows`` rows)."""
+    if not payloads:
+        return {}
+    out: dict[str, np.ndarray] = {}
+    if index_key in payloads[0]:
+        if rows is None:
+            raise ValueError("rows is required to sum row-indexed uploads")
+        index = np.concatenate([np.asarray(p[index_key], dtype=np.int64) for p in payloads])
+        out["counts"] = np.bincount(index, minlength=rows).astype(np.int64)
+        for key in payloads[0]:
+            if key == index_key:
+                continue
+            values = np.concatenate([np.asarray(p[key]) for p in payloads], axis=0)
+            total = np.zeros((rows,) + values.shape[1:], dtype=np.result_type(values.dtype, np.float64))
+            np.add.at(total, index, values)
+            out[key] = total
+        return out
+    for key in payloads[0]:
+        out[key] = np.sum([np.asarray(p[key]) for p in payloads], axis=0)
+    return out
+
+
+class Protocol:
+    """Base class of protocols.
+
+    Subclasses set ``name``, ``description``, ``default_config`` (every public
+    hyperparameter with its default), ``config_help`` (one line per key), ``default_attack``
+    (the strongest registered attack against it) and implement :meth:`run`.
+    """
+
+    name: str = ""
+    description: str = ""
+    default_config: dict[str, Any] = {}
+    config_help: dict[str, str] = {}
+    default_attack: str | None = None
+    attacker: str = "server"
+
+    @classmethod
+    def resolve_config(cls, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Defaults updated with ``overrides`` (strings coerced), validated by :meth:`validate_config`."""
+        config = resolve(cls.default_config, overrides, f"protocol {cls.name!r}")
+        cls.validate_config(config)
+        return config
+
+    @classmethod
+    def validate_config(cls, config: dict[str, Any]) -> None:
+        """Raise :class:`PrivauditError` for out-of-range values."""
+
+    def run(
+        self,
+        dataset: Any,
+        config: Mapping[str, Any] | None = None,
+        defenses: Sequence[Defense] = (),
+        rng: np.random.Generator | int | None = None,
+    ) -> RunResult:
+        raise NotImplementedError
+
+    @staticmethod
+    def check_defenses(protocol: str, defenses: Sequence[Defense]) -> None:
+        for d in defenses:
+            if d.applies_to is not None and protocol not in d.applies_to:
+                raise PrivauditError(
+                    f"defense {d.name!r} does not apply to protocol {protocol!r} (it supports: {', '.join(d.applies_to)})"
+                )

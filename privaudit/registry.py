@@ -1,0 +1,128 @@
+"""Name -> class registries for protocols, attacks and defenses.
+
+Built-ins register themselves with the decorators below; every module of
+``privaudit.protocols``, ``privaudit.attacks`` and ``privaudit.defenses`` (except ``base`` and
+private ``_`` modules) is imported on first lookup, so adding a module is all it takes to add a
+built-in. Third-party packages add theirs through entry points in the groups
+``privaudit.protocols``, ``privaudit.attacks`` and ``privaudit.defenses``; each entry point
+names a class, registered under the entry point's name.
+
+Modules that need optional dependencies (torch, opacus) must import them lazily, inside the
+functions that use them, so that registration never requires an extra.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+from importlib.metadata import entry_points
+from typing import Any, Callable, TypeVar
+
+from privaudit.errors import PrivauditError
+
+KINDS = ("protocol", "attack", "defense")
+_PACKAGES = {"protocol": "privaudit.protocols", "attack": "privaudit.attacks", "defense": "privaudit.defenses"}
+_GROUPS = {"protocol": "privaudit.protocols", "attack": "privaudit.attacks", "defense": "privaudit.defenses"}
+
+_REGISTRY: dict[str, dict[str, type]] = {kind: {} for kind in KINDS}
+_LOADED = {"builtins": False, "plugins": False}
+_PLUGIN_ERRORS: list[str] = []
+
+T = TypeVar("T", bound=type)
+
+
+def _register(kind: str, name: str | None = None) -> Callable[[T], T]:
+    def decorator(cls: T) -> T:
+        key = name or getattr(cls, "name", None)
+        if not key:
+            raise TypeError(f"{cls.__name__} needs a 'name' to be registered as a {kind}")
+        existing = _REGISTRY[kind].get(key)
+        if existing is not None and existing is not cls:
+            raise ValueError(f"{kind} {key!r} is registered twice ({existing.__module__} and {cls.__module__})")
+        cls.name = key
+        _REGISTRY[kind][key] = cls
+        return cls
+
+    return decorator
+
+
+def register_protocol(name: str | None = None):
+    """Class decorator registering a :class:`~privaudit.protocols.base.Protocol`."""
+    return _register("protocol", name)
+
+
+def register_attack(name: str | None = None):
+    """Class decorator registering an :class:`~privaudit.attacks.base.Attack`."""
+    return _register("attack", name)
+
+
+def register_defense(name: str | None = None):
+    """Class decorator registering a :class:`~privaudit.defenses.base.Defense`."""
+    return _register("defense", name)
+
+
+def _load_builtins() -> None:
+    if _LOADED["builtins"]:
+        return
+    _LOADED["builtins"] = True
+    for kind, package_name in _PACKAGES.items():
+        package = importlib.import_module(package_name)
+        for info in pkgutil.iter_modules(package.__path__):
+            if info.name == "base" or info.name.startswith("_"):
+                continue
+            importlib.import_module(f"{package_name}.{info.name}")
+
+
+def _load_plugins() -> None:
+    if _LOADED["plugins"]:
+        return
+    _LOADED["plugins"] = True
+    for kind, group in _GROUPS.items():
+        for ep in entry_points(group=group):
+            if ep.name in _REGISTRY[kind]:
+                continue
+            try:
+                cls = ep.load()
+            except Exception as exc:  # a broken plugin must not break the toolkit
+                _PLUGIN_ERRORS.append(f"{group}:{ep.name}: {type(exc).__name__}: {exc}")
+                continue
+            _register(kind, ep.name)(cls)
+
+
+def reload_plugins() -> None:
+    """Forget discovered plugins and look the entry points up again (for tests)."""
+    _LOADED["plugins"] = False
+    _load_plugins()
+
+
+def available(kind: str) -> dict[str, type]:
+    """All registered classes of ``kind`` ("protocol", "attack", "defense"), by name."""
+    if kind not in _REGISTRY:
+        raise ValueError(f"unknown registry kind {kind!r}")
+    _load_builtins()
+    _load_plugins()
+    return dict(sorted(_REGISTRY[kind].items()))
+
+
+def get(kind: str, name: str) -> type:
+    """The class registered as ``name``; a :class:`PrivauditError` listing the choices if none."""
+    classes = available(kind)
+    if name not in classes:
+        choices = ", ".join(classes) or "none"
+        raise PrivauditError(f"unknown {kind} {name!r} (available: {choices})")
+    return classes[name]
+
+
+def plugin_errors() -> list[str]:
+    """Entry points that failed to load, as one-line descriptions."""
+    _load_plugins()
+    return list(_PLUGIN_ERRORS)
+
+
+def describe(cls: Any) -> str:
+    """First line of a class's ``description`` or docstring."""
+    text = getattr(cls, "description", None) or (cls.__doc__ or "")
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+

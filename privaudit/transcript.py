@@ -1,0 +1,514 @@
+"""Transcripts: every message of a federated run, and each party's view of it.
+
+A :class:`Transcript` is the ordered list of :class:`Message` objects a protocol emitted, plus
+the public configuration every party knows. A party's own knowledge is a message to itself
+(kind ``state`` for a server's model, kind ``private`` for a client's raw data).
+:meth:`Transcript.view` returns a :class:`View` holding only the messages that party received;
+attacks get a view, never the transcript.
+
+File format (version 1, suffix ``.ptx``): a ZIP archive with ``manifest.json`` and one ``.npy``
+member per array under ``arrays/``. The manifest lists protocol, config, seed, dataset summary,
+parties and messages (payload name -> member path) as in DESIGN.md, and additionally an
+``arrays`` table (member path -> ``{"dtype", "shape"}``) so that a member contradicting the
+manifest is detected before it is read. Transcripts written by other tools may omit that
+table; their arrays are then checked only for safety (no object dtype, size within limits).
+
+Loading never unpickles: every member is parsed with ``numpy.lib.format`` headers first and
+read with ``allow_pickle=False``; object dtypes, unknown versions, path traversal, missing
+members, shape/dtype mismatches and oversized archives are refused with a one-line
+:class:`~privaudit.errors.TranscriptError`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+import zipfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+import numpy as np
+
+from privaudit.errors import TranscriptError
+
+FORMAT_NAME = "privaudit-transcript"
+FORMAT_VERSION = 1
+DEFAULT_MAX_BYTES = 4 * 1024**3  # uncompressed size limit for an archive: 4 GiB
+_MAX_MANIFEST_BYTES = 256 * 1024**2
+
+__all__ = [
+    "Message",
+    "Transcript",
+    "View",
+    "load",
+    "save",
+    "FORMAT_VERSION",
+    "DEFAULT_MAX_BYTES",
+]
+
+
+@dataclass
+class Message:
+    """One message of a run.
+
+    Attributes
+    ----------
+    seq : int
+        Position in the transcript (0-based, strictly increasing).
+    round : int
+        Protocol round (epoch) the message belongs to.
+    sender, receiver : str
+        Party ids (``server``, ``item-server``, ``client:<k>``, ``decryptor:<k>``).
+    kind : str
+        What the message carries (``grad_V``, ``state``, ``private``, ...).
+    payload : dict[str, numpy.ndarray]
+        Named arrays. Never object arrays.
+    meta : dict
+        Small JSON-able metadata.
+    """
+
+    seq: int
+    round: int
+    sender: str
+    receiver: str
+    kind: str
+    payload: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        """Total size of the payload arrays in bytes."""
+        return int(sum(a.nbytes for a in self.payload.values()))
+
+
+class _MessageLog:
+    """Shared behaviour of a transcript and a view: an ordered message list with queries."""
+
+    messages: list[Message]
+
+    def select(
+        self,
+        kind: str | None = None,
+        *,
+        sender: str | None = None,
+        receiver: str | None = None,
+        round: int | None = None,
+    ) -> list[Message]:
+        """Messages matching every given field, in transcript order."""
+        return [
+            m
+            for m in self.messages
+            if (kind is None or m.kind == kind)
+            and (sender is None or m.sender == sender)
+            and (receiver is None or m.receiver == receiver)
+            and (round is None or m.round == round)
+        ]
+
+    def kinds(self) -> Counter:
+        """Count of messages per kind."""
+        return Counter(m.kind for m in self.messages)
+
+    def rounds(self, kind: str | None = None) -> list[int]:
+        """Sorted distinct rounds (of messages of ``kind`` if given)."""
+        return sorted({m.round for m in self.messages if kind is None or m.kind == kind})
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self.messages)
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+
+@dataclass
+class View(_MessageLog):
+    """What one party knows: the public config and the messages it received.
+
+    Built by :meth:`Transcript.view`. ``messages`` holds every message whose receiver is
+    ``party`` (its own ``state``/``private`` messages included), in transcript order.
+    """
+
+    party: str
+    protocol: str
+    config: dict[str, Any]
+    dataset: dict[str, Any]
+    parties: list[str]
+    messages: list[Message]
+
+
+@dataclass
+class Transcript(_MessageLog):
+    """Everything that happened in one run.
+
+    Attributes
+    ----------
+    protocol : str
+        Registered protocol name.
+    config : dict
+        Public configuration (every hyperparameter all parties know), JSON-able.
+    seed : int | None
+        Seed of the simulation.
+    dataset : dict
+        Dataset summary (``name``, ``users``, ``items``, ``ratings``, ...).
+    parties : list[str]
+        Every party id of the run.
+    messages : list[Message]
+        Ordered messages.
+    """
+
+    protocol: str
+    config: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+    dataset: dict[str, Any] = field(default_factory=dict)
+    parties: list[str] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+
+    def add(
+        self,
+        round: int,
+        sender: str,
+        receiver: str,
+        kind: str,
+        payload: Mapping[str, np.ndarray] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Message:
+        """Append a message (``seq`` assigned here) and return it.
+
+        Payload arrays are stored as given (not copied); callers must not mutate them later.
+        """
+        arrays = {}
+        for name, value in (payload or {}).items():
+            arr = np.asarray(value)
+            if arr.dtype.hasobject:
+                raise TypeError(f"payload {name!r} of {kind!r} is an object array")
+            arrays[str(name)] = arr
+        msg = Message(len(self.messages), int(round), sender, receiver, kind, arrays, dict(meta or {}))
+        self.messages.append(msg)
+        return msg
+
+    def view(self, party: str) -> View:
+        """The messages ``party`` received (its own knowledge included) and the public config."""
+        if self.parties and party not in self.parties:
+            raise TranscriptError(f"no party {party!r} in this transcript")
+        return View(
+            party=party,
+            protocol=self.protocol,
+            config=dict(self.config),
+            dataset=dict(self.dataset),
+            parties=list(self.parties),
+            messages=[m for m in self.messages if m.receiver == party],
+        )
+
+    def private(self, party: str) -> dict[str, np.ndarray]:
+        """The ``private`` payload of ``party`` (ground truth for scoring); empty if absent."""
+        merged: dict[str, np.ndarray] = {}
+        for m in self.messages:
+            if m.kind == "private" and m.sender == party and m.receiver == party:
+                merged.update(m.payload)
+        return merged
+
+    @property
+    def has_private(self) -> bool:
+        return any(m.kind == "private" for m in self.messages)
+
+    def without_private(self) -> "Transcript":
+        """A shareable copy without ``private`` messages (sequence numbers kept)."""
+        return Transcript(
+            self.protocol,
+            dict(self.config),
+            self.seed,
+            dict(self.dataset),
+            list(self.parties),
+            [m for m in self.messages if m.kind != "private"],
+        )
+
+    def save(self, path: str | Path, include_private: bool = True) -> Path:
+        """Write this transcript to ``path`` (``.ptx``); see :func:`save`."""
+        return save(self, path, include_private=include_private)
+
+    @staticmethod
+    def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> "Transcript":
+        """Read a transcript file; see :func:`load`."""
+        return load(path, max_bytes=max_bytes)
+
+
+# --------------------------------------------------------------------------------------
+# writing
+
+
+def _jsonable(value: Any, where: str) -> Any:
+    """Check (and normalise numpy scalars in) a config/meta value for JSON."""
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.ndarray):
+        return [_jsonable(v, where) for v in value.tolist()]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v, where) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v, where) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"{where}: {type(value).__name__} is not JSON-able")
+
+
+def save(transcript: Transcript, path: str | Path, include_private: bool = True) -> Path:
+    """Write ``transcript`` as a ``.ptx`` v1 archive and return the path.
+
+    Arrays are streamed into the archive one at a time (never the whole archive in memory).
+    With ``include_private=False`` the ``private`` messages are left out, which makes a
+    transcript that can be shared without the clients' raw data.
+    """
+    path = Path(path)
+    messages = [m for m in transcript.messages if include_private or m.kind != "private"]
+    manifest_messages = []
+    arrays_table: dict[str, dict[str, Any]] = {}
+    counter = 0
+    try:
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1, allowZip64=True) as zf:
+            for m in messages:
+                payload_refs = {}
+                for name, arr in m.payload.items():
+                    arr = np.asarray(arr)
+                    if arr.dtype.hasobject:
+                        raise TypeError(f"message {m.seq} payload {name!r} is an object array")
+                    member = f"arrays/{counter}.npy"
+                    counter += 1
+                    arr = np.ascontiguousarray(arr)
+                    with zf.open(member, "w", force_zip64=arr.nbytes > 2**31) as fh:
+                        np.lib.format.write_array(fh, arr, allow_pickle=False)
+                    payload_refs[name] = member
+                    arrays_table[member] = {"dtype": arr.dtype.str, "shape": list(arr.shape)}
+                manifest_messages.append(
+                    {
+                        "seq": int(m.seq),
+                        "round": int(m.round),
+                        "sender": m.sender,
+                        "receiver": m.receiver,
+                        "kind": m.kind,
+                        "payload": payload_refs,
+                        "meta": _jsonable(m.meta, f"message {m.seq} meta"),
+                    }
+                )
+            manifest = {
+                "format": FORMAT_NAME,
+                "version": FORMAT_VERSION,
+                "protocol": transcript.protocol,
+                "config": _jsonable(transcript.config, "config"),
+                "seed": transcript.seed,
+                "dataset": _jsonable(transcript.dataset, "dataset"),
+                "parties": list(transcript.parties),
+                "private_included": bool(include_private and transcript.has_private),
+                "messages": manifest_messages,
+                "arrays": arrays_table,
+            }
+            zf.writestr("manifest.json", json.dumps(manifest, separators=(",", ":")))
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# reading
+
+
+def _safe_member(name: Any, where: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise TranscriptError(f"{where}: member name must be a non-empty string")
+    if name.startswith("/") or name.startswith("\\") or "\\" in name or (len(name) > 1 and name[1] == ":"):
+        raise TranscriptError(f"{where}: absolute member path {name!r} refused")
+    parts = name.split("/")
+    if ".." in parts or posixpath.normpath(name) != name:
+        raise TranscriptError(f"{where}: member path {name!r} refused (path traversal)")
+    return name
+
+
+def _read_npy(zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: dict | None) -> np.ndarray:
+    """Parse one ``.npy`` member safely: header checks before any data is read."""
+    name = info.filename
+    with zf.open(info) as fh:
+        try:
+            version = np.lib.format.read_magic(fh)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+            elif version in ((2, 0), (3, 0)):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+            else:  # pragma: no cover - read_magic already rejects others
+                raise ValueError(f"unsupported .npy version {version}")
+        except ValueError as exc:
+            raise TranscriptError(f"{name}: not a valid .npy member ({exc})") from None
+        if dtype.hasobject:
+            raise TranscriptError(f"{name}: object arrays are refused (a pickle is never loaded)")
+        if expected is not None:
+            if np.dtype(expected.get("dtype")) != dtype or list(expected.get("shape", [])) != list(shape):
+                raise TranscriptError(
+                    f"{name}: array is {dtype.str} {list(shape)} but the manifest says "
+                    f"{expected.get('dtype')} {expected.get('shape')}"
+                )
+        count = math.prod(shape)
+        nbytes = count * dtype.itemsize
+        header_len = fh.tell()
+        if info.file_size != header_len + nbytes:
+            raise TranscriptError(
+                f"{name}: member holds {info.file_size - header_len} data bytes, header needs {nbytes}"
+            )
+        data = bytearray(nbytes)
+        view = memoryview(data)
+        got = 0
+        while got < nbytes:
+            chunk = fh.readinto(view[got:])
+            if not chunk:
+                raise TranscriptError(f"{name}: truncated array data")
+            got += chunk
+    arr = np.frombuffer(data, dtype=dtype, count=count)
+    arr = arr.reshape(shape[::-1]).T if fortran else arr.reshape(shape)
+    return arr
+
+
+def _require(obj: Mapping, key: str, types: type | tuple, where: str) -> Any:
+    if key not in obj:
+        raise TranscriptError(f"{where}: missing field {key!r}")
+    value = obj[key]
+    if not isinstance(value, types) or (isinstance(value, bool) and types is int):
+        raise TranscriptError(f"{where}: field {key!r} has the wrong type")
+    return value
+
+
+def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
+    """Read a ``.ptx`` transcript, refusing anything malformed or unsafe.
+
+    Parameters
+    ----------
+    path : path to the archive.
+    max_bytes : refuse archives whose members' total uncompressed size exceeds this (bytes).
+
+    Raises
+    ------
+    TranscriptError
+        One line naming the problem: not a ZIP, no/invalid manifest, unknown format or version,
+        a member name with ``..`` or an absolute path, a message pointing at a missing member,
+        a member that is not valid ``.npy``, an object (pickled) array, a shape or dtype that
+        contradicts the manifest, or an archive larger than ``max_bytes`` uncompressed.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise TranscriptError(f"{path}: no such transcript file")
+    if path.is_dir():
+        raise TranscriptError(f"{path}: is a directory, not a transcript file")
+    try:
+        zf = zipfile.ZipFile(path, "r")
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise TranscriptError(f"{path}: not a transcript archive ({exc})") from None
+    with zf:
+        infos = {}
+        total = 0
+        for info in zf.infolist():
+            _safe_member(info.filename, str(path))
+            infos[info.filename] = info
+            total += info.file_size
+        if total > max_bytes:
+            raise TranscriptError(
+                f"{path}: uncompressed size {total} bytes exceeds the limit of {max_bytes} bytes"
+            )
+        if "manifest.json" not in infos:
+            raise TranscriptError(f"{path}: no manifest.json (not a privaudit transcript)")
+        if infos["manifest.json"].file_size > _MAX_MANIFEST_BYTES:
+            raise TranscriptError(f"{path}: manifest.json is larger than {_MAX_MANIFEST_BYTES} bytes")
+        try:
+            manifest = json.loads(zf.read("manifest.json").decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise TranscriptError(f"{path}: manifest.json is not valid JSON ({exc})") from None
+        if not isinstance(manifest, dict):
+            raise TranscriptError(f"{path}: manifest.json must hold an object")
+        if manifest.get("format") != FORMAT_NAME:
+            raise TranscriptError(f"{path}: unknown format {manifest.get('format')!r} (expected {FORMAT_NAME!r})")
+        if manifest.get("version") != FORMAT_VERSION:
+            raise TranscriptError(
+                f"{path}: unsupported transcript version {manifest.get('version')!r} (this privaudit reads version {FORMAT_VERSION})"
+            )
+        where = f"{path}: manifest"
+        protocol = _require(manifest, "protocol", str, where)
+        config = manifest.get("config", {})
+        dataset = manifest.get("dataset", {})
+        parties = manifest.get("parties", [])
+        if not isinstance(config, dict) or not isinstance(dataset, dict):
+            raise TranscriptError(f"{where}: config and dataset must be objects")
+        if not isinstance(parties, list) or not all(isinstance(p, str) for p in parties):
+            raise TranscriptError(f"{where}: parties must be a list of strings")
+        seed = manifest.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise TranscriptError(f"{where}: seed must be an integer or null")
+        arrays_table = manifest.get("arrays")
+        if arrays_table is not None and not isinstance(arrays_table, dict):
+            raise TranscriptError(f"{where}: 'arrays' must be an object")
+        raw_messages = _require(manifest, "messages", list, where)
+        messages = []
+        cache: dict[str, np.ndarray] = {}
+        for i, raw in enumerate(raw_messages):
+            mwhere = f"{path}: message {i}"
+            if not isinstance(raw, dict):
+                raise TranscriptError(f"{mwhere}: must be an object")
+            seq = _require(raw, "seq", int, mwhere)
+            rnd = _require(raw, "round", int, mwhere)
+            sender = _require(raw, "sender", str, mwhere)
+            receiver = _require(raw, "receiver", str, mwhere)
+            kind = _require(raw, "kind", str, mwhere)
+            refs = raw.get("payload", {})
+            meta = raw.get("meta", {})
+            if not isinstance(refs, dict) or not isinstance(meta, dict):
+                raise TranscriptError(f"{mwhere}: payload and meta must be objects")
+            payload = {}
+            for name, member in refs.items():
+                _safe_member(member, mwhere)
+                if member not in infos:
+                    raise TranscriptError(f"{mwhere}: payload {name!r} points at missing array {member!r}")
+                if member not in cache:
+                    expected = None
+                    if arrays_table is not None:
+                        expected = arrays_table.get(member)
+                        if not isinstance(expected, dict):
+                            raise TranscriptError(f"{mwhere}: array {member!r} is not described in the manifest")
+                        try:
+                            np.dtype(expected.get("dtype"))
+                        except TypeError:
+                            raise TranscriptError(f"{mwhere}: array {member!r} has an invalid dtype in the manifest") from None
+                    cache[member] = _read_npy(zf, infos[member], expected)
+                payload[name] = cache[member]
+            messages.append(Message(seq, rnd, sender, receiver, kind, payload, meta))
+    return Transcript(protocol, config, seed, dataset, parties, messages)
+
+
+def summarize(transcript: Transcript) -> dict[str, Any]:
+    """A JSON-able summary: parties, rounds, per-kind counts and bytes, private data present."""
+    kinds: dict[str, dict[str, int]] = {}
+    for m in transcript.messages:
+        entry = kinds.setdefault(m.kind, {"messages": 0, "bytes": 0})
+        entry["messages"] += 1
+        entry["bytes"] += m.nbytes
+    rounds = transcript.rounds()
+    n_clients = sum(1 for p in transcript.parties if p.startswith("client:"))
+    return {
+        "protocol": transcript.protocol,
+        "seed": transcript.seed,
+        "dataset": transcript.dataset,
+        "parties": len(transcript.parties),
+        "clients": n_clients,
+        "other_parties": [p for p in transcript.parties if not p.startswith("client:")],
+        "rounds": [rounds[0], rounds[-1]] if rounds else [],
+        "messages": len(transcript.messages),
+        "kinds": kinds,
+        "private_included": transcript.has_private,
+        "config": transcript.config,
+    }
+
+
+def iter_payload_arrays(messages: Iterable[Message]) -> Iterator[np.ndarray]:
+    """Every payload array of ``messages`` in order."""
+    for m in messages:
+        yield from m.payload.values()
