@@ -1,0 +1,234 @@
+"""Shared pieces of the FedMVMF attacks: reading a server view, scoring, baselines.
+
+Everything here relies only on the FedMVMF message kinds of DESIGN.md, so any conforming
+transcript can be attacked:
+
+- ``state`` (server -> server, round t): ``V`` (m x K) and ``P`` (p x K) as sent that round;
+- ``grad_V`` (client:u -> server): ``items`` (int64, r) and ``values`` (r x K);
+- ``grad_P`` (client:u -> server): ``values`` (p x K);
+- ``private`` (client:u -> client:u, round 0): ``items``, ``ratings``, ``attributes``
+  (ground truth, read only by scoring).
+
+Scoring follows privmvmf.txt eq. 43: the attacker clips ratings to the rating range
+(InclUnc: ``[0, rating_max]``, 0 meaning unrated) and attributes to [0, 1], rounds, and the
+accuracy is the fraction of exactly recovered values. For ObsOnly the rating accuracy runs
+over the items the client uploaded (its rated items, plus any sampled virtual items, whose
+truth is 0); for InclUnc over every uploaded item (unrated ones have truth 0), with the
+accuracy on the truly rated items and of the rated/unrated decision reported beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from privaudit.attacks.base import Reconstruction
+from privaudit.metrics import majority_guess_accuracy, uniform_guess_accuracy
+from privaudit.transcript import Transcript, View
+
+FEDMVMF_PROTOCOLS = ("fedmvmf", "privmvmf")
+REQUIRED_CONFIG = ("K", "alpha", "lam", "update", "unrated", "n_items", "rating_min", "rating_max")
+
+
+@dataclass
+class ClientUploads:
+    """One client's uploads, by round (sorted).
+
+    Attributes
+    ----------
+    party : str
+    rounds : list[int]
+    items : list[numpy.ndarray]    # int64 (r_t,), the item ids sent in round t
+    grad_V : list[numpy.ndarray]   # (r_t x K)
+    grad_P : list[numpy.ndarray]   # (p x K)
+    """
+
+    party: str
+    rounds: list[int] = field(default_factory=list)
+    items: list[np.ndarray] = field(default_factory=list)
+    grad_V: list[np.ndarray] = field(default_factory=list)
+    grad_P: list[np.ndarray] = field(default_factory=list)
+
+
+@dataclass
+class FedMVMFView:
+    """A FedMVMF server view in arrays.
+
+    Attributes
+    ----------
+    config : dict                   public config (K, alpha, lam, w, eta, update, unrated, ...)
+    V : dict[int, numpy.ndarray]    round -> item factors sent that round (m x K)
+    P : dict[int, numpy.ndarray]    round -> attribute factors sent that round (p x K)
+    clients : dict[str, ClientUploads]
+    """
+
+    config: dict[str, Any]
+    V: dict[int, np.ndarray]
+    P: dict[int, np.ndarray]
+    clients: dict[str, ClientUploads]
+
+    @property
+    def rounds(self) -> list[int]:
+        return sorted(set(self.V) & set(self.P))
+
+
+def missing_config(view: View) -> list[str]:
+    return [k for k in REQUIRED_CONFIG if k not in view.config]
+
+
+def parse_view(view: View) -> FedMVMFView:
+    """Collect the state and uploads of a FedMVMF server view.
+
+    Only uploads of rounds for which the view also holds the server ``state`` are kept (an
+    attack needs the V and P the client computed with). Plaintext uploads only: callers check
+    :meth:`Attack.applicable` first.
+    """
+    V: dict[int, np.ndarray] = {}
+    P: dict[int, np.ndarray] = {}
+    for m in view.select("state"):
+        if "V" in m.payload:
+            V[m.round] = np.asarray(m.payload["V"], dtype=np.float64)
+        if "P" in m.payload:
+            P[m.round] = np.asarray(m.payload["P"], dtype=np.float64)
+    per_round: dict[str, dict[int, dict[str, np.ndarray]]] = {}
+    for m in view.messages:
+        if m.kind not in ("grad_V", "grad_P") or not m.sender.startswith("client:"):
+            continue
+        slot = per_round.setdefault(m.sender, {}).setdefault(m.round, {})
+        if m.kind == "grad_V":
+            slot["items"] = np.asarray(m.payload["items"], dtype=np.int64)
+            slot["grad_V"] = np.asarray(m.payload["values"], dtype=np.float64)
+        else:
+            slot["grad_P"] = np.asarray(m.payload["values"], dtype=np.float64)
+    clients: dict[str, ClientUploads] = {}
+    for party, rounds in per_round.items():
+        up = ClientUploads(party)
+        for r in sorted(rounds):
+            slot = rounds[r]
+            if r not in V or r not in P or "grad_V" not in slot or "grad_P" not in slot:
+                continue
+            up.rounds.append(r)
+            up.items.append(slot["items"])
+            up.grad_V.append(slot["grad_V"])
+            up.grad_P.append(slot["grad_P"])
+        if up.rounds:
+            clients[party] = up
+    return FedMVMFView(dict(view.config), V, P, clients)
+
+
+def client_sort_key(party: str) -> tuple[int, str]:
+    """Sort ``client:<k>`` ids numerically."""
+    _, _, tail = party.partition(":")
+    return (int(tail), party) if tail.isdigit() else (1 << 62, party)
+
+
+def rating_domain(config: dict[str, Any]) -> tuple[float, float]:
+    """(low, high) clipping range of guessed ratings: InclUnc admits 0 (= unrated)."""
+    lo, hi = float(config["rating_min"]), float(config["rating_max"])
+    sampled = any(d.get("name") == "sampling" for d in config.get("defenses", []) if isinstance(d, dict))
+    if config.get("unrated") == "inclunc" or sampled:
+        lo = 0.0
+    return lo, hi
+
+
+def round_ratings(values: np.ndarray, config: dict[str, Any]) -> np.ndarray:
+    """Clip to the rating domain and round to the rating grid (step ``rating_step``, default 1)."""
+    lo, hi = rating_domain(config)
+    step = float(config.get("rating_step", 1.0) or 1.0)
+    clipped = np.clip(np.nan_to_num(values, nan=lo), lo, hi)
+    return np.clip(np.round(clipped / step) * step, lo, hi)
+
+
+def round_attributes(values: np.ndarray) -> np.ndarray:
+    """Clip dummies to [0, 1] and round."""
+    return np.round(np.clip(np.nan_to_num(values, nan=0.0), 0.0, 1.0))
+
+
+def _truth(transcript: Transcript, party: str, items: np.ndarray) -> np.ndarray:
+    """True ratings of ``party`` on ``items`` (0 for items it did not rate)."""
+    private = transcript.private(party)
+    rated = np.asarray(private.get("items", np.empty(0, np.int64)), dtype=np.int64)
+    ratings = np.asarray(private.get("ratings", np.empty(0)), dtype=np.float64)
+    order = np.argsort(rated)
+    rated, ratings = rated[order], ratings[order]
+    pos = np.searchsorted(rated, items)
+    pos_c = np.minimum(pos, max(len(rated) - 1, 0))
+    hit = (pos < len(rated)) & (rated[pos_c] == items) if len(rated) else np.zeros(len(items), bool)
+    return np.where(hit, ratings[pos_c] if len(rated) else 0.0, 0.0)
+
+
+def score_reconstruction(recon: Reconstruction, transcript: Transcript) -> dict[str, float]:
+    """Rating and attribute accuracy (privmvmf.txt eq. 43) over all attacked victims.
+
+    Each victim's reconstruction holds ``items`` (the uploaded item ids it guessed),
+    ``ratings`` (rounded guesses, 0 = unrated) and ``attributes`` (rounded dummies).
+    """
+    rating_hits = rating_total = 0
+    rated_hits = rated_total = 0
+    detect_hits = 0
+    attr_hits = attr_total = 0
+    for party, guess in recon.victims.items():
+        items = np.asarray(guess.get("items", np.empty(0, np.int64)), dtype=np.int64)
+        if len(items):
+            truth = _truth(transcript, party, items)
+            g = np.asarray(guess["ratings"], dtype=np.float64)
+            rating_hits += int(np.sum(g == truth))
+            rating_total += len(items)
+            rated = truth > 0
+            rated_hits += int(np.sum(g[rated] == truth[rated]))
+            rated_total += int(rated.sum())
+            detect_hits += int(np.sum((g > 0) == rated))
+        if "attributes" in guess:
+            true_x = np.asarray(transcript.private(party).get("attributes", np.empty(0)), dtype=np.float64)
+            gx = np.asarray(guess["attributes"], dtype=np.float64)
+            if true_x.shape == gx.shape:
+                attr_hits += int(np.sum(gx == true_x))
+                attr_total += gx.size
+    nan = float("nan")
+    return {
+        "rating_accuracy": rating_hits / rating_total if rating_total else nan,
+        "attribute_accuracy": attr_hits / attr_total if attr_total else nan,
+        "rated_rating_accuracy": rated_hits / rated_total if rated_total else nan,
+        "rated_detection_accuracy": detect_hits / rating_total if rating_total else nan,
+        "victims": float(len(recon.victims)),
+    }
+
+
+def baselines(transcript: Transcript) -> dict[str, float]:
+    """Random-guess and majority-class accuracies for ratings and attributes.
+
+    The uniform guess draws from the value domain: the rating grid (with 0 added when unrated
+    items are uploaded too, InclUnc or sampling) and {0, 1} for dummies. The majority guess
+    always answers the most frequent true value (computed over all victims' uploaded items).
+    """
+    cfg = transcript.config
+    lo, hi = rating_domain(cfg)
+    step = float(cfg.get("rating_step", 1.0) or 1.0)
+    domain = int(round((hi - lo) / step)) + 1
+    server_view = transcript.view("server") if "server" in transcript.parties else None
+    truths = []
+    attrs = []
+    if server_view is not None:
+        seen: set[str] = set()
+        for m in server_view.select("grad_V"):
+            if m.sender in seen:
+                continue
+            seen.add(m.sender)
+            if "items" in m.payload:
+                truths.append(_truth(transcript, m.sender, np.asarray(m.payload["items"], dtype=np.int64)))
+    for party in transcript.parties:
+        if party.startswith("client:"):
+            x = transcript.private(party).get("attributes")
+            if x is not None:
+                attrs.append(np.asarray(x, dtype=np.float64))
+    nan = float("nan")
+    all_truth = np.concatenate(truths) if truths else np.empty(0)
+    all_attrs = np.concatenate(attrs) if attrs else np.empty(0)
+    return {
+        "rating_accuracy": uniform_guess_accuracy(domain),
+        "attribute_accuracy": uniform_guess_accuracy(2),
+        "rating_accuracy_majority": majority_guess_accuracy(all_truth) if len(all_truth) else nan,
+        "attribute_accuracy_majority": majority_guess_accuracy(all_attrs) if len(all_attrs) else nan,
+    }
