@@ -27,6 +27,43 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @dataclass
+class ClientData:
+    """All clients' local training data, batched (row u belongs to client u).
+
+    Passed through :meth:`Defense.on_client_data` before training, so that a defense such as
+    sampling can add virtual (unrated) items that the clients will then train on and upload.
+
+    Attributes
+    ----------
+    ratings : scipy.sparse.csr_matrix (n_users x n_items), float64
+        Values used in the local loss. Virtual entries carry their filled value (0 for
+        PrivMVMF's weighted sampling, the user average for FedRec's UA filling). Explicit
+        entries (including explicit zeros) define the set of items each client uploads.
+    weights : scipy.sparse.csr_matrix (n_users x n_items), float64
+        Confidence c_ui of every entry (1 for real ratings), same sparsity as ``ratings``.
+    virtual : scipy.sparse.csr_matrix (n_users x n_items), bool
+        True on virtual entries, same sparsity as ``ratings``.
+    """
+
+    ratings: Any
+    weights: Any
+    virtual: Any
+
+    @classmethod
+    def from_ratings(cls, ratings: Any) -> "ClientData":
+        """Real ratings only: weights 1, nothing virtual."""
+        import scipy.sparse as sp
+
+        r = sp.csr_matrix(ratings, dtype=np.float64)
+        r.sort_indices()
+        w = r.copy()
+        w.data = np.ones_like(w.data)
+        v = r.copy().astype(bool)
+        v.data = np.zeros(len(v.data), dtype=bool)
+        return cls(r, w, v)
+
+
+@dataclass
 class UploadBatch:
     """The uploads of one kind from many clients in one round.
 
