@@ -1,0 +1,564 @@
+"""Evaluation metrics: utility of the recommenders and success of the attacks.
+
+Pure numpy (scipy only for sparse inputs, ``rankdata`` and the t quantile), vectorized over
+users; per-user Python loops are never used. Large ranking inputs are processed in blocks of
+users so memory stays bounded.
+
+Conventions shared by every function:
+
+* ``scores`` are dense ``float`` matrices ``(n_users, n_items)`` (higher = recommended first).
+  NaN scores make an ordering undefined and raise :class:`ValueError`; ``±inf`` is allowed.
+* Matrices of test items (``relevant``, ``test_matrix``, ``exclude``, ``mask``) may be dense
+  arrays or scipy sparse matrices/arrays of the same shape as ``scores``.
+* Input with no elements (size 0) raises :class:`ValueError`. A well-formed input on which a
+  ranking metric is undefined for every user (no user has a relevant/test item) returns NaN,
+  which :func:`mean_ci95` skips, so one degenerate point does not abort a sweep.
+* Results are plain Python ``float`` (fractions in [0, 1] unless stated otherwise).
+
+Sources (in ``papers/``): ``fedncf.txt`` (HR@k, NDCG@k, leave-one-out), ``privmvmf.txt``
+(eq. 43 accuracy; appendix .2, eqs. 50-54: NDCG@10, precision, recall, F1, relevance =
+rating >= 4), ``dp-prototypes.txt`` (eq. 4 mean percentile rank, eqs. 5-6 MAP@k),
+``fedsplit.txt`` (eq. 4 relative error).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from scipy import stats
+
+__all__ = [
+    "rmse",
+    "mae",
+    "hit_ratio_at_k",
+    "ndcg_at_k_loo",
+    "ranking_metrics_at_k",
+    "mean_rank",
+    "map_at_k",
+    "reconstruction_accuracy",
+    "relative_error",
+    "auc",
+    "mean_ci95",
+    "uniform_guess_accuracy",
+    "majority_guess_accuracy",
+]
+
+# Users are processed in blocks of at most this many matrix elements.
+_BLOCK_ELEMENTS = 1 << 22
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _is_ragged_sequence(x: Any) -> bool:
+    """True for a list/tuple of per-user arrays (anything with ndim >= 1 inside)."""
+    return isinstance(x, (list, tuple)) and len(x) > 0 and any(np.ndim(e) >= 1 for e in x)
+
+
+def _flat(x: Any, name: str, dtype: Any = float) -> tuple[np.ndarray, list[int] | None]:
+    """Flatten an array or a list of per-user arrays; also return the per-part sizes."""
+    if sp.issparse(x):
+        raise ValueError(f"{name} must be a dense array or a list of arrays, not a sparse matrix")
+    if _is_ragged_sequence(x):
+        parts = [np.asarray(e, dtype=dtype).ravel() for e in x]
+        return np.concatenate(parts), [p.size for p in parts]
+    return np.asarray(x, dtype=dtype).ravel(), None
+
+
+def _paired(a: Any, b: Any, name_a: str, name_b: str) -> tuple[np.ndarray, np.ndarray]:
+    """Two equally shaped inputs (arrays, or lists of per-user arrays) as flat float arrays."""
+    if _is_ragged_sequence(a) or _is_ragged_sequence(b):
+        fa, sa = _flat(a, name_a)
+        fb, sb = _flat(b, name_b)
+        if sa is not None and sb is not None and sa != sb:
+            raise ValueError(f"{name_a} and {name_b} have different per-user lengths")
+        if fa.size != fb.size:
+            raise ValueError(f"{name_a} has {fa.size} values but {name_b} has {fb.size}")
+    else:
+        aa = np.asarray(a, dtype=float)
+        ab = np.asarray(b, dtype=float)
+        if aa.shape != ab.shape:
+            raise ValueError(f"{name_a} has shape {aa.shape} but {name_b} has shape {ab.shape}")
+        fa, fb = aa.ravel(), ab.ravel()
+    if fa.size == 0:
+        raise ValueError(f"{name_a} and {name_b} are empty")
+    return fa, fb
+
+
+def _check_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def _scores_2d(scores: Any, name: str = "scores") -> np.ndarray:
+    """Dense float64 (n_users, n_items) score matrix without NaN."""
+    if sp.issparse(scores):
+        scores = scores.toarray()
+    s = np.asarray(scores, dtype=float)
+    if s.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D (n_users, n_items) matrix, got shape {s.shape}")
+    if s.size == 0:
+        raise ValueError(f"{name} is empty (shape {s.shape})")
+    if np.isnan(s).any():
+        raise ValueError(f"{name} contains NaN; the ranking is undefined")
+    return s
+
+
+def _matrix(m: Any, shape: tuple[int, int], name: str, dtype: Any = bool) -> Any:
+    """A dense ndarray or a CSR matrix of the given shape (bool: nonzero -> True)."""
+    if sp.issparse(m):
+        out = sp.csr_matrix(m)
+        if dtype is bool:
+            out = out.astype(bool)
+            out.eliminate_zeros()
+        else:
+            out = out.astype(dtype)
+    else:
+        arr = np.asarray(m)
+        out = (arr != 0) if dtype is bool else arr.astype(dtype)
+    if out.shape != shape:
+        raise ValueError(f"{name} has shape {out.shape} but scores have shape {shape}")
+    return out
+
+
+def _rows(m: Any, lo: int, hi: int) -> np.ndarray:
+    """Dense rows lo:hi of a dense array or CSR matrix."""
+    if sp.issparse(m):
+        return np.asarray(m[lo:hi].toarray())
+    return m[lo:hi]
+
+
+def _blocks(n_rows: int, n_cols: int):
+    step = max(1, _BLOCK_ELEMENTS // max(1, n_cols))
+    for lo in range(0, n_rows, step):
+        yield lo, min(n_rows, lo + step)
+
+
+def _topk_hits(
+    s: np.ndarray, rel: np.ndarray, excl: np.ndarray | None, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Relevance of the top-k list of every user in a block.
+
+    Items are ordered by score (descending); ties are broken pessimistically (non-relevant
+    items first, then by column index); excluded items are never recommended. Returns
+    ``hits`` (b, min(k, n_items)) bool -- position j holds True iff the j-th recommended item
+    (0-based) is relevant -- and ``n_rec`` (b,), the length of each user's list,
+    ``min(k, number of non-excluded items)``.
+    """
+    b, m = s.shape
+    kk = min(k, m)
+    keys = [rel, -s] if excl is None else [rel, -s, excl]  # last key is the primary one
+    order = np.lexsort(keys, axis=-1)[:, :kk]
+    hits = np.take_along_axis(rel, order, axis=1)
+    n_avail = np.full(b, m) if excl is None else m - excl.sum(axis=1)
+    n_rec = np.minimum(kk, n_avail)
+    hits &= np.arange(kk)[None, :] < n_rec[:, None]
+    return hits, n_rec
+
+
+def _desc_tie_counts(s: np.ndarray, avail: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """For every entry: how many available items of its row score strictly higher, and how
+    many available items (itself included) score exactly the same. Shapes (b, m), int64.
+    Entries that are not available get meaningless values."""
+    b, m = s.shape
+    neg = -s
+    if avail is None:
+        order = np.argsort(neg, axis=1, kind="stable")
+    else:
+        order = np.lexsort([neg, ~avail], axis=-1)  # available first, then by score
+    sv = np.take_along_axis(neg, order, axis=1)
+    change = sv[:, 1:] != sv[:, :-1]
+    if avail is not None:
+        sa = np.take_along_axis(avail, order, axis=1)
+        change |= sa[:, 1:] != sa[:, :-1]
+    first = np.ones((b, m), dtype=bool)
+    first[:, 1:] = change
+    last = np.ones((b, m), dtype=bool)
+    last[:, :-1] = change
+    idx = np.broadcast_to(np.arange(m), (b, m))
+    start = np.maximum.accumulate(np.where(first, idx, 0), axis=1)
+    end = np.minimum.accumulate(np.where(last, idx, m - 1)[:, ::-1], axis=1)[:, ::-1]
+    greater = np.empty((b, m), dtype=np.int64)
+    tied = np.empty((b, m), dtype=np.int64)
+    np.put_along_axis(greater, order, start, axis=1)
+    np.put_along_axis(tied, order, end - start + 1, axis=1)
+    return greater, tied
+
+
+# --------------------------------------------------------------------------- rating error
+
+
+def rmse(y_true: Any, y_pred: Any) -> float:
+    """Root mean squared error, ``sqrt(mean((y_true - y_pred)^2))``, in rating units.
+
+    Both inputs have the same shape (any), or are lists of per-user 1-D arrays with the same
+    lengths (concatenated). NaN propagates (a diverged model reports NaN, it does not raise).
+    Used for test RMSE in dp-prototypes.txt §4.2 and fedsplit.txt.
+    """
+    a, b = _paired(y_true, y_pred, "y_true", "y_pred")
+    return float(np.sqrt(np.mean((a - b) ** 2)))
+
+
+def mae(y_true: Any, y_pred: Any) -> float:
+    """Mean absolute error, ``mean(|y_true - y_pred|)``, in rating units. Inputs as :func:`rmse`."""
+    a, b = _paired(y_true, y_pred, "y_true", "y_pred")
+    return float(np.mean(np.abs(a - b)))
+
+
+# --------------------------------------------------------------------------- leave-one-out
+
+
+def _loo_ranks(scores: Any, target_index: Any) -> np.ndarray:
+    s = np.asarray(scores.toarray() if sp.issparse(scores) else scores, dtype=float)
+    t = np.asarray(target_index)
+    if s.ndim == 1:  # a single user
+        s = s[None, :]
+        t = t.reshape(1)
+    s = _scores_2d(s)
+    if t.shape != (s.shape[0],):
+        raise ValueError(
+            f"target_index must have shape ({s.shape[0]},) (one index per user), got {t.shape}"
+        )
+    if not np.issubdtype(t.dtype, np.integer):
+        raise ValueError(f"target_index must hold integers, got dtype {t.dtype}")
+    if (t < 0).any() or (t >= s.shape[1]).any():
+        raise ValueError(f"target_index out of range [0, {s.shape[1]})")
+    target = s[np.arange(s.shape[0]), t]
+    # Pessimistic ties: every other candidate with score >= the target's is ranked above it.
+    return (s >= target[:, None]).sum(axis=1) - 1
+
+
+def hit_ratio_at_k(scores: Any, target_index: Any, k: int = 10) -> float:
+    """Leave-one-out hit ratio HR@k (fedncf.txt §4.1), averaged over users, in [0, 1].
+
+    ``scores``: (n_users, n_candidates) float -- each row scores the user's held-out item and
+    its sampled negatives (fedncf: 1 positive + 100 negatives); a 1-D row is one user.
+    ``target_index``: (n_users,) int, the column of the held-out item in each row.
+
+    The 0-based rank of the target is the number of *other* candidates whose score is
+    ``>=`` the target's: ties are broken pessimistically (a tied negative counts as ranked
+    above the target), so a constant scorer gets HR = 0, never a lucky hit.
+    HR_u = 1 if rank_u < k else 0; HR@k = mean_u HR_u.
+    """
+    k = _check_k(k)
+    ranks = _loo_ranks(scores, target_index)
+    return float(np.mean(ranks < k))
+
+
+def ndcg_at_k_loo(scores: Any, target_index: Any, k: int = 10) -> float:
+    """Leave-one-out NDCG@k (fedncf.txt §4.1), averaged over users, in [0, 1].
+
+    Inputs and the pessimistic tie rule as :func:`hit_ratio_at_k`. With one relevant item the
+    ideal DCG is 1, so NDCG_u = 1 / log2(rank_u + 2) if rank_u < k else 0 (rank 0-based:
+    the top position gives 1, the second 1/log2(3)).
+    """
+    k = _check_k(k)
+    ranks = _loo_ranks(scores, target_index)
+    gains = np.where(ranks < k, 1.0 / np.log2(ranks + 2.0), 0.0)
+    return float(np.mean(gains))
+
+
+# --------------------------------------------------------------------------- top-k lists
+
+
+def ranking_metrics_at_k(
+    scores: Any, relevant: Any, k: int = 10, exclude: Any = None
+) -> dict[str, float]:
+    """NDCG@k, precision@k, recall@k and F1@k of top-k lists (privmvmf.txt appendix .2,
+    eqs. 50-54; there relevance = test rating >= 4 and k = 10).
+
+    ``scores``: (n_users, n_items) float. ``relevant``: (n_users, n_items) bool, dense or scipy
+    sparse -- the test items judged relevant (e.g. ``test_ratings >= 4``); nonzero = relevant.
+    ``exclude``: optional (n_users, n_items) bool, dense or sparse -- items never recommended
+    (typically the user's training items).
+
+    Per user u, the list L_u holds the ``n_rec_u = min(k, #non-excluded items)`` best-scored
+    non-excluded items; ties are broken pessimistically (non-relevant before relevant, then
+    by column index), so constant scores earn nothing. With TP_u = |L_u ∩ Rel_u|:
+
+    * precision_u = TP_u / n_rec_u  (= TP_u / (TP_u + FP_u); 0 if the list is empty)
+    * recall_u    = TP_u / |Rel_u|  (= TP_u / (TP_u + FN_u))
+    * NDCG_u = DCG_u / IDCG_u, DCG_u = sum_{j=0}^{n_rec_u-1} rel(L_u[j]) / log2(j + 2)
+      (binary gains), IDCG_u = sum_{j=0}^{min(k, |Rel_u|)-1} 1 / log2(j + 2).
+
+    precision, recall and ndcg are averaged over the users with |Rel_u| >= 1 (users without a
+    relevant test item are skipped). F1 follows privmvmf.txt eq. 53, which is stated in terms
+    of the (averaged) Precision and Recall only: ``F1 = 2 P R / (P + R)`` of the averaged P and
+    R -- *not* the mean of per-user F1 (0 when P + R = 0). Relevant items that are also
+    excluded still count in |Rel_u| (they can never be hit). If no user has a relevant item,
+    every value is NaN.
+
+    Returns ``{"ndcg", "precision", "recall", "f1"}``, all floats in [0, 1].
+    """
+    k = _check_k(k)
+    s = _scores_2d(scores)
+    shape = s.shape
+    rel = _matrix(relevant, shape, "relevant")
+    excl = None if exclude is None else _matrix(exclude, shape, "exclude")
+    n_rel = _row_counts(rel)
+    kk = min(k, shape[1])
+    discounts = 1.0 / np.log2(np.arange(kk) + 2.0)
+    ideal = np.cumsum(discounts)
+
+    tot = {"ndcg": 0.0, "precision": 0.0, "recall": 0.0}
+    n_users = 0
+    for lo, hi in _blocks(*shape):
+        nr = n_rel[lo:hi]
+        keep = nr > 0
+        if not keep.any():
+            continue
+        rb = _rows(rel, lo, hi)[keep]
+        eb = None if excl is None else _rows(excl, lo, hi)[keep]
+        hits, n_rec = _topk_hits(s[lo:hi][keep], rb, eb, k)
+        nr = nr[keep]
+        tp = hits.sum(axis=1)
+        dcg = hits @ discounts
+        idcg = ideal[np.minimum(kk, nr) - 1]
+        tot["ndcg"] += float(np.sum(dcg / idcg))
+        prec = np.divide(tp, n_rec, out=np.zeros(len(tp)), where=n_rec > 0)
+        tot["precision"] += float(np.sum(prec))
+        tot["recall"] += float(np.sum(tp / nr))
+        n_users += int(keep.sum())
+    if n_users == 0:
+        return {"ndcg": math.nan, "precision": math.nan, "recall": math.nan, "f1": math.nan}
+    out = {name: value / n_users for name, value in tot.items()}
+    p, r = out["precision"], out["recall"]
+    out["f1"] = 2.0 * p * r / (p + r) if p + r > 0 else 0.0
+    return {key: float(out[key]) for key in ("ndcg", "precision", "recall", "f1")}
+
+
+def _row_counts(m: Any) -> np.ndarray:
+    if sp.issparse(m):
+        return np.asarray(m.getnnz(axis=1), dtype=np.int64)
+    return np.asarray(m.sum(axis=1), dtype=np.int64)
+
+
+def map_at_k(scores: Any, test_matrix: Any, k: int = 10, exclude: Any = None) -> float:
+    """Mean average precision MAP@k, dp-prototypes.txt eqs. 5-6, in [0, 1].
+
+    ``scores``: (n_users, n_items) float. ``test_matrix``: (n_users, n_items), dense or scipy
+    sparse; its nonzero entries are the user's relevant test items (dp-prototypes: the held-out
+    entries of the test set T). ``exclude``: optional bool mask of items never recommended.
+    The top-k list is built exactly as in :func:`ranking_metrics_at_k` (pessimistic ties).
+
+    With rel(i) = 1 if the item at position i (1-based) is relevant and p(u, i) the precision
+    of the first i items, eq. 5: ``AP@k(u) = sum_{i=1}^{k} p(u, i) rel(i) / |Rel_u|`` -- the
+    denominator is the user's number of relevant items, as in the paper (the common
+    ``min(k, |Rel_u|)`` variant differs only when |Rel_u| > k). Eq. 6: MAP@k is the mean of
+    AP@k over the users with at least one relevant test item (NaN if there are none).
+    """
+    k = _check_k(k)
+    s = _scores_2d(scores)
+    shape = s.shape
+    rel = _matrix(test_matrix, shape, "test_matrix")
+    excl = None if exclude is None else _matrix(exclude, shape, "exclude")
+    n_rel = _row_counts(rel)
+    kk = min(k, shape[1])
+    positions = np.arange(1, kk + 1, dtype=float)
+    total, n_users = 0.0, 0
+    for lo, hi in _blocks(*shape):
+        nr = n_rel[lo:hi]
+        keep = nr > 0
+        if not keep.any():
+            continue
+        rb = _rows(rel, lo, hi)[keep]
+        eb = None if excl is None else _rows(excl, lo, hi)[keep]
+        hits, _ = _topk_hits(s[lo:hi][keep], rb, eb, k)
+        prec = np.cumsum(hits, axis=1) / positions
+        total += float(np.sum((prec * hits).sum(axis=1) / nr[keep]))
+        n_users += int(keep.sum())
+    return total / n_users if n_users else math.nan
+
+
+def mean_rank(scores: Any, test_matrix: Any, exclude: Any = None) -> float:
+    """Weighted mean percentile rank, dp-prototypes.txt eq. 4 (Hu, Koren & Volinsky 2008).
+
+    ``scores``: (n_users, n_items) float. ``test_matrix``: (n_users, n_items), dense or scipy
+    sparse, non-negative; its nonzero entries x_ui form the test set T and are the weights.
+    ``exclude``: optional bool mask of items left out of every ranking (e.g. training items);
+    a test entry may not be excluded.
+
+    rank_ui is the percentile of item i in user u's list of the n_u ranked items:
+    ``rank_ui = (#{j: s_uj > s_ui} + 0.5 #{j != i: s_uj = s_ui}) / (n_u - 1)`` -- 0 = top,
+    1 = bottom, ties share the average position, so a constant or random scorer gives 0.5.
+    Eq. 4: ``mean_rank = sum_{(u,i) in T} x_ui rank_ui / sum_{(u,i) in T} x_ui`` (lower is
+    better; >= 0.5 is no better than random). NaN if T is empty.
+    """
+    s = _scores_2d(scores)
+    shape = s.shape
+    if sp.issparse(test_matrix):
+        x = sp.csr_matrix(test_matrix, dtype=float)
+        x.eliminate_zeros()
+        if x.shape != shape:
+            raise ValueError(f"test_matrix has shape {x.shape} but scores have shape {shape}")
+        if x.nnz and (x.data < 0).any():
+            raise ValueError("test_matrix weights must be non-negative")
+        if np.isnan(x.data).any():
+            raise ValueError("test_matrix contains NaN")
+    else:
+        x = np.asarray(test_matrix, dtype=float)
+        if x.shape != shape:
+            raise ValueError(f"test_matrix has shape {x.shape} but scores have shape {shape}")
+        if np.isnan(x).any():
+            raise ValueError("test_matrix contains NaN")
+        if (x < 0).any():
+            raise ValueError("test_matrix weights must be non-negative")
+    excl = None if exclude is None else _matrix(exclude, shape, "exclude")
+    num = den = 0.0
+    for lo, hi in _blocks(*shape):
+        xb = _rows(x, lo, hi) if sp.issparse(x) else x[lo:hi]
+        users, items = np.nonzero(xb)
+        if users.size == 0:
+            continue
+        w = xb[users, items]
+        avail = None if excl is None else ~_rows(excl, lo, hi)
+        if avail is not None and not avail[users, items].all():
+            raise ValueError("a test entry of test_matrix is also in exclude")
+        n_avail = np.full(hi - lo, shape[1]) if avail is None else avail.sum(axis=1)
+        if (n_avail[users] < 2).any():
+            raise ValueError("a percentile rank needs at least two ranked items per user")
+        greater, tied = _desc_tie_counts(s[lo:hi], avail)
+        position = greater[users, items] + 0.5 * (tied[users, items] - 1)
+        rank = position / (n_avail[users] - 1)
+        num += float(np.sum(w * rank))
+        den += float(np.sum(w))
+    return num / den if den > 0 else math.nan
+
+
+# --------------------------------------------------------------------------- attacks
+
+
+def reconstruction_accuracy(true: Any, guess: Any) -> float:
+    """Attack accuracy, privmvmf.txt eq. 43: the fraction of entries guessed exactly.
+
+    ``accuracy = sum_u sum_i 1[guess_ui == true_ui] / sum_u n_u`` -- pooled over all entries
+    of all users (not a mean of per-user accuracies). The caller clips and rounds the
+    estimates first (ratings to the rating range, attribute dummies to [0, 1]); comparison is
+    exact. ``true``/``guess``: arrays of the same shape, or lists of per-user 1-D arrays
+    (concatenated; per-user lengths must agree). A NaN guess counts as wrong. In [0, 1].
+    """
+    a, b = _paired(true, guess, "true", "guess")
+    return float(np.mean(a == b))
+
+
+def relative_error(X: Any, X_hat: Any, mask: Any = None, squared: bool = True) -> float:
+    """Relative reconstruction error, fedsplit.txt eq. 4, restricted to observed entries.
+
+    ``X``: (n, m) true matrix (dense or scipy sparse); ``X_hat``: (n, m) reconstruction;
+    ``mask``: optional (n, m) bool (dense or sparse) of the entries to score -- by default the
+    nonzero entries of X (the observed ratings, as in fedsplit.txt §4.4). With Ω the mask:
+
+        RE = ||(X - X_hat)_Ω||_F^2 / ||X_Ω||_F^2          (eq. 4 -- squared norms)
+
+    ``squared=False`` returns the ratio of the (unsquared) Frobenius norms, i.e. sqrt(RE).
+    Dimensionless, >= 0; 0 = perfect. Raises ValueError if Ω is empty or ||X_Ω|| = 0.
+    """
+    Xd = np.asarray(X.toarray() if sp.issparse(X) else X, dtype=float)
+    Xh = np.asarray(X_hat.toarray() if sp.issparse(X_hat) else X_hat, dtype=float)
+    if Xd.shape != Xh.shape:
+        raise ValueError(f"X has shape {Xd.shape} but X_hat has shape {Xh.shape}")
+    if Xd.size == 0:
+        raise ValueError("X is empty")
+    if mask is None:
+        m = Xd != 0
+    else:
+        mm = mask.toarray() if sp.issparse(mask) else np.asarray(mask)
+        if mm.shape != Xd.shape:
+            raise ValueError(f"mask has shape {mm.shape} but X has shape {Xd.shape}")
+        m = mm != 0
+    if not m.any():
+        raise ValueError("no observed entries to score (empty mask)")
+    denom = float(np.sum(Xd[m] ** 2))
+    if denom == 0.0:
+        raise ValueError("X is zero on the scored entries; the relative error is undefined")
+    re = float(np.sum((Xd[m] - Xh[m]) ** 2)) / denom
+    return re if squared else math.sqrt(re)
+
+
+def auc(labels: Any, scores: Any) -> float:
+    """Area under the ROC curve via the Mann-Whitney U statistic, in [0, 1].
+
+    ``labels``: (n,) binary (bool or 0/1), 1 = positive (e.g. member, real rating).
+    ``scores``: (n,) float, higher = more likely positive. With average ranks R (ties share
+    the mean rank, so a tied positive/negative pair counts 1/2):
+    ``AUC = (sum_{positives} R_i - n_pos (n_pos + 1) / 2) / (n_pos n_neg)``.
+    0.5 = chance. Raises ValueError if a class is missing or scores contain NaN.
+    """
+    y = np.asarray(labels).ravel()
+    s = np.asarray(scores, dtype=float).ravel()
+    if y.size == 0:
+        raise ValueError("labels are empty")
+    if y.shape != s.shape:
+        raise ValueError(f"labels have {y.size} values but scores have {s.size}")
+    if np.isnan(s).any():
+        raise ValueError("scores contain NaN")
+    if y.dtype != bool:
+        if not np.isin(y, (0, 1)).all():
+            raise ValueError("labels must be binary (bool or 0/1)")
+        y = y.astype(bool)
+    n_pos = int(y.sum())
+    n_neg = y.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("AUC needs both positive and negative labels")
+    ranks = stats.rankdata(s, method="average")
+    u = ranks[y].sum() - n_pos * (n_pos + 1) / 2.0
+    return float(u / (n_pos * n_neg))
+
+
+def mean_ci95(values: Any) -> tuple[float, float]:
+    """Mean and half-width of the 95 % confidence interval of the mean (Student t).
+
+    ``values``: array-like of any shape (e.g. one metric over seeds). NaNs are ignored.
+    ``half_width = t_{0.975, n-1} * std(ddof=1) / sqrt(n)`` (scipy.stats.t); the interval is
+    ``mean ± half_width``. One finite value -> half_width 0.0; all NaN -> (nan, nan).
+    Raises ValueError for an empty input.
+    """
+    v = np.asarray(values, dtype=float).ravel()
+    if v.size == 0:
+        raise ValueError("mean_ci95 of an empty input")
+    v = v[~np.isnan(v)]
+    n = v.size
+    if n == 0:
+        return math.nan, math.nan
+    mean = float(np.mean(v))
+    if n == 1:
+        return mean, 0.0
+    half = float(stats.t.ppf(0.975, n - 1) * np.std(v, ddof=1) / math.sqrt(n))
+    return mean, half
+
+
+def uniform_guess_accuracy(domain_size: Any) -> float:
+    """Expected accuracy of guessing uniformly at random over a finite value domain.
+
+    ``domain_size``: int >= 1 (e.g. 5 for ratings 1..5, 2 for a 0/1 attribute dummy), or an
+    array of per-entry domain sizes, in which case the mean of ``1 / d`` (the expected
+    fraction of entries guessed right). The random-guess baseline of privmvmf.txt §6.2.
+    """
+    d = np.asarray(domain_size, dtype=float)
+    if d.size == 0:
+        raise ValueError("domain_size is empty")
+    if np.isnan(d).any() or (d < 1).any() or (d != np.round(d)).any():
+        raise ValueError(f"domain sizes must be integers >= 1, got {domain_size!r}")
+    return float(np.mean(1.0 / d))
+
+
+def majority_guess_accuracy(values: Any, guess: Any = None) -> float:
+    """Accuracy of always guessing one value (the majority-class baseline).
+
+    ``values``: the true values (array of any shape, or a list of per-user arrays).
+    ``guess``: the constant guessed; by default the most frequent value of ``values`` itself
+    (the best constant guess in hindsight, an upper bound for any constant strategy). Pass a
+    guess learned elsewhere (e.g. the majority of an auxiliary set) for an honest baseline.
+    Returns ``#{values == guess} / #values`` in [0, 1].
+    """
+    v, _ = _flat(values, "values", dtype=None)
+    if v.size == 0:
+        raise ValueError("values are empty")
+    if guess is not None:
+        return float(np.mean(v == guess))
+    _, counts = np.unique(v, return_counts=True)
+    return float(counts.max() / v.size)
