@@ -279,7 +279,6 @@ def save(transcript: Transcript, path: str | Path, include_private: bool = True)
                         raise TypeError(f"message {m.seq} payload {name!r} is an object array")
                     member = f"arrays/{counter}.npy"
                     counter += 1
-                    arr = np.ascontiguousarray(arr)
                     with zf.open(member, "w", force_zip64=arr.nbytes > 2**31) as fh:
                         np.lib.format.write_array(fh, arr, allow_pickle=False)
                     payload_refs[name] = member
