@@ -1,0 +1,88 @@
+"""Additive noise defenses: ``laplace`` and ``gaussian`` (privmvmf.txt §6.2 "Robustness Check").
+
+Every float a client uploads (every entry named by :meth:`UploadBatch.float_keys`: by default
+all floating-point payload entries, e.g. ``grad_V.values`` and ``grad_P.values``; integer
+entries such as ``items`` are never touched) gets i.i.d. noise:
+
+* ``laplace``: Laplace(0, b) with b = ``scale`` (standard deviation sqrt(2) b);
+* ``gaussian``: N(0, sigma^2) with sigma = ``scale``.
+
+Noise comes from the channel's simulation generator (``channel.rng``); all floats of a batch
+are concatenated, drawn in one call and split back, so the cost is one vectorized draw per
+batch. The noisy uploads are what the server receives and what the transcript records. These
+are not differential-privacy mechanisms (no clipping, no accounting): see ``dp-gaussian``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from privaudit.defenses.base import Defense, UploadBatch
+from privaudit.errors import PrivauditError
+from privaudit.registry import register_defense
+
+if TYPE_CHECKING:  # pragma: no cover
+    from privaudit.protocols.base import Channel
+
+DEFAULT_SCALES = (0.0, 1e-4, 1e-3, 1e-2, 1e-1, 0.5, 1.0)
+
+
+class _AdditiveNoise(Defense):
+    """Base of the i.i.d. additive noise defenses; subclasses implement :meth:`draw`."""
+
+    params = {"scale": 0.0}
+    param_help = {"scale": "noise scale (Laplace b / Gaussian sigma) added to every uploaded float"}
+    strength = "scale"
+    default_grid = DEFAULT_SCALES
+
+    def validate(self) -> None:
+        scale = self.config["scale"]
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not np.isfinite(scale) or scale < 0:
+            raise PrivauditError(f"defense {self.name!r}: scale must be a non-negative number, got {scale!r}")
+        self.config["scale"] = float(scale)
+
+    def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def on_upload(self, batch: UploadBatch, channel: "Channel") -> UploadBatch:
+        scale = self.config["scale"]
+        if scale == 0.0 or not batch.payloads:
+            return batch
+        slots: list[tuple[int, str, np.ndarray]] = []
+        for j, payload in enumerate(batch.payloads):
+            for key in batch.float_keys(payload):
+                slots.append((j, key, np.asarray(payload[key])))
+        total = sum(a.size for _, _, a in slots)
+        if total == 0:
+            return batch
+        noise = self.draw(channel.rng, total)
+        payloads = [dict(p) for p in batch.payloads]
+        offset = 0
+        for j, key, arr in slots:
+            chunk = noise[offset : offset + arr.size].reshape(arr.shape)
+            offset += arr.size
+            payloads[j][key] = arr.astype(np.result_type(arr.dtype, np.float64)) + chunk
+        return dataclasses.replace(batch, payloads=payloads)
+
+
+@register_defense("laplace")
+class LaplaceNoise(_AdditiveNoise):
+    """I.i.d. Laplace(0, b = scale) noise on every uploaded float (privmvmf.txt §6.2)."""
+
+    description = "i.i.d. Laplace(0, scale) noise on every float a client uploads"
+
+    def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.laplace(0.0, self.config["scale"], size)
+
+
+@register_defense("gaussian")
+class GaussianNoise(_AdditiveNoise):
+    """I.i.d. N(0, scale^2) noise on every uploaded float."""
+
+    description = "i.i.d. Gaussian N(0, scale^2) noise on every float a client uploads"
+
+    def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.normal(0.0, self.config["scale"], size)

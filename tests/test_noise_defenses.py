@@ -1,0 +1,114 @@
+"""Noise defenses ``laplace`` and ``gaussian``: what the server receives is plaintext + i.i.d. noise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from privaudit.data import synthetic
+from privaudit.defenses.base import UploadBatch
+from privaudit.defenses.noise import GaussianNoise, LaplaceNoise
+from privaudit.errors import PrivauditError
+from privaudit.protocols.base import Channel
+from privaudit.protocols.fedmvmf import FedMVMF
+from privaudit.registry import get
+from privaudit.transcript import Transcript
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return synthetic(n_users=120, n_items=150, seed=1)
+
+
+def _round0_uploads(transcript):
+    out = {}
+    for msg in transcript.select(round=0):
+        if msg.kind in ("grad_V", "grad_P"):
+            out[msg.sender, msg.kind] = msg.payload
+    return out
+
+
+@pytest.mark.parametrize("name, factor", [("laplace", np.sqrt(2.0)), ("gaussian", 1.0)])
+@pytest.mark.parametrize("unrated", ["obsonly", "inclunc"])
+def test_protocol_uploads_carry_noise_of_the_right_scale(dataset, name, factor, unrated):
+    scale = 0.05
+    cfg = {"unrated": unrated, "epochs": 2, "record_rounds": 1}
+    clean = FedMVMF().run(dataset, cfg, rng=3).transcript
+    defense = get("defense", name)(scale=scale)
+    noisy = FedMVMF().run(dataset, cfg, defenses=[defense], rng=3).transcript
+    assert noisy.config["defenses"] == [{"name": name, "scale": scale}]
+    a, b = _round0_uploads(clean), _round0_uploads(noisy)
+    assert a.keys() == b.keys() and len(a) == 2 * clean.config["n_users"]
+    diffs = []
+    for key in a:
+        if "items" in a[key]:
+            assert b[key]["items"].dtype == np.int64
+            np.testing.assert_array_equal(a[key]["items"], b[key]["items"])
+        assert a[key]["values"].shape == b[key]["values"].shape
+        diffs.append((b[key]["values"] - a[key]["values"]).ravel())
+    d = np.concatenate(diffs)
+    assert d.size > 20_000
+    assert abs(d.mean()) < 5 * factor * scale / np.sqrt(d.size)
+    assert abs(d.std() / (factor * scale) - 1.0) < 0.05
+    # private ground truth is untouched
+    for party in clean.parties[2:6]:
+        for key, value in clean.private(party).items():
+            np.testing.assert_array_equal(value, noisy.private(party)[key])
+
+
+@pytest.mark.parametrize("cls", [LaplaceNoise, GaussianNoise])
+def test_batch_level_noise_and_integer_entries(cls):
+    rng = np.random.default_rng(0)
+    items = [np.arange(5, dtype=np.int64), np.array([2, 7], dtype=np.int64)]
+    payloads = [
+        {"items": items[0], "values": rng.normal(size=(5, 3)), "other": np.ones(4)},
+        {"items": items[1], "values": rng.normal(size=(2, 3)), "other": np.ones(4)},
+    ]
+    batch = UploadBatch(0, "grad_V", ["client:0", "client:1"], payloads)
+    channel = Channel([cls(scale=0.5)], Transcript("test"), np.random.default_rng(1))
+    out = channel.send(0, "grad_V", batch.senders, batch.payloads)
+    for before, after in zip(payloads, out.payloads):
+        assert after["items"] is before["items"] or np.array_equal(after["items"], before["items"])
+        assert after["items"].dtype == np.int64
+        assert not np.array_equal(after["values"], before["values"])
+        assert not np.array_equal(after["other"], before["other"])  # every float entry
+    # the inputs are not modified in place
+    assert np.array_equal(payloads[0]["other"], np.ones(4))
+    # the transcript records what the server received
+    recorded = channel.transcript.select("grad_V")
+    np.testing.assert_array_equal(recorded[0].payload["values"], out.payloads[0]["values"])
+    # noisy_keys restricts the perturbed entries
+    out2 = channel.send(0, "grad_V", batch.senders, batch.payloads, noisy_keys=("values",))
+    np.testing.assert_array_equal(out2.payloads[0]["other"], np.ones(4))
+
+
+@pytest.mark.parametrize("cls", [LaplaceNoise, GaussianNoise])
+def test_zero_scale_is_identity(cls):
+    payloads = [{"values": np.arange(6.0).reshape(2, 3)}]
+    channel = Channel([cls()], Transcript("test"), np.random.default_rng(0))
+    out = channel.send(0, "grad_P", ["client:0"], payloads, record=False)
+    np.testing.assert_array_equal(out.payloads[0]["values"], payloads[0]["values"])
+
+
+def test_registry_and_defaults():
+    for name in ("laplace", "gaussian"):
+        cls = get("defense", name)
+        assert cls.strength == "scale"
+        assert tuple(cls.default_grid) == (0.0, 1e-4, 1e-3, 1e-2, 1e-1, 0.5, 1.0)
+        assert cls().scale == 0.0
+        assert cls(scale="0.5").scale == 0.5
+        assert not cls().hides_plaintext()
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), "abc"])
+def test_bad_scale_is_a_user_error(bad):
+    with pytest.raises(PrivauditError, match="scale"):
+        LaplaceNoise(scale=bad)
+
+
+def test_noise_is_reproducible(dataset):
+    cfg = {"epochs": 2, "record_rounds": 1}
+    a = FedMVMF().run(dataset, cfg, defenses=[LaplaceNoise(scale=0.1)], rng=9).transcript
+    b = FedMVMF().run(dataset, cfg, defenses=[LaplaceNoise(scale=0.1)], rng=9).transcript
+    for x, y in zip(a.select("grad_V"), b.select("grad_V")):
+        np.testing.assert_array_equal(x.payload["values"], y.payload["values"])
