@@ -82,6 +82,9 @@ class UploadBatch:
         Payload entries a noise defense perturbs; ``None`` means every floating-point entry.
     meta : dict
         Per-batch metadata recorded with every message (e.g. ``{"encrypted": True}``).
+    recorded : bool
+        Whether the channel records this batch in the transcript (so that a defense records
+        its own messages, e.g. decryptors' sums, for the same rounds only).
     """
 
     round: int
@@ -91,6 +94,7 @@ class UploadBatch:
     receiver: str = "server"
     noisy_keys: tuple[str, ...] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    recorded: bool = True
 
     def float_keys(self, payload: dict[str, np.ndarray]) -> list[str]:
         """Names of the entries of ``payload`` that count as uploaded floats."""

@@ -80,7 +80,9 @@ class Channel:
         """
         if len(senders) != len(payloads):
             raise ValueError("one payload per sender is required")
-        batch = UploadBatch(round, kind, list(senders), [dict(p) for p in payloads], receiver, noisy_keys, dict(meta or {}))
+        batch = UploadBatch(
+            round, kind, list(senders), [dict(p) for p in payloads], receiver, noisy_keys, dict(meta or {}), bool(record)
+        )
         for defense in self.defenses:
             batch = defense.on_upload(batch, self)
         if record:
