@@ -1,0 +1,623 @@
+r"""``mvmf-analytic``: closed-form server reconstruction attack on FedMVMF (DESIGN.md "Attacks").
+
+The paper (privmvmf.txt §4, §6.2) solves one nonlinear system per user with iterative root
+finders (``mvmf-nonlinear``). This attack needs no root finding: every FedMVMF upload row is a
+scalar multiple of the user's latent vector, and the user's own update rule pins the scalar
+down in closed form. It is exact without noise, a least-squares / empirical-Bayes estimator
+under noise, and batched over users (padded ``(users x items x K)`` arrays processed in chunks
+of users; no per-user solver loop).
+
+Notation (one user, one round t, items S it uploaded)
+----------------------------------------------------
+``grad_V[i] = g_i u`` with ``g_i = -2 c_i (r_i - u.v_i)`` and ``grad_P[j] = h_j u`` with
+``h_j = -2 alpha (x_j - P_j.u)`` (DESIGN.md FedMVMF, eqs. 5 and 7 of the paper). So the stacked
+rows ``[grad_V; grad_P]`` ((|S| + p) x K) have rank one: ``u = t d`` with ``d`` the top right
+singular vector (top eigenvector of the K x K Gram matrix; unit norm, sign arbitrary) and an
+unknown scalar ``t``. Write ``a_i = grad_V[i].d = t g_i``, ``b_j = grad_P[j].d = t h_j``,
+``dv_i = d.v_i``, ``pd_j = P_j.d``. Solving the two upload formulas for the private data::
+
+    r_i = t dv_i - a_i / (2 t c_i)           x_j = t pd_j - b_j / (2 alpha t)        (1)
+
+so everything reduces to the scalar ``t`` (and, where c_i is unknown, to c_i in {1, w}).
+Flipping the sign of t flips every r_i and x_j, so the sign is the one that makes the ratings
+(and attribute dummies) positive.
+
+SemiALS (ObsOnly and InclUnc)
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+u is the minimiser of the client's loss, so its gradient vanishes::
+
+    sum_{i in S} g_i v_i + P^T h + 2 lam u = 0.
+
+(S is exactly the set of items in the client's loss: its rated items for ObsOnly, all items for
+InclUnc, rated + sampled items under a ``sampling`` defense.) Multiplying by t and dotting with
+d: ``t^2 = -d.(V_S^T a + P^T b) / (2 lam)`` -- the least-squares solution of the K-vector
+equation ``V_S^T a + P^T b = -2 lam t^2 d``; it needs no c_i, so it holds for InclUnc too.
+
+SGD, ObsOnly (two consecutive rounds)
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Round t uploads with u1 and (V, P); round t+1 with ``u2 = u1 - eta grad_u(u1; V', P')``.
+The residuals under the new factors are known linear functions of u1:
+``-2 c_i (r_i - u1.v'_i) = g_i + 2 c_i u1.(v'_i - v_i)`` and
+``-2 alpha (x_j - P'_j u1) = h_j + 2 alpha (P'_j - P_j).u1``, so with u1 = t1 d1, u2 = t2 d2::
+
+    u2 = t1 c1 + (1/t1) c2,
+    c1 = d1 + 2 eta V'_S^T C (V_S - V'_S) d1 + 2 eta alpha P'^T (P - P') d1 - 2 eta lam d1
+    c2 = -eta (V'_S^T a1 + P'^T b1)                                       (C = diag c_i)
+
+i.e. ``t1 c1 + s c2 - t2 d2 = 0`` with s = 1/t1. Instead of the 3-vector null space of
+``[c1, c2, -d2]`` (DESIGN.md) we use the equivalent constrained least-squares form: with
+``e = (I - d2 d2^T) c`` (the components that t2 d2 cannot absorb), minimise
+``||t1 e1 + e2 / t1||^2`` over tau = t1^2: ``tau = |e2| / |e1|`` (exact without noise, where
+e2 = -tau e1; always positive, so noise never makes it fail), then ``t2 = d2.(t1 c1 + c2/t1)``.
+Ratings and attributes follow from (1) with c_i = 1, in every round whose scale is known
+(both rounds of a pair; interior rounds get two estimates of |t|, which are averaged).
+
+InclUnc and sampled virtual items: which c_i? (both updates)
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+An unrated item (r_i = 0, c_i = w; likewise an item a ``sampling`` defense added, with its
+weight and rating 0) has ``a_i = -2 w t (0 - t dv_i) = 2 w t^2 dv_i``: all unrated items share
+the ratio ``a_i / dv_i = 2 w t^2``, which gives t^2 directly from one round (no second round,
+no stationarity). A rated item would match only if ``r_i = (1 - w) t dv_i`` (probability 0).
+Implementation: an initial t^2 (SemiALS: the stationarity formula; SGD: the densest cluster of
+the ratios ``a_i / (2 w dv_i)``, a shortest-half style mode estimate that is exact when the
+unrated items form the largest exact-tie cluster), then three rounds of (decide rated/unrated
+per item, refit ``t^2 = sum_U a_i dv_i / (2 w sum_U dv_i^2)`` over the items decided unrated;
+SemiALS: combined with the stationarity estimate by inverse variance). Decision per item, in
+rating units: the rated hypothesis value ``rhat_i = t dv_i - a_i / (2 t)`` must lie on the
+rating grid, the unrated hypothesis says ``rhat_i = z_i = (1 - w) t dv_i``.
+
+SGD-InclUnc by the two-round route (derived "the same way", for the record): the equations
+above hold with ``C = w I + (1 - w) diag(rated)`` in c1, so the pair needs the rated set first;
+since the one-round unrated shortcut already fixes t (and the rated set) exactly, the
+implementation uses the shortcut and does not need the pair for InclUnc.
+
+Noise (Laplace/Gaussian defenses): the estimator
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+* d: rank-1 least-squares fit of the stacked rows (top eigenvector of the Gram matrix);
+  ``a``, ``b``: least-squares coefficients of the rows on d.
+* noise level: the rows' energy orthogonal to d is pure noise, so the per-coordinate noise
+  variance is estimated as ``sum (trace G - lambda_max) / sum (rows (K - 1))`` pooled over users;
+  then ``a_i`` has standard deviation sigma, ``rhat_i`` sigma / (2|t|), ``xhat_j``
+  sigma / (2 alpha |t|).
+* scale: least squares as above (stationarity, unrated regression, or the pair equation).
+* every round of the view is used: per (user, item) the rounds' ``rhat`` are combined by inverse
+  variance (weights ~ t^2), and the rated/unrated decision multiplies the rounds' likelihoods.
+* decoding: maximum a posteriori on the grid. Hypotheses: each rating value on the grid
+  (rating_min..rating_max, step rating_step) and -- for InclUnc / sampling -- "unrated" (0);
+  Gaussian likelihoods with the variances above; the prior over hypotheses is fitted by EM on
+  all victims' items (empirical Bayes). Attributes: per ``group=value`` block of
+  ``attribute_names`` one-hot (or all-zero) decoding with a fitted prior per block (each
+  column on its own if the names carry no group). Without noise the likelihoods are sharp and
+  this is exactly "clip to the domain and round" (eq. 43); as the noise grows it degrades
+  gracefully to the majority guess instead of falling below it. The result is passed through
+  :func:`privaudit.attacks._mvmf.round_ratings` / ``round_attributes`` (clip and round).
+
+Departures from DESIGN.md: the SGD null space is solved in the constrained least-squares form
+above (same solution without noise); SGD-InclUnc uses the one-round shortcut; decoding is MAP
+with an empirical prior rather than plain rounding (identical without noise).
+Reads only the FedMVMF message kinds of DESIGN.md and the public config keys ``K``, ``alpha``,
+``lam``, ``w``, ``eta``, ``update``, ``unrated``, ``rating_min``, ``rating_max``
+(``rating_step``, ``attribute_names``, ``defenses`` if present).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from privaudit.attacks._mvmf import (
+    FEDMVMF_PROTOCOLS,
+    FedMVMFView,
+    baselines,
+    client_sort_key,
+    missing_config,
+    parse_view,
+    round_attributes,
+    round_ratings,
+    score_reconstruction,
+)
+from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.registry import register_attack
+from privaudit.transcript import Transcript, View
+
+_CHUNK_ELEMENTS = 1 << 23  # padded (users x items x K) elements processed at once
+_TINY = 1e-300
+
+
+# --------------------------------------------------------------------------------------
+# per-round statistics
+
+
+@dataclass
+class _Round:
+    """Projected uploads of the clients that took part in one round (padded over items).
+
+    users (n,) indices into the sorted client list; items (n, L) int64 (-1 = padding);
+    mask (n, L); d (n, K) unit direction of u; a (n, L) = grad_V.d; dv (n, L) = V_i.d;
+    b (n, p) = grad_P.d; pd (n, p) = P.d; resid (n,) energy off d; rows (n,) uploaded rows.
+    """
+
+    round: int
+    users: np.ndarray
+    items: np.ndarray
+    mask: np.ndarray
+    d: np.ndarray
+    a: np.ndarray
+    dv: np.ndarray
+    b: np.ndarray
+    pd: np.ndarray
+    resid: np.ndarray
+    rows: np.ndarray
+
+
+def _chunks(lengths: np.ndarray, K: int) -> list[slice]:
+    """Slices of users such that each padded chunk holds about ``_CHUNK_ELEMENTS`` floats."""
+    n = len(lengths)
+    L = int(lengths.max()) if n else 0
+    per = max(1, _CHUNK_ELEMENTS // max(1, L * K))
+    return [slice(s, min(n, s + per)) for s in range(0, n, per)]
+
+
+def _pad_rows(arrays: list[np.ndarray], L: int, K: int) -> np.ndarray:
+    """Stack ragged (len_u x K) arrays into (n, L, K) with zero padding."""
+    n = len(arrays)
+    lengths = np.fromiter((len(x) for x in arrays), dtype=np.int64, count=n)
+    if n and np.all(lengths == L):
+        return np.stack(arrays).reshape(n, L, K)
+    out = np.zeros((n * L, K))
+    if lengths.sum():
+        flat = np.arange(lengths.sum()) + np.repeat(np.arange(n) * L - (np.cumsum(lengths) - lengths), lengths)
+        out[flat] = np.concatenate(arrays, axis=0).reshape(-1, K)
+    return out.reshape(n, L, K)
+
+
+def _round_stats(fv: FedMVMFView, parties: list[str], r: int, K: int) -> _Round | None:
+    """Rank-1 fit of every participating client's uploads of round ``r``."""
+    users, items_l, gv_l, gp_l = [], [], [], []
+    for k, party in enumerate(parties):
+        up = fv.clients[party]
+        if r in up.rounds:
+            j = up.rounds.index(r)
+            users.append(k)
+            items_l.append(up.items[j])
+            gv_l.append(up.grad_V[j])
+            gp_l.append(up.grad_P[j])
+    if not users:
+        return None
+    V, P = fv.V[r], fv.P[r]
+    n, p = len(users), P.shape[0]
+    lengths = np.fromiter((len(x) for x in items_l), dtype=np.int64, count=n)
+    L = int(lengths.max())
+    items = np.full((n, L), -1, dtype=np.int64)
+    mask = np.arange(L)[None, :] < lengths[:, None]
+    items[mask] = np.concatenate(items_l) if lengths.sum() else np.empty(0, np.int64)
+    d = np.zeros((n, K))
+    a = np.zeros((n, L))
+    dv = np.zeros((n, L))
+    b = np.zeros((n, p))
+    resid = np.zeros(n)
+    for sl in _chunks(lengths, K):
+        GV = _pad_rows(gv_l[sl], L, K)
+        GP = np.stack(gp_l[sl]).reshape(-1, p, K)
+        G = np.matmul(GV.transpose(0, 2, 1), GV) + np.matmul(GP.transpose(0, 2, 1), GP)
+        evals, evecs = np.linalg.eigh(G)
+        dd = evecs[:, :, -1]
+        d[sl] = dd
+        resid[sl] = np.maximum(np.trace(G, axis1=1, axis2=2) - evals[:, -1], 0.0)
+        a[sl] = np.matmul(GV, dd[:, :, None])[:, :, 0]
+        b[sl] = np.matmul(GP, dd[:, :, None])[:, :, 0]
+        # V_i.d = (V d^T)[i]: one (m x K) @ (K x n) product, then a gather
+        Vd = V @ dd.T  # (m, n_chunk)
+        idx = np.where(mask[sl], items[sl], 0)
+        dv[sl] = np.take_along_axis(Vd.T, idx, axis=1) * mask[sl]
+    pd = d @ P.T
+    rows = lengths + p
+    return _Round(r, np.asarray(users), items, mask, d, a, dv, b, pd, resid, rows)
+
+
+# --------------------------------------------------------------------------------------
+# scale estimation
+
+
+def _classify_virtual(rhat: np.ndarray, z: np.ndarray, grid: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Sign-free nearest-hypothesis decision: True where 'unrated' (rhat ~ z) beats 'rated on the grid'."""
+    lo, hi = grid[0], grid[-1]
+    step = grid[1] - grid[0] if len(grid) > 1 else 1.0
+    ar = np.abs(rhat)  # the grid is positive, so the better sign is that of |rhat|
+    q = np.clip(ar, lo, hi)
+    q -= lo
+    q /= step
+    np.round(q, out=q)
+    q *= step
+    q += lo
+    q -= ar
+    np.abs(q, out=q)
+    return (np.abs(rhat - z) < q) & mask
+
+
+def _shorth_tau(a: np.ndarray, dv: np.ndarray, mask: np.ndarray, w: float, frac: float) -> np.ndarray:
+    """Mode of the ratios a_i / (2 w dv_i) per user: centre of the tightest window of frac * count values."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(mask & (dv != 0), a / (2.0 * w * dv), np.inf)
+    s = np.sort(ratio, axis=1)
+    count = np.isfinite(s).sum(axis=1)
+    k = np.maximum(2, np.ceil(frac * count)).astype(np.int64)
+    k = np.minimum(k, np.maximum(count, 1))
+    L = s.shape[1]
+    start = np.arange(L)[None, :]
+    end = np.minimum(start + k[:, None] - 1, L - 1)
+    with np.errstate(invalid="ignore"):
+        spread = np.take_along_axis(s, end, axis=1) - s
+    spread[(start + k[:, None] - 1) >= count[:, None]] = np.inf
+    spread[~np.isfinite(spread)] = np.inf
+    i0 = np.argmin(spread, axis=1)
+    mid = np.minimum(i0 + (k - 1) // 2, L - 1)
+    tau = s[np.arange(len(s)), mid]
+    return np.where(np.isfinite(tau), tau, np.nan)
+
+
+def _stationarity_tau(R: _Round, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """SemiALS: t^2 = -d.(V_S^T a + P^T b) / (2 lam) and its variance / sigma^2."""
+    num = np.sum(R.dv * R.a, axis=1) + np.sum(R.pd * R.b, axis=1)
+    tau = -num / (2.0 * lam)
+    var = (np.sum(R.dv**2, axis=1) + np.sum(R.pd**2, axis=1)) / (4.0 * lam**2)
+    return tau, var
+
+
+def _regression_tau(R: _Round, virt: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """t^2 = sum_U a dv / (2 w sum_U dv^2) over the items decided unrated, and variance / sigma^2."""
+    den = np.sum(np.where(virt, w * R.dv**2, 0.0), axis=1)
+    num = np.sum(np.where(virt, R.a * R.dv, 0.0), axis=1)
+    wmean = np.sum(np.where(virt, w * R.dv**2, 0.0), axis=1) / np.maximum(np.sum(np.where(virt, R.dv**2, 0.0), axis=1), _TINY)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau = num / (2.0 * den)
+        var = 1.0 / (4.0 * wmean**2 * np.sum(np.where(virt, R.dv**2, 0.0), axis=1))
+    ok = den > 0
+    return np.where(ok, tau, np.nan), np.where(ok, var, np.inf)
+
+
+def _pair_tau(
+    fv: FedMVMFView, R1: _Round, R2: _Round, eta: float, alpha: float, lam: float, K: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """SGD, ObsOnly: (users, tau1, tau2) from two consecutive rounds (module docstring).
+
+    Only clients present in both rounds with the same item set are solved.
+    """
+    common, i1, i2 = np.intersect1d(R1.users, R2.users, return_indices=True)
+    if not len(common):
+        return common, np.empty(0), np.empty(0)
+    L1, L2 = R1.items.shape[1], R2.items.shape[1]
+    L = max(L1, L2)
+    it1 = np.pad(R1.items[i1], ((0, 0), (0, L - L1)), constant_values=-1)
+    it2 = np.pad(R2.items[i2], ((0, 0), (0, L - L2)), constant_values=-1)
+    same = np.all(it1 == it2, axis=1)
+    common, i1, i2 = common[same], i1[same], i2[same]
+    V, Vn = fv.V[R1.round], fv.V[R2.round]
+    P, Pn = fv.P[R1.round], fv.P[R2.round]
+    d1, d2 = R1.d[i1], R2.d[i2]
+    items, mask, a1, b1 = R1.items[i1], R1.mask[i1], R1.a[i1], R1.b[i1]
+    n = len(common)
+    c1 = np.zeros((n, K))
+    c2 = np.zeros((n, K))
+    lengths = mask.sum(axis=1)
+    for sl in _chunks(lengths if n else np.zeros(1, np.int64), K):
+        idx = np.where(mask[sl], items[sl], 0)
+        VI, VnI = V[idx], Vn[idx]
+        m = mask[sl][:, :, None]
+        diff = np.einsum("nlk,nk->nl", VI - VnI, d1[sl])
+        c1[sl] = 2.0 * eta * np.einsum("nlk,nl->nk", VnI * m, diff)
+        c2[sl] = -eta * np.einsum("nlk,nl->nk", VnI * m, a1[sl])
+    c1 += d1 + 2.0 * eta * alpha * ((d1 @ (P - Pn).T) @ Pn) - 2.0 * eta * lam * d1
+    c2 += -eta * (b1 @ Pn)
+    e1 = c1 - d2 * np.sum(d2 * c1, axis=1, keepdims=True)
+    e2 = c2 - d2 * np.sum(d2 * c2, axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau1 = np.linalg.norm(e2, axis=1) / np.linalg.norm(e1, axis=1)
+        t1 = np.sqrt(tau1)
+        t2 = np.sum(d2 * (t1[:, None] * c1 + c2 / t1[:, None]), axis=1)
+    return common, tau1, t2**2
+
+
+# --------------------------------------------------------------------------------------
+# decoding
+
+
+def _em_prior(loglik: np.ndarray, iters: int = 30, max_rows: int = 200_000) -> np.ndarray:
+    """Empirical-Bayes prior over the hypotheses (columns) of ``loglik`` (N x H), by EM."""
+    H = loglik.shape[1]
+    pi = np.full(H, 1.0 / H)
+    if not len(loglik):
+        return pi
+    if len(loglik) > max_rows:  # the prior needs no more than a large even subsample
+        loglik = loglik[:: int(math.ceil(len(loglik) / max_rows))]
+    ll = loglik - loglik.max(axis=1, keepdims=True)
+    lik = np.exp(ll)
+    for _ in range(iters):
+        post = lik * pi
+        post /= np.maximum(post.sum(axis=1, keepdims=True), _TINY)
+        new = post.mean(axis=0)
+        new = np.maximum(new, 1e-6)
+        new /= new.sum()
+        if np.max(np.abs(new - pi)) < 1e-6:
+            pi = new
+            break
+        pi = new
+    return pi
+
+
+def _attribute_groups(names: Any, p: int) -> list[np.ndarray]:
+    """Column blocks of one-hot dummies from ``group=value`` names (else one column per block)."""
+    if not isinstance(names, (list, tuple)) or len(names) != p:
+        return [np.array([j]) for j in range(p)]
+    groups: dict[str, list[int]] = {}
+    order: list[str] = []
+    for j, name in enumerate(names):
+        key = str(name).split("=", 1)[0] if "=" in str(name) else f"\x00{j}"
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(j)
+    return [np.asarray(groups[k]) for k in order]
+
+
+@register_attack("mvmf-analytic")
+class MVMFAnalytic(Attack):
+    """Closed-form FedMVMF reconstruction: exact without noise, least squares + MAP under noise."""
+
+    description = "Closed-form FedMVMF server reconstruction (rank-1 fit + scale in closed form; exact without noise)"
+    party = "server"
+    protocols = FEDMVMF_PROTOCOLS
+    requires = ("grad_V", "grad_P", "state")
+    primary_metric = "rating_accuracy"
+    params = {"max_rounds": -1, "prior": True, "refits": 3}
+    param_help = {
+        "max_rounds": "use at most this many recorded rounds (-1: every round the view holds)",
+        "prior": "MAP decoding with an empirical prior fitted by EM (false: plain clip-and-round)",
+        "refits": "InclUnc/sampling: decide-rated/refit-scale iterations per round",
+    }
+
+    # ------------------------------------------------------------------ public API
+    def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
+        tic = time.perf_counter()
+        missing = missing_config(view)
+        if missing:
+            return self.unsupported(f"the view's config lacks {', '.join(missing)}")
+        fv = parse_view(view)
+        if not fv.clients:
+            return self.unsupported("the view holds no client uploads with the server state of their round")
+        cfg = fv.config
+        parties = sorted(fv.clients, key=client_sort_key)
+        K = int(cfg["K"])
+        alpha, lam = float(cfg["alpha"]), float(cfg["lam"])
+        w = float(cfg.get("w", 0.0) or 0.0)
+        eta = float(cfg.get("eta", 0.0) or 0.0)
+        update = str(cfg["update"])
+        sampling = [dd for dd in cfg.get("defenses", []) if isinstance(dd, dict) and dd.get("name") == "sampling"]
+        w_virtual = w
+        for dd in sampling:
+            for key in ("weight", "w"):
+                if isinstance(dd.get(key), (int, float)) and not isinstance(dd.get(key), bool):
+                    w_virtual = float(dd[key])
+        unknown_c = cfg["unrated"] == "inclunc" or bool(sampling)
+        if unknown_c and w_virtual <= 0:
+            return self.unsupported("unrated items with weight w = 0 carry no gradient (nothing to separate)")
+        rounds = fv.rounds
+        if self.max_rounds is not None and self.max_rounds >= 0:
+            rounds = rounds[: self.max_rounds]
+        stats = [s for s in (_round_stats(fv, parties, r, K) for r in rounds) if s is not None]
+        if not stats:
+            return self.unsupported("no round holds both the server state and client uploads")
+
+        # pooled noise variance per coordinate (energy of the rows off the rank-1 fit)
+        dof = sum(float(np.sum(s.rows)) for s in stats) * max(K - 1, 0)
+        sigma2 = sum(float(np.sum(s.resid)) for s in stats) / dof if dof > 0 else 0.0
+        scale2 = np.mean([np.mean(s.a[s.mask] ** 2) if s.mask.any() else 0.0 for s in stats]) + _TINY
+        sigma2 = max(sigma2, 1e-24 * scale2)
+
+        lo, hi = float(cfg["rating_min"]), float(cfg["rating_max"])
+        step = float(cfg.get("rating_step", 1.0) or 1.0)
+        grid = np.arange(lo, hi + step / 2, step)
+
+        taus = self._scales(fv, stats, update, unknown_c, w_virtual, eta, alpha, lam, K, grid)
+        if all(np.all(~np.isfinite(t)) for t in taus):
+            return self.unsupported(
+                "SGD with ObsOnly needs two consecutive recorded rounds from the same clients to fix the scale"
+            )
+        victims, diag = self._decode(cfg, fv, parties, stats, taus, sigma2, unknown_c, w_virtual, alpha, grid)
+        meta = {
+            "scenario": f"{update}-{cfg['unrated']}" + ("+sampling" if sampling else ""),
+            "rounds": [s.round for s in stats],
+            "noise_sigma": math.sqrt(sigma2),
+            "seconds": time.perf_counter() - tic,
+            **diag,
+        }
+        return Reconstruction(self.name, self.party, victims, meta=meta)
+
+    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+        return score_reconstruction(reconstruction, transcript)
+
+    def baseline(self, transcript: Transcript) -> dict[str, float]:
+        return baselines(transcript)
+
+    # ------------------------------------------------------------------ scale per round
+    def _scales(self, fv, stats, update, unknown_c, w, eta, alpha, lam, K, grid) -> list[np.ndarray]:
+        """t^2 per round and participating user (NaN where unknown)."""
+        taus = [np.full(len(s.users), np.nan) for s in stats]
+        if update == "semials":
+            for k, s in enumerate(stats):
+                taus[k], _ = _stationarity_tau(s, lam)
+        elif not unknown_c:
+            est: list[list[np.ndarray]] = [[] for _ in stats]
+            for k in range(len(stats) - 1):
+                s1, s2 = stats[k], stats[k + 1]
+                users, t1, t2 = _pair_tau(fv, s1, s2, eta, alpha, lam, K)
+                for s, tt, kk in ((s1, t1, k), (s2, t2, k + 1)):
+                    full = np.full(len(s.users), np.nan)
+                    full[np.searchsorted(s.users, users)] = np.sqrt(np.abs(tt))
+                    est[kk].append(full)
+            for k in range(len(stats)):
+                if est[k]:
+                    with np.errstate(invalid="ignore"):
+                        mean_t = np.nanmean(np.vstack(est[k]), axis=0) if len(est[k]) > 1 else est[k][0]
+                    taus[k] = mean_t**2
+            return taus
+        else:
+            frac = 0.25
+            for k, s in enumerate(stats):
+                taus[k] = _shorth_tau(s.a, s.dv, s.mask, w, frac)
+        if not unknown_c:
+            return taus
+        # InclUnc / sampling: decide unrated items, refit t^2 on them (plus stationarity for SemiALS)
+        for k, s in enumerate(stats):
+            tau = taus[k]
+            tau_stat, var_stat = _stationarity_tau(s, lam) if update == "semials" else (None, None)
+            for _ in range(max(1, int(self.refits))):
+                t = np.sqrt(np.abs(np.nan_to_num(tau, nan=1.0))) + _TINY
+                rhat = t[:, None] * s.dv - s.a / (2.0 * t[:, None])
+                z = (1.0 - w) * t[:, None] * s.dv
+                virt = _classify_virtual(rhat, z, grid, s.mask)
+                wv = np.full_like(s.a, w)
+                tau_reg, var_reg = _regression_tau(s, virt, wv)
+                if tau_stat is not None:
+                    wr = np.where(np.isfinite(tau_reg), 1.0 / var_reg, 0.0)
+                    ws = 1.0 / np.maximum(var_stat, _TINY)
+                    tau = (ws * tau_stat + wr * np.nan_to_num(tau_reg)) / (ws + wr)
+                else:
+                    tau = np.where(np.isfinite(tau_reg), tau_reg, tau)
+            taus[k] = tau
+        return taus
+
+    # ------------------------------------------------------------------ decoding
+    def _decode(self, cfg, fv, parties, stats, taus, sigma2, unknown_c, w, alpha, grid):
+        """Combine the rounds per (user, item) and decode ratings and attributes (MAP / rounding)."""
+        n = len(parties)
+        # reference item list per user: the first round with a known scale (else its first upload)
+        ref_items: list[np.ndarray | None] = [None] * n
+        for s, tau in zip(stats, taus):
+            for j in np.flatnonzero(np.isfinite(tau)):
+                u = s.users[j]
+                if ref_items[u] is None:
+                    ref_items[u] = s.items[j][s.mask[j]]
+        for u in range(n):
+            if ref_items[u] is None:
+                ref_items[u] = np.asarray(fv.clients[parties[u]].items[0], dtype=np.int64)
+        lengths = np.fromiter((len(x) for x in ref_items), dtype=np.int64, count=n)
+        L = int(lengths.max()) if n else 0
+        rmask = np.arange(L)[None, :] < lengths[:, None]
+        ref = np.full((n, L), -1, dtype=np.int64)
+        ref[rmask] = np.concatenate(ref_items) if lengths.sum() else np.empty(0, np.int64)
+        p = stats[0].b.shape[1]
+        S0, S1, S2, SU = (np.zeros((n, L)) for _ in range(4))
+        X0, X1 = np.zeros((n, p)), np.zeros((n, p))
+        lookup = None  # lazily built (user, item) -> position table for rounds with other item lists
+        for s, tau in zip(stats, taus):
+            ok = np.isfinite(tau) & (tau != 0)
+            if not ok.any():
+                continue
+            t = np.sqrt(np.abs(tau[ok]))
+            a, dv, b, pd, mask = s.a[ok], s.dv[ok], s.b[ok], s.pd[ok], s.mask[ok]
+            rhat = t[:, None] * dv - a / (2.0 * t[:, None])
+            xhat = t[:, None] * pd - b / (2.0 * alpha * t[:, None])
+            # sign: ratings (of the items that look rated) and attribute dummies positive
+            if unknown_c:
+                looks_rated = ~_classify_virtual(rhat, (1.0 - w) * t[:, None] * dv, grid, mask) & mask
+            else:
+                looks_rated = mask
+            score = np.sum(np.where(looks_rated, rhat, 0.0), axis=1) + np.sum(xhat, axis=1)
+            sign = np.where(score < 0, -1.0, 1.0)
+            t = t * sign
+            rhat *= sign[:, None]
+            xhat *= sign[:, None]
+            Wr = 4.0 * t**2 / sigma2  # 1 / var(rhat)
+            users = s.users[ok]
+            X0[users] += (alpha**2 * Wr)[:, None]
+            X1[users] += (alpha**2 * Wr)[:, None] * xhat
+            Lr = s.items.shape[1]
+            items = s.items[ok]
+            if Lr <= L:
+                same = np.all(items == ref[users, :Lr], axis=1) & (lengths[users] == mask.sum(axis=1))
+            else:
+                same = np.zeros(len(users), bool)
+            if same.any():  # usual case: the same item list as the reference, position by position
+                uu = users[same]
+                wr = np.where(mask[same], Wr[same, None], 0.0)
+                rh = rhat[same]
+                S0[uu, :Lr] += wr
+                S1[uu, :Lr] += wr * rh
+                S2[uu, :Lr] += wr * rh**2
+                if unknown_c:
+                    SU[uu, :Lr] += wr * (rh - (1.0 - w) * t[same, None] * dv[same]) ** 2
+            if (~same).any():  # other item lists: align through a sorted (user, item) key table
+                if lookup is None:
+                    big = np.int64(max(int(ref.max()), max(int(x.items.max()) for x in stats)) + 2)
+                    keys = (ref + np.arange(n)[:, None] * big)[rmask]
+                    pos_flat = np.flatnonzero(rmask.ravel())
+                    order = np.argsort(keys, kind="stable")
+                    lookup = (big, keys[order], pos_flat[order])
+                big, keys_sorted, pos_sorted = lookup
+                sel = ~same
+                key = items[sel] + users[sel][:, None] * big
+                pos = np.minimum(np.searchsorted(keys_sorted, key), len(keys_sorted) - 1)
+                hit = mask[sel] & (keys_sorted[pos] == key)
+                target = pos_sorted[pos[hit]]
+                tu, tl = np.divmod(target, L)
+                wr = np.broadcast_to(Wr[sel, None], hit.shape)[hit]
+                rh = rhat[sel][hit]
+                S0[tu, tl] += wr
+                S1[tu, tl] += wr * rh
+                S2[tu, tl] += wr * rh**2
+                if unknown_c:
+                    SU[tu, tl] += wr * (rh - ((1.0 - w) * t[sel, None] * dv[sel])[hit]) ** 2
+
+        # ratings: hypotheses = grid values (+ "unrated" = 0), Gaussian log-likelihoods
+        have = (S0 > 0) & rmask
+        s0, s1, s2 = S0[have], S1[have], S2[have]
+        ll = -0.5 * (s2[:, None] - 2.0 * s1[:, None] * grid[None, :] + s0[:, None] * grid[None, :] ** 2)
+        values = grid
+        if unknown_c:
+            ll = np.concatenate([-0.5 * SU[have][:, None], ll], axis=1)
+            values = np.concatenate([[0.0], grid])
+        pi = _em_prior(ll) if self.prior else np.full(len(values), 1.0 / len(values))
+        if self.prior or unknown_c:
+            est = values[np.argmax(ll + np.log(pi), axis=1)]
+        else:  # plain eq. 43: clip the inverse-variance average of the rounds' estimates and round
+            est = s1 / s0
+        rating_guess = np.full((n, L), values[int(np.argmax(pi))])
+        rating_guess[have] = est
+        rating_guess = round_ratings(rating_guess, cfg)
+
+        # attributes: per one-hot block, hypothesis "none" or one category; ll(1) - ll(0) = S1 - S0 / 2
+        have_x = X0[:, 0] > 0 if p else np.zeros(n, bool)
+        delta = X1 - 0.5 * X0
+        attrs = np.zeros((n, p))
+        for cols in _attribute_groups(cfg.get("attribute_names"), p):
+            sc = np.concatenate([np.zeros((n, 1)), delta[:, cols]], axis=1)  # none, cat_1..cat_g
+            pi_g = _em_prior(sc[have_x]) if self.prior else np.full(sc.shape[1], 1.0 / sc.shape[1])
+            pick = np.argmax(sc + np.log(pi_g), axis=1)
+            block = np.zeros((n, len(cols)))
+            hit_rows = np.flatnonzero(pick > 0)
+            block[hit_rows, pick[hit_rows] - 1] = 1.0
+            # a column decided with near certainty on its own keeps that decision (keeps
+            # non-exclusive blocks exact without noise)
+            sure = np.abs(delta[:, cols]) > 50.0
+            block = np.where(sure, (delta[:, cols] > 0).astype(float), block)
+            if not self.prior:  # plain eq. 43: clip the averaged estimate and round
+                block = X1[:, cols] / np.maximum(X0[:, cols], _TINY)
+            if (~have_x).any():
+                block[~have_x] = (np.argmax(pi_g) - 1 == np.arange(len(cols))).astype(float)
+            attrs[:, cols] = block
+        attrs = round_attributes(attrs)
+
+        victims = {
+            party: {"items": ref_items[u], "ratings": rating_guess[u, : lengths[u]], "attributes": attrs[u]}
+            for u, party in enumerate(parties)
+        }
+        diag = {
+            "users_without_scale": int(np.sum(~have_x)) if p else 0,
+            "prior_ratings": [float(v) for v in pi],
+        }
+        return victims, diag
