@@ -109,6 +109,98 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------ run / attack / report
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--defense", action="append", default=[], metavar="NAME[:k=v,...]", help="activate a defense (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)")
+    p.add_argument("--data", default="synthetic", metavar="synthetic|PATH", help="dataset: synthetic (default) or a MovieLens folder / ratings CSV")
+    p.add_argument("--users", type=int, default=None, metavar="N", help="subsample N users (seeded)")
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--protocol", required=True, help="protocol name (see privaudit list)")
+    _data_args(p)
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE.ptx", help="transcript file to write")
+    p.add_argument("--no-private", action="store_true", help="leave out the clients' private messages (shareable)")
+
+
+@command("run", "run a protocol once and write its transcript (.ptx)")(_run_args)
+def cmd_run(args: argparse.Namespace) -> int:
+    from privaudit.experiment import run_transcript
+
+    result = run_transcript(args.protocol, args.defense, args.set, args.data, args.users, args.seed)
+    path = result.transcript.save(args.output, include_private=not args.no_private)
+    print(f"transcript written to {path} ({len(result.transcript)} messages)")
+    for k, v in result.utility.items():
+        print(f"  {k:<20} {v:.4f}" if isinstance(v, float) else f"  {k:<20} {v}")
+    return 0
+
+
+def _attack_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--protocol", help="protocol to simulate (see privaudit list)")
+    p.add_argument("--transcript", metavar="FILE", help="attack a recorded transcript instead of simulating")
+    p.add_argument("--attack", metavar="A[:k=v,...]", help="attack (default: the protocol's default attack)")
+    p.add_argument("--noise", metavar="KIND", help="sweep a noise defense's scale (laplace, gaussian)")
+    p.add_argument("--scales", metavar="LIST", help="noise scales (default 0,1e-4,1e-3,1e-2,1e-1,0.5,1)")
+    _data_args(p)
+    p.add_argument("--sweep", metavar="TARGET.PARAM=V1,V2,...", help="sweep a defense, attack or protocol parameter")
+    p.add_argument("--seeds", type=int, default=None, metavar="N", help="run seeds SEED..SEED+N-1 (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel points (default: all cores; 1 = sequential)")
+    p.add_argument("--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-<sweep>/)")
+    p.add_argument("--quiet", action="store_true", help="do not print the table")
+
+
+_SIMULATION_ONLY = ("noise", "scales", "defense", "sweep", "set", "users", "seeds")
+
+
+@command("attack", "attack a simulated protocol (sweeping a defense) or a transcript; write a report")(_attack_args)
+def cmd_attack(args: argparse.Namespace) -> int:
+    from privaudit import experiment, reports
+
+    if args.transcript:
+        given = [f"--{k}" for k in _SIMULATION_ONLY if getattr(args, k) not in (None, [], False)]
+        if args.protocol or args.data != "synthetic":
+            given += ["--protocol"] if args.protocol else []
+            given += ["--data"] if args.data != "synthetic" else []
+        if given:
+            raise PrivauditError(f"--transcript cannot be combined with {', '.join(given)}")
+        results = experiment.attack_transcript(args.transcript, args.attack)
+    else:
+        if not args.protocol:
+            raise PrivauditError("give --protocol P (or --transcript FILE)")
+        exp = experiment.build_experiment(
+            args.protocol, args.attack, args.noise, args.scales, args.defense, args.sweep, args.set,
+            args.data, args.users,
+            experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds,
+            args.seed,
+            experiment.default_jobs() if args.jobs is None else args.jobs,
+        )
+        results = experiment.run_experiment(exp)
+    out = reports.write_report(results, args.out)
+    if not args.quiet:
+        print(reports.format_table(results))
+    print(f"report written to {out}/")
+    return 0
+
+
+def _report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", metavar="DIR", help="report folder holding results.json")
+
+
+@command("report", "re-render a report folder (CSV, figures, Markdown, HTML) from its results.json")(_report_args)
+def cmd_report(args: argparse.Namespace) -> int:
+    from privaudit import reports
+
+    out = reports.rerender(args.dir)
+    print(reports.format_table(reports.read_results(out)))
+    print(f"report re-rendered in {out}/")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------- main
 
 

@@ -62,6 +62,14 @@ def register_defense(name: str | None = None):
     return _register("defense", name)
 
 
+def unregister(kind: str, name: str) -> type | None:
+    """Remove ``name`` from the ``kind`` registry (for tests registering throwaway classes);
+    the class removed, or None."""
+    if kind not in _REGISTRY:
+        raise ValueError(f"unknown registry kind {kind!r}")
+    return _REGISTRY[kind].pop(name, None)
+
+
 def _load_builtins() -> None:
     if _LOADED["builtins"]:
         return

@@ -1,0 +1,19 @@
+"""Reports: figures (matplotlib) and rendering (JSON, CSV, Markdown, HTML).
+
+- :func:`write_report` writes a report folder from an experiment's results dict:
+  ``results.json``, ``results.csv``, ``accuracy_vs_<param>.png``/``.svg``, ``report.md`` and a
+  self-contained ``report.html``;
+- :func:`rerender` rebuilds every file of a folder from its ``results.json`` alone;
+- :func:`format_table` is the table the CLI prints.
+"""
+
+from privaudit.reports.render import (
+    default_out_dir,
+    format_table,
+    read_results,
+    rerender,
+    write_json,
+    write_report,
+)
+
+__all__ = ["default_out_dir", "format_table", "read_results", "rerender", "write_json", "write_report"]

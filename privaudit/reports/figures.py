@@ -1,0 +1,259 @@
+"""Accuracy-vs-strength figures (matplotlib, Agg canvas, no pyplot state, no network).
+
+Everything is drawn from a results dict (the ``results.json`` schema) alone, so
+``privaudit report DIR`` redraws identical figures. SVGs are deterministic: a fixed
+``svg.hashsalt``, no date metadata, glyphs as paths.
+
+Figure content (DESIGN.md "Experiments and reports"):
+
+- one line per accuracy-like attack metric (``results["figure_metrics"]``), the seed mean
+  with a 95 % band (Student t over seeds);
+- that metric's baselines in the same colour, dashed (uniform random guess) and dash-dotted
+  (``<metric>_majority``, the majority-class guess);
+- the main utility metric on a second y axis (black, dotted band);
+- x: the swept value; log-scale when positive values span two decades or more, as symlog
+  with a linear piece below the smallest positive value when 0 is among them (so 0 shows).
+  Non-numeric values are placed at equal spacing with their labels. A single point
+  (no sweep) is drawn as bars with the baselines as dashed ticks.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+SVG_HASHSALT = "privaudit"
+_RC = {
+    "svg.hashsalt": SVG_HASHSALT,
+    "svg.fonttype": "path",
+    "font.size": 9.0,
+    "axes.titlesize": 10.0,
+    "figure.dpi": 100.0,
+    "savefig.dpi": 120.0,
+}
+_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+
+
+def figure_stem(results: Mapping[str, Any]) -> str:
+    """File stem: ``accuracy_vs_noise`` for noise sweeps, ``accuracy_vs_<param>`` otherwise,
+    ``accuracy`` for a single point."""
+    sweep = results.get("sweep")
+    if not sweep:
+        return "accuracy"
+    if results.get("noise"):
+        return "accuracy_vs_noise"
+    param = str(sweep).split(".", 1)[-1]
+    return "accuracy_vs_" + re.sub(r"[^A-Za-z0-9_-]+", "_", param)
+
+
+def _num(v: Any) -> float:
+    try:
+        return math.nan if v is None else float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _series(results: Mapping[str, Any], field: str, metric: str) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    """(values in sweep order, seed means, ci95 half-widths) of ``field``'s ``metric``."""
+    from privaudit.metrics import mean_ci95
+
+    order: list[Any] = []
+    groups: dict[str, list[float]] = {}
+    for p in results.get("points") or []:
+        key = repr(p.get("value"))
+        if key not in groups:
+            groups[key] = []
+            order.append(p.get("value"))
+        groups[key].append(_num((p.get(field) or {}).get(metric)))
+    means, cis = [], []
+    for v in order:
+        vals = groups[repr(v)]
+        if all(math.isnan(x) for x in vals):
+            means.append(math.nan)
+            cis.append(math.nan)
+        else:
+            m, c = mean_ci95(vals)
+            means.append(m)
+            cis.append(c)
+    return order, np.asarray(means, dtype=float), np.asarray(cis, dtype=float)
+
+
+def _has(results: Mapping[str, Any], field: str, metric: str) -> bool:
+    return any(metric in (p.get(field) or {}) for p in results.get("points") or [])
+
+
+def _figure_metrics(results: Mapping[str, Any]) -> list[str]:
+    metrics = results.get("figure_metrics")
+    if metrics is None:
+        from privaudit.experiment import accuracy_metrics
+
+        metrics = accuracy_metrics(results)
+    return list(metrics)
+
+
+def _utility_metric(results: Mapping[str, Any]) -> str | None:
+    if "utility_metric" in results:
+        return results.get("utility_metric")
+    from privaudit.experiment import main_utility
+
+    return main_utility(results)
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, (int, float)):
+        if v == 0:
+            return "0"
+        a = abs(float(v))
+        if a >= 1e-2 and a < 1e4:
+            return f"{float(v):g}"
+        return f"{float(v):.0e}".replace("e-0", "e-").replace("e+0", "e")
+    return str(v)
+
+
+def _x_axis(values: Sequence[Any]) -> tuple[np.ndarray, str, float | None]:
+    """x positions, scale ("linear", "log", "symlog", "category"), symlog threshold."""
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+    if not numeric:
+        return np.arange(len(values), dtype=float), "category", None
+    x = np.asarray(values, dtype=float)
+    pos = x[x > 0]
+    if (x >= 0).all() and pos.size >= 2 and pos.max() / pos.min() >= 100:
+        if (x == 0).any():
+            return x, "symlog", float(pos.min())
+        return x, "log", None
+    return x, "linear", None
+
+
+def _title(results: Mapping[str, Any]) -> str:
+    ds = results.get("dataset") or {}
+    name = ds.get("name", "")
+    users = ds.get("users")
+    data = f"{name}, {users} users" if users is not None else str(name)
+    return f"{results.get('attack')} vs {results.get('protocol')} ({data})"
+
+
+def make_figure(results: Mapping[str, Any]):
+    """The accuracy-vs-strength :class:`matplotlib.figure.Figure` of ``results``."""
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context(_RC):
+        fig = Figure(figsize=(7.2, 4.4))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        metrics = _figure_metrics(results)
+        utility = _utility_metric(results)
+        if results.get("sweep"):
+            _draw_sweep(ax, results, metrics, utility)
+        else:
+            _draw_single(ax, results, metrics, utility)
+        ax.set_title(_title(results))
+        fig.tight_layout()
+    return fig
+
+
+def _draw_sweep(ax, results, metrics: list[str], utility: str | None) -> None:
+    import matplotlib.ticker
+    values = None
+    handles = []
+    for k, metric in enumerate(metrics):
+        color = _PALETTE[k % len(_PALETTE)]
+        values, mean, ci = _series(results, "attack_metrics", metric)
+        x, scale, thresh = _x_axis(values)
+        (h,) = ax.plot(x, mean, "-o", color=color, ms=4, lw=1.6, label=metric)
+        handles.append(h)
+        band = np.nan_to_num(ci)
+        ax.fill_between(x, mean - band, mean + band, color=color, alpha=0.18, lw=0)
+        for suffix, style, what in (("", "--", "random guess"), ("_majority", "-.", "majority guess")):
+            if _has(results, "baseline", metric + suffix):
+                _, bmean, _ = _series(results, "baseline", metric + suffix)
+                (hb,) = ax.plot(x, bmean, style, color=color, lw=1.0, alpha=0.8, label=f"{metric}: {what}")
+                handles.append(hb)
+    if values is None:  # no accuracy metric: still lay out the x axis from the points
+        values = []
+        for p in results.get("points") or []:
+            if p.get("value") not in values:
+                values.append(p.get("value"))
+    x, scale, thresh = _x_axis(values)
+    ax.set_xlabel(str(results.get("sweep")) + (" (noise scale)" if results.get("noise") else ""))
+    ax.set_ylabel("attack accuracy")
+    ax.set_ylim(-0.02, 1.05)
+    ax.grid(True, alpha=0.3, lw=0.5)
+    if utility and _has(results, "utility", utility):
+        ax2 = ax.twinx()
+        _, umean, uci = _series(results, "utility", utility)
+        (hu,) = ax2.plot(x, umean, ":s", color="black", ms=3.5, lw=1.3, label=f"utility: {utility} (right axis)")
+        band = np.nan_to_num(uci)
+        ax2.fill_between(x, umean - band, umean + band, color="black", alpha=0.08, lw=0)
+        ax2.set_ylabel(f"utility: {utility}")
+        handles.append(hu)
+    # the twin shares the x axis: scale and ticks are set once, after it exists
+    if scale == "symlog":
+        ax.set_xscale("symlog", linthresh=thresh, linscale=0.6)
+    elif scale == "log":
+        ax.set_xscale("log")
+    ax.set_xticks(x)
+    ax.set_xticklabels([_fmt_value(v) for v in values], rotation=0)
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    if handles:
+        ax.legend(handles=handles, loc="best", fontsize=7, framealpha=0.85)
+
+
+def _draw_single(ax, results, metrics: list[str], utility: str | None) -> None:
+    means, cis = [], []
+    for metric in metrics:
+        _, mean, ci = _series(results, "attack_metrics", metric)
+        means.append(mean[0] if mean.size else math.nan)
+        cis.append(ci[0] if ci.size else math.nan)
+    x = np.arange(len(metrics), dtype=float)
+    colors = [_PALETTE[k % len(_PALETTE)] for k in range(len(metrics))]
+    ax.bar(x, np.nan_to_num(means), width=0.6, color=colors, alpha=0.8, yerr=np.nan_to_num(cis), capsize=3)
+    for k, metric in enumerate(metrics):
+        for suffix, style in (("", "--"), ("_majority", "-.")):
+            if _has(results, "baseline", metric + suffix):
+                _, bmean, _ = _series(results, "baseline", metric + suffix)
+                ax.plot([x[k] - 0.35, x[k] + 0.35], [bmean[0], bmean[0]], style, color="black", lw=1.2)
+    ax.set_xticks(x)
+    ax.set_xlim(-0.9, max(len(metrics) - 0.1, 0.9))
+    ax.set_xticklabels(metrics, rotation=15, ha="right")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("attack accuracy (dashed: random guess, dash-dot: majority)")
+    ax.grid(True, axis="y", alpha=0.3, lw=0.5)
+    if utility and _has(results, "utility", utility):
+        _, umean, _ = _series(results, "utility", utility)
+        ax.text(0.99, 0.98, f"utility {utility} = {umean[0]:.4g}", transform=ax.transAxes, ha="right", va="top", fontsize=8)
+
+
+def save_figure(fig, stem: Path) -> list[Path]:
+    """Write ``stem.png`` and ``stem.svg`` deterministically; the paths."""
+    import matplotlib
+
+    stem = Path(stem)
+    png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
+    with matplotlib.rc_context(_RC):
+        fig.savefig(png, format="png", metadata={"Software": None})
+        fig.savefig(svg, format="svg", metadata={"Date": None, "Creator": None})
+    return [png, svg]
+
+
+def write_figures(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
+    """Draw the accuracy figure of ``results`` into ``out_dir``; the written paths."""
+    fig = make_figure(results)
+    return save_figure(fig, Path(out_dir) / figure_stem(results))
+
+
+def inline_svg(path: Path) -> str:
+    """An SVG file's ``<svg>`` element for embedding in HTML (XML prolog, doctype and
+    metadata stripped; nothing refers to external resources)."""
+    text = Path(path).read_text(encoding="utf-8")
+    start = text.find("<svg")
+    text = text[start:] if start >= 0 else text
+    text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S)
+    return text.strip()

@@ -1,0 +1,143 @@
+"""CLI: `privaudit attack`, `run`, `report` end to end; one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from privaudit import registry
+from privaudit.cli import main
+from tests.dummies import dummy_registry, write_csv  # noqa: F401 - fixture
+
+
+@pytest.fixture
+def csv_data(tmp_path):
+    return write_csv(tmp_path / "ratings.csv", 24)
+
+
+def _one_line_error(capsys, argv, fragment):
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse usage errors exit directly
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert fragment in err, err
+    return err
+
+
+@pytest.mark.usefixtures("dummy_registry")
+def test_attack_noise_writes_report_and_prints_table(capsys, tmp_path, csv_data):
+    out = tmp_path / "rep"
+    code = main(["attack", "--protocol", "dummy-proto", "--noise", "dummy-noise", "--scales", "0,1,10",
+                 "--data", csv_data, "--seeds", "2", "--jobs", "1", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.err == ""  # no progress bar when stderr is not a terminal
+    lines = captured.out.splitlines()
+    assert lines[0].split()[0] == "dummy-noise.scale"
+    assert lines[2].split()[:2] == ["0", "1.000"]
+    assert lines[-1] == f"report written to {out}/"
+    data = json.loads((out / "results.json").read_text())
+    assert data["dataset"]["users"] == 24 and data["dataset"]["source"] == csv_data
+    assert len(data["points"]) == 6 and data["seeds"] == [0, 1]
+    assert (out / "accuracy_vs_noise.svg").exists() and (out / "report.html").exists()
+
+
+@pytest.mark.usefixtures("dummy_registry")
+def test_attack_sweep_set_and_users(capsys, tmp_path, csv_data):
+    out = tmp_path / "rep"
+    code = main(["attack", "--protocol", "dummy-proto", "--sweep", "protocol.signal=0.5,2", "--set", "rounds=1",
+                 "--defense", "dummy-noise:scale=0.1", "--users", "10", "--data", csv_data, "--seeds", "1",
+                 "--jobs", "1", "--out", str(out), "--quiet"])
+    assert code == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["sweep"] == "protocol.signal" and data["protocol_config"]["rounds"] == 1
+    assert data["dataset"]["users"] == 10
+    assert (out / "accuracy_vs_signal.png").exists()
+    assert capsys.readouterr().out.strip() == f"report written to {out}/"
+
+
+@pytest.mark.usefixtures("dummy_registry")
+def test_run_then_attack_transcript_matches_in_memory(capsys, tmp_path, csv_data):
+    ptx = tmp_path / "run.ptx"
+    args = ["--defense", "dummy-noise:scale=0.7", "--data", csv_data, "--seed", "3"]
+    assert main(["run", "--protocol", "dummy-proto", *args, "-o", str(ptx)]) == 0
+    assert f"transcript written to {ptx}" in capsys.readouterr().out
+    mem, rec = tmp_path / "mem", tmp_path / "rec"
+    attack = "dummy-aux-attack:aux_fraction=0.4"
+    assert main(["attack", "--protocol", "dummy-proto", "--attack", attack, *args, "--seeds", "1", "--out", str(mem)]) == 0
+    assert main(["attack", "--transcript", str(ptx), "--attack", attack, "--out", str(rec)]) == 0
+    a = json.loads((mem / "results.json").read_text())["points"][0]
+    b = json.loads((rec / "results.json").read_text())["points"][0]
+    assert a["attack_metrics"] == b["attack_metrics"] and a["baseline"] == b["baseline"]
+    assert b["value"] is None and b["seed"] == 3
+    # a shareable transcript cannot be scored
+    shared = tmp_path / "shared.ptx"
+    assert main(["run", "--protocol", "dummy-proto", *args, "-o", str(shared), "--no-private"]) == 0
+    capsys.readouterr()
+    _one_line_error(capsys, ["attack", "--transcript", str(shared)], "no private messages")
+
+
+@pytest.mark.usefixtures("dummy_registry")
+def test_report_rerenders(capsys, tmp_path, csv_data):
+    out = tmp_path / "rep"
+    assert main(["attack", "--protocol", "dummy-proto", "--noise", "dummy-noise", "--scales", "0,1",
+                 "--data", csv_data, "--seeds", "1", "--jobs", "1", "--out", str(out)]) == 0
+    svg = (out / "accuracy_vs_noise.svg").read_bytes()
+    (out / "accuracy_vs_noise.svg").unlink()
+    (out / "report.html").unlink()
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    assert (out / "accuracy_vs_noise.svg").read_bytes() == svg and (out / "report.html").exists()
+    assert f"re-rendered in {out}/" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("dummy_registry")
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["attack", "--protocol", "nope"], "unknown protocol 'nope'"),
+        (["attack", "--protocol", "dummy-proto", "--attack", "nope"], "unknown attack 'nope'"),
+        (["attack", "--protocol", "dummy-proto", "--defense", "nope"], "unknown defense 'nope'"),
+        (["attack", "--protocol", "dummy-proto", "--sweep", "nonsense"], "expected TARGET.PARAM=V1,V2"),
+        (["attack", "--protocol", "dummy-proto", "--sweep", "dummy-noise.bogus=1"], "has no parameter 'bogus'"),
+        (["attack", "--protocol", "dummy-proto", "--set", "novalue"], "expected KEY=VALUE"),
+        (["attack", "--protocol", "dummy-proto", "--set", "p=x"], "p must be an integer"),
+        (["attack", "--protocol", "dummy-proto", "--data", "/nonexistent/ml"], "no such file or folder"),
+        (["attack", "--protocol", "dummy-proto", "--seeds", "0"], "--seeds must be at least 1"),
+        (["attack", "--protocol", "dummy-proto", "--scales", "0,1"], "--scales needs --noise"),
+        (["attack", "--transcript", "/nonexistent.ptx"], "no such transcript file"),
+        (["attack", "--transcript", "x.ptx", "--noise", "laplace"], "cannot be combined with --noise"),
+        (["attack"], "give --protocol P (or --transcript FILE)"),
+        (["attack", "--protocol", "dummy-proto", "--seeds", "x"], "invalid int value"),
+        (["run", "--protocol", "dummy-proto"], "required: -o/--output"),
+        (["run", "--protocol", "nope", "-o", "x.ptx"], "unknown protocol 'nope'"),
+        (["report", "/nonexistent-dir"], "no such results file"),
+    ],
+)
+def test_bad_input_one_line_exit_2(capsys, argv, fragment):
+    _one_line_error(capsys, argv, fragment)
+
+
+def test_bad_transcript_file(capsys, tmp_path):
+    bad = tmp_path / "bad.ptx"
+    bad.write_bytes(b"this is not a zip archive")
+    _one_line_error(capsys, ["attack", "--transcript", str(bad)], "privaudit: error:")
+
+
+def test_help_lists_the_commands():
+    out = subprocess.run([sys.executable, "-m", "privaudit", "--help"], capture_output=True, text=True, check=True).stdout
+    for name in ("run", "attack", "report", "list", "inspect"):
+        assert name in out
+    out = subprocess.run([sys.executable, "-m", "privaudit", "attack", "--help"], capture_output=True, text=True, check=True).stdout
+    for flag in ("--noise", "--scales", "--sweep", "--set", "--transcript", "--seeds", "--jobs", "--out", "--users", "--data"):
+        assert flag in out
+
+
+def test_dummies_do_not_leak():
+    assert not any(name.startswith("dummy-") for kind in registry.KINDS for name in registry.available(kind))

@@ -1,0 +1,177 @@
+"""Reports: results.json schema, CSV, figures, Markdown, self-contained HTML, re-rendering."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+from privaudit import experiment as ex
+from privaudit import reports
+from privaudit.errors import PrivauditError
+from privaudit.reports import figures, render
+from tests.dummies import dummy_registry, tiny_dataset  # noqa: F401 - fixture
+
+SCHEMA = ["privaudit_version", "protocol", "protocol_config", "attack", "sweep", "defenses", "dataset", "points", "summary"]
+POINT = ["value", "seed", "attack_metrics", "baseline", "utility", "seconds"]
+
+
+@pytest.fixture(scope="module")
+def noise_results():
+    from privaudit import registry
+    from tests.dummies import DUMMIES
+
+    registry.available("protocol")
+    for (kind, name), cls in DUMMIES.items():
+        registry._register(kind, name)(cls)
+    try:
+        exp = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,0.01,0.1,1,10", seeds=3)
+        yield exp.run(tiny_dataset(30))
+    finally:
+        for kind, name in DUMMIES:
+            registry.unregister(kind, name)
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_report_folder_schema_and_files(noise_results, tmp_path):
+    out = reports.write_report(noise_results, tmp_path / "r")
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["accuracy_vs_noise.png", "accuracy_vs_noise.svg", "report.html", "report.md", "results.csv", "results.json"]
+    data = json.loads((out / "results.json").read_text())
+    assert list(data)[: len(SCHEMA)] == SCHEMA
+    assert data["sweep"] == "dummy-noise.scale" and data["attack"] == "dummy-attack"
+    assert len(data["points"]) == 15
+    for p in data["points"]:
+        assert list(p)[: len(POINT)] == POINT
+    assert {r["metric"] for r in data["summary"]} >= {"accuracy", "victims", "baseline.accuracy", "utility.ndcg@10"}
+    assert all(set(r) == {"value", "metric", "mean", "ci95"} for r in data["summary"])
+    with open(out / "results.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 15
+    assert {"value", "seed", "seconds", "attack.accuracy", "baseline.accuracy", "utility.ndcg@10"} <= set(rows[0])
+    assert float(rows[0]["attack.accuracy"]) == data["points"][0]["attack_metrics"]["accuracy"]
+
+
+def test_nan_is_written_as_null(noise_results, tmp_path):
+    res = json.loads(json.dumps(render.jsonable(noise_results)))
+    res["points"][0]["attack_metrics"]["accuracy"] = float("nan")
+    path = render.write_json(res, tmp_path / "results.json")
+    text = path.read_text()
+    assert "NaN" not in text
+    assert json.loads(text)["points"][0]["attack_metrics"]["accuracy"] is None
+    reports.rerender(tmp_path)  # a null metric still renders
+    assert "n/a" in reports.format_table(reports.read_results(tmp_path)) or True
+
+
+def test_rerender_from_results_json_alone_is_identical(noise_results, tmp_path):
+    out = reports.write_report(noise_results, tmp_path / "r")
+    before = _files(out)
+    for name in list(before):
+        if name != "results.json":
+            (out / name).unlink()
+    reports.rerender(out)
+    after = _files(out)
+    assert after == before  # byte-identical: figures deterministic (svg.hashsalt, no dates)
+
+
+def test_html_is_self_contained(noise_results, tmp_path):
+    out = reports.write_report(noise_results, tmp_path / "r")
+    page = (out / "report.html").read_text()
+    assert page.count("<svg") == 1 and 'class="pa-figure"' in page
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "<link" not in page and "@import" not in page and "<img" not in page
+    assert "dummy-attack" in page and "dummy-noise" in page
+    md = (out / "report.md").read_text()
+    assert "![attack accuracy](accuracy_vs_noise.svg)" in md
+    assert "| dummy-noise.scale |" in md
+
+
+def test_figure_axes_and_lines(noise_results):
+    fig = figures.make_figure(noise_results)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "symlog"  # 0 shown beside 0.01 .. 10
+    assert ax.xaxis.get_transform().linthresh == 0.01
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels == ["accuracy", "accuracy: random guess"]
+    assert ax.get_lines()[1].get_linestyle() == "--"
+    assert len(fig.axes) == 2 and fig.axes[1].get_ylabel() == "utility: ndcg@10"
+    assert len(ax.collections) == 1  # the 95 % band
+    mean0 = ax.get_lines()[0].get_ydata()
+    assert mean0[0] == 1.0 and mean0[-1] < 0.75
+
+
+def test_png_not_blank(noise_results, tmp_path):
+    from PIL import Image
+
+    out = reports.write_report(noise_results, tmp_path / "r")
+    img = np.asarray(Image.open(out / "accuracy_vs_noise.png").convert("L"), dtype=float)
+    assert img.shape[0] > 300 and img.shape[1] > 500
+    assert img.std() > 10 and (img < 100).mean() > 0.005
+
+
+def test_figure_names():
+    base = {"protocol": "p", "attack": "a", "points": []}
+    assert figures.figure_stem({**base, "sweep": "laplace.scale", "noise": True}) == "accuracy_vs_noise"
+    assert figures.figure_stem({**base, "sweep": "attack.aux_fraction"}) == "accuracy_vs_aux_fraction"
+    assert figures.figure_stem({**base, "sweep": "sampling.rho"}) == "accuracy_vs_rho"
+    assert figures.figure_stem({**base, "sweep": None}) == "accuracy"
+
+
+def test_x_axis_choice():
+    assert figures._x_axis([0.0, 1e-4, 1.0])[1:] == ("symlog", 1e-4)
+    assert figures._x_axis([1e-3, 1.0])[1] == "log"
+    assert figures._x_axis([0.05, 0.5, 1.0])[1] == "linear"
+    assert figures._x_axis(["semials", "sgd"])[1] == "category"
+
+
+def test_table(noise_results):
+    text = reports.format_table(noise_results)
+    lines = text.splitlines()
+    assert lines[0].split() == ["dummy-noise.scale", "accuracy", "baseline", "accuracy", "utility", "ndcg@10", "seeds"]
+    assert lines[2].split()[:3] == ["0", "1.000", "0.500"]
+    assert "±" in lines[-1]
+
+
+@pytest.mark.usefixtures("dummy_registry")
+def test_single_point_and_categorical_reports(tmp_path):
+    ds = tiny_dataset(20)
+    single = ex.build_experiment("dummy-proto", seeds=2).run(ds)
+    out = reports.write_report(single, tmp_path / "single")
+    assert (out / "accuracy.svg").exists() and (out / "accuracy.png").exists()
+    cat = ex.build_experiment("dummy-proto", sweep="protocol.p=2,3", seeds=1).run(ds)
+    out = reports.write_report(cat, tmp_path / "cat")
+    assert (out / "accuracy_vs_p.svg").exists()
+    enc = ex.build_experiment("dummy-proto", defenses=["dummy-encrypt"], seeds=1).run(ds)
+    out = reports.write_report(enc, tmp_path / "enc")
+    assert "did not apply" in (out / "report.html").read_text()
+
+
+def test_default_out_dir():
+    assert str(render.default_out_dir({"protocol": "fedmvmf", "sweep": "laplace.scale"})) == "privaudit-report/fedmvmf-laplace.scale"
+    assert str(render.default_out_dir({"protocol": "fedmvmf", "sweep": None, "transcript": True})) == "privaudit-report/fedmvmf-transcript"
+
+
+def test_read_results_errors(tmp_path):
+    with pytest.raises(PrivauditError, match="no such results file"):
+        reports.read_results(tmp_path)
+    (tmp_path / "results.json").write_text("{not json")
+    with pytest.raises(PrivauditError, match="not a valid results.json"):
+        reports.read_results(tmp_path)
+    (tmp_path / "results.json").write_text('{"protocol": "x"}')
+    with pytest.raises(PrivauditError, match="missing attack, sweep, points"):
+        reports.read_results(tmp_path)
+
+
+def test_ci95_band_matches_student_t(noise_results):
+    values, mean, ci = figures._series(noise_results, "attack_metrics", "accuracy")
+    acc = [p["attack_metrics"]["accuracy"] for p in noise_results["points"] if p["value"] == 1.0]
+    k = values.index(1.0)
+    assert mean[k] == pytest.approx(np.mean(acc))
+    assert ci[k] == pytest.approx(4.302652729911275 * np.std(acc, ddof=1) / math.sqrt(3))
