@@ -1,0 +1,279 @@
+"""``fedsplit-inference``: reconstruct a group's ratings from its FedSPLIT upload (fedsplit.txt §4.4).
+
+Threat model (§4.4): the server (honest but curious), or anyone holding what it holds, knows
+every group's upload ``H`` = {(H^g)^T, b_H^g} (as received: noisy under a ``laplace``/
+``gaussian`` defense), mu^Global (its own ``state``, else recomputed from the ``mean``
+uploads by eq. 14), and is *granted* (:meth:`FedSplitInference.prior_knowledge`) the number
+of members n^g and a fraction ``aux_fraction`` of X^g:
+
+- ``mode=user``: round(f n^g) of the group's users, with all their ratings (rows of X^g);
+- ``mode=movie``: round(f m^g) of the m^g movies the group rated, with all the group's ratings
+  of them (columns of X^g);
+- ``mode=rating``: round(f |X^g|) individual ratings (non-zero entries).
+
+With H^g, b_H^g and mu fixed, the adversary fits W_adv (n^g x k^g) and b_W with the CNMF
+W-update (eq. 12) and b_W-update (eq. 10) on the known entries (the public CNMF
+hyperparameters of the run; :func:`~privaudit.models.cnmf.fit_row_factors`, all groups in
+one vectorised pass), and reconstructs X^g_adv by eq. 7, clipped to the rating range (the
+adversary knows it). Users without any known rating get W = 0, b_W = 0 (the limit of eq. 12
+without data), i.e. mu + b_H.
+
+Scoring, per group g, on the non-zeros of X^g (its training ratings, from the ``private``
+messages):
+
+- ``relative_error``: eq. 4, ||X^g - X^g_adv||^2 / ||X^g||^2 over all non-zeros (the paper's
+  metric: the known entries included), mean over groups; ``relative_error_ci95`` its 95 %
+  half-width over groups (Student t, :func:`privaudit.metrics.mean_ci95`);
+- ``relative_error_unknown``: the same on the entries the adversary was not given (NaN when
+  it was given everything);
+- ``rating_accuracy``: fraction of all non-zeros whose rounded reconstruction equals the
+  rating (pooled; privmvmf.txt eq. 43 style) — the accuracy-like view: lower error = more
+  leakage = higher accuracy.
+
+Baseline (:meth:`FedSplitInference.baseline`): the adversary without H — it predicts
+mu^Global + b_H^g (clipped) for every entry; same metric names. Lower is better for the
+relative errors, so the attack leaks beyond the baseline when its error is *below* it.
+``primary_metric = "relative_error"``; the default sweep is ``aux_fraction`` 0.05..1.0 in
+steps of 0.05 (§4.4). Departure: the paper's Fig. 4 shows relative errors above 1 at small
+fractions, which comes from leaving unknown users' W at its random initialisation; here they
+get W = 0 (see above), so errors stay near the baseline instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.errors import PrivauditError
+from privaudit.metrics import mean_ci95
+from privaudit.models.cnmf import fit_row_factors
+from privaudit.protocols.fedsplit import cnmf_from_config
+from privaudit.registry import register_attack
+from privaudit.transcript import Transcript, View
+
+__all__ = ["FedSplitInference", "AUX_FRACTIONS"]
+
+#: The paper's auxiliary-knowledge grid (5 % to 100 % in steps of 5 %).
+AUX_FRACTIONS = tuple(round(0.05 * i, 2) for i in range(1, 21))
+MODES = ("user", "movie", "rating")
+
+
+def _half_up(x: float) -> int:
+    return int(np.floor(x + 0.5))
+
+
+def _client_index(party: str) -> int:
+    return int(party.split(":", 1)[1])
+
+
+def _uploads(view: View) -> dict[str, dict[str, np.ndarray]]:
+    """party -> {"H_T": (m, k^g), "b_H": (m,)} of the ``H`` messages the server received."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for msg in view.select("H", receiver=view.party):
+        out[msg.sender] = {
+            "H_T": np.asarray(msg.payload["H_T"], dtype=np.float64),
+            "b_H": np.asarray(msg.payload["b_H"], dtype=np.float64),
+        }
+    return out
+
+
+def _mu_global(view: View) -> float:
+    """mu^Global from the server's state, else from the ``mean`` uploads (eq. 14)."""
+    for msg in view.select("state", receiver=view.party):
+        if "mu_global" in msg.payload:
+            return float(msg.payload["mu_global"])
+    means = view.select("mean", receiver=view.party)
+    if not means:
+        raise PrivauditError("the view holds neither the server state nor the mean uploads (no mu^Global)")
+    sums = np.array([float(m.payload["sum"]) for m in means])
+    counts = np.array([float(m.payload["count"]) for m in means])
+    if view.config.get("global_mean", "groups") == "ratings":
+        return float(sums.sum() / max(counts.sum(), 1.0))
+    return float(np.mean(sums / np.maximum(counts, 1.0)))
+
+
+def _truth(transcript: Transcript, party: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    p = transcript.private(party)
+    users = np.asarray(p["users"], dtype=np.int64)
+    items = np.asarray(p["items"], dtype=np.int64)
+    ratings = np.asarray(p["ratings"], dtype=np.float64)
+    n_users = int(np.asarray(p["n_users"])) if "n_users" in p else int(users.max(initial=-1) + 1)
+    return users, items, ratings, n_users
+
+
+@register_attack("fedsplit-inference")
+class FedSplitInference(Attack):
+    description = "FedSPLIT reconstruction: fit W_adv, b_W to H^g, b_H^g and partial knowledge of X^g (fedsplit.txt §4.4)"
+    party = "server"
+    protocols = ("fedsplit",)
+    requires = ("H",)
+    default_sweep = ("aux_fraction", AUX_FRACTIONS)
+    primary_metric = "relative_error"
+    params = {"mode": "rating", "aux_fraction": 0.5, "n_iter": 0}
+    param_help = {
+        "mode": "what the adversary knows of X^g: 'user' (rows), 'movie' (columns) or 'rating' (entries)",
+        "aux_fraction": "fraction of the users / rated movies / ratings of each group the adversary knows (0..1)",
+        "n_iter": "iterations of the W and b_W updates (0: the protocol's n_iter)",
+    }
+
+    def validate(self) -> None:
+        if self.config["mode"] not in MODES:
+            raise PrivauditError(f"attack 'fedsplit-inference': mode must be one of {', '.join(MODES)}, got {self.config['mode']!r}")
+        f = float(self.config["aux_fraction"])
+        if not 0.0 <= f <= 1.0:
+            raise PrivauditError(f"attack 'fedsplit-inference': aux_fraction must be in [0, 1], got {f!r}")
+        if int(self.config["n_iter"]) < 0:
+            raise PrivauditError("attack 'fedsplit-inference': n_iter must be >= 0")
+
+    # ------------------------------------------------------------------ knowledge
+    def prior_knowledge(self, transcript: Transcript, rng: np.random.Generator) -> dict[str, Any]:
+        """Per group: n^g and the known part of X^g (``users``, ``items``, ``ratings``, ``known``).
+
+        ``known`` is the (|X^g|,) bool mask over the group's private entries (in their order).
+        """
+        f = float(self.aux_fraction)
+        mode = self.mode
+        groups: dict[str, dict[str, Any]] = {}
+        for party in transcript.parties:
+            if not party.startswith("client:"):
+                continue
+            users, items, ratings, n_users = _truth(transcript, party) if transcript.private(party) else (None,) * 4
+            if users is None:
+                continue
+            if mode == "user":
+                chosen = rng.choice(n_users, size=min(n_users, _half_up(f * n_users)), replace=False)
+                known = np.isin(users, chosen)
+            elif mode == "movie":
+                rated = np.unique(items)
+                chosen = rng.choice(rated, size=min(rated.size, _half_up(f * rated.size)), replace=False)
+                known = np.isin(items, chosen)
+            else:
+                chosen = rng.choice(ratings.size, size=min(ratings.size, _half_up(f * ratings.size)), replace=False)
+                known = np.zeros(ratings.size, dtype=bool)
+                known[chosen] = True
+            groups[party] = {
+                "n_users": n_users,
+                "users": users[known],
+                "items": items[known],
+                "ratings": ratings[known],
+                "known": known,
+            }
+        return {"mode": mode, "aux_fraction": f, "groups": groups}
+
+    # ------------------------------------------------------------------ attack
+    def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
+        uploads = _uploads(view)
+        granted = knowledge.get("groups", {})
+        parties = sorted((p for p in uploads if p in granted), key=_client_index)
+        if not parties:
+            return self.unsupported("no group's upload has matching auxiliary knowledge (no private ground truth)")
+        mu = _mu_global(view)
+        cfg = dict(view.config)
+        m = int(cfg.get("n_items", uploads[parties[0]]["H_T"].shape[0]))
+        k_g = np.array([uploads[p]["H_T"].shape[1] for p in parties], dtype=np.int64)
+        k_max = int(k_g.max())
+        n_g = np.array([int(granted[p]["n_users"]) for p in parties], dtype=np.int64)
+        G = len(parties)
+        row_off = np.concatenate(([0], np.cumsum(n_g)))
+        # all groups in one pass: group b's rows are row_off[b]..; its columns b*m..(b+1)*m
+        H_all = np.zeros((k_max, G * m))
+        for b, p in enumerate(parties):
+            H_all[: k_g[b], b * m : (b + 1) * m] = np.maximum(uploads[p]["H_T"].T, 0.0)
+        b_H_all = np.concatenate([uploads[p]["b_H"] for p in parties])
+        rows = np.concatenate([granted[p]["users"] + row_off[b] for b, p in enumerate(parties)]).astype(np.int64)
+        cols = np.concatenate([granted[p]["items"] + b * m for b, p in enumerate(parties)]).astype(np.int64)
+        vals = np.concatenate([granted[p]["ratings"] for p in parties]).astype(np.float64)
+        X_known = sp.csr_matrix((vals, (rows, cols)), shape=(int(row_off[-1]), G * m))
+        model = cnmf_from_config(cfg, k_max)
+        if int(self.n_iter) > 0:
+            model.n_iter = int(self.n_iter)
+        row_rank = np.repeat(k_g, n_g)
+        W, b_W = fit_row_factors(model, X_known, H_all, b_H_all, mu, rng, row_rank)
+        victims = {}
+        for b, p in enumerate(parties):
+            lo, hi = row_off[b], row_off[b + 1]
+            victims[p] = {
+                "W": W[lo:hi, : k_g[b]],
+                "b_W": b_W[lo:hi],
+                "H": uploads[p]["H_T"].T.copy(),
+                "b_H": uploads[p]["b_H"],
+                "mu": np.asarray(mu),
+                "known": np.asarray(granted[p]["known"], dtype=bool),
+            }
+        meta = {
+            "mode": knowledge.get("mode", self.mode),
+            "aux_fraction": knowledge.get("aux_fraction", float(self.aux_fraction)),
+            "groups": G,
+            "known_ratings": int(vals.size),
+            "n_iter": model.n_iter,
+        }
+        return Reconstruction(self.name, self.party, victims, meta=meta)
+
+    # ------------------------------------------------------------------ scoring
+    def _rating_range(self, transcript: Transcript) -> tuple[float, float]:
+        return float(transcript.config.get("rating_min", 1.0)), float(transcript.config.get("rating_max", 5.0))
+
+    def _score(self, transcript: Transcript, predict) -> dict[str, float]:
+        lo, hi = self._rating_range(transcript)
+        errs, errs_unknown = [], []
+        hits = total = 0
+        for party in transcript.parties:
+            if not party.startswith("client:") or not transcript.private(party):
+                continue
+            users, items, ratings, _ = _truth(transcript, party)
+            if ratings.size == 0:
+                continue
+            out = predict(party, users, items)
+            if out is None:
+                continue
+            pred, known = out
+            pred = np.clip(pred, lo, hi)
+            sq = (ratings - pred) ** 2
+            errs.append(float(sq.sum() / np.sum(ratings**2)))  # eq. 4 on the non-zeros
+            unknown = ~known
+            if unknown.any():
+                errs_unknown.append(float(sq[unknown].sum() / np.sum(ratings[unknown] ** 2)))
+            hits += int(np.sum(np.round(pred) == ratings))
+            total += ratings.size
+        if not errs:
+            nan = float("nan")
+            return {"relative_error": nan, "relative_error_ci95": nan, "relative_error_unknown": nan, "rating_accuracy": nan, "n_groups": 0.0}
+        mean, ci = mean_ci95(errs)
+        return {
+            "relative_error": mean,
+            "relative_error_ci95": ci,
+            "relative_error_unknown": mean_ci95(errs_unknown)[0] if errs_unknown else float("nan"),
+            "rating_accuracy": hits / total,
+            "n_groups": float(len(errs)),
+        }
+
+    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+        victims = reconstruction.victims
+
+        def predict(party, users, items):
+            v = victims.get(party)
+            if v is None:
+                return None
+            est = np.einsum("nk,kn->n", v["W"][users], v["H"][:, items]) + v["b_W"][users] + v["b_H"][items] + float(v["mu"])
+            return est, v["known"]
+
+        return self._score(transcript, predict)
+
+    def baseline(self, transcript: Transcript) -> dict[str, float]:
+        """The adversary without H: mu^Global + b_H^g for every entry (same metrics)."""
+        view = transcript.view(self.party)
+        uploads = _uploads(view)
+        try:
+            mu = _mu_global(view)
+        except PrivauditError:
+            mu = float("nan")
+
+        def predict(party, users, items):
+            up = uploads.get(party)
+            b_H = up["b_H"][items] if up is not None else 0.0
+            return mu + b_H + np.zeros(items.size), np.zeros(items.size, dtype=bool)
+
+        return self._score(transcript, predict)

@@ -1,0 +1,406 @@
+"""FedSPLIT: one-shot federated NMF with knowledge distillation (fedsplit.txt §3.3, Algorithm 1).
+
+Parties: the server ``server`` (the paper's processor) and one client ``client:<g>`` per group
+of users (g = 0..N-1). Users are assigned at random to groups whose sizes are uniform in
+``[group_min, group_max]`` (:func:`privaudit.data.random_groups`; 3..30 as the paper §4.1).
+Each user's ratings are split ``1 - test_fraction`` / ``test_fraction`` into the group's
+training ratings X^g and its held-out ratings (:func:`privaudit.data.holdout_split`, per user;
+the paper holds out 20 % of the whole dataset).
+
+Round 0 — global mean exchange (§3.3.1): every group uploads ``mean`` = {``sum``: sum of its
+ratings, ``count``: their number (int64)} through :meth:`Channel.send`; the server forms
+mu^g = sum / count and mu^Global = mean_g mu^g (eq. 14; ``global_mean="ratings"`` uses
+sum(sums) / sum(counts) instead) and sends ``global_mean`` = {``mu``} to each group.
+
+Local CF (Algorithm 1 lines 2-5): each group fits :class:`~privaudit.models.cnmf.CNMF` on X^g
+with mu = mu^Global and k^g = min(k, n^g - 1) (the paper's upper bound is min(n^g, 21) - 1);
+all groups are fitted at once in one vectorised pass (:func:`~privaudit.models.cnmf.block_columns`).
+
+Round 1 — one-shot exchange: each group uploads ``H`` = {``H_T``: (H^g)^T (m x k^g), ``b_H``:
+b_H^g (m,)} through :meth:`Channel.send` (a ``laplace``/``gaussian`` defense perturbs exactly
+these floats). The server stacks X = [(H^1)^T, ..., (H^N)^T] (m x sum k^g, eq. 15; negative
+entries — possible only under noise — are projected to 0), factorises it with scikit-learn's
+``NMF(n_components=K, init="nndsvd", solver="mu")`` into W^Global (m x K) and H^Global
+(K x sum k^g), averages b_H^Global = mean_g b_H^g (eq. 16), records that as a ``state``
+message to itself, and sends each group ``M`` = {``M``: M^g = H^Global[:, block g] (K x k^g,
+eq. 17), ``W_global``, ``b_H_global``}. The group distils W*^g = W^g (M^g)^T (eq. 18) and
+predicts X̂^g_ij = W*^g_i: W^Global_j:^T + b_W^g_i + b_H^Global_j + mu^Global (eq. 19),
+clipped to the rating range.
+
+Transcript: the public config (every hyperparameter, ``n_items``, rating range, defenses);
+per group a ``private`` message (round 0) with its training ratings — ``users`` (row of the
+rating inside the group, int64), ``items`` (int64), ``ratings`` (float64), ``user_ids``
+(dataset user indices of the n^g members) and ``n_users`` (n^g, int64 scalar); every upload
+and download; the server's ``state``. Every message between two parties carries
+``meta["bytes"]`` (payload bytes as sent), the communication summary of §3.3.5; the totals
+are in the utility (``bytes_up``, ``bytes_down``, ``messages_up``, ``messages_down``).
+
+Utility: per group, the RMSE on its held-out ratings of its local CNMF (eq. 7, "before") and of
+FedSPLIT (eq. 19, "after"); ``rmse_local``/``rmse_fedsplit`` are their means over groups
+(with ``_ci95`` half-widths), ``rmse_drop`` their difference, ``improved_fraction`` the
+fraction of groups whose RMSE fell; ``rmse_central`` is the non-private CNMF fitted on all
+training ratings (``centralized=false`` skips it), ``rmse_*_pooled`` the RMSEs over all held-out
+ratings. The model dict holds the factors and the per-group RMSE arrays.
+
+Departures: no Optuna tuning — all groups share the hyperparameters of the config (within the
+paper's tuning ranges; see docs/reproduction.md), and the server's K is fixed rather than
+cross-validated over 2..30; the split is per user (every user keeps a training rating).
+Randomness: one seed, spawned into independent streams for the split, the grouping, the
+factor initialisation, the channel and the server's NNDSVD (so a noise sweep keeps groups,
+split and initial factors fixed).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from privaudit.data import holdout_split, random_groups
+from privaudit.defenses.base import Defense
+from privaudit.errors import PrivauditError
+from privaudit.metrics import mean_ci95
+from privaudit.models.cnmf import CNMF, block_columns, observed
+from privaudit.protocols.base import Channel, Protocol, RunResult
+from privaudit.registry import register_protocol
+from privaudit.transcript import Transcript
+
+__all__ = ["FedSPLIT", "cnmf_from_config", "resolve_seed"]
+
+#: Config keys the protocol fills in itself.
+DERIVED_KEYS = ("n_items", "n_groups", "rating_min", "rating_max", "rating_step", "defenses")
+
+
+def resolve_seed(rng: np.random.Generator | int | None) -> int:
+    """The integer seed of a run: given, drawn from a Generator, or fresh (OS entropy)."""
+    if rng is None:
+        return int(np.random.SeedSequence().entropy % (2**32))
+    if isinstance(rng, (int, np.integer)):
+        return int(rng)
+    if isinstance(rng, np.random.Generator):
+        return int(rng.integers(2**32))
+    raise TypeError(f"rng must be a numpy Generator, an int seed or None, not {type(rng).__name__}")
+
+
+def cnmf_from_config(config: Mapping[str, Any], n_components: int | None = None) -> CNMF:
+    """The :class:`CNMF` of a FedSPLIT config (public: the adversary builds the same one)."""
+    return CNMF(
+        n_components=int(n_components if n_components is not None else config["k"]),
+        alpha=float(config["alpha"]),
+        beta=float(config["beta"]),
+        gamma=float(config["gamma"]),
+        delta=float(config["delta"]),
+        eta_W=float(config["eta_W"]),
+        eta_H=float(config["eta_H"]),
+        n_iter=int(config["n_iter"]),
+        init_high=float(config["init_high"]),
+        rating_range=(float(config.get("rating_min", 1.0)), float(config.get("rating_max", 5.0))),
+    )
+
+
+def group_ranks(n_users: np.ndarray, k: int) -> np.ndarray:
+    """k^g = min(k, n^g - 1), at least 1 (fedsplit.txt §4.1 bounds k^g by min(n^g, 21) - 1)."""
+    return np.maximum(1, np.minimum(int(k), np.asarray(n_users, dtype=np.int64) - 1))
+
+
+def _group_rmse(group: np.ndarray, err2: np.ndarray, n_groups: int) -> np.ndarray:
+    counts = np.bincount(group, minlength=n_groups)
+    sums = np.bincount(group, err2, minlength=n_groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.sqrt(sums / counts)
+
+
+@register_protocol("fedsplit")
+class FedSPLIT(Protocol):
+    description = "One-shot federated NMF: local CNMF per group, joint NMF of the item factors, distillation"
+    default_attack = "fedsplit-inference"
+    attacker = "server"
+    default_config = {
+        "group_min": 3,
+        "group_max": 30,
+        "test_fraction": 0.2,
+        "k": 5,
+        "K": 20,
+        "alpha": 0.08,
+        "beta": 0.08,
+        "gamma": 0.02,
+        "delta": 0.02,
+        "eta_W": 0.005,
+        "eta_H": 0.005,
+        "n_iter": 100,
+        "init_high": 0.1,
+        "server_max_iter": 1000,
+        "global_mean": "groups",
+        "centralized": True,
+        "k_central": 15,
+    }
+    config_help = {
+        "group_min": "smallest group size (users), fedsplit.txt §4.1: 3",
+        "group_max": "largest group size (users), fedsplit.txt §4.1: 30",
+        "test_fraction": "fraction of each user's ratings held out for the per-group RMSE",
+        "k": "local latent dimension; group g uses k^g = min(k, n^g - 1)",
+        "K": "components of the server's joint NMF (eq. 15-17)",
+        "alpha": "CNMF regularisation of W (eq. 9, scaled by rating counts as Surprise)",
+        "beta": "CNMF regularisation of H (eq. 9)",
+        "gamma": "CNMF regularisation of the user biases b_W (eq. 10)",
+        "delta": "CNMF regularisation of the item biases b_H (eq. 11)",
+        "eta_W": "learning rate of the user-bias step (eq. 10)",
+        "eta_H": "learning rate of the item-bias step (eq. 11)",
+        "n_iter": "CNMF iterations (local, centralized, and the adversary's fit)",
+        "init_high": "W and H start uniform in [0, init_high]",
+        "server_max_iter": "maximum iterations of the server's NMF",
+        "global_mean": "'groups': mu^Global = mean of the group means (eq. 14); 'ratings': mean of all ratings",
+        "centralized": "also fit the non-private CNMF on all training ratings (utility rmse_central)",
+        "k_central": "latent dimension of the non-private CNMF",
+    }
+
+    @classmethod
+    def validate_config(cls, config: dict[str, Any]) -> None:
+        def fail(msg: str) -> None:
+            raise PrivauditError(f"protocol 'fedsplit': {msg}")
+
+        for key in ("group_min", "group_max", "k", "K", "n_iter", "server_max_iter", "k_central"):
+            if not isinstance(config[key], int) or isinstance(config[key], bool) or config[key] < 1:
+                fail(f"{key} must be a positive integer, got {config[key]!r}")
+        if config["group_min"] > config["group_max"]:
+            fail(f"group_min ({config['group_min']}) exceeds group_max ({config['group_max']})")
+        if not 0.0 < float(config["test_fraction"]) < 1.0:
+            fail(f"test_fraction must be in (0, 1), got {config['test_fraction']!r}")
+        for key in ("alpha", "beta", "gamma", "delta"):
+            if not np.isfinite(config[key]) or config[key] < 0:
+                fail(f"{key} must be a non-negative number, got {config[key]!r}")
+        for key, reg in (("eta_W", "gamma"), ("eta_H", "delta")):
+            if not np.isfinite(config[key]) or not 0 < config[key] * (1 + config[reg]) < 1:
+                fail(f"{key} must be positive with {key} * (1 + {reg}) < 1, got {config[key]!r}")
+        if not np.isfinite(config["init_high"]) or config["init_high"] <= 0:
+            fail(f"init_high must be a positive number, got {config['init_high']!r}")
+        if config["global_mean"] not in ("groups", "ratings"):
+            fail(f"global_mean must be 'groups' or 'ratings', got {config['global_mean']!r}")
+
+    def run(
+        self,
+        dataset: Any,
+        config: Mapping[str, Any] | None = None,
+        defenses: Sequence[Defense] = (),
+        rng: np.random.Generator | int | None = None,
+    ) -> RunResult:
+        """Run FedSPLIT on ``dataset`` (a RatingsDataset); see the module docstring.
+
+        ``model``: dict with ``groups`` (list of dataset user-index arrays), ``k_g`` (N,),
+        ``W`` (n x k, every user's local W row, zero beyond k^g), ``b_W`` (n,), ``H`` (N, k, m)
+        local item factors, ``b_H`` (N, m), ``W_global`` (m x K), ``H_global`` (K x sum k^g),
+        ``b_H_global`` (m,), ``mu_global``, ``W_star`` (n x K, eq. 18), and the per-group
+        ``rmse_local``, ``rmse_fedsplit`` (N,), ``n_users`` (N,), ``n_ratings`` (N,).
+        """
+        overrides = {k: v for k, v in dict(config or {}).items() if k not in DERIVED_KEYS and k != "seed"}
+        cfg = self.resolve_config(overrides)
+        self.check_defenses(self.name, defenses)
+        seed = resolve_seed(rng)
+        split_rng, group_rng, init_rng, channel_rng, server_rng = (
+            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)
+        )
+        n, m = dataset.ratings.shape
+        train, test = holdout_split(dataset, cfg["test_fraction"], split_rng)
+        groups = [np.asarray(g, dtype=np.int64) for g in random_groups(dataset, cfg["group_min"], cfg["group_max"], group_rng)]
+        N = len(groups)
+        gid = np.empty(n, dtype=np.int64)
+        local_row = np.empty(n, dtype=np.int64)
+        for g, users in enumerate(groups):
+            gid[users] = g
+            local_row[users] = np.arange(users.size)
+        n_users = np.array([g.size for g in groups], dtype=np.int64)
+        k_g = group_ranks(n_users, cfg["k"])
+        Xtr, rows, cols, vals = observed(train.ratings)
+        _, te_rows, te_cols, te_vals = observed(test.ratings)
+
+        public = dict(cfg)
+        public.update(
+            n_items=int(m),
+            n_groups=int(N),
+            rating_min=float(dataset.rating_min),
+            rating_max=float(dataset.rating_max),
+            rating_step=float(dataset.rating_step),
+            defenses=[{"name": d.name, **dict(d.config)} for d in defenses],
+        )
+        senders = [f"client:{g}" for g in range(N)]
+        transcript = Transcript(
+            protocol=self.name, config=public, seed=seed, dataset=dataset.summary(), parties=["server", *senders]
+        )
+        channel = Channel(defenses, transcript, channel_rng)
+
+        # ground truth: each group's training ratings X^g (rows local to the group)
+        order = np.lexsort((cols, local_row[rows], gid[rows]))
+        g_of = gid[rows][order]
+        bounds = np.searchsorted(g_of, np.arange(N + 1))
+        for g, party in enumerate(senders):
+            sel = order[bounds[g] : bounds[g + 1]]
+            transcript.add(
+                0,
+                party,
+                party,
+                "private",
+                {
+                    "users": local_row[rows[sel]],
+                    "items": cols[sel].copy(),
+                    "ratings": vals[sel].copy(),
+                    "user_ids": groups[g].copy(),
+                    "n_users": np.asarray(n_users[g], dtype=np.int64),
+                },
+                {"n_users": int(n_users[g]), "n_ratings": int(sel.size)},
+            )
+
+        # round 0: global mean exchange (eq. 6, eq. 14)
+        g_sum = np.bincount(gid[rows], vals, minlength=N)
+        g_cnt = np.bincount(gid[rows], minlength=N).astype(np.int64)
+        batch = channel.send(
+            0,
+            "mean",
+            senders,
+            [{"sum": np.asarray(g_sum[g]), "count": np.asarray(g_cnt[g])} for g in range(N)],
+        )
+        sums = np.array([float(p["sum"]) for p in batch.payloads])
+        counts = np.array([float(p["count"]) for p in batch.payloads])
+        if cfg["global_mean"] == "groups":
+            mu_global = float(np.mean(sums / np.maximum(counts, 1)))
+        else:
+            mu_global = float(np.sum(sums) / max(np.sum(counts), 1))
+        for party in senders:
+            received = channel.download({"mu": np.asarray(mu_global)})
+            transcript.add(0, "server", party, "global_mean", received)
+        mu_clients = mu_global
+
+        # local CNMF of every group at once (Algorithm 1, lines 2-5)
+        t0 = time.perf_counter()
+        model = cnmf_from_config(public, cfg["k"])
+        Xb = block_columns(Xtr, gid, N)
+        model.fit(Xb, mu=mu_clients, rng=init_rng, row_rank=k_g[gid], col_rank=np.repeat(k_g, m))
+        cnmf_seconds = time.perf_counter() - t0
+        k = cfg["k"]
+        H_loc = model.H_.reshape(k, N, m).transpose(1, 0, 2)  # (N, k, m): H^g = H_loc[g, :k^g]
+        bH_loc = model.b_H_.reshape(N, m)
+        local_pred = model.predict(te_rows, gid[te_rows] * m + te_cols)
+
+        # round 1: upload (H^g)^T and b_H^g
+        uploads = [{"H_T": np.ascontiguousarray(H_loc[g, : k_g[g]].T), "b_H": bH_loc[g].copy()} for g in range(N)]
+        batch = channel.send(1, "H", senders, uploads, noisy_keys=("H_T", "b_H"))
+        t0 = time.perf_counter()
+        seen = [np.asarray(p["H_T"], dtype=np.float64) for p in batch.payloads]
+        X_server = np.maximum(np.hstack(seen), 0.0)  # eq. 15
+        b_H_global = np.mean([np.asarray(p["b_H"], dtype=np.float64) for p in batch.payloads], axis=0)  # eq. 16
+        offsets = np.concatenate(([0], np.cumsum([s.shape[1] for s in seen]))).astype(np.int64)
+        W_global, H_global = _joint_nmf(X_server, cfg["K"], cfg["server_max_iter"], int(server_rng.integers(2**31)))
+        server_seconds = time.perf_counter() - t0
+        transcript.add(
+            1,
+            "server",
+            "server",
+            "state",
+            {
+                "X": X_server,
+                "W_global": W_global,
+                "H_global": H_global,
+                "b_H_global": b_H_global,
+                "mu_global": np.asarray(mu_global),
+                "offsets": offsets,
+            },
+        )
+        W_star = np.zeros((n, W_global.shape[1]))
+        for g, party in enumerate(senders):
+            M_g = np.ascontiguousarray(H_global[:, offsets[g] : offsets[g + 1]])  # eq. 17
+            received = channel.download({"M": M_g, "W_global": W_global, "b_H_global": b_H_global})
+            transcript.add(1, "server", party, "M", received)
+            users = groups[g]
+            W_star[users] = model.W_[users, : k_g[g]] @ np.asarray(received["M"]).T  # eq. 18
+        W_dl = np.asarray(received["W_global"]) if N else W_global
+        bH_dl = np.asarray(received["b_H_global"]) if N else b_H_global
+        fed_pred = (
+            np.einsum("nk,nk->n", W_star[te_rows], W_dl[te_cols]) + model.b_W_[te_rows] + bH_dl[te_cols] + mu_clients
+        )  # eq. 19
+        fed_pred = np.clip(fed_pred, dataset.rating_min, dataset.rating_max)
+
+        # communication summary (§3.3.5)
+        up = down = n_up = n_down = 0
+        for msg in transcript.messages:
+            if msg.sender == msg.receiver:
+                continue
+            msg.meta["bytes"] = msg.nbytes
+            if msg.receiver == "server":
+                up += msg.nbytes
+                n_up += 1
+            else:
+                down += msg.nbytes
+                n_down += 1
+
+        g_te = gid[te_rows]
+        rmse_local = _group_rmse(g_te, (local_pred - te_vals) ** 2, N)
+        rmse_fed = _group_rmse(g_te, (fed_pred - te_vals) ** 2, N)
+        valid = np.isfinite(rmse_local) & np.isfinite(rmse_fed)
+        loc_mean, loc_ci = mean_ci95(rmse_local[valid])
+        fed_mean, fed_ci = mean_ci95(rmse_fed[valid])
+        utility = {
+            "rmse_local": loc_mean,
+            "rmse_local_ci95": loc_ci,
+            "rmse_fedsplit": fed_mean,
+            "rmse_fedsplit_ci95": fed_ci,
+            "rmse_drop": loc_mean - fed_mean,
+            "improved_fraction": float(np.mean(rmse_fed[valid] < rmse_local[valid])),
+            "rmse_local_pooled": float(np.sqrt(np.mean((local_pred - te_vals) ** 2))),
+            "rmse_fedsplit_pooled": float(np.sqrt(np.mean((fed_pred - te_vals) ** 2))),
+            "n_groups": float(N),
+            "bytes_up": float(up),
+            "bytes_down": float(down),
+            "messages_up": float(n_up),
+            "messages_down": float(n_down),
+            "cnmf_seconds": cnmf_seconds,
+            "server_seconds": server_seconds,
+        }
+        if cfg["centralized"]:
+            central = cnmf_from_config(public, cfg["k_central"]).fit(Xtr, rng=init_rng)
+            utility["rmse_central"] = central.rmse(test.ratings)
+        model_out = {
+            "groups": groups,
+            "k_g": k_g,
+            "W": model.W_,
+            "b_W": model.b_W_,
+            "H": H_loc,
+            "b_H": bH_loc,
+            "W_global": W_global,
+            "H_global": H_global,
+            "b_H_global": b_H_global,
+            "mu_global": mu_global,
+            "W_star": W_star,
+            "rmse_local": rmse_local,
+            "rmse_fedsplit": rmse_fed,
+            "n_users": n_users,
+            "n_ratings": g_cnt,
+        }
+        return RunResult(transcript, model_out, utility)
+
+
+def _joint_nmf(X: np.ndarray, K: int, max_iter: int, random_state: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Server-side NMF of the stacked item factors (eqs. 15, 17): X (m x s) ~ W^Global H^Global.
+
+    scikit-learn ``NMF(init="nndsvd", solver="mu")`` as the paper (NNDSVD, multiplicative
+    updates, Frobenius loss); K is capped at min(m, s). scikit-learn's warning that "mu" cannot
+    update the zeros NNDSVD puts in the initialisation is silenced: that is the paper's choice.
+    ``random_state`` seeds the randomized SVD inside NNDSVD (the run is deterministic per seed).
+    """
+    from sklearn.decomposition import NMF
+
+    m, s = X.shape
+    K = int(min(K, m, s))
+    if not np.any(X > 0):
+        return np.zeros((m, K)), np.zeros((K, s))
+    nmf = NMF(n_components=K, init="nndsvd", solver="mu", max_iter=int(max_iter), random_state=random_state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            from sklearn.exceptions import ConvergenceWarning
+
+            warnings.simplefilter("ignore", ConvergenceWarning)
+        except ImportError:  # pragma: no cover
+            pass
+        W = nmf.fit_transform(X)
+    return W, nmf.components_
