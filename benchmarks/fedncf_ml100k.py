@@ -1,0 +1,117 @@
+"""MovieLens 100K leave-one-out HR@10 / NDCG@10 of FedNCF and centralised NCF (fedncf.txt Tables 5, 6).
+
+Long runs (minutes to hours on 2 cores); never part of the test suite. Examples::
+
+    python benchmarks/fedncf_ml100k.py fed --model gmf --aggregation mf-fedavg --global-rounds 100
+    python benchmarks/fedncf_ml100k.py fed --model gmf --aggregation fedavg --global-rounds 100
+    python benchmarks/fedncf_ml100k.py central --model gmf --epochs 20
+    python benchmarks/fedncf_ml100k.py central --model neumf --epochs 20
+
+Prints one JSON line per evaluation (``{"mode", "model", "aggregation", "round", "hr@10",
+"ndcg@10", "seconds"}``) and a final summary line with the paper's number beside ours.
+The data folder defaults to /work/shared/data/ml-100k (``--data``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from privaudit.data import load_dataset
+from privaudit.models import ncf
+from privaudit.protocols.fedncf import FedNCF, eval_candidates, implicit_split, ncf_utility
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
+#: fedncf.txt Table 5 (FedGMF HR@10 by aggregation) and Table 6 (HR@10, NDCG@10).
+PAPER_T5 = {"mf-fedavg": 0.59, "fedavg": 0.56, "simpleavg": 0.55}
+PAPER_T6 = {
+    ("fed", "gmf"): (0.59, 0.33), ("fed", "mlp"): (0.43, 0.23), ("fed", "neumf"): (0.61, 0.34),
+    ("central", "gmf"): (0.68, 0.42), ("central", "mlp"): (0.61, 0.35), ("central", "neumf"): (0.69, 0.42),
+}
+
+
+def emit(obj: dict) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def run_fed(args: argparse.Namespace) -> None:
+    ds = load_dataset(args.data)
+    cfg = {
+        "model": args.model,
+        "aggregation": args.aggregation,
+        "global_rounds": args.global_rounds,
+        "clients_per_round": args.clients_per_round,
+        "batch_size": args.batch_size,
+        "eval_every": args.eval_every,
+        "record_rounds": 0,
+    }
+    t0 = time.perf_counter()
+    res = FedNCF().run(ds, cfg, [], args.seed)
+    secs = time.perf_counter() - t0
+    for g, (hr, nd) in enumerate(zip(res.model["hr_history"], res.model["ndcg_history"])):
+        emit({"mode": "fed", "model": args.model, "aggregation": args.aggregation, "global_round": (g + 1) * args.eval_every, "hr@10": hr, "ndcg@10": nd})
+    paper = PAPER_T6[("fed", args.model)]
+    emit({
+        "summary": True, "mode": "fed", "model": args.model, "aggregation": args.aggregation,
+        "global_rounds": args.global_rounds, "clients_per_round": args.clients_per_round, "batch_size": args.batch_size,
+        "seed": args.seed, "hr@10": res.utility["hr@10"], "ndcg@10": res.utility["ndcg@10"],
+        "paper_hr@10": PAPER_T5[args.aggregation] if args.model == "gmf" else paper[0], "paper_ndcg@10": paper[1] if args.aggregation == "mf-fedavg" else None,
+        "seconds": secs, "aggregation_rounds": res.utility["rounds"],
+    })
+
+
+def run_central(args: argparse.Namespace) -> None:
+    ds = load_dataset(args.data)
+    rng = np.random.default_rng(args.seed)
+    pos, test_item = implicit_split(ds)
+    eval_users, cand = eval_candidates(pos, test_item, ds.n_items, 100, np.random.default_rng(args.seed + 1))
+    from privaudit.protocols.fedncf import _exclusion
+
+    excl = _exclusion(pos, test_item, ds.n_items)
+    layers = [48, 24, 12, 6]
+    t0 = time.perf_counter()
+    best = {"hr@10": 0.0}
+
+    def cb(epoch: int, model: dict) -> None:
+        u = ncf_utility(args.model, 12, layers, model, eval_users, cand, 10)
+        emit({"mode": "central", "model": args.model, "epoch": epoch + 1, **u, "seconds": time.perf_counter() - t0})
+        if u["hr@10"] > best["hr@10"]:
+            best.update(u, epoch=epoch + 1)
+
+    with ncf.single_thread():
+        model = ncf.train_centralized(args.model, 12, layers, pos, ds.n_users, ds.n_items, args.epochs, args.batch_size, 4, 1e-3, rng, exclude=excl, callback=cb)
+    final = ncf_utility(args.model, 12, layers, model, eval_users, cand, 10)
+    paper = PAPER_T6[("central", args.model)]
+    emit({"summary": True, "mode": "central", "model": args.model, "epochs": args.epochs, "batch_size": args.batch_size, "seed": args.seed,
+          **final, "best": best, "paper_hr@10": paper[0], "paper_ndcg@10": paper[1], "seconds": time.perf_counter() - t0})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=["fed", "central"])
+    p.add_argument("--model", default="gmf", choices=list(ncf.ARCHS))
+    p.add_argument("--aggregation", default="mf-fedavg", choices=["mf-fedavg", "fedavg", "simpleavg"])
+    p.add_argument("--global-rounds", type=int, default=100)
+    p.add_argument("--clients-per-round", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", default=str(DATA))
+    args = p.parse_args(argv)
+    if args.batch_size is None:
+        args.batch_size = 64 if args.mode == "fed" else 256
+    if not (Path(args.data) / "u.data").exists():
+        print(f"MovieLens 100K not found at {args.data}", file=sys.stderr)
+        return 2
+    run_fed(args) if args.mode == "fed" else run_central(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

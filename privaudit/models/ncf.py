@@ -1,0 +1,478 @@
+"""Neural collaborative filtering (GMF, MLP, NeuMF) as batched functional PyTorch models.
+
+No parties, no I/O: :mod:`privaudit.protocols.fedncf` wires these kernels into FedNCF
+(fedncf.txt §3.2; He et al. 2017). torch is an optional extra (``privaudit[ncf]``) and is
+imported lazily inside the functions, so importing this module never needs it.
+
+Architecture (fedncf.txt §4.2): latent dimension ``D`` (12), MLP tower
+``2D -> h1 -> ... -> hn`` with ReLU (h = 48-24-12-6, so 24x48 input weights as in the
+paper's parameter count of §3.4), prediction layer ``F -> 1`` with a sigmoid, F = D (GMF),
+hn (MLP) or D + hn (NeuMF). Network weights are Xavier-uniform, biases zero, embeddings
+N(0, 0.01^2) (as in the NCF reference code). Loss: binary cross-entropy (mean over the
+batch), computed from the logits (``BCEWithLogits``, the numerically stable form of
+sigmoid + BCE).
+
+Item and user embeddings are stored as one matrix each with ``item_dim(arch, D)`` columns:
+GMF and MLP use D columns, NeuMF 2D (the GMF half first, then the MLP half), so an item's
+"row" is everything a client updates for that item.
+
+Batched clients
+---------------
+:func:`train_clients` trains C clients of one round *together*: every client gets its own copy
+of the network (stacked, leading dimension C), its user vector and the rows of the item table
+it trains on (its local items, padded to the largest local set). The per-client forward pass is
+vectorised over clients with ``torch.func.vmap`` and the gradients of the sum of the clients'
+losses are each client's own gradients (the clients share no parameter). Adam runs per client
+(explicit update with per-client step counters), so a client whose local data is exhausted
+stops exactly where a sequential per-client loop would stop. :func:`train_clients_loop` is that
+sequential reference (``torch.optim.Adam``, one client at a time); the two agree to float32
+rounding (tests/test_fedncf.py; benchmarks/fedncf_batched.py times them).
+
+DP-SGD (Abadi et al. 2016) in :func:`train_clients`: per-sample gradients by
+``torch.func.vmap(grad(...))`` over samples and clients, per-sample clipping to ``clip`` in the
+joint L2 norm of all of a client's parameters touched by the sample, the sum plus
+N(0, sigma^2 clip^2) on *every* parameter (all item rows too), divided by the batch size.
+This is the computation of Opacus's ``GradSampleModule`` + ``DPOptimizer``, written with
+``torch.func`` because Opacus wraps one ``nn.Module`` per optimizer and cannot batch clients;
+the privacy accounting uses Opacus's ``RDPAccountant`` (:mod:`privaudit.defenses.dp_sgd`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from privaudit.errors import MissingDependencyError
+
+ARCHS = ("gmf", "mlp", "neumf")
+EMBED_STD = 0.01
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
+
+def require_torch():
+    """Import torch or raise :class:`MissingDependencyError` (exit 2 with the extra's name)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise MissingDependencyError("torch", "ncf") from None
+    return torch
+
+
+class single_thread:
+    """Context manager running torch on one intra-op thread (restored on exit).
+
+    The per-step tensors of a cohort are small (C x B x Dtot); on a shared 2-core machine torch's
+    intra-op threads only contend (measured 15x slower under load), so training uses one thread.
+    """
+
+    def __enter__(self):
+        torch = require_torch()
+        self._n = torch.get_num_threads()
+        torch.set_num_threads(1)
+        return self
+
+    def __exit__(self, *exc):
+        require_torch().set_num_threads(self._n)
+        return False
+
+
+def item_dim(arch: str, D: int) -> int:
+    """Columns of an item (or user) embedding row: D for GMF/MLP, 2D for NeuMF."""
+    return 2 * D if arch == "neumf" else D
+
+
+def network_shapes(arch: str, D: int, layers: Sequence[int]) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of the network weights (``mlp.<l>.weight`` (out, in), ``predict.weight`` (F,))."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    if arch in ("mlp", "neumf"):
+        width = 2 * D
+        for l, h in enumerate(layers):
+            shapes[f"mlp.{l}.weight"] = (int(h), width)
+            shapes[f"mlp.{l}.bias"] = (int(h),)
+            width = int(h)
+    F = {"gmf": D, "mlp": int(layers[-1]), "neumf": D + int(layers[-1])}[arch]
+    shapes["predict.weight"] = (F,)
+    shapes["predict.bias"] = (1,)
+    return shapes
+
+
+def init_network(arch: str, D: int, layers: Sequence[int], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Xavier-uniform weights, zero biases (float32 numpy arrays; fedncf.txt §4.2)."""
+    out: dict[str, np.ndarray] = {}
+    for name, shape in network_shapes(arch, D, layers).items():
+        if name.endswith("bias"):
+            out[name] = np.zeros(shape, dtype=np.float32)
+        else:
+            fan_out, fan_in = (shape[0], shape[1]) if len(shape) == 2 else (1, shape[0])
+            bound = np.sqrt(6.0 / (fan_in + fan_out))
+            out[name] = rng.uniform(-bound, bound, size=shape).astype(np.float32)
+    return out
+
+
+def init_embeddings(n: int, dim: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, dim) float32 embeddings drawn from N(0, EMBED_STD^2)."""
+    return (EMBED_STD * rng.standard_normal((n, dim))).astype(np.float32)
+
+
+def flatten_network(net: dict[str, np.ndarray], arch: str, D: int, layers: Sequence[int]) -> np.ndarray:
+    """Concatenate the network weights in :func:`network_shapes` order into one vector."""
+    return np.concatenate([np.asarray(net[k], dtype=np.float64).ravel() for k in network_shapes(arch, D, layers)])
+
+
+def unflatten_network(flat: np.ndarray, arch: str, D: int, layers: Sequence[int]) -> dict[str, np.ndarray]:
+    """Inverse of :func:`flatten_network` (float32)."""
+    out, pos = {}, 0
+    for k, shape in network_shapes(arch, D, layers).items():
+        size = int(np.prod(shape))
+        out[k] = np.asarray(flat[pos : pos + size], dtype=np.float32).reshape(shape)
+        pos += size
+    return out
+
+
+def forward(arch: str, D: int, n_layers: int, net: dict[str, Any], u: Any, i: Any) -> Any:
+    """Logits of one client: ``u`` (..., Dtot) user rows, ``i`` (..., Dtot) item rows -> (...).
+
+    ``net`` holds one client's weights (no leading client dimension); vectorise over clients
+    with ``torch.func.vmap``.
+    """
+    torch = require_torch()
+    F = torch.nn.functional
+    parts = []
+    if arch in ("gmf", "neumf"):
+        parts.append(u[..., :D] * i[..., :D])
+    if arch in ("mlp", "neumf"):
+        off = D if arch == "neumf" else 0
+        h = _cat_last(torch, u[..., off : off + D], i[..., off : off + D])
+        for l in range(n_layers):
+            h = F.relu(F.linear(h, net[f"mlp.{l}.weight"], net[f"mlp.{l}.bias"]))
+        parts.append(h)
+    z = parts[0] if len(parts) == 1 else _cat_last(torch, *parts)
+    return z @ net["predict.weight"] + net["predict.bias"][0]
+
+
+def _cat_last(torch: Any, *xs: Any) -> Any:
+    """Concatenate on the last axis after broadcasting the leading axes."""
+    lead = torch.broadcast_shapes(*(x.shape[:-1] for x in xs))
+    return torch.cat([x.expand(*lead, x.shape[-1]) for x in xs], dim=-1)
+
+
+def _bce(logit: Any, y: Any) -> Any:
+    torch = require_torch()
+    return torch.nn.functional.binary_cross_entropy_with_logits(logit, y, reduction="none")
+
+
+# ----------------------------------------------------------------------------------- batching
+def make_batches(
+    n_instances: Sequence[int], epochs: int, batch_size: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Shuffled mini-batch schedules of C clients, padded to a common number of steps.
+
+    Client c has ``n_instances[c]`` local instances; every epoch it visits them in a fresh random
+    order in ``ceil(n_c / B)`` batches (the last one partial). Returns ``index`` (C, S, B) int64
+    (instance index, 0 where padded) and ``valid`` (C, S, B) bool, S = the largest step count.
+    """
+    n_instances = np.asarray(n_instances, dtype=np.int64)
+    steps = epochs * np.maximum(-(-n_instances // batch_size), 0)
+    S = int(steps.max()) if len(steps) else 0
+    C = len(n_instances)
+    index = np.zeros((C, S, batch_size), dtype=np.int64)
+    valid = np.zeros((C, S, batch_size), dtype=bool)
+    for c, n in enumerate(n_instances):  # O(C) permutations, not per step
+        if n == 0:
+            continue
+        order = np.concatenate([rng.permutation(n) for _ in range(epochs)])
+        per_epoch = -(-n // batch_size)
+        padded = np.zeros((epochs, per_epoch * batch_size), dtype=np.int64)
+        mask = np.zeros_like(padded, dtype=bool)
+        padded[:, :n] = order.reshape(epochs, n)
+        mask[:, :n] = True
+        index[c, : epochs * per_epoch] = padded.reshape(epochs * per_epoch, batch_size)
+        valid[c, : epochs * per_epoch] = mask.reshape(epochs * per_epoch, batch_size)
+    return index, valid
+
+
+def _adam_step(p: Any, g: Any, m: Any, v: Any, step: int, lr: float) -> None:
+    """In-place Adam step with torch.optim.Adam's single-tensor formula (same operations)."""
+    b1, b2 = ADAM_BETAS
+    m.lerp_(g, 1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    bc1 = 1 - b1**step
+    bc2_sqrt = (1 - b2**step) ** 0.5
+    denom = (v.sqrt() / bc2_sqrt).add_(ADAM_EPS)
+    p.addcdiv_(m, denom, value=-(lr / bc1))
+
+
+def train_clients(
+    arch: str,
+    D: int,
+    layers: Sequence[int],
+    net: dict[str, np.ndarray],
+    item_rows: np.ndarray,
+    users: np.ndarray,
+    inst_item: np.ndarray,
+    inst_label: np.ndarray,
+    n_instances: np.ndarray,
+    index: np.ndarray,
+    valid: np.ndarray,
+    lr: float = 1e-3,
+    dp: tuple[float, float] | None = None,
+    noise_seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """Local training of C clients at once (fedncf.txt Algorithm 2, the plain update part).
+
+    Parameters
+    ----------
+    net : dict name -> array
+        Global network weights (no client dimension).
+    item_rows : (C, L, Dtot) float32
+        Each client's copy of the global rows of its local items (padded rows are never used).
+    users : (C, Dtot) float32
+        The clients' user vectors (client-local).
+    inst_item : (C, N) int64
+        Local row (0..L-1) of every training instance (padded beyond ``n_instances``).
+    inst_label : (C, N) float32
+        1 for a positive, 0 for a sampled negative.
+    n_instances : (C,) int64
+    index, valid : (C, S, B)
+        Mini-batch schedule from :func:`make_batches`.
+    lr : Adam learning rate.
+    dp : (noise_multiplier, clip) or None
+        DP-SGD: per-sample clipping to ``clip`` and Gaussian noise ``noise_multiplier * clip``
+        (module docstring). Every item row then receives noise, so pass all items as local rows.
+    noise_seed : seed of the torch generator of the DP noise.
+
+    Returns
+    -------
+    dict with ``net`` (dict name -> (C, ...) float32), ``items`` (C, L, Dtot), ``users`` (C, Dtot),
+    ``steps`` (C,) Adam steps taken.
+    """
+    torch = require_torch()
+    from torch.func import grad, vmap
+
+    C, L, Dt = item_rows.shape
+    n_layers = len(layers) if arch in ("mlp", "neumf") else 0
+    names = list(network_shapes(arch, D, layers))
+    # Clients sorted by their number of steps: client c is active at steps 0..steps_c-1, so the
+    # active clients of step s are a prefix and all share the Adam step count s+1.
+    n_steps = valid.any(axis=2).sum(axis=1)
+    order = np.argsort(-n_steps, kind="stable")
+    inverse = np.argsort(order)
+    item_rows, users, inst_item, inst_label = item_rows[order], users[order], inst_item[order], inst_label[order]
+    index, valid, n_steps = index[order], valid[order], n_steps[order]
+    P_net = {k: torch.tensor(np.broadcast_to(net[k], (C,) + net[k].shape).copy()) for k in names}
+    P_item = torch.tensor(item_rows, dtype=torch.float32)
+    P_user = torch.tensor(users, dtype=torch.float32)
+    params = [P_user, P_item] + [P_net[k] for k in names]
+    m_state = [torch.zeros_like(p) for p in params]
+    v_state = [torch.zeros_like(p) for p in params]
+    inst_item_t = torch.as_tensor(inst_item)
+    inst_label_t = torch.as_tensor(inst_label, dtype=torch.float32)
+    index_t = torch.as_tensor(index)
+    valid_t = torch.as_tensor(valid, dtype=torch.float32)
+    rows_c = torch.arange(C)[:, None]
+    S, B = index.shape[1], index.shape[2]
+
+    def client_logits(netc, u, i):
+        return forward(arch, D, n_layers, netc, u, i)
+
+    batched_logits = vmap(client_logits, in_dims=(0, 0, 0))
+
+    if dp is not None:
+        sigma, clip = float(dp[0]), float(dp[1])
+        gen = torch.Generator().manual_seed(int(noise_seed))
+
+        def sample_loss(netc, u, irow, y):
+            return _bce(forward(arch, D, n_layers, netc, u, irow), y)
+
+        # per-sample grads: vmap over samples (net, user shared), then over clients
+        ps_grad = vmap(vmap(grad(sample_loss, argnums=(0, 1, 2)), in_dims=(None, None, 0, 0)), in_dims=(0, 0, 0, 0))
+
+    for s in range(S):
+        a = int((n_steps > s).sum())  # active clients: a prefix
+        if a == 0:
+            break
+        w = valid_t[:a, s]  # (a, B)
+        inst = index_t[:a, s]
+        local = torch.gather(inst_item_t[:a], 1, inst)  # (a, B) local item rows
+        y = torch.gather(inst_label_t[:a], 1, inst)
+        count = w.sum(1).clamp(min=1)
+        cur = [p[:a] for p in params]
+        if dp is None:
+            leaves = [c.detach().requires_grad_(True) for c in cur]
+            irows = leaves[1][rows_c[:a], local]  # (a, B, Dt)
+            logits = batched_logits(dict(zip(names, leaves[2:])), leaves[0], irows)
+            loss = ((_bce(logits, y) * w).sum(1) / count).sum()
+            grads = torch.autograd.grad(loss, leaves)
+        else:
+            irows = cur[1][rows_c[:a], local]
+            g_net, g_u, g_i = ps_grad(dict(zip(names, cur[2:])), cur[0], irows, y)
+            sq = g_u.pow(2).sum(-1) + g_i.pow(2).sum(-1)
+            for k in names:
+                sq = sq + g_net[k].pow(2).flatten(2).sum(-1)
+            factor = (clip / (sq.sqrt() + 1e-6)).clamp(max=1.0) * w  # (a, B)
+            denom = float(B)  # Opacus divides by the expected batch size
+            gu = (g_u * factor[..., None]).sum(1)
+            gi = torch.zeros_like(cur[1]).index_put_((rows_c[:a].expand_as(local), local), g_i * factor[..., None], accumulate=True)
+            gn = [(g_net[k] * factor.view(a, B, *([1] * (g_net[k].dim() - 2)))).sum(1) for k in names]
+            grads = []
+            for g in [gu, gi] + gn:
+                noise = torch.normal(0.0, sigma * clip, size=g.shape, generator=gen)
+                grads.append((g + noise) / denom)
+        for p, g, m, v in zip(cur, grads, m_state, v_state):
+            _adam_step(p, g, m[:a], v[:a], s + 1, lr)
+    return {
+        "net": {k: P_net[k].numpy()[inverse] for k in names},
+        "items": P_item.numpy()[inverse],
+        "users": P_user.numpy()[inverse],
+        "steps": n_steps[inverse],
+    }
+
+
+def train_clients_loop(
+    arch: str,
+    D: int,
+    layers: Sequence[int],
+    net: dict[str, np.ndarray],
+    item_rows: np.ndarray,
+    users: np.ndarray,
+    inst_item: np.ndarray,
+    inst_label: np.ndarray,
+    n_instances: np.ndarray,
+    index: np.ndarray,
+    valid: np.ndarray,
+    lr: float = 1e-3,
+) -> dict[str, np.ndarray]:
+    """The sequential reference of :func:`train_clients`: one client at a time, one
+    ``torch.optim.Adam`` per client, one Python iteration per mini-batch (no DP)."""
+    torch = require_torch()
+    C = item_rows.shape[0]
+    n_layers = len(layers) if arch in ("mlp", "neumf") else 0
+    names = list(network_shapes(arch, D, layers))
+    out_net = {k: np.zeros((C,) + net[k].shape, dtype=np.float32) for k in names}
+    out_items = np.array(item_rows, dtype=np.float32, copy=True)
+    out_users = np.array(users, dtype=np.float32, copy=True)
+    steps = np.zeros(C, dtype=np.int64)
+    for c in range(C):
+        p_net = {k: torch.tensor(net[k], requires_grad=True) for k in names}
+        p_item = torch.tensor(item_rows[c], requires_grad=True)
+        p_user = torch.tensor(users[c], requires_grad=True)
+        opt = torch.optim.Adam([p_user, p_item] + [p_net[k] for k in names], lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS)
+        items_c = torch.as_tensor(inst_item[c])
+        labels_c = torch.as_tensor(inst_label[c], dtype=torch.float32)
+        for s in range(index.shape[1]):
+            sel = index[c, s][valid[c, s]]
+            if sel.size == 0:
+                continue
+            sel_t = torch.as_tensor(sel)
+            opt.zero_grad()
+            logits = forward(arch, D, n_layers, p_net, p_user, p_item[items_c[sel_t]])
+            loss = _bce(logits, labels_c[sel_t]).mean()
+            loss.backward()
+            opt.step()
+            steps[c] += 1
+        for k in names:
+            out_net[k][c] = p_net[k].detach().numpy()
+        out_items[c] = p_item.detach().numpy()
+        out_users[c] = p_user.detach().numpy()
+    return {"net": out_net, "items": out_items, "users": out_users, "steps": steps}
+
+
+# ----------------------------------------------------------------------------------- scoring
+def score(
+    arch: str, D: int, layers: Sequence[int], net: dict[str, np.ndarray], users: np.ndarray, items: np.ndarray, candidates: np.ndarray
+) -> np.ndarray:
+    """Logits (n, k) of user rows ``users`` (n, Dtot) for item ids ``candidates`` (n, k) of ``items``."""
+    torch = require_torch()
+    n_layers = len(layers) if arch in ("mlp", "neumf") else 0
+    with torch.no_grad():
+        p_net = {k: torch.as_tensor(np.asarray(v, dtype=np.float32)) for k, v in net.items()}
+        U = torch.as_tensor(np.asarray(users, dtype=np.float32))
+        Itab = torch.as_tensor(np.asarray(items, dtype=np.float32))
+        cand = torch.as_tensor(np.asarray(candidates, dtype=np.int64))
+        out = forward(arch, D, n_layers, p_net, U[:, None, :], Itab[cand])
+    return out.numpy()
+
+
+def train_centralized(
+    arch: str,
+    D: int,
+    layers: Sequence[int],
+    positives: Any,
+    n_users: int,
+    n_items: int,
+    epochs: int,
+    batch_size: int,
+    negatives: int,
+    lr: float,
+    rng: np.random.Generator,
+    exclude: Any = None,
+    callback: Any = None,
+) -> dict[str, Any]:
+    """Centralised NCF (He et al. 2017; fedncf.txt Table 6 "NCF"): one model, all users.
+
+    ``positives``: CSR (n_users x n_items) of training interactions; ``exclude``: CSR of
+    items never drawn as negatives (training + held-out). Negatives are re-drawn every epoch
+    (``negatives`` per positive). ``callback(epoch, model)`` after every epoch.
+    Returns ``{"net", "items", "users"}`` (numpy).
+    """
+    torch = require_torch()
+    import scipy.sparse as sp
+
+    pos = sp.csr_matrix(positives)
+    excl = sp.csr_matrix(exclude if exclude is not None else pos).astype(bool).tocsr()
+    Dt = item_dim(arch, D)
+    n_layers = len(layers) if arch in ("mlp", "neumf") else 0
+    net_np = init_network(arch, D, layers, rng)
+    names = list(net_np)
+    p_net = {k: torch.tensor(v, requires_grad=True) for k, v in net_np.items()}
+    U = torch.tensor(init_embeddings(n_users, Dt, rng), requires_grad=True)
+    Itab = torch.tensor(init_embeddings(n_items, Dt, rng), requires_grad=True)
+    opt = torch.optim.Adam([U, Itab] + [p_net[k] for k in names], lr=lr)
+    pu = np.repeat(np.arange(n_users), np.diff(pos.indptr))
+    pi = pos.indices.astype(np.int64)
+    for epoch in range(epochs):
+        nu = np.repeat(pu, negatives)
+        ni = sample_negatives(nu, excl, n_items, rng)
+        users = np.concatenate([pu, nu])
+        items = np.concatenate([pi, ni])
+        labels = np.concatenate([np.ones(len(pu)), np.zeros(len(nu))]).astype(np.float32)
+        order = rng.permutation(len(users))
+        users_t, items_t, labels_t = (torch.as_tensor(a[order]) for a in (users, items, labels))
+        for start in range(0, len(order), batch_size):
+            sl = slice(start, start + batch_size)
+            opt.zero_grad()
+            logits = forward(arch, D, n_layers, p_net, U[users_t[sl]], Itab[items_t[sl]])
+            loss = _bce(logits, labels_t[sl]).mean()
+            loss.backward()
+            opt.step()
+        if callback is not None:
+            callback(epoch, _detach(p_net, U, Itab))
+    return _detach(p_net, U, Itab)
+
+
+def _detach(p_net: dict, U: Any, Itab: Any) -> dict[str, Any]:
+    return {
+        "net": {k: v.detach().numpy().copy() for k, v in p_net.items()},
+        "users": U.detach().numpy().copy(),
+        "items": Itab.detach().numpy().copy(),
+    }
+
+
+def sample_negatives(users: np.ndarray, exclude: Any, n_items: int, rng: np.random.Generator) -> np.ndarray:
+    """One uniformly random item per entry of ``users`` not in that user's row of ``exclude``
+    (CSR, sorted indices), by vectorised rejection sampling."""
+    users = np.asarray(users, dtype=np.int64)
+    out = rng.integers(n_items, size=len(users))
+    indptr, indices = exclude.indptr, exclude.indices
+    row_keys = np.repeat(np.arange(exclude.shape[0], dtype=np.int64), np.diff(indptr)) * n_items + indices
+    row_keys.sort()
+    todo = np.arange(len(users))
+    while todo.size:
+        keys = users[todo] * n_items + out[todo]
+        pos = np.searchsorted(row_keys, keys)
+        hit = (pos < row_keys.size) & (row_keys[np.minimum(pos, row_keys.size - 1)] == keys) if row_keys.size else np.zeros(len(keys), dtype=bool)
+        todo = todo[hit]
+        out[todo] = rng.integers(n_items, size=todo.size)
+    return out

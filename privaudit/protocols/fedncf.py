@@ -1,0 +1,423 @@
+"""FedNCF: federated GMF / MLP / NeuMF (fedncf.txt §3; DESIGN.md "FedNCF").
+
+Parties: the coordination server ``server`` and one client ``client:<u>`` per user
+(u = 0..n-1). Interactions are implicit: every rating is a positive. Leave-one-out split
+(fedncf.txt §4.1): each user's latest interaction is held out; clients train on the rest.
+
+Round r (an *aggregation round*; a *global round* is a pass over all clients):
+
+1. the server picks a cohort (``selection``): ``random`` -- every global round a random
+   permutation of the clients cut into cohorts of ``clients_per_round``; ``adversarial`` -- the
+   linking attack of §3.5.2: a fixed random group S of ``clients_per_round - 1`` clients and the
+   ``target``; rounds 0, 2, ..., 2R-2 use S + target, rounds 1, 3, ..., 2R-1 use S
+   (R = ``manipulated_rounds``), later rounds are random. Recorded as a ``cohort`` message
+   (server -> server, payload ``clients`` int64 user ids, meta ``k`` = cohort size);
+2. every selected client draws ``negatives`` x |positives| negatives (uniform over the items it
+   never interacted with; the held-out item is excluded too), and trains the global item rows
+   of its local items (positives + negatives), its private user vector and the network for
+   ``local_epochs`` epochs of Adam (lr 1e-3, batch ``batch_size``, BCE) -- all clients of a
+   round batched together (:func:`privaudit.models.ncf.train_clients`);
+3. it uploads through :meth:`Channel.send` (so ``secagg`` can mask and ``dp-sgd`` changes the
+   training):
+
+   ``item_update`` payload ``items`` (int64, the ids of the rows it updated = the observation
+   vector P of §3.4 as a support set) and ``values`` (len(items) x Dtot: w_i (I^i - I_t) on
+   those rows); meta ``n_rows`` = m.
+   ``net_update`` payload ``delta`` (flat network weights, w'_i (N^i - N_t)) and
+   ``n_instances`` (1,) float64, the local training instances n_i.
+
+   Weights per ``aggregation``: ``mf-fedavg`` w = 1, w' = n_i; ``fedavg`` w = w' = n_i;
+   ``simpleavg`` w = w' = 1;
+4. the server sums with :meth:`Channel.sum` (``counts`` = per-item number of clients that
+   updated the row, i.e. sum of the P vectors) and updates (|c| = clients whose uploads
+   arrived, n = sum n_i):
+
+   ``mf-fedavg`` (Algorithm 1): I[k] += sum values[k] / counts[k] where counts > 0;
+   N += sum delta / n.   ``fedavg`` (eq. 1): I += sum values / n; N += sum delta / n.
+   ``simpleavg``: I += sum values / |c|; N += sum delta / |c|.
+   The per-item counts and cohort size are recorded as an ``aggregate`` message (server ->
+   server: ``counts`` int64 (m,), meta ``k``), which is exactly what the server learns under
+   secure aggregation.
+
+Recorded rounds: ``record_rounds`` (first N aggregation rounds; -1 all) get the ``cohort``,
+``state`` (server -> server: ``items`` (m x Dtot), ``network`` flat float64, the global model
+sent that round), the uploads and the ``aggregate``. Private (``client:u`` -> itself, round 0):
+``items`` (int64 sorted training positives), ``test_item`` (1,) int64.
+
+Utility: HR@10 and NDCG@10 with the held-out item ranked against ``eval_negatives`` (100)
+sampled non-interacted items (fedncf.txt §4.1), each user scored with its own user vector;
+``hr_history`` in the model (one value per evaluation). With ``dp-sgd``: ``epsilon`` (largest
+over clients, for the rounds each actually took part in), ``delta``.
+
+Departures: clients upload the *change* of their rows and weights rather than the new weights
+(averaging new weights of updated rows is the same as adding the mean change: identical
+results, and small values suit secure aggregation's fixed-point encoding). Negatives are drawn
+once per round and reused in both local epochs (the paper does not say; the observation
+vector P is then the set of rows trained that round). The paper gives no batch size; 64 is
+used (``batch_size``). Each client starts every round with a fresh Adam state.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from privaudit.defenses.base import Defense
+from privaudit.errors import PrivauditError
+from privaudit.metrics import hit_ratio_at_k, ndcg_at_k_loo
+from privaudit.models import ncf
+from privaudit.protocols.base import Channel, Protocol, RunResult
+from privaudit.registry import register_protocol
+from privaudit.transcript import Transcript
+
+DERIVED_KEYS = ("n_items", "n_users", "defenses", "seed")
+AGGREGATIONS = ("mf-fedavg", "fedavg", "simpleavg")
+
+
+def _seed_of(rng: np.random.Generator | int | None) -> int:
+    if rng is None:
+        return int(np.random.SeedSequence().entropy % (2**32))
+    if isinstance(rng, (int, np.integer)):
+        return int(rng)
+    if isinstance(rng, np.random.Generator):
+        return int(rng.integers(2**32))
+    raise TypeError(f"rng must be a numpy Generator, an int seed or None, not {type(rng).__name__}")
+
+
+def implicit_split(dataset: Any) -> tuple[sp.csr_matrix, np.ndarray]:
+    """Binarised leave-one-out split: (train positives CSR n x m, bool), test item per user (-1: none)."""
+    from privaudit.data import leave_one_out
+
+    train, test = leave_one_out(dataset)
+    pos = sp.csr_matrix(train.ratings, dtype=np.float64)
+    pos.data = np.ones_like(pos.data)
+    pos.eliminate_zeros()
+    pos = pos.astype(bool).tocsr()
+    pos.sort_indices()
+    test = sp.csr_matrix(test)
+    has = np.diff(test.indptr) > 0
+    test_item = np.full(dataset.n_users, -1, dtype=np.int64)
+    test_item[has] = test.indices[test.indptr[:-1][has]]
+    return pos, test_item
+
+
+def eval_candidates(pos: sp.csr_matrix, test_item: np.ndarray, n_items: int, n_neg: int, rng: np.random.Generator) -> np.ndarray:
+    """(n_eval_users, 1 + n_neg) candidate ids, column 0 the held-out item; rows of users with a test item."""
+    users = np.flatnonzero(test_item >= 0)
+    excl = _exclusion(pos, test_item, n_items)
+    neg = ncf.sample_negatives(np.repeat(users, n_neg), excl, n_items, rng).reshape(len(users), n_neg)
+    return users, np.concatenate([test_item[users, None], neg], axis=1)
+
+
+def _exclusion(pos: sp.csr_matrix, test_item: np.ndarray, n_items: int) -> sp.csr_matrix:
+    n = pos.shape[0]
+    has = test_item >= 0
+    t = sp.csr_matrix((np.ones(int(has.sum()), dtype=bool), (np.flatnonzero(has), test_item[has])), shape=(n, n_items))
+    out = (pos + t).astype(bool).tocsr()
+    out.sort_indices()
+    return out
+
+
+def ncf_utility(arch: str, D: int, layers: Sequence[int], model: Mapping[str, Any], users: np.ndarray, cand: np.ndarray, k: int) -> dict[str, float]:
+    """HR@k and NDCG@k of the leave-one-out candidates (target in column 0)."""
+    if len(users) == 0:
+        return {f"hr@{k}": float("nan"), f"ndcg@{k}": float("nan")}
+    scores = np.concatenate(
+        [
+            ncf.score(arch, D, layers, model["net"], model["users"][users[s : s + 4096]], model["items"], cand[s : s + 4096])
+            for s in range(0, len(users), 4096)
+        ]
+    )
+    target = np.zeros(len(users), dtype=np.int64)
+    return {f"hr@{k}": hit_ratio_at_k(scores, target, k), f"ndcg@{k}": ndcg_at_k_loo(scores, target, k)}
+
+
+@register_protocol("fedncf")
+class FedNCF(Protocol):
+    """Federated GMF / MLP / NeuMF with MF-FedAvg, FedAvg or SimpleAvg (module docstring)."""
+
+    description = "Federated neural collaborative filtering (FedNCF, fedncf.txt): GMF/MLP/NeuMF, MF-FedAvg"
+    default_attack = "ncf-update-leak"
+    default_config: dict[str, Any] = {
+        "model": "gmf",
+        "D": 12,
+        "layers": [48, 24, 12, 6],
+        "negatives": 4,
+        "lr": 0.001,
+        "local_epochs": 2,
+        "batch_size": 64,
+        "aggregation": "mf-fedavg",
+        "clients_per_round": 20,
+        "global_rounds": 3,
+        "max_rounds": -1,
+        "selection": "random",
+        "target": -1,
+        "manipulated_rounds": 4,
+        "record_rounds": 30,
+        "eval_every": 0,
+        "eval_negatives": 100,
+        "top_k": 10,
+    }
+    config_help = {
+        "model": "gmf, mlp or neumf",
+        "D": "latent dimension of the embeddings",
+        "layers": "MLP hidden layer sizes (input 2D)",
+        "negatives": "sampled negatives per positive (the blurring of §3.5.2)",
+        "lr": "client Adam learning rate",
+        "local_epochs": "local epochs per round",
+        "batch_size": "local mini-batch size (the paper gives none)",
+        "aggregation": "mf-fedavg (per-item averaging), fedavg (eq. 1) or simpleavg",
+        "clients_per_round": "cohort size |c| of an aggregation round",
+        "global_rounds": "passes over all clients (the paper's 'epochs', 400)",
+        "max_rounds": "stop after this many aggregation rounds (-1: no limit)",
+        "selection": "random or adversarial (same cohort with and without the target, §3.5.2)",
+        "target": "adversarial: the target user id (-1: a random client)",
+        "manipulated_rounds": "adversarial: R pairs of rounds (cohort with / without the target)",
+        "record_rounds": "record cohorts, global model, uploads and aggregates of the first N rounds (-1: all)",
+        "eval_every": "evaluate HR/NDCG every N global rounds (0: only at the end)",
+        "eval_negatives": "sampled negatives ranked against each held-out item",
+        "top_k": "K of HR@K and NDCG@K",
+    }
+
+    @classmethod
+    def resolve_config(cls, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        overrides = {k: v for k, v in (overrides or {}).items() if k not in DERIVED_KEYS}
+        return super().resolve_config(overrides)
+
+    @classmethod
+    def validate_config(cls, config: dict[str, Any]) -> None:
+        def fail(msg: str) -> None:
+            raise PrivauditError(f"protocol 'fedncf': {msg}")
+
+        if config["model"] not in ncf.ARCHS:
+            fail(f"model must be one of {', '.join(ncf.ARCHS)}, got {config['model']!r}")
+        if config["aggregation"] not in AGGREGATIONS:
+            fail(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {config['aggregation']!r}")
+        if config["selection"] not in ("random", "adversarial"):
+            fail(f"selection must be 'random' or 'adversarial', got {config['selection']!r}")
+        for key in ("D", "local_epochs", "batch_size", "clients_per_round", "eval_negatives", "top_k"):
+            if not isinstance(config[key], int) or config[key] < 1:
+                fail(f"{key} must be a positive integer, got {config[key]!r}")
+        for key in ("negatives", "global_rounds", "manipulated_rounds", "eval_every"):
+            if not isinstance(config[key], int) or config[key] < 0:
+                fail(f"{key} must be a non-negative integer, got {config[key]!r}")
+        for key in ("max_rounds", "record_rounds", "target"):
+            if not isinstance(config[key], int) or config[key] < -1:
+                fail(f"{key} must be -1 or a non-negative integer, got {config[key]!r}")
+        if not config["layers"] or any((not isinstance(h, int)) or h < 1 for h in config["layers"]):
+            fail(f"layers must be positive integers, got {config['layers']!r}")
+        if not (np.isfinite(config["lr"]) and config["lr"] > 0):
+            fail(f"lr must be a positive number, got {config['lr']!r}")
+        if config["selection"] == "adversarial" and config["clients_per_round"] < 2:
+            fail("adversarial selection needs clients_per_round >= 2")
+
+    # ------------------------------------------------------------------ schedule
+    @staticmethod
+    def schedule(cfg: Mapping[str, Any], eligible: np.ndarray, rng: np.random.Generator) -> tuple[list[np.ndarray], int]:
+        """Cohorts of every aggregation round (list of sorted int64 user ids) and the target (-1 if none)."""
+        c = min(cfg["clients_per_round"], len(eligible))
+        cohorts: list[np.ndarray] = []
+        target = -1
+        if cfg["selection"] == "adversarial":
+            target = int(cfg["target"]) if cfg["target"] >= 0 else int(rng.choice(eligible))
+            if target not in set(eligible.tolist()):
+                raise PrivauditError(f"protocol 'fedncf': target {target} is not a client with training data")
+            others = eligible[eligible != target]
+            group = np.sort(rng.choice(others, size=min(c - 1, len(others)), replace=False)).astype(np.int64)
+            for _ in range(cfg["manipulated_rounds"]):
+                cohorts.append(np.sort(np.append(group, target)).astype(np.int64))
+                cohorts.append(group.copy())
+        for _ in range(cfg["global_rounds"]):
+            perm = rng.permutation(eligible)
+            cohorts.extend(np.sort(perm[s : s + c]).astype(np.int64) for s in range(0, len(perm), c))
+        if cfg["max_rounds"] >= 0:
+            cohorts = cohorts[: cfg["max_rounds"]]
+        return cohorts, target
+
+    # ------------------------------------------------------------------ run
+    def run(
+        self,
+        dataset: Any,
+        config: Mapping[str, Any] | None = None,
+        defenses: Sequence[Defense] = (),
+        rng: np.random.Generator | int | None = None,
+    ) -> RunResult:
+        """Train FedNCF on ``dataset`` (ratings binarised) and return transcript, model, utility.
+
+        ``model``: ``items`` (m x Dtot), ``net`` (dict of arrays), ``users`` (n x Dtot, the clients'
+        vectors), ``hr_history`` / ``ndcg_history`` (per evaluation), ``rounds``.
+        """
+        ncf.require_torch()
+        with ncf.single_thread():
+            return self._run(dataset, config, defenses, rng)
+
+    def _run(self, dataset: Any, config: Any, defenses: Sequence[Defense], rng: Any) -> RunResult:
+        cfg = self.resolve_config(config)
+        self.check_defenses(self.name, defenses)
+        seed = _seed_of(rng)
+        sched_rng, init_rng, train_rng, channel_rng, eval_rng = (
+            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)
+        )
+        arch, D, layers = cfg["model"], cfg["D"], list(cfg["layers"])
+        Dt = ncf.item_dim(arch, D)
+        n, m = dataset.n_users, dataset.n_items
+        pos, test_item = implicit_split(dataset)
+        excl = _exclusion(pos, test_item, m)
+        n_pos = np.diff(pos.indptr)
+        eligible = np.flatnonzero(n_pos > 0).astype(np.int64)
+        if len(eligible) == 0:
+            raise PrivauditError("protocol 'fedncf': no user has a training interaction after the leave-one-out split")
+        eval_users, cand = eval_candidates(pos, test_item, m, cfg["eval_negatives"], eval_rng)
+        cohorts, target = self.schedule(cfg, eligible, sched_rng)
+        dp_defenses = [d for d in defenses if getattr(d, "local_dp_sgd", False)]
+        if len(dp_defenses) > 1:
+            raise PrivauditError("protocol 'fedncf': at most one dp-sgd defense")
+        dp = dp_defenses[0] if dp_defenses else None
+
+        public = dict(cfg)
+        public.update(
+            n_items=m,
+            n_users=n,
+            target=target,
+            defenses=[{"name": d.name, **d.config} for d in defenses],
+            seed=seed,
+        )
+        parties = ["server"] + [f"client:{u}" for u in range(n)]
+        transcript = Transcript("fedncf", public, seed, dataset.summary(), parties)
+        for u in range(n):
+            transcript.add(
+                0,
+                f"client:{u}",
+                f"client:{u}",
+                "private",
+                {"items": pos.indices[pos.indptr[u] : pos.indptr[u + 1]].astype(np.int64), "test_item": np.array([test_item[u]], dtype=np.int64)},
+            )
+        channel = Channel(defenses, transcript, channel_rng)
+
+        net = ncf.init_network(arch, D, layers, init_rng)
+        items = ncf.init_embeddings(m, Dt, init_rng)
+        users = ncf.init_embeddings(n, Dt, init_rng)
+        names = list(net)
+        per_global = max(1, -(-len(eligible) // min(cfg["clients_per_round"], len(eligible))))
+        offset = 2 * cfg["manipulated_rounds"] if cfg["selection"] == "adversarial" else 0
+        participation = np.zeros(n, dtype=np.int64)
+        hr_hist: list[float] = []
+        ndcg_hist: list[float] = []
+        k = cfg["top_k"]
+        t_train = 0.0
+        for r, cohort in enumerate(cohorts):
+            record = cfg["record_rounds"] < 0 or r < cfg["record_rounds"]
+            net_flat = ncf.flatten_network(net, arch, D, layers)
+            if record:
+                transcript.add(r, "server", "server", "cohort", {"clients": cohort}, {"k": int(len(cohort))})
+                transcript.add(r, "server", "server", "state", {"items": items.astype(np.float64), "network": net_flat})
+            t0 = time.perf_counter()
+            uploads = self._local_round(cfg, cohort, pos, excl, n_pos, items, users, net, dp, train_rng, m)
+            t_train += time.perf_counter() - t0
+            participation[cohort] += 1
+            senders = [f"client:{u}" for u in cohort]
+            b_items = channel.send(r, "item_update", senders, uploads["item_payloads"], record=record, meta={"n_rows": m})
+            b_net = channel.send(r, "net_update", senders, uploads["net_payloads"], record=record)
+            s_items = channel.sum(b_items, rows=m)
+            s_net = channel.sum(b_net)
+            counts = np.asarray(s_items["counts"], dtype=np.int64)
+            kk = len(b_items.senders)
+            n_total = float(np.asarray(s_net["n_instances"]).ravel()[0])
+            if record:
+                transcript.add(r, "server", "server", "aggregate", {"counts": counts}, {"k": int(kk)})
+            if kk == 0:
+                continue
+            vals = np.asarray(s_items["values"], dtype=np.float64)
+            agg = cfg["aggregation"]
+            if agg == "mf-fedavg":
+                upd = counts > 0
+                items[upd] += (vals[upd] / counts[upd, None]).astype(np.float32)
+                net_flat = net_flat + np.asarray(s_net["delta"]) / max(n_total, 1.0)
+            elif agg == "fedavg":
+                items += (vals / max(n_total, 1.0)).astype(np.float32)
+                net_flat = net_flat + np.asarray(s_net["delta"]) / max(n_total, 1.0)
+            else:
+                items += (vals / kk).astype(np.float32)
+                net_flat = net_flat + np.asarray(s_net["delta"]) / kk
+            net = ncf.unflatten_network(net_flat, arch, D, layers)
+            done = r + 1 - offset
+            if cfg["eval_every"] > 0 and done > 0 and done % (per_global * cfg["eval_every"]) == 0:
+                util = ncf_utility(arch, D, layers, {"net": net, "users": users, "items": items}, eval_users, cand, k)
+                hr_hist.append(util[f"hr@{k}"])
+                ndcg_hist.append(util[f"ndcg@{k}"])
+        model = {"items": items, "net": net, "users": users, "hr_history": hr_hist, "ndcg_history": ndcg_hist, "rounds": len(cohorts)}
+        utility = ncf_utility(arch, D, layers, model, eval_users, cand, k)
+        utility["rounds"] = float(len(cohorts))
+        utility["train_seconds_per_round"] = t_train / max(len(cohorts), 1)
+        if dp is not None:
+            dp.account(n_pos, participation, cfg["batch_size"], cfg["local_epochs"], cfg["negatives"])
+            spent = dp.spent_by_clients()
+            utility["epsilon"] = spent["epsilon"]
+            utility["delta"] = spent["delta"]
+        return RunResult(transcript, model, utility)
+
+    # ------------------------------------------------------------------ one round of local work
+    def _local_round(
+        self,
+        cfg: Mapping[str, Any],
+        cohort: np.ndarray,
+        pos: sp.csr_matrix,
+        excl: sp.csr_matrix,
+        n_pos: np.ndarray,
+        items: np.ndarray,
+        users: np.ndarray,
+        net: dict[str, np.ndarray],
+        dp: Any,
+        rng: np.random.Generator,
+        m: int,
+    ) -> dict[str, Any]:
+        """Negative sampling, batched local training and the plaintext uploads of one cohort.
+
+        Updates ``users`` (the clients' private vectors) in place.
+        """
+        arch, D, layers = cfg["model"], cfg["D"], list(cfg["layers"])
+        C = len(cohort)
+        npos = n_pos[cohort]
+        nneg = cfg["negatives"] * npos
+        n_inst = npos + nneg
+        neg_all = ncf.sample_negatives(np.repeat(cohort, nneg), excl, m, rng) if nneg.sum() else np.zeros(0, dtype=np.int64)
+        neg_split = np.split(neg_all, np.cumsum(nneg)[:-1])
+        pos_lists = [pos.indices[pos.indptr[u] : pos.indptr[u + 1]].astype(np.int64) for u in cohort]
+        inst_items = [np.concatenate([p, q]) for p, q in zip(pos_lists, neg_split)]
+        if dp is not None:  # DP noise touches every row: the whole item table is local
+            local = [np.arange(m, dtype=np.int64) for _ in range(C)]
+        else:
+            local = [np.unique(x) for x in inst_items]
+        L = max(len(x) for x in local)
+        N = int(n_inst.max())
+        Dt = items.shape[1]
+        item_rows = np.zeros((C, L, Dt), dtype=np.float32)
+        inst_item = np.zeros((C, N), dtype=np.int64)
+        inst_label = np.zeros((C, N), dtype=np.float32)
+        for c in range(C):  # O(C) bookkeeping per round, not per step
+            item_rows[c, : len(local[c])] = items[local[c]]
+            inst_item[c, : n_inst[c]] = np.searchsorted(local[c], inst_items[c])
+            inst_label[c, : npos[c]] = 1.0
+        index, valid = ncf.make_batches(n_inst, cfg["local_epochs"], cfg["batch_size"], rng)
+        out = ncf.train_clients(
+            arch, D, layers, net, item_rows, users[cohort], inst_item, inst_label, n_inst, index, valid,
+            lr=cfg["lr"],
+            dp=(dp.noise_multiplier, dp.max_grad_norm) if dp is not None else None,
+            noise_seed=int(rng.integers(2**63)),
+        )
+        users[cohort] = out["users"]
+        agg = cfg["aggregation"]
+        net_flat = ncf.flatten_network(net, arch, D, layers)
+        item_payloads, net_payloads = [], []
+        for c in range(C):
+            w_item = float(n_inst[c]) if agg == "fedavg" else 1.0
+            w_net = 1.0 if agg == "simpleavg" else float(n_inst[c])
+            Lc = len(local[c])
+            delta = out["items"][c, :Lc].astype(np.float64) - item_rows[c, :Lc].astype(np.float64)
+            item_payloads.append({"items": local[c], "values": w_item * delta})
+            new_flat = np.concatenate([out["net"][k][c].astype(np.float64).ravel() for k in ncf.network_shapes(arch, D, layers)])
+            net_payloads.append({"delta": w_net * (new_flat - net_flat), "n_instances": np.array([float(n_inst[c])])})
+        return {"item_payloads": item_payloads, "net_payloads": net_payloads}
