@@ -47,6 +47,7 @@ a terminal and nothing is printed when stderr is not a TTY.
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -69,8 +70,11 @@ DEFAULT_SEEDS = 3
 #: Attack parameters through which an experiment hands its ``jobs`` to per-user attack work.
 _JOBS_PARAMS = ("jobs", "n_jobs")
 
-#: Name fragments of metrics that are counts or sizes, not accuracies (never plotted).
-_COUNT_HINTS = ("victims", "count", "n_", "num_", "seconds", "rounds", "users", "items_")
+#: Name tokens (split at non-alphanumerics) of metrics that are counts or sizes, not
+#: accuracies (never plotted).
+_COUNT_TOKENS = frozenset(
+    {"victims", "count", "counts", "n", "num", "seconds", "rounds", "users", "items", "size", "groups", "ci95", "ci", "std"}
+)
 
 __all__ = [
     "DEFAULT_NOISE_SCALES",
@@ -674,20 +678,27 @@ def summarize_points(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
 def accuracy_metrics(results: Mapping[str, Any]) -> list[str]:
     """Attack metrics worth plotting: accuracy-like (every value in [0, 1]), not counts.
 
-    A metric with a baseline of the same name always qualifies.
+    The attack's primary metric (``results["primary_metric"]``) comes first and always
+    qualifies (it may be an error, e.g. FedSPLIT's relative error); so does a metric with a
+    baseline of the same name, unless its name marks it as a count or an interval
+    (``victims``, ``n_groups``, ``*_ci95``).
     """
     points = results.get("points") or []
     baseline_keys = set(_ordered_keys(points, "baseline"))
+    primary = results.get("primary_metric")
     out = []
     for metric in _ordered_keys(points, "attack_metrics"):
-        vals = np.array([_num((p.get("attack_metrics") or {}).get(metric)) for p in points], dtype=float)
-        finite = vals[np.isfinite(vals)]
+        if metric == primary:
+            out.insert(0, metric)
+            continue
+        tokens = set(re.split(r"[^a-z0-9]+", metric.lower()))
+        if tokens & _COUNT_TOKENS:
+            continue
         if metric in baseline_keys:
             out.append(metric)
             continue
-        lowered = metric.lower()
-        if any(h in lowered for h in _COUNT_HINTS):
-            continue
+        vals = np.array([_num((p.get("attack_metrics") or {}).get(metric)) for p in points], dtype=float)
+        finite = vals[np.isfinite(vals)]
         if finite.size and finite.min() >= 0.0 and finite.max() <= 1.0:
             out.append(metric)
     return out

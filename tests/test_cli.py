@@ -141,3 +141,47 @@ def test_help_lists_the_commands():
 
 def test_dummies_do_not_leak():
     assert not any(name.startswith("dummy-") for kind in registry.KINDS for name in registry.available(kind))
+
+
+# ------------------------------------------------------------------ the real main job (fedmvmf)
+
+def _has(kind, name):
+    return name in registry.available(kind)
+
+
+@pytest.mark.skipif(not _has("protocol", "fedmvmf"), reason="protocol fedmvmf not registered")
+def test_fedmvmf_run_transcript_reattack_gives_in_memory_scores(capsys, tmp_path):
+    """Issue 3 done-when: `privaudit run` -> `attack --transcript` == the in-memory run."""
+    ptx = tmp_path / "fedmvmf.ptx"
+    common = ["--defense", "laplace:scale=0.1", "--users", "40", "--seed", "2", "--set", "epochs=3"]
+    assert main(["run", "--protocol", "fedmvmf", *common, "-o", str(ptx)]) == 0
+    mem, rec = tmp_path / "mem", tmp_path / "rec"
+    assert main(["attack", "--protocol", "fedmvmf", *common, "--seeds", "1", "--out", str(mem)]) == 0
+    assert main(["attack", "--transcript", str(ptx), "--out", str(rec)]) == 0
+    capsys.readouterr()
+    a = json.loads((mem / "results.json").read_text())
+    b = json.loads((rec / "results.json").read_text())
+    assert a["attack"] == b["attack"] == "mvmf-analytic"
+    assert a["points"][0]["attack_metrics"] == b["points"][0]["attack_metrics"]
+    assert a["points"][0]["baseline"] == b["points"][0]["baseline"]
+    assert b["defenses"] == [{"name": "laplace", "scale": 0.1}]
+    assert 0.5 < a["points"][0]["attack_metrics"]["rating_accuracy"] <= 1.0
+
+
+@pytest.mark.skipif(not _has("protocol", "fedmvmf"), reason="protocol fedmvmf not registered")
+def test_fedmvmf_noise_command_end_to_end(tmp_path):
+    """The README command, shrunk (2 scales, 2 seeds, 40 users), in a subprocess without a TTY."""
+    out = tmp_path / "rep"
+    proc = subprocess.run(
+        [sys.executable, "-m", "privaudit", "attack", "--protocol", "fedmvmf", "--noise", "laplace",
+         "--scales", "0,0.5", "--seeds", "2", "--users", "40", "--set", "epochs=3", "--jobs", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # quiet when piped
+    assert proc.stdout.splitlines()[0].split()[:2] == ["laplace.scale", "rating_accuracy"]
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["accuracy_vs_noise.png", "accuracy_vs_noise.svg", "report.html", "report.md", "results.csv", "results.json"]
+    data = json.loads((out / "results.json").read_text())
+    assert [p["attack_metrics"]["rating_accuracy"] for p in data["points"][:2]] == [1.0, 1.0]  # noise-free: exact
+    assert data["dataset"]["users"] == 40 and data["utility_metric"] == "ndcg@10"

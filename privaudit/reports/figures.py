@@ -183,8 +183,13 @@ def _draw_sweep(ax, results, metrics: list[str], utility: str | None) -> None:
                 values.append(p.get("value"))
     x, scale, thresh = _x_axis(values)
     ax.set_xlabel(str(results.get("sweep")) + (" (noise scale)" if results.get("noise") else ""))
-    ax.set_ylabel("attack accuracy")
-    ax.set_ylim(-0.02, 1.05)
+    ys = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()] or [np.zeros(1)])
+    ys = ys[np.isfinite(ys)]
+    if ys.size == 0 or (ys.min() >= -1e-9 and ys.max() <= 1.0 + 1e-9):
+        ax.set_ylabel("attack accuracy")
+        ax.set_ylim(-0.02, 1.05)
+    else:  # an error metric (e.g. a relative error): autoscale
+        ax.set_ylabel("attack metric")
     ax.grid(True, alpha=0.3, lw=0.5)
     if utility and _has(results, "utility", utility):
         ax2 = ax.twinx()
@@ -223,8 +228,10 @@ def _draw_single(ax, results, metrics: list[str], utility: str | None) -> None:
     ax.set_xticks(x)
     ax.set_xlim(-0.9, max(len(metrics) - 0.1, 0.9))
     ax.set_xticklabels(metrics, rotation=15, ha="right")
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("attack accuracy (dashed: random guess, dash-dot: majority)")
+    finite = [m for m in means if np.isfinite(m)]
+    if not finite or max(finite) <= 1.0:
+        ax.set_ylim(0, 1.05)
+    ax.set_ylabel("attack metric (dashed: random guess, dash-dot: majority)")
     ax.grid(True, axis="y", alpha=0.3, lw=0.5)
     if utility and _has(results, "utility", utility):
         _, umean, _ = _series(results, "utility", utility)
