@@ -140,9 +140,9 @@ class FedSplitInference(Attack):
         for party in transcript.parties:
             if not party.startswith("client:"):
                 continue
-            users, items, ratings, n_users = _truth(transcript, party) if transcript.private(party) else (None,) * 4
-            if users is None:
+            if not transcript.private(party):
                 continue
+            users, items, ratings, n_users = _truth(transcript, party)
             if mode == "user":
                 chosen = rng.choice(n_users, size=min(n_users, _half_up(f * n_users)), replace=False)
                 known = np.isin(users, chosen)
@@ -198,7 +198,7 @@ class FedSplitInference(Attack):
             victims[p] = {
                 "W": W[lo:hi, : k_g[b]],
                 "b_W": b_W[lo:hi],
-                "H": uploads[p]["H_T"].T.copy(),
+                "H": H_all[: k_g[b], b * m : (b + 1) * m].copy(),  # as fitted (projected onto >= 0)
                 "b_H": uploads[p]["b_H"],
                 "mu": np.asarray(mu),
                 "known": np.asarray(granted[p]["known"], dtype=bool),

@@ -37,6 +37,7 @@ are in the utility (``bytes_up``, ``bytes_down``, ``messages_up``, ``messages_do
 
 Utility: per group, the RMSE on its held-out ratings of its local CNMF (eq. 7, "before") and of
 FedSPLIT (eq. 19, "after"); ``rmse_local``/``rmse_fedsplit`` are their means over groups
+(``rmse`` repeats ``rmse_fedsplit``, the utility reports plot)
 (with ``_ci95`` half-widths), ``rmse_drop`` their difference, ``improved_fraction`` the
 fraction of groups whose RMSE fell; ``rmse_central`` is the non-private CNMF fitted on all
 training ratings (``centralized=false`` skips it), ``rmse_*_pooled`` the RMSEs over all held-out
@@ -340,6 +341,7 @@ class FedSPLIT(Protocol):
         loc_mean, loc_ci = mean_ci95(rmse_local[valid])
         fed_mean, fed_ci = mean_ci95(rmse_fed[valid])
         utility = {
+            "rmse": fed_mean,
             "rmse_local": loc_mean,
             "rmse_local_ci95": loc_ci,
             "rmse_fedsplit": fed_mean,
