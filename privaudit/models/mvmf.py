@@ -48,6 +48,7 @@ __all__ = [
     "dense_coefficients",
     "grad_V_rows",
     "grad_P",
+    "summed_uploads",
     "solve_Q",
     "grad_Q",
     "item_grad_V",
@@ -58,10 +59,15 @@ __all__ = [
 ]
 
 
-def _outer_rows(V: np.ndarray) -> np.ndarray:
-    """(m, K*K) array whose row i is vec(v_i v_i^T)."""
-    m, K = V.shape
-    return (V[:, :, None] * V[:, None, :]).reshape(m, K * K)
+def _weighted_outer_sums(C: sp.csr_matrix, V: np.ndarray) -> np.ndarray:
+    """``sum_i C[u, i] v_i v_i^T`` for every row u: (n x K x K), from the upper triangle only."""
+    K = V.shape[1]
+    iu, ju = np.triu_indices(K)
+    upper = np.asarray(C @ (V[:, iu] * V[:, ju]))
+    out = np.empty((C.shape[0], K, K))
+    out[:, iu, ju] = upper
+    out[:, ju, iu] = upper
+    return out
 
 
 def normal_equations(
@@ -87,7 +93,7 @@ def normal_equations(
     if unrated == "inclunc":
         # explicit entries contribute (c - w), every item contributes w
         C = sp.csr_matrix((weights.data - w, ratings.indices, ratings.indptr), shape=(n, m))
-    A = np.asarray(C @ _outer_rows(V)).reshape(n, K, K)
+    A = _weighted_outer_sums(C, V)
     if unrated == "inclunc":
         A += w * (V.T @ V)
     A += alpha * (P.T @ P) + lam * np.eye(K)
@@ -125,11 +131,11 @@ def dense_coefficients(
     U: np.ndarray, V: np.ndarray, ratings: sp.csr_matrix, weights: sp.csr_matrix, w: float
 ) -> np.ndarray:
     """InclUnc: ``-2 c_ui (r_ui - u_u.v_i)`` for every (u, i), (n x m); c = w, r = 0 off the entries."""
-    R = ratings.toarray()
-    C = np.full(R.shape, float(w))
+    coef = (2.0 * w) * (U @ V.T)
     rows = np.repeat(np.arange(ratings.shape[0]), np.diff(ratings.indptr))
-    C[rows, ratings.indices] = weights.data
-    return -2.0 * C * (R - U @ V.T)
+    pred = np.einsum("ek,ek->e", U[rows], V[ratings.indices])
+    coef[rows, ratings.indices] = -2.0 * weights.data * (ratings.data - pred)
+    return coef
 
 
 def grad_V_rows(coef: np.ndarray, U: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
@@ -141,6 +147,35 @@ def grad_V_rows(coef: np.ndarray, U: np.ndarray, rows: np.ndarray | None = None)
     if rows is None:
         return coef[:, :, None] * U[:, None, :]
     return coef[:, None] * U[rows]
+
+
+def summed_uploads(
+    U: np.ndarray,
+    V: np.ndarray,
+    P: np.ndarray,
+    X: np.ndarray,
+    ratings: sp.csr_matrix,
+    weights: sp.csr_matrix,
+    alpha: float,
+    w: float,
+    unrated: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sums over all clients of their ``grad_V`` (m x K, scattered by item) and ``grad_P`` (p x K).
+
+    Equal (up to rounding) to summing the per-client uploads of :func:`grad_V_rows` and
+    :func:`grad_P`, at the cost of two matrix products.
+    """
+    n, m = ratings.shape
+    coef = entry_coefficients(U, V, ratings, weights)
+    if unrated == "inclunc":
+        # off the explicit entries the coefficient is 2 w u.v: sum_u 2 w (u.v_i) u = 2 w (U^T U) v_i
+        rows = np.repeat(np.arange(n), np.diff(ratings.indptr))
+        coef = coef - 2.0 * w * np.einsum("ek,ek->e", U[rows], V[ratings.indices])
+    sum_V = np.asarray(sp.csr_matrix((coef, ratings.indices, ratings.indptr), shape=(n, m)).T @ U)
+    if unrated == "inclunc":
+        sum_V += 2.0 * w * (V @ (U.T @ U))
+    sum_P = -2.0 * alpha * (X - U @ P.T).T @ U
+    return sum_V, sum_P
 
 
 def grad_P(U: np.ndarray, P: np.ndarray, X: np.ndarray, alpha: float) -> np.ndarray:
@@ -185,8 +220,9 @@ def loss(
     pred = np.einsum("ek,ek->e", U[rows], V[ratings.indices])
     total = float(np.sum(weights.data * (ratings.data - pred) ** 2))
     if unrated == "inclunc":
-        # every item has weight w and rating 0; remove the explicit entries' w * pred^2
-        total += w * (float(np.sum((U @ V.T) ** 2)) - float(np.sum(pred**2)))
+        # every item has weight w and rating 0; remove the explicit entries' w * pred^2.
+        # sum_{u,i} (u_u.v_i)^2 = sum((U^T U) * (V^T V))
+        total += w * (float(np.sum((U.T @ U) * (V.T @ V))) - float(np.sum(pred**2)))
     total += alpha * float(np.sum((X - U @ P.T) ** 2)) + alpha * float(np.sum((Y - V @ Q.T) ** 2))
     total += lam * float(np.sum(U**2) + np.sum(V**2) + np.sum(P**2) + np.sum(Q**2))
     return total

@@ -181,7 +181,7 @@ class FedMVMF(Protocol):
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
         def fail(msg: str) -> None:
-            raise PrivauditError(f"protocol 'fedmvmf': {msg}")
+            raise PrivauditError(f"protocol {cls.name!r}: {msg}")
 
         if config["update"] not in ("semials", "sgd"):
             fail(f"update must be 'semials' or 'sgd', got {config['update']!r}")
@@ -304,23 +304,29 @@ class FedMVMF(Protocol):
             # clients
             A, b = mvmf.normal_equations(V_sent, P_sent, X_train, ratings, weights, alpha, lam, w, unrated)
             U = mvmf.solve_users(A, b) if update == "semials" else mvmf.sgd_users(U, A, b, eta)
-            if unrated == "obsonly":
-                coef = mvmf.entry_coefficients(U, V_sent, ratings, weights)
-                rows = mvmf.grad_V_rows(coef, U, entry_rows)
-                payloads = [
-                    {"items": entry_items[indptr[u] : indptr[u + 1]], "values": rows[indptr[u] : indptr[u + 1]]}
-                    for u in range(n)
-                ]
+            if not channel.defenses and not record:
+                # nothing observes this round: the server's plain sum, computed without
+                # materializing per-client payloads (equal to plain_sum up to rounding)
+                sum_V, sum_P = mvmf.summed_uploads(U, V_sent, P_sent, X_train, ratings, weights, alpha, w, unrated)
             else:
-                coef = mvmf.dense_coefficients(U, V_sent, ratings, weights, w)
-                rows = mvmf.grad_V_rows(coef, U)
-                payloads = [{"items": all_items, "values": rows[u]} for u in range(n)]
-            batch = channel.send(t, "grad_V", senders, payloads, record=record)
-            sum_V = _summed(channel.sum(batch, rows=m), (m, K))
-            del payloads, rows, batch
-            gP = mvmf.grad_P(U, P_sent, X_train, alpha)
-            batch = channel.send(t, "grad_P", senders, [{"values": gP[u]} for u in range(n)], record=record)
-            sum_P = _summed(channel.sum(batch), (p, K))
+                if unrated == "obsonly":
+                    coef = mvmf.entry_coefficients(U, V_sent, ratings, weights)
+                    rows = mvmf.grad_V_rows(coef, U, entry_rows)
+                    payloads = [
+                        {"items": entry_items[indptr[u] : indptr[u + 1]], "values": rows[indptr[u] : indptr[u + 1]]}
+                        for u in range(n)
+                    ]
+                else:
+                    coef = mvmf.dense_coefficients(U, V_sent, ratings, weights, w)
+                    rows = mvmf.grad_V_rows(coef, U)
+                    payloads = [{"items": all_items, "values": rows[u]} for u in range(n)]
+                batch = channel.send(t, "grad_V", senders, payloads, record=record)
+                sum_V = _summed(channel.sum(batch, rows=m), (m, K))
+                del payloads, rows, batch
+                gP = mvmf.grad_P(U, P_sent, X_train, alpha)
+                batch = channel.send(t, "grad_P", senders, [{"values": gP[u]} for u in range(n)], record=record)
+                sum_P = _summed(channel.sum(batch), (p, K))
+                del gP, batch
             # item server
             if update == "semials":
                 Q = mvmf.solve_Q(V, Y_train, alpha, lam)
@@ -329,11 +335,11 @@ class FedMVMF(Protocol):
             g_item = mvmf.item_grad_V(V, Q, Y_train, alpha)
             if record:
                 transcript.add(t, "item-server", "server", "grad_V_item", {"values": g_item})
+            losses.append(mvmf.loss(U, V_sent, P_sent, Q, ratings, weights, X_train, Y_train, alpha, lam, w, unrated))
             # FL server
             new = server_adam.step({"V": V, "P": P}, {"V": sum_V + g_item + 2.0 * lam * V, "P": sum_P + 2.0 * lam * P})
             V, P = new["V"], new["P"]
             seconds += time.perf_counter() - tic
-            losses.append(mvmf.loss(U, V, P, Q, ratings, weights, X_train, Y_train, alpha, lam, w, unrated))
 
         # evaluation
         k, thr = cfg["top_k"], float(cfg["relevance_threshold"])
