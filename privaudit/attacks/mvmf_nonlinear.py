@@ -1,0 +1,550 @@
+"""``mvmf-nonlinear``: the paper's server reconstruction attack on FedMVMF (privmvmf.txt §4, §6.2).
+
+The honest-but-curious FL server knows the V and P it sent in a round, the public config, and
+each client's uploads ``grad_V`` (one row per item sent) and ``grad_P``. For every victim it
+builds a *square* nonlinear system "uploads simulated from candidate (ratings r, attributes x,
+latent u) = observed uploads", restricted to one random latent coordinate k, and solves it
+with :func:`scipy.optimize.root`.
+
+Unknowns ``z = [r (n), x (p), u (K)]`` where n is the number of items the client uploaded
+(ObsOnly: its rated items; InclUnc: all m items; with ``sampling`` the rated plus the virtual
+ones). Equations, with ``c_i = c(r_i)`` and ``s_i = v_i . u``:
+
+* items (privmvmf.txt eqs. 18, 22):  ``-2 c_i (r_i - s_i) u_k = grad_V[i, k]``           (n)
+* attributes (eqs. 18, 22):          ``-2 alpha (x_j - P_j . u) u_k = grad_P[j, k]``      (p)
+* SemiALS user update (eqs. 8, 19, 23), as the stationarity of the local loss::
+
+      V_S^T (c * (V_S u - r)) + alpha P^T (P u - x) + lam u = 0                           (K)
+
+  (the paper substitutes ``u = A^-1 b`` into the first two blocks; keeping u as an unknown
+  with these K equations has the same solutions and an exact, cheap Jacobian);
+* SGD (eqs. 25-31, 33, appendix .1): u is the latent vector used for the *first* recorded
+  epoch (V, P); the next epoch (V', P') updates it once, ``u2 = u - eta grad_u(u; V', P')``
+  with ``grad_u = -2 V'_S^T (c * (r - V'_S u)) - 2 alpha P'^T (x - P' u) + 2 lam u``
+  (eqs. 9-10), and the K equations are the epoch-2 upload of one random item i*::
+
+      -2 c_i* (r_i* - v'_i* . u2) u2 = grad_V'[i*, :]                                      (K)
+
+  (the paper fixes a random item the same way; its elimination of r, x through the epoch-1
+  equations gives the same solutions).
+
+InclUnc (and PrivMVMF's weighted sampling): the client weighs unrated items by w with r = 0, so
+c jumps from w to 1 between r = 0 and r = 1. The paper smooths it (eq. 42, lost in
+extraction); here ``c(r) = w + (1 - w) sigmoid(smooth (r - 0.5))`` (param ``smooth``, the
+steepness). ObsOnly without sampling: c = 1.
+
+Equation scaling: the gradient blocks are divided by the RMS of the observed column(s) they
+match (a constant; the solutions are unchanged) so that all solvers see residuals of order 1.
+
+Initial guess (documented, no use of the closed-form attack): ratings at the rating midpoint
+(ObsOnly) or 0 (InclUnc/sampling: most uploaded items are unrated, r = 0), attributes 0.5, and
+u from the client's own update rule at those ratings (ridge solution of the local loss with
+every uploaded item at the rating midpoint and attributes 0.5) -- the "average user".
+
+Noise (any ``laplace``/``gaussian``/``dp-gaussian`` defense listed in the public config): the
+system is solved ``solves`` times (default 5; 1 noise-free) for different random k (and, for
+SGD, random items i*), each solution is clipped to the value domains, the clipped solutions are
+averaged and rounded (privmvmf.txt §6.2 "Robustness Check"). A solve that raises, returns
+non-finite values or ends with a larger residual than its start is counted in
+``meta["failed_solves"]`` and replaced by the clipped initial guess; a victim is never dropped.
+
+Departures: SGD requires the client to upload the same item set in the two epochs used (true
+for ObsOnly and InclUnc; not for re-drawn sampling, which PrivMVMF only pairs with SemiALS).
+The smoothing function is ours (eq. 42 was lost). Victims are attacked in parallel with joblib
+(param ``jobs``), in chunks; per-victim seeds are drawn up front so results do not depend on
+``jobs``.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from privaudit.attacks import _mvmf
+from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.errors import PrivauditError
+from privaudit.registry import register_attack
+from privaudit.transcript import Transcript, View
+
+METHODS = ("hybr", "broyden2", "linearmixing", "anderson", "df-sane")
+NOISE_DEFENSES = ("laplace", "gaussian", "dp-gaussian")
+
+#: Per-scenario default solver, (update, unrated) -> method: the best of the five by rating +
+#: attribute accuracy on a 100-user ML-100K sample (benchmarks/mvmf_solver_selection.py,
+#: docs/reproduction.md "mvmf-nonlinear").
+DEFAULT_METHOD = {
+    ("semials", "obsonly"): "hybr",
+    ("semials", "inclunc"): "hybr",
+    ("sgd", "obsonly"): "hybr",
+    ("sgd", "inclunc"): "hybr",
+}
+
+
+def scenario(config: dict[str, Any]) -> tuple[str, str]:
+    """(update, unrated) of a FedMVMF config, e.g. ``("semials", "obsonly")``."""
+    return str(config.get("update", "semials")).lower(), str(config.get("unrated", "obsonly")).lower()
+
+
+def is_noisy(config: dict[str, Any]) -> bool:
+    """Whether the public config lists an active noise defense (Kerckhoffs: defenses are public)."""
+    for d in config.get("defenses", []) or []:
+        if not isinstance(d, dict) or d.get("name") not in NOISE_DEFENSES:
+            continue
+        strength = [v for k, v in d.items() if k in ("scale", "sigma", "noise_multiplier", "std", "b")]
+        if not strength or any(isinstance(v, (int, float)) and v > 0 for v in strength):
+            return True
+    return False
+
+
+def weighted_unrated(config: dict[str, Any]) -> bool:
+    """True when uploads include unrated items weighted by w (InclUnc or weighted sampling)."""
+    if scenario(config)[1] == "inclunc":
+        return True
+    return any(isinstance(d, dict) and d.get("name") == "sampling" for d in config.get("defenses", []) or [])
+
+
+@dataclass
+class Victim:
+    """One victim's uploads used by the attack.
+
+    Attributes
+    ----------
+    party : str
+    items : numpy.ndarray   int64 (n,), item ids of the first epoch used
+    g1 : numpy.ndarray      (n x K) grad_V of that epoch
+    h1 : numpy.ndarray      (p x K) grad_P of that epoch
+    g2 : numpy.ndarray|None (n x K) grad_V of the next epoch (SGD), rows in ``items`` order
+    """
+
+    party: str
+    items: np.ndarray
+    g1: np.ndarray
+    h1: np.ndarray
+    g2: np.ndarray | None = None
+
+
+@dataclass
+class Setting:
+    """Everything shared by the victims of one attack run (public knowledge of the server).
+
+    ``V1, P1``: state of the first epoch used (m x K, p x K); ``V2, P2``: of the next epoch (SGD).
+    """
+
+    V1: np.ndarray
+    P1: np.ndarray
+    V2: np.ndarray | None
+    P2: np.ndarray | None
+    update: str
+    weighted: bool
+    alpha: float
+    lam: float
+    w: float
+    eta: float
+    lo: float
+    hi: float
+    smooth: float
+    method: str
+    solves: int
+    maxiter: int
+    tol: float
+    noisy: bool = False
+    retries: int = 2
+    precondition: bool = True
+
+
+class UserSystem:
+    """The square system of one victim for latent coordinate ``k`` (and SGD item ``istar``).
+
+    ``fun(z)`` returns the residual vector (n + p + K), ``jac(z)`` its exact Jacobian.
+    """
+
+    def __init__(self, st: Setting, victim: Victim, k: int, istar: int = 0):
+        self.st = st
+        self.k = int(k)
+        self.items = victim.items
+        self.Vs = st.V1[victim.items]
+        self.P = st.P1
+        self.g = victim.g1[:, k]
+        self.h = victim.h1[:, k]
+        self.n, self.p, self.K = len(victim.items), st.P1.shape[0], st.P1.shape[1]
+        col = np.concatenate([self.g, self.h])
+        self.sigma = float(np.sqrt(np.mean(col**2))) or 1.0
+        self.sgd = st.update == "sgd"
+        if self.sgd:
+            self.V2s = st.V2[victim.items]
+            self.P2 = st.P2
+            self.istar = int(istar)
+            self.g2 = victim.g2[istar]
+            self.sigma2 = float(np.sqrt(np.mean(victim.g2**2))) or 1.0
+
+    # c(r) and its derivative: 1 for ObsOnly, the smoothed step for InclUnc/sampling
+    def weights(self, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        st = self.st
+        if not st.weighted:
+            return np.ones_like(r), np.zeros_like(r)
+        bump = np.exp(-((st.smooth * r) ** 2))
+        return 1.0 - (1.0 - st.w) * bump, (1.0 - st.w) * 2.0 * st.smooth**2 * r * bump
+
+    def split(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n, p = self.n, self.p
+        return z[:n], z[n : n + p], z[n + p :]
+
+    def initial_guess(self) -> np.ndarray:
+        st = self.st
+        mid = 0.5 * (float(st.lo if not st.weighted else 1.0) + st.hi)
+        r0 = np.full(self.n, 0.0 if st.weighted else mid)
+        x0 = np.full(self.p, 0.5)
+        A = self.Vs.T @ self.Vs + st.alpha * self.P.T @ self.P + st.lam * np.eye(self.K)
+        b = self.Vs.T @ np.full(self.n, mid) + st.alpha * self.P.T @ x0
+        u0 = np.linalg.solve(A, b)
+        return np.concatenate([r0, x0, u0])
+
+    def _u2(self, r, x, u, c):
+        st = self.st
+        s2 = self.V2s @ u
+        G = -2 * self.V2s.T @ (c * (r - s2)) - 2 * st.alpha * self.P2.T @ (x - self.P2 @ u) + 2 * st.lam * u
+        return u - st.eta * G
+
+    def misfit(self, z: np.ndarray, victim: Victim) -> float:
+        """RMS of (all uploads simulated from z) - (observed uploads), over every coordinate.
+
+        Relative to the RMS of the observations. A root of the one-coordinate system that is
+        not the client's data (another branch) shows up here.
+        """
+        st = self.st
+        r, x, u = self.split(z)
+        c, _ = self.weights(r)
+        sim = [(-2.0 * c * (r - self.Vs @ u))[:, None] * u, (-2.0 * st.alpha * (x - self.P @ u))[:, None] * u]
+        obs = [victim.g1, victim.h1]
+        if self.sgd:
+            u2 = self._u2(r, x, u, c)
+            sim.append((-2.0 * c * (r - self.V2s @ u2))[:, None] * u2)
+            obs.append(victim.g2)
+        num = sum(float(np.sum((a - b) ** 2)) for a, b in zip(sim, obs))
+        den = sum(float(np.sum(b**2)) for b in obs) or 1.0
+        return float(np.sqrt(num / den)) if np.isfinite(num) else float("inf")
+
+    def fun(self, z: np.ndarray) -> np.ndarray:
+        st, k = self.st, self.k
+        r, x, u = self.split(z)
+        c, _ = self.weights(r)
+        s = self.Vs @ u
+        f_items = (-2.0 * c * (r - s) * u[k] - self.g) / self.sigma
+        f_attr = (-2.0 * st.alpha * (x - self.P @ u) * u[k] - self.h) / self.sigma
+        if not self.sgd:
+            f_u = self.Vs.T @ (c * (s - r)) + st.alpha * self.P.T @ (self.P @ u - x) + st.lam * u
+        else:
+            u2 = self._u2(r, x, u, c)
+            i = self.istar
+            q = c[i] * (r[i] - self.V2s[i] @ u2)
+            f_u = (-2.0 * q * u2 - self.g2) / self.sigma2
+        return np.concatenate([f_items, f_attr, f_u])
+
+    def jac(self, z: np.ndarray) -> np.ndarray:
+        st, k, n, p, K = self.st, self.k, self.n, self.p, self.K
+        r, x, u = self.split(z)
+        c, dc = self.weights(r)
+        s = self.Vs @ u
+        e = c * (r - s)
+        ax = x - self.P @ u
+        N = n + p + K
+        J = np.zeros((N, N))
+        iu = slice(n + p, N)
+        idx_r = np.arange(n)
+        J[idx_r, idx_r] = -2.0 * u[k] * (c + dc * (r - s)) / self.sigma
+        J[:n, iu] = (2.0 * (c * u[k]) / self.sigma)[:, None] * self.Vs
+        J[:n, n + p + k] += -2.0 * e / self.sigma
+        idx_x = np.arange(n, n + p)
+        J[idx_x, idx_x] = -2.0 * st.alpha * u[k] / self.sigma
+        J[n : n + p, iu] = (2.0 * st.alpha * u[k] / self.sigma) * self.P
+        J[n : n + p, n + p + k] += -2.0 * st.alpha * ax / self.sigma
+        if not self.sgd:
+            J[n + p :, :n] = self.Vs.T * (dc * (s - r) - c)[None, :]
+            J[n + p :, n : n + p] = -st.alpha * self.P.T
+            J[n + p :, iu] = (self.Vs.T * c) @ self.Vs + st.alpha * self.P.T @ self.P + st.lam * np.eye(K)
+            return J
+        s2 = self.V2s @ u
+        dG = np.empty((K, N))
+        dG[:, :n] = -2.0 * self.V2s.T * (c + dc * (r - s2))[None, :]
+        dG[:, n : n + p] = -2.0 * st.alpha * self.P2.T
+        dG[:, iu] = 2.0 * (self.V2s.T * c) @ self.V2s + 2.0 * st.alpha * self.P2.T @ self.P2 + 2.0 * st.lam * np.eye(K)
+        du2 = -st.eta * dG
+        du2[:, iu] += np.eye(K)
+        u2 = self._u2(r, x, u, c)
+        i = self.istar
+        v2 = self.V2s[i]
+        resid = r[i] - v2 @ u2
+        q = c[i] * resid
+        dq = -c[i] * (v2 @ du2)
+        dq[i] += dc[i] * resid + c[i]
+        J[n + p :, :] = (-2.0 / self.sigma2) * (np.outer(u2, dq) + q * du2)
+        return J
+
+
+def _root_options(method: str, maxiter: int, tol: float) -> dict[str, Any]:
+    if method == "hybr":
+        return {"maxfev": maxiter * 10, "xtol": 1e-10}
+    if method == "df-sane":
+        return {"maxfev": maxiter * 10, "fatol": tol, "fnorm": lambda f: float(np.sqrt(np.mean(f * f)))}
+    return {"maxiter": maxiter, "fatol": tol}
+
+
+def solve_system(
+    system: UserSystem, method: str, maxiter: int = 200, tol: float = 1e-8, precondition: bool = True
+) -> tuple[np.ndarray, bool, bool]:
+    """Solve one user system from its initial guess with ``scipy.optimize.root``.
+
+    ``hybr`` gets the exact Jacobian. The Jacobian-free methods (``broyden2``, ``linearmixing``,
+    ``anderson``, ``df-sane``) start from a scalar Jacobian guess, which does not fit this
+    system (its diagonal carries the unknown sign of u_k); with ``precondition`` they solve
+    the equivalent system ``J(z0)^-1 F(z) = 0`` (same roots; Jacobian I at the start).
+
+    Returns ``(z, ok, converged)``: ``ok`` is False when the solver failed outright (exception,
+    non-finite result, residual above the start) and ``z`` is then the initial guess.
+    """
+    from scipy.linalg import lu_factor, lu_solve
+    from scipy.optimize import root
+
+    z0 = system.initial_guess()
+    f0 = float(np.linalg.norm(system.fun(z0)))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with np.errstate(all="ignore"):
+                if method == "hybr":
+                    res = root(system.fun, z0, jac=system.jac, method="hybr", options=_root_options(method, maxiter, tol))
+                else:
+                    fun = system.fun
+                    options = _root_options(method, maxiter, tol)
+                    if precondition:
+                        lu = lu_factor(system.jac(z0), check_finite=True)
+
+                        def fun(z, _lu=lu):
+                            return lu_solve(_lu, system.fun(z), check_finite=False)
+
+                        if method != "df-sane":
+                            options["jac_options"] = {"alpha": 1.0}
+                    res = root(fun, z0, method=method, options=options)
+        z = np.asarray(res.x, dtype=np.float64)
+        if not np.all(np.isfinite(z)):
+            return z0, False, False
+        f = float(np.linalg.norm(system.fun(z)))
+        if not np.isfinite(f) or f > f0:
+            return z0, False, False
+        if np.sum(system.split(z)[0]) < 0:
+            # the system is odd in (r, x, u) when c is constant: (-r, -x, -u) solves it too, and
+            # ratings are positive; take the mirrored solution when it fits as well
+            f_neg = float(np.linalg.norm(system.fun(-z)))
+            if f_neg <= max(1.01 * f, tol):
+                z, f = -z, f_neg
+        converged = bool(res.success) or f <= tol * max(1.0, np.sqrt(len(z)))
+        return z, True, converged
+    except (ValueError, ArithmeticError, np.linalg.LinAlgError, RuntimeError):
+        return z0, False, False
+
+
+#: relative misfit of the full uploads below which a solution is taken as exact (noise-free)
+EXACT_FIT = 1e-6
+
+
+def attack_victim(st: Setting, victim: Victim, seed: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Reconstruct one victim (privmvmf.txt §6.2): solve, clip, keep the solutions that fit, average.
+
+    ``st.solves`` systems (random coordinate k, SGD: random item i*) are solved; noise-free,
+    up to ``st.retries`` more are tried while none reproduces all uploads (relative misfit
+    <= EXACT_FIT). Solutions whose misfit on *all* uploads exceeds twice the best one (another
+    branch of the system) are dropped; the rest are clipped and averaged.
+
+    Returns ``(ratings, attributes, failed, unconverged)`` (clipped averages, not yet rounded).
+    """
+    rng = np.random.default_rng(seed)
+    K = st.P1.shape[1]
+    n = len(victim.items)
+    sols: list[tuple[float, np.ndarray, np.ndarray]] = []
+    failed = unconverged = 0
+    attempts = 0
+    while attempts < st.solves or (
+        not st.noisy and attempts < st.solves + st.retries and min(s[0] for s in sols) > EXACT_FIT
+    ):
+        attempts += 1
+        k = int(rng.integers(K))
+        istar = int(rng.integers(n)) if n else 0
+        system = UserSystem(st, victim, k, istar)
+        z, ok, conv = solve_system(system, st.method, st.maxiter, st.tol, st.precondition)
+        failed += not ok
+        unconverged += ok and not conv
+        r, x, _ = system.split(z)
+        fit = system.misfit(z, victim) if ok else float("inf")
+        sols.append((fit, np.clip(r, st.lo, st.hi), np.clip(x, 0.0, 1.0)))
+    best = min(s[0] for s in sols)
+    keep = [s for s in sols if s[0] <= max(2.0 * best, EXACT_FIT)] if np.isfinite(best) else sols
+    r = np.mean([s[1] for s in keep], axis=0)
+    x = np.mean([s[2] for s in keep], axis=0)
+    return r, x, failed, unconverged
+
+
+def _attack_chunk(st: Setting, victims: list[Victim], seeds: list[int]) -> list[tuple[np.ndarray, np.ndarray, int, int]]:
+    return [attack_victim(st, v, s) for v, s in zip(victims, seeds)]
+
+
+@register_attack("mvmf-nonlinear")
+class MVMFNonlinear(Attack):
+    """The paper's nonlinear-system reconstruction attack (privmvmf.txt §4, §6.2)."""
+
+    description = "FedMVMF server attack: per user, solve the square nonlinear system of its uploads (scipy root)"
+    party = "server"
+    protocols = _mvmf.FEDMVMF_PROTOCOLS
+    requires = ("grad_V", "grad_P", "state")
+    primary_metric = "rating_accuracy"
+    params = {
+        "method": "auto",
+        "solves": 0,
+        "users": None,
+        "jobs": 1,
+        "smooth": 3.0,
+        "maxiter": 200,
+        "tol": 1e-9,
+        "retries": 2,
+        "precondition": True,
+        "chunk": 16,
+    }
+    param_help = {
+        "method": "scipy.optimize.root method: hybr, broyden2, linearmixing, anderson, df-sane, or auto "
+        "(the per-scenario best of the selection run)",
+        "solves": "solves per victim (random coordinate k / SGD item) averaged after clipping; 0 = 1 noise-free, 5 under noise",
+        "users": "attack at most this many victims (random sample; None = all)",
+        "jobs": "parallel joblib workers across victims (-1 = all cores)",
+        "smooth": "steepness of the smoothed InclUnc weight c(r) = w + (1-w) sigmoid(smooth (r - 0.5))",
+        "maxiter": "iteration budget of the solver (hybr/df-sane: 10x function evaluations)",
+        "tol": "residual tolerance of the solver",
+        "retries": "noise-free: extra solves (new k / item) while no solution reproduces all uploads",
+        "precondition": "Jacobian-free methods solve J(z0)^-1 F(z) = 0 (same roots) instead of F(z) = 0",
+        "chunk": "victims per joblib task",
+    }
+
+    def validate(self) -> None:
+        if self.config["method"] not in METHODS + ("auto",):
+            raise PrivauditError(f"attack 'mvmf-nonlinear': method must be one of auto, {', '.join(METHODS)}")
+        if self.config["solves"] < 0 or self.config["retries"] < 0:
+            raise PrivauditError("attack 'mvmf-nonlinear': solves and retries must be >= 0")
+        users = self.config["users"]
+        if users is not None and (not isinstance(users, int) or users < 1):
+            raise PrivauditError("attack 'mvmf-nonlinear': users must be a positive integer or None")
+        if self.config["smooth"] <= 0 or self.config["maxiter"] < 1 or self.config["chunk"] < 1:
+            raise PrivauditError("attack 'mvmf-nonlinear': smooth, maxiter and chunk must be positive")
+
+    def applicable(self, view: View) -> tuple[bool, str]:
+        ok, reason = super().applicable(view)
+        if not ok:
+            return ok, reason
+        missing = _mvmf.missing_config(view)
+        if missing:
+            return False, f"the public config lacks {', '.join(missing)}"
+        update, unrated = scenario(view.config)
+        if update not in ("semials", "sgd") or unrated not in ("obsonly", "inclunc"):
+            return False, f"unknown FedMVMF scenario update={update!r}, unrated={unrated!r}"
+        return True, ""
+
+    def resolved_method(self, config: dict[str, Any]) -> str:
+        method = self.config["method"]
+        return DEFAULT_METHOD.get(scenario(config), "hybr") if method == "auto" else method
+
+    def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
+        t0 = time.perf_counter()
+        fv = _mvmf.parse_view(view)
+        cfg = fv.config
+        update, unrated = scenario(cfg)
+        rounds = fv.rounds
+        if not rounds:
+            return self.unsupported("the server's view holds no round with both state and uploads")
+        r1 = rounds[0]
+        r2 = next((r for r in rounds if r > r1), None)
+        if update == "sgd" and r2 is None:
+            return self.unsupported("the SGD attack needs two recorded epochs (state and uploads of both)")
+        lo, hi = _mvmf.rating_domain(cfg)
+        noisy = is_noisy(cfg)
+        method = self.resolved_method(cfg)
+        solves = self.config["solves"] or (5 if noisy else 1)
+        st = Setting(
+            V1=fv.V[r1], P1=fv.P[r1],
+            V2=fv.V.get(r2) if r2 is not None else None, P2=fv.P.get(r2) if r2 is not None else None,
+            update=update, weighted=weighted_unrated(cfg), alpha=float(cfg["alpha"]), lam=float(cfg["lam"]),
+            w=float(cfg.get("w", 0.0) or 0.0), eta=float(cfg.get("eta", 0.0) or 0.0), lo=lo, hi=hi,
+            smooth=float(self.config["smooth"]), method=method, solves=int(solves),
+            maxiter=int(self.config["maxiter"]), tol=float(self.config["tol"]), noisy=noisy,
+            retries=int(self.config["retries"]), precondition=bool(self.config["precondition"]),
+        )
+        victims: list[Victim] = []
+        skipped = 0
+        for party in sorted(fv.clients, key=_mvmf.client_sort_key):
+            up = fv.clients[party]
+            if r1 not in up.rounds:
+                skipped += 1
+                continue
+            a = up.rounds.index(r1)
+            v = Victim(party, up.items[a], up.grad_V[a], up.grad_P[a])
+            if update == "sgd":
+                if r2 not in up.rounds:
+                    skipped += 1
+                    continue
+                b = up.rounds.index(r2)
+                order = np.argsort(up.items[b])
+                pos = np.searchsorted(up.items[b][order], v.items)
+                pos = np.minimum(pos, len(order) - 1)
+                if len(up.items[b]) != len(v.items) or not np.array_equal(up.items[b][order][pos], v.items):
+                    skipped += 1
+                    continue
+                v.g2 = up.grad_V[b][order][pos]
+            if len(v.items) == 0:
+                skipped += 1
+                continue
+            victims.append(v)
+        users = self.config["users"]
+        if users is not None and users < len(victims):
+            pick = np.sort(rng.choice(len(victims), size=users, replace=False))
+            victims = [victims[i] for i in pick]
+        seeds = [int(s) for s in rng.integers(0, 2**63 - 1, size=len(victims))]
+        chunk = int(self.config["chunk"])
+        batches = [(victims[i : i + chunk], seeds[i : i + chunk]) for i in range(0, len(victims), chunk)]
+        jobs = int(self.config["jobs"])
+        if jobs == 1 or len(batches) <= 1:
+            outs = [_attack_chunk(st, vs, ss) for vs, ss in batches]
+        else:
+            from joblib import Parallel, delayed
+
+            outs = Parallel(n_jobs=jobs)(delayed(_attack_chunk)(st, vs, ss) for vs, ss in batches)
+        recon: dict[str, dict[str, np.ndarray]] = {}
+        failed = unconverged = 0
+        for (vs, _), out in zip(batches, outs):
+            for v, (r, x, f, u) in zip(vs, out):
+                recon[v.party] = {
+                    "items": v.items.copy(),
+                    "ratings": _mvmf.round_ratings(r, cfg),
+                    "attributes": _mvmf.round_attributes(x),
+                }
+                failed += f
+                unconverged += u
+        meta = {
+            "method": method,
+            "scenario": f"{update}/{unrated}",
+            "rounds": [r1] + ([r2] if update == "sgd" else []),
+            "solves_per_victim": int(solves),
+            "noisy": bool(noisy),
+            "victims": len(recon),
+            "skipped_clients": skipped,
+            "failed_solves": int(failed),
+            "unconverged_solves": int(unconverged),
+            "smooth": float(self.config["smooth"]) if st.weighted else None,
+            "seconds": time.perf_counter() - t0,
+        }
+        return Reconstruction(self.name, self.party, recon, meta=meta)
+
+    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+        return _mvmf.score_reconstruction(reconstruction, transcript)
+
+    def baseline(self, transcript: Transcript) -> dict[str, float]:
+        return _mvmf.baselines(transcript)
