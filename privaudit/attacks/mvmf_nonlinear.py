@@ -154,6 +154,7 @@ class Setting:
     noisy: bool = False
     retries: int = 2
     precondition: bool = True
+    reduced: bool = False
 
 
 class UserSystem:
@@ -216,7 +217,7 @@ class UserSystem:
         not the client's data (another branch) shows up here.
         """
         st = self.st
-        r, x, u = self.split(z)
+        r, x, u = UserSystem.split(self, z)
         c, _ = self.weights(r)
         sim = [(-2.0 * c * (r - self.Vs @ u))[:, None] * u, (-2.0 * st.alpha * (x - self.P @ u))[:, None] * u]
         obs = [victim.g1, victim.h1]
@@ -285,6 +286,76 @@ class UserSystem:
         return J
 
 
+class ReducedSystem(UserSystem):
+    """InclUnc/sampling system with the rating block eliminated item by item (size p + K).
+
+    Given u, each item equation ``c(r_i) (r_i - s_i) = e_i`` (``e_i = -grad_V[i, k] / (2 u_k)``)
+    has, with the exact weight (w below rating 1, 1 above), a low root ``s_i + e_i / w`` (valid
+    when it rounds to 0, i.e. |.| < 0.5) and a high root ``s_i + e_i``; the low root is taken
+    when valid (the unrated start r = 0 of the full system), else the high one. The unknowns
+    are then ``z = [x (p), u (K)]`` with the attribute and user-update equations of
+    :class:`UserSystem` (the paper eliminates unknowns the same way for SGD, eqs. 31-35). Same
+    roots as the full system, but p + K unknowns instead of m + p + K, which makes the dense
+    solvers usable for InclUnc on MovieLens (m ~ 1600). Jacobian: finite differences.
+    """
+
+    jac = None  # type: ignore[assignment]
+
+    def ratings(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        st = self.st
+        s = self.Vs @ u
+        uk = u[self.k] if abs(u[self.k]) > 1e-300 else 1e-300
+        e = -self.g / (2.0 * uk)
+        low = s + e / max(st.w, 1e-12)
+        use_low = np.abs(low) < 0.5
+        r = np.where(use_low, 0.0, s + e)
+        c = np.where(use_low, st.w, 1.0)
+        return r, c
+
+    def split(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        x, u = z[: self.p], z[self.p :]
+        return self.ratings(u)[0], x, u
+
+    def full(self, z: np.ndarray) -> np.ndarray:
+        r, x, u = self.split(z)
+        return np.concatenate([r, x, u])
+
+    def initial_guess(self) -> np.ndarray:
+        return super().initial_guess()[self.n :]
+
+    def weights(self, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        c = np.where(np.abs(r) < 0.5, self.st.w, 1.0)
+        return c, np.zeros_like(r)
+
+    def fun(self, z: np.ndarray) -> np.ndarray:
+        st, k = self.st, self.k
+        x, u = z[: self.p], z[self.p :]
+        r, c = self.ratings(u)
+        f_attr = (-2.0 * st.alpha * (x - self.P @ u) * u[k] - self.h) / self.sigma
+        if not self.sgd:
+            s = self.Vs @ u
+            f_u = self.Vs.T @ (c * (s - r)) + st.alpha * self.P.T @ (self.P @ u - x) + st.lam * u
+        else:
+            u2 = self._u2(r, x, u, c)
+            i = self.istar
+            q = c[i] * (r[i] - self.V2s[i] @ u2)
+            f_u = (-2.0 * q * u2 - self.g2) / self.sigma2
+        return np.concatenate([f_attr, f_u])
+
+    def misfit(self, z: np.ndarray, victim: Victim) -> float:
+        return super().misfit(self.full(z), victim)
+
+    def numeric_jac(self, z: np.ndarray) -> np.ndarray:
+        f0 = self.fun(z)
+        J = np.empty((len(f0), len(z)))
+        for j in range(len(z)):
+            h = 1e-7 * max(1.0, abs(z[j]))
+            dz = z.copy()
+            dz[j] += h
+            J[:, j] = (self.fun(dz) - f0) / h
+        return J
+
+
 def _root_options(method: str, maxiter: int, tol: float) -> dict[str, Any]:
     if method == "hybr":
         return {"maxfev": maxiter * 10, "xtol": 1e-10}
@@ -321,7 +392,8 @@ def solve_system(
                     fun = system.fun
                     options = _root_options(method, maxiter, tol)
                     if precondition:
-                        lu = lu_factor(system.jac(z0), check_finite=True)
+                        J0 = system.jac(z0) if system.jac is not None else system.numeric_jac(z0)
+                        lu = lu_factor(J0, check_finite=True)
 
                         def fun(z, _lu=lu):
                             return lu_solve(_lu, system.fun(z), check_finite=False)
@@ -373,7 +445,7 @@ def attack_victim(st: Setting, victim: Victim, seed: int) -> tuple[np.ndarray, n
         attempts += 1
         k = int(rng.integers(K))
         istar = int(rng.integers(n)) if n else 0
-        system = UserSystem(st, victim, k, istar)
+        system = (ReducedSystem if st.reduced else UserSystem)(st, victim, k, istar)
         z, ok, conv = solve_system(system, st.method, st.maxiter, st.tol, st.precondition)
         failed += not ok
         unconverged += ok and not conv
@@ -410,6 +482,7 @@ class MVMFNonlinear(Attack):
         "tol": 1e-9,
         "retries": 2,
         "precondition": True,
+        "formulation": "auto",
         "chunk": 16,
     }
     param_help = {
@@ -423,6 +496,8 @@ class MVMFNonlinear(Attack):
         "tol": "residual tolerance of the solver",
         "retries": "noise-free: extra solves (new k / item) while no solution reproduces all uploads",
         "precondition": "Jacobian-free methods solve J(z0)^-1 F(z) = 0 (same roots) instead of F(z) = 0",
+        "formulation": "full (unknowns r, x, u; smoothed c(r)) or reduced (InclUnc/sampling: r eliminated "
+        "item by item, unknowns x, u); auto = reduced when a victim uploads more than 200 items with weights",
         "chunk": "victims per joblib task",
     }
 
@@ -434,6 +509,8 @@ class MVMFNonlinear(Attack):
         users = self.config["users"]
         if users is not None and (not isinstance(users, int) or users < 1):
             raise PrivauditError("attack 'mvmf-nonlinear': users must be a positive integer or None")
+        if self.config["formulation"] not in ("auto", "full", "reduced"):
+            raise PrivauditError("attack 'mvmf-nonlinear': formulation must be auto, full or reduced")
         if self.config["smooth"] <= 0 or self.config["maxiter"] < 1 or self.config["chunk"] < 1:
             raise PrivauditError("attack 'mvmf-nonlinear': smooth, maxiter and chunk must be positive")
 
@@ -503,6 +580,10 @@ class MVMFNonlinear(Attack):
                 skipped += 1
                 continue
             victims.append(v)
+        form = self.config["formulation"]
+        if form == "auto":
+            form = "reduced" if st.weighted and victims and max(len(v.items) for v in victims) > 200 else "full"
+        st.reduced = form == "reduced" and st.weighted
         users = self.config["users"]
         if users is not None and users < len(victims):
             pick = np.sort(rng.choice(len(victims), size=users, replace=False))
@@ -530,6 +611,7 @@ class MVMFNonlinear(Attack):
                 unconverged += u
         meta = {
             "method": method,
+            "formulation": "reduced" if st.reduced else "full",
             "scenario": f"{update}/{unrated}",
             "rounds": [r1] + ([r2] if update == "sgd" else []),
             "solves_per_victim": int(solves),
