@@ -1,0 +1,368 @@
+"""Attack ``fedrec-rated-items``: which uploaded items did a FedRec client really rate?
+
+The server of FedRec (fedrec.txt §3) sees, for each client u, eq.-8 gradients for the items
+I_u ∪ I'_u (real and virtual). Subtracting the public ``lam V_i`` leaves
+``e_i = (p_u.V_i - r_ui) p_u`` (DESIGN.md "fedrec-rated-items"):
+
+* **PMF** (p_u = U_u): every row is a multiple of U_u, so with d the top right singular vector
+  of the stacked rows, U_u = t d, ``a_i = e_i.d`` and ``c_i = d.V_i`` the implied rating of
+  item i is ``r_i(t) = t c_i - a_i / t`` — known up to one scalar t per user. Real ratings lie
+  on the public rating grid, so for every real item and the grid value g it holds, t solves
+  ``c_i t^2 - g t - a_i = 0``. The attack collects the roots of every (item, grid value) of a
+  user and takes the densest cluster (in sign x log|t|) as t: every real item votes for the
+  true t, virtual items (user average, eq. 5, or local prediction, eq. 6) almost never do.
+* **SVD++** (p_u = U_u + x_ui with the implicit term x_ui = |N_u\\{i}|^-1/2 sum_{j != i} W_j,
+  computable by the server because N_u = the uploaded items and W is its own): rows are
+  ``e_i ∥ U_u + x_ui``, so U_u is the least-squares point closest to all lines
+  ``{c e_i - x_ui}``: ``U_u = -(sum_i M_i)^-1 sum_i M_i x_ui``, ``M_i = I - ê_i ê_i^T`` — exact,
+  no scale left; then ``r_i = p_ui.V_i - e_i.p_ui / |p_ui|^2``.
+
+Each uploaded item gets the score ``1 - 2 dist(r_i, grid)`` (1 = exactly on the grid, i.e.
+looks real), ties broken by the size of the implied residual |r_i - p.V_i| (HF virtual
+residuals are near zero); the decision "rated" is ``dist <= grid_tol``. With
+``intersection=true`` the number of recorded rounds in which the item was uploaded is added
+(the paper resamples I'_u every iteration, Algorithm 2 line 1, so real items recur).
+
+Stochastic style: U_u moves along the client's walk (Algorithm 5), so the rows are not rank
+one. **PMF(S)** (``sequential=true``): the uploads come in walk order and each row
+``e_k = res_k U_k`` gives U_k = s_k ê_k up to a scalar; the step
+``U_k = (1 - lr lam) U_{k-1} - lr (U_{k-1}.V_k - r_k) V_k`` (lr = lr_used x decay^round, public)
+is linear homogeneous in (s_k, s_{k-1}, r_k): the null vector of the d x 3 matrix
+``[ê_k, -(1 - lr lam) ê_{k-1} + lr (ê_{k-1}.V_k) V_k, -lr V_k]`` gives them up to one factor,
+fixed by ``|e_k| = res_k s_k`` with ``res_k = s_k (ê_k.V_k) - r_k`` and the sign r_k > 0 —
+exact for every walked item (the first one from the next pair's s_{k-1}). **SVD++(S)** uses
+the constant-U solution above (its error shrinks with the decayed learning rate, i.e. in late
+rounds) — departure: no exact sequential solver for SVD++.
+
+Metrics: ``accuracy``, ``precision``, ``recall`` of the "rated" decision, ``auc`` of the
+score (:func:`privaudit.metrics.auc`), ``rating_accuracy`` (rounded implied rating equals the
+true rating, over the real items) — computed over every uploaded (user, item) pair of the
+attacked round. Baseline: the item-set guess "everything uploaded is rated" (accuracy and
+precision = the real share ≈ 1/(1+rho), recall 1), AUC 0.5, rating accuracy 1/|grid|.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.errors import PrivauditError
+from privaudit.metrics import auc
+from privaudit.registry import register_attack
+from privaudit.transcript import Transcript, View
+
+
+def collect_uploads(view: View, round: int | None = None) -> dict[int, list[dict[str, Any]]]:
+    """Per recorded round, the clients' ``grad_V`` (and ``grad_W``) uploads with the server
+    state they were computed against (the last ``state`` message before them).
+
+    Returns ``{round: [{"user", "items", "values", "values_W", "V", "W"}, ...]}``.
+    """
+    state: dict[str, np.ndarray] | None = None
+    out: dict[int, dict[str, dict[str, Any]]] = {}
+    for msg in view.messages:
+        if msg.kind == "state":
+            state = msg.payload
+            continue
+        if msg.kind not in ("grad_V", "grad_W") or not msg.sender.startswith("client:"):
+            continue
+        if round is not None and msg.round != round:
+            continue
+        if state is None or "V" not in state:
+            continue
+        per = out.setdefault(msg.round, {})
+        rec = per.get(msg.sender)
+        if rec is None or (msg.kind == "grad_V" and "values" in rec):
+            rec = {"user": int(msg.sender.split(":", 1)[1]), "V": state["V"], "W": state.get("W")}
+            per[msg.sender + f"#{msg.seq}" if msg.sender in per else msg.sender] = rec
+        if msg.kind == "grad_V":
+            rec["items"] = np.asarray(msg.payload["items"], dtype=np.int64)
+            rec["values"] = np.asarray(msg.payload["values"], dtype=np.float64)
+        else:
+            rec["values_W"] = np.asarray(msg.payload["values"], dtype=np.float64)
+    return {r: [v for v in per.values() if "values" in v] for r, per in out.items()}
+
+
+def _top_direction(E: np.ndarray) -> np.ndarray:
+    """Top right singular vector of the rows E (n_i x d), sign fixed so that its largest entry is positive."""
+    _, vecs = np.linalg.eigh(E.T @ E)
+    d = vecs[:, -1]
+    return d if d[np.argmax(np.abs(d))] > 0 else -d
+
+
+def grid_scale(
+    c: np.ndarray, a: np.ndarray, owner: np.ndarray, n_owners: int, grid: np.ndarray, tol: float
+) -> np.ndarray:
+    """Per owner (user), the scale t of U = t d that puts the most items on the rating grid.
+
+    ``c`` = d.V_i, ``a`` = e_i.d for every item (flat, ``owner`` gives its user). For every item
+    and grid value g the roots of ``c t^2 - g t - a = 0`` are candidates; the densest window of
+    width ``tol`` in the key sign(t) (50 + log|t|) wins (vectorized over users by offsetting the
+    keys per user). Users without a real root get NaN.
+    """
+    cc = np.repeat(c, len(grid))
+    aa = np.repeat(a, len(grid))
+    gg = np.tile(grid, len(c))
+    oo = np.repeat(owner, len(grid))
+    disc = gg**2 + 4.0 * cc * aa
+    ok = (disc >= 0) & (np.abs(cc) > 1e-300)
+    sq = np.sqrt(np.where(ok, disc, 0.0))
+    denom = np.where(ok, 2.0 * cc, 1.0)
+    roots = np.concatenate([(gg + sq) / denom, (gg - sq) / denom])
+    own = np.concatenate([oo, oo])
+    good = np.concatenate([ok, ok]) & np.isfinite(roots) & (roots != 0)
+    roots, own = roots[good], own[good]
+    t = np.full(n_owners, np.nan)
+    if len(roots) == 0:
+        return t
+    key = np.sign(roots) * (50.0 + np.clip(np.log(np.abs(roots)), -49.0, 49.0))
+    span = 1000.0
+    comp = own * span + key
+    order = np.argsort(comp, kind="stable")
+    comp, roots, own = comp[order], roots[order], own[order]
+    end = np.searchsorted(comp, comp + tol, side="right")
+    count = end - np.arange(len(comp))
+    # per owner: the first window start with the largest count
+    starts = np.flatnonzero(np.r_[True, own[1:] != own[:-1]])
+    best = np.maximum.reduceat(count, starts)
+    is_best = np.flatnonzero(count == np.repeat(best, np.diff(np.r_[starts, len(own)])))
+    uniq, idx = np.unique(own[is_best], return_index=True)
+    pos = is_best[idx]
+    t[uniq] = roots[pos + (count[pos] - 1) // 2]
+    return t
+
+
+@register_attack("fedrec-rated-items")
+class FedRecRatedItems(Attack):
+    """Tell real from virtual uploaded items of FedRec clients from the gradient geometry (module docstring)."""
+
+    description = "FedRec: decide which uploaded items are really rated (implied ratings on the grid vs UA/HF fillings)"
+    party = "server"
+    protocols = ("fedrec",)
+    requires = ("grad_V", "state")
+    primary_metric = "auc"
+    params = {"round": -1, "tol": 1e-4, "grid_tol": 0.01, "intersection": False, "sequential": True}
+    param_help = {
+        "round": "attacked recorded round (negative: counted from the last recorded one)",
+        "tol": "window width in sign*log|t| when voting for the scale t (PMF)",
+        "grid_tol": "an implied rating within this distance of the grid is decided 'rated'",
+        "intersection": "also count in how many recorded rounds the item was uploaded (resampled virtual items)",
+        "sequential": "PMF(S): solve the client's walk exactly from consecutive uploads (false: rank-1 approximation)",
+    }
+
+    def validate(self) -> None:
+        if not self.config["tol"] > 0 or not self.config["grid_tol"] >= 0:
+            raise PrivauditError("attack 'fedrec-rated-items': tol must be > 0 and grid_tol >= 0")
+
+    # ------------------------------------------------------------------ run
+    def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
+        cfg = view.config
+        uploads = collect_uploads(view)
+        if not uploads:
+            return self.unsupported("no grad_V uploads with a preceding server state in the view")
+        rounds = sorted(uploads)
+        try:
+            rnd = rounds[self.config["round"]]
+        except IndexError:
+            return self.unsupported(f"round index {self.config['round']} out of the {len(rounds)} recorded rounds")
+        recs = uploads[rnd]
+        lam = float(cfg.get("lam_used", cfg.get("lam") or 0.0))
+        rmin, rmax = float(cfg.get("rating_min", 1.0)), float(cfg.get("rating_max", 5.0))
+        step = float(cfg.get("rating_step", 1.0)) or 1.0
+        grid = np.arange(rmin, rmax + step / 2, step)
+        svd = cfg.get("model") == "svdpp-sgd" and all(r.get("W") is not None for r in recs)
+        sequential = cfg.get("model") == "pmf-sgd" and self.config["sequential"] and "lr_used" in cfg
+
+        n_rec = len(recs)
+        implied_all, resid_all = [], []
+        if svd:
+            for rec in recs:
+                r_, res_ = _svdpp_implied(rec, lam)
+                implied_all.append(r_)
+                resid_all.append(res_)
+        elif sequential:
+            lr_t = float(cfg["lr_used"]) * float(cfg.get("decay", 0.9)) ** rnd
+            implied_all, resid_all = _sgd_walk_implied(recs, lam, lr_t)
+        else:
+            cs, as_, owner = [], [], []
+            for j, rec in enumerate(recs):
+                V = rec["V"]
+                items = rec["items"]
+                E = rec["values"] - lam * V[items]
+                if len(items) == 0:
+                    cs.append(np.zeros(0))
+                    as_.append(np.zeros(0))
+                    owner.append(np.zeros(0, np.int64))
+                    continue
+                dvec = _top_direction(E)
+                cs.append(V[items] @ dvec)
+                as_.append(E @ dvec)
+                owner.append(np.full(len(items), j, np.int64))
+            c = np.concatenate(cs)
+            a = np.concatenate(as_)
+            own = np.concatenate(owner)
+            t = grid_scale(c, a, own, n_rec, grid, float(self.config["tol"]))
+            tt = t[own]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                implied = tt * c - a / tt
+                resid = a / tt
+            bounds = np.r_[0, np.cumsum([len(x) for x in cs])]
+            implied_all = [implied[bounds[j] : bounds[j + 1]] for j in range(n_rec)]
+            resid_all = [resid[bounds[j] : bounds[j + 1]] for j in range(n_rec)]
+
+        seen: dict[int, dict[int, int]] = {}
+        if self.config["intersection"]:
+            for r in rounds:
+                for rec in uploads[r]:
+                    cnt = seen.setdefault(rec["user"], {})
+                    for it in rec["items"].tolist():
+                        cnt[it] = cnt.get(it, 0) + 1
+        victims: dict[str, dict[str, np.ndarray]] = {}
+        for rec, implied, resid in zip(recs, implied_all, resid_all):
+            score, rated, rating = self.score_items(implied, resid, grid)
+            if self.config["intersection"]:
+                cnt = seen.get(rec["user"], {})
+                score = score + np.array([cnt.get(i, 0) for i in rec["items"].tolist()], dtype=np.float64)
+            victims[f"client:{rec['user']}"] = {
+                "items": rec["items"],
+                "score": score,
+                "rated": rated,
+                "ratings": rating,
+            }
+        return Reconstruction(self.name, self.party, victims, meta={"round": int(rnd), "model": cfg.get("model"), "users": n_rec})
+
+    def score_items(self, implied: np.ndarray, resid: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(score in [0, 1+), rated decision, rounded rating) of one user's uploaded items."""
+        step = grid[1] - grid[0] if len(grid) > 1 else 1.0
+        ok = np.isfinite(implied)
+        x = np.where(ok, implied, np.nan)
+        nearest = np.clip(np.round((x - grid[0]) / step) * step + grid[0], grid[0], grid[-1])
+        dist = np.where(ok, np.minimum(np.abs(x - nearest), step / 2), step / 2)
+        # off-range implied ratings count as far from the grid (distance capped at step / 2)
+        score = 1.0 - 2.0 * dist / step
+        r_abs = np.where(np.isfinite(resid), np.minimum(np.abs(resid), 1.0), 0.0)
+        score = score + 1e-3 * r_abs
+        score = np.where(ok, score, 0.5)
+        rated = ok & (dist <= self.config["grid_tol"])
+        rating = np.where(ok, nearest, grid[len(grid) // 2])
+        return score, rated, rating
+
+    # ------------------------------------------------------------------ scoring
+    def _truth(self, reconstruction: Reconstruction, transcript: Transcript):
+        labels, scores, decided, rat_ok = [], [], [], []
+        for party, rec in reconstruction.victims.items():
+            priv = transcript.private(party)
+            if "items" not in priv:
+                continue
+            real_items = np.asarray(priv["items"], dtype=np.int64)
+            real_ratings = np.asarray(priv["ratings"], dtype=np.float64)
+            items = rec["items"]
+            lab = np.isin(items, real_items)
+            labels.append(lab)
+            scores.append(rec["score"])
+            decided.append(rec["rated"])
+            if lab.any():
+                pos = np.searchsorted(real_items, items[lab])
+                rat_ok.append(rec["ratings"][lab] == real_ratings[pos])
+        return labels, scores, decided, rat_ok
+
+    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+        labels, scores, decided, rat_ok = self._truth(reconstruction, transcript)
+        if not labels:
+            return self.baseline(transcript)
+        y = np.concatenate(labels)
+        s = np.concatenate(scores)
+        dec = np.concatenate(decided)
+        tp = float(np.sum(dec & y))
+        out = {
+            "accuracy": float(np.mean(dec == y)),
+            "precision": tp / max(float(dec.sum()), 1.0),
+            "recall": tp / max(float(y.sum()), 1.0),
+            "auc": float(auc(y, s)) if 0 < y.sum() < len(y) else float("nan"),
+            "rating_accuracy": float(np.mean(np.concatenate(rat_ok))) if rat_ok else float("nan"),
+            "real_share": float(np.mean(y)),
+        }
+        return out
+
+    def baseline(self, transcript: Transcript) -> dict[str, float]:
+        cfg = transcript.config
+        rho = 0.0
+        for d in cfg.get("defenses", []) or []:
+            if d.get("name") == "sampling":
+                rho = float(d.get("rho", 0.0))
+        share = 1.0 / (1.0 + rho)
+        rmin, rmax = float(cfg.get("rating_min", 1.0)), float(cfg.get("rating_max", 5.0))
+        step = float(cfg.get("rating_step", 1.0)) or 1.0
+        levels = int(round((rmax - rmin) / step)) + 1
+        return {
+            "accuracy": share,
+            "precision": share,
+            "recall": 1.0,
+            "auc": 0.5,
+            "rating_accuracy": 1.0 / levels,
+            "real_share": share,
+        }
+
+
+def _svdpp_implied(rec: dict[str, Any], lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """SVD++: exact U_u from the lines e_i ∥ U_u + x_ui, then implied ratings and residuals."""
+    V, W = rec["V"], rec["W"]
+    items = rec["items"]
+    if len(items) < 2:
+        return np.full(len(items), np.nan), np.full(len(items), np.nan)
+    E = rec["values"] - lam * V[items]
+    Wi = W[items]
+    norm = 1.0 / np.sqrt(max(len(items) - 1.0, 1.0))
+    X = (Wi.sum(axis=0)[None, :] - Wi) * norm
+    nrm = np.linalg.norm(E, axis=1, keepdims=True)
+    Eh = np.where(nrm > 0, E / np.where(nrm > 0, nrm, 1.0), 0.0)
+    d = E.shape[1]
+    M = len(items) * np.eye(d) - Eh.T @ Eh
+    b = X.sum(axis=0) - Eh.T @ np.einsum("ij,ij->i", Eh, X)
+    U = -np.linalg.lstsq(M, b, rcond=None)[0]
+    Pm = U[None, :] + X
+    res = np.einsum("ij,ij->i", E, Pm) / np.maximum(np.einsum("ij,ij->i", Pm, Pm), 1e-300)
+    implied = np.einsum("ij,ij->i", Pm, V[items]) - res
+    return implied, res
+
+
+def _sgd_walk_implied(recs: list[dict[str, Any]], lam: float, lr: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """PMF(S): exact implied ratings from consecutive uploads of each walk (module docstring)."""
+    Es, Vs, starts = [], [], []
+    for rec in recs:
+        V = rec["V"]
+        Es.append(rec["values"] - lam * V[rec["items"]])
+        Vs.append(V[rec["items"]])
+        starts.append(len(rec["items"]))
+    E = np.concatenate(Es) if Es else np.zeros((0, 1))
+    Vi = np.concatenate(Vs) if Vs else np.zeros((0, 1))
+    lengths = np.array(starts)
+    bounds = np.r_[0, np.cumsum(lengths)]
+    nrm = np.linalg.norm(E, axis=1)
+    Eh = E / np.where(nrm > 0, nrm, 1.0)[:, None]
+    c = np.einsum("ij,ij->i", Eh, Vi)
+    # pairs (k-1, k) inside one walk
+    first = np.zeros(len(E), dtype=bool)
+    first[bounds[:-1][lengths > 0]] = True
+    k = np.flatnonzero(~first)
+    dec = 1.0 - lr * lam
+    prev = Eh[k - 1]
+    A = np.stack([Eh[k], -dec * prev + lr * np.einsum("ij,ij->i", prev, Vi[k])[:, None] * Vi[k], -lr * Vi[k]], axis=2)
+    x = np.linalg.svd(A)[2][:, -1, :] if len(k) else np.zeros((0, 3))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alpha2 = nrm[k] / (x[:, 0] * (x[:, 0] * c[k] - x[:, 2]))
+        alpha = np.sqrt(np.abs(alpha2)) * np.sign(x[:, 2])
+        r = np.full(len(E), np.nan)
+        res = np.full(len(E), np.nan)
+        s_k = alpha * x[:, 0]
+        r[k] = alpha * x[:, 2]
+        res[k] = nrm[k] / s_k
+        # the first walked item from the next pair's s_{k-1}
+        nxt = np.flatnonzero(first[k - 1])
+        f = k[nxt] - 1
+        s0 = alpha[nxt] * x[nxt, 1]
+        res[f] = nrm[f] / s0
+        r[f] = s0 * c[f] - res[f]
+    return [r[bounds[j] : bounds[j + 1]] for j in range(len(recs))], [res[bounds[j] : bounds[j + 1]] for j in range(len(recs))]
