@@ -475,11 +475,15 @@ class MVMFAnalytic(Attack):
         for k, s in enumerate(stats):
             tau = taus[k]
             tau_stat, var_stat = _stationarity_tau(s, lam) if update == "semials" else (None, None)
+            prev = None
             for _ in range(max(1, int(self.refits))):
                 t = np.sqrt(np.abs(np.nan_to_num(tau, nan=1.0))) + _TINY
                 rhat = t[:, None] * s.dv - s.a / (2.0 * t[:, None])
                 z = (1.0 - w) * t[:, None] * s.dv
                 virt = _classify_virtual(rhat, z, grid, s.mask)
+                if prev is not None and np.array_equal(virt, prev):
+                    break  # the decision is stable: the refit would not change t^2
+                prev = virt
                 wv = np.full_like(s.a, w)
                 tau_reg, var_reg = _regression_tau(s, virt, wv)
                 if tau_stat is not None:
