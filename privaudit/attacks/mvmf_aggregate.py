@@ -161,7 +161,9 @@ class MVMFAggregate(Attack):
     protocols = FEDMVMF_PROTOCOLS
     requires = ("state",)
     primary_metric = "rating_accuracy"
-    default_sweep = ("cohort_size", (1, 2, 5, 10, 50))
+    # no default sweep: on plain views sweep ``attack.cohort_size=1,2,5,10,50``; on PrivMVMF
+    # views the cohorts are the server's (``--sweep paillier.cohort_size=...``)
+    default_sweep = None
     params = {"cohort_size": 1, "max_rounds": -1}
     param_help = {
         "cohort_size": "plain views: sum consecutive clients in cohorts of this size first (ignored for decrypted sums)",

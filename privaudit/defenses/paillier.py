@@ -17,8 +17,9 @@ What each party sees (and the transcript records):
   fixed-width big-endian uint8 array (rows x ciphertexts per row x 2*key_bytes; dense uploads
   are one row); meta ``{"encrypted": True, "scheme": "paillier", "exponent": -precision, ...}``
   is the same for every upload of a run. Then ``plaintext_sum`` messages from each decryptor:
-  the decrypted sums of its share of the rows (``items``/``values``; dense: ``index`` of the
-  flattened entries and ``values``), with meta ``of_kind``, ``cohort`` and ``members``;
+  the decrypted sums of its share of the rows (``items``, ``counts``, ``values``; a dense
+  upload is one row, decrypted whole by one decryptor: ``index`` = [0] and ``values`` of the
+  upload's shape), with meta ``of_kind``, ``cohort`` and ``members`` (the senders summed);
 - decryptor ``k``: ``ciphertext_sum`` messages (server -> decryptor:k) with the ciphertext sums
   of its share of the rows (round-robin split of rows among ``decryptors``) and nothing else.
 
