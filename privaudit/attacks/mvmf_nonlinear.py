@@ -30,8 +30,23 @@ ones). Equations, with ``c_i = c(r_i)`` and ``s_i = v_i . u``:
 
 InclUnc (and PrivMVMF's weighted sampling): the client weighs unrated items by w with r = 0, so
 c jumps from w to 1 between r = 0 and r = 1. The paper smooths it (eq. 42, lost in
-extraction); here ``c(r) = w + (1 - w) sigmoid(smooth (r - 0.5))`` (param ``smooth``, the
-steepness). ObsOnly without sampling: c = 1.
+extraction); here ``c(r) = 1 - (1 - w) exp(-(smooth r)^2)`` (param ``smooth``, default 3: c(0)
+= w exactly, c(1) = 1 - 1e-4 (1 - w)). We use this symmetric bump rather than a sigmoid in r: with
+a sigmoid every rated item with r_i < v_i.u also has a spurious root far below 0 (weight w),
+which clipping turns into "unrated"; the bump leaves only the |r| < 0.5 window to weight w.
+
+Formulations (param ``formulation``): ``full`` is the system above (m + p + K unknowns under
+InclUnc). ``reduced`` (InclUnc/sampling only) eliminates r item by item: given u, the exact-weight
+item equation has a low root s_i + e_i / w (taken when |.| < 0.5, i.e. unrated) and a high root
+s_i + e_i; the remaining unknowns are (x, u), p + K of them, with the same roots -- the paper
+eliminates unknowns the same way for SGD (eqs. 31-35). ``auto`` uses ``reduced`` when a victim
+uploads more than 200 weighted items (dense solvers on ~1700 unknowns per MovieLens user are
+too slow), else ``full``.
+
+Model check: each solution is re-simulated on *all* K coordinates of the uploads (both epochs
+for SGD); its relative misfit decides between roots. Noise-free, if no solve reproduces the
+uploads (misfit <= 1e-6) up to ``retries`` more (k, i*) are tried; solutions with more than twice
+the best misfit (another branch of the system) are dropped before averaging.
 
 Equation scaling: the gradient blocks are divided by the RMS of the observed column(s) they
 match (a constant; the solutions are unchanged) so that all solvers see residuals of order 1.
@@ -48,9 +63,12 @@ averaged and rounded (privmvmf.txt §6.2 "Robustness Check"). A solve that raise
 non-finite values or ends with a larger residual than its start is counted in
 ``meta["failed_solves"]`` and replaced by the clipped initial guess; a victim is never dropped.
 
-Departures: SGD requires the client to upload the same item set in the two epochs used (true
+Departures: the equation scaling, the preconditioning of the Jacobian-free methods (param
+``precondition``: solve ``J(z0)^-1 F(z) = 0``, same roots), the reduced formulation and the
+model check are ours. SGD requires the client to upload the same item set in the two epochs used (true
 for ObsOnly and InclUnc; not for re-drawn sampling, which PrivMVMF only pairs with SemiALS).
-The smoothing function is ours (eq. 42 was lost). Victims are attacked in parallel with joblib
+The smoothing function is ours (eq. 42 was lost). The sign: (r, x, u) -> (-r, -x, -u) maps roots
+to roots when c is constant; a solution with negative mean rating is replaced by its mirror. Victims are attacked in parallel with joblib
 (param ``jobs``), in chunks; per-victim seeds are drawn up front so results do not depend on
 ``jobs``.
 """
