@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     ax.set_title(f"fedsplit-inference on {dataset}: one line per mode")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="center right")
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     modes = list(table)
