@@ -273,6 +273,21 @@ class _Task:
     attack_cls: type
     seed: int
     variants: list[tuple[int, Any, dict[str, Any]]] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+
+    def _classes(self) -> list[type]:
+        return [self.protocol_cls, self.attack_cls] + [cls for cls, _ in self.defense_specs]
+
+    def __post_init__(self) -> None:
+        # registered names, resolved here in the main process: a plugin class registered under
+        # an entry-point name has no ``name`` of its own when a worker process re-imports it
+        self.names = [getattr(c, "name", "") or "" for c in self._classes()]
+
+    def restore_names(self) -> None:
+        """Give classes re-imported in a worker process their registered names back."""
+        for cls, name in zip(self._classes(), self.names):
+            if name and not getattr(cls, "name", ""):
+                cls.name = name
 
 
 def build_experiment(
@@ -460,18 +475,20 @@ def _plan(exp: Experiment) -> tuple[list[_Task], dict[str, Any]]:
     return tasks, header
 
 
-def _defense_privacy(defenses: Sequence[Any], transcript: Any) -> dict[str, Any]:
-    """``privacy_spent`` of every defense that reports one, for the rounds a client took part in."""
+def _defense_privacy(defenses: Sequence[Any], transcript: Any, names: Sequence[str] | None = None) -> dict[str, Any]:
+    """``privacy_spent`` of every defense that reports one, for the rounds a client took part in
+    (keyed by ``names`` when given: the registered names, resolved in the main process)."""
     rounds_by_client: dict[str, set[int]] = {}
     for m in transcript.messages:
         if m.sender != m.receiver and m.sender.startswith("client:"):
             rounds_by_client.setdefault(m.sender, set()).add(m.round)
     rounds = max((len(r) for r in rounds_by_client.values()), default=0)
     out: dict[str, Any] = {}
-    for d in defenses:
+    for k, d in enumerate(defenses):
         spent = d.privacy_spent(rounds)
         if spent:
-            out[d.name] = {"rounds": rounds, **{k: float(v) for k, v in spent.items()}}
+            name = names[k] if names is not None and k < len(names) and names[k] else d.name
+            out[name] = {"rounds": rounds, **{key: float(v) for key, v in spent.items()}}
     return out
 
 
@@ -486,6 +503,7 @@ def _floats(d: Mapping[str, Any] | None) -> dict[str, float]:
 
 
 def _run_protocol(task: _Task, dataset: Any) -> tuple[Any, list[Any], float]:
+    task.restore_names()
     defenses = [cls(**params) for cls, params in task.defense_specs]
     t0 = time.perf_counter()
     # common random numbers: the protocol (and the defenses' noise) draw from the seed alone

@@ -133,6 +133,13 @@ class DummyAuxAttack(_BitsAttack):
         return Reconstruction(self.name, self.party, victims)
 
 
+class DummyNeedsAttack(DummyAttack):
+    """Declares a message kind the dummy protocol never sends (so it never applies)."""
+
+    description = "test attack: needs grad_X uploads"
+    requires = ("grad_X",)
+
+
 class DummyNoise(Defense):
     """Laplace noise on every uploaded float."""
 
@@ -171,6 +178,7 @@ DUMMIES = {
     ("protocol", "dummy-proto"): DummyProtocol,
     ("attack", "dummy-attack"): DummyAttack,
     ("attack", "dummy-aux-attack"): DummyAuxAttack,
+    ("attack", "dummy-needs-attack"): DummyNeedsAttack,
     ("defense", "dummy-noise"): DummyNoise,
     ("defense", "dummy-encrypt"): DummyEncrypt,
 }

@@ -270,7 +270,7 @@ h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #
 table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
 th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f3f3f3}
 td.l,th.l{text-align:left}
-figure.pa-figure{margin:1em 0;display:block}figure.pa-figure svg{width:100%;height:auto;display:block}
+figure.pa-figure{margin:1em 0;display:block;max-width:820px}figure.pa-figure svg{width:100%;height:auto;display:block}
 figcaption{font-size:.85em;color:#555}
 pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.85em}
 dl.cfg{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}dl.cfg dt{font-weight:600}dl.cfg dd{margin:0}

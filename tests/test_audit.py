@@ -1,0 +1,202 @@
+"""Audit: attack/defense selection, the matrix, audit.json/html, dp-laplace, Dask, determinism."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from privaudit import audit as au
+from privaudit import experiment as ex
+from privaudit import registry
+from privaudit.cli import main
+from privaudit.errors import PrivauditError
+from tests.dummies import dummy_registry, tiny_dataset, write_csv  # noqa: F401 - fixture
+
+DEFENSES = ["dummy-noise", "dp-laplace"]
+
+
+def strip_timings(obj):
+    """``obj`` without timing entries (keys mentioning seconds/timing, tracebacks)."""
+    if isinstance(obj, dict):
+        return {k: strip_timings(v) for k, v in obj.items() if not re.search(r"seconds|timing|traceback", k)}
+    if isinstance(obj, list):
+        return [strip_timings(v) for v in obj]
+    return obj
+
+
+@pytest.fixture(scope="module")
+def ds():
+    return tiny_dataset(30)
+
+
+@pytest.fixture
+def small_audit(dummy_registry, ds):
+    return au.run_audit(au.Audit("dummy-proto", seeds=2, defenses=DEFENSES, jobs=1), dataset=ds)
+
+
+def test_selection_from_declarations(dummy_registry):
+    names = [a.name for a in au.applicable_attacks("dummy-proto")]
+    assert names == ["dummy-attack", "dummy-aux-attack", "dummy-needs-attack"]  # declared protocols
+    assert "mvmf-analytic" not in names
+    swept, skipped = au.applicable_defenses("dummy-proto")
+    swept = [d.name for d in swept]
+    assert "dummy-noise" in swept and "dp-laplace" in swept and "laplace" in swept
+    reasons = dict(skipped)
+    assert reasons["dummy-encrypt"] == "no strength grid to sweep"
+    if "dp-sgd" in registry.available("defense"):
+        assert reasons["dp-sgd"].startswith("applies only to fedncf")
+    if "secagg" in registry.available("defense"):
+        assert reasons["secagg"].startswith("hides per-client plaintext")
+
+
+def test_matrix_numbers(small_audit):
+    a = small_audit
+    assert [x["name"] for x in a["attacks"]] == ["dummy-attack", "dummy-aux-attack", "dummy-needs-attack"]
+    assert [d["name"] for d in a["defenses"]] == ["dp-laplace", "dummy-noise"]  # registry order
+    needs = a["attacks"][2]
+    assert needs["applies"] is False and "grad_X" in needs["reason"]
+    assert a["attacks"][0]["applies"] is True
+    cell = {(c["attack"], c["defense"]): c for c in a["matrix"]}
+    assert cell[("dummy-attack", None)]["advantage"] == 0.5  # exact sign attack: 1.0 - 0.5
+    assert cell[("dummy-attack", "dummy-noise")]["value"] == 10.0  # the strongest grid value
+    assert cell[("dummy-attack", "dummy-noise")]["advantage"] < 0.25
+    assert cell[("dummy-attack", "dummy-noise")]["utility_cost"] > 0.5
+    assert cell[("dummy-attack", "dp-laplace")]["value"] == 0.3
+    assert cell[("dummy-attack", "dp-laplace")]["epsilon"] == pytest.approx(0.6)  # 2 rounds x 0.3
+    assert cell[("dummy-needs-attack", None)]["advantage"] == 0.0  # scores the baseline
+    # one protocol run per (defense, value, seed) plus the undefended ones
+    assert len(a["runs"]) == 2 * (1 + 4 + 6)
+    assert all(set(r["attacks"]) == {"dummy-attack", "dummy-aux-attack", "dummy-needs-attack"} for r in a["runs"])
+
+
+def test_audit_files_self_contained(small_audit, tmp_path):
+    out = au.write_audit(small_audit, tmp_path / "audit")
+    data = json.loads((out / "audit.json").read_text())
+    for key in ("privaudit_version", "protocol", "protocol_config", "dataset", "seeds", "attacks", "defenses", "runs", "matrix", "timing"):
+        assert key in data
+    page = (out / "audit.html").read_text()
+    assert page.count("class=\"pa-figure\"") == 3 * 2  # one figure per (attack, defense) pair
+    assert page.count("<svg") == 6
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page) and "<link" not in page
+    assert "ε = 0.60" in page and "does not apply" in page and "privaudit 0.1.0" in page
+
+
+def test_audit_is_deterministic_and_independent_of_jobs(dummy_registry, ds):
+    a = au.run_audit(au.Audit("dummy-proto", seeds=2, defenses=DEFENSES, jobs=1), dataset=ds)
+    b = au.run_audit(au.Audit("dummy-proto", seeds=2, defenses=DEFENSES, jobs=1), dataset=ds)
+    c = au.run_audit(au.Audit("dummy-proto", seeds=2, defenses=DEFENSES, jobs=2), dataset=ds)
+    assert strip_timings(a) == strip_timings(b)
+    assert strip_timings(a)["runs"] == strip_timings(c)["runs"]
+
+
+def test_dask_cluster_reproduces_local_numbers(dummy_registry, ds):
+    distributed = pytest.importorskip("dask.distributed")
+    local = au.run_audit(au.Audit("dummy-proto", seeds=2, defenses=["dummy-noise"], jobs=1), dataset=ds)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        remote = au.run_audit(au.Audit("dummy-proto", seeds=2, defenses=["dummy-noise"], scheduler=cluster.scheduler_address), dataset=ds)
+        exp = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1,10", seeds=2)
+        with au.scheduler_context(cluster.scheduler_address) as backend:
+            assert backend.startswith("dask scheduler")
+            sweep_dask = ex.run_experiment(ex.Experiment(**{**exp.__dict__, "jobs": 2}), dataset=ds)
+    assert remote["timing"]["backend"].startswith("dask scheduler")
+    assert strip_timings(local)["runs"] == strip_timings(remote)["runs"]
+    assert strip_timings(local)["matrix"] == strip_timings(remote)["matrix"]
+    sweep_local = ex.run_experiment(exp, dataset=ds)
+    assert strip_timings(sweep_local["points"]) == strip_timings(sweep_dask["points"])
+
+
+def test_experiment_results_json_deterministic(dummy_registry, ds, tmp_path):
+    from privaudit import reports
+
+    for name in ("a", "b"):
+        exp = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1", seeds=2)
+        reports.write_report(ex.run_experiment(exp, dataset=ds), tmp_path / name)
+    a, b = (json.loads((tmp_path / n / "results.json").read_text()) for n in ("a", "b"))
+    assert strip_timings(a) == strip_timings(b)
+    assert (tmp_path / "a" / "accuracy_vs_noise.svg").read_bytes() != b"" and a["points"] != []
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"protocol": "nope"}, "unknown protocol 'nope'"),
+        ({"defenses": ["nope"]}, "unknown defense 'nope'"),
+        ({"defenses": ["dummy-encrypt"]}, "cannot be swept"),
+        ({"attacks": ["mvmf-analytic"]}, "do not read 'dummy-proto'"),
+        ({"seeds": 0}, "--seeds must be at least 1"),
+        ({"scheduler": "local:x", "defenses": ["dummy-noise"]}, "expected local:N"),
+    ],
+)
+def test_audit_bad_input(dummy_registry, ds, kwargs, message):
+    kwargs = dict(kwargs)
+    protocol = kwargs.pop("protocol", "dummy-proto")
+    with pytest.raises(PrivauditError, match=re.escape(message)):
+        au.run_audit(au.Audit(protocol, **kwargs), dataset=ds)
+
+
+def test_audit_cli(dummy_registry, capsys, tmp_path):
+    csv = write_csv(tmp_path / "r.csv", 20)
+    out = tmp_path / "aud"
+    code = main(["audit", "--protocol", "dummy-proto", "--defense", "dummy-noise", "--data", csv,
+                 "--seeds", "1", "--jobs", "1", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    lines = captured.out.splitlines()
+    assert lines[0].split()[:4] == ["attack", "(advantage)", "no", "defense"]
+    assert lines[2].split()[:2] == ["dummy-attack", "0.500"]
+    assert "note: dummy-needs-attack does not apply" in captured.out
+    assert (out / "audit.json").exists() and (out / "audit.html").exists()
+
+
+def test_audit_help_lists_every_protocol(capsys):
+    with pytest.raises(SystemExit):
+        main(["audit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in registry.available("protocol"):
+        assert name in text
+
+
+# ------------------------------------------------------------------------------ dp-laplace
+
+
+class _Chan:
+    def __init__(self, seed=0):
+        self.rng = np.random.default_rng(seed)
+
+
+def test_dp_laplace_clips_rows_and_calibrates_noise():
+    from privaudit.defenses.base import UploadBatch
+    from privaudit.defenses.dp_laplace import DPLaplace, clip_l1_rows
+
+    rows = np.array([[3.0, -1.0], [0.2, 0.1], [0.0, 0.0]])
+    clipped = clip_l1_rows(rows, 2.0)
+    assert np.allclose(np.abs(clipped).sum(axis=1), [2.0, 0.3, 0.0])
+    assert np.allclose(clipped[0], [1.5, -0.5])
+    assert np.allclose(clip_l1_rows(np.array([4.0, 4.0]), 1.0), [0.5, 0.5])
+
+    d = DPLaplace(epsilon=0.5, clip=2.0)
+    assert d.noise_scale == 4.0
+    big = {"values": np.zeros((400, 50)), "items": np.arange(400)}
+    out = d.on_upload(UploadBatch(0, "grad_V", ["client:0"], [big]), _Chan())
+    noise = out.payloads[0]["values"]
+    assert np.array_equal(out.payloads[0]["items"], np.arange(400))  # ints untouched
+    assert np.mean(np.abs(noise)) == pytest.approx(4.0, rel=0.03)  # E|Laplace(b)| = b
+    assert d.privacy_spent(20) == {"epsilon": 10.0, "delta": 0.0, "epsilon_round": 0.5}
+
+
+def test_dp_laplace_upload_clipping_and_validation():
+    from privaudit.defenses.base import UploadBatch
+    from privaudit.defenses.dp_laplace import DPLaplace
+
+    d = DPLaplace(epsilon=1e9, clip=1.0, clip_per="upload")  # negligible noise
+    payload = {"values": np.array([[1.0, 1.0]]), "P": np.array([2.0])}
+    out = d.on_upload(UploadBatch(0, "u", ["client:0"], [payload]), _Chan()).payloads[0]
+    total = np.abs(out["values"]).sum() + np.abs(out["P"]).sum()
+    assert total == pytest.approx(1.0, abs=1e-6)
+    for bad in ({"epsilon": 0}, {"clip": -1.0}, {"clip_per": "item"}):
+        with pytest.raises(PrivauditError):
+            DPLaplace(**bad)
+    assert DPLaplace.strength == "epsilon" and DPLaplace.default_grid[0] > DPLaplace.default_grid[-1]
