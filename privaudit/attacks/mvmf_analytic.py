@@ -162,6 +162,25 @@ def _chunks(lengths: np.ndarray, K: int) -> list[slice]:
     return [slice(s, min(n, s + per)) for s in range(0, n, per)]
 
 
+def _buckets(lengths: np.ndarray, K: int, ratio: float = 1.3) -> list[np.ndarray]:
+    """Groups of users with similar upload lengths (max/min <= ``ratio``), each small enough to pad.
+
+    Padding a group to its longest member then wastes at most ``ratio - 1`` of the work, whatever
+    the spread of the users' item counts (ObsOnly: 20..737 items per MovieLens user).
+    """
+    order = np.argsort(lengths, kind="stable")
+    bins = np.floor(np.log(np.maximum(lengths[order], 1)) / np.log(ratio)).astype(np.int64)
+    starts = np.flatnonzero(np.r_[True, bins[1:] != bins[:-1]])
+    ends = np.r_[starts[1:], len(order)]
+    groups = []
+    for s0, e0 in zip(starts, ends):
+        L = int(lengths[order[e0 - 1]])
+        per = max(1, _CHUNK_ELEMENTS // max(1, L * K))
+        for s1 in range(s0, e0, per):
+            groups.append(order[s1 : min(e0, s1 + per)])
+    return groups
+
+
 def _pad_rows(arrays: list[np.ndarray], L: int, K: int) -> np.ndarray:
     """Stack ragged (len_u x K) arrays into (n, L, K) with zero padding."""
     n = len(arrays)
@@ -200,20 +219,20 @@ def _round_stats(fv: FedMVMFView, parties: list[str], r: int, K: int) -> _Round 
     dv = np.zeros((n, L))
     b = np.zeros((n, p))
     resid = np.zeros(n)
-    for sl in _chunks(lengths, K):
-        GV = _pad_rows(gv_l[sl], L, K)
-        GP = np.stack(gp_l[sl]).reshape(-1, p, K)
+    for idx in _buckets(lengths, K):
+        Lg = int(lengths[idx].max())
+        GV = _pad_rows([gv_l[i] for i in idx], Lg, K)
+        GP = np.stack([gp_l[i] for i in idx]).reshape(-1, p, K)
         G = np.matmul(GV.transpose(0, 2, 1), GV) + np.matmul(GP.transpose(0, 2, 1), GP)
         evals, evecs = np.linalg.eigh(G)
         dd = evecs[:, :, -1]
-        d[sl] = dd
-        resid[sl] = np.maximum(np.trace(G, axis1=1, axis2=2) - evals[:, -1], 0.0)
-        a[sl] = np.matmul(GV, dd[:, :, None])[:, :, 0]
-        b[sl] = np.matmul(GP, dd[:, :, None])[:, :, 0]
-        # V_i.d = (V d^T)[i]: one (m x K) @ (K x n) product, then a gather
-        Vd = V @ dd.T  # (m, n_chunk)
-        idx = np.where(mask[sl], items[sl], 0)
-        dv[sl] = np.take_along_axis(Vd.T, idx, axis=1) * mask[sl]
+        d[idx] = dd
+        resid[idx] = np.maximum(np.trace(G, axis1=1, axis2=2) - evals[:, -1], 0.0)
+        a[idx, :Lg] = np.matmul(GV, dd[:, :, None])[:, :, 0]
+        b[idx] = np.matmul(GP, dd[:, :, None])[:, :, 0]
+        # V_i.d: gather the item rows, one batched product
+        VI = V[np.where(mask[idx, :Lg], items[idx, :Lg], 0)]
+        dv[idx, :Lg] = np.matmul(VI, dd[:, :, None])[:, :, 0] * mask[idx, :Lg]
     pd = d @ P.T
     rows = lengths + p
     return _Round(r, np.asarray(users), items, mask, d, a, dv, b, pd, resid, rows)
