@@ -222,10 +222,12 @@ def write_csv(results: Mapping[str, Any], path: Path) -> Path:
 
 
 def _config_items(results: Mapping[str, Any]) -> list[tuple[str, str]]:
+    target, _, param = str(results.get("sweep") or "").partition(".")
+    swept = (target, param)
     items = [
         ("protocol", str(results.get("protocol"))),
         ("attack", str(results.get("attack")) + _params(results.get("attack_params"))),
-        ("defenses", ", ".join(d.get("name", "?") + _params({k: v for k, v in d.items() if k != "name"}) for d in results.get("defenses") or []) or "none"),
+        ("defenses", ", ".join(d.get("name", "?") + _params({k: (f"swept" if swept == (d.get("name"), k) else v) for k, v in d.items() if k != "name"}) for d in results.get("defenses") or []) or "none"),
         ("sweep", str(results.get("sweep") or "none (single point)")),
         ("seeds", ", ".join(str(s) for s in results.get("seeds") or sorted({p.get("seed") for p in results.get("points") or []}, key=str))),
         ("dataset", ", ".join(f"{k}={v}" for k, v in (results.get("dataset") or {}).items())),
@@ -267,7 +269,7 @@ def render_markdown(results: Mapping[str, Any], figure_stem: str) -> str:
 HTML_STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.9em;display:block;overflow-x:auto;max-width:100%}
 th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f3f3f3}
 td.l,th.l{text-align:left}
 figure.pa-figure{margin:1em 0;display:block;max-width:820px}figure.pa-figure svg{width:100%;height:auto;display:block}
@@ -346,11 +348,8 @@ def render_html(results: Mapping[str, Any], svg_markup: str, figure_stem: str) -
         for k in p.get("attack_metrics") or {}:
             if k not in keys:
                 keys.append(k)
-    ukeys = []
-    for p in pts:
-        for k in p.get("utility") or {}:
-            if k not in ukeys:
-                ukeys.append(k)
+    main = _utility(results)
+    ukeys = [main] if main else []
     prow = []
     for p in pts:
         prow.append(
