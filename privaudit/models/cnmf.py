@@ -255,6 +255,18 @@ class CNMF:
         k = self.n_components
         if d.vals.size == 0:
             raise ValueError("X has no observed ratings")
+        active = np.flatnonzero(d.n_col > 0)
+        if active.size < m:
+            # columns without ratings end at H = 0, b_H = 0: fit the rated columns only (this is
+            # what keeps the batched fit of many groups, mostly empty blocks, cheap)
+            sub_rank = None if col_rank is None else np.asarray(col_rank)[active]
+            self.fit(d.X[:, active], mu, rng, row_rank, sub_rank)
+            H = np.zeros((k, m))
+            H[:, active] = self.H_
+            b_H = np.zeros(m)
+            b_H[active] = self.b_H_
+            self.H_, self.b_H_ = H, b_H
+            return self
         self.mu_ = float(np.mean(d.vals)) if mu is None else float(mu)
         mu_eff = self.mu_ if self.biased else 0.0
         W = rng.uniform(self.init_low, self.init_high, size=(n, k))
