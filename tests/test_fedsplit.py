@@ -267,3 +267,13 @@ def test_ml100k_groups_improve_and_the_attack_leaks_less_than_everything(ml100k)
         for f in (0.05, 0.5, 1.0)
     ]
     assert errs[0] > errs[1] > errs[2] > 0.005, errs
+
+
+def test_global_mean_weighted_by_ratings_option():
+    small = synthetic(n_users=40, n_items=60, seed=3)
+    res = FedSPLIT().run(small, {"n_iter": 5, "centralized": False, "global_mean": "ratings"}, (), 1)
+    t = res.transcript
+    pooled = np.concatenate([t.private(p)["ratings"] for p in _groups(t)]).mean()
+    assert res.model["mu_global"] == pytest.approx(pooled)
+    counts = [int(t.select("mean", sender=p)[0].payload["count"]) for p in _groups(t)]
+    assert counts == [t.private(p)["ratings"].size for p in _groups(t)]

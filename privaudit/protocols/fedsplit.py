@@ -270,7 +270,7 @@ class FedSPLIT(Protocol):
         for party in senders:
             received = channel.download({"mu": np.asarray(mu_global)})
             transcript.add(0, "server", party, "global_mean", received)
-        mu_clients = mu_global
+        mu_clients = float(received["mu"]) if N else mu_global  # what the groups received (same for all)
 
         # local CNMF of every group at once (Algorithm 1, lines 2-5)
         t0 = time.perf_counter()
