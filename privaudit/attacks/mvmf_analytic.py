@@ -230,9 +230,13 @@ def _round_stats(fv: FedMVMFView, parties: list[str], r: int, K: int) -> _Round 
         resid[idx] = np.maximum(np.trace(G, axis1=1, axis2=2) - evals[:, -1], 0.0)
         a[idx, :Lg] = np.matmul(GV, dd[:, :, None])[:, :, 0]
         b[idx] = np.matmul(GP, dd[:, :, None])[:, :, 0]
-        # V_i.d: gather the item rows, one batched product
-        VI = V[np.where(mask[idx, :Lg], items[idx, :Lg], 0)]
-        dv[idx, :Lg] = np.matmul(VI, dd[:, :, None])[:, :, 0] * mask[idx, :Lg]
+        # V_i.d: one product when the whole group sent the same item list (InclUnc), else a gather
+        its = items[idx, :Lg]
+        if np.all(its == its[0]) and np.all(mask[idx, :Lg]):
+            dv[idx, :Lg] = dd @ V[its[0]].T
+        else:
+            VI = V[np.where(mask[idx, :Lg], its, 0)]
+            dv[idx, :Lg] = np.matmul(VI, dd[:, :, None])[:, :, 0] * mask[idx, :Lg]
     pd = d @ P.T
     rows = lengths + p
     return _Round(r, np.asarray(users), items, mask, d, a, dv, b, pd, resid, rows)
@@ -567,13 +571,23 @@ class MVMFAnalytic(Attack):
                 same = np.zeros(len(users), bool)
             if same.any():  # usual case: the same item list as the reference, position by position
                 uu = users[same]
-                wr = np.where(mask[same], Wr[same, None], 0.0)
-                rh = rhat[same]
+                if len(uu) == n and np.array_equal(uu, np.arange(n)):
+                    uu = slice(None)  # every user, in order: in-place slices, no fancy indexing
+                allsame = bool(same.all())
+                wr = np.where(mask[same] if not allsame else mask, (Wr[same] if not allsame else Wr)[:, None], 0.0)
+                rh = rhat[same] if not allsame else rhat
                 S0[uu, :Lr] += wr
-                S1[uu, :Lr] += wr * rh
-                S2[uu, :Lr] += wr * rh**2
+                wr *= rh
+                S1[uu, :Lr] += wr
+                wr *= rh
+                S2[uu, :Lr] += wr
                 if unknown_c:
-                    SU[uu, :Lr] += wr * (rh - (1.0 - w) * t[same, None] * dv[same]) ** 2
+                    dvs = dv[same] if not allsame else dv
+                    ts = t[same] if not allsame else t
+                    e = rh - (1.0 - w) * ts[:, None] * dvs
+                    np.square(e, out=e)
+                    e *= np.where(mask[same] if not allsame else mask, (Wr[same] if not allsame else Wr)[:, None], 0.0)
+                    SU[uu, :Lr] += e
             if (~same).any():  # other item lists: align through a sorted (user, item) key table
                 if lookup is None:
                     big = np.int64(max(int(ref.max()), max(int(x.items.max()) for x in stats)) + 2)
