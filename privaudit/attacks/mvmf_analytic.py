@@ -405,6 +405,16 @@ class MVMFAnalytic(Attack):
 
     # ------------------------------------------------------------------ public API
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
+        # The work is batches of tiny (K x K, K x L) products: BLAS threads only add overhead,
+        # and on a busy machine their spinning multiplied the attack's time by >10 (measured).
+        try:
+            from threadpoolctl import threadpool_limits  # installed with scikit-learn
+        except ImportError:  # pragma: no cover
+            return self._run(view)
+        with threadpool_limits(limits=1, user_api="blas"):
+            return self._run(view)
+
+    def _run(self, view: View) -> Reconstruction:
         tic = time.perf_counter()
         missing = missing_config(view)
         if missing:
