@@ -12,6 +12,7 @@ existing-user validation NDCG@10 over the four scenarios (SemiALS/SGD x ObsOnly/
 printed (one JSON line each) and a Markdown table of the chosen point is printed at the end.
 
     python benchmarks/fedmvmf_validation.py [--data PATH] [--passes 2] [--log FILE]
+           [--start '{"K": 20, ...}'] [--grid '{"lam": [10, 30], ...}']
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=str(ML100K))
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--log", default=None, help="append every evaluated point (JSON lines) to this file")
+    ap.add_argument("--start", default=None, help="JSON dict overriding the starting point")
+    ap.add_argument("--grid", default=None, help="JSON dict {param: [values]} replacing the grid")
     args = ap.parse_args(argv)
     ds = load_dataset(args.data)
     val, _held_out = holdout_split(ds, 0.2, 100)
@@ -75,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         scen = SCORED_BY.get(param, SCENARIOS)
         return float(np.mean([evaluate(point, s)["ndcg@10"] for s in scen]))
 
-    point = dict(START)
+    point = {**START, **(json.loads(args.start) if args.start else {})}
+    grid = json.loads(args.grid) if args.grid else GRID
     for _ in range(args.passes):
-        for param, values in GRID.items():
+        for param, values in grid.items():
             best = max(values, key=lambda v: score({**point, param: v}, param))
             point[param] = best
             print(f"# {param} -> {best}", file=sys.stderr, flush=True)

@@ -175,7 +175,8 @@ def test_semials_solves_normal_equations(runs, scenario):
 def test_training_loss_decreases(small, scenario):
     res = FedMVMF().run(small, {"update": scenario[0], "unrated": scenario[1], "record_rounds": 0}, rng=1)
     loss = res.model["loss"]
-    assert loss[-1] < 0.5 * loss[0]
+    assert loss[-1] < 0.8 * loss[0]
+    assert loss[-1] < loss[: len(loss) // 2].min()
     assert np.all(np.isfinite(loss))
     assert len(res.transcript.select("state")) == 0 and len(res.transcript.select("grad_V")) == 0
 

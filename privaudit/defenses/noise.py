@@ -52,9 +52,14 @@ class _AdditiveNoise(Defense):
         if scale == 0.0 or not batch.payloads:
             return batch
         slots: list[tuple[int, str, np.ndarray]] = []
+        keys_of: dict[tuple, list[str]] = {}  # float_keys per payload signature (names, dtypes)
         for j, payload in enumerate(batch.payloads):
-            for key in batch.float_keys(payload):
-                slots.append((j, key, np.asarray(payload[key])))
+            arrays = {k: np.asarray(v) for k, v in payload.items()}
+            signature = tuple((k, a.dtype) for k, a in arrays.items())
+            keys = keys_of.get(signature)
+            if keys is None:
+                keys = keys_of[signature] = batch.float_keys(arrays)
+            slots.extend((j, key, arrays[key]) for key in keys)
         total = sum(a.size for _, _, a in slots)
         if total == 0:
             return batch
@@ -62,9 +67,10 @@ class _AdditiveNoise(Defense):
         payloads = [dict(p) for p in batch.payloads]
         offset = 0
         for j, key, arr in slots:
-            chunk = noise[offset : offset + arr.size].reshape(arr.shape)
-            offset += arr.size
-            payloads[j][key] = arr.astype(np.result_type(arr.dtype, np.float64)) + chunk
+            end = offset + arr.size
+            chunk = noise[offset:end].reshape(arr.shape)
+            offset = end
+            payloads[j][key] = (arr + chunk) if arr.dtype == np.float64 else arr.astype(np.float64) + chunk
         return dataclasses.replace(batch, payloads=payloads)
 
 

@@ -137,15 +137,15 @@ class FedMVMF(Protocol):
     description = "Federated multi-view matrix factorization (FedMVMF, privmvmf.txt §3): SemiALS/SGD x ObsOnly/InclUnc"
     default_attack = "mvmf-analytic"
     default_config: dict[str, Any] = {
-        "K": 10,
-        "alpha": 0.5,
-        "lam": 1.0,
-        "w": 0.1,
-        "eta": 0.01,
+        "K": 20,
+        "alpha": 2.0,
+        "lam": 10.0,
+        "w": 0.2,
+        "eta": 3e-4,
         "update": "semials",
         "unrated": "obsonly",
-        "epochs": 20,
-        "lr": 0.05,
+        "epochs": 40,
+        "lr": 0.2,
         "init_scale": 0.1,
         "record_rounds": 2,
         "test_fraction": 0.2,
