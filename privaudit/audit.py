@@ -363,8 +363,11 @@ def _mark_applicability(out: dict[str, Any]) -> None:
         undefended = [r["attacks"].get(a["name"], {}) for r in out["runs"] if r.get("defense") is None and "attacks" in r]
         supported = [s.get("supported", False) for s in undefended if "error" not in s]
         a["applies"] = bool(supported) and all(supported)
-        reasons = sorted({s.get("reason", "") for s in undefended if s.get("reason")} | {s["error"] for s in undefended if "error" in s})
-        a["reason"] = "; ".join(reasons)
+        a["reason"] = "; ".join(sorted({s.get("reason", "") for s in undefended if s.get("reason")}))
+        errors = sorted({s["error"] for s in undefended if "error" in s})
+        if errors:  # the attack crashed (a bug or a degenerate run), reported as such
+            a["errors"] = errors
+            a["reason"] = "; ".join(filter(None, [a["reason"], "failed: " + "; ".join(errors)]))
 
 
 # ------------------------------------------------------------------------------ matrix

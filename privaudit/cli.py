@@ -150,11 +150,12 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, default=None, metavar="N", help="run seeds SEED..SEED+N-1 (default 3)")
     p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
     p.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel points (default: all cores; 1 = sequential)")
+    p.add_argument("--scheduler", metavar="ADDRESS|local:N", help="run the points on a Dask cluster (scheduler address, or local:N workers)")
     p.add_argument("--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-<sweep>/)")
     p.add_argument("--quiet", action="store_true", help="do not print the table")
 
 
-_SIMULATION_ONLY = ("noise", "scales", "defense", "sweep", "set", "users", "seeds")
+_SIMULATION_ONLY = ("noise", "scales", "defense", "sweep", "set", "users", "seeds", "scheduler")
 
 
 @command("attack", "attack a simulated protocol (sweeping a defense) or a transcript; write a report")(_attack_args)
@@ -178,6 +179,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
             experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds,
             args.seed,
             experiment.default_jobs() if args.jobs is None else args.jobs,
+            scheduler=args.scheduler,
         )
         results = experiment.run_experiment(exp)
     out = reports.write_report(results, args.out)

@@ -240,6 +240,9 @@ class Experiment:
         The sweep is a noise-scale sweep (figures named ``accuracy_vs_noise``).
     progress : bool | None
         tqdm progress bar; None -> only when stderr is a terminal.
+    scheduler : str | None
+        Run the points on Dask (a scheduler address or ``local:N``) through joblib's Dask
+        backend (:func:`privaudit.audit.scheduler_context`); same numbers as locally.
     """
 
     protocol: str
@@ -255,6 +258,7 @@ class Experiment:
     jobs: int = 1
     noise: bool = False
     progress: bool | None = None
+    scheduler: str | None = None
 
     def run(self, dataset: Any = None) -> dict[str, Any]:
         """Run every point; the results dict (``results.json`` schema)."""
@@ -304,6 +308,7 @@ def build_experiment(
     seed: int = 0,
     jobs: int = 1,
     progress: bool | None = None,
+    scheduler: str | None = None,
 ) -> Experiment:
     """An :class:`Experiment` from command-line strings.
 
@@ -351,6 +356,7 @@ def build_experiment(
         jobs=jobs,
         noise=is_noise,
         progress=progress,
+        scheduler=scheduler,
     )
 
 
@@ -476,13 +482,21 @@ def _plan(exp: Experiment) -> tuple[list[_Task], dict[str, Any]]:
 
 
 def _defense_privacy(defenses: Sequence[Any], transcript: Any, names: Sequence[str] | None = None) -> dict[str, Any]:
-    """``privacy_spent`` of every defense that reports one, for the rounds a client took part in
-    (keyed by ``names`` when given: the registered names, resolved in the main process)."""
+    """``privacy_spent`` of every defense that reports one, for the rounds a client took part in:
+    the most distinct rounds any client uploaded in the transcript, or the protocol's public
+    ``epochs``/``rounds``/``global_rounds``/``n_rounds`` when larger (rounds run but not
+    recorded). Keyed by ``names`` when given (the registered names)."""
     rounds_by_client: dict[str, set[int]] = {}
     for m in transcript.messages:
         if m.sender != m.receiver and m.sender.startswith("client:"):
             rounds_by_client.setdefault(m.sender, set()).add(m.round)
     rounds = max((len(r) for r in rounds_by_client.values()), default=0)
+    # protocols record only some rounds (e.g. fedmvmf's record_rounds): count the rounds run
+    for key in ("epochs", "rounds", "global_rounds", "n_rounds"):
+        value = (transcript.config or {}).get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > rounds:
+            rounds = value
+            break
     out: dict[str, Any] = {}
     for k, d in enumerate(defenses):
         spent = d.privacy_spent(rounds)
@@ -610,7 +624,14 @@ def run_experiment(experiment: Experiment, dataset: Any = None) -> dict[str, Any
     if dataset is None:
         dataset = load_data(experiment.data)
     dataset = subsample_users(dataset, experiment.users, experiment.seed)
-    points = _map_points(tasks, dataset, int(experiment.jobs), experiment.progress, f"{header['protocol']} {header['sweep'] or ''}".strip())
+    desc = f"{header['protocol']} {header['sweep'] or ''}".strip()
+    if experiment.scheduler:
+        from privaudit.audit import scheduler_context
+
+        with scheduler_context(experiment.scheduler):
+            points = _map_points(tasks, dataset, -1, experiment.progress, desc)
+    else:
+        points = _map_points(tasks, dataset, int(experiment.jobs), experiment.progress, desc)
     return _assemble(header, dataset.summary(), points, time.perf_counter() - t0, source=experiment.data, users=experiment.users)
 
 

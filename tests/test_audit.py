@@ -98,9 +98,7 @@ def test_dask_cluster_reproduces_local_numbers(dummy_registry, ds):
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
         remote = au.run_audit(au.Audit("dummy-proto", seeds=2, defenses=["dummy-noise"], scheduler=cluster.scheduler_address), dataset=ds)
         exp = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1,10", seeds=2)
-        with au.scheduler_context(cluster.scheduler_address) as backend:
-            assert backend.startswith("dask scheduler")
-            sweep_dask = ex.run_experiment(ex.Experiment(**{**exp.__dict__, "jobs": 2}), dataset=ds)
+        sweep_dask = ex.run_experiment(ex.Experiment(**{**exp.__dict__, "scheduler": cluster.scheduler_address}), dataset=ds)
     assert remote["timing"]["backend"].startswith("dask scheduler")
     assert strip_timings(local)["runs"] == strip_timings(remote)["runs"]
     assert strip_timings(local)["matrix"] == strip_timings(remote)["matrix"]
