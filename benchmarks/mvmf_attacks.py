@@ -100,6 +100,9 @@ def main(argv=None) -> int:
             tic = time.perf_counter()
             tr = transcript_for(dataset, scenario, scale, args.seed, args.epochs)
             gen = time.perf_counter() - tic
+            if not rows:
+                keys = ("K", "alpha", "lam", "w", "eta", "epochs", "record_rounds", "lr", "init_scale")
+                print("protocol config:", {k: tr.config.get(k) for k in keys})
             rec_a, t_a, c_a = timed_run(analytic_cls(), tr, args.seed)
             n_a = len(rec_a.victims)
             m_a = score(rec_a, tr)
