@@ -1,0 +1,161 @@
+"""``proto-membership``: membership inference on FedProto's prototypes (DESIGN.md).
+
+The server holds the k prototypes P_h each silo sent (kind ``prototypes``). Given a candidate
+row x (a user's rating vector), it decides whether x was in silo h's training data: members
+pulled the prototypes (k-means centres, or the rows themselves for ``random``) towards them, so
+the membership score is the negative squared distance to the nearest prototype,
+
+    ``score="distance"``: -min_j ||x - p_j||^2
+    ``score="relative"`` (default): -(min_j ||x - p_j||^2 - ||x||^2) / max(||x||^2, 1)
+        (how much closer than the empty row the nearest prototype is, per unit of the row's
+        own norm; removes the row-norm effect that dominates raw distances of sparse rows).
+
+Prior knowledge (:meth:`prior_knowledge`, granted from the transcript): for every silo h the
+candidate rows — up to ``n_members`` of its training rows (members) and as many rows of other
+silos (non-members) — and ``n_calibration`` further rows of other silos, known to be outside
+h (the "rows known to be outside" that calibrate the threshold). Which candidates are members
+is hidden from the attack. The decision threshold is the (1 - ``fpr``) quantile of the
+calibration rows' scores (a member is declared when its score exceeds it).
+
+Metrics: ``auc`` (mean over silos of the per-silo AUC of the scores, Mann-Whitney),
+``auc_pooled`` (one AUC over all silos' candidates), ``advantage`` = TPR - FPR of the
+calibrated decisions over all candidates, ``tpr``, ``fpr``. Baseline: AUC 0.5, advantage 0.
+Default sweep: none of its own — ``--defense dp-prototypes`` sweeps epsilon (10, 1, 0.1);
+sweep k with ``--sweep protocol.k=...``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.errors import PrivauditError
+from privaudit.metrics import auc
+from privaudit.registry import register_attack
+from privaudit.transcript import Transcript, View
+
+
+def _silo_rows(transcript: Transcript) -> tuple[list[str], list[np.ndarray], sp.csr_matrix]:
+    """Silo parties, their dataset user ids, and the training rows of every user (n x m CSR)."""
+    m = int(transcript.config["n_items"])
+    parties, ids, rows, cols, vals = [], [], [], [], []
+    for p in transcript.parties:
+        priv = transcript.private(p)
+        if not priv or "user_ids" not in priv:
+            continue
+        u = np.asarray(priv["user_ids"], dtype=np.int64)
+        parties.append(p)
+        ids.append(u)
+        rows.append(u[np.asarray(priv["users"], dtype=np.int64)])
+        cols.append(np.asarray(priv["items"], dtype=np.int64))
+        vals.append(np.asarray(priv["ratings"], dtype=np.float64))
+    n = int(max((u.max() for u in ids if u.size), default=-1)) + 1
+    R = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, m)) if ids else sp.csr_matrix((0, m))
+    return parties, ids, R
+
+
+def membership_scores(X: Any, P: np.ndarray, kind: str = "relative") -> np.ndarray:
+    """Membership scores of the rows of ``X`` (c x m) against prototypes ``P`` (k x m); higher
+    = more likely a member (module docstring)."""
+    X = X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
+    P = np.asarray(P, dtype=np.float64)
+    x2 = (X * X).sum(1)
+    d = np.maximum(x2[:, None] - 2.0 * X @ P.T + (P * P).sum(1)[None, :], 0.0).min(axis=1)
+    if kind == "distance":
+        return -d
+    return -(d - x2) / np.maximum(x2, 1.0)
+
+
+@register_attack("proto-membership")
+class ProtoMembership(Attack):
+    """Was this row in the silo? Distance to the silo's nearest prototype, calibrated on rows
+    known to be outside."""
+
+    description = "membership inference from FedProto prototypes (nearest-prototype distance); AUC, advantage"
+    party = "server"
+    protocols = ("fedproto",)
+    requires = ("prototypes",)
+    primary_metric = "auc"
+    params = {"score": "relative", "fpr": 0.1, "n_members": 100, "n_calibration": 100}
+    param_help = {
+        "score": "'relative' (distance gain over the empty row, per row norm) or 'distance'",
+        "fpr": "false-positive rate the threshold is calibrated to on the outside rows",
+        "n_members": "members (and as many non-members) per silo among the candidates (0: all)",
+        "n_calibration": "rows of other silos known to be outside, per silo",
+    }
+
+    def validate(self) -> None:
+        if self.config["score"] not in ("relative", "distance"):
+            raise PrivauditError(f"attack 'proto-membership': score must be relative or distance, got {self.config['score']!r}")
+        if not 0.0 < float(self.config["fpr"]) < 1.0:
+            raise PrivauditError(f"attack 'proto-membership': fpr must be in (0, 1), got {self.config['fpr']!r}")
+        for key in ("n_members", "n_calibration"):
+            if isinstance(self.config[key], bool) or not isinstance(self.config[key], int) or self.config[key] < 0:
+                raise PrivauditError(f"attack 'proto-membership': {key} must be a non-negative integer")
+
+    def prior_knowledge(self, transcript: Transcript, rng: np.random.Generator) -> dict[str, Any]:
+        """Per silo: candidate user ids and rows (members and outsiders, shuffled) and
+        calibration rows of outsiders (disjoint from the candidates)."""
+        parties, ids, R = _silo_rows(transcript)
+        owner = np.full(R.shape[0], -1, dtype=np.int64)
+        for h, u in enumerate(ids):
+            owner[u] = h
+        out: dict[str, Any] = {}
+        nm, nc = int(self.config["n_members"]), int(self.config["n_calibration"])
+        for h, party in enumerate(parties):
+            members = ids[h]
+            if nm and members.size > nm:
+                members = rng.choice(members, size=nm, replace=False)
+            outside = rng.permutation(np.flatnonzero((owner >= 0) & (owner != h)))
+            non = outside[: members.size]
+            calib = outside[members.size : members.size + (nc or outside.size)]
+            cand = rng.permutation(np.concatenate([members, non]))
+            out[party] = {"user_ids": cand, "rows": R[cand], "calibration": R[calib]}
+        return {"silos": out}
+
+    def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
+        victims: dict[str, dict[str, np.ndarray]] = {}
+        q = 1.0 - float(self.config["fpr"])
+        for party, know in knowledge.get("silos", {}).items():
+            msgs = view.select("prototypes", sender=party)
+            if not msgs or "prototypes" not in msgs[-1].payload:
+                continue
+            P = np.asarray(msgs[-1].payload["prototypes"], dtype=np.float64)
+            s = membership_scores(know["rows"], P, self.config["score"])
+            c = membership_scores(know["calibration"], P, self.config["score"])
+            tau = float(np.quantile(c, q)) if c.size else float("inf")
+            victims[party] = {"user_ids": np.asarray(know["user_ids"]), "scores": s, "member": s > tau, "threshold": np.asarray(tau)}
+        if not victims:
+            return self.unsupported("no silo's prototypes and candidates to test")
+        return Reconstruction(self.name, self.party, victims, meta={"score": self.config["score"]})
+
+    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+        aucs, labels_all, scores_all, dec_all = [], [], [], []
+        for party, rec in reconstruction.victims.items():
+            members = np.asarray(transcript.private(party).get("user_ids", np.zeros(0, dtype=np.int64)))
+            y = np.isin(rec["user_ids"], members)
+            if y.all() or not y.any():
+                continue
+            aucs.append(auc(y, rec["scores"]))
+            labels_all.append(y)
+            scores_all.append(np.asarray(rec["scores"]))
+            dec_all.append(np.asarray(rec["member"], dtype=bool))
+        if not aucs:
+            return dict(self.baseline(transcript))
+        y = np.concatenate(labels_all)
+        d = np.concatenate(dec_all)
+        tpr = float(d[y].mean())
+        fpr = float(d[~y].mean())
+        return {
+            "auc": float(np.mean(aucs)),
+            "auc_pooled": auc(y, np.concatenate(scores_all)),
+            "advantage": tpr - fpr,
+            "tpr": tpr,
+            "fpr": fpr,
+        }
+
+    def baseline(self, transcript: Transcript) -> dict[str, float]:
+        return {"auc": 0.5, "auc_pooled": 0.5, "advantage": 0.0, "tpr": float(self.config["fpr"]), "fpr": float(self.config["fpr"])}

@@ -1,0 +1,107 @@
+"""``dp-prototypes``: FedProto's epsilon-DP prototype mechanism (dp-prototypes.txt Algorithms 2-6).
+
+The mechanism itself (JL projection, private-partition candidates over shifted grids,
+localswap by the exponential mechanism, Gumbel top-s / Laplace sparse recovery, and the split
+of epsilon across those steps with the argument that the whole is epsilon-DP, Theorem 3.1)
+lives in :mod:`privaudit.models.private_kmeans`; read its docstring for the budget split.
+
+How it plugs into ``fedproto``
+------------------------------
+A silo's prototype upload (kind ``prototypes``) passes through :meth:`Channel.send`. When the
+protocol's prototypes are ``dp`` (``prototypes=auto`` picks ``dp`` whenever this defense is
+active), each silo hands the channel its raw rows (``rows``: n_h x m dense float64, with the
+public entry bound ``Lambda`` in the batch meta) and this defense's :meth:`on_upload` replaces
+them by k epsilon-DP prototypes (``prototypes``: k x m) before anything leaves the silo — the
+server, and the transcript, see only the prototypes. ``k = 0`` (default) takes the protocol's
+``k``; ``s = 0`` takes the protocol's public sparsity bound ``s``. ``epsilon`` is the strength
+(default grid 10, 1, 0.1: weakest to strongest protection). ``privacy_spent`` is
+(epsilon, 0) per silo: one upload, pure epsilon-DP per user of the silo (parallel composition
+over silos; delta only sets the number of trials and grids).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from privaudit.defenses.base import Defense, UploadBatch
+from privaudit.errors import PrivauditError
+from privaudit.models.private_kmeans import private_prototypes
+from privaudit.registry import register_defense
+
+if TYPE_CHECKING:  # pragma: no cover
+    from privaudit.protocols.base import Channel
+
+
+@register_defense("dp-prototypes")
+class DPPrototypes(Defense):
+    """Each silo uploads k epsilon-DP prototypes of its rows instead of anything exact."""
+
+    description = "epsilon-DP prototypes (private k-means of Balcan et al. + Gumbel/Laplace sparse recovery), FedProto"
+    params = {"epsilon": 1.0, "delta": 0.1, "k": 0, "s": 0, "trials": 0, "swap_iters": 100}
+    param_help = {
+        "epsilon": "total privacy budget of a silo's prototypes (pure epsilon-DP per user)",
+        "delta": "sets the trials T = ceil(2 ln(1/delta)), grids and thresholds (utility knob, not a privacy loss)",
+        "k": "prototypes per silo (0: the protocol's k)",
+        "s": "public bound on non-zeros per row / per prototype (0: the protocol's s)",
+        "trials": "override T (0: ceil(2 ln(1/delta)); the authors' code uses 1)",
+        "swap_iters": "localswap iterations (the paper's n/delta, capped for speed; total budget unchanged)",
+    }
+    strength = "epsilon"
+    default_grid = (10.0, 1.0, 0.1)
+    applies_to = ("fedproto",)
+
+    def validate(self) -> None:
+        c = self.config
+        for name in ("epsilon", "delta"):
+            v = c[name]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise PrivauditError(f"defense 'dp-prototypes': {name} must be a positive number, got {v!r}")
+            c[name] = float(v)
+        if c["delta"] >= 1:
+            raise PrivauditError(f"defense 'dp-prototypes': delta must be below 1, got {c['delta']!r}")
+        for name in ("k", "s", "trials", "swap_iters"):
+            v = c[name]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise PrivauditError(f"defense 'dp-prototypes': {name} must be a non-negative integer, got {v!r}")
+
+    def prototypes(self, rows: Any, k: int, s: int, Lambda: float, rng: np.random.Generator) -> tuple[np.ndarray, dict]:
+        """k (or this defense's k) DP prototypes of ``rows`` (n x m); (k x m) and info."""
+        from threadpoolctl import threadpool_limits
+
+        c = self.config
+        with threadpool_limits(1):
+            res = private_prototypes(
+                rows,
+                int(c["k"] or k),
+                c["epsilon"],
+                c["delta"],
+                float(Lambda),
+                int(c["s"] or s),
+                rng,
+                trials=c["trials"] or None,
+                swap_iters=c["swap_iters"],
+            )
+        return res.prototypes, res.info
+
+    def on_upload(self, batch: UploadBatch, channel: "Channel") -> UploadBatch:
+        if batch.kind != "prototypes" or not any("rows" in p for p in batch.payloads):
+            return batch
+        k = int(batch.meta.get("k", 10))
+        s = int(batch.meta.get("s", 0))
+        Lambda = float(batch.meta["Lambda"])
+        payloads = []
+        for p in batch.payloads:
+            if "rows" not in p:
+                payloads.append(p)
+                continue
+            rows = p["rows"]
+            P, _ = self.prototypes(rows, k, s or rows.shape[1], Lambda, channel.rng)
+            payloads.append({"prototypes": P})
+        return dataclasses.replace(batch, payloads=payloads, meta={**batch.meta, "dp": True, "epsilon": self.config["epsilon"]})
+
+    def privacy_spent(self, rounds: int) -> dict[str, float] | None:
+        return {"epsilon": float(self.config["epsilon"]) * max(int(rounds), 0), "delta": 0.0}
