@@ -21,9 +21,10 @@ Batched clients
 :func:`train_clients` trains C clients of one round *together*: every client gets its own copy
 of the network (stacked, leading dimension C), its user vector and the rows of the item table
 it trains on (its local items, padded to the largest local set). The per-client forward pass is
-vectorised over clients with ``torch.func.vmap`` and the gradients of the sum of the clients'
+vectorised over clients (:func:`forward_stacked`, batched matrix products; the same
+function as ``torch.func.vmap(forward)``) and the gradients of the sum of the clients'
 losses are each client's own gradients (the clients share no parameter). Adam runs per client
-(explicit update with per-client step counters), so a client whose local data is exhausted
+(torch's fused Adam kernel on the stacked tensors of the clients still active), so a client whose local data is exhausted
 stops exactly where a sequential per-client loop would stop. :func:`train_clients_loop` is that
 sequential reference (``torch.optim.Adam``, one client at a time); the two agree to float32
 rounding (tests/test_fedncf.py; benchmarks/fedncf_batched.py times them).
@@ -152,6 +153,27 @@ def forward(arch: str, D: int, n_layers: int, net: dict[str, Any], u: Any, i: An
     return z @ net["predict.weight"] + net["predict.bias"][0]
 
 
+def forward_stacked(arch: str, D: int, n_layers: int, net: dict[str, Any], u: Any, i: Any) -> Any:
+    """Logits (C, B) of C clients at once: ``net`` stacked (C, ...), ``u`` (C, Dtot), ``i`` (C, B, Dtot).
+
+    The same function as ``vmap(forward)`` written with batched matrix products (``baddbmm``),
+    which avoids vmap's per-call Python overhead in the training loop.
+    """
+    torch = require_torch()
+    parts = []
+    if arch in ("gmf", "neumf"):
+        parts.append(u[:, None, :D] * i[..., :D])
+    if arch in ("mlp", "neumf"):
+        off = D if arch == "neumf" else 0
+        B = i.shape[1]
+        h = torch.cat([u[:, None, off : off + D].expand(-1, B, -1), i[..., off : off + D]], dim=-1)
+        for l in range(n_layers):
+            h = torch.relu(torch.baddbmm(net[f"mlp.{l}.bias"][:, None, :], h, net[f"mlp.{l}.weight"].transpose(1, 2)))
+        parts.append(h)
+    z = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    return torch.bmm(z, net["predict.weight"][:, :, None])[..., 0] + net["predict.bias"]
+
+
 def _cat_last(torch: Any, *xs: Any) -> Any:
     """Concatenate on the last axis after broadcasting the leading axes."""
     lead = torch.broadcast_shapes(*(x.shape[:-1] for x in xs))
@@ -193,15 +215,15 @@ def make_batches(
     return index, valid
 
 
-def _adam_step(p: Any, g: Any, m: Any, v: Any, step: int, lr: float) -> None:
-    """In-place Adam step with torch.optim.Adam's single-tensor formula (same operations)."""
+def _adam_step(params: list, grads: list, ms: list, vs: list, step: int, lr: float) -> None:
+    """In-place Adam step on several tensors with the kernel of ``torch.optim.Adam(fused=True)``."""
+    torch = require_torch()
     b1, b2 = ADAM_BETAS
-    m.lerp_(g, 1 - b1)
-    v.mul_(b2).addcmul_(g, g, value=1 - b2)
-    bc1 = 1 - b1**step
-    bc2_sqrt = (1 - b2**step) ** 0.5
-    denom = (v.sqrt() / bc2_sqrt).add_(ADAM_EPS)
-    p.addcdiv_(m, denom, value=-(lr / bc1))
+    st = torch.tensor(float(step))
+    torch._fused_adam_(
+        params, [g.contiguous() for g in grads], ms, vs, [], [st] * len(params),
+        lr=lr, beta1=b1, beta2=b2, weight_decay=0.0, eps=ADAM_EPS, amsgrad=False, maximize=False,
+    )
 
 
 def train_clients(
@@ -219,6 +241,7 @@ def train_clients(
     lr: float = 1e-3,
     dp: tuple[float, float] | None = None,
     noise_seed: int = 0,
+    n_rows: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Local training of C clients at once (fedncf.txt Algorithm 2, the plain update part).
 
@@ -242,6 +265,11 @@ def train_clients(
         DP-SGD: per-sample clipping to ``clip`` and Gaussian noise ``noise_multiplier * clip``
         (module docstring). Every item row then receives noise, so pass all items as local rows.
     noise_seed : seed of the torch generator of the DP noise.
+    n_rows : (C,) int, optional
+        Number of real (unpadded) local rows of each client (default L). Internally the rows of
+        all clients are stored unpadded in one (sum n_rows, Dtot) tensor, clients ordered by
+        their step counts, so the rows of the clients still active form a contiguous prefix and
+        Adam touches no padding.
 
     Returns
     -------
@@ -261,8 +289,12 @@ def train_clients(
     inverse = np.argsort(order)
     item_rows, users, inst_item, inst_label = item_rows[order], users[order], inst_item[order], inst_label[order]
     index, valid, n_steps = index[order], valid[order], n_steps[order]
+    rows_per = np.full(C, L, dtype=np.int64) if n_rows is None else np.asarray(n_rows, dtype=np.int64)[order]
+    off = np.concatenate([[0], np.cumsum(rows_per)])
+    flat_rows = np.concatenate([item_rows[c, : rows_per[c]] for c in range(C)]) if C else np.zeros((0, Dt), np.float32)
+    inst_item = inst_item + off[:-1, None]  # rows of the flat table
     P_net = {k: torch.tensor(np.broadcast_to(net[k], (C,) + net[k].shape).copy()) for k in names}
-    P_item = torch.tensor(item_rows, dtype=torch.float32)
+    P_item = torch.tensor(flat_rows, dtype=torch.float32)
     P_user = torch.tensor(users, dtype=torch.float32)
     params = [P_user, P_item] + [P_net[k] for k in names]
     m_state = [torch.zeros_like(p) for p in params]
@@ -271,13 +303,7 @@ def train_clients(
     inst_label_t = torch.as_tensor(inst_label, dtype=torch.float32)
     index_t = torch.as_tensor(index)
     valid_t = torch.as_tensor(valid, dtype=torch.float32)
-    rows_c = torch.arange(C)[:, None]
     S, B = index.shape[1], index.shape[2]
-
-    def client_logits(netc, u, i):
-        return forward(arch, D, n_layers, netc, u, i)
-
-    batched_logits = vmap(client_logits, in_dims=(0, 0, 0))
 
     if dp is not None:
         sigma, clip = float(dp[0]), float(dp[1])
@@ -295,18 +321,23 @@ def train_clients(
             break
         w = valid_t[:a, s]  # (a, B)
         inst = index_t[:a, s]
-        local = torch.gather(inst_item_t[:a], 1, inst)  # (a, B) local item rows
+        local = torch.gather(inst_item_t[:a], 1, inst)  # (a, B) rows of the flat item table
+        flat_idx = local.reshape(-1)
+        n_act = int(off[a])
         y = torch.gather(inst_label_t[:a], 1, inst)
         count = w.sum(1).clamp(min=1)
-        cur = [p[:a] for p in params]
+        cur = [params[0][:a], params[1][:n_act]] + [p[:a] for p in params[2:]]
         if dp is None:
-            leaves = [c.detach().requires_grad_(True) for c in cur]
-            irows = leaves[1][rows_c[:a], local]  # (a, B, Dt)
-            logits = batched_logits(dict(zip(names, leaves[2:])), leaves[0], irows)
+            # gradient w.r.t. the gathered rows, scattered back into each client's table
+            irows = cur[1][local].requires_grad_(True)  # (a, B, Dt)
+            leaves = [cur[0].detach().requires_grad_(True)] + [c.detach().requires_grad_(True) for c in cur[2:]]
+            logits = forward_stacked(arch, D, n_layers, dict(zip(names, leaves[1:])), leaves[0], irows)
             loss = ((_bce(logits, y) * w).sum(1) / count).sum()
-            grads = torch.autograd.grad(loss, leaves)
+            g = torch.autograd.grad(loss, [irows] + leaves)
+            g_item = torch.zeros_like(cur[1]).index_add_(0, flat_idx, g[0].reshape(-1, Dt))
+            grads = [g[1], g_item] + list(g[2:])
         else:
-            irows = cur[1][rows_c[:a], local]
+            irows = cur[1][local]
             g_net, g_u, g_i = ps_grad(dict(zip(names, cur[2:])), cur[0], irows, y)
             sq = g_u.pow(2).sum(-1) + g_i.pow(2).sum(-1)
             for k in names:
@@ -314,17 +345,22 @@ def train_clients(
             factor = (clip / (sq.sqrt() + 1e-6)).clamp(max=1.0) * w  # (a, B)
             denom = float(B)  # Opacus divides by the expected batch size
             gu = (g_u * factor[..., None]).sum(1)
-            gi = torch.zeros_like(cur[1]).index_put_((rows_c[:a].expand_as(local), local), g_i * factor[..., None], accumulate=True)
+            gi = torch.zeros_like(cur[1]).index_add_(0, flat_idx, (g_i * factor[..., None]).reshape(-1, Dt))
             gn = [(g_net[k] * factor.view(a, B, *([1] * (g_net[k].dim() - 2)))).sum(1) for k in names]
             grads = []
             for g in [gu, gi] + gn:
                 noise = torch.normal(0.0, sigma * clip, size=g.shape, generator=gen)
                 grads.append((g + noise) / denom)
-        for p, g, m, v in zip(cur, grads, m_state, v_state):
-            _adam_step(p, g, m[:a], v[:a], s + 1, lr)
+        ms = [m_state[0][:a], m_state[1][:n_act]] + [m[:a] for m in m_state[2:]]
+        vs = [v_state[0][:a], v_state[1][:n_act]] + [v[:a] for v in v_state[2:]]
+        _adam_step(cur, list(grads), ms, vs, s + 1, lr)
+    flat_out = P_item.numpy()
+    items_out = item_rows.copy()
+    for c in range(C):
+        items_out[c, : rows_per[c]] = flat_out[off[c] : off[c + 1]]
     return {
         "net": {k: P_net[k].numpy()[inverse] for k in names},
-        "items": P_item.numpy()[inverse],
+        "items": items_out[inverse],
         "users": P_user.numpy()[inverse],
         "steps": n_steps[inverse],
     }
@@ -345,7 +381,7 @@ def train_clients_loop(
     lr: float = 1e-3,
 ) -> dict[str, np.ndarray]:
     """The sequential reference of :func:`train_clients`: one client at a time, one
-    ``torch.optim.Adam`` per client, one Python iteration per mini-batch (no DP)."""
+    ``torch.optim.Adam(fused=True)`` per client, one Python iteration per mini-batch (no DP)."""
     torch = require_torch()
     C = item_rows.shape[0]
     n_layers = len(layers) if arch in ("mlp", "neumf") else 0
@@ -358,7 +394,7 @@ def train_clients_loop(
         p_net = {k: torch.tensor(net[k], requires_grad=True) for k in names}
         p_item = torch.tensor(item_rows[c], requires_grad=True)
         p_user = torch.tensor(users[c], requires_grad=True)
-        opt = torch.optim.Adam([p_user, p_item] + [p_net[k] for k in names], lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS)
+        opt = torch.optim.Adam([p_user, p_item] + [p_net[k] for k in names], lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, fused=True)
         items_c = torch.as_tensor(inst_item[c])
         labels_c = torch.as_tensor(inst_label[c], dtype=torch.float32)
         for s in range(index.shape[1]):

@@ -407,6 +407,7 @@ class FedNCF(Protocol):
             lr=cfg["lr"],
             dp=(dp.noise_multiplier, dp.max_grad_norm) if dp is not None else None,
             noise_seed=int(rng.integers(2**63)),
+            n_rows=np.array([len(x) for x in local]),
         )
         users[cohort] = out["users"]
         agg = cfg["aggregation"]
