@@ -7,7 +7,7 @@ Prints NDCG@10, precision, recall, F1 for existing users, cold-start users and c
 items, and the relative difference.
 
     python benchmarks/privmvmf_utility.py [--data PATH] [--epochs 5] [--rho 1] [--key-length 512]
-           [--users N] [--jobs 1]
+           [--users N] [--jobs 1] [--set KEY=VALUE ...]
 
 The key length does not change the decrypted sums (exact fixed-point sums for any key), only
 the time; 512 bits keeps a full ML-100K run at a few minutes per epoch.
@@ -38,22 +38,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--users", type=int, default=0, help="subsample this many users (0: all)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="protocol config value (repeatable)")
     args = ap.parse_args(argv)
     ds = synthetic() if args.data == "synthetic" else load_dataset(args.data)
     if args.users:
         idx = np.sort(np.random.default_rng(args.seed).choice(ds.n_users, args.users, replace=False))
         ds = ds.subset_users(idx)
     cfg = {"epochs": args.epochs, "update": "semials", "record_rounds": 1}
+    cfg.update(dict(item.split("=", 1) for item in args.set))
+    cfg = get("protocol", "fedmvmf").resolve_config(cfg)
     sampling = get("defense", "sampling")
+    w = float(cfg["w"])  # both runs sample with the protocol's w (eq. 36)
     paillier = get("defense", "paillier")
     t0 = time.perf_counter()
-    fed = get("protocol", "fedmvmf")().run(ds, cfg, [sampling(rho=args.rho)], rng=args.seed)
+    fed = get("protocol", "fedmvmf")().run(ds, cfg, [sampling(rho=args.rho, w=w)], rng=args.seed)
     t1 = time.perf_counter()
     priv = get("protocol", "privmvmf")().run(
-        ds, cfg, [sampling(rho=args.rho), paillier(key_length=args.key_length, jobs=args.jobs)], rng=args.seed
+        ds, cfg, [sampling(rho=args.rho, w=w), paillier(key_length=args.key_length, jobs=args.jobs)], rng=args.seed
     )
     t2 = time.perf_counter()
-    print(f"data={ds.summary()} epochs={args.epochs} rho={args.rho} key_length={args.key_length}")
+    print(f"data={ds.summary()} rho={args.rho} key_length={args.key_length}")
+    print("config: " + ", ".join(f"{k}={cfg[k]}" for k in ("K", "alpha", "lam", "w", "lr", "epochs", "update", "unrated")))
     print(f"FedMVMF {t1 - t0:.1f}s, PrivMVMF {t2 - t1:.1f}s")
     print(f"{'metric':24s} {'FedMVMF':>10s} {'PrivMVMF':>10s} {'diff %':>9s}")
     worst = 0.0

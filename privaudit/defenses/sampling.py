@@ -37,7 +37,7 @@ from privaudit.registry import register_defense
 
 FILLINGS = ("weight", "ua", "hf")
 DISTRIBUTIONS = ("uniform", "popularity")
-DEFAULT_W = 0.1  # used when neither the defense nor the protocol sets the weight of sampled items
+DEFAULT_W = 0.2  # last resort when neither the defense nor FedMVMF's defaults give the weight
 
 
 def sample_unrated(
@@ -146,7 +146,7 @@ class SamplingDefense(Defense):
     param_help = {
         "rho": "sampled unrated items per rated item (0 = off)",
         "filling": "virtual ratings: weight (0 with confidence w, PrivMVMF eq. 36), ua (user average), hf (hybrid, FedRec)",
-        "w": "confidence of sampled items for filling=weight (default: the protocol's w, else 0.1)",
+        "w": "confidence of sampled items for filling=weight (default: privmvmf's w, else FedMVMF's default w)",
         "distribution": "uniform (papers) or popularity (sample unrated items like rated ones; extension)",
         "popularity_floor": "added to every item's rating count for distribution=popularity",
         "t_predict": "FedRec HF: round after which virtual ratings become local predictions",
@@ -179,8 +179,19 @@ class SamplingDefense(Defense):
 
     @property
     def weight(self) -> float:
-        """Confidence of sampled items (filling=weight): ``w`` or :data:`DEFAULT_W`."""
-        return DEFAULT_W if self.config["w"] is None else float(self.config["w"])
+        """Confidence of sampled items (filling=weight).
+
+        ``w`` if set; otherwise FedMVMF's default ``w`` (``privmvmf`` fills in its own ``w``
+        before training; with ``fedmvmf`` and a non-default ``w``, set the defense's ``w`` too).
+        """
+        if self.config["w"] is not None:
+            return float(self.config["w"])
+        try:
+            from privaudit.protocols.fedmvmf import FedMVMF
+
+            return float(FedMVMF.default_config["w"])
+        except Exception:  # pragma: no cover - fedmvmf ships with privaudit
+            return DEFAULT_W
 
     def on_client_data(self, data: Any, rng: np.random.Generator) -> Any:
         """Add the virtual entries to a :class:`ClientData` (other data passes unchanged)."""
