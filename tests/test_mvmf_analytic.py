@@ -78,10 +78,11 @@ def test_sgd_obsonly_needs_two_rounds(small):
     assert out.metrics["rating_accuracy"] == out.baseline["rating_accuracy"]
 
 
-def test_sampling_defense_virtual_items_decided(small):
+@pytest.mark.parametrize("update,rho,w", [("semials", 1.0, None), ("semials", 1.0, 0.05), ("sgd", 0.5, None)])
+def test_sampling_defense_virtual_items_decided(small, update, rho, w):
     """PrivMVMF-style sampling without encryption: sampled items (weight w, rating 0) are told apart exactly."""
-    samp = registry.get("defense", "sampling")(rho=1.0)
-    tr = _run(small, "semials", "obsonly", defenses=[samp])
+    samp = registry.get("defense", "sampling")(rho=rho, w=w)
+    tr = _run(small, update, "obsonly", defenses=[samp])
     m = _attack(tr).metrics
     assert m["rated_detection_accuracy"] >= 0.999
     assert m["rating_accuracy"] >= 0.999 and m["attribute_accuracy"] >= 0.999

@@ -387,6 +387,25 @@ def _attribute_groups(names: Any, p: int) -> list[np.ndarray]:
     return [np.asarray(groups[k]) for k in order]
 
 
+def _sampling_weight(entry: dict, w: float) -> float:
+    """Confidence c of the items a ``sampling`` defense added, from its public config entry.
+
+    A numeric ``w`` (or ``weight``) is used as is; otherwise the registered defense's own rule
+    (its ``weight`` property, e.g. FedMVMF's default w), else the protocol's ``w``.
+    """
+    for key in ("w", "weight"):
+        value = entry.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    try:
+        from privaudit.registry import get
+
+        params = {k: v for k, v in entry.items() if k != "name"}
+        return float(get("defense", "sampling")(**params).weight)
+    except Exception:  # a foreign or older sampling entry: the protocol's w
+        return w
+
+
 @register_attack("mvmf-analytic")
 class MVMFAnalytic(Attack):
     """Closed-form FedMVMF reconstruction: exact without noise, least squares + MAP under noise."""
@@ -432,9 +451,7 @@ class MVMFAnalytic(Attack):
         sampling = [dd for dd in cfg.get("defenses", []) if isinstance(dd, dict) and dd.get("name") == "sampling"]
         w_virtual = w
         for dd in sampling:
-            for key in ("weight", "w"):
-                if isinstance(dd.get(key), (int, float)) and not isinstance(dd.get(key), bool):
-                    w_virtual = float(dd[key])
+            w_virtual = _sampling_weight(dd, w)
         unknown_c = cfg["unrated"] == "inclunc" or bool(sampling)
         if unknown_c and w_virtual <= 0:
             return self.unsupported("unrated items with weight w = 0 carry no gradient (nothing to separate)")
