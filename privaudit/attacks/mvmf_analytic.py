@@ -92,6 +92,14 @@ Noise (Laplace/Gaussian defenses): the estimator
   gracefully to the majority guess instead of falling below it. The result is passed through
   :func:`privaudit.attacks._mvmf.round_ratings` / ``round_attributes`` (clip and round).
 
+Implementation notes: users are grouped into buckets of similar upload length (max/min <= 1.3)
+and padded per bucket, so one batched ``eigh`` of K x K Gram matrices and batched products
+serve a whole bucket; BLAS is limited to one thread inside the attack (the products are tiny;
+thread spinning made the attack >10x slower on a busy machine). The weight of items added by a
+``sampling`` defense is its public ``w`` if numeric, else the registered defense's own rule.
+Measured on MovieLens 100K (docs/reproduction.md, "mvmf-analytic"): exact in all four
+scenarios for all 943 users, 0.3-1.6 s CPU per scenario.
+
 Departures from DESIGN.md: the SGD null space is solved in the constrained least-squares form
 above (same solution without noise); SGD-InclUnc uses the one-round shortcut; decoding is MAP
 with an empirical prior rather than plain rounding (identical without noise).
