@@ -281,3 +281,27 @@ def test_unrecorded_rounds_train_identically(small, scenario):
     for key in ("U", "V", "P", "Q"):
         np.testing.assert_allclose(a[key], b[key], rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-12)
+
+
+def test_plain_sum_matches_scatter_add():
+    """Channel's plain sum (used for FedMVMF's grad_V) equals np.add.at, bit for bit."""
+    from privaudit.protocols.base import plain_sum
+
+    rng = np.random.default_rng(0)
+    m, K = 40, 3
+    cases = [
+        [{"items": np.arange(m), "values": rng.normal(size=(m, K))} for _ in range(30)],
+        [
+            {"items": np.sort(rng.choice(m, size, replace=False)), "values": rng.normal(size=(size, K))}
+            for size in rng.integers(0, m, 50)
+        ],
+        [{"items": np.array([3, 1, 3]), "values": rng.normal(size=(3, K))}, {"items": np.array([0]), "values": np.ones((1, K))}],
+    ]
+    for payloads in cases:
+        index = np.concatenate([p["items"] for p in payloads])
+        values = np.concatenate([p["values"] for p in payloads])
+        expected = np.zeros((m, K))
+        np.add.at(expected, index, values)
+        out = plain_sum(payloads, m)
+        np.testing.assert_array_equal(out["values"], expected)
+        np.testing.assert_array_equal(out["counts"], np.bincount(index, minlength=m))
