@@ -4,11 +4,14 @@ against rho.
 
 Every run appends one JSON line to ``--cache`` (runs already there are skipped, so the
 script resumes); ``--render`` turns the cache into Markdown tables and the figure
-``docs/fedrec_rho.png``. Long runs live here, not in the tests.
+``docs/figures/fedrec_rho.png``. Long runs live here, not in the tests.
 
     python benchmarks/fedrec_table2.py --parts table --models pmf-batch,pmf-sgd --folds 0,1,2,3,4 --jobs 2
     python benchmarks/fedrec_table2.py --parts rho --models pmf-batch --folds 0,1,2,3,4 --jobs 2
     python benchmarks/fedrec_table2.py --render
+
+Set OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 on a shared machine (multi-threaded BLAS is far
+slower under load).
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ def run_one(job: dict) -> dict:
     res = FedRec().run(ds, cfg, defenses, job["seed"])
     out = dict(job)
     out.update(rmse=res.utility["rmse"], mae=res.utility["mae"], seconds=time.perf_counter() - tic,
-               lam=res.transcript.config["lam_used"], chunk=res.transcript.config["chunk_used"])
+               lam=res.transcript.config["lam_used"], chunk=res.transcript.config["chunk_used"],
+               clipped_steps=res.utility.get("clipped_steps"))
     if job["rho"] > 0:
         outcome = FedRecRatedItems().evaluate(res.transcript, np.random.default_rng(0))
         out["attack"] = outcome.metrics
@@ -184,7 +188,7 @@ def main() -> None:
     ap.add_argument("--rhos", default="1,2,3")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cache", default=str(ROOT / "docs" / "fedrec_runs.jsonl"))
-    ap.add_argument("--figure", default=str(ROOT / "docs" / "fedrec_rho.png"))
+    ap.add_argument("--figure", default=str(ROOT / "docs" / "figures" / "fedrec_rho.png"))
     ap.add_argument("--render", action="store_true", help="only render the cache")
     args = ap.parse_args()
     cache = Path(args.cache)

@@ -195,3 +195,65 @@ def test_ml100k_pmf_batch_fold_and_attack(ml100k_path):
     res = FedRec().run(ds, {"T": 20, "record_rounds": [-1]}, [SamplingDefense(rho=1, filling="ua")], 0)
     out = FedRecRatedItems().evaluate(res.transcript, np.random.default_rng(0))
     assert out.metrics["auc"] > 0.9 and out.baseline["auc"] == 0.5
+
+
+# ---------------------------------------------------------------- audit regressions
+@pytest.fixture(scope="module")
+def tiny60():
+    from privaudit.experiment import subsample_users
+
+    return subsample_users(synthetic(), 60, 0)  # what `privaudit attack --protocol fedrec --users 60` trains on
+
+
+def test_small_synthetic_batch_is_stable_with_defaults(tiny60):
+    """Regression (audit): PMF(B) at the paper's lr 0.8 diverged to NaN on 60 synthetic users
+    (seed 0); the row-step clip keeps it finite, and without it divergence is a clear error."""
+    res = FedRec().run(tiny60, {"record_rounds": []}, [], 0)
+    assert np.isfinite(res.model["V"]).all() and res.utility["rmse"] < 1.3
+    assert res.utility["clipped_steps"] > 0
+    with pytest.raises(PrivauditError, match="diverged at iteration"):
+        FedRec().run(tiny60, {"record_rounds": [], "max_step": 0}, [], 0)
+
+
+def test_clip_rows():
+    step = np.array([[3.0, 4.0], [0.3, 0.4], [np.nan, 0.0]])
+    out, k = pmf.clip_rows(step, 1.0)
+    assert k == 2 and np.allclose(out[0], [0.6, 0.8]) and np.array_equal(out[1], step[1])
+    assert pmf.clip_rows(step[:2], 0)[1] == 0
+
+
+def test_attack_falls_back_on_nonfinite_uploads(small):
+    """Regression (audit): NaN uploads crashed the attack (LinAlgError); now that client gets the baseline guess."""
+    res = FedRec().run(small, {"T": 6}, [SamplingDefense(rho=2, filling="ua")], 1)
+    tr = res.transcript
+    msg = tr.select("grad_V", sender="client:3", round=5)[0]
+    msg.payload["values"][0, 0] = np.nan
+    msg = tr.select("grad_V", sender="client:4", round=5)[0]
+    msg.payload["values"][:] = np.inf
+    out = FedRecRatedItems().evaluate(tr, np.random.default_rng(0))
+    assert out.reconstruction.meta["fallback_users"] == 2
+    assert np.all(out.reconstruction.victims["client:3"]["score"] == 0.5)
+    assert out.reconstruction.victims["client:4"]["rated"].all()
+    assert out.metrics["auc"] > 0.9  # the other clients are still attacked
+
+
+def test_hf_defaults_follow_the_paper():
+    from privaudit.protocols.fedrec import hf_settings
+
+    assert hf_settings([SamplingDefense(rho=1, filling="hf")]) == ("hf", 10, 5)
+    assert hf_settings([SamplingDefense(rho=1, filling="hf", t_predict="0", t_local="2")]) == ("hf", 0, 2)
+    assert hf_settings([]) == (None, 0, 0)
+
+
+@pytest.mark.parametrize("filling", ["ua", "hf"])
+def test_cli_rho_sweep_end_to_end(tmp_path, filling):
+    """`privaudit attack --protocol fedrec --users 60 --defense sampling:filling=... --sweep sampling.rho=...`
+    runs and writes the report (lean: T=20, one seed, rho 0 and 2)."""
+    from privaudit.cli import main
+
+    out = tmp_path / filling
+    rc = main(["attack", "--protocol", "fedrec", "--users", "60", "--defense", f"sampling:filling={filling}",
+               "--sweep", "sampling.rho=0,2", "--seeds", "1", "--jobs", "1", "--set", "T=20", "--out", str(out), "--quiet"])
+    assert rc == 0
+    files = {p.name for p in out.iterdir()}
+    assert any(f.endswith(".png") for f in files) and any(f.endswith(".json") for f in files), files

@@ -34,6 +34,11 @@ exact for every walked item (the first one from the next pair's s_{k-1}). **SVD+
 the constant-U solution above (its error shrinks with the decayed learning rate, i.e. in late
 rounds) — departure: no exact sequential solver for SVD++.
 
+Robustness: a client whose uploads (or the server state they were computed against) contain
+NaN/inf, or whose geometry makes a linear-algebra routine fail, gets the baseline guess
+(every uploaded item "rated", score 0.5) instead of crashing the attack; their number is
+``meta["fallback_users"]``.
+
 Metrics: ``accuracy``, ``precision``, ``recall`` of the "rated" decision, ``auc`` of the
 score (:func:`privaudit.metrics.auc`), ``rating_accuracy`` (rounded implied rating equals the
 true rating, over the real items) — computed over every uploaded (user, item) pair of the
@@ -176,27 +181,46 @@ class FedRecRatedItems(Attack):
         sequential = cfg.get("model") == "pmf-sgd" and self.config["sequential"] and "lr_used" in cfg
 
         n_rec = len(recs)
+        fallback = np.array([not _finite(rec, svd) for rec in recs], dtype=bool)
         implied_all, resid_all = [], []
         if svd:
-            for rec in recs:
-                r_, res_ = _svdpp_implied(rec, lam)
+            for j, rec in enumerate(recs):
+                try:
+                    r_, res_ = _svdpp_implied(rec, lam) if not fallback[j] else _nan_pair(rec)
+                except np.linalg.LinAlgError:
+                    fallback[j] = True
+                    r_, res_ = _nan_pair(rec)
                 implied_all.append(r_)
                 resid_all.append(res_)
         elif sequential:
             lr_t = float(cfg["lr_used"]) * float(cfg.get("decay", 0.9)) ** rnd
-            implied_all, resid_all = _sgd_walk_implied(recs, lam, lr_t)
+            ok = np.flatnonzero(~fallback)
+            try:
+                sub_i, sub_r = _sgd_walk_implied([recs[j] for j in ok], lam, lr_t)
+            except np.linalg.LinAlgError:
+                fallback[:] = True
+                sub_i, sub_r = [], []
+            implied_all = [_nan_pair(rec)[0] for rec in recs]
+            resid_all = [_nan_pair(rec)[1] for rec in recs]
+            for j, r_, res_ in zip(ok, sub_i, sub_r):
+                implied_all[j], resid_all[j] = r_, res_
         else:
             cs, as_, owner = [], [], []
             for j, rec in enumerate(recs):
                 V = rec["V"]
                 items = rec["items"]
                 E = rec["values"] - lam * V[items]
-                if len(items) == 0:
-                    cs.append(np.zeros(0))
-                    as_.append(np.zeros(0))
-                    owner.append(np.zeros(0, np.int64))
+                dvec = None
+                if len(items) and not fallback[j]:
+                    try:
+                        dvec = _top_direction(E)
+                    except np.linalg.LinAlgError:
+                        fallback[j] = True
+                if dvec is None:
+                    cs.append(np.zeros(len(items)))
+                    as_.append(np.zeros(len(items)))
+                    owner.append(np.full(len(items), j, np.int64))
                     continue
-                dvec = _top_direction(E)
                 cs.append(V[items] @ dvec)
                 as_.append(E @ dvec)
                 owner.append(np.full(len(items), j, np.int64))
@@ -204,6 +228,7 @@ class FedRecRatedItems(Attack):
             a = np.concatenate(as_)
             own = np.concatenate(owner)
             t = grid_scale(c, a, own, n_rec, grid, float(self.config["tol"]))
+            t[fallback] = np.nan
             tt = t[own]
             with np.errstate(divide="ignore", invalid="ignore"):
                 implied = tt * c - a / tt
@@ -220,8 +245,11 @@ class FedRecRatedItems(Attack):
                     for it in rec["items"].tolist():
                         cnt[it] = cnt.get(it, 0) + 1
         victims: dict[str, dict[str, np.ndarray]] = {}
-        for rec, implied, resid in zip(recs, implied_all, resid_all):
+        for j, (rec, implied, resid) in enumerate(zip(recs, implied_all, resid_all)):
             score, rated, rating = self.score_items(implied, resid, grid)
+            if fallback[j]:  # the baseline guess: everything uploaded is rated
+                score = np.full(len(rec["items"]), 0.5)
+                rated = np.ones(len(rec["items"]), dtype=bool)
             if self.config["intersection"]:
                 cnt = seen.get(rec["user"], {})
                 score = score + np.array([cnt.get(i, 0) for i in rec["items"].tolist()], dtype=np.float64)
@@ -231,7 +259,9 @@ class FedRecRatedItems(Attack):
                 "rated": rated,
                 "ratings": rating,
             }
-        return Reconstruction(self.name, self.party, victims, meta={"round": int(rnd), "model": cfg.get("model"), "users": n_rec})
+        return Reconstruction(
+            self.name, self.party, victims, meta={"round": int(rnd), "model": cfg.get("model"), "users": n_rec, "fallback_users": int(fallback.sum())},
+        )
 
     def score_items(self, implied: np.ndarray, resid: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(score in [0, 1+), rated decision, rounded rating) of one user's uploaded items."""
@@ -304,6 +334,21 @@ class FedRecRatedItems(Attack):
             "rating_accuracy": 1.0 / levels,
             "real_share": share,
         }
+
+
+def _finite(rec: dict[str, Any], svd: bool) -> bool:
+    """True when a client's upload and the state rows it used are all finite."""
+    items = rec["items"]
+    if not np.isfinite(rec["values"]).all() or not np.isfinite(rec["V"][items]).all():
+        return False
+    if svd and (not np.isfinite(rec["W"][items]).all() or not np.isfinite(rec.get("values_W", 0.0)).all()):
+        return False
+    return True
+
+
+def _nan_pair(rec: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    n = len(rec["items"])
+    return np.full(n, np.nan), np.full(n, np.nan)
 
 
 def _svdpp_implied(rec: dict[str, Any], lam: float) -> tuple[np.ndarray, np.ndarray]:

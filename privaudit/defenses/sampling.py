@@ -140,8 +140,8 @@ class SamplingDefense(Defense):
         "w": None,
         "distribution": "uniform",
         "popularity_floor": 1.0,
-        "t_predict": 0,
-        "t_local": 1,
+        "t_predict": None,
+        "t_local": None,
     }
     param_help = {
         "rho": "sampled unrated items per rated item (0 = off)",
@@ -149,8 +149,8 @@ class SamplingDefense(Defense):
         "w": "confidence of sampled items for filling=weight (default: privmvmf's w, else FedMVMF's default w)",
         "distribution": "uniform (papers) or popularity (sample unrated items like rated ones; extension)",
         "popularity_floor": "added to every item's rating count for distribution=popularity",
-        "t_predict": "FedRec HF: round after which virtual ratings become local predictions",
-        "t_local": "FedRec HF: local rounds between prediction refreshes",
+        "t_predict": "FedRec HF: round after which virtual ratings become local predictions (default: the protocol's, FedRec 10)",
+        "t_local": "FedRec HF: local rounds between prediction refreshes (default: the protocol's, FedRec 5)",
     }
     strength = "rho"
     default_grid = (0, 1, 2, 3)
@@ -174,7 +174,7 @@ class SamplingDefense(Defense):
                 raise PrivauditError("defense 'sampling': w must be >= 0")
         if not c["popularity_floor"] > 0:
             raise PrivauditError("defense 'sampling': popularity_floor must be positive")
-        if c["t_predict"] < 0 or c["t_local"] < 1:
+        if (c["t_predict"] is not None and c["t_predict"] < 0) or (c["t_local"] is not None and c["t_local"] < 1):
             raise PrivauditError("defense 'sampling': t_predict must be >= 0 and t_local >= 1")
 
     @property

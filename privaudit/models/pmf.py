@@ -133,13 +133,38 @@ def batch_user_gradient(U: np.ndarray, V: np.ndarray, E: Entries, lam: float) ->
     return g + lam * U
 
 
-def batch_local_steps(U: np.ndarray, V: np.ndarray, E: Entries, lam: float, lr: float, steps: int) -> np.ndarray:
-    """``steps`` local updates ``U <- U - lr grad U`` (eq. 7) — Algorithm 3 lines 2-5."""
+def batch_local_steps(
+    U: np.ndarray, V: np.ndarray, E: Entries, lam: float, lr: float, steps: int, max_step: float | None = None
+) -> np.ndarray:
+    """``steps`` local updates ``U <- U - lr grad U`` (eq. 7) — Algorithm 3 lines 2-5 (each row's
+    step clipped to ``max_step``, see :func:`clip_rows`)."""
     U = U.copy()
     has = E.counts > 0
     for _ in range(int(steps)):
-        U[has] -= lr * batch_user_gradient(U, V, E, lam)[has]
+        U[has] -= clip_rows(lr * batch_user_gradient(U, V, E, lam)[has], max_step)[0]
     return U
+
+
+def clip_rows(step: np.ndarray, max_norm: float | None) -> tuple[np.ndarray, int]:
+    """Rows of ``step`` (k x d) scaled down to Euclidean norm <= ``max_norm``; (clipped, count).
+
+    A divergence guard (not in fedrec.txt): batch GD at the paper's lr 0.8 is unstable once
+    lr |U_u|^2 > 2 for an item with one rater (or lr * lambda_max(mean V_i V_i^T) > 2 for a
+    user), which happens on small data before the 0.9 decay has brought lr down; clipping
+    each row's step keeps the growth linear until the decay makes the step contract.
+    ``None`` or 0 disables it. Computable locally: clients clip their U step, the server its
+    V step.
+    """
+    if not max_norm or step.size == 0:
+        return step, 0
+    norms = np.sqrt(np.einsum("ij,ij->i", step, step))
+    over = ~(norms <= max_norm)  # NaN counts as over (then scaled to NaN; the protocol's guard reports it)
+    k = int(over.sum())
+    if k == 0:
+        return step, 0
+    step = step.copy()
+    step[over] *= (max_norm / norms[over])[:, None]
+    return step, k
 
 
 def grad_V_entries(U: np.ndarray, V: np.ndarray, E: Entries, lam: float) -> np.ndarray:
@@ -154,16 +179,21 @@ def item_average(sum_grad: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return sum_grad / np.maximum(counts, 1)[:, None]
 
 
-def batch_centralized_step(U: np.ndarray, V: np.ndarray, E: Entries, lam: float, lr: float) -> tuple[np.ndarray, np.ndarray]:
+def batch_centralized_step(
+    U: np.ndarray, V: np.ndarray, E: Entries, lam: float, lr: float, max_step: float | None = None
+) -> tuple[np.ndarray, np.ndarray, int]:
     """One unfederated batch iteration with the same math as Algorithms 1-2: every U_u steps
     with eq. 7, then V steps with eq. 9 computed from the updated U (sparse products, no
-    per-client messages)."""
+    per-client messages). Steps clipped row-wise to ``max_step`` (:func:`clip_rows`).
+    Returns (U, V, number of clipped rows)."""
     has_u = E.counts > 0
-    U = U - lr * batch_user_gradient(U, V, E, lam) * has_u[:, None]
+    stepU, k1 = clip_rows(lr * batch_user_gradient(U, V, E, lam) * has_u[:, None], max_step)
+    U = U - stepU
     err = np.einsum("ij,ij->i", U[E.rows], V[E.cols]) - E.vals
     icount = np.bincount(E.cols, minlength=V.shape[0])
     gV = np.asarray(E.matrix(err).T @ U) / np.maximum(icount, 1)[:, None] + lam * V
-    return U, V - lr * gV * (icount > 0)[:, None]
+    stepV, k2 = clip_rows(lr * gV * (icount > 0)[:, None], max_step)
+    return U, V - stepV, k1 + k2
 
 
 # ---------------------------------------------------------------------------- stochastic style

@@ -40,6 +40,17 @@ Departures (stated because they change numbers):
   the walk's entries, self excluded) rather than after every entry; HF's local steps on
   U_u use eq. 7 with the SVD++ prediction (the implicit term without self-exclusion);
 * HF's local steps use the current (decayed) learning rate; the paper leaves it open.
+  T_predict and T_local: the paper tunes both on {5, 10, 15} by MAE on fold 1 (§4.2) without
+  reporting the choice; when the ``sampling`` defense leaves them unset (``None``) FedRec
+  uses ``T_predict = 10``, ``T_local = 5`` (:data:`HF_DEFAULTS`, not tuned here);
+* stability guard (not in the paper): every batch-style step of a factor row (a client's
+  U_u step, eq. 7 and Algorithm 3's local steps; the server's V_i step, eq. 9) is clipped to
+  Euclidean norm ``max_step`` (default 1.0). The paper's lr 0.8 is unstable once
+  lr |U_u|^2 > 2 for an item with few raters, which happens on small data (60 synthetic
+  users diverged to NaN) before the 0.9 decay brings lr down; on ML-100K the clip never
+  binds (``utility["clipped_steps"]`` = 0, docs/reproduction.md). Non-finite factors after
+  any iteration (e.g. a user-set lr too large for the stochastic models) raise a one-line
+  :class:`PrivauditError` naming the iteration instead of returning NaN.
 
 Recording: ``record_rounds`` lists the iterations recorded (negative = counted from the end;
 default the first and the last). In a recorded iteration the server's ``state`` (``V``, and
@@ -84,10 +95,13 @@ DEFAULT_INIT = {"pmf-batch": 0.001, "pmf-sgd": 0.01, "svdpp-sgd": 0.01}
 #: stochastic lock-step chunk sizes: SVD++'s shared W couples users strongly (|N_u ∩ N_v| / sqrt(|N_u||N_v|)),
 #: and stale W over larger chunks diverges on ML-100K (docs/reproduction.md)
 DEFAULT_CHUNK = {"pmf-batch": 1, "pmf-sgd": 64, "svdpp-sgd": 4}
+#: HF's T_predict and T_local when the sampling defense leaves them unset (fedrec.txt §4.2 tunes both on {5, 10, 15})
+HF_DEFAULTS = {"t_predict": 10, "t_local": 5}
 
 
 def hf_settings(defenses: Sequence[Defense]) -> tuple[str | None, int, int]:
-    """(filling, t_predict, t_local) of the active sampling defense, if any.
+    """(filling, t_predict, t_local) of the active sampling defense, if any (unset
+    t_predict / t_local -> :data:`HF_DEFAULTS`).
 
     The filling rule is part of the client's algorithm (Algorithm 3), so the protocol reads it
     from the (public, Kerckhoffs) defense configuration.
@@ -95,7 +109,10 @@ def hf_settings(defenses: Sequence[Defense]) -> tuple[str | None, int, int]:
     for d in defenses:
         cfg = getattr(d, "config", {}) or {}
         if cfg.get("filling") in ("ua", "hf", "weight") and "rho" in cfg:
-            return str(cfg["filling"]), int(cfg.get("t_predict", 0)), int(cfg.get("t_local", 1))
+            tp, tl = cfg.get("t_predict"), cfg.get("t_local")
+            tp = HF_DEFAULTS["t_predict"] if tp is None else int(tp)
+            tl = HF_DEFAULTS["t_local"] if tl is None else int(tl)
+            return str(cfg["filling"]), tp, tl
     return None, 0, 0
 
 
@@ -120,6 +137,7 @@ class FedRec(Protocol):
         "resample": True,
         "record_rounds": [0, -1],
         "clip": True,
+        "max_step": 1.0,
     }
     config_help = {
         "model": "pmf-batch (Algorithms 1-2), pmf-sgd or svdpp-sgd (Algorithms 4-5)",
@@ -136,6 +154,7 @@ class FedRec(Protocol):
         "resample": "draw the virtual items I'_u anew every iteration (Algorithm 2 line 1)",
         "record_rounds": "iterations whose server state and uploads are recorded (negative: from the end)",
         "clip": "clip test predictions to the rating range",
+        "max_step": "batch style: clip every factor row's step to this norm (divergence guard on small data; 0 = off)",
     }
 
     @classmethod
@@ -167,6 +186,9 @@ class FedRec(Protocol):
                 fail(f"{key} must be a {'positive' if key == 'lr' else 'non-negative'} number, got {v!r}")
         if not 0 < config["decay"] <= 1:
             fail(f"decay must be in (0, 1], got {config['decay']!r}")
+        ms = config["max_step"]
+        if ms is not None and (not isinstance(ms, (int, float)) or not ms >= 0):
+            fail(f"max_step must be a non-negative number (0 = off), got {ms!r}")
         if config["init_scale"] is not None and not config["init_scale"] > 0:
             fail(f"init_scale must be positive, got {config['init_scale']!r}")
         rr = config["record_rounds"]
@@ -207,6 +229,8 @@ class FedRec(Protocol):
         lr = float(DEFAULT_LR[model_name] if cfg["lr"] is None else cfg["lr"])
         filling, t_predict, t_local = hf_settings(defenses)
         chunk = int(DEFAULT_CHUNK[model_name] if cfg["chunk_users"] is None else cfg["chunk_users"])
+        max_step = float(cfg["max_step"] or 0.0)
+        clipped = 0
 
         folds = list(kfold_ratings(dataset, int(cfg["n_folds"]), split_rng))
         train_ds, test_ds = folds[int(cfg["fold"])]
@@ -262,23 +286,29 @@ class FedRec(Protocol):
                 if svd:
                     S, cnt = pmf.implicit_sum(W, E.matrix(np.ones(len(E.rows))))
                     offset = S / np.sqrt(np.maximum(cnt, 1))[:, None]
-                U = _local_steps(U, V, E, lam, lr, t_local, offset)
+                U = _local_steps(U, V, E, lam, lr, t_local, offset, max_step if batch else 0.0)
                 if t >= t_predict:
                     vi = np.flatnonzero(E.virtual)
                     imp = E.matrix(np.ones(len(E.rows))) if svd else None
                     E.vals[vi] = pmf.predict(U, V, E.rows[vi], E.cols[vi], W, imp, exclude_self=True)
             if batch:
-                U, V = self._batch_iteration(U, V, E, lam, lr, federated, channel, senders, t, record)
+                U, V, k = self._batch_iteration(U, V, E, lam, lr, federated, channel, senders, t, record, max_step)
+                clipped += k
             else:
                 self._sgd_iteration(U, V, W, E, lam, lr, federated, channel, senders, t, record, order_rng, chunk)
             lr *= float(cfg["decay"])
             seconds += time.perf_counter() - tic
+            if not (np.isfinite(U).all() and np.isfinite(V).all() and (W is None or np.isfinite(W).all())):
+                raise PrivauditError(
+                    f"protocol 'fedrec': {model_name} training diverged at iteration {t} (non-finite factors); "
+                    f"lower lr (used {lr / float(cfg['decay']):.3g} at that iteration) or set max_step"
+                )
             pred = self._predict(U, V, W, real_implicit, test_rows, test_cols, rmin, rmax, cfg["clip"])
             r_, m_ = pmf.rmse_mae(pred, test_vals)
             hist_rmse.append(r_)
             hist_mae.append(m_)
 
-        utility = {"rmse": hist_rmse[-1], "mae": hist_mae[-1], "iteration_seconds": seconds / T}
+        utility = {"rmse": hist_rmse[-1], "mae": hist_mae[-1], "iteration_seconds": seconds / T, "clipped_steps": clipped}
         model = {
             "U": U,
             "V": V,
@@ -298,16 +328,18 @@ class FedRec(Protocol):
         return np.clip(pred, rmin, rmax) if clip else pred
 
     @staticmethod
-    def _batch_iteration(U, V, E, lam, lr, federated, channel, senders, t, record):
+    def _batch_iteration(U, V, E, lam, lr, federated, channel, senders, t, record, max_step=0.0):
+        """One iteration of Algorithms 1-2; returns (U, V, number of clipped row steps)."""
         if not federated:
-            return pmf.batch_centralized_step(U, V, E, lam, lr)
+            return pmf.batch_centralized_step(U, V, E, lam, lr, max_step)
         m, d = V.shape
         if record:
             channel.transcript.add(t, "server", "server", "state", {"V": V.copy()})
         Vs = channel.download({"V": V})["V"]
         has = E.counts > 0
         U = U.copy()
-        U[has] -= lr * pmf.batch_user_gradient(U, Vs, E, lam)[has]  # Algorithm 2 lines 3-4 (eq. 7)
+        stepU, k1 = pmf.clip_rows(lr * pmf.batch_user_gradient(U, Vs, E, lam)[has], max_step)
+        U[has] -= stepU  # Algorithm 2 lines 3-4 (eq. 7)
         G = pmf.grad_V_entries(U, Vs, E, lam)  # eq. 8, with the updated U_u
         if not channel.defenses and not record:
             total = np.zeros((m, d))
@@ -320,7 +352,8 @@ class FedRec(Protocol):
             agg = channel.sum(sent, rows=m)
             total = np.asarray(agg.get("values", np.zeros((m, d))), dtype=np.float64).reshape(m, d)
             counts = np.asarray(agg.get("counts", np.bincount(E.cols, minlength=m)))
-        return U, V - lr * pmf.item_average(total, counts)  # eq. 9, Algorithm 1 line 8
+        stepV, k2 = pmf.clip_rows(lr * pmf.item_average(total, counts), max_step)
+        return U, V - stepV, k1 + k2  # eq. 9, Algorithm 1 line 8
 
     @staticmethod
     def _sgd_iteration(U, V, W, E, lam, lr, federated, channel, senders, t, record, order_rng, chunk_users):
@@ -361,10 +394,10 @@ class FedRec(Protocol):
                 target -= lr * np.asarray(agg.get("values", np.zeros((m, d))), dtype=np.float64).reshape(m, d)
 
 
-def _local_steps(U, V, E, lam, lr, steps, offset=None):
+def _local_steps(U, V, E, lam, lr, steps, offset=None, max_step=0.0):
     """Algorithm 3 lines 2-5: ``steps`` eq.-7 steps on U (offset: SVD++ implicit term)."""
     if offset is None:
-        return pmf.batch_local_steps(U, V, E, lam, lr, steps)
+        return pmf.batch_local_steps(U, V, E, lam, lr, steps, max_step)
     U = U.copy()
     has = E.counts > 0
     for _ in range(int(steps)):
