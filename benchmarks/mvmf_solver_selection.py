@@ -34,13 +34,19 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--maxiter", type=int, default=100)
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--scenarios", default=",".join(f"{u}/{c}" for u, c in SCENARIOS),
+                    help="comma list of update/unrated, e.g. semials/obsonly,sgd/inclunc")
     args = ap.parse_args()
+    scenarios = [tuple(s.split("/")) for s in args.scenarios.split(",")]
     ds = load_dataset(args.data) if args.data else synthetic()
     methods = args.methods.split(",")
     table: dict[tuple[str, tuple[str, str]], tuple[float, float, float]] = {}
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         cfg = {"update": scenario[0], "unrated": scenario[1], "epochs": 2}
         transcript = FedMVMF().run(ds, cfg, rng=args.seed).transcript
+        pub = transcript.config
+        print(f"# protocol fedmvmf {scenario[0]}/{scenario[1]}: K={pub['K']} alpha={pub['alpha']} lam={pub['lam']} "
+              f"w={pub['w']} eta={pub['eta']} epochs=2 (attack reads rounds 0, 1)", flush=True)
         for method in methods:
             attack = MVMFNonlinear(method=method, users=args.users, jobs=args.jobs, maxiter=args.maxiter)
             tic = time.perf_counter()
@@ -56,19 +62,19 @@ def main() -> None:
                 flush=True,
             )
     best = {
-        sc: max(methods, key=lambda me: (table[me, sc][0] + table[me, sc][1], -table[me, sc][2])) for sc in SCENARIOS
+        sc: max(methods, key=lambda me: (table[me, sc][0] + table[me, sc][1], -table[me, sc][2])) for sc in scenarios
     }
-    head = " | ".join(f"{u} {c}" for u, c in SCENARIOS)
-    print(f"\n| method | metric | {head} |\n|---|---|" + "---|" * len(SCENARIOS))
+    head = " | ".join(f"{u} {c}" for u, c in scenarios)
+    print(f"\n| method | metric | {head} |\n|---|---|" + "---|" * len(scenarios))
     for method in methods:
         for i, name in enumerate(("rating", "attribute", "seconds")):
             cells = []
-            for sc in SCENARIOS:
+            for sc in scenarios:
                 v = table[method, sc][i]
                 cell = f"{v:.1f}" if name == "seconds" else f"{v:.3f}"
                 cells.append(f"**{cell}**" if best[sc] == method and name != "seconds" else cell)
             print(f"| {method if i == 0 else ''} | {name} | " + " | ".join(cells) + " |")
-    print("\nselected: " + ", ".join(f"{u}/{c}: {best[u, c]}" for u, c in SCENARIOS))
+    print("\nselected: " + ", ".join(f"{u}/{c}: {best[u, c]}" for u, c in scenarios))
 
 
 if __name__ == "__main__":
