@@ -202,6 +202,41 @@ def _pad_rows(arrays: list[np.ndarray], L: int, K: int) -> np.ndarray:
     return out.reshape(n, L, K)
 
 
+def _top_eigvec(G: np.ndarray, iters: int = 8, tol: float = 1e-13) -> tuple[np.ndarray, np.ndarray]:
+    """Top eigenpair of a stack of symmetric PSD matrices G (n, K, K): (vectors (n, K), values (n,)).
+
+    Batched power iteration from each matrix's column of largest diagonal (exact after one step
+    when G has rank one, the noise-free case), accepted where the eigenvector error bound
+    ``|G x - lambda x| / (2 lambda - trace G)`` (the gap to the second eigenvalue is at least
+    ``lambda_1 - (trace - lambda_1)``) is below ``tol``; the remaining matrices (noisy uploads
+    with a small spectral gap) go to ``numpy.linalg.eigh``. Same vectors as ``eigh`` up to sign
+    and floating tolerance, ~10x cheaper for the noise-free rank-1 case.
+    """
+    n, K = G.shape[0], G.shape[1]
+    if n == 0:
+        return np.zeros((0, K)), np.zeros(0)
+    diag = np.einsum("nii->ni", G)
+    tr = diag.sum(axis=1)
+    x = np.take_along_axis(G, np.argmax(diag, axis=1)[:, None, None], axis=2)[:, :, 0]
+    todo = np.ones(n, dtype=bool)
+    lam = np.zeros(n)
+    for _ in range(iters):
+        x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), _TINY)
+        gx = np.einsum("nij,nj->ni", G, x)
+        lam = np.einsum("ni,ni->n", x, gx)
+        err = np.linalg.norm(gx - lam[:, None] * x, axis=1)
+        gap = 2.0 * lam - tr
+        todo = ~(((gap > 0) & (err <= tol * gap)) | (tr <= 0))
+        if not todo.any():
+            break
+        x = np.where(todo[:, None], gx, x)
+    if todo.any():
+        evals, evecs = np.linalg.eigh(G[todo])
+        x[todo] = evecs[:, :, -1]
+        lam[todo] = evals[:, -1]
+    return x, lam
+
+
 def _round_stats(fv: FedMVMFView, parties: list[str], r: int, K: int) -> _Round | None:
     """Rank-1 fit of every participating client's uploads of round ``r``."""
     users, items_l, gv_l, gp_l = [], [], [], []
@@ -231,11 +266,11 @@ def _round_stats(fv: FedMVMFView, parties: list[str], r: int, K: int) -> _Round 
         Lg = int(lengths[idx].max())
         GV = _pad_rows([gv_l[i] for i in idx], Lg, K)
         GP = np.stack([gp_l[i] for i in idx]).reshape(-1, p, K)
-        G = np.matmul(GV.transpose(0, 2, 1), GV) + np.matmul(GP.transpose(0, 2, 1), GP)
-        evals, evecs = np.linalg.eigh(G)
-        dd = evecs[:, :, -1]
+        G = np.matmul(GV.transpose(0, 2, 1), GV)
+        G += np.matmul(GP.transpose(0, 2, 1), GP)
+        dd, top = _top_eigvec(G)
         d[idx] = dd
-        resid[idx] = np.maximum(np.trace(G, axis1=1, axis2=2) - evals[:, -1], 0.0)
+        resid[idx] = np.maximum(np.trace(G, axis1=1, axis2=2) - top, 0.0)
         a[idx, :Lg] = np.matmul(GV, dd[:, :, None])[:, :, 0]
         b[idx] = np.matmul(GP, dd[:, :, None])[:, :, 0]
         # V_i.d: one product when the whole group sent the same item list (InclUnc), else a gather
