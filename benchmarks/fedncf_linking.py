@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         for t in range(args.targets):
             cfg = {"global_rounds": 0, "selection": "adversarial", "manipulated_rounds": args.pairs,
                    "clients_per_round": args.clients_per_round, "negatives": q, "record_rounds": -1}
-            run = FedNCF().run(ds, cfg, [SecAgg()], 1000 * q + t)
+            run = FedNCF().run(ds, cfg, [SecAgg()], t)  # same targets and groups for every q
             for r in rounds:
                 out = NCFKAnonLinking(rounds=r).evaluate(run.transcript, np.random.default_rng(0))
                 res[q][r].append((out.metrics["precision"], out.metrics["recall"], out.metrics["f1"]))
