@@ -57,9 +57,10 @@ u from the client's own update rule at those ratings (ridge solution of the loca
 every uploaded item at the rating midpoint and attributes 0.5) -- the "average user".
 
 Noise (any ``laplace``/``gaussian``/``dp-gaussian`` defense listed in the public config): the
-system is solved ``solves`` times (default 5; 1 noise-free) for different random k (and, for
-SGD, random items i*), each solution is clipped to the value domains, the clipped solutions are
-averaged and rounded (privmvmf.txt §6.2 "Robustness Check"). A solve that raises, returns
+system is solved ``solves`` times for different k (drawn without replacement) and, for SGD,
+random items i*; each solution is clipped to the value domains, the clipped solutions are
+averaged and rounded (privmvmf.txt §6.2 "Robustness Check": SemiALS "for each k", so the default
+is K solves; SGD "from a randomly chosen set of items", default 5; noise-free 1). A solve that raises, returns
 non-finite values or ends with a larger residual than its start is counted in
 ``meta["failed_solves"]`` and replaced by the clipped initial guess; a victim is never dropped.
 
@@ -453,6 +454,7 @@ def attack_victim(st: Setting, victim: Victim, seed: int) -> tuple[np.ndarray, n
     """
     rng = np.random.default_rng(seed)
     K = st.P1.shape[1]
+    coords = rng.permutation(K)  # coordinates without replacement (SemiALS under noise: each k once)
     n = len(victim.items)
     sols: list[tuple[float, np.ndarray, np.ndarray]] = []
     failed = unconverged = 0
@@ -460,8 +462,8 @@ def attack_victim(st: Setting, victim: Victim, seed: int) -> tuple[np.ndarray, n
     while attempts < st.solves or (
         not st.noisy and attempts < st.solves + st.retries and min(s[0] for s in sols) > EXACT_FIT
     ):
+        k = int(coords[attempts % K])
         attempts += 1
-        k = int(rng.integers(K))
         istar = int(rng.integers(n)) if n else 0
         system = (ReducedSystem if st.reduced else UserSystem)(st, victim, k, istar)
         z, ok, conv = solve_system(system, st.method, st.maxiter, st.tol, st.precondition)
@@ -506,10 +508,11 @@ class MVMFNonlinear(Attack):
     param_help = {
         "method": "scipy.optimize.root method: hybr, broyden2, linearmixing, anderson, df-sane, or auto "
         "(the per-scenario best of the selection run)",
-        "solves": "solves per victim (random coordinate k / SGD item) averaged after clipping; 0 = 1 noise-free, 5 under noise",
+        "solves": "solves per victim (coordinates k drawn without replacement / SGD item) averaged after clipping; "
+        "0 = 1 noise-free; under noise K (every coordinate, SemiALS) or 5 (SGD)",
         "users": "attack at most this many victims (random sample; None = all)",
         "jobs": "parallel joblib workers across victims (-1 = all cores)",
-        "smooth": "steepness of the smoothed InclUnc weight c(r) = w + (1-w) sigmoid(smooth (r - 0.5))",
+        "smooth": "steepness of the smoothed InclUnc weight c(r) = 1 - (1-w) exp(-(smooth r)^2)",
         "maxiter": "iteration budget of the solver (hybr/df-sane: 10x function evaluations)",
         "tol": "residual tolerance of the solver",
         "retries": "noise-free: extra solves (new k / item) while no solution reproduces all uploads",
@@ -563,7 +566,9 @@ class MVMFNonlinear(Attack):
         lo, hi = _mvmf.rating_domain(cfg)
         noisy = is_noisy(cfg)
         method = self.resolved_method(cfg)
-        solves = self.config["solves"] or (5 if noisy else 1)
+        # privmvmf.txt §6.2 Robustness Check: SemiALS "for each k" (all K coordinates), SGD a
+        # random set of items (5 here); noise-free one solve (plus model-check retries)
+        solves = self.config["solves"] or ((fv.P[r1].shape[1] if update == "semials" else 5) if noisy else 1)
         st = Setting(
             V1=fv.V[r1], P1=fv.P[r1],
             V2=fv.V.get(r2) if r2 is not None else None, P2=fv.P.get(r2) if r2 is not None else None,
