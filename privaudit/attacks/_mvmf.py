@@ -118,6 +118,95 @@ def parse_view(view: View) -> FedMVMFView:
     return FedMVMFView(dict(view.config), V, P, clients)
 
 
+@dataclass
+class RoundUploads:
+    """All clients' uploads of one round, concatenated (CSR-like).
+
+    Attributes
+    ----------
+    round : int
+    users : numpy.ndarray     int64 (n,), indices into :attr:`FlatFedMVMFView.parties` (increasing)
+    offsets : numpy.ndarray   int64 (n + 1,), rows of user k are ``offsets[k]:offsets[k + 1]``
+    items : numpy.ndarray     int64 (N,), item id of each uploaded grad_V row
+    grad_V : numpy.ndarray    (N x K), the uploaded grad_V rows, user after user
+    grad_P : numpy.ndarray    (n x p x K)
+    """
+
+    round: int
+    users: np.ndarray
+    offsets: np.ndarray
+    items: np.ndarray
+    grad_V: np.ndarray
+    grad_P: np.ndarray
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+@dataclass
+class FlatFedMVMFView:
+    """A FedMVMF server view as concatenated arrays (same content as :class:`FedMVMFView`).
+
+    Attributes
+    ----------
+    config : dict
+    V, P : dict[int, numpy.ndarray]   round -> factors sent that round (m x K), (p x K)
+    parties : list[str]               clients with at least one usable round, by client_sort_key
+    rounds : list[RoundUploads]       rounds holding the server state and some uploads, sorted
+    """
+
+    config: dict[str, Any]
+    V: dict[int, np.ndarray]
+    P: dict[int, np.ndarray]
+    parties: list[str]
+    rounds: list[RoundUploads]
+
+
+def parse_view_flat(view: View) -> FlatFedMVMFView:
+    """Like :func:`parse_view`, but one concatenation per round instead of per-client lists.
+
+    Same selection rules: plaintext ``grad_V``/``grad_P`` uploads from ``client:*`` senders of
+    rounds whose ``state`` (V and P) the view holds, only clients that sent both kinds that round
+    (the last message wins if a client sent a kind twice).
+    """
+    V: dict[int, np.ndarray] = {}
+    P: dict[int, np.ndarray] = {}
+    gv: dict[int, dict[str, dict]] = {}
+    gp: dict[int, dict[str, dict]] = {}
+    for m in view.messages:
+        kind = m.kind
+        if kind == "grad_V" or kind == "grad_P":
+            if m.sender.startswith("client:"):
+                (gv if kind == "grad_V" else gp).setdefault(m.round, {})[m.sender] = m.payload
+        elif kind == "state":
+            if "V" in m.payload:
+                V[m.round] = np.asarray(m.payload["V"], dtype=np.float64)
+            if "P" in m.payload:
+                P[m.round] = np.asarray(m.payload["P"], dtype=np.float64)
+    senders: dict[int, list[str]] = {}
+    for r in sorted(set(V) & set(P) & set(gv) & set(gp)):
+        both = gv[r].keys() & gp[r].keys()
+        if both:
+            senders[r] = sorted(both, key=client_sort_key)
+    parties = sorted(set().union(*senders.values()), key=client_sort_key) if senders else []
+    index = {party: k for k, party in enumerate(parties)}
+    rounds = []
+    for r, who in senders.items():
+        pv, pp = gv[r], gp[r]
+        items = [np.asarray(pv[s]["items"], dtype=np.int64).reshape(-1) for s in who]
+        values = [pv[s]["values"] for s in who]
+        lengths = np.fromiter((len(x) for x in items), dtype=np.int64, count=len(who))
+        offsets = np.zeros(len(who) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        K = V[r].shape[1]
+        grad_V = np.concatenate(values, axis=0).astype(np.float64, copy=False).reshape(-1, K)
+        grad_P = np.stack([pp[s]["values"] for s in who]).astype(np.float64, copy=False)
+        rounds.append(RoundUploads(r, np.fromiter((index[s] for s in who), dtype=np.int64, count=len(who)),
+                                   offsets, np.concatenate(items), grad_V, grad_P))
+    return FlatFedMVMFView(dict(view.config), V, P, parties, rounds)
+
+
 def client_sort_key(party: str) -> tuple[int, str]:
     """Sort ``client:<k>`` ids numerically."""
     _, _, tail = party.partition(":")

@@ -119,11 +119,11 @@ import numpy as np
 
 from privaudit.attacks._mvmf import (
     FEDMVMF_PROTOCOLS,
-    FedMVMFView,
+    FlatFedMVMFView,
+    RoundUploads,
     baselines,
-    client_sort_key,
     missing_config,
-    parse_view,
+    parse_view_flat,
     round_attributes,
     round_ratings,
     score_reconstruction,
@@ -147,6 +147,8 @@ class _Round:
     users (n,) indices into the sorted client list; items (n, L) int64 (-1 = padding);
     mask (n, L); d (n, K) unit direction of u; a (n, L) = grad_V.d; dv (n, L) = V_i.d;
     b (n, p) = grad_P.d; pd (n, p) = P.d; resid (n,) energy off d; rows (n,) uploaded rows.
+    The same per-row quantities without padding (CSR-like, user after user): offsets (n + 1,),
+    seg (N,) row -> user position, itemsf (N,), af (N,), dvf (N,).
     """
 
     round: int
@@ -160,6 +162,11 @@ class _Round:
     pd: np.ndarray
     resid: np.ndarray
     rows: np.ndarray
+    offsets: np.ndarray
+    seg: np.ndarray
+    itemsf: np.ndarray
+    af: np.ndarray
+    dvf: np.ndarray
 
 
 def _chunks(lengths: np.ndarray, K: int) -> list[slice]:
@@ -187,19 +194,6 @@ def _buckets(lengths: np.ndarray, K: int, ratio: float = 1.3) -> list[np.ndarray
         for s1 in range(s0, e0, per):
             groups.append(order[s1 : min(e0, s1 + per)])
     return groups
-
-
-def _pad_rows(arrays: list[np.ndarray], L: int, K: int) -> np.ndarray:
-    """Stack ragged (len_u x K) arrays into (n, L, K) with zero padding."""
-    n = len(arrays)
-    lengths = np.fromiter((len(x) for x in arrays), dtype=np.int64, count=n)
-    if n and np.all(lengths == L):
-        return np.stack(arrays).reshape(n, L, K)
-    out = np.zeros((n * L, K))
-    if lengths.sum():
-        flat = np.arange(lengths.sum()) + np.repeat(np.arange(n) * L - (np.cumsum(lengths) - lengths), lengths)
-        out[flat] = np.concatenate(arrays, axis=0).reshape(-1, K)
-    return out.reshape(n, L, K)
 
 
 def _top_eigvec(G: np.ndarray, iters: int = 8, tol: float = 1e-13) -> tuple[np.ndarray, np.ndarray]:
@@ -237,52 +231,62 @@ def _top_eigvec(G: np.ndarray, iters: int = 8, tol: float = 1e-13) -> tuple[np.n
     return x, lam
 
 
-def _round_stats(fv: FedMVMFView, parties: list[str], r: int, K: int) -> _Round | None:
-    """Rank-1 fit of every participating client's uploads of round ``r``."""
-    users, items_l, gv_l, gp_l = [], [], [], []
-    for k, party in enumerate(parties):
-        up = fv.clients[party]
-        if r in up.rounds:
-            j = up.rounds.index(r)
-            users.append(k)
-            items_l.append(up.items[j])
-            gv_l.append(up.grad_V[j])
-            gp_l.append(up.grad_P[j])
-    if not users:
+def _round_stats(fv: FlatFedMVMFView, R: RoundUploads, K: int) -> _Round | None:
+    """Rank-1 fit of every participating client's uploads of round ``R.round``.
+
+    The Gram matrices ``G_u = GV_u^T GV_u + GP_u^T GP_u`` (n, K, K) come from batched matmuls:
+    on the concatenated uploads reshaped to (n, L, K) without a copy when every client sent the
+    same number of rows (InclUnc), else per bucket of similar lengths padded from the
+    concatenated rows. ``a = grad_V.d`` and ``dv = V_i.d`` are computed on the concatenated rows
+    (one gather of d per row) and scattered into the padded (n, L) layout of :class:`_Round`.
+    """
+    n = len(R.users)
+    if n == 0:
         return None
-    V, P = fv.V[r], fv.P[r]
-    n, p = len(users), P.shape[0]
-    lengths = np.fromiter((len(x) for x in items_l), dtype=np.int64, count=n)
+    V, P = fv.V[R.round], fv.P[R.round]
+    p = P.shape[0]
+    lengths = R.lengths
     L = int(lengths.max())
-    items = np.full((n, L), -1, dtype=np.int64)
     mask = np.arange(L)[None, :] < lengths[:, None]
-    items[mask] = np.concatenate(items_l) if lengths.sum() else np.empty(0, np.int64)
-    d = np.zeros((n, K))
-    a = np.zeros((n, L))
-    dv = np.zeros((n, L))
-    b = np.zeros((n, p))
-    resid = np.zeros(n)
-    for idx in _buckets(lengths, K):
-        Lg = int(lengths[idx].max())
-        GV = _pad_rows([gv_l[i] for i in idx], Lg, K)
-        GP = np.stack([gp_l[i] for i in idx]).reshape(-1, p, K)
-        G = np.matmul(GV.transpose(0, 2, 1), GV)
-        G += np.matmul(GP.transpose(0, 2, 1), GP)
-        dd, top = _top_eigvec(G)
-        d[idx] = dd
-        resid[idx] = np.maximum(np.trace(G, axis1=1, axis2=2) - top, 0.0)
-        a[idx, :Lg] = np.matmul(GV, dd[:, :, None])[:, :, 0]
-        b[idx] = np.matmul(GP, dd[:, :, None])[:, :, 0]
-        # V_i.d: one product when the whole group sent the same item list (InclUnc), else a gather
-        its = items[idx, :Lg]
-        if np.all(its == its[0]) and np.all(mask[idx, :Lg]):
-            dv[idx, :Lg] = dd @ V[its[0]].T
-        else:
-            VI = V[np.where(mask[idx, :Lg], its, 0)]
-            dv[idx, :Lg] = np.matmul(VI, dd[:, :, None])[:, :, 0] * mask[idx, :Lg]
+    GP = R.grad_P.reshape(n, p, K)
+    G = np.matmul(GP.transpose(0, 2, 1), GP)
+    uniform = bool(np.all(lengths == L))
+    if uniform:
+        GV = R.grad_V.reshape(n, L, K)
+        G += np.matmul(GV.transpose(0, 2, 1), GV)
+    else:
+        for idx in _buckets(lengths, K):
+            Lg = int(lengths[idx].max())
+            m_ = np.arange(Lg)[None, :] < lengths[idx][:, None]
+            buf = np.zeros((len(idx), Lg, K))
+            buf[m_] = R.grad_V[(R.offsets[idx][:, None] + np.arange(Lg)[None, :])[m_]]
+            G[idx] += np.matmul(buf.transpose(0, 2, 1), buf)
+    d, top = _top_eigvec(G)
+    resid = np.maximum(np.trace(G, axis1=1, axis2=2) - top, 0.0)
+    b = np.matmul(GP, d[:, :, None])[:, :, 0]
     pd = d @ P.T
+    if uniform:
+        items = R.items.reshape(n, L)
+        a = np.matmul(GV, d[:, :, None])[:, :, 0]
+        if np.all(items == items[0]):  # every client sent the same item list (InclUnc): one product
+            dv = d @ V[items[0]].T
+        else:
+            dv = np.einsum("nlk,nk->nl", V[items], d)
+        seg = np.repeat(np.arange(n), L)
+        af, dvf = a.reshape(-1), dv.reshape(-1)
+    else:
+        seg = np.repeat(np.arange(n), lengths)
+        drow = d[seg]
+        items = np.full((n, L), -1, dtype=np.int64)
+        items[mask] = R.items
+        a = np.zeros((n, L))
+        dv = np.zeros((n, L))
+        af = np.einsum("nk,nk->n", R.grad_V, drow)
+        dvf = np.einsum("nk,nk->n", V[R.items], drow)
+        a[mask] = af
+        dv[mask] = dvf
     rows = lengths + p
-    return _Round(r, np.asarray(users), items, mask, d, a, dv, b, pd, resid, rows)
+    return _Round(R.round, R.users, items, mask, d, a, dv, b, pd, resid, rows, R.offsets, seg, R.items, af, dvf)
 
 
 # --------------------------------------------------------------------------------------
@@ -347,7 +351,7 @@ def _regression_tau(R: _Round, virt: np.ndarray, w: np.ndarray) -> tuple[np.ndar
 
 
 def _pair_tau(
-    fv: FedMVMFView, R1: _Round, R2: _Round, eta: float, alpha: float, lam: float, K: int
+    fv: FlatFedMVMFView, R1: _Round, R2: _Round, eta: float, alpha: float, lam: float, K: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """SGD, ObsOnly: (users, tau1, tau2) from two consecutive rounds (module docstring).
 
@@ -400,12 +404,18 @@ def _em_prior(loglik: np.ndarray, iters: int = 30, max_rows: int = 200_000) -> n
         return pi
     if len(loglik) > max_rows:  # the prior needs no more than a large even subsample
         loglik = loglik[:: int(math.ceil(len(loglik) / max_rows))]
+    N = len(loglik)
     ll = loglik - loglik.max(axis=1, keepdims=True)
     lik = np.exp(ll)
+    # rows whose likelihood is one-hot (noise-free items: every other hypothesis underflows to 0)
+    # have a one-hot posterior whatever the prior: count them once instead of every iteration
+    onehot = np.count_nonzero(lik, axis=1) == 1
+    counts = np.bincount(np.argmax(lik[onehot], axis=1), minlength=H).astype(np.float64)
+    lik = lik[~onehot]
     for _ in range(iters):
         post = lik * pi
         post /= np.maximum(post.sum(axis=1, keepdims=True), _TINY)
-        new = post.mean(axis=0)
+        new = (counts + post.sum(axis=0)) / N
         new = np.maximum(new, 1e-6)
         new /= new.sum()
         if np.max(np.abs(new - pi)) < 1e-6:
@@ -481,11 +491,11 @@ class MVMFAnalytic(Attack):
         missing = missing_config(view)
         if missing:
             return self.unsupported(f"the view's config lacks {', '.join(missing)}")
-        fv = parse_view(view)
-        if not fv.clients:
+        fv = parse_view_flat(view)
+        if not fv.rounds:
             return self.unsupported("the view holds no client uploads with the server state of their round")
         cfg = fv.config
-        parties = sorted(fv.clients, key=client_sort_key)
+        parties = fv.parties
         K = int(cfg["K"])
         alpha, lam = float(cfg["alpha"]), float(cfg["lam"])
         w = float(cfg.get("w", 0.0) or 0.0)
@@ -501,7 +511,7 @@ class MVMFAnalytic(Attack):
         rounds = fv.rounds
         if self.max_rounds is not None and self.max_rounds >= 0:
             rounds = rounds[: self.max_rounds]
-        stats = [s for s in (_round_stats(fv, parties, r, K) for r in rounds) if s is not None]
+        stats = [s for s in (_round_stats(fv, R, K) for R in rounds) if s is not None]
         if not stats:
             return self.unsupported("no round holds both the server state and client uploads")
 
@@ -598,17 +608,18 @@ class MVMFAnalytic(Attack):
             for j in np.flatnonzero(np.isfinite(tau)):
                 u = s.users[j]
                 if ref_items[u] is None:
-                    ref_items[u] = s.items[j][s.mask[j]]
-        for u in range(n):
-            if ref_items[u] is None:
-                ref_items[u] = np.asarray(fv.clients[parties[u]].items[0], dtype=np.int64)
+                    ref_items[u] = s.itemsf[s.offsets[j] : s.offsets[j + 1]]
+        for R in fv.rounds:  # users without a known scale: the items of their first upload
+            for k in np.flatnonzero([ref_items[u] is None for u in R.users]):
+                ref_items[R.users[k]] = R.items[R.offsets[k] : R.offsets[k + 1]]
+        # the reference layout, flat (CSR-like): user u's items at ref_off[u]:ref_off[u + 1]
         lengths = np.fromiter((len(x) for x in ref_items), dtype=np.int64, count=n)
-        L = int(lengths.max()) if n else 0
-        rmask = np.arange(L)[None, :] < lengths[:, None]
-        ref = np.full((n, L), -1, dtype=np.int64)
-        ref[rmask] = np.concatenate(ref_items) if lengths.sum() else np.empty(0, np.int64)
+        ref_off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=ref_off[1:])
+        ref_flat = np.concatenate(ref_items) if n else np.empty(0, np.int64)
+        Nr = len(ref_flat)
         p = stats[0].b.shape[1]
-        S0, S1, S2, SU = (np.zeros((n, L)) for _ in range(4))
+        S0, S1, S2, SU = (np.zeros(Nr) for _ in range(4))
         X0, X1 = np.zeros((n, p)), np.zeros((n, p))
         lookup = None  # lazily built (user, item) -> position table for rounds with other item lists
         for s, tau in zip(stats, taus):
@@ -616,86 +627,119 @@ class MVMFAnalytic(Attack):
             if not ok.any():
                 continue
             t = np.sqrt(np.abs(tau[ok]))
-            a, dv, b, pd, mask = s.a[ok], s.dv[ok], s.b[ok], s.pd[ok], s.mask[ok]
-            rhat = t[:, None] * dv - a / (2.0 * t[:, None])
+            b, pd, users = s.b[ok], s.pd[ok], s.users[ok]
+            if ok.all():
+                seg, af, dvf, itf, off = s.seg, s.af, s.dvf, s.itemsf, s.offsets
+            else:  # keep the rows of the users with a known scale, renumbered
+                rows_ok = ok[s.seg]
+                seg = (np.cumsum(ok) - 1)[s.seg[rows_ok]]
+                af, dvf, itf = s.af[rows_ok], s.dvf[rows_ok], s.itemsf[rows_ok]
+                off = np.zeros(len(t) + 1, dtype=np.int64)
+                np.cumsum(np.diff(s.offsets)[ok], out=off[1:])
+            nk = len(t)
+            ts = t[seg]
+            rhat = ts * dvf - af / (2.0 * ts)
             xhat = t[:, None] * pd - b / (2.0 * alpha * t[:, None])
             # sign: ratings (of the items that look rated) and attribute dummies positive
             if unknown_c:
-                looks_rated = ~_classify_virtual(rhat, (1.0 - w) * t[:, None] * dv, grid, mask) & mask
+                looks_rated = ~_classify_virtual(rhat, (1.0 - w) * ts * dvf, grid, True)
+                score = np.bincount(seg, weights=np.where(looks_rated, rhat, 0.0), minlength=nk)
             else:
-                looks_rated = mask
-            score = np.sum(np.where(looks_rated, rhat, 0.0), axis=1) + np.sum(xhat, axis=1)
+                score = np.bincount(seg, weights=rhat, minlength=nk)
+            score += np.sum(xhat, axis=1)
             sign = np.where(score < 0, -1.0, 1.0)
             t = t * sign
-            rhat *= sign[:, None]
+            ts = t[seg]
+            rhat *= sign[seg]
             xhat *= sign[:, None]
             Wr = 4.0 * t**2 / sigma2  # 1 / var(rhat)
-            users = s.users[ok]
             X0[users] += (alpha**2 * Wr)[:, None]
             X1[users] += (alpha**2 * Wr)[:, None] * xhat
-            Lr = s.items.shape[1]
-            items = s.items[ok]
-            if Lr <= L:
-                same = np.all(items == ref[users, :Lr], axis=1) & (lengths[users] == mask.sum(axis=1))
+            # where does each row go in the reference layout? same item list as the reference: by position
+            rlen = np.diff(off)
+            if nk == n and len(itf) == Nr and np.array_equal(users, np.arange(n)) and np.array_equal(itf, ref_flat):
+                target, rows_same, same_all = slice(None), slice(None), True
             else:
-                same = np.zeros(len(users), bool)
-            if same.any():  # usual case: the same item list as the reference, position by position
-                uu = users[same]
-                if len(uu) == n and np.array_equal(uu, np.arange(n)):
-                    uu = slice(None)  # every user, in order: in-place slices, no fancy indexing
-                allsame = bool(same.all())
-                wr = np.where(mask[same] if not allsame else mask, (Wr[same] if not allsame else Wr)[:, None], 0.0)
-                rh = rhat[same] if not allsame else rhat
-                S0[uu, :Lr] += wr
-                wr *= rh
-                S1[uu, :Lr] += wr
-                wr *= rh
-                S2[uu, :Lr] += wr
-                if unknown_c:
-                    dvs = dv[same] if not allsame else dv
-                    ts = t[same] if not allsame else t
-                    e = rh - (1.0 - w) * ts[:, None] * dvs
-                    np.square(e, out=e)
-                    e *= np.where(mask[same] if not allsame else mask, (Wr[same] if not allsame else Wr)[:, None], 0.0)
-                    SU[uu, :Lr] += e
-            if (~same).any():  # other item lists: align through a sorted (user, item) key table
+                same_all = False
+                pos = ref_off[users][seg] + (np.arange(len(seg)) - off[seg])
+                samelen = rlen == lengths[users]
+                cand = samelen[seg]
+                bad = np.zeros(len(seg), dtype=bool)
+                bad[cand] = itf[cand] != ref_flat[pos[cand]]
+                same = samelen & (np.bincount(seg, weights=bad, minlength=nk) == 0)
+                rows_same = same[seg]
+                target = pos[rows_same]
+            Wrow = Wr[seg]
+            wr = Wrow if same_all else Wrow[rows_same]
+            rh = rhat if same_all else rhat[rows_same]
+            S0[target] += wr
+            w1 = wr * rh
+            S1[target] += w1
+            S2[target] += w1 * rh
+            if unknown_c:
+                e = rhat - (1.0 - w) * ts * dvf
+                np.square(e, out=e)
+                e *= Wrow
+                SU[target] += e if same_all else e[rows_same]
+            if not same_all and not rows_same.all():  # other item lists: align through a sorted (user, item) key table
                 if lookup is None:
-                    big = np.int64(max(int(ref.max()), max(int(x.items.max()) for x in stats)) + 2)
-                    keys = (ref + np.arange(n)[:, None] * big)[rmask]
-                    pos_flat = np.flatnonzero(rmask.ravel())
+                    big = np.int64(max(int(ref_flat.max()), max(int(x.itemsf.max()) for x in stats)) + 2)
+                    keys = ref_flat + np.repeat(np.arange(n), lengths) * big
                     order = np.argsort(keys, kind="stable")
-                    lookup = (big, keys[order], pos_flat[order])
+                    lookup = (big, keys[order], order)
                 big, keys_sorted, pos_sorted = lookup
-                sel = ~same
-                key = items[sel] + users[sel][:, None] * big
-                pos = np.minimum(np.searchsorted(keys_sorted, key), len(keys_sorted) - 1)
-                hit = mask[sel] & (keys_sorted[pos] == key)
-                target = pos_sorted[pos[hit]]
-                tu, tl = np.divmod(target, L)
-                wr = np.broadcast_to(Wr[sel, None], hit.shape)[hit]
-                rh = rhat[sel][hit]
-                S0[tu, tl] += wr
-                S1[tu, tl] += wr * rh
-                S2[tu, tl] += wr * rh**2
+                sel = ~rows_same
+                key = itf[sel] + users[seg[sel]] * big
+                pos2 = np.minimum(np.searchsorted(keys_sorted, key), len(keys_sorted) - 1)
+                hit = keys_sorted[pos2] == key
+                tgt = pos_sorted[pos2[hit]]
+                wr2 = Wrow[sel][hit]
+                rh2 = rhat[sel][hit]
+                S0[tgt] += wr2
+                S1[tgt] += wr2 * rh2
+                S2[tgt] += wr2 * rh2**2
                 if unknown_c:
-                    SU[tu, tl] += wr * (rh - ((1.0 - w) * t[sel, None] * dv[sel])[hit]) ** 2
+                    SU[tgt] += wr2 * (rh2 - ((1.0 - w) * ts * dvf)[sel][hit]) ** 2
 
         # ratings: hypotheses = grid values (+ "unrated" = 0), Gaussian log-likelihoods
-        have = (S0 > 0) & rmask
-        s0, s1, s2 = S0[have], S1[have], S2[have]
-        ll = -0.5 * (s2[:, None] - 2.0 * s1[:, None] * grid[None, :] + s0[:, None] * grid[None, :] ** 2)
-        values = grid
-        if unknown_c:
-            ll = np.concatenate([-0.5 * SU[have][:, None], ll], axis=1)
-            values = np.concatenate([[0.0], grid])
-        pi = _em_prior(ll) if self.prior else np.full(len(values), 1.0 / len(values))
-        if self.prior or unknown_c:
-            est = values[np.argmax(ll + np.log(pi), axis=1)]
+        have = S0 > 0
+        if have.all():
+            s0, s1, s2, su = S0, S1, S2, SU
+        else:
+            s0, s1, s2, su = S0[have], S1[have], S2[have], SU[have]
+        values = np.concatenate([[0.0], grid]) if unknown_c else grid
+
+        def loglik(h: int, rows=slice(None)) -> np.ndarray:
+            """Log-likelihood of hypothesis ``values[h]`` per kept item (up to a shared constant)."""
+            if unknown_c and h == 0:
+                return -0.5 * su[rows]
+            g = values[h]
+            return -0.5 * (s2[rows] - 2.0 * s1[rows] * g + s0[rows] * g**2)
+
+        H = len(values)
+        if self.prior:
+            step_rows = int(math.ceil(len(s0) / 200_000)) if len(s0) else 1
+            sub = slice(None, None, step_rows)
+            pi = _em_prior(np.stack([loglik(h, sub) for h in range(H)], axis=1), max_rows=len(s0) + 1)
+        else:
+            pi = np.full(H, 1.0 / H)
+        if self.prior or unknown_c:  # MAP: running argmax over the hypotheses (first maximum wins)
+            logpi = np.log(pi)
+            best = loglik(0) + logpi[0]
+            pick = np.zeros(len(s0), dtype=np.int64)
+            for h in range(1, H):
+                sc = loglik(h)
+                sc += logpi[h]
+                better = sc > best
+                pick[better] = h
+                np.maximum(best, sc, out=best)
+            est = values[pick]
         else:  # plain eq. 43: clip the inverse-variance average of the rounds' estimates and round
             est = s1 / s0
-        rating_guess = np.full((n, L), values[int(np.argmax(pi))])
+        rating_guess = np.full(Nr, values[int(np.argmax(pi))])
         rating_guess[have] = est
         rating_guess = round_ratings(rating_guess, cfg)
+        rating_rows = np.split(rating_guess, ref_off[1:-1]) if n else []
 
         # attributes: per one-hot block, hypothesis "none" or one category; ll(1) - ll(0) = S1 - S0 / 2
         have_x = X0[:, 0] > 0 if p else np.zeros(n, bool)
@@ -720,7 +764,7 @@ class MVMFAnalytic(Attack):
         attrs = round_attributes(attrs)
 
         victims = {
-            party: {"items": ref_items[u], "ratings": rating_guess[u, : lengths[u]], "attributes": attrs[u]}
+            party: {"items": ref_items[u], "ratings": rating_rows[u], "attributes": attrs[u]}
             for u, party in enumerate(parties)
         }
         diag = {
