@@ -110,6 +110,7 @@ Reads only the FedMVMF message kinds of DESIGN.md and the public config keys ``K
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -142,22 +143,19 @@ _TINY = 1e-300
 
 @dataclass
 class _Round:
-    """Projected uploads of the clients that took part in one round (padded over items).
+    """Projected uploads of the clients that took part in one round.
 
-    users (n,) indices into the sorted client list; items (n, L) int64 (-1 = padding);
-    mask (n, L); d (n, K) unit direction of u; a (n, L) = grad_V.d; dv (n, L) = V_i.d;
+    users (n,) indices into the sorted client list; d (n, K) unit direction of u;
     b (n, p) = grad_P.d; pd (n, p) = P.d; resid (n,) energy off d; rows (n,) uploaded rows.
-    The same per-row quantities without padding (CSR-like, user after user): offsets (n + 1,),
-    seg (N,) row -> user position, itemsf (N,), af (N,), dvf (N,).
+    Per uploaded row, concatenated user after user (CSR-like): offsets (n + 1,), seg (N,) row ->
+    user position, itemsf (N,) item ids, af (N,) = grad_V.d, dvf (N,) = V_i.d. The padded
+    (n, L) views ``items`` (-1 = padding), ``mask``, ``a``, ``dv`` are built on first use (free
+    when every user sent the same number of rows, InclUnc).
     """
 
     round: int
     users: np.ndarray
-    items: np.ndarray
-    mask: np.ndarray
     d: np.ndarray
-    a: np.ndarray
-    dv: np.ndarray
     b: np.ndarray
     pd: np.ndarray
     resid: np.ndarray
@@ -167,6 +165,35 @@ class _Round:
     itemsf: np.ndarray
     af: np.ndarray
     dvf: np.ndarray
+
+    @functools.cached_property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @functools.cached_property
+    def mask(self) -> np.ndarray:
+        L = int(self.lengths.max()) if len(self.lengths) else 0
+        return np.arange(L)[None, :] < self.lengths[:, None]
+
+    def _padded(self, flat: np.ndarray, fill) -> np.ndarray:
+        n, L = self.mask.shape
+        if len(flat) == n * L:
+            return flat.reshape(n, L)
+        out = np.full((n, L), fill, dtype=flat.dtype)
+        out[self.mask] = flat
+        return out
+
+    @functools.cached_property
+    def items(self) -> np.ndarray:
+        return self._padded(self.itemsf, -1)
+
+    @functools.cached_property
+    def a(self) -> np.ndarray:
+        return self._padded(self.af, 0.0)
+
+    @functools.cached_property
+    def dv(self) -> np.ndarray:
+        return self._padded(self.dvf, 0.0)
 
 
 def _chunks(lengths: np.ndarray, K: int) -> list[slice]:
@@ -247,7 +274,6 @@ def _round_stats(fv: FlatFedMVMFView, R: RoundUploads, K: int) -> _Round | None:
     p = P.shape[0]
     lengths = R.lengths
     L = int(lengths.max())
-    mask = np.arange(L)[None, :] < lengths[:, None]
     GP = R.grad_P.reshape(n, p, K)
     G = np.matmul(GP.transpose(0, 2, 1), GP)
     uniform = bool(np.all(lengths == L))
@@ -277,16 +303,10 @@ def _round_stats(fv: FlatFedMVMFView, R: RoundUploads, K: int) -> _Round | None:
     else:
         seg = np.repeat(np.arange(n), lengths)
         drow = d[seg]
-        items = np.full((n, L), -1, dtype=np.int64)
-        items[mask] = R.items
-        a = np.zeros((n, L))
-        dv = np.zeros((n, L))
         af = np.einsum("nk,nk->n", R.grad_V, drow)
         dvf = np.einsum("nk,nk->n", V[R.items], drow)
-        a[mask] = af
-        dv[mask] = dvf
     rows = lengths + p
-    return _Round(R.round, R.users, items, mask, d, a, dv, b, pd, resid, rows, R.offsets, seg, R.items, af, dvf)
+    return _Round(R.round, R.users, d, b, pd, resid, rows, R.offsets, seg, R.items, af, dvf)
 
 
 # --------------------------------------------------------------------------------------
@@ -332,9 +352,10 @@ def _shorth_tau(a: np.ndarray, dv: np.ndarray, mask: np.ndarray, w: float, frac:
 
 def _stationarity_tau(R: _Round, lam: float) -> tuple[np.ndarray, np.ndarray]:
     """SemiALS: t^2 = -d.(V_S^T a + P^T b) / (2 lam) and its variance / sigma^2."""
-    num = np.sum(R.dv * R.a, axis=1) + np.sum(R.pd * R.b, axis=1)
+    n = len(R.users)
+    num = np.bincount(R.seg, weights=R.dvf * R.af, minlength=n) + np.sum(R.pd * R.b, axis=1)
     tau = -num / (2.0 * lam)
-    var = (np.sum(R.dv**2, axis=1) + np.sum(R.pd**2, axis=1)) / (4.0 * lam**2)
+    var = (np.bincount(R.seg, weights=R.dvf**2, minlength=n) + np.sum(R.pd**2, axis=1)) / (4.0 * lam**2)
     return tau, var
 
 
@@ -350,6 +371,22 @@ def _regression_tau(R: _Round, virt: np.ndarray, w: np.ndarray) -> tuple[np.ndar
     return np.where(ok, tau, np.nan), np.where(ok, var, np.inf)
 
 
+def _segment_rows(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated row ranges ``starts[k]:starts[k] + lengths[k]`` and the segment id of each row."""
+    seg = np.repeat(np.arange(len(lengths)), lengths)
+    first = np.cumsum(lengths) - lengths
+    return starts[seg] + (np.arange(len(seg)) - first[seg]), seg
+
+
+def _segment_sum(X: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Row sums of ``X`` (N x K) per segment ``offsets[k]:offsets[k + 1]`` (empty segments give 0)."""
+    out = np.zeros((len(offsets) - 1,) + X.shape[1:])
+    nz = np.diff(offsets) > 0
+    if nz.any():
+        out[nz] = np.add.reduceat(X, offsets[:-1][nz], axis=0)
+    return out
+
+
 def _pair_tau(
     fv: FlatFedMVMFView, R1: _Round, R2: _Round, eta: float, alpha: float, lam: float, K: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -360,27 +397,30 @@ def _pair_tau(
     common, i1, i2 = np.intersect1d(R1.users, R2.users, return_indices=True)
     if not len(common):
         return common, np.empty(0), np.empty(0)
-    L1, L2 = R1.items.shape[1], R2.items.shape[1]
-    L = max(L1, L2)
-    it1 = np.pad(R1.items[i1], ((0, 0), (0, L - L1)), constant_values=-1)
-    it2 = np.pad(R2.items[i2], ((0, 0), (0, L - L2)), constant_values=-1)
-    same = np.all(it1 == it2, axis=1)
-    common, i1, i2 = common[same], i1[same], i2[same]
+    # same item list in both rounds (compared on the concatenated rows)
+    len1, len2 = np.diff(R1.offsets)[i1], np.diff(R2.offsets)[i2]
+    keep = len1 == len2
+    i1, i2, common, lengths = i1[keep], i2[keep], common[keep], len1[keep]
+    rows1, seg = _segment_rows(R1.offsets[i1], lengths)
+    rows2, _ = _segment_rows(R2.offsets[i2], lengths)
+    items = R1.itemsf[rows1]
+    bad = np.bincount(seg, weights=items != R2.itemsf[rows2], minlength=len(common)) > 0
+    if bad.any():
+        keep = ~bad
+        i1, i2, common, lengths = i1[keep], i2[keep], common[keep], lengths[keep]
+        rows1, seg = _segment_rows(R1.offsets[i1], lengths)
+        items = R1.itemsf[rows1]
     V, Vn = fv.V[R1.round], fv.V[R2.round]
     P, Pn = fv.P[R1.round], fv.P[R2.round]
     d1, d2 = R1.d[i1], R2.d[i2]
-    items, mask, a1, b1 = R1.items[i1], R1.mask[i1], R1.a[i1], R1.b[i1]
-    n = len(common)
-    c1 = np.zeros((n, K))
-    c2 = np.zeros((n, K))
-    lengths = mask.sum(axis=1)
-    for sl in _chunks(lengths if n else np.zeros(1, np.int64), K):
-        idx = np.where(mask[sl], items[sl], 0)
-        VI, VnI = V[idx], Vn[idx]
-        m = mask[sl][:, :, None]
-        diff = np.einsum("nlk,nk->nl", VI - VnI, d1[sl])
-        c1[sl] = 2.0 * eta * np.einsum("nlk,nl->nk", VnI * m, diff)
-        c2[sl] = -eta * np.einsum("nlk,nl->nk", VnI * m, a1[sl])
+    b1 = R1.b[i1]
+    off = np.zeros(len(common) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=off[1:])
+    # one pass over the concatenated rows: V'_S^T (V_S - V'_S) d1 and V'_S^T a1 per user
+    VnI = Vn[items]
+    diff = np.einsum("nk,nk->n", V[items] - VnI, d1[seg])
+    c1 = 2.0 * eta * _segment_sum(VnI * diff[:, None], off)
+    c2 = -eta * _segment_sum(VnI * R1.af[rows1][:, None], off)
     c1 += d1 + 2.0 * eta * alpha * ((d1 @ (P - Pn).T) @ Pn) - 2.0 * eta * lam * d1
     c2 += -eta * (b1 @ Pn)
     e1 = c1 - d2 * np.sum(d2 * c1, axis=1, keepdims=True)
@@ -405,13 +445,22 @@ def _em_prior(loglik: np.ndarray, iters: int = 30, max_rows: int = 200_000) -> n
     if len(loglik) > max_rows:  # the prior needs no more than a large even subsample
         loglik = loglik[:: int(math.ceil(len(loglik) / max_rows))]
     N = len(loglik)
-    ll = loglik - loglik.max(axis=1, keepdims=True)
-    lik = np.exp(ll)
+    # column by column (H is small; per-row reductions over H columns are slow in numpy)
+    mx = loglik[:, 0].copy()
+    for h in range(1, H):
+        np.maximum(mx, loglik[:, h], out=mx)
+    lik = np.zeros((H, N))
+    for h in range(H):
+        dl = loglik[:, h] - mx
+        # exp only where it does not underflow to 0 (most noise-free likelihoods)
+        keep = dl > -746.0
+        lik[h, keep] = np.exp(dl[keep])
     # rows whose likelihood is one-hot (noise-free items: every other hypothesis underflows to 0)
     # have a one-hot posterior whatever the prior: count them once instead of every iteration
-    onehot = np.count_nonzero(lik, axis=1) == 1
-    counts = np.bincount(np.argmax(lik[onehot], axis=1), minlength=H).astype(np.float64)
-    lik = lik[~onehot]
+    nonzero = lik != 0
+    onehot = np.count_nonzero(nonzero, axis=0) == 1
+    counts = np.array([np.count_nonzero(nonzero[h] & onehot) for h in range(H)], dtype=np.float64)
+    lik = lik[:, ~onehot].T
     for _ in range(iters):
         post = lik * pi
         post /= np.maximum(post.sum(axis=1, keepdims=True), _TINY)
@@ -518,7 +567,7 @@ class MVMFAnalytic(Attack):
         # pooled noise variance per coordinate (energy of the rows off the rank-1 fit)
         dof = sum(float(np.sum(s.rows)) for s in stats) * max(K - 1, 0)
         sigma2 = sum(float(np.sum(s.resid)) for s in stats) / dof if dof > 0 else 0.0
-        scale2 = np.mean([np.mean(s.a[s.mask] ** 2) if s.mask.any() else 0.0 for s in stats]) + _TINY
+        scale2 = np.mean([np.mean(s.af**2) if len(s.af) else 0.0 for s in stats]) + _TINY
         sigma2 = max(sigma2, 1e-24 * scale2)
 
         lo, hi = float(cfg["rating_min"]), float(cfg["rating_max"])
