@@ -163,6 +163,38 @@ class FlatFedMVMFView:
     rounds: list[RoundUploads]
 
 
+def _concat_float_rows(arrays: list, tail: tuple) -> np.ndarray:
+    """``np.concatenate`` of float arrays reshaped to ``(-1, *tail)``, without a copy when possible.
+
+    A protocol typically records its uploads as consecutive slices of one batched array (e.g.
+    ``rows[u]`` of an (n, m, K) tensor). When the arrays are C-contiguous float64 blocks that
+    follow each other in memory inside one buffer, the result is a read-only view of that buffer
+    (the bytes a copy would hold); otherwise (noisy uploads, transcripts loaded from disk) one
+    concatenation.
+    """
+    first = np.asarray(arrays[0])
+    root = first
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if (root.dtype == np.float64 and root.flags.c_contiguous and first.flags.c_contiguous
+            and first.dtype == np.float64):
+        root_ptr = root.__array_interface__["data"][0]
+        start = ptr = first.__array_interface__["data"][0]
+        ok = (start - root_ptr) % 8 == 0
+        for a in arrays:
+            if not ok:
+                break
+            ok = (isinstance(a, np.ndarray) and a.dtype == np.float64 and a.flags.c_contiguous
+                  and a.__array_interface__["data"][0] == ptr)
+            ptr += a.nbytes
+        if ok and root_ptr <= start and ptr <= root_ptr + root.nbytes:
+            flat = root.reshape(-1)[(start - root_ptr) // 8 : (ptr - root_ptr) // 8]
+            out = flat.reshape((-1,) + tuple(tail))
+            out.flags.writeable = False
+            return out
+    return np.concatenate([np.asarray(a, dtype=np.float64).reshape((-1,) + tuple(tail)) for a in arrays], axis=0)
+
+
 def parse_view_flat(view: View) -> FlatFedMVMFView:
     """Like :func:`parse_view`, but one concatenation per round instead of per-client lists.
 
@@ -184,26 +216,30 @@ def parse_view_flat(view: View) -> FlatFedMVMFView:
                 V[m.round] = np.asarray(m.payload["V"], dtype=np.float64)
             if "P" in m.payload:
                 P[m.round] = np.asarray(m.payload["P"], dtype=np.float64)
-    senders: dict[int, list[str]] = {}
+    both_by_round: dict[int, set[str]] = {}
     for r in sorted(set(V) & set(P) & set(gv) & set(gp)):
         both = gv[r].keys() & gp[r].keys()
         if both:
-            senders[r] = sorted(both, key=client_sort_key)
-    parties = sorted(set().union(*senders.values()), key=client_sort_key) if senders else []
+            both_by_round[r] = both
+    # one sort of all senders (client_sort_key), then each round keeps that order
+    parties = sorted(set().union(*both_by_round.values()), key=client_sort_key) if both_by_round else []
     index = {party: k for k, party in enumerate(parties)}
     rounds = []
-    for r, who in senders.items():
+    for r, both in both_by_round.items():
+        who = parties if len(both) == len(parties) else [s for s in parties if s in both]
+        users = np.arange(len(parties), dtype=np.int64) if who is parties else \
+            np.fromiter((index[s] for s in who), dtype=np.int64, count=len(who))
         pv, pp = gv[r], gp[r]
-        items = [np.asarray(pv[s]["items"], dtype=np.int64).reshape(-1) for s in who]
-        values = [pv[s]["values"] for s in who]
-        lengths = np.fromiter((len(x) for x in items), dtype=np.int64, count=len(who))
+        item_arrays = [pv[s]["items"] for s in who]
+        lengths = np.fromiter(map(len, item_arrays), dtype=np.int64, count=len(who))
         offsets = np.zeros(len(who) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         K = V[r].shape[1]
-        grad_V = np.concatenate(values, axis=0).astype(np.float64, copy=False).reshape(-1, K)
-        grad_P = np.stack([pp[s]["values"] for s in who]).astype(np.float64, copy=False)
-        rounds.append(RoundUploads(r, np.fromiter((index[s] for s in who), dtype=np.int64, count=len(who)),
-                                   offsets, np.concatenate(items), grad_V, grad_P))
+        items = np.concatenate(item_arrays).astype(np.int64, copy=False).reshape(-1)
+        grad_V = _concat_float_rows([pv[s]["values"] for s in who], (K,))
+        gp_arrays = [pp[s]["values"] for s in who]
+        grad_P = _concat_float_rows(gp_arrays, np.shape(gp_arrays[0]))
+        rounds.append(RoundUploads(r, users, offsets, items, grad_V, grad_P))
     return FlatFedMVMFView(dict(view.config), V, P, parties, rounds)
 
 

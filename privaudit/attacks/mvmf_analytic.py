@@ -353,20 +353,28 @@ def _shorth_tau(a: np.ndarray, dv: np.ndarray, mask: np.ndarray, w: float, frac:
 def _stationarity_tau(R: _Round, lam: float) -> tuple[np.ndarray, np.ndarray]:
     """SemiALS: t^2 = -d.(V_S^T a + P^T b) / (2 lam) and its variance / sigma^2."""
     n = len(R.users)
-    num = np.bincount(R.seg, weights=R.dvf * R.af, minlength=n) + np.sum(R.pd * R.b, axis=1)
+    if len(R.af) == R.mask.size:  # no padding (InclUnc): row sums of the (n, L) views
+        sva, svv = np.sum(R.dv * R.a, axis=1), np.sum(R.dv**2, axis=1)
+    else:
+        sva = np.bincount(R.seg, weights=R.dvf * R.af, minlength=n)
+        svv = np.bincount(R.seg, weights=R.dvf**2, minlength=n)
+    num = sva + np.sum(R.pd * R.b, axis=1)
     tau = -num / (2.0 * lam)
-    var = (np.bincount(R.seg, weights=R.dvf**2, minlength=n) + np.sum(R.pd**2, axis=1)) / (4.0 * lam**2)
+    var = (svv + np.sum(R.pd**2, axis=1)) / (4.0 * lam**2)
     return tau, var
 
 
 def _regression_tau(R: _Round, virt: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """t^2 = sum_U a dv / (2 w sum_U dv^2) over the items decided unrated, and variance / sigma^2."""
-    den = np.sum(np.where(virt, w * R.dv**2, 0.0), axis=1)
+    dv2 = np.where(virt, R.dv**2, 0.0)
+    svv = np.sum(dv2, axis=1)
+    dv2 *= w
+    den = np.sum(dv2, axis=1)
     num = np.sum(np.where(virt, R.a * R.dv, 0.0), axis=1)
-    wmean = np.sum(np.where(virt, w * R.dv**2, 0.0), axis=1) / np.maximum(np.sum(np.where(virt, R.dv**2, 0.0), axis=1), _TINY)
+    wmean = den / np.maximum(svv, _TINY)
     with np.errstate(divide="ignore", invalid="ignore"):
         tau = num / (2.0 * den)
-        var = 1.0 / (4.0 * wmean**2 * np.sum(np.where(virt, R.dv**2, 0.0), axis=1))
+        var = 1.0 / (4.0 * wmean**2 * svv)
     ok = den > 0
     return np.where(ok, tau, np.nan), np.where(ok, var, np.inf)
 
