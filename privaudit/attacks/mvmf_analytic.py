@@ -280,15 +280,38 @@ def _round_stats(fv: FlatFedMVMFView, R: RoundUploads, K: int) -> _Round | None:
     if uniform:
         GV = R.grad_V.reshape(n, L, K)
         G += np.matmul(GV.transpose(0, 2, 1), GV)
+        d, top = _top_eigvec(G)
+        resid = np.maximum(np.trace(G, axis1=1, axis2=2) - top, 0.0)
     else:
-        for idx in _buckets(lengths, K):
-            Lg = int(lengths[idx].max())
-            m_ = np.arange(Lg)[None, :] < lengths[idx][:, None]
-            buf = np.zeros((len(idx), Lg, K))
-            buf[m_] = R.grad_V[(R.offsets[idx][:, None] + np.arange(Lg)[None, :])[m_]]
-            G[idx] += np.matmul(buf.transpose(0, 2, 1), buf)
-    d, top = _top_eigvec(G)
-    resid = np.maximum(np.trace(G, axis1=1, axis2=2) - top, 0.0)
+        # Without noise every row is a multiple of u, so the grad_P rows alone give d: take their
+        # top direction and check it against the full Gram matrix G = GV^T GV + GP^T GP without
+        # forming G, from one product with the concatenated rows: G d = GV^T (GV d) + GP^T GP d.
+        # Users that fail the check (noise) get G from padded buckets and the generic eigen-solve.
+        seg = np.repeat(np.arange(n), lengths)
+        d, _ = _top_eigvec(G)
+        drow = d[seg]
+        af = np.einsum("nk,nk->n", R.grad_V, drow)
+        Gd = _segment_sum(R.grad_V * af[:, None], R.offsets) + np.einsum("nij,nj->ni", G, d)
+        top = np.einsum("ni,ni->n", d, Gd)
+        tr = np.bincount(seg, weights=np.einsum("nk,nk->n", R.grad_V, R.grad_V), minlength=n)
+        tr += np.trace(G, axis1=1, axis2=2)
+        err = np.linalg.norm(Gd - top[:, None] * d, axis=1)
+        gap = 2.0 * top - tr
+        bad = ~(((gap > 0) & (err <= 1e-13 * gap)) | (tr <= 0))
+        if bad.any():
+            sub = np.flatnonzero(bad)
+            for idx in _buckets(lengths[sub], K):
+                idx = sub[idx]
+                Lg = int(lengths[idx].max())
+                m_ = np.arange(Lg)[None, :] < lengths[idx][:, None]
+                buf = np.zeros((len(idx), Lg, K))
+                buf[m_] = R.grad_V[(R.offsets[idx][:, None] + np.arange(Lg)[None, :])[m_]]
+                G[idx] += np.matmul(buf.transpose(0, 2, 1), buf)
+            d[sub], top[sub] = _top_eigvec(G[sub])
+            tr[sub] = np.trace(G[sub], axis1=1, axis2=2)
+            drow = d[seg]
+            af = np.einsum("nk,nk->n", R.grad_V, drow)
+        resid = np.maximum(tr - top, 0.0)
     b = np.matmul(GP, d[:, :, None])[:, :, 0]
     pd = d @ P.T
     if uniform:
@@ -301,9 +324,6 @@ def _round_stats(fv: FlatFedMVMFView, R: RoundUploads, K: int) -> _Round | None:
         seg = np.repeat(np.arange(n), L)
         af, dvf = a.reshape(-1), dv.reshape(-1)
     else:
-        seg = np.repeat(np.arange(n), lengths)
-        drow = d[seg]
-        af = np.einsum("nk,nk->n", R.grad_V, drow)
         dvf = np.einsum("nk,nk->n", V[R.items], drow)
     rows = lengths + p
     return _Round(R.round, R.users, d, b, pd, resid, rows, R.offsets, seg, R.items, af, dvf)
@@ -694,7 +714,8 @@ class MVMFAnalytic(Attack):
                 off = np.zeros(len(t) + 1, dtype=np.int64)
                 np.cumsum(np.diff(s.offsets)[ok], out=off[1:])
             nk = len(t)
-            ts = t[seg]
+            rlen = np.diff(off)
+            ts = np.repeat(t, rlen)  # == t[seg] (rows are grouped by user), sequential
             rhat = ts * dvf - af / (2.0 * ts)
             xhat = t[:, None] * pd - b / (2.0 * alpha * t[:, None])
             # sign: ratings (of the items that look rated) and attribute dummies positive
@@ -706,14 +727,13 @@ class MVMFAnalytic(Attack):
             score += np.sum(xhat, axis=1)
             sign = np.where(score < 0, -1.0, 1.0)
             t = t * sign
-            ts = t[seg]
-            rhat *= sign[seg]
+            ts = np.repeat(t, rlen)
+            rhat *= np.repeat(sign, rlen)
             xhat *= sign[:, None]
             Wr = 4.0 * t**2 / sigma2  # 1 / var(rhat)
             X0[users] += (alpha**2 * Wr)[:, None]
             X1[users] += (alpha**2 * Wr)[:, None] * xhat
             # where does each row go in the reference layout? same item list as the reference: by position
-            rlen = np.diff(off)
             if nk == n and len(itf) == Nr and np.array_equal(users, np.arange(n)) and np.array_equal(itf, ref_flat):
                 target, rows_same, same_all = slice(None), slice(None), True
             else:
@@ -726,7 +746,7 @@ class MVMFAnalytic(Attack):
                 same = samelen & (np.bincount(seg, weights=bad, minlength=nk) == 0)
                 rows_same = same[seg]
                 target = pos[rows_same]
-            Wrow = Wr[seg]
+            Wrow = np.repeat(Wr, rlen)
             wr = Wrow if same_all else Wrow[rows_same]
             rh = rhat if same_all else rhat[rows_same]
             S0[target] += wr
@@ -784,8 +804,17 @@ class MVMFAnalytic(Attack):
             logpi = np.log(pi)
             best = loglik(0) + logpi[0]
             pick = np.zeros(len(s0), dtype=np.int64)
+            s1x2 = 2.0 * s1
+            sc, tmp = np.empty_like(s0), np.empty_like(s0)
             for h in range(1, H):
-                sc = loglik(h)
+                if unknown_c and h == 0:
+                    continue
+                g = values[h]  # sc = -0.5 * (s2 - 2 s1 g + s0 g^2), same operations as loglik(h), in place
+                np.multiply(s1x2, g, out=sc)
+                np.subtract(s2, sc, out=sc)
+                np.multiply(s0, g**2, out=tmp)
+                sc += tmp
+                sc *= -0.5
                 sc += logpi[h]
                 better = sc > best
                 pick[better] = h
