@@ -47,6 +47,9 @@ def run_fed(args: argparse.Namespace) -> None:
         "global_rounds": args.global_rounds,
         "clients_per_round": args.clients_per_round,
         "batch_size": args.batch_size,
+        "lr": args.lr,
+        "local_epochs": args.local_epochs,
+        "client_optimizer": args.client_optimizer,
         "eval_every": args.eval_every,
         "record_rounds": 0,
     }
@@ -100,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients-per-round", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--lr", type=float, default=1e-3, help="client Adam learning rate (paper: 1e-3)")
+    p.add_argument("--local-epochs", type=int, default=2, help="paper: 2")
+    p.add_argument("--client-optimizer", default="fresh", choices=["fresh", "persistent"])
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default=str(DATA))

@@ -242,6 +242,7 @@ def train_clients(
     dp: tuple[float, float] | None = None,
     noise_seed: int = 0,
     n_rows: np.ndarray | None = None,
+    adam_state: dict[str, Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """Local training of C clients at once (fedncf.txt Algorithm 2, the plain update part).
 
@@ -270,6 +271,12 @@ def train_clients(
         all clients are stored unpadded in one (sum n_rows, Dtot) tensor, clients ordered by
         their step counts, so the rows of the clients still active form a contiguous prefix and
         Adam touches no padding.
+    adam_state : dict, optional
+        Persistent per-client Adam state to resume from (default: fresh state, step 0):
+        ``m_user``/``v_user`` (C, Dtot), ``m_item``/``v_item`` (C, L, Dtot), ``m_net``/``v_net``
+        (dict name -> (C, ...)), ``step`` (C,) int64 steps already taken. The updated state is
+        returned under ``adam_state`` (same layout). Uses an unfused Adam with per-client step
+        counts (same formula as ``torch.optim.Adam``).
 
     Returns
     -------
@@ -299,6 +306,16 @@ def train_clients(
     params = [P_user, P_item] + [P_net[k] for k in names]
     m_state = [torch.zeros_like(p) for p in params]
     v_state = [torch.zeros_like(p) for p in params]
+    step0 = None
+    if adam_state is not None:
+        for st, mk in ((m_state, "m"), (v_state, "v")):
+            st[0].copy_(torch.as_tensor(adam_state[f"{mk}_user"][order]))
+            it = adam_state[f"{mk}_item"][order]
+            st[1].copy_(torch.as_tensor(np.concatenate([it[c, : rows_per[c]] for c in range(C)]) if C else np.zeros((0, Dt), np.float32)))
+            for j, k in enumerate(names):
+                st[2 + j].copy_(torch.as_tensor(adam_state[f"{mk}_net"][k][order]))
+        step0 = torch.as_tensor(np.asarray(adam_state["step"], dtype=np.float64)[order])
+        row_client = torch.as_tensor(np.repeat(np.arange(C), rows_per))
     inst_item_t = torch.as_tensor(inst_item)
     inst_label_t = torch.as_tensor(inst_label, dtype=torch.float32)
     index_t = torch.as_tensor(index)
@@ -353,17 +370,42 @@ def train_clients(
                 grads.append((g + noise) / denom)
         ms = [m_state[0][:a], m_state[1][:n_act]] + [m[:a] for m in m_state[2:]]
         vs = [v_state[0][:a], v_state[1][:n_act]] + [v[:a] for v in v_state[2:]]
-        _adam_step(cur, list(grads), ms, vs, s + 1, lr)
+        if step0 is None:
+            _adam_step(cur, list(grads), ms, vs, s + 1, lr)
+        else:
+            t = step0[:a] + (s + 1)
+            b1, b2 = ADAM_BETAS
+            bc1, bc2 = 1.0 - b1**t, 1.0 - b2**t  # (a,) float64 per-client bias corrections
+            for j, (p, g, m_, v_) in enumerate(zip(cur, grads, ms, vs)):
+                sel = row_client[:n_act] if j == 1 else slice(None)
+                shape = (-1,) + (1,) * (p.dim() - 1)
+                c1 = bc1[sel].float().view(shape)
+                c2 = bc2[sel].float().view(shape)
+                m_.mul_(b1).add_(g, alpha=1.0 - b1)
+                v_.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+                p.sub_(lr * (m_ / c1) / ((v_ / c2).sqrt() + ADAM_EPS))
     flat_out = P_item.numpy()
     items_out = item_rows.copy()
     for c in range(C):
         items_out[c, : rows_per[c]] = flat_out[off[c] : off[c + 1]]
-    return {
+    out = {
         "net": {k: P_net[k].numpy()[inverse] for k in names},
         "items": items_out[inverse],
         "users": P_user.numpy()[inverse],
         "steps": n_steps[inverse],
     }
+    if adam_state is not None:
+        new_state: dict[str, Any] = {"step": (np.asarray(adam_state["step"])[order] + n_steps)[inverse]}
+        for st, mk in ((m_state, "m"), (v_state, "v")):
+            new_state[f"{mk}_user"] = st[0].numpy()[inverse]
+            fl = st[1].numpy()
+            it = np.zeros((C, L, Dt), dtype=np.float32)
+            for c in range(C):
+                it[c, : rows_per[c]] = fl[off[c] : off[c + 1]]
+            new_state[f"{mk}_item"] = it[inverse]
+            new_state[f"{mk}_net"] = {k: st[2 + j].numpy()[inverse] for j, k in enumerate(names)}
+        out["adam_state"] = new_state
+    return out
 
 
 def train_clients_loop(

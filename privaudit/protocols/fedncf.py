@@ -54,7 +54,9 @@ Departures: clients upload the *change* of their rows and weights rather than th
 results, and small values suit secure aggregation's fixed-point encoding). Negatives are drawn
 once per round and reused in both local epochs (the paper does not say; the observation
 vector P is then the set of rows trained that round). The paper gives no batch size; 64 is
-used (``batch_size``). Each client starts every round with a fresh Adam state.
+used (``batch_size``). Each client starts every round with a fresh Adam state (default;
+``client_optimizer=persistent`` keeps each client's Adam moments and step count across rounds --
+the paper does not say which; on ML-100K it made no difference to HR@10, docs/reproduction.md).
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ class FedNCF(Protocol):
         "lr": 0.001,
         "local_epochs": 2,
         "batch_size": 64,
+        "client_optimizer": "fresh",
         "aggregation": "mf-fedavg",
         "clients_per_round": 20,
         "global_rounds": 3,
@@ -169,6 +172,7 @@ class FedNCF(Protocol):
         "lr": "client Adam learning rate",
         "local_epochs": "local epochs per round",
         "batch_size": "local mini-batch size (the paper gives none)",
+        "client_optimizer": "fresh (new Adam state every round) or persistent (each client keeps its Adam moments and step count across rounds)",
         "aggregation": "mf-fedavg (per-item averaging), fedavg (eq. 1) or simpleavg",
         "clients_per_round": "cohort size |c| of an aggregation round",
         "global_rounds": "passes over all clients (the paper's 'epochs', 400)",
@@ -196,6 +200,8 @@ class FedNCF(Protocol):
             fail(f"model must be one of {', '.join(ncf.ARCHS)}, got {config['model']!r}")
         if config["aggregation"] not in AGGREGATIONS:
             fail(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {config['aggregation']!r}")
+        if config["client_optimizer"] not in ("fresh", "persistent"):
+            fail(f"client_optimizer must be 'fresh' or 'persistent', got {config['client_optimizer']!r}")
         if config["selection"] not in ("random", "adversarial"):
             fail(f"selection must be 'random' or 'adversarial', got {config['selection']!r}")
         for key in ("D", "local_epochs", "batch_size", "clients_per_round", "eval_negatives", "top_k"):
@@ -301,6 +307,13 @@ class FedNCF(Protocol):
         items = ncf.init_embeddings(m, Dt, init_rng)
         users = ncf.init_embeddings(n, Dt, init_rng)
         names = list(net)
+        adam = None
+        if cfg["client_optimizer"] == "persistent":  # per-client Adam moments (n x m x Dtot for the rows)
+            adam = {"step": np.zeros(n, dtype=np.int64)}
+            for mk in ("m", "v"):
+                adam[f"{mk}_user"] = np.zeros((n, Dt), dtype=np.float32)
+                adam[f"{mk}_item"] = np.zeros((n, m, Dt), dtype=np.float32)
+                adam[f"{mk}_net"] = {k: np.zeros((n,) + v.shape, dtype=np.float32) for k, v in net.items()}
         per_global = max(1, -(-len(eligible) // min(cfg["clients_per_round"], len(eligible))))
         offset = 2 * cfg["manipulated_rounds"] if cfg["selection"] == "adversarial" else 0
         participation = np.zeros(n, dtype=np.int64)
@@ -315,7 +328,7 @@ class FedNCF(Protocol):
                 transcript.add(r, "server", "server", "cohort", {"clients": cohort}, {"k": int(len(cohort))})
                 transcript.add(r, "server", "server", "state", {"items": items.astype(np.float64), "network": net_flat})
             t0 = time.perf_counter()
-            uploads = self._local_round(cfg, cohort, pos, excl, n_pos, items, users, net, dp, train_rng, m)
+            uploads = self._local_round(cfg, cohort, pos, excl, n_pos, items, users, net, dp, train_rng, m, adam)
             t_train += time.perf_counter() - t0
             participation[cohort] += 1
             senders = [f"client:{u}" for u in cohort]
@@ -373,10 +386,12 @@ class FedNCF(Protocol):
         dp: Any,
         rng: np.random.Generator,
         m: int,
+        adam: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Negative sampling, batched local training and the plaintext uploads of one cohort.
 
-        Updates ``users`` (the clients' private vectors) in place.
+        Updates ``users`` (the clients' private vectors) and ``adam`` (persistent per-client Adam
+        state, or None) in place.
         """
         arch, D, layers = cfg["model"], cfg["D"], list(cfg["layers"])
         C = len(cohort)
@@ -401,6 +416,16 @@ class FedNCF(Protocol):
             item_rows[c, : len(local[c])] = items[local[c]]
             inst_item[c, : n_inst[c]] = np.searchsorted(local[c], inst_items[c])
             inst_label[c, : npos[c]] = 1.0
+        state = None
+        if adam is not None:
+            state = {"step": adam["step"][cohort]}
+            for mk in ("m", "v"):
+                state[f"{mk}_user"] = adam[f"{mk}_user"][cohort]
+                state[f"{mk}_net"] = {k: v[cohort] for k, v in adam[f"{mk}_net"].items()}
+                it = np.zeros((C, L, Dt), dtype=np.float32)
+                for c in range(C):
+                    it[c, : len(local[c])] = adam[f"{mk}_item"][cohort[c], local[c]]
+                state[f"{mk}_item"] = it
         index, valid = ncf.make_batches(n_inst, cfg["local_epochs"], cfg["batch_size"], rng)
         out = ncf.train_clients(
             arch, D, layers, net, item_rows, users[cohort], inst_item, inst_label, n_inst, index, valid,
@@ -408,8 +433,18 @@ class FedNCF(Protocol):
             dp=(dp.noise_multiplier, dp.max_grad_norm) if dp is not None else None,
             noise_seed=int(rng.integers(2**63)),
             n_rows=np.array([len(x) for x in local]),
+            adam_state=state,
         )
         users[cohort] = out["users"]
+        if adam is not None:
+            new = out["adam_state"]
+            adam["step"][cohort] = new["step"]
+            for mk in ("m", "v"):
+                adam[f"{mk}_user"][cohort] = new[f"{mk}_user"]
+                for k in adam[f"{mk}_net"]:
+                    adam[f"{mk}_net"][k][cohort] = new[f"{mk}_net"][k]
+                for c in range(C):
+                    adam[f"{mk}_item"][cohort[c], local[c]] = new[f"{mk}_item"][c, : len(local[c])]
         agg = cfg["aggregation"]
         net_flat = ncf.flatten_network(net, arch, D, layers)
         item_payloads, net_payloads = [], []
