@@ -158,6 +158,17 @@ def plain_sum(payloads: Sequence[Mapping[str, np.ndarray]], rows: int | None, in
     return out
 
 
+def resolve_seed(rng: np.random.Generator | int | None) -> int:
+    """The integer seed of a run: given, drawn from a Generator, or fresh (OS entropy)."""
+    if rng is None:
+        return int(np.random.SeedSequence().entropy % (2**32))
+    if isinstance(rng, (int, np.integer)):
+        return int(rng)
+    if isinstance(rng, np.random.Generator):
+        return int(rng.integers(2**32))
+    raise TypeError(f"rng must be a numpy Generator, an int seed or None, not {type(rng).__name__}")
+
+
 class Protocol:
     """Base class of protocols.
 
@@ -172,10 +183,19 @@ class Protocol:
     config_help: dict[str, str] = {}
     default_attack: str | None = None
     attacker: str = "server"
+    #: Config keys a run fills in itself (dataset sizes, the defense list, the seed). They are
+    #: recorded in the transcript's public config and ignored when passed back in, so the
+    #: config of a transcript can be handed to another run.
+    derived_keys: tuple[str, ...] = ()
 
     @classmethod
     def resolve_config(cls, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Defaults updated with ``overrides`` (strings coerced), validated by :meth:`validate_config`."""
+        """Defaults updated with ``overrides`` (strings coerced), validated by :meth:`validate_config`.
+
+        Keys in :attr:`derived_keys` (and ``seed``, ``defenses``) are dropped from ``overrides``.
+        """
+        ignored = set(cls.derived_keys) | {"seed", "defenses"}
+        overrides = {k: v for k, v in (overrides or {}).items() if k not in ignored}
         config = resolve(cls.default_config, overrides, f"protocol {cls.name!r}")
         cls.validate_config(config)
         return config

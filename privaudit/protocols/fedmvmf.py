@@ -66,23 +66,12 @@ from privaudit.defenses.base import ClientData, Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import ranking_metrics_at_k
 from privaudit.models import mvmf
-from privaudit.protocols.base import Channel, Protocol, RunResult
+from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
 from privaudit.transcript import Transcript
 
 #: Config keys the protocol fills in itself (ignored if passed in).
 DERIVED_KEYS = ("n_items", "n_users", "attribute_names", "rating_min", "rating_max", "rating_step", "defenses", "seed")
-
-
-def resolve_seed(rng: np.random.Generator | int | None) -> int:
-    """The integer seed of a run: given, drawn from a Generator, or fresh (OS entropy)."""
-    if rng is None:
-        return int(np.random.SeedSequence().entropy % (2**32))
-    if isinstance(rng, (int, np.integer)):
-        return int(rng)
-    if isinstance(rng, np.random.Generator):
-        return int(rng.integers(2**32))
-    raise TypeError(f"rng must be a numpy Generator, an int seed or None, not {type(rng).__name__}")
 
 
 def split_fedmvmf(
@@ -136,6 +125,7 @@ class FedMVMF(Protocol):
 
     description = "Federated multi-view matrix factorization (FedMVMF, privmvmf.txt §3): SemiALS/SGD x ObsOnly/InclUnc"
     default_attack = "mvmf-analytic"
+    derived_keys = DERIVED_KEYS
     default_config: dict[str, Any] = {
         "K": 20,
         "alpha": 2.0,
@@ -172,11 +162,6 @@ class FedMVMF(Protocol):
         "relevance_threshold": "a test rating >= this is relevant (utility)",
         "top_k": "length of the recommendation lists (utility)",
     }
-
-    @classmethod
-    def resolve_config(cls, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        overrides = {k: v for k, v in (overrides or {}).items() if k not in DERIVED_KEYS}
-        return super().resolve_config(overrides)
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:

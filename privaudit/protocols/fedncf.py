@@ -71,22 +71,12 @@ from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import hit_ratio_at_k, ndcg_at_k_loo
 from privaudit.models import ncf
-from privaudit.protocols.base import Channel, Protocol, RunResult
+from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
 from privaudit.transcript import Transcript
 
 DERIVED_KEYS = ("n_items", "n_users", "defenses", "seed")
 AGGREGATIONS = ("mf-fedavg", "fedavg", "simpleavg")
-
-
-def _seed_of(rng: np.random.Generator | int | None) -> int:
-    if rng is None:
-        return int(np.random.SeedSequence().entropy % (2**32))
-    if isinstance(rng, (int, np.integer)):
-        return int(rng)
-    if isinstance(rng, np.random.Generator):
-        return int(rng.integers(2**32))
-    raise TypeError(f"rng must be a numpy Generator, an int seed or None, not {type(rng).__name__}")
 
 
 def implicit_split(dataset: Any) -> tuple[sp.csr_matrix, np.ndarray]:
@@ -143,6 +133,7 @@ class FedNCF(Protocol):
 
     description = "Federated neural collaborative filtering (FedNCF, fedncf.txt): GMF/MLP/NeuMF, MF-FedAvg"
     default_attack = "ncf-update-leak"
+    derived_keys = DERIVED_KEYS
     default_config: dict[str, Any] = {
         "model": "gmf",
         "D": 12,
@@ -185,11 +176,6 @@ class FedNCF(Protocol):
         "eval_negatives": "sampled negatives ranked against each held-out item",
         "top_k": "K of HR@K and NDCG@K",
     }
-
-    @classmethod
-    def resolve_config(cls, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        overrides = {k: v for k, v in (overrides or {}).items() if k not in DERIVED_KEYS}
-        return super().resolve_config(overrides)
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
@@ -263,7 +249,7 @@ class FedNCF(Protocol):
     def _run(self, dataset: Any, config: Any, defenses: Sequence[Defense], rng: Any) -> RunResult:
         cfg = self.resolve_config(config)
         self.check_defenses(self.name, defenses)
-        seed = _seed_of(rng)
+        seed = resolve_seed(rng)
         sched_rng, init_rng, train_rng, channel_rng, eval_rng = (
             np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)
         )

@@ -59,7 +59,7 @@ from privaudit.data import zip_silos
 from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import map_at_k, mean_rank, rmse
-from privaudit.protocols.base import Channel, Protocol, RunResult
+from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
 from privaudit.transcript import Transcript
 
@@ -76,14 +76,6 @@ __all__ = [
 ]
 
 DERIVED_KEYS = ("n_items", "n_silos_found", "Lambda_used", "s_used", "rating_min", "rating_max", "defenses")
-
-
-def _seed(rng: np.random.Generator | int | None) -> int:
-    if rng is None:
-        return int(np.random.SeedSequence().entropy % (2**32))
-    if isinstance(rng, (int, np.integer)):
-        return int(rng)
-    return int(rng.integers(2**32))
 
 
 def split_test_users(
@@ -213,6 +205,7 @@ def recommendation_metrics(scores: np.ndarray, train: sp.csr_matrix, test: sp.cs
 class FedProto(Protocol):
     description = "Cross-silo federated NMF from k (DP) prototypes per silo, two rounds"
     default_attack = "proto-membership"
+    derived_keys = DERIVED_KEYS
     attacker = "server"
     default_config = {
         "prototypes": "auto",
@@ -295,11 +288,10 @@ class FedProto(Protocol):
     ) -> RunResult:
         """Run Algorithm 1; ``model``: dict with ``V`` (m x ell), ``U`` (n x ell), ``silos``
         (list of user-index arrays), ``prototypes`` (the server's stacked P), ``kind``."""
-        overrides = {k: v for k, v in dict(config or {}).items() if k not in DERIVED_KEYS and k != "seed"}
-        cfg = self.resolve_config(overrides)
+        cfg = self.resolve_config(config)
         self.check_defenses(self.name, defenses)
         kind, defenses = self.resolve_kind(cfg["prototypes"], defenses)
-        seed = _seed(rng)
+        seed = resolve_seed(rng)
         split_rng, silo_rng, proto_rng, channel_rng, server_rng = (
             np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)
         )

@@ -64,25 +64,14 @@ from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import mean_ci95
 from privaudit.models.cnmf import CNMF, block_columns, observed
-from privaudit.protocols.base import Channel, Protocol, RunResult
+from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
 from privaudit.transcript import Transcript
 
-__all__ = ["FedSPLIT", "cnmf_from_config", "resolve_seed"]
+__all__ = ["FedSPLIT", "cnmf_from_config"]
 
 #: Config keys the protocol fills in itself.
 DERIVED_KEYS = ("n_items", "n_groups", "rating_min", "rating_max", "rating_step", "defenses")
-
-
-def resolve_seed(rng: np.random.Generator | int | None) -> int:
-    """The integer seed of a run: given, drawn from a Generator, or fresh (OS entropy)."""
-    if rng is None:
-        return int(np.random.SeedSequence().entropy % (2**32))
-    if isinstance(rng, (int, np.integer)):
-        return int(rng)
-    if isinstance(rng, np.random.Generator):
-        return int(rng.integers(2**32))
-    raise TypeError(f"rng must be a numpy Generator, an int seed or None, not {type(rng).__name__}")
 
 
 def cnmf_from_config(config: Mapping[str, Any], n_components: int | None = None) -> CNMF:
@@ -117,6 +106,7 @@ def _group_rmse(group: np.ndarray, err2: np.ndarray, n_groups: int) -> np.ndarra
 class FedSPLIT(Protocol):
     description = "One-shot federated NMF: local CNMF per group, joint NMF of the item factors, distillation"
     default_attack = "fedsplit-inference"
+    derived_keys = DERIVED_KEYS
     attacker = "server"
     default_config = {
         "group_min": 3,
@@ -195,8 +185,7 @@ class FedSPLIT(Protocol):
         ``b_H_global`` (m,), ``mu_global``, ``W_star`` (n x K, eq. 18), and the per-group
         ``rmse_local``, ``rmse_fedsplit`` (N,), ``n_users`` (N,), ``n_ratings`` (N,).
         """
-        overrides = {k: v for k, v in dict(config or {}).items() if k not in DERIVED_KEYS and k != "seed"}
-        cfg = self.resolve_config(overrides)
+        cfg = self.resolve_config(config)
         self.check_defenses(self.name, defenses)
         seed = resolve_seed(rng)
         split_rng, group_rng, init_rng, channel_rng, server_rng = (
