@@ -194,7 +194,8 @@ def _execute(run: _Run, dataset: Any) -> dict[str, Any]:
     for a_index, (attack_name, attack_cls) in enumerate(run.attacks):
         ss = np.random.SeedSequence([run.seed, run.defense_index, run.value_index, a_index])
         try:
-            scored, seconds = ex._evaluate(attack_cls, {}, result.transcript, np.random.default_rng(ss))
+            params = dict(getattr(attack_cls, "audit_params", {}) or {})
+            scored, seconds = ex._evaluate(attack_cls, params, result.transcript, np.random.default_rng(ss))
         except Exception as exc:
             attacks[attack_name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
@@ -292,6 +293,7 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
                 "party": getattr(a, "party", "server"),
                 "requires": list(getattr(a, "requires", ()) or ()),
                 "primary_metric": getattr(a, "primary_metric", "accuracy"),
+                "audit_params": dict(getattr(a, "audit_params", {}) or {}),
                 "lower_is_better": lower_is_better(getattr(a, "primary_metric", "accuracy")),
             }
             for a in attacks
@@ -580,7 +582,9 @@ def render_html(audit: Mapping[str, Any]) -> str:
                 ("protocol", str(audit["protocol"])),
                 ("dataset", ", ".join(f"{k}={v}" for k, v in ds.items())),
                 ("seeds", ", ".join(str(s) for s in audit.get("seeds", []))),
-                ("attacks", ", ".join(a["name"] for a in audit["attacks"])),
+                ("attacks", ", ".join(
+                    a["name"] + (" (" + ", ".join(f"{k}={v}" for k, v in a["audit_params"].items()) + ")" if a.get("audit_params") else "")
+                    for a in audit["attacks"])),
                 ("defenses", ", ".join(f"{d['name']} ({d['strength']} in {', '.join(figures._fmt_value(v) for v in d['grid'])})" for d in audit["defenses"]) or "none"),
                 ("not swept", ", ".join(f"{s['name']} ({s['reason']})" for s in audit.get("skipped_defenses", [])) or "none"),
                 ("runs", f"{timing.get('runs', len(audit['runs']))} protocol runs, {_f(timing.get('total_seconds'), 1)} s ({timing.get('backend', '')})"),

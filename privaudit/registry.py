@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-import sys
 from importlib.metadata import entry_points
 from typing import Any, Callable, TypeVar
 

@@ -70,6 +70,9 @@ class Attack(Configurable):
     requires: tuple[str, ...] = ()
     default_sweep: tuple[str, tuple] | None = None
     primary_metric: str = "accuracy"
+    #: Parameters ``privaudit audit`` uses for this attack (e.g. a victim subsample for a slow
+    #: attack, so that a whole attack x defense grid stays affordable); the audit report lists them.
+    audit_params: dict[str, Any] = {}
 
     def applicable(self, view: View) -> tuple[bool, str]:
         """Whether ``view`` holds what this attack needs, and if not, why."""

@@ -292,7 +292,6 @@ class FedNCF(Protocol):
         net = ncf.init_network(arch, D, layers, init_rng)
         items = ncf.init_embeddings(m, Dt, init_rng)
         users = ncf.init_embeddings(n, Dt, init_rng)
-        names = list(net)
         adam = None
         if cfg["client_optimizer"] == "persistent":  # per-client Adam moments (n x m x Dtot for the rows)
             adam = {"step": np.zeros(n, dtype=np.int64)}

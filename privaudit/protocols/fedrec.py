@@ -78,8 +78,7 @@ from privaudit.data.splits import kfold_ratings
 from privaudit.defenses.base import ClientData, Defense
 from privaudit.errors import PrivauditError
 from privaudit.models import pmf
-from privaudit.protocols.base import Channel, Protocol, RunResult
-from privaudit.protocols.fedmvmf import resolve_seed
+from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
 from privaudit.transcript import Transcript
 
@@ -124,6 +123,7 @@ class FedRec(Protocol):
 
     description = "FedRec (fedrec.txt): federated PMF batch/stochastic and SVD++ with UA/HF virtual ratings"
     default_attack = "fedrec-rated-items"
+    derived_keys = DERIVED_KEYS
     default_config: dict[str, Any] = {
         "model": "pmf-batch",
         "federated": True,
@@ -161,7 +161,7 @@ class FedRec(Protocol):
 
     @classmethod
     def resolve_config(cls, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        overrides = {k: v for k, v in (overrides or {}).items() if k not in DERIVED_KEYS}
+        overrides = dict(overrides or {})
         if isinstance(overrides.get("record_rounds"), (int, np.integer)):
             overrides["record_rounds"] = [int(overrides["record_rounds"])]
         return super().resolve_config(overrides)
@@ -360,7 +360,6 @@ class FedRec(Protocol):
     @staticmethod
     def _sgd_iteration(U, V, W, E, lam, lr, federated, channel, senders, t, record, order_rng, chunk_users):
         """One iteration of Algorithm 4 (in place on U, V, W)."""
-        n = U.shape[0]
         m, d = V.shape
         order, _ = pmf.entry_order(E, order_rng)
         for c, chunk in enumerate(pmf.user_chunks(E.counts, chunk_users, order_rng)):

@@ -227,7 +227,7 @@ def _config_items(results: Mapping[str, Any]) -> list[tuple[str, str]]:
     items = [
         ("protocol", str(results.get("protocol"))),
         ("attack", str(results.get("attack")) + _params(results.get("attack_params"))),
-        ("defenses", ", ".join(d.get("name", "?") + _params({k: (f"swept" if swept == (d.get("name"), k) else v) for k, v in d.items() if k != "name"}) for d in results.get("defenses") or []) or "none"),
+        ("defenses", ", ".join(d.get("name", "?") + _params({k: ("swept" if swept == (d.get("name"), k) else v) for k, v in d.items() if k != "name"}) for d in results.get("defenses") or []) or "none"),
         ("sweep", str(results.get("sweep") or "none (single point)")),
         ("seeds", ", ".join(str(s) for s in results.get("seeds") or sorted({p.get("seed") for p in results.get("points") or []}, key=str))),
         ("dataset", ", ".join(f"{k}={v}" for k, v in (results.get("dataset") or {}).items())),
