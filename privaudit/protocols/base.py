@@ -169,6 +169,11 @@ def resolve_seed(rng: np.random.Generator | int | None) -> int:
     raise TypeError(f"rng must be a numpy Generator, an int seed or None, not {type(rng).__name__}")
 
 
+def public_defenses(defenses: Sequence[Defense]) -> list[dict[str, Any]]:
+    """The active defenses as recorded in a transcript's public config: ``{"name", **params}``."""
+    return [{"name": d.name, **dict(d.config)} for d in defenses]
+
+
 class Protocol:
     """Base class of protocols.
 

@@ -66,7 +66,7 @@ from privaudit.defenses.base import ClientData, Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import ranking_metrics_at_k
 from privaudit.models import mvmf
-from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
+from privaudit.protocols.base import Channel, Protocol, RunResult, public_defenses, resolve_seed
 from privaudit.registry import register_protocol
 from privaudit.transcript import Transcript
 
@@ -231,7 +231,7 @@ class FedMVMF(Protocol):
             rating_min=float(dataset.rating_min),
             rating_max=float(dataset.rating_max),
             rating_step=float(dataset.rating_step),
-            defenses=[{"name": d.name, **dict(d.config)} for d in defenses],
+            defenses=public_defenses(defenses),
         )
         senders = [f"client:{u}" for u in range(n)]
         transcript = Transcript(

@@ -71,7 +71,7 @@ from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import hit_ratio_at_k, ndcg_at_k_loo
 from privaudit.models import ncf
-from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
+from privaudit.protocols.base import Channel, Protocol, RunResult, public_defenses, resolve_seed
 from privaudit.registry import register_protocol
 from privaudit.transcript import Transcript
 
@@ -274,7 +274,7 @@ class FedNCF(Protocol):
             n_items=m,
             n_users=n,
             target=target,
-            defenses=[{"name": d.name, **d.config} for d in defenses],
+            defenses=public_defenses(defenses),
             seed=seed,
         )
         parties = ["server"] + [f"client:{u}" for u in range(n)]

@@ -59,7 +59,7 @@ from privaudit.data import zip_silos
 from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import map_at_k, mean_rank, rmse
-from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
+from privaudit.protocols.base import Channel, Protocol, RunResult, public_defenses, resolve_seed
 from privaudit.registry import register_protocol
 from privaudit.transcript import Transcript
 
@@ -309,7 +309,7 @@ class FedProto(Protocol):
             s_used=int(cfg["s"]),
             rating_min=float(dataset.rating_min),
             rating_max=float(dataset.rating_max),
-            defenses=[{"name": d.name, **dict(d.config)} for d in defenses],
+            defenses=public_defenses(defenses),
         )
         senders = [f"client:{h}" for h in range(H)]
         transcript = Transcript(protocol=self.name, config=public, seed=seed, dataset=dataset.summary(), parties=["server", *senders])

@@ -78,7 +78,7 @@ from privaudit.data.splits import kfold_ratings
 from privaudit.defenses.base import ClientData, Defense
 from privaudit.errors import PrivauditError
 from privaudit.models import pmf
-from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
+from privaudit.protocols.base import Channel, Protocol, RunResult, public_defenses, resolve_seed
 from privaudit.registry import register_protocol
 from privaudit.transcript import Transcript
 
@@ -252,7 +252,7 @@ class FedRec(Protocol):
             lr_used=lr,
             lam_used=lam,
             chunk_used=chunk,
-            defenses=[{"name": dd.name, **dict(dd.config)} for dd in defenses],
+            defenses=public_defenses(defenses),
         )
         senders = [f"client:{u}" for u in range(n)]
         transcript = Transcript(

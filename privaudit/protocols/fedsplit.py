@@ -64,7 +64,7 @@ from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import mean_ci95
 from privaudit.models.cnmf import CNMF, block_columns, observed
-from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
+from privaudit.protocols.base import Channel, Protocol, RunResult, public_defenses, resolve_seed
 from privaudit.registry import register_protocol
 from privaudit.transcript import Transcript
 
@@ -212,7 +212,7 @@ class FedSPLIT(Protocol):
             rating_min=float(dataset.rating_min),
             rating_max=float(dataset.rating_max),
             rating_step=float(dataset.rating_step),
-            defenses=[{"name": d.name, **dict(d.config)} for d in defenses],
+            defenses=public_defenses(defenses),
         )
         senders = [f"client:{g}" for g in range(N)]
         transcript = Transcript(
