@@ -207,7 +207,12 @@ class Protocol:
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
-        """Raise :class:`PrivauditError` for out-of-range values."""
+        """Raise :class:`PrivauditError` for out-of-range values (see :meth:`config_fail`)."""
+
+    @classmethod
+    def config_fail(cls, msg: str) -> None:
+        """Raise the one-line :class:`PrivauditError` of an invalid config value."""
+        raise PrivauditError(f"protocol {cls.name!r}: {msg}")
 
     def run(
         self,

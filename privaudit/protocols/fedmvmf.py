@@ -63,7 +63,6 @@ import scipy.sparse as sp
 
 from privaudit.data.splits import cold_start_items, cold_start_users, holdout_split
 from privaudit.defenses.base import ClientData, Defense
-from privaudit.errors import PrivauditError
 from privaudit.metrics import ranking_metrics_at_k
 from privaudit.models import mvmf
 from privaudit.protocols.base import Channel, Protocol, RunResult, public_defenses, resolve_seed
@@ -165,8 +164,7 @@ class FedMVMF(Protocol):
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
-        def fail(msg: str) -> None:
-            raise PrivauditError(f"protocol {cls.name!r}: {msg}")
+        fail = cls.config_fail
 
         if config["update"] not in ("semials", "sgd"):
             fail(f"update must be 'semials' or 'sgd', got {config['update']!r}")

@@ -179,8 +179,7 @@ class FedNCF(Protocol):
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
-        def fail(msg: str) -> None:
-            raise PrivauditError(f"protocol 'fedncf': {msg}")
+        fail = cls.config_fail
 
         if config["model"] not in ncf.ARCHS:
             fail(f"model must be one of {', '.join(ncf.ARCHS)}, got {config['model']!r}")

@@ -238,8 +238,7 @@ class FedProto(Protocol):
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
-        def fail(msg: str) -> None:
-            raise PrivauditError(f"protocol 'fedproto': {msg}")
+        fail = cls.config_fail
 
         if config["prototypes"] not in ("auto", "exact", "random", "dp"):
             fail(f"prototypes must be auto, exact, random or dp, got {config['prototypes']!r}")

@@ -168,8 +168,7 @@ class FedRec(Protocol):
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
-        def fail(msg: str) -> None:
-            raise PrivauditError(f"protocol {cls.name!r}: {msg}")
+        fail = cls.config_fail
 
         if config["model"] not in MODELS:
             fail(f"model must be one of {', '.join(MODELS)}, got {config['model']!r}")

@@ -61,7 +61,6 @@ import numpy as np
 
 from privaudit.data import holdout_split, random_groups
 from privaudit.defenses.base import Defense
-from privaudit.errors import PrivauditError
 from privaudit.metrics import mean_ci95
 from privaudit.models.cnmf import CNMF, block_columns, observed
 from privaudit.protocols.base import Channel, Protocol, RunResult, public_defenses, resolve_seed
@@ -149,8 +148,7 @@ class FedSPLIT(Protocol):
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
-        def fail(msg: str) -> None:
-            raise PrivauditError(f"protocol 'fedsplit': {msg}")
+        fail = cls.config_fail
 
         for key in ("group_min", "group_max", "k", "K", "n_iter", "server_max_iter", "k_central"):
             if not isinstance(config[key], int) or isinstance(config[key], bool) or config[key] < 1:
