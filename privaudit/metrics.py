@@ -306,15 +306,7 @@ def ranking_metrics_at_k(
 
     tot = {"ndcg": 0.0, "precision": 0.0, "recall": 0.0}
     n_users = 0
-    for lo, hi in _blocks(*shape):
-        nr = n_rel[lo:hi]
-        keep = nr > 0
-        if not keep.any():
-            continue
-        rb = _rows(rel, lo, hi)[keep]
-        eb = None if excl is None else _rows(excl, lo, hi)[keep]
-        hits, n_rec = _topk_hits(s[lo:hi][keep], rb, eb, k)
-        nr = nr[keep]
+    for hits, n_rec, nr in _relevant_user_hits(s, rel, excl, n_rel, k):
         tp = hits.sum(axis=1)
         dcg = hits @ discounts
         idcg = ideal[np.minimum(kk, nr) - 1]
@@ -322,13 +314,30 @@ def ranking_metrics_at_k(
         prec = np.divide(tp, n_rec, out=np.zeros(len(tp)), where=n_rec > 0)
         tot["precision"] += float(np.sum(prec))
         tot["recall"] += float(np.sum(tp / nr))
-        n_users += int(keep.sum())
+        n_users += len(nr)
     if n_users == 0:
         return {"ndcg": math.nan, "precision": math.nan, "recall": math.nan, "f1": math.nan}
     out = {name: value / n_users for name, value in tot.items()}
     p, r = out["precision"], out["recall"]
     out["f1"] = 2.0 * p * r / (p + r) if p + r > 0 else 0.0
     return {key: float(out[key]) for key in ("ndcg", "precision", "recall", "f1")}
+
+
+def _relevant_user_hits(s: np.ndarray, rel: Any, excl: Any, n_rel: np.ndarray, k: int):
+    """Per block of users with at least one relevant item: ``(hits, n_recommended, n_relevant)``.
+
+    ``hits`` (users x min(k, items)) bool marks relevant items in each user's top k (ties as in
+    :func:`_topk_hits`); users without relevant items are skipped.
+    """
+    for lo, hi in _blocks(*s.shape):
+        nr = n_rel[lo:hi]
+        keep = nr > 0
+        if not keep.any():
+            continue
+        rb = _rows(rel, lo, hi)[keep]
+        eb = None if excl is None else _rows(excl, lo, hi)[keep]
+        hits, n_rec = _topk_hits(s[lo:hi][keep], rb, eb, k)
+        yield hits, n_rec, nr[keep]
 
 
 def _row_counts(m: Any) -> np.ndarray:
@@ -360,17 +369,10 @@ def map_at_k(scores: Any, test_matrix: Any, k: int = 10, exclude: Any = None) ->
     kk = min(k, shape[1])
     positions = np.arange(1, kk + 1, dtype=float)
     total, n_users = 0.0, 0
-    for lo, hi in _blocks(*shape):
-        nr = n_rel[lo:hi]
-        keep = nr > 0
-        if not keep.any():
-            continue
-        rb = _rows(rel, lo, hi)[keep]
-        eb = None if excl is None else _rows(excl, lo, hi)[keep]
-        hits, _ = _topk_hits(s[lo:hi][keep], rb, eb, k)
+    for hits, _, nr in _relevant_user_hits(s, rel, excl, n_rel, k):
         prec = np.cumsum(hits, axis=1) / positions
-        total += float(np.sum((prec * hits).sum(axis=1) / nr[keep]))
-        n_users += int(keep.sum())
+        total += float(np.sum((prec * hits).sum(axis=1) / nr))
+        n_users += len(nr)
     return total / n_users if n_users else math.nan
 
 
