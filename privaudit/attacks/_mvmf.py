@@ -78,13 +78,8 @@ def missing_config(view: View) -> list[str]:
     return [k for k in REQUIRED_CONFIG if k not in view.config]
 
 
-def parse_view(view: View) -> FedMVMFView:
-    """Collect the state and uploads of a FedMVMF server view.
-
-    Only uploads of rounds for which the view also holds the server ``state`` are kept (an
-    attack needs the V and P the client computed with). Plaintext uploads only: callers check
-    :meth:`Attack.applicable` first.
-    """
+def server_states(view: View) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """Round -> ``V`` (m x K) and round -> ``P`` (p x K) from the view's ``state`` messages."""
     V: dict[int, np.ndarray] = {}
     P: dict[int, np.ndarray] = {}
     for m in view.select("state"):
@@ -92,6 +87,17 @@ def parse_view(view: View) -> FedMVMFView:
             V[m.round] = np.asarray(m.payload["V"], dtype=np.float64)
         if "P" in m.payload:
             P[m.round] = np.asarray(m.payload["P"], dtype=np.float64)
+    return V, P
+
+
+def parse_view(view: View) -> FedMVMFView:
+    """Collect the state and uploads of a FedMVMF server view.
+
+    Only uploads of rounds for which the view also holds the server ``state`` are kept (an
+    attack needs the V and P the client computed with). Plaintext uploads only: callers check
+    :meth:`Attack.applicable` first.
+    """
+    V, P = server_states(view)
     per_round: dict[str, dict[int, dict[str, np.ndarray]]] = {}
     for m in view.messages:
         if m.kind not in ("grad_V", "grad_P") or not m.sender.startswith("client:"):

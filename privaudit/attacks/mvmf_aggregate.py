@@ -60,6 +60,7 @@ from privaudit.attacks._mvmf import (
     parse_view,
     round_ratings,
     score_reconstruction,
+    server_states,
 )
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.registry import get, register_attack
@@ -185,13 +186,7 @@ class MVMFAggregate(Attack):
 
     # ------------------------------------------------------------------ cohorts from a view
     def _cohorts(self, view: View) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray], list[_Cohort]]:
-        V: dict[int, np.ndarray] = {}
-        P: dict[int, np.ndarray] = {}
-        for m in view.select("state"):
-            if "V" in m.payload:
-                V[m.round] = np.asarray(m.payload["V"], dtype=np.float64)
-            if "P" in m.payload:
-                P[m.round] = np.asarray(m.payload["P"], dtype=np.float64)
+        V, P = server_states(view)
         rounds = sorted(set(V) & set(P))
         if self.max_rounds is not None and self.max_rounds >= 0:
             rounds = rounds[: self.max_rounds]
