@@ -56,11 +56,18 @@ def test_gumbel_top_s_matches_sequential_exponential_mechanism():
 def test_budget_split_sums_to_epsilon(trials):
     b = pk.budget_split(2.0, trials)
     assert b.total == pytest.approx(2.0)
-    eps_t = (2.0 - b.selection) / trials
+    assert b.count == pytest.approx(2.0 / 20)
+    eps_t = (2.0 - b.count - b.selection) / trials
     assert b.candidate == pytest.approx(eps_t / 8) and b.localswap == pytest.approx(eps_t / 8)
     assert b.support + b.values == pytest.approx(3 * eps_t / 4)
-    assert b.selection == (pytest.approx(2.0 / 3) if trials > 1 else 0.0)
+    assert b.selection == (pytest.approx((2.0 - 0.1) / 3) if trials > 1 else 0.0)
     assert pk.n_trials(0.1) == 5 and pk.n_trials(0.5) == 2
+    # the split the mechanism reports is the one it used
+    X = sp.random(30, 20, density=0.2, random_state=1, data_rvs=lambda n: np.full(n, 3.0)).tocsr()
+    info = pk.private_prototypes(X, 3, 2.0, 0.1, 5.0, 4, np.random.default_rng(0), trials=trials, swap_iters=3, n_grids=20).info
+    assert sum(v for k_, v in info["budget"].items() if k_ in ("count", "selection")) + trials * sum(
+        info["budget"][k_] for k_ in ("candidate", "localswap", "support", "values")
+    ) == pytest.approx(2.0)
 
 
 def test_candidate_respects_its_epsilon_and_partition_ratio():
@@ -115,17 +122,63 @@ def test_sparse_recovery_support_and_noise_scale():
     X = np.zeros((200, m))
     X[:, [1, 4, 7]] = 4.0
     labels = np.zeros(200, dtype=np.int64)
-    # huge budget: exact support, values ~ the mean
-    P = pk.sparse_recovery(sp.csr_matrix(X), labels, 1, s, Lam, 1e6, 1e6, rng)
+    # huge budget: exact support, values ~ the mean (normaliser = cluster size)
+    P = pk.sparse_recovery(sp.csr_matrix(X), labels, 1, s, Lam, 1e6, 1e6, rng, normaliser=200.0)
     assert set(np.flatnonzero(P[0])) == {1, 4, 7}
     assert np.allclose(P[0, [1, 4, 7]], 4.0, atol=1e-3)
-    # Laplace values: scale 2 s Lambda / (eps n_j) (before clipping, measure around mu = 2.5)
-    X2 = np.zeros((50, m))
-    X2[:, :3] = 2.5
-    eps_v = 200.0
-    b = 2 * s * Lam / (eps_v * 50)
-    draws = np.array([pk.sparse_recovery(X2, np.zeros(50, dtype=np.int64), 1, s, Lam, 1e6, eps_v, rng)[0, :3] for _ in range(400)])
-    assert np.std(draws - 2.5) == pytest.approx(math.sqrt(2) * b, rel=0.15)
+    # Laplace values on the sums: scale s Lambda / eps, whatever the cluster size (measured around
+    # mu = 2.5 before clipping, in mean units: s Lambda / (eps * normaliser))
+    for n_rows in (50, 10):
+        X2 = np.zeros((n_rows, m))
+        X2[:, :3] = 2.5
+        eps_v = 4.0
+        b = s * Lam / (eps_v * 50.0)
+        draws = np.array(
+            [pk.sparse_recovery(X2, np.zeros(n_rows, dtype=np.int64), 1, s, Lam, 1e6, eps_v, rng, normaliser=50.0)[0, :3] for _ in range(400)]
+        )
+        assert np.std(draws - 2.5 * n_rows / 50.0) == pytest.approx(math.sqrt(2) * b, rel=0.15)
+
+
+def test_sparse_recovery_support_is_eps_dp_for_added_or_removed_rows():
+    """Exact law of the ordered support (Plackett-Luce with scale s Lambda / eps_sup) for a
+    cluster and for every neighbour with one row removed: log-ratio <= eps_sup."""
+    Lam, s, eps_sup = 5.0, 2, 0.8
+    X = np.array([[5, 0, 3, 0], [0, 4, 5, 0], [1, 0, 0, 5], [5, 5, 0, 0]], dtype=float)
+    scale = s * Lam / eps_sup
+
+    def law(rows):
+        return _plackett_luce(rows.sum(axis=0), scale, s)
+
+    full = law(X)
+    worst = 0.0
+    for drop in range(X.shape[0]):
+        nb = law(np.delete(X, drop, axis=0))
+        worst = max(worst, max(abs(math.log(full[c] / nb[c])) for c in full))
+    assert 0.05 < worst <= eps_sup + 1e-12
+    # and the Gumbel draw follows that law (scale as documented)
+    rng = np.random.default_rng(7)
+    N = 4000
+    draws = np.array([pk.sparse_recovery(X, np.zeros(4, dtype=np.int64), 1, s, Lam, eps_sup, 1e6, rng)[0] for _ in range(N)])
+    freq = (draws > 0).mean(axis=0)
+    marg = np.zeros(4)
+    for c, pr in full.items():
+        marg[list(c)] += pr
+    assert np.allclose(freq, marg, atol=0.03)
+
+
+def test_candidates_are_pulled_into_the_ball_before_localswap(monkeypatch):
+    seen = {}
+    real = pk.localswap
+
+    def spy(Y, C, *a, **kw):
+        seen["Y"], seen["C"] = np.linalg.norm(Y, axis=1).max(), np.linalg.norm(C, axis=1).max()
+        return real(Y, C, *a, **kw)
+
+    monkeypatch.setattr(pk, "localswap", spy)
+    X = sp.random(40, 30, density=0.3, random_state=3, data_rvs=lambda n: np.full(n, 5.0)).tocsr()
+    pk.private_prototypes(X, 3, 1.0, 0.3, 5.0, 4, np.random.default_rng(1), trials=1, swap_iters=3, n_grids=30)
+    Lambda_Y = 5.0 * math.sqrt(4)
+    assert seen["Y"] <= Lambda_Y + 1e-9 and seen["C"] <= Lambda_Y + 1e-9
 
 
 def test_private_prototypes_shapes_and_determinism():

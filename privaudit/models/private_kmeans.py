@@ -15,21 +15,40 @@ to ``||x||_inf <= Lambda`` and ``||x||_0 <= s`` — both public):
    the exponential mechanism with exponent -eps_ls (L(Z') - L(Z)) / (8 Lambda_Y^2 (T_s + 1)),
    then one of the visited Z^(t) by the exponential mechanism on L(Z^(t)) (same scale; the
    paper prints a "+" sign in line 8, a typo — lower loss must be likelier);
-5. partition of Y by nearest centre, and ``sparse_recovery`` (Algorithm 3) per cluster j with
-   n_j members: mu = mean of its rows; support I = top-s of mu + Gumbel(b), b = 2 s Lambda /
-   (eps_sup n_j) (Durfee & Rogers 2019: the one-shot Gumbel top-s equals s sequential
-   exponential mechanisms with eps_sup / s each, utility |mu_i|, sensitivity Lambda / n_j);
-   values mu_i + Laplace(2 s Lambda / (eps_val n_j)) on I, 0 elsewhere; values are then clipped
-   to [0, Lambda] (post-processing: ratings and counts are non-negative);
+5. partition of Y by nearest centre, and ``sparse_recovery`` (Algorithm 3) per cluster j on
+   its sum S_j (m,): support I = top-s of S_j + Gumbel(s Lambda / eps_sup) (Durfee & Rogers
+   2019: the one-shot Gumbel top-s equals s sequential exponential mechanisms with eps_sup / s
+   each; the utility S_ji is monotone under adding/removing a row, sensitivity Lambda, so no
+   factor 2); values S_ji + Laplace(s Lambda / eps_val) on I, 0 elsewhere; divided by the
+   public normaliser c = max(n~, k) / k (n~ = n + Laplace(1 / eps_count), the silo's noisy
+   size) and clipped to [0, Lambda] (post-processing). In mean units the noise is
+   s Lambda / (eps c) — half the paper's 2 s Lambda / (eps n_j) for an average-size cluster;
 6. one trial's prototypes by the exponential mechanism on the clustering loss (eq. 3) on X,
    probability proportional to exp(-eps_sel L(Z^(t)) / (8 Lambda^2 s)) (sensitivity of L: one
    record adds at most max ||x - z||^2 <= 4 Lambda^2 s; the paper's 24 Lambda^2 is the same
    rule with eps_sel = eps / 3).
 
+Neighbouring data sets: one row added or removed (unbounded DP); replacing a row is two such
+steps, so the mechanism is 2 eps-DP under replace-one neighbours.
+
+What "n" is in Algorithm 3 (investigation of issue 9)
+-----------------------------------------------------
+Algorithm 3's ``mu = 1/n sum_{i=1}^n x_i`` and ``Lap(2 Lambda s / (eps n))`` read with the
+paper's notation (X in R^{m x n}, n items) would make n the item count (1682 on ML-100K), which
+shrinks the noise 20-800x but is not a DP bound (the sensitivity of a cluster mean is set by
+the cluster size, not the dimension). The authors' public code (``recover_sparse`` in
+``mriberodiaz/federatedRecsys``) uses n = the number of rows of the cluster, and the scale
+4 side s / (eps n) — twice the paper's. We keep the cluster reading, on sums with a privatised
+normaliser: the former implementation (like the paper) divided by the exact n_j inside the
+noise scale, so the scale itself depended on the private partition, which no neighbouring
+argument covers (one replaced row changes two n_j); the candidates also had to be pulled into
+the Lambda_Y ball for localswap's 8 Lambda_Y^2 scale to be a valid sensitivity.
+
 Budget split and why the whole is epsilon-DP (Theorem 3.1)
 -----------------------------------------------------------
-:func:`budget_split` — eps_sel = eps / 3 when T > 1 (0 with a single trial: nothing to
-choose), the rest eps_r = eps - eps_sel is spread evenly over the T trials (sequential
+:func:`budget_split` — eps_count = eps / 20 once for the noisy silo size (sensitivity 1);
+eps_sel = (eps - eps_count) / 3 when T > 1 (0 with a single trial: nothing to choose), the
+rest eps_r = eps - eps_count - eps_sel is spread evenly over the T trials (sequential
 composition), eps_t = eps_r / T; inside a trial (sequential composition again):
 
 - candidate eps_t / 8 (the paper's eps / (8T)): T_c grids with eps_t / (8 T_c) each
@@ -43,28 +62,33 @@ composition), eps_t = eps_r / T; inside a trial (sequential composition again):
   positions uniformly, so the output distribution is the algorithm's, not a data-dependent
   shortcut.
 - localswap eps_t / 8 (the paper's eps / (8T)): T_s + 1 exponential mechanisms with
-  eps_t / (8 (T_s + 1)) each.
+  eps_t / (8 (T_s + 1)) each; candidates and data both lie in the Lambda_Y ball, so one row
+  moves any loss difference by at most 4 Lambda_Y^2.
 - sparse recovery 3 eps_t / 4: support 3 eps_t / 8 (Gumbel top-s), values 3 eps_t / 8
-  (Laplace). The clusters are disjoint, so by parallel composition all k cost the same as one.
+  (Laplace). A row lies in exactly one cluster, so by parallel composition all k cost the
+  same as one.
 
-Total: eps_sel + T (eps_t/8 + eps_t/8 + 3 eps_t/4) = eps_sel + eps_r = eps, pure epsilon-DP
-(delta only sets T, T_c, gamma — utility knobs of Balcan et al.'s analysis).
+Total: eps_count + eps_sel + T (eps_t/8 + eps_t/8 + 3 eps_t/4) = eps, pure epsilon-DP (delta
+only sets T, T_c, gamma — utility knobs of Balcan et al.'s analysis).
 
 Departures (also in docs/reproduction.md): the paper hands sparse recovery the whole eps per
 trial (its proof invokes parallel composition for the prototypes but never adds the
 candidate/localswap/selection costs); we give it 3/4 of the trial's share so the total is eps.
-The localswap length T_s defaults to ``swap_iters`` = 100 rather than n / delta (more steps only
-shrink each step's budget eps_ls / (T_s + 1); the walk is uniform either way at these scales).
-Like the paper we treat the cluster sizes n_j as public in the noise scales (replace-one
-neighbouring with the partition fixed). The authors' public code draws the support with
-explicit sequential exponential-mechanism draws and uses T = 1; :func:`sequential_exponential`
-is that reference draw (tests show it equals the Gumbel top-s in distribution, so it is not
-offered as an option).
+Sums and a noisy silo size replace the exact cluster sizes (above). The localswap length T_s
+defaults to ``swap_iters`` = 100 rather than n / delta (more steps only shrink each step's
+budget eps_ls / (T_s + 1); the walk is uniform either way at these scales). The authors'
+public code draws the support with explicit sequential exponential-mechanism draws and uses
+T = 1; :func:`sequential_exponential` is that reference draw (tests show it equals the Gumbel
+top-s in distribution, so it is not offered as an option); T = 1 is available through
+``trials``.
 
-What to expect: gamma = 20 ln(n/delta) / eps' is in the thousands for silos of hundreds of
-rows, so no child cube passes the threshold and the candidates are the T_c grid centres, i.e.
-uniform points of the cube; localswap with budgets ~1e-3 per step is close to a uniform walk.
-The prototypes are then noisy sparse means of a (nearly) random partition of the silo.
+What to expect: gamma = 20 ln(n/delta) / eps' is a row count (eps' ~ 1e-6 for silos of ~100
+rows, k = 50: gamma ~ 1e8 rows), so no child cube passes the threshold and the candidates are
+the T_c grid centres, i.e. uniform points of the cube; localswap with budgets ~1e-3 per step is
+close to a uniform walk. The prototypes are then noisy sparse means of a (nearly) random
+partition of the silo, and they carry signal only when a cluster's sum beats the noise:
+S_ji ~ n_j mu_i against s Lambda / eps_val, i.e. n_j >~ s Lambda / (eps_val mu_i) rows per
+cluster (docs/reproduction.md, FedProto, quantifies this for ML-100K).
 
 All randomness comes from the simulation ``numpy.random.Generator`` passed in (DP noise, not
 cryptographic material).
@@ -105,12 +129,14 @@ __all__ = [
 class BudgetSplit:
     """Per-step budgets of :func:`private_prototypes` (module docstring).
 
-    Attributes: ``epsilon`` total; ``trials`` T; ``selection`` (final trial choice);
-    per trial ``candidate``, ``localswap``, ``support``, ``values``.
+    Attributes: ``epsilon`` total; ``trials`` T; ``count`` (the silo's noisy row count, once);
+    ``selection`` (final trial choice); per trial ``candidate``, ``localswap``, ``support``,
+    ``values``.
     """
 
     epsilon: float
     trials: int
+    count: float
     selection: float
     candidate: float
     localswap: float
@@ -124,7 +150,11 @@ class BudgetSplit:
     @property
     def total(self) -> float:
         """Sequential composition over the steps: equals ``epsilon``."""
-        return self.selection + self.trials * self.per_trial
+        return self.count + self.selection + self.trials * self.per_trial
+
+
+COUNT_SHARE = 1.0 / 20.0
+"""Share of epsilon spent once on the silo's noisy row count (the prototypes' normaliser)."""
 
 
 def n_trials(delta: float) -> int:
@@ -135,9 +165,10 @@ def n_trials(delta: float) -> int:
 def budget_split(epsilon: float, trials: int) -> BudgetSplit:
     """The split of ``epsilon`` across the steps (module docstring, "Budget split")."""
     eps, T = float(epsilon), int(trials)
-    sel = eps / 3.0 if T > 1 else 0.0
-    eps_t = (eps - sel) / T
-    return BudgetSplit(eps, T, sel, eps_t / 8.0, eps_t / 8.0, 3.0 * eps_t / 8.0, 3.0 * eps_t / 8.0)
+    cnt = eps * COUNT_SHARE
+    sel = (eps - cnt) / 3.0 if T > 1 else 0.0
+    eps_t = (eps - cnt - sel) / T
+    return BudgetSplit(eps, T, cnt, sel, eps_t / 8.0, eps_t / 8.0, 3.0 * eps_t / 8.0, 3.0 * eps_t / 8.0)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -405,26 +436,41 @@ def sparse_recovery(
     eps_support: float,
     eps_values: float,
     rng: np.random.Generator,
+    normaliser: float = 1.0,
 ) -> np.ndarray:
-    """Algorithm 3 for all k clusters at once; prototypes (k x m), values clipped to [0, Lambda].
+    """Algorithm 3 for all k clusters at once, on cluster SUMS; prototypes (k x m) in [0, Lambda].
 
-    ``X``: (n x m) rows with ||x||_inf <= Lambda, ||x||_0 <= s; ``labels``: (n,) cluster of
-    each row. Cluster j (n_j rows, at least 1 in the scales): support = Gumbel top-s of
-    |mu| with scale 2 s Lambda / (eps_support n_j); values mu + Laplace(2 s Lambda /
-    (eps_values n_j)) on the support.
+    ``X``: (n x m) rows with entries in [0, Lambda] and ||x||_0 <= s; ``labels``: (n,) cluster
+    of each row; ``normaliser``: a public (or already privatised) divisor turning sums into
+    means — :func:`private_prototypes` passes the noisy silo size over k.
+
+    Cluster j with sum S_j = sum of its rows (m,): adding or removing one row moves every
+    coordinate of one S_j by at most Lambda, in the same direction (monotone utility), and
+    moves S_j by at most s Lambda in L1. So
+
+    - support I_j = Gumbel top-s of S_j with scale s Lambda / eps_support: by Durfee & Rogers
+      (2019) the s sequential exponential mechanisms exp(eps' S_ji / Lambda) with eps' =
+      eps_support / s each, which for a monotone utility are eps'-DP each (no factor 2);
+    - values S_ji + Laplace(s Lambda / eps_values) on I_j (L1 sensitivity of S_j restricted to
+      s coordinates is s Lambda), 0 elsewhere;
+    - prototype = clip(values / normaliser, 0, Lambda) (post-processing).
+
+    The scales do not depend on the cluster sizes n_j (data-dependent: the paper's and our
+    former 2 s Lambda / (eps n_j) made the noise scale itself depend on the private partition).
+    In mean units the noise is s Lambda / (eps normaliser), half the paper's 2 s Lambda / (eps n)
+    for clusters of the average size.
     """
     n, m = X.shape
     ind = sp.csr_matrix((np.ones(n), (labels, np.arange(n))), shape=(k, n))
-    n_j = np.maximum(np.bincount(labels, minlength=k), 1).astype(np.float64)
     sums = ind @ X
-    mu = (sums.toarray() if sp.issparse(sums) else np.asarray(sums)) / n_j[:, None]
+    S = sums.toarray() if sp.issparse(sums) else np.asarray(sums, dtype=np.float64)
     s = int(min(s, m))
-    support = gumbel_top_s(np.abs(mu), s, 2.0 * s * Lambda / (eps_support * n_j), rng)
+    support = gumbel_top_s(S, s, s * float(Lambda) / eps_support, rng)
     rows = np.repeat(np.arange(k), s)
     cols = support.ravel()
-    noise = rng.laplace(0.0, 1.0, size=cols.size) * np.repeat(2.0 * s * Lambda / (eps_values * n_j), s)
+    noisy = S[rows, cols] + rng.laplace(0.0, s * float(Lambda) / eps_values, size=cols.size)
     P = np.zeros((k, m))
-    P[rows, cols] = np.clip(mu[rows, cols] + noise, 0.0, Lambda)
+    P[rows, cols] = np.clip(noisy / float(normaliser), 0.0, Lambda)
     return P
 
 
@@ -463,13 +509,19 @@ def private_prototypes(
     budget = budget_split(epsilon, T)
     p = max(1, int(math.ceil(8.0 * math.log(max(n, 2)))))
     Lambda_Y = float(Lambda) * math.sqrt(max(int(s), 1))
+    # noisy silo size (sensitivity 1, budget.count): the public divisor of the cluster sums
+    n_noisy = n + rng.laplace(0.0, 1.0 / budget.count)
+    normaliser = max(float(n_noisy), float(k)) / float(k)
     outs, losses, infos = [], [], []
     for _ in range(T):
         Y = _clip_norm(jl_project(A, p, rng), Lambda_Y)
         C, cinfo = candidate(Y, k, budget.candidate, delta, Lambda_Y, rng, n_grids)
+        # candidates are DP outputs; pulling them into the Lambda_Y ball (post-processing) is what
+        # bounds localswap's loss sensitivity by 4 Lambda_Y^2 (grid centres reach 2 Lambda_Y sqrt(p))
+        C = _clip_norm(C, Lambda_Y)
         Zi, linfo = localswap(Y, C, k, budget.localswap, Lambda_Y, rng, swap_iters)
         labels = np.argmin(_sqdist(Y, C[Zi]), axis=1) if n else np.zeros(0, dtype=np.int64)
-        P = sparse_recovery(A, labels, int(k), int(s), float(Lambda), budget.support, budget.values, rng)
+        P = sparse_recovery(A, labels, int(k), int(s), float(Lambda), budget.support, budget.values, rng, normaliser)
         outs.append(P)
         losses.append(clustering_loss(A, P))
         infos.append(
@@ -492,7 +544,8 @@ def private_prototypes(
         "p": p,
         "picked": pick,
         "loss": float(losses_a[pick]),
-        "budget": {k_: getattr(budget, k_) for k_ in ("epsilon", "selection", "candidate", "localswap", "support", "values")},
+        "budget": {k_: getattr(budget, k_) for k_ in ("epsilon", "count", "selection", "candidate", "localswap", "support", "values")},
+        "normaliser": normaliser,
         **infos[pick],
     }
     return PrototypeResult(outs[pick], info)
