@@ -151,8 +151,48 @@ def test_ml100k_exact_all_users(ml100k_path, update, unrated):
     """privmvmf.txt Table 3 scenarios on MovieLens 100K, all 943 users (no cold-start hold-out)."""
     ds = load_dataset(ml100k_path)
     tr = _run(ds, update, unrated)
-    m = _attack(tr).metrics
+    out = _attack(tr)
+    m = out.metrics
+    # noise-free: the first round decides everything (SGD ObsOnly needs the pair of rounds)
+    assert out.reconstruction.meta["shortcut"] is ((update, unrated) != ("sgd", "obsonly"))
     assert m["victims"] == 943
     assert m["rating_accuracy"] >= 0.999
     assert m["attribute_accuracy"] >= 0.999
     assert m["rated_detection_accuracy"] >= 0.999
+
+
+def _same_reconstruction(r1, r2) -> bool:
+    return r1.victims.keys() == r2.victims.keys() and all(
+        np.array_equal(r1.victims[v][key], r2.victims[v][key])
+        for v in r1.victims for key in ("items", "ratings", "attributes"))
+
+
+@pytest.mark.parametrize("update,unrated", SCENARIOS)
+@pytest.mark.parametrize("scale", [0.0, 1e-4, 0.5])
+def test_shortcut_matches_full_estimator(small, update, unrated, scale):
+    """The first-round shortcut is taken noise-free (not for SGD ObsOnly, which needs a pair) and
+    declined under real noise; whenever taken, the reconstruction equals the full estimator's."""
+    tr = _run(small, update, unrated, defenses=[_laplace(scale)] if scale else [])
+    view = tr.view("server")
+    fast = MVMFAnalytic().run(view, {}, np.random.default_rng(0))
+    full = MVMFAnalytic(shortcut=False).run(view, {}, np.random.default_rng(0))
+    assert full.meta["shortcut"] is False and len(full.meta["rounds"]) == 2
+    expect = scale == 0.0 and (update, unrated) != ("sgd", "obsonly")
+    if scale == 0.5:
+        assert fast.meta["shortcut"] is False
+    if expect:
+        assert fast.meta["shortcut"] is True and fast.meta["rounds"] == [0]
+        assert fast.meta["max_residual"] < 1e-9
+    assert _same_reconstruction(fast, full)
+
+
+def test_shortcut_with_sampling_defense(small):
+    """Sampled virtual items (ObsOnly + sampling, unequal upload lengths) through the shortcut."""
+    samp = registry.get("defense", "sampling")(rho=1.0, w=None)
+    tr = _run(small, "semials", "obsonly", defenses=[samp])
+    view = tr.view("server")
+    fast = MVMFAnalytic().run(view, {}, np.random.default_rng(0))
+    assert fast.meta["shortcut"] is True
+    assert _same_reconstruction(fast, MVMFAnalytic(shortcut=False).run(view, {}, np.random.default_rng(0)))
+    m = MVMFAnalytic().score(fast, tr)
+    assert m["rated_detection_accuracy"] >= 0.999 and m["rating_accuracy"] >= 0.999

@@ -19,6 +19,7 @@ accuracy on the truly rated items and of the rated/unrated decision reported bes
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,7 +125,6 @@ def parse_view(view: View) -> FedMVMFView:
     return FedMVMFView(dict(view.config), V, P, clients)
 
 
-@dataclass
 class RoundUploads:
     """All clients' uploads of one round, concatenated (CSR-like).
 
@@ -136,18 +136,64 @@ class RoundUploads:
     items : numpy.ndarray     int64 (N,), item id of each uploaded grad_V row
     grad_V : numpy.ndarray    (N x K), the uploaded grad_V rows, user after user
     grad_P : numpy.ndarray    (n x p x K)
+
+    ``items``, ``grad_V`` and ``grad_P`` are either given or concatenated from the per-client
+    payloads on first access (:func:`parse_view_flat`), so a round an attack never reads costs
+    no concatenation.
     """
 
-    round: int
-    users: np.ndarray
-    offsets: np.ndarray
-    items: np.ndarray
-    grad_V: np.ndarray
-    grad_P: np.ndarray
+    def __init__(self, round: int, users: np.ndarray, offsets: np.ndarray, items: np.ndarray | None = None,
+                 grad_V: np.ndarray | None = None, grad_P: np.ndarray | None = None, *,
+                 payloads: tuple[list, list] | None = None, K: int | None = None) -> None:
+        self.round = round
+        self.users = users
+        self.offsets = offsets
+        self._payloads = payloads  # (grad_V payloads, grad_P payloads) of the clients in ``users`` order
+        self._K = K
+        if items is not None:
+            self.items = items
+        if grad_V is not None:
+            self.grad_V = grad_V
+        if grad_P is not None:
+            self.grad_P = grad_P
+
+    @functools.cached_property
+    def items(self) -> np.ndarray:
+        return np.concatenate([pv["items"] for pv in self._payloads[0]]).astype(np.int64, copy=False).reshape(-1)
+
+    @functools.cached_property
+    def grad_V(self) -> np.ndarray:
+        return _concat_float_rows([pv["values"] for pv in self._payloads[0]], (self._K,))
+
+    @functools.cached_property
+    def grad_P(self) -> np.ndarray:
+        arrays = [pp["values"] for pp in self._payloads[1]]
+        return _concat_float_rows(arrays, np.shape(arrays[0]))
 
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
+
+    @functools.cached_property
+    def common_items(self) -> np.ndarray | None:
+        """The item list (int64) if every client of the round sent the same one (InclUnc), else None.
+
+        Checked by identity of the payload arrays first (a protocol sending one shared item array),
+        else elementwise on the concatenated items.
+        """
+        n = len(self.users)
+        if n == 0:
+            return None
+        if self._payloads is not None and "items" not in self.__dict__:
+            first = self._payloads[0][0]["items"]
+            if all(pv["items"] is first for pv in self._payloads[0]):
+                return np.asarray(first, dtype=np.int64).reshape(-1)
+        lengths = self.lengths
+        L = int(lengths[0])
+        if not np.all(lengths == L):
+            return None
+        items = self.items.reshape(n, L)
+        return items[0] if np.all(items == items[0]) else None
 
 
 @dataclass
@@ -204,7 +250,7 @@ def _concat_float_rows(arrays: list, tail: tuple) -> np.ndarray:
 
 
 def parse_view_flat(view: View) -> FlatFedMVMFView:
-    """Like :func:`parse_view`, but one concatenation per round instead of per-client lists.
+    """Like :func:`parse_view`, but one concatenation per round (on first access) instead of per-client lists.
 
     Same selection rules: plaintext ``grad_V``/``grad_P`` uploads from ``client:*`` senders of
     rounds whose ``state`` (V and P) the view holds, only clients that sent both kinds that round
@@ -238,16 +284,12 @@ def parse_view_flat(view: View) -> FlatFedMVMFView:
         users = np.arange(len(parties), dtype=np.int64) if who is parties else \
             np.fromiter((index[s] for s in who), dtype=np.int64, count=len(who))
         pv, pp = gv[r], gp[r]
-        item_arrays = [pv[s]["items"] for s in who]
-        lengths = np.fromiter(map(len, item_arrays), dtype=np.int64, count=len(who))
+        gv_payloads = [pv[s] for s in who]
+        lengths = np.fromiter((len(x["items"]) for x in gv_payloads), dtype=np.int64, count=len(who))
         offsets = np.zeros(len(who) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        K = V[r].shape[1]
-        items = np.concatenate(item_arrays).astype(np.int64, copy=False).reshape(-1)
-        grad_V = _concat_float_rows([pv[s]["values"] for s in who], (K,))
-        gp_arrays = [pp[s]["values"] for s in who]
-        grad_P = _concat_float_rows(gp_arrays, np.shape(gp_arrays[0]))
-        rounds.append(RoundUploads(r, users, offsets, items, grad_V, grad_P))
+        rounds.append(RoundUploads(r, users, offsets, payloads=(gv_payloads, [pp[s] for s in who]),
+                                   K=V[r].shape[1]))
     return FlatFedMVMFView(dict(view.config), V, P, parties, rounds)
 
 

@@ -143,6 +143,10 @@ from privaudit.transcript import Transcript, View
 
 _CHUNK_ELEMENTS = 1 << 23  # padded (users x items x K) elements processed at once
 _TINY = 1e-300
+# shortcut acceptance: every first-round value within this many rating steps of its hypothesis,
+# every competing hypothesis (InclUnc: rated vs unrated) this many times farther than the worst fit
+_SHORTCUT_TOL = 0.01
+_SHORTCUT_MARGIN = 10.0
 
 
 # --------------------------------------------------------------------------------------
@@ -469,6 +473,168 @@ def _pair_tau(
 
 
 # --------------------------------------------------------------------------------------
+# shortcut: one round decides everything (noise-free or noise far below the grid)
+
+
+@dataclass
+class _Shortcut:
+    """Decoded first round: CSR rows as in :class:`_Round` (items concatenated, or one array per
+    user), ratings (N,) on the grid (0 = unrated), attributes (n, p) in {0, 1}."""
+
+    round: int
+    offsets: np.ndarray
+    items: np.ndarray | list
+    ratings: np.ndarray
+    attributes: np.ndarray
+    residual: float
+    noise_sigma: float
+
+
+def _grid_distance(x: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(nearest grid value of clip(x), |x - it|) elementwise; the grid is evenly spaced."""
+    lo, hi = grid[0], grid[-1]
+    step = grid[1] - grid[0] if len(grid) > 1 else 1.0
+    q = np.clip(x, lo, hi)
+    q -= lo
+    q /= step
+    np.round(q, out=q)
+    q *= step
+    q += lo
+    return q, np.abs(x - q)
+
+
+def _shortcut_first_round(
+    fv: FlatFedMVMFView, R: RoundUploads, K: int, update: str, unknown_c: bool, w: float, alpha: float,
+    lam: float, grid: np.ndarray, tol: float, margin: float,
+) -> _Shortcut | None:
+    """Decode every client from round ``R`` alone, or ``None`` if that round does not decide everything.
+
+    Same formulas as the full estimator on one round: d from the grad_P rows (top eigenvector of
+    the (n, K, K) Gram matrices of the p attribute rows), ``a = grad_V.d`` (one batched
+    matrix-vector product; InclUnc: (n, m', K) @ (n, K, 1)), ``dv``, ``b``, ``pd``; t^2 from
+    the SemiALS stationarity condition or (SGD with unrated/sampled items, every client sending
+    the same number of rows) the median of the unrated ratios ``a_i / (2 w dv_i)`` (exact when
+    more than half a client's items are unrated: they share that ratio exactly); eq. (1) of
+    the module docstring; sign; nearest hypothesis (grid value, or "unrated" where that is
+    nearer, as :func:`_classify_virtual`). Accepted only if every decoded rating and attribute
+    lies within ``tol`` (rating units / absolute) of its hypothesis and every competing
+    hypothesis (InclUnc: rated vs unrated) is at least ``margin`` times the largest such
+    residual away: then further rounds cannot change a decision (the MAP decision of the full
+    estimator is the nearest hypothesis), and the result equals the full estimator's. A wrong
+    direction or scale (noise, an unsupported layout) scatters the values off the grid and fails
+    the check. When the largest residual is at float precision (<= 1e-9 step: noise-free), the
+    rival of the items decided unrated is not evaluated: the two hypotheses of an item coincide
+    only if ``r_i = (1 - w) t dv_i`` (probability 0), and the nearest one is exact anyway.
+
+    Cost (InclUnc, noise-free): one pass over the grad_V rows for ``a`` and ~7 elementwise
+    passes over the (n, m') arrays; the rated/grid work runs only on the items not fitting
+    "unrated" (the rated ones).
+    """
+    n = len(R.users)
+    V, P = fv.V[R.round], fv.P[R.round]
+    p = P.shape[0]
+    if n == 0 or n != len(fv.parties) or p == 0:
+        return None
+    if update != "semials" and not unknown_c:
+        return None  # SGD ObsOnly: the scale needs a pair of rounds
+    lengths = R.lengths
+    L = int(lengths.max())
+    uniform = bool(np.all(lengths == L))
+    if update != "semials" and not uniform:
+        return None
+    step = grid[1] - grid[0] if len(grid) > 1 else 1.0
+    GP = R.grad_P.reshape(n, p, K)
+    G = np.matmul(GP.transpose(0, 2, 1), GP)
+    d, top = _top_eigvec(G)
+    tr = np.trace(G, axis1=1, axis2=2)
+    noise_sigma = math.sqrt(max(float(np.sum(tr - top)), 0.0) / max(n * p * (K - 1), 1))
+    b = np.matmul(GP, d[:, :, None])[:, :, 0]
+    pd = d @ P.T
+    if uniform:  # (n, L) arrays; per-user scalars broadcast
+        a = np.matmul(R.grad_V.reshape(n, L, K), d[:, :, None])[:, :, 0]
+        common = R.common_items
+        if common is not None:
+            dv = d @ V[common].T
+        else:
+            dv = np.einsum("nlk,nk->nl", V[R.items.reshape(n, L)], d)
+        seg = None
+
+        def per_row(x):
+            return x[:, None]
+    else:  # concatenated rows (N,)
+        seg = np.repeat(np.arange(n), lengths)
+        drow = d[seg]
+        a = np.einsum("nk,nk->n", R.grad_V, drow)
+        dv = np.einsum("nk,nk->n", V[R.items], drow)
+
+        def per_row(x):
+            return np.repeat(x, lengths)
+    if update == "semials":
+        sva = np.einsum("nl,nl->n", dv, a) if seg is None else np.bincount(seg, weights=dv * a, minlength=n)
+        tau = -(sva + np.sum(pd * b, axis=1)) / (2.0 * lam)
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tau = np.median(a / (2.0 * w * dv), axis=1)
+    if not np.all(np.isfinite(tau) & (tau > 0)):
+        return None
+    t = np.sqrt(tau)
+    xhat = t[:, None] * pd - b / (2.0 * alpha * t[:, None])
+    af, dvf = a.reshape(-1), dv.reshape(-1)
+    if unknown_c:
+        # |rhat - z| = |a / (2t) - w t dv| per item (rating units): "unrated" fits where it is <= tol
+        e = per_row(0.5 / t) * a
+        e -= per_row(w * t) * dv
+        np.abs(e, out=e)
+        ef = e.reshape(-1)
+        idx = np.flatnonzero(ef > tol)  # the items "unrated" does not fit: rated (or a failed fit)
+        e_idx = ef[idx]
+        ef[idx] = 0.0
+        s_unrated = float(ef.max()) if ef.size else 0.0  # worst residual of the items decided unrated
+    else:
+        idx, e_idx, s_unrated = None, None, 0.0
+    # the remaining items: rated hypothesis (nearest grid value) unless "unrated" is nearer
+    users = (idx // L if seg is None else seg[idx]) if idx is not None else (
+        np.repeat(np.arange(n), L) if seg is None else seg)
+    tr_ = t[users]
+    a_r = af if idx is None else af[idx]
+    dv_r = dvf if idx is None else dvf[idx]
+    rh = tr_ * dv_r - a_r / (2.0 * tr_)
+    if unknown_c:
+        _, e_free = _grid_distance(np.abs(rh), grid)
+        unr = e_idx < e_free
+        score = np.bincount(users, weights=np.where(unr, 0.0, rh), minlength=n)
+    else:
+        unr = None
+        score = np.bincount(users, weights=rh, minlength=n)
+    score += np.sum(xhat, axis=1)
+    sign = np.where(score < 0, -1.0, 1.0)
+    rh *= sign[users]
+    xhat *= sign[:, None]
+    q, e_rated = _grid_distance(rh, grid)
+    xq = np.round(np.clip(xhat, 0.0, 1.0))
+    s_x = float(np.max(np.abs(xhat - xq))) if xhat.size else 0.0
+    if unr is None:
+        s_r = float(np.max(e_rated)) if e_rated.size else 0.0
+        ok = s_r <= tol and s_x <= tol
+        est = q
+    else:
+        s_r = max(s_unrated, float(np.max(np.where(unr, e_idx, e_rated))) if len(rh) else 0.0)
+        floor = max(s_r, 1e-12 * step)
+        rival = float(np.min(np.where(unr, e_free, e_idx))) if len(rh) else np.inf
+        ok = s_r <= tol and s_x <= tol and rival > margin * floor
+        if ok and s_r > 1e-9 * step:  # noisy but small: the items decided unrated must not fit the grid too
+            _, dist = _grid_distance(np.abs(per_row((1.0 - w) * t) * dv).reshape(-1), grid)
+            dist[idx] = np.inf
+            ok = float(dist.min()) > (margin + 1.0) * floor if dist.size else True
+        est = np.zeros(len(af))
+        est[idx] = np.where(unr, 0.0, q)
+    if not ok:
+        return None
+    items = [common] * n if uniform and common is not None else R.items
+    return _Shortcut(R.round, R.offsets, items, est, xq, max(s_r, s_x), noise_sigma)
+
+
+# --------------------------------------------------------------------------------------
 # decoding
 
 
@@ -553,9 +719,11 @@ class MVMFAnalytic(Attack):
     protocols = FEDMVMF_PROTOCOLS
     requires = ("grad_V", "grad_P", "state")
     primary_metric = "rating_accuracy"
-    params = {"max_rounds": -1, "prior": True, "refits": 3}
+    params = {"max_rounds": -1, "prior": True, "refits": 3, "shortcut": True}
     param_help = {
         "max_rounds": "use at most this many recorded rounds (-1: every round the view holds)",
+        "shortcut": "decode from the first round alone when it decides every value with a residual far "
+                    "below the rating step (noise-free or near it); false: always the full estimator",
         "prior": "MAP decoding with an empirical prior fitted by EM (false: plain clip-and-round)",
         "refits": "InclUnc/sampling: decide-rated/refit-scale iterations per round",
     }
@@ -596,6 +764,29 @@ class MVMFAnalytic(Attack):
         rounds = fv.rounds
         if self.max_rounds is not None and self.max_rounds >= 0:
             rounds = rounds[: self.max_rounds]
+        lo, hi = float(cfg["rating_min"]), float(cfg["rating_max"])
+        step = float(cfg.get("rating_step", 1.0) or 1.0)
+        grid = np.arange(lo, hi + step / 2, step)
+        scenario = f"{update}-{cfg['unrated']}" + ("+sampling" if sampling else "")
+
+        if self.shortcut and rounds:
+            # noise-adaptive use of rounds: when the first round alone decides every value with
+            # a residual far below the grid step, further rounds cannot change a decision
+            fast = _shortcut_first_round(fv, rounds[0], K, update, unknown_c, w_virtual, alpha, lam, grid,
+                                         tol=_SHORTCUT_TOL * step, margin=_SHORTCUT_MARGIN)
+            if fast is not None:
+                victims = self._victims(cfg, parties, fast.offsets, fast.items, fast.ratings, fast.attributes,
+                                        rounded=True)
+                meta = {
+                    "scenario": scenario,
+                    "rounds": [fast.round],
+                    "shortcut": True,
+                    "max_residual": fast.residual,
+                    "noise_sigma": fast.noise_sigma,
+                    "seconds": time.perf_counter() - tic,
+                }
+                return Reconstruction(self.name, self.party, victims, meta=meta)
+
         stats = [s for s in (_round_stats(fv, R, K) for R in rounds) if s is not None]
         if not stats:
             return self.unsupported("no round holds both the server state and client uploads")
@@ -606,10 +797,6 @@ class MVMFAnalytic(Attack):
         scale2 = np.mean([np.mean(s.af**2) if len(s.af) else 0.0 for s in stats]) + _TINY
         sigma2 = max(sigma2, 1e-24 * scale2)
 
-        lo, hi = float(cfg["rating_min"]), float(cfg["rating_max"])
-        step = float(cfg.get("rating_step", 1.0) or 1.0)
-        grid = np.arange(lo, hi + step / 2, step)
-
         taus = self._scales(fv, stats, update, unknown_c, w_virtual, eta, alpha, lam, K, grid)
         if all(np.all(~np.isfinite(t)) for t in taus):
             return self.unsupported(
@@ -617,8 +804,9 @@ class MVMFAnalytic(Attack):
             )
         victims, diag = self._decode(cfg, fv, parties, stats, taus, sigma2, unknown_c, w_virtual, alpha, grid)
         meta = {
-            "scenario": f"{update}-{cfg['unrated']}" + ("+sampling" if sampling else ""),
+            "scenario": scenario,
             "rounds": [s.round for s in stats],
+            "shortcut": False,
             "noise_sigma": math.sqrt(sigma2),
             "seconds": time.perf_counter() - tic,
             **diag,
@@ -684,6 +872,22 @@ class MVMFAnalytic(Attack):
         return taus
 
     # ------------------------------------------------------------------ decoding
+    @staticmethod
+    def _victims(cfg, parties, offsets, items, ratings, attributes, rounded=False) -> dict[str, dict[str, np.ndarray]]:
+        """Per-party reconstructions from CSR rows: ``items`` (concatenated array or per-user list),
+        ``ratings`` (N,) and ``attributes`` (n, p), clipped and rounded as eq. 43 (unless ``rounded``:
+        already on the grid and in the domain)."""
+        if not rounded:
+            ratings = round_ratings(ratings, cfg)
+            attributes = round_attributes(attributes)
+        bounds = np.asarray(offsets).tolist()
+        if isinstance(items, np.ndarray):
+            items = [items[bounds[u] : bounds[u + 1]] for u in range(len(parties))]
+        return {
+            party: {"items": items[u], "ratings": ratings[bounds[u] : bounds[u + 1]], "attributes": attributes[u]}
+            for u, party in enumerate(parties)
+        }
+
     def _decode(self, cfg, fv, parties, stats, taus, sigma2, unknown_c, w, alpha, grid):
         """Combine the rounds per (user, item) and decode ratings and attributes (MAP / rounding)."""
         n = len(parties)
@@ -832,9 +1036,6 @@ class MVMFAnalytic(Attack):
             est = s1 / s0
         rating_guess = np.full(Nr, values[int(np.argmax(pi))])
         rating_guess[have] = est
-        rating_guess = round_ratings(rating_guess, cfg)
-        bounds = ref_off.tolist()
-        rating_rows = [rating_guess[bounds[u] : bounds[u + 1]] for u in range(n)]
 
         # attributes: per one-hot block, hypothesis "none" or one category; ll(1) - ll(0) = S1 - S0 / 2
         have_x = X0[:, 0] > 0 if p else np.zeros(n, bool)
@@ -856,12 +1057,7 @@ class MVMFAnalytic(Attack):
             if (~have_x).any():
                 block[~have_x] = (np.argmax(pi_g) - 1 == np.arange(len(cols))).astype(float)
             attrs[:, cols] = block
-        attrs = round_attributes(attrs)
-
-        victims = {
-            party: {"items": ref_items[u], "ratings": rating_rows[u], "attributes": attrs[u]}
-            for u, party in enumerate(parties)
-        }
+        victims = self._victims(cfg, parties, ref_off, ref_items, rating_guess, attrs)
         diag = {
             "users_without_scale": int(np.sum(~have_x)) if p else 0,
             "prior_ratings": [float(v) for v in pi],
