@@ -126,3 +126,88 @@ def test_ml100k_rated_guess_at_chance(rho):
     )
     pop2 = item_set_guess(_sets(matched.ratings), _sets(R), rho, "popularity")
     assert pop2["precision"] < pop["precision"] - 0.1
+
+
+# ------------------------------------------------------------------ distribution=matched
+
+
+def _skewed(n=300, m=200, seed=0):
+    """Popularity-skewed implicit data: user activity and item popularity both heavy-tailed."""
+    rng = np.random.default_rng(seed)
+    pop = rng.pareto(1.5, m) + 0.05
+    act = rng.pareto(2.0, n) + 0.3
+    p = np.clip(0.03 * np.outer(act, pop) / pop.mean(), 0, 0.6)
+    dense = (rng.random((n, m)) < p).astype(float)
+    dense[np.arange(n), rng.integers(0, m, n)] = 1  # everyone rated something
+    return sp.csr_matrix(dense * rng.integers(1, 6, (n, m)))
+
+
+def test_water_fill_solves_capped_sizes():
+    from privaudit.defenses.sampling import water_fill
+
+    rng = np.random.default_rng(0)
+    mask = rng.random((50, 30)) < 0.7
+    w = rng.pareto(1.0, 30) + 0.01
+    k = np.floor(rng.random(50) * mask.sum(1))
+    lam = water_fill(mask, w, k)
+    with np.errstate(invalid="ignore"):
+        pi = np.minimum(1.0, np.nan_to_num(lam[:, None] * w[None, :], posinf=1.0)) * mask
+    assert np.allclose(pi.sum(1), k)
+    full = water_fill(mask, w, mask.sum(1).astype(float))  # everything allowed is taken
+    with np.errstate(invalid="ignore"):
+        pi = np.minimum(1.0, np.nan_to_num(full[:, None] * w[None, :], posinf=1.0))
+    assert np.all(pi[mask] == 1.0)
+
+
+def test_sample_with_probabilities_exact_sizes_and_frequencies():
+    from privaudit.defenses.sampling import sample_with_probabilities, water_fill
+
+    present = sp.csr_matrix(np.r_[[np.r_[np.ones(5), np.zeros(15)]]] * np.ones((400, 1)))
+    w = np.r_[np.ones(5), np.linspace(0.1, 1.0, 14), 20.0]
+    k = np.full(400, 6.0)
+    s = sample_with_probabilities(present, w, k, np.random.default_rng(1))
+    assert np.all(np.diff(s.indptr) == 6) and not s[:, :5].nnz
+    lam = water_fill(np.r_[np.zeros(5, bool), np.ones(15, bool)][None, :], w, k[:1])
+    pi = np.minimum(1.0, lam[0] * w[5:])
+    freq = np.asarray(s[:, 5:].sum(0)).ravel() / 400
+    assert np.max(np.abs(freq - pi)) < 0.08 and pi.max() == 1.0  # capped items always taken
+
+
+def test_matched_expected_counts_follow_ratings_and_hide_popularity():
+    R = _skewed()
+    n_rated = np.diff(R.indptr)
+    d = SamplingDefense(rho=1, distribution="matched", matched_groups=1)
+    out = d.on_client_data(ClientData.from_ratings(R), np.random.default_rng(0))
+    # exactly round(rho |I_u|) unrated items per user (capped at the unrated count)
+    added = np.diff(out.ratings.indptr) - n_rated
+    assert np.array_equal(added, np.minimum(n_rated, R.shape[1] - n_rated))
+    assert np.all(out.ratings.data[out.virtual.data] == 0)
+    info = d.matched_info
+    assert info["groups"][0]["max_rel_error"] < 1e-3 and info["groups"][0]["users"] == R.shape[0]
+    # realised sampler counts s_j track rho * n_j (Poisson-like noise around the fit)
+    nj = np.bincount(R.indices, minlength=R.shape[1])
+    sj = np.bincount(out.ratings.indices[out.virtual.data], minlength=R.shape[1])
+    big = nj >= 20
+    assert np.corrcoef(nj[big], sj[big])[0, 1] > 0.95
+    uni = SamplingDefense(rho=1).on_client_data(ClientData.from_ratings(R), np.random.default_rng(0))
+    pop_uniform = item_set_guess(_sets(uni.ratings), _sets(R), 1.0, "popularity")["precision"]
+    pop_matched = item_set_guess(_sets(out.ratings), _sets(R), 1.0, "popularity")["precision"]
+    assert pop_uniform > 0.65 and abs(pop_matched - 0.5) < 0.05
+
+
+def test_item_set_guess_strategies():
+    R = _ratings(200, 300, seed=5)
+    out = SamplingDefense(rho=1).on_client_data(ClientData.from_ratings(R), np.random.default_rng(0))
+    nj = np.bincount(R.indices, minlength=R.shape[1])
+    for strategy in ("popularity", "rarity", "counts", "cooccurrence", "lowrank", "lowrank_centered"):
+        res = item_set_guess(_sets(out.ratings), _sets(R), 1.0, strategy, item_counts=nj)
+        assert 0.3 < res["precision"] < 0.7  # unstructured data: nothing to exploit
+    with pytest.raises(ValueError, match="item_counts"):
+        item_set_guess(_sets(out.ratings), _sets(R), 1.0, "counts")
+    with pytest.raises(ValueError, match="strategy"):
+        item_set_guess(_sets(out.ratings), _sets(R), 1.0, "oracle")
+
+
+def test_invalid_matched_params():
+    with pytest.raises(PrivauditError, match="matched_groups"):
+        SamplingDefense(distribution="matched", matched_groups=0)
