@@ -12,6 +12,9 @@ default 20 for ObsOnly and ``--users-inclunc``, default 3, for InclUnc, whose sy
 stays meaningful on a shared machine), and the accuracies
 (privmvmf.txt eq. 43; the analytic attack on all users and on the nonlinear attack's victims).
 
+The analytic attack reports the rounds it read: ``[0]`` where the first round alone decided
+every value (its noise-adaptive shortcut; noise-free SemiALS and InclUnc), else every round.
+
 Part 2 (noise sweep): the same scenarios with a ``laplace`` defense of scale b in
 ``--scales`` (default 0, 1e-4, 1e-3, 1e-2, 1e-1, 0.5, 1; same seed, so the split and the
 initial model are fixed), both attacks' rating and attribute accuracies side by side, scored on
@@ -120,7 +123,8 @@ def main(argv=None) -> int:
             rec_a, t_a, c_a = timed_run(analytic_cls(), tr, args.seed, args.repeats)
             n_a = len(rec_a.victims)
             m_a = score(rec_a, tr)
-            row = {"scenario": scenario, "scale": scale, "n_a": n_a, "t_a": t_a, "c_a": c_a, "acc_a": m_a, "gen": gen}
+            row = {"scenario": scenario, "scale": scale, "n_a": n_a, "t_a": t_a, "c_a": c_a, "acc_a": m_a, "gen": gen,
+                   "rounds_a": rec_a.meta.get("rounds")}  # [first] when the first-round shortcut decided everything
             if nonlinear_cls is not None:
                 users = args.users_inclunc if scenario.endswith("inclunc") else args.users
                 rec_n, t_n, c_n = timed_run(nonlinear_cls(users=users), tr, args.seed)
@@ -147,7 +151,7 @@ def main(argv=None) -> int:
         else:
             line += f"{'-':>14s} {'-':>8s} {'-':>7s} {'-':>10s} "
         line += (f" r={r['acc_a']['rating_accuracy']:.4f} x={r['acc_a']['attribute_accuracy']:.4f}"
-                 f" ({r['n_a']} users, {r['t_a']:.2f} s wall, {r['c_a']:.2f} s cpu)")
+                 f" ({r['n_a']} users, {r['t_a']:.3f} s wall, {r['c_a']:.3f} s cpu, rounds {r['rounds_a']})")
         if "acc_n" in r:
             line += (f"   r={r['acc_n']['rating_accuracy']:.4f} x={r['acc_n']['attribute_accuracy']:.4f}"
                      f" / r={r['acc_a_same']['rating_accuracy']:.4f} x={r['acc_a_same']['attribute_accuracy']:.4f}")
