@@ -196,3 +196,14 @@ def test_shortcut_with_sampling_defense(small):
     assert _same_reconstruction(fast, MVMFAnalytic(shortcut=False).run(view, {}, np.random.default_rng(0)))
     m = MVMFAnalytic().score(fast, tr)
     assert m["rated_detection_accuracy"] >= 0.999 and m["rating_accuracy"] >= 0.999
+
+
+@pytest.mark.parametrize("unrated", ["obsonly", "inclunc"])
+def test_shortcut_declines_when_one_upload_is_off(small, unrated):
+    """One client's first-round grad_V rows scaled by 1.3 (still rank one, but its ratings no longer
+    on the grid) are enough to decline the shortcut: the full estimator runs on every round."""
+    tr = _run(small, "semials", unrated)
+    msg = next(m for m in tr.messages if m.kind == "grad_V" and m.sender == "client:5" and m.round == 0)
+    msg.payload["values"] = 1.3 * np.array(msg.payload["values"], dtype=np.float64)
+    out = MVMFAnalytic().run(tr.view("server"), {}, np.random.default_rng(0))
+    assert out.meta["shortcut"] is False and len(out.meta["rounds"]) == 2
