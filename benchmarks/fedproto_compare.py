@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ML100K = ROOT.parent / "shared" / "data" / "ml-100k"
 
 
-def silo_prototypes(kind, Xd, silos, k, rng, eps=None, s=50, Lambda=5.0, swap_iters=30):
+def silo_prototypes(kind, Xd, silos, k, rng, eps=None, s=50, Lambda=5.0, swap_iters=30, trials=0):
     out = []
     for h, users in enumerate(silos):
         X = Xd[users]
@@ -55,7 +55,7 @@ def silo_prototypes(kind, Xd, silos, k, rng, eps=None, s=50, Lambda=5.0, swap_it
         elif kind == "random":
             out.append(random_prototypes(X, k, rng))
         else:
-            d = DPPrototypes(epsilon=eps, k=k, s=s, swap_iters=swap_iters)
+            d = DPPrototypes(epsilon=eps, k=k, s=s, swap_iters=swap_iters, trials=trials)
             out.append(d.prototypes(X, k, s, Lambda, rng)[0])
     return out
 
@@ -80,13 +80,16 @@ def part_ml(args):
     for seed in range(args.seeds):
         rng = np.random.default_rng(seed)
         train, test = split_test_users(ds.ratings, 0.2, 5, rng)
-        silos = [np.asarray(s, dtype=np.int64) for s in zip_silos(ds) if len(s)]
+        if args.silos == "zip":
+            silos = [np.asarray(s, dtype=np.int64) for s in zip_silos(ds) if len(s)]
+        else:
+            silos = [np.sort(p) for p in np.array_split(np.random.default_rng(seed + 7).permutation(ds.n_users), args.n_silos)]
         Xd = train.toarray()
         kinds = [("exact", None), ("random", None)] + [("dp", e) for e in args.eps]
         protos = {}
         for kind, eps in kinds:
             t0 = time.perf_counter()
-            protos[(kind, eps)] = silo_prototypes(kind, Xd, silos, args.k, rng, eps, args.s, ds.rating_max, args.swap_iters)
+            protos[(kind, eps)] = silo_prototypes(kind, Xd, silos, args.k, rng, eps, args.s, ds.rating_max, args.swap_iters, args.trials)
             am = membership_auc(train, silos, protos[(kind, eps)], seed)
             attack_rows.append({"seed": seed, "kind": kind, "epsilon": eps, **am})
             print(f"seed {seed} prototypes {kind} eps={eps}: {time.perf_counter() - t0:.1f}s, membership auc {am['auc']:.3f}", flush=True)
@@ -96,6 +99,8 @@ def part_ml(args):
                 V = server_factorize(np.vstack(P), ell, 0.1, args.max_iter, seed)
                 res[f"Fed-{kind}" + (f" eps={eps:g}" if eps is not None else "")] = fit_users(Xd, V, 0.1, args.max_iter) @ V.T
             res["Random"] = np.random.default_rng(seed + 99).random(Xd.shape)
+            # non-private reference: every user gets the item popularity (training counts) ranking
+            res["Popularity"] = np.broadcast_to(np.asarray((train != 0).sum(axis=0), dtype=np.float64), Xd.shape)
             for name, S in res.items():
                 rows.append({"seed": seed, "ell": ell, "method": name, **recommendation_metrics(S, train, test, 10)})
             print(f"seed {seed} ell {ell} done", flush=True)
@@ -151,6 +156,9 @@ def main():
     ap.add_argument("--k", type=int, default=50, help="prototypes per silo on ML (paper: 50)")
     ap.add_argument("--s", type=int, default=50, help="public non-zero bound s of the DP mechanism on ML")
     ap.add_argument("--swap-iters", type=int, default=30)
+    ap.add_argument("--trials", type=int, default=0, help="T of the DP mechanism (0: ceil(2 ln(1/delta)) = 5; the authors' code: 1)")
+    ap.add_argument("--silos", default="zip", choices=["zip", "uniform"], help="ML silos: first ZIP digit or --n-silos random equal silos")
+    ap.add_argument("--n-silos", type=int, default=10)
     ap.add_argument("--max-iter", type=int, default=200)
     ap.add_argument("--ks", type=int, nargs="+", default=[10, 100])
     ap.add_argument("--poisson-users", type=int, default=1000)
@@ -175,7 +183,7 @@ def main():
         rows, attack_rows = part_ml(args)
         results["ml"], results["ml_attack"] = rows, attack_rows
         methods = list(dict.fromkeys(r["method"] for r in rows))
-        print(f"\n### ML-100K by ZIP silos, k={args.k}, s={args.s}, {args.seeds} seeds (mean rank / MAP@10 / RMSE)\n")
+        print(f"\n### ML-100K by {args.silos} silos, k={args.k}, s={args.s}, trials={args.trials or 'default'}, {args.seeds} seeds (mean rank / MAP@10 / RMSE)\n")
         print("| method | " + " | ".join(f"ell={d} rank | MAP@10 | RMSE" for d in args.dims) + " |")
         print("|---|" + "---|---|---|" * len(args.dims))
         for mth in methods:

@@ -102,6 +102,15 @@ def test_server_and_silo_fits_solve_the_paper_objective():
     assert np.abs(G[U > 1e-8]).max() < 1e-3 * scale
 
 
+def test_server_factorize_with_fewer_prototypes_than_latent_dims():
+    # k = 1 prototype per silo and ell = 20: nndsvda init cannot be used, random init is
+    P = np.random.default_rng(1).random((11, 40)) * 5
+    V = server_factorize(P, 20, 0.1, 300, 0)
+    assert V.shape == (40, 20) and (V >= 0).all()
+    U = fit_users(P, V, 0.1, 300)
+    assert np.linalg.norm(P - U @ V.T) < 0.2 * np.linalg.norm(P)
+
+
 def test_experiment_sweeps_epsilon_through_the_defense():
     from privaudit.experiment import build_experiment
 

@@ -15,8 +15,11 @@ them by k epsilon-DP prototypes (``prototypes``: k x m) before anything leaves t
 server, and the transcript, see only the prototypes. ``k = 0`` (default) takes the protocol's
 ``k``; ``s = 0`` takes the protocol's public sparsity bound ``s``. ``epsilon`` is the strength
 (default grid 10, 1, 0.1: weakest to strongest protection). ``privacy_spent`` is
-(epsilon, 0) per silo: one upload, pure epsilon-DP per user of the silo (parallel composition
-over silos; delta only sets the number of trials and grids).
+(epsilon, 0) per silo: one upload, pure epsilon-DP per user of the silo under adding or
+removing that user's row (2 epsilon if a row is replaced; parallel composition over silos;
+delta only sets the number of trials and grids). The noise scales do not depend on the private
+cluster sizes: clusters release noisy sums, normalised by the silo's noisy size (see
+:mod:`privaudit.models.private_kmeans`, "What n is in Algorithm 3").
 """
 
 from __future__ import annotations

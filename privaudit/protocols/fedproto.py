@@ -128,7 +128,7 @@ def server_factorize(P: np.ndarray, n_components: int, lam: float, max_iter: int
         return np.zeros((m, int(n_components)))
     model = NMF(
         n_components=int(n_components),
-        init="nndsvda",
+        init="nndsvda" if int(n_components) <= min(rows, m) else "random",  # nndsvda needs ell <= rows
         solver="cd",
         alpha_W=lam / m,
         alpha_H=lam / rows,
