@@ -124,7 +124,10 @@ MovieLens 100K (docs/reproduction.md, "mvmf-analytic"): exact in all four scenar
 
 Departures from DESIGN.md: the SGD null space is solved in the constrained least-squares form
 above (same solution without noise); SGD-InclUnc uses the one-round shortcut; decoding is MAP
-with an empirical prior rather than plain rounding (identical without noise).
+with an empirical prior rather than plain rounding (identical without noise); when the first
+recorded round decides every value (see "Noise-adaptive use of rounds") the other rounds are not
+read, and then the direction d comes from the grad_P rows alone (the grad_V rows' components
+orthogonal to d are not inspected: they change no decoded value).
 Reads only the FedMVMF message kinds of DESIGN.md and the public config keys ``K``, ``alpha``,
 ``lam``, ``w``, ``eta``, ``update``, ``unrated``, ``rating_min``, ``rating_max``
 (``rating_step``, ``attribute_names``, ``defenses`` if present).
