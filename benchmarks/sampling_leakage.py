@@ -89,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--utility", action="store_true", help="also run FedMVMF with each distribution")
     ap.add_argument("--no-leakage", action="store_true", help="skip the item-set observers")
     ap.add_argument("--epochs", type=int, default=None, help="FedMVMF epochs (default: FedMVMF's)")
+    ap.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra sampling-defense parameter, e.g. matched_min_samplers=0 (repeatable)")
     args = ap.parse_args(argv)
+    extra = dict(item.split("=", 1) for item in args.sampling)
     ds = synthetic() if args.data == "synthetic" else load_dataset(args.data)
     R = ds.ratings
     counts = np.bincount(R.indices, minlength=R.shape[1])
@@ -101,12 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         for rho in rhos:
             for dist in dists:
                 t0 = time.perf_counter()
-                d = SamplingDefense(rho=rho, distribution=dist)
+                d = SamplingDefense(rho=rho, distribution=dist, **extra)
                 out = d.on_client_data(ClientData.from_ratings(R), np.random.default_rng(args.seed))
                 sets = _sets(out.ratings)
                 res = [item_set_guess(sets, _sets(R), rho, s, item_counts=counts)["precision"] for s in STRATEGIES]
                 line = f"{rho:4g} {dist:12s} " + " ".join(f"{v:12.3f}" for v in res)
-                line += f"  best-uniform={max(res) - 1 / (1 + rho):+.3f} ({time.perf_counter() - t0:.0f}s)"
+                c = np.bincount(out.ratings.indices, minlength=R.shape[1])
+                line += f"  best-chance={max(res) - 1 / (1 + rho):+.3f}; items uploaded by one client: {int((c == 1).sum())}"
+                line += f" ({time.perf_counter() - t0:.0f}s)"
                 if dist == "matched":
                     info = d.matched_info
                     caps = [g["capped"] for g in info["groups"]]
@@ -121,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             rows = {}
             for dist in dists:
                 t0 = time.perf_counter()
-                res = get("protocol", "fedmvmf")().run(ds, cfg, [SamplingDefense(rho=rho, distribution=dist)], rng=args.seed)
+                res = get("protocol", "fedmvmf")().run(
+                    ds, cfg, [SamplingDefense(rho=rho, distribution=dist, **extra)], rng=args.seed
+                )
                 rows[dist] = res.utility
                 print(f"rho={rho:g} {dist}: FedMVMF {time.perf_counter() - t0:.0f}s", flush=True)
             print(f"FedMVMF utility, rho={rho:g}, K={cfg['K']}, epochs={cfg['epochs']}, w={cfg['w']}")

@@ -30,7 +30,8 @@ def data():
 @pytest.fixture(scope="module")
 def runs(data):
     sampling, paillier = get("defense", "sampling"), get("defense", "paillier")
-    fed = get("protocol", "fedmvmf")().run(data, CFG, [sampling(rho=1.0)], rng=7)
+    # the same sampling as privmvmf's default (rho = 1, distribution = matched)
+    fed = get("protocol", "fedmvmf")().run(data, CFG, [sampling(rho=1.0, distribution="matched")], rng=7)
     fed_plain = get("protocol", "fedmvmf")().run(data, CFG, [], rng=7)
     priv = PrivMVMF().run(data, CFG, [paillier(key_length=KEY, decryptors=2)], rng=7)
     priv_c1 = PrivMVMF().run(data, CFG, [paillier(key_length=KEY, cohort_size=1)], rng=7)
@@ -44,6 +45,7 @@ def test_registered_alias_adds_defenses():
     defs = privmvmf_defenses([], 0.25)
     assert [d.name for d in defs] == ["sampling", "paillier"]
     assert defs[0].config["w"] == 0.25 and defs[1].config["key_length"] == 2048
+    assert defs[0].config["rho"] == 1.0 and defs[0].config["distribution"] == "matched"
     # a caller's sampling without w gets the protocol's w; paillier is moved last
     paillier, sampling = get("defense", "paillier")(key_length=KEY), get("defense", "sampling")(rho=2)
     defs = privmvmf_defenses([paillier, sampling], 0.3)
@@ -127,7 +129,10 @@ def test_aggregate_attack_on_privmvmf_views(runs):
     # the paper's setting: one sum over all clients, with sampling: no direction is identifiable
     full = MVMFAggregate().evaluate(runs["priv"].transcript, np.random.default_rng(0))
     assert full.reconstruction.supported
-    assert full.reconstruction.meta["with_direction"] == 0.0
+    # (matched sampling, privmvmf's default, leaves a few rarely rated items uploaded by one
+    # client only — 4 of 45 here; that client's direction alone does not give its ratings)
+    assert full.reconstruction.meta["with_direction"] <= 0.1
+    assert full.metrics["rated_detection_accuracy"] < 0.55
     assert full.metrics["rating_accuracy"] <= full.baseline["rating_accuracy_majority"]
 
 

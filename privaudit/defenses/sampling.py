@@ -21,6 +21,30 @@ probability proportional to ``popularity_floor + (number of users who rated them
 top-k = successive sampling without replacement), so that sampled items look like rated ones
 to an observer who ranks uploaded items by popularity; the uniform default is the papers'.
 
+``distribution="matched"`` (an extension, :func:`sample_matched`) closes the gap for observers
+that see only item ids and counts. The server's posterior that an uploaded item j is rated is
+n_j / (n_j + s_j) (n_j raters, s_j samplers); it is 1 / (1 + rho) for every item iff
+s_j = rho n_j, i.e. non-raters sample j with probability ~ rho n_j / (N - n_j) (the
+popularity *odds*). Clients are grouped by activity |I_u| (quantiles, ``matched_groups``; the
+server sees |I_u ∪ S_u| anyway) and, per group, item weights w_j are fitted by iterative
+proportional fitting so that the expected samplers sum_u min(1, lambda_u w_j) = rho n_jb, each
+client's lambda_u set locally so that it draws exactly round(rho |I_u|) items (systematic
+sampling, exact inclusion probabilities). Items with n_jb > N_b / (1 + rho) cannot be matched
+(``capped``: every non-rater of the group samples them; their posterior n_jb / N_b stays above
+1 / (1 + rho)) — at rho = 1 on ML-100K they are few, at rho = 2, 3 they dominate what a
+popularity-ranking server still learns (docs/reproduction.md).
+
+Where the counts come from in a deployment: the per-group rating counts n_jb are an aggregate
+of the clients' item-indicator vectors, computed under the same Paillier sum and decryptors
+before training (each client encrypts its 0/1 vector in its group's block); each fitting round
+needs one more aggregate, the per-item sums of the clients' inclusion probabilities. They
+reveal only aggregate per-item (per-group) counts, never one client's items. Here the defense
+computes the same aggregates from the clients' data passed to :meth:`on_client_data` (a
+documented public-statistics input; no extra protocol rounds are simulated or recorded).
+What matched sampling does not hide: the items' co-occurrence structure — a server that runs
+collaborative filtering on the uploaded sets (``item_set_guess(..., "lowrank")``) still beats
+chance, because sampled items do not follow the user's tastes.
+
 :func:`item_set_guess` measures what the item sets leak (tests, docs/reproduction.md).
 """
 
@@ -146,6 +170,7 @@ def matched_weights(
     iters: int = 200,
     tol: float = 1e-3,
     chunk_entries: int = 20_000_000,
+    stall: int = 20,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Item weights w (m,) whose per-client inclusion probabilities match per-item targets.
 
@@ -184,6 +209,7 @@ def matched_weights(
     w[capped] = MATCHED_W_CAP
     err = np.inf
     it = 0
+    history: list[float] = []
     for it in range(1, iters + 1):
         A = np.zeros(m)
         for start, stop in _row_blocks(n, m, chunk_entries):
@@ -201,6 +227,9 @@ def matched_weights(
         err = float(rel.max()) if rel.size else 0.0
         if err < tol:
             break
+        history.append(err)
+        if len(history) > stall and history[-1] > 0.99 * history[-1 - stall]:
+            break  # infeasible (client caps): no progress over ``stall`` rounds
         ratio = np.where(active, goal / np.maximum(A, 1e-300), 1.0)
         w = np.where(active, np.clip(w * np.clip(ratio, 0.1, 10.0), 1e-300, MATCHED_W_CAP), w)
     return w, {"expected": A, "target": target, "scale": scale, "capped": capped, "floored": floored,
@@ -244,7 +273,13 @@ def sample_with_probabilities(
 
 
 def sample_matched(
-    present: sp.csr_matrix, real: sp.csr_matrix, rho: float, rng: np.random.Generator, groups: int = 4, iters: int = 200
+    present: sp.csr_matrix,
+    real: sp.csr_matrix,
+    rho: float,
+    rng: np.random.Generator,
+    groups: int = 4,
+    iters: int = 200,
+    min_samplers: float = 0.0,
 ) -> tuple[sp.csr_matrix, dict[str, Any]]:
     """``distribution=matched``: per activity group, item j is sampled by ~rho x its raters.
 
@@ -254,6 +289,10 @@ def sample_matched(
     round(rho |I_u|) unrated items with :func:`sample_with_probabilities`. The server's
     posterior that an uploaded item j of a group-b client is rated is then n_jb / (n_jb + s_jb)
     = 1 / (1 + rho) for every matchable item, whatever it ranks the items by.
+    ``min_samplers`` adds that many expected samplers (over all groups) to every rated item:
+    an item uploaded by a single client exposes that client's gradient row to a server that
+    sees only sums (``mvmf-aggregate``); the floor lowers the posterior of rare items below
+    1 / (1 + rho) (they look less rated, not more).
 
     present : csr (n x m) every entry already trained on (never sampled); real : csr (n x m)
     the real ratings (their per-group column counts are the aggregate n_jb).
@@ -268,6 +307,7 @@ def sample_matched(
     n_real = np.diff(real.indptr)
     k = np.minimum(np.floor(rho * n_real + 0.5), m - np.diff(present.indptr)).astype(np.float64)
     groups = max(1, min(int(groups), n))
+    rated_any = np.bincount(real.indices, minlength=m) > 0
     edges = np.quantile(n_real, np.linspace(0.0, 1.0, groups + 1)[1:-1]) if groups > 1 else np.empty(0)
     group = np.searchsorted(edges, n_real, side="right")
     rows_out, cols_out, per_group = [], [], []
@@ -275,7 +315,10 @@ def sample_matched(
     for b in np.unique(group):
         idx = np.flatnonzero(group == b)
         counts = np.bincount(real[idx].indices, minlength=m).astype(np.float64)
-        w, info = matched_weights(present[idx], k[idx], rho * counts, iters=iters)
+        # + a floor of min_samplers expected samplers per rated item (shared by the groups in
+        # proportion to their size), so that rarely rated items are not uploaded by one client only
+        target = rho * counts + min_samplers * (len(idx) / n) * rated_any
+        w, info = matched_weights(present[idx], k[idx], target, iters=iters)
         s = sample_with_probabilities(present[idx], w, k[idx], rng).tocoo()
         rows_out.append(idx[s.row])
         cols_out.append(s.col)
@@ -333,6 +376,7 @@ class SamplingDefense(Defense):
         "popularity_floor": 1.0,
         "matched_iters": 200,
         "matched_groups": 4,
+        "matched_min_samplers": 1.0,
         "t_predict": None,
         "t_local": None,
     }
@@ -345,6 +389,7 @@ class SamplingDefense(Defense):
         "popularity_floor": "added to every item's rating count for distribution=popularity",
         "matched_iters": "distribution=matched: most fitting rounds (each = one per-item aggregate in a deployment)",
         "matched_groups": "distribution=matched: match per group of clients with similar |rated| (quantiles; 1 = all)",
+        "matched_min_samplers": "distribution=matched: extra expected samplers of every rated item (no item uploaded by one client only)",
         "t_predict": "FedRec HF: round after which virtual ratings become local predictions (default: the protocol's, FedRec 10)",
         "t_local": "FedRec HF: local rounds between prediction refreshes (default: the protocol's, FedRec 5)",
     }
@@ -368,8 +413,10 @@ class SamplingDefense(Defense):
                 raise PrivauditError(f"defense 'sampling': w must be a number, got {c['w']!r}") from None
             if c["w"] < 0:
                 raise PrivauditError("defense 'sampling': w must be >= 0")
-        if c["matched_groups"] < 1 or c["matched_iters"] < 1:
-            raise PrivauditError("defense 'sampling': matched_groups and matched_iters must be >= 1")
+        if c["matched_groups"] < 1 or c["matched_iters"] < 1 or c["matched_min_samplers"] < 0:
+            raise PrivauditError(
+                "defense 'sampling': matched_groups and matched_iters must be >= 1, matched_min_samplers >= 0"
+            )
         if not c["popularity_floor"] > 0:
             raise PrivauditError("defense 'sampling': popularity_floor must be positive")
         if (c["t_predict"] is not None and c["t_predict"] < 0) or (c["t_local"] is not None and c["t_local"] < 1):
@@ -407,7 +454,8 @@ class SamplingDefense(Defense):
         n_real = np.diff(real.indptr)
         if self.config["distribution"] == "matched":
             sampled, self.matched_info = sample_matched(
-                present, real, rho, rng, int(self.config["matched_groups"]), int(self.config["matched_iters"])
+                present, real, rho, rng, int(self.config["matched_groups"]), int(self.config["matched_iters"]),
+                float(self.config["matched_min_samplers"]),
             )
         else:
             if self.config["distribution"] == "popularity":
