@@ -102,6 +102,19 @@ def test_server_and_silo_fits_solve_the_paper_objective():
     assert np.abs(G[U > 1e-8]).max() < 1e-3 * scale
 
 
+def test_dp_prototypes_carry_signal_once_the_noise_is_small(ds):
+    """Scaling epsilon by c is the same as a silo c times larger (every sensitivity is per row,
+    every utility a sum over rows): at eps = 1 the synthetic silos' prototypes rank like random,
+    at eps = 1e4 (a silo 1e4 times larger at eps = 1) like exact k-means."""
+    def rank(eps, seed):
+        return FedProto().run(ds, {"latent_dim": 5, "max_iter": 100}, [DPPrototypes(epsilon=eps, **FAST_DP)], seed).utility["mean_rank"]
+
+    ex = FedProto().run(ds, {"prototypes": "exact", "latent_dim": 5, "max_iter": 100}, [], 0).utility["mean_rank"]
+    low = np.mean([rank(1.0, s) for s in range(3)])
+    high = np.mean([rank(1e4, s) for s in range(3)])
+    assert low > 0.47 and high < 0.33 and high < ex + 0.03
+
+
 def test_server_factorize_with_fewer_prototypes_than_latent_dims():
     # k = 1 prototype per silo and ell = 20: nndsvda init cannot be used, random init is
     P = np.random.default_rng(1).random((11, 40)) * 5
