@@ -50,6 +50,8 @@ def run_fed(args: argparse.Namespace) -> None:
         "lr": args.lr,
         "local_epochs": args.local_epochs,
         "client_optimizer": args.client_optimizer,
+        "init_std": args.init_std,
+        "user_lr": args.user_lr,
         "eval_every": args.eval_every,
         "record_rounds": 0,
     }
@@ -62,6 +64,7 @@ def run_fed(args: argparse.Namespace) -> None:
     emit({
         "summary": True, "mode": "fed", "model": args.model, "aggregation": args.aggregation,
         "global_rounds": args.global_rounds, "clients_per_round": args.clients_per_round, "batch_size": args.batch_size,
+        "init_std": args.init_std, "lr": args.lr, "user_lr": args.user_lr,
         "seed": args.seed, "hr@10": res.utility["hr@10"], "ndcg@10": res.utility["ndcg@10"],
         "paper_hr@10": PAPER_T5[args.aggregation] if args.model == "gmf" else paper[0], "paper_ndcg@10": paper[1] if args.aggregation == "mf-fedavg" else None,
         "seconds": secs, "aggregation_rounds": res.utility["rounds"],
@@ -87,10 +90,10 @@ def run_central(args: argparse.Namespace) -> None:
             best.update(u, epoch=epoch + 1)
 
     with ncf.single_thread():
-        model = ncf.train_centralized(args.model, 12, layers, pos, ds.n_users, ds.n_items, args.epochs, args.batch_size, 4, 1e-3, rng, exclude=excl, callback=cb)
+        model = ncf.train_centralized(args.model, 12, layers, pos, ds.n_users, ds.n_items, args.epochs, args.batch_size, 4, 1e-3, rng, exclude=excl, callback=cb, init_std=args.init_std)
     final = ncf_utility(args.model, 12, layers, model, eval_users, cand, 10)
     paper = PAPER_T6[("central", args.model)]
-    emit({"summary": True, "mode": "central", "model": args.model, "epochs": args.epochs, "batch_size": args.batch_size, "seed": args.seed,
+    emit({"summary": True, "mode": "central", "model": args.model, "epochs": args.epochs, "batch_size": args.batch_size, "seed": args.seed, "init_std": args.init_std,
           **final, "best": best, "paper_hr@10": paper[0], "paper_ndcg@10": paper[1], "seconds": time.perf_counter() - t0})
 
 
@@ -106,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-3, help="client Adam learning rate (paper: 1e-3)")
     p.add_argument("--local-epochs", type=int, default=2, help="paper: 2")
     p.add_argument("--client-optimizer", default="fresh", choices=["fresh", "persistent"])
+    p.add_argument("--init-std", type=float, default=0.01, help="std of the N(0, s^2) initial embeddings (fed and central; 1.0 = torch.nn.Embedding default)")
+    p.add_argument("--user-lr", type=float, default=-1.0, help="fed: Adam lr of the user vectors (-1: --lr)")
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default=str(DATA))

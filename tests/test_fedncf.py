@@ -181,3 +181,23 @@ def test_persistent_client_optimizer_runs(tiny):
     assert 0.0 <= res.utility["hr@10"] <= 1.0
     with pytest.raises(PrivauditError, match="client_optimizer"):
         FedNCF().run(tiny, {"client_optimizer": "sgd"}, [], 0)
+
+
+def test_init_std_and_user_lr(tiny):
+    """``init_std`` sets the scale of the initial embeddings (the global model of round 0);
+    ``user_lr`` only changes the user vectors' Adam step (equal to ``lr`` it is the default run)."""
+    base = {"global_rounds": 1, "clients_per_round": 8, "record_rounds": 1}
+    for std in (0.01, 1.0):
+        res = FedNCF().run(tiny, {**base, "init_std": std}, [], 0)
+        items0 = res.transcript.select("state")[0].payload["items"]
+        assert items0.std() == pytest.approx(std, rel=0.05)
+    a = FedNCF().run(tiny, base, [], 0).model
+    b = FedNCF().run(tiny, {**base, "user_lr": 0.001}, [], 0).model
+    np.testing.assert_array_equal(a["users"], b["users"])
+    np.testing.assert_array_equal(a["items"], b["items"])
+    c = FedNCF().run(tiny, {**base, "user_lr": 0.01}, [], 0).model
+    assert np.abs(c["users"]).mean() > 2 * np.abs(a["users"]).mean()  # 10x the user step
+    with pytest.raises(PrivauditError, match="init_std must be a positive number"):
+        FedNCF.resolve_config({"init_std": 0})
+    with pytest.raises(PrivauditError, match="user_lr must be a positive number or -1"):
+        FedNCF.resolve_config({"user_lr": 0})

@@ -112,9 +112,10 @@ def init_network(arch: str, D: int, layers: Sequence[int], rng: np.random.Genera
     return out
 
 
-def init_embeddings(n: int, dim: int, rng: np.random.Generator) -> np.ndarray:
-    """(n, dim) float32 embeddings drawn from N(0, EMBED_STD^2)."""
-    return (EMBED_STD * rng.standard_normal((n, dim))).astype(np.float32)
+def init_embeddings(n: int, dim: int, rng: np.random.Generator, std: float = EMBED_STD) -> np.ndarray:
+    """(n, dim) float32 embeddings drawn from N(0, std^2) (default EMBED_STD, as the NCF reference code;
+    1.0 is ``torch.nn.Embedding``'s default initialisation)."""
+    return (std * rng.standard_normal((n, dim))).astype(np.float32)
 
 
 def flatten_network(net: dict[str, np.ndarray], arch: str, D: int, layers: Sequence[int]) -> np.ndarray:
@@ -243,6 +244,7 @@ def train_clients(
     noise_seed: int = 0,
     n_rows: np.ndarray | None = None,
     adam_state: dict[str, Any] | None = None,
+    user_lr: float | None = None,
 ) -> dict[str, np.ndarray]:
     """Local training of C clients at once (fedncf.txt Algorithm 2, the plain update part).
 
@@ -277,6 +279,8 @@ def train_clients(
         (dict name -> (C, ...)), ``step`` (C,) int64 steps already taken. The updated state is
         returned under ``adam_state`` (same layout). Uses an unfused Adam with per-client step
         counts (same formula as ``torch.optim.Adam``).
+    user_lr : float, optional
+        Adam learning rate of the (private) user vectors; default ``lr``.
 
     Returns
     -------
@@ -370,7 +374,10 @@ def train_clients(
                 grads.append((g + noise) / denom)
         ms = [m_state[0][:a], m_state[1][:n_act]] + [m[:a] for m in m_state[2:]]
         vs = [v_state[0][:a], v_state[1][:n_act]] + [v[:a] for v in v_state[2:]]
-        if step0 is None:
+        if step0 is None and user_lr is not None and user_lr != lr:
+            _adam_step(cur[:1], list(grads[:1]), ms[:1], vs[:1], s + 1, user_lr)
+            _adam_step(cur[1:], list(grads[1:]), ms[1:], vs[1:], s + 1, lr)
+        elif step0 is None:
             _adam_step(cur, list(grads), ms, vs, s + 1, lr)
         else:
             t = step0[:a] + (s + 1)
@@ -383,7 +390,8 @@ def train_clients(
                 c2 = bc2[sel].float().view(shape)
                 m_.mul_(b1).add_(g, alpha=1.0 - b1)
                 v_.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-                p.sub_(lr * (m_ / c1) / ((v_ / c2).sqrt() + ADAM_EPS))
+                lr_j = user_lr if (j == 0 and user_lr is not None) else lr
+                p.sub_(lr_j * (m_ / c1) / ((v_ / c2).sqrt() + ADAM_EPS))
     flat_out = P_item.numpy()
     items_out = item_rows.copy()
     for c in range(C):
@@ -487,12 +495,14 @@ def train_centralized(
     rng: np.random.Generator,
     exclude: Any = None,
     callback: Any = None,
+    init_std: float = EMBED_STD,
 ) -> dict[str, Any]:
     """Centralised NCF (He et al. 2017; fedncf.txt Table 6 "NCF"): one model, all users.
 
     ``positives``: CSR (n_users x n_items) of training interactions; ``exclude``: CSR of
     items never drawn as negatives (training + held-out). Negatives are re-drawn every epoch
-    (``negatives`` per positive). ``callback(epoch, model)`` after every epoch.
+    (``negatives`` per positive). ``callback(epoch, model)`` after every epoch. ``init_std``: std of
+    the N(0, s^2) initial embeddings.
     Returns ``{"net", "items", "users"}`` (numpy).
     """
     torch = require_torch()
@@ -505,8 +515,8 @@ def train_centralized(
     net_np = init_network(arch, D, layers, rng)
     names = list(net_np)
     p_net = {k: torch.tensor(v, requires_grad=True) for k, v in net_np.items()}
-    U = torch.tensor(init_embeddings(n_users, Dt, rng), requires_grad=True)
-    Itab = torch.tensor(init_embeddings(n_items, Dt, rng), requires_grad=True)
+    U = torch.tensor(init_embeddings(n_users, Dt, rng, init_std), requires_grad=True)
+    Itab = torch.tensor(init_embeddings(n_items, Dt, rng, init_std), requires_grad=True)
     opt = torch.optim.Adam([U, Itab] + [p_net[k] for k in names], lr=lr)
     pu = np.repeat(np.arange(n_users), np.diff(pos.indptr))
     pi = pos.indices.astype(np.int64)

@@ -57,6 +57,11 @@ vector P is then the set of rows trained that round). The paper gives no batch s
 used (``batch_size``). Each client starts every round with a fresh Adam state (default;
 ``client_optimizer=persistent`` keeps each client's Adam moments and step count across rounds --
 the paper does not say which; on ML-100K it made no difference to HR@10, docs/reproduction.md).
+The paper does not give the initial scale of the user and item embeddings (only "Xavier" for the
+network weights, §4.2): ``init_std`` (default 0.01, the NCF reference code's N(0, 0.01^2)) sets it.
+It decides whether FedGMF learns on ML-100K: at 0.01 (and at Xavier's ~0.035 for these tables)
+HR@10 stalls at ~0.28 within a few global rounds, at 0.1 it keeps climbing (docs/reproduction.md,
+"Why FedGMF plateaus"). ``user_lr`` (default: ``lr``) is a diagnostic key, not in the paper.
 """
 
 from __future__ import annotations
@@ -140,7 +145,9 @@ class FedNCF(Protocol):
         "layers": [48, 24, 12, 6],
         "negatives": 4,
         "lr": 0.001,
+        "user_lr": -1.0,
         "local_epochs": 2,
+        "init_std": 0.01,
         "batch_size": 64,
         "client_optimizer": "fresh",
         "aggregation": "mf-fedavg",
@@ -161,7 +168,9 @@ class FedNCF(Protocol):
         "layers": "MLP hidden layer sizes (input 2D)",
         "negatives": "sampled negatives per positive (the blurring of §3.5.2)",
         "lr": "client Adam learning rate",
+        "user_lr": "Adam learning rate of the private user vectors (-1: same as lr; diagnostic, not in the paper)",
         "local_epochs": "local epochs per round",
+        "init_std": "standard deviation of the N(0, s^2) initial user and item embeddings",
         "batch_size": "local mini-batch size (the paper gives none)",
         "client_optimizer": "fresh (new Adam state every round) or persistent (each client keeps its Adam moments and step count across rounds)",
         "aggregation": "mf-fedavg (per-item averaging), fedavg (eq. 1) or simpleavg",
@@ -202,6 +211,10 @@ class FedNCF(Protocol):
             fail(f"layers must be positive integers, got {config['layers']!r}")
         if not (np.isfinite(config["lr"]) and config["lr"] > 0):
             fail(f"lr must be a positive number, got {config['lr']!r}")
+        if not (np.isfinite(config["init_std"]) and config["init_std"] > 0):
+            fail(f"init_std must be a positive number, got {config['init_std']!r}")
+        if not (np.isfinite(config["user_lr"]) and (config["user_lr"] > 0 or config["user_lr"] == -1)):
+            fail(f"user_lr must be a positive number or -1, got {config['user_lr']!r}")
         if config["selection"] == "adversarial" and config["clients_per_round"] < 2:
             fail("adversarial selection needs clients_per_round >= 2")
 
@@ -289,8 +302,8 @@ class FedNCF(Protocol):
         channel = Channel(defenses, transcript, channel_rng)
 
         net = ncf.init_network(arch, D, layers, init_rng)
-        items = ncf.init_embeddings(m, Dt, init_rng)
-        users = ncf.init_embeddings(n, Dt, init_rng)
+        items = ncf.init_embeddings(m, Dt, init_rng, cfg["init_std"])
+        users = ncf.init_embeddings(n, Dt, init_rng, cfg["init_std"])
         adam = None
         if cfg["client_optimizer"] == "persistent":  # per-client Adam moments (n x m x Dtot for the rows)
             adam = {"step": np.zeros(n, dtype=np.int64)}
@@ -418,6 +431,7 @@ class FedNCF(Protocol):
             noise_seed=int(rng.integers(2**63)),
             n_rows=np.array([len(x) for x in local]),
             adam_state=state,
+            user_lr=float(cfg["user_lr"]) if cfg["user_lr"] > 0 else None,
         )
         users[cohort] = out["users"]
         if adam is not None:
