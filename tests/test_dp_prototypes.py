@@ -80,6 +80,10 @@ def test_candidate_respects_its_epsilon_and_partition_ratio():
     assert info["eps_grid"] * info["n_grids"] == pytest.approx(eps)
     assert info["eps_used"] <= eps + 1e-12
     assert C.shape[1] == 6 and C.shape[0] >= info["n_grids"]
+    # the structural n (grids, eps', gamma) is the privatised one when given, not the data's
+    _, info2 = pk.candidate(Y, k=3, epsilon=eps, delta=0.1, Lambda=2.0, rng=rng, n_public=500)
+    assert info2["n_grids"] == math.ceil(25 * 3 * math.log(500 / 0.1))
+    assert info2["eps_prime"] == pytest.approx(eps / info2["n_grids"] / (2 * math.log(500)))
     # f(m+1) / f(m) within exp(+-eps') for every count: the Laplace threshold test
     e1, gamma = 0.3, 7.0
     m = np.arange(0, 30)

@@ -5,9 +5,9 @@ Pipeline of :func:`private_prototypes` on a silo's data X (n rows x m items, eve
 to ``||x||_inf <= Lambda`` and ``||x||_0 <= s`` — both public):
 
 1. trials T = ceil(2 ln(1/delta)) (Algorithm 2 line 1; ``trials`` overrides); per trial:
-2. JL projection Y = X G^T / sqrt(p), G ~ N(0, 1)^{p x m}, p = ceil(8 ln n) (line 3); rows of
-   Y are clipped to the public norm Lambda_Y = Lambda sqrt(s) (a per-record map, so it costs no
-   privacy);
+2. JL projection Y = X G^T / sqrt(p), G ~ N(0, 1)^{p x m}, p = ceil(8 ln n~) (line 3; n~ is
+   the noisy silo size of step 5, used for every n below); rows of Y are clipped to the
+   public norm Lambda_Y = Lambda sqrt(s) (a per-record map, so it costs no privacy);
 3. ``candidate`` (Algorithm 5): T_c = ceil(25 k ln(n/delta)) shifted grids
    Q_v = [-Lambda_Y, Lambda_Y]^p + v, v ~ U([-Lambda_Y, Lambda_Y]^p), each refined by
    ``private_partition`` (Algorithm 4) with budget eps_cand / T_c; all grids run at once;
@@ -42,7 +42,9 @@ the cluster size, not the dimension). The authors' public code (``recover_sparse
 normaliser: the former implementation (like the paper) divided by the exact n_j inside the
 noise scale, so the scale itself depended on the private partition, which no neighbouring
 argument covers (one replaced row changes two n_j); the candidates also had to be pulled into
-the Lambda_Y ball for localswap's 8 Lambda_Y^2 scale to be a valid sensitivity.
+the Lambda_Y ball for localswap's 8 Lambda_Y^2 scale to be a valid sensitivity, and the
+structural parameters (JL dimension p = 8 ln n, grids T_c, depth, eps', gamma) now use the noisy
+silo size n~ instead of the private n (they change the output distribution with n).
 
 Budget split and why the whole is epsilon-DP (Theorem 3.1)
 -----------------------------------------------------------
@@ -249,19 +251,22 @@ def private_partition(
     epsilon: float,
     delta: float,
     rng: np.random.Generator,
+    n_public: int | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Algorithm 4 on G grids at once; the candidate centres (c x p) and diagnostics.
 
     ``lows`` (G x p): lower corners of the initial cubes Q (side ``side``); every grid runs with
     budget ``epsilon`` (eps' = epsilon / max(1, 2 ln n), depth capped at floor(max(1, 2 ln n))
-    so the levels compose to <= epsilon), gamma = 20 ln(n / delta) / eps'.
+    so the levels compose to <= epsilon), gamma = 20 ln(n / delta) / eps'. ``n_public``: the
+    n of those formulas (a privatised row count; None: the true one, for tests).
     """
     Y = np.asarray(Y, dtype=np.float64)
     n, p = Y.shape
+    n_eff = int(n_public) if n_public else n
     G = lows.shape[0]
-    log_term = max(1.0, 2.0 * math.log(max(n, 1)))
+    log_term = max(1.0, 2.0 * math.log(max(n_eff, 1)))
     eps_prime = float(epsilon) / log_term
-    gamma = 20.0 / eps_prime * math.log(max(n, 1) / float(delta))
+    gamma = 20.0 / eps_prime * math.log(max(n_eff, 1) / float(delta))
     max_depth = int(math.floor(log_term))
     f0 = float(inclusion_probability(0, eps_prime, gamma))
     n_children = 2.0**p
@@ -322,15 +327,24 @@ def private_partition(
 
 
 def candidate(
-    Y: np.ndarray, k: int, epsilon: float, delta: float, Lambda: float, rng: np.random.Generator, n_grids: int | None = None
+    Y: np.ndarray,
+    k: int,
+    epsilon: float,
+    delta: float,
+    Lambda: float,
+    rng: np.random.Generator,
+    n_grids: int | None = None,
+    n_public: int | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Algorithm 5: the union of ``private_partition`` over T_c = ceil(25 k ln(n/delta)) shifted
-    grids, each with budget epsilon / T_c and delta / T_c (sequential composition: epsilon)."""
+    grids, each with budget epsilon / T_c and delta / T_c (sequential composition: epsilon);
+    ``n_public`` as in :func:`private_partition`."""
     n, p = Y.shape
-    T_c = int(n_grids) if n_grids else max(1, int(math.ceil(25 * k * math.log(max(n, 2) / float(delta)))))
+    n_eff = int(n_public) if n_public else n
+    T_c = int(n_grids) if n_grids else max(1, int(math.ceil(25 * k * math.log(max(n_eff, 2) / float(delta)))))
     v = rng.uniform(-Lambda, Lambda, size=(T_c, p))
     lows = -Lambda + v
-    C, info = private_partition(Y, lows, 2.0 * Lambda, epsilon / T_c, delta / T_c, rng)
+    C, info = private_partition(Y, lows, 2.0 * Lambda, epsilon / T_c, delta / T_c, rng, n_public)
     info.update(n_grids=T_c, eps_grid=epsilon / T_c, eps_used=T_c * info["eps_prime"] * info["max_depth"])
     return C, info
 
@@ -507,15 +521,17 @@ def private_prototypes(
     n, m = A.shape
     T = int(trials) if trials else n_trials(delta)
     budget = budget_split(epsilon, T)
-    p = max(1, int(math.ceil(8.0 * math.log(max(n, 2)))))
     Lambda_Y = float(Lambda) * math.sqrt(max(int(s), 1))
-    # noisy silo size (sensitivity 1, budget.count): the public divisor of the cluster sums
+    # noisy silo size (sensitivity 1, budget.count): the divisor of the cluster sums, and the n of
+    # every structural formula (p, T_c, depth, eps', gamma), which must not use the private n
     n_noisy = n + rng.laplace(0.0, 1.0 / budget.count)
     normaliser = max(float(n_noisy), float(k)) / float(k)
+    n_pub = max(2, int(round(n_noisy)))
+    p = max(1, int(math.ceil(8.0 * math.log(n_pub))))
     outs, losses, infos = [], [], []
     for _ in range(T):
         Y = _clip_norm(jl_project(A, p, rng), Lambda_Y)
-        C, cinfo = candidate(Y, k, budget.candidate, delta, Lambda_Y, rng, n_grids)
+        C, cinfo = candidate(Y, k, budget.candidate, delta, Lambda_Y, rng, n_grids, n_pub)
         # candidates are DP outputs; pulling them into the Lambda_Y ball (post-processing) is what
         # bounds localswap's loss sensitivity by 4 Lambda_Y^2 (grid centres reach 2 Lambda_Y sqrt(p))
         C = _clip_norm(C, Lambda_Y)
@@ -546,6 +562,7 @@ def private_prototypes(
         "loss": float(losses_a[pick]),
         "budget": {k_: getattr(budget, k_) for k_ in ("epsilon", "count", "selection", "candidate", "localswap", "support", "values")},
         "normaliser": normaliser,
+        "n_public": n_pub,
         **infos[pick],
     }
     return PrototypeResult(outs[pick], info)
