@@ -22,9 +22,9 @@ Measured on ML-100K, all users, rho = 1 (docs/reproduction.md, "Sampling: what t
 leak"): with uniform sampling a server that ranks each client's uploaded items by how many
 clients uploaded them (the item ids are in the clear) picks rated items with precision 0.781
 instead of the paper's 1/(1+rho) = 0.5; with matched sampling every item-only observer is within
-0.02 of 0.5 (0.507 / 0.493 / 0.507) and collaborative filtering on the sets drops from 0.854 to
-0.580. Cost, FedMVMF defaults, NDCG@10: existing users 0.256 -> 0.275 (better), cold-start users
-0.331 -> 0.294, cold-start items 0.160 -> 0.124. Matched sampling needs the per-item rating
+0.02 of 0.5 (popularity 0.512, rarity 0.488, true counts 0.513) and collaborative filtering on
+the sets drops from 0.854 to 0.588. Cost, FedMVMF defaults, NDCG@10: existing users 0.256 -> 0.274 (better), cold-start users
+0.331 -> 0.301, cold-start items 0.160 -> 0.131. Matched sampling needs the per-item rating
 counts as an aggregate (one extra Paillier sum before training, see
 :mod:`privaudit.defenses.sampling`); ``--defense sampling`` gives the paper's uniform sampling.
 """
