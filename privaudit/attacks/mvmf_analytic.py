@@ -364,18 +364,9 @@ def _round_stats(fv: FlatFedMVMFView, R: RoundUploads, K: int) -> _Round | None:
 
 def _classify_virtual(rhat: np.ndarray, z: np.ndarray, grid: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Sign-free nearest-hypothesis decision: True where 'unrated' (rhat ~ z) beats 'rated on the grid'."""
-    lo, hi = grid[0], grid[-1]
-    step = grid[1] - grid[0] if len(grid) > 1 else 1.0
-    ar = np.abs(rhat)  # the grid is positive, so the better sign is that of |rhat|
-    q = np.clip(ar, lo, hi)
-    q -= lo
-    q /= step
-    np.round(q, out=q)
-    q *= step
-    q += lo
-    q -= ar
-    np.abs(q, out=q)
-    return (np.abs(rhat - z) < q) & mask
+    # the grid is positive, so the better sign is that of |rhat|
+    _, dist = _grid_distance(np.abs(rhat), grid)
+    return (np.abs(rhat - z) < dist) & mask
 
 
 def _shorth_tau(a: np.ndarray, dv: np.ndarray, mask: np.ndarray, w: float, frac: float) -> np.ndarray:
