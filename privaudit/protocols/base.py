@@ -209,6 +209,24 @@ class Protocol:
     def validate_config(cls, config: dict[str, Any]) -> None:
         """Raise :class:`PrivauditError` for out-of-range values (see :meth:`config_fail`)."""
 
+    def open_transcript(
+        self,
+        config: Mapping[str, Any],
+        dataset: Any,
+        defenses: Sequence[Defense],
+        seed: int | None,
+        parties: Sequence[str],
+        /,
+        **public: Any,
+    ) -> Transcript:
+        """A new transcript of this protocol whose public config is ``config``, then the
+        derived values ``public`` (dataset sizes, rating scale, ...), then the active defenses
+        (:func:`public_defenses`); the dataset is recorded by its ``summary()``."""
+        recorded = {**config, **public, "defenses": public_defenses(defenses)}
+        return Transcript(
+            protocol=self.name, config=recorded, seed=seed, dataset=dataset.summary(), parties=list(parties)
+        )
+
     @classmethod
     def config_fail(cls, msg: str) -> None:
         """Raise the one-line :class:`PrivauditError` of an invalid config value."""

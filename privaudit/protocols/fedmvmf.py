@@ -65,9 +65,8 @@ from privaudit.data.splits import cold_start_items, cold_start_users, holdout_sp
 from privaudit.defenses.base import ClientData, Defense
 from privaudit.metrics import ranking_metrics_at_k
 from privaudit.models import mvmf
-from privaudit.protocols.base import Channel, Protocol, RunResult, public_defenses, resolve_seed
+from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
-from privaudit.transcript import Transcript
 
 #: Config keys the protocol fills in itself (ignored if passed in).
 DERIVED_KEYS = ("n_items", "n_users", "attribute_names", "rating_min", "rating_max", "rating_step", "defenses", "seed")
@@ -221,23 +220,19 @@ class FedMVMF(Protocol):
         Y_train, Y_cold = Y[split["train_items"]], Y[split["cold_items"]]
         p, q = X.shape[1], Y.shape[1]
 
-        public = dict(cfg)
-        public.update(
+        senders = [f"client:{u}" for u in range(n)]
+        transcript = self.open_transcript(
+            cfg,
+            dataset,
+            defenses,
+            seed,
+            ["server", "item-server", *senders],
             n_items=int(m),
             n_users=int(n),
             attribute_names=list(dataset.attribute_names),
             rating_min=float(dataset.rating_min),
             rating_max=float(dataset.rating_max),
             rating_step=float(dataset.rating_step),
-            defenses=public_defenses(defenses),
-        )
-        senders = [f"client:{u}" for u in range(n)]
-        transcript = Transcript(
-            protocol=self.name,
-            config=public,
-            seed=seed,
-            dataset=dataset.summary(),
-            parties=["server", "item-server", *senders],
         )
         channel = Channel(defenses, transcript, channel_rng)
 

@@ -76,9 +76,8 @@ from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import hit_ratio_at_k, ndcg_at_k_loo
 from privaudit.models import ncf
-from privaudit.protocols.base import Channel, Protocol, RunResult, public_defenses, resolve_seed
+from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
-from privaudit.transcript import Transcript
 
 DERIVED_KEYS = ("n_items", "n_users", "defenses", "seed")
 AGGREGATIONS = ("mf-fedavg", "fedavg", "simpleavg")
@@ -281,16 +280,8 @@ class FedNCF(Protocol):
             raise PrivauditError("protocol 'fedncf': at most one dp-sgd defense")
         dp = dp_defenses[0] if dp_defenses else None
 
-        public = dict(cfg)
-        public.update(
-            n_items=m,
-            n_users=n,
-            target=target,
-            defenses=public_defenses(defenses),
-            seed=seed,
-        )
         parties = ["server"] + [f"client:{u}" for u in range(n)]
-        transcript = Transcript("fedncf", public, seed, dataset.summary(), parties)
+        transcript = self.open_transcript(cfg, dataset, defenses, seed, parties, n_items=m, n_users=n, target=target, seed=seed)
         for u in range(n):
             transcript.add(
                 0,

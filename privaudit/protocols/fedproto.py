@@ -59,9 +59,8 @@ from privaudit.data import zip_silos
 from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import map_at_k, mean_rank, rmse
-from privaudit.protocols.base import Channel, Protocol, RunResult, public_defenses, resolve_seed
+from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
-from privaudit.transcript import Transcript
 
 __all__ = [
     "FedProto",
@@ -299,8 +298,13 @@ class FedProto(Protocol):
         train, test = split_test_users(dataset.ratings, cfg["test_users"], cfg["test_per_user"], split_rng)
         silos = self.silos(dataset, cfg, silo_rng)
         H = len(silos)
-        public = dict(cfg)
-        public.update(
+        senders = [f"client:{h}" for h in range(H)]
+        transcript = self.open_transcript(
+            cfg,
+            dataset,
+            defenses,
+            seed,
+            ["server", *senders],
             prototypes=kind,
             n_items=int(m),
             n_silos_found=int(H),
@@ -308,10 +312,7 @@ class FedProto(Protocol):
             s_used=int(cfg["s"]),
             rating_min=float(dataset.rating_min),
             rating_max=float(dataset.rating_max),
-            defenses=public_defenses(defenses),
         )
-        senders = [f"client:{h}" for h in range(H)]
-        transcript = Transcript(protocol=self.name, config=public, seed=seed, dataset=dataset.summary(), parties=["server", *senders])
         channel = Channel(defenses, transcript, channel_rng)
 
         Xd = train.toarray()

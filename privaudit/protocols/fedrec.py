@@ -78,9 +78,8 @@ from privaudit.data.splits import kfold_ratings
 from privaudit.defenses.base import ClientData, Defense
 from privaudit.errors import PrivauditError
 from privaudit.models import pmf
-from privaudit.protocols.base import Channel, Protocol, RunResult, public_defenses, resolve_seed
+from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
-from privaudit.transcript import Transcript
 
 MODELS = ("pmf-batch", "pmf-sgd", "svdpp-sgd")
 DERIVED_KEYS = (
@@ -241,8 +240,13 @@ class FedRec(Protocol):
         n, m = R_train.shape
         rmin, rmax = float(dataset.rating_min), float(dataset.rating_max)
 
-        public = dict(cfg)
-        public.update(
+        senders = [f"client:{u}" for u in range(n)]
+        transcript = self.open_transcript(
+            cfg,
+            dataset,
+            defenses,
+            seed,
+            ["server", *senders],
             n_items=int(m),
             n_users=int(n),
             rating_min=rmin,
@@ -251,11 +255,6 @@ class FedRec(Protocol):
             lr_used=lr,
             lam_used=lam,
             chunk_used=chunk,
-            defenses=public_defenses(defenses),
-        )
-        senders = [f"client:{u}" for u in range(n)]
-        transcript = Transcript(
-            protocol=self.name, config=public, seed=seed, dataset=dataset.summary(), parties=["server", *senders]
         )
         channel = Channel(defenses, transcript, channel_rng)
         for u, party in enumerate(senders):

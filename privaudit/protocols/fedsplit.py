@@ -63,9 +63,8 @@ from privaudit.data import holdout_split, random_groups
 from privaudit.defenses.base import Defense
 from privaudit.metrics import mean_ci95
 from privaudit.models.cnmf import CNMF, block_columns, observed
-from privaudit.protocols.base import Channel, Protocol, RunResult, public_defenses, resolve_seed
+from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
-from privaudit.transcript import Transcript
 
 __all__ = ["FedSPLIT", "cnmf_from_config"]
 
@@ -203,18 +202,18 @@ class FedSPLIT(Protocol):
         Xtr, rows, cols, vals = observed(train.ratings)
         _, te_rows, te_cols, te_vals = observed(test.ratings)
 
-        public = dict(cfg)
-        public.update(
+        senders = [f"client:{g}" for g in range(N)]
+        transcript = self.open_transcript(
+            cfg,
+            dataset,
+            defenses,
+            seed,
+            ["server", *senders],
             n_items=int(m),
             n_groups=int(N),
             rating_min=float(dataset.rating_min),
             rating_max=float(dataset.rating_max),
             rating_step=float(dataset.rating_step),
-            defenses=public_defenses(defenses),
-        )
-        senders = [f"client:{g}" for g in range(N)]
-        transcript = Transcript(
-            protocol=self.name, config=public, seed=seed, dataset=dataset.summary(), parties=["server", *senders]
         )
         channel = Channel(defenses, transcript, channel_rng)
 
@@ -261,7 +260,7 @@ class FedSPLIT(Protocol):
 
         # local CNMF of every group at once (Algorithm 1, lines 2-5)
         t0 = time.perf_counter()
-        model = cnmf_from_config(public, cfg["k"])
+        model = cnmf_from_config(transcript.config, cfg["k"])
         Xb = block_columns(Xtr, gid, N)
         model.fit(Xb, mu=mu_clients, rng=init_rng, row_rank=k_g[gid], col_rank=np.repeat(k_g, m))
         cnmf_seconds = time.perf_counter() - t0
@@ -346,7 +345,7 @@ class FedSPLIT(Protocol):
             "server_seconds": server_seconds,
         }
         if cfg["centralized"]:
-            central = cnmf_from_config(public, cfg["k_central"]).fit(Xtr, rng=init_rng)
+            central = cnmf_from_config(transcript.config, cfg["k_central"]).fit(Xtr, rng=init_rng)
             utility["rmse_central"] = central.rmse(test.ratings)
         model_out = {
             "groups": groups,
