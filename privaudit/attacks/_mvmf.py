@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks.base import Reconstruction
+from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.metrics import majority_guess_accuracy, uniform_guess_accuracy
 from privaudit.transcript import Transcript, View
 
@@ -407,3 +407,18 @@ def baselines(transcript: Transcript) -> dict[str, float]:
         "rating_accuracy_majority": majority_guess_accuracy(all_truth) if len(all_truth) else nan,
         "attribute_accuracy_majority": majority_guess_accuracy(all_attrs) if len(all_attrs) else nan,
     }
+
+
+class MVMFAttack(Attack):
+    """Base of the FedMVMF/PrivMVMF server attacks: what they target and how they are scored
+    (eq. 43 through :func:`score_reconstruction`, baselines through :func:`baselines`)."""
+
+    party = "server"
+    protocols = FEDMVMF_PROTOCOLS
+    primary_metric = "rating_accuracy"
+
+    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+        return score_reconstruction(reconstruction, transcript)
+
+    def baseline(self, transcript: Transcript) -> dict[str, float]:
+        return baselines(transcript)

@@ -53,18 +53,16 @@ from typing import Any
 import numpy as np
 
 from privaudit.attacks._mvmf import (
-    FEDMVMF_PROTOCOLS,
-    baselines,
+    MVMFAttack,
     client_sort_key,
     missing_config,
     parse_view,
     round_ratings,
-    score_reconstruction,
     server_states,
 )
-from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.attacks.base import Reconstruction
 from privaudit.registry import get, register_attack
-from privaudit.transcript import Message, Transcript, View
+from privaudit.transcript import Message, View
 
 
 class _Cohort:
@@ -154,14 +152,11 @@ def separate(cohort: _Cohort, K: int) -> tuple[dict[str, dict[str, np.ndarray]],
 
 
 @register_attack("mvmf-aggregate")
-class MVMFAggregate(Attack):
+class MVMFAggregate(MVMFAttack):
     """Reconstruct ratings/attributes from per-cohort sums of FedMVMF uploads (PrivMVMF's server view)."""
 
     description = "FedMVMF/PrivMVMF server attack on per-cohort sums: separate the sums by rank-1 structure, then mvmf-analytic"
-    party = "server"
-    protocols = FEDMVMF_PROTOCOLS
     requires = ("state",)
-    primary_metric = "rating_accuracy"
     # no default sweep: on plain views sweep ``attack.cohort_size=1,2,5,10,50``; on PrivMVMF
     # views the cohorts are the server's (``--sweep paillier.cohort_size=...``)
     default_sweep = None
@@ -295,9 +290,3 @@ class MVMFAggregate(Attack):
             "seconds": time.perf_counter() - tic,
         }
         return Reconstruction(self.name, self.party, victims, meta=meta)
-
-    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
-        return score_reconstruction(reconstruction, transcript)
-
-    def baseline(self, transcript: Transcript) -> dict[str, float]:
-        return baselines(transcript)

@@ -144,19 +144,17 @@ from typing import Any
 import numpy as np
 
 from privaudit.attacks._mvmf import (
-    FEDMVMF_PROTOCOLS,
     FlatFedMVMFView,
+    MVMFAttack,
     RoundUploads,
-    baselines,
     missing_config,
     parse_view_flat,
     round_attributes,
     round_ratings,
-    score_reconstruction,
 )
-from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.attacks.base import Reconstruction
 from privaudit.registry import register_attack
-from privaudit.transcript import Transcript, View
+from privaudit.transcript import View
 
 _CHUNK_ELEMENTS = 1 << 23  # padded (users x items x K) elements processed at once
 _TINY = 1e-300
@@ -719,14 +717,11 @@ def _sampling_weight(entry: dict, w: float) -> float:
 
 
 @register_attack("mvmf-analytic")
-class MVMFAnalytic(Attack):
+class MVMFAnalytic(MVMFAttack):
     """Closed-form FedMVMF reconstruction: exact without noise, least squares + MAP under noise."""
 
     description = "Closed-form FedMVMF server reconstruction (rank-1 fit + scale in closed form; exact without noise)"
-    party = "server"
-    protocols = FEDMVMF_PROTOCOLS
     requires = ("grad_V", "grad_P", "state")
-    primary_metric = "rating_accuracy"
     params = {"max_rounds": -1, "prior": True, "refits": 3, "shortcut": True}
     param_help = {
         "max_rounds": "use at most this many recorded rounds (-1: every round the view holds)",
@@ -820,12 +815,6 @@ class MVMFAnalytic(Attack):
             **diag,
         }
         return Reconstruction(self.name, self.party, victims, meta=meta)
-
-    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
-        return score_reconstruction(reconstruction, transcript)
-
-    def baseline(self, transcript: Transcript) -> dict[str, float]:
-        return baselines(transcript)
 
     # ------------------------------------------------------------------ scale per round
     def _scales(self, fv, stats, update, unknown_c, w, eta, alpha, lam, K, grid) -> list[np.ndarray]:

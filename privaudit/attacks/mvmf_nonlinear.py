@@ -86,10 +86,10 @@ from typing import Any
 import numpy as np
 
 from privaudit.attacks import _mvmf
-from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.attacks.base import Reconstruction
 from privaudit.errors import PrivauditError
 from privaudit.registry import register_attack
-from privaudit.transcript import Transcript, View
+from privaudit.transcript import View
 
 METHODS = ("hybr", "broyden2", "linearmixing", "anderson", "df-sane")
 NOISE_DEFENSES = ("laplace", "gaussian", "dp-gaussian")
@@ -488,14 +488,11 @@ def _attack_chunk(st: Setting, victims: list[Victim], seeds: list[int]) -> list[
 
 
 @register_attack("mvmf-nonlinear")
-class MVMFNonlinear(Attack):
+class MVMFNonlinear(_mvmf.MVMFAttack):
     """The paper's nonlinear-system reconstruction attack (privmvmf.txt §4, §6.2)."""
 
     description = "FedMVMF server attack: per user, solve the square nonlinear system of its uploads (scipy root)"
-    party = "server"
-    protocols = _mvmf.FEDMVMF_PROTOCOLS
     requires = ("grad_V", "grad_P", "state")
-    primary_metric = "rating_accuracy"
     #: ``privaudit audit`` attacks a random sample of 60 victims per run: with K solves per
     #: victim under noise this attack is ~90 % of an audit's time otherwise.
     audit_params = {"users": 60}
@@ -655,9 +652,3 @@ class MVMFNonlinear(Attack):
             "seconds": time.perf_counter() - t0,
         }
         return Reconstruction(self.name, self.party, recon, meta=meta)
-
-    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
-        return _mvmf.score_reconstruction(reconstruction, transcript)
-
-    def baseline(self, transcript: Transcript) -> dict[str, float]:
-        return _mvmf.baselines(transcript)
