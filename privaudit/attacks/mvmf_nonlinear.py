@@ -251,21 +251,28 @@ class UserSystem:
         den = sum(float(np.sum(b**2)) for b in obs) or 1.0
         return float(np.sqrt(num / den)) if np.isfinite(num) else float("inf")
 
-    def fun(self, z: np.ndarray) -> np.ndarray:
-        st, k = self.st, self.k
-        r, x, u = self.split(z)
-        c, _ = self.weights(r)
-        s = self.Vs @ u
-        f_items = (-2.0 * c * (r - s) * u[k] - self.g) / self.sigma
-        f_attr = (-2.0 * st.alpha * (x - self.P @ u) * u[k] - self.h) / self.sigma
+    def _attr_and_update(self, r, x, u, c, s=None) -> tuple[np.ndarray, np.ndarray]:
+        """Residuals of the attribute uploads (p) and of the user update (K): SemiALS its
+        stationarity condition, SGD the second round's upload of item ``istar``. ``s = Vs u``
+        when the caller has it already."""
+        st = self.st
+        f_attr = (-2.0 * st.alpha * (x - self.P @ u) * u[self.k] - self.h) / self.sigma
         if not self.sgd:
+            s = self.Vs @ u if s is None else s
             f_u = self.Vs.T @ (c * (s - r)) + st.alpha * self.P.T @ (self.P @ u - x) + st.lam * u
         else:
             u2 = self._u2(r, x, u, c)
             i = self.istar
             q = c[i] * (r[i] - self.V2s[i] @ u2)
             f_u = (-2.0 * q * u2 - self.g2) / self.sigma2
-        return np.concatenate([f_items, f_attr, f_u])
+        return f_attr, f_u
+
+    def fun(self, z: np.ndarray) -> np.ndarray:
+        r, x, u = self.split(z)
+        c, _ = self.weights(r)
+        s = self.Vs @ u
+        f_items = (-2.0 * c * (r - s) * u[self.k] - self.g) / self.sigma
+        return np.concatenate([f_items, *self._attr_and_update(r, x, u, c, s)])
 
     def jac(self, z: np.ndarray) -> np.ndarray:
         st, k, n, p, K = self.st, self.k, self.n, self.p, self.K
@@ -350,19 +357,9 @@ class ReducedSystem(UserSystem):
         return c, np.zeros_like(r)
 
     def fun(self, z: np.ndarray) -> np.ndarray:
-        st, k = self.st, self.k
         x, u = z[: self.p], z[self.p :]
         r, c = self.ratings(u)
-        f_attr = (-2.0 * st.alpha * (x - self.P @ u) * u[k] - self.h) / self.sigma
-        if not self.sgd:
-            s = self.Vs @ u
-            f_u = self.Vs.T @ (c * (s - r)) + st.alpha * self.P.T @ (self.P @ u - x) + st.lam * u
-        else:
-            u2 = self._u2(r, x, u, c)
-            i = self.istar
-            q = c[i] * (r[i] - self.V2s[i] @ u2)
-            f_u = (-2.0 * q * u2 - self.g2) / self.sigma2
-        return np.concatenate([f_attr, f_u])
+        return np.concatenate(self._attr_and_update(r, x, u, c))
 
     def misfit(self, z: np.ndarray, victim: Victim) -> float:
         return super().misfit(self.full(z), victim)
