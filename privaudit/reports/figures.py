@@ -86,7 +86,9 @@ def _has(results: Mapping[str, Any], field: str, metric: str) -> bool:
     return any(metric in (p.get(field) or {}) for p in results.get("points") or [])
 
 
-def _figure_metrics(results: Mapping[str, Any]) -> list[str]:
+def figure_metrics(results: Mapping[str, Any]) -> list[str]:
+    """The accuracy metrics a report plots and tabulates: ``results["figure_metrics"]``, else
+    every accuracy metric of the results."""
     metrics = results.get("figure_metrics")
     if metrics is None:
         from privaudit.experiment import accuracy_metrics
@@ -95,7 +97,8 @@ def _figure_metrics(results: Mapping[str, Any]) -> list[str]:
     return list(metrics)
 
 
-def _utility_metric(results: Mapping[str, Any]) -> str | None:
+def utility_metric(results: Mapping[str, Any]) -> str | None:
+    """The utility metric a report shows: ``results["utility_metric"]``, else the main one."""
     if "utility_metric" in results:
         return results.get("utility_metric")
     from privaudit.experiment import main_utility
@@ -148,8 +151,8 @@ def make_figure(results: Mapping[str, Any]):
         fig = Figure(figsize=(7.2, 4.4))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
-        metrics = _figure_metrics(results)
-        utility = _utility_metric(results)
+        metrics = figure_metrics(results)
+        utility = utility_metric(results)
         if results.get("sweep"):
             _draw_sweep(ax, results, metrics, utility)
         else:

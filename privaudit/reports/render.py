@@ -123,29 +123,12 @@ def _summary_index(results: Mapping[str, Any]) -> tuple[list[Any], dict[tuple[st
     return values, index
 
 
-def _metrics(results: Mapping[str, Any]) -> list[str]:
-    m = results.get("figure_metrics")
-    if m is None:
-        from privaudit.experiment import accuracy_metrics
-
-        m = accuracy_metrics(results)
-    return list(m)
-
-
-def _utility(results: Mapping[str, Any]) -> str | None:
-    if "utility_metric" in results:
-        return results["utility_metric"]
-    from privaudit.experiment import main_utility
-
-    return main_utility(results)
-
-
 def table_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the summary table: value, each accuracy metric (mean ± ci95),
     its random-guess baseline, the main utility."""
     values, index = _summary_index(results)
-    metrics = _metrics(results)
-    utility = _utility(results)
+    metrics = figures.figure_metrics(results)
+    utility = figures.utility_metric(results)
     header = [str(results.get("sweep") or "value")]
     for m in metrics:
         header.append(m)
@@ -348,7 +331,7 @@ def render_html(results: Mapping[str, Any], svg_markup: str, figure_stem: str) -
         for k in p.get("attack_metrics") or {}:
             if k not in keys:
                 keys.append(k)
-    main = _utility(results)
+    main = figures.utility_metric(results)
     ukeys = [main] if main else []
     prow = []
     for p in pts:
