@@ -90,10 +90,8 @@ def sample_unrated(
     n_rated = present if n_rated is None else np.asarray(n_rated, dtype=np.int64)
     k = np.minimum(np.floor(rho * n_rated + 0.5).astype(np.int64), m - present)
     rows_out, cols_out = [], []
-    step = max(1, chunk_entries // max(m, 1))
     logw = None if weights is None else np.log(np.asarray(weights, dtype=np.float64))
-    for start in range(0, n, step):
-        stop = min(n, start + step)
+    for start, stop in _row_blocks(n, m, chunk_entries):
         kk = k[start:stop]
         if kk.sum() == 0:
             continue
@@ -113,14 +111,7 @@ def sample_unrated(
         rr, cc = np.nonzero(take)
         rows_out.append(rr + start)
         cols_out.append(part[rr, cc])
-    if rows_out:
-        rows = np.concatenate(rows_out)
-        cols = np.concatenate(cols_out)
-    else:
-        rows = cols = np.empty(0, dtype=np.int64)
-    out = sp.csr_matrix((np.ones(len(rows), dtype=bool), (rows, cols)), shape=(n, m))
-    out.sort_indices()
-    return out
+    return _bool_csr(rows_out, cols_out, (n, m))
 
 
 # ------------------------------------------------------------------ distribution=matched
@@ -132,6 +123,15 @@ def _row_blocks(n: int, m: int, chunk_entries: int):
     step = max(1, chunk_entries // max(m, 1))
     for start in range(0, n, step):
         yield start, min(n, start + step)
+
+
+def _bool_csr(rows_out: list[np.ndarray], cols_out: list[np.ndarray], shape: tuple[int, int]) -> sp.csr_matrix:
+    """Boolean csr of the concatenated (row, column) blocks, indices sorted."""
+    rows = np.concatenate(rows_out) if rows_out else np.empty(0, np.int64)
+    cols = np.concatenate(cols_out) if cols_out else np.empty(0, np.int64)
+    out = sp.csr_matrix((np.ones(len(rows), dtype=bool), (rows, cols)), shape=shape)
+    out.sort_indices()
+    return out
 
 
 def _unrated_mask(present: sp.csr_matrix, start: int, stop: int) -> np.ndarray:
@@ -161,6 +161,15 @@ def water_fill(mask: np.ndarray, w: np.ndarray, k: np.ndarray) -> np.ndarray:
     any_ok = ok[np.arange(len(k)), first]
     lam = np.where(any_ok, lam_t[np.arange(len(k)), first], np.inf)
     return np.where(k > 0, lam, 0.0)
+
+
+def inclusion_probabilities(mask: np.ndarray, w: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """pi (b x m): ``min(1, lambda_u w_j)`` on the allowed items (``mask``), 0 elsewhere, with
+    lambda_u from :func:`water_fill` so that each row sums to k_u."""
+    lam = water_fill(mask, w, k)
+    with np.errstate(over="ignore", invalid="ignore"):
+        pi = np.minimum(1.0, np.nan_to_num(lam[:, None] * w[None, :], nan=0.0, posinf=1.0))
+    return pi * mask
 
 
 def matched_weights(
@@ -213,11 +222,7 @@ def matched_weights(
     for it in range(1, iters + 1):
         A = np.zeros(m)
         for start, stop in _row_blocks(n, m, chunk_entries):
-            mask = _unrated_mask(present, start, stop)
-            lam = water_fill(mask, w, k[start:stop])
-            with np.errstate(over="ignore", invalid="ignore"):
-                pi = np.minimum(1.0, np.nan_to_num(lam[:, None] * w[None, :], nan=0.0, posinf=1.0))
-            A += (pi * mask).sum(0)
+            A += inclusion_probabilities(_unrated_mask(present, start, stop), w, k[start:stop]).sum(0)
         # the matchable items share what the others leave of sum_u k_u: rescale their targets to
         # that mass, so that s_j stays proportional to n_j (one common posterior) when the
         # unmatchable items or the clients' caps make rho x n_j infeasible in total
@@ -252,10 +257,7 @@ def sample_with_probabilities(
         kk = k[start:stop]
         if kk.sum() == 0:
             continue
-        mask = _unrated_mask(present, start, stop)
-        lam = water_fill(mask, w, kk)
-        with np.errstate(over="ignore", invalid="ignore"):
-            pi = np.minimum(1.0, np.nan_to_num(lam[:, None] * w[None, :], nan=0.0, posinf=1.0)) * mask
+        pi = inclusion_probabilities(_unrated_mask(present, start, stop), w, kk)
         total = pi.sum(1)
         pi *= np.where(total > 0, kk / np.where(total > 0, total, 1.0), 0.0)[:, None]  # remove rounding drift
         perm = np.argsort(rng.random(pi.shape), axis=1)
@@ -265,11 +267,7 @@ def sample_with_probabilities(
         rr, cc = np.nonzero(hits > 0)
         rows_out.append(rr + start)
         cols_out.append(perm[rr, cc])
-    rows = np.concatenate(rows_out) if rows_out else np.empty(0, np.int64)
-    cols = np.concatenate(cols_out) if cols_out else np.empty(0, np.int64)
-    out = sp.csr_matrix((np.ones(len(rows), dtype=bool), (rows, cols)), shape=(n, m))
-    out.sort_indices()
-    return out
+    return _bool_csr(rows_out, cols_out, (n, m))
 
 
 def sample_matched(
@@ -326,11 +324,7 @@ def sample_matched(
         per_group.append({"users": int(len(idx)), "iterations": int(info["iterations"]),
                           "max_rel_error": float(info["max_rel_error"]), "scale": float(info["scale"]),
                           "capped": int(info["capped"].sum()), "floored": int(info["floored"].sum())})
-    rows = np.concatenate(rows_out)
-    cols = np.concatenate(cols_out)
-    out = sp.csr_matrix((np.ones(len(rows), dtype=bool), (rows, cols)), shape=(n, m))
-    out.sort_indices()
-    return out, {"groups": per_group, "capped_uploads": capped_mass / max(float(k.sum()), 1.0)}
+    return _bool_csr(rows_out, cols_out, (n, m)), {"groups": per_group, "capped_uploads": capped_mass / max(float(k.sum()), 1.0)}
 
 
 def add_virtual(data: ClientData, sampled: sp.csr_matrix, values: np.ndarray, weight: float | np.ndarray) -> ClientData:
