@@ -55,6 +55,7 @@ def run_fed(args: argparse.Namespace) -> None:
         "init_std": args.init_std,
         "user_lr": args.user_lr,
         "eval_every": args.eval_every,
+        "loo_ties": args.loo_ties,
         "record_rounds": 0,
     }
     t0 = time.perf_counter()
@@ -66,7 +67,7 @@ def run_fed(args: argparse.Namespace) -> None:
     emit({
         "summary": True, "mode": "fed", "model": args.model, "aggregation": args.aggregation,
         "global_rounds": args.global_rounds, "clients_per_round": args.clients_per_round, "batch_size": args.batch_size,
-        "init_std": args.init_std, "lr": args.lr, "user_lr": args.user_lr,
+        "init_std": args.init_std, "lr": args.lr, "user_lr": args.user_lr, "loo_ties": args.loo_ties,
         "seed": args.seed, "hr@10": res.utility["hr@10"], "ndcg@10": res.utility["ndcg@10"],
         "paper_hr@10": PAPER_T5[args.aggregation] if args.model == "gmf" else paper[0], "paper_ndcg@10": paper[1] if args.aggregation == "mf-fedavg" else None,
         "seconds": secs, "aggregation_rounds": res.utility["rounds"],
@@ -76,8 +77,10 @@ def run_fed(args: argparse.Namespace) -> None:
 def run_central(args: argparse.Namespace) -> None:
     ds = load_dataset(args.data)
     rng = np.random.default_rng(args.seed)
-    pos, test_item = implicit_split(ds)
-    eval_users, cand = eval_candidates(pos, test_item, ds.n_items, 100, np.random.default_rng(args.seed + 1))
+    # the held-out items and evaluation candidates of `fed` with the same seed (FedNCF's rng streams 5 and 6)
+    children = np.random.SeedSequence(args.seed).spawn(6)
+    pos, test_item = implicit_split(ds, np.random.default_rng(children[5]), args.loo_ties)
+    eval_users, cand = eval_candidates(pos, test_item, ds.n_items, 100, np.random.default_rng(children[4]))
     from privaudit.protocols.fedncf import _exclusion
 
     excl = _exclusion(pos, test_item, ds.n_items)
@@ -95,7 +98,7 @@ def run_central(args: argparse.Namespace) -> None:
         model = ncf.train_centralized(args.model, 12, layers, pos, ds.n_users, ds.n_items, args.epochs, args.batch_size, 4, 1e-3, rng, exclude=excl, callback=cb, init_std=args.init_std)
     final = ncf_utility(args.model, 12, layers, model, eval_users, cand, 10)
     paper = PAPER_T6[("central", args.model)]
-    emit({"summary": True, "mode": "central", "model": args.model, "epochs": args.epochs, "batch_size": args.batch_size, "seed": args.seed, "init_std": args.init_std,
+    emit({"summary": True, "mode": "central", "model": args.model, "epochs": args.epochs, "batch_size": args.batch_size, "seed": args.seed, "init_std": args.init_std, "loo_ties": args.loo_ties,
           **final, "best": best, "paper_hr@10": paper[0], "paper_ndcg@10": paper[1], "seconds": time.perf_counter() - t0})
 
 
@@ -113,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client-optimizer", default="fresh", choices=["fresh", "persistent"])
     p.add_argument("--init-std", type=float, default=0.01, help="std of the N(0, s^2) initial embeddings (fed and central; 1.0 = torch.nn.Embedding default)")
     p.add_argument("--user-lr", type=float, default=-1.0, help="fed: Adam lr of the user vectors (-1: --lr)")
+    p.add_argument("--loo-ties", default="random", choices=["random", "highest"],
+                   help="held-out item among ratings tied at a user's latest timestamp (highest = item index, the old rule)")
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default=str(DATA))

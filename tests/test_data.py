@@ -413,14 +413,32 @@ def test_leave_one_out(syn: RatingsDataset) -> None:
         latest = syn.timestamps.data[lo:hi].max()
         assert syn.timestamps[u, test.indices[u]] == latest
         assert train.timestamps.data[train.timestamps.indptr[u]:train.timestamps.indptr[u + 1]].max() <= latest
-    # without timestamps: the highest item index
+    # without timestamps, ties="highest": the highest item index
     no_ts = RatingsDataset.from_triples([1, 1, 1, 2, 2], [1, 4, 2, 3, 1], [5, 4, 3, 2, 1])
-    train2, test2 = leave_one_out(no_ts)
+    train2, test2 = leave_one_out(no_ts, ties="highest")
     np.testing.assert_array_equal(test2.indices, [3, 2])
     assert train2.n_ratings == 3
     # timestamp ties: the highest item index among the latest
     tied = RatingsDataset.from_triples([1, 1, 1], [1, 2, 3], [5, 4, 3], timestamps=[9, 9, 1])
-    np.testing.assert_array_equal(leave_one_out(tied)[1].indices, [1])
+    np.testing.assert_array_equal(leave_one_out(tied, ties="highest")[1].indices, [1])
+    with pytest.raises(DataError, match="ties"):
+        leave_one_out(tied, ties="first")
+
+
+def test_leave_one_out_random_ties_uniform_and_seeded() -> None:
+    # 3000 users, each with items 0..2 tied at the latest timestamp and item 3 earlier
+    n = 3000
+    users = np.repeat(np.arange(n), 4)
+    items = np.tile([0, 1, 2, 3], n)
+    ts = np.tile([5, 5, 5, 1], n)
+    ds = RatingsDataset.from_triples(users, items, np.ones(4 * n), timestamps=ts)
+    _, test = leave_one_out(ds, 0)
+    held = test.indices
+    assert held.size == n and not np.any(held == 3)  # never the earlier rating
+    share = np.bincount(held, minlength=3)[:3] / n
+    np.testing.assert_allclose(share, 1 / 3, atol=0.03)  # uniform among the tied (not always the highest id)
+    np.testing.assert_array_equal(leave_one_out(ds, 0)[1].indices, held)  # seeded
+    assert np.any(leave_one_out(ds, 1)[1].indices != held)
 
 
 def test_cold_start_and_kfold(syn: RatingsDataset) -> None:

@@ -83,11 +83,14 @@ DERIVED_KEYS = ("n_items", "n_users", "defenses", "seed")
 AGGREGATIONS = ("mf-fedavg", "fedavg", "simpleavg")
 
 
-def implicit_split(dataset: Any) -> tuple[sp.csr_matrix, np.ndarray]:
-    """Binarised leave-one-out split: (train positives CSR n x m, bool), test item per user (-1: none)."""
+def implicit_split(dataset: Any, rng: Any = 0, ties: str = "random") -> tuple[sp.csr_matrix, np.ndarray]:
+    """Binarised leave-one-out split: (train positives CSR n x m, bool), test item per user (-1: none).
+
+    ``rng``/``ties``: how ties at a user's latest timestamp are broken
+    (:func:`privaudit.data.leave_one_out`)."""
     from privaudit.data import leave_one_out
 
-    train, test = leave_one_out(dataset)
+    train, test = leave_one_out(dataset, rng, ties)
     pos = sp.csr_matrix(train.ratings, dtype=np.float64)
     pos.data = np.ones_like(pos.data)
     pos.eliminate_zeros()
@@ -159,6 +162,7 @@ class FedNCF(Protocol):
         "record_rounds": 30,
         "eval_every": 0,
         "eval_negatives": 100,
+        "loo_ties": "random",
         "top_k": 10,
     }
     config_help = {
@@ -182,6 +186,7 @@ class FedNCF(Protocol):
         "record_rounds": "record cohorts, global model, uploads and aggregates of the first N rounds (-1: all)",
         "eval_every": "evaluate HR/NDCG every N global rounds (0: only at the end)",
         "eval_negatives": "sampled negatives ranked against each held-out item",
+        "loo_ties": "held-out item among ratings tied at a user's latest timestamp: random (seeded) or highest (item index)",
         "top_k": "K of HR@K and NDCG@K",
     }
 
@@ -195,6 +200,8 @@ class FedNCF(Protocol):
             fail(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {config['aggregation']!r}")
         if config["client_optimizer"] not in ("fresh", "persistent"):
             fail(f"client_optimizer must be 'fresh' or 'persistent', got {config['client_optimizer']!r}")
+        if config["loo_ties"] not in ("random", "highest"):
+            fail(f"loo_ties must be 'random' or 'highest', got {config['loo_ties']!r}")
         if config["selection"] not in ("random", "adversarial"):
             fail(f"selection must be 'random' or 'adversarial', got {config['selection']!r}")
         for key in ("D", "local_epochs", "batch_size", "clients_per_round", "eval_negatives", "top_k"):
@@ -261,13 +268,14 @@ class FedNCF(Protocol):
         cfg = self.resolve_config(config)
         self.check_defenses(self.name, defenses)
         seed = resolve_seed(rng)
-        sched_rng, init_rng, train_rng, channel_rng, eval_rng = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)
+        # spawn(6): the first five children are those of the former spawn(5)
+        sched_rng, init_rng, train_rng, channel_rng, eval_rng, split_rng = (
+            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)
         )
         arch, D, layers = cfg["model"], cfg["D"], list(cfg["layers"])
         Dt = ncf.item_dim(arch, D)
         n, m = dataset.n_users, dataset.n_items
-        pos, test_item = implicit_split(dataset)
+        pos, test_item = implicit_split(dataset, split_rng, cfg["loo_ties"])
         excl = _exclusion(pos, test_item, m)
         n_pos = np.diff(pos.indptr)
         eligible = np.flatnonzero(n_pos > 0).astype(np.int64)
