@@ -44,6 +44,31 @@ def test_batched_training_equals_per_client_loop(arch):
     assert np.abs(a["items"] - items).max() > 1e-4  # it trained
 
 
+@pytest.mark.parametrize("arch", ncf.ARCHS)
+def test_hand_written_gradients_equal_autograd(arch):
+    # the batched trainer's backward pass (loss_grads_stacked) against torch.autograd on
+    # forward_stacked, with ReLU units both active and dead and unequal loss weights
+    D, C, B = 12, 5, 16
+    Dt = ncf.item_dim(arch, D)
+    names = list(ncf.network_shapes(arch, D, LAYERS))
+    n_layers = 0 if arch == "gmf" else len(LAYERS)
+    gen = torch.Generator().manual_seed(0)
+    net = {k: torch.randn((C,) + ncf.network_shapes(arch, D, LAYERS)[k], generator=gen) * 0.5 for k in names}
+    u = torch.randn(C, Dt, generator=gen)
+    irows = torch.randn(C, B, Dt, generator=gen)
+    y = (torch.rand(C, B, generator=gen) < 0.3).float()
+    wt = torch.rand(C, B, generator=gen)
+    leaves = [u.clone().requires_grad_(True), irows.clone().requires_grad_(True)] + [net[k].clone().requires_grad_(True) for k in names]
+    logits = ncf.forward_stacked(arch, D, n_layers, dict(zip(names, leaves[2:])), leaves[0], leaves[1])
+    loss = (torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none") * wt).sum()
+    expected = torch.autograd.grad(loss, leaves)
+    g_u, g_i, g_net = ncf.loss_grads_stacked(arch, D, n_layers, net, names, u, irows, y, wt)
+    for got, want in zip([g_u, g_i] + g_net, expected):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got.numpy(), want.numpy(), atol=2e-5, rtol=1e-5)
+    assert float(expected[0].abs().max()) > 1e-2  # a non-trivial gradient
+
+
 def test_network_shapes_follow_the_paper():
     shapes = ncf.network_shapes("neumf", 12, LAYERS)
     assert shapes["mlp.0.weight"] == (48, 24)  # input 2D x h1 (fedncf.txt §3.4 parameter count)

@@ -23,7 +23,9 @@ of the network (stacked, leading dimension C), its user vector and the rows of t
 it trains on (its local items, padded to the largest local set). The per-client forward pass is
 vectorised over clients (:func:`forward_stacked`, batched matrix products; the same
 function as ``torch.func.vmap(forward)``) and the gradients of the sum of the clients'
-losses are each client's own gradients (the clients share no parameter). Adam runs per client
+losses are each client's own gradients (the clients share no parameter). The backward pass is
+written out by hand (:func:`loss_grads_stacked`, checked against autograd): a step of a cohort
+is a few dozen tiny tensor operations, and autograd's bookkeeping was most of its cost. Adam runs per client
 (torch's fused Adam kernel on the stacked tensors of the clients still active), so a client whose local data is exhausted
 stops exactly where a sequential per-client loop would stop. :func:`train_clients_loop` is that
 sequential reference (``torch.optim.Adam``, one client at a time); the two agree to float32
@@ -175,6 +177,60 @@ def forward_stacked(arch: str, D: int, n_layers: int, net: dict[str, Any], u: An
     return torch.bmm(z, net["predict.weight"][:, :, None])[..., 0] + net["predict.bias"]
 
 
+def loss_grads_stacked(
+    arch: str, D: int, n_layers: int, net: dict[str, Any], names: Sequence[str], u: Any, irows: Any, y: Any, wt: Any
+) -> tuple[Any, Any, list]:
+    """Hand-written backward pass of :func:`forward_stacked` + weighted BCE, without autograd.
+
+    Loss: sum over clients c and batch slots b of ``wt[c, b] * BCE(logit[c, b], y[c, b])``.
+    ``u`` (C, Dtot), ``irows`` (C, B, Dtot), ``y``/``wt`` (C, B), ``net`` stacked (C, ...).
+    Returns (dL/du (C, Dtot), dL/dirows (C, B, Dtot), [dL/dnet[k] for k in names]).
+
+    The same numbers as ``torch.autograd.grad`` of that loss (tests/test_fedncf.py checks all
+    three models to float32 rounding) at about half the cost per step for GMF: a training step
+    of a cohort is a few dozen tiny tensor operations, so autograd's graph bookkeeping is a
+    large part of it. With BCE on logits, dL/dlogit = wt (sigmoid(logit) - y).
+    """
+    torch = require_torch()
+    parts, acts = [], []
+    if arch == "gmf":
+        parts.append(u[:, None, :] * irows)
+    elif arch == "neumf":
+        parts.append(u[:, None, :D] * irows[..., :D])
+    if arch in ("mlp", "neumf"):
+        off = D if arch == "neumf" else 0
+        h = torch.cat([u[:, None, off : off + D].expand(-1, irows.shape[1], -1), irows[..., off : off + D]], dim=-1)
+        acts.append(h)
+        for l in range(n_layers):
+            h = torch.relu(torch.baddbmm(net[f"mlp.{l}.bias"][:, None, :], h, net[f"mlp.{l}.weight"].transpose(1, 2)))
+            acts.append(h)
+        parts.append(h)
+    z = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    pw = net["predict.weight"]
+    logit = torch.baddbmm(net["predict.bias"][:, :, None], z, pw[:, :, None])[..., 0]
+    dl = (torch.sigmoid(logit) - y) * wt  # (C, B) dL/dlogit
+    g = {"predict.bias": dl.sum(1, keepdim=True), "predict.weight": torch.bmm(dl[:, None, :], z)[:, 0]}
+    dz = dl[..., None] * pw[:, None, :]  # (C, B, F)
+    if arch == "gmf":  # the whole row is the GMF half
+        g_u = (dz * irows).sum(1)
+        g_i = dz * u[:, None, :]
+        return g_u, g_i, [g[k] for k in names]
+    g_u = torch.empty_like(u)
+    g_i = torch.empty_like(irows)
+    if arch == "neumf":
+        g_u[:, :D] = (dz[..., :D] * irows[..., :D]).sum(1)
+        g_i[..., :D] = dz[..., :D] * u[:, None, :D]
+    dh = dz[..., D:] if arch == "neumf" else dz
+    for l in reversed(range(n_layers)):
+        dpre = dh * (acts[l + 1] > 0)
+        g[f"mlp.{l}.weight"] = torch.bmm(dpre.transpose(1, 2), acts[l])
+        g[f"mlp.{l}.bias"] = dpre.sum(1)
+        dh = torch.bmm(dpre, net[f"mlp.{l}.weight"])
+    g_u[:, off : off + D] = dh[..., :D].sum(1)
+    g_i[..., off : off + D] = dh[..., D:]
+    return g_u, g_i, [g[k] for k in names]
+
+
 def _cat_last(torch: Any, *xs: Any) -> Any:
     """Concatenate on the last axis after broadcasting the leading axes."""
     lead = torch.broadcast_shapes(*(x.shape[:-1] for x in xs))
@@ -216,13 +272,15 @@ def make_batches(
     return index, valid
 
 
-def _adam_step(params: list, grads: list, ms: list, vs: list, step: int, lr: float) -> None:
-    """In-place Adam step on several tensors with the kernel of ``torch.optim.Adam(fused=True)``."""
+def _adam_step(params: list, grads: list, ms: list, vs: list, step: Any, lr: float) -> None:
+    """In-place Adam step on several tensors with the kernel of ``torch.optim.Adam(fused=True)``.
+
+    ``step``: the step count after this step (1 on the first), an int or a float32 scalar tensor."""
     torch = require_torch()
     b1, b2 = ADAM_BETAS
-    st = torch.tensor(float(step))
+    st = step if isinstance(step, torch.Tensor) else torch.tensor(float(step))
     torch._fused_adam_(
-        params, [g.contiguous() for g in grads], ms, vs, [], [st] * len(params),
+        params, [g if g.is_contiguous() else g.contiguous() for g in grads], ms, vs, [], [st] * len(params),
         lr=lr, beta1=b1, beta2=b2, weight_decay=0.0, eps=ADAM_EPS, amsgrad=False, maximize=False,
     )
 
@@ -320,11 +378,14 @@ def train_clients(
                 st[2 + j].copy_(torch.as_tensor(adam_state[f"{mk}_net"][k][order]))
         step0 = torch.as_tensor(np.asarray(adam_state["step"], dtype=np.float64)[order])
         row_client = torch.as_tensor(np.repeat(np.arange(C), rows_per))
-    inst_item_t = torch.as_tensor(inst_item)
-    inst_label_t = torch.as_tensor(inst_label, dtype=torch.float32)
-    index_t = torch.as_tensor(index)
-    valid_t = torch.as_tensor(valid, dtype=torch.float32)
     S, B = index.shape[1], index.shape[2]
+    # per-step tensors gathered once, (S, C, B) so that step s of the active prefix is contiguous:
+    # flat-table row, label and loss weight (1 / batch count; 0 on padding) of every batch slot
+    flat = index.reshape(C, S * B)
+    step_rows = torch.as_tensor(np.ascontiguousarray(np.take_along_axis(inst_item, flat, 1).reshape(C, S, B).transpose(1, 0, 2).reshape(S, C * B))).unbind(0)
+    step_y = torch.as_tensor(np.ascontiguousarray(np.take_along_axis(inst_label, flat, 1).reshape(C, S, B).transpose(1, 0, 2)), dtype=torch.float32).unbind(0)
+    step_w = torch.as_tensor(np.ascontiguousarray((valid / np.maximum(valid.sum(2, keepdims=True), 1)).transpose(1, 0, 2)), dtype=torch.float32).unbind(0)
+    step_t = torch.arange(1, S + 1, dtype=torch.float32).unbind(0)  # Adam step counts
 
     if dp is not None:
         sigma, clip = float(dp[0]), float(dp[1])
@@ -336,28 +397,30 @@ def train_clients(
         # per-sample grads: vmap over samples (net, user shared), then over clients
         ps_grad = vmap(vmap(grad(sample_loss, argnums=(0, 1, 2)), in_dims=(None, None, 0, 0)), in_dims=(0, 0, 0, 0))
 
+    active = (n_steps[None, :] > np.arange(S)[:, None]).sum(1)  # (S,) active clients per step: a prefix
+    a_prev = -1
     for s in range(S):
-        a = int((n_steps > s).sum())  # active clients: a prefix
+        a = int(active[s])
         if a == 0:
             break
-        w = valid_t[:a, s]  # (a, B)
-        inst = index_t[:a, s]
-        local = torch.gather(inst_item_t[:a], 1, inst)  # (a, B) rows of the flat item table
-        flat_idx = local.reshape(-1)
-        n_act = int(off[a])
-        y = torch.gather(inst_label_t[:a], 1, inst)
-        count = w.sum(1).clamp(min=1)
-        cur = [params[0][:a], params[1][:n_act]] + [p[:a] for p in params[2:]]
+        if a != a_prev:  # views of the active prefix change only when a client finishes
+            n_act = int(off[a])
+            cur = [params[0][:a], params[1][:n_act]] + [p[:a] for p in params[2:]]
+            ms = [m_state[0][:a], m_state[1][:n_act]] + [m[:a] for m in m_state[2:]]
+            vs = [v_state[0][:a], v_state[1][:n_act]] + [v[:a] for v in v_state[2:]]
+            a_prev = a
+        full = a == C
+        flat_idx = step_rows[s] if full else step_rows[s][: a * B]  # (a B,) rows of the flat item table
+        local = flat_idx.view(a, B)
+        y = step_y[s] if full else step_y[s][:a]
         if dp is None:
             # gradient w.r.t. the gathered rows, scattered back into each client's table
-            irows = cur[1][local].requires_grad_(True)  # (a, B, Dt)
-            leaves = [cur[0].detach().requires_grad_(True)] + [c.detach().requires_grad_(True) for c in cur[2:]]
-            logits = forward_stacked(arch, D, n_layers, dict(zip(names, leaves[1:])), leaves[0], irows)
-            loss = ((_bce(logits, y) * w).sum(1) / count).sum()
-            g = torch.autograd.grad(loss, [irows] + leaves)
-            g_item = torch.zeros_like(cur[1]).index_add_(0, flat_idx, g[0].reshape(-1, Dt))
-            grads = [g[1], g_item] + list(g[2:])
+            irows = torch.index_select(cur[1], 0, flat_idx).view(a, B, Dt)  # (cheaper than cur[1][local])
+            g_u, g_rows, g_net = loss_grads_stacked(arch, D, n_layers, dict(zip(names, cur[2:])), names, cur[0], irows, y, step_w[s] if full else step_w[s][:a])
+            g_item = torch.zeros_like(cur[1]).index_put_((flat_idx,), g_rows.reshape(-1, Dt), accumulate=True)
+            grads = [g_u, g_item] + g_net
         else:
+            w = torch.as_tensor(valid[:a, s], dtype=torch.float32)  # (a, B) 1 on real batch slots
             irows = cur[1][local]
             g_net, g_u, g_i = ps_grad(dict(zip(names, cur[2:])), cur[0], irows, y)
             sq = g_u.pow(2).sum(-1) + g_i.pow(2).sum(-1)
@@ -372,13 +435,11 @@ def train_clients(
             for g in [gu, gi] + gn:
                 noise = torch.normal(0.0, sigma * clip, size=g.shape, generator=gen)
                 grads.append((g + noise) / denom)
-        ms = [m_state[0][:a], m_state[1][:n_act]] + [m[:a] for m in m_state[2:]]
-        vs = [v_state[0][:a], v_state[1][:n_act]] + [v[:a] for v in v_state[2:]]
         if step0 is None and user_lr is not None and user_lr != lr:
-            _adam_step(cur[:1], list(grads[:1]), ms[:1], vs[:1], s + 1, user_lr)
-            _adam_step(cur[1:], list(grads[1:]), ms[1:], vs[1:], s + 1, lr)
+            _adam_step(cur[:1], list(grads[:1]), ms[:1], vs[:1], step_t[s], user_lr)
+            _adam_step(cur[1:], list(grads[1:]), ms[1:], vs[1:], step_t[s], lr)
         elif step0 is None:
-            _adam_step(cur, list(grads), ms, vs, s + 1, lr)
+            _adam_step(cur, grads, ms, vs, step_t[s], lr)
         else:
             t = step0[:a] + (s + 1)
             b1, b2 = ADAM_BETAS
