@@ -58,10 +58,15 @@ used (``batch_size``). Each client starts every round with a fresh Adam state (d
 ``client_optimizer=persistent`` keeps each client's Adam moments and step count across rounds --
 the paper does not say which; on ML-100K it made no difference to HR@10, docs/reproduction.md).
 The paper does not give the initial scale of the user and item embeddings (only "Xavier" for the
-network weights, §4.2): ``init_std`` (default 0.01, the NCF reference code's N(0, 0.01^2)) sets it.
-It decides whether FedGMF learns on ML-100K: at 0.01 (and at Xavier's ~0.035 for these tables)
-HR@10 stalls at ~0.28 within a few global rounds, at 0.1 it keeps climbing (docs/reproduction.md,
-"Why FedGMF plateaus"). ``user_lr`` (default: ``lr``) is a diagnostic key, not in the paper.
+network weights, §4.2): ``init_std`` (default 0.1) sets it. It decides whether FedGMF learns on
+ML-100K: at the NCF reference code's 0.01 (and at Xavier's ~0.035 for these tables) HR@10 stalls
+at ~0.28 within a few global rounds; at 0.1 it starts near 0.1 as in the paper's Fig. 5 and
+reaches HR@10 0.61 after the paper's 400 global rounds (paper 0.59; docs/reproduction.md, "Why
+FedGMF plateaued"). The authors' later federated recommender code (vperifan/FedPOIRec) draws
+embeddings from N(0, (1/D)^2), 0.083 for D = 12, the same order. ``user_lr`` (default: ``lr``) is
+a diagnostic key, not in the paper. Leave-one-out: a user's latest rating is held out; ties at the
+latest timestamp (415 of ML-100K's 943 users) are broken at random (``loo_ties``; see
+:func:`privaudit.data.leave_one_out` for why not by item id).
 """
 
 from __future__ import annotations
@@ -149,7 +154,7 @@ class FedNCF(Protocol):
         "lr": 0.001,
         "user_lr": -1.0,
         "local_epochs": 2,
-        "init_std": 0.01,
+        "init_std": 0.1,
         "batch_size": 64,
         "client_optimizer": "fresh",
         "aggregation": "mf-fedavg",
