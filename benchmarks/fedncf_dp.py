@@ -1,6 +1,6 @@
 """DP-SGD on FedNCF: epsilon (Opacus RDP accountant) vs HR@10 and vs ncf-update-leak precision.
 
-    python benchmarks/fedncf_dp.py [--users 150] [--items 300] [--global-rounds 5]
+    python benchmarks/fedncf_dp.py [--users 150] [--items 300] [--global-rounds 40] [--noise none,4,1,0.25,0.1,0.03,0.01]
 
 Synthetic MovieLens-like data (the per-sample gradients of every item row make DP-SGD on the
 full ML-100K table slow on 2 cores); GMF, MF-FedAvg, c = 20, delta = 1e-5, clip 1.0.
@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--users", type=int, default=150)
     p.add_argument("--items", type=int, default=300)
-    p.add_argument("--global-rounds", type=int, default=5)
-    p.add_argument("--noise", default="none,4,2,1,0.5")
+    p.add_argument("--global-rounds", type=int, default=40)
+    p.add_argument("--noise", default="none,4,1,0.25,0.1,0.03,0.01")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     ds = synthetic(n_users=args.users, n_items=args.items, seed=args.seed)

@@ -744,9 +744,19 @@ def accuracy_metrics(results: Mapping[str, Any]) -> list[str]:
 
 
 def main_utility(results: Mapping[str, Any]) -> str | None:
-    """The utility metric shown in tables and on the figures' second axis."""
+    """The utility metric shown in tables and on the figures' second axis: the protocol's
+    ``main_utility`` if it declares one and the points report it, else the first of a fixed
+    preference list."""
     keys = _ordered_keys(results.get("points") or [], "utility")
-    for preferred in ("ndcg@10", "ndcg", "rmse", "hr@10", "f1", "auc"):
+    declared = None
+    if results.get("protocol"):
+        from privaudit import registry
+
+        try:
+            declared = getattr(registry.get("protocol", str(results["protocol"])), "main_utility", None)
+        except PrivauditError:  # an unknown (plugin) protocol of a results file: fall back
+            declared = None
+    for preferred in ((declared,) if declared else ()) + ("ndcg@10", "ndcg", "rmse", "hr@10", "f1", "auc"):
         for k in keys:
             if k.lower() == preferred:
                 return k

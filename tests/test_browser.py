@@ -85,4 +85,6 @@ def test_audit_and_report_html_render_in_chromium(tmp_path):
     _check_page(chrome, tmp_path, out / "audit.html", n_figures=3 * 2)
     res = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1,10", seeds=2).run(ds)
     rep = reports.write_report(res, tmp_path / "report")
-    _check_page(chrome, tmp_path, rep / "report.html", n_figures=1)
+    # the accuracy figure and, as the noise records an epsilon, the accuracy-vs-epsilon figure
+    assert (rep / "accuracy_vs_noise_epsilon.svg").exists()
+    _check_page(chrome, tmp_path, rep / "report.html", n_figures=2)

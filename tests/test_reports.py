@@ -43,7 +43,11 @@ def _files(folder):
 def test_report_folder_schema_and_files(noise_results, tmp_path):
     out = reports.write_report(noise_results, tmp_path / "r")
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["accuracy_vs_noise.png", "accuracy_vs_noise.svg", "report.html", "report.md", "results.csv", "results.json"]
+    assert names == [
+        "accuracy_vs_noise.png", "accuracy_vs_noise.svg",
+        "accuracy_vs_noise_epsilon.png", "accuracy_vs_noise_epsilon.svg",  # the noise records an epsilon
+        "report.html", "report.md", "results.csv", "results.json",
+    ]
     data = json.loads((out / "results.json").read_text())
     assert list(data)[: len(SCHEMA)] == SCHEMA
     assert data["sweep"] == "dummy-noise.scale" and data["attack"] == "dummy-attack"
@@ -84,7 +88,7 @@ def test_rerender_from_results_json_alone_is_identical(noise_results, tmp_path):
 def test_html_is_self_contained(noise_results, tmp_path):
     out = reports.write_report(noise_results, tmp_path / "r")
     page = (out / "report.html").read_text()
-    assert page.count("<svg") == 1 and 'class="pa-figure"' in page
+    assert page.count("<svg") == 2 and 'class="pa-figure"' in page  # accuracy and accuracy-vs-epsilon
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert "<link" not in page and "@import" not in page and "<img" not in page
     assert "dummy-attack" in page and "dummy-noise" in page
@@ -134,9 +138,34 @@ def test_x_axis_choice():
 def test_table(noise_results):
     text = reports.format_table(noise_results)
     lines = text.splitlines()
-    assert lines[0].split() == ["dummy-noise.scale", "accuracy", "baseline", "accuracy", "utility", "ndcg@10", "seeds"]
+    assert lines[0].split() == ["dummy-noise.scale", "accuracy", "baseline", "accuracy", "utility", "ndcg@10", "epsilon", "(dummy-noise)", "seeds"]
     assert lines[2].split()[:3] == ["0", "1.000", "0.500"]
     assert "±" in lines[-1]
+    # epsilon column: the seed mean of each point's privacy cost (dummy: rounds / scale; none at scale 0)
+    rounds = {p["value"]: p["privacy"]["dummy-noise"]["epsilon"] * p["value"] for p in noise_results["points"] if p.get("privacy")}
+    r = next(iter(rounds.values()))
+    assert lines[2].split()[-2] == "nan" and float(lines[-1].split()[-2]) == pytest.approx(r / 10, rel=1e-3)
+
+
+def test_privacy_figure_plots_accuracy_and_utility_against_epsilon(noise_results):
+    name, values, eps = figures.epsilon_series(noise_results)
+    assert name == "dummy-noise" and values == [0, 0.01, 0.1, 1, 10]
+    assert np.isnan(eps[0]) and np.all(np.diff(eps[1:]) < 0)  # more noise, smaller epsilon
+    fig = figures.make_privacy_figure(noise_results)
+    ax = fig.axes[0]
+    assert ax.get_xlabel().startswith("epsilon of dummy-noise")
+    assert ax.get_xscale() == "log"  # epsilon spans three decades
+    line = ax.get_lines()[0]
+    np.testing.assert_allclose(sorted(line.get_xdata()), sorted(float(f"{e:.3g}") for e in eps[1:]))
+    assert len(fig.axes) == 2 and fig.axes[1].get_ylabel() == "utility: ndcg@10"
+    assert figures.epsilon_series({**noise_results, "sweep": None}) is None
+
+
+def test_protocol_declares_its_main_utility():
+    points = [{"value": 1, "utility": {"ndcg@10": 0.3, "hr@10": 0.5}}]
+    assert ex.main_utility({"points": points}) == "ndcg@10"
+    assert ex.main_utility({"protocol": "fedncf", "points": points}) == "hr@10"  # FedNCF.main_utility
+    assert ex.main_utility({"protocol": "no-such-protocol", "points": points}) == "ndcg@10"
 
 
 @pytest.mark.usefixtures("dummy_registry")

@@ -187,6 +187,9 @@ class Protocol:
     default_config: dict[str, Any] = {}
     config_help: dict[str, str] = {}
     default_attack: str | None = None
+    #: The utility metric reports show (tables, figures' right axis); None: the first of
+    #: ndcg@10, ndcg, rmse, hr@10, f1, auc that the run reports.
+    main_utility: str | None = None
     attacker: str = "server"
     #: Config keys a run fills in itself (dataset sizes, the defense list, the seed). They are
     #: recorded in the transcript's public config and ignored when passed back in, so the

@@ -115,7 +115,8 @@ def _fmt_value(v: Any) -> str:
         a = abs(float(v))
         if a >= 1e-2 and a < 1e4:
             return f"{float(v):g}"
-        return f"{float(v):.0e}".replace("e-0", "e-").replace("e+0", "e")
+        text = f"{float(v):.3g}" if a >= 1e4 else f"{float(v):.0e}"  # 15100 -> 1.51e4, not 2e4
+        return text.replace("e-0", "e-").replace("e+0", "e").replace("e+", "e")
     return str(v)
 
 
@@ -253,10 +254,63 @@ def save_figure(fig, stem: Path) -> list[Path]:
     return [png, svg]
 
 
+def epsilon_series(results: Mapping[str, Any]) -> tuple[str, list[Any], np.ndarray] | None:
+    """(defense, sweep values, mean epsilon per value) when the points record a privacy cost.
+
+    A point's ``privacy`` maps a defense to ``{"epsilon", "delta", ...}`` (DP defenses and
+    accountants); the mean is over seeds. None without a sweep or without finite epsilons at
+    two or more values."""
+    if not results.get("sweep"):
+        return None
+    names = [n for p in results.get("points") or [] for n in (p.get("privacy") or {})]
+    if not names:
+        return None
+    name = names[0]
+    order: list[Any] = []
+    groups: dict[str, list[float]] = {}
+    for p in results.get("points") or []:
+        key = repr(p.get("value"))
+        if key not in groups:
+            groups[key] = []
+            order.append(p.get("value"))
+        groups[key].append(_num(((p.get("privacy") or {}).get(name) or {}).get("epsilon")))
+    eps = np.asarray([np.nanmean(groups[repr(v)]) if not all(math.isnan(x) for x in groups[repr(v)]) else math.nan for v in order])
+    if np.sum(np.isfinite(eps) & (eps > 0)) < 2:
+        return None
+    return name, order, eps
+
+
+def privacy_figure_stem(results: Mapping[str, Any]) -> str:
+    return figure_stem(results) + "_epsilon"
+
+
+def make_privacy_figure(results: Mapping[str, Any]):
+    """Attack accuracy and utility against the privacy cost epsilon (None without one).
+
+    The accuracy figure redrawn with each sweep value replaced by its mean epsilon (log axis
+    when it spans two decades), so the privacy-utility trade-off reads left (private) to right."""
+    series = epsilon_series(results)
+    if series is None:
+        return None
+    name, values, eps = series
+    by_value = {repr(v): e for v, e in zip(values, eps)}
+    keep = [p for p in results.get("points") or [] if np.isfinite(by_value[repr(p.get("value"))]) and by_value[repr(p.get("value"))] > 0]
+    points = sorted(
+        ({**p, "value": float(f"{by_value[repr(p.get('value'))]:.3g}")} for p in keep), key=lambda p: p["value"]
+    )
+    delta = next((((p.get("privacy") or {}).get(name) or {}).get("delta") for p in keep), None)
+    label = f"epsilon of {name}" + (f" (delta {delta:g})" if isinstance(delta, (int, float)) else "")
+    return make_figure({**results, "points": points, "sweep": label, "noise": False, "summary": None})
+
+
 def write_figures(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
-    """Draw the accuracy figure of ``results`` into ``out_dir``; the written paths."""
-    fig = make_figure(results)
-    return save_figure(fig, Path(out_dir) / figure_stem(results))
+    """Draw the accuracy figure of ``results`` into ``out_dir`` and, when the points record a
+    privacy cost, the accuracy-vs-epsilon figure; the written paths."""
+    paths = save_figure(make_figure(results), Path(out_dir) / figure_stem(results))
+    fig = make_privacy_figure(results)
+    if fig is not None:
+        paths += save_figure(fig, Path(out_dir) / privacy_figure_stem(results))
+    return paths
 
 
 def inline_svg(path: Path) -> str:

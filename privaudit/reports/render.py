@@ -136,6 +136,10 @@ def table_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
             header.append(f"baseline {m}")
     if utility:
         header.append(f"utility {utility}")
+    eps = figures.epsilon_series(results)
+    if eps is not None:
+        header.append(f"epsilon ({eps[0]})")
+        eps_of = {repr(v): e for v, e in zip(eps[1], eps[2])}
     header.append("seeds")
     counts: dict[str, int] = {}
     for p in results.get("points") or []:
@@ -150,6 +154,8 @@ def table_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
                 row.append(_fmt(index.get((key, "baseline." + m), (math.nan, math.nan))[0]))
         if utility:
             row.append(_pm(*index.get((key, "utility." + utility), (math.nan, math.nan)), digits=4))
+        if eps is not None:
+            row.append(f"{eps_of.get(key, math.nan):.4g}")
         row.append(str(counts.get(key, 0)))
         rows.append(row)
     return header, rows
@@ -239,6 +245,10 @@ def render_markdown(results: Mapping[str, Any], figure_stem: str) -> str:
     lines.append("Seed mean ± 95 % confidence half-width (Student t over seeds); baseline: uniform random guess.")
     lines += ["", _md_table(header, rows), ""]
     lines += [f"![attack accuracy]({figure_stem}.svg)", "", f"(also as [{figure_stem}.png]({figure_stem}.png))", ""]
+    if figures.epsilon_series(results) is not None:
+        eps_stem = figures.privacy_figure_stem(results)
+        lines += ["Against the privacy cost (mean epsilon over seeds):", ""]
+        lines += [f"![attack accuracy and utility vs epsilon]({eps_stem}.svg)", "", f"(also as [{eps_stem}.png]({eps_stem}.png))", ""]
     reasons = sorted({p.get("reason") for p in results.get("points") or [] if p.get("reason")})
     for reason in reasons:
         lines += [f"> The attack did not apply: {reason}. Its metrics equal the baseline.", ""]
@@ -306,7 +316,7 @@ def html_config(items: Sequence[tuple[str, str]]) -> str:
     return '<dl class="cfg">' + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items) + "</dl>"
 
 
-def render_html(results: Mapping[str, Any], svg_markup: str, figure_stem: str) -> str:
+def render_html(results: Mapping[str, Any], svg_markup: str, figure_stem: str, privacy_svg: str | None = None) -> str:
     header, rows = table_rows(results)
     title = f"privaudit report: {results.get('attack')} against {results.get('protocol')}"
     parts = [f"<h1>{html.escape(title)}</h1>", html_config(_config_items(results))]
@@ -324,6 +334,15 @@ def render_html(results: Mapping[str, Any], svg_markup: str, figure_stem: str) -
             figure_stem,
         )
     )
+    if privacy_svg:
+        parts.append(
+            html_figure(
+                privacy_svg,
+                "The same attack accuracy and utility against the privacy cost epsilon (mean over seeds; "
+                "left = more private).",
+                figures.privacy_figure_stem(results),
+            )
+        )
     parts.append("<h2>Per point</h2>")
     pts = results.get("points") or []
     keys = []
@@ -369,8 +388,10 @@ def render_dir(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
     written += fig_paths
     stem = figures.figure_stem(results)
     svg = figures.inline_svg(out_dir / f"{stem}.svg")
+    eps_svg = out_dir / f"{figures.privacy_figure_stem(results)}.svg"
+    privacy_svg = figures.inline_svg(eps_svg) if eps_svg in fig_paths else None
     (out_dir / REPORT_MD).write_text(render_markdown(results, stem), encoding="utf-8")
-    (out_dir / REPORT_HTML).write_text(render_html(results, svg, stem), encoding="utf-8")
+    (out_dir / REPORT_HTML).write_text(render_html(results, svg, stem, privacy_svg), encoding="utf-8")
     written += [out_dir / REPORT_MD, out_dir / REPORT_HTML]
     return written
 
