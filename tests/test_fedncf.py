@@ -108,6 +108,28 @@ def test_run_transcript_and_mf_fedavg_update(tiny):
         assert len(m.payload["items"]) > len(priv["items"])
 
 
+@pytest.mark.parametrize("agg", ["fedavg", "simpleavg"])
+def test_fedavg_and_simpleavg_updates(tiny, agg):
+    # eq. 1 (FedAvg): I += sum_i n_i dI_i / n, N += sum_i n_i dN_i / n, n = sum_i n_i;
+    # SimpleAvg: the plain mean of the received parameters, I += sum_i dI_i / |c| (untouched rows of a
+    # client equal the global ones), N likewise
+    cfg = {"global_rounds": 1, "max_rounds": 1, "clients_per_round": 8, "record_rounds": 2, "aggregation": agg}
+    t = FedNCF().run(tiny, cfg, [], 2).transcript
+    s0 = t.select("state")[0].payload
+    ups = t.select("item_update", round=0)
+    nets = t.select("net_update", round=0)
+    n_i = np.array([m.payload["n_instances"][0] for m in nets])
+    total = np.zeros_like(s0["items"])
+    for m in ups:
+        total[m.payload["items"]] += m.payload["values"]
+    delta = sum(m.payload["delta"] for m in nets)
+    denom = n_i.sum() if agg == "fedavg" else len(ups)
+    final = FedNCF().run(tiny, cfg, [], 2).model
+    np.testing.assert_allclose(final["items"], s0["items"] + total / denom, atol=1e-6)
+    flat = ncf.flatten_network(final["net"], "gmf", 12, LAYERS)
+    np.testing.assert_allclose(flat, s0["network"] + delta / denom, atol=1e-6)
+
+
 def test_aggregations_differ_and_all_learn(tiny):
     out = {}
     for agg in ("mf-fedavg", "fedavg", "simpleavg"):
