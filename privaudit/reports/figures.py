@@ -57,10 +57,8 @@ def _num(v: Any) -> float:
         return math.nan
 
 
-def _series(results: Mapping[str, Any], field: str, metric: str) -> tuple[list[Any], np.ndarray, np.ndarray]:
-    """(values in sweep order, seed means, ci95 half-widths) of ``field``'s ``metric``."""
-    from privaudit.metrics import mean_ci95
-
+def _by_value(results: Mapping[str, Any], get) -> tuple[list[Any], dict[str, list[float]]]:
+    """(sweep values in order of first appearance, {repr(value): [get(point) as float per seed]})."""
     order: list[Any] = []
     groups: dict[str, list[float]] = {}
     for p in results.get("points") or []:
@@ -68,7 +66,15 @@ def _series(results: Mapping[str, Any], field: str, metric: str) -> tuple[list[A
         if key not in groups:
             groups[key] = []
             order.append(p.get("value"))
-        groups[key].append(_num((p.get(field) or {}).get(metric)))
+        groups[key].append(_num(get(p)))
+    return order, groups
+
+
+def _series(results: Mapping[str, Any], field: str, metric: str) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    """(values in sweep order, seed means, ci95 half-widths) of ``field``'s ``metric``."""
+    from privaudit.metrics import mean_ci95
+
+    order, groups = _by_value(results, lambda p: (p.get(field) or {}).get(metric))
     means, cis = [], []
     for v in order:
         vals = groups[repr(v)]
@@ -266,14 +272,7 @@ def epsilon_series(results: Mapping[str, Any]) -> tuple[str, list[Any], np.ndarr
     if not names:
         return None
     name = names[0]
-    order: list[Any] = []
-    groups: dict[str, list[float]] = {}
-    for p in results.get("points") or []:
-        key = repr(p.get("value"))
-        if key not in groups:
-            groups[key] = []
-            order.append(p.get("value"))
-        groups[key].append(_num(((p.get("privacy") or {}).get(name) or {}).get("epsilon")))
+    order, groups = _by_value(results, lambda p: ((p.get("privacy") or {}).get(name) or {}).get("epsilon"))
     eps = np.asarray([np.nanmean(groups[repr(v)]) if not all(math.isnan(x) for x in groups[repr(v)]) else math.nan for v in order])
     if np.sum(np.isfinite(eps) & (eps > 0)) < 2:
         return None
