@@ -60,7 +60,8 @@ the paper does not say which; on ML-100K it made no difference to HR@10, docs/re
 The paper does not give the initial scale of the user and item embeddings (only "Xavier" for the
 network weights, §4.2): ``init_std`` (default 0.1) sets it. It decides whether FedGMF learns on
 ML-100K: at the NCF reference code's 0.01 (and at Xavier's ~0.035 for these tables) HR@10 stalls
-at ~0.28 within a few global rounds; at 0.1 it starts near 0.1 as in the paper's Fig. 5 and
+within a few global rounds, below the popularity ranker (0.36 against 0.39; 0.28 on the old
+highest-item-id split); at 0.1 it starts near 0.1 as in the paper's Fig. 5 and
 reaches HR@10 0.61 after the paper's 400 global rounds (paper 0.59; docs/reproduction.md, "Why
 FedGMF plateaued"). The authors' later federated recommender code (vperifan/FedPOIRec) draws
 embeddings from N(0, (1/D)^2), 0.083 for D = 12, the same order. ``user_lr`` (default: ``lr``) is
@@ -179,7 +180,7 @@ class FedNCF(Protocol):
         "lr": "client Adam learning rate",
         "user_lr": "Adam learning rate of the private user vectors (-1: same as lr; diagnostic, not in the paper)",
         "local_epochs": "local epochs per round",
-        "init_std": "standard deviation of the N(0, s^2) initial user and item embeddings (0.01 learns faster in the first rounds but stalls at HR@10 ~0.28 on ML-100K)",
+        "init_std": "standard deviation of the N(0, s^2) initial user and item embeddings (0.01 learns faster in the first rounds but stalls at HR@10 ~0.36 on ML-100K)",
         "batch_size": "local mini-batch size (the paper gives none)",
         "client_optimizer": "fresh (new Adam state every round) or persistent (each client keeps its Adam moments and step count across rounds)",
         "aggregation": "mf-fedavg (per-item averaging), fedavg (eq. 1) or simpleavg",
