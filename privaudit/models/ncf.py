@@ -162,19 +162,29 @@ def forward_stacked(arch: str, D: int, n_layers: int, net: dict[str, Any], u: An
     The same function as ``vmap(forward)`` written with batched matrix products (``baddbmm``),
     which avoids vmap's per-call Python overhead in the training loop.
     """
+    return _forward_stacked_parts(arch, D, n_layers, net, u, i)[0]
+
+
+def _forward_stacked_parts(arch: str, D: int, n_layers: int, net: dict[str, Any], u: Any, i: Any) -> tuple[Any, Any, list]:
+    """:func:`forward_stacked` with what its backward pass needs: (logits (C, B), the input z
+    (C, B, F) of the prediction layer, the MLP tower's activations [input, layer 1, ..., layer n])."""
     torch = require_torch()
-    parts = []
-    if arch in ("gmf", "neumf"):
+    parts, acts = [], []
+    if arch == "gmf":
+        parts.append(u[:, None, :] * i)
+    elif arch == "neumf":
         parts.append(u[:, None, :D] * i[..., :D])
     if arch in ("mlp", "neumf"):
         off = D if arch == "neumf" else 0
-        B = i.shape[1]
-        h = torch.cat([u[:, None, off : off + D].expand(-1, B, -1), i[..., off : off + D]], dim=-1)
+        h = torch.cat([u[:, None, off : off + D].expand(-1, i.shape[1], -1), i[..., off : off + D]], dim=-1)
+        acts.append(h)
         for l in range(n_layers):
             h = torch.relu(torch.baddbmm(net[f"mlp.{l}.bias"][:, None, :], h, net[f"mlp.{l}.weight"].transpose(1, 2)))
+            acts.append(h)
         parts.append(h)
     z = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-    return torch.bmm(z, net["predict.weight"][:, :, None])[..., 0] + net["predict.bias"]
+    logit = torch.baddbmm(net["predict.bias"][:, :, None], z, net["predict.weight"][:, :, None])[..., 0]
+    return logit, z, acts
 
 
 def loss_grads_stacked(
@@ -192,22 +202,8 @@ def loss_grads_stacked(
     large part of it. With BCE on logits, dL/dlogit = wt (sigmoid(logit) - y).
     """
     torch = require_torch()
-    parts, acts = [], []
-    if arch == "gmf":
-        parts.append(u[:, None, :] * irows)
-    elif arch == "neumf":
-        parts.append(u[:, None, :D] * irows[..., :D])
-    if arch in ("mlp", "neumf"):
-        off = D if arch == "neumf" else 0
-        h = torch.cat([u[:, None, off : off + D].expand(-1, irows.shape[1], -1), irows[..., off : off + D]], dim=-1)
-        acts.append(h)
-        for l in range(n_layers):
-            h = torch.relu(torch.baddbmm(net[f"mlp.{l}.bias"][:, None, :], h, net[f"mlp.{l}.weight"].transpose(1, 2)))
-            acts.append(h)
-        parts.append(h)
-    z = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    logit, z, acts = _forward_stacked_parts(arch, D, n_layers, net, u, irows)
     pw = net["predict.weight"]
-    logit = torch.baddbmm(net["predict.bias"][:, :, None], z, pw[:, :, None])[..., 0]
     dl = (torch.sigmoid(logit) - y) * wt  # (C, B) dL/dlogit
     g = {"predict.bias": dl.sum(1, keepdim=True), "predict.weight": torch.bmm(dl[:, None, :], z)[:, 0]}
     dz = dl[..., None] * pw[:, None, :]  # (C, B, F)
@@ -220,6 +216,7 @@ def loss_grads_stacked(
     if arch == "neumf":
         g_u[:, :D] = (dz[..., :D] * irows[..., :D]).sum(1)
         g_i[..., :D] = dz[..., :D] * u[:, None, :D]
+    off = D if arch == "neumf" else 0
     dh = dz[..., D:] if arch == "neumf" else dz
     for l in reversed(range(n_layers)):
         dpre = dh * (acts[l + 1] > 0)
@@ -411,17 +408,16 @@ def train_clients(
             a_prev = a
         full = a == C
         flat_idx = step_rows[s] if full else step_rows[s][: a * B]  # (a B,) rows of the flat item table
-        local = flat_idx.view(a, B)
         y = step_y[s] if full else step_y[s][:a]
         if dp is None:
             # gradient w.r.t. the gathered rows, scattered back into each client's table
-            irows = torch.index_select(cur[1], 0, flat_idx).view(a, B, Dt)  # (cheaper than cur[1][local])
+            irows = torch.index_select(cur[1], 0, flat_idx).view(a, B, Dt)  # cheaper than advanced indexing
             g_u, g_rows, g_net = loss_grads_stacked(arch, D, n_layers, dict(zip(names, cur[2:])), names, cur[0], irows, y, step_w[s] if full else step_w[s][:a])
             g_item = torch.zeros_like(cur[1]).index_put_((flat_idx,), g_rows.reshape(-1, Dt), accumulate=True)
             grads = [g_u, g_item] + g_net
         else:
             w = torch.as_tensor(valid[:a, s], dtype=torch.float32)  # (a, B) 1 on real batch slots
-            irows = cur[1][local]
+            irows = cur[1][flat_idx.view(a, B)]
             g_net, g_u, g_i = ps_grad(dict(zip(names, cur[2:])), cur[0], irows, y)
             sq = g_u.pow(2).sum(-1) + g_i.pow(2).sum(-1)
             for k in names:
