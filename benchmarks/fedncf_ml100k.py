@@ -28,7 +28,7 @@ import numpy as np
 
 from privaudit.data import load_dataset
 from privaudit.models import ncf
-from privaudit.protocols.fedncf import FedNCF, eval_candidates, implicit_split, ncf_utility
+from privaudit.protocols.fedncf import FedNCF, eval_candidates, implicit_split, ncf_utility, rng_streams
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
 #: fedncf.txt Table 5 (FedGMF HR@10 by aggregation) and Table 6 (HR@10, NDCG@10).
@@ -79,10 +79,9 @@ def run_fed(args: argparse.Namespace) -> None:
 def run_central(args: argparse.Namespace) -> None:
     ds = load_dataset(args.data)
     rng = np.random.default_rng(args.seed)
-    # the held-out items and evaluation candidates of `fed` with the same seed (FedNCF's rng streams 5 and 6)
-    children = np.random.SeedSequence(args.seed).spawn(6)
-    pos, test_item = implicit_split(ds, np.random.default_rng(children[5]), args.loo_ties)
-    eval_users, cand = eval_candidates(pos, test_item, ds.n_items, 100, np.random.default_rng(children[4]))
+    streams = rng_streams(args.seed)  # the held-out items and evaluation candidates of `fed` with the same seed
+    pos, test_item = implicit_split(ds, streams["split"], args.loo_ties)
+    eval_users, cand = eval_candidates(pos, test_item, ds.n_items, 100, streams["eval"])
     from privaudit.protocols.fedncf import _exclusion
 
     excl = _exclusion(pos, test_item, ds.n_items)

@@ -28,6 +28,8 @@ __all__ = [
 ]
 
 RngLike = np.random.Generator | int | None
+#: Tie rules of :func:`leave_one_out`.
+LOO_TIES = ("random", "highest")
 
 
 def _rng(rng: RngLike) -> np.random.Generator:
@@ -102,7 +104,7 @@ def leave_one_out(
         (n_users, n_items) float64 CSR matrix with one entry (the rating) per user that has
         ratings, and an empty row otherwise.
     """
-    if ties not in ("random", "highest"):
+    if ties not in LOO_TIES:
         raise DataError(f"leave-one-out ties must be 'random' or 'highest', got {ties!r}")
     rows = _entry_rows(ds)
     ts = ds.timestamps.data if ds.timestamps is not None else np.zeros(rows.size, dtype=np.int64)

@@ -78,6 +78,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from privaudit.data.splits import LOO_TIES
 from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import hit_ratio_at_k, ndcg_at_k_loo
@@ -87,6 +88,18 @@ from privaudit.registry import register_protocol
 
 DERIVED_KEYS = ("n_items", "n_users", "defenses", "seed")
 AGGREGATIONS = ("mf-fedavg", "fedavg", "simpleavg")
+
+
+#: FedNCF's independent random streams, in SeedSequence spawn order (``split`` was added last,
+#: so the other five are those of earlier versions).
+RNG_STREAMS = ("schedule", "init", "train", "channel", "eval", "split")
+
+
+def rng_streams(seed: int) -> dict[str, np.random.Generator]:
+    """Name -> generator of each stream of a run with ``seed`` (benchmarks reuse ``split`` and
+    ``eval`` to hold out the same items and rank them against the same negatives)."""
+    children = np.random.SeedSequence(seed).spawn(len(RNG_STREAMS))
+    return {name: np.random.default_rng(c) for name, c in zip(RNG_STREAMS, children)}
 
 
 def implicit_split(dataset: Any, rng: Any = 0, ties: str = "random") -> tuple[sp.csr_matrix, np.ndarray]:
@@ -207,7 +220,7 @@ class FedNCF(Protocol):
             fail(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {config['aggregation']!r}")
         if config["client_optimizer"] not in ("fresh", "persistent"):
             fail(f"client_optimizer must be 'fresh' or 'persistent', got {config['client_optimizer']!r}")
-        if config["loo_ties"] not in ("random", "highest"):
+        if config["loo_ties"] not in LOO_TIES:
             fail(f"loo_ties must be 'random' or 'highest', got {config['loo_ties']!r}")
         if config["selection"] not in ("random", "adversarial"):
             fail(f"selection must be 'random' or 'adversarial', got {config['selection']!r}")
@@ -275,10 +288,7 @@ class FedNCF(Protocol):
         cfg = self.resolve_config(config)
         self.check_defenses(self.name, defenses)
         seed = resolve_seed(rng)
-        # spawn(6): the first five children are those of the former spawn(5)
-        sched_rng, init_rng, train_rng, channel_rng, eval_rng, split_rng = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)
-        )
+        sched_rng, init_rng, train_rng, channel_rng, eval_rng, split_rng = rng_streams(seed).values()
         arch, D, layers = cfg["model"], cfg["D"], list(cfg["layers"])
         Dt = ncf.item_dim(arch, D)
         n, m = dataset.n_users, dataset.n_items
