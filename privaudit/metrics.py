@@ -41,6 +41,9 @@ __all__ = [
     "reconstruction_accuracy",
     "relative_error",
     "auc",
+    "roc_summary",
+    "clopper_pearson",
+    "empirical_epsilon",
     "mean_ci95",
     "uniform_guess_accuracy",
     "majority_guess_accuracy",
@@ -509,6 +512,109 @@ def auc(labels: Any, scores: Any) -> float:
     ranks = stats.rankdata(s, method="average")
     u = ranks[y].sum() - n_pos * (n_pos + 1) / 2.0
     return float(u / (n_pos * n_neg))
+
+
+#: False-positive rates at which :func:`roc_summary` reports the true-positive rate
+#: (Carlini et al., "Membership Inference Attacks From First Principles", IEEE S&P 2022).
+LOW_FPRS: tuple[float, ...] = (0.01, 0.001)
+
+
+def roc_summary(labels: Any, scores: Any, fprs: tuple[float, ...] = LOW_FPRS, max_points: int = 200) -> dict[str, Any]:
+    """ROC curve, AUC and TPR at low false-positive rates of per-record decisions.
+
+    ``labels``: (n,) binary, 1 = positive; ``scores``: (n,) finite floats, higher = positive.
+    Uses ``sklearn.metrics.roc_curve``. Returns ``{"auc", "tpr@<f>", ..., "n_pos", "n_neg",
+    "fpr", "tpr"}`` where ``tpr@0.01`` is the largest TPR at FPR <= 0.01 and is NaN when there
+    are fewer than ``1 / f`` negatives (the FPR cannot be resolved: ``"fpr_floor"`` = 1/n_neg
+    says the smallest non-zero FPR measurable). ``fpr``/``tpr`` are the curve, thinned to at
+    most ``max_points`` points (keeping the ends and the low-FPR part), as lists for JSON.
+    A single-class input gives NaN for AUC and every TPR and an empty curve.
+    """
+    from sklearn.metrics import roc_curve
+
+    y = np.asarray(labels).ravel().astype(bool)
+    s = np.asarray(scores, dtype=float).ravel()
+    if y.shape != s.shape:
+        raise ValueError(f"labels have {y.size} values but scores have {s.size}")
+    if not np.isfinite(s).all():
+        raise ValueError("scores must be finite")
+    n_pos = int(y.sum())
+    n_neg = int(y.size - n_pos)
+    out: dict[str, Any] = {"n_pos": n_pos, "n_neg": n_neg, "fpr_floor": (1.0 / n_neg) if n_neg else math.nan}
+    if n_pos == 0 or n_neg == 0:
+        out.update({"auc": math.nan, **{f"tpr@{f:g}": math.nan for f in fprs}, "fpr": [], "tpr": []})
+        return out
+    fpr, tpr, _ = roc_curve(y, s)
+    out["auc"] = auc(y, s)
+    for f in fprs:
+        out[f"tpr@{f:g}"] = float(tpr[fpr <= f].max()) if n_neg * f >= 1 else math.nan
+    if fpr.size > max_points:
+        # keep the low-FPR end (log axes) and a uniform thinning of the rest
+        keep = np.unique(np.concatenate([np.geomspace(1, fpr.size - 1, max_points // 2).astype(int),
+                                         np.linspace(0, fpr.size - 1, max_points // 2).astype(int)]))
+        fpr, tpr = fpr[keep], tpr[keep]
+    out["fpr"] = [float(v) for v in fpr]
+    out["tpr"] = [float(v) for v in tpr]
+    return out
+
+
+def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Two-sided Clopper-Pearson interval of a binomial proportion ``k / n``.
+
+    Each side holds with probability ``(1 + confidence) / 2``; ``n = 0`` gives ``(0, 1)``.
+    """
+    if n < 0 or k < 0 or k > n:
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return 0.0, 1.0
+    a = (1.0 - confidence) / 2.0
+    lo = 0.0 if k == 0 else float(stats.beta.ppf(a, k, n - k + 1))
+    hi = 1.0 if k == n else float(stats.beta.ppf(1 - a, k + 1, n - k))
+    return lo, hi
+
+
+def empirical_epsilon(labels: Any, scores: Any, delta: float = 0.0, confidence: float = 0.95) -> dict[str, float]:
+    """Lower bound on the epsilon of a DP mechanism from an attack's per-record decisions.
+
+    For every threshold of ``scores`` the attack's test "positive iff score >= threshold" has
+    TPR and FPR; an (epsilon, delta)-DP mechanism forces ``TPR <= e^eps FPR + delta`` and
+    ``1 - FPR <= e^eps (1 - TPR) + delta`` (Kairouz et al. 2015). With Clopper-Pearson bounds
+    (lower on TPR and 1-FPR, upper on FPR and 1-TPR) the largest of
+    ``ln((TPR_lo - delta) / FPR_hi)`` and ``ln((1 - FPR_hi - delta) / (1 - TPR_lo))`` over thresholds is the
+    bound (Jagielski et al., NeurIPS 2020; Nasr et al., IEEE S&P 2021). Returns
+    ``{"epsilon_lb", "threshold", "tp", "fp", "n_pos", "n_neg"}``; ``epsilon_lb`` is 0.0 when
+    no threshold gives evidence and NaN when a class is missing.
+
+    The maximum is taken over thresholds on the same records the counts come from, so the
+    bound is optimistic for the attacker by the choice of threshold; the report says so.
+    """
+    y = np.asarray(labels).ravel().astype(bool)
+    s = np.asarray(scores, dtype=float).ravel()
+    n_pos = int(y.sum())
+    n_neg = int(y.size - n_pos)
+    out = {"epsilon_lb": math.nan, "threshold": math.nan, "tp": 0, "fp": 0, "n_pos": n_pos, "n_neg": n_neg}
+    if n_pos == 0 or n_neg == 0:
+        return out
+    order = np.argsort(-s, kind="stable")
+    ss, yy = s[order], y[order]
+    tp = np.cumsum(yy)
+    fp = np.cumsum(~yy)
+    last = np.r_[ss[1:] != ss[:-1], True]  # thresholds between distinct scores
+    tp, fp, thr = tp[last], fp[last], ss[last]
+    # a binomial interval per threshold (vectorised Clopper-Pearson)
+    a = (1.0 - confidence) / 2.0
+    tpr_lo = np.where(tp == 0, 0.0, stats.beta.ppf(a, tp, n_pos - tp + 1))
+    tpr_hi = np.where(tp == n_pos, 1.0, stats.beta.ppf(1 - a, tp + 1, n_pos - tp))
+    fpr_lo = np.where(fp == 0, 0.0, stats.beta.ppf(a, fp, n_neg - fp + 1))
+    fpr_hi = np.where(fp == n_neg, 1.0, stats.beta.ppf(1 - a, fp + 1, n_neg - fp))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e1 = np.log(np.maximum(tpr_lo - delta, 0.0) / fpr_hi)
+        e2 = np.log(np.maximum(1.0 - fpr_hi - delta, 0.0) / (1.0 - tpr_lo))
+    e = np.nan_to_num(np.maximum(e1, e2), nan=-np.inf, posinf=np.inf)
+    best = int(np.argmax(e))
+    out.update({"epsilon_lb": max(0.0, float(e[best])), "threshold": float(thr[best]),
+                "tp": int(tp[best]), "fp": int(fp[best])})
+    return out
 
 
 def mean_ci95(values: Any) -> tuple[float, float]:

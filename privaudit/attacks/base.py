@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from privaudit.params import Configurable
+from privaudit.results import Decisions, MetricSpec
 from privaudit.transcript import Transcript, View
 
 
@@ -62,6 +63,8 @@ class Attack(Configurable):
         ``(param, values)`` swept when an experiment names no sweep (e.g. an aux fraction).
     primary_metric : str
         The metric an audit summarises (accuracy minus baseline).
+    metric_specs : dict[str, MetricSpec]
+        What each metric :meth:`score` returns means (direction, plotted, unit, glossary line).
     """
 
     kind_label = "attack"
@@ -70,6 +73,7 @@ class Attack(Configurable):
     requires: tuple[str, ...] = ()
     default_sweep: tuple[str, tuple] | None = None
     primary_metric: str = "accuracy"
+    metric_specs: dict[str, MetricSpec] = {}
     #: Parameters ``privaudit audit`` uses for this attack (e.g. a victim subsample for a slow
     #: attack, so that a whole attack x defense grid stays affordable); the audit report lists them.
     audit_params: dict[str, Any] = {}
@@ -101,7 +105,25 @@ class Attack(Configurable):
         raise NotImplementedError
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
+        """The same metrics for the uniform random guess over each value domain."""
         raise NotImplementedError
+
+    def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
+        """The same metrics for the best guess from the attacker's prior knowledge alone.
+
+        The strongest strategy an attacker with ``knowledge`` (and the public config) but
+        without the victims' messages has: the majority value, per-attribute prior, item
+        popularity, its auxiliary data. Scored against the same truth as :meth:`score`.
+        """
+        raise NotImplementedError
+
+    def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
+        """Per-record scores and truth of the attack's binary decisions (default: none).
+
+        Keyed by decision name (``"rated"``, ``"member"``); experiments turn each into a
+        ROC curve, AUC, TPR at 1 % and 0.1 % FPR and, under DP, an empirical epsilon.
+        """
+        return {}
 
     def unsupported(self, reason: str) -> Reconstruction:
         return Reconstruction(self.name, self.party, {}, supported=False, reason=reason)
