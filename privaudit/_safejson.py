@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["JSONLimitError", "loads", "load_file", "DEFAULT_MAX_DEPTH"]
+__all__ = ["JSONLimitError", "loads", "load_file", "DEFAULT_MAX_DEPTH", "RESULTS_MAX_BYTES"]
 
 DEFAULT_MAX_DEPTH = 64
+RESULTS_MAX_BYTES = 256 * 1024**2  # results.json / audit.json read back by `privaudit report`
 
 # a JSON string literal (escapes included); brackets and commas inside strings are not structure
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)

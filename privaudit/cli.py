@@ -39,6 +39,26 @@ def command(name: str, help: str):
     return decorator
 
 
+def _byte_size(text: str) -> int:
+    """``--max-bytes`` value: an integer number of bytes, optionally with K, M, G or T (binary)."""
+    units = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in units else ""
+    number = t[: len(t) - len(unit)]
+    if not number.isdigit() or int(number) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive byte count like 512M or 2G, got {text!r}")
+    return int(number) * units[unit]
+
+
+def _max_bytes_arg(p: argparse.ArgumentParser) -> None:
+    """The one ``--max-bytes`` option of every command that loads a transcript."""
+    p.add_argument(
+        "--max-bytes", type=_byte_size, default=None, metavar="N[K|M|G]",
+        help="byte budget for loading a transcript: members' total uncompressed size; member count and manifest "
+        "limits scale with it (default 512M)",
+    )
+
+
 def _human_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -79,25 +99,26 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _inspect_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="transcript file (.ptx)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--max-bytes", type=int, default=None, help="refuse archives larger than this uncompressed (default 4 GiB)")
+    _max_bytes_arg(p)
 
 
 @command("inspect", "summarize a transcript: parties, rounds, message kinds, bytes, private data")(_inspect_args)
 def cmd_inspect(args: argparse.Namespace) -> int:
     from privaudit import transcript as tr
+    from privaudit._escape import printable as esc
 
     kwargs = {} if args.max_bytes is None else {"max_bytes": args.max_bytes}
     t = tr.load(args.file, **kwargs)
     s = tr.summarize(t)
-    if args.json:
+    if args.json:  # json.dumps escapes control characters itself
         print(json.dumps(s, indent=2, default=str))
         return 0
-    ds = s["dataset"]
-    print(f"transcript  {args.file}")
-    print(f"protocol    {s['protocol']}   seed {s['seed']}")
+    ds = s["dataset"]  # every string from the file is printed escaped: no ANSI escape or newline acts
+    print(f"transcript  {esc(args.file)}")
+    print(f"protocol    {esc(s['protocol'])}   seed {s['seed']}")
     if ds:
-        print("dataset     " + ", ".join(f"{k}={v}" for k, v in ds.items()))
-    others = ", ".join(s["other_parties"])
+        print("dataset     " + esc(", ".join(f"{k}={v}" for k, v in ds.items())))
+    others = esc(", ".join(s["other_parties"]))
     print(f"parties     {s['parties']} ({s['clients']} clients{'; ' + others if others else ''})")
     if s["rounds"]:
         print(f"rounds      {s['rounds'][0]}..{s['rounds'][1]}")
@@ -105,7 +126,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"private     {'included' if s['private_included'] else 'not included'}")
     print("kinds:")
     for kind, e in sorted(s["kinds"].items()):
-        print(f"  {kind:<20} {e['messages']:>8} messages  {_human_bytes(e['bytes']):>10}")
+        print(f"  {esc(kind):<20} {e['messages']:>8} messages  {_human_bytes(e['bytes']):>10}")
     return 0
 
 
@@ -153,6 +174,7 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS|local:N", help="run the points on a Dask cluster (scheduler address, or local:N workers)")
     p.add_argument("--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-<sweep>/)")
     p.add_argument("--quiet", action="store_true", help="do not print the table")
+    _max_bytes_arg(p)
 
 
 _SIMULATION_ONLY = ("noise", "scales", "defense", "sweep", "set", "users", "seeds", "scheduler")
@@ -169,10 +191,12 @@ def cmd_attack(args: argparse.Namespace) -> int:
             given += ["--data"] if args.data != "synthetic" else []
         if given:
             raise PrivauditError(f"--transcript cannot be combined with {', '.join(given)}")
-        results = experiment.attack_transcript(args.transcript, args.attack)
+        results = experiment.attack_transcript(args.transcript, args.attack, max_bytes=args.max_bytes)
     else:
         if not args.protocol:
             raise PrivauditError("give --protocol P (or --transcript FILE)")
+        if args.max_bytes is not None:
+            raise PrivauditError("--max-bytes applies to --transcript only")
         exp = experiment.build_experiment(
             args.protocol, args.attack, args.noise, args.scales, args.defense, args.sweep, args.set,
             args.data, args.users,
@@ -279,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except PrivauditError as exc:
-        print(f"privaudit: error: {exc}", file=sys.stderr)
+        from privaudit._escape import printable
+
+        print(f"privaudit: error: {printable(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("privaudit: interrupted", file=sys.stderr)

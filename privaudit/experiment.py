@@ -60,6 +60,7 @@ from privaudit import __version__
 from privaudit import registry
 from privaudit.errors import PrivauditError
 from privaudit.params import coerce, parse_spec
+from privaudit.schema import validate as validate_transcript
 
 #: Default noise scales of ``--noise KIND`` (DESIGN.md "Experiments and reports").
 DEFAULT_NOISE_SCALES: tuple[float, ...] = (0.0, 1e-4, 1e-3, 1e-2, 1e-1, 0.5, 1.0)
@@ -797,9 +798,14 @@ def attack_transcript(
     transcript: Any,
     attack: str | None = None,
     progress: bool | None = None,
+    max_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Attack one transcript (a :class:`~privaudit.transcript.Transcript` or a ``.ptx`` path)
     -> results dict with a single point (``"value": null``, no utility).
+
+    The transcript is checked against its protocol's declared schema (:mod:`privaudit.schema`)
+    before the attack sees it; ``max_bytes`` is the loading budget (default
+    :data:`~privaudit.transcript.DEFAULT_MAX_BYTES`).
 
     ``attack`` is ``NAME[:k=v,...]``; default: the protocol's ``default_attack``. The attack's
     random stream is that of point (``transcript.seed``, 0) of an experiment.
@@ -811,8 +817,9 @@ def attack_transcript(
         path = Path(transcript)
         if not path.exists():
             raise PrivauditError(f"{path}: no such transcript file")
-        transcript = tr.load(path)
+        transcript = tr.load(path, **({} if max_bytes is None else {"max_bytes": max_bytes}))
     protocol_cls = registry.get("protocol", transcript.protocol)
+    validate_transcript(transcript)
     name, params = parse_spec(attack, "--attack") if attack else (None, {})
     attack_cls = _resolve_attack(protocol_cls, name)
     attack_params = attack_cls(**params).config

@@ -18,6 +18,7 @@ from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.data.dataset import RatingsDataset
 from privaudit.defenses.base import Defense, UploadBatch
 from privaudit.protocols.base import Channel, Protocol, RunResult
+from privaudit.schema import MessageSchema, PayloadField, ProtocolSchema
 from privaudit.transcript import Transcript
 
 
@@ -46,6 +47,14 @@ class DummyProtocol(Protocol):
     description = "test protocol: clients upload +-signal per secret bit"
     default_config = {"p": 4, "rounds": 2, "signal": 1.0}
     default_attack = "dummy-attack"
+    schema = ProtocolSchema(
+        config_keys=("p",),
+        dims={"p": "p"},
+        messages=(
+            MessageSchema("private", "client", "self", (PayloadField("bits", "float", ("p",), value_range=(0, 1)),)),
+            MessageSchema("upload", "client", "server", (PayloadField("values", "float", ("p",)),), upload=True, required=True),
+        ),
+    )
 
     @classmethod
     def validate_config(cls, config):

@@ -67,6 +67,7 @@ from privaudit.metrics import ranking_metrics_at_k
 from privaudit.models import mvmf
 from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
+from privaudit import schema as transcript_schema
 
 #: Config keys the protocol fills in itself (ignored if passed in).
 DERIVED_KEYS = ("n_items", "n_users", "attribute_names", "rating_min", "rating_max", "rating_step", "defenses", "seed")
@@ -122,6 +123,7 @@ class FedMVMF(Protocol):
     """Federated MVMF with clients, an FL server and an item server (module docstring)."""
 
     description = "Federated multi-view matrix factorization (FedMVMF, privmvmf.txt §3): SemiALS/SGD x ObsOnly/InclUnc"
+    schema = transcript_schema.FEDMVMF  # declared message kinds, checked before any attack
     default_attack = "mvmf-analytic"
     derived_keys = DERIVED_KEYS
     default_config: dict[str, Any] = {

@@ -85,6 +85,7 @@ from privaudit.metrics import hit_ratio_at_k, ndcg_at_k_loo
 from privaudit.models import ncf
 from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
+from privaudit import schema as transcript_schema
 
 DERIVED_KEYS = ("n_items", "n_users", "defenses", "seed")
 AGGREGATIONS = ("mf-fedavg", "fedavg", "simpleavg")
@@ -158,6 +159,7 @@ class FedNCF(Protocol):
     """Federated GMF / MLP / NeuMF with MF-FedAvg, FedAvg or SimpleAvg (module docstring)."""
 
     description = "Federated neural collaborative filtering (FedNCF, fedncf.txt): GMF/MLP/NeuMF, MF-FedAvg"
+    schema = transcript_schema.FEDNCF  # declared message kinds, checked before any attack
     default_attack = "ncf-update-leak"
     main_utility = "hr@10"  # the paper's headline metric (Tables 5, 6)
     derived_keys = DERIVED_KEYS

@@ -61,6 +61,7 @@ from privaudit.errors import PrivauditError
 from privaudit.metrics import map_at_k, mean_rank, rmse
 from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
+from privaudit import schema as transcript_schema
 
 __all__ = [
     "FedProto",
@@ -203,6 +204,7 @@ def recommendation_metrics(scores: np.ndarray, train: sp.csr_matrix, test: sp.cs
 @register_protocol("fedproto")
 class FedProto(Protocol):
     description = "Cross-silo federated NMF from k (DP) prototypes per silo, two rounds"
+    schema = transcript_schema.FEDPROTO  # declared message kinds, checked before any attack
     default_attack = "proto-membership"
     derived_keys = DERIVED_KEYS
     attacker = "server"

@@ -80,6 +80,7 @@ from privaudit.errors import PrivauditError
 from privaudit.models import pmf
 from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
+from privaudit import schema as transcript_schema
 
 MODELS = ("pmf-batch", "pmf-sgd", "svdpp-sgd")
 DERIVED_KEYS = (
@@ -121,6 +122,7 @@ class FedRec(Protocol):
     """Federated PMF(B), PMF(S), SVD++(S) with user-average / hybrid filling (module docstring)."""
 
     description = "FedRec (fedrec.txt): federated PMF batch/stochastic and SVD++ with UA/HF virtual ratings"
+    schema = transcript_schema.FEDREC  # declared message kinds, checked before any attack
     default_attack = "fedrec-rated-items"
     derived_keys = DERIVED_KEYS
     default_config: dict[str, Any] = {

@@ -65,6 +65,7 @@ from privaudit.metrics import mean_ci95
 from privaudit.models.cnmf import CNMF, block_columns, observed
 from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
+from privaudit import schema as transcript_schema
 
 __all__ = ["FedSPLIT", "cnmf_from_config"]
 
@@ -103,6 +104,7 @@ def _group_rmse(group: np.ndarray, err2: np.ndarray, n_groups: int) -> np.ndarra
 @register_protocol("fedsplit")
 class FedSPLIT(Protocol):
     description = "One-shot federated NMF: local CNMF per group, joint NMF of the item factors, distillation"
+    schema = transcript_schema.FEDSPLIT  # declared message kinds, checked before any attack
     default_attack = "fedsplit-inference"
     derived_keys = DERIVED_KEYS
     attacker = "server"

@@ -39,6 +39,7 @@ from privaudit.defenses.base import Defense
 from privaudit.protocols.base import RunResult
 from privaudit.protocols.fedmvmf import FedMVMF
 from privaudit.registry import get, register_protocol
+from privaudit import schema as transcript_schema
 
 
 #: sampling distribution of the default ``sampling`` defense (the defense's own default, the
@@ -73,6 +74,7 @@ class PrivMVMF(FedMVMF):
     """FedMVMF (SemiALS) with Paillier-encrypted uploads, decrypting clients and unrated-item sampling."""
 
     description = "PrivMVMF (privmvmf.txt §5): FedMVMF SemiALS + paillier encryption + unrated-item sampling"
+    schema = transcript_schema.PRIVMVMF  # declared message kinds, checked before any attack
     default_attack = "mvmf-aggregate"
     default_config = dict(FedMVMF.default_config)
     config_help = dict(FedMVMF.config_help)

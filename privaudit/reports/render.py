@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from privaudit import _safejson
 from privaudit.errors import PrivauditError
 from privaudit.reports import figures
 
@@ -62,9 +63,9 @@ def read_results(path: Path) -> dict[str, Any]:
         path = path / RESULTS_JSON
     if not path.is_file():
         raise PrivauditError(f"{path}: no such results file (run `privaudit attack ... --out DIR` first)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    try:  # bounded: size and nesting depth checked before parsing (no RecursionError on hostile files)
+        data = _safejson.load_file(path, max_bytes=_safejson.RESULTS_MAX_BYTES)
+    except _safejson.JSONLimitError as exc:
         raise PrivauditError(f"{path}: not a valid results.json ({exc})") from None
     if not isinstance(data, dict):
         raise PrivauditError(f"{path}: not a results.json (expected a JSON object)")

@@ -1,0 +1,521 @@
+"""Declared message schemas: what a transcript of a protocol may hold, checked before any attack.
+
+A protocol class carries ``schema = ProtocolSchema(...)``: the config keys every party knows,
+named dimensions taken from that config (``m`` = ``n_items``, ``K``, ...), and one
+:class:`MessageSchema` per message kind (who sends it to whom, and its payload arrays as
+:class:`PayloadField`: dtype class, shape in named dimensions, id ranges, uniqueness, finiteness,
+value ranges). :func:`validate` checks a transcript against the schema of the protocol it names
+and raises a one-line :class:`~privaudit.errors.TranscriptError` at the first violation, so an
+attack never reads an array the schema did not admit.
+
+Shape entries are an ``int`` (that exact length), a dimension name (resolved from the config,
+or, when the schema does not define it, bound by its first use and then equal in every message:
+``D``, the embedding width, is such a name), a name starting with ``@`` (bound per message:
+``("@r",)`` for ``items`` and ``("@r", "K")`` for ``values`` means one row per item), or
+``None`` (any length).
+
+Defenses that replace payloads are admitted only when the transcript's config lists them:
+``secagg`` uploads (meta ``masked``) hold unsigned ring elements instead of floats, ``paillier``
+uploads (meta ``encrypted``) hold ``uint8`` ciphertexts and keep their ids, and paillier adds the
+key, ciphertext-sum and plaintext-sum kinds declared in :data:`DEFENSE_MESSAGES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from privaudit._escape import printable
+from privaudit.errors import TranscriptError
+
+__all__ = [
+    "PayloadField",
+    "MessageSchema",
+    "ProtocolSchema",
+    "DEFENSE_MESSAGES",
+    "validate",
+    "schema_of",
+]
+
+_MAX_DIM = 2**31 - 1
+_DTYPES = {
+    "int": "iu",  # integer ids and counts (signed or unsigned)
+    "float": "f",
+    "number": "biuf",
+    "uint": "u",
+    "uint8": "u",
+    "bool": "b",
+}
+
+
+@dataclass(frozen=True)
+class PayloadField:
+    """One named array of a message.
+
+    Parameters
+    ----------
+    name : str
+        Payload key.
+    dtype : {"int", "float", "number", "uint", "uint8", "bool"}
+        Allowed dtype class (``uint8``: exactly unsigned 8-bit, e.g. Paillier ciphertext bytes).
+    shape : tuple
+        One entry per axis: int, dimension name, ``@name`` (per message) or None (any).
+    ids : str or None
+        Values are ids in ``[0, dims[ids])`` (an integer dtype is required).
+    unique : bool
+        With ``ids``: no id repeats within the array.
+    finite : bool
+        Float values must be finite (no NaN/Inf).
+    value_range : (str or float, str or float) or None
+        Inclusive bounds; a string is a config key (``("rating_min", "rating_max")``).
+    optional : bool
+        The message may leave this array out.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple = ()
+    ids: str | None = None
+    unique: bool = False
+    finite: bool = True
+    value_range: tuple | None = None
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class MessageSchema:
+    """A message kind: sender and receiver roles and payload fields.
+
+    Roles are a party id's prefix before ``:`` (``client``, ``server``, ``item-server``,
+    ``decryptor``); receiver ``"self"`` means the sender itself (``private``/``state``).
+    ``upload=True`` marks messages that pass through the defenses' channel (they may be
+    masked or encrypted when such a defense is configured). ``required=True``: a transcript of
+    this protocol holds at least one message of the kind.
+    """
+
+    kind: str
+    sender: str
+    receiver: str
+    fields: tuple[PayloadField, ...] = ()
+    upload: bool = False
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class ProtocolSchema:
+    """Everything a protocol's transcript may hold.
+
+    Parameters
+    ----------
+    config_keys : tuple of str
+        Keys the public config must hold.
+    dims : mapping
+        Dimension name -> config key, or a callable ``(config, dataset) -> int``.
+    messages : tuple of MessageSchema
+        Every admitted kind (a kind may appear in several entries, e.g. per role pair).
+    """
+
+    config_keys: tuple[str, ...] = ()
+    dims: Mapping[str, str | Callable[[Mapping, Mapping], Any]] = field(default_factory=dict)
+    messages: tuple[MessageSchema, ...] = ()
+
+
+# Kinds the paillier defense adds (key distribution, sums sent to and from the decryptors) and
+# the key holder's private key material.
+DEFENSE_MESSAGES: dict[str, tuple[MessageSchema, ...]] = {
+    "paillier": (
+        MessageSchema("private", "client", "self", (PayloadField("paillier_p", "uint8", (None,)), PayloadField("paillier_q", "uint8", (None,)))),
+        MessageSchema("public_key", "client", "server", (PayloadField("n", "uint8", (None,)),)),
+        MessageSchema("secret_key", "client", "decryptor"),
+        MessageSchema(
+            "ciphertext_sum",
+            "server",
+            "decryptor",
+            (
+                PayloadField("ciphertexts", "uint8", (None, None, None)),
+                PayloadField("items", "int", ("@r",), ids="m", unique=True, optional=True),
+                PayloadField("index", "int", (None,), optional=True),
+            ),
+        ),
+        MessageSchema(
+            "plaintext_sum",
+            "decryptor",
+            "server",
+            (
+                PayloadField("values", "float", (None, None)),
+                PayloadField("items", "int", ("@r",), ids="m", unique=True, optional=True),
+                PayloadField("counts", "int", ("@r",), optional=True),
+                PayloadField("index", "int", (None,), optional=True),
+            ),
+        ),
+    ),
+}
+
+
+def _role(party: str) -> str:
+    return party.split(":", 1)[0]
+
+
+def _fail(text: str) -> TranscriptError:
+    return TranscriptError(printable(text))
+
+
+def schema_of(protocol: str) -> ProtocolSchema:
+    """The schema declared by the registered protocol ``protocol`` (one line if none)."""
+    from privaudit import registry
+
+    cls = registry.get("protocol", protocol)
+    schema = getattr(cls, "schema", None)
+    if not isinstance(schema, ProtocolSchema):
+        raise _fail(f"protocol {protocol!r} declares no transcript schema, so its transcripts cannot be checked (refused)")
+    return schema
+
+
+def _defense_names(config: Mapping) -> set[str]:
+    names = set()
+    for d in config.get("defenses", []) or []:
+        if isinstance(d, str):
+            names.add(d.split(":", 1)[0])
+        elif isinstance(d, Mapping) and isinstance(d.get("name"), str):
+            names.add(d["name"])
+    return names
+
+
+def _resolve_dims(schema: ProtocolSchema, config: Mapping, dataset: Mapping, protocol: str) -> dict[str, int]:
+    for key in schema.config_keys:
+        if key not in config:
+            raise _fail(f"transcript config lacks {key!r}, which every {protocol} transcript holds (wrong protocol label?)")
+    dims = {}
+    for name, source in schema.dims.items():
+        try:
+            value = source(config, dataset) if callable(source) else config[source]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise _fail(f"transcript config cannot give dimension {name!r} of the {protocol} schema") from None
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 < int(value) <= _MAX_DIM:
+            raise _fail(f"transcript config gives dimension {name!r} = {value!r} (a positive integer is required)")
+        dims[name] = int(value)
+    return dims
+
+
+def _bound(value: Any, config: Mapping, what: str) -> float:
+    if isinstance(value, str):
+        v = config.get(value)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _fail(f"transcript config lacks a number {value!r} needed to check {what}")
+        return float(v)
+    return float(value)
+
+
+class _Checker:
+    def __init__(self, schema: ProtocolSchema, transcript: Any):
+        self.protocol = transcript.protocol
+        self.config = transcript.config
+        self.dims = _resolve_dims(schema, transcript.config, transcript.dataset, transcript.protocol)
+        self.free: dict[str, tuple[int, str]] = {}  # transcript-wide dimensions bound by first use
+        defenses = _defense_names(transcript.config)
+        self.masked_ok = "secagg" in defenses
+        self.encrypted_ok = "paillier" in defenses
+        entries = list(schema.messages)
+        for name in sorted(defenses):
+            entries += DEFENSE_MESSAGES.get(name, ())
+        self.by_kind: dict[str, list[MessageSchema]] = {}
+        for e in entries:
+            self.by_kind.setdefault(e.kind, []).append(e)
+        self.required = {e.kind for e in schema.messages if e.required}
+        self.parties = set(transcript.parties)
+
+    # -------------------------------------------------------------------------------------
+    def _dim(self, entry: Any, local: dict[str, int], length: int, where: str, axis: int) -> None:
+        if entry is None:
+            return
+        if isinstance(entry, int):
+            expected = entry
+        elif entry.startswith("@"):
+            expected = local.setdefault(entry, length)
+        elif entry in self.dims:
+            expected = self.dims[entry]
+        else:
+            expected, first = self.free.setdefault(entry, (length, where))
+            if expected != length:
+                raise _fail(f"{where}: axis {axis} has length {length}, but {entry} = {expected} elsewhere ({first})")
+            return
+        if expected != length:
+            raise _fail(f"{where}: axis {axis} has length {length}, expected {entry} = {expected}")
+
+    def _field(self, f: PayloadField, arr: Any, local: dict[str, int], where: str) -> None:
+        if not isinstance(arr, np.ndarray):
+            raise _fail(f"{where}: not an array")
+        kinds = _DTYPES[f.dtype]
+        if arr.dtype.kind not in kinds or (f.dtype == "uint8" and arr.dtype.itemsize != 1):
+            raise _fail(f"{where}: dtype {arr.dtype} is not {f.dtype}")
+        if arr.ndim != len(f.shape):
+            raise _fail(f"{where}: {arr.ndim} axes {list(arr.shape)}, expected {len(f.shape)} {list(f.shape)}")
+        for axis, (entry, length) in enumerate(zip(f.shape, arr.shape)):
+            self._dim(entry, local, int(length), where, axis)
+        if arr.dtype.kind == "f" and f.finite and arr.size and not np.isfinite(arr).all():
+            raise _fail(f"{where}: holds NaN or infinite values")
+        if f.ids is not None and arr.size:
+            bound = self.dims[f.ids] if f.ids in self.dims else local.get(f.ids)
+            if bound is None:
+                raise _fail(f"{where}: the schema's id bound {f.ids!r} is unknown")
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < 0 or hi >= bound:
+                bad = lo if lo < 0 else hi
+                raise _fail(f"{where}: id {bad} is outside [0, {bound}) ({f.ids})")
+            if f.unique and np.unique(arr).size != arr.size:
+                raise _fail(f"{where}: an id repeats within the message")
+        if f.value_range is not None and arr.size:
+            lo = _bound(f.value_range[0], self.config, where)
+            hi = _bound(f.value_range[1], self.config, where)
+            if float(arr.min()) < lo or float(arr.max()) > hi:
+                raise _fail(f"{where}: values outside [{lo:g}, {hi:g}]")
+
+    def _match(self, e: MessageSchema, m: Any, where: str) -> None:
+        fields = {f.name: f for f in e.fields}
+        extra = sorted(set(m.payload) - set(fields))
+        if extra:
+            raise _fail(f"{where}: payload {extra[0]!r} is not part of a {self.protocol} {m.kind!r} message")
+        missing = [f.name for f in e.fields if not f.optional and f.name not in m.payload]
+        if missing:
+            raise _fail(f"{where}: payload {missing[0]!r} is missing")
+        local: dict[str, int] = {}
+        for f in e.fields:  # declaration order: a per-message id bound is bound before it is used
+            if f.name in m.payload:
+                self._field(f, m.payload[f.name], local, f"{where} payload {f.name!r}")
+
+    def _match_masked(self, e: MessageSchema, m: Any, where: str) -> None:
+        """secagg uploads: ring elements (unsigned) in the plain layout or the dense (values, P) one."""
+        names = {f.name for f in e.fields}
+        extra = sorted(set(m.payload) - names - {"P"})
+        if extra:
+            raise _fail(f"{where}: masked payload {extra[0]!r} is not part of a {self.protocol} {m.kind!r} message")
+        for name, arr in m.payload.items():
+            if not isinstance(arr, np.ndarray) or arr.dtype.kind != "u" or arr.ndim > 3:
+                raise _fail(f"{where} payload {name!r}: a masked upload must hold unsigned ring elements")
+        if "P" in m.payload:
+            values = m.payload.get("values")
+            ids = next((f for f in e.fields if f.ids is not None), None)
+            rows = self.dims.get(ids.ids) if ids is not None else None
+            if values is None or m.payload["P"].shape != (values.shape[0],) or (rows is not None and values.shape[0] != rows):
+                raise _fail(f"{where}: masked dense upload has inconsistent rows")
+
+    def _match_encrypted(self, e: MessageSchema, m: Any, where: str) -> None:
+        """paillier uploads: ``ciphertexts`` bytes; id fields kept in the clear and checked."""
+        fields = {f.name: f for f in e.fields}
+        local: dict[str, int] = {}
+        for name, arr in m.payload.items():
+            if name == "ciphertexts":
+                if not isinstance(arr, np.ndarray) or arr.dtype != np.uint8 or not 1 <= arr.ndim <= 3:
+                    raise _fail(f"{where} payload 'ciphertexts': must be a uint8 array of 1 to 3 axes")
+                continue
+            f = fields.get(name)
+            if f is None or f.ids is None:
+                raise _fail(f"{where}: encrypted upload carries plaintext payload {name!r}")
+            self._field(f, arr, local, f"{where} payload {name!r}")
+        if "ciphertexts" not in m.payload:
+            raise _fail(f"{where}: encrypted upload without ciphertexts")
+
+    def message(self, i: int, m: Any) -> None:
+        where = f"message {i} (seq {m.seq}, {m.kind!r} from {m.sender!r})"
+        if m.round < 0:
+            raise _fail(f"{where}: negative round {m.round}")
+        if self.parties and (m.sender not in self.parties or m.receiver not in self.parties):
+            raise _fail(f"{where}: sender or receiver {m.receiver!r} is not a party of the transcript")
+        candidates = self.by_kind.get(m.kind)
+        if not candidates:
+            raise _fail(f"{where}: kind {m.kind!r} is not a {self.protocol} message kind (wrong protocol label?)")
+        roles = [
+            e for e in candidates
+            if _role(m.sender) == e.sender and (m.receiver == m.sender if e.receiver == "self" else _role(m.receiver) == e.receiver)
+        ]
+        if not roles:
+            raise _fail(f"{where}: a {self.protocol} {m.kind!r} message does not go from {m.sender!r} to {m.receiver!r}")
+        masked = bool(m.meta.get("masked")) if isinstance(m.meta, Mapping) else False
+        encrypted = bool(m.meta.get("encrypted")) if isinstance(m.meta, Mapping) else False
+        error = None
+        for e in roles:
+            try:
+                if e.upload and masked:
+                    if not self.masked_ok:
+                        raise _fail(f"{where}: masked upload, but the config lists no secagg defense")
+                    self._match_masked(e, m, where)
+                elif e.upload and encrypted:
+                    if not self.encrypted_ok:
+                        raise _fail(f"{where}: encrypted upload, but the config lists no paillier defense")
+                    self._match_encrypted(e, m, where)
+                else:
+                    self._match(e, m, where)
+                return
+            except TranscriptError as exc:
+                error = error or exc
+        raise error
+
+
+def validate(transcript: Any, schema: ProtocolSchema | None = None) -> None:
+    """Check ``transcript`` against ``schema`` (default: its protocol's declared schema).
+
+    Raises
+    ------
+    TranscriptError
+        One line naming the message, the payload and the violation: unknown protocol, missing
+        config key, unknown kind, wrong sender/receiver, unexpected or missing payload, wrong
+        dtype, shape or dimension (K, rows vs items), id outside its range or repeated, NaN/Inf,
+        value outside its range, or a required kind absent.
+    """
+    if schema is None:
+        schema = schema_of(transcript.protocol)
+    checker = _Checker(schema, transcript)
+    seen = set()
+    for i, m in enumerate(transcript.messages):
+        checker.message(i, m)
+        seen.add(m.kind)
+    missing = sorted(checker.required - seen)
+    if missing:
+        raise _fail(f"transcript holds no {missing[0]!r} message, which every {transcript.protocol} transcript has (wrong protocol label?)")
+
+
+def _seq(*fields: PayloadField) -> tuple[PayloadField, ...]:
+    return tuple(fields)
+
+
+def messages(*entries: MessageSchema) -> tuple[MessageSchema, ...]:
+    """Convenience for schema declarations: a tuple of message schemas."""
+    return tuple(entries)
+
+
+def _n_attributes(config: Mapping, dataset: Mapping) -> int:
+    names = config["attribute_names"]
+    if not isinstance(names, Sequence) or isinstance(names, str):
+        raise TypeError("attribute_names")
+    return len(names)
+
+
+# ------------------------------------------------------------------------------------------
+# The built-in protocols' schemas (attached to each protocol class as ``schema``).
+
+_ITEMS = PayloadField("items", "int", ("@r",), ids="m", unique=True)
+_RATINGS = PayloadField("ratings", "float", ("@r",), value_range=("rating_min", "rating_max"))
+_GRAD_ROWS = (_ITEMS, PayloadField("values", "float", ("@r", "K")))
+
+FEDMVMF = ProtocolSchema(
+    config_keys=("K", "n_items", "attribute_names", "alpha", "lam", "update", "unrated", "rating_min", "rating_max"),
+    dims={"m": "n_items", "K": "K", "p": _n_attributes},
+    messages=messages(
+        MessageSchema(
+            "private", "client", "self",
+            (_ITEMS, _RATINGS, PayloadField("attributes", "float", ("p",), value_range=(0.0, 1.0))),
+        ),
+        MessageSchema(
+            "state", "server", "self",
+            (PayloadField("V", "float", ("m", "K")), PayloadField("P", "float", ("p", "K"))),
+            required=True,
+        ),
+        MessageSchema("grad_V", "client", "server", _GRAD_ROWS, upload=True, required=True),
+        MessageSchema("grad_P", "client", "server", (PayloadField("values", "float", ("p", "K")),), upload=True),
+        MessageSchema("grad_V_item", "item-server", "server", (PayloadField("values", "float", ("m", "K")),)),
+    ),
+)
+
+_GROUP_PRIVATE = (
+    PayloadField("user_ids", "int", ("@n",), ids="users", unique=True),
+    PayloadField("users", "int", ("@r",), ids="@n"),
+    PayloadField("items", "int", ("@r",), ids="m"),
+    _RATINGS,
+    PayloadField("n_users", "int", ()),
+)
+
+FEDSPLIT = ProtocolSchema(
+    config_keys=("K", "k", "n_items", "rating_min", "rating_max", "global_mean"),
+    dims={"m": "n_items", "users": lambda c, d: d["users"]},
+    messages=messages(
+        MessageSchema("private", "client", "self", _GROUP_PRIVATE),
+        MessageSchema(
+            "mean", "client", "server", (PayloadField("sum", "float", ()), PayloadField("count", "number", ())), upload=True
+        ),
+        MessageSchema("global_mean", "server", "client", (PayloadField("mu", "float", ()),)),
+        MessageSchema(
+            "H", "client", "server",
+            (PayloadField("H_T", "float", ("m", "@k")), PayloadField("b_H", "float", ("m",))),
+            upload=True,
+            required=True,
+        ),
+        MessageSchema(
+            "state", "server", "self",
+            (
+                PayloadField("X", "float", ("m", "@c")),
+                PayloadField("W_global", "float", ("m", "K_joint")),
+                PayloadField("H_global", "float", ("K_joint", "@c")),
+                PayloadField("b_H_global", "float", ("m",)),
+                PayloadField("mu_global", "float", ()),
+                PayloadField("offsets", "int", (None,)),
+            ),
+        ),
+        MessageSchema(
+            "M", "server", "client",
+            (
+                PayloadField("M", "float", ("K_joint", "@k")),
+                PayloadField("W_global", "float", ("m", "K_joint")),
+                PayloadField("b_H_global", "float", ("m",)),
+            ),
+        ),
+    ),
+)
+
+FEDNCF = ProtocolSchema(
+    config_keys=("D", "model", "layers", "n_items", "n_users", "aggregation", "selection"),
+    dims={"m": "n_items", "n": "n_users"},
+    messages=messages(
+        MessageSchema(
+            "private", "client", "self",
+            (PayloadField("items", "int", ("@r",), ids="m", unique=True), PayloadField("test_item", "int", (1,), ids="m")),
+        ),
+        MessageSchema("cohort", "server", "self", (PayloadField("clients", "int", ("@k",), ids="n", unique=True),)),
+        MessageSchema(
+            "state", "server", "self",
+            (PayloadField("items", "float", ("m", "D_total")), PayloadField("network", "float", ("n_weights",))),
+        ),
+        MessageSchema(
+            "item_update", "client", "server",
+            (_ITEMS, PayloadField("values", "float", ("@r", "D_total"))),
+            upload=True,
+            required=True,
+        ),
+        MessageSchema(
+            "net_update", "client", "server",
+            (PayloadField("delta", "float", ("n_weights",)), PayloadField("n_instances", "float", (1,))),
+            upload=True,
+        ),
+        MessageSchema("aggregate", "server", "self", (PayloadField("counts", "int", ("m",)),)),
+    ),
+)
+
+FEDPROTO = ProtocolSchema(
+    config_keys=("k", "latent_dim", "n_items", "rating_min", "rating_max", "prototypes"),
+    dims={"m": "n_items", "K": "latent_dim", "users": lambda c, d: d["users"]},
+    messages=messages(
+        MessageSchema("private", "client", "self", _GROUP_PRIVATE),
+        MessageSchema(
+            "prototypes", "client", "server", (PayloadField("prototypes", "float", ("@k", "m")),), upload=True, required=True
+        ),
+        MessageSchema("state", "server", "self", (PayloadField("P", "float", (None, "m")), PayloadField("V", "float", ("m", "K")))),
+        MessageSchema("model", "server", "client", (PayloadField("V", "float", ("m", "K")),)),
+    ),
+)
+
+FEDREC = ProtocolSchema(
+    config_keys=("d", "model", "n_items", "n_users", "rating_min", "rating_max", "federated"),
+    dims={"m": "n_items", "K": "d"},
+    messages=messages(
+        MessageSchema("private", "client", "self", (_ITEMS, _RATINGS)),
+        MessageSchema(
+            "state", "server", "self",
+            (PayloadField("V", "float", ("m", "K")), PayloadField("W", "float", ("m", "K"), optional=True)),
+        ),
+        MessageSchema("grad_V", "client", "server", _GRAD_ROWS, upload=True, required=True),
+        MessageSchema("grad_W", "client", "server", _GRAD_ROWS, upload=True),
+    ),
+)
+
+PRIVMVMF = FEDMVMF
