@@ -73,6 +73,9 @@ def loads(
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise JSONLimitError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    depth = _depth(_STRING.sub(b"", data).translate(None, _STRUCTURE))
+    if depth > max_depth:
+        raise JSONLimitError(f"nested {depth} levels deep, more than the limit of {max_depth}")
     bare = _STRING.sub(b'""', data)
     containers = bare.count(b"{") + bare.count(b"[")
     if max_containers is not None and containers > max_containers:
@@ -82,9 +85,6 @@ def loads(
         if values > max_values:
             raise JSONLimitError(f"about {values} values, more than the limit of {max_values}")
     del bare
-    depth = _depth(_STRING.sub(b"", data).translate(None, _STRUCTURE))
-    if depth > max_depth:
-        raise JSONLimitError(f"nested {depth} levels deep, more than the limit of {max_depth}")
     try:
         return json.loads(text)
     except RecursionError:  # pragma: no cover - the depth check above runs first

@@ -1,0 +1,396 @@
+"""Hostile and malformed inputs to `privaudit inspect`, `attack --transcript` and `report`.
+
+Each file is built directly with struct/zlib/zipfile (small on disk: a 3.5 GiB member is a
+3.6 MB deflate stream) and handed to ``python -m privaudit`` in a subprocess. For every file:
+exit code 2, exactly one line on stderr, nothing written (no report folder, no stray file
+beside the input), peak RSS of the child under 1 GB (``os.wait4``'s ``ru_maxrss``), and no
+score printed. The subprocesses run four at a time in one module fixture; the tests then
+assert on each outcome.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import warnings
+import zipfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from privaudit import transcript as tr
+
+ROOT = Path(__file__).resolve().parents[1]
+RSS_LIMIT = 1024**3  # 1 GB
+GiB = 1024**3
+
+# ------------------------------------------------------------------------------------ builders
+
+
+def npy_header(descr: str, shape: str, fortran: str = "False") -> bytes:
+    """A version 1.0 .npy header with the given literal ``descr`` and ``shape`` (no data)."""
+    text = "{'descr': %s, 'fortran_order': %s, 'shape': %s, }" % (descr, fortran, shape)
+    pad = 64 - (10 + len(text) + 1) % 64
+    text = text + " " * pad + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin1")
+
+
+def npy_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def deflate(data: bytes) -> bytes:
+    c = zlib.compressobj(6, zlib.DEFLATED, -15)
+    return c.compress(data) + c.flush()
+
+
+def repeated_deflate(head: bytes, chunk: bytes, times: int) -> bytes:
+    """Raw deflate of ``head + chunk * times`` without materialising it: after a full flush the
+    compressor forgets its history, so every chunk compresses to the same bytes."""
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    out = c.compress(head) + c.flush(zlib.Z_FULL_FLUSH)
+    block = c.compress(chunk) + c.flush(zlib.Z_FULL_FLUSH)
+    assert c.compress(chunk) + c.flush(zlib.Z_FULL_FLUSH) == block
+    return out + block * times + c.flush()
+
+
+def raw_zip(entries: list[dict], eocd_entries: int | None = None, zip64_entries: int | None = None) -> bytes:
+    """A ZIP archive from raw entries (fields: name, data (already compressed), usize, crc,
+    method, flags, local_name, ext_attr, create_system, zip64_usize)."""
+    out = io.BytesIO()
+    central = []
+    for e in entries:
+        name = e["name"].encode("utf-8")
+        local = e.get("local_name", e["name"]).encode("utf-8")
+        method, flags = e.get("method", 8), e.get("flags", 0x800)
+        crc, usize, data = e.get("crc", 0), e["usize"], e["data"]
+        offset = out.tell()
+        extra = b""
+        c_usize, c_csize = usize, len(data)
+        if "zip64_usize" in e:
+            extra = struct.pack("<HHQQ", 1, 16, e["zip64_usize"], len(data))
+            c_usize = c_csize = 0xFFFFFFFF
+        out.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, flags, method, 0, 0x21, crc, len(data),
+                              min(usize, 0xFFFFFFFF), len(local), 0) + local + data)
+        central.append(
+            struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, (e.get("create_system", 0) << 8) | 45, 45, flags, method,
+                        0, 0x21, crc, c_csize, min(c_usize, 0xFFFFFFFF), len(name), len(extra), 0, 0, 0,
+                        e.get("ext_attr", 0), offset) + name + extra
+        )
+    cd_start = out.tell()
+    for c in central:
+        out.write(c)
+    cd_size = out.tell() - cd_start
+    n = len(entries) if eocd_entries is None else eocd_entries
+    if zip64_entries is not None:
+        z64 = out.tell()
+        out.write(struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, zip64_entries, zip64_entries, cd_size, cd_start))
+        out.write(struct.pack("<IIQI", 0x07064B50, 0, z64, 1))
+        n = 0xFFFF
+    out.write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, min(n, 0xFFFF), min(n, 0xFFFF), cd_size, cd_start, 0))
+    return out.getvalue()
+
+
+def entry(name: str, payload: bytes, **kw) -> dict:
+    """A deflated member with a correct CRC (override any field with ``kw``)."""
+    e = {"name": name, "data": deflate(payload), "usize": len(payload), "crc": zlib.crc32(payload)}
+    e.update(kw)
+    return e
+
+
+def manifest(arrays: dict | None = None, **kw) -> bytes:
+    m = {
+        "format": "privaudit-transcript", "version": 1, "protocol": "fedmvmf", "config": {}, "seed": 0,
+        "dataset": {}, "parties": ["server"],
+        "messages": [{"seq": 0, "round": 0, "sender": "server", "receiver": "server", "kind": "state",
+                      "payload": {"V": "arrays/0.npy"}, "meta": {}}],
+    }
+    if arrays is not None:
+        m["arrays"] = arrays
+    m.update(kw)
+    return json.dumps(m).encode()
+
+
+GOOD_ARRAY = npy_bytes(np.ones((3, 2)))
+
+
+def archive(array_entry: dict | None = None, manifest_entry: dict | None = None, extra: list | None = None, **kw) -> bytes:
+    entries = [manifest_entry or entry("manifest.json", manifest()), array_entry or entry("arrays/0.npy", GOOD_ARRAY)]
+    return raw_zip(entries + (extra or []), **kw)
+
+
+def zero_bomb() -> bytes:
+    """3.5 GiB of float64 zeros (under the old 4 GiB cap) in a ~3.6 MB file."""
+    n = int(3.5 * GiB) // 8
+    head = npy_header("'<f8'", f"({n},)")
+    data = repeated_deflate(head, bytes(1 << 20), int(3.5 * 1024))
+    member = {"name": "arrays/0.npy", "data": data, "usize": len(head) + n * 8, "crc": 0,
+              "zip64_usize": len(head) + n * 8}
+    return raw_zip([entry("manifest.json", manifest()), member])
+
+
+def manifest_bomb(lie: bool = False) -> bytes:
+    """manifest.json inflating to 250 MiB of ``[{},{},...]`` in a ~255 KB file."""
+    head = b'{"format":"privaudit-transcript","version":1,"protocol":"fedmvmf","messages":[{}'
+    chunk = b",{}" * (1 << 18)
+    times = 250 * 2**20 // len(chunk)
+    data = repeated_deflate(head, chunk, times)
+    usize = len(head) + len(chunk) * times + 2
+    return raw_zip([{"name": "manifest.json", "data": data, "usize": 100 if lie else usize, "crc": 0},
+                    entry("arrays/0.npy", GOOD_ARRAY)])
+
+
+def deep_manifest(depth: int = 150_000) -> bytes:
+    text = b'{"format":"privaudit-transcript","version":1,"protocol":"fedmvmf","messages":[],"config":{"x":'
+    text += b"[" * depth + b"]" * depth + b"}}"
+    return archive(manifest_entry=entry("manifest.json", text))
+
+
+def with_corrupt_deflate() -> bytes:
+    e = entry("arrays/0.npy", GOOD_ARRAY)
+    e["data"] = b"\xff" * 8 + e["data"][8:]
+    return archive(e)
+
+
+def duplicated(path: Path, out: Path) -> None:
+    """Append a second copy of the private ratings of client:0 (changed) to a valid transcript."""
+    with zipfile.ZipFile(path) as zf:
+        m = json.loads(zf.read("manifest.json"))
+        member = next(msg["payload"]["ratings"] for msg in m["messages"] if msg["kind"] == "private")
+        ratings = np.load(io.BytesIO(zf.read(member)))
+    out.write_bytes(path.read_bytes())
+    with warnings.catch_warnings(), zipfile.ZipFile(out, "a") as zf:
+        warnings.simplefilter("ignore")
+        zf.writestr(member, npy_bytes(np.clip(6.0 - ratings, 1.0, 5.0)))
+
+
+# ------------------------------------------------------------------------------ schema cases
+
+
+def _mutate(t: tr.Transcript, kind: str, name: str, fn, index: int = 0) -> tr.Transcript:
+    msgs = [m for m in t.messages if m.kind == kind]
+    m = msgs[index]
+    m.payload = dict(m.payload)
+    m.payload[name] = fn(np.array(m.payload[name]))
+    return t
+
+
+def _add_payload(t: tr.Transcript, kind: str, name: str, value: np.ndarray) -> tr.Transcript:
+    m = next(m for m in t.messages if m.kind == kind)
+    m.payload = dict(m.payload, **{name: value})
+    return t
+
+
+def _drop_payload(t: tr.Transcript, kind: str, name: str) -> tr.Transcript:
+    m = next(m for m in t.messages if m.kind == kind)
+    m.payload = {k: v for k, v in m.payload.items() if k != name}
+    return t
+
+
+def _set(arr: np.ndarray, value) -> np.ndarray:
+    arr = arr.copy()
+    arr.flat[0] = value
+    return arr
+
+
+SCHEMA_CASES = {
+    "negative item id": (lambda t: _mutate(t, "grad_V", "items", lambda a: _set(a, -1)), "id -1 is outside"),
+    "item id 1e9": (lambda t: _mutate(t, "grad_V", "items", lambda a: _set(a, 10**9)), "id 1000000000 is outside"),
+    "private id out of range": (lambda t: _mutate(t, "private", "items", lambda a: _set(a, 10**6)), "is outside [0,"),
+    "repeated item id": (lambda t: _mutate(t, "grad_V", "items", lambda a: np.r_[a[:1], a[:1], a[2:]]), "repeats"),
+    "K mismatch": (lambda t: _mutate(t, "grad_V", "values", lambda a: a[:, :-1]), "expected K ="),
+    "NaN upload": (lambda t: _mutate(t, "grad_V", "values", lambda a: _set(a, np.nan)), "NaN or infinite"),
+    "Inf state": (lambda t: _mutate(t, "state", "V", lambda a: _set(a, np.inf)), "NaN or infinite"),
+    "rows != items": (lambda t: _mutate(t, "grad_V", "values", lambda a: a[:-1]), "expected @r"),
+    "rating out of range": (lambda t: _mutate(t, "private", "ratings", lambda a: _set(a, 99.0)), "values outside"),
+    "relabelled fedsplit": (lambda t: setattr(t, "protocol", "fedsplit") or t, "fedsplit"),
+    "relabelled fedrec": (lambda t: setattr(t, "protocol", "fedrec") or t, "fedrec"),
+    "unknown protocol": (lambda t: setattr(t, "protocol", "nope\x1b[2K\rfake") or t, "unknown protocol"),
+    "unknown kind": (lambda t: t.add(0, "server", "server", "debug", {"x": np.ones(2)}) and t, "not a fedmvmf message kind"),
+    "extra payload": (lambda t: _add_payload(t, "grad_P", "secret", np.ones(1)), "is not part of"),
+    "float ids": (lambda t: _mutate(t, "grad_V", "items", lambda a: a.astype(np.float64)), "is not int"),
+    "missing payload": (lambda t: _drop_payload(t, "grad_V", "items"), "is missing"),
+}
+
+
+# ------------------------------------------------------------------------------------- runner
+
+
+def _run(args: list[str], cwd: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    env.pop("COLUMNS", None)
+    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+        p = subprocess.Popen([sys.executable, "-m", "privaudit", *args], cwd=cwd, stdout=fo, stderr=fe, env=env)
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        fo.seek(0)
+        fe.seek(0)
+        return {"rc": p.returncode, "out": fo.read().decode(errors="replace"), "err": fe.read().decode(errors="replace"),
+                "rss": usage.ru_maxrss * 1024}
+
+
+def _folder(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+@pytest.fixture(scope="module")
+def base_ptx(tmp_path_factory) -> Path:
+    from privaudit.experiment import run_transcript
+
+    folder = tmp_path_factory.mktemp("base")
+    result = run_transcript("fedmvmf", (), ("epochs=2",), "synthetic", 12, 0)
+    return result.transcript.save(folder / "base.ptx")
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory, base_ptx) -> dict:
+    """Build every hostile file, run the CLI on each (four at a time), return name -> outcome."""
+    root = tmp_path_factory.mktemp("hostile")
+    jobs: dict[str, tuple[list[str], Path, str]] = {}
+
+    def inspect_case(name: str, data: bytes, expect: str) -> None:
+        d = root / _folder(name)
+        d.mkdir()
+        (d / "bad.ptx").write_bytes(data)
+        jobs[name] = (["inspect", "bad.ptx"], d, expect)
+
+    inspect_case("zero member 3.5 GiB", zero_bomb(), "exceeds the limit")
+    inspect_case("manifest bomb 250 MiB", manifest_bomb(), "manifest.json declares")
+    inspect_case("manifest bomb, size lies", manifest_bomb(lie=True), "manifest.json")
+    inspect_case("manifest nested 150k", deep_manifest(150_000), "levels deep")
+    inspect_case("manifest nested 100k", deep_manifest(100_000), "levels deep")
+    inspect_case("bad CRC", archive(entry("arrays/0.npy", GOOD_ARRAY, crc=1234)), "Bad CRC-32")
+    inspect_case("corrupt deflate", with_corrupt_deflate(), "corrupt deflate data")
+    inspect_case("encrypted flag", archive(entry("arrays/0.npy", GOOD_ARRAY, flags=0x801)), "is encrypted")
+    inspect_case("compression method 99", archive(entry("arrays/0.npy", GOOD_ARRAY, method=99)), "compression method 99")
+    inspect_case("local/central name mismatch", archive(entry("arrays/0.npy", GOOD_ARRAY, local_name="arrays/1.npy")),
+                 "differ")
+    # zipfile stops at the declared size, so the CRC (or, for large members, the .npy header) disagrees
+    inspect_case("central size smaller than data", archive(entry("arrays/0.npy", GOOD_ARRAY, usize=len(GOOD_ARRAY) - 8)),
+                 "member 'arrays/0.npy': corrupt (Bad CRC-32")
+    big = npy_bytes(np.arange(4096.0))
+    inspect_case("central size smaller than data (large member)", archive(entry("arrays/0.npy", big, usize=len(big) - 8)),
+                 "header needs")
+    inspect_case("npy shape (-1,-1)", archive(entry("arrays/0.npy", npy_header("'<f8'", "(-1, -1)") + bytes(8))),
+                 "invalid shape")
+    inspect_case("zero-itemsize dtype x 10^18", archive(entry("arrays/0.npy", npy_header("'|V0'", "(10**18,)"))),
+                 "not a valid .npy member")
+    inspect_case("zero-itemsize dtype x 10^18 (literal)", archive(entry("arrays/0.npy", npy_header("'|V0'", "(1000000000000000000,)"))),
+                 "refused")
+    inspect_case("table shape 18", archive(manifest_entry=entry("manifest.json", manifest({"arrays/0.npy": {"dtype": "<f8", "shape": 18}}))),
+                 "invalid shape in the manifest")
+    inspect_case("table dtype dict, negative offset",
+                 archive(manifest_entry=entry("manifest.json", manifest(
+                     {"arrays/0.npy": {"dtype": {"names": ["a"], "formats": ["<f8"], "offsets": [-8]}, "shape": [3, 2]}}))),
+                 "invalid dtype in the manifest")
+    inspect_case("npy dtype negative offset",
+                 archive(entry("arrays/0.npy", npy_header("{'names': ['a'], 'formats': ['<f8'], 'offsets': [-8], 'itemsize': 8}", "(1,)") + bytes(8))),
+                 "not a valid .npy member")
+    inspect_case("object dtype", archive(entry("arrays/0.npy", npy_header("'|O'", "(1,)") + bytes(8))), "object arrays are refused")
+    inspect_case("duplicate member names", archive(extra=[entry("arrays/0.npy", npy_bytes(np.zeros((3, 2))))]), "appears twice")
+    inspect_case("symlink member", archive(entry("arrays/0.npy", GOOD_ARRAY, create_system=3, ext_attr=0o120777 << 16)),
+                 "symbolic link")
+    inspect_case("absurd member count (zip64 end record)", archive(zip64_entries=10**9), "declares 1000000000 members")
+    inspect_case("zip64 size 2^62", archive(entry("arrays/0.npy", GOOD_ARRAY, zip64_usize=2**62)), "exceeds the limit")
+    inspect_case("non-UTF-8 manifest", archive(manifest_entry=entry("manifest.json", manifest().replace(b"fedmvmf", b"fed\xffmvmf"))),
+                 "not UTF-8")
+    inspect_case("truncated archive", archive()[:-30], "not a transcript archive")
+    inspect_case("path traversal", archive(extra=[entry("../evil.npy", GOOD_ARRAY)]), "path traversal")
+    inspect_case("control characters in a member name",
+                 archive(extra=[entry("arrays/\x1b[2K\rprivaudit: ok.npy", GOOD_ARRAY, method=99)]), "compression method 99")
+
+    dup = root / "duplicate_in_attack"
+    dup.mkdir()
+    duplicated(base_ptx, dup / "bad.ptx")
+    jobs["duplicate member (attack)"] = (["attack", "--transcript", "bad.ptx", "--out", "rep"], dup, "appears twice")
+    for name, (fn, expect) in SCHEMA_CASES.items():
+        d = root / _folder(name)
+        d.mkdir()
+        fn(tr.load(base_ptx)).save(d / "bad.ptx")
+        jobs[name] = (["attack", "--transcript", "bad.ptx", "--out", "rep"], d, expect)
+    deep = root / "deep_results"
+    deep.mkdir()
+    (deep / "results.json").write_text('{"protocol":"x","attack":"y","sweep":null,"points":[],"x":' + "[" * 150_000 + "]" * 150_000 + "}")
+    jobs["report on deeply nested results.json"] = (["report", "."], deep, "levels deep")
+
+    before = {name: sorted(p.name for p in d.iterdir()) for name, (_, d, _) in jobs.items()}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {name: pool.submit(_run, args, d) for name, (args, d, _) in jobs.items()}
+    results = {}
+    for name, (args, d, expect) in jobs.items():
+        res = futures[name].result()
+        res.update(expect=expect, before=before[name], after=sorted(p.name for p in d.iterdir()))
+        results[name] = res
+    return results
+
+
+def _cases() -> list[str]:
+    return [
+        "zero member 3.5 GiB", "manifest bomb 250 MiB", "manifest bomb, size lies", "manifest nested 150k",
+        "manifest nested 100k", "bad CRC", "corrupt deflate", "encrypted flag", "compression method 99",
+        "local/central name mismatch", "central size smaller than data",
+        "central size smaller than data (large member)", "npy shape (-1,-1)",
+        "zero-itemsize dtype x 10^18", "zero-itemsize dtype x 10^18 (literal)", "table shape 18",
+        "table dtype dict, negative offset", "npy dtype negative offset", "object dtype", "duplicate member names",
+        "symlink member", "absurd member count (zip64 end record)", "zip64 size 2^62", "non-UTF-8 manifest",
+        "truncated archive", "path traversal", "control characters in a member name", "duplicate member (attack)",
+        *SCHEMA_CASES, "report on deeply nested results.json",
+    ]
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_hostile_input_is_refused_in_one_line(outcomes, name):
+    res = outcomes[name]
+    lines = res["err"].splitlines()
+    assert res["rc"] == 2, (res["rc"], res["err"][-2000:])
+    assert len(lines) == 1, res["err"][-2000:]
+    assert lines[0].startswith("privaudit: error: ")
+    assert res["expect"] in lines[0], lines[0]
+    assert "\x1b" not in res["err"] and "\r" not in res["err"]
+    assert res["rss"] < RSS_LIMIT, f"peak RSS {res['rss'] / 2**20:.0f} MiB"
+    assert res["after"] == res["before"], "the refused command wrote a file"
+    assert "report written" not in res["out"] and "auc" not in res["out"].lower()
+
+
+def test_the_memory_cases_stay_small(outcomes):
+    """The two cases of the issue that took 10.8 GB and 6.3 GB: refused under 200 MB."""
+    for name in ("zero member 3.5 GiB", "manifest bomb 250 MiB"):
+        assert outcomes[name]["rss"] < 200 * 2**20, (name, outcomes[name]["rss"])
+
+
+def test_untouched_base_transcript_attacks_fine(tmp_path, base_ptx):
+    """Control: the base file of the schema cases passes validation and is attacked (exit 0)."""
+    res = _run(["attack", "--transcript", str(base_ptx), "--out", str(tmp_path / "rep"), "--quiet"], tmp_path)
+    assert res["rc"] == 0, res["err"]
+    assert (tmp_path / "rep" / "results.json").exists()
+
+
+def test_inspect_escapes_control_characters(tmp_path):
+    """A kind and a dataset name holding ANSI escapes and CR print as visible escapes."""
+    t = tr.Transcript("fedmvmf\x1b[31m", {}, 0, {"name": "x\r\x1b[2Kprivaudit: error: fake"}, ["server"])
+    t.add(0, "server", "server", "state\nkinds:", {"V": np.ones(2)})
+    path = t.save(tmp_path / "esc.ptx")
+    res = _run(["inspect", str(path)], tmp_path)
+    assert res["rc"] == 0, res["err"]
+    assert "\x1b" not in res["out"] and "\r" not in res["out"]
+    assert "\\x1b[31m" in res["out"] and "state\\x0akinds:" in res["out"]
+    assert sum(line.startswith("kinds:") for line in res["out"].splitlines()) == 1
+
+
+def test_max_bytes_option_raises_the_budget(tmp_path):
+    path = tr.Transcript("fedmvmf", {}, 0, {}, ["server"])
+    path.add(0, "server", "server", "state", {"V": np.ones((512, 512))})
+    file = path.save(tmp_path / "big.ptx")
+    small = _run(["inspect", str(file), "--max-bytes", "1M"], tmp_path)
+    assert small["rc"] == 2 and "--max-bytes" in small["err"] and len(small["err"].splitlines()) == 1
+    assert _run(["inspect", str(file), "--max-bytes", "4M"], tmp_path)["rc"] == 0
