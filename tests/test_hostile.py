@@ -64,6 +64,13 @@ def repeated_deflate(head: bytes, chunk: bytes, times: int) -> bytes:
     return out + block * times + c.flush()
 
 
+def _deflate_with_tail(head: bytes, chunk: bytes, times: int, tail: bytes) -> bytes:
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    out = c.compress(head) + c.flush(zlib.Z_FULL_FLUSH)
+    block = c.compress(chunk) + c.flush(zlib.Z_FULL_FLUSH)
+    return out + block * times + c.compress(tail) + c.flush()
+
+
 def raw_zip(entries: list[dict], eocd_entries: int | None = None, zip64_entries: int | None = None) -> bytes:
     """A ZIP archive from raw entries (fields: name, data (already compressed), usize, crc,
     method, flags, local_name, ext_attr, create_system, zip64_usize)."""
@@ -129,24 +136,34 @@ def archive(array_entry: dict | None = None, manifest_entry: dict | None = None,
     return raw_zip(entries + (extra or []), **kw)
 
 
-def zero_bomb() -> bytes:
-    """3.5 GiB of float64 zeros (under the old 4 GiB cap) in a ~3.6 MB file."""
-    n = int(3.5 * GiB) // 8
+def zero_bomb(mib: int = 3584, valid_crc: bool = False) -> bytes:
+    """``mib`` MiB of float64 zeros (default 3.5 GiB, under the old 4 GiB cap) in a ~1 KB/MiB file;
+    the CRC is only computed (1 s per GiB) when asked for."""
+    n = mib * 2**20 // 8
     head = npy_header("'<f8'", f"({n},)")
-    data = repeated_deflate(head, bytes(1 << 20), int(3.5 * 1024))
-    member = {"name": "arrays/0.npy", "data": data, "usize": len(head) + n * 8, "crc": 0,
-              "zip64_usize": len(head) + n * 8}
-    return raw_zip([entry("manifest.json", manifest()), member])
+    data = repeated_deflate(head, bytes(1 << 20), mib)
+    crc = 0
+    if valid_crc:
+        crc, zeros = zlib.crc32(head), bytes(1 << 20)
+        for _ in range(mib):
+            crc = zlib.crc32(zeros, crc)
+    member = {"name": "arrays/0.npy", "data": data, "usize": len(head) + n * 8, "crc": crc}
+    m = manifest({"arrays/0.npy": {"dtype": "<f8", "shape": [n]}})
+    return raw_zip([entry("manifest.json", m), member])
 
 
-def manifest_bomb(lie: bool = False) -> bytes:
-    """manifest.json inflating to 250 MiB of ``[{},{},...]`` in a ~255 KB file."""
+def manifest_bomb(lie: bool = False, mib: int = 250) -> bytes:
+    """manifest.json inflating to ``mib`` MiB of ``[{},{},...]`` (~1 KB per MiB on disk); valid JSON."""
     head = b'{"format":"privaudit-transcript","version":1,"protocol":"fedmvmf","messages":[{}'
     chunk = b",{}" * (1 << 18)
-    times = 250 * 2**20 // len(chunk)
-    data = repeated_deflate(head, chunk, times)
+    times = mib * 2**20 // len(chunk)
+    data = _deflate_with_tail(head, chunk, times, b"]}")
     usize = len(head) + len(chunk) * times + 2
-    return raw_zip([{"name": "manifest.json", "data": data, "usize": 100 if lie else usize, "crc": 0},
+    crc = zlib.crc32(head)
+    for _ in range(times):
+        crc = zlib.crc32(chunk, crc)
+    crc = zlib.crc32(b"]}", crc)
+    return raw_zip([{"name": "manifest.json", "data": data, "usize": 100 if lie else usize, "crc": crc},
                     entry("arrays/0.npy", GOOD_ARRAY)])
 
 

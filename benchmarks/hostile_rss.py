@@ -1,0 +1,63 @@
+"""Peak RSS of `privaudit inspect` on the two memory-exhaustion files of the transcript loader.
+
+Builds (small on disk, valid CRCs) a transcript with a 3.5 GiB all-zero float64 member and one
+whose manifest.json inflates to 250 MiB of ``[{},{},...]``, then runs ``python -m privaudit
+inspect FILE`` on each in a child process and prints its exit code, first stderr line and peak
+RSS (``os.wait4``). ``--checkout DIR`` runs another checkout's code (e.g. an older commit, to
+measure "before"); ``--max-bytes`` is passed through; ``--scale`` shrinks both files.
+
+    python benchmarks/hostile_rss.py
+    python benchmarks/hostile_rss.py --max-bytes 4G
+    python benchmarks/hostile_rss.py --checkout ../main-before --scale 0.25
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.test_hostile import manifest_bomb, zero_bomb  # noqa: E402  (the same builders as the tests)
+
+
+def run(checkout: Path, args: list[str], cwd: str) -> tuple[int, str, float]:
+    env = dict(os.environ, PYTHONPATH=str(checkout.resolve()))
+    with tempfile.TemporaryFile() as fe:  # cwd elsewhere: `python -m` puts the cwd first on sys.path
+        p = subprocess.Popen(
+            [sys.executable, "-m", "privaudit", *args], stdout=subprocess.DEVNULL, stderr=fe, env=env, cwd=cwd
+        )
+        _, status, usage = os.wait4(p.pid, 0)
+        fe.seek(0)
+        lines = fe.read().decode(errors="replace").splitlines()
+    first = next((line for line in lines if line.startswith("privaudit:")), lines[-1] if lines else "")
+    return os.waitstatus_to_exitcode(status), first, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkout", type=Path, default=ROOT, help="repository whose privaudit is run (default: this one)")
+    ap.add_argument("--max-bytes", default=None, help="passed to inspect")
+    ap.add_argument("--scale", type=float, default=1.0, help="shrink both files by this factor")
+    args = ap.parse_args()
+    extra = [] if args.max_bytes is None else ["--max-bytes", args.max_bytes]
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = {
+            f"zero member {3584 * args.scale / 1024:.2f} GiB": zero_bomb(int(3584 * args.scale), valid_crc=True),
+            f"manifest {250 * args.scale:.0f} MiB of [{{}},...]": manifest_bomb(mib=int(250 * args.scale)),
+        }
+        print(f"{'file':<32} {'on disk':>10} {'exit':>5} {'peak RSS':>10}  first stderr line")
+        for name, data in cases.items():
+            path = Path(tmp) / "case.ptx"
+            path.write_bytes(data)
+            rc, line, rss_mib = run(args.checkout, ["inspect", str(path), *extra], tmp)
+            print(f"{name:<32} {len(data) / 2**20:>8.1f}MB {rc:>5} {rss_mib:>7.0f} MiB  {line[:110]}")
+
+
+if __name__ == "__main__":
+    main()
