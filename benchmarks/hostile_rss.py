@@ -3,7 +3,7 @@
 Builds (small on disk, valid CRCs) a transcript with a 3.5 GiB all-zero float64 member and one
 whose manifest.json inflates to 250 MiB of ``[{},{},...]``, then runs ``python -m privaudit
 inspect FILE`` on each in a child process and prints its exit code, first stderr line and peak
-RSS (``os.wait4``). ``--checkout DIR`` runs another checkout's code (e.g. an older commit, to
+RSS (``os.wait4``, from a small launcher process). ``--checkout DIR`` runs another checkout's code (e.g. an older commit, to
 measure "before"); ``--max-bytes`` is passed through; ``--scale`` shrinks both files.
 
     python benchmarks/hostile_rss.py
@@ -14,8 +14,6 @@ measure "before"); ``--max-bytes`` is passed through; ``--scale`` shrinks both f
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,20 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.test_hostile import manifest_bomb, zero_bomb  # noqa: E402  (the same builders as the tests)
-
-
-def run(checkout: Path, args: list[str], cwd: str) -> tuple[int, str, float]:
-    env = dict(os.environ, PYTHONPATH=str(checkout.resolve()))
-    with tempfile.TemporaryFile() as fe:  # cwd elsewhere: `python -m` puts the cwd first on sys.path
-        p = subprocess.Popen(
-            [sys.executable, "-m", "privaudit", *args], stdout=subprocess.DEVNULL, stderr=fe, env=env, cwd=cwd
-        )
-        _, status, usage = os.wait4(p.pid, 0)
-        fe.seek(0)
-        lines = fe.read().decode(errors="replace").splitlines()
-    first = next((line for line in lines if line.startswith("privaudit:")), lines[-1] if lines else "")
-    return os.waitstatus_to_exitcode(status), first, usage.ru_maxrss / 1024
+from tests.test_hostile import manifest_bomb, measured_run, zero_bomb  # noqa: E402  (the same builders as the tests)
 
 
 def main() -> None:
@@ -55,7 +40,11 @@ def main() -> None:
         for name, data in cases.items():
             path = Path(tmp) / "case.ptx"
             path.write_bytes(data)
-            rc, line, rss_mib = run(args.checkout, ["inspect", str(path), *extra], tmp)
+            # cwd elsewhere: `python -m` puts the cwd first on sys.path
+            res = measured_run(["inspect", str(path), *extra], tmp, pythonpath=args.checkout.resolve())
+            lines = res["err"].splitlines()
+            line = next((x for x in lines if x.startswith("privaudit:")), lines[-1] if lines else "")
+            rc, rss_mib = res["rc"], res["rss"] / 2**20
             print(f"{name:<32} {len(data) / 2**20:>8.1f}MB {rc:>5} {rss_mib:>7.0f} MiB  {line[:110]}")
 
 

@@ -3,7 +3,8 @@
 Each file is built directly with struct/zlib/zipfile (small on disk: a 3.5 GiB member is a
 3.6 MB deflate stream) and handed to ``python -m privaudit`` in a subprocess. For every file:
 exit code 2, exactly one line on stderr, nothing written (no report folder, no stray file
-beside the input), peak RSS of the child under 1 GB (``os.wait4``'s ``ru_maxrss``), and no
+beside the input), peak RSS of the child under 1 GB (``os.wait4``'s ``ru_maxrss``, measured from a
+small launcher so that pytest's own memory is not inherited), and no
 score printed. The subprocesses run four at a time in one module fixture; the tests then
 assert on each outcome.
 """
@@ -243,17 +244,34 @@ SCHEMA_CASES = {
 # ------------------------------------------------------------------------------------- runner
 
 
-def _run(args: list[str], cwd: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+# Linux counts the memory a process had before exec in its ru_maxrss, and a child forked from
+# pytest starts with pytest's pages; so the CLI is started by this small interpreter, which
+# writes its child's peak RSS (bytes) to the file named by its first argument.
+_MEASURE = (
+    "import os, subprocess, sys\n"
+    "p = subprocess.Popen(sys.argv[2:])\n"
+    "_, status, usage = os.wait4(p.pid, 0)\n"
+    "open(sys.argv[1], 'w').write(str(usage.ru_maxrss * 1024))\n"
+    "sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
+def measured_run(args: list[str], cwd: Path | str, pythonpath: Path | str = ROOT) -> dict:
+    """Run ``python -m privaudit ARGS`` in ``cwd``: exit code, stdout, stderr and peak RSS (bytes)."""
+    env = dict(os.environ, PYTHONPATH=str(pythonpath))
     env.pop("COLUMNS", None)
-    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
-        p = subprocess.Popen([sys.executable, "-m", "privaudit", *args], cwd=cwd, stdout=fo, stderr=fe, env=env)
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
+    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe, tempfile.TemporaryDirectory() as tmp:
+        rss_file = os.path.join(tmp, "rss")
+        cmd = [sys.executable, "-c", _MEASURE, rss_file, sys.executable, "-m", "privaudit", *args]
+        rc = subprocess.run(cmd, cwd=cwd, stdout=fo, stderr=fe, env=env).returncode
         fo.seek(0)
         fe.seek(0)
-        return {"rc": p.returncode, "out": fo.read().decode(errors="replace"), "err": fe.read().decode(errors="replace"),
-                "rss": usage.ru_maxrss * 1024}
+        with open(rss_file) as fh:
+            rss = int(fh.read())
+        return {"rc": rc, "out": fo.read().decode(errors="replace"), "err": fe.read().decode(errors="replace"), "rss": rss}
+
+
+_run = measured_run
 
 
 def _folder(name: str) -> str:
