@@ -27,10 +27,14 @@ its own plaintext in phe's signed convention (``q mod n``; values above ``n/2`` 
 
 Homomorphic addition of two ciphertexts is their product modulo ``n**2`` (what phe's
 ``EncryptedNumber._raw_add`` computes); it is done here on gmpy2 integers in bulk.
-Encryption is :meth:`phe.paillier.PaillierPublicKey.raw_encrypt` (fresh obfuscator from
-``random.SystemRandom``, i.e. the OS CSPRNG), decryption
-:meth:`phe.paillier.PaillierPrivateKey.raw_decrypt` (CRT). Both run in joblib workers when
-``jobs != 1``; workers receive only integers (``n``, or ``p`` and ``q``) and rebuild the keys.
+Encryption is split into an offline phase, :func:`obfuscators` (``r^n`` as in
+:meth:`phe.paillier.PaillierPublicKey.raw_encrypt`, or the Damgård–Jurik–Nielsen ``h_s^r`` with
+a short ``r`` on a fixed-base table; ``r`` from :mod:`secrets`), and an online phase,
+:func:`encrypt_online` (``(1 + m n) * obfuscator mod n^2``, phe's ciphertext form, so phe
+decrypts it unchanged); :func:`encrypt` is phe's own ``raw_encrypt`` (the reference).
+Decryption is :meth:`phe.paillier.PaillierPrivateKey.raw_decrypt` (CRT). Obfuscators and
+decryption run in joblib workers when ``jobs != 1``; workers receive only integers (``n`` and
+``h_s``, or ``p`` and ``q``) and rebuild what they need.
 """
 
 from __future__ import annotations
