@@ -94,7 +94,8 @@ def per_ciphertext(key_length: int, count: int) -> None:
               f"phe decrypts all: {ok}{extra}")
     print(f"phe      : {phe * 1e3:7.3f} ms per ciphertext (raw_encrypt)")
     djn_total = out["djn"][0] + out["djn"][1]
-    print(f"ratio phe / DJN per ciphertext: {phe / djn_total:.1f}x (offline + online), {phe / out['djn'][1]:.0f}x online only; "
+    print(f"ratio phe / DJN per ciphertext: {phe / djn_total:.1f}x (offline + online), "
+          f"{phe / out['djn'][1]:.0f}x online only; "
           f"standard / DJN: {(out['standard'][0] + out['standard'][1]) / djn_total:.1f}x")
 
 
@@ -143,13 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data={ds.summary()['name']} clients={n_all} epoch values={all_values} (grad_V rows={all_rows})")
     print(f"subsample: {len(senders)} clients, {n_values} values; key_length={args.key_length} jobs={args.jobs}")
     results = {}
-    for label, packing, obf in (("packed djn", True, "djn"), ("packed std", True, "standard"), ("unpacked std", False, "standard")):
+    paths = (("packed djn", True, "djn"), ("packed std", True, "standard"), ("unpacked std", False, "standard"))
+    for label, packing, obf in paths:
         d, sV, sP, wall, cpu = run(senders, gv, gp, m, args.key_length, packing, args.jobs, obf)
         t = d.timings[0]
         c = d.ciphertext_counts[0]
         results[label] = (sV, sP, wall, t, c, cpu)
         print(
-            f"{label:12s}: offline {t['offline']:8.2f}s  encrypt {t['encrypt']:7.2f}s  aggregate {t['aggregate']:7.3f}s  "
+            f"{label:12s}: offline {t['offline']:8.2f}s  encrypt {t['encrypt']:7.2f}s  "
+            f"aggregate {t['aggregate']:7.3f}s  "
             f"decrypt {t['decrypt']:7.2f}s  total {wall:8.2f}s (cpu {cpu:8.2f}s)  ciphertexts {c['encrypted']} "
             f"(decrypted {c['decrypted']})"
         )
@@ -161,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"identical decrypted sums: {same}")
     print(f"speed-up (one value per ciphertext / packed), encrypt+aggregate+decrypt: {uw / pw:.1f}x")
     enc = {k: v[3]["offline"] + v[3]["encrypt"] for k, v in results.items()}
-    print(f"encryption (offline + online) packed djn vs packed standard: {enc['packed std'] / enc['packed djn']:.1f}x faster, "
-          f"vs unpacked standard: {enc['unpacked std'] / enc['packed djn']:.1f}x; whole path vs packed standard: {pw / dw:.1f}x")
+    print(f"encryption (offline + online) packed djn vs packed standard: "
+          f"{enc['packed std'] / enc['packed djn']:.1f}x faster, vs unpacked standard: "
+          f"{enc['unpacked std'] / enc['packed djn']:.1f}x; whole path vs packed standard: {pw / dw:.1f}x")
     if args.jobs == 1:  # all work in this process: CPU time is insensitive to other load on the machine
         print(f"speed-up in process CPU time (jobs=1): {ucpu / pcpu:.1f}x")
     print(f"ciphertext ratio: {uc['encrypted'] / pc['encrypted']:.1f}x")
@@ -170,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     epoch_cts = all_rows * lay.n_ciphertexts(args.K) + n_all * lay.n_ciphertexts(gp[0]["values"].size)
     per_ct = pw / pc["encrypted"]
     print(
-        f"projection to the whole epoch ({n_all} clients, {lay.slots} slots/ciphertext): packed ~{epoch_cts} ciphertexts, "
+        f"projection to the whole epoch ({n_all} clients, {lay.slots} slots/ciphertext): "
+        f"packed ~{epoch_cts} ciphertexts, "
         f"standard ~{epoch_cts * per_ct / 60:.1f} min, djn ~{epoch_cts * dw / dc['encrypted'] / 60:.1f} min; "
         f"unpacked ~{all_values} ciphertexts, ~{all_values * uw / uc['encrypted'] / 3600:.1f} h"
     )

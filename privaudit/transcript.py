@@ -121,9 +121,10 @@ class _Index:
         """The shortest position list matching the given fields (None: no field given)."""
         lists = []
         if receiver is not None:
-            lists.append(self.by_receiver_kind.get((receiver, kind), []) if kind is not None else self.by_receiver.get(receiver, []))
+            by = self.by_receiver.get(receiver, []) if kind is None else self.by_receiver_kind.get((receiver, kind), [])
+            lists.append(by)
         if sender is not None:
-            lists.append(self.by_sender_kind.get((sender, kind), []) if kind is not None else self.by_sender.get(sender, []))
+            lists.append(self.by_sender.get(sender, []) if kind is None else self.by_sender_kind.get((sender, kind), []))
         if kind is not None and not lists:
             lists.append(self.by_kind.get(kind, []))
         return min(lists, key=len) if lists else None

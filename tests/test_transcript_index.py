@@ -19,7 +19,8 @@ def _random_transcript(seed: int, n: int = 400) -> Transcript:
     for _ in range(n):
         kind = KINDS[rng.integers(len(KINDS))]
         sender = PARTIES[rng.integers(len(PARTIES))]
-        receiver = sender if kind in ("private", "state") and rng.random() < 0.8 else PARTIES[rng.integers(len(PARTIES))]
+        own = kind in ("private", "state") and rng.random() < 0.8
+        receiver = sender if own else PARTIES[rng.integers(len(PARTIES))]
         t.add(int(rng.integers(4)), sender, receiver, kind, {"x": rng.normal(size=2)})
     return t
 

@@ -236,7 +236,8 @@ def _spec_number(spec: str, key: str, value: str) -> float | int:
     try:
         number: float | int = float(value) if key == "density" else int(value)
     except ValueError:
-        raise DataError(f"{spec!r}: {key} must be {'a number' if key == 'density' else 'an integer'}, got {value!r}") from None
+        what = "a number" if key == "density" else "an integer"
+        raise DataError(f"{spec!r}: {key} must be {what}, got {value!r}") from None
     if key == "density" and not 0 < number <= 1:
         raise DataError(f"{spec!r}: density must be in (0, 1], got {value}")
     if key in _SPEC_MAX and not 1 <= number <= _SPEC_MAX[key]:

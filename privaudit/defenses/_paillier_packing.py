@@ -171,7 +171,8 @@ def decode_sums(plaintexts: Sequence[int], counts: np.ndarray, layout: SlotLayou
     rows = len(counts)
     if rows and int(counts.max()) > layout.max_summands:
         raise ValueError(
-            f"slot overflow: a sum of {int(counts.max())} ciphertexts on a layout sized for {layout.max_summands} summands"
+            f"slot overflow: a sum of {int(counts.max())} ciphertexts on a layout sized for "
+            f"{layout.max_summands} summands"
         )
     if layout.slots == 1:
         half = n // 2

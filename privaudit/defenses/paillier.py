@@ -113,8 +113,10 @@ class PaillierDefense(Defense):
         "bound": "largest |value| a client may encrypt (sizes the packing slots)",
         "cohort_size": "server sums senders in cohorts of this size (0: all senders in one sum)",
         "jobs": "joblib workers for encryption/decryption (1: in process, -1: all cores)",
-        "obfuscation": "standard: r^n, r uniform mod n (Paillier); djn: h_s^r, r of half the modulus bits (Damgard-Jurik-Nielsen, faster)",
-        "precompute": "obfuscators computed when the key is made, before round 0 (offline phase; more are made on demand)",
+        "obfuscation": "standard: r^n, r uniform mod n (Paillier); "
+        "djn: h_s^r, r of half the modulus bits (Damgard-Jurik-Nielsen, faster)",
+        "precompute": "obfuscators computed when the key is made, before round 0 "
+        "(offline phase; more are made on demand)",
         "insecure_test_key": f"allow key_length below {MIN_KEY_LENGTH} (tests only: such keys are breakable)",
     }
     strength = None
@@ -202,7 +204,8 @@ class PaillierDefense(Defense):
                {"scheme": "paillier"})
         public = {"n": _int_bytes(n)} if hs is None else {"n": _int_bytes(n), "djn_base": _int_bytes(hs)}
         tr.add(r, self.keyholder, batch.receiver, "public_key", public,
-               {"scheme": "paillier", "key_length": self.config["key_length"], "obfuscation": self.config["obfuscation"]})
+               {"scheme": "paillier", "key_length": self.config["key_length"],
+                "obfuscation": self.config["obfuscation"]})
         for party in self.decryptor_ids:
             tr.add(r, self.keyholder, party, "secret_key", {}, {"scheme": "paillier", "holder": self.keyholder})
 
