@@ -57,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     fed = get("protocol", "fedmvmf")().run(ds, cfg, [sampling(rho=args.rho, w=w)], rng=args.seed)
     t1 = time.perf_counter()
     priv = get("protocol", "privmvmf")().run(
-        ds, cfg, [sampling(rho=args.rho, w=w), paillier(key_length=args.key_length, jobs=args.jobs)], rng=args.seed
+        ds, cfg, [sampling(rho=args.rho, w=w), paillier(key_length=args.key_length, jobs=args.jobs, insecure_test_key=args.key_length < 1024)], rng=args.seed
     )
     t2 = time.perf_counter()
-    print(f"data={ds.summary()} rho={args.rho} key_length={args.key_length}")
+    print(f"data={ds.summary()} rho={args.rho} key_length={args.key_length}" + (" (INSECURE test key)" if args.key_length < 1024 else ""))
     print("config: " + ", ".join(f"{k}={cfg[k]}" for k in ("K", "alpha", "lam", "w", "lr", "epochs", "update", "unrated")))
     print(f"FedMVMF {t1 - t0:.1f}s, PrivMVMF {t2 - t1:.1f}s")
     print(f"{'metric':24s} {'FedMVMF':>10s} {'PrivMVMF':>10s} {'diff %':>9s}")

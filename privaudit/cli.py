@@ -133,10 +133,30 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------ run / attack / report
 
 
+_DATA_HELP = (
+    "dataset: synthetic (default, 200 users x 300 items), a sized synthetic dataset "
+    "synthetic:PRESET or synthetic:users=N,items=M,density=D[,k=K,min_ratings=R,seed=S] "
+    "(presets ml-100k-size, ml-1m-size: 6,040 x 3,706, 1.0 M ratings, ml-10m-size: 69,878 x 10,677, "
+    "~10 M ratings), or a MovieLens folder / ratings CSV"
+)
+
+
+def _data_value(value: str) -> str:
+    """``--data``: a synthetic spec is checked while parsing (one line, exit 2, before any compute)."""
+    if value.strip().lower().startswith("synthetic:"):
+        from privaudit.data.synthetic import parse_spec
+
+        try:
+            parse_spec(value)
+        except PrivauditError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--defense", action="append", default=[], metavar="NAME[:k=v,...]", help="activate a defense (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)")
-    p.add_argument("--data", default="synthetic", metavar="synthetic|PATH", help="dataset: synthetic (default) or a MovieLens folder / ratings CSV")
+    p.add_argument("--data", default="synthetic", type=_data_value, metavar="synthetic[:SPEC]|PATH", help=_DATA_HELP)
     p.add_argument("--users", type=int, default=None, metavar="N", help="subsample N users (seeded)")
 
 
@@ -232,7 +252,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _audit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocol", required=True, help="protocol to audit (see the list below)")
-    p.add_argument("--data", default="synthetic", metavar="synthetic|PATH", help="dataset: synthetic (default) or a MovieLens folder / ratings CSV")
+    p.add_argument("--data", default="synthetic", type=_data_value, metavar="synthetic[:SPEC]|PATH", help=_DATA_HELP)
     p.add_argument("--users", type=int, default=None, metavar="N", help="subsample N users (seeded)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)")
     p.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds per point (default 2)")

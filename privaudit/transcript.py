@@ -90,10 +90,70 @@ class Message:
         return int(sum(a.nbytes for a in self.payload.values()))
 
 
+class _Index:
+    """Positions of messages by kind, sender, receiver and (party, kind); built once per log.
+
+    Every list holds message positions in increasing order, so a query answered from the
+    shortest matching list keeps transcript order and touches only the candidate messages.
+    """
+
+    __slots__ = ("n", "last", "by_kind", "by_sender", "by_receiver", "by_sender_kind", "by_receiver_kind", "private")
+
+    def __init__(self, messages: list[Message]) -> None:
+        self.n = 0
+        self.last: Message | None = None
+        self.by_kind: dict[str, list[int]] = {}
+        self.by_sender: dict[str, list[int]] = {}
+        self.by_receiver: dict[str, list[int]] = {}
+        self.by_sender_kind: dict[tuple[str, str], list[int]] = {}
+        self.by_receiver_kind: dict[tuple[str, str], list[int]] = {}
+        self.private: dict[str, list[int]] = {}
+        for m in messages:
+            self.append(m)
+
+    def append(self, m: Message) -> None:
+        pos = self.n
+        self.by_kind.setdefault(m.kind, []).append(pos)
+        self.by_sender.setdefault(m.sender, []).append(pos)
+        self.by_receiver.setdefault(m.receiver, []).append(pos)
+        self.by_sender_kind.setdefault((m.sender, m.kind), []).append(pos)
+        self.by_receiver_kind.setdefault((m.receiver, m.kind), []).append(pos)
+        if m.kind == "private" and m.sender == m.receiver:
+            self.private.setdefault(m.sender, []).append(pos)
+        self.n = pos + 1
+        self.last = m
+
+    def candidates(self, kind: str | None, sender: str | None, receiver: str | None) -> list[int] | None:
+        """The shortest position list matching the given fields (None: no field given)."""
+        lists = []
+        if receiver is not None:
+            by = self.by_receiver.get(receiver, []) if kind is None else self.by_receiver_kind.get((receiver, kind), [])
+            lists.append(by)
+        if sender is not None:
+            lists.append(self.by_sender.get(sender, []) if kind is None else self.by_sender_kind.get((sender, kind), []))
+        if kind is not None and not lists:
+            lists.append(self.by_kind.get(kind, []))
+        return min(lists, key=len) if lists else None
+
+
 class _MessageLog:
-    """Shared behaviour of a transcript and a view: an ordered message list with queries."""
+    """Shared behaviour of a transcript and a view: an ordered message list with queries.
+
+    Queries go through an index (:class:`_Index`) built on first use and kept up to date by
+    :meth:`Transcript.add`; a query costs O(messages it returns), not O(all messages). The
+    message list is append-only: the index is rebuilt when its length or last message changed
+    behind its back, never trusted for a list edited in place.
+    """
 
     messages: list[Message]
+
+    def _messages_index(self) -> _Index:
+        idx = self.__dict__.get("_index")
+        msgs = self.messages
+        if idx is None or idx.n != len(msgs) or (idx.n and msgs[-1] is not idx.last):
+            idx = _Index(msgs)
+            self.__dict__["_index"] = idx
+        return idx
 
     def select(
         self,
@@ -104,9 +164,12 @@ class _MessageLog:
         round: int | None = None,
     ) -> list[Message]:
         """Messages matching every given field, in transcript order."""
+        positions = self._messages_index().candidates(kind, sender, receiver)
+        msgs = self.messages
+        pool = msgs if positions is None else [msgs[i] for i in positions]
         return [
             m
-            for m in self.messages
+            for m in pool
             if (kind is None or m.kind == kind)
             and (sender is None or m.sender == sender)
             and (receiver is None or m.receiver == receiver)
@@ -115,11 +178,17 @@ class _MessageLog:
 
     def kinds(self) -> Counter:
         """Count of messages per kind."""
-        return Counter(m.kind for m in self.messages)
+        return Counter({kind: len(pos) for kind, pos in self._messages_index().by_kind.items()})
 
     def rounds(self, kind: str | None = None) -> list[int]:
         """Sorted distinct rounds (of messages of ``kind`` if given)."""
-        return sorted({m.round for m in self.messages if kind is None or m.kind == kind})
+        pool = self.messages if kind is None else self.select(kind)
+        return sorted({m.round for m in pool})
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_index", None)  # rebuilt on first query after unpickling
+        return state
 
     def __iter__(self) -> Iterator[Message]:
         return iter(self.messages)
@@ -190,8 +259,10 @@ class Transcript(_MessageLog):
             if arr.dtype.hasobject:
                 raise TypeError(f"payload {name!r} of {kind!r} is an object array")
             arrays[str(name)] = arr
+        index = self._messages_index()
         msg = Message(len(self.messages), int(round), sender, receiver, kind, arrays, dict(meta or {}))
         self.messages.append(msg)
+        index.append(msg)
         return msg
 
     def view(self, party: str) -> View:
@@ -204,20 +275,19 @@ class Transcript(_MessageLog):
             config=dict(self.config),
             dataset=dict(self.dataset),
             parties=list(self.parties),
-            messages=[m for m in self.messages if m.receiver == party],
+            messages=[self.messages[i] for i in self._messages_index().by_receiver.get(party, [])],
         )
 
     def private(self, party: str) -> dict[str, np.ndarray]:
         """The ``private`` payload of ``party`` (ground truth for scoring); empty if absent."""
         merged: dict[str, np.ndarray] = {}
-        for m in self.messages:
-            if m.kind == "private" and m.sender == party and m.receiver == party:
-                merged.update(m.payload)
+        for i in self._messages_index().private.get(party, []):
+            merged.update(self.messages[i].payload)
         return merged
 
     @property
     def has_private(self) -> bool:
-        return any(m.kind == "private" for m in self.messages)
+        return "private" in self._messages_index().by_kind
 
     def without_private(self) -> "Transcript":
         """A shareable copy without ``private`` messages (sequence numbers kept)."""
@@ -227,7 +297,7 @@ class Transcript(_MessageLog):
             self.seed,
             dict(self.dataset),
             list(self.parties),
-            [m for m in self.messages if m.kind != "private"],
+            [m for m in self.messages if m.kind != "private"] if self.has_private else list(self.messages),
         )
 
     def save(self, path: str | Path, include_private: bool = True) -> Path:

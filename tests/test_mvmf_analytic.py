@@ -12,6 +12,7 @@ import pytest
 from privaudit import registry
 from privaudit.attacks.mvmf_analytic import MVMFAnalytic
 from privaudit.data import load_dataset, synthetic
+from privaudit.defenses.paillier import TEST_KEY_LENGTH
 from privaudit.transcript import load
 
 SCENARIOS = [(u, c) for u in ("semials", "sgd") for c in ("obsonly", "inclunc")]
@@ -116,7 +117,7 @@ def test_noise_sgd_inclunc_above_baseline(small):
 
 def test_encrypted_view_falls_back_to_baseline():
     ds = synthetic(n_users=12, n_items=30, seed=1)
-    pail = registry.get("defense", "paillier")(key_length=512)
+    pail = registry.get("defense", "paillier")(key_length=TEST_KEY_LENGTH, insecure_test_key=True)
     tr = _run(ds, "semials", "obsonly", defenses=[pail], epochs=1, record_rounds=1)
     out = _attack(tr)
     assert not out.reconstruction.supported

@@ -9,6 +9,7 @@ from privaudit.attacks import _mvmf
 from privaudit.attacks.mvmf_nonlinear import METHODS, MVMFNonlinear, Setting, UserSystem, Victim
 from privaudit.data import synthetic
 from privaudit.defenses.noise import LaplaceNoise
+from privaudit.defenses.paillier import TEST_KEY_LENGTH
 from privaudit.errors import PrivauditError
 from privaudit.protocols.fedmvmf import FedMVMF
 from privaudit.registry import get
@@ -134,7 +135,7 @@ def test_failed_solve_falls_back_to_initial_guess(clean_runs):
 def test_encrypted_view_scores_as_baseline(small):
     from privaudit.defenses.paillier import PaillierDefense as Paillier
 
-    tr = FedMVMF().run(small.subset_users(np.arange(12)), {"epochs": 1, "K": 3}, [Paillier(key_length=512)], rng=0).transcript
+    tr = FedMVMF().run(small.subset_users(np.arange(12)), {"epochs": 1, "K": 3}, [Paillier(key_length=TEST_KEY_LENGTH, insecure_test_key=True)], rng=0).transcript
     attack = MVMFNonlinear()
     ok, reason = attack.applicable(tr.view("server"))
     assert not ok and "ciphertext" in reason

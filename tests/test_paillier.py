@@ -1,7 +1,8 @@
 """Paillier defense: fixed-point encoding, packing, homomorphic sums, what each party sees.
 
-All keys here are 512 bits (fast; the default is 2048) -- the arithmetic checked does not
-depend on the key length beyond the number of slots per ciphertext.
+All keys here are TEST_KEY_LENGTH = 512 bits (insecure_test_key=True: fast and breakable; the
+default is 2048) -- the arithmetic checked does not depend on the key length beyond the number
+of slots per ciphertext.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import pytest
 from phe import paillier
 
 from privaudit.defenses import _paillier_packing as pp
-from privaudit.defenses.paillier import PaillierDefense
+from privaudit.defenses.paillier import TEST_KEY_LENGTH, PaillierDefense
 from privaudit.errors import PrivauditError
 from privaudit.protocols.base import Channel, plain_sum
 from privaudit.registry import get
 from privaudit.transcript import Transcript, load
 
-KEY = 512  # test key length (fast); production default is 2048
+KEY = TEST_KEY_LENGTH  # needs insecure_test_key=True; production default is 2048
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def _item_payloads(rng, n_clients, m, K, per_client=5, scale=3.0):
 def test_registered_and_hides_plaintext():
     cls = get("defense", "paillier")
     assert cls is PaillierDefense
-    d = cls(key_length=KEY)
+    d = cls(key_length=KEY, insecure_test_key=True)
     assert d.hides_plaintext()
     assert d.config["key_length"] == KEY and cls().config["key_length"] == 2048
 
@@ -100,7 +101,7 @@ def test_layout_refuses_overflow():
 @pytest.mark.parametrize("packing", [True, False])
 def test_defense_sums_match_plain_sum(packing):
     rng = np.random.default_rng(2)
-    d = PaillierDefense(key_length=KEY, decryptors=2, packing=packing)
+    d = PaillierDefense(key_length=KEY, insecure_test_key=True, decryptors=2, packing=packing)
     ch, tr = _channel(d)
     senders = [f"client:{i}" for i in range(6)]
     m, K = 20, 4
@@ -136,7 +137,7 @@ def test_defense_sums_match_plain_sum(packing):
 
 def test_decryptors_see_only_ciphertext_sums():
     rng = np.random.default_rng(3)
-    d = PaillierDefense(key_length=KEY, decryptors=3)
+    d = PaillierDefense(key_length=KEY, insecure_test_key=True, decryptors=3)
     ch, tr = _channel(d)
     senders = [f"client:{i}" for i in range(6)]
     pays = _item_payloads(rng, 6, 12, 3)
@@ -162,7 +163,7 @@ def test_decryptors_see_only_ciphertext_sums():
 
 def test_cohorts_and_transcript_round_trip(tmp_path):
     rng = np.random.default_rng(4)
-    d = PaillierDefense(key_length=KEY, cohort_size=2)
+    d = PaillierDefense(key_length=KEY, insecure_test_key=True, cohort_size=2)
     ch, tr = _channel(d)
     senders = [f"client:{i}" for i in range(6)]
     m, K = 10, 3
@@ -185,7 +186,7 @@ def test_cohorts_and_transcript_round_trip(tmp_path):
 
 def test_unrecorded_batch_records_nothing_extra():
     rng = np.random.default_rng(5)
-    d = PaillierDefense(key_length=KEY)
+    d = PaillierDefense(key_length=KEY, insecure_test_key=True)
     ch, tr = _channel(d)
     senders = [f"client:{i}" for i in range(3)]
     pays = _item_payloads(rng, 3, 8, 2, per_client=3)
@@ -195,7 +196,7 @@ def test_unrecorded_batch_records_nothing_extra():
 
 
 def test_value_beyond_bound_is_a_user_error():
-    d = PaillierDefense(key_length=KEY, bound=1.0)
+    d = PaillierDefense(key_length=KEY, insecure_test_key=True, bound=1.0)
     ch, _ = _channel(d, 1)
     with pytest.raises(PrivauditError, match="bound"):
         ch.send(0, "grad_P", ["client:0"], [{"values": np.array([[2.0]])}])

@@ -13,10 +13,11 @@ import pytest
 
 from privaudit.attacks.mvmf_aggregate import MVMFAggregate
 from privaudit.data import synthetic
+from privaudit.defenses.paillier import TEST_KEY_LENGTH
 from privaudit.protocols.privmvmf import PrivMVMF, privmvmf_defenses
 from privaudit.registry import available, get
 
-KEY = 512
+KEY = TEST_KEY_LENGTH  # insecure_test_key=True: fast, breakable
 ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
 CFG = {"epochs": 2, "K": 4, "record_rounds": 1}
 UTILITY_KEYS = [f"{p}{m}@10" for p in ("", "cold_user_", "cold_item_") for m in ("ndcg", "precision", "recall", "f1")]
@@ -33,8 +34,8 @@ def runs(data):
     # the same sampling as privmvmf's default (rho = 1, distribution = matched)
     fed = get("protocol", "fedmvmf")().run(data, CFG, [sampling(rho=1.0, distribution="matched")], rng=7)
     fed_plain = get("protocol", "fedmvmf")().run(data, CFG, [], rng=7)
-    priv = PrivMVMF().run(data, CFG, [paillier(key_length=KEY, decryptors=2)], rng=7)
-    priv_c1 = PrivMVMF().run(data, CFG, [paillier(key_length=KEY, cohort_size=1)], rng=7)
+    priv = PrivMVMF().run(data, CFG, [paillier(key_length=KEY, insecure_test_key=True, decryptors=2)], rng=7)
+    priv_c1 = PrivMVMF().run(data, CFG, [paillier(key_length=KEY, insecure_test_key=True, cohort_size=1)], rng=7)
     return {"fed": fed, "fed_plain": fed_plain, "priv": priv, "priv_c1": priv_c1}
 
 
@@ -47,7 +48,7 @@ def test_registered_alias_adds_defenses():
     assert defs[0].config["w"] == 0.25 and defs[1].config["key_length"] == 2048
     assert defs[0].config["rho"] == 1.0 and defs[0].config["distribution"] == "matched"
     # a caller's sampling without w gets the protocol's w; paillier is moved last
-    paillier, sampling = get("defense", "paillier")(key_length=KEY), get("defense", "sampling")(rho=2)
+    paillier, sampling = get("defense", "paillier")(key_length=KEY, insecure_test_key=True), get("defense", "sampling")(rho=2)
     defs = privmvmf_defenses([paillier, sampling], 0.3)
     assert [d.name for d in defs] == ["sampling", "paillier"]
     assert defs[0].config["rho"] == 2 and defs[0].config["w"] == 0.3
@@ -150,6 +151,6 @@ def test_ml100k_lossless_subsample():
     cfg = {"epochs": 2, "record_rounds": 0}
     sampling, paillier = get("defense", "sampling"), get("defense", "paillier")
     fed = get("protocol", "fedmvmf")().run(ds, cfg, [sampling(rho=1.0)], rng=0).utility
-    priv = PrivMVMF().run(ds, cfg, [sampling(rho=1.0), paillier(key_length=KEY)], rng=0).utility
+    priv = PrivMVMF().run(ds, cfg, [sampling(rho=1.0), paillier(key_length=KEY, insecure_test_key=True)], rng=0).utility
     for key in UTILITY_KEYS:
         assert priv[key] == pytest.approx(fed[key], rel=0.01), key

@@ -639,7 +639,8 @@ def load_dataset(path: str | Path) -> RatingsDataset:
 
     Args:
         path: a folder holding ``u.data`` (100K), ``ratings.dat`` (1M) or ``ratings.csv``
-            (latest-small), or a path to a CSV/TSV file of ratings (header optional).
+            (latest-small), or a path to a CSV/TSV file of ratings (header optional); or a
+            sized synthetic spec ``synthetic:...`` (:func:`privaudit.data.synthetic.parse_spec`).
 
     Returns:
         A :class:`RatingsDataset` (users and items are those with ratings, ordered by raw id).
@@ -647,6 +648,10 @@ def load_dataset(path: str | Path) -> RatingsDataset:
     Raises:
         DataError: missing path, unrecognised folder, malformed line (file and line named).
     """
+    if str(path).strip().lower().startswith("synthetic:"):  # a sized synthetic dataset, not a path
+        from privaudit.data.synthetic import synthetic_from_spec
+
+        return synthetic_from_spec(str(path))
     path = Path(path).expanduser()
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")

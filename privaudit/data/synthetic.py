@@ -25,7 +25,7 @@ import numpy as np
 from privaudit.data.dataset import RatingsDataset, build_csr
 from privaudit.errors import DataError
 
-__all__ = ["synthetic"]
+__all__ = ["synthetic", "synthetic_from_spec", "parse_spec", "PRESETS"]
 
 _AGE_GROUPS = ["7-16", "17-25", "26-35", "36-44", "45-54", "55-63", "64-73"]
 _AGE_PRIOR = np.log([0.04, 0.28, 0.30, 0.17, 0.12, 0.06, 0.03])
@@ -42,6 +42,7 @@ _GENRES = [
 _MU = 2.9  # global mean before the selection effect (rated items skew towards liked ones)
 _T0 = 946684800  # 2000-01-01 UTC
 _DAY = 86400
+_BLOCK = 1 << 20  # entries per block where a per-rating temporary would be (ratings x k)
 
 
 def _categorical(rng: np.random.Generator, U: np.ndarray, prior: np.ndarray, strength: float) -> np.ndarray:
@@ -140,10 +141,16 @@ def synthetic(
     rows = np.repeat(np.arange(n), counts)
     cols = np.concatenate(picked).astype(np.int64)
 
-    # ratings
-    affinity = np.einsum("ij,ij->i", U[rows], V[cols]) / np.sqrt(k)
+    # ratings (the affinity in blocks of entries: no (ratings x k) temporaries)
+    affinity = np.empty(rows.size)
+    for lo in range(0, rows.size, _BLOCK):
+        r, c = rows[lo : lo + _BLOCK], cols[lo : lo + _BLOCK]
+        affinity[lo : lo + _BLOCK] = np.einsum("ij,ij->i", U[r], V[c])
+    affinity /= np.sqrt(k)
     mean = _MU + b_user[rows] + b_item[cols] + 0.75 * affinity
+    del affinity
     values = np.clip(np.rint(mean + rng.normal(0.0, 0.7, size=rows.size)), 1.0, 5.0)
+    del mean
 
     # timestamps: random order within each user, exponential gaps from a per-user start
     start = _T0 + rng.integers(0, 4 * 365 * _DAY, size=n)
@@ -172,3 +179,74 @@ def synthetic(
         rating_max=5.0,
         rating_step=1.0,
     )
+
+
+#: Named sizes for ``synthetic:<preset>``: MovieLens shapes, density giving about the same ratings.
+PRESETS: dict[str, dict[str, float | int]] = {
+    "ml-100k-size": {"n_users": 943, "n_items": 1682, "density": 0.063},  # ~100,000 ratings
+    "ml-1m-size": {"n_users": 6040, "n_items": 3706, "density": 0.045},  # ~1.0 M ratings
+    "ml-10m-size": {"n_users": 69878, "n_items": 10677, "density": 0.0134},  # ~10 M ratings
+}
+_SPEC_KEYS = {"users": "n_users", "items": "n_items", "k": "k", "min_ratings": "min_ratings",
+              "density": "density", "seed": "seed"}
+_SPEC_MAX = {"users": 10**7, "items": 10**6, "k": 256}
+_MAX_CELLS = 10**10  # users x items: the item draw costs O(users x items) time
+SPEC_HELP = (
+    "synthetic[:PRESET][,KEY=VALUE...] with PRESET one of " + ", ".join(PRESETS)
+    + " and KEY one of " + ", ".join(_SPEC_KEYS)
+    + " (e.g. synthetic:users=6040,items=3706,density=0.045)"
+)
+
+
+def parse_spec(spec: str) -> dict[str, float | int]:
+    """Keyword arguments of :func:`synthetic` from ``synthetic[:PRESET][,KEY=VALUE...]``.
+
+    ``PRESET`` is a key of :data:`PRESETS`; ``KEY`` is ``users``, ``items``, ``k``,
+    ``min_ratings``, ``density`` or ``seed`` and overrides the preset. Raises
+    :class:`~privaudit.errors.DataError` (one line) for anything else, before any data is made.
+    """
+    head, _, tail = str(spec).strip().partition(":")
+    if head.strip().lower() != "synthetic":
+        raise DataError(f"{spec!r}: a synthetic dataset spec starts with 'synthetic' ({SPEC_HELP})")
+    kwargs: dict[str, float | int] = {}
+    for n, item in enumerate(p.strip() for p in tail.split(",")):
+        if not item:
+            if tail.strip():
+                raise DataError(f"{spec!r}: empty field in the synthetic spec ({SPEC_HELP})")
+            continue
+        key, eq, value = item.partition("=")
+        key = key.strip().lower()
+        if not eq:
+            if n != 0 or key not in PRESETS:
+                raise DataError(f"{spec!r}: unknown preset {key!r} ({SPEC_HELP})")
+            kwargs.update(PRESETS[key])
+            continue
+        if key not in _SPEC_KEYS:
+            raise DataError(f"{spec!r}: unknown key {key!r} ({SPEC_HELP})")
+        kwargs[_SPEC_KEYS[key]] = _spec_number(spec, key, value.strip())
+    n_users, n_items = int(kwargs.get("n_users", 200)), int(kwargs.get("n_items", 300))
+    if n_users * n_items > _MAX_CELLS:
+        raise DataError(f"{spec!r}: users x items = {n_users * n_items} exceeds the limit of {_MAX_CELLS}")
+    if not 0 <= int(kwargs.get("min_ratings", 20)) <= n_items:
+        raise DataError(f"{spec!r}: min_ratings must be in 0..items={n_items}")
+    return kwargs
+
+
+def _spec_number(spec: str, key: str, value: str) -> float | int:
+    try:
+        number: float | int = float(value) if key == "density" else int(value)
+    except ValueError:
+        what = "a number" if key == "density" else "an integer"
+        raise DataError(f"{spec!r}: {key} must be {what}, got {value!r}") from None
+    if key == "density" and not 0 < number <= 1:
+        raise DataError(f"{spec!r}: density must be in (0, 1], got {value}")
+    if key in _SPEC_MAX and not 1 <= number <= _SPEC_MAX[key]:
+        raise DataError(f"{spec!r}: {key} must be in 1..{_SPEC_MAX[key]}, got {value}")
+    if key in ("min_ratings", "seed") and number < 0:
+        raise DataError(f"{spec!r}: {key} must be >= 0, got {value}")
+    return number
+
+
+def synthetic_from_spec(spec: str) -> RatingsDataset:
+    """The dataset a ``synthetic[:PRESET][,KEY=VALUE...]`` spec names (see :func:`parse_spec`)."""
+    return synthetic(**parse_spec(spec))

@@ -27,15 +27,22 @@ its own plaintext in phe's signed convention (``q mod n``; values above ``n/2`` 
 
 Homomorphic addition of two ciphertexts is their product modulo ``n**2`` (what phe's
 ``EncryptedNumber._raw_add`` computes); it is done here on gmpy2 integers in bulk.
-Encryption is :meth:`phe.paillier.PaillierPublicKey.raw_encrypt` (fresh obfuscator from
-``random.SystemRandom``, i.e. the OS CSPRNG), decryption
-:meth:`phe.paillier.PaillierPrivateKey.raw_decrypt` (CRT). Both run in joblib workers when
-``jobs != 1``; workers receive only integers (``n``, or ``p`` and ``q``) and rebuild the keys.
+Encryption is split into an offline phase, :func:`obfuscators` (``r^n`` as in
+:meth:`phe.paillier.PaillierPublicKey.raw_encrypt`, or the Damgård–Jurik–Nielsen ``h_s^r`` with
+a short ``r`` on a fixed-base table; ``r`` from :mod:`secrets`), and an online phase,
+:func:`encrypt_online` (``(1 + m n) * obfuscator mod n^2``, phe's ciphertext form, so phe
+decrypts it unchanged); :func:`encrypt` is phe's own ``raw_encrypt`` (the reference).
+Decryption is :meth:`phe.paillier.PaillierPrivateKey.raw_decrypt` (CRT). Obfuscators and
+decryption run in joblib workers when ``jobs != 1``; workers receive only integers (``n`` and
+``h_s``, or ``p`` and ``q``) and rebuild what they need.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import secrets
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -162,16 +169,36 @@ def decode_sums(plaintexts: Sequence[int], counts: np.ndarray, layout: SlotLayou
     """
     counts = np.asarray(counts, dtype=np.int64)
     rows = len(counts)
+    if rows and int(counts.max()) > layout.max_summands:
+        raise ValueError(
+            f"slot overflow: a sum of {int(counts.max())} ciphertexts on a layout sized for "
+            f"{layout.max_summands} summands"
+        )
     if layout.slots == 1:
-        vals = np.array([(v - n) if v > n // 2 else v for v in plaintexts], dtype=np.int64)
-        return vals.reshape(rows, length)
+        half = n // 2
+        signed = [(int(v) - n) if v > half else int(v) for v in plaintexts]
+        limits = np.repeat(counts, length).tolist()
+        for v, c in zip(signed, limits):
+            if abs(v) > c * layout.offset:
+                raise ValueError(f"overflow: a decrypted sum of {c} values exceeds {c} x the encoding bound")
+        return np.array(signed, dtype=np.int64).reshape(rows, length)
     S, W = layout.slots, layout.slot_bytes
     C = layout.n_ciphertexts(length)
-    raw = b"".join(int(v).to_bytes(S * W, "big") for v in plaintexts)
+    try:
+        raw = b"".join(int(v).to_bytes(S * W, "big") for v in plaintexts)
+    except OverflowError:
+        raise ValueError("overflow: a decrypted sum is wider than its slots") from None
     buf = np.frombuffer(raw, dtype=np.uint8).reshape(rows * C, S, W)
-    low = np.ascontiguousarray(buf[:, :, W - 8 :]).view(">u8").reshape(rows, C * S)[:, :length].astype(np.uint64)
+    # every slot holds at most count x 2 offset < 2**63 (make_layout keeps max_summands x offset
+    # below 2**62): bytes above the low 8 must be zero, padding slots zero, the rest bounded
+    if W > 8 and buf[:, :, : W - 8].any():
+        raise ValueError("overflow: a decrypted slot exceeds its bound (count x 2 x offset)")
+    low = np.ascontiguousarray(buf[:, :, W - 8 :]).view(">u8").reshape(rows, C * S).astype(np.uint64)
+    bound = counts.astype(np.uint64)[:, None] * np.uint64(2 * layout.offset)
+    if np.any(low[:, :length] > bound) or np.any(low[:, length:] != 0):
+        raise ValueError("overflow: a decrypted slot exceeds its bound (count x 2 x offset)")
     correction = (counts.astype(np.uint64) * np.uint64(layout.offset))[:, None]
-    return (low - correction).view(np.int64)
+    return (low[:, :length] - correction).view(np.int64)
 
 
 def dequantize(q_sums: np.ndarray, precision: int) -> np.ndarray:
@@ -262,6 +289,153 @@ def decrypt(n: int, p: int, q: int, ciphertexts: list, jobs: int = 1) -> list[in
 
     parts = Parallel(n_jobs=workers)(delayed(_decrypt_chunk)(n, p, q, chunk) for chunk in _chunks(plain, 4 * workers))
     return [v for part in parts for v in part]
+
+
+# ------------------------------------------------------------------ obfuscators (offline phase)
+
+#: obfuscation schemes: ``standard`` r^n (r uniform in [1, n)), ``djn`` h_s^r (r of ceil(k/2) bits)
+OBFUSCATIONS = ("standard", "djn")
+_WINDOW = 8  # bits per window of the fixed-base table: one table row per byte of the exponent
+
+
+def djn_base(n: int) -> int:
+    """A public fixed base ``h_s = h^n mod n^2`` with ``h = -x^2 mod n``, ``x`` a uniform unit (``secrets``).
+
+    ``h`` generates (with overwhelming probability) the subgroup of Z_n^* of Jacobi symbol 1
+    (Damgård, Jurik, Nielsen, "A generalization of Paillier's public-key system with
+    applications to electronic voting", International Journal of Information Security, 2010).
+    """
+    n = gmpy2.mpz(n)
+    while True:
+        x = gmpy2.mpz(secrets.randbelow(int(n) - 2) + 2)
+        if gmpy2.gcd(x, n) == 1:
+            break
+    h = (-x * x) % n
+    return int(gmpy2.powmod(h, n, n * n))
+
+
+def djn_exponent_bits(n: int) -> int:
+    """Bits of the short random exponent: ``ceil(k / 2)`` for a ``k``-bit modulus."""
+    return -(-int(n).bit_length() // 2)
+
+
+@functools.lru_cache(maxsize=2)
+def _fixed_base_table(hs: int, nsquare: int, exp_bits: int) -> tuple:
+    """``T[i][d] = h_s^(d * 2^(8 i)) mod n^2`` for every byte position ``i`` and byte value ``d``.
+
+    ``ceil(exp_bits / 8) x 256`` entries (16 MiB at 2048 bits), built with 255 products per row;
+    cached per process so joblib workers build it once.
+    """
+    nsq = gmpy2.mpz(nsquare)
+    base = gmpy2.mpz(hs)
+    rows = []
+    for _ in range(-(-exp_bits // _WINDOW)):
+        row = [gmpy2.mpz(1), base]
+        for _ in range((1 << _WINDOW) - 2):
+            row.append(gmpy2.f_mod(gmpy2.mul(row[-1], base), nsq))
+        rows.append(tuple(row))
+        base = gmpy2.f_mod(gmpy2.mul(row[-1], base), nsq)  # h_s^(256^(i+1))
+    return tuple(rows)
+
+
+def _obfuscators_chunk(n: int, hs: int | None, count: int, width: int) -> bytes:
+    """``count`` obfuscators as fixed-width big-endian bytes; randomness from ``secrets`` only."""
+    n_ = gmpy2.mpz(n)
+    nsq = n_ * n_
+    out = []
+    if hs is None:  # standard: r^n mod n^2, r uniform in [1, n) (phe's raw_encrypt obfuscator)
+        for _ in range(count):
+            r = gmpy2.mpz(secrets.randbelow(n - 1) + 1)
+            out.append(int(gmpy2.powmod(r, n_, nsq)).to_bytes(width, "big"))
+        return b"".join(out)
+    bits = djn_exponent_bits(n)
+    table = _fixed_base_table(hs, int(nsq), bits)
+    nbytes = len(table)
+    mul, fmod = gmpy2.mul, gmpy2.f_mod
+    for _ in range(count):
+        r = secrets.randbits(bits).to_bytes(nbytes, "little")
+        acc = gmpy2.mpz(1)
+        for row, d in zip(table, r):
+            if d:
+                acc = fmod(mul(acc, row[d]), nsq)
+        out.append(int(acc).to_bytes(width, "big"))
+    return b"".join(out)
+
+
+def obfuscators(n: int, count: int, hs: int | None = None, jobs: int = 1) -> list:
+    """``count`` fresh obfuscators (gmpy2 integers): ``r^n`` (``hs`` None) or ``h_s^r`` (DJN).
+
+    Independent of any message: the offline phase of an encryption. Parallel over joblib
+    workers when ``jobs != 1``; workers receive only ``n`` and ``h_s``.
+    """
+    width = 2 * ((int(n).bit_length() + 7) // 8)
+    workers = _n_workers(jobs)
+    if workers == 1 or count < 64:
+        raw = _obfuscators_chunk(n, hs, count, width)
+    else:
+        from joblib import Parallel, delayed
+
+        sizes = [len(c) for c in _chunks(list(range(count)), 4 * workers)]
+        raw = b"".join(Parallel(n_jobs=workers)(delayed(_obfuscators_chunk)(n, hs, k, width) for k in sizes))
+    return [gmpy2.mpz(int.from_bytes(raw[i : i + width], "big")) for i in range(0, len(raw), width)]
+
+
+def encrypt_online(n: int, plaintexts: Sequence[int], obfs: Sequence, width: int) -> np.ndarray:
+    """The online phase: ``(1 + m n) * obf mod n^2`` per plaintext ``0 <= m < n`` (phe's ciphertext form).
+
+    uint8 array (count x width), big-endian, as :func:`encrypt` returns.
+    """
+    if len(obfs) != len(plaintexts):
+        raise ValueError(f"{len(plaintexts)} plaintexts but {len(obfs)} obfuscators")
+    n_ = gmpy2.mpz(n)
+    nsq = n_ * n_
+    mul, fmod = gmpy2.mul, gmpy2.f_mod
+    raw = b"".join(
+        int(fmod(mul(mul(n_, m) + 1, r), nsq)).to_bytes(width, "big") for m, r in zip(plaintexts, obfs)
+    )
+    return np.frombuffer(raw, dtype=np.uint8).reshape(len(plaintexts), width)
+
+
+class ObfuscatorPool:
+    """Obfuscators computed ahead of use (the offline phase); each is handed out once.
+
+    Parameters
+    ----------
+    n : int                     public modulus
+    hs : int or None            DJN fixed base ``h_s`` (None: standard ``r^n`` obfuscators)
+    jobs : int                  joblib workers for :meth:`fill`
+
+    Example
+    -------
+    >>> pool = ObfuscatorPool(n, djn_base(n))          # doctest: +SKIP
+    >>> pool.fill(10_000)                               # offline, before the round
+    >>> cts = encrypt_online(n, plaintexts, pool.take(len(plaintexts)), width)
+    """
+
+    def __init__(self, n: int, hs: int | None = None, jobs: int = 1) -> None:
+        self.n, self.hs, self.jobs = int(n), hs, jobs
+        self._items: list = []
+        #: seconds spent computing obfuscators (wall clock) and how many were computed
+        self.offline_seconds = 0.0
+        self.computed = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def fill(self, count: int) -> None:
+        """Compute ``count`` more obfuscators."""
+        if count <= 0:
+            return
+        t0 = time.perf_counter()
+        self._items.extend(obfuscators(self.n, int(count), self.hs, self.jobs))
+        self.offline_seconds += time.perf_counter() - t0
+        self.computed += int(count)
+
+    def take(self, count: int) -> list:
+        """``count`` unused obfuscators (computing any shortfall first); never reused."""
+        self.fill(count - len(self._items))
+        out, self._items = self._items[:count], self._items[count:]
+        return out
 
 
 def generate_keypair(key_length: int) -> tuple[paillier.PaillierPublicKey, paillier.PaillierPrivateKey]:

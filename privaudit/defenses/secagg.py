@@ -61,7 +61,8 @@ class SecAgg(Defense):
     params = {"ring_bits": 64, "frac_bits": -1, "int_bits": 16, "dropout": 0.0, "drop": [], "threshold": 0.5}
     param_help = {
         "ring_bits": "ring Z_2^b of the masked fixed-point values: 32 or 64",
-        "frac_bits": "fractional bits of the fixed-point encoding (-1: b - 1 - int_bits - ceil(log2 n))",
+        "frac_bits": "fractional bits of the fixed-point encoding (-1: b - 1 - int_bits - ceil(log2 n); "
+        "a larger value that can overflow for the cohort is refused)",
         "int_bits": "every uploaded value must satisfy |x| < 2^int_bits (headroom for the cohort sum)",
         "dropout": "fraction of each cohort that drops after masking (recovered by Shamir shares)",
         "drop": "user ids that drop after masking whenever they are selected",
@@ -79,6 +80,10 @@ class SecAgg(Defense):
             raise PrivauditError(f"defense 'secagg': threshold must be in (0, 1), got {self.threshold!r}")
         if not isinstance(self.int_bits, int) or not 1 <= self.int_bits < self.ring_bits - 2:
             raise PrivauditError(f"defense 'secagg': int_bits must be an integer in 1..{self.ring_bits - 3}")
+        if not isinstance(self.frac_bits, int) or self.frac_bits < -1:
+            raise PrivauditError(f"defense 'secagg': frac_bits must be -1 (automatic) or an integer >= 0, got {self.frac_bits!r}")
+        if self.frac_bits >= 0:
+            self._check_layout(int(self.frac_bits), 2)  # the smallest cohort that sums anything
         self._rounds: dict[tuple, dict[str, Any]] = {}
         self._batches: dict[tuple, dict[str, Any]] = {}
         self.last_unmasked: np.ndarray | None = None
@@ -114,8 +119,23 @@ class SecAgg(Defense):
         self._rounds[key] = st
         return st
 
+    def _check_layout(self, frac_bits: int, n: int) -> None:
+        """Refuse a ring/fraction layout whose sum over ``n`` clients can overflow.
+
+        Values satisfy |x| < 2^int_bits, so |sum of n encodings| <= n 2^(int_bits + frac_bits),
+        which the signed ring holds iff int_bits + frac_bits + ceil(log2 n) <= ring_bits - 1.
+        """
+        need = self.int_bits + frac_bits + max(1, math.ceil(math.log2(max(n, 2))))
+        if need > self.ring_bits - 1:
+            raise PrivauditError(
+                f"defense 'secagg': ring_bits {self.ring_bits} with frac_bits {frac_bits} and int_bits {self.int_bits} "
+                f"can overflow for {n} clients (needs int_bits + frac_bits + ceil(log2 n) <= {self.ring_bits - 1}); "
+                "lower frac_bits or int_bits, or use ring_bits 64"
+            )
+
     def _frac_bits(self, n: int) -> int:
         if self.frac_bits >= 0:
+            self._check_layout(int(self.frac_bits), n)
             return int(self.frac_bits)
         f = self.ring_bits - 1 - self.int_bits - max(1, math.ceil(math.log2(max(n, 2))))
         if f < 1:

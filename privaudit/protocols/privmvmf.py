@@ -11,8 +11,8 @@ changes is the channel:
   item / P entry and decrypting clients return only the sums (eq. 37).
 
 :meth:`PrivMVMF.run` adds a default ``sampling`` and/or ``paillier`` defense when the caller
-gave none of that kind (``rho=1``, ``key_length=2048`` — pass ``--defense paillier:key_length=512``
-for quick runs); other defenses (noise, ...) are kept and applied before encryption in the
+gave none of that kind (``rho=1``, ``key_length=2048`` — pass ``--defense paillier:obfuscation=djn``
+for faster encryption); other defenses (noise, ...) are kept and applied before encryption in the
 order given. Departure: the paper's Table 2 values of rho and the key length were lost in
 extraction; rho = 1 and 2048 bits are this toolkit's defaults.
 

@@ -1,0 +1,192 @@
+"""Scale: time and peak memory of every stage of a FedMVMF audit at 100K, 1M and 10M ratings.
+
+For each size (synthetic presets ``ml-100k-size``, ``ml-1m-size``, ``ml-10m-size``; each in a
+fresh subprocess so that peak memory is its own) the stages are:
+
+- dataset: ``load_dataset("synthetic:<preset>")``;
+- protocol: ``fedmvmf`` with only the recorded rounds (``epochs = record_rounds = 2``, the two
+  rounds the attack needs), including its utility evaluation, reported apart as ``of which
+  utility`` (``fedmvmf.ranking_utility``, wrapped with a timer: it ranks every training item
+  for every user, so it costs users x items, not ratings);
+- save / load: the transcript to and from a ``.ptx`` file in a temporary folder;
+- attack: ``mvmf-analytic`` on the server's view of the loaded transcript (view, prior
+  knowledge, run);
+- scoring: ``score`` and the random/majority ``baseline`` against the clients' private data.
+
+Each stage reports wall seconds, process CPU seconds, microseconds of wall time per rating,
+and peak resident memory (sampled every 5 ms from ``/proc/self/statm``; the stage's peak
+minus the resident size when it started is printed as ``+MiB``). Then the per-rating cost
+ratio of every stage between consecutive sizes (1.0 = linear in the ratings), and the targets:
+ML-1M-sized fedmvmf + attack + scoring under 5 s wall; 10M: protocol + attack + scoring under
+60 s wall and the whole run under 8 GiB peak.
+
+    python benchmarks/scale.py [--sizes 100k,1m,10m] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+SIZES = {"100k": "ml-100k-size", "1m": "ml-1m-size", "10m": "ml-10m-size"}
+STAGES = ("dataset", "protocol", "utility", "save", "load", "attack", "scoring")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * PAGE
+
+
+class Stage:
+    """Wall/CPU seconds and peak RSS of a block (a thread samples RSS every 5 ms)."""
+
+    def __init__(self, out: dict, name: str):
+        self.out, self.name = out, name
+
+    def __enter__(self):
+        self.start_rss = self.peak = rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, rss())
+
+    def __exit__(self, *exc):
+        wall, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss())
+        self.out[self.name] = {"wall": wall, "cpu": cpu, "peak": self.peak, "delta": self.peak - self.start_rss}
+
+
+def one(size: str, seed: int) -> dict:
+    """Run every stage at one size in this process; a JSON-able dict."""
+    import numpy as np
+
+    from privaudit.data import load_dataset
+    from privaudit.protocols import fedmvmf
+    from privaudit.registry import get
+    from privaudit.transcript import load
+
+    res: dict = {"size": size, "stages": {}}
+    st = res["stages"]
+    with Stage(st, "dataset"):
+        ds = load_dataset(f"synthetic:{SIZES[size]},seed={seed}")
+    res["ratings"] = int(ds.n_ratings)
+    res["shape"] = [int(ds.n_users), int(ds.n_items)]
+    utility_seconds = [0.0, 0.0]
+    original = fedmvmf.ranking_utility
+
+    def timed_utility(*a, **k):
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            return original(*a, **k)
+        finally:
+            utility_seconds[0] += time.perf_counter() - t0
+            utility_seconds[1] += time.process_time() - c0
+
+    fedmvmf.ranking_utility = timed_utility
+    try:
+        with Stage(st, "protocol"):
+            run = fedmvmf.FedMVMF().run(ds, {"epochs": 2, "record_rounds": 2}, rng=seed)
+    finally:
+        fedmvmf.ranking_utility = original
+    st["utility"] = {"wall": utility_seconds[0], "cpu": utility_seconds[1], "peak": st["protocol"]["peak"], "delta": 0}
+    transcript = run.transcript
+    res["messages"] = len(transcript)
+    del run, ds
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "run.ptx"
+        with Stage(st, "save"):
+            transcript.save(path)
+        res["file_bytes"] = path.stat().st_size
+        del transcript
+        with Stage(st, "load"):
+            transcript = load(path)
+    attack = get("attack", "mvmf-analytic")()
+    rng = np.random.default_rng(seed)
+    with Stage(st, "attack"):
+        view = transcript.view(attack.party)
+        ok, reason = attack.applicable(view)
+        if not ok:
+            raise SystemExit(f"mvmf-analytic does not apply: {reason}")
+        recon = attack.run(view, attack.prior_knowledge(transcript, rng), rng)
+    with Stage(st, "scoring"):
+        metrics = attack.score(recon, transcript)
+        baseline = attack.baseline(transcript)
+    res["metrics"] = {k: float(v) for k, v in metrics.items()}
+    res["baseline"] = {k: float(v) for k, v in baseline.items()}
+    res["peak"] = max(s["peak"] for s in st.values())
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="100k,1m,10m", help="comma-separated subset of 100k,1m,10m")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--one", choices=sorted(SIZES), help=argparse.SUPPRESS)  # internal: one size, JSON out
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args.one, args.seed)))
+        return 0
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    bad = [s for s in sizes if s not in SIZES]
+    if bad:
+        ap.error(f"unknown size(s) {', '.join(bad)}; choose from {', '.join(SIZES)}")
+    results = []
+    for size in sizes:
+        proc = subprocess.run([sys.executable, __file__, "--one", size, "--seed", str(args.seed)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"{size}: failed\n{proc.stderr.strip()}", file=sys.stderr)
+            return 1
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    print(f"cpus={os.cpu_count()} load average at the end={os.getloadavg()[0]:.1f}")
+    for r in results:
+        acc = r["metrics"]
+        print(
+            f"\n{r['size']}: {r['shape'][0]} users x {r['shape'][1]} items, {r['ratings']} ratings, "
+            f"{r['messages']} messages, transcript {r['file_bytes'] / 2**20:.0f} MiB; rating_accuracy "
+            f"{acc['rating_accuracy']:.4f} (majority baseline {r['baseline']['rating_accuracy_majority']:.4f}), "
+            f"attribute_accuracy {acc['attribute_accuracy']:.4f}; peak RSS {r['peak'] / 2**30:.2f} GiB"
+        )
+        print(f"  {'stage':16s}{'wall s':>9s}{'cpu s':>9s}{'us/rating':>11s}{'peak MiB':>10s}{'+MiB':>8s}")
+        for name in STAGES:
+            s = r["stages"][name]
+            label = "  of which utility" if name == "utility" else name
+            print(f"  {label:16s}{s['wall']:9.2f}{s['cpu']:9.2f}{1e6 * s['wall'] / r['ratings']:11.3f}"
+                  f"{s['peak'] / 2**20:10.0f}{s['delta'] / 2**20:8.0f}")
+    for a, b in zip(results, results[1:]):
+        print(f"\nper-rating cost ratio {b['size']} / {a['size']} (1.0 = linear; wall, cpu):")
+        for name in STAGES:
+            sa, sb = a["stages"][name], b["stages"][name]
+            ra = [sa[k] / a["ratings"] for k in ("wall", "cpu")]
+            rb = [sb[k] / b["ratings"] for k in ("wall", "cpu")]
+            ratios = [y / x if x > 0 else float("nan") for x, y in zip(ra, rb)]
+            print(f"  {name:16s}{ratios[0]:7.2f}{ratios[1]:7.2f}")
+    for r in results:
+        s = r["stages"]
+        pipeline = sum(s[k]["wall"] for k in ("protocol", "attack", "scoring"))
+        cpu = sum(s[k]["cpu"] for k in ("protocol", "attack", "scoring"))
+        if r["size"] == "1m":
+            print(f"\n1m: fedmvmf + attack + scoring {pipeline:.2f} s wall ({cpu:.2f} s cpu); target < 5 s wall")
+        if r["size"] == "10m":
+            print(f"\n10m: protocol (2 recorded rounds) + attack + scoring {pipeline:.2f} s wall ({cpu:.2f} s cpu), "
+                  f"peak {r['peak'] / 2**30:.2f} GiB; targets < 60 s, < 8 GiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Sized synthetic datasets from a spec string (``--data synthetic:...``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from privaudit.cli import main
+from privaudit.data import load_dataset, synthetic
+from privaudit.data.synthetic import PRESETS, parse_spec
+from privaudit.errors import DataError
+
+
+def _same(a, b) -> None:
+    assert (a.n_users, a.n_items) == (b.n_users, b.n_items)
+    for x, y in ((a.ratings, b.ratings), (a.timestamps, b.timestamps)):
+        np.testing.assert_array_equal(x.indptr, y.indptr)
+        np.testing.assert_array_equal(x.indices, y.indices)
+        np.testing.assert_array_equal(x.data, y.data)
+    np.testing.assert_array_equal(a.user_attributes, b.user_attributes)
+    np.testing.assert_array_equal(a.item_features, b.item_features)
+
+
+def test_presets_have_movielens_shapes_and_rating_counts():
+    assert parse_spec("synthetic:ml-1m-size") == {"n_users": 6040, "n_items": 3706, "density": 0.045}
+    assert parse_spec("synthetic:ml-10m-size")["n_users"] == 69878
+    assert parse_spec("synthetic:ml-10m-size")["n_items"] == 10677
+    # expected ratings = users x items x density: 1.007 M and 10.0 M
+    for name, target in (("ml-1m-size", 1.0e6), ("ml-10m-size", 1.0e7)):
+        p = PRESETS[name]
+        assert abs(p["n_users"] * p["n_items"] * p["density"] / target - 1) < 0.01
+    ds = load_dataset("synthetic:ml-100k-size")
+    assert (ds.n_users, ds.n_items) == (943, 1682)
+    assert abs(ds.n_ratings / 100_000 - 1) < 0.02
+
+
+def test_spec_equals_the_direct_call_and_keys_override_the_preset():
+    _same(load_dataset("synthetic:users=120,items=90,density=0.2,k=3,min_ratings=5,seed=4"),
+          synthetic(n_users=120, n_items=90, density=0.2, k=3, min_ratings=5, seed=4))
+    assert parse_spec("synthetic:ml-1m-size,users=10,seed=2") == {
+        "n_users": 10, "n_items": 3706, "density": 0.045, "seed": 2}
+    _same(load_dataset("synthetic:"), synthetic())
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("synthetic:users=0", "users must be in 1..10000000"),
+        ("synthetic:ml-2m-size", "unknown preset 'ml-2m-size'"),
+        ("synthetic:users=10,ml-1m-size", "unknown preset"),
+        ("synthetic:users=ten", "users must be an integer"),
+        ("synthetic:density=1.5", "density must be in (0, 1]"),
+        ("synthetic:colour=red", "unknown key 'colour'"),
+        ("synthetic:users=100,,items=3", "empty field"),
+        ("synthetic:users=10000000,items=1000000", "exceeds the limit"),
+        ("synthetic:items=10,min_ratings=20", "min_ratings must be in 0..items=10"),
+    ],
+)
+def test_bad_specs_are_one_line_exit_2_before_any_compute(spec, message, capsys, tmp_path):
+    with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        parse_spec(spec)
+    out = tmp_path / "t.ptx"
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--protocol", "fedmvmf", "--data", spec, "-o", str(out)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and not out.exists()
+
+
+def test_help_documents_the_spec_and_presets(capsys):
+    with pytest.raises(SystemExit):
+        main(["attack", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "ml-1m-size" in text and "ml-10m-size" in text and "density=D" in text
