@@ -27,6 +27,7 @@ import numpy as np
 
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.metrics import majority_guess_accuracy, uniform_guess_accuracy
+from privaudit.results import Decisions, MetricSpec
 from privaudit.transcript import Transcript, View
 
 FEDMVMF_PROTOCOLS = ("fedmvmf", "privmvmf")
@@ -409,16 +410,107 @@ def baselines(transcript: Transcript) -> dict[str, float]:
     }
 
 
+def _uploaded_truth(transcript: Transcript) -> list[tuple[str, np.ndarray]]:
+    """(party, true ratings of the items it uploaded first) for every client the server heard from."""
+    if "server" not in transcript.parties:
+        return []
+    out, seen = [], set()
+    for m in transcript.view("server").select("grad_V"):
+        if m.sender in seen or "items" not in m.payload:
+            continue
+        seen.add(m.sender)
+        out.append((m.sender, _truth(transcript, m.sender, np.asarray(m.payload["items"], dtype=np.int64))))
+    return out
+
+
+def prior_baselines(transcript: Transcript) -> dict[str, float]:
+    """The best constant guesses, chosen in hindsight from the truth (an upper bound of any
+    strategy that ignores the victims' uploads).
+
+    Ratings: the most frequent true value over all victims' uploaded items (0 = unrated
+    included); ``rated_rating_accuracy``: the most frequent value among the rated items;
+    ``rated_detection_accuracy``: always answering the more frequent of rated / unrated.
+    Attributes: per dummy column its most frequent value (an attacker knowing the population
+    shares of every attribute, e.g. from census data, does no better with a constant guess).
+    """
+    truths = [t for _, t in _uploaded_truth(transcript)]
+    attrs = []
+    for party in transcript.parties:
+        if party.startswith("client:"):
+            x = transcript.private(party).get("attributes")
+            if x is not None:
+                attrs.append(np.asarray(x, dtype=np.float64).ravel())
+    nan = float("nan")
+    y = np.concatenate(truths) if truths else np.empty(0)
+    rated = y[y > 0]
+    out = {
+        "rating_accuracy": majority_guess_accuracy(y) if y.size else nan,
+        "rated_rating_accuracy": majority_guess_accuracy(rated) if rated.size else nan,
+        "rated_detection_accuracy": float(max(np.mean(y > 0), np.mean(y == 0))) if y.size else nan,
+        "attribute_accuracy": nan,
+        "victims": float(len(truths)),
+    }
+    widths = {a.size for a in attrs}
+    if attrs and len(widths) == 1:
+        X = np.stack(attrs)
+        ones = X.mean(axis=0)
+        out["attribute_accuracy"] = float(np.mean(np.maximum(ones, 1.0 - ones)))
+    elif attrs:
+        out["attribute_accuracy"] = majority_guess_accuracy(np.concatenate(attrs))
+    return out
+
+
+def rated_decisions(recon: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
+    """Rated-vs-unrated decisions over every uploaded (victim, item): truth = really rated.
+
+    The score is the reconstruction's ``rated_score`` (the attack's log-likelihood ratio of
+    "rated" over "unrated") where present, else its 0/1 decision (guessed rating > 0). Empty
+    when every uploaded item is rated (ObsOnly without sampling: nothing to decide).
+    """
+    labels, scores = [], []
+    for party, guess in recon.victims.items():
+        items = np.asarray(guess.get("items", np.empty(0, np.int64)), dtype=np.int64)
+        if not len(items):
+            continue
+        labels.append(_truth(transcript, party, items) > 0)
+        s = guess.get("rated_score")
+        scores.append(np.asarray(s, dtype=np.float64) if s is not None else (np.asarray(guess["ratings"]) > 0).astype(float))
+    if not labels:
+        return {}
+    y, s = np.concatenate(labels), np.nan_to_num(np.concatenate(scores), nan=0.0, posinf=1e300, neginf=-1e300)
+    if y.all() or not y.any():
+        return {}
+    return {"rated": Decisions(s, y, positive="really rated item", meta={"attack": recon.attack})}
+
+
+MVMF_METRIC_SPECS = {
+    "rating_accuracy": MetricSpec(True, True, "fraction", "share of uploaded items whose rating (0 = unrated) is guessed exactly"),
+    "attribute_accuracy": MetricSpec(True, True, "fraction", "share of user attribute dummies guessed exactly"),
+    "rated_rating_accuracy": MetricSpec(True, True, "fraction", "share of really rated uploaded items whose rating is guessed exactly"),
+    "rated_detection_accuracy": MetricSpec(True, True, "fraction", "share of uploaded items correctly decided rated or unrated"),
+    "victims": MetricSpec(True, False, "count", "number of clients attacked"),
+}
+
+
 class MVMFAttack(Attack):
     """Base of the FedMVMF/PrivMVMF server attacks: what they target and how they are scored
-    (eq. 43 through :func:`score_reconstruction`, baselines through :func:`baselines`)."""
+    (eq. 43 through :func:`score_reconstruction`, baselines through :func:`baselines` and
+    :func:`prior_baselines`, rated/unrated decisions through :func:`rated_decisions`)."""
 
     party = "server"
     protocols = FEDMVMF_PROTOCOLS
     primary_metric = "rating_accuracy"
+    metric_specs = MVMF_METRIC_SPECS
 
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
         return score_reconstruction(reconstruction, transcript)
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         return baselines(transcript)
+
+    def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
+        """Best constant guesses in hindsight (:func:`prior_baselines`; an upper bound)."""
+        return prior_baselines(transcript)
+
+    def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
+        return rated_decisions(reconstruction, transcript)

@@ -152,6 +152,16 @@ from privaudit.attacks._mvmf import (
     round_attributes,
     round_ratings,
 )
+from privaudit.attacks._mvmf_clipped import (
+    Clipping,
+    attribute_scale,
+    censored_loglik,
+    clipping_of,
+    decode_with_residual_prior,
+    projection_bound,
+    rated_log_odds,
+    stationarity_posterior,
+)
 from privaudit.attacks.base import Reconstruction
 from privaudit.registry import register_attack
 from privaudit.transcript import View
@@ -772,7 +782,10 @@ class MVMFAnalytic(MVMFAttack):
         grid = np.arange(lo, hi + step / 2, step)
         scenario = f"{update}-{cfg['unrated']}" + ("+sampling" if sampling else "")
 
-        if self.shortcut and rounds:
+        clip = clipping_of(cfg)
+        if clip is not None and clip.per != "row":
+            clip = None  # a whole-upload clip scales grad_V and grad_P by unknown factors: not modelled
+        if self.shortcut and rounds and clip is None:
             # noise-adaptive use of rounds: when the first round alone decides every value with
             # a residual far below the grid step, further rounds cannot change a decision
             fast = _shortcut_first_round(fv, rounds[0], K, update, unknown_c, w_virtual, alpha, lam, grid,
@@ -805,7 +818,10 @@ class MVMFAnalytic(MVMFAttack):
             return self.unsupported(
                 "SGD with ObsOnly needs two consecutive recorded rounds from the same clients to fix the scale"
             )
-        victims, diag = self._decode(cfg, fv, parties, stats, taus, sigma2, unknown_c, w_virtual, alpha, grid)
+        if clip is not None:
+            victims, diag = self._decode_clipped(cfg, fv, parties, stats, taus, clip, unknown_c, w_virtual, alpha, lam, grid)
+        else:
+            victims, diag = self._decode(cfg, fv, parties, stats, taus, sigma2, unknown_c, w_virtual, alpha, grid)
         meta = {
             "scenario": scenario,
             "rounds": [s.round for s in stats],
@@ -884,6 +900,152 @@ class MVMFAnalytic(MVMFAttack):
             party: {"items": items[u], "ratings": ratings[bounds[u] : bounds[u + 1]], "attributes": attributes[u]}
             for u, party in enumerate(parties)
         }
+
+    def _decode_clipped(self, cfg: dict, fv: FlatFedMVMFView, parties: list[str], stats: list[_Round],
+                        taus: list[np.ndarray], clip: Clipping, unknown_c: bool, w: float, alpha: float, lam: float,
+                        grid: np.ndarray) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+        """Decode uploads clipped per row by a public DP defense (:mod:`privaudit.attacks._mvmf_clipped`).
+
+        Censored rows (projection at the clipping bound) contribute only their side of the model
+        prediction; uncensored rows their Gaussian likelihood; rounds whose item list for a user
+        matches that user's first round are summed. Returns the victims and diagnostics
+        (``clipped_row_share``: share of grad_V rows at the bound, ``clipped_attribute_share``).
+        """
+        n, p = len(parties), stats[0].b.shape[1]
+        var = max(clip.noise_var, 1e-24)
+        sd = math.sqrt(var)
+        ref: list[np.ndarray | None] = [None] * n
+        for s in stats:
+            for k, u in enumerate(s.users):
+                if ref[u] is None:
+                    ref[u] = s.itemsf[s.offsets[k] : s.offsets[k + 1]]
+        ref = [x if x is not None else np.empty(0, np.int64) for x in ref]
+        lengths = np.fromiter((len(x) for x in ref), dtype=np.int64, count=n)
+        ref_off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=ref_off[1:])
+        ref_flat = np.concatenate(ref) if n else np.empty(0, np.int64)
+        values = np.concatenate([[0.0], grid]) if unknown_c else grid
+        conf = np.where(values == 0.0, w, 1.0) if unknown_c else np.ones(len(values))
+        LL = np.zeros((len(ref_flat), len(values)))
+        pred_sum, pred_cnt = np.zeros(len(ref_flat)), np.zeros(len(ref_flat))
+        XL = np.zeros((n, p, 2))
+        scales: list[tuple[_Round, np.ndarray, np.ndarray]] = []  # (round, signed t, user's list = reference)
+        clipped_rows = clipped_attr = rows_total = attr_total = 0
+        for s, tau in zip(stats, taus):
+            A = projection_bound(clip, s.d)
+            seg, af, dvf = s.seg, s.af, s.dvf
+            margin = np.minimum(2.0 * sd, 0.5 * A)  # a row this close to the bound counts as censored
+            cens_v = np.abs(af) >= (A - margin)[seg]
+            cens_p = np.abs(s.b) >= (A - margin)[:, None]
+            clipped_rows += int(cens_v.sum())
+            rows_total += len(af)
+            clipped_attr += int(cens_p.sum())
+            attr_total += cens_p.size
+            censored_user = (np.bincount(seg, weights=cens_v, minlength=len(s.users)) + cens_p.sum(axis=1)) > 0
+            tau_attr = attribute_scale(s.b, s.pd, A, var, alpha)
+            tau = np.where(censored_user | ~np.isfinite(tau), tau_attr, tau)
+            ok = np.isfinite(tau) & (tau > 0)
+            t = np.sqrt(np.where(ok, tau, 1.0))
+            sign = np.where(np.bincount(seg, weights=t[seg] * dvf, minlength=len(t)) < 0, -1.0, 1.0)
+            t = t * sign
+            m = t[seg] * dvf  # the model's predicted rating u.v_i per row
+            ll = np.stack([censored_loglik(af, -2.0 * c * t[seg] * (g - m), A[seg], var)
+                           for g, c in zip(values, conf)], axis=1)
+            # rows in the user's reference layout (same item list as the user's first round)
+            rlen = np.diff(s.offsets)
+            pos = ref_off[s.users][seg] + (np.arange(len(seg)) - s.offsets[seg])
+            samelen = (rlen == lengths[s.users]) & ok
+            cand = samelen[seg]
+            bad = np.zeros(len(seg), dtype=bool)
+            bad[cand] = s.itemsf[cand] != ref_flat[pos[cand]]
+            same_user = samelen & (np.bincount(seg, weights=bad, minlength=len(t)) == 0)
+            scales.append((s, t, same_user))
+            keep = same_user[seg]
+            target = pos[keep]
+            LL[target] += ll[keep]
+            pred_sum[target] += m[keep]
+            pred_cnt[target] += 1.0
+            for x in (0, 1):
+                bpred = -2.0 * alpha * t[:, None] * (x - t[:, None] * s.pd)
+                XL[s.users[ok], :, x] += censored_loglik(s.b, bpred, A[:, None], var)[ok]
+        attrs, have_x = self._decode_attribute_blocks(cfg, XL)
+        stat_diag: dict[str, Any] = {}
+        if str(cfg["update"]) == "semials" and not unknown_c:
+            stat_diag = self._stationarity_ratings(fv, scales, ref, attrs, alpha, lam, grid, LL, ref_off)
+        have = pred_cnt > 0
+        pick, post, diag = decode_with_residual_prior(LL[have], pred_sum[have] / pred_cnt[have], values, _em_prior)
+        diag.update(stat_diag)
+        pi = np.asarray(diag["prior_ratings"])
+        ratings = np.full(len(ref_flat), values[int(np.argmax(pi))])
+        ratings[have] = values[pick]
+        rated_score = np.zeros(len(ref_flat))
+        if unknown_c:
+            rated_score[have] = rated_log_odds(post)
+        victims = self._victims(cfg, parties, ref_off, ref, ratings, attrs, rounded=True)
+        for u, party in enumerate(parties):
+            victims[party]["rated_score"] = rated_score[ref_off[u] : ref_off[u + 1]]
+        diag.update({
+            "clipping": clip.name,
+            "clipped_row_share": clipped_rows / rows_total if rows_total else float("nan"),
+            "clipped_attribute_share": clipped_attr / attr_total if attr_total else float("nan"),
+        })
+        return victims, diag
+
+    @staticmethod
+    def _decode_attribute_blocks(cfg: dict, XL: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """MAP attribute dummies (n, p) from summed log-likelihoods ``XL`` (n, p, 2) of x = 0 / 1,
+        one-hot blocks decoded jointly with an EM prior per block; and which users had data."""
+        n, p = XL.shape[:2]
+        delta = XL[:, :, 1] - XL[:, :, 0]
+        have_x = np.abs(XL).sum(axis=(1, 2)) > 0
+        attrs = np.zeros((n, p))
+        for cols in _attribute_groups(cfg.get("attribute_names"), p):
+            sc = np.concatenate([np.zeros((n, 1)), delta[:, cols]], axis=1)
+            pi_g = _em_prior(sc[have_x])
+            choice = np.argmax(sc + np.log(pi_g), axis=1)
+            block = np.zeros((n, len(cols)))
+            hit = np.flatnonzero(choice > 0)
+            block[hit, choice[hit] - 1] = 1.0
+            if (~have_x).any():
+                block[~have_x] = (np.argmax(pi_g) - 1 == np.arange(len(cols))).astype(float)
+            attrs[:, cols] = block
+        return attrs, have_x
+
+    @staticmethod
+    def _stationarity_ratings(fv: FlatFedMVMFView, scales: list, ref: list[np.ndarray], attrs: np.ndarray,
+                              alpha: float, lam: float, grid: np.ndarray, LL: np.ndarray,
+                              ref_off: np.ndarray) -> dict[str, Any]:
+        """SemiALS ObsOnly under clipping: add the ratings' Gaussian posterior from the user's
+        stationarity ``V_S^T r = (V_S^T V_S + lam I) u + alpha P^T (P u - x)`` (u = t d, x decoded),
+        K equations per recorded round, to the per-item log-likelihoods ``LL`` (in place)."""
+        n = len(ref)
+        K = next(iter(fv.V.values())).shape[1]
+        lengths = np.fromiter((len(x) for x in ref), dtype=np.int64, count=n)
+        L = int(lengths.max()) if n else 0
+        if L == 0:
+            return {}
+        mask = np.arange(L)[None, :] < lengths[:, None]
+        items = np.zeros((n, L), dtype=np.int64)
+        items[mask] = np.concatenate(ref)
+        E = K * len(scales)
+        M = np.zeros((n, E, L))
+        y = np.zeros((n, E))
+        for j, (s, t, same) in enumerate(scales):
+            users = s.users[same]
+            u = t[same, None] * s.d[same]
+            V, P = fv.V[s.round], fv.P[s.round]
+            Vs = V[items[users]] * mask[users][:, :, None]  # (nu, L, K)
+            M[users, j * K : (j + 1) * K, :] = Vs.transpose(0, 2, 1)
+            VtVu = np.einsum("nlk,nl->nk", Vs, np.einsum("nlk,nk->nl", Vs, u))
+            y[users, j * K : (j + 1) * K] = VtVu + lam * u + alpha * ((u @ P.T - attrs[users]) @ P)
+        span = float(grid[-1] - grid[0]) or 1.0
+        mus = tuple(float(v) for v in np.linspace(grid[0], grid[-1], 9))
+        scale_y = float(np.sqrt(np.mean(y[y != 0] ** 2))) if np.any(y != 0) else 1.0
+        mean, var, diag = stationarity_posterior(M, y, mus, (span / 4.0, span / 2.0),
+                                                 tuple(scale_y * f for f in (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)))
+        flat_mean, flat_var = mean[mask], var[mask]
+        LL += -0.5 * (grid[None, :] - flat_mean[:, None]) ** 2 / flat_var[:, None]
+        return diag
 
     def _decode(self, cfg, fv, parties, stats, taus, sigma2, unknown_c, w, alpha, grid):
         """Combine the rounds per (user, item) and decode ratings and attributes (MAP / rounding)."""
