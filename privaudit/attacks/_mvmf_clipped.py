@@ -13,17 +13,21 @@ scale from the public config (the defenses are public) and uses the observation 
 for every hypothesis h of a rating (grid value with c = 1, or "unrated" with c = w) or of an
 attribute dummy (0 or 1): ``a_pred = -2 c t (h - t dv)`` for a grad_V row, ``-2 alpha t (h -
 t pd)`` for a grad_P row. A censored row thus only tells which side of the model prediction
-``t dv`` the rating lies on, so a prior over ratings given the prediction decides between the
-values on that side: the empirical prior over the grid (EM over all victims, as the unclipped
-decoder) times a Gaussian ``N(h - t dv; 0, s^2)`` whose width s is chosen by marginal
+``t dv`` the rating lies on. Under SemiALS ObsOnly the user's stationarity adds a Gaussian
+posterior of its ratings (:func:`stationarity_posterior`). The decision is the MAP value under a
+flat prior over the hypotheses (an EM-fitted prior collapsed onto one rating wherever noise
+biased the scale) times a Gaussian ``N(h - t dv; 0, s^2)`` whose width s is chosen by marginal
 likelihood. Likelihoods of every round whose item list matches the first one are summed.
 
 The scale t is what clipping breaks in the unclipped estimator (the stationarity condition
 needs every row's magnitude). Attribute dummies that are 0 upload ``grad_P[j] = 2 alpha (P_j.u)
-u``, whose projection is ``b_j = 2 alpha t^2 pd_j`` whatever the update rule, so over the
-uncensored attribute rows decided 0 the scale is the regression ``t^2 = sum b pd / (2 alpha
-sum pd^2)`` (started from the densest ratio cluster, refitted three times). Its sign makes the
-mean predicted rating positive. Users with no censored row keep the unclipped estimator's t.
+u``, whose projection is ``b_j = 2 alpha t^2 pd_j`` whatever the update rule. The scale starts
+from the regression ``t^2 = sum b pd / (2 alpha sum pd^2)`` over the uncensored attribute rows
+decided 0 (:func:`attribute_scale`) and is then the maximum-likelihood t^2 of the censored
+two-hypothesis model of every attribute row (:func:`attribute_scale_ml`: the regression alone
+is biased low because selecting rows below the bound truncates the noisy response). Its sign
+makes the mean predicted rating positive. Users with no censored row keep the unclipped
+estimator's t.
 The derivation and measurements are in docs/verdicts.md.
 """
 
@@ -183,3 +187,31 @@ def stationarity_posterior(M: np.ndarray, y: np.ndarray, mus: tuple[float, ...],
     var = s * s - s**4 * np.einsum("nel,nel->nl", M, CiM)
     return mean, np.maximum(var, 1e-12), {"stationarity_prior_mean": mu, "stationarity_prior_sd": s,
                                           "stationarity_noise_sd": sig}
+
+
+def attribute_scale_ml(b: np.ndarray, pd: np.ndarray, A: np.ndarray, var: float, alpha: float,
+                       tau0: np.ndarray, share_ones: float = 0.2) -> np.ndarray:
+    """Maximum-likelihood t^2 per user under the censored model of every attribute row.
+
+    Each row j is a mixture of x_j = 0 (``b = 2 alpha t^2 pd_j``) and x_j = 1 (``b = -2 alpha t
+    (1 - t pd_j)``), both clipped to [-A, A], plus N(0, var) noise: unlike a regression over the
+    rows below the bound, this does not truncate the response (which biases t^2 towards 0).
+    Searched on a log grid around ``tau0`` (n,), then refined; NaN where ``tau0`` is NaN.
+    """
+    out = np.full(len(b), np.nan)
+    ok = np.isfinite(tau0) & (tau0 > 0)
+    if not ok.any():
+        return out
+    bb, pp, AA = b[ok][:, None, :], pd[ok][:, None, :], A[ok][:, None, None]
+    log1, log0 = math.log(share_ones), math.log(1.0 - share_ones)
+    center = np.log(tau0[ok])
+    for half, steps in ((1.6, 65), (0.06, 25)):
+        grid = center[:, None] + np.linspace(-half, half, steps)[None, :]  # (n, G) log t^2
+        tau = np.exp(grid)[:, :, None]
+        t = np.sqrt(tau)
+        ll0 = censored_loglik(bb, 2.0 * alpha * tau * pp, AA, var) + log0
+        ll1 = censored_loglik(bb, -2.0 * alpha * t * (1.0 - t * pp), AA, var) + log1
+        total = np.logaddexp(ll0, ll1).sum(axis=2)  # (n, G)
+        center = grid[np.arange(len(grid)), np.argmax(total, axis=1)]
+    out[ok] = np.exp(center)
+    return out

@@ -155,6 +155,7 @@ from privaudit.attacks._mvmf import (
 from privaudit.attacks._mvmf_clipped import (
     Clipping,
     attribute_scale,
+    attribute_scale_ml,
     censored_loglik,
     clipping_of,
     decode_with_residual_prior,
@@ -692,6 +693,11 @@ def _em_prior(loglik: np.ndarray, iters: int = 30, max_rows: int = 200_000) -> n
     return pi
 
 
+def _flat_prior(loglik: np.ndarray) -> np.ndarray:
+    """The uniform prior over the hypotheses (columns) of ``loglik`` (N x H)."""
+    return np.full(loglik.shape[1], 1.0 / loglik.shape[1])
+
+
 def _attribute_groups(names: Any, p: int) -> list[np.ndarray]:
     """Column blocks of one-hot dummies from ``group=value`` names (else one column per block)."""
     if not isinstance(names, (list, tuple)) or len(names) != p:
@@ -942,7 +948,7 @@ class MVMFAnalytic(MVMFAttack):
             clipped_attr += int(cens_p.sum())
             attr_total += cens_p.size
             censored_user = (np.bincount(seg, weights=cens_v, minlength=len(s.users)) + cens_p.sum(axis=1)) > 0
-            tau_attr = attribute_scale(s.b, s.pd, A, var, alpha)
+            tau_attr = attribute_scale_ml(s.b, s.pd, A, var, alpha, attribute_scale(s.b, s.pd, A, var, alpha))
             tau = np.where(censored_user | ~np.isfinite(tau), tau_attr, tau)
             ok = np.isfinite(tau) & (tau > 0)
             t = np.sqrt(np.where(ok, tau, 1.0))
@@ -973,10 +979,11 @@ class MVMFAnalytic(MVMFAttack):
         if str(cfg["update"]) == "semials" and not unknown_c:
             stat_diag = self._stationarity_ratings(fv, scales, ref, attrs, alpha, lam, grid, LL, ref_off)
         have = pred_cnt > 0
-        pick, post, diag = decode_with_residual_prior(LL[have], pred_sum[have] / pred_cnt[have], values, _em_prior)
+        # a flat prior over the hypotheses: an EM-fitted one collapsed onto a single rating wherever
+        # noise biased the scale (measured, docs/verdicts.md)
+        pick, post, diag = decode_with_residual_prior(LL[have], pred_sum[have] / pred_cnt[have], values, _flat_prior)
         diag.update(stat_diag)
-        pi = np.asarray(diag["prior_ratings"])
-        ratings = np.full(len(ref_flat), values[int(np.argmax(pi))])
+        ratings = np.full(len(ref_flat), grid[len(grid) // 2])
         ratings[have] = values[pick]
         rated_score = np.zeros(len(ref_flat))
         if unknown_c:
