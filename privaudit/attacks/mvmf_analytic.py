@@ -1,136 +1,24 @@
-r"""``mvmf-analytic``: closed-form server reconstruction attack on FedMVMF (DESIGN.md "Attacks").
+r"""``mvmf-analytic``: closed-form server reconstruction attack on FedMVMF.
 
-The paper (privmvmf.txt §4, §6.2) solves one nonlinear system per user with iterative root
-finders (``mvmf-nonlinear``). This attack needs no root finding: every FedMVMF upload row is a
-scalar multiple of the user's latent vector, and the user's own update rule pins the scalar
-down in closed form. It is exact without noise, a least-squares / empirical-Bayes estimator
-under noise, and batched over users (concatenated rows with segment sums, batched K x K
-eigen-problems; no per-user solver loop).
+Every FedMVMF upload row is a scalar multiple of the user's latent vector u = t d, so the
+stacked rows ``[grad_V; grad_P]`` have rank one (d: their top right singular vector) and the
+private data follow from one scalar per user and round::
 
-Notation (one user, one round t, items S it uploaded)
-----------------------------------------------------
-``grad_V[i] = g_i u`` with ``g_i = -2 c_i (r_i - u.v_i)`` and ``grad_P[j] = h_j u`` with
-``h_j = -2 alpha (x_j - P_j.u)`` (DESIGN.md FedMVMF, eqs. 5 and 7 of the paper). So the stacked
-rows ``[grad_V; grad_P]`` ((|S| + p) x K) have rank one: ``u = t d`` with ``d`` the top right
-singular vector (top eigenvector of the K x K Gram matrix; unit norm, sign arbitrary) and an
-unknown scalar ``t``. Write ``a_i = grad_V[i].d = t g_i``, ``b_j = grad_P[j].d = t h_j``,
-``dv_i = d.v_i``, ``pd_j = P_j.d``. Solving the two upload formulas for the private data::
+    r_i = t (d.v_i) - a_i / (2 t c_i)        x_j = t (P_j.d) - b_j / (2 alpha t)
 
-    r_i = t dv_i - a_i / (2 t c_i)           x_j = t pd_j - b_j / (2 alpha t)        (1)
+with ``a = grad_V.d``, ``b = grad_P.d``. The scale t comes from the user's own update rule:
+SemiALS stationarity, the pair of rounds of SGD, or the ratio shared by all unrated items
+(InclUnc / sampling), which also decides rated versus unrated. Exact without noise; under
+noise a least-squares fit with MAP decoding on the rating grid (empirical prior by EM);
+batched over users. Under a per-row clipping DP defense (``dp-laplace``, ``dp-gaussian``) rows
+at the clipping bound are decoded as censored (:mod:`privaudit.attacks._mvmf_clipped`).
 
-so everything reduces to the scalar ``t`` (and, where c_i is unknown, to c_i in {1, w}).
-Flipping the sign of t flips every r_i and x_j, so the sign is the one that makes the ratings
-(and attribute dummies) positive.
+The derivation, the estimator, the first-round shortcut and the departures from the paper's
+nonlinear-solver attack are in ``docs/mvmf-analytic.md``.
 
-SemiALS (ObsOnly and InclUnc)
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-u is the minimiser of the client's loss, so its gradient vanishes::
-
-    sum_{i in S} g_i v_i + P^T h + 2 lam u = 0.
-
-(S is exactly the set of items in the client's loss: its rated items for ObsOnly, all items for
-InclUnc, rated + sampled items under a ``sampling`` defense.) Multiplying by t and dotting with
-d: ``t^2 = -d.(V_S^T a + P^T b) / (2 lam)`` -- the least-squares solution of the K-vector
-equation ``V_S^T a + P^T b = -2 lam t^2 d``; it needs no c_i, so it holds for InclUnc too.
-
-SGD, ObsOnly (two consecutive rounds)
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Round t uploads with u1 and (V, P); round t+1 with ``u2 = u1 - eta grad_u(u1; V', P')``.
-The residuals under the new factors are known linear functions of u1:
-``-2 c_i (r_i - u1.v'_i) = g_i + 2 c_i u1.(v'_i - v_i)`` and
-``-2 alpha (x_j - P'_j u1) = h_j + 2 alpha (P'_j - P_j).u1``, so with u1 = t1 d1, u2 = t2 d2::
-
-    u2 = t1 c1 + (1/t1) c2,
-    c1 = d1 + 2 eta V'_S^T C (V_S - V'_S) d1 + 2 eta alpha P'^T (P - P') d1 - 2 eta lam d1
-    c2 = -eta (V'_S^T a1 + P'^T b1)                                       (C = diag c_i)
-
-i.e. ``t1 c1 + s c2 - t2 d2 = 0`` with s = 1/t1. Instead of the 3-vector null space of
-``[c1, c2, -d2]`` (DESIGN.md) we use the equivalent constrained least-squares form: with
-``e = (I - d2 d2^T) c`` (the components that t2 d2 cannot absorb), minimise
-``||t1 e1 + e2 / t1||^2`` over tau = t1^2: ``tau = |e2| / |e1|`` (exact without noise, where
-e2 = -tau e1; always positive, so noise never makes it fail), then ``t2 = d2.(t1 c1 + c2/t1)``.
-Ratings and attributes follow from (1) with c_i = 1, in every round whose scale is known
-(both rounds of a pair; interior rounds get two estimates of |t|, which are averaged).
-
-InclUnc and sampled virtual items: which c_i? (both updates)
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-An unrated item (r_i = 0, c_i = w; likewise an item a ``sampling`` defense added, with its
-weight and rating 0) has ``a_i = -2 w t (0 - t dv_i) = 2 w t^2 dv_i``: all unrated items share
-the ratio ``a_i / dv_i = 2 w t^2``, which gives t^2 directly from one round (no second round,
-no stationarity). A rated item would match only if ``r_i = (1 - w) t dv_i`` (probability 0).
-Implementation: an initial t^2 (SemiALS: the stationarity formula; SGD: the densest cluster of
-the ratios ``a_i / (2 w dv_i)``, a shortest-half style mode estimate that is exact when the
-unrated items form the largest exact-tie cluster), then three rounds of (decide rated/unrated
-per item, refit ``t^2 = sum_U a_i dv_i / (2 w sum_U dv_i^2)`` over the items decided unrated;
-SemiALS: combined with the stationarity estimate by inverse variance). Decision per item, in
-rating units: the rated hypothesis value ``rhat_i = t dv_i - a_i / (2 t)`` must lie on the
-rating grid, the unrated hypothesis says ``rhat_i = z_i = (1 - w) t dv_i``.
-
-SGD-InclUnc by the two-round route (derived "the same way", for the record): the equations
-above hold with ``C = w I + (1 - w) diag(rated)`` in c1, so the pair needs the rated set first;
-since the one-round unrated shortcut already fixes t (and the rated set) exactly, the
-implementation uses the shortcut and does not need the pair for InclUnc.
-
-Noise (Laplace/Gaussian defenses): the estimator
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-* d: rank-1 least-squares fit of the stacked rows (top eigenvector of the Gram matrix);
-  ``a``, ``b``: least-squares coefficients of the rows on d.
-* noise level: the rows' energy orthogonal to d is pure noise, so the per-coordinate noise
-  variance is estimated as ``sum (trace G - lambda_max) / sum (rows (K - 1))`` pooled over users;
-  then ``a_i`` has standard deviation sigma, ``rhat_i`` sigma / (2|t|), ``xhat_j``
-  sigma / (2 alpha |t|).
-* scale: least squares as above (stationarity, unrated regression, or the pair equation).
-* every round of the view is used: per (user, item) the rounds' ``rhat`` are combined by inverse
-  variance (weights ~ t^2), and the rated/unrated decision multiplies the rounds' likelihoods.
-* decoding: maximum a posteriori on the grid. Hypotheses: each rating value on the grid
-  (rating_min..rating_max, step rating_step) and -- for InclUnc / sampling -- "unrated" (0);
-  Gaussian likelihoods with the variances above; the prior over hypotheses is fitted by EM on
-  all victims' items (empirical Bayes). Attributes: per ``group=value`` block of
-  ``attribute_names`` one-hot (or all-zero) decoding with a fitted prior per block (each
-  column on its own if the names carry no group). Without noise the likelihoods are sharp and
-  this is exactly "clip to the domain and round" (eq. 43); as the noise grows it degrades
-  gracefully to the majority guess instead of falling below it. The result is passed through
-  :func:`privaudit.attacks._mvmf.round_ratings` / ``round_attributes`` (clip and round).
-
-Noise-adaptive use of rounds (the first-round shortcut)
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Extra rounds improve the estimate only where noise makes a decision uncertain. So the attack
-first decodes round 1 alone (:func:`_shortcut_first_round`; SemiALS both cases, SGD with
-unrated or sampled items -- SGD ObsOnly needs the pair of rounds for its scale): d from the
-grad_P rows, ``a = grad_V.d`` in one batched product, t^2 from stationarity (SemiALS) or the
-median unrated ratio (SGD), nearest hypothesis per item and attribute. If every value lies
-within ``0.01`` rating step (absolute for attributes) of its hypothesis and every competing
-hypothesis is ``>= 10`` times farther than the worst such residual, no further round can change
-a decision and this is the result (``meta["shortcut"] = True``); otherwise (real noise) the full
-estimator below runs on every round. Noise-free this is exact and gives the same reconstruction
-as the full estimator (checked on ML-100K and synthetic transcripts, tests); a noisy view pays
-only the declined first-round pass. Parameter ``shortcut=false`` always runs the full estimator.
-
-Implementation notes: the view is parsed into concatenated per-round arrays
-(:func:`privaudit.attacks._mvmf.parse_view_flat`; zero-copy when the uploads were recorded as
-consecutive slices of one array; a round is concatenated only when first read); per-row quantities (``a``, ``dv``, ``rhat``) live in that
-CSR-like layout (user after user) with segment sums (``bincount``/``reduceat``), and padded
-(n, L) views are built only where a per-user sort or mask needs them (free for InclUnc, where
-every client sends the same m' rows and the uploads are one (n, m', K) tensor). The rank-1 fit
-is a batched power iteration on the K x K Gram matrices with an eigenvector error bound, falling
-back to ``eigh`` where it does not converge (noise); for ObsOnly the direction is first taken
-from the grad_P rows and checked against the full Gram matrix by one product with the
-concatenated grad_V rows, so the padded Gram matrices are formed only for the users failing the
-check. BLAS is limited to one thread inside the attack (the products are small; thread spinning
-made the attack >10x slower on a busy machine). The weight of items added by a ``sampling``
-defense is its public ``w`` if numeric, else the registered defense's own rule. Measured on
-MovieLens 100K (docs/reproduction.md, "mvmf-analytic"): exact in all four scenarios for all
-943 users, ~0.03-0.1 s CPU per scenario noise-free.
-
-Departures from DESIGN.md: the SGD null space is solved in the constrained least-squares form
-above (same solution without noise); SGD-InclUnc uses the one-round shortcut; decoding is MAP
-with an empirical prior rather than plain rounding (identical without noise); when the first
-recorded round decides every value (see "Noise-adaptive use of rounds") the other rounds are not
-read, and then the direction d comes from the grad_P rows alone (the grad_V rows' components
-orthogonal to d are not inspected: they change no decoded value).
-Reads only the FedMVMF message kinds of DESIGN.md and the public config keys ``K``, ``alpha``,
-``lam``, ``w``, ``eta``, ``update``, ``unrated``, ``rating_min``, ``rating_max``
-(``rating_step``, ``attribute_names``, ``defenses`` if present).
+Reads only the FedMVMF message kinds ``state``, ``grad_V``, ``grad_P`` and the public config
+keys ``K``, ``alpha``, ``lam``, ``w``, ``eta``, ``update``, ``unrated``, ``rating_min``,
+``rating_max`` (``rating_step``, ``attribute_names``, ``defenses`` if present).
 """
 
 from __future__ import annotations
@@ -1185,8 +1073,6 @@ class MVMFAnalytic(MVMFAttack):
             s1x2 = 2.0 * s1
             sc, tmp = np.empty_like(s0), np.empty_like(s0)
             for h in range(1, H):
-                if unknown_c and h == 0:
-                    continue
                 g = values[h]  # sc = -0.5 * (s2 - 2 s1 g + s0 g^2), same operations as loglik(h), in place
                 np.multiply(s1x2, g, out=sc)
                 np.subtract(s2, sc, out=sc)
