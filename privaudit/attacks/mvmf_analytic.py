@@ -620,6 +620,259 @@ def _sampling_weight(entry: dict, w: float) -> float:
         return w
 
 
+@dataclass(frozen=True)
+class _DecodeSettings:
+    """What decoding needs besides the rounds.
+
+    unknown_c : bool      InclUnc or sampling: every item is "unrated" (0, weight w) or a grid value
+    w : float             weight of the unrated / sampled items
+    alpha : float         weight of the attribute view
+    grid : numpy.ndarray  rating values (rating_min..rating_max by rating_step)
+    sigma2 : float        noise variance per coordinate (pooled estimate)
+    prior : bool          MAP with an EM-fitted prior (else plain clip-and-round, eq. 43)
+    """
+
+    unknown_c: bool
+    w: float
+    alpha: float
+    grid: np.ndarray
+    sigma2: float
+    prior: bool
+
+    @property
+    def values(self) -> np.ndarray:
+        """Rating hypotheses: the grid, with "unrated" (0) first when c is unknown."""
+        return np.concatenate([[0.0], self.grid]) if self.unknown_c else self.grid
+
+
+@dataclass
+class _Layout:
+    """Reference item list per user, flat (CSR-like): user u's items at ``offsets[u]:offsets[u + 1]``."""
+
+    items: list[np.ndarray]
+    lengths: np.ndarray
+    offsets: np.ndarray
+    flat: np.ndarray
+
+
+@dataclass
+class _Evidence:
+    """Inverse-variance sums over rounds: per reference item (Nr,) S0 = sum W, S1 = sum W rhat,
+    S2 = sum W rhat^2, SU = sum W (rhat - z)^2 (the "unrated" residual); per user and attribute
+    (n, p) X0 = sum W', X1 = sum W' xhat."""
+
+    S0: np.ndarray
+    S1: np.ndarray
+    S2: np.ndarray
+    SU: np.ndarray
+    X0: np.ndarray
+    X1: np.ndarray
+
+
+def _reference_layout(fv: FlatFedMVMFView, stats: list[_Round], taus: list[np.ndarray], n: int) -> _Layout:
+    """Per user, the item list of its first round with a known scale (else of its first upload)."""
+    ref_items: list[np.ndarray | None] = [None] * n
+    for s, tau in zip(stats, taus):
+        for j in np.flatnonzero(np.isfinite(tau)):
+            u = s.users[j]
+            if ref_items[u] is None:
+                ref_items[u] = s.itemsf[s.offsets[j] : s.offsets[j + 1]]
+    for R in fv.rounds:  # users without a known scale: the items of their first upload
+        for k in np.flatnonzero([ref_items[u] is None for u in R.users]):
+            ref_items[R.users[k]] = R.items[R.offsets[k] : R.offsets[k + 1]]
+    lengths = np.fromiter((len(x) for x in ref_items), dtype=np.int64, count=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate(ref_items) if n else np.empty(0, np.int64)
+    return _Layout(ref_items, lengths, offsets, flat)
+
+
+def _signed_estimates(s: _Round, tau: np.ndarray, st: _DecodeSettings) -> dict[str, Any] | None:
+    """One round's per-row rating estimates ``rhat`` and per-user attribute estimates ``xhat`` of the
+    users with a known scale, with the sign of t that makes ratings (of items that look rated) and
+    attribute dummies positive; rows renumbered to those users (``seg``, ``off``)."""
+    ok = np.isfinite(tau) & (tau != 0)
+    if not ok.any():
+        return None
+    t = np.sqrt(np.abs(tau[ok]))
+    b, pd, users = s.b[ok], s.pd[ok], s.users[ok]
+    if ok.all():
+        seg, af, dvf, itf, off = s.seg, s.af, s.dvf, s.itemsf, s.offsets
+    else:  # keep the rows of the users with a known scale, renumbered
+        rows_ok = ok[s.seg]
+        seg = (np.cumsum(ok) - 1)[s.seg[rows_ok]]
+        af, dvf, itf = s.af[rows_ok], s.dvf[rows_ok], s.itemsf[rows_ok]
+        off = np.zeros(len(t) + 1, dtype=np.int64)
+        np.cumsum(np.diff(s.offsets)[ok], out=off[1:])
+    nk = len(t)
+    rlen = np.diff(off)
+    ts = np.repeat(t, rlen)  # == t[seg] (rows are grouped by user), sequential
+    rhat = ts * dvf - af / (2.0 * ts)
+    xhat = t[:, None] * pd - b / (2.0 * st.alpha * t[:, None])
+    if st.unknown_c:
+        looks_rated = ~_classify_virtual(rhat, (1.0 - st.w) * ts * dvf, st.grid, True)
+        score = np.bincount(seg, weights=np.where(looks_rated, rhat, 0.0), minlength=nk)
+    else:
+        score = np.bincount(seg, weights=rhat, minlength=nk)
+    score += np.sum(xhat, axis=1)
+    sign = np.where(score < 0, -1.0, 1.0)
+    t = t * sign
+    rhat *= np.repeat(sign, rlen)
+    xhat *= sign[:, None]
+    return {"t": t, "ts": np.repeat(t, rlen), "users": users, "seg": seg, "off": off, "rlen": rlen,
+            "dvf": dvf, "itf": itf, "rhat": rhat, "xhat": xhat}
+
+
+def _accumulate(layout: _Layout, stats: list[_Round], taus: list[np.ndarray], st: _DecodeSettings) -> _Evidence:
+    """Inverse-variance sums of every round's estimates in the reference layout (:class:`_Evidence`)."""
+    n, Nr = len(layout.items), len(layout.flat)
+    p = stats[0].b.shape[1]
+    ev = _Evidence(*(np.zeros(Nr) for _ in range(4)), np.zeros((n, p)), np.zeros((n, p)))
+    lookup = None  # lazily built (user, item) -> position table for rounds with other item lists
+    for s, tau in zip(stats, taus):
+        r = _signed_estimates(s, tau, st)
+        if r is None:
+            continue
+        t, ts, users, seg, off, rlen = r["t"], r["ts"], r["users"], r["seg"], r["off"], r["rlen"]
+        dvf, itf, rhat, xhat = r["dvf"], r["itf"], r["rhat"], r["xhat"]
+        nk = len(t)
+        Wr = 4.0 * t**2 / st.sigma2  # 1 / var(rhat)
+        ev.X0[users] += (st.alpha**2 * Wr)[:, None]
+        ev.X1[users] += (st.alpha**2 * Wr)[:, None] * xhat
+        # where does each row go in the reference layout? same item list as the reference: by position
+        if nk == n and len(itf) == Nr and np.array_equal(users, np.arange(n)) and np.array_equal(itf, layout.flat):
+            target, rows_same, same_all = slice(None), slice(None), True
+        else:
+            same_all = False
+            pos = layout.offsets[users][seg] + (np.arange(len(seg)) - off[seg])
+            samelen = rlen == layout.lengths[users]
+            cand = samelen[seg]
+            bad = np.zeros(len(seg), dtype=bool)
+            bad[cand] = itf[cand] != layout.flat[pos[cand]]
+            same = samelen & (np.bincount(seg, weights=bad, minlength=nk) == 0)
+            rows_same = same[seg]
+            target = pos[rows_same]
+        Wrow = np.repeat(Wr, rlen)
+        wr = Wrow if same_all else Wrow[rows_same]
+        rh = rhat if same_all else rhat[rows_same]
+        ev.S0[target] += wr
+        w1 = wr * rh
+        ev.S1[target] += w1
+        ev.S2[target] += w1 * rh
+        if st.unknown_c:
+            e = rhat - (1.0 - st.w) * ts * dvf
+            np.square(e, out=e)
+            e *= Wrow
+            ev.SU[target] += e if same_all else e[rows_same]
+        if not same_all and not rows_same.all():  # other item lists: align through a sorted (user, item) key table
+            if lookup is None:
+                big = np.int64(max(int(layout.flat.max()), max(int(x.itemsf.max()) for x in stats)) + 2)
+                keys = layout.flat + np.repeat(np.arange(n), layout.lengths) * big
+                order = np.argsort(keys, kind="stable")
+                lookup = (big, keys[order], order)
+            big, keys_sorted, pos_sorted = lookup
+            sel = ~rows_same
+            key = itf[sel] + users[seg[sel]] * big
+            pos2 = np.minimum(np.searchsorted(keys_sorted, key), len(keys_sorted) - 1)
+            hit = keys_sorted[pos2] == key
+            tgt = pos_sorted[pos2[hit]]
+            wr2 = Wrow[sel][hit]
+            rh2 = rhat[sel][hit]
+            ev.S0[tgt] += wr2
+            ev.S1[tgt] += wr2 * rh2
+            ev.S2[tgt] += wr2 * rh2**2
+            if st.unknown_c:
+                ev.SU[tgt] += wr2 * (rh2 - ((1.0 - st.w) * ts * dvf)[sel][hit]) ** 2
+    return ev
+
+
+def _decode_ratings(ev: _Evidence, st: _DecodeSettings) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """MAP rating per reference item under Gaussian likelihoods (hypotheses: grid values, plus
+    "unrated" = 0 when c is unknown) and an EM prior; items without evidence get the prior's mode.
+
+    Returns (ratings (Nr,), prior over the hypotheses, rated log-odds (Nr,) or None when every
+    item is rated).
+    """
+    have = ev.S0 > 0
+    if have.all():
+        s0, s1, s2, su = ev.S0, ev.S1, ev.S2, ev.SU
+    else:
+        s0, s1, s2, su = ev.S0[have], ev.S1[have], ev.S2[have], ev.SU[have]
+    values = st.values
+
+    def loglik(h: int, rows=slice(None)) -> np.ndarray:
+        """Log-likelihood of hypothesis ``values[h]`` per kept item (up to a shared constant)."""
+        if st.unknown_c and h == 0:
+            return -0.5 * su[rows]
+        g = values[h]
+        return -0.5 * (s2[rows] - 2.0 * s1[rows] * g + s0[rows] * g**2)
+
+    H = len(values)
+    if st.prior:
+        step_rows = int(math.ceil(len(s0) / 200_000)) if len(s0) else 1
+        sub = slice(None, None, step_rows)
+        pi = _em_prior(np.stack([loglik(h, sub) for h in range(H)], axis=1), max_rows=len(s0) + 1)
+    else:
+        pi = np.full(H, 1.0 / H)
+    rated_score = None
+    if st.prior or st.unknown_c:  # MAP: running argmax over the hypotheses (first maximum wins)
+        logpi = np.log(pi)
+        best = loglik(0) + logpi[0]
+        unrated = best.copy() if st.unknown_c else None
+        rated = np.full(len(s0), -np.inf) if st.unknown_c else None
+        pick = np.zeros(len(s0), dtype=np.int64)
+        s1x2 = 2.0 * s1
+        sc, tmp = np.empty_like(s0), np.empty_like(s0)
+        for h in range(1, H):
+            g = values[h]  # sc = -0.5 * (s2 - 2 s1 g + s0 g^2), same operations as loglik(h), in place
+            np.multiply(s1x2, g, out=sc)
+            np.subtract(s2, sc, out=sc)
+            np.multiply(s0, g**2, out=tmp)
+            sc += tmp
+            sc *= -0.5
+            sc += logpi[h]
+            better = sc > best
+            pick[better] = h
+            np.maximum(best, sc, out=best)
+            if rated is not None:
+                np.logaddexp(rated, sc, out=rated)
+        est = values[pick]
+        if rated is not None:
+            rated_score = np.zeros(len(ev.S0))
+            rated_score[have] = rated - unrated
+    else:  # plain eq. 43: clip the inverse-variance average of the rounds' estimates and round
+        est = s1 / s0
+    rating_guess = np.full(len(ev.S0), values[int(np.argmax(pi))])
+    rating_guess[have] = est
+    return rating_guess, pi, rated_score
+
+
+def _decode_attributes(names: Any, ev: _Evidence, st: _DecodeSettings) -> tuple[np.ndarray, np.ndarray]:
+    """Attribute dummies (n, p): per one-hot block of ``names``, hypothesis "none" or one category
+    (ll(1) - ll(0) = X1 - X0 / 2), MAP under an EM prior per block; and which users had evidence."""
+    n, p = ev.X0.shape
+    have_x = ev.X0[:, 0] > 0 if p else np.zeros(n, bool)
+    delta = ev.X1 - 0.5 * ev.X0
+    attrs = np.zeros((n, p))
+    for cols in _attribute_groups(names, p):
+        sc = np.concatenate([np.zeros((n, 1)), delta[:, cols]], axis=1)  # none, cat_1..cat_g
+        pi_g = _em_prior(sc[have_x]) if st.prior else np.full(sc.shape[1], 1.0 / sc.shape[1])
+        pick = np.argmax(sc + np.log(pi_g), axis=1)
+        block = np.zeros((n, len(cols)))
+        hit_rows = np.flatnonzero(pick > 0)
+        block[hit_rows, pick[hit_rows] - 1] = 1.0
+        # a column decided with near certainty on its own keeps that decision (keeps
+        # non-exclusive blocks exact without noise)
+        sure = np.abs(delta[:, cols]) > 50.0
+        block = np.where(sure, (delta[:, cols] > 0).astype(float), block)
+        if not st.prior:  # plain eq. 43: clip the averaged estimate and round
+            block = ev.X1[:, cols] / np.maximum(ev.X0[:, cols], _TINY)
+        if (~have_x).any():
+            block[~have_x] = (np.argmax(pi_g) - 1 == np.arange(len(cols))).astype(float)
+        attrs[:, cols] = block
+    return attrs, have_x
+
+
 @register_attack("mvmf-analytic")
 class MVMFAnalytic(MVMFAttack):
     """Closed-form FedMVMF reconstruction: exact without noise, least squares + MAP under noise."""
@@ -715,7 +968,8 @@ class MVMFAnalytic(MVMFAttack):
         if clip is not None:
             victims, diag = self._decode_clipped(cfg, fv, parties, stats, taus, clip, unknown_c, w_virtual, alpha, lam, grid)
         else:
-            victims, diag = self._decode(cfg, fv, parties, stats, taus, sigma2, unknown_c, w_virtual, alpha, grid)
+            settings = _DecodeSettings(unknown_c, w_virtual, alpha, grid, sigma2, bool(self.prior))
+            victims, diag = self._decode(cfg, fv, parties, stats, taus, settings)
         meta = {
             "scenario": scenario,
             "rounds": [s.round for s in stats],
@@ -942,176 +1196,19 @@ class MVMFAnalytic(MVMFAttack):
         LL += -0.5 * (grid[None, :] - flat_mean[:, None]) ** 2 / flat_var[:, None]
         return diag
 
-    def _decode(self, cfg, fv, parties, stats, taus, sigma2, unknown_c, w, alpha, grid):
+    def _decode(self, cfg: dict, fv: FlatFedMVMFView, parties: list[str], stats: list[_Round],
+                taus: list[np.ndarray], st: "_DecodeSettings") -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
         """Combine the rounds per (user, item) and decode ratings and attributes (MAP / rounding)."""
-        n = len(parties)
-        # reference item list per user: the first round with a known scale (else its first upload)
-        ref_items: list[np.ndarray | None] = [None] * n
-        for s, tau in zip(stats, taus):
-            for j in np.flatnonzero(np.isfinite(tau)):
-                u = s.users[j]
-                if ref_items[u] is None:
-                    ref_items[u] = s.itemsf[s.offsets[j] : s.offsets[j + 1]]
-        for R in fv.rounds:  # users without a known scale: the items of their first upload
-            for k in np.flatnonzero([ref_items[u] is None for u in R.users]):
-                ref_items[R.users[k]] = R.items[R.offsets[k] : R.offsets[k + 1]]
-        # the reference layout, flat (CSR-like): user u's items at ref_off[u]:ref_off[u + 1]
-        lengths = np.fromiter((len(x) for x in ref_items), dtype=np.int64, count=n)
-        ref_off = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lengths, out=ref_off[1:])
-        ref_flat = np.concatenate(ref_items) if n else np.empty(0, np.int64)
-        Nr = len(ref_flat)
-        p = stats[0].b.shape[1]
-        S0, S1, S2, SU = (np.zeros(Nr) for _ in range(4))
-        X0, X1 = np.zeros((n, p)), np.zeros((n, p))
-        lookup = None  # lazily built (user, item) -> position table for rounds with other item lists
-        for s, tau in zip(stats, taus):
-            ok = np.isfinite(tau) & (tau != 0)
-            if not ok.any():
-                continue
-            t = np.sqrt(np.abs(tau[ok]))
-            b, pd, users = s.b[ok], s.pd[ok], s.users[ok]
-            if ok.all():
-                seg, af, dvf, itf, off = s.seg, s.af, s.dvf, s.itemsf, s.offsets
-            else:  # keep the rows of the users with a known scale, renumbered
-                rows_ok = ok[s.seg]
-                seg = (np.cumsum(ok) - 1)[s.seg[rows_ok]]
-                af, dvf, itf = s.af[rows_ok], s.dvf[rows_ok], s.itemsf[rows_ok]
-                off = np.zeros(len(t) + 1, dtype=np.int64)
-                np.cumsum(np.diff(s.offsets)[ok], out=off[1:])
-            nk = len(t)
-            rlen = np.diff(off)
-            ts = np.repeat(t, rlen)  # == t[seg] (rows are grouped by user), sequential
-            rhat = ts * dvf - af / (2.0 * ts)
-            xhat = t[:, None] * pd - b / (2.0 * alpha * t[:, None])
-            # sign: ratings (of the items that look rated) and attribute dummies positive
-            if unknown_c:
-                looks_rated = ~_classify_virtual(rhat, (1.0 - w) * ts * dvf, grid, True)
-                score = np.bincount(seg, weights=np.where(looks_rated, rhat, 0.0), minlength=nk)
-            else:
-                score = np.bincount(seg, weights=rhat, minlength=nk)
-            score += np.sum(xhat, axis=1)
-            sign = np.where(score < 0, -1.0, 1.0)
-            t = t * sign
-            ts = np.repeat(t, rlen)
-            rhat *= np.repeat(sign, rlen)
-            xhat *= sign[:, None]
-            Wr = 4.0 * t**2 / sigma2  # 1 / var(rhat)
-            X0[users] += (alpha**2 * Wr)[:, None]
-            X1[users] += (alpha**2 * Wr)[:, None] * xhat
-            # where does each row go in the reference layout? same item list as the reference: by position
-            if nk == n and len(itf) == Nr and np.array_equal(users, np.arange(n)) and np.array_equal(itf, ref_flat):
-                target, rows_same, same_all = slice(None), slice(None), True
-            else:
-                same_all = False
-                pos = ref_off[users][seg] + (np.arange(len(seg)) - off[seg])
-                samelen = rlen == lengths[users]
-                cand = samelen[seg]
-                bad = np.zeros(len(seg), dtype=bool)
-                bad[cand] = itf[cand] != ref_flat[pos[cand]]
-                same = samelen & (np.bincount(seg, weights=bad, minlength=nk) == 0)
-                rows_same = same[seg]
-                target = pos[rows_same]
-            Wrow = np.repeat(Wr, rlen)
-            wr = Wrow if same_all else Wrow[rows_same]
-            rh = rhat if same_all else rhat[rows_same]
-            S0[target] += wr
-            w1 = wr * rh
-            S1[target] += w1
-            S2[target] += w1 * rh
-            if unknown_c:
-                e = rhat - (1.0 - w) * ts * dvf
-                np.square(e, out=e)
-                e *= Wrow
-                SU[target] += e if same_all else e[rows_same]
-            if not same_all and not rows_same.all():  # other item lists: align through a sorted (user, item) key table
-                if lookup is None:
-                    big = np.int64(max(int(ref_flat.max()), max(int(x.itemsf.max()) for x in stats)) + 2)
-                    keys = ref_flat + np.repeat(np.arange(n), lengths) * big
-                    order = np.argsort(keys, kind="stable")
-                    lookup = (big, keys[order], order)
-                big, keys_sorted, pos_sorted = lookup
-                sel = ~rows_same
-                key = itf[sel] + users[seg[sel]] * big
-                pos2 = np.minimum(np.searchsorted(keys_sorted, key), len(keys_sorted) - 1)
-                hit = keys_sorted[pos2] == key
-                tgt = pos_sorted[pos2[hit]]
-                wr2 = Wrow[sel][hit]
-                rh2 = rhat[sel][hit]
-                S0[tgt] += wr2
-                S1[tgt] += wr2 * rh2
-                S2[tgt] += wr2 * rh2**2
-                if unknown_c:
-                    SU[tgt] += wr2 * (rh2 - ((1.0 - w) * ts * dvf)[sel][hit]) ** 2
-
-        # ratings: hypotheses = grid values (+ "unrated" = 0), Gaussian log-likelihoods
-        have = S0 > 0
-        if have.all():
-            s0, s1, s2, su = S0, S1, S2, SU
-        else:
-            s0, s1, s2, su = S0[have], S1[have], S2[have], SU[have]
-        values = np.concatenate([[0.0], grid]) if unknown_c else grid
-
-        def loglik(h: int, rows=slice(None)) -> np.ndarray:
-            """Log-likelihood of hypothesis ``values[h]`` per kept item (up to a shared constant)."""
-            if unknown_c and h == 0:
-                return -0.5 * su[rows]
-            g = values[h]
-            return -0.5 * (s2[rows] - 2.0 * s1[rows] * g + s0[rows] * g**2)
-
-        H = len(values)
-        if self.prior:
-            step_rows = int(math.ceil(len(s0) / 200_000)) if len(s0) else 1
-            sub = slice(None, None, step_rows)
-            pi = _em_prior(np.stack([loglik(h, sub) for h in range(H)], axis=1), max_rows=len(s0) + 1)
-        else:
-            pi = np.full(H, 1.0 / H)
-        if self.prior or unknown_c:  # MAP: running argmax over the hypotheses (first maximum wins)
-            logpi = np.log(pi)
-            best = loglik(0) + logpi[0]
-            pick = np.zeros(len(s0), dtype=np.int64)
-            s1x2 = 2.0 * s1
-            sc, tmp = np.empty_like(s0), np.empty_like(s0)
-            for h in range(1, H):
-                g = values[h]  # sc = -0.5 * (s2 - 2 s1 g + s0 g^2), same operations as loglik(h), in place
-                np.multiply(s1x2, g, out=sc)
-                np.subtract(s2, sc, out=sc)
-                np.multiply(s0, g**2, out=tmp)
-                sc += tmp
-                sc *= -0.5
-                sc += logpi[h]
-                better = sc > best
-                pick[better] = h
-                np.maximum(best, sc, out=best)
-            est = values[pick]
-        else:  # plain eq. 43: clip the inverse-variance average of the rounds' estimates and round
-            est = s1 / s0
-        rating_guess = np.full(Nr, values[int(np.argmax(pi))])
-        rating_guess[have] = est
-
-        # attributes: per one-hot block, hypothesis "none" or one category; ll(1) - ll(0) = S1 - S0 / 2
-        have_x = X0[:, 0] > 0 if p else np.zeros(n, bool)
-        delta = X1 - 0.5 * X0
-        attrs = np.zeros((n, p))
-        for cols in _attribute_groups(cfg.get("attribute_names"), p):
-            sc = np.concatenate([np.zeros((n, 1)), delta[:, cols]], axis=1)  # none, cat_1..cat_g
-            pi_g = _em_prior(sc[have_x]) if self.prior else np.full(sc.shape[1], 1.0 / sc.shape[1])
-            pick = np.argmax(sc + np.log(pi_g), axis=1)
-            block = np.zeros((n, len(cols)))
-            hit_rows = np.flatnonzero(pick > 0)
-            block[hit_rows, pick[hit_rows] - 1] = 1.0
-            # a column decided with near certainty on its own keeps that decision (keeps
-            # non-exclusive blocks exact without noise)
-            sure = np.abs(delta[:, cols]) > 50.0
-            block = np.where(sure, (delta[:, cols] > 0).astype(float), block)
-            if not self.prior:  # plain eq. 43: clip the averaged estimate and round
-                block = X1[:, cols] / np.maximum(X0[:, cols], _TINY)
-            if (~have_x).any():
-                block[~have_x] = (np.argmax(pi_g) - 1 == np.arange(len(cols))).astype(float)
-            attrs[:, cols] = block
-        victims = self._victims(cfg, parties, ref_off, ref_items, rating_guess, attrs)
+        layout = _reference_layout(fv, stats, taus, len(parties))
+        ev = _accumulate(layout, stats, taus, st)
+        rating_guess, pi, rated_score = _decode_ratings(ev, st)
+        attrs, have_x = _decode_attributes(cfg.get("attribute_names"), ev, st)
+        victims = self._victims(cfg, parties, layout.offsets, layout.items, rating_guess, attrs)
+        if rated_score is not None:
+            for u, party in enumerate(parties):
+                victims[party]["rated_score"] = rated_score[layout.offsets[u] : layout.offsets[u + 1]]
         diag = {
-            "users_without_scale": int(np.sum(~have_x)) if p else 0,
+            "users_without_scale": int(np.sum(~have_x)) if ev.X0.shape[1] else 0,
             "prior_ratings": [float(v) for v in pi],
         }
         return victims, diag
