@@ -322,9 +322,19 @@ def round_attributes(values: np.ndarray) -> np.ndarray:
     return np.round(np.clip(np.nan_to_num(values, nan=0.0), 0.0, 1.0))
 
 
-def _truth(transcript: Transcript, party: str, items: np.ndarray) -> np.ndarray:
-    """True ratings of ``party`` on ``items`` (0 for items it did not rate)."""
-    private = transcript.private(party)
+def private_payloads(transcript: Transcript) -> dict[str, dict[str, np.ndarray]]:
+    """Every party's merged ``private`` payload, in one pass over the messages."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for m in transcript.messages:
+        if m.kind == "private" and m.sender == m.receiver:
+            out.setdefault(m.sender, {}).update(m.payload)
+    return out
+
+
+def _truth(transcript: Transcript | dict, party: str, items: np.ndarray) -> np.ndarray:
+    """True ratings of ``party`` on ``items`` (0 for items it did not rate); ``transcript`` may be
+    a :func:`private_payloads` map."""
+    private = transcript.get(party, {}) if isinstance(transcript, dict) else transcript.private(party)
     rated = np.asarray(private.get("items", np.empty(0, np.int64)), dtype=np.int64)
     ratings = np.asarray(private.get("ratings", np.empty(0)), dtype=np.float64)
     order = np.argsort(rated)
@@ -414,12 +424,13 @@ def _uploaded_truth(transcript: Transcript) -> list[tuple[str, np.ndarray]]:
     """(party, true ratings of the items it uploaded first) for every client the server heard from."""
     if "server" not in transcript.parties:
         return []
+    private = private_payloads(transcript)
     out, seen = [], set()
-    for m in transcript.view("server").select("grad_V"):
-        if m.sender in seen or "items" not in m.payload:
+    for m in transcript.messages:
+        if m.kind != "grad_V" or m.receiver != "server" or m.sender in seen or "items" not in m.payload:
             continue
         seen.add(m.sender)
-        out.append((m.sender, _truth(transcript, m.sender, np.asarray(m.payload["items"], dtype=np.int64))))
+        out.append((m.sender, _truth(private, m.sender, np.asarray(m.payload["items"], dtype=np.int64))))
     return out
 
 
@@ -434,10 +445,11 @@ def prior_baselines(transcript: Transcript) -> dict[str, float]:
     shares of every attribute, e.g. from census data, does no better with a constant guess).
     """
     truths = [t for _, t in _uploaded_truth(transcript)]
+    private = private_payloads(transcript)
     attrs = []
     for party in transcript.parties:
         if party.startswith("client:"):
-            x = transcript.private(party).get("attributes")
+            x = private.get(party, {}).get("attributes")
             if x is not None:
                 attrs.append(np.asarray(x, dtype=np.float64).ravel())
     nan = float("nan")
@@ -468,11 +480,12 @@ def rated_decisions(recon: Reconstruction, transcript: Transcript) -> dict[str, 
     when every uploaded item is rated (ObsOnly without sampling: nothing to decide).
     """
     labels, scores = [], []
+    private = private_payloads(transcript)
     for party, guess in recon.victims.items():
         items = np.asarray(guess.get("items", np.empty(0, np.int64)), dtype=np.int64)
         if not len(items):
             continue
-        labels.append(_truth(transcript, party, items) > 0)
+        labels.append(_truth(private, party, items) > 0)
         s = guess.get("rated_score")
         scores.append(np.asarray(s, dtype=np.float64) if s is not None else (np.asarray(guess["ratings"]) > 0).astype(float))
     if not labels:
