@@ -110,7 +110,7 @@ class NCFUpdateLeak(Attack):
     metric_specs = {
         **PRF_SPECS,
         **{f"{k}_r{j}": MetricSpec(True, True, "fraction", f"{k} after intersecting the first {j} uploads")
-           for j in range(1, 9) for k in ("precision", "recall")},
+           for j in range(1, 21) for k in ("precision", "recall")},
         "victims": MetricSpec(True, False, "count", "clients attacked"),
     }
     default_sweep = ("rounds", (1, 2, 3, 4))
