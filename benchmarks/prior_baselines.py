@@ -54,7 +54,8 @@ def mvmf(ds, epsilons) -> list[str]:
              for m in ("rating_accuracy", "attribute_accuracy")]
     t = fed.run(ds, {"unrated": "inclunc"}, [], 0).transcript
     out = run_attack("mvmf-analytic", t)
-    rows += [row("fedmvmf inclunc, no defense", "mvmf-analytic", out, m) for m in ("rating_accuracy", "rated_detection_accuracy")]
+    rows += [row("fedmvmf inclunc, no defense", "mvmf-analytic", out, m)
+             for m in ("rating_accuracy", "rated_detection_accuracy")]
     for eps in epsilons:
         t = fed.run(ds, {}, [get("defense", "dp-laplace")(epsilon=eps)], 0).transcript
         for a in ("mvmf-analytic", "mvmf-aggregate"):
@@ -90,7 +91,8 @@ def fedsplit(ds) -> list[str]:
 def fedncf(ds) -> list[str]:
     proto = get("protocol", "fedncf")()
     t = proto.run(ds, {}, [], 0).transcript
-    rows = [row("fedncf, no defense", "ncf-update-leak", run_attack("ncf-update-leak", t), m) for m in ("precision", "recall", "f1")]
+    leak = run_attack("ncf-update-leak", t)
+    rows = [row("fedncf, no defense", "ncf-update-leak", leak, m) for m in ("precision", "recall", "f1")]
     cfg = {"global_rounds": 0, "selection": "adversarial", "manipulated_rounds": 4, "clients_per_round": 8, "target": 3}
     t = proto.run(ds, cfg, [get("defense", "secagg")()], 0).transcript
     rows += [row("fedncf, secagg, adversarial cohorts", "ncf-kanon-linking", run_attack("ncf-kanon-linking", t), m)
@@ -101,9 +103,11 @@ def fedncf(ds) -> list[str]:
 def fedrec(ds) -> list[str]:
     rows = []
     for rho, filling in ((1, "ua"), (3, "ua"), (1, "hf")):
-        t = get("protocol", "fedrec")().run(ds, {}, [get("defense", "sampling")(rho=rho, filling=filling)], 0).transcript
+        sampling = get("defense", "sampling")(rho=rho, filling=filling)
+        t = get("protocol", "fedrec")().run(ds, {}, [sampling], 0).transcript
         out = run_attack("fedrec-rated-items", t)
-        rows += [row(f"fedrec, sampling rho={rho} {filling}", "fedrec-rated-items", out, m) for m in ("auc", "accuracy")]
+        rows += [row(f"fedrec, sampling rho={rho} {filling}", "fedrec-rated-items", out, m)
+                 for m in ("auc", "accuracy")]
     return rows
 
 
@@ -119,7 +123,8 @@ def fedproto(ds) -> list[str]:
     return rows
 
 
-SCENARIOS = {"mvmf": mvmf, "privmvmf": privmvmf, "fedsplit": fedsplit, "fedncf": fedncf, "fedrec": fedrec, "fedproto": fedproto}
+SCENARIOS = {"mvmf": mvmf, "privmvmf": privmvmf, "fedsplit": fedsplit, "fedncf": fedncf, "fedrec": fedrec,
+             "fedproto": fedproto}
 
 
 def main(argv: list[str] | None = None) -> int:

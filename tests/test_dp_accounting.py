@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import dp_accounting
 import numpy as np
 import pytest
-
-import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 

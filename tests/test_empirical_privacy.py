@@ -7,7 +7,7 @@ import pytest
 
 from privaudit.defenses.dp_laplace import DPLaplace
 from privaudit.metrics import empirical_epsilon
-from tests.broken_dp import BitScoreAttack, BrokenDPLaplace, broken_dp_registry  # noqa: F401
+from tests.broken_dp import BitScoreAttack, BrokenDPLaplace, broken_dp_registry  # noqa: F401 (a fixture)
 from tests.dummies import DummyProtocol, tiny_dataset
 
 CLAIMED = 1.0
@@ -25,7 +25,8 @@ def _bound(defense, dataset):
     return empirical_epsilon(dec.labels, dec.scores), defense.privacy_spent(1)["epsilon"]
 
 
-def test_broken_defense_is_flagged_and_the_correct_one_is_not(broken_dp_registry, many_clients):
+@pytest.mark.usefixtures("broken_dp_registry")
+def test_broken_defense_is_flagged_and_the_correct_one_is_not(many_clients):
     bound, claimed = _bound(BrokenDPLaplace(epsilon=CLAIMED, clip=1.0), many_clients)
     assert claimed == CLAIMED
     # true epsilon 10: one-sided tail TPR / FPR ratio e^10; 1,500 negatives resolve about e^4.8

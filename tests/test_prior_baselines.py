@@ -103,7 +103,8 @@ def test_fedsplit_prior_uses_the_auxiliary_ratings():
 def ncf_run():
     pytest.importorskip("torch")
     ds = synthetic(n_users=30, n_items=150, seed=1)
-    return get("protocol", "fedncf")().run(ds, {"global_rounds": 4, "clients_per_round": 30, "record_rounds": -1}, [], 0)
+    cfg = {"global_rounds": 4, "clients_per_round": 30, "record_rounds": -1}
+    return get("protocol", "fedncf")().run(ds, cfg, [], 0)
 
 
 def test_ncf_update_leak_beats_popularity_and_has_decisions(ncf_run):
@@ -130,7 +131,8 @@ def test_fedrec_prior_is_item_popularity():
 
 def test_proto_membership_prior_without_prototypes():
     ds = synthetic(n_users=150, n_items=80, seed=3)
-    t = get("protocol", "fedproto")().run(ds, {"prototypes": "random", "latent_dim": 5, "max_iter": 100}, [], 0).transcript
+    cfg = {"prototypes": "random", "latent_dim": 5, "max_iter": 100}
+    t = get("protocol", "fedproto")().run(ds, cfg, [], 0).transcript
     out = get("attack", "proto-membership")().evaluate(t, np.random.default_rng(7))
     prior = out.baseline_prior
     assert set(prior) == set(out.metrics)

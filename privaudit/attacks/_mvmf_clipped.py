@@ -129,7 +129,8 @@ def censored_loglik(a_obs: np.ndarray, a_pred: np.ndarray, A: np.ndarray, var: f
 
 
 def decode_with_residual_prior(ll: np.ndarray, pred: np.ndarray, values: np.ndarray, em_prior,
-                               widths: tuple[float, ...] = (0.5, 0.75, 1.0, 1.5, 2.5, np.inf)) -> tuple[np.ndarray, np.ndarray, dict]:
+                               widths: tuple[float, ...] = (0.5, 0.75, 1.0, 1.5, 2.5, np.inf),
+                               ) -> tuple[np.ndarray, np.ndarray, dict]:
     """MAP hypothesis per row from log-likelihoods ``ll`` (N, H), model predictions ``pred`` (N,).
 
     Prior: ``pi_h * N(values_h - pred; 0, s^2)`` for rated values (the "unrated" hypothesis,
@@ -158,7 +159,8 @@ def rated_log_odds(post: np.ndarray) -> np.ndarray:
 
 
 def stationarity_posterior(M: np.ndarray, y: np.ndarray, mus: tuple[float, ...],
-                           prior_sds: tuple[float, ...], noise_sds: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, dict]:
+                           prior_sds: tuple[float, ...], noise_sds: tuple[float, ...],
+                           ) -> tuple[np.ndarray, np.ndarray, dict]:
     """Gaussian posterior of ratings r from linear equations ``y = M r + e`` per user.
 
     ``M`` (n, E, L) (zero columns for padding, zero rows for missing equations), ``y`` (n, E);

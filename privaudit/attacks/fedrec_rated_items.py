@@ -150,12 +150,15 @@ class FedRecRatedItems(Attack):
     requires = ("grad_V", "state")
     primary_metric = "auc"
     metric_specs = {
-        "accuracy": MetricSpec(True, True, "fraction", "share of uploaded items correctly decided really rated or virtual"),
+        "accuracy": MetricSpec(True, True, "fraction",
+                               "share of uploaded items correctly decided really rated or virtual"),
         "precision": MetricSpec(True, True, "fraction", "share of items decided rated that are really rated"),
         "recall": MetricSpec(True, True, "fraction", "share of really rated uploaded items decided rated"),
         "auc": MetricSpec(True, True, "fraction", "ROC AUC of the rated-vs-virtual score over uploaded items"),
-        "rating_accuracy": MetricSpec(True, True, "fraction", "share of really rated items whose rating is recovered exactly"),
-        "real_share": MetricSpec(True, False, "fraction", "share of uploaded items that are really rated (1 / (1 + rho))"),
+        "rating_accuracy": MetricSpec(True, True, "fraction",
+                                      "share of really rated items whose rating is recovered exactly"),
+        "real_share": MetricSpec(True, False, "fraction",
+                                 "share of uploaded items that are really rated (1 / (1 + rho))"),
     }
     params = {"round": -1, "tol": 1e-4, "grid_tol": 0.01, "intersection": False, "sequential": True}
     param_help = {

@@ -116,10 +116,13 @@ class FedSplitInference(Attack):
     default_sweep = ("aux_fraction", AUX_FRACTIONS)
     primary_metric = "relative_error"
     metric_specs = {
-        "relative_error": MetricSpec(False, True, "ratio", "||X - X_adv||^2 / ||X||^2 on a group's ratings (eq. 4), mean over groups"),
+        "relative_error": MetricSpec(False, True, "ratio",
+                                     "||X - X_adv||^2 / ||X||^2 on a group's ratings (eq. 4), mean over groups"),
         "relative_error_ci95": MetricSpec(False, False, "ratio", "95 % half-width of relative_error over groups"),
-        "relative_error_unknown": MetricSpec(False, True, "ratio", "relative error on the ratings the adversary was not given"),
-        "rating_accuracy": MetricSpec(True, True, "fraction", "share of a group's ratings whose rounded reconstruction is exact"),
+        "relative_error_unknown": MetricSpec(False, True, "ratio",
+                                             "relative error on the ratings the adversary was not given"),
+        "rating_accuracy": MetricSpec(True, True, "fraction",
+                                      "share of a group's ratings whose rounded reconstruction is exact"),
         "n_groups": MetricSpec(True, False, "count", "number of groups scored"),
     }
     params = {"mode": "rating", "aux_fraction": 0.5, "n_iter": 0}

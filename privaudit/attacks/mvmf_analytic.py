@@ -966,7 +966,8 @@ class MVMFAnalytic(MVMFAttack):
                 "SGD with ObsOnly needs two consecutive recorded rounds from the same clients to fix the scale"
             )
         if clip is not None:
-            victims, diag = self._decode_clipped(cfg, fv, parties, stats, taus, clip, unknown_c, w_virtual, alpha, lam, grid)
+            victims, diag = self._decode_clipped(cfg, fv, parties, stats, taus, clip, unknown_c, w_virtual, alpha,
+                                                 lam, grid)
         else:
             settings = _DecodeSettings(unknown_c, w_virtual, alpha, grid, sigma2, bool(self.prior))
             victims, diag = self._decode(cfg, fv, parties, stats, taus, settings)
@@ -1197,7 +1198,8 @@ class MVMFAnalytic(MVMFAttack):
         return diag
 
     def _decode(self, cfg: dict, fv: FlatFedMVMFView, parties: list[str], stats: list[_Round],
-                taus: list[np.ndarray], st: "_DecodeSettings") -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+                taus: list[np.ndarray], st: _DecodeSettings,
+                ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
         """Combine the rounds per (user, item) and decode ratings and attributes (MAP / rounding)."""
         layout = _reference_layout(fv, stats, taus, len(parties))
         ev = _accumulate(layout, stats, taus, st)

@@ -36,9 +36,9 @@ from privaudit.attacks.ncf_update_leak import (
     item_decisions,
     popularity_baseline,
 )
-from privaudit.results import Decisions, MetricSpec
 from privaudit.errors import PrivauditError
 from privaudit.registry import register_attack
+from privaudit.results import Decisions, MetricSpec
 from privaudit.transcript import Transcript, View
 
 

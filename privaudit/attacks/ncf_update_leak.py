@@ -92,7 +92,8 @@ def item_decisions(party_scores: dict[str, np.ndarray], transcript: Transcript, 
 
 
 PRF_SPECS = {
-    "precision": MetricSpec(True, True, "fraction", "share of the items guessed as a client's positives that are positives"),
+    "precision": MetricSpec(True, True, "fraction",
+                            "share of the items guessed as a client's positives that are positives"),
     "recall": MetricSpec(True, True, "fraction", "share of a client's positives that are guessed"),
     "f1": MetricSpec(True, True, "fraction", "harmonic mean of precision and recall"),
 }

@@ -32,7 +32,8 @@ def _dp_accounting():
         import dp_accounting
         from dp_accounting.pld import pld_privacy_accountant
     except ImportError:  # pragma: no cover - a base dependency
-        raise PrivauditError("the dp-accounting package is required for DP accounting: pip install dp-accounting") from None
+        raise PrivauditError("the dp-accounting package is required for DP accounting: "
+                             "pip install dp-accounting") from None
     return dp_accounting, pld_privacy_accountant
 
 

@@ -68,8 +68,10 @@ def clip_l1_rows(arr: np.ndarray, clip: float) -> np.ndarray:
 
 
 def _positive(name: str, defense: str, v: Any, allow_zero: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        raise PrivauditError(f"defense {defense!r}: {name} must be a {'non-negative' if allow_zero else 'positive'} number, got {v!r}")
+    number = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    if not number or v < 0 or (v == 0 and not allow_zero):
+        kind = "non-negative" if allow_zero else "positive"
+        raise PrivauditError(f"defense {defense!r}: {name} must be a {kind} number, got {v!r}")
     return float(v)
 
 
@@ -136,7 +138,8 @@ class ClippedNoise(Defense):
             raise PrivauditError(f"defense {self.name!r}: target_epsilon needs the number of rounds (set rounds=N)")
         target = float(self.config["target_epsilon"])
         lo, hi = self.calibration_range
-        value = accounting.calibrate(lambda x: self.total_epsilon(x, rounds), target, lo, hi, self.calibrated_increasing)
+        value = accounting.calibrate(lambda x: self.total_epsilon(x, rounds), target, lo, hi,
+                                     self.calibrated_increasing)
         self.config[self.calibrated] = value
         self._calibrated_rounds = rounds
 
