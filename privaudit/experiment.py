@@ -503,7 +503,7 @@ def _defense_privacy(defenses: Sequence[Any], transcript: Any, names: Sequence[s
         spent = d.privacy_spent(rounds)
         if spent:
             name = names[k] if names is not None and k < len(names) and names[k] else d.name
-            out[name] = {"rounds": rounds, **{key: float(v) for key, v in spent.items()}}
+            out[name] = {"rounds": rounds, **{key: v if isinstance(v, str) else float(v) for key, v in spent.items()}}
     return out
 
 

@@ -182,7 +182,10 @@ def test_dp_laplace_clips_rows_and_calibrates_noise():
     noise = out.payloads[0]["values"]
     assert np.array_equal(out.payloads[0]["items"], np.arange(400))  # ints untouched
     assert np.mean(np.abs(noise)) == pytest.approx(4.0, rel=0.03)  # E|Laplace(b)| = b
-    assert d.privacy_spent(20) == {"epsilon": 10.0, "delta": 0.0, "epsilon_round": 0.5}
+    spent = d.privacy_spent(20)
+    assert {k: spent[k] for k in ("epsilon", "delta", "accountant", "epsilon_basic", "epsilon_per_round")} == {
+        "epsilon": 10.0, "delta": 0.0, "accountant": "basic", "epsilon_basic": 10.0, "epsilon_per_round": 0.5}
+    assert spent["unit"] == "one rating row" and spent["epsilon_pld"] < 10.0  # PLD at delta 1e-5 is tighter
 
 
 def test_dp_laplace_upload_clipping_and_validation():

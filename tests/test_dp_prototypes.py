@@ -210,4 +210,5 @@ def test_defense_parameters_validated():
     with pytest.raises(PrivauditError, match="delta"):
         DPPrototypes(delta=1.5)
     d = DPPrototypes(epsilon="0.5")
-    assert d.config["epsilon"] == 0.5 and d.privacy_spent(1) == {"epsilon": 0.5, "delta": 0.0}
+    spent = d.privacy_spent(1)
+    assert d.config["epsilon"] == 0.5 and (spent["epsilon"], spent["delta"], spent["accountant"]) == (0.5, 0.0, "basic")

@@ -134,6 +134,10 @@ def test_aggregate_attack_on_privmvmf_views(runs):
     # client only — 4 of 45 here; that client's direction alone does not give its ratings)
     assert full.reconstruction.meta["with_direction"] <= 0.1
     assert full.metrics["rated_detection_accuracy"] < 0.55
+    # nothing beyond the prior-only guess (per-column attribute majority, majority rating 0)
+    prior = full.baseline_prior
+    assert abs(full.metrics["attribute_accuracy"] - prior["attribute_accuracy"]) < 0.03
+    assert full.metrics["rating_accuracy"] <= prior["rating_accuracy"] + 0.02
     assert full.metrics["rating_accuracy"] <= full.baseline["rating_accuracy_majority"]
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.metrics import majority_guess_accuracy, uniform_guess_accuracy
+from privaudit.results import Decisions, MetricSpec
 from privaudit.transcript import Transcript, View
 
 FEDMVMF_PROTOCOLS = ("fedmvmf", "privmvmf")
@@ -168,6 +169,8 @@ class RoundUploads:
     @functools.cached_property
     def grad_P(self) -> np.ndarray:
         arrays = [pp["values"] for pp in self._payloads[1]]
+        if np.size(arrays[0]) == 0:  # no user attributes (p = 0): (n, 0, K)
+            return np.zeros((len(arrays),) + np.shape(arrays[0]))
         return _concat_float_rows(arrays, np.shape(arrays[0]))
 
     @property
@@ -321,9 +324,19 @@ def round_attributes(values: np.ndarray) -> np.ndarray:
     return np.round(np.clip(np.nan_to_num(values, nan=0.0), 0.0, 1.0))
 
 
-def _truth(transcript: Transcript, party: str, items: np.ndarray) -> np.ndarray:
-    """True ratings of ``party`` on ``items`` (0 for items it did not rate)."""
-    private = transcript.private(party)
+def private_payloads(transcript: Transcript) -> dict[str, dict[str, np.ndarray]]:
+    """Every party's merged ``private`` payload, in one pass over the messages."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for m in transcript.messages:
+        if m.kind == "private" and m.sender == m.receiver:
+            out.setdefault(m.sender, {}).update(m.payload)
+    return out
+
+
+def _truth(transcript: Transcript | dict, party: str, items: np.ndarray) -> np.ndarray:
+    """True ratings of ``party`` on ``items`` (0 for items it did not rate); ``transcript`` may be
+    a :func:`private_payloads` map."""
+    private = transcript.get(party, {}) if isinstance(transcript, dict) else transcript.private(party)
     rated = np.asarray(private.get("items", np.empty(0, np.int64)), dtype=np.int64)
     ratings = np.asarray(private.get("ratings", np.empty(0)), dtype=np.float64)
     order = np.argsort(rated)
@@ -362,13 +375,16 @@ def score_reconstruction(recon: Reconstruction, transcript: Transcript) -> dict[
                 attr_hits += int(np.sum(gx == true_x))
                 attr_total += gx.size
     nan = float("nan")
-    return {
+    out = {
         "rating_accuracy": rating_hits / rating_total if rating_total else nan,
         "attribute_accuracy": attr_hits / attr_total if attr_total else nan,
         "rated_rating_accuracy": rated_hits / rated_total if rated_total else nan,
         "rated_detection_accuracy": detect_hits / rating_total if rating_total else nan,
         "victims": float(len(recon.victims)),
     }
+    if not transcript.config.get("attribute_names", True):  # a dataset without user attributes
+        del out["attribute_accuracy"]
+    return out
 
 
 def baselines(transcript: Transcript) -> dict[str, float]:
@@ -401,24 +417,125 @@ def baselines(transcript: Transcript) -> dict[str, float]:
     nan = float("nan")
     all_truth = np.concatenate(truths) if truths else np.empty(0)
     all_attrs = np.concatenate(attrs) if attrs else np.empty(0)
-    return {
+    out = {
         "rating_accuracy": uniform_guess_accuracy(domain),
         "attribute_accuracy": uniform_guess_accuracy(2),
         "rating_accuracy_majority": majority_guess_accuracy(all_truth) if len(all_truth) else nan,
         "attribute_accuracy_majority": majority_guess_accuracy(all_attrs) if len(all_attrs) else nan,
     }
+    if not cfg.get("attribute_names", True):  # a dataset without user attributes: no attribute metrics
+        del out["attribute_accuracy"], out["attribute_accuracy_majority"]
+    return out
+
+
+def _uploaded_truth(transcript: Transcript) -> list[tuple[str, np.ndarray]]:
+    """(party, true ratings of the items it uploaded first) for every client the server heard from."""
+    if "server" not in transcript.parties:
+        return []
+    private = private_payloads(transcript)
+    out, seen = [], set()
+    for m in transcript.messages:
+        if m.kind != "grad_V" or m.receiver != "server" or m.sender in seen or "items" not in m.payload:
+            continue
+        seen.add(m.sender)
+        out.append((m.sender, _truth(private, m.sender, np.asarray(m.payload["items"], dtype=np.int64))))
+    return out
+
+
+def prior_baselines(transcript: Transcript) -> dict[str, float]:
+    """The best constant guesses, chosen in hindsight from the truth (an upper bound of any
+    strategy that ignores the victims' uploads).
+
+    Ratings: the most frequent true value over all victims' uploaded items (0 = unrated
+    included); ``rated_rating_accuracy``: the most frequent value among the rated items;
+    ``rated_detection_accuracy``: always answering the more frequent of rated / unrated.
+    Attributes: per dummy column its most frequent value (an attacker knowing the population
+    shares of every attribute, e.g. from census data, does no better with a constant guess).
+    """
+    truths = [t for _, t in _uploaded_truth(transcript)]
+    private = private_payloads(transcript)
+    attrs = []
+    for party in transcript.parties:
+        if party.startswith("client:"):
+            x = private.get(party, {}).get("attributes")
+            if x is not None:
+                attrs.append(np.asarray(x, dtype=np.float64).ravel())
+    nan = float("nan")
+    y = np.concatenate(truths) if truths else np.empty(0)
+    rated = y[y > 0]
+    out = {
+        "rating_accuracy": majority_guess_accuracy(y) if y.size else nan,
+        "rated_rating_accuracy": majority_guess_accuracy(rated) if rated.size else nan,
+        "rated_detection_accuracy": float(max(np.mean(y > 0), np.mean(y == 0))) if y.size else nan,
+        "attribute_accuracy": nan,
+        "victims": float(len(truths)),
+    }
+    widths = {a.size for a in attrs}
+    if attrs and len(widths) == 1:
+        X = np.stack(attrs)
+        ones = X.mean(axis=0)
+        out["attribute_accuracy"] = float(np.mean(np.maximum(ones, 1.0 - ones)))
+    elif attrs:
+        out["attribute_accuracy"] = majority_guess_accuracy(np.concatenate(attrs))
+    return out
+
+
+def rated_decisions(recon: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
+    """Rated-vs-unrated decisions over every uploaded (victim, item): truth = really rated.
+
+    The score is the reconstruction's ``rated_score`` (the attack's log-likelihood ratio of
+    "rated" over "unrated") where present, else its 0/1 decision (guessed rating > 0). Empty
+    when every uploaded item is rated (ObsOnly without sampling: nothing to decide).
+    """
+    labels, scores = [], []
+    private = private_payloads(transcript)
+    for party, guess in recon.victims.items():
+        items = np.asarray(guess.get("items", np.empty(0, np.int64)), dtype=np.int64)
+        if not len(items):
+            continue
+        labels.append(_truth(private, party, items) > 0)
+        s = guess.get("rated_score")
+        decided = (np.asarray(guess["ratings"]) > 0).astype(float)
+        scores.append(np.asarray(s, dtype=np.float64) if s is not None else decided)
+    if not labels:
+        return {}
+    y, s = np.concatenate(labels), np.nan_to_num(np.concatenate(scores), nan=0.0, posinf=1e300, neginf=-1e300)
+    if y.all() or not y.any():
+        return {}
+    return {"rated": Decisions(s, y, positive="really rated item", meta={"attack": recon.attack})}
+
+
+MVMF_METRIC_SPECS = {
+    "rating_accuracy": MetricSpec(True, True, "fraction",
+                                  "share of uploaded items whose rating (0 = unrated) is guessed exactly"),
+    "attribute_accuracy": MetricSpec(True, True, "fraction", "share of user attribute dummies guessed exactly"),
+    "rated_rating_accuracy": MetricSpec(True, True, "fraction",
+                                        "share of really rated uploaded items whose rating is guessed exactly"),
+    "rated_detection_accuracy": MetricSpec(True, True, "fraction",
+                                           "share of uploaded items correctly decided rated or unrated"),
+    "victims": MetricSpec(True, False, "count", "number of clients attacked"),
+}
 
 
 class MVMFAttack(Attack):
     """Base of the FedMVMF/PrivMVMF server attacks: what they target and how they are scored
-    (eq. 43 through :func:`score_reconstruction`, baselines through :func:`baselines`)."""
+    (eq. 43 through :func:`score_reconstruction`, baselines through :func:`baselines` and
+    :func:`prior_baselines`, rated/unrated decisions through :func:`rated_decisions`)."""
 
     party = "server"
     protocols = FEDMVMF_PROTOCOLS
     primary_metric = "rating_accuracy"
+    metric_specs = MVMF_METRIC_SPECS
 
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
         return score_reconstruction(reconstruction, transcript)
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         return baselines(transcript)
+
+    def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
+        """Best constant guesses in hindsight (:func:`prior_baselines`; an upper bound)."""
+        return prior_baselines(transcript)
+
+    def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
+        return rated_decisions(reconstruction, transcript)

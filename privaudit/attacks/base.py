@@ -131,22 +131,44 @@ class Attack(Configurable):
     def evaluate(self, transcript: Transcript, rng: np.random.Generator) -> "AttackOutcome":
         """Run the attack on its party's view of ``transcript`` and score it.
 
-        When the attack does not apply, the metrics equal the baseline and ``reason`` says why.
+        When the attack does not apply, the metrics equal the random baseline and ``reason``
+        says why. ``baseline_prior`` is :meth:`prior_baseline` with the same prior knowledge
+        (empty when the attack does not define one); ``decisions`` is :meth:`decisions` of a
+        supported reconstruction.
         """
         view = transcript.view(self.party)
         ok, reason = self.applicable(view)
-        if ok:
-            knowledge = self.prior_knowledge(transcript, rng)
-            recon = self.run(view, knowledge, rng)
-        else:
-            recon = self.unsupported(reason)
+        knowledge = self.prior_knowledge(transcript, rng)
+        recon = self.run(view, knowledge, rng) if ok else self.unsupported(reason)
         base = self.baseline(transcript)
         metrics = self.score(recon, transcript) if recon.supported else dict(base)
-        return AttackOutcome(metrics, base, recon)
+        try:
+            prior = self.prior_baseline(transcript, knowledge)
+        except NotImplementedError:  # a third-party attack without one
+            prior = {}
+        decisions = self.decisions(recon, transcript) if recon.supported else {}
+        return AttackOutcome(metrics, base, recon, prior, decisions)
 
 
 @dataclass
 class AttackOutcome:
+    """Scored result of :meth:`Attack.evaluate`.
+
+    Attributes
+    ----------
+    metrics : dict[str, float]
+        What :meth:`Attack.score` returned (the random baseline when the attack did not apply).
+    baseline : dict[str, float]
+        The uniform random guess (:meth:`Attack.baseline`), same keys.
+    reconstruction : Reconstruction
+    baseline_prior : dict[str, float]
+        The prior-only guess (:meth:`Attack.prior_baseline`), same keys; empty if undefined.
+    decisions : dict[str, Decisions]
+        Per-record scores and truth (:meth:`Attack.decisions`); empty if none.
+    """
+
     metrics: dict[str, float]
     baseline: dict[str, float]
     reconstruction: Reconstruction
+    baseline_prior: dict[str, float] = field(default_factory=dict)
+    decisions: dict[str, Decisions] = field(default_factory=dict)

@@ -56,6 +56,7 @@ from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.errors import PrivauditError
 from privaudit.metrics import auc
 from privaudit.registry import register_attack
+from privaudit.results import Decisions, MetricSpec
 from privaudit.transcript import Transcript, View
 
 
@@ -148,6 +149,17 @@ class FedRecRatedItems(Attack):
     protocols = ("fedrec",)
     requires = ("grad_V", "state")
     primary_metric = "auc"
+    metric_specs = {
+        "accuracy": MetricSpec(True, True, "fraction",
+                               "share of uploaded items correctly decided really rated or virtual"),
+        "precision": MetricSpec(True, True, "fraction", "share of items decided rated that are really rated"),
+        "recall": MetricSpec(True, True, "fraction", "share of really rated uploaded items decided rated"),
+        "auc": MetricSpec(True, True, "fraction", "ROC AUC of the rated-vs-virtual score over uploaded items"),
+        "rating_accuracy": MetricSpec(True, True, "fraction",
+                                      "share of really rated items whose rating is recovered exactly"),
+        "real_share": MetricSpec(True, False, "fraction",
+                                 "share of uploaded items that are really rated (1 / (1 + rho))"),
+    }
     params = {"round": -1, "tol": 1e-4, "grid_tol": 0.01, "intersection": False, "sequential": True}
     param_help = {
         "round": "attacked recorded round (negative: counted from the last recorded one)",
@@ -316,6 +328,40 @@ class FedRecRatedItems(Attack):
         }
         return out
 
+    def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
+        """Item popularity alone, over the same uploaded (client, item) records.
+
+        Score = how many clients really rated the item (hindsight counts: an upper bound of
+        public popularity data); decision = the better constant answer (all rated, or all
+        virtual when virtual items are the majority); rating = the most frequent true rating
+        (hindsight). Without records, the random baseline.
+        """
+        y, pop, r = _prior_records(transcript, int(self.config["round"]))
+        if not y.size:
+            return self.baseline(transcript)
+        share = float(np.mean(y))
+        vals, counts = np.unique(r[y], return_counts=True)
+        all_rated = share >= 0.5
+        return {
+            "accuracy": max(share, 1.0 - share),
+            "precision": share if all_rated else 0.0,
+            "recall": 1.0 if all_rated else 0.0,
+            "auc": float(auc(y, pop)) if 0 < y.sum() < y.size else float("nan"),
+            "rating_accuracy": float(counts.max() / counts.sum()) if counts.size else float("nan"),
+            "real_share": share,
+        }
+
+    def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
+        """Per uploaded (client, item): the attack's score, truth = really rated."""
+        labels, scores, _, _ = self._truth(reconstruction, transcript)
+        if not labels:
+            return {}
+        y = np.concatenate(labels)
+        s = np.nan_to_num(np.concatenate(scores).astype(np.float64), nan=0.5)
+        if y.all() or not y.any():
+            return {}
+        return {"rated": Decisions(s, y, positive="really rated item")}
+
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         cfg = transcript.config
         rho = 0.0
@@ -334,6 +380,41 @@ class FedRecRatedItems(Attack):
             "rating_accuracy": 1.0 / levels,
             "real_share": share,
         }
+
+
+def _prior_records(transcript: Transcript, rnd: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(labels, popularity score, true rating or NaN) of every uploaded (client, item) of round ``rnd``.
+
+    Popularity = how many clients really rated the item, counted in hindsight over every
+    client's private ratings.
+    """
+    uploads = collect_uploads(transcript.view("server"))
+    rounds = sorted(uploads)
+    if not rounds:
+        return np.zeros(0, bool), np.zeros(0), np.zeros(0)
+    try:
+        recs = uploads[rounds[rnd]]
+    except IndexError:
+        return np.zeros(0, bool), np.zeros(0), np.zeros(0)
+    m = int(transcript.config.get("n_items", 0)) or 1 + max(int(r["items"].max(initial=0)) for r in recs)
+    counts = np.zeros(m)
+    for party in transcript.parties:
+        items = transcript.private(party).get("items") if party.startswith("client:") else None
+        if items is not None:
+            counts += np.bincount(np.asarray(items, dtype=np.int64), minlength=m)[:m]
+    labels, pops, ratings = [], [], []
+    for rec in recs:
+        priv = transcript.private(f"client:{rec['user']}")
+        real = np.asarray(priv.get("items", np.zeros(0, np.int64)), dtype=np.int64)
+        vals = np.asarray(priv.get("ratings", np.zeros(0)), dtype=np.float64)
+        lab = np.isin(rec["items"], real)
+        r = np.full(len(rec["items"]), np.nan)
+        order = np.argsort(real)
+        r[lab] = vals[order][np.searchsorted(real[order], rec["items"][lab])]
+        labels.append(lab)
+        pops.append(counts[rec["items"]])
+        ratings.append(r)
+    return np.concatenate(labels), np.concatenate(pops), np.concatenate(ratings)
 
 
 def _finite(rec: dict[str, Any], svd: bool) -> bool:

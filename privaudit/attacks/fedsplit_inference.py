@@ -52,6 +52,7 @@ from privaudit.metrics import mean_ci95
 from privaudit.models.cnmf import fit_row_factors
 from privaudit.protocols.fedsplit import cnmf_from_config
 from privaudit.registry import register_attack
+from privaudit.results import MetricSpec
 from privaudit.transcript import Transcript, View
 
 __all__ = ["FedSplitInference", "AUX_FRACTIONS"]
@@ -59,6 +60,8 @@ __all__ = ["FedSplitInference", "AUX_FRACTIONS"]
 #: The paper's auxiliary-knowledge grid (5 % to 100 % in steps of 5 %).
 AUX_FRACTIONS = tuple(round(0.05 * i, 2) for i in range(1, 21))
 MODES = ("user", "movie", "rating")
+#: pseudo-ratings shrinking the user and item biases of the prior-only baseline towards 0
+SHRINK = 25.0
 
 
 def _half_up(x: float) -> int:
@@ -112,6 +115,16 @@ class FedSplitInference(Attack):
     requires = ("H",)
     default_sweep = ("aux_fraction", AUX_FRACTIONS)
     primary_metric = "relative_error"
+    metric_specs = {
+        "relative_error": MetricSpec(False, True, "ratio",
+                                     "||X - X_adv||^2 / ||X||^2 on a group's ratings (eq. 4), mean over groups"),
+        "relative_error_ci95": MetricSpec(False, False, "ratio", "95 % half-width of relative_error over groups"),
+        "relative_error_unknown": MetricSpec(False, True, "ratio",
+                                             "relative error on the ratings the adversary was not given"),
+        "rating_accuracy": MetricSpec(True, True, "fraction",
+                                      "share of a group's ratings whose rounded reconstruction is exact"),
+        "n_groups": MetricSpec(True, False, "count", "number of groups scored"),
+    }
     params = {"mode": "rating", "aux_fraction": 0.5, "n_iter": 0}
     param_help = {
         "mode": "what the adversary knows of X^g: 'user' (rows), 'movie' (columns) or 'rating' (entries)",
@@ -259,6 +272,34 @@ class FedSplitInference(Attack):
                 return None
             est = np.einsum("nk,kn->n", v["W"][users], v["H"][:, items]) + v["b_W"][users] + v["b_H"][items] + float(v["mu"])
             return est, v["known"]
+
+        return self._score(transcript, predict)
+
+    def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
+        """The adversary with its auxiliary ratings but without any group's upload.
+
+        Known entries are predicted exactly; every other entry by a bias model fitted on the
+        known ratings of the group: ``mean + b_user + b_item`` (biases shrunk towards 0 by
+        ``SHRINK`` pseudo-ratings), the grand mean of the known ratings when none is known it
+        falls back to the rating midpoint. Clipped to the rating range.
+        """
+        lo, hi = self._rating_range(transcript)
+        groups = knowledge.get("groups", {})
+
+        def predict(party, users, items):
+            g = groups.get(party)
+            known = np.asarray(g["known"], dtype=bool) if g is not None else np.zeros(items.size, dtype=bool)
+            if g is None or not known.any():
+                return np.full(items.size, (lo + hi) / 2.0), known
+            ku, ki, kr = (np.asarray(g[k]) for k in ("users", "items", "ratings"))  # the granted entries
+            mean = float(np.mean(kr))
+            nu, ni = int(users.max()) + 1, int(items.max()) + 1
+            bu = np.bincount(ku, weights=kr - mean, minlength=nu) / (np.bincount(ku, minlength=nu) + SHRINK)
+            ri = kr - mean - bu[ku]
+            bi = np.bincount(ki, weights=ri, minlength=ni) / (np.bincount(ki, minlength=ni) + SHRINK)
+            pred = mean + bu[users] + bi[items]
+            pred[known] = kr
+            return pred, known
 
         return self._score(transcript, predict)
 

@@ -30,7 +30,8 @@ Where a step is impossible (a member without a unique item; an item shared by mo
 members or by a member of unknown direction; c > K for grad_P) the least-squares solution over
 the known directions is used (minimum norm), which is wrong in general, and the meta records
 how much of the cohort was separable. Members without a direction get an uninformed guess
-(the rating midpoint, attributes 0) so that they count in the accuracy. With c = 1 the sum IS
+(:func:`uninformed_rating`: "unrated" when unrated items are the majority of uploads, else the
+rating midpoint; attributes 0) so that they count in the accuracy. With c = 1 the sum IS
 the upload and the attack is exactly ``mvmf-analytic`` on it.
 
 Views it reads:
@@ -151,6 +152,17 @@ def separate(cohort: _Cohort, K: int) -> tuple[dict[str, dict[str, np.ndarray]],
     return out, diag
 
 
+def uninformed_rating(cfg: dict[str, Any]) -> float:
+    """The guess for an uploaded item of a member the sums did not separate, from the public config:
+    "unrated" (0) when unrated items are at least half of the uploads (InclUnc, or a ``sampling``
+    defense with rho >= 1: rho virtual items per rated one), else the rating midpoint."""
+    rho = max((float(d.get("rho", 0.0) or 0.0) for d in cfg.get("defenses", []) or []
+               if isinstance(d, dict) and d.get("name") == "sampling"), default=0.0)
+    if cfg.get("unrated") == "inclunc" or rho >= 1.0:
+        return 0.0
+    return float(round_ratings(np.array([(float(cfg["rating_min"]) + float(cfg["rating_max"])) / 2]), cfg)[0])
+
+
 @register_attack("mvmf-aggregate")
 class MVMFAggregate(MVMFAttack):
     """Reconstruct ratings/attributes from per-cohort sums of FedMVMF uploads (PrivMVMF's server view)."""
@@ -267,7 +279,7 @@ class MVMFAggregate(MVMFAttack):
         victims = dict(inner.victims) if inner is not None and inner.supported else {}
         # uninformed guesses for members the sums did not separate
         cfg = view.config
-        mid = round_ratings(np.array([(float(cfg["rating_min"]) + float(cfg["rating_max"])) / 2]), cfg)[0]
+        mid = uninformed_rating(cfg)
         p = next(iter(P.values())).shape[0]
         guessed = 0
         first_round = min(co.round for co in cohorts)

@@ -1,136 +1,24 @@
-r"""``mvmf-analytic``: closed-form server reconstruction attack on FedMVMF (DESIGN.md "Attacks").
+r"""``mvmf-analytic``: closed-form server reconstruction attack on FedMVMF.
 
-The paper (privmvmf.txt §4, §6.2) solves one nonlinear system per user with iterative root
-finders (``mvmf-nonlinear``). This attack needs no root finding: every FedMVMF upload row is a
-scalar multiple of the user's latent vector, and the user's own update rule pins the scalar
-down in closed form. It is exact without noise, a least-squares / empirical-Bayes estimator
-under noise, and batched over users (concatenated rows with segment sums, batched K x K
-eigen-problems; no per-user solver loop).
+Every FedMVMF upload row is a scalar multiple of the user's latent vector u = t d, so the
+stacked rows ``[grad_V; grad_P]`` have rank one (d: their top right singular vector) and the
+private data follow from one scalar per user and round::
 
-Notation (one user, one round t, items S it uploaded)
-----------------------------------------------------
-``grad_V[i] = g_i u`` with ``g_i = -2 c_i (r_i - u.v_i)`` and ``grad_P[j] = h_j u`` with
-``h_j = -2 alpha (x_j - P_j.u)`` (DESIGN.md FedMVMF, eqs. 5 and 7 of the paper). So the stacked
-rows ``[grad_V; grad_P]`` ((|S| + p) x K) have rank one: ``u = t d`` with ``d`` the top right
-singular vector (top eigenvector of the K x K Gram matrix; unit norm, sign arbitrary) and an
-unknown scalar ``t``. Write ``a_i = grad_V[i].d = t g_i``, ``b_j = grad_P[j].d = t h_j``,
-``dv_i = d.v_i``, ``pd_j = P_j.d``. Solving the two upload formulas for the private data::
+    r_i = t (d.v_i) - a_i / (2 t c_i)        x_j = t (P_j.d) - b_j / (2 alpha t)
 
-    r_i = t dv_i - a_i / (2 t c_i)           x_j = t pd_j - b_j / (2 alpha t)        (1)
+with ``a = grad_V.d``, ``b = grad_P.d``. The scale t comes from the user's own update rule:
+SemiALS stationarity, the pair of rounds of SGD, or the ratio shared by all unrated items
+(InclUnc / sampling), which also decides rated versus unrated. Exact without noise; under
+noise a least-squares fit with MAP decoding on the rating grid (empirical prior by EM);
+batched over users. Under a per-row clipping DP defense (``dp-laplace``, ``dp-gaussian``) rows
+at the clipping bound are decoded as censored (:mod:`privaudit.attacks._mvmf_clipped`).
 
-so everything reduces to the scalar ``t`` (and, where c_i is unknown, to c_i in {1, w}).
-Flipping the sign of t flips every r_i and x_j, so the sign is the one that makes the ratings
-(and attribute dummies) positive.
+The derivation, the estimator, the first-round shortcut and the departures from the paper's
+nonlinear-solver attack are in ``docs/mvmf-analytic.md``.
 
-SemiALS (ObsOnly and InclUnc)
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-u is the minimiser of the client's loss, so its gradient vanishes::
-
-    sum_{i in S} g_i v_i + P^T h + 2 lam u = 0.
-
-(S is exactly the set of items in the client's loss: its rated items for ObsOnly, all items for
-InclUnc, rated + sampled items under a ``sampling`` defense.) Multiplying by t and dotting with
-d: ``t^2 = -d.(V_S^T a + P^T b) / (2 lam)`` -- the least-squares solution of the K-vector
-equation ``V_S^T a + P^T b = -2 lam t^2 d``; it needs no c_i, so it holds for InclUnc too.
-
-SGD, ObsOnly (two consecutive rounds)
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Round t uploads with u1 and (V, P); round t+1 with ``u2 = u1 - eta grad_u(u1; V', P')``.
-The residuals under the new factors are known linear functions of u1:
-``-2 c_i (r_i - u1.v'_i) = g_i + 2 c_i u1.(v'_i - v_i)`` and
-``-2 alpha (x_j - P'_j u1) = h_j + 2 alpha (P'_j - P_j).u1``, so with u1 = t1 d1, u2 = t2 d2::
-
-    u2 = t1 c1 + (1/t1) c2,
-    c1 = d1 + 2 eta V'_S^T C (V_S - V'_S) d1 + 2 eta alpha P'^T (P - P') d1 - 2 eta lam d1
-    c2 = -eta (V'_S^T a1 + P'^T b1)                                       (C = diag c_i)
-
-i.e. ``t1 c1 + s c2 - t2 d2 = 0`` with s = 1/t1. Instead of the 3-vector null space of
-``[c1, c2, -d2]`` (DESIGN.md) we use the equivalent constrained least-squares form: with
-``e = (I - d2 d2^T) c`` (the components that t2 d2 cannot absorb), minimise
-``||t1 e1 + e2 / t1||^2`` over tau = t1^2: ``tau = |e2| / |e1|`` (exact without noise, where
-e2 = -tau e1; always positive, so noise never makes it fail), then ``t2 = d2.(t1 c1 + c2/t1)``.
-Ratings and attributes follow from (1) with c_i = 1, in every round whose scale is known
-(both rounds of a pair; interior rounds get two estimates of |t|, which are averaged).
-
-InclUnc and sampled virtual items: which c_i? (both updates)
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-An unrated item (r_i = 0, c_i = w; likewise an item a ``sampling`` defense added, with its
-weight and rating 0) has ``a_i = -2 w t (0 - t dv_i) = 2 w t^2 dv_i``: all unrated items share
-the ratio ``a_i / dv_i = 2 w t^2``, which gives t^2 directly from one round (no second round,
-no stationarity). A rated item would match only if ``r_i = (1 - w) t dv_i`` (probability 0).
-Implementation: an initial t^2 (SemiALS: the stationarity formula; SGD: the densest cluster of
-the ratios ``a_i / (2 w dv_i)``, a shortest-half style mode estimate that is exact when the
-unrated items form the largest exact-tie cluster), then three rounds of (decide rated/unrated
-per item, refit ``t^2 = sum_U a_i dv_i / (2 w sum_U dv_i^2)`` over the items decided unrated;
-SemiALS: combined with the stationarity estimate by inverse variance). Decision per item, in
-rating units: the rated hypothesis value ``rhat_i = t dv_i - a_i / (2 t)`` must lie on the
-rating grid, the unrated hypothesis says ``rhat_i = z_i = (1 - w) t dv_i``.
-
-SGD-InclUnc by the two-round route (derived "the same way", for the record): the equations
-above hold with ``C = w I + (1 - w) diag(rated)`` in c1, so the pair needs the rated set first;
-since the one-round unrated shortcut already fixes t (and the rated set) exactly, the
-implementation uses the shortcut and does not need the pair for InclUnc.
-
-Noise (Laplace/Gaussian defenses): the estimator
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-* d: rank-1 least-squares fit of the stacked rows (top eigenvector of the Gram matrix);
-  ``a``, ``b``: least-squares coefficients of the rows on d.
-* noise level: the rows' energy orthogonal to d is pure noise, so the per-coordinate noise
-  variance is estimated as ``sum (trace G - lambda_max) / sum (rows (K - 1))`` pooled over users;
-  then ``a_i`` has standard deviation sigma, ``rhat_i`` sigma / (2|t|), ``xhat_j``
-  sigma / (2 alpha |t|).
-* scale: least squares as above (stationarity, unrated regression, or the pair equation).
-* every round of the view is used: per (user, item) the rounds' ``rhat`` are combined by inverse
-  variance (weights ~ t^2), and the rated/unrated decision multiplies the rounds' likelihoods.
-* decoding: maximum a posteriori on the grid. Hypotheses: each rating value on the grid
-  (rating_min..rating_max, step rating_step) and -- for InclUnc / sampling -- "unrated" (0);
-  Gaussian likelihoods with the variances above; the prior over hypotheses is fitted by EM on
-  all victims' items (empirical Bayes). Attributes: per ``group=value`` block of
-  ``attribute_names`` one-hot (or all-zero) decoding with a fitted prior per block (each
-  column on its own if the names carry no group). Without noise the likelihoods are sharp and
-  this is exactly "clip to the domain and round" (eq. 43); as the noise grows it degrades
-  gracefully to the majority guess instead of falling below it. The result is passed through
-  :func:`privaudit.attacks._mvmf.round_ratings` / ``round_attributes`` (clip and round).
-
-Noise-adaptive use of rounds (the first-round shortcut)
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Extra rounds improve the estimate only where noise makes a decision uncertain. So the attack
-first decodes round 1 alone (:func:`_shortcut_first_round`; SemiALS both cases, SGD with
-unrated or sampled items -- SGD ObsOnly needs the pair of rounds for its scale): d from the
-grad_P rows, ``a = grad_V.d`` in one batched product, t^2 from stationarity (SemiALS) or the
-median unrated ratio (SGD), nearest hypothesis per item and attribute. If every value lies
-within ``0.01`` rating step (absolute for attributes) of its hypothesis and every competing
-hypothesis is ``>= 10`` times farther than the worst such residual, no further round can change
-a decision and this is the result (``meta["shortcut"] = True``); otherwise (real noise) the full
-estimator below runs on every round. Noise-free this is exact and gives the same reconstruction
-as the full estimator (checked on ML-100K and synthetic transcripts, tests); a noisy view pays
-only the declined first-round pass. Parameter ``shortcut=false`` always runs the full estimator.
-
-Implementation notes: the view is parsed into concatenated per-round arrays
-(:func:`privaudit.attacks._mvmf.parse_view_flat`; zero-copy when the uploads were recorded as
-consecutive slices of one array; a round is concatenated only when first read); per-row quantities (``a``, ``dv``, ``rhat``) live in that
-CSR-like layout (user after user) with segment sums (``bincount``/``reduceat``), and padded
-(n, L) views are built only where a per-user sort or mask needs them (free for InclUnc, where
-every client sends the same m' rows and the uploads are one (n, m', K) tensor). The rank-1 fit
-is a batched power iteration on the K x K Gram matrices with an eigenvector error bound, falling
-back to ``eigh`` where it does not converge (noise); for ObsOnly the direction is first taken
-from the grad_P rows and checked against the full Gram matrix by one product with the
-concatenated grad_V rows, so the padded Gram matrices are formed only for the users failing the
-check. BLAS is limited to one thread inside the attack (the products are small; thread spinning
-made the attack >10x slower on a busy machine). The weight of items added by a ``sampling``
-defense is its public ``w`` if numeric, else the registered defense's own rule. Measured on
-MovieLens 100K (docs/reproduction.md, "mvmf-analytic"): exact in all four scenarios for all
-943 users, ~0.03-0.1 s CPU per scenario noise-free.
-
-Departures from DESIGN.md: the SGD null space is solved in the constrained least-squares form
-above (same solution without noise); SGD-InclUnc uses the one-round shortcut; decoding is MAP
-with an empirical prior rather than plain rounding (identical without noise); when the first
-recorded round decides every value (see "Noise-adaptive use of rounds") the other rounds are not
-read, and then the direction d comes from the grad_P rows alone (the grad_V rows' components
-orthogonal to d are not inspected: they change no decoded value).
-Reads only the FedMVMF message kinds of DESIGN.md and the public config keys ``K``, ``alpha``,
-``lam``, ``w``, ``eta``, ``update``, ``unrated``, ``rating_min``, ``rating_max``
-(``rating_step``, ``attribute_names``, ``defenses`` if present).
+Reads only the FedMVMF message kinds ``state``, ``grad_V``, ``grad_P`` and the public config
+keys ``K``, ``alpha``, ``lam``, ``w``, ``eta``, ``update``, ``unrated``, ``rating_min``,
+``rating_max`` (``rating_step``, ``attribute_names``, ``defenses`` if present).
 """
 
 from __future__ import annotations
@@ -151,6 +39,17 @@ from privaudit.attacks._mvmf import (
     parse_view_flat,
     round_attributes,
     round_ratings,
+)
+from privaudit.attacks._mvmf_clipped import (
+    Clipping,
+    attribute_scale,
+    attribute_scale_ml,
+    censored_loglik,
+    clipping_of,
+    decode_with_residual_prior,
+    projection_bound,
+    rated_log_odds,
+    stationarity_posterior,
 )
 from privaudit.attacks.base import Reconstruction
 from privaudit.registry import register_attack
@@ -682,6 +581,11 @@ def _em_prior(loglik: np.ndarray, iters: int = 30, max_rows: int = 200_000) -> n
     return pi
 
 
+def _flat_prior(loglik: np.ndarray) -> np.ndarray:
+    """The uniform prior over the hypotheses (columns) of ``loglik`` (N x H)."""
+    return np.full(loglik.shape[1], 1.0 / loglik.shape[1])
+
+
 def _attribute_groups(names: Any, p: int) -> list[np.ndarray]:
     """Column blocks of one-hot dummies from ``group=value`` names (else one column per block)."""
     if not isinstance(names, (list, tuple)) or len(names) != p:
@@ -714,6 +618,259 @@ def _sampling_weight(entry: dict, w: float) -> float:
         return float(get("defense", "sampling")(**params).weight)
     except Exception:  # a foreign or older sampling entry: the protocol's w
         return w
+
+
+@dataclass(frozen=True)
+class _DecodeSettings:
+    """What decoding needs besides the rounds.
+
+    unknown_c : bool      InclUnc or sampling: every item is "unrated" (0, weight w) or a grid value
+    w : float             weight of the unrated / sampled items
+    alpha : float         weight of the attribute view
+    grid : numpy.ndarray  rating values (rating_min..rating_max by rating_step)
+    sigma2 : float        noise variance per coordinate (pooled estimate)
+    prior : bool          MAP with an EM-fitted prior (else plain clip-and-round, eq. 43)
+    """
+
+    unknown_c: bool
+    w: float
+    alpha: float
+    grid: np.ndarray
+    sigma2: float
+    prior: bool
+
+    @property
+    def values(self) -> np.ndarray:
+        """Rating hypotheses: the grid, with "unrated" (0) first when c is unknown."""
+        return np.concatenate([[0.0], self.grid]) if self.unknown_c else self.grid
+
+
+@dataclass
+class _Layout:
+    """Reference item list per user, flat (CSR-like): user u's items at ``offsets[u]:offsets[u + 1]``."""
+
+    items: list[np.ndarray]
+    lengths: np.ndarray
+    offsets: np.ndarray
+    flat: np.ndarray
+
+
+@dataclass
+class _Evidence:
+    """Inverse-variance sums over rounds: per reference item (Nr,) S0 = sum W, S1 = sum W rhat,
+    S2 = sum W rhat^2, SU = sum W (rhat - z)^2 (the "unrated" residual); per user and attribute
+    (n, p) X0 = sum W', X1 = sum W' xhat."""
+
+    S0: np.ndarray
+    S1: np.ndarray
+    S2: np.ndarray
+    SU: np.ndarray
+    X0: np.ndarray
+    X1: np.ndarray
+
+
+def _reference_layout(fv: FlatFedMVMFView, stats: list[_Round], taus: list[np.ndarray], n: int) -> _Layout:
+    """Per user, the item list of its first round with a known scale (else of its first upload)."""
+    ref_items: list[np.ndarray | None] = [None] * n
+    for s, tau in zip(stats, taus):
+        for j in np.flatnonzero(np.isfinite(tau)):
+            u = s.users[j]
+            if ref_items[u] is None:
+                ref_items[u] = s.itemsf[s.offsets[j] : s.offsets[j + 1]]
+    for R in fv.rounds:  # users without a known scale: the items of their first upload
+        for k in np.flatnonzero([ref_items[u] is None for u in R.users]):
+            ref_items[R.users[k]] = R.items[R.offsets[k] : R.offsets[k + 1]]
+    lengths = np.fromiter((len(x) for x in ref_items), dtype=np.int64, count=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate(ref_items) if n else np.empty(0, np.int64)
+    return _Layout(ref_items, lengths, offsets, flat)
+
+
+def _signed_estimates(s: _Round, tau: np.ndarray, st: _DecodeSettings) -> dict[str, Any] | None:
+    """One round's per-row rating estimates ``rhat`` and per-user attribute estimates ``xhat`` of the
+    users with a known scale, with the sign of t that makes ratings (of items that look rated) and
+    attribute dummies positive; rows renumbered to those users (``seg``, ``off``)."""
+    ok = np.isfinite(tau) & (tau != 0)
+    if not ok.any():
+        return None
+    t = np.sqrt(np.abs(tau[ok]))
+    b, pd, users = s.b[ok], s.pd[ok], s.users[ok]
+    if ok.all():
+        seg, af, dvf, itf, off = s.seg, s.af, s.dvf, s.itemsf, s.offsets
+    else:  # keep the rows of the users with a known scale, renumbered
+        rows_ok = ok[s.seg]
+        seg = (np.cumsum(ok) - 1)[s.seg[rows_ok]]
+        af, dvf, itf = s.af[rows_ok], s.dvf[rows_ok], s.itemsf[rows_ok]
+        off = np.zeros(len(t) + 1, dtype=np.int64)
+        np.cumsum(np.diff(s.offsets)[ok], out=off[1:])
+    nk = len(t)
+    rlen = np.diff(off)
+    ts = np.repeat(t, rlen)  # == t[seg] (rows are grouped by user), sequential
+    rhat = ts * dvf - af / (2.0 * ts)
+    xhat = t[:, None] * pd - b / (2.0 * st.alpha * t[:, None])
+    if st.unknown_c:
+        looks_rated = ~_classify_virtual(rhat, (1.0 - st.w) * ts * dvf, st.grid, True)
+        score = np.bincount(seg, weights=np.where(looks_rated, rhat, 0.0), minlength=nk)
+    else:
+        score = np.bincount(seg, weights=rhat, minlength=nk)
+    score += np.sum(xhat, axis=1)
+    sign = np.where(score < 0, -1.0, 1.0)
+    t = t * sign
+    rhat *= np.repeat(sign, rlen)
+    xhat *= sign[:, None]
+    return {"t": t, "ts": np.repeat(t, rlen), "users": users, "seg": seg, "off": off, "rlen": rlen,
+            "dvf": dvf, "itf": itf, "rhat": rhat, "xhat": xhat}
+
+
+def _accumulate(layout: _Layout, stats: list[_Round], taus: list[np.ndarray], st: _DecodeSettings) -> _Evidence:
+    """Inverse-variance sums of every round's estimates in the reference layout (:class:`_Evidence`)."""
+    n, Nr = len(layout.items), len(layout.flat)
+    p = stats[0].b.shape[1]
+    ev = _Evidence(*(np.zeros(Nr) for _ in range(4)), np.zeros((n, p)), np.zeros((n, p)))
+    lookup = None  # lazily built (user, item) -> position table for rounds with other item lists
+    for s, tau in zip(stats, taus):
+        r = _signed_estimates(s, tau, st)
+        if r is None:
+            continue
+        t, ts, users, seg, off, rlen = r["t"], r["ts"], r["users"], r["seg"], r["off"], r["rlen"]
+        dvf, itf, rhat, xhat = r["dvf"], r["itf"], r["rhat"], r["xhat"]
+        nk = len(t)
+        Wr = 4.0 * t**2 / st.sigma2  # 1 / var(rhat)
+        ev.X0[users] += (st.alpha**2 * Wr)[:, None]
+        ev.X1[users] += (st.alpha**2 * Wr)[:, None] * xhat
+        # where does each row go in the reference layout? same item list as the reference: by position
+        if nk == n and len(itf) == Nr and np.array_equal(users, np.arange(n)) and np.array_equal(itf, layout.flat):
+            target, rows_same, same_all = slice(None), slice(None), True
+        else:
+            same_all = False
+            pos = layout.offsets[users][seg] + (np.arange(len(seg)) - off[seg])
+            samelen = rlen == layout.lengths[users]
+            cand = samelen[seg]
+            bad = np.zeros(len(seg), dtype=bool)
+            bad[cand] = itf[cand] != layout.flat[pos[cand]]
+            same = samelen & (np.bincount(seg, weights=bad, minlength=nk) == 0)
+            rows_same = same[seg]
+            target = pos[rows_same]
+        Wrow = np.repeat(Wr, rlen)
+        wr = Wrow if same_all else Wrow[rows_same]
+        rh = rhat if same_all else rhat[rows_same]
+        ev.S0[target] += wr
+        w1 = wr * rh
+        ev.S1[target] += w1
+        ev.S2[target] += w1 * rh
+        if st.unknown_c:
+            e = rhat - (1.0 - st.w) * ts * dvf
+            np.square(e, out=e)
+            e *= Wrow
+            ev.SU[target] += e if same_all else e[rows_same]
+        if not same_all and not rows_same.all():  # other item lists: align through a sorted (user, item) key table
+            if lookup is None:
+                big = np.int64(max(int(layout.flat.max()), max(int(x.itemsf.max()) for x in stats)) + 2)
+                keys = layout.flat + np.repeat(np.arange(n), layout.lengths) * big
+                order = np.argsort(keys, kind="stable")
+                lookup = (big, keys[order], order)
+            big, keys_sorted, pos_sorted = lookup
+            sel = ~rows_same
+            key = itf[sel] + users[seg[sel]] * big
+            pos2 = np.minimum(np.searchsorted(keys_sorted, key), len(keys_sorted) - 1)
+            hit = keys_sorted[pos2] == key
+            tgt = pos_sorted[pos2[hit]]
+            wr2 = Wrow[sel][hit]
+            rh2 = rhat[sel][hit]
+            ev.S0[tgt] += wr2
+            ev.S1[tgt] += wr2 * rh2
+            ev.S2[tgt] += wr2 * rh2**2
+            if st.unknown_c:
+                ev.SU[tgt] += wr2 * (rh2 - ((1.0 - st.w) * ts * dvf)[sel][hit]) ** 2
+    return ev
+
+
+def _decode_ratings(ev: _Evidence, st: _DecodeSettings) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """MAP rating per reference item under Gaussian likelihoods (hypotheses: grid values, plus
+    "unrated" = 0 when c is unknown) and an EM prior; items without evidence get the prior's mode.
+
+    Returns (ratings (Nr,), prior over the hypotheses, rated log-odds (Nr,) or None when every
+    item is rated).
+    """
+    have = ev.S0 > 0
+    if have.all():
+        s0, s1, s2, su = ev.S0, ev.S1, ev.S2, ev.SU
+    else:
+        s0, s1, s2, su = ev.S0[have], ev.S1[have], ev.S2[have], ev.SU[have]
+    values = st.values
+
+    def loglik(h: int, rows=slice(None)) -> np.ndarray:
+        """Log-likelihood of hypothesis ``values[h]`` per kept item (up to a shared constant)."""
+        if st.unknown_c and h == 0:
+            return -0.5 * su[rows]
+        g = values[h]
+        return -0.5 * (s2[rows] - 2.0 * s1[rows] * g + s0[rows] * g**2)
+
+    H = len(values)
+    if st.prior:
+        step_rows = int(math.ceil(len(s0) / 200_000)) if len(s0) else 1
+        sub = slice(None, None, step_rows)
+        pi = _em_prior(np.stack([loglik(h, sub) for h in range(H)], axis=1), max_rows=len(s0) + 1)
+    else:
+        pi = np.full(H, 1.0 / H)
+    rated_score = None
+    if st.prior or st.unknown_c:  # MAP: running argmax over the hypotheses (first maximum wins)
+        logpi = np.log(pi)
+        best = loglik(0) + logpi[0]
+        unrated = best.copy() if st.unknown_c else None
+        rated = np.full(len(s0), -np.inf) if st.unknown_c else None
+        pick = np.zeros(len(s0), dtype=np.int64)
+        s1x2 = 2.0 * s1
+        sc, tmp = np.empty_like(s0), np.empty_like(s0)
+        for h in range(1, H):
+            g = values[h]  # sc = -0.5 * (s2 - 2 s1 g + s0 g^2), same operations as loglik(h), in place
+            np.multiply(s1x2, g, out=sc)
+            np.subtract(s2, sc, out=sc)
+            np.multiply(s0, g**2, out=tmp)
+            sc += tmp
+            sc *= -0.5
+            sc += logpi[h]
+            better = sc > best
+            pick[better] = h
+            np.maximum(best, sc, out=best)
+            if rated is not None:
+                np.logaddexp(rated, sc, out=rated)
+        est = values[pick]
+        if rated is not None:
+            rated_score = np.zeros(len(ev.S0))
+            rated_score[have] = rated - unrated
+    else:  # plain eq. 43: clip the inverse-variance average of the rounds' estimates and round
+        est = s1 / s0
+    rating_guess = np.full(len(ev.S0), values[int(np.argmax(pi))])
+    rating_guess[have] = est
+    return rating_guess, pi, rated_score
+
+
+def _decode_attributes(names: Any, ev: _Evidence, st: _DecodeSettings) -> tuple[np.ndarray, np.ndarray]:
+    """Attribute dummies (n, p): per one-hot block of ``names``, hypothesis "none" or one category
+    (ll(1) - ll(0) = X1 - X0 / 2), MAP under an EM prior per block; and which users had evidence."""
+    n, p = ev.X0.shape
+    have_x = ev.X0[:, 0] > 0 if p else np.zeros(n, bool)
+    delta = ev.X1 - 0.5 * ev.X0
+    attrs = np.zeros((n, p))
+    for cols in _attribute_groups(names, p):
+        sc = np.concatenate([np.zeros((n, 1)), delta[:, cols]], axis=1)  # none, cat_1..cat_g
+        pi_g = _em_prior(sc[have_x]) if st.prior else np.full(sc.shape[1], 1.0 / sc.shape[1])
+        pick = np.argmax(sc + np.log(pi_g), axis=1)
+        block = np.zeros((n, len(cols)))
+        hit_rows = np.flatnonzero(pick > 0)
+        block[hit_rows, pick[hit_rows] - 1] = 1.0
+        # a column decided with near certainty on its own keeps that decision (keeps
+        # non-exclusive blocks exact without noise)
+        sure = np.abs(delta[:, cols]) > 50.0
+        block = np.where(sure, (delta[:, cols] > 0).astype(float), block)
+        if not st.prior:  # plain eq. 43: clip the averaged estimate and round
+            block = ev.X1[:, cols] / np.maximum(ev.X0[:, cols], _TINY)
+        if (~have_x).any():
+            block[~have_x] = (np.argmax(pi_g) - 1 == np.arange(len(cols))).astype(float)
+        attrs[:, cols] = block
+    return attrs, have_x
 
 
 @register_attack("mvmf-analytic")
@@ -772,7 +929,10 @@ class MVMFAnalytic(MVMFAttack):
         grid = np.arange(lo, hi + step / 2, step)
         scenario = f"{update}-{cfg['unrated']}" + ("+sampling" if sampling else "")
 
-        if self.shortcut and rounds:
+        clip = clipping_of(cfg)
+        if clip is not None and clip.per != "row":
+            clip = None  # a whole-upload clip scales grad_V and grad_P by unknown factors: not modelled
+        if self.shortcut and rounds and clip is None:
             # noise-adaptive use of rounds: when the first round alone decides every value with
             # a residual far below the grid step, further rounds cannot change a decision
             fast = _shortcut_first_round(fv, rounds[0], K, update, unknown_c, w_virtual, alpha, lam, grid,
@@ -805,7 +965,12 @@ class MVMFAnalytic(MVMFAttack):
             return self.unsupported(
                 "SGD with ObsOnly needs two consecutive recorded rounds from the same clients to fix the scale"
             )
-        victims, diag = self._decode(cfg, fv, parties, stats, taus, sigma2, unknown_c, w_virtual, alpha, grid)
+        if clip is not None:
+            victims, diag = self._decode_clipped(cfg, fv, parties, stats, taus, clip, unknown_c, w_virtual, alpha,
+                                                 lam, grid)
+        else:
+            settings = _DecodeSettings(unknown_c, w_virtual, alpha, grid, sigma2, bool(self.prior))
+            victims, diag = self._decode(cfg, fv, parties, stats, taus, settings)
         meta = {
             "scenario": scenario,
             "rounds": [s.round for s in stats],
@@ -885,178 +1050,167 @@ class MVMFAnalytic(MVMFAttack):
             for u, party in enumerate(parties)
         }
 
-    def _decode(self, cfg, fv, parties, stats, taus, sigma2, unknown_c, w, alpha, grid):
-        """Combine the rounds per (user, item) and decode ratings and attributes (MAP / rounding)."""
-        n = len(parties)
-        # reference item list per user: the first round with a known scale (else its first upload)
-        ref_items: list[np.ndarray | None] = [None] * n
-        for s, tau in zip(stats, taus):
-            for j in np.flatnonzero(np.isfinite(tau)):
-                u = s.users[j]
-                if ref_items[u] is None:
-                    ref_items[u] = s.itemsf[s.offsets[j] : s.offsets[j + 1]]
-        for R in fv.rounds:  # users without a known scale: the items of their first upload
-            for k in np.flatnonzero([ref_items[u] is None for u in R.users]):
-                ref_items[R.users[k]] = R.items[R.offsets[k] : R.offsets[k + 1]]
-        # the reference layout, flat (CSR-like): user u's items at ref_off[u]:ref_off[u + 1]
-        lengths = np.fromiter((len(x) for x in ref_items), dtype=np.int64, count=n)
+    def _decode_clipped(self, cfg: dict, fv: FlatFedMVMFView, parties: list[str], stats: list[_Round],
+                        taus: list[np.ndarray], clip: Clipping, unknown_c: bool, w: float, alpha: float, lam: float,
+                        grid: np.ndarray) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+        """Decode uploads clipped per row by a public DP defense (:mod:`privaudit.attacks._mvmf_clipped`).
+
+        Censored rows (projection at the clipping bound) contribute only their side of the model
+        prediction; uncensored rows their Gaussian likelihood; rounds whose item list for a user
+        matches that user's first round are summed. Returns the victims and diagnostics
+        (``clipped_row_share``: share of grad_V rows at the bound, ``clipped_attribute_share``).
+        """
+        n, p = len(parties), stats[0].b.shape[1]
+        var = max(clip.noise_var, 1e-24)
+        sd = math.sqrt(var)
+        ref: list[np.ndarray | None] = [None] * n
+        for s in stats:
+            for k, u in enumerate(s.users):
+                if ref[u] is None:
+                    ref[u] = s.itemsf[s.offsets[k] : s.offsets[k + 1]]
+        ref = [x if x is not None else np.empty(0, np.int64) for x in ref]
+        lengths = np.fromiter((len(x) for x in ref), dtype=np.int64, count=n)
         ref_off = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lengths, out=ref_off[1:])
-        ref_flat = np.concatenate(ref_items) if n else np.empty(0, np.int64)
-        Nr = len(ref_flat)
-        p = stats[0].b.shape[1]
-        S0, S1, S2, SU = (np.zeros(Nr) for _ in range(4))
-        X0, X1 = np.zeros((n, p)), np.zeros((n, p))
-        lookup = None  # lazily built (user, item) -> position table for rounds with other item lists
-        for s, tau in zip(stats, taus):
-            ok = np.isfinite(tau) & (tau != 0)
-            if not ok.any():
-                continue
-            t = np.sqrt(np.abs(tau[ok]))
-            b, pd, users = s.b[ok], s.pd[ok], s.users[ok]
-            if ok.all():
-                seg, af, dvf, itf, off = s.seg, s.af, s.dvf, s.itemsf, s.offsets
-            else:  # keep the rows of the users with a known scale, renumbered
-                rows_ok = ok[s.seg]
-                seg = (np.cumsum(ok) - 1)[s.seg[rows_ok]]
-                af, dvf, itf = s.af[rows_ok], s.dvf[rows_ok], s.itemsf[rows_ok]
-                off = np.zeros(len(t) + 1, dtype=np.int64)
-                np.cumsum(np.diff(s.offsets)[ok], out=off[1:])
-            nk = len(t)
-            rlen = np.diff(off)
-            ts = np.repeat(t, rlen)  # == t[seg] (rows are grouped by user), sequential
-            rhat = ts * dvf - af / (2.0 * ts)
-            xhat = t[:, None] * pd - b / (2.0 * alpha * t[:, None])
-            # sign: ratings (of the items that look rated) and attribute dummies positive
-            if unknown_c:
-                looks_rated = ~_classify_virtual(rhat, (1.0 - w) * ts * dvf, grid, True)
-                score = np.bincount(seg, weights=np.where(looks_rated, rhat, 0.0), minlength=nk)
-            else:
-                score = np.bincount(seg, weights=rhat, minlength=nk)
-            score += np.sum(xhat, axis=1)
-            sign = np.where(score < 0, -1.0, 1.0)
-            t = t * sign
-            ts = np.repeat(t, rlen)
-            rhat *= np.repeat(sign, rlen)
-            xhat *= sign[:, None]
-            Wr = 4.0 * t**2 / sigma2  # 1 / var(rhat)
-            X0[users] += (alpha**2 * Wr)[:, None]
-            X1[users] += (alpha**2 * Wr)[:, None] * xhat
-            # where does each row go in the reference layout? same item list as the reference: by position
-            if nk == n and len(itf) == Nr and np.array_equal(users, np.arange(n)) and np.array_equal(itf, ref_flat):
-                target, rows_same, same_all = slice(None), slice(None), True
-            else:
-                same_all = False
-                pos = ref_off[users][seg] + (np.arange(len(seg)) - off[seg])
-                samelen = rlen == lengths[users]
-                cand = samelen[seg]
-                bad = np.zeros(len(seg), dtype=bool)
-                bad[cand] = itf[cand] != ref_flat[pos[cand]]
-                same = samelen & (np.bincount(seg, weights=bad, minlength=nk) == 0)
-                rows_same = same[seg]
-                target = pos[rows_same]
-            Wrow = np.repeat(Wr, rlen)
-            wr = Wrow if same_all else Wrow[rows_same]
-            rh = rhat if same_all else rhat[rows_same]
-            S0[target] += wr
-            w1 = wr * rh
-            S1[target] += w1
-            S2[target] += w1 * rh
-            if unknown_c:
-                e = rhat - (1.0 - w) * ts * dvf
-                np.square(e, out=e)
-                e *= Wrow
-                SU[target] += e if same_all else e[rows_same]
-            if not same_all and not rows_same.all():  # other item lists: align through a sorted (user, item) key table
-                if lookup is None:
-                    big = np.int64(max(int(ref_flat.max()), max(int(x.itemsf.max()) for x in stats)) + 2)
-                    keys = ref_flat + np.repeat(np.arange(n), lengths) * big
-                    order = np.argsort(keys, kind="stable")
-                    lookup = (big, keys[order], order)
-                big, keys_sorted, pos_sorted = lookup
-                sel = ~rows_same
-                key = itf[sel] + users[seg[sel]] * big
-                pos2 = np.minimum(np.searchsorted(keys_sorted, key), len(keys_sorted) - 1)
-                hit = keys_sorted[pos2] == key
-                tgt = pos_sorted[pos2[hit]]
-                wr2 = Wrow[sel][hit]
-                rh2 = rhat[sel][hit]
-                S0[tgt] += wr2
-                S1[tgt] += wr2 * rh2
-                S2[tgt] += wr2 * rh2**2
-                if unknown_c:
-                    SU[tgt] += wr2 * (rh2 - ((1.0 - w) * ts * dvf)[sel][hit]) ** 2
-
-        # ratings: hypotheses = grid values (+ "unrated" = 0), Gaussian log-likelihoods
-        have = S0 > 0
-        if have.all():
-            s0, s1, s2, su = S0, S1, S2, SU
-        else:
-            s0, s1, s2, su = S0[have], S1[have], S2[have], SU[have]
+        ref_flat = np.concatenate(ref) if n else np.empty(0, np.int64)
         values = np.concatenate([[0.0], grid]) if unknown_c else grid
+        conf = np.where(values == 0.0, w, 1.0) if unknown_c else np.ones(len(values))
+        LL = np.zeros((len(ref_flat), len(values)))
+        pred_sum, pred_cnt = np.zeros(len(ref_flat)), np.zeros(len(ref_flat))
+        XL = np.zeros((n, p, 2))
+        scales: list[tuple[_Round, np.ndarray, np.ndarray]] = []  # (round, signed t, user's list = reference)
+        clipped_rows = clipped_attr = rows_total = attr_total = 0
+        for s, tau in zip(stats, taus):
+            A = projection_bound(clip, s.d)
+            seg, af, dvf = s.seg, s.af, s.dvf
+            margin = np.minimum(2.0 * sd, 0.5 * A)  # a row this close to the bound counts as censored
+            cens_v = np.abs(af) >= (A - margin)[seg]
+            cens_p = np.abs(s.b) >= (A - margin)[:, None]
+            clipped_rows += int(cens_v.sum())
+            rows_total += len(af)
+            clipped_attr += int(cens_p.sum())
+            attr_total += cens_p.size
+            censored_user = (np.bincount(seg, weights=cens_v, minlength=len(s.users)) + cens_p.sum(axis=1)) > 0
+            tau_attr = attribute_scale_ml(s.b, s.pd, A, var, alpha, attribute_scale(s.b, s.pd, A, var, alpha))
+            tau = np.where(censored_user | ~np.isfinite(tau), tau_attr, tau)
+            ok = np.isfinite(tau) & (tau > 0)
+            t = np.sqrt(np.where(ok, tau, 1.0))
+            sign = np.where(np.bincount(seg, weights=t[seg] * dvf, minlength=len(t)) < 0, -1.0, 1.0)
+            t = t * sign
+            m = t[seg] * dvf  # the model's predicted rating u.v_i per row
+            ll = np.stack([censored_loglik(af, -2.0 * c * t[seg] * (g - m), A[seg], var)
+                           for g, c in zip(values, conf)], axis=1)
+            # rows in the user's reference layout (same item list as the user's first round)
+            rlen = np.diff(s.offsets)
+            pos = ref_off[s.users][seg] + (np.arange(len(seg)) - s.offsets[seg])
+            samelen = (rlen == lengths[s.users]) & ok
+            cand = samelen[seg]
+            bad = np.zeros(len(seg), dtype=bool)
+            bad[cand] = s.itemsf[cand] != ref_flat[pos[cand]]
+            same_user = samelen & (np.bincount(seg, weights=bad, minlength=len(t)) == 0)
+            scales.append((s, t, same_user))
+            keep = same_user[seg]
+            target = pos[keep]
+            LL[target] += ll[keep]
+            pred_sum[target] += m[keep]
+            pred_cnt[target] += 1.0
+            for x in (0, 1):
+                bpred = -2.0 * alpha * t[:, None] * (x - t[:, None] * s.pd)
+                XL[s.users[ok], :, x] += censored_loglik(s.b, bpred, A[:, None], var)[ok]
+        attrs, have_x = self._decode_attribute_blocks(cfg, XL)
+        stat_diag: dict[str, Any] = {}
+        if str(cfg["update"]) == "semials" and not unknown_c:
+            stat_diag = self._stationarity_ratings(fv, scales, ref, attrs, alpha, lam, grid, LL, ref_off)
+        have = pred_cnt > 0
+        # a flat prior over the hypotheses: an EM-fitted one collapsed onto a single rating wherever
+        # noise biased the scale (measured, docs/verdicts.md)
+        pick, post, diag = decode_with_residual_prior(LL[have], pred_sum[have] / pred_cnt[have], values, _flat_prior)
+        diag.update(stat_diag)
+        ratings = np.full(len(ref_flat), grid[len(grid) // 2])
+        ratings[have] = values[pick]
+        rated_score = np.zeros(len(ref_flat))
+        if unknown_c:
+            rated_score[have] = rated_log_odds(post)
+        victims = self._victims(cfg, parties, ref_off, ref, ratings, attrs, rounded=True)
+        for u, party in enumerate(parties):
+            victims[party]["rated_score"] = rated_score[ref_off[u] : ref_off[u + 1]]
+        diag.update({
+            "clipping": clip.name,
+            "clipped_row_share": clipped_rows / rows_total if rows_total else float("nan"),
+            "clipped_attribute_share": clipped_attr / attr_total if attr_total else float("nan"),
+        })
+        return victims, diag
 
-        def loglik(h: int, rows=slice(None)) -> np.ndarray:
-            """Log-likelihood of hypothesis ``values[h]`` per kept item (up to a shared constant)."""
-            if unknown_c and h == 0:
-                return -0.5 * su[rows]
-            g = values[h]
-            return -0.5 * (s2[rows] - 2.0 * s1[rows] * g + s0[rows] * g**2)
-
-        H = len(values)
-        if self.prior:
-            step_rows = int(math.ceil(len(s0) / 200_000)) if len(s0) else 1
-            sub = slice(None, None, step_rows)
-            pi = _em_prior(np.stack([loglik(h, sub) for h in range(H)], axis=1), max_rows=len(s0) + 1)
-        else:
-            pi = np.full(H, 1.0 / H)
-        if self.prior or unknown_c:  # MAP: running argmax over the hypotheses (first maximum wins)
-            logpi = np.log(pi)
-            best = loglik(0) + logpi[0]
-            pick = np.zeros(len(s0), dtype=np.int64)
-            s1x2 = 2.0 * s1
-            sc, tmp = np.empty_like(s0), np.empty_like(s0)
-            for h in range(1, H):
-                if unknown_c and h == 0:
-                    continue
-                g = values[h]  # sc = -0.5 * (s2 - 2 s1 g + s0 g^2), same operations as loglik(h), in place
-                np.multiply(s1x2, g, out=sc)
-                np.subtract(s2, sc, out=sc)
-                np.multiply(s0, g**2, out=tmp)
-                sc += tmp
-                sc *= -0.5
-                sc += logpi[h]
-                better = sc > best
-                pick[better] = h
-                np.maximum(best, sc, out=best)
-            est = values[pick]
-        else:  # plain eq. 43: clip the inverse-variance average of the rounds' estimates and round
-            est = s1 / s0
-        rating_guess = np.full(Nr, values[int(np.argmax(pi))])
-        rating_guess[have] = est
-
-        # attributes: per one-hot block, hypothesis "none" or one category; ll(1) - ll(0) = S1 - S0 / 2
-        have_x = X0[:, 0] > 0 if p else np.zeros(n, bool)
-        delta = X1 - 0.5 * X0
+    @staticmethod
+    def _decode_attribute_blocks(cfg: dict, XL: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """MAP attribute dummies (n, p) from summed log-likelihoods ``XL`` (n, p, 2) of x = 0 / 1,
+        one-hot blocks decoded jointly with an EM prior per block; and which users had data."""
+        n, p = XL.shape[:2]
+        delta = XL[:, :, 1] - XL[:, :, 0]
+        have_x = np.abs(XL).sum(axis=(1, 2)) > 0
         attrs = np.zeros((n, p))
         for cols in _attribute_groups(cfg.get("attribute_names"), p):
-            sc = np.concatenate([np.zeros((n, 1)), delta[:, cols]], axis=1)  # none, cat_1..cat_g
-            pi_g = _em_prior(sc[have_x]) if self.prior else np.full(sc.shape[1], 1.0 / sc.shape[1])
-            pick = np.argmax(sc + np.log(pi_g), axis=1)
+            sc = np.concatenate([np.zeros((n, 1)), delta[:, cols]], axis=1)
+            pi_g = _em_prior(sc[have_x])
+            choice = np.argmax(sc + np.log(pi_g), axis=1)
             block = np.zeros((n, len(cols)))
-            hit_rows = np.flatnonzero(pick > 0)
-            block[hit_rows, pick[hit_rows] - 1] = 1.0
-            # a column decided with near certainty on its own keeps that decision (keeps
-            # non-exclusive blocks exact without noise)
-            sure = np.abs(delta[:, cols]) > 50.0
-            block = np.where(sure, (delta[:, cols] > 0).astype(float), block)
-            if not self.prior:  # plain eq. 43: clip the averaged estimate and round
-                block = X1[:, cols] / np.maximum(X0[:, cols], _TINY)
+            hit = np.flatnonzero(choice > 0)
+            block[hit, choice[hit] - 1] = 1.0
             if (~have_x).any():
                 block[~have_x] = (np.argmax(pi_g) - 1 == np.arange(len(cols))).astype(float)
             attrs[:, cols] = block
-        victims = self._victims(cfg, parties, ref_off, ref_items, rating_guess, attrs)
+        return attrs, have_x
+
+    @staticmethod
+    def _stationarity_ratings(fv: FlatFedMVMFView, scales: list, ref: list[np.ndarray], attrs: np.ndarray,
+                              alpha: float, lam: float, grid: np.ndarray, LL: np.ndarray,
+                              ref_off: np.ndarray) -> dict[str, Any]:
+        """SemiALS ObsOnly under clipping: add the ratings' Gaussian posterior from the user's
+        stationarity ``V_S^T r = (V_S^T V_S + lam I) u + alpha P^T (P u - x)`` (u = t d, x decoded),
+        K equations per recorded round, to the per-item log-likelihoods ``LL`` (in place)."""
+        n = len(ref)
+        K = next(iter(fv.V.values())).shape[1]
+        lengths = np.fromiter((len(x) for x in ref), dtype=np.int64, count=n)
+        L = int(lengths.max()) if n else 0
+        if L == 0:
+            return {}
+        mask = np.arange(L)[None, :] < lengths[:, None]
+        items = np.zeros((n, L), dtype=np.int64)
+        items[mask] = np.concatenate(ref)
+        E = K * len(scales)
+        M = np.zeros((n, E, L))
+        y = np.zeros((n, E))
+        for j, (s, t, same) in enumerate(scales):
+            users = s.users[same]
+            u = t[same, None] * s.d[same]
+            V, P = fv.V[s.round], fv.P[s.round]
+            Vs = V[items[users]] * mask[users][:, :, None]  # (nu, L, K)
+            M[users, j * K : (j + 1) * K, :] = Vs.transpose(0, 2, 1)
+            VtVu = np.einsum("nlk,nl->nk", Vs, np.einsum("nlk,nk->nl", Vs, u))
+            y[users, j * K : (j + 1) * K] = VtVu + lam * u + alpha * ((u @ P.T - attrs[users]) @ P)
+        span = float(grid[-1] - grid[0]) or 1.0
+        mus = tuple(float(v) for v in np.linspace(grid[0], grid[-1], 9))
+        scale_y = float(np.sqrt(np.mean(y[y != 0] ** 2))) if np.any(y != 0) else 1.0
+        mean, var, diag = stationarity_posterior(M, y, mus, (span / 4.0, span / 2.0),
+                                                 tuple(scale_y * f for f in (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)))
+        flat_mean, flat_var = mean[mask], var[mask]
+        LL += -0.5 * (grid[None, :] - flat_mean[:, None]) ** 2 / flat_var[:, None]
+        return diag
+
+    def _decode(self, cfg: dict, fv: FlatFedMVMFView, parties: list[str], stats: list[_Round],
+                taus: list[np.ndarray], st: _DecodeSettings,
+                ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+        """Combine the rounds per (user, item) and decode ratings and attributes (MAP / rounding)."""
+        layout = _reference_layout(fv, stats, taus, len(parties))
+        ev = _accumulate(layout, stats, taus, st)
+        rating_guess, pi, rated_score = _decode_ratings(ev, st)
+        attrs, have_x = _decode_attributes(cfg.get("attribute_names"), ev, st)
+        victims = self._victims(cfg, parties, layout.offsets, layout.items, rating_guess, attrs)
+        if rated_score is not None:
+            for u, party in enumerate(parties):
+                victims[party]["rated_score"] = rated_score[layout.offsets[u] : layout.offsets[u + 1]]
         diag = {
-            "users_without_scale": int(np.sum(~have_x)) if p else 0,
+            "users_without_scale": int(np.sum(~have_x)) if ev.X0.shape[1] else 0,
             "prior_ratings": [float(v) for v in pi],
         }
         return victims, diag

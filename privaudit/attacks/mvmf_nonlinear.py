@@ -92,7 +92,7 @@ from privaudit.registry import register_attack
 from privaudit.transcript import View
 
 METHODS = ("hybr", "broyden2", "linearmixing", "anderson", "df-sane")
-NOISE_DEFENSES = ("laplace", "gaussian", "dp-gaussian")
+NOISE_DEFENSES = ("laplace", "gaussian", "dp-gaussian", "dp-laplace")
 
 #: Per-scenario default solver, (update, unrated) -> method: the best of the five by rating +
 #: attribute accuracy (ties: fewer failed/unconverged solves) on a 40-user ML-100K sample, current

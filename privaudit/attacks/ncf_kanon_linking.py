@@ -27,9 +27,18 @@ from typing import Any
 import numpy as np
 
 from privaudit.attacks.base import Attack, Reconstruction
-from privaudit.attacks.ncf_update_leak import _f1, _prf, client_truth, guess_baseline
+from privaudit.attacks.ncf_update_leak import (
+    PRF_SPECS,
+    _f1,
+    _prf,
+    client_truth,
+    guess_baseline,
+    item_decisions,
+    popularity_baseline,
+)
 from privaudit.errors import PrivauditError
 from privaudit.registry import register_attack
+from privaudit.results import Decisions, MetricSpec
 from privaudit.transcript import Transcript, View
 
 
@@ -42,6 +51,11 @@ class NCFKAnonLinking(Attack):
     protocols = ("fedncf",)
     requires = ("cohort", "aggregate")
     primary_metric = "precision"
+    metric_specs = {
+        **PRF_SPECS,
+        "pairs": MetricSpec(True, False, "count", "manipulated round pairs used"),
+        "k": MetricSpec(True, False, "count", "mean cohort size of the manipulated rounds (nominal k-anonymity)"),
+    }
     default_sweep = ("rounds", (1, 2, 3, 4))
     params = {"rounds": -1, "threshold": 0.5}
     param_help = {
@@ -110,3 +124,14 @@ class NCFKAnonLinking(Attack):
         target = int(transcript.config.get("target", -1))
         parties = [f"client:{target}"] if target >= 0 else []
         return guess_baseline(transcript, parties)
+
+    def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
+        """The target's guess from item popularity alone (:func:`popularity_baseline`, hindsight)."""
+        target = int(transcript.config.get("target", -1))
+        out = popularity_baseline(transcript, [f"client:{target}"] if target >= 0 else [])
+        return {**out, "pairs": 0.0, "k": float("nan")}
+
+    def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
+        """Per item: the mean count difference of the round pairs, truth = the target's positive."""
+        return item_decisions({p: rec["score"] for p, rec in reconstruction.victims.items()}, transcript,
+                              "target's training positive")

@@ -27,6 +27,7 @@ import numpy as np
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.errors import PrivauditError
 from privaudit.registry import register_attack
+from privaudit.results import Decisions, MetricSpec
 from privaudit.transcript import Transcript, View
 
 
@@ -53,6 +54,51 @@ def guess_baseline(transcript: Transcript, parties: list[str]) -> dict[str, floa
     return {"precision": p, "recall": 0.5, "f1": _f1(p, 0.5)}
 
 
+def popularity_baseline(transcript: Transcript, parties: list[str]) -> dict[str, float]:
+    """Guess for every client the k most popular items, k = the median number of positives.
+
+    Popularity and k are computed in hindsight from every client's true positives (an upper
+    bound of what public popularity statistics give an attacker who sees no upload).
+    Precision, recall and F1 averaged over ``parties`` like the attack's.
+    """
+    m = int(transcript.config.get("n_items", 0))
+    everyone = [p for p in transcript.parties if p.startswith("client:")]
+    truths = [client_truth(transcript, p) for p in everyone]
+    nan = float("nan")
+    if not m or not parties or not any(t.size for t in truths):
+        return {"precision": nan, "recall": nan, "f1": nan}
+    counts = np.bincount(np.concatenate(truths), minlength=m)
+    k = max(1, int(np.median([t.size for t in truths if t.size])))
+    guess = np.argsort(-counts, kind="stable")[:k]
+    ps, rs = zip(*(_prf(guess, client_truth(transcript, p)) for p in parties))
+    p, r = float(np.mean(ps)), float(np.nanmean(rs))
+    return {"precision": p, "recall": r, "f1": _f1(p, r)}
+
+
+def item_decisions(party_scores: dict[str, np.ndarray], transcript: Transcript, positive: str) -> dict[str, Decisions]:
+    """One record per (victim, item): the attack's item score (m,) and whether it is a positive."""
+    m = int(transcript.config.get("n_items", 0))
+    labels, scores = [], []
+    for party, sc in party_scores.items():
+        truth = client_truth(transcript, party)
+        labels.append(np.isin(np.arange(m), truth))
+        scores.append(np.asarray(sc, dtype=np.float64)[:m])
+    if not labels:
+        return {}
+    y = np.concatenate(labels)
+    if y.all() or not y.any():
+        return {}
+    return {"positive": Decisions(np.concatenate(scores), y, positive=positive)}
+
+
+PRF_SPECS = {
+    "precision": MetricSpec(True, True, "fraction",
+                            "share of the items guessed as a client's positives that are positives"),
+    "recall": MetricSpec(True, True, "fraction", "share of a client's positives that are guessed"),
+    "f1": MetricSpec(True, True, "fraction", "harmonic mean of precision and recall"),
+}
+
+
 @register_attack("ncf-update-leak")
 class NCFUpdateLeak(Attack):
     """Recover a FedNCF client's positives from the rows its plain uploads changed (module docstring)."""
@@ -62,6 +108,12 @@ class NCFUpdateLeak(Attack):
     protocols = ("fedncf",)
     requires = ("item_update",)
     primary_metric = "precision"
+    metric_specs = {
+        **PRF_SPECS,
+        **{f"{k}_r{j}": MetricSpec(True, True, "fraction", f"{k} after intersecting the first {j} uploads")
+           for j in range(1, 21) for k in ("precision", "recall")},
+        "victims": MetricSpec(True, False, "count", "clients attacked"),
+    }
     default_sweep = ("rounds", (1, 2, 3, 4))
     params = {"rounds": 1, "table_rounds": 4}
     param_help = {
@@ -85,6 +137,8 @@ class NCFUpdateLeak(Attack):
             r = len(seq) if self.rounds == -1 else self.rounds
             if len(seq) >= r:
                 out["items"] = _intersect(seq[:r])
+                # the decision score of every item: in how many of those r uploads it was
+                out["seen_items"], out["seen_counts"] = np.unique(np.concatenate(seq[:r]), return_counts=True)
             for j in range(1, self.table_rounds + 1):
                 if len(seq) >= j:
                     out[f"items_r{j}"] = _intersect(seq[:j])
@@ -114,6 +168,26 @@ class NCFUpdateLeak(Attack):
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         parties = sorted({m.sender for m in transcript.select("item_update")})
         return guess_baseline(transcript, parties)
+
+    def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
+        """The k most popular items for every client (:func:`popularity_baseline`, hindsight)."""
+        parties = sorted({m.sender for m in transcript.select("item_update")})
+        out = popularity_baseline(transcript, parties)
+        for j in range(1, self.table_rounds + 1):
+            out[f"precision_r{j}"], out[f"recall_r{j}"] = out["precision"], out["recall"]
+        out["victims"] = float(len(parties))
+        return out
+
+    def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
+        """Per (client, item): the share of the client's first r uploads holding the item."""
+        m = int(transcript.config.get("n_items", 0))
+        scores = {}
+        for party, rec in reconstruction.victims.items():
+            if "seen_items" in rec:
+                sc = np.zeros(m)
+                sc[rec["seen_items"]] = rec["seen_counts"] / max(int(rec["seen_counts"].max(initial=1)), 1)
+                scores[party] = sc
+        return item_decisions(scores, transcript, "training positive")
 
 
 def _intersect(seq: list[np.ndarray]) -> np.ndarray:

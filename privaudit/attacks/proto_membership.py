@@ -35,6 +35,7 @@ from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.errors import PrivauditError
 from privaudit.metrics import auc
 from privaudit.registry import register_attack
+from privaudit.results import Decisions, MetricSpec
 from privaudit.transcript import Transcript, View
 
 
@@ -79,6 +80,13 @@ class ProtoMembership(Attack):
     protocols = ("fedproto",)
     requires = ("prototypes",)
     primary_metric = "auc"
+    metric_specs = {
+        "auc": MetricSpec(True, True, "fraction", "ROC AUC of the membership score, mean over silos"),
+        "auc_pooled": MetricSpec(True, True, "fraction", "ROC AUC of the membership score over all silos' candidates"),
+        "advantage": MetricSpec(True, True, "fraction", "TPR - FPR of the calibrated member decisions"),
+        "tpr": MetricSpec(True, True, "fraction", "share of member candidates declared members"),
+        "fpr": MetricSpec(False, True, "fraction", "share of non-member candidates declared members"),
+    }
     params = {"score": "relative", "fpr": 0.1, "n_members": 100, "n_calibration": 100}
     param_help = {
         "score": "'relative' (distance gain over the empty row, per row norm) or 'distance'",
@@ -156,6 +164,41 @@ class ProtoMembership(Attack):
             "tpr": tpr,
             "fpr": fpr,
         }
+
+    def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
+        """The same decisions without the prototypes: a candidate unlike every known outsider is
+        more likely a member (the silos' rows may differ in distribution). Score = the distance
+        to the nearest calibration row (the attacker's own outside rows), threshold calibrated
+        on the calibration rows' leave-one-out distances at the same FPR."""
+        victims: dict[str, dict[str, np.ndarray]] = {}
+        q = 1.0 - float(self.config["fpr"])
+        for party, know in knowledge.get("silos", {}).items():
+            calib = know["calibration"]
+            if calib.shape[0] < 2:
+                continue
+            s = -membership_scores(know["rows"], calib.toarray() if sp.issparse(calib) else calib, "distance")
+            C = calib.toarray() if sp.issparse(calib) else np.asarray(calib, dtype=np.float64)
+            d = np.maximum((C * C).sum(1)[:, None] - 2.0 * C @ C.T + (C * C).sum(1)[None, :], 0.0)
+            np.fill_diagonal(d, np.inf)
+            tau = float(np.quantile(d.min(axis=1), q))
+            victims[party] = {"user_ids": np.asarray(know["user_ids"]), "scores": s, "member": s > tau}
+        if not victims:
+            return dict(self.baseline(transcript))
+        return self.score(Reconstruction(self.name, self.party, victims), transcript)
+
+    def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
+        """Per candidate row and silo: the membership score, truth = member of the silo."""
+        labels, scores = [], []
+        for party, rec in reconstruction.victims.items():
+            members = np.asarray(transcript.private(party).get("user_ids", np.zeros(0, dtype=np.int64)))
+            labels.append(np.isin(rec["user_ids"], members))
+            scores.append(np.asarray(rec["scores"], dtype=np.float64))
+        if not labels:
+            return {}
+        y = np.concatenate(labels)
+        if y.all() or not y.any():
+            return {}
+        return {"member": Decisions(np.concatenate(scores), y, positive="member row")}
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         return {"auc": 0.5, "auc_pooled": 0.5, "advantage": 0.0, "tpr": float(self.config["fpr"]), "fpr": float(self.config["fpr"])}

@@ -1,8 +1,7 @@
-"""``dp-laplace``: L1 clipping and Laplace noise with pure-epsilon accounting.
+"""``dp-laplace``: L1 clipping and Laplace noise, accounted by basic composition and PLD.
 
-The pure-epsilon counterpart of ``dp-gaussian``. In every round each uploaded float array
-(every entry named by :meth:`UploadBatch.float_keys`, e.g. ``grad_V.values`` and
-``grad_P.values``) is clipped and noised:
+In every round each uploaded float array (every entry named by :meth:`UploadBatch.float_keys`,
+e.g. ``grad_V.values`` and ``grad_P.values``) is clipped and noised:
 
 - ``clip_per="row"`` (default): every row of a 2-D array (one item's gradient row, one
   attribute row) and every 1-D array as a whole is scaled to L1 norm at most ``clip`` = C;
@@ -13,11 +12,18 @@ then i.i.d. Laplace(0, C / epsilon) noise is added to every float (the Laplace m
 L1 sensitivity C under add/remove neighbouring, Dwork & Roth 2014, Thm 3.6), with
 ``epsilon`` the per-round budget.
 
-Accounting (basic sequential composition): a client that took part in T rounds has spent
-``privacy_spent(T) = {"epsilon": T * epsilon, "delta": 0}``. With ``clip_per="row"`` this
-protects the content of one row (e.g. the gradient of one item); a client's whole upload of
-r rows in a round composes to r * epsilon per round — use ``clip_per="upload"`` for a
-user-level guarantee of T * epsilon (at a much larger utility cost).
+Accounting (:meth:`DPLaplace.privacy_spent`, :mod:`privaudit.defenses.accounting`): over T
+rounds basic composition gives ``T * epsilon`` (delta 0, tight for pure DP); with ``delta > 0``
+the PLD accountant gives a smaller epsilon at that delta. With ``clip_per="row"`` the unit
+protected is one row (one rating's item-gradient row, or one attribute row) in every round;
+a client's whole upload of r rows composes to r * epsilon per round -- ``clip_per="upload"``
+protects one user's upload.
+
+``target_epsilon > 0`` calibrates the per-round epsilon so that the total over the run (by the
+accountant in use) equals it. The run's round count is ``rounds`` if given, else the protocol's
+public ``epochs``/``rounds``/``global_rounds``/``n_rounds``, read from the transcript's public
+config at the first upload; the calibrated epsilon is then written into this defense's entry of
+that public config (what an attacker knows).
 
 Noise is drawn from the channel's simulation generator in one vectorized draw per batch.
 ``default_grid`` runs from the weakest to the strongest protection (large to small epsilon).
@@ -27,10 +33,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from privaudit.defenses import accounting
 from privaudit.defenses.base import Defense, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.registry import register_defense
@@ -38,64 +45,69 @@ from privaudit.registry import register_defense
 if TYPE_CHECKING:  # pragma: no cover
     from privaudit.protocols.base import Channel
 
+#: delta at which privacy_spent also reports the PLD epsilon when the defense's own delta is 0
+REFERENCE_DELTA = 1e-5
 
-def clip_l1_rows(arr: np.ndarray, clip: float) -> np.ndarray:
+
+def clip_rows(arr: np.ndarray, clip: float, ord: int = 1) -> np.ndarray:
     """Rows of a 2-D array (or a 1-D array as a whole; higher dims by leading axis) scaled
-    to L1 norm <= ``clip``; float64 copy."""
+    to L``ord`` norm <= ``clip``; float64 copy."""
     a = np.array(arr, dtype=np.float64)
     if a.ndim == 0:
         a = a.reshape(1)
         return np.clip(a, -clip, clip).reshape(())
     flat = a.reshape(1, -1) if a.ndim == 1 else a.reshape(a.shape[0], -1)
-    norms = np.abs(flat).sum(axis=1, keepdims=True)
+    norms = np.abs(flat).sum(axis=1, keepdims=True) if ord == 1 else np.linalg.norm(flat, axis=1, keepdims=True)
     factor = np.minimum(1.0, clip / np.maximum(norms, 1e-300))
     return (flat * factor).reshape(a.shape)
 
 
-@register_defense("dp-laplace")
-class DPLaplace(Defense):
-    """L1-clip every upload (per row or per upload) to C and add Laplace(C / epsilon) noise;
-    epsilon composes linearly over rounds."""
+def clip_l1_rows(arr: np.ndarray, clip: float) -> np.ndarray:
+    """:func:`clip_rows` in the L1 norm."""
+    return clip_rows(arr, clip, 1)
 
-    description = "epsilon-DP Laplace mechanism: L1 clipping to C, Laplace(C/epsilon) noise, basic composition"
-    params = {"epsilon": 1.0, "clip": 1.0, "clip_per": "row"}
-    param_help = {
-        "epsilon": "per-round privacy budget (pure epsilon-DP per clipped unit)",
-        "clip": "L1 clipping norm C (Laplace scale C / epsilon)",
-        "clip_per": "'row' (each row / 1-D array) or 'upload' (one client's whole message)",
-    }
-    strength = "epsilon"
-    default_grid = (100.0, 30.0, 10.0, 3.0, 1.0, 0.3)
 
-    def validate(self) -> None:
-        eps, clip = self.config["epsilon"], self.config["clip"]
-        for name, v in (("epsilon", eps), ("clip", clip)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise PrivauditError(f"defense 'dp-laplace': {name} must be a positive number, got {v!r}")
-        self.config["epsilon"], self.config["clip"] = float(eps), float(clip)
-        if self.config["clip_per"] not in ("row", "upload"):
-            raise PrivauditError(f"defense 'dp-laplace': clip_per must be 'row' or 'upload', got {self.config['clip_per']!r}")
+def _positive(name: str, defense: str, v: Any, allow_zero: bool = False) -> float:
+    number = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    if not number or v < 0 or (v == 0 and not allow_zero):
+        kind = "non-negative" if allow_zero else "positive"
+        raise PrivauditError(f"defense {defense!r}: {name} must be a {kind} number, got {v!r}")
+    return float(v)
 
-    @property
-    def noise_scale(self) -> float:
-        """Laplace scale b = C / epsilon."""
-        return self.config["clip"] / self.config["epsilon"]
+
+class ClippedNoise(Defense):
+    """Shared machinery of the clip-then-noise DP defenses (subclasses: norm, noise, accounting)."""
+
+    clip_ord: int = 1
+    #: the parameter :meth:`calibrate` solves for, and whether the total epsilon grows with it
+    calibrated: str = "epsilon"
+    calibrated_increasing: bool = True
+    #: the interval searched for the calibrated parameter
+    calibration_range: tuple[float, float] = (1e-4, 1e3)
 
     def _clip_payload(self, payload: dict, keys: list[str]) -> dict:
         out = dict(payload)
         clip = self.config["clip"]
         if self.config["clip_per"] == "row":
             for key in keys:
-                out[key] = clip_l1_rows(payload[key], clip)
+                out[key] = clip_rows(payload[key], clip, self.clip_ord)
             return out
         arrays = [np.asarray(payload[k], dtype=np.float64) for k in keys]
-        total = sum(float(np.abs(a).sum()) for a in arrays)
+        if self.clip_ord == 1:
+            total = sum(float(np.abs(a).sum()) for a in arrays)
+        else:
+            total = math.sqrt(sum(float(np.sum(a * a)) for a in arrays))
         factor = min(1.0, clip / total) if total > 0 else 1.0
         for key, a in zip(keys, arrays):
             out[key] = a * factor
         return out
 
+    def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        raise NotImplementedError
+
     def on_upload(self, batch: UploadBatch, channel: "Channel") -> UploadBatch:
+        if self.config.get("target_epsilon"):
+            self._calibrate_from(channel)
         if not batch.payloads:
             return batch
         payloads = []
@@ -107,7 +119,7 @@ class DPLaplace(Defense):
         total = sum(np.asarray(payloads[j][k]).size for j, k in slots)
         if total == 0:
             return dataclasses.replace(batch, payloads=payloads)
-        noise = channel.rng.laplace(0.0, self.noise_scale, total)
+        noise = self.draw(channel.rng, total)
         offset = 0
         for j, key in slots:
             arr = np.asarray(payloads[j][key], dtype=np.float64)
@@ -115,6 +127,100 @@ class DPLaplace(Defense):
             offset += arr.size
         return dataclasses.replace(batch, payloads=payloads)
 
-    def privacy_spent(self, rounds: int) -> dict[str, float]:
-        """Basic composition: ``rounds * epsilon`` (delta 0) per clipped unit."""
-        return {"epsilon": float(rounds) * self.config["epsilon"], "delta": 0.0, "epsilon_round": self.config["epsilon"]}
+    # ------------------------------------------------------------------ target epsilon
+    def total_epsilon(self, value: float, rounds: int) -> float:
+        """Total epsilon over ``rounds`` with the calibrated parameter at ``value``."""
+        raise NotImplementedError
+
+    def calibrate(self, rounds: int) -> None:
+        """Set the calibrated parameter so that the total epsilon over ``rounds`` is ``target_epsilon``."""
+        if rounds <= 0:
+            raise PrivauditError(f"defense {self.name!r}: target_epsilon needs the number of rounds (set rounds=N)")
+        target = float(self.config["target_epsilon"])
+        lo, hi = self.calibration_range
+        value = accounting.calibrate(lambda x: self.total_epsilon(x, rounds), target, lo, hi,
+                                     self.calibrated_increasing)
+        self.config[self.calibrated] = value
+        self._calibrated_rounds = rounds
+
+    def _calibrate_from(self, channel: "Channel") -> None:
+        if getattr(self, "_calibrated_rounds", None):
+            return
+        public = channel.transcript.config
+        rounds = int(self.config.get("rounds") or 0) or accounting.rounds_of(public)
+        before = {"name": self.name, **{k: v for k, v in self.config.items()}}
+        self.calibrate(rounds)
+        for entry in public.get("defenses", []) or []:  # the public record an attacker reads
+            if isinstance(entry, dict) and entry == before:
+                entry[self.calibrated] = self.config[self.calibrated]
+                break
+
+
+@register_defense("dp-laplace")
+class DPLaplace(ClippedNoise):
+    """L1-clip every upload (per row or per upload) to C and add Laplace(C / epsilon) noise;
+    basic composition and PLD accounting."""
+
+    description = "epsilon-DP Laplace mechanism: L1 clipping to C, Laplace(C/epsilon) noise, basic composition and PLD"
+    params = {"epsilon": 1.0, "clip": 1.0, "clip_per": "row", "delta": 0.0, "target_epsilon": 0.0, "rounds": 0}
+    param_help = {
+        "epsilon": "per-round privacy budget (pure epsilon-DP per clipped unit)",
+        "clip": "L1 clipping norm C (Laplace scale C / epsilon)",
+        "clip_per": "'row' (each row / 1-D array) or 'upload' (one client's whole message)",
+        "delta": "0: report pure epsilon by basic composition; > 0: the PLD accountant's epsilon at this delta",
+        "target_epsilon": "> 0: calibrate epsilon per round so that the total over the run is this",
+        "rounds": "rounds of the run for target_epsilon (0: the protocol's public epochs/rounds)",
+    }
+    strength = "epsilon"
+    default_grid = (100.0, 30.0, 10.0, 3.0, 1.0, 0.3)
+    clip_ord = 1
+
+    def validate(self) -> None:
+        c = self.config
+        c["epsilon"] = _positive("epsilon", self.name, c["epsilon"])
+        c["clip"] = _positive("clip", self.name, c["clip"])
+        c["delta"] = _positive("delta", self.name, c["delta"], allow_zero=True)
+        c["target_epsilon"] = _positive("target_epsilon", self.name, c["target_epsilon"], allow_zero=True)
+        if not 0.0 <= c["delta"] < 1.0:
+            raise PrivauditError(f"defense {self.name!r}: delta must be in [0, 1), got {c['delta']!r}")
+        if isinstance(c["rounds"], bool) or not isinstance(c["rounds"], int) or c["rounds"] < 0:
+            raise PrivauditError(f"defense {self.name!r}: rounds must be a non-negative integer, got {c['rounds']!r}")
+        if c["clip_per"] not in ("row", "upload"):
+            raise PrivauditError(f"defense {self.name!r}: clip_per must be 'row' or 'upload', got {c['clip_per']!r}")
+        if c["target_epsilon"] and c["rounds"]:
+            self.calibrate(c["rounds"])
+
+    @property
+    def noise_scale(self) -> float:
+        """Laplace scale b = C / epsilon."""
+        return self.config["clip"] / self.config["epsilon"]
+
+    def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.laplace(0.0, self.noise_scale, size)
+
+    def total_epsilon(self, value: float, rounds: int) -> float:
+        return accounting.laplace_epsilon(value, rounds, self.config["delta"])
+
+    @property
+    def unit(self) -> str:
+        return "one rating row" if self.config["clip_per"] == "row" else "one user's upload"
+
+    def privacy_spent(self, rounds: int) -> dict[str, Any]:
+        """Total epsilon over ``rounds`` rounds: ``epsilon`` by the tightest accountant at this
+        defense's ``delta`` (basic composition when delta = 0), ``epsilon_basic`` = rounds x
+        epsilon, ``epsilon_pld`` the PLD epsilon at ``delta_pld`` (the defense's delta, or
+        :data:`REFERENCE_DELTA` when it is 0)."""
+        eps, delta = self.config["epsilon"], self.config["delta"]
+        basic = float(rounds) * eps
+        delta_pld = delta if delta > 0 else REFERENCE_DELTA
+        pld = accounting.laplace_epsilon(eps, rounds, delta_pld)
+        return {
+            "epsilon": pld if delta > 0 else basic,
+            "delta": delta,
+            "unit": self.unit,
+            "accountant": "pld" if delta > 0 else "basic",
+            "epsilon_basic": basic,
+            "epsilon_per_round": eps,
+            "epsilon_pld": pld,
+            "delta_pld": delta_pld,
+        }

@@ -106,5 +106,9 @@ class DPPrototypes(Defense):
             payloads.append({"prototypes": P})
         return dataclasses.replace(batch, payloads=payloads, meta={**batch.meta, "dp": True, "epsilon": self.config["epsilon"]})
 
-    def privacy_spent(self, rounds: int) -> dict[str, float] | None:
-        return {"epsilon": float(self.config["epsilon"]) * max(int(rounds), 0), "delta": 0.0}
+    def privacy_spent(self, rounds: int) -> dict[str, Any] | None:
+        """Pure epsilon per user of a silo: ``epsilon`` per upload, composed over ``rounds`` uploads."""
+        eps = float(self.config["epsilon"])
+        total = eps * max(int(rounds), 0)
+        return {"epsilon": total, "delta": 0.0, "unit": "one user's row", "accountant": "basic",
+                "epsilon_basic": total, "epsilon_per_round": eps}

@@ -96,12 +96,18 @@ class DPSGD(Defense):
             return {"epsilon": 0.0, "epsilon_median": 0.0, "delta": self.delta}
         return {"epsilon": float(np.max(eps)), "epsilon_median": float(np.median(eps)), "delta": self.delta}
 
-    def privacy_spent(self, rounds: int) -> dict[str, float] | None:
-        """Epsilon of the worst-case client (over the recorded client sizes) after ``rounds`` rounds."""
+    def privacy_spent(self, rounds: int) -> dict[str, Any] | None:
+        """Epsilon of the worst-case client (over the recorded client sizes) after ``rounds`` rounds
+        (Opacus RDP); ``epsilon_basic`` composes the one-round epsilon of the smallest client
+        linearly (its delta then adds up to rounds x delta)."""
         if self._clients is None or rounds <= 0:
             return None
         n = self._clients["n"]
         sizes = np.unique(n[n > 0])
         if sizes.size == 0:
             return None
-        return {"epsilon": max(self._eps(int(s), int(rounds)) for s in sizes), "delta": self.delta}
+        worst = int(sizes.min())  # fewest instances: largest sampling rate, largest epsilon
+        total = max(self._eps(int(s), int(rounds)) for s in sizes)
+        per_round = self._eps(worst, 1)
+        return {"epsilon": total, "delta": self.delta, "unit": "one training instance", "accountant": "rdp",
+                "epsilon_basic": per_round * int(rounds), "epsilon_per_round": per_round}

@@ -1,0 +1,90 @@
+"""DP accounting of dp-laplace and dp-gaussian against dp-accounting itself; target_epsilon round trips."""
+
+from __future__ import annotations
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from privaudit.data import synthetic
+from privaudit.defenses import accounting
+from privaudit.defenses.base import UploadBatch
+from privaudit.defenses.dp_gaussian import DPGaussian
+from privaudit.defenses.dp_laplace import DPLaplace
+from privaudit.errors import PrivauditError
+from privaudit.protocols.fedmvmf import FedMVMF
+
+
+def _oracle(event, rounds, delta):
+    """The library's own PLD at its default (finer) discretization."""
+    acc = pld_privacy_accountant.PLDAccountant()
+    acc.compose(event, rounds)
+    return acc.get_epsilon(delta)
+
+
+class _Chan:
+    def __init__(self, seed=0):
+        self.rng = np.random.default_rng(seed)
+
+
+@pytest.mark.parametrize("eps,rounds", [(1.0, 40), (0.3, 10), (3.0, 5)])
+def test_laplace_pld_matches_the_library_and_beats_basic(eps, rounds):
+    d = DPLaplace(epsilon=eps, delta=1e-5)
+    spent = d.privacy_spent(rounds)
+    oracle = _oracle(dp_accounting.LaplaceDpEvent(1.0 / eps), rounds, 1e-5)
+    assert spent["epsilon"] == pytest.approx(oracle, rel=0.01)
+    assert spent["epsilon_basic"] == pytest.approx(rounds * eps)
+    assert spent["epsilon"] < spent["epsilon_basic"]
+    assert spent["accountant"] == "pld" and spent["delta"] == 1e-5 and spent["epsilon_per_round"] == eps
+    # delta = 0 (default): pure epsilon by basic composition, the PLD number beside it
+    pure = DPLaplace(epsilon=eps).privacy_spent(rounds)
+    assert pure["epsilon"] == pytest.approx(rounds * eps) and pure["accountant"] == "basic" and pure["delta"] == 0.0
+    assert pure["epsilon_pld"] == pytest.approx(spent["epsilon"])
+
+
+@pytest.mark.parametrize("sigma,rounds", [(1.0, 40), (3.0, 10), (0.8, 1)])
+def test_gaussian_pld_matches_the_library_and_rdp_is_looser(sigma, rounds):
+    spent = DPGaussian(noise_multiplier=sigma, delta=1e-5).privacy_spent(rounds)
+    oracle = _oracle(dp_accounting.GaussianDpEvent(sigma), rounds, 1e-5)
+    assert spent["epsilon"] == pytest.approx(oracle, rel=0.01)
+    rdp = rdp_privacy_accountant.RdpAccountant()
+    rdp.compose(dp_accounting.GaussianDpEvent(sigma), rounds)
+    assert spent["epsilon"] <= rdp.get_epsilon(1e-5) * 1.001
+    assert spent["epsilon"] <= spent["epsilon_basic"] + 1e-9
+    assert spent["unit"] == "one rating row" and spent["accountant"] == "pld"
+
+
+def test_target_epsilon_round_trip():
+    d = DPLaplace(target_epsilon=8.0, rounds=40, delta=1e-5)
+    assert d.privacy_spent(40)["epsilon"] == pytest.approx(8.0, rel=1e-3)
+    assert d.config["epsilon"] > 8.0 / 40  # PLD lets each round spend more than basic composition would
+    basic = DPLaplace(target_epsilon=8.0, rounds=40)
+    assert basic.config["epsilon"] == pytest.approx(0.2, rel=1e-6)
+    g = DPGaussian(target_epsilon=4.0, rounds=10, delta=1e-6)
+    assert g.privacy_spent(10)["epsilon"] == pytest.approx(4.0, rel=1e-3)
+    with pytest.raises(PrivauditError):
+        accounting.calibrate(lambda x: 5.0, 1.0, 1e-3, 1e3, True)
+
+
+def test_target_epsilon_reads_the_rounds_from_the_public_config():
+    ds = synthetic(n_users=30, n_items=60, seed=2)
+    d = DPLaplace(target_epsilon=6.0)
+    res = FedMVMF().run(ds, {"epochs": 3, "K": 4}, [d], 0)
+    (entry,) = [e for e in res.transcript.config["defenses"] if e["name"] == "dp-laplace"]
+    assert entry["epsilon"] == pytest.approx(2.0) == d.config["epsilon"]  # 6 over 3 epochs, basic composition
+    assert d.privacy_spent(3)["epsilon"] == pytest.approx(6.0)
+
+
+def test_dp_gaussian_clips_rows_in_l2_and_adds_sigma_c_noise():
+    d = DPGaussian(noise_multiplier=1e-9, clip=2.0)
+    rows = np.array([[3.0, 4.0], [0.3, 0.4]])
+    out = d.on_upload(UploadBatch(0, "grad_V", ["client:0"], [{"values": rows, "items": np.arange(2)}]), _Chan())
+    assert np.allclose(np.linalg.norm(out.payloads[0]["values"], axis=1), [2.0, 0.5])
+    d = DPGaussian(noise_multiplier=0.5, clip=2.0)
+    out = d.on_upload(UploadBatch(0, "grad_V", ["client:0"], [{"values": np.zeros((500, 40))}]), _Chan())
+    assert np.std(out.payloads[0]["values"]) == pytest.approx(1.0, rel=0.02)
+    for bad in ({"noise_multiplier": 0}, {"delta": 0.0}, {"clip_per": "item"}, {"rounds": -1}):
+        with pytest.raises(PrivauditError):
+            DPGaussian(**bad)

@@ -1,0 +1,142 @@
+"""Every built-in attack against its prior-only baseline; metric specs; per-record decisions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from privaudit.attacks._mvmf import prior_baselines
+from privaudit.data import synthetic
+from privaudit.metrics import roc_summary
+from privaudit.registry import available, get
+from privaudit.results import Decisions, MetricSpec
+
+BUILT_IN = ("mvmf-analytic", "mvmf-nonlinear", "mvmf-aggregate", "fedsplit-inference", "ncf-update-leak",
+            "ncf-kanon-linking", "fedrec-rated-items", "proto-membership")
+
+
+@pytest.fixture(scope="module")
+def mvmf_ds():
+    return synthetic(n_users=60, n_items=80, seed=4)
+
+
+@pytest.fixture(scope="module")
+def plain(mvmf_ds):
+    return get("protocol", "fedmvmf")().run(mvmf_ds, {"K": 6, "epochs": 3}, [], 0).transcript
+
+
+def test_every_built_in_attack_declares_its_metrics(plain):
+    assert set(BUILT_IN) <= set(available("attack"))
+    for name in BUILT_IN:
+        specs = get("attack", name).metric_specs
+        assert specs and all(isinstance(s, MetricSpec) and s.description for s in specs.values()), name
+        assert get("attack", name).primary_metric in specs, name
+    specs = get("attack", "fedsplit-inference").metric_specs
+    assert specs["relative_error"].higher_is_better is False and specs["n_groups"].plotted is False
+    assert get("attack", "mvmf-analytic").metric_specs["victims"].plotted is False
+    # every metric mvmf-analytic returns is declared
+    out = get("attack", "mvmf-analytic")().evaluate(plain, np.random.default_rng(0))
+    assert set(out.metrics) <= set(get("attack", "mvmf-analytic").metric_specs)
+    assert set(out.baseline_prior) == set(out.metrics)
+
+
+def test_mvmf_prior_is_the_best_constant_guess_in_hindsight(plain):
+    prior = prior_baselines(plain)
+    X = np.stack([plain.private(p)["attributes"] for p in plain.parties if p.startswith("client:")])
+    share = X.mean(axis=0)
+    assert prior["attribute_accuracy"] == pytest.approx(np.mean(np.maximum(share, 1 - share)))
+    ratings = np.concatenate([plain.private(p)["ratings"] for p in plain.parties if p.startswith("client:")])
+    _, counts = np.unique(ratings, return_counts=True)
+    assert prior["rating_accuracy"] == pytest.approx(counts.max() / counts.sum())  # ObsOnly: uploads = rated items
+    assert prior["rated_detection_accuracy"] == 1.0  # nothing unrated is uploaded
+    # the random guess is weaker: 1/5 ratings, 1/2 dummies
+    out = get("attack", "mvmf-analytic")().evaluate(plain, np.random.default_rng(0))
+    assert out.baseline["rating_accuracy"] == 0.2 < prior["rating_accuracy"]
+    assert out.metrics["rating_accuracy"] == 1.0 and out.metrics["attribute_accuracy"] == 1.0  # noise-free: exact
+
+
+def test_sums_of_a_whole_round_leak_nothing_beyond_the_prior(plain):
+    """One cohort of every client (PrivMVMF's sum over all senders): the attack falls back to its
+    uninformed guess, whose attribute advantage over the per-column majority is ~0."""
+    out = get("attack", "mvmf-aggregate")(cohort_size=10_000).evaluate(plain, np.random.default_rng(0))
+    assert out.reconstruction.meta["uninformed_guesses"] >= 50  # a few members have an item of their own
+    adv = out.metrics["attribute_accuracy"] - out.baseline_prior["attribute_accuracy"]
+    assert abs(adv) <= 0.03
+    assert out.metrics["attribute_accuracy"] > out.baseline["attribute_accuracy"]  # above the random 0.5 ...
+    assert out.metrics["rating_accuracy"] <= out.baseline_prior["rating_accuracy"]  # ... but not above the prior
+
+
+def test_inclunc_rated_decisions_are_exact_without_noise(mvmf_ds):
+    t = get("protocol", "fedmvmf")().run(mvmf_ds, {"K": 6, "epochs": 3, "unrated": "inclunc"}, [], 0).transcript
+    out = get("attack", "mvmf-analytic")().evaluate(t, np.random.default_rng(0))
+    dec = out.decisions["rated"]
+    assert isinstance(dec, Decisions) and dec.labels.sum() > 0 and (~dec.labels).sum() > 0
+    assert roc_summary(dec.labels, dec.scores)["auc"] == 1.0
+    prior = out.baseline_prior
+    assert prior["rated_detection_accuracy"] == pytest.approx(1.0 - dec.labels.mean())  # "unrated" is the majority
+    assert out.metrics["rated_detection_accuracy"] == 1.0 > prior["rated_detection_accuracy"]
+
+
+def test_mvmf_attack_beats_its_prior_under_dp_laplace_epsilon_100():
+    """Default synthetic fedmvmf at dp-laplace epsilon = 100 per round: nearly every grad_V row is
+    clipped (censored); the clipping-aware decoder stays above the majority rating."""
+    ds = synthetic()
+    t = get("protocol", "fedmvmf")().run(ds, {}, [get("defense", "dp-laplace")(epsilon=100.0)], 0).transcript
+    out = get("attack", "mvmf-analytic")().evaluate(t, np.random.default_rng(0))
+    meta = out.reconstruction.meta
+    assert meta["clipping"] == "dp-laplace" and meta["clipped_row_share"] > 0.9
+    assert out.metrics["rating_accuracy"] > out.baseline_prior["rating_accuracy"] + 0.05
+    assert out.metrics["attribute_accuracy"] > out.baseline_prior["attribute_accuracy"] + 0.1
+
+
+def test_fedsplit_prior_uses_the_auxiliary_ratings():
+    ds = synthetic(n_users=80, n_items=60, seed=1)
+    t = get("protocol", "fedsplit")().run(ds, {}, [], 0).transcript
+    out = get("attack", "fedsplit-inference")(aux_fraction=0.5).evaluate(t, np.random.default_rng(0))
+    prior = out.baseline_prior
+    assert set(prior) == set(out.metrics)
+    assert prior["relative_error"] < prior["relative_error_unknown"]  # the known half is exact
+    assert out.metrics["relative_error_unknown"] < prior["relative_error_unknown"]
+
+
+@pytest.fixture(scope="module")
+def ncf_run():
+    pytest.importorskip("torch")
+    ds = synthetic(n_users=30, n_items=150, seed=1)
+    cfg = {"global_rounds": 4, "clients_per_round": 30, "record_rounds": -1}
+    return get("protocol", "fedncf")().run(ds, cfg, [], 0)
+
+
+def test_ncf_update_leak_beats_popularity_and_has_decisions(ncf_run):
+    out = get("attack", "ncf-update-leak")(rounds=4).evaluate(ncf_run.transcript, np.random.default_rng(0))
+    prior = out.baseline_prior
+    assert 0 < prior["precision"] < 1 and prior["victims"] == 30
+    assert out.metrics["precision"] > prior["precision"] + 0.3
+    dec = out.decisions["positive"]
+    assert dec.labels.size == 30 * 150
+    assert roc_summary(dec.labels, dec.scores)["auc"] > 0.95
+
+
+def test_fedrec_prior_is_item_popularity():
+    ds = synthetic(120, 150, seed=3)
+    t = get("protocol", "fedrec")().run(ds, {"T": 6}, [get("defense", "sampling")(rho=2, filling="ua")], 1).transcript
+    out = get("attack", "fedrec-rated-items")().evaluate(t, np.random.default_rng(0))
+    prior = out.baseline_prior
+    assert prior["accuracy"] == pytest.approx(2 / 3, abs=0.01)  # "all virtual" is the better constant at rho = 2
+    assert 0.5 < prior["auc"] < 0.8  # uniform sampling: popular items are more often real
+    assert out.metrics["auc"] > prior["auc"] + 0.15
+    dec = out.decisions["rated"]
+    assert roc_summary(dec.labels, dec.scores)["auc"] == pytest.approx(out.metrics["auc"])
+
+
+def test_proto_membership_prior_without_prototypes():
+    ds = synthetic(n_users=150, n_items=80, seed=3)
+    cfg = {"prototypes": "random", "latent_dim": 5, "max_iter": 100}
+    t = get("protocol", "fedproto")().run(ds, cfg, [], 0).transcript
+    out = get("attack", "proto-membership")().evaluate(t, np.random.default_rng(7))
+    prior = out.baseline_prior
+    assert set(prior) == set(out.metrics)
+    assert 0.3 < prior["auc"] < 0.75
+    assert out.metrics["auc"] > prior["auc"] + 0.2  # random rows as prototypes: members are found
+    dec = out.decisions["member"]
+    assert dec.labels.any() and (~dec.labels).any()
