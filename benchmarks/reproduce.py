@@ -99,7 +99,7 @@ def run_script(script: str, args: list[str], ctx: "Context") -> str:
     return proc.stdout
 
 
-def script_table(script: str, *args: str, data_flag: str | None = "--data") -> Callable[["Context"], str]:
+def script_table(script: str, *args: str, data_flag: str | None = "--data") -> Callable[..., str]:
     def fn(ctx: "Context") -> str:
         extra = [data_flag, str(ctx.data)] if data_flag else []
         return "```\n" + run_script(script, [*args, *extra], ctx) + "```\n"
@@ -350,14 +350,14 @@ def t_fedsplit_untuned(ctx: Context, groupings: int = 10, filter20: bool = False
     return md_table(FEDSPLIT_HEADER, [fedsplit_summary(label, per_group, central), FEDSPLIT_PAPER])
 
 
-def t_fedsplit_pearson(ctx: Context) -> str:
+def t_fedsplit_pearson(ctx: Context, groupings: int = 10) -> str:
     """python benchmarks/reproduce.py fedsplit --table untuned"""
-    return t_fedsplit_untuned(ctx, 10, False)
+    return t_fedsplit_untuned(ctx, groupings, False)
 
 
-def t_fedsplit_filter(ctx: Context) -> str:
+def t_fedsplit_filter(ctx: Context, groupings: int = 10) -> str:
     """python benchmarks/reproduce.py fedsplit --table filter20"""
-    return t_fedsplit_untuned(ctx, 10, True)
+    return t_fedsplit_untuned(ctx, groupings, True)
 
 
 #: the paper's per-group search space (fedsplit.txt §4.1), log-uniform except k
@@ -453,7 +453,7 @@ def fedsplit_tuned_run(ds, seed: int, trials: int, final_iter: int = 500, K: int
     return tuple(np.asarray(a, dtype=float) for a in (nu, nr, lo, fe))
 
 
-def t_fedsplit_tuned(ctx: Context, groupings: int = 10, trials: int = 20, filter20: bool = True) -> str:
+def t_fedsplit_tuned(ctx: Context, groupings: int = 10, trials: int = 20, filter20: bool = True, final_iter: int = 500) -> str:
     """python benchmarks/reproduce.py fedsplit --table tuned"""
     ds = ctx.dataset()
     if filter20:
@@ -461,11 +461,11 @@ def t_fedsplit_tuned(ctx: Context, groupings: int = 10, trials: int = 20, filter
     per_group = []
     for s in range(groupings):
         t0 = time.perf_counter()
-        per_group.append(fedsplit_tuned_run(ds, s, trials))
+        per_group.append(fedsplit_tuned_run(ds, s, trials, final_iter))
         lo, fe = per_group[-1][2], per_group[-1][3]
         print(f"grouping {s}: {np.nanmean(lo):.3f} -> {np.nanmean(fe):.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
         (ctx.out / "fedsplit_tuned_partial.json").write_text(json.dumps([[a.tolist() for a in g] for g in per_group]))
-    label = (f"Optuna per group ({trials} TPE trials, one 80/20 validation split, 500 final iterations)"
+    label = (f"Optuna per group ({trials} TPE trials, one 80/20 validation split, {final_iter} final iterations)"
              f"{', >= 20 ratings' if filter20 else ''} ({ds.n_users} users, {ds.n_items} items)")
     return md_table(FEDSPLIT_HEADER, [fedsplit_summary(label, per_group, []), FEDSPLIT_PAPER])
 
@@ -527,6 +527,8 @@ def t_fedncf_fraction(ctx: Context, fractions=(1.0, 0.9, 0.8, 0.7, 0.5), seeds=(
                       epochs: int = 20) -> str:
     """python benchmarks/reproduce.py fedncf --table fraction"""
     ds = ctx.dataset()
+    fractions = tuple(float(f) for f in np.atleast_1d(fractions))
+    seeds = tuple(int(s) for s in np.atleast_1d(seeds))
     rows = []
     for f in fractions:
         c, fd = [], []
@@ -566,7 +568,7 @@ def secagg_overhead(ds, model: str, cohort: int, dropout: float, global_rounds: 
             "overhead_ms_per_participant": 1000 * per_round / cohort}
 
 
-def t_fedncf_secagg(ctx: Context) -> str:
+def t_fedncf_secagg(ctx: Context, repeats: int = 3) -> str:
     """python benchmarks/reproduce.py fedncf --table secagg-overhead"""
     ds = ctx.dataset()
     rows = []
@@ -574,7 +576,7 @@ def t_fedncf_secagg(ctx: Context) -> str:
             ("gmf", 20, 0.1), ("gmf", 20, 0.3), ("neumf", 50, 0.0), ("neumf", 20, 0.3)]
     paper = {("gmf", 20, 0.0): "3 ms", ("neumf", 20, 0.0): "7 ms"}
     for model, c, d in grid:
-        r = secagg_overhead(ds, model, c, d)
+        r = secagg_overhead(ds, model, c, d, repeats=repeats)
         print(json.dumps(r), flush=True)
         rows.append([model, c, d, r["rounds"], f"{1000 * r['plain_s_per_round']:.0f}", f"{1000 * r['overhead_s_per_round']:.0f}",
                      f"{r['overhead_ms_per_participant']:.1f}", paper.get((model, c, d), "")])
@@ -582,17 +584,18 @@ def t_fedncf_secagg(ctx: Context) -> str:
                      "MF-SecAvg extra ms / round (CPU)", "extra ms per participant", "paper (Table 8, per participant)"], rows)
 
 
-def t_fedncf_t6(ctx: Context, global_rounds: int = 200) -> str:
+def t_fedncf_t6(ctx: Context, global_rounds: int = 400, models: str = "gmf,mlp,neumf", central: bool = True) -> str:
     """python benchmarks/reproduce.py fedncf --table table6"""
     ds = ctx.dataset()
     paper = {("fed", "gmf"): (0.59, 0.33), ("fed", "mlp"): (0.43, 0.23), ("fed", "neumf"): (0.61, 0.34),
              ("central", "gmf"): (0.68, 0.42), ("central", "mlp"): (0.61, 0.35), ("central", "neumf"): (0.69, 0.42)}
     rows = []
-    for model in ("gmf", "mlp", "neumf"):
+    for model in models.split(","):
         u = fed_ncf(ds, model, global_rounds)
+        print(json.dumps({"model": model, **u}), flush=True)
         rows.append([f"Fed{model.upper() if model != 'neumf' else 'NeuMF'} ({global_rounds} global rounds)", u["hr@10"],
                      u["ndcg@10"], *paper[("fed", model)]])
-    for model, ep in (("gmf", 20), ("mlp", 20), ("neumf", 12)):
+    for model, ep in (("gmf", 20), ("mlp", 20), ("neumf", 12)) if central else ():
         u = central_ncf(ds, model, ep)
         rows.append([f"{model.upper() if model != 'neumf' else 'NeuMF'} centralised ({ep} epochs)", u["hr@10"], u["ndcg@10"],
                      *paper[("central", model)]])
@@ -699,6 +702,38 @@ QUICK: dict[str, Callable[[Context], list[Check]]] = {
 }
 
 
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings to a dict; values parsed as int, float, bool, a tuple of numbers (comma) or str."""
+
+    def value(v: str) -> Any:
+        if v.lower() in ("true", "false"):
+            return v.lower() == "true"
+        for cast in (int, float):
+            try:
+                return cast(v)
+            except ValueError:
+                pass
+        if "," in v and all(_is_number(x) for x in v.split(",")):
+            return tuple(float(x) for x in v.split(","))
+        return v
+
+    out = {}
+    for item in items:
+        key, sep, v = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        out[key] = value(v)
+    return out
+
+
+def _is_number(x: str) -> bool:
+    try:
+        float(x)
+    except ValueError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paper", choices=[*PAPERS, "all"])
@@ -708,6 +743,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="reproduce-out", help="output folder (created)")
     ap.add_argument("--data", default=os.environ.get("PRIVAUDIT_ML100K", str(DEFAULT_DATA)), help="MovieLens 100K folder")
     ap.add_argument("--jobs", type=int, default=1, help="parallel workers where a table supports them")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="budget parameter of the named table (e.g. groupings=5, global_rounds=50); repeatable")
     args = ap.parse_args(argv)
     papers = list(PAPERS) if args.paper == "all" else [args.paper]
     if args.list:
@@ -730,6 +767,23 @@ def main(argv: list[str] | None = None) -> int:
     if not (data / "u.data").is_file():
         print(f"reproduce.py: MovieLens 100K not found at {data} (give --data or set PRIVAUDIT_ML100K)", file=sys.stderr)
         return 2
+    try:
+        overrides = parse_sets(args.set)
+    except ValueError as exc:
+        print(f"reproduce.py: {exc}", file=sys.stderr)
+        return 2
+    if overrides and (len(names) != 1 or args.quick):
+        print("reproduce.py: --set needs exactly one --table", file=sys.stderr)
+        return 2
+    if overrides:
+        import inspect
+
+        accepted = set(inspect.signature(TABLES[papers[0]][names[0]]).parameters) - {"ctx"}
+        bad = sorted(set(overrides) - accepted)
+        if bad:
+            print(f"reproduce.py: table {names[0]!r} takes no parameter {bad[0]!r} (it takes: {', '.join(sorted(accepted)) or 'none'})",
+                  file=sys.stderr)
+            return 2
     if args.jobs < 1:
         print("reproduce.py: --jobs must be >= 1", file=sys.stderr)
         return 2
@@ -757,8 +811,8 @@ def main(argv: list[str] | None = None) -> int:
             if names and name not in names:
                 continue
             t0 = time.perf_counter()
-            text = fn(ctx)
-            cmd = f"python benchmarks/reproduce.py {p} --table {name}"
+            text = fn(ctx, **overrides)
+            cmd = f"python benchmarks/reproduce.py {p} --table {name}" + "".join(f" --set {kv}" for kv in args.set)
             (out / p / f"{name}.md").write_text(f"Command: `{cmd}`\n\n{text}\n")
             print(f"## {p} / {name} ({time.perf_counter() - t0:.0f} s)\n\n{text}\n", flush=True)
     return 0
