@@ -547,13 +547,17 @@ def t_fedncf_fraction(ctx: Context, fractions=(1.0, 0.9, 0.8, 0.7, 0.5), seeds=(
                      f"FedGMF HR@10 ({global_rounds} global rounds)", "NDCG@10", "central change", "federated change"], rows)
 
 
-def secagg_overhead(ds, model: str, cohort: int, dropout: float, global_rounds: int = 1, seed: int = 0,
+def secagg_overhead(ds, model: str, cohort: int, dropout: float, rounds: int = 10, seed: int = 0,
                     repeats: int = 3) -> dict:
-    """CPU seconds per aggregation round of FedNCF with ``secagg`` minus the same run without it."""
+    """CPU seconds per aggregation round of FedNCF with ``secagg`` minus the same run without it.
+
+    The first ``rounds`` aggregation rounds of a run (``max_rounds``), same seed with and without
+    the defense (so the same cohorts and training); the fastest of ``repeats`` alternated runs.
+    """
     from privaudit.defenses.secagg import SecAgg
     from privaudit.protocols.fedncf import FedNCF
 
-    cfg = {"model": model, "global_rounds": global_rounds, "clients_per_round": cohort, "record_rounds": 0}
+    cfg = {"model": model, "global_rounds": 1, "max_rounds": rounds, "clients_per_round": cohort, "record_rounds": 0}
     FedNCF().run(ds, {**cfg, "global_rounds": 1, "max_rounds": 2}, [SecAgg(dropout=dropout)], seed)  # warm-up (imports, torch)
     out = {"plain": np.inf, "secagg": np.inf}
     for _ in range(repeats):  # alternate the two, keep the fastest of each (CPU time; the machine may be shared)
@@ -568,15 +572,15 @@ def secagg_overhead(ds, model: str, cohort: int, dropout: float, global_rounds: 
             "overhead_ms_per_participant": 1000 * per_round / cohort}
 
 
-def t_fedncf_secagg(ctx: Context, repeats: int = 3) -> str:
+def t_fedncf_secagg(ctx: Context, repeats: int = 3, rounds: int = 10,
+                    grid: str = "gmf:20:0,neumf:20:0,gmf:10:0,gmf:50:0,gmf:100:0,gmf:20:0.1,gmf:20:0.3,neumf:50:0") -> str:
     """python benchmarks/reproduce.py fedncf --table secagg-overhead"""
     ds = ctx.dataset()
     rows = []
-    grid = [("gmf", 20, 0.0), ("neumf", 20, 0.0), ("gmf", 10, 0.0), ("gmf", 50, 0.0), ("gmf", 100, 0.0),
-            ("gmf", 20, 0.1), ("gmf", 20, 0.3), ("neumf", 50, 0.0), ("neumf", 20, 0.3)]
+    grid = [(m, int(c), float(d)) for m, c, d in (g.split(":") for g in grid.split(","))]
     paper = {("gmf", 20, 0.0): "3 ms", ("neumf", 20, 0.0): "7 ms"}
     for model, c, d in grid:
-        r = secagg_overhead(ds, model, c, d, repeats=repeats)
+        r = secagg_overhead(ds, model, c, d, rounds=rounds, repeats=repeats)
         print(json.dumps(r), flush=True)
         rows.append([model, c, d, r["rounds"], f"{1000 * r['plain_s_per_round']:.0f}", f"{1000 * r['overhead_s_per_round']:.0f}",
                      f"{r['overhead_ms_per_participant']:.1f}", paper.get((model, c, d), "")])
