@@ -9,7 +9,7 @@ Long runs (minutes to hours on 2 cores); never part of the test suite. Examples:
 
 Prints one JSON line per evaluation (``{"mode", "model", "aggregation", "round", "hr@10",
 "ndcg@10", "seconds"}``) and a final summary line with the paper's number beside ours.
-The data folder defaults to /work/shared/data/ml-100k (``--data``). ``--init-std`` is the scale of
+The data folder defaults to ``../shared/data/ml-100k`` next to the checkout (``--data``). ``--init-std`` is the scale of
 the initial embeddings (default: FedNCF's 0.1 for ``fed``, the NCF reference code's 0.01 for
 ``central``): at 0.01 FedGMF stalls at HR@10 ~0.36 on ML-100K, at 0.1 it keeps learning
 (docs/reproduction.md, "## FedNCF"). ``fed`` and ``central`` with the same ``--seed`` hold out the

@@ -168,11 +168,12 @@ def main():
     ap.add_argument("--poisson-clip", type=float, default=10.0)
     ap.add_argument("--poisson-eps", type=float, nargs="+", default=[0.01, 0.1, 1.0, 10.0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "figures"))
-    ap.add_argument("--json", default=str(ROOT / "scratch" / "fedproto" / "results.json"))
+    ap.add_argument("--json", default=None, help="also write the raw results to this JSON file")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     results = {}
     import matplotlib
 
@@ -233,7 +234,8 @@ def main():
         ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / "fedproto_poisson.png", dpi=120)
-    Path(args.json).write_text(json.dumps(results, indent=1, default=float))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=float))
 
 
 if __name__ == "__main__":

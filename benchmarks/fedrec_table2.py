@@ -65,7 +65,7 @@ def key(job: dict) -> str:
     return f"{job['model']}|{job['federated']}|{job['fold']}|{job['rho']}|{job['filling']}|{job['seed']}"
 
 
-def jobs_for(parts, models, folds, rhos, seed=0):
+def jobs_for(parts, models, folds, rhos, seed=0, fillings=("ua", "hf")):
     jobs = []
     for model in models:
         for fold in folds:
@@ -73,7 +73,7 @@ def jobs_for(parts, models, folds, rhos, seed=0):
                 for fed in (False, True):
                     jobs.append({"model": model, "federated": fed, "fold": fold, "rho": 0, "filling": "none", "seed": seed})
             if "rho" in parts:
-                for filling in ("ua", "hf"):
+                for filling in fillings:
                     for rho in rhos:
                         jobs.append({"model": model, "federated": True, "fold": fold, "rho": rho, "filling": filling, "seed": seed})
     return jobs
@@ -193,6 +193,7 @@ def main() -> None:
     ap.add_argument("--models", default="pmf-batch,pmf-sgd,svdpp-sgd")
     ap.add_argument("--folds", default="0,1,2,3,4")
     ap.add_argument("--rhos", default="1,2,3")
+    ap.add_argument("--fillings", default="ua,hf", help="rho part: ua, hf or both")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cache", default=str(ROOT / "docs" / "fedrec_runs.jsonl"))
     ap.add_argument("--figure", default=str(ROOT / "docs" / "figures" / "fedrec_rho.png"))
@@ -204,7 +205,7 @@ def main() -> None:
             raise SystemExit(f"MovieLens 100K not found at {ML100K}")
         done = {key(r) for r in load_cache(cache)}
         todo = [j for j in jobs_for(args.parts.split(","), args.models.split(","), [int(f) for f in args.folds.split(",")],
-                                    [int(r) for r in args.rhos.split(",")]) if key(j) not in done]
+                                    [int(r) for r in args.rhos.split(",")], fillings=args.fillings.split(",")) if key(j) not in done]
         print(f"{len(todo)} runs to do", flush=True)
         from joblib import Parallel, delayed
 

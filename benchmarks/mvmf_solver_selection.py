@@ -7,7 +7,7 @@ and attack seconds, as a Markdown table laid out like the paper's Table 6; the b
 scenario is marked in bold: highest rating + attribute accuracy (to 3 decimals), ties broken by
 fewer failed + unconverged solves, then by time (wall time is noisy on a shared machine).
 
-    python benchmarks/mvmf_solver_selection.py --data /work/shared/data/ml-100k --users 100
+    python benchmarks/mvmf_solver_selection.py --data ml-100k --users 100
 
 Without ``--data`` it runs on the built-in synthetic data. Only the first two epochs are run
 (the attack reads rounds 0 and 1).

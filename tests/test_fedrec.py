@@ -165,10 +165,11 @@ def test_stochastic_models_and_attack(small, model):
 
 
 def test_unfederated_stochastic_close_to_federated(small):
+    """MD (relative difference of the RMSEs) <= 0.1 %, the docs' bound for PMF(S) (ML-100K: slow test below)."""
     cfg = {"model": "pmf-sgd", "T": 10, "record_rounds": []}
     fed = FedRec().run(small, cfg, [], 0).utility["rmse"]
     unf = FedRec().run(small, {**cfg, "federated": False}, [], 0).utility["rmse"]
-    assert abs(fed - unf) < 0.02
+    assert abs(fed - unf) / unf <= 0.001
 
 
 def test_attack_without_uploads_scores_baseline(small):
@@ -188,13 +189,31 @@ def test_transcript_round_trip(tmp_path, small):
 
 @pytest.mark.slow
 def test_ml100k_pmf_batch_fold_and_attack(ml100k_path):
-    """One fold of PMF(B) on ML-100K: RMSE within 0.02 of Table 2 (0.9424); the attack under UA rho=1."""
+    """One fold of PMF(B) on ML-100K: RMSE within 0.02 of Table 2 (0.9424) and at the docs' fold-0 figure
+    (0.94760 / 0.74667, the run is deterministic); MD federated vs unfederated <= 0.1 % (docs: 0.000 %);
+    the attack under UA rho=1."""
     ds = load_dataset(ml100k_path)
     res = FedRec().run(ds, {"record_rounds": [-1]}, [], 0)
     assert abs(res.utility["rmse"] - 0.9424) < 0.02 and abs(res.utility["mae"] - 0.7418) < 0.02
+    assert res.utility["rmse"] == pytest.approx(0.94760, abs=5e-4) and res.utility["mae"] == pytest.approx(0.74667, abs=5e-4)
+    unf = FedRec().run(ds, {"federated": False, "record_rounds": []}, [], 0).utility
+    assert abs(res.utility["rmse"] - unf["rmse"]) / unf["rmse"] <= 0.001
+    assert abs(res.utility["mae"] - unf["mae"]) / unf["mae"] <= 0.001
     res = FedRec().run(ds, {"T": 20, "record_rounds": [-1]}, [SamplingDefense(rho=1, filling="ua")], 0)
     out = FedRecRatedItems().evaluate(res.transcript, np.random.default_rng(0))
     assert out.metrics["auc"] > 0.9 and out.baseline["auc"] == 0.5
+
+
+@pytest.mark.slow
+def test_ml100k_pmf_sgd_md_below_stdr(ml100k_path):
+    """PMF(S), ML-100K fold 0 (the fold with the largest MD in the docs' cache, 0.107 % RMSE / 0.052 % MAE):
+    the docs state MD <= 0.11 % per fold (0.097 % on the 5-fold means), far below the STDR (0.25 %)."""
+    ds = load_dataset(ml100k_path)
+    fed = FedRec().run(ds, {"model": "pmf-sgd", "record_rounds": []}, [], 0).utility
+    unf = FedRec().run(ds, {"model": "pmf-sgd", "federated": False, "record_rounds": []}, [], 0).utility
+    assert abs(fed["rmse"] - unf["rmse"]) / unf["rmse"] <= 0.0011
+    assert abs(fed["mae"] - unf["mae"]) / unf["mae"] <= 0.0011
+    assert abs(fed["rmse"] - 0.9553) < 0.02  # Table 2, federated PMF(S)
 
 
 # ---------------------------------------------------------------- audit regressions
@@ -237,7 +256,8 @@ def test_attack_falls_back_on_nonfinite_uploads(small):
     assert out.metrics["auc"] > 0.9  # the other clients are still attacked
 
 
-def test_hf_defaults_follow_the_paper():
+def test_hf_defaults_are_the_protocol_defaults_10_and_5():
+    """t_predict / t_local left unset take FedRec's 10 / 5 (the paper tunes both on {5, 10, 15} and does not state its choice)."""
     from privaudit.protocols.fedrec import hf_settings
 
     assert hf_settings([SamplingDefense(rho=1, filling="hf")]) == ("hf", 10, 5)

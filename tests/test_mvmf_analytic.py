@@ -113,6 +113,11 @@ def test_noise_sgd_inclunc_above_baseline(small):
     out = _attack(_run(small, "sgd", "inclunc", defenses=[_laplace(1e-3)]))
     assert out.metrics["rating_accuracy"] >= 0.95
     assert out.metrics["attribute_accuracy"] >= out.baseline["attribute_accuracy"] + 0.3
+    # InclUnc: the majority guess ("unrated" everywhere) is itself near 0.95 -- beat it, and the
+    # attribute majority guess
+    assert out.metrics["rating_accuracy"] > out.baseline["rating_accuracy_majority"]
+    assert out.metrics["rated_rating_accuracy"] >= 0.95
+    assert out.metrics["attribute_accuracy"] > out.baseline["attribute_accuracy_majority"]
 
 
 def test_encrypted_view_falls_back_to_baseline():

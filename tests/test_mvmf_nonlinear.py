@@ -70,6 +70,7 @@ def test_noise_free_accuracy_per_scenario(clean_runs, scenario):
     assert m["rating_accuracy"] > 0.90, m
     assert m["attribute_accuracy"] > 0.95, m
     assert m["rating_accuracy"] > out.baseline["rating_accuracy_majority"]
+    assert m["attribute_accuracy"] > out.baseline["attribute_accuracy_majority"]
     if scenario[0] == "semials":
         assert m["rating_accuracy"] >= 0.99 and m["attribute_accuracy"] >= 0.99
 
@@ -84,6 +85,9 @@ def test_noise_lowers_accuracy_but_beats_baseline(small, clean_runs):
     assert m["rating_accuracy"] < clean["rating_accuracy"]
     assert m["rating_accuracy"] > base["rating_accuracy"] + 0.30, (m, base)
     assert m["attribute_accuracy"] > base["attribute_accuracy"] + 0.30, (m, base)
+    # and above the majority guess (ObsOnly ratings ~0.3, attributes ~0.9 on these data)
+    assert m["rating_accuracy"] > base["rating_accuracy_majority"], (m, base)
+    assert m["attribute_accuracy"] > base["attribute_accuracy_majority"], (m, base)
 
 
 def test_results_do_not_depend_on_jobs(clean_runs):
@@ -146,13 +150,22 @@ def test_encrypted_view_scores_as_baseline(small):
 
 @pytest.mark.slow
 def test_ml100k_noise_free_claim(ml100k_path):
-    """privmvmf.txt headline claim (> 0.80 rating and attribute accuracy), ML-100K, 60 random users
-    per scenario (the all-training-client figures are in docs/reproduction.md)."""
+    """The PrivMVMF paper's headline claim (> 0.80 rating and attribute accuracy), ML-100K, 60 random
+    users per scenario (the all-training-client figures are in docs/reproduction.md).
+
+    0.80 alone is no evidence: the majority guess scores 0.949 on InclUnc ratings (almost every
+    uploaded item is unrated) and 0.902 on attributes. So the attack must also beat the majority
+    guess in every scenario, by the margin the docs' all-client table shows (>= 0.04 for InclUnc
+    ratings and attributes; > 0.5 for ObsOnly ratings, majority 0.342)."""
     from privaudit.data import load_dataset
 
     ds = load_dataset(ml100k_path)
     for update, unrated in SCENARIOS:
         tr = FedMVMF().run(ds, {"update": update, "unrated": unrated, "epochs": 2}, rng=0).transcript
         out = MVMFNonlinear(users=60, jobs=2).evaluate(tr, np.random.default_rng(0))
-        assert out.metrics["rating_accuracy"] > 0.80, (update, unrated, out.metrics)
-        assert out.metrics["attribute_accuracy"] > 0.80, (update, unrated, out.metrics)
+        m, base = out.metrics, out.baseline
+        assert m["rating_accuracy"] > 0.80 and m["attribute_accuracy"] > 0.80, (update, unrated, m)
+        assert m["rating_accuracy"] > base["rating_accuracy"] and m["attribute_accuracy"] > base["attribute_accuracy"]
+        margin = 0.5 if unrated == "obsonly" else 0.04
+        assert m["rating_accuracy"] >= base["rating_accuracy_majority"] + margin, (update, unrated, m, base)
+        assert m["attribute_accuracy"] >= base["attribute_accuracy_majority"] + 0.04, (update, unrated, m, base)

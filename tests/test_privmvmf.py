@@ -56,9 +56,11 @@ def test_registered_alias_adds_defenses():
 
 def test_lossless_against_fedmvmf_with_same_sampling(runs):
     fed, priv = runs["fed"].utility, runs["priv"].utility
+    # docs: "lossless" measured as identical metrics (0.0000 %); the models differ only by the
+    # 2^-32 fixed-point rounding of each summand
     for key in UTILITY_KEYS:
-        assert priv[key] == pytest.approx(fed[key], rel=0.01, abs=1e-12), key
-    assert np.max(np.abs(runs["fed"].model["V"] - runs["priv"].model["V"])) < 1e-7
+        assert priv[key] == fed[key], key
+    assert np.max(np.abs(runs["fed"].model["V"] - runs["priv"].model["V"])) < 1e-8
 
 
 def test_server_sees_ciphertexts_item_sets_and_sums_only(runs):
@@ -144,7 +146,7 @@ def test_aggregate_attack_on_privmvmf_views(runs):
 @pytest.mark.slow
 @pytest.mark.skipif(not ML100K.exists(), reason=f"MovieLens 100K not found at {ML100K}")
 def test_ml100k_lossless_subsample():
-    """ML-100K, 100 random users (for speed), 2 epochs: PrivMVMF within 1 % of FedMVMF + sampling.
+    """ML-100K, 100 random users (for speed), 2 epochs: PrivMVMF's metrics equal FedMVMF + sampling's.
 
     The full-data 5-epoch comparison is ``benchmarks/privmvmf_utility.py`` (docs/reproduction.md).
     """
@@ -157,4 +159,4 @@ def test_ml100k_lossless_subsample():
     fed = get("protocol", "fedmvmf")().run(ds, cfg, [sampling(rho=1.0)], rng=0).utility
     priv = PrivMVMF().run(ds, cfg, [sampling(rho=1.0), paillier(key_length=KEY, insecure_test_key=True)], rng=0).utility
     for key in UTILITY_KEYS:
-        assert priv[key] == pytest.approx(fed[key], rel=0.01), key
+        assert priv[key] == fed[key], key
