@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 from privaudit.defenses.base import ClientData
-from privaudit.defenses.sampling import SamplingDefense, item_set_guess, sample_unrated
+from privaudit.defenses.sampling import DEFAULT_W, SamplingDefense, item_set_guess, sample_unrated
 from privaudit.errors import PrivauditError
 from privaudit.registry import get
 
@@ -32,6 +32,12 @@ def _sets(mat):
 def test_registered_and_grid():
     cls = get("defense", "sampling")
     assert cls is SamplingDefense and cls.strength == "rho" and tuple(cls.default_grid) == (0, 1, 2, 3)
+
+
+def test_default_weight_is_fedmvmf_default_w():
+    """Without its own w the defense weighs sampled items by FedMVMF's default w (no import of fedmvmf)."""
+    assert SamplingDefense().weight == DEFAULT_W == get("protocol", "fedmvmf").default_config["w"]
+    assert SamplingDefense(w=0.7).weight == 0.7
 
 
 @pytest.mark.parametrize("params, message", [({"rho": -1}, "rho"), ({"filling": "zero"}, "filling"),

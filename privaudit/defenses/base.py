@@ -16,14 +16,30 @@ What the receiver sees after the defenses is exactly what the transcript records
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from privaudit.params import Configurable
+from privaudit.transcript import Transcript
 
-if TYPE_CHECKING:  # pragma: no cover
-    from privaudit.protocols.base import Channel
+
+class ChannelContext(Protocol):
+    """What a defense hook may use of the uplink that calls it.
+
+    :class:`~privaudit.protocols.base.Channel` satisfies it; defenses never import it (so
+    ``defenses`` does not depend on ``protocols``).
+
+    Attributes
+    ----------
+    rng : numpy.random.Generator
+        Simulation randomness (noise draws); never cryptographic material.
+    transcript : Transcript
+        The run's transcript (public config; defenses may record their own messages).
+    """
+
+    rng: np.random.Generator
+    transcript: Transcript
 
 
 @dataclass
@@ -125,15 +141,15 @@ class Defense(Configurable):
         """Change a client's local data before training (default: unchanged)."""
         return data
 
-    def on_upload(self, batch: UploadBatch, channel: "Channel") -> UploadBatch:
+    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
         """Transform a batch of uploads before it leaves the clients (default: unchanged)."""
         return batch
 
-    def aggregate(self, batch: UploadBatch, channel: "Channel", rows: int | None) -> dict[str, np.ndarray] | None:
+    def aggregate(self, batch: UploadBatch, channel: ChannelContext, rows: int | None) -> dict[str, np.ndarray] | None:
         """Sum ``batch`` at the receiver, or ``None`` to leave it to the next defense / plain sum."""
         return None
 
-    def on_download(self, payload: dict[str, np.ndarray], channel: "Channel") -> dict[str, np.ndarray]:
+    def on_download(self, payload: dict[str, np.ndarray], channel: ChannelContext) -> dict[str, np.ndarray]:
         """Transform what the server sends to clients (default: unchanged)."""
         return payload
 

@@ -26,17 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from privaudit.defenses.base import Defense, UploadBatch
+from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.models.private_kmeans import private_prototypes
 from privaudit.registry import register_defense
-
-if TYPE_CHECKING:  # pragma: no cover
-    from privaudit.protocols.base import Channel
 
 
 @register_defense("dp-prototypes")
@@ -90,7 +87,7 @@ class DPPrototypes(Defense):
             )
         return res.prototypes, res.info
 
-    def on_upload(self, batch: UploadBatch, channel: "Channel") -> UploadBatch:
+    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
         if batch.kind != "prototypes" or not any("rows" in p for p in batch.payloads):
             return batch
         k = int(batch.meta.get("k", 10))

@@ -42,17 +42,14 @@ toolkit; ``packing=False`` is one value per ciphertext as in the paper.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from privaudit.defenses import _paillier_packing as pk
-from privaudit.defenses.base import Defense, UploadBatch
+from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.registry import register_defense
-
-if TYPE_CHECKING:  # pragma: no cover
-    from privaudit.protocols.base import Channel
 
 PHASES = ("encrypt", "aggregate", "decrypt")
 
@@ -139,7 +136,7 @@ class PaillierDefense(Defense):
         except ValueError as exc:
             raise PrivauditError(f"defense 'paillier': {exc}") from None
 
-    def _ensure_keys(self, batch: UploadBatch, channel: "Channel") -> None:
+    def _ensure_keys(self, batch: UploadBatch, channel: ChannelContext) -> None:
         if self._public is not None:
             return
         self._public, self._secret = pk.generate_keypair(self.config["key_length"])
@@ -165,7 +162,7 @@ class PaillierDefense(Defense):
 
     # ------------------------------------------------------------------ client side
 
-    def on_upload(self, batch: UploadBatch, channel: "Channel") -> UploadBatch:
+    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
         """Encrypt every float entry of every payload (fixed point, one exponent), keep ``items`` clear."""
         if not batch.payloads:
             return batch
@@ -216,7 +213,7 @@ class PaillierDefense(Defense):
 
     # ------------------------------------------------------------------ server + decryptors
 
-    def aggregate(self, batch: UploadBatch, channel: "Channel", rows: int | None) -> dict[str, np.ndarray] | None:
+    def aggregate(self, batch: UploadBatch, channel: ChannelContext, rows: int | None) -> dict[str, np.ndarray] | None:
         """Homomorphic sums per item row / dense entry (per cohort), decrypted by the decryptors."""
         if batch.meta.get("scheme") != "paillier":
             return None

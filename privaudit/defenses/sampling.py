@@ -61,7 +61,7 @@ from privaudit.registry import register_defense
 
 FILLINGS = ("weight", "ua", "hf")
 DISTRIBUTIONS = ("uniform", "popularity", "matched")
-DEFAULT_W = 0.2  # last resort when neither the defense nor FedMVMF's defaults give the weight
+DEFAULT_W = 0.2  # FedMVMF's default w (a test keeps them equal): the weight when the defense sets none
 
 
 def sample_unrated(
@@ -425,12 +425,7 @@ class SamplingDefense(Defense):
         """
         if self.config["w"] is not None:
             return float(self.config["w"])
-        try:
-            from privaudit.protocols.fedmvmf import FedMVMF
-
-            return float(FedMVMF.default_config["w"])
-        except Exception:  # pragma: no cover - fedmvmf ships with privaudit
-            return DEFAULT_W
+        return DEFAULT_W
 
     def on_client_data(self, data: Any, rng: np.random.Generator) -> Any:
         """Add the virtual entries to a :class:`ClientData` (other data passes unchanged)."""
