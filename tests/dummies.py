@@ -17,6 +17,7 @@ from privaudit import registry
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.data.dataset import RatingsDataset
 from privaudit.defenses.base import Defense, UploadBatch
+from privaudit.params import Param
 from privaudit.protocols.base import Channel, Protocol, RunResult
 from privaudit.transcript import Transcript
 
@@ -44,15 +45,12 @@ class DummyProtocol(Protocol):
     """Clients upload their secret bits as +-signal."""
 
     description = "test protocol: clients upload +-signal per secret bit"
-    default_config = {"p": 4, "rounds": 2, "signal": 1.0}
+    parameters = (
+        Param("p", 4, "secret bits per client", ge=1),
+        Param("rounds", 2, "upload rounds", ge=1),
+        Param("signal", 1.0, "magnitude of an upload", ge=0),
+    )
     default_attack = "dummy-attack"
-
-    @classmethod
-    def validate_config(cls, config):
-        from privaudit.errors import PrivauditError
-
-        if config["p"] < 1:
-            raise PrivauditError("protocol 'dummy-proto': p must be >= 1")
 
     def run(self, dataset, config=None, defenses=(), rng=None):
         config = self.resolve_config(config)
@@ -97,7 +95,7 @@ class DummyAttack(_BitsAttack):
     """Guess each bit from the sign of the first upload."""
 
     description = "test attack: sign of the upload"
-    params = {"threshold": 0.0, "jobs": 1}
+    parameters = (Param("threshold", 0.0, "guess 1 above this upload"), Param("jobs", 1, "unused"))
 
     def run(self, view, knowledge, rng):
         victims = {}
@@ -113,7 +111,7 @@ class DummyAuxAttack(_BitsAttack):
     """Knows a fraction of each victim's bits, guesses the rest at random."""
 
     description = "test attack: auxiliary knowledge"
-    params = {"aux_fraction": 0.5}
+    parameters = (Param("aux_fraction", 0.5, "fraction of the bits the attacker is told", ge=0, le=1),)
     default_sweep = ("aux_fraction", (0.0, 0.5, 1.0))
 
     def prior_knowledge(self, transcript, rng):
@@ -144,7 +142,7 @@ class DummyNoise(Defense):
     """Laplace noise on every uploaded float."""
 
     description = "test defense: Laplace noise"
-    params = {"scale": 0.0}
+    parameters = (Param("scale", 0.0, "Laplace noise scale", ge=0),)
     strength = "scale"
     default_grid = (0.0, 0.1, 1.0, 10.0)
 
@@ -164,7 +162,6 @@ class DummyEncrypt(Defense):
     """Marks uploads as encrypted (the attack then does not apply)."""
 
     description = "test defense: hides plaintext"
-    params = {}
 
     def on_upload(self, batch, channel):
         batch.meta["encrypted"] = True

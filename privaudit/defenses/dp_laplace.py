@@ -32,6 +32,7 @@ import numpy as np
 
 from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
 from privaudit.errors import PrivauditError
+from privaudit.params import Param
 from privaudit.registry import register_defense
 
 
@@ -54,23 +55,14 @@ class DPLaplace(Defense):
     epsilon composes linearly over rounds."""
 
     description = "epsilon-DP Laplace mechanism: L1 clipping to C, Laplace(C/epsilon) noise, basic composition"
-    params = {"epsilon": 1.0, "clip": 1.0, "clip_per": "row"}
-    param_help = {
-        "epsilon": "per-round privacy budget (pure epsilon-DP per clipped unit)",
-        "clip": "L1 clipping norm C (Laplace scale C / epsilon)",
-        "clip_per": "'row' (each row / 1-D array) or 'upload' (one client's whole message)",
-    }
+    parameters = (
+        Param("epsilon", 1.0, "per-round privacy budget (pure epsilon-DP per clipped unit)", gt=0),
+        Param("clip", 1.0, "L1 clipping norm C (Laplace scale C / epsilon)", gt=0),
+        Param("clip_per", "row", "'row' (each row / 1-D array) or 'upload' (one client's whole message)",
+              choices=("row", "upload")),
+    )
     strength = "epsilon"
     default_grid = (100.0, 30.0, 10.0, 3.0, 1.0, 0.3)
-
-    def validate(self) -> None:
-        eps, clip = self.config["epsilon"], self.config["clip"]
-        for name, v in (("epsilon", eps), ("clip", clip)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise PrivauditError(f"defense 'dp-laplace': {name} must be a positive number, got {v!r}")
-        self.config["epsilon"], self.config["clip"] = float(eps), float(clip)
-        if self.config["clip_per"] not in ("row", "upload"):
-            raise PrivauditError(f"defense 'dp-laplace': clip_per must be 'row' or 'upload', got {self.config['clip_per']!r}")
 
     @property
     def noise_scale(self) -> float:

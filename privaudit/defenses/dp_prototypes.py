@@ -33,6 +33,7 @@ import numpy as np
 from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.models.private_kmeans import private_prototypes
+from privaudit.params import Param
 from privaudit.registry import register_defense
 
 
@@ -41,32 +42,19 @@ class DPPrototypes(Defense):
     """Each silo uploads k epsilon-DP prototypes of its rows instead of anything exact."""
 
     description = "epsilon-DP prototypes (private k-means of Balcan et al. + Gumbel/Laplace sparse recovery), FedProto"
-    params = {"epsilon": 1.0, "delta": 0.1, "k": 0, "s": 0, "trials": 0, "swap_iters": 100}
-    param_help = {
-        "epsilon": "total privacy budget of a silo's prototypes (pure epsilon-DP per user)",
-        "delta": "sets the trials T = ceil(2 ln(1/delta)), grids and thresholds (utility knob, not a privacy loss)",
-        "k": "prototypes per silo (0: the protocol's k)",
-        "s": "public bound on non-zeros per row / per prototype (0: the protocol's s)",
-        "trials": "override T (0: ceil(2 ln(1/delta)); the authors' code uses 1)",
-        "swap_iters": "localswap iterations (the paper's n/delta, capped for speed; total budget unchanged)",
-    }
+    parameters = (
+        Param("epsilon", 1.0, "total privacy budget of a silo's prototypes (pure epsilon-DP per user)", gt=0),
+        Param("delta", 0.1, "sets the trials T = ceil(2 ln(1/delta)), grids and thresholds (utility knob, not a "
+              "privacy loss)", gt=0, lt=1),
+        Param("k", 0, "prototypes per silo (0: the protocol's k)", ge=0),
+        Param("s", 0, "public bound on non-zeros per row / per prototype (0: the protocol's s)", ge=0),
+        Param("trials", 0, "override T (0: ceil(2 ln(1/delta)); the authors' code uses 1)", ge=0),
+        Param("swap_iters", 100, "localswap iterations (the paper's n/delta, capped for speed; total budget unchanged)",
+              ge=0),
+    )
     strength = "epsilon"
     default_grid = (10.0, 1.0, 0.1)
     applies_to = ("fedproto",)
-
-    def validate(self) -> None:
-        c = self.config
-        for name in ("epsilon", "delta"):
-            v = c[name]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise PrivauditError(f"defense 'dp-prototypes': {name} must be a positive number, got {v!r}")
-            c[name] = float(v)
-        if c["delta"] >= 1:
-            raise PrivauditError(f"defense 'dp-prototypes': delta must be below 1, got {c['delta']!r}")
-        for name in ("k", "s", "trials", "swap_iters"):
-            v = c[name]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise PrivauditError(f"defense 'dp-prototypes': {name} must be a non-negative integer, got {v!r}")
 
     def prototypes(self, rows: Any, k: int, s: int, Lambda: float, rng: np.random.Generator) -> tuple[np.ndarray, dict]:
         """k (or this defense's k) DP prototypes of ``rows`` (n x m); (k x m) and info."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
 from privaudit.errors import PrivauditError
+from privaudit.params import Param
 from privaudit.registry import register_defense
 
 DEFAULT_SCALES = (0.0, 1e-4, 1e-3, 1e-2, 1e-1, 0.5, 1.0)
@@ -29,16 +30,9 @@ DEFAULT_SCALES = (0.0, 1e-4, 1e-3, 1e-2, 1e-1, 0.5, 1.0)
 class _AdditiveNoise(Defense):
     """Base of the i.i.d. additive noise defenses; subclasses implement :meth:`draw`."""
 
-    params = {"scale": 0.0}
-    param_help = {"scale": "noise scale (Laplace b / Gaussian sigma) added to every uploaded float"}
+    parameters = (Param("scale", 0.0, "noise scale (Laplace b / Gaussian sigma) added to every uploaded float", ge=0),)
     strength = "scale"
     default_grid = DEFAULT_SCALES
-
-    def validate(self) -> None:
-        scale = self.config["scale"]
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not np.isfinite(scale) or scale < 0:
-            raise PrivauditError(f"defense {self.name!r}: scale must be a non-negative number, got {scale!r}")
-        self.config["scale"] = float(scale)
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         raise NotImplementedError

@@ -49,6 +49,7 @@ import numpy as np
 from privaudit.defenses import _paillier_packing as pk
 from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
 from privaudit.errors import PrivauditError
+from privaudit.params import Param
 from privaudit.registry import register_defense
 
 PHASES = ("encrypt", "aggregate", "decrypt")
@@ -64,40 +65,24 @@ class PaillierDefense(Defense):
     """Paillier encryption of every upload; decrypting clients decrypt only the sums (PrivMVMF)."""
 
     description = "Paillier-encrypted uploads, server adds ciphertexts, decrypting clients decrypt sums (PrivMVMF)"
-    params = {
-        "key_length": 2048,
-        "decryptors": 1,
-        "packing": True,
-        "precision": 32,
-        "bound": 1048576.0,
-        "cohort_size": 0,
-        "jobs": 1,
-    }
-    param_help = {
-        "key_length": "bits of the Paillier modulus n (2048 default; tests use 512)",
-        "decryptors": "number of decrypting clients; the ciphertext sums are split among them",
-        "packing": "pack several fixed-point values per ciphertext (false: one value per ciphertext)",
-        "precision": "fractional bits of the fixed-point encoding (one public exponent -precision)",
-        "bound": "largest |value| a client may encrypt (sizes the packing slots)",
-        "cohort_size": "server sums senders in cohorts of this size (0: all senders in one sum)",
-        "jobs": "joblib workers for encryption/decryption (1: in process, -1: all cores)",
-    }
+    parameters = (
+        Param("key_length", 2048, "bits of the Paillier modulus n (2048 default; tests use 512); a multiple of 8",
+              ge=128),
+        Param("decryptors", 1, "number of decrypting clients; the ciphertext sums are split among them", ge=1),
+        Param("packing", True, "pack several fixed-point values per ciphertext (false: one value per ciphertext)"),
+        Param("precision", 32, "fractional bits of the fixed-point encoding (one public exponent -precision)",
+              ge=0, le=52),
+        Param("bound", 1048576.0, "largest |value| a client may encrypt (sizes the packing slots)", gt=0),
+        Param("cohort_size", 0, "server sums senders in cohorts of this size (0: all senders in one sum)", ge=0),
+        Param("jobs", 1, "joblib workers for encryption/decryption (1: in process, -1: all cores); not 0"),
+    )
     strength = None
     default_grid = ()
 
     def validate(self) -> None:
-        c = self.config
-        if c["key_length"] < 128 or c["key_length"] % 8:
-            raise PrivauditError("defense 'paillier': key_length must be a multiple of 8 and >= 128")
-        if c["decryptors"] < 1:
-            raise PrivauditError("defense 'paillier': decryptors must be >= 1")
-        if not 0 <= c["precision"] <= 52:
-            raise PrivauditError("defense 'paillier': precision must be in 0..52 fractional bits")
-        if not c["bound"] > 0:
-            raise PrivauditError("defense 'paillier': bound must be positive")
-        if c["cohort_size"] < 0:
-            raise PrivauditError("defense 'paillier': cohort_size must be >= 0")
-        if c["jobs"] == 0:
+        if self.config["key_length"] % 8:
+            raise PrivauditError(f"defense 'paillier': key_length must be a multiple of 8, got {self.config['key_length']!r}")
+        if self.config["jobs"] == 0:
             raise PrivauditError("defense 'paillier': jobs must be non-zero")
 
     def __init__(self, **overrides: Any):

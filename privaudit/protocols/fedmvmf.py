@@ -65,6 +65,7 @@ from privaudit.data.splits import cold_start_items, cold_start_users, holdout_sp
 from privaudit.defenses.base import ClientData, Defense
 from privaudit.metrics import ranking_metrics_at_k
 from privaudit.models import mvmf
+from privaudit.params import Param
 from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
 
@@ -124,68 +125,26 @@ class FedMVMF(Protocol):
     description = "Federated multi-view matrix factorization (FedMVMF, privmvmf.txt §3): SemiALS/SGD x ObsOnly/InclUnc"
     default_attack = "mvmf-analytic"
     derived_keys = DERIVED_KEYS
-    default_config: dict[str, Any] = {
-        "K": 20,
-        "alpha": 2.0,
-        "lam": 10.0,
-        "w": 0.2,
-        "eta": 3e-4,
-        "update": "semials",
-        "unrated": "obsonly",
-        "epochs": 40,
-        "lr": 0.2,
-        "init_scale": 0.1,
-        "record_rounds": 2,
-        "test_fraction": 0.2,
-        "cold_user_fraction": 0.1,
-        "cold_item_fraction": 0.1,
-        "relevance_threshold": 4.0,
-        "top_k": 10,
-    }
-    config_help = {
-        "K": "latent dimension",
-        "alpha": "weight of the side-information views (user attributes, item features)",
-        "lam": "L2 regularization of U, V, P, Q (> 0)",
-        "w": "InclUnc: confidence c_ui of unrated items (rating 0)",
-        "eta": "SGD: client step size on u_u",
-        "update": "client update of u_u: semials (closed form) or sgd (one step per epoch)",
-        "unrated": "obsonly (upload rated items only) or inclunc (all items, unrated with weight w)",
-        "epochs": "training epochs (server Adam steps)",
-        "lr": "server Adam learning rate for V and P (and the item server's Q under sgd)",
-        "init_scale": "standard deviation of the initial factors",
-        "record_rounds": "record the uploads and server state of the first N epochs (-1: all)",
-        "test_fraction": "per-user fraction of ratings held out for the existing-user test",
-        "cold_user_fraction": "fraction of users held out as cold-start users",
-        "cold_item_fraction": "fraction of items held out as cold-start items",
-        "relevance_threshold": "a test rating >= this is relevant (utility)",
-        "top_k": "length of the recommendation lists (utility)",
-    }
-
-    @classmethod
-    def validate_config(cls, config: dict[str, Any]) -> None:
-        fail = cls.config_fail
-
-        if config["update"] not in ("semials", "sgd"):
-            fail(f"update must be 'semials' or 'sgd', got {config['update']!r}")
-        if config["unrated"] not in ("obsonly", "inclunc"):
-            fail(f"unrated must be 'obsonly' or 'inclunc', got {config['unrated']!r}")
-        if not isinstance(config["K"], int) or config["K"] < 1:
-            fail(f"K must be a positive integer, got {config['K']!r}")
-        if not isinstance(config["epochs"], int) or config["epochs"] < 1:
-            fail(f"epochs must be a positive integer, got {config['epochs']!r}")
-        if not isinstance(config["record_rounds"], int) or config["record_rounds"] < -1:
-            fail(f"record_rounds must be -1 (all) or a non-negative integer, got {config['record_rounds']!r}")
-        if not isinstance(config["top_k"], int) or config["top_k"] < 1:
-            fail(f"top_k must be a positive integer, got {config['top_k']!r}")
-        for key in ("alpha", "w", "init_scale"):
-            if not np.isfinite(config[key]) or config[key] < 0:
-                fail(f"{key} must be a non-negative number, got {config[key]!r}")
-        for key in ("lam", "eta", "lr"):
-            if not np.isfinite(config[key]) or config[key] <= 0:
-                fail(f"{key} must be a positive number, got {config[key]!r}")
-        for key in ("test_fraction", "cold_user_fraction", "cold_item_fraction"):
-            if not 0.0 <= config[key] < 1.0:
-                fail(f"{key} must be in [0, 1), got {config[key]!r}")
+    parameters = (
+        Param("K", 20, "latent dimension", ge=1),
+        Param("alpha", 2.0, "weight of the side-information views (user attributes, item features)", ge=0),
+        Param("lam", 10.0, "L2 regularization of U, V, P, Q (> 0)", gt=0),
+        Param("w", 0.2, "InclUnc: confidence c_ui of unrated items (rating 0)", ge=0),
+        Param("eta", 3e-4, "SGD: client step size on u_u", gt=0),
+        Param("update", "semials", "client update of u_u: semials (closed form) or sgd (one step per epoch)",
+              choices=("semials", "sgd")),
+        Param("unrated", "obsonly", "obsonly (upload rated items only) or inclunc (all items, unrated with weight w)",
+              choices=("obsonly", "inclunc")),
+        Param("epochs", 40, "training epochs (server Adam steps)", ge=1),
+        Param("lr", 0.2, "server Adam learning rate for V and P (and the item server's Q under sgd)", gt=0),
+        Param("init_scale", 0.1, "standard deviation of the initial factors", ge=0),
+        Param("record_rounds", 2, "record the uploads and server state of the first N epochs (-1: all)", ge=0, also=(-1,)),
+        Param("test_fraction", 0.2, "per-user fraction of ratings held out for the existing-user test", ge=0, lt=1),
+        Param("cold_user_fraction", 0.1, "fraction of users held out as cold-start users", ge=0, lt=1),
+        Param("cold_item_fraction", 0.1, "fraction of items held out as cold-start items", ge=0, lt=1),
+        Param("relevance_threshold", 4.0, "a test rating >= this is relevant (utility)"),
+        Param("top_k", 10, "length of the recommendation lists (utility)", ge=1),
+    )
 
     # ------------------------------------------------------------------ run
     def run(

@@ -59,6 +59,7 @@ from privaudit.data import zip_silos
 from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import map_at_k, mean_rank, rmse
+from privaudit.params import Param
 from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
 
@@ -206,52 +207,23 @@ class FedProto(Protocol):
     default_attack = "proto-membership"
     derived_keys = DERIVED_KEYS
     attacker = "server"
-    default_config = {
-        "prototypes": "auto",
-        "k": 10,
-        "latent_dim": 20,
-        "lam": 0.1,
-        "s": 50,
-        "Lambda": 0.0,
-        "silos": "zip",
-        "n_silos": 10,
-        "test_users": 0.2,
-        "test_per_user": 5,
-        "max_iter": 300,
-        "map_k": 10,
-    }
-    config_help = {
-        "prototypes": "'auto' (dp with the dp-prototypes defense, else exact), 'exact' k-means, 'random' rows, 'dp'",
-        "k": "prototypes per silo (the dp-prototypes defense's k overrides when set)",
-        "latent_dim": "ell, columns of V (dp-prototypes.txt §4.4: 10..50)",
-        "lam": "regularisation lambda of eq. 1 (paper: 0.1)",
-        "s": "public bound on non-zeros per row / prototype for the DP mechanism",
-        "Lambda": "public bound on every entry (0: the dataset's rating maximum)",
-        "silos": "'zip' (first ZIP digit) or 'uniform' (n_silos random equal silos)",
-        "n_silos": "silos of silos='uniform'",
-        "test_users": "fraction of users with held-out ratings (§4.3: 0.2)",
-        "test_per_user": "held-out ratings per test user (§4.3: 5)",
-        "max_iter": "iterations of the server NMF and of the silos' U fits",
-        "map_k": "k of MAP@k",
-    }
-
-    @classmethod
-    def validate_config(cls, config: dict[str, Any]) -> None:
-        fail = cls.config_fail
-
-        if config["prototypes"] not in ("auto", "exact", "random", "dp"):
-            fail(f"prototypes must be auto, exact, random or dp, got {config['prototypes']!r}")
-        if config["silos"] not in ("zip", "uniform"):
-            fail(f"silos must be zip or uniform, got {config['silos']!r}")
-        for key in ("k", "latent_dim", "s", "n_silos", "test_per_user", "max_iter", "map_k"):
-            if isinstance(config[key], bool) or not isinstance(config[key], int) or config[key] < 1:
-                fail(f"{key} must be a positive integer, got {config[key]!r}")
-        if not 0.0 <= float(config["test_users"]) < 1.0:
-            fail(f"test_users must be in [0, 1), got {config['test_users']!r}")
-        if not np.isfinite(config["lam"]) or config["lam"] < 0:
-            fail(f"lam must be non-negative, got {config['lam']!r}")
-        if not np.isfinite(config["Lambda"]) or config["Lambda"] < 0:
-            fail(f"Lambda must be non-negative, got {config['Lambda']!r}")
+    parameters = (
+        Param("prototypes", "auto",
+              "'auto' (dp with the dp-prototypes defense, else exact), 'exact' k-means, 'random' rows, 'dp'",
+              choices=("auto", "exact", "random", "dp")),
+        Param("k", 10, "prototypes per silo (the dp-prototypes defense's k overrides when set)", ge=1),
+        Param("latent_dim", 20, "ell, columns of V (paper §4.4: 10..50)", ge=1),
+        Param("lam", 0.1, "regularisation lambda of eq. 1 (paper: 0.1)", ge=0),
+        Param("s", 50, "public bound on non-zeros per row / prototype for the DP mechanism", ge=1),
+        Param("Lambda", 0.0, "public bound on every entry (0: the dataset's rating maximum)", ge=0),
+        Param("silos", "zip", "'zip' (first ZIP digit) or 'uniform' (n_silos random equal silos)",
+              choices=("zip", "uniform")),
+        Param("n_silos", 10, "silos of silos='uniform'", ge=1),
+        Param("test_users", 0.2, "fraction of users with held-out ratings (§4.3: 0.2)", ge=0, lt=1),
+        Param("test_per_user", 5, "held-out ratings per test user (§4.3: 5)", ge=1),
+        Param("max_iter", 300, "iterations of the server NMF and of the silos' U fits", ge=1),
+        Param("map_k", 10, "k of MAP@k", ge=1),
+    )
 
     @staticmethod
     def resolve_kind(kind: str, defenses: Sequence[Defense]) -> tuple[str, list[Defense]]:

@@ -78,6 +78,7 @@ from privaudit.data.splits import kfold_ratings
 from privaudit.defenses.base import ClientData, Defense
 from privaudit.errors import PrivauditError
 from privaudit.models import pmf
+from privaudit.params import Param
 from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
 
@@ -123,77 +124,35 @@ class FedRec(Protocol):
     description = "FedRec (fedrec.txt): federated PMF batch/stochastic and SVD++ with UA/HF virtual ratings"
     default_attack = "fedrec-rated-items"
     derived_keys = DERIVED_KEYS
-    default_config: dict[str, Any] = {
-        "model": "pmf-batch",
-        "federated": True,
-        "d": 20,
-        "T": 100,
-        "lr": None,
-        "lam": None,
-        "decay": 0.9,
-        "init_scale": None,
-        "n_folds": 5,
-        "fold": 0,
-        "chunk_users": None,
-        "resample": True,
-        "record_rounds": [0, -1],
-        "clip": True,
-        "max_step": 1.0,
-    }
-    config_help = {
-        "model": "pmf-batch (Algorithms 1-2), pmf-sgd or svdpp-sgd (Algorithms 4-5)",
-        "federated": "false: the unfederated (centralized) model with the same math",
-        "d": "number of latent dimensions",
-        "T": "iterations",
-        "lr": "initial learning rate gamma (default 0.8 batch, 0.01 stochastic)",
-        "lam": "regularization lambda (default: the value tuned on ML-100K fold 1 per model)",
-        "decay": "learning-rate factor after every iteration",
-        "init_scale": "initial factors uniform on (-init_scale/2, init_scale/2) (default 0.001 batch, 0.01 stochastic)",
-        "n_folds": "folds of the ratings split (the test fold is the held-out part)",
-        "fold": "which fold is the test set (0-based)",
-        "chunk_users": "stochastic: clients run in lock-step against one V snapshot (1 = Algorithm 4 exactly; default 64 PMF, 4 SVD++)",
-        "resample": "draw the virtual items I'_u anew every iteration (Algorithm 2 line 1)",
-        "record_rounds": "iterations whose server state and uploads are recorded (negative: from the end)",
-        "clip": "clip test predictions to the rating range",
-        "max_step": "batch style: clip every factor row's step to this norm (divergence guard on small data; 0 = off)",
-    }
-
-    @classmethod
-    def resolve_config(cls, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        overrides = dict(overrides or {})
-        if isinstance(overrides.get("record_rounds"), (int, np.integer)):
-            overrides["record_rounds"] = [int(overrides["record_rounds"])]
-        return super().resolve_config(overrides)
+    parameters = (
+        Param("model", "pmf-batch", "pmf-batch (Algorithms 1-2), pmf-sgd or svdpp-sgd (Algorithms 4-5)", choices=MODELS),
+        Param("federated", True, "false: the unfederated (centralized) model with the same math"),
+        Param("d", 20, "number of latent dimensions", ge=1),
+        Param("T", 100, "iterations", ge=1),
+        Param("lr", None, "initial learning rate gamma (default 0.8 batch, 0.01 stochastic)", type=float, gt=0),
+        Param("lam", None, "regularization lambda (default: the value tuned on ML-100K fold 1 per model)",
+              type=float, ge=0),
+        Param("decay", 0.9, "learning-rate factor after every iteration", gt=0, le=1),
+        Param("init_scale", None,
+              "initial factors uniform on (-init_scale/2, init_scale/2) (default 0.001 batch, 0.01 stochastic)",
+              type=float, gt=0),
+        Param("n_folds", 5, "folds of the ratings split (the test fold is the held-out part)", ge=2),
+        Param("fold", 0, "which fold is the test set (0-based, below n_folds)", ge=0),
+        Param("chunk_users", None,
+              "stochastic: clients run in lock-step against one V snapshot (1 = Algorithm 4 exactly; "
+              "default 64 PMF, 4 SVD++)", type=int, ge=1),
+        Param("resample", True, "draw the virtual items I'_u anew every iteration (Algorithm 2 line 1)"),
+        Param("record_rounds", [0, -1], "iterations whose server state and uploads are recorded (negative: from the end)"),
+        Param("clip", True, "clip test predictions to the rating range"),
+        Param("max_step", 1.0,
+              "batch style: clip every factor row's step to this norm (divergence guard on small data; 0 = off)",
+              ge=0, nullable=True),
+    )
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
-        fail = cls.config_fail
-
-        if config["model"] not in MODELS:
-            fail(f"model must be one of {', '.join(MODELS)}, got {config['model']!r}")
-        for key in ("d", "T", "n_folds", "chunk_users"):
-            if key == "chunk_users" and config[key] is None:
-                continue
-            if not isinstance(config[key], (int, np.integer)) or config[key] < 1:
-                fail(f"{key} must be a positive integer, got {config[key]!r}")
-        if config["n_folds"] < 2:
-            fail(f"n_folds must be >= 2, got {config['n_folds']!r}")
-        if not isinstance(config["fold"], (int, np.integer)) or not 0 <= config["fold"] < config["n_folds"]:
-            fail(f"fold must be in 0..{config['n_folds'] - 1}, got {config['fold']!r}")
-        for key in ("lr", "lam"):
-            v = config[key]
-            if v is not None and (not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0 or (key == "lr" and v == 0)):
-                fail(f"{key} must be a {'positive' if key == 'lr' else 'non-negative'} number, got {v!r}")
-        if not 0 < config["decay"] <= 1:
-            fail(f"decay must be in (0, 1], got {config['decay']!r}")
-        ms = config["max_step"]
-        if ms is not None and (not isinstance(ms, (int, float)) or not ms >= 0):
-            fail(f"max_step must be a non-negative number (0 = off), got {ms!r}")
-        if config["init_scale"] is not None and not config["init_scale"] > 0:
-            fail(f"init_scale must be positive, got {config['init_scale']!r}")
-        rr = config["record_rounds"]
-        if not isinstance(rr, (list, tuple)) or not all(isinstance(x, (int, np.integer)) for x in rr):
-            fail(f"record_rounds must be a list of integers, got {rr!r}")
+        if not config["fold"] < config["n_folds"]:
+            cls.config_fail(f"fold must be in 0..{config['n_folds'] - 1}, got {config['fold']!r}")
 
     @staticmethod
     def recorded_rounds(config: Mapping[str, Any]) -> set[int]:

@@ -63,6 +63,7 @@ from privaudit.data import holdout_split, random_groups
 from privaudit.defenses.base import Defense
 from privaudit.metrics import mean_ci95
 from privaudit.models.cnmf import CNMF, block_columns, observed
+from privaudit.params import Param
 from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
 from privaudit.registry import register_protocol
 
@@ -106,66 +107,37 @@ class FedSPLIT(Protocol):
     default_attack = "fedsplit-inference"
     derived_keys = DERIVED_KEYS
     attacker = "server"
-    default_config = {
-        "group_min": 3,
-        "group_max": 30,
-        "test_fraction": 0.2,
-        "k": 5,
-        "K": 20,
-        "alpha": 0.08,
-        "beta": 0.08,
-        "gamma": 0.02,
-        "delta": 0.02,
-        "eta_W": 0.005,
-        "eta_H": 0.005,
-        "n_iter": 100,
-        "init_high": 0.1,
-        "server_max_iter": 1000,
-        "global_mean": "groups",
-        "centralized": True,
-        "k_central": 15,
-    }
-    config_help = {
-        "group_min": "smallest group size (users), fedsplit.txt §4.1: 3",
-        "group_max": "largest group size (users), fedsplit.txt §4.1: 30",
-        "test_fraction": "fraction of each user's ratings held out for the per-group RMSE",
-        "k": "local latent dimension; group g uses k^g = min(k, n^g - 1)",
-        "K": "components of the server's joint NMF (eq. 15-17)",
-        "alpha": "CNMF regularisation of W (eq. 9, scaled by rating counts as Surprise)",
-        "beta": "CNMF regularisation of H (eq. 9)",
-        "gamma": "CNMF regularisation of the user biases b_W (eq. 10)",
-        "delta": "CNMF regularisation of the item biases b_H (eq. 11)",
-        "eta_W": "learning rate of the user-bias step (eq. 10)",
-        "eta_H": "learning rate of the item-bias step (eq. 11)",
-        "n_iter": "CNMF iterations (local, centralized, and the adversary's fit)",
-        "init_high": "W and H start uniform in [0, init_high]",
-        "server_max_iter": "maximum iterations of the server's NMF",
-        "global_mean": "'groups': mu^Global = mean of the group means (eq. 14); 'ratings': mean of all ratings",
-        "centralized": "also fit the non-private CNMF on all training ratings (utility rmse_central)",
-        "k_central": "latent dimension of the non-private CNMF",
-    }
+    parameters = (
+        Param("group_min", 3, "smallest group size (users), FedSPLIT §4.1: 3", ge=1),
+        Param("group_max", 30, "largest group size (users), FedSPLIT §4.1: 30", ge=1),
+        Param("test_fraction", 0.2, "fraction of each user's ratings held out for the per-group RMSE", gt=0, lt=1),
+        Param("k", 5, "local latent dimension; group g uses k^g = min(k, n^g - 1)", ge=1),
+        Param("K", 20, "components of the server's joint NMF (eq. 15-17)", ge=1),
+        Param("alpha", 0.08, "CNMF regularisation of W (eq. 9, scaled by rating counts as Surprise)", ge=0),
+        Param("beta", 0.08, "CNMF regularisation of H (eq. 9)", ge=0),
+        Param("gamma", 0.02, "CNMF regularisation of the user biases b_W (eq. 10)", ge=0),
+        Param("delta", 0.02, "CNMF regularisation of the item biases b_H (eq. 11)", ge=0),
+        Param("eta_W", 0.005, "learning rate of the user-bias step (eq. 10); eta_W * (1 + gamma) < 1", gt=0),
+        Param("eta_H", 0.005, "learning rate of the item-bias step (eq. 11); eta_H * (1 + delta) < 1", gt=0),
+        Param("n_iter", 100, "CNMF iterations (local, centralized, and the adversary's fit)", ge=1),
+        Param("init_high", 0.1, "W and H start uniform in [0, init_high]", gt=0),
+        Param("server_max_iter", 1000, "maximum iterations of the server's NMF", ge=1),
+        Param("global_mean", "groups",
+              "'groups': mu^Global = mean of the group means (eq. 14); 'ratings': mean of all ratings",
+              choices=("groups", "ratings")),
+        Param("centralized", True, "also fit the non-private CNMF on all training ratings (utility rmse_central)"),
+        Param("k_central", 15, "latent dimension of the non-private CNMF", ge=1),
+    )
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
         fail = cls.config_fail
 
-        for key in ("group_min", "group_max", "k", "K", "n_iter", "server_max_iter", "k_central"):
-            if not isinstance(config[key], int) or isinstance(config[key], bool) or config[key] < 1:
-                fail(f"{key} must be a positive integer, got {config[key]!r}")
         if config["group_min"] > config["group_max"]:
             fail(f"group_min ({config['group_min']}) exceeds group_max ({config['group_max']})")
-        if not 0.0 < float(config["test_fraction"]) < 1.0:
-            fail(f"test_fraction must be in (0, 1), got {config['test_fraction']!r}")
-        for key in ("alpha", "beta", "gamma", "delta"):
-            if not np.isfinite(config[key]) or config[key] < 0:
-                fail(f"{key} must be a non-negative number, got {config[key]!r}")
         for key, reg in (("eta_W", "gamma"), ("eta_H", "delta")):
-            if not np.isfinite(config[key]) or not 0 < config[key] * (1 + config[reg]) < 1:
+            if not config[key] * (1 + config[reg]) < 1:
                 fail(f"{key} must be positive with {key} * (1 + {reg}) < 1, got {config[key]!r}")
-        if not np.isfinite(config["init_high"]) or config["init_high"] <= 0:
-            fail(f"init_high must be a positive number, got {config['init_high']!r}")
-        if config["global_mean"] not in ("groups", "ratings"):
-            fail(f"global_mean must be 'groups' or 'ratings', got {config['global_mean']!r}")
 
     def run(
         self,

@@ -74,8 +74,6 @@ class PrivMVMF(FedMVMF):
 
     description = "PrivMVMF (privmvmf.txt §5): FedMVMF SemiALS + paillier encryption + unrated-item sampling"
     default_attack = "mvmf-aggregate"
-    default_config = dict(FedMVMF.default_config)
-    config_help = dict(FedMVMF.config_help)
 
     def run(
         self,
