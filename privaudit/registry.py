@@ -166,6 +166,7 @@ def summary(kind: str, cls: Any) -> dict[str, Any]:
             "strength": getattr(cls, "strength", None),
             "default grid": ", ".join(map(str, grid)) if grid else None,
             "applies to": ", ".join(applies) if applies else "any protocol",
+            "capabilities": ", ".join(sorted(getattr(cls, "capabilities", ()) or ())) or None,
         }
     return {
         "kind": kind,

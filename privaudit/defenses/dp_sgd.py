@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.defenses.base import Defense
+from privaudit.defenses.base import LOCAL_TRAINING, Defense, LocalTraining
 from privaudit.errors import MissingDependencyError, PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_defense
@@ -58,10 +58,14 @@ class DPSGD(Defense):
     strength = "noise_multiplier"
     default_grid = (0.3, 0.5, 0.7, 1.0, 2.0)
     applies_to = ("fedncf",)
-    local_dp_sgd = True
+    capabilities = frozenset({LOCAL_TRAINING})
 
     def validate(self) -> None:
         self._clients: dict[str, Any] | None = None
+
+    def local_training(self) -> LocalTraining:
+        """Per-sample clipping to ``max_grad_norm`` and Gaussian noise ``noise_multiplier * max_grad_norm``."""
+        return LocalTraining(float(self.noise_multiplier), float(self.max_grad_norm))
 
     def account(self, n_positives: np.ndarray, participation: np.ndarray, batch_size: int, epochs: int, negatives: int) -> None:
         """Record every client's local data size and the rounds it took part in (called by FedNCF)."""

@@ -50,12 +50,12 @@ chance, because sampled items do not follow the user's tastes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import scipy.sparse as sp
 
-from privaudit.defenses.base import ClientData, Defense
+from privaudit.defenses.base import ClientData, Defense, VirtualRatings
 from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_defense
@@ -397,6 +397,17 @@ class SamplingDefense(Defense):
         if self.config["w"] is not None:
             return float(self.config["w"])
         return DEFAULT_W
+
+    def virtual_ratings(self) -> VirtualRatings:
+        """The clients' filling rule for the sampled items (FedRec's Algorithm 3 reads it)."""
+        c = self.config
+        return VirtualRatings(str(c["filling"]), c["t_predict"], c["t_local"])
+
+    def with_protocol_defaults(self, values: Mapping[str, Any]) -> "SamplingDefense":
+        """With filling=weight and no ``w`` of its own: a copy weighing sampled items by the protocol's ``w``."""
+        if self.config["filling"] == "weight" and self.config["w"] is None and values.get("w") is not None:
+            return type(self)(**{**self.config, "w": values["w"]})
+        return self
 
     def on_client_data(self, data: Any, rng: np.random.Generator) -> Any:
         """Add the virtual entries to a :class:`ClientData` (other data passes unchanged)."""

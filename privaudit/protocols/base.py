@@ -174,6 +174,31 @@ def public_defenses(defenses: Sequence[Defense]) -> list[dict[str, Any]]:
     return [{"name": d.name, **(d.public_config() if hasattr(d, "public_config") else dict(d.config))} for d in defenses]
 
 
+@dataclass(frozen=True)
+class RunSetup:
+    """What the shared opening of :meth:`Protocol.run` hands to :meth:`Protocol.simulate`.
+
+    Attributes
+    ----------
+    config : dict
+        Resolved and validated parameter values.
+    dataset : RatingsDataset
+    defenses : list of Defense
+        The defenses of the run, prepared and checked.
+    seed : int
+        The run's seed; protocols spawn their generator streams from it.
+    """
+
+    config: dict[str, Any]
+    dataset: Any
+    defenses: list[Defense]
+    seed: int
+
+    def streams(self, n: int) -> list[np.random.Generator]:
+        """``n`` independent generators spawned from the seed (always in the same order)."""
+        return [np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(n)]
+
+
 class Protocol:
     """Base class of protocols.
 
@@ -253,7 +278,52 @@ class Protocol:
         defenses: Sequence[Defense] = (),
         rng: np.random.Generator | int | None = None,
     ) -> RunResult:
+        """Simulate the protocol on ``dataset``; the transcript, the trained model and utility.
+
+        The shared opening, then the protocol's own steps: ``config`` resolved against the
+        declaration, the defenses prepared (:meth:`prepare_defenses`) and checked, the seed
+        fixed (:func:`resolve_seed`), then :meth:`simulate`, which opens the transcript with
+        the clients' private messages and the channel through :meth:`start`.
+
+        Parameters
+        ----------
+        dataset : RatingsDataset
+        config : mapping, optional
+            Parameter values (strings are coerced); derived keys are ignored.
+        defenses : sequence of Defense
+        rng : numpy Generator, int seed or None (fresh entropy)
+        """
+        cfg = self.resolve_config(config)
+        active = self.prepare_defenses(cfg, list(defenses))
+        self.check_defenses(self.name, active)
+        return self.simulate(RunSetup(cfg, dataset, active, resolve_seed(rng)))
+
+    def prepare_defenses(self, config: Mapping[str, Any], defenses: list[Defense]) -> list[Defense]:
+        """The defenses a run uses (default: as given; a protocol may add its own)."""
+        return defenses
+
+    def simulate(self, setup: "RunSetup") -> RunResult:
+        """The protocol's own steps (split, training, evaluation) for a prepared run."""
         raise NotImplementedError
+
+    def start(
+        self,
+        setup: "RunSetup",
+        parties: Sequence[str],
+        private: Mapping[str, Mapping[str, np.ndarray]] | Sequence[tuple[str, Mapping[str, np.ndarray], Mapping]],
+        channel_rng: np.random.Generator,
+        /,
+        **public: Any,
+    ) -> tuple[Transcript, Channel]:
+        """Open the run's transcript (:meth:`open_transcript` with the derived values ``public``),
+        record every client's ``private`` message (round 0, sender = receiver; a mapping
+        party -> payload, or ``(party, payload, meta)`` triples) and build the uplink."""
+        transcript = self.open_transcript(setup.config, setup.dataset, setup.defenses, setup.seed, parties, **public)
+        items = private.items() if isinstance(private, Mapping) else private
+        for entry in items:
+            party, payload, *meta = entry
+            transcript.add(0, party, party, "private", payload, *meta)
+        return transcript, Channel(setup.defenses, transcript, channel_rng)
 
     @staticmethod
     def check_defenses(protocol: str, defenses: Sequence[Defense]) -> None:

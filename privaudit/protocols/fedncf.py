@@ -79,12 +79,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from privaudit.data.splits import LOO_TIES
-from privaudit.defenses.base import Defense
+from privaudit.defenses.base import LOCAL_TRAINING, Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import hit_ratio_at_k, ndcg_at_k_loo
 from privaudit.models import ncf
 from privaudit.params import Param
-from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
+from privaudit.protocols.base import Protocol, RunResult, RunSetup
 from privaudit.registry import register_protocol
 
 DERIVED_KEYS = ("n_items", "n_users", "defenses", "seed")
@@ -242,12 +242,11 @@ class FedNCF(Protocol):
         """
         ncf.require_torch()
         with ncf.single_thread():
-            return self._run(dataset, config, defenses, rng)
+            return super().run(dataset, config, defenses, rng)
 
-    def _run(self, dataset: Any, config: Any, defenses: Sequence[Defense], rng: Any) -> RunResult:
-        cfg = self.resolve_config(config)
-        self.check_defenses(self.name, defenses)
-        seed = resolve_seed(rng)
+    def simulate(self, setup: RunSetup) -> RunResult:
+        """The run's steps under :meth:`run` (torch present, one thread)."""
+        cfg, dataset, defenses, seed = setup.config, setup.dataset, setup.defenses, setup.seed
         sched_rng, init_rng, train_rng, channel_rng, eval_rng, split_rng = rng_streams(seed).values()
         arch, D, layers = cfg["model"], cfg["D"], list(cfg["layers"])
         Dt = ncf.item_dim(arch, D)
@@ -260,22 +259,22 @@ class FedNCF(Protocol):
             raise PrivauditError("protocol 'fedncf': no user has a training interaction after the leave-one-out split")
         eval_users, cand = eval_candidates(pos, test_item, m, cfg["eval_negatives"], eval_rng)
         cohorts, target = self.schedule(cfg, eligible, sched_rng)
-        dp_defenses = [d for d in defenses if getattr(d, "local_dp_sgd", False)]
+        dp_defenses = [d for d in defenses if LOCAL_TRAINING in d.capabilities]
         if len(dp_defenses) > 1:
-            raise PrivauditError("protocol 'fedncf': at most one dp-sgd defense")
+            raise PrivauditError("protocol 'fedncf': at most one local-training defense (dp-sgd)")
         dp = dp_defenses[0] if dp_defenses else None
 
         parties = ["server"] + [f"client:{u}" for u in range(n)]
-        transcript = self.open_transcript(cfg, dataset, defenses, seed, parties, n_items=m, n_users=n, target=target, seed=seed)
-        for u in range(n):
-            transcript.add(
-                0,
-                f"client:{u}",
-                f"client:{u}",
-                "private",
-                {"items": pos.indices[pos.indptr[u] : pos.indptr[u + 1]].astype(np.int64), "test_item": np.array([test_item[u]], dtype=np.int64)},
-            )
-        channel = Channel(defenses, transcript, channel_rng)
+        private = {
+            f"client:{u}": {
+                "items": pos.indices[pos.indptr[u] : pos.indptr[u + 1]].astype(np.int64),
+                "test_item": np.array([test_item[u]], dtype=np.int64),
+            }
+            for u in range(n)
+        }
+        transcript, channel = self.start(
+            setup, parties, private, channel_rng, n_items=m, n_users=n, target=target, seed=seed
+        )
 
         net = ncf.init_network(arch, D, layers, init_rng)
         items = ncf.init_embeddings(m, Dt, init_rng, cfg["init_std"])
@@ -400,15 +399,17 @@ class FedNCF(Protocol):
                     it[c, : len(local[c])] = adam[f"{mk}_item"][cohort[c], local[c]]
                 state[f"{mk}_item"] = it
         index, valid = ncf.make_batches(n_inst, cfg["local_epochs"], cfg["batch_size"], rng)
-        out = ncf.train_clients(
-            arch, D, layers, net, item_rows, users[cohort], inst_item, inst_label, n_inst, index, valid,
+        local_dp = dp.local_training() if dp is not None else None
+        settings = ncf.LocalTrainingSettings(
             lr=cfg["lr"],
-            dp=(dp.noise_multiplier, dp.max_grad_norm) if dp is not None else None,
-            noise_seed=int(rng.integers(2**63)),
-            n_rows=np.array([len(x) for x in local]),
-            adam_state=state,
             user_lr=float(cfg["user_lr"]) if cfg["user_lr"] > 0 else None,
+            dp=(local_dp.noise_multiplier, local_dp.clip) if local_dp is not None else None,
+            noise_seed=int(rng.integers(2**63)),
         )
+        data = ncf.CohortData(
+            item_rows, users[cohort], inst_item, inst_label, n_inst, index, valid, np.array([len(x) for x in local]), state
+        )
+        out = ncf.train_cohort(ncf.Architecture(arch, D, tuple(layers)), net, data, settings)
         users[cohort] = out["users"]
         if adam is not None:
             new = out["adam_state"]

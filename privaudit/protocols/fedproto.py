@@ -60,7 +60,7 @@ from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import map_at_k, mean_rank, rmse
 from privaudit.params import Param
-from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
+from privaudit.protocols.base import Protocol, RunResult, RunSetup
 from privaudit.registry import register_protocol
 
 __all__ = [
@@ -249,34 +249,38 @@ class FedProto(Protocol):
         perm = rng.permutation(dataset.n_users)
         return [np.sort(part) for part in np.array_split(perm, cfg["n_silos"]) if part.size]
 
-    def run(
-        self,
-        dataset: Any,
-        config: Mapping[str, Any] | None = None,
-        defenses: Sequence[Defense] = (),
-        rng: np.random.Generator | int | None = None,
-    ) -> RunResult:
+    def prepare_defenses(self, config: Mapping[str, Any], defenses: list[Defense]) -> list[Defense]:
+        """The defenses with ``dp-prototypes`` added for ``prototypes=dp`` (:meth:`resolve_kind`)."""
+        return self.resolve_kind(config["prototypes"], defenses)[1]
+
+    def simulate(self, setup: RunSetup) -> RunResult:
         """Run Algorithm 1; ``model``: dict with ``V`` (m x ell), ``U`` (n x ell), ``silos``
         (list of user-index arrays), ``prototypes`` (the server's stacked P), ``kind``."""
-        cfg = self.resolve_config(config)
-        self.check_defenses(self.name, defenses)
-        kind, defenses = self.resolve_kind(cfg["prototypes"], defenses)
-        seed = resolve_seed(rng)
-        split_rng, silo_rng, proto_rng, channel_rng, server_rng = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)
-        )
+        cfg, dataset, defenses = setup.config, setup.dataset, setup.defenses
+        kind, _ = self.resolve_kind(cfg["prototypes"], defenses)
+        split_rng, silo_rng, proto_rng, channel_rng, server_rng = setup.streams(5)
         n, m = dataset.ratings.shape
         Lambda = float(cfg["Lambda"] or dataset.rating_max)
         train, test = split_test_users(dataset.ratings, cfg["test_users"], cfg["test_per_user"], split_rng)
         silos = self.silos(dataset, cfg, silo_rng)
         H = len(silos)
         senders = [f"client:{h}" for h in range(H)]
-        transcript = self.open_transcript(
-            cfg,
-            dataset,
-            defenses,
-            seed,
+        private = []
+        for h, users in enumerate(silos):
+            sub = train[users].tocoo()
+            payload = {
+                "user_ids": users.copy(),
+                "users": sub.row.astype(np.int64),
+                "items": sub.col.astype(np.int64),
+                "ratings": sub.data.astype(np.float64),
+                "n_users": np.asarray(users.size, dtype=np.int64),
+            }
+            private.append((senders[h], payload, {"n_users": int(users.size), "n_ratings": int(sub.nnz)}))
+        transcript, channel = self.start(
+            setup,
             ["server", *senders],
+            private,
+            channel_rng,
             prototypes=kind,
             n_items=int(m),
             n_silos_found=int(H),
@@ -285,25 +289,8 @@ class FedProto(Protocol):
             rating_min=float(dataset.rating_min),
             rating_max=float(dataset.rating_max),
         )
-        channel = Channel(defenses, transcript, channel_rng)
 
         Xd = train.toarray()
-        for h, users in enumerate(silos):
-            sub = train[users].tocoo()
-            transcript.add(
-                0,
-                senders[h],
-                senders[h],
-                "private",
-                {
-                    "user_ids": users.copy(),
-                    "users": sub.row.astype(np.int64),
-                    "items": sub.col.astype(np.int64),
-                    "ratings": sub.data.astype(np.float64),
-                    "n_users": np.asarray(users.size, dtype=np.int64),
-                },
-                {"n_users": int(users.size), "n_ratings": int(sub.nnz)},
-            )
 
         # round 0: prototypes (Algorithm 1 lines 1-4)
         seeds = proto_rng.integers(2**31, size=H)

@@ -75,11 +75,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from privaudit.data.splits import kfold_ratings
-from privaudit.defenses.base import ClientData, Defense
+from privaudit.defenses.base import CLIENT_DATA, ClientData, Defense
 from privaudit.errors import PrivauditError
 from privaudit.models import pmf
 from privaudit.params import Param
-from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
+from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup
 from privaudit.registry import register_protocol
 
 MODELS = ("pmf-batch", "pmf-sgd", "svdpp-sgd")
@@ -104,16 +104,15 @@ def hf_settings(defenses: Sequence[Defense]) -> tuple[str | None, int, int]:
     """(filling, t_predict, t_local) of the active sampling defense, if any (unset
     t_predict / t_local -> :data:`HF_DEFAULTS`).
 
-    The filling rule is part of the client's algorithm (Algorithm 3), so the protocol reads it
-    from the (public, Kerckhoffs) defense configuration.
+    The filling rule is part of the client's algorithm (Algorithm 3): the protocol asks the
+    ``client-data`` defenses for it (:meth:`Defense.virtual_ratings`, public by Kerckhoffs).
     """
     for d in defenses:
-        cfg = getattr(d, "config", {}) or {}
-        if cfg.get("filling") in ("ua", "hf", "weight") and "rho" in cfg:
-            tp, tl = cfg.get("t_predict"), cfg.get("t_local")
-            tp = HF_DEFAULTS["t_predict"] if tp is None else int(tp)
-            tl = HF_DEFAULTS["t_local"] if tl is None else int(tl)
-            return str(cfg["filling"]), tp, tl
+        rule = d.virtual_ratings() if CLIENT_DATA in d.capabilities else None
+        if rule is not None:
+            tp = HF_DEFAULTS["t_predict"] if rule.t_predict is None else int(rule.t_predict)
+            tl = HF_DEFAULTS["t_local"] if rule.t_local is None else int(rule.t_local)
+            return str(rule.filling), tp, tl
     return None, 0, 0
 
 
@@ -160,25 +159,15 @@ class FedRec(Protocol):
         return {int(r) % T if r < 0 else int(r) for r in config["record_rounds"] if -T <= r < T}
 
     # ------------------------------------------------------------------ run
-    def run(
-        self,
-        dataset: Any,
-        config: Mapping[str, Any] | None = None,
-        defenses: Sequence[Defense] = (),
-        rng: np.random.Generator | int | None = None,
-    ) -> RunResult:
+    def simulate(self, setup: RunSetup) -> RunResult:
         """Train one model on one fold; returns transcript, model and utility.
 
         ``model``: dict with ``U`` (n x d), ``V`` (m x d), ``W`` (SVD++), ``train``/``test``
         (CSR n x m), ``test_rmse``/``test_mae`` per iteration (arrays of length T).
         ``utility``: ``rmse``, ``mae`` (test fold, real ratings), ``iteration_seconds``.
         """
-        cfg = self.resolve_config(config)
-        self.check_defenses(self.name, defenses)
-        seed = resolve_seed(rng)
-        split_rng, init_rng, order_rng, channel_rng = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
-        )
+        cfg, dataset, defenses = setup.config, setup.dataset, setup.defenses
+        split_rng, init_rng, order_rng, channel_rng = setup.streams(4)
         model_name = cfg["model"]
         batch = model_name == "pmf-batch"
         svd = model_name == "svdpp-sgd"
@@ -200,12 +189,18 @@ class FedRec(Protocol):
         rmin, rmax = float(dataset.rating_min), float(dataset.rating_max)
 
         senders = [f"client:{u}" for u in range(n)]
-        transcript = self.open_transcript(
-            cfg,
-            dataset,
-            defenses,
-            seed,
+        private = {
+            party: {
+                "items": R_train.indices[R_train.indptr[u] : R_train.indptr[u + 1]].astype(np.int64),
+                "ratings": R_train.data[R_train.indptr[u] : R_train.indptr[u + 1]].copy(),
+            }
+            for u, party in enumerate(senders)
+        }
+        transcript, channel = self.start(
+            setup,
             ["server", *senders],
+            private,
+            channel_rng,
             n_items=int(m),
             n_users=int(n),
             rating_min=rmin,
@@ -215,12 +210,6 @@ class FedRec(Protocol):
             lam_used=lam,
             chunk_used=chunk,
         )
-        channel = Channel(defenses, transcript, channel_rng)
-        for u, party in enumerate(senders):
-            lo, hi = R_train.indptr[u], R_train.indptr[u + 1]
-            transcript.add(
-                0, party, party, "private", {"items": R_train.indices[lo:hi].astype(np.int64), "ratings": R_train.data[lo:hi].copy()}
-            )
 
         scale = float(DEFAULT_INIT[model_name] if cfg["init_scale"] is None else cfg["init_scale"])
         U = pmf.init_factors(init_rng, (n, d), scale)
