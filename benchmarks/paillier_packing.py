@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -27,8 +26,9 @@ from privaudit.defenses._paillier_packing import make_layout
 from privaudit.protocols.base import Channel
 from privaudit.registry import get
 from privaudit.transcript import Transcript
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
+ML100K = ml100k_dir()
 
 
 def epoch_uploads(ds, rho: float, K: int, seed: int):

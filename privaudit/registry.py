@@ -73,7 +73,7 @@ def _load_builtins() -> None:
     if _LOADED["builtins"]:
         return
     _LOADED["builtins"] = True
-    for kind, package_name in _PACKAGES.items():
+    for package_name in _PACKAGES.values():
         package = importlib.import_module(package_name)
         for info in pkgutil.iter_modules(package.__path__):
             if info.name == "base" or info.name.startswith("_"):

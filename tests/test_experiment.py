@@ -9,7 +9,7 @@ import pytest
 
 from privaudit import experiment as ex
 from privaudit.errors import PrivauditError
-from tests.dummies import dummy_registry, tiny_dataset  # noqa: F401 - fixture
+from tests.dummies import tiny_dataset
 
 pytestmark = pytest.mark.usefixtures("dummy_registry")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ from privaudit.protocols.fedmvmf import FedMVMF
 from privaudit.registry import get
 from privaudit.transcript import load
 
-ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
 SCENARIOS = [(u, c) for u in ("semials", "sgd") for c in ("obsonly", "inclunc")]
 
 
@@ -253,13 +251,11 @@ def test_derived_keys_are_ignored_on_resolve(runs):
 
 
 @pytest.mark.slow
-def test_ml100k_utility_three_scenarios():
+def test_ml100k_utility_three_scenarios(ml100k_path):
     """ML-100K, all 943 users, default config: utility for existing users, cold users, cold items."""
-    if not (ML100K / "u.data").exists():
-        pytest.skip(f"MovieLens 100K not found at {ML100K}")
     from privaudit.data import load_dataset
 
-    ds = load_dataset(ML100K)
+    ds = load_dataset(ml100k_path)
     res = FedMVMF().run(ds, {"record_rounds": 0}, rng=0)
     util = res.utility
     print({k: round(v, 4) for k, v in util.items()})

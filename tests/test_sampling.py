@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,9 +11,6 @@ from privaudit.defenses.base import ClientData
 from privaudit.defenses.sampling import DEFAULT_W, SamplingDefense, item_set_guess, sample_unrated
 from privaudit.errors import PrivauditError
 from privaudit.registry import get
-
-ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
-
 
 def _ratings(n=40, m=60, seed=0):
     rng = np.random.default_rng(seed)
@@ -110,9 +106,8 @@ def test_item_set_guess_uniform_is_chance():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not ML100K.exists(), reason=f"MovieLens 100K not found at {ML100K}")
 @pytest.mark.parametrize("rho", [1, 2, 3])
-def test_ml100k_rated_guess_at_chance(rho):
+def test_ml100k_rated_guess_at_chance(rho, ml100k_path):
     """The server seeing I_u ∪ S_u picks a rated item with probability ~1/(1+rho) (privmvmf.txt §5).
 
     All 943 users. Uniform sampling (the paper's): only an observer without an item prior is at
@@ -126,7 +121,7 @@ def test_ml100k_rated_guess_at_chance(rho):
     """
     from privaudit.data import load_dataset
 
-    R = load_dataset(ML100K).ratings
+    R = load_dataset(ml100k_path).ratings
     chance = 1 / (1 + rho)
     nj = np.bincount(R.indices, minlength=R.shape[1])
     out = SamplingDefense(rho=rho).on_client_data(ClientData.from_ratings(R), np.random.default_rng(0))

@@ -87,7 +87,6 @@ import numpy as np
 
 from privaudit.attacks import _mvmf
 from privaudit.attacks.base import Reconstruction
-from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.transcript import View

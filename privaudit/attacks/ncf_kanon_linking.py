@@ -28,7 +28,6 @@ import numpy as np
 
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.attacks.ncf_update_leak import _f1, _prf, client_truth, guess_baseline
-from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.transcript import Transcript, View

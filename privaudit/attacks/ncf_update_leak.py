@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from privaudit.attacks.base import Attack, Reconstruction
-from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.transcript import Transcript, View

@@ -32,7 +32,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from privaudit.attacks.base import Attack, Reconstruction
-from privaudit.errors import PrivauditError
 from privaudit.metrics import auc
 from privaudit.params import Param
 from privaudit.registry import register_attack

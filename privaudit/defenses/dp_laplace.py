@@ -26,12 +26,10 @@ Noise is drawn from the channel's simulation generator in one vectorized draw pe
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
 from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
-from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_defense
 

@@ -25,13 +25,11 @@ cluster sizes: clusters release noisy sums, normalised by the silo's noisy size 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
 
 from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
-from privaudit.errors import PrivauditError
 from privaudit.models.private_kmeans import private_prototypes
 from privaudit.params import Param
 from privaudit.registry import register_defense

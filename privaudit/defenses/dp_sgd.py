@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from privaudit.defenses.base import LOCAL_TRAINING, Defense, LocalTraining
-from privaudit.errors import MissingDependencyError, PrivauditError
+from privaudit.errors import MissingDependencyError
 from privaudit.params import Param
 from privaudit.registry import register_defense
 

@@ -20,7 +20,6 @@ import dataclasses
 import numpy as np
 
 from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
-from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_defense
 

@@ -56,7 +56,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from privaudit.defenses.base import ClientData, Defense, VirtualRatings
-from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_defense
 

@@ -57,13 +57,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 import scipy.sparse as sp
 
 from privaudit.data.splits import cold_start_items, cold_start_users, holdout_split
-from privaudit.defenses.base import ClientData, Defense
+from privaudit.defenses.base import ClientData
 from privaudit.metrics import ranking_metrics_at_k
 from privaudit.models import mvmf
 from privaudit.params import Param

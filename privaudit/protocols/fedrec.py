@@ -79,7 +79,7 @@ from privaudit.defenses.base import CLIENT_DATA, ClientData, Defense
 from privaudit.errors import PrivauditError
 from privaudit.models import pmf
 from privaudit.params import Param
-from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup
+from privaudit.protocols.base import Protocol, RunResult, RunSetup
 from privaudit.registry import register_protocol
 
 MODELS = ("pmf-batch", "pmf-sgd", "svdpp-sgd")
