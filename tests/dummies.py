@@ -18,8 +18,7 @@ from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.data.dataset import RatingsDataset
 from privaudit.defenses.base import Defense, UploadBatch
 from privaudit.params import Param
-from privaudit.protocols.base import Channel, Protocol, RunResult
-from privaudit.transcript import Transcript
+from privaudit.protocols.base import Protocol, RunResult
 
 
 def tiny_dataset(n_users: int = 30, n_items: int = 12, seed: int = 0) -> RatingsDataset:
@@ -52,21 +51,17 @@ class DummyProtocol(Protocol):
     )
     default_attack = "dummy-attack"
 
-    def run(self, dataset, config=None, defenses=(), rng=None):
-        config = self.resolve_config(config)
-        rng = np.random.default_rng(rng)
-        n = dataset.n_users
+    def simulate(self, setup):
+        config, n = setup.config, setup.dataset.n_users
+        rng = np.random.default_rng(setup.seed)
         bits = rng.integers(0, 2, size=(n, config["p"])).astype(np.float64)
-        parties = ["server"] + [f"client:{u}" for u in range(n)]
-        public = dict(config, defenses=[{"name": d.name, **d.config} for d in defenses])
-        t = Transcript("dummy-proto", public, None, dataset.summary(), parties)
-        for u in range(n):
-            t.add(0, f"client:{u}", f"client:{u}", "private", {"bits": bits[u]})
-        channel = Channel(defenses, t, rng)
+        senders = [f"client:{u}" for u in range(n)]
+        private = {party: {"bits": bits[u]} for u, party in enumerate(senders)}
+        t, channel = self.start(setup, ["server", *senders], private, rng)
         err = 0.0
         for r in range(config["rounds"]):
             payloads = [{"values": config["signal"] * (2 * bits[u] - 1)} for u in range(n)]
-            batch = channel.send(r, "upload", [f"client:{u}" for u in range(n)], payloads)
+            batch = channel.send(r, "upload", senders, payloads)
             got = np.array([p["values"] for p in batch.payloads])
             err += float(np.mean(np.abs(got - config["signal"] * (2 * bits - 1))))
         utility = {"ndcg@10": 1.0 / (1.0 + err / config["rounds"]), "rmse": err / config["rounds"]}
