@@ -1,10 +1,11 @@
 """Fingerprint of the toolkit's behaviour: numbers that a refactoring must leave unchanged.
 
 For one default-seed run of every protocol on the synthetic data (privmvmf with a 512-bit key
-and 8 users; also fedncf with DP-SGD and persistent client optimizers, fedrec with HF filling) it prints the utility dict and a SHA-256 of the transcript (every message's
-round, parties, kind and payload arrays; ciphertexts and keys, whose randomness comes from the OS by
-design, and timing are left out); with ``--main-job`` also the metrics of every point of the
-README's main job (``privaudit attack --protocol fedmvmf --noise laplace``, one job).
+and 8 users; also fedncf with DP-SGD and persistent client optimizers, fedrec with HF filling,
+fedproto with DP prototypes) it prints the utility dict and a SHA-256 of the transcript (every
+message's round, parties, kind and payload arrays; ciphertexts and keys, whose randomness comes
+from the OS by design, and timing are left out); with ``--main-job`` also the metrics of every
+point of the README's main job (``privaudit attack --protocol fedmvmf --noise laplace``, one job).
 
 Usage::
 
@@ -34,6 +35,7 @@ RUNS = {  # label: (protocol, defenses, --set values, users)
     "fedrec": ("fedrec", [], [], None),
     "fedrec+sampling-hf": ("fedrec", ["sampling:filling=hf"], ["T=12"], None),
     "fedproto": ("fedproto", [], [], None),
+    "fedproto+dp-prototypes": ("fedproto", ["dp-prototypes:epsilon=1"], [], None),
 }
 _VOLATILE = ("seconds", "time", "bytes_per_second")
 _KEY_KINDS = ("public_key", "secret_key")  # cryptographic keys: OS randomness

@@ -321,8 +321,7 @@ class FedProto(Protocol):
         scores = U @ received.T
         utility = recommendation_metrics(scores, train, test, cfg["map_k"])
         utility.update(n_silos=float(H), prototypes_per_silo=float(P.shape[0]) / max(H, 1))
-        for d in defenses:
-            if d.name == "dp-prototypes":
-                utility["epsilon"] = float(d.config["epsilon"])
+        if batch.meta.get("dp"):  # the DP mechanism that made the prototypes states its budget
+            utility["epsilon"] = float(batch.meta["epsilon"])
         model = {"V": V, "U": U, "silos": silos, "prototypes": P, "kind": kind, "train": train, "test": test}
         return RunResult(transcript, model, utility)
