@@ -158,7 +158,8 @@ class Param:
             kind = self.item if self._kind is list else self._kind
             text = _TYPE_WORDS.get(kind, "any value")
             if self._kind is list:
-                text = f"a comma-separated list of {'integers' if kind is int else 'numbers' if kind is float else 'values'}"
+                items = {int: "integers", float: "numbers"}.get(kind, "values")
+                text = f"a comma-separated list of {items}"
             lower = f"{'>' if self.gt is not None else '>='} {_fmt(self.gt if self.gt is not None else self.ge)}"
             upper = f"{'<' if self.lt is not None else '<='} {_fmt(self.lt if self.lt is not None else self.le)}"
             has_low = self.gt is not None or self.ge is not None

@@ -182,7 +182,8 @@ class Defense(Configurable):
             ) | (cls.capabilities & {LOCAL_TRAINING})
         unknown = set(cls.capabilities) - set(CAPABILITIES)
         if unknown:
-            raise TypeError(f"{cls.__name__}: unknown capabilities {sorted(unknown)} (known: {', '.join(CAPABILITIES)})")
+            known = ", ".join(CAPABILITIES)
+            raise TypeError(f"{cls.__name__}: unknown capabilities {sorted(unknown)} (known: {known})")
 
     def local_training(self) -> LocalTraining | None:
         """``local-training`` defenses: the clients' changed optimizer (default: none)."""

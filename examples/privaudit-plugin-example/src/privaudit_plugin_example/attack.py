@@ -26,7 +26,9 @@ class UploadedItems(Attack):
     primary_metric = "accuracy"
     parameters = (Param("round", 0, "the recorded round whose uploads are read", ge=0),)
     metric_specs = {
-        "accuracy": MetricSpec(True, True, "fraction", "share of (client, item) pairs whose rated/unrated status is guessed right"),
+        "accuracy": MetricSpec(
+            True, True, "fraction", "share of (client, item) pairs whose rated/unrated status is guessed right"
+        ),
         "victims": MetricSpec(True, False, "clients", "clients attacked"),
     }
 
