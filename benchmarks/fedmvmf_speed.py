@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from privaudit.data import load_dataset, synthetic
 from privaudit.defenses.noise import LaplaceNoise
 from privaudit.protocols.fedmvmf import FedMVMF
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
+ML100K = ml100k_dir()
 SCENARIOS = [(u, c) for u in ("semials", "sgd") for c in ("obsonly", "inclunc")]
 
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from privaudit.data import load_dataset
 from privaudit.protocols.fedmvmf import FedMVMF
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
+ML100K = ml100k_dir()
 SCENARIOS = [(u, c) for u in ("semials", "sgd") for c in ("obsonly", "inclunc")]
 GROUPS = [("existing users/items", ""), ("cold-start users", "cold_user_"), ("cold-start items", "cold_item_")]
 METRICS = ("ndcg", "precision", "recall", "f1")

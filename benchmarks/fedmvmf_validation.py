@@ -21,14 +21,14 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from privaudit.data import holdout_split, load_dataset
 from privaudit.protocols.fedmvmf import FedMVMF
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
+ML100K = ml100k_dir()
 SCENARIOS = [(u, c) for u in ("semials", "sgd") for c in ("obsonly", "inclunc")]
 GRID = {
     "K": [5, 10, 20],

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 
 from privaudit.models import ncf
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
+DATA = ml100k_dir()
 
 
 def client_sizes(rng: np.random.Generator) -> np.ndarray:

@@ -22,8 +22,9 @@ from privaudit.attacks.ncf_kanon_linking import NCFKAnonLinking
 from privaudit.data import load_dataset, synthetic
 from privaudit.defenses.secagg import SecAgg
 from privaudit.protocols.fedncf import FedNCF
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
+DATA = ml100k_dir()
 OUT = Path(__file__).resolve().parents[1] / "docs" / "fedncf_kanon_linking.png"
 
 

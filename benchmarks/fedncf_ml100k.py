@@ -29,8 +29,9 @@ import numpy as np
 from privaudit.data import load_dataset
 from privaudit.models import ncf
 from privaudit.protocols.fedncf import FedNCF, eval_candidates, implicit_split, ncf_utility, rng_streams
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
+DATA = ml100k_dir()
 #: fedncf.txt Table 5 (FedGMF HR@10 by aggregation) and Table 6 (HR@10, NDCG@10).
 PAPER_T5 = {"mf-fedavg": 0.59, "fedavg": 0.56, "simpleavg": 0.55}
 PAPER_T6 = {

@@ -43,7 +43,9 @@ from privaudit.protocols.fedproto import (
 from privaudit.transcript import Transcript
 
 ROOT = Path(__file__).resolve().parents[1]
-ML100K = ROOT.parent / "shared" / "data" / "ml-100k"
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
+
+ML100K = ml100k_dir()
 
 
 def silo_prototypes(kind, Xd, silos, k, rng, eps=None, s=50, Lambda=5.0, swap_iters=30, trials=0):

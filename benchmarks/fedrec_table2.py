@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-ML100K = ROOT.parent / "shared" / "data" / "ml-100k"
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
+
+ML100K = ml100k_dir()
 PAPER = {  # fedrec.txt Table 2, MovieLens 100K: (MAE, RMSE) unfederated / federated
     "pmf-batch": {"unfederated": (0.7418, 0.9424), "federated": (0.7418, 0.9424)},
     "pmf-sgd": {"unfederated": (0.7497, 0.9551), "federated": (0.7498, 0.9553)},

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
+DEFAULT_DATA = ml100k_dir()
 
 
 def main(argv=None) -> int:

@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
+DEFAULT_DATA = ml100k_dir()
 
 
 def surprise_comparison(dataset, seed: int = 0) -> dict:

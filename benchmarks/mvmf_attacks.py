@@ -42,8 +42,9 @@ import numpy as np
 from privaudit import registry
 from privaudit.attacks.base import Reconstruction
 from privaudit.data import load_dataset
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
+DEFAULT_DATA = ml100k_dir()
 SCENARIOS = ("semials-obsonly", "semials-inclunc", "sgd-obsonly", "sgd-inclunc")
 DEFAULT_SCALES = (0.0, 1e-4, 1e-3, 1e-2, 1e-1, 0.5, 1.0)
 

@@ -32,7 +32,6 @@ import argparse
 import secrets
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -50,8 +49,9 @@ from privaudit.defenses.paillier import MIN_KEY_LENGTH
 from privaudit.protocols.base import Channel
 from privaudit.registry import get
 from privaudit.transcript import Transcript
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
+ML100K = ml100k_dir()
 
 
 def epoch_uploads(ds, rho: float, K: int, seed: int):

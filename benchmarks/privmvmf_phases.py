@@ -32,7 +32,6 @@ import functools
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 
@@ -41,8 +40,9 @@ from privaudit.defenses.paillier import MIN_KEY_LENGTH
 from privaudit.models import mvmf
 from privaudit.protocols import base as protocol_base
 from privaudit.registry import get
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
+ML100K = ml100k_dir()
 LOCAL = ("normal_equations", "solve_users", "sgd_users", "entry_coefficients", "dense_coefficients", "grad_V_rows", "grad_P")
 SERVER = ("solve_Q", "grad_Q", "item_grad_V")
 #: process CPU time: insensitive to other jobs on a shared machine (encryption runs in process)

@@ -21,14 +21,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from privaudit.data import load_dataset, synthetic
 from privaudit.registry import get
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
+ML100K = ml100k_dir()
 KEYS = [f"{p}{m}@10" for p in ("", "cold_user_", "cold_item_") for m in ("ndcg", "precision", "recall", "f1")]
 
 

@@ -93,6 +93,53 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------ describe
+
+
+def _describe_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", help="a protocol, attack or defense (see privaudit list)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _format_description(entry: dict) -> list[str]:
+    lines = [f"{entry['kind']} {entry['name']}: {entry['description']}"]
+    lines += [f"  {key}: {value}" for key, value in entry["facts"].items()]
+    if not entry["parameters"]:
+        return lines + ["  parameters: none"]
+    name = entry["name"]
+    how = {
+        "protocol": "--set KEY=VALUE; sweep with --sweep protocol.KEY=V1,V2",
+        "attack": f"--attack {name}:KEY=VALUE; sweep with --sweep attack.KEY=V1,V2",
+        "defense": f"--defense {name}:KEY=VALUE; sweep with --sweep {name}.KEY=V1,V2",
+    }[entry["kind"]]
+    lines.append(f"parameters (set with {how}):")
+    for row in entry["parameters"]:
+        private = "" if row["public"] else "  [not public]"
+        lines.append(f"  {row['name']} : {row['type']} = {row['default']!r}  ({row['accepted']}){private}")
+        if row["help"]:
+            lines.append(f"      {row['help']}")
+    return lines
+
+
+@command("describe", "show a protocol's, attack's or defense's parameters: defaults, types, accepted values, help")(
+    _describe_args
+)
+def cmd_describe(args: argparse.Namespace) -> int:
+    from privaudit import registry
+
+    found = registry.find(args.name)
+    if not found:
+        close = registry.close_matches(args.name)
+        hint = f"; did you mean {', '.join(close)}?" if close else " (see privaudit list)"
+        raise PrivauditError(f"no protocol, attack or defense named {args.name!r}{hint}")
+    entries = [registry.summary(kind, cls) for kind, cls in found]
+    if args.json:
+        print(json.dumps(entries, indent=2, default=str))
+    else:
+        print("\n\n".join("\n".join(_format_description(e)) for e in entries))
+    return 0
+
+
 # ------------------------------------------------------------------------------------- inspect
 
 
@@ -195,6 +242,7 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-<sweep>/)")
     p.add_argument("--quiet", action="store_true", help="do not print the table")
     _max_bytes_arg(p)
+    p.epilog = "Parameters of a protocol, attack or defense (defaults, accepted values): privaudit describe NAME"
 
 
 _SIMULATION_ONLY = ("noise", "scales", "defense", "sweep", "set", "users", "seeds", "scheduler")

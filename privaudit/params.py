@@ -1,23 +1,42 @@
-"""Typed parameters for protocols, attacks and defenses.
+"""Declared parameters of protocols, attacks and defenses.
 
-Every configurable object declares its parameters as a dict ``name -> default``. Values from
-the command line (``--set K=10``, ``--defense laplace:scale=0.1``) arrive as strings and are
-coerced to the type of the default; unknown names and unparsable values raise
-:class:`~privaudit.errors.PrivauditError` naming the parameter and the accepted ones.
+Every configurable class lists its parameters once, as :class:`Param` declarations::
+
+    parameters = (
+        Param("K", 20, "latent dimension", ge=1),
+        Param("update", "semials", "client update of u_u", choices=("semials", "sgd")),
+        Param("lr", None, "learning rate (default: per model)", type=float, gt=0),
+    )
+
+The declaration drives everything else: string values from the command line (``--set K=10``,
+``--sweep attack.rounds=1,2``, ``--defense laplace:scale=0.1``) are coerced to the declared
+type; types, bounds and choices are checked generically with a one-line
+:class:`~privaudit.errors.PrivauditError` naming the parameter, the value and what is accepted;
+the defaults give ``params`` / ``default_config``; the help lines give ``privaudit describe``.
+Only checks that involve several parameters are written by hand (``validate``,
+``validate_config``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
 
 from privaudit.errors import PrivauditError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+_NONE = {"none", "null", ""}
 
 
 def coerce(value: Any, default: Any, name: str, owner: str) -> Any:
-    """Convert ``value`` to the type of ``default`` (strings are parsed)."""
+    """Convert ``value`` to the type of ``default`` (strings are parsed).
+
+    The untyped fallback for parameters known only by a default value; declared parameters
+    use :meth:`Param.coerce`.
+    """
     if not isinstance(value, str):
         if isinstance(default, bool) and not isinstance(value, bool):
             raise PrivauditError(f"{owner}: {name} must be true or false, got {value!r}")
@@ -26,7 +45,7 @@ def coerce(value: Any, default: Any, name: str, owner: str) -> Any:
         return value
     text = value.strip()
     if default is None:
-        if text.lower() in ("none", "null", ""):
+        if text.lower() in _NONE:
             return None
         for parse in (int, float):
             try:
@@ -57,8 +76,274 @@ def coerce(value: Any, default: Any, name: str, owner: str) -> Any:
     return text
 
 
+_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One declared parameter.
+
+    Parameters
+    ----------
+    name : str
+    default : Any
+        The value used when none is given (``None`` makes the parameter optional: ``none``
+        on the command line).
+    help : str
+        One line shown by ``privaudit describe``.
+    type : type, optional
+        ``bool``, ``int``, ``float``, ``str`` or ``list``; inferred from ``default`` when omitted
+        (required when ``default`` is None, except for free-form values).
+    item : type, optional
+        Type of a list's items (inferred from the default's first item, else ``int``).
+    ge, gt, le, lt : float, optional
+        Bounds of a number (of every item of a list).
+    choices : tuple, optional
+        The accepted values.
+    also : tuple
+        Values accepted besides the bounds (e.g. ``-1`` meaning "all").
+    nullable : bool, optional
+        Whether ``None`` is accepted (default: when the default is None).
+    public : bool
+        Whether the value is part of the public config every party knows (recorded in the
+        transcript); False for a party's own secret settings.
+    """
+
+    name: str
+    default: Any
+    help: str = ""
+    type: Any = None
+    item: Any = None
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple | None = None
+    also: tuple = ()
+    nullable: bool | None = None
+    public: bool = True
+    _kind: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        kind = self.type
+        if kind is None and self.default is not None:
+            kind = next(t for t in (bool, int, float, str, list, tuple, object) if isinstance(self.default, t))
+            kind = list if kind is tuple else kind
+        object.__setattr__(self, "_kind", kind)
+        if self.nullable is None:
+            object.__setattr__(self, "nullable", self.default is None)
+        if kind is list and self.item is None:
+            items = list(self.default or [])
+            object.__setattr__(self, "item", type(items[0]) if items else int)
+        if self.choices is not None:
+            object.__setattr__(self, "choices", tuple(self.choices))
+
+    # ------------------------------------------------------------------ text
+    @property
+    def type_name(self) -> str:
+        """``int``, ``float``, ``bool``, ``str``, ``list[int]``, ``any``."""
+        if self._kind is list:
+            return f"list[{self.item.__name__}]"
+        return getattr(self._kind, "__name__", "any") if self._kind not in (None, object) else "any"
+
+    def accepted(self) -> str:
+        """What the parameter accepts, in words (``an integer >= 1``, ``one of a, b``)."""
+        if self.choices is not None:
+            text = "one of " + ", ".join(_fmt(c) for c in self.choices)
+        else:
+            kind = self.item if self._kind is list else self._kind
+            text = _TYPE_WORDS.get(kind, "any value")
+            if self._kind is list:
+                items = {int: "integers", float: "numbers"}.get(kind, "values")
+                text = f"a comma-separated list of {items}"
+            lower = f"{'>' if self.gt is not None else '>='} {_fmt(self.gt if self.gt is not None else self.ge)}"
+            upper = f"{'<' if self.lt is not None else '<='} {_fmt(self.lt if self.lt is not None else self.le)}"
+            has_low = self.gt is not None or self.ge is not None
+            has_high = self.lt is not None or self.le is not None
+            if has_low and has_high:
+                left = "(" if self.gt is not None else "["
+                right = ")" if self.lt is not None else "]"
+                lo = self.gt if self.gt is not None else self.ge
+                hi = self.lt if self.lt is not None else self.le
+                text += f" in {left}{_fmt(lo)}, {_fmt(hi)}{right}"
+            elif has_low:
+                text += f" {lower}"
+            elif has_high:
+                text += f" {upper}"
+        if self.also:
+            text = " or ".join(_fmt(a) for a in self.also) + " or " + text
+        if self.nullable:
+            text += " or none"
+        return text
+
+    # ------------------------------------------------------------------ values
+    def _fail(self, value: Any, owner: str) -> None:
+        raise PrivauditError(f"{owner}: {self.name} must be {self.accepted()}, got {value!r}")
+
+    def _parse_text(self, text: str, kind: Any, owner: str, shown: Any) -> Any:
+        if kind is bool:
+            if text.lower() in _TRUE:
+                return True
+            if text.lower() in _FALSE:
+                return False
+        elif kind is int:
+            try:
+                return int(text)
+            except ValueError:
+                pass
+        elif kind is float:
+            try:
+                return float(text)
+            except ValueError:
+                pass
+        elif kind is str:
+            return text
+        else:
+            return coerce(text, None, self.name, owner)
+        self._fail(shown, owner)
+
+    def _typed(self, value: Any, kind: Any, owner: str, shown: Any) -> Any:
+        if isinstance(value, str) and kind is not str:
+            return self._parse_text(value.strip(), kind, owner, shown)
+        if kind is bool:
+            if isinstance(value, bool) or type(value).__name__ == "bool_":
+                return bool(value)
+        elif kind is int:
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                return int(value)
+        elif kind is float:
+            if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value)):
+                return float(value)
+        elif kind is str:
+            if isinstance(value, str):
+                return value
+        else:
+            return value
+        self._fail(shown, owner)
+
+    def _in_range(self, v: Any) -> bool:
+        if v in self.also:
+            return True
+        if self.choices is not None:
+            return v in self.choices
+        if not isinstance(v, numbers.Real) or isinstance(v, bool):
+            return True
+        return not (
+            (self.ge is not None and not v >= self.ge)
+            or (self.gt is not None and not v > self.gt)
+            or (self.le is not None and not v <= self.le)
+            or (self.lt is not None and not v < self.lt)
+        )
+
+    def coerce(self, value: Any, owner: str = "") -> Any:
+        """``value`` converted to the declared type and checked against the bounds/choices.
+
+        Strings are parsed (``"none"`` gives None for optional parameters, lists are
+        comma-separated; a single value is a one-item list). Raises :class:`PrivauditError` (one line) otherwise.
+        """
+        if value is None or (isinstance(value, str) and value.strip().lower() in _NONE and self._kind is not str):
+            if self.nullable:
+                return None
+            self._fail(value, owner)
+        if self._kind is list:
+            if isinstance(value, str):
+                parts: Iterable[Any] = [t for t in value.split(",") if t.strip()]
+            elif isinstance(value, (list, tuple)):
+                parts = value
+            else:  # one value: a one-item list
+                parts = [value]
+            out = [self._typed(v, self.item, owner, value) for v in parts]
+            if not all(self._in_range(v) for v in out):
+                self._fail(value, owner)
+            return type(self.default)(out) if isinstance(self.default, (list, tuple)) else out
+        v = self._typed(value, self._kind, owner, value)
+        if not self._in_range(v):
+            self._fail(value, owner)
+        return v
+
+
+def declare(parameters: Iterable[Param]) -> dict[str, Param]:
+    """Name -> :class:`Param`, checking names are unique and every default is accepted."""
+    out: dict[str, Param] = {}
+    for p in parameters:
+        if p.name in out:
+            raise ValueError(f"parameter {p.name!r} is declared twice")
+        if p.default is not None or not p.nullable:
+            p.coerce(p.default, f"declaration of {p.name!r}")
+        out[p.name] = p
+    return out
+
+
+def from_defaults(defaults: Mapping[str, Any], helps: Mapping[str, str] | None = None) -> dict[str, Param]:
+    """Declarations inferred from a plain ``name -> default`` dict (classes written before :class:`Param`)."""
+    helps = helps or {}
+    return {k: Param(k, v, helps.get(k, ""), type=object if v is None else None) for k, v in defaults.items()}
+
+
+def resolve_declared(declared: Mapping[str, Param], overrides: Mapping[str, Any] | None, owner: str) -> dict[str, Any]:
+    """Every declared parameter's value: defaults updated with ``overrides``, all coerced and checked."""
+    overrides = dict(overrides or {})
+    unknown = [k for k in overrides if k not in declared]
+    if unknown:
+        known = ", ".join(declared) or "none"
+        raise PrivauditError(f"{owner}: unknown parameter {unknown[0]!r} (known: {known})")
+    out = {}
+    for name, p in declared.items():
+        if name in overrides:
+            out[name] = p.coerce(overrides[name], owner)
+        else:
+            out[name] = p.default if not isinstance(p.default, list) else list(p.default)
+    return out
+
+
+def public_values(declared: Mapping[str, Param], values: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``values`` declared public (undeclared keys are kept)."""
+    return {k: v for k, v in values.items() if k not in declared or declared[k].public}
+
+
+def describe_parameters(declared: Mapping[str, Param]) -> list[dict[str, Any]]:
+    """One JSON-able row per parameter: name, type, default, accepted, public, help."""
+    return [
+        {"name": p.name, "type": p.type_name, "default": p.default, "accepted": p.accepted(), "public": p.public,
+         "help": p.help}
+        for p in declared.values()
+    ]
+
+
+def declared_of(cls: Any) -> dict[str, Param]:
+    """The declared parameters of a protocol, attack or defense class."""
+    declared = getattr(cls, "declared", None)
+    if declared is None:  # a class outside the Configurable/Protocol hierarchy
+        defaults = getattr(cls, "params", None) or getattr(cls, "default_config", None) or {}
+        helps = getattr(cls, "param_help", None) or getattr(cls, "config_help", None) or {}
+        declared = from_defaults(defaults, helps)
+    return dict(declared)
+
+
+def declare_on(cls: Any, defaults_attr: str, help_attr: str) -> None:
+    """Set ``cls.declared`` from ``cls.parameters`` (or a legacy defaults dict) and derive the dicts.
+
+    Called from ``__init_subclass__``: ``defaults_attr`` (``params`` / ``default_config``) and
+    ``help_attr`` (``param_help`` / ``config_help``) become the defaults and help lines of the
+    declaration, so code reading them keeps working.
+    """
+    own = cls.__dict__
+    if "parameters" in own:
+        cls.declared = declare(own["parameters"])
+    elif defaults_attr in own:  # legacy: a plain name -> default dict
+        cls.declared = from_defaults(own[defaults_attr], own.get(help_attr) or getattr(cls, help_attr, {}))
+    elif "declared" not in own:
+        cls.declared = dict(getattr(cls, "declared", {}) or {})
+    setattr(cls, defaults_attr, {k: p.default for k, p in cls.declared.items()})
+    setattr(cls, help_attr, {k: p.help for k, p in cls.declared.items()})
+
+
 def resolve(defaults: Mapping[str, Any], overrides: Mapping[str, Any] | None, owner: str) -> dict[str, Any]:
-    """``defaults`` updated with coerced ``overrides``; unknown names are an error."""
+    """``defaults`` updated with coerced ``overrides``; unknown names are an error (untyped form)."""
     params = dict(defaults)
     for key, value in (overrides or {}).items():
         if key not in defaults:
@@ -85,21 +370,38 @@ def parse_spec(spec: str, what: str) -> tuple[str, dict[str, str]]:
 
 
 class Configurable:
-    """Base for objects with declared parameters (``params``: name -> default)."""
+    """Base of attacks and defenses: parameters declared in ``parameters`` (a tuple of :class:`Param`).
+
+    Subclasses get ``declared`` (name -> Param), ``params`` (name -> default) and
+    ``param_help`` (name -> help) derived from it. ``__init__`` resolves the given values
+    (coerced and checked against the declaration) into ``self.config`` and then calls
+    :meth:`validate` for checks that involve several parameters. Values are readable as
+    attributes (``self.scale``).
+    """
 
     name: str = ""
     description: str = ""
+    parameters: tuple[Param, ...] = ()
+    declared: dict[str, Param] = {}
     params: dict[str, Any] = {}
     param_help: dict[str, str] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declare_on(cls, "params", "param_help")
+
     def __init__(self, **overrides: Any):
-        self.config = resolve(self.params, overrides, f"{self.kind_label} {self.name!r}")
+        self.config = resolve_declared(self.declared, overrides, f"{self.kind_label} {self.name!r}")
         self.validate()
 
     kind_label = "object"
 
     def validate(self) -> None:
-        """Check parameter ranges; raise PrivauditError on a bad value."""
+        """Checks across several parameters; raise PrivauditError on a bad combination."""
+
+    def public_config(self) -> dict[str, Any]:
+        """The parameters every party knows (those declared ``public``)."""
+        return public_values(self.declared, self.config)
 
     def __getattr__(self, item: str) -> Any:
         config = self.__dict__.get("config")

@@ -73,7 +73,7 @@ def _load_builtins() -> None:
     if _LOADED["builtins"]:
         return
     _LOADED["builtins"] = True
-    for kind, package_name in _PACKAGES.items():
+    for package_name in _PACKAGES.values():
         package = importlib.import_module(package_name)
         for info in pkgutil.iter_modules(package.__path__):
             if info.name == "base" or info.name.startswith("_"):
@@ -97,12 +97,6 @@ def _load_plugins() -> None:
             _register(kind, ep.name)(cls)
 
 
-def reload_plugins() -> None:
-    """Forget discovered plugins and look the entry points up again (for tests)."""
-    _LOADED["plugins"] = False
-    _load_plugins()
-
-
 def available(kind: str) -> dict[str, type]:
     """All registered classes of ``kind`` ("protocol", "attack", "defense"), by name."""
     if kind not in _REGISTRY:
@@ -121,6 +115,21 @@ def get(kind: str, name: str) -> type:
     return classes[name]
 
 
+def find(name: str) -> list[tuple[str, type]]:
+    """Every ``(kind, class)`` registered as ``name`` (a name may be, e.g., both an attack and a defense)."""
+    return [(kind, available(kind)[name]) for kind in KINDS if name in available(kind)]
+
+
+def close_matches(name: str, n: int = 3) -> list[str]:
+    """Registered names (any kind) spelled like ``name``."""
+    import difflib
+
+    names = sorted({key for kind in KINDS for key in available(kind)})
+    lowered = {key.lower(): key for key in names}
+    hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.6)
+    return [lowered[h] for h in hits]
+
+
 def plugin_errors() -> list[str]:
     """Entry points that failed to load, as one-line descriptions."""
     _load_plugins()
@@ -132,4 +141,38 @@ def describe(cls: Any) -> str:
     text = getattr(cls, "description", None) or (cls.__doc__ or "")
     return text.strip().splitlines()[0] if text.strip() else ""
 
+
+def summary(kind: str, cls: Any) -> dict[str, Any]:
+    """What ``privaudit describe`` shows of a registered class: its description, the facts of
+    its kind (default attack; protocols read; strength and grid) and its declared parameters."""
+    from privaudit.params import declared_of, describe_parameters
+
+    facts: dict[str, Any] = {}
+    if kind == "protocol":
+        facts = {"default attack": getattr(cls, "default_attack", None), "attacker": getattr(cls, "attacker", None)}
+    elif kind == "attack":
+        sweep = getattr(cls, "default_sweep", None)
+        facts = {
+            "party": getattr(cls, "party", None),
+            "protocols": ", ".join(getattr(cls, "protocols", ()) or ()) or "any",
+            "requires": ", ".join(getattr(cls, "requires", ()) or ()) or "nothing",
+            "primary metric": getattr(cls, "primary_metric", None),
+            "default sweep": f"{sweep[0]} = {', '.join(map(str, sweep[1]))}" if sweep else None,
+        }
+    elif kind == "defense":
+        applies = getattr(cls, "applies_to", None)
+        grid = tuple(getattr(cls, "default_grid", ()) or ())
+        facts = {
+            "strength": getattr(cls, "strength", None),
+            "default grid": ", ".join(map(str, grid)) if grid else None,
+            "applies to": ", ".join(applies) if applies else "any protocol",
+            "capabilities": ", ".join(sorted(getattr(cls, "capabilities", ()) or ())) or None,
+        }
+    return {
+        "kind": kind,
+        "name": getattr(cls, "name", ""),
+        "description": describe(cls),
+        "facts": {k: v for k, v in facts.items() if v is not None},
+        "parameters": describe_parameters(declared_of(cls)),
+    }
 

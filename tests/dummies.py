@@ -17,9 +17,9 @@ from privaudit import registry
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.data.dataset import RatingsDataset
 from privaudit.defenses.base import Defense, UploadBatch
-from privaudit.protocols.base import Channel, Protocol, RunResult
+from privaudit.params import Param
+from privaudit.protocols.base import Protocol, RunResult
 from privaudit.schema import MessageSchema, PayloadField, ProtocolSchema
-from privaudit.transcript import Transcript
 
 
 def tiny_dataset(n_users: int = 30, n_items: int = 12, seed: int = 0) -> RatingsDataset:
@@ -45,7 +45,11 @@ class DummyProtocol(Protocol):
     """Clients upload their secret bits as +-signal."""
 
     description = "test protocol: clients upload +-signal per secret bit"
-    default_config = {"p": 4, "rounds": 2, "signal": 1.0}
+    parameters = (
+        Param("p", 4, "secret bits per client", ge=1),
+        Param("rounds", 2, "upload rounds", ge=1),
+        Param("signal", 1.0, "magnitude of an upload", ge=0),
+    )
     default_attack = "dummy-attack"
     schema = ProtocolSchema(
         config_keys=("p",),
@@ -56,28 +60,17 @@ class DummyProtocol(Protocol):
         ),
     )
 
-    @classmethod
-    def validate_config(cls, config):
-        from privaudit.errors import PrivauditError
-
-        if config["p"] < 1:
-            raise PrivauditError("protocol 'dummy-proto': p must be >= 1")
-
-    def run(self, dataset, config=None, defenses=(), rng=None):
-        config = self.resolve_config(config)
-        rng = np.random.default_rng(rng)
-        n = dataset.n_users
+    def simulate(self, setup):
+        config, n = setup.config, setup.dataset.n_users
+        rng = np.random.default_rng(setup.seed)
         bits = rng.integers(0, 2, size=(n, config["p"])).astype(np.float64)
-        parties = ["server"] + [f"client:{u}" for u in range(n)]
-        public = dict(config, defenses=[{"name": d.name, **d.config} for d in defenses])
-        t = Transcript("dummy-proto", public, None, dataset.summary(), parties)
-        for u in range(n):
-            t.add(0, f"client:{u}", f"client:{u}", "private", {"bits": bits[u]})
-        channel = Channel(defenses, t, rng)
+        senders = [f"client:{u}" for u in range(n)]
+        private = {party: {"bits": bits[u]} for u, party in enumerate(senders)}
+        t, channel = self.start(setup, ["server", *senders], private, rng)
         err = 0.0
         for r in range(config["rounds"]):
             payloads = [{"values": config["signal"] * (2 * bits[u] - 1)} for u in range(n)]
-            batch = channel.send(r, "upload", [f"client:{u}" for u in range(n)], payloads)
+            batch = channel.send(r, "upload", senders, payloads)
             got = np.array([p["values"] for p in batch.payloads])
             err += float(np.mean(np.abs(got - config["signal"] * (2 * bits - 1))))
         utility = {"ndcg@10": 1.0 / (1.0 + err / config["rounds"]), "rmse": err / config["rounds"]}
@@ -106,7 +99,7 @@ class DummyAttack(_BitsAttack):
     """Guess each bit from the sign of the first upload."""
 
     description = "test attack: sign of the upload"
-    params = {"threshold": 0.0, "jobs": 1}
+    parameters = (Param("threshold", 0.0, "guess 1 above this upload"), Param("jobs", 1, "unused"))
 
     def run(self, view, knowledge, rng):
         victims = {}
@@ -122,7 +115,7 @@ class DummyAuxAttack(_BitsAttack):
     """Knows a fraction of each victim's bits, guesses the rest at random."""
 
     description = "test attack: auxiliary knowledge"
-    params = {"aux_fraction": 0.5}
+    parameters = (Param("aux_fraction", 0.5, "fraction of the bits the attacker is told", ge=0, le=1),)
     default_sweep = ("aux_fraction", (0.0, 0.5, 1.0))
 
     def prior_knowledge(self, transcript, rng):
@@ -153,7 +146,7 @@ class DummyNoise(Defense):
     """Laplace noise on every uploaded float."""
 
     description = "test defense: Laplace noise"
-    params = {"scale": 0.0}
+    parameters = (Param("scale", 0.0, "Laplace noise scale", ge=0),)
     strength = "scale"
     default_grid = (0.0, 0.1, 1.0, 10.0)
 
@@ -173,7 +166,6 @@ class DummyEncrypt(Defense):
     """Marks uploads as encrypted (the attack then does not apply)."""
 
     description = "test defense: hides plaintext"
-    params = {}
 
     def on_upload(self, batch, channel):
         batch.meta["encrypted"] = True

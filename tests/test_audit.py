@@ -13,7 +13,7 @@ from privaudit import experiment as ex
 from privaudit import registry
 from privaudit.cli import main
 from privaudit.errors import PrivauditError
-from tests.dummies import dummy_registry, tiny_dataset, write_csv  # noqa: F401 - fixture
+from tests.dummies import tiny_dataset, write_csv
 
 DEFENSES = ["dummy-noise", "dp-laplace"]
 

@@ -18,7 +18,7 @@ import pytest
 from privaudit import audit as au
 from privaudit import experiment as ex
 from privaudit import reports
-from tests.dummies import dummy_registry, tiny_dataset  # noqa: F401 - fixture
+from tests.dummies import tiny_dataset
 
 FLAGS = [
     "--headless",

@@ -10,7 +10,7 @@ import pytest
 
 from privaudit import registry
 from privaudit.cli import main
-from tests.dummies import dummy_registry, write_csv  # noqa: F401 - fixture
+from tests.dummies import write_csv
 
 
 @pytest.fixture

@@ -11,9 +11,6 @@ import scipy.sparse as sp
 
 from privaudit.models.cnmf import CNMF, _bias_step, block_columns, fit_row_factors, observed
 
-ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
-
-
 def _lowrank(n=120, m=150, k=3, density=0.2, seed=0):
     """Non-negative rank-k ratings 1..5 on a random mask, split 80/20 over entries."""
     rng = np.random.default_rng(seed)
@@ -147,13 +144,11 @@ def test_matches_surprise_nmf_biased_on_synthetic():
 
 
 @pytest.mark.slow
-def test_matches_surprise_nmf_biased_on_ml100k():
+def test_matches_surprise_nmf_biased_on_ml100k(ml100k_path):
     """fedsplit.txt §3.2 adapts Surprise's NMF; on an ML-100K 80/20 split RMSEs agree within 0.02."""
-    if not (ML100K / "u.data").exists():
-        pytest.skip(f"MovieLens 100K not found at {ML100K}")
     from privaudit.data import load_dataset
 
-    X = load_dataset(ML100K).ratings.tocoo()
+    X = load_dataset(ml100k_path).ratings.tocoo()
     rng = np.random.default_rng(0)
     perm = rng.permutation(X.nnz)
     test, train = perm[: X.nnz // 5], perm[X.nnz // 5 :]

@@ -27,14 +27,9 @@ from privaudit.data import (
 )
 from privaudit.errors import DataError
 
-ML100K = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ml-100k"
-
-
 @pytest.fixture(scope="module")
-def ml100k() -> RatingsDataset:
-    if not (ML100K / "u.data").is_file():
-        pytest.skip(f"MovieLens 100K not found at {ML100K.resolve()} (not shipped: license)")
-    return load_dataset(ML100K)
+def ml100k(ml100k_path) -> RatingsDataset:
+    return load_dataset(ml100k_path)
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +37,11 @@ def syn() -> RatingsDataset:
     return synthetic()
 
 
-def _ml100k_copy(tmp_path: Path) -> Path:
-    if not (ML100K / "u.data").is_file():
-        pytest.skip(f"MovieLens 100K not found at {ML100K.resolve()} (not shipped: license)")
+def _ml100k_copy(tmp_path: Path, source: Path) -> Path:
     dst = tmp_path / "ml-100k"
     dst.mkdir()
     for name in ("u.data", "u.user", "u.item", "u.genre", "u.occupation"):
-        shutil.copy(ML100K / name, dst / name)
+        shutil.copy(source / name, dst / name)
     return dst
 
 
@@ -125,15 +118,15 @@ def test_ml100k_values_match_files(ml100k: RatingsDataset) -> None:
         "genre=Animation", "genre=Children's", "genre=Comedy"}
 
 
-def test_ml100k_short_line_names_file_and_line(tmp_path: Path) -> None:
-    folder = _ml100k_copy(tmp_path)
+def test_ml100k_short_line_names_file_and_line(tmp_path: Path, ml100k_path: Path) -> None:
+    folder = _ml100k_copy(tmp_path, ml100k_path)
     _replace_line(folder / "u.data", 17, "1\t2\t3")
     with pytest.raises(DataError, match=r"u\.data line 17: expected 4 tab-separated fields, got 3"):
         load_dataset(folder)
 
 
-def test_ml100k_non_numeric_rating_names_file_and_line(tmp_path: Path) -> None:
-    folder = _ml100k_copy(tmp_path)
+def test_ml100k_non_numeric_rating_names_file_and_line(tmp_path: Path, ml100k_path: Path) -> None:
+    folder = _ml100k_copy(tmp_path, ml100k_path)
     _replace_line(folder / "u.data", 5, "1\t2\tgood\t881250949")
     with pytest.raises(DataError) as err:
         load_dataset(folder)
@@ -154,15 +147,15 @@ def test_ml100k_non_numeric_rating_names_file_and_line(tmp_path: Path) -> None:
          r"u\.item line 8: genre flags must be 0 or 1"),
     ],
 )
-def test_ml100k_other_corruptions(tmp_path: Path, file: str, line: int, text: str, pattern: str) -> None:
-    folder = _ml100k_copy(tmp_path)
+def test_ml100k_other_corruptions(tmp_path: Path, file: str, line: int, text: str, pattern: str, ml100k_path: Path) -> None:
+    folder = _ml100k_copy(tmp_path, ml100k_path)
     _replace_line(folder / file, line, text)
     with pytest.raises(DataError, match=pattern):
         load_dataset(folder)
 
 
-def test_ml100k_missing_user_entry(tmp_path: Path) -> None:
-    folder = _ml100k_copy(tmp_path)
+def test_ml100k_missing_user_entry(tmp_path: Path, ml100k_path: Path) -> None:
+    folder = _ml100k_copy(tmp_path, ml100k_path)
     lines = (folder / "u.user").read_text(encoding="latin-1").splitlines()
     (folder / "u.user").write_text("\n".join(lines[1:]) + "\n", encoding="latin-1")
     with pytest.raises(DataError, match=r"u\.user: no entry for user 1 \(rated in u\.data\)"):

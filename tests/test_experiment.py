@@ -9,7 +9,7 @@ import pytest
 
 from privaudit import experiment as ex
 from privaudit.errors import PrivauditError
-from tests.dummies import dummy_registry, tiny_dataset  # noqa: F401 - fixture
+from tests.dummies import tiny_dataset
 
 pytestmark = pytest.mark.usefixtures("dummy_registry")
 
@@ -156,7 +156,7 @@ def test_transcript_reattack_matches_in_memory(ds, tmp_path):
         ({"sweep": "attack.nope=1"}, "has no parameter 'nope'"),
         ({"sweep": "protocol.K=1"}, "has no parameter 'K'"),
         ({"sweep": "protocol.p=1,x"}, "p must be an integer"),
-        ({"sweep": "protocol.p=0,1"}, "p must be >= 1"),
+        ({"sweep": "protocol.p=0,1"}, "p must be an integer >= 1, got 0"),
         ({"sets": ["p"]}, "expected KEY=VALUE"),
         ({"sets": ["bogus=1"]}, "unknown parameter 'bogus'"),
         ({"scales": "0,1"}, "--scales needs --noise"),

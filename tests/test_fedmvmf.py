@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ from privaudit.protocols.fedmvmf import FedMVMF
 from privaudit.registry import get
 from privaudit.transcript import load
 
-ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
 SCENARIOS = [(u, c) for u in ("semials", "sgd") for c in ("obsonly", "inclunc")]
 
 
@@ -228,15 +226,16 @@ def test_save_load_round_trip(runs, tmp_path):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ({"update": "als"}, "update must be 'semials' or 'sgd'"),
-        ({"unrated": "all"}, "unrated must be 'obsonly' or 'inclunc'"),
-        ({"K": 0}, "K must be a positive integer"),
-        ({"lam": 0.0}, "lam must be a positive number"),
-        ({"epochs": 0}, "epochs must be a positive integer"),
-        ({"record_rounds": -2}, "record_rounds must be -1"),
-        ({"test_fraction": 1.0}, "test_fraction must be in [0, 1)"),
-        ({"w": -1}, "w must be a non-negative number"),
-        ({"K": "ten"}, "K must be an integer"),
+        ({"update": "als"}, "update must be one of semials, sgd, got 'als'"),
+        ({"unrated": "all"}, "unrated must be one of obsonly, inclunc, got 'all'"),
+        ({"K": 0}, "K must be an integer >= 1, got 0"),
+        ({"lam": 0.0}, "lam must be a number > 0, got 0.0"),
+        ({"epochs": 0}, "epochs must be an integer >= 1, got 0"),
+        ({"record_rounds": -2}, "record_rounds must be -1 or an integer >= 0, got -2"),
+        ({"test_fraction": 1.0}, "test_fraction must be a number in [0, 1), got 1.0"),
+        ({"w": -1}, "w must be a number >= 0, got -1"),
+        ({"K": "ten"}, "K must be an integer >= 1, got 'ten'"),
+        ({"K": 2.5}, "K must be an integer >= 1, got 2.5"),
         ({"bogus": 1}, "unknown parameter 'bogus'"),
     ],
 )
@@ -252,13 +251,11 @@ def test_derived_keys_are_ignored_on_resolve(runs):
 
 
 @pytest.mark.slow
-def test_ml100k_utility_three_scenarios():
+def test_ml100k_utility_three_scenarios(ml100k_path):
     """ML-100K, all 943 users, default config: utility for existing users, cold users, cold items."""
-    if not (ML100K / "u.data").exists():
-        pytest.skip(f"MovieLens 100K not found at {ML100K}")
     from privaudit.data import load_dataset
 
-    ds = load_dataset(ML100K)
+    ds = load_dataset(ml100k_path)
     res = FedMVMF().run(ds, {"record_rounds": 0}, rng=0)
     util = res.utility
     print({k: round(v, 4) for k, v in util.items()})

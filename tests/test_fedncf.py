@@ -246,9 +246,9 @@ def test_init_std_and_user_lr(tiny):
     np.testing.assert_array_equal(a["items"], b["items"])
     c = FedNCF().run(tiny, {**base, "user_lr": 0.01}, [], 0).model
     assert np.abs(c["users"]).mean() > 2 * np.abs(a["users"]).mean()  # 10x the user step
-    with pytest.raises(PrivauditError, match="init_std must be a positive number"):
+    with pytest.raises(PrivauditError, match="init_std must be a number > 0, got 0"):
         FedNCF.resolve_config({"init_std": 0})
-    with pytest.raises(PrivauditError, match="user_lr must be a positive number or -1"):
+    with pytest.raises(PrivauditError, match=r"user_lr must be -1 or a number > 0, got 0"):
         FedNCF.resolve_config({"user_lr": 0})
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,9 +12,6 @@ from privaudit.data import synthetic
 from privaudit.errors import PrivauditError
 from privaudit.protocols.fedsplit import FedSPLIT
 from privaudit.transcript import Transcript
-
-ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
-
 
 @pytest.fixture(scope="module")
 def data():
@@ -242,12 +238,10 @@ def test_experiment_api_sweeps_the_aux_fraction(data):
 
 
 @pytest.fixture(scope="module")
-def ml100k():
-    if not (ML100K / "u.data").exists():
-        pytest.skip(f"MovieLens 100K not found at {ML100K}")
+def ml100k(ml100k_path):
     from privaudit.data import load_dataset
 
-    return load_dataset(ML100K)
+    return load_dataset(ml100k_path)
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ Keys are 512 bits (fast; the default is 2048); data is tiny synthetic, 2 epochs.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +17,6 @@ from privaudit.protocols.privmvmf import PrivMVMF, privmvmf_defenses
 from privaudit.registry import available, get
 
 KEY = TEST_KEY_LENGTH  # insecure_test_key=True: fast, breakable
-ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
 CFG = {"epochs": 2, "K": 4, "record_rounds": 1}
 UTILITY_KEYS = [f"{p}{m}@10" for p in ("", "cold_user_", "cold_item_") for m in ("ndcg", "precision", "recall", "f1")]
 
@@ -144,15 +142,14 @@ def test_aggregate_attack_on_privmvmf_views(runs):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not ML100K.exists(), reason=f"MovieLens 100K not found at {ML100K}")
-def test_ml100k_lossless_subsample():
+def test_ml100k_lossless_subsample(ml100k_path):
     """ML-100K, 100 random users (for speed), 2 epochs: PrivMVMF's metrics equal FedMVMF + sampling's.
 
     The full-data 5-epoch comparison is ``benchmarks/privmvmf_utility.py`` (docs/reproduction.md).
     """
     from privaudit.data import load_dataset
 
-    ds = load_dataset(ML100K)
+    ds = load_dataset(ml100k_path)
     ds = ds.subset_users(np.sort(np.random.default_rng(0).choice(ds.n_users, 100, replace=False)))
     cfg = {"epochs": 2, "record_rounds": 0}
     sampling, paillier = get("defense", "sampling"), get("defense", "paillier")

@@ -14,7 +14,7 @@ from privaudit import experiment as ex
 from privaudit import reports
 from privaudit.errors import PrivauditError
 from privaudit.reports import figures, render
-from tests.dummies import dummy_registry, tiny_dataset  # noqa: F401 - fixture
+from tests.dummies import tiny_dataset
 
 SCHEMA = ["privaudit_version", "protocol", "protocol_config", "attack", "sweep", "defenses", "dataset", "points", "summary"]
 POINT = ["value", "seed", "attack_metrics", "baseline", "utility", "seconds"]

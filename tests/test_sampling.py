@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 from privaudit.defenses.base import ClientData
-from privaudit.defenses.sampling import SamplingDefense, item_set_guess, sample_unrated
+from privaudit.defenses.sampling import DEFAULT_W, SamplingDefense, item_set_guess, sample_unrated
 from privaudit.errors import PrivauditError
 from privaudit.registry import get
-
-ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
-
 
 def _ratings(n=40, m=60, seed=0):
     rng = np.random.default_rng(seed)
@@ -32,6 +28,12 @@ def _sets(mat):
 def test_registered_and_grid():
     cls = get("defense", "sampling")
     assert cls is SamplingDefense and cls.strength == "rho" and tuple(cls.default_grid) == (0, 1, 2, 3)
+
+
+def test_default_weight_is_fedmvmf_default_w():
+    """Without its own w the defense weighs sampled items by FedMVMF's default w (no import of fedmvmf)."""
+    assert SamplingDefense().weight == DEFAULT_W == get("protocol", "fedmvmf").default_config["w"]
+    assert SamplingDefense(w=0.7).weight == 0.7
 
 
 @pytest.mark.parametrize("params, message", [({"rho": -1}, "rho"), ({"filling": "zero"}, "filling"),
@@ -104,9 +106,8 @@ def test_item_set_guess_uniform_is_chance():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not ML100K.exists(), reason=f"MovieLens 100K not found at {ML100K}")
 @pytest.mark.parametrize("rho", [1, 2, 3])
-def test_ml100k_rated_guess_at_chance(rho):
+def test_ml100k_rated_guess_at_chance(rho, ml100k_path):
     """The server seeing I_u ∪ S_u picks a rated item with probability ~1/(1+rho) (privmvmf.txt §5).
 
     All 943 users. Uniform sampling (the paper's): only an observer without an item prior is at
@@ -120,7 +121,7 @@ def test_ml100k_rated_guess_at_chance(rho):
     """
     from privaudit.data import load_dataset
 
-    R = load_dataset(ML100K).ratings
+    R = load_dataset(ml100k_path).ratings
     chance = 1 / (1 + rho)
     nj = np.bincount(R.indices, minlength=R.shape[1])
     out = SamplingDefense(rho=rho).on_client_data(ClientData.from_ratings(R), np.random.default_rng(0))

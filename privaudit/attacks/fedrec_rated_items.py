@@ -53,8 +53,8 @@ from typing import Any
 import numpy as np
 
 from privaudit.attacks.base import Attack, Reconstruction
-from privaudit.errors import PrivauditError
 from privaudit.metrics import auc
+from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec
 from privaudit.transcript import Transcript, View
@@ -160,18 +160,13 @@ class FedRecRatedItems(Attack):
         "real_share": MetricSpec(True, False, "fraction",
                                  "share of uploaded items that are really rated (1 / (1 + rho))"),
     }
-    params = {"round": -1, "tol": 1e-4, "grid_tol": 0.01, "intersection": False, "sequential": True}
-    param_help = {
-        "round": "attacked recorded round (negative: counted from the last recorded one)",
-        "tol": "window width in sign*log|t| when voting for the scale t (PMF)",
-        "grid_tol": "an implied rating within this distance of the grid is decided 'rated'",
-        "intersection": "also count in how many recorded rounds the item was uploaded (resampled virtual items)",
-        "sequential": "PMF(S): solve the client's walk exactly from consecutive uploads (false: rank-1 approximation)",
-    }
-
-    def validate(self) -> None:
-        if not self.config["tol"] > 0 or not self.config["grid_tol"] >= 0:
-            raise PrivauditError("attack 'fedrec-rated-items': tol must be > 0 and grid_tol >= 0")
+    parameters = (
+        Param("round", -1, "attacked recorded round (negative: counted from the last recorded one)"),
+        Param("tol", 1e-4, "window width in sign*log|t| when voting for the scale t (PMF)", gt=0),
+        Param("grid_tol", 0.01, "an implied rating within this distance of the grid is decided 'rated'", ge=0),
+        Param("intersection", False, "also count in how many recorded rounds the item was uploaded (resampled virtual items)"),
+        Param("sequential", True, "PMF(S): solve the client's walk exactly from consecutive uploads (false: rank-1 approximation)"),
+    )
 
     # ------------------------------------------------------------------ run
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:

@@ -51,6 +51,7 @@ from privaudit.errors import PrivauditError
 from privaudit.metrics import mean_ci95
 from privaudit.models.cnmf import fit_row_factors
 from privaudit.protocols.fedsplit import cnmf_from_config
+from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import MetricSpec
 from privaudit.transcript import Transcript, View
@@ -125,21 +126,13 @@ class FedSplitInference(Attack):
                                       "share of a group's ratings whose rounded reconstruction is exact"),
         "n_groups": MetricSpec(True, False, "count", "number of groups scored"),
     }
-    params = {"mode": "rating", "aux_fraction": 0.5, "n_iter": 0}
-    param_help = {
-        "mode": "what the adversary knows of X^g: 'user' (rows), 'movie' (columns) or 'rating' (entries)",
-        "aux_fraction": "fraction of the users / rated movies / ratings of each group the adversary knows (0..1)",
-        "n_iter": "iterations of the W and b_W updates (0: the protocol's n_iter)",
-    }
-
-    def validate(self) -> None:
-        if self.config["mode"] not in MODES:
-            raise PrivauditError(f"attack 'fedsplit-inference': mode must be one of {', '.join(MODES)}, got {self.config['mode']!r}")
-        f = float(self.config["aux_fraction"])
-        if not 0.0 <= f <= 1.0:
-            raise PrivauditError(f"attack 'fedsplit-inference': aux_fraction must be in [0, 1], got {f!r}")
-        if int(self.config["n_iter"]) < 0:
-            raise PrivauditError("attack 'fedsplit-inference': n_iter must be >= 0")
+    parameters = (
+        Param("mode", "rating", "what the adversary knows of X^g: 'user' (rows), 'movie' (columns) or 'rating' (entries)",
+              choices=MODES),
+        Param("aux_fraction", 0.5, "fraction of the users / rated movies / ratings of each group the adversary knows",
+              ge=0, le=1),
+        Param("n_iter", 0, "iterations of the W and b_W updates (0: the protocol's n_iter)", ge=0),
+    )
 
     # ------------------------------------------------------------------ knowledge
     def prior_knowledge(self, transcript: Transcript, rng: np.random.Generator) -> dict[str, Any]:

@@ -62,6 +62,7 @@ from privaudit.attacks._mvmf import (
     server_states,
 )
 from privaudit.attacks.base import Reconstruction
+from privaudit.params import Param
 from privaudit.registry import get, register_attack
 from privaudit.transcript import Message, View
 
@@ -172,11 +173,10 @@ class MVMFAggregate(MVMFAttack):
     # no default sweep: on plain views sweep ``attack.cohort_size=1,2,5,10,50``; on PrivMVMF
     # views the cohorts are the server's (``--sweep paillier.cohort_size=...``)
     default_sweep = None
-    params = {"cohort_size": 1, "max_rounds": -1}
-    param_help = {
-        "cohort_size": "plain views: sum consecutive clients in cohorts of this size first (ignored for decrypted sums)",
-        "max_rounds": "use at most this many rounds (-1: all)",
-    }
+    parameters = (
+        Param("cohort_size", 1, "plain views: sum consecutive clients in cohorts of this size first (ignored for decrypted sums)"),
+        Param("max_rounds", -1, "use at most this many rounds (-1: all)"),
+    )
 
     def applicable(self, view: View) -> tuple[bool, str]:
         kinds = view.kinds()

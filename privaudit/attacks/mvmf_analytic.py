@@ -52,6 +52,7 @@ from privaudit.attacks._mvmf_clipped import (
     stationarity_posterior,
 )
 from privaudit.attacks.base import Reconstruction
+from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.transcript import View
 
@@ -879,14 +880,13 @@ class MVMFAnalytic(MVMFAttack):
 
     description = "Closed-form FedMVMF server reconstruction (rank-1 fit + scale in closed form; exact without noise)"
     requires = ("grad_V", "grad_P", "state")
-    params = {"max_rounds": -1, "prior": True, "refits": 3, "shortcut": True}
-    param_help = {
-        "max_rounds": "use at most this many recorded rounds (-1: every round the view holds)",
-        "shortcut": "decode from the first round alone when it decides every value with a residual far "
-                    "below the rating step (noise-free or near it); false: always the full estimator",
-        "prior": "MAP decoding with an empirical prior fitted by EM (false: plain clip-and-round)",
-        "refits": "InclUnc/sampling: decide-rated/refit-scale iterations per round",
-    }
+    parameters = (
+        Param("max_rounds", -1, "use at most this many recorded rounds (-1: every round the view holds)"),
+        Param("prior", True, "MAP decoding with an empirical prior fitted by EM (false: plain clip-and-round)"),
+        Param("refits", 3, "InclUnc/sampling: decide-rated/refit-scale iterations per round", ge=0),
+        Param("shortcut", True, "decode from the first round alone when it decides every value with a residual far "
+              "below the rating step (noise-free or near it); false: always the full estimator"),
+    )
 
     # ------------------------------------------------------------------ public API
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:

@@ -87,7 +87,7 @@ import numpy as np
 
 from privaudit.attacks import _mvmf
 from privaudit.attacks.base import Reconstruction
-from privaudit.errors import PrivauditError
+from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.transcript import View
 
@@ -493,48 +493,24 @@ class MVMFNonlinear(_mvmf.MVMFAttack):
     #: ``privaudit audit`` attacks a random sample of 60 victims per run: with K solves per
     #: victim under noise this attack is ~90 % of an audit's time otherwise.
     audit_params = {"users": 60}
-    params = {
-        "method": "auto",
-        "solves": 0,
-        "users": None,
-        "jobs": 1,
-        "smooth": 3.0,
-        "maxiter": 200,
-        "tol": 1e-9,
-        "retries": 2,
-        "precondition": True,
-        "formulation": "auto",
-        "chunk": 16,
-    }
-    param_help = {
-        "method": "scipy.optimize.root method: hybr, broyden2, linearmixing, anderson, df-sane, or auto "
-        "(the per-scenario best of the selection run)",
-        "solves": "solves per victim (coordinates k drawn without replacement / SGD item) averaged after clipping; "
-        "0 = 1 noise-free; under noise K (SemiALS: every coordinate once; SGD: K random (k, item) pairs)",
-        "users": "attack at most this many victims (random sample; None = all)",
-        "jobs": "parallel joblib workers across victims (-1 = all cores)",
-        "smooth": "steepness of the smoothed InclUnc weight c(r) = 1 - (1-w) exp(-(smooth r)^2)",
-        "maxiter": "iteration budget of the solver (hybr/df-sane: 10x function evaluations)",
-        "tol": "residual tolerance of the solver",
-        "retries": "noise-free: extra solves (new k / item) while no solution reproduces all uploads",
-        "precondition": "Jacobian-free methods solve J(z0)^-1 F(z) = 0 (same roots) instead of F(z) = 0",
-        "formulation": "full (unknowns r, x, u; smoothed c(r)) or reduced (InclUnc/sampling: r eliminated "
-        "item by item, unknowns x, u); auto = reduced when a victim uploads more than 200 items with weights",
-        "chunk": "victims per joblib task",
-    }
-
-    def validate(self) -> None:
-        if self.config["method"] not in METHODS + ("auto",):
-            raise PrivauditError(f"attack 'mvmf-nonlinear': method must be one of auto, {', '.join(METHODS)}")
-        if self.config["solves"] < 0 or self.config["retries"] < 0:
-            raise PrivauditError("attack 'mvmf-nonlinear': solves and retries must be >= 0")
-        users = self.config["users"]
-        if users is not None and (not isinstance(users, int) or users < 1):
-            raise PrivauditError("attack 'mvmf-nonlinear': users must be a positive integer or None")
-        if self.config["formulation"] not in ("auto", "full", "reduced"):
-            raise PrivauditError("attack 'mvmf-nonlinear': formulation must be auto, full or reduced")
-        if self.config["smooth"] <= 0 or self.config["maxiter"] < 1 or self.config["chunk"] < 1:
-            raise PrivauditError("attack 'mvmf-nonlinear': smooth, maxiter and chunk must be positive")
+    parameters = (
+        Param("method", "auto", "scipy.optimize.root method: hybr, broyden2, linearmixing, anderson, df-sane, or auto "
+              "(the per-scenario best of the selection run)", choices=("auto",) + METHODS),
+        Param("solves", 0, "solves per victim (coordinates k drawn without replacement / SGD item) averaged after "
+              "clipping; 0 = 1 noise-free; under noise K (SemiALS: every coordinate once; SGD: K random (k, item) pairs)",
+              ge=0),
+        Param("users", None, "attack at most this many victims (random sample; None = all)", type=int, ge=1),
+        Param("jobs", 1, "parallel joblib workers across victims (-1 = all cores)"),
+        Param("smooth", 3.0, "steepness of the smoothed InclUnc weight c(r) = 1 - (1-w) exp(-(smooth r)^2)", gt=0),
+        Param("maxiter", 200, "iteration budget of the solver (hybr/df-sane: 10x function evaluations)", ge=1),
+        Param("tol", 1e-9, "residual tolerance of the solver"),
+        Param("retries", 2, "noise-free: extra solves (new k / item) while no solution reproduces all uploads", ge=0),
+        Param("precondition", True, "Jacobian-free methods solve J(z0)^-1 F(z) = 0 (same roots) instead of F(z) = 0"),
+        Param("formulation", "auto", "full (unknowns r, x, u; smoothed c(r)) or reduced (InclUnc/sampling: r eliminated "
+              "item by item, unknowns x, u); auto = reduced when a victim uploads more than 200 items with weights",
+              choices=("auto", "full", "reduced")),
+        Param("chunk", 16, "victims per joblib task", ge=1),
+    )
 
     def applicable(self, view: View) -> tuple[bool, str]:
         ok, reason = super().applicable(view)

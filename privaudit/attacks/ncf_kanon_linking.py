@@ -36,7 +36,7 @@ from privaudit.attacks.ncf_update_leak import (
     item_decisions,
     popularity_baseline,
 )
-from privaudit.errors import PrivauditError
+from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec
 from privaudit.transcript import Transcript, View
@@ -57,15 +57,10 @@ class NCFKAnonLinking(Attack):
         "k": MetricSpec(True, False, "count", "mean cohort size of the manipulated rounds (nominal k-anonymity)"),
     }
     default_sweep = ("rounds", (1, 2, 3, 4))
-    params = {"rounds": -1, "threshold": 0.5}
-    param_help = {
-        "rounds": "manipulated round pairs to use (-1: all found in the view)",
-        "threshold": "predict an item when its mean count difference is at least this",
-    }
-
-    def validate(self) -> None:
-        if not isinstance(self.rounds, int) or (self.rounds < 1 and self.rounds != -1):
-            raise PrivauditError(f"attack 'ncf-kanon-linking': rounds must be -1 or a positive integer, got {self.rounds!r}")
+    parameters = (
+        Param("rounds", -1, "manipulated round pairs to use (-1: all found in the view)", ge=1, also=(-1,)),
+        Param("threshold", 0.5, "predict an item when its mean count difference is at least this"),
+    )
 
     def applicable(self, view: View) -> tuple[bool, str]:
         ok, reason = super().applicable(view)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from privaudit.attacks.base import Attack, Reconstruction
-from privaudit.errors import PrivauditError
+from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec
 from privaudit.transcript import Transcript, View
@@ -115,17 +115,10 @@ class NCFUpdateLeak(Attack):
         "victims": MetricSpec(True, False, "count", "clients attacked"),
     }
     default_sweep = ("rounds", (1, 2, 3, 4))
-    params = {"rounds": 1, "table_rounds": 4}
-    param_help = {
-        "rounds": "intersect the item sets of each client's first r recorded uploads (-1: all)",
-        "table_rounds": "also report precision/recall for r = 1..N",
-    }
-
-    def validate(self) -> None:
-        if not isinstance(self.rounds, int) or (self.rounds < 1 and self.rounds != -1):
-            raise PrivauditError(f"attack 'ncf-update-leak': rounds must be -1 or a positive integer, got {self.rounds!r}")
-        if not isinstance(self.table_rounds, int) or self.table_rounds < 0:
-            raise PrivauditError("attack 'ncf-update-leak': table_rounds must be a non-negative integer")
+    parameters = (
+        Param("rounds", 1, "intersect the item sets of each client's first r recorded uploads (-1: all)", ge=1, also=(-1,)),
+        Param("table_rounds", 4, "also report precision/recall for r = 1..N", ge=0),
+    )
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         sets: dict[str, list[np.ndarray]] = {}

@@ -32,8 +32,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from privaudit.attacks.base import Attack, Reconstruction
-from privaudit.errors import PrivauditError
 from privaudit.metrics import auc
+from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec
 from privaudit.transcript import Transcript, View
@@ -87,22 +87,13 @@ class ProtoMembership(Attack):
         "tpr": MetricSpec(True, True, "fraction", "share of member candidates declared members"),
         "fpr": MetricSpec(False, True, "fraction", "share of non-member candidates declared members"),
     }
-    params = {"score": "relative", "fpr": 0.1, "n_members": 100, "n_calibration": 100}
-    param_help = {
-        "score": "'relative' (distance gain over the empty row, per row norm) or 'distance'",
-        "fpr": "false-positive rate the threshold is calibrated to on the outside rows",
-        "n_members": "members (and as many non-members) per silo among the candidates (0: all)",
-        "n_calibration": "rows of other silos known to be outside, per silo",
-    }
-
-    def validate(self) -> None:
-        if self.config["score"] not in ("relative", "distance"):
-            raise PrivauditError(f"attack 'proto-membership': score must be relative or distance, got {self.config['score']!r}")
-        if not 0.0 < float(self.config["fpr"]) < 1.0:
-            raise PrivauditError(f"attack 'proto-membership': fpr must be in (0, 1), got {self.config['fpr']!r}")
-        for key in ("n_members", "n_calibration"):
-            if isinstance(self.config[key], bool) or not isinstance(self.config[key], int) or self.config[key] < 0:
-                raise PrivauditError(f"attack 'proto-membership': {key} must be a non-negative integer")
+    parameters = (
+        Param("score", "relative", "'relative' (distance gain over the empty row, per row norm) or 'distance'",
+              choices=("relative", "distance")),
+        Param("fpr", 0.1, "false-positive rate the threshold is calibrated to on the outside rows", gt=0, lt=1),
+        Param("n_members", 100, "members (and as many non-members) per silo among the candidates (0: all)", ge=0),
+        Param("n_calibration", 100, "rows of other silos known to be outside, per silo", ge=0),
+    )
 
     def prior_knowledge(self, transcript: Transcript, rng: np.random.Generator) -> dict[str, Any]:
         """Per silo: candidate user ids and rows (members and outsiders, shuffled) and

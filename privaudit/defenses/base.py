@@ -16,14 +16,30 @@ What the receiver sees after the defenses is exactly what the transcript records
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Mapping, Protocol
 
 import numpy as np
 
 from privaudit.params import Configurable
+from privaudit.transcript import Transcript
 
-if TYPE_CHECKING:  # pragma: no cover
-    from privaudit.protocols.base import Channel
+
+class ChannelContext(Protocol):
+    """What a defense hook may use of the uplink that calls it.
+
+    :class:`~privaudit.protocols.base.Channel` satisfies it; defenses never import it (so
+    ``defenses`` does not depend on ``protocols``).
+
+    Attributes
+    ----------
+    rng : numpy.random.Generator
+        Simulation randomness (noise draws); never cryptographic material.
+    transcript : Transcript
+        The run's transcript (public config; defenses may record their own messages).
+    """
+
+    rng: np.random.Generator
+    transcript: Transcript
 
 
 @dataclass
@@ -103,8 +119,39 @@ class UploadBatch:
         return [k for k, v in payload.items() if np.issubdtype(np.asarray(v).dtype, np.floating)]
 
 
+#: Capabilities a defense declares (:attr:`Defense.capabilities`): which seams of a protocol it uses.
+CLIENT_DATA = "client-data"  #: :meth:`Defense.on_client_data` changes the clients' training data
+UPLOAD = "upload"  #: :meth:`Defense.on_upload` changes what clients send
+LOCAL_TRAINING = "local-training"  #: :meth:`Defense.local_training` changes the clients' optimizer (DP-SGD)
+AGGREGATION = "aggregation"  #: :meth:`Defense.aggregate` computes the receiver's sum itself
+DOWNLOAD = "download"  #: :meth:`Defense.on_download` changes what the server sends
+CAPABILITIES = (CLIENT_DATA, UPLOAD, LOCAL_TRAINING, AGGREGATION, DOWNLOAD)
+_HOOKS = {"on_client_data": CLIENT_DATA, "on_upload": UPLOAD, "aggregate": AGGREGATION, "on_download": DOWNLOAD}
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """How a ``local-training`` defense changes the clients' optimizer: DP-SGD's per-sample
+    clipping to ``clip`` (L2) and Gaussian noise of standard deviation ``noise_multiplier * clip``."""
+
+    noise_multiplier: float
+    clip: float
+
+
+@dataclass(frozen=True)
+class VirtualRatings:
+    """How clients treat the virtual entries a ``client-data`` defense adds (part of the clients'
+    public algorithm): ``filling`` (``weight``, ``ua``, ``hf``) and, for ``hf``, the round after
+    which virtual ratings become predictions and the local rounds between refreshes (None: the
+    protocol's defaults)."""
+
+    filling: str
+    t_predict: int | None = None
+    t_local: int | None = None
+
+
 class Defense(Configurable):
-    """Base class of defenses. Subclasses set ``name``, ``description``, ``params`` and hooks.
+    """Base class of defenses. Subclasses set ``name``, ``description``, ``parameters`` and hooks.
 
     Class attributes
     ----------------
@@ -114,26 +161,55 @@ class Defense(Configurable):
         Default values of the strength for sweeps.
     applies_to : tuple[str, ...] | None
         Protocol names this defense supports (``None``: any protocol).
+    capabilities : frozenset[str]
+        The seams the defense uses (:data:`CAPABILITIES`). Protocols ask for a capability, never
+        for a defense's name; when a class declares none, the hooks it overrides give them.
     """
 
     kind_label = "defense"
     strength: str | None = None
     default_grid: tuple = ()
     applies_to: tuple[str, ...] | None = None
+    capabilities: frozenset[str] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "capabilities" in cls.__dict__:
+            cls.capabilities = frozenset(cls.__dict__["capabilities"])
+        else:
+            cls.capabilities = frozenset(
+                cap for hook, cap in _HOOKS.items() if getattr(cls, hook) is not getattr(Defense, hook)
+            ) | (cls.capabilities & {LOCAL_TRAINING})
+        unknown = set(cls.capabilities) - set(CAPABILITIES)
+        if unknown:
+            known = ", ".join(CAPABILITIES)
+            raise TypeError(f"{cls.__name__}: unknown capabilities {sorted(unknown)} (known: {known})")
+
+    def local_training(self) -> LocalTraining | None:
+        """``local-training`` defenses: the clients' changed optimizer (default: none)."""
+        return None
+
+    def virtual_ratings(self) -> VirtualRatings | None:
+        """``client-data`` defenses that add virtual entries: how clients fill them (default: none)."""
+        return None
+
+    def with_protocol_defaults(self, values: Mapping[str, Any]) -> "Defense":
+        """This defense with the protocol's values for parameters it leaves unset (default: itself)."""
+        return self
 
     def on_client_data(self, data: Any, rng: np.random.Generator) -> Any:
         """Change a client's local data before training (default: unchanged)."""
         return data
 
-    def on_upload(self, batch: UploadBatch, channel: "Channel") -> UploadBatch:
+    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
         """Transform a batch of uploads before it leaves the clients (default: unchanged)."""
         return batch
 
-    def aggregate(self, batch: UploadBatch, channel: "Channel", rows: int | None) -> dict[str, np.ndarray] | None:
+    def aggregate(self, batch: UploadBatch, channel: ChannelContext, rows: int | None) -> dict[str, np.ndarray] | None:
         """Sum ``batch`` at the receiver, or ``None`` to leave it to the next defense / plain sum."""
         return None
 
-    def on_download(self, payload: dict[str, np.ndarray], channel: "Channel") -> dict[str, np.ndarray]:
+    def on_download(self, payload: dict[str, np.ndarray], channel: ChannelContext) -> dict[str, np.ndarray]:
         """Transform what the server sends to clients (default: unchanged)."""
         return payload
 

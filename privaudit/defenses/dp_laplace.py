@@ -33,17 +33,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from privaudit.defenses import accounting
-from privaudit.defenses.base import Defense, UploadBatch
+from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.registry import register_defense
 
-if TYPE_CHECKING:  # pragma: no cover
-    from privaudit.protocols.base import Channel
 
 #: delta at which privacy_spent also reports the PLD epsilon when the defense's own delta is 0
 REFERENCE_DELTA = 1e-5
@@ -105,7 +103,7 @@ class ClippedNoise(Defense):
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         raise NotImplementedError
 
-    def on_upload(self, batch: UploadBatch, channel: "Channel") -> UploadBatch:
+    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
         if self.config.get("target_epsilon"):
             self._calibrate_from(channel)
         if not batch.payloads:
@@ -143,7 +141,7 @@ class ClippedNoise(Defense):
         self.config[self.calibrated] = value
         self._calibrated_rounds = rounds
 
-    def _calibrate_from(self, channel: "Channel") -> None:
+    def _calibrate_from(self, channel: ChannelContext) -> None:
         if getattr(self, "_calibrated_rounds", None):
             return
         public = channel.transcript.config

@@ -25,18 +25,14 @@ cluster sizes: clusters release noisy sums, normalised by the silo's noisy size 
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from privaudit.defenses.base import Defense, UploadBatch
-from privaudit.errors import PrivauditError
+from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
 from privaudit.models.private_kmeans import private_prototypes
+from privaudit.params import Param
 from privaudit.registry import register_defense
-
-if TYPE_CHECKING:  # pragma: no cover
-    from privaudit.protocols.base import Channel
 
 
 @register_defense("dp-prototypes")
@@ -44,32 +40,19 @@ class DPPrototypes(Defense):
     """Each silo uploads k epsilon-DP prototypes of its rows instead of anything exact."""
 
     description = "epsilon-DP prototypes (private k-means of Balcan et al. + Gumbel/Laplace sparse recovery), FedProto"
-    params = {"epsilon": 1.0, "delta": 0.1, "k": 0, "s": 0, "trials": 0, "swap_iters": 100}
-    param_help = {
-        "epsilon": "total privacy budget of a silo's prototypes (pure epsilon-DP per user)",
-        "delta": "sets the trials T = ceil(2 ln(1/delta)), grids and thresholds (utility knob, not a privacy loss)",
-        "k": "prototypes per silo (0: the protocol's k)",
-        "s": "public bound on non-zeros per row / per prototype (0: the protocol's s)",
-        "trials": "override T (0: ceil(2 ln(1/delta)); the authors' code uses 1)",
-        "swap_iters": "localswap iterations (the paper's n/delta, capped for speed; total budget unchanged)",
-    }
+    parameters = (
+        Param("epsilon", 1.0, "total privacy budget of a silo's prototypes (pure epsilon-DP per user)", gt=0),
+        Param("delta", 0.1, "sets the trials T = ceil(2 ln(1/delta)), grids and thresholds (utility knob, not a "
+              "privacy loss)", gt=0, lt=1),
+        Param("k", 0, "prototypes per silo (0: the protocol's k)", ge=0),
+        Param("s", 0, "public bound on non-zeros per row / per prototype (0: the protocol's s)", ge=0),
+        Param("trials", 0, "override T (0: ceil(2 ln(1/delta)); the authors' code uses 1)", ge=0),
+        Param("swap_iters", 100, "localswap iterations (the paper's n/delta, capped for speed; total budget unchanged)",
+              ge=0),
+    )
     strength = "epsilon"
     default_grid = (10.0, 1.0, 0.1)
     applies_to = ("fedproto",)
-
-    def validate(self) -> None:
-        c = self.config
-        for name in ("epsilon", "delta"):
-            v = c[name]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise PrivauditError(f"defense 'dp-prototypes': {name} must be a positive number, got {v!r}")
-            c[name] = float(v)
-        if c["delta"] >= 1:
-            raise PrivauditError(f"defense 'dp-prototypes': delta must be below 1, got {c['delta']!r}")
-        for name in ("k", "s", "trials", "swap_iters"):
-            v = c[name]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise PrivauditError(f"defense 'dp-prototypes': {name} must be a non-negative integer, got {v!r}")
 
     def prototypes(self, rows: Any, k: int, s: int, Lambda: float, rng: np.random.Generator) -> tuple[np.ndarray, dict]:
         """k (or this defense's k) DP prototypes of ``rows`` (n x m); (k x m) and info."""
@@ -90,7 +73,7 @@ class DPPrototypes(Defense):
             )
         return res.prototypes, res.info
 
-    def on_upload(self, batch: UploadBatch, channel: "Channel") -> UploadBatch:
+    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
         if batch.kind != "prototypes" or not any("rows" in p for p in batch.payloads):
             return batch
         k = int(batch.meta.get("k", 10))

@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.defenses.base import Defense
-from privaudit.errors import MissingDependencyError, PrivauditError
+from privaudit.defenses.base import LOCAL_TRAINING, Defense, LocalTraining
+from privaudit.errors import MissingDependencyError
+from privaudit.params import Param
 from privaudit.registry import register_defense
 
 
@@ -49,25 +50,22 @@ class DPSGD(Defense):
     """Per-sample clipping + Gaussian noise in the clients' local Adam steps; Opacus RDP accounting."""
 
     description = "DP-SGD on FedNCF local training (per-sample clipping, Gaussian noise), epsilon by Opacus's RDP accountant"
-    params = {"noise_multiplier": 1.0, "max_grad_norm": 1.0, "delta": 1e-5}
-    param_help = {
-        "noise_multiplier": "noise standard deviation / clip norm (sigma)",
-        "max_grad_norm": "per-sample gradient clip norm C",
-        "delta": "delta of the reported (epsilon, delta)",
-    }
+    parameters = (
+        Param("noise_multiplier", 1.0, "noise standard deviation / clip norm (sigma)", ge=0),
+        Param("max_grad_norm", 1.0, "per-sample gradient clip norm C", gt=0),
+        Param("delta", 1e-5, "delta of the reported (epsilon, delta)", gt=0, lt=1),
+    )
     strength = "noise_multiplier"
     default_grid = (0.3, 0.5, 0.7, 1.0, 2.0)
     applies_to = ("fedncf",)
-    local_dp_sgd = True
+    capabilities = frozenset({LOCAL_TRAINING})
 
     def validate(self) -> None:
-        if not (np.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
-            raise PrivauditError(f"defense 'dp-sgd': noise_multiplier must be >= 0, got {self.noise_multiplier!r}")
-        if not (np.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
-            raise PrivauditError(f"defense 'dp-sgd': max_grad_norm must be > 0, got {self.max_grad_norm!r}")
-        if not 0 < self.delta < 1:
-            raise PrivauditError(f"defense 'dp-sgd': delta must be in (0, 1), got {self.delta!r}")
         self._clients: dict[str, Any] | None = None
+
+    def local_training(self) -> LocalTraining:
+        """Per-sample clipping to ``max_grad_norm`` and Gaussian noise ``noise_multiplier * max_grad_norm``."""
+        return LocalTraining(float(self.noise_multiplier), float(self.max_grad_norm))
 
     def account(self, n_positives: np.ndarray, participation: np.ndarray, batch_size: int, epochs: int, negatives: int) -> None:
         """Record every client's local data size and the rounds it took part in (called by FedNCF)."""

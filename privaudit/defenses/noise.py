@@ -16,16 +16,12 @@ are not differential-privacy mechanisms (no clipping, no accounting): see ``dp-g
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from privaudit.defenses.base import Defense, UploadBatch
-from privaudit.errors import PrivauditError
+from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
+from privaudit.params import Param
 from privaudit.registry import register_defense
-
-if TYPE_CHECKING:  # pragma: no cover
-    from privaudit.protocols.base import Channel
 
 DEFAULT_SCALES = (0.0, 1e-4, 1e-3, 1e-2, 1e-1, 0.5, 1.0)
 
@@ -33,21 +29,14 @@ DEFAULT_SCALES = (0.0, 1e-4, 1e-3, 1e-2, 1e-1, 0.5, 1.0)
 class _AdditiveNoise(Defense):
     """Base of the i.i.d. additive noise defenses; subclasses implement :meth:`draw`."""
 
-    params = {"scale": 0.0}
-    param_help = {"scale": "noise scale (Laplace b / Gaussian sigma) added to every uploaded float"}
+    parameters = (Param("scale", 0.0, "noise scale (Laplace b / Gaussian sigma) added to every uploaded float", ge=0),)
     strength = "scale"
     default_grid = DEFAULT_SCALES
-
-    def validate(self) -> None:
-        scale = self.config["scale"]
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not np.isfinite(scale) or scale < 0:
-            raise PrivauditError(f"defense {self.name!r}: scale must be a non-negative number, got {scale!r}")
-        self.config["scale"] = float(scale)
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         raise NotImplementedError
 
-    def on_upload(self, batch: UploadBatch, channel: "Channel") -> UploadBatch:
+    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
         scale = self.config["scale"]
         if scale == 0.0 or not batch.payloads:
             return batch

@@ -64,17 +64,15 @@ toolkit; ``packing=False`` is one value per ciphertext as in the paper.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from privaudit.defenses import _paillier_packing as pk
-from privaudit.defenses.base import Defense, UploadBatch
+from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
 from privaudit.errors import PrivauditError
+from privaudit.params import Param
 from privaudit.registry import register_defense
-
-if TYPE_CHECKING:  # pragma: no cover
-    from privaudit.protocols.base import Channel
 
 PHASES = ("offline", "encrypt", "aggregate", "decrypt")
 #: smallest modulus accepted outside tests (bits)
@@ -93,56 +91,34 @@ class PaillierDefense(Defense):
     """Paillier encryption of every upload; decrypting clients decrypt only the sums (PrivMVMF)."""
 
     description = "Paillier-encrypted uploads, server adds ciphertexts, decrypting clients decrypt sums (PrivMVMF)"
-    params = {
-        "key_length": 2048,
-        "decryptors": 1,
-        "packing": True,
-        "precision": 32,
-        "bound": 1048576.0,
-        "cohort_size": 0,
-        "jobs": 1,
-        "obfuscation": "standard",
-        "precompute": 0,
-        "insecure_test_key": False,
-    }
-    param_help = {
-        "key_length": f"bits of the Paillier modulus n (2048 default, at least {MIN_KEY_LENGTH})",
-        "decryptors": "number of decrypting clients; the ciphertext sums are split among them",
-        "packing": "pack several fixed-point values per ciphertext (false: one value per ciphertext)",
-        "precision": "fractional bits of the fixed-point encoding (one public exponent -precision)",
-        "bound": "largest |value| a client may encrypt (sizes the packing slots)",
-        "cohort_size": "server sums senders in cohorts of this size (0: all senders in one sum)",
-        "jobs": "joblib workers for encryption/decryption (1: in process, -1: all cores)",
-        "obfuscation": "standard: r^n, r uniform mod n (Paillier); "
-        "djn: h_s^r, r of half the modulus bits (Damgard-Jurik-Nielsen, faster)",
-        "precompute": "obfuscators computed when the key is made, before round 0 "
-        "(offline phase; more are made on demand)",
-        "insecure_test_key": f"allow key_length below {MIN_KEY_LENGTH} (tests only: such keys are breakable)",
-    }
+    parameters = (
+        Param("key_length", 2048, f"bits of the Paillier modulus n (2048 default, at least {MIN_KEY_LENGTH}); "
+              "a multiple of 8", ge=128),
+        Param("decryptors", 1, "number of decrypting clients; the ciphertext sums are split among them", ge=1),
+        Param("packing", True, "pack several fixed-point values per ciphertext (false: one value per ciphertext)"),
+        Param("precision", 32, "fractional bits of the fixed-point encoding (one public exponent -precision)",
+              ge=0, le=52),
+        Param("bound", 1048576.0, "largest |value| a client may encrypt (sizes the packing slots)", gt=0),
+        Param("cohort_size", 0, "server sums senders in cohorts of this size (0: all senders in one sum)", ge=0),
+        Param("jobs", 1, "joblib workers for encryption/decryption (1: in process, -1: all cores); not 0"),
+        Param("obfuscation", "standard", "standard: r^n, r uniform mod n (Paillier); "
+              "djn: h_s^r, r of half the modulus bits (Damgard-Jurik-Nielsen, faster)", choices=pk.OBFUSCATIONS),
+        Param("precompute", 0, "obfuscators computed when the key is made, before round 0 "
+              "(offline phase; more are made on demand)", ge=0),
+        Param("insecure_test_key", False, f"allow key_length below {MIN_KEY_LENGTH} (tests only: such keys are breakable)"),
+    )
     strength = None
     default_grid = ()
 
     def validate(self) -> None:
         c = self.config
-        if c["key_length"] < 128 or c["key_length"] % 8:
-            raise PrivauditError("defense 'paillier': key_length must be a multiple of 8 and >= 128")
+        if c["key_length"] % 8:
+            raise PrivauditError(f"defense 'paillier': key_length must be a multiple of 8, got {c['key_length']!r}")
         if c["key_length"] < MIN_KEY_LENGTH and not c["insecure_test_key"]:
             raise PrivauditError(
                 f"defense 'paillier': key_length must be >= {MIN_KEY_LENGTH} (got {c['key_length']}; "
                 "insecure_test_key=true allows short keys in tests)"
             )
-        if c["obfuscation"] not in pk.OBFUSCATIONS:
-            raise PrivauditError(f"defense 'paillier': obfuscation must be one of {', '.join(pk.OBFUSCATIONS)}")
-        if c["precompute"] < 0:
-            raise PrivauditError("defense 'paillier': precompute must be >= 0")
-        if c["decryptors"] < 1:
-            raise PrivauditError("defense 'paillier': decryptors must be >= 1")
-        if not 0 <= c["precision"] <= 52:
-            raise PrivauditError("defense 'paillier': precision must be in 0..52 fractional bits")
-        if not c["bound"] > 0:
-            raise PrivauditError("defense 'paillier': bound must be positive")
-        if c["cohort_size"] < 0:
-            raise PrivauditError("defense 'paillier': cohort_size must be >= 0")
         if c["jobs"] == 0:
             raise PrivauditError("defense 'paillier': jobs must be non-zero")
 
@@ -183,7 +159,7 @@ class PaillierDefense(Defense):
         except ValueError as exc:
             raise PrivauditError(f"defense 'paillier': {exc}") from None
 
-    def _ensure_keys(self, batch: UploadBatch, channel: "Channel") -> None:
+    def _ensure_keys(self, batch: UploadBatch, channel: ChannelContext) -> None:
         if self._public is not None:
             return
         self._public, self._secret = pk.generate_keypair(self.config["key_length"])
@@ -217,7 +193,7 @@ class PaillierDefense(Defense):
 
     # ------------------------------------------------------------------ client side
 
-    def on_upload(self, batch: UploadBatch, channel: "Channel") -> UploadBatch:
+    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
         """Encrypt every float entry of every payload (fixed point, one exponent), keep ``items`` clear."""
         if not batch.payloads:
             return batch
@@ -272,7 +248,7 @@ class PaillierDefense(Defense):
 
     # ------------------------------------------------------------------ server + decryptors
 
-    def aggregate(self, batch: UploadBatch, channel: "Channel", rows: int | None) -> dict[str, np.ndarray] | None:
+    def aggregate(self, batch: UploadBatch, channel: ChannelContext, rows: int | None) -> dict[str, np.ndarray] | None:
         """Homomorphic sums per item row / dense entry (per cohort), decrypted by the decryptors."""
         if batch.meta.get("scheme") != "paillier":
             return None

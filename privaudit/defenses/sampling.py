@@ -50,18 +50,18 @@ chance, because sampled items do not follow the user's tastes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import scipy.sparse as sp
 
-from privaudit.defenses.base import ClientData, Defense
-from privaudit.errors import PrivauditError
+from privaudit.defenses.base import ClientData, Defense, VirtualRatings
+from privaudit.params import Param
 from privaudit.registry import register_defense
 
 FILLINGS = ("weight", "ua", "hf")
 DISTRIBUTIONS = ("uniform", "popularity", "matched")
-DEFAULT_W = 0.2  # last resort when neither the defense nor FedMVMF's defaults give the weight
+DEFAULT_W = 0.2  # FedMVMF's default w (a test keeps them equal): the weight when the defense sets none
 
 
 def sample_unrated(
@@ -362,59 +362,29 @@ class SamplingDefense(Defense):
     """Each client adds round(rho x |rated|) random unrated items (PrivMVMF eq. 36, FedRec UA/HF)."""
 
     description = "clients upload for random unrated items too (rho x |rated|): PrivMVMF weight w, FedRec UA/HF filling"
-    params = {
-        "rho": 1.0,
-        "filling": "weight",
-        "w": None,
-        "distribution": "uniform",
-        "popularity_floor": 1.0,
-        "matched_iters": 200,
-        "matched_groups": 4,
-        "matched_min_samplers": 1.0,
-        "t_predict": None,
-        "t_local": None,
-    }
-    param_help = {
-        "rho": "sampled unrated items per rated item (0 = off)",
-        "filling": "virtual ratings: weight (0 with confidence w, PrivMVMF eq. 36), ua (user average), hf (hybrid, FedRec)",
-        "w": "confidence of sampled items for filling=weight (default: privmvmf's w, else FedMVMF's default w)",
-        "distribution": "uniform (papers), popularity (weights 1 + rating count) or matched (expected samplers of "
-        "item j = rho x its raters, so every uploaded item is rated with probability ~1/(1+rho); extensions)",
-        "popularity_floor": "added to every item's rating count for distribution=popularity",
-        "matched_iters": "distribution=matched: most fitting rounds (each = one per-item aggregate in a deployment)",
-        "matched_groups": "distribution=matched: match per group of clients with similar |rated| (quantiles; 1 = all)",
-        "matched_min_samplers": "distribution=matched: extra expected samplers of every rated item (no item uploaded by one client only)",
-        "t_predict": "FedRec HF: round after which virtual ratings become local predictions (default: the protocol's, FedRec 10)",
-        "t_local": "FedRec HF: local rounds between prediction refreshes (default: the protocol's, FedRec 5)",
-    }
+    parameters = (
+        Param("rho", 1.0, "sampled unrated items per rated item (0 = off)", ge=0),
+        Param("filling", "weight", "virtual ratings: weight (0 with confidence w, PrivMVMF eq. 36), ua (user average), "
+              "hf (hybrid, FedRec)", choices=FILLINGS),
+        Param("w", None, "confidence of sampled items for filling=weight (default: privmvmf's w, else FedMVMF's default w)",
+              type=float, ge=0),
+        Param("distribution", "uniform", "uniform (papers), popularity (weights 1 + rating count) or matched (expected "
+              "samplers of item j = rho x its raters, so every uploaded item is rated with probability ~1/(1+rho); "
+              "extensions)", choices=DISTRIBUTIONS),
+        Param("popularity_floor", 1.0, "added to every item's rating count for distribution=popularity", gt=0),
+        Param("matched_iters", 200, "distribution=matched: most fitting rounds (each = one per-item aggregate in a "
+              "deployment)", ge=1),
+        Param("matched_groups", 4, "distribution=matched: match per group of clients with similar |rated| (quantiles; "
+              "1 = all)", ge=1),
+        Param("matched_min_samplers", 1.0, "distribution=matched: extra expected samplers of every rated item (no item "
+              "uploaded by one client only)", ge=0),
+        Param("t_predict", None, "FedRec HF: round after which virtual ratings become local predictions (default: the "
+              "protocol's, FedRec 10)", type=int, ge=0),
+        Param("t_local", None, "FedRec HF: local rounds between prediction refreshes (default: the protocol's, FedRec 5)",
+              type=int, ge=1),
+    )
     strength = "rho"
     default_grid = (0, 1, 2, 3)
-
-    def validate(self) -> None:
-        c = self.config
-        if c["rho"] is None or not c["rho"] >= 0:
-            raise PrivauditError("defense 'sampling': rho must be >= 0")
-        if c["filling"] not in FILLINGS:
-            raise PrivauditError(f"defense 'sampling': filling must be one of {', '.join(FILLINGS)}, got {c['filling']!r}")
-        if c["distribution"] not in DISTRIBUTIONS:
-            raise PrivauditError(
-                f"defense 'sampling': distribution must be one of {', '.join(DISTRIBUTIONS)}, got {c['distribution']!r}"
-            )
-        if c["w"] is not None:
-            try:
-                c["w"] = float(c["w"])
-            except (TypeError, ValueError):
-                raise PrivauditError(f"defense 'sampling': w must be a number, got {c['w']!r}") from None
-            if c["w"] < 0:
-                raise PrivauditError("defense 'sampling': w must be >= 0")
-        if c["matched_groups"] < 1 or c["matched_iters"] < 1 or c["matched_min_samplers"] < 0:
-            raise PrivauditError(
-                "defense 'sampling': matched_groups and matched_iters must be >= 1, matched_min_samplers >= 0"
-            )
-        if not c["popularity_floor"] > 0:
-            raise PrivauditError("defense 'sampling': popularity_floor must be positive")
-        if (c["t_predict"] is not None and c["t_predict"] < 0) or (c["t_local"] is not None and c["t_local"] < 1):
-            raise PrivauditError("defense 'sampling': t_predict must be >= 0 and t_local >= 1")
 
     @property
     def weight(self) -> float:
@@ -425,12 +395,18 @@ class SamplingDefense(Defense):
         """
         if self.config["w"] is not None:
             return float(self.config["w"])
-        try:
-            from privaudit.protocols.fedmvmf import FedMVMF
+        return DEFAULT_W
 
-            return float(FedMVMF.default_config["w"])
-        except Exception:  # pragma: no cover - fedmvmf ships with privaudit
-            return DEFAULT_W
+    def virtual_ratings(self) -> VirtualRatings:
+        """The clients' filling rule for the sampled items (FedRec's Algorithm 3 reads it)."""
+        c = self.config
+        return VirtualRatings(str(c["filling"]), c["t_predict"], c["t_local"])
+
+    def with_protocol_defaults(self, values: Mapping[str, Any]) -> "SamplingDefense":
+        """With filling=weight and no ``w`` of its own: a copy weighing sampled items by the protocol's ``w``."""
+        if self.config["filling"] == "weight" and self.config["w"] is None and values.get("w") is not None:
+            return type(self)(**{**self.config, "w": values["w"]})
+        return self
 
     def on_client_data(self, data: Any, rng: np.random.Generator) -> Any:
         """Add the virtual entries to a :class:`ClientData` (other data passes unchanged)."""

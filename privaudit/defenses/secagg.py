@@ -43,6 +43,7 @@ import numpy as np
 from privaudit.defenses import _secagg_crypto as sc
 from privaudit.defenses.base import Defense, UploadBatch
 from privaudit.errors import PrivauditError
+from privaudit.params import Param
 from privaudit.registry import register_defense
 
 
@@ -58,27 +59,21 @@ class SecAgg(Defense):
     """Pairwise-masked secure aggregation in Z_2^32 / Z_2^64 with Shamir dropout recovery."""
 
     description = "Secure aggregation (MF-SecAvg / Bonawitz et al.): X25519 pair seeds, ChaCha20 ring masks, Shamir recovery"
-    params = {"ring_bits": 64, "frac_bits": -1, "int_bits": 16, "dropout": 0.0, "drop": [], "threshold": 0.5}
-    param_help = {
-        "ring_bits": "ring Z_2^b of the masked fixed-point values: 32 or 64",
-        "frac_bits": "fractional bits of the fixed-point encoding (-1: b - 1 - int_bits - ceil(log2 n); "
-        "a larger value that can overflow for the cohort is refused)",
-        "int_bits": "every uploaded value must satisfy |x| < 2^int_bits (headroom for the cohort sum)",
-        "dropout": "fraction of each cohort that drops after masking (recovered by Shamir shares)",
-        "drop": "user ids that drop after masking whenever they are selected",
-        "threshold": "Shamir threshold t = floor(threshold * n) + 1 of n cohort members",
-    }
+    parameters = (
+        Param("ring_bits", 64, "ring Z_2^b of the masked fixed-point values: 32 or 64", choices=(32, 64)),
+        Param("frac_bits", -1, "fractional bits of the fixed-point encoding (-1: b - 1 - int_bits - ceil(log2 n); "
+              "a larger value that can overflow for the cohort is refused)"),
+        Param("int_bits", 16, "every uploaded value must satisfy |x| < 2^int_bits (headroom for the cohort sum); "
+              "below ring_bits - 2", ge=1),
+        Param("dropout", 0.0, "fraction of each cohort that drops after masking (recovered by Shamir shares)", ge=0, lt=1),
+        Param("drop", [], "user ids that drop after masking whenever they are selected", item=int),
+        Param("threshold", 0.5, "Shamir threshold t = floor(threshold * n) + 1 of n cohort members", gt=0, lt=1),
+    )
     strength = "dropout"
     default_grid = (0.0, 0.1, 0.2, 0.3)
 
     def validate(self) -> None:
-        if self.ring_bits not in (32, 64):
-            raise PrivauditError(f"defense 'secagg': ring_bits must be 32 or 64, got {self.ring_bits!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise PrivauditError(f"defense 'secagg': dropout must be in [0, 1), got {self.dropout!r}")
-        if not 0.0 < self.threshold < 1.0:
-            raise PrivauditError(f"defense 'secagg': threshold must be in (0, 1), got {self.threshold!r}")
-        if not isinstance(self.int_bits, int) or not 1 <= self.int_bits < self.ring_bits - 2:
+        if not self.int_bits < self.ring_bits - 2:
             raise PrivauditError(f"defense 'secagg': int_bits must be an integer in 1..{self.ring_bits - 3}")
         if not isinstance(self.frac_bits, int) or self.frac_bits < -1:
             raise PrivauditError(f"defense 'secagg': frac_bits must be -1 (automatic) or an integer >= 0, got {self.frac_bits!r}")

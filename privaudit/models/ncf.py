@@ -42,6 +42,7 @@ the privacy accounting uses Opacus's ``RDPAccountant`` (:mod:`privaudit.defenses
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -282,6 +283,82 @@ def _adam_step(params: list, grads: list, ms: list, vs: list, step: Any, lr: flo
     )
 
 
+@dataclass(frozen=True)
+class Architecture:
+    """An NCF model's shape: ``arch`` (gmf, mlp, neumf), latent dimension ``D``, MLP ``layers``."""
+
+    arch: str
+    D: int
+    layers: tuple[int, ...]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers) if self.arch in ("mlp", "neumf") else 0
+
+    @property
+    def names(self) -> list[str]:
+        return list(network_shapes(self.arch, self.D, self.layers))
+
+
+@dataclass(frozen=True)
+class LocalTrainingSettings:
+    """How clients train locally.
+
+    Attributes
+    ----------
+    lr : float
+        Adam learning rate.
+    user_lr : float, optional
+        Adam learning rate of the (private) user vectors; default ``lr``.
+    dp : (noise_multiplier, clip), optional
+        DP-SGD: per-sample clipping to ``clip`` and Gaussian noise ``noise_multiplier * clip``
+        (module docstring). Every item row then receives noise, so pass all items as local rows.
+    noise_seed : int
+        Seed of the torch generator of the DP noise.
+    """
+
+    lr: float = 1e-3
+    user_lr: float | None = None
+    dp: tuple[float, float] | None = None
+    noise_seed: int = 0
+
+
+@dataclass(frozen=True)
+class CohortData:
+    """The local data of C clients trained together.
+
+    Attributes
+    ----------
+    item_rows : (C, L, Dtot) float32
+        Each client's copy of the global rows of its local items (padded rows are never used).
+    users : (C, Dtot) float32
+        The clients' user vectors (client-local).
+    inst_item : (C, N) int64
+        Local row (0..L-1) of every training instance (padded beyond ``n_instances``).
+    inst_label : (C, N) float32
+        1 for a positive, 0 for a sampled negative.
+    n_instances : (C,) int64
+    index, valid : (C, S, B)
+        Mini-batch schedule from :func:`make_batches`.
+    n_rows : (C,) int, optional
+        Number of real (unpadded) local rows of each client (default L).
+    adam_state : dict, optional
+        Persistent per-client Adam state to resume from (default: fresh state, step 0):
+        ``m_user``/``v_user`` (C, Dtot), ``m_item``/``v_item`` (C, L, Dtot), ``m_net``/``v_net``
+        (dict name -> (C, ...)), ``step`` (C,) int64 steps already taken.
+    """
+
+    item_rows: np.ndarray
+    users: np.ndarray
+    inst_item: np.ndarray
+    inst_label: np.ndarray
+    n_instances: np.ndarray
+    index: np.ndarray
+    valid: np.ndarray
+    n_rows: np.ndarray | None = None
+    adam_state: dict[str, Any] | None = None
+
+
 def train_clients(
     arch: str,
     D: int,
@@ -301,41 +378,34 @@ def train_clients(
     adam_state: dict[str, Any] | None = None,
     user_lr: float | None = None,
 ) -> dict[str, np.ndarray]:
+    """:func:`train_cohort` with its arguments spelled out (see :class:`CohortData` and
+    :class:`LocalTrainingSettings` for their meaning)."""
+    return train_cohort(
+        Architecture(arch, int(D), tuple(layers)),
+        net,
+        CohortData(item_rows, users, inst_item, inst_label, n_instances, index, valid, n_rows, adam_state),
+        LocalTrainingSettings(lr, user_lr, dp, noise_seed),
+    )
+
+
+def train_cohort(
+    model: Architecture, net: dict[str, np.ndarray], data: CohortData, settings: LocalTrainingSettings
+) -> dict[str, np.ndarray]:
     """Local training of C clients at once (fedncf.txt Algorithm 2, the plain update part).
+
+    Internally the rows of all clients are stored unpadded in one (sum n_rows, Dtot) tensor,
+    clients ordered by their step counts, so the rows of the clients still active form a
+    contiguous prefix and Adam touches no padding. With ``data.adam_state`` the updated state
+    is returned under ``adam_state`` (same layout); that path uses an unfused Adam with
+    per-client step counts (same formula as ``torch.optim.Adam``).
 
     Parameters
     ----------
+    model : Architecture
     net : dict name -> array
         Global network weights (no client dimension).
-    item_rows : (C, L, Dtot) float32
-        Each client's copy of the global rows of its local items (padded rows are never used).
-    users : (C, Dtot) float32
-        The clients' user vectors (client-local).
-    inst_item : (C, N) int64
-        Local row (0..L-1) of every training instance (padded beyond ``n_instances``).
-    inst_label : (C, N) float32
-        1 for a positive, 0 for a sampled negative.
-    n_instances : (C,) int64
-    index, valid : (C, S, B)
-        Mini-batch schedule from :func:`make_batches`.
-    lr : Adam learning rate.
-    dp : (noise_multiplier, clip) or None
-        DP-SGD: per-sample clipping to ``clip`` and Gaussian noise ``noise_multiplier * clip``
-        (module docstring). Every item row then receives noise, so pass all items as local rows.
-    noise_seed : seed of the torch generator of the DP noise.
-    n_rows : (C,) int, optional
-        Number of real (unpadded) local rows of each client (default L). Internally the rows of
-        all clients are stored unpadded in one (sum n_rows, Dtot) tensor, clients ordered by
-        their step counts, so the rows of the clients still active form a contiguous prefix and
-        Adam touches no padding.
-    adam_state : dict, optional
-        Persistent per-client Adam state to resume from (default: fresh state, step 0):
-        ``m_user``/``v_user`` (C, Dtot), ``m_item``/``v_item`` (C, L, Dtot), ``m_net``/``v_net``
-        (dict name -> (C, ...)), ``step`` (C,) int64 steps already taken. The updated state is
-        returned under ``adam_state`` (same layout). Uses an unfused Adam with per-client step
-        counts (same formula as ``torch.optim.Adam``).
-    user_lr : float, optional
-        Adam learning rate of the (private) user vectors; default ``lr``.
+    data : CohortData
+    settings : LocalTrainingSettings
 
     Returns
     -------
@@ -343,131 +413,259 @@ def train_clients(
     ``steps`` (C,) Adam steps taken.
     """
     torch = require_torch()
-    from torch.func import grad, vmap
-
-    C, L, Dt = item_rows.shape
-    n_layers = len(layers) if arch in ("mlp", "neumf") else 0
-    names = list(network_shapes(arch, D, layers))
-    # Clients sorted by their number of steps: client c is active at steps 0..steps_c-1, so the
-    # active clients of step s are a prefix and all share the Adam step count s+1.
-    n_steps = valid.any(axis=2).sum(axis=1)
-    order = np.argsort(-n_steps, kind="stable")
-    inverse = np.argsort(order)
-    item_rows, users, inst_item, inst_label = item_rows[order], users[order], inst_item[order], inst_label[order]
-    index, valid, n_steps = index[order], valid[order], n_steps[order]
-    rows_per = np.full(C, L, dtype=np.int64) if n_rows is None else np.asarray(n_rows, dtype=np.int64)[order]
-    off = np.concatenate([[0], np.cumsum(rows_per)])
-    flat_rows = np.concatenate([item_rows[c, : rows_per[c]] for c in range(C)]) if C else np.zeros((0, Dt), np.float32)
-    inst_item = inst_item + off[:-1, None]  # rows of the flat table
-    P_net = {k: torch.tensor(np.broadcast_to(net[k], (C,) + net[k].shape).copy()) for k in names}
-    P_item = torch.tensor(flat_rows, dtype=torch.float32)
-    P_user = torch.tensor(users, dtype=torch.float32)
-    params = [P_user, P_item] + [P_net[k] for k in names]
-    m_state = [torch.zeros_like(p) for p in params]
-    v_state = [torch.zeros_like(p) for p in params]
-    step0 = None
-    if adam_state is not None:
-        for st, mk in ((m_state, "m"), (v_state, "v")):
-            st[0].copy_(torch.as_tensor(adam_state[f"{mk}_user"][order]))
-            it = adam_state[f"{mk}_item"][order]
-            st[1].copy_(torch.as_tensor(np.concatenate([it[c, : rows_per[c]] for c in range(C)]) if C else np.zeros((0, Dt), np.float32)))
-            for j, k in enumerate(names):
-                st[2 + j].copy_(torch.as_tensor(adam_state[f"{mk}_net"][k][order]))
-        step0 = torch.as_tensor(np.asarray(adam_state["step"], dtype=np.float64)[order])
-        row_client = torch.as_tensor(np.repeat(np.arange(C), rows_per))
-    S, B = index.shape[1], index.shape[2]
-    # per-step tensors gathered once, (S, C, B) so that step s of the active prefix is contiguous:
-    # flat-table row, label and loss weight (1 / batch count; 0 on padding) of every batch slot
-    flat = index.reshape(C, S * B)
-    step_rows = torch.as_tensor(np.ascontiguousarray(np.take_along_axis(inst_item, flat, 1).reshape(C, S, B).transpose(1, 0, 2).reshape(S, C * B))).unbind(0)
-    step_y = torch.as_tensor(np.ascontiguousarray(np.take_along_axis(inst_label, flat, 1).reshape(C, S, B).transpose(1, 0, 2)), dtype=torch.float32).unbind(0)
-    step_w = torch.as_tensor(np.ascontiguousarray((valid / np.maximum(valid.sum(2, keepdims=True), 1)).transpose(1, 0, 2)), dtype=torch.float32).unbind(0)
-    step_t = torch.arange(1, S + 1, dtype=torch.float32).unbind(0)  # Adam step counts
-
-    if dp is not None:
-        sigma, clip = float(dp[0]), float(dp[1])
-        gen = torch.Generator().manual_seed(int(noise_seed))
-
-        def sample_loss(netc, u, irow, y):
-            return _bce(forward(arch, D, n_layers, netc, u, irow), y)
-
-        # per-sample grads: vmap over samples (net, user shared), then over clients
-        ps_grad = vmap(vmap(grad(sample_loss, argnums=(0, 1, 2)), in_dims=(None, None, 0, 0)), in_dims=(0, 0, 0, 0))
-
-    active = (n_steps[None, :] > np.arange(S)[:, None]).sum(1)  # (S,) active clients per step: a prefix
+    cohort = _Cohort.sorted_by_steps(data)
+    params = _Parameters.stacked(torch, model.names, net, cohort)
+    moments = _Moments.start(torch, params, cohort, model.names, data.adam_state)
+    steps = _StepTensors.gather(torch, cohort)
+    grads_of = _plain_grads if settings.dp is None else _dp_grads_factory(torch, model, settings)
+    active = (cohort.n_steps[None, :] > np.arange(steps.S)[:, None]).sum(1)  # (S,) active clients per step: a prefix
     a_prev = -1
-    for s in range(S):
+    for s in range(steps.S):
         a = int(active[s])
         if a == 0:
             break
         if a != a_prev:  # views of the active prefix change only when a client finishes
-            n_act = int(off[a])
-            cur = [params[0][:a], params[1][:n_act]] + [p[:a] for p in params[2:]]
-            ms = [m_state[0][:a], m_state[1][:n_act]] + [m[:a] for m in m_state[2:]]
-            vs = [v_state[0][:a], v_state[1][:n_act]] + [v[:a] for v in v_state[2:]]
+            n_act = int(cohort.off[a])
+            cur = [params.all[0][:a], params.all[1][:n_act]] + [p[:a] for p in params.all[2:]]
+            ms = [moments.m[0][:a], moments.m[1][:n_act]] + [m[:a] for m in moments.m[2:]]
+            vs = [moments.v[0][:a], moments.v[1][:n_act]] + [v[:a] for v in moments.v[2:]]
             a_prev = a
-        full = a == C
-        flat_idx = step_rows[s] if full else step_rows[s][: a * B]  # (a B,) rows of the flat item table
-        y = step_y[s] if full else step_y[s][:a]
-        if dp is None:
-            # gradient w.r.t. the gathered rows, scattered back into each client's table
-            irows = torch.index_select(cur[1], 0, flat_idx).view(a, B, Dt)  # cheaper than advanced indexing
-            g_u, g_rows, g_net = loss_grads_stacked(arch, D, n_layers, dict(zip(names, cur[2:])), names, cur[0], irows, y, step_w[s] if full else step_w[s][:a])
-            g_item = torch.zeros_like(cur[1]).index_put_((flat_idx,), g_rows.reshape(-1, Dt), accumulate=True)
-            grads = [g_u, g_item] + g_net
-        else:
-            w = torch.as_tensor(valid[:a, s], dtype=torch.float32)  # (a, B) 1 on real batch slots
-            irows = cur[1][flat_idx.view(a, B)]
-            g_net, g_u, g_i = ps_grad(dict(zip(names, cur[2:])), cur[0], irows, y)
-            sq = g_u.pow(2).sum(-1) + g_i.pow(2).sum(-1)
-            for k in names:
-                sq = sq + g_net[k].pow(2).flatten(2).sum(-1)
-            factor = (clip / (sq.sqrt() + 1e-6)).clamp(max=1.0) * w  # (a, B)
-            denom = float(B)  # Opacus divides by the expected batch size
-            gu = (g_u * factor[..., None]).sum(1)
-            gi = torch.zeros_like(cur[1]).index_add_(0, flat_idx, (g_i * factor[..., None]).reshape(-1, Dt))
-            gn = [(g_net[k] * factor.view(a, B, *([1] * (g_net[k].dim() - 2)))).sum(1) for k in names]
-            grads = []
-            for g in [gu, gi] + gn:
-                noise = torch.normal(0.0, sigma * clip, size=g.shape, generator=gen)
-                grads.append((g + noise) / denom)
-        if step0 is None and user_lr is not None and user_lr != lr:
-            _adam_step(cur[:1], list(grads[:1]), ms[:1], vs[:1], step_t[s], user_lr)
-            _adam_step(cur[1:], list(grads[1:]), ms[1:], vs[1:], step_t[s], lr)
-        elif step0 is None:
-            _adam_step(cur, grads, ms, vs, step_t[s], lr)
-        else:
-            t = step0[:a] + (s + 1)
-            b1, b2 = ADAM_BETAS
-            bc1, bc2 = 1.0 - b1**t, 1.0 - b2**t  # (a,) float64 per-client bias corrections
-            for j, (p, g, m_, v_) in enumerate(zip(cur, grads, ms, vs)):
-                sel = row_client[:n_act] if j == 1 else slice(None)
-                shape = (-1,) + (1,) * (p.dim() - 1)
-                c1 = bc1[sel].float().view(shape)
-                c2 = bc2[sel].float().view(shape)
-                m_.mul_(b1).add_(g, alpha=1.0 - b1)
-                v_.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-                lr_j = user_lr if (j == 0 and user_lr is not None) else lr
-                p.sub_(lr_j * (m_ / c1) / ((v_ / c2).sqrt() + ADAM_EPS))
-    flat_out = P_item.numpy()
-    items_out = item_rows.copy()
-    for c in range(C):
-        items_out[c, : rows_per[c]] = flat_out[off[c] : off[c + 1]]
+        full = a == cohort.C
+        flat_idx = steps.rows[s] if full else steps.rows[s][: a * steps.B]  # (a B,) rows of the flat item table
+        y = steps.y[s] if full else steps.y[s][:a]
+        wt = steps.w[s] if full else steps.w[s][:a]
+        grads = grads_of(torch, model, cur, flat_idx, y, wt, cohort.valid[:a, s], a, steps.B, cohort.Dt)
+        _adam_update(cur, grads, ms, vs, s, steps, moments, n_act, a, settings)
+    return _collect(params, moments, cohort, model.names, data.adam_state)
+
+
+@dataclass(frozen=True)
+class _Cohort:
+    """The clients sorted by their number of steps: client c is active at steps 0..steps_c-1, so
+    the active clients of step s are a prefix and all share the Adam step count s+1."""
+
+    order: np.ndarray
+    inverse: np.ndarray
+    item_rows: np.ndarray
+    users: np.ndarray
+    inst_item: np.ndarray  # rows of the flat table
+    inst_label: np.ndarray
+    index: np.ndarray
+    valid: np.ndarray
+    n_steps: np.ndarray
+    rows_per: np.ndarray
+    off: np.ndarray
+    flat_rows: np.ndarray
+
+    @property
+    def C(self) -> int:
+        return self.item_rows.shape[0]
+
+    @property
+    def Dt(self) -> int:
+        return self.item_rows.shape[2]
+
+    @classmethod
+    def sorted_by_steps(cls, data: CohortData) -> "_Cohort":
+        C, L, Dt = data.item_rows.shape
+        n_steps = data.valid.any(axis=2).sum(axis=1)
+        order = np.argsort(-n_steps, kind="stable")
+        inverse = np.argsort(order)
+        item_rows, users = data.item_rows[order], data.users[order]
+        inst_item, inst_label = data.inst_item[order], data.inst_label[order]
+        index, valid, n_steps = data.index[order], data.valid[order], n_steps[order]
+        rows_per = np.full(C, L, dtype=np.int64) if data.n_rows is None else np.asarray(data.n_rows, dtype=np.int64)[order]
+        off = np.concatenate([[0], np.cumsum(rows_per)])
+        flat_rows = (
+            np.concatenate([item_rows[c, : rows_per[c]] for c in range(C)]) if C else np.zeros((0, Dt), np.float32)
+        )
+        inst_item = inst_item + off[:-1, None]
+        return cls(order, inverse, item_rows, users, inst_item, inst_label, index, valid, n_steps, rows_per, off, flat_rows)
+
+    def flat(self, per_client: np.ndarray) -> np.ndarray:
+        """(C, L, ...) rows of every client -> the (sum n_rows, ...) flat table (clients in order)."""
+        C, Dt = self.C, self.Dt
+        return np.concatenate([per_client[c, : self.rows_per[c]] for c in range(C)]) if C else np.zeros((0, Dt), np.float32)
+
+
+@dataclass(frozen=True)
+class _Parameters:
+    """The trained tensors: per-client network copies, the flat item table, the user vectors."""
+
+    net: dict[str, Any]
+    item: Any
+    user: Any
+    all: list
+
+    @classmethod
+    def stacked(cls, torch: Any, names: list[str], net: dict[str, np.ndarray], cohort: _Cohort) -> "_Parameters":
+        C = cohort.C
+        P_net = {k: torch.tensor(np.broadcast_to(net[k], (C,) + net[k].shape).copy()) for k in names}
+        P_item = torch.tensor(cohort.flat_rows, dtype=torch.float32)
+        P_user = torch.tensor(cohort.users, dtype=torch.float32)
+        return cls(P_net, P_item, P_user, [P_user, P_item] + [P_net[k] for k in names])
+
+
+@dataclass(frozen=True)
+class _Moments:
+    """Adam's first and second moments (same layout as the parameters) and, when resumed from a
+    persistent state, the per-client step counts already taken and each flat row's client."""
+
+    m: list
+    v: list
+    step0: Any = None
+    row_client: Any = None
+
+    @classmethod
+    def start(
+        cls, torch: Any, params: _Parameters, cohort: _Cohort, names: list[str], adam_state: dict[str, Any] | None
+    ) -> "_Moments":
+        m_state = [torch.zeros_like(p) for p in params.all]
+        v_state = [torch.zeros_like(p) for p in params.all]
+        if adam_state is None:
+            return cls(m_state, v_state)
+        order = cohort.order
+        for st, mk in ((m_state, "m"), (v_state, "v")):
+            st[0].copy_(torch.as_tensor(adam_state[f"{mk}_user"][order]))
+            st[1].copy_(torch.as_tensor(cohort.flat(adam_state[f"{mk}_item"][order])))
+            for j, k in enumerate(names):
+                st[2 + j].copy_(torch.as_tensor(adam_state[f"{mk}_net"][k][order]))
+        step0 = torch.as_tensor(np.asarray(adam_state["step"], dtype=np.float64)[order])
+        row_client = torch.as_tensor(np.repeat(np.arange(cohort.C), cohort.rows_per))
+        return cls(m_state, v_state, step0, row_client)
+
+
+@dataclass(frozen=True)
+class _StepTensors:
+    """Per-step tensors gathered once, (S, C, B) so that step s of the active prefix is
+    contiguous: flat-table row, label and loss weight (1 / batch count; 0 on padding) of every
+    batch slot, and the Adam step counts."""
+
+    rows: tuple
+    y: tuple
+    w: tuple
+    t: tuple
+    S: int
+    B: int
+
+    @classmethod
+    def gather(cls, torch: Any, cohort: _Cohort) -> "_StepTensors":
+        C, index, valid = cohort.C, cohort.index, cohort.valid
+        S, B = index.shape[1], index.shape[2]
+        flat = index.reshape(C, S * B)
+        rows = np.take_along_axis(cohort.inst_item, flat, 1).reshape(C, S, B).transpose(1, 0, 2).reshape(S, C * B)
+        labels = np.take_along_axis(cohort.inst_label, flat, 1).reshape(C, S, B).transpose(1, 0, 2)
+        weights = (valid / np.maximum(valid.sum(2, keepdims=True), 1)).transpose(1, 0, 2)
+        return cls(
+            torch.as_tensor(np.ascontiguousarray(rows)).unbind(0),
+            torch.as_tensor(np.ascontiguousarray(labels), dtype=torch.float32).unbind(0),
+            torch.as_tensor(np.ascontiguousarray(weights), dtype=torch.float32).unbind(0),
+            torch.arange(1, S + 1, dtype=torch.float32).unbind(0),
+            S,
+            B,
+        )
+
+
+def _plain_grads(
+    torch: Any, model: Architecture, cur: list, flat_idx: Any, y: Any, wt: Any, valid: np.ndarray, a: int, B: int,
+    Dt: int,
+) -> list:
+    """The active clients' gradients of one step; the rows' gradients scattered into the flat table."""
+    names = model.names
+    irows = torch.index_select(cur[1], 0, flat_idx).view(a, B, Dt)  # cheaper than advanced indexing
+    g_u, g_rows, g_net = loss_grads_stacked(model.arch, model.D, model.n_layers, dict(zip(names, cur[2:])), names, cur[0], irows, y, wt)
+    g_item = torch.zeros_like(cur[1]).index_put_((flat_idx,), g_rows.reshape(-1, Dt), accumulate=True)
+    return [g_u, g_item] + g_net
+
+
+def _dp_grads_factory(torch: Any, model: Architecture, settings: LocalTrainingSettings) -> Any:
+    """DP-SGD gradients of one step: per-sample gradients (vmap over samples, then clients),
+    clipped in their joint L2 norm, summed, plus Gaussian noise on every parameter, divided by B."""
+    from torch.func import grad, vmap
+
+    arch, D, n_layers, names = model.arch, model.D, model.n_layers, model.names
+    sigma, clip = float(settings.dp[0]), float(settings.dp[1])
+    gen = torch.Generator().manual_seed(int(settings.noise_seed))
+
+    def sample_loss(netc, u, irow, y):
+        return _bce(forward(arch, D, n_layers, netc, u, irow), y)
+
+    # per-sample grads: vmap over samples (net, user shared), then over clients
+    ps_grad = vmap(vmap(grad(sample_loss, argnums=(0, 1, 2)), in_dims=(None, None, 0, 0)), in_dims=(0, 0, 0, 0))
+
+    def dp_grads(torch: Any, model: Architecture, cur: list, flat_idx: Any, y: Any, wt: Any, valid: np.ndarray,
+                 a: int, B: int, Dt: int) -> list:
+        w = torch.as_tensor(valid, dtype=torch.float32)  # (a, B) 1 on real batch slots
+        irows = cur[1][flat_idx.view(a, B)]
+        g_net, g_u, g_i = ps_grad(dict(zip(names, cur[2:])), cur[0], irows, y)
+        sq = g_u.pow(2).sum(-1) + g_i.pow(2).sum(-1)
+        for k in names:
+            sq = sq + g_net[k].pow(2).flatten(2).sum(-1)
+        factor = (clip / (sq.sqrt() + 1e-6)).clamp(max=1.0) * w  # (a, B)
+        denom = float(B)  # Opacus divides by the expected batch size
+        gu = (g_u * factor[..., None]).sum(1)
+        gi = torch.zeros_like(cur[1]).index_add_(0, flat_idx, (g_i * factor[..., None]).reshape(-1, Dt))
+        gn = [(g_net[k] * factor.view(a, B, *([1] * (g_net[k].dim() - 2)))).sum(1) for k in names]
+        grads = []
+        for g in [gu, gi] + gn:
+            noise = torch.normal(0.0, sigma * clip, size=g.shape, generator=gen)
+            grads.append((g + noise) / denom)
+        return grads
+
+    return dp_grads
+
+
+def _adam_update(
+    cur: list, grads: list, ms: list, vs: list, s: int, steps: _StepTensors, moments: _Moments, n_act: int, a: int,
+    settings: LocalTrainingSettings,
+) -> None:
+    """One Adam step of the active clients: fused with one step count (fresh state), or per
+    client with their own step counts (resumed persistent state)."""
+    lr, user_lr = settings.lr, settings.user_lr
+    if moments.step0 is None and user_lr is not None and user_lr != lr:
+        _adam_step(cur[:1], list(grads[:1]), ms[:1], vs[:1], steps.t[s], user_lr)
+        _adam_step(cur[1:], list(grads[1:]), ms[1:], vs[1:], steps.t[s], lr)
+        return
+    if moments.step0 is None:
+        _adam_step(cur, grads, ms, vs, steps.t[s], lr)
+        return
+    t = moments.step0[:a] + (s + 1)
+    b1, b2 = ADAM_BETAS
+    bc1, bc2 = 1.0 - b1**t, 1.0 - b2**t  # (a,) float64 per-client bias corrections
+    for j, (p, g, m_, v_) in enumerate(zip(cur, grads, ms, vs)):
+        sel = moments.row_client[:n_act] if j == 1 else slice(None)
+        shape = (-1,) + (1,) * (p.dim() - 1)
+        c1 = bc1[sel].float().view(shape)
+        c2 = bc2[sel].float().view(shape)
+        m_.mul_(b1).add_(g, alpha=1.0 - b1)
+        v_.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+        lr_j = user_lr if (j == 0 and user_lr is not None) else lr
+        p.sub_(lr_j * (m_ / c1) / ((v_ / c2).sqrt() + ADAM_EPS))
+
+
+def _collect(
+    params: _Parameters, moments: _Moments, cohort: _Cohort, names: list[str], adam_state: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The trained tensors back in the callers' client order and padded (C, L, Dtot) layout."""
+    C, inverse, rows_per, off = cohort.C, cohort.inverse, cohort.rows_per, cohort.off
+    L, Dt = cohort.item_rows.shape[1], cohort.Dt
+
+    def unflat(fl: np.ndarray, base: np.ndarray) -> np.ndarray:
+        for c in range(C):
+            base[c, : rows_per[c]] = fl[off[c] : off[c + 1]]
+        return base
+
     out = {
-        "net": {k: P_net[k].numpy()[inverse] for k in names},
-        "items": items_out[inverse],
-        "users": P_user.numpy()[inverse],
-        "steps": n_steps[inverse],
+        "net": {k: params.net[k].numpy()[inverse] for k in names},
+        "items": unflat(params.item.numpy(), cohort.item_rows.copy())[inverse],
+        "users": params.user.numpy()[inverse],
+        "steps": cohort.n_steps[inverse],
     }
     if adam_state is not None:
-        new_state: dict[str, Any] = {"step": (np.asarray(adam_state["step"])[order] + n_steps)[inverse]}
-        for st, mk in ((m_state, "m"), (v_state, "v")):
+        new_state: dict[str, Any] = {"step": (np.asarray(adam_state["step"])[cohort.order] + cohort.n_steps)[inverse]}
+        for st, mk in ((moments.m, "m"), (moments.v, "v")):
             new_state[f"{mk}_user"] = st[0].numpy()[inverse]
-            fl = st[1].numpy()
-            it = np.zeros((C, L, Dt), dtype=np.float32)
-            for c in range(C):
-                it[c, : rows_per[c]] = fl[off[c] : off[c + 1]]
-            new_state[f"{mk}_item"] = it[inverse]
+            new_state[f"{mk}_item"] = unflat(st[1].numpy(), np.zeros((C, L, Dt), dtype=np.float32))[inverse]
             new_state[f"{mk}_net"] = {k: st[2 + j].numpy()[inverse] for j, k in enumerate(names)}
         out["adam_state"] = new_state
     return out

@@ -17,7 +17,7 @@ import numpy as np
 
 from privaudit.defenses.base import Defense, UploadBatch
 from privaudit.errors import PrivauditError
-from privaudit.params import resolve
+from privaudit.params import Param, declare_on, public_values, resolve_declared
 from privaudit.transcript import Transcript
 
 
@@ -171,19 +171,48 @@ def resolve_seed(rng: np.random.Generator | int | None) -> int:
 
 def public_defenses(defenses: Sequence[Defense]) -> list[dict[str, Any]]:
     """The active defenses as recorded in a transcript's public config: ``{"name", **params}``."""
-    return [{"name": d.name, **dict(d.config)} for d in defenses]
+    return [{"name": d.name, **(d.public_config() if hasattr(d, "public_config") else dict(d.config))} for d in defenses]
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What the shared opening of :meth:`Protocol.run` hands to :meth:`Protocol.simulate`.
+
+    Attributes
+    ----------
+    config : dict
+        Resolved and validated parameter values.
+    dataset : RatingsDataset
+    defenses : list of Defense
+        The defenses of the run, prepared and checked.
+    seed : int
+        The run's seed; protocols spawn their generator streams from it.
+    """
+
+    config: dict[str, Any]
+    dataset: Any
+    defenses: list[Defense]
+    seed: int
+
+    def streams(self, n: int) -> list[np.random.Generator]:
+        """``n`` independent generators spawned from the seed (always in the same order)."""
+        return [np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(n)]
 
 
 class Protocol:
     """Base class of protocols.
 
-    Subclasses set ``name``, ``description``, ``default_config`` (every public
-    hyperparameter with its default), ``config_help`` (one line per key), ``default_attack``
-    (the strongest registered attack against it) and implement :meth:`run`.
+    Subclasses set ``name``, ``description``, ``parameters`` (every hyperparameter as a
+    :class:`~privaudit.params.Param`: default, bounds or choices, help), ``default_attack``
+    (the strongest registered attack against it) and implement :meth:`run`. ``declared``,
+    ``default_config`` (name -> default) and ``config_help`` (name -> help) are derived from
+    ``parameters``.
     """
 
     name: str = ""
     description: str = ""
+    parameters: tuple[Param, ...] = ()
+    declared: dict[str, Param] = {}
     default_config: dict[str, Any] = {}
     config_help: dict[str, str] = {}
     default_attack: str | None = None
@@ -196,21 +225,27 @@ class Protocol:
     #: config of a transcript can be handed to another run.
     derived_keys: tuple[str, ...] = ()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declare_on(cls, "default_config", "config_help")
+
     @classmethod
     def resolve_config(cls, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Defaults updated with ``overrides`` (strings coerced), validated by :meth:`validate_config`.
+        """Defaults updated with ``overrides``, coerced and checked against the declaration,
+        then :meth:`validate_config`.
 
         Keys in :attr:`derived_keys` (and ``seed``, ``defenses``) are dropped from ``overrides``.
         """
         ignored = set(cls.derived_keys) | {"seed", "defenses"}
         overrides = {k: v for k, v in (overrides or {}).items() if k not in ignored}
-        config = resolve(cls.default_config, overrides, f"protocol {cls.name!r}")
+        config = resolve_declared(cls.declared, overrides, f"protocol {cls.name!r}")
         cls.validate_config(config)
         return config
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
-        """Raise :class:`PrivauditError` for out-of-range values (see :meth:`config_fail`)."""
+        """Checks across several values (single values are checked by their declaration);
+        raise :class:`PrivauditError` (see :meth:`config_fail`)."""
 
     def open_transcript(
         self,
@@ -222,10 +257,11 @@ class Protocol:
         /,
         **public: Any,
     ) -> Transcript:
-        """A new transcript of this protocol whose public config is ``config``, then the
-        derived values ``public`` (dataset sizes, rating scale, ...), then the active defenses
-        (:func:`public_defenses`); the dataset is recorded by its ``summary()``."""
-        recorded = {**config, **public, "defenses": public_defenses(defenses)}
+        """A new transcript of this protocol whose public config is ``config`` (its parameters
+        declared public), then the derived values ``public`` (dataset sizes, rating scale, ...),
+        then the active defenses (:func:`public_defenses`); the dataset is recorded by its
+        ``summary()``."""
+        recorded = {**public_values(self.declared, config), **public, "defenses": public_defenses(defenses)}
         return Transcript(
             protocol=self.name, config=recorded, seed=seed, dataset=dataset.summary(), parties=list(parties)
         )
@@ -242,7 +278,52 @@ class Protocol:
         defenses: Sequence[Defense] = (),
         rng: np.random.Generator | int | None = None,
     ) -> RunResult:
+        """Simulate the protocol on ``dataset``; the transcript, the trained model and utility.
+
+        The shared opening, then the protocol's own steps: ``config`` resolved against the
+        declaration, the defenses prepared (:meth:`prepare_defenses`) and checked, the seed
+        fixed (:func:`resolve_seed`), then :meth:`simulate`, which opens the transcript with
+        the clients' private messages and the channel through :meth:`start`.
+
+        Parameters
+        ----------
+        dataset : RatingsDataset
+        config : mapping, optional
+            Parameter values (strings are coerced); derived keys are ignored.
+        defenses : sequence of Defense
+        rng : numpy Generator, int seed or None (fresh entropy)
+        """
+        cfg = self.resolve_config(config)
+        active = self.prepare_defenses(cfg, list(defenses))
+        self.check_defenses(self.name, active)
+        return self.simulate(RunSetup(cfg, dataset, active, resolve_seed(rng)))
+
+    def prepare_defenses(self, config: Mapping[str, Any], defenses: list[Defense]) -> list[Defense]:
+        """The defenses a run uses (default: as given; a protocol may add its own)."""
+        return defenses
+
+    def simulate(self, setup: "RunSetup") -> RunResult:
+        """The protocol's own steps (split, training, evaluation) for a prepared run."""
         raise NotImplementedError
+
+    def start(
+        self,
+        setup: "RunSetup",
+        parties: Sequence[str],
+        private: Mapping[str, Mapping[str, np.ndarray]] | Sequence[tuple[str, Mapping[str, np.ndarray], Mapping]],
+        channel_rng: np.random.Generator,
+        /,
+        **public: Any,
+    ) -> tuple[Transcript, Channel]:
+        """Open the run's transcript (:meth:`open_transcript` with the derived values ``public``),
+        record every client's ``private`` message (round 0, sender = receiver; a mapping
+        party -> payload, or ``(party, payload, meta)`` triples) and build the uplink."""
+        transcript = self.open_transcript(setup.config, setup.dataset, setup.defenses, setup.seed, parties, **public)
+        items = private.items() if isinstance(private, Mapping) else private
+        for entry in items:
+            party, payload, *meta = entry
+            transcript.add(0, party, party, "private", payload, *meta)
+        return transcript, Channel(setup.defenses, transcript, channel_rng)
 
     @staticmethod
     def check_defenses(protocol: str, defenses: Sequence[Defense]) -> None:

@@ -56,16 +56,18 @@ keeps the split and the initial model fixed.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import numpy as np
 import scipy.sparse as sp
 
 from privaudit.data.splits import cold_start_items, cold_start_users, holdout_split
-from privaudit.defenses.base import ClientData, Defense
+from privaudit.defenses.base import ClientData
 from privaudit.metrics import ranking_metrics_at_k
 from privaudit.models import mvmf
-from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
+from privaudit.params import Param
+from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup
 from privaudit.registry import register_protocol
 from privaudit import schema as transcript_schema
 
@@ -126,109 +128,50 @@ class FedMVMF(Protocol):
     schema = transcript_schema.FEDMVMF  # declared message kinds, checked before any attack
     default_attack = "mvmf-analytic"
     derived_keys = DERIVED_KEYS
-    default_config: dict[str, Any] = {
-        "K": 20,
-        "alpha": 2.0,
-        "lam": 10.0,
-        "w": 0.2,
-        "eta": 3e-4,
-        "update": "semials",
-        "unrated": "obsonly",
-        "epochs": 40,
-        "lr": 0.2,
-        "init_scale": 0.1,
-        "record_rounds": 2,
-        "test_fraction": 0.2,
-        "cold_user_fraction": 0.1,
-        "cold_item_fraction": 0.1,
-        "relevance_threshold": 4.0,
-        "top_k": 10,
-    }
-    config_help = {
-        "K": "latent dimension",
-        "alpha": "weight of the side-information views (user attributes, item features)",
-        "lam": "L2 regularization of U, V, P, Q (> 0)",
-        "w": "InclUnc: confidence c_ui of unrated items (rating 0)",
-        "eta": "SGD: client step size on u_u",
-        "update": "client update of u_u: semials (closed form) or sgd (one step per epoch)",
-        "unrated": "obsonly (upload rated items only) or inclunc (all items, unrated with weight w)",
-        "epochs": "training epochs (server Adam steps)",
-        "lr": "server Adam learning rate for V and P (and the item server's Q under sgd)",
-        "init_scale": "standard deviation of the initial factors",
-        "record_rounds": "record the uploads and server state of the first N epochs (-1: all)",
-        "test_fraction": "per-user fraction of ratings held out for the existing-user test",
-        "cold_user_fraction": "fraction of users held out as cold-start users",
-        "cold_item_fraction": "fraction of items held out as cold-start items",
-        "relevance_threshold": "a test rating >= this is relevant (utility)",
-        "top_k": "length of the recommendation lists (utility)",
-    }
-
-    @classmethod
-    def validate_config(cls, config: dict[str, Any]) -> None:
-        fail = cls.config_fail
-
-        if config["update"] not in ("semials", "sgd"):
-            fail(f"update must be 'semials' or 'sgd', got {config['update']!r}")
-        if config["unrated"] not in ("obsonly", "inclunc"):
-            fail(f"unrated must be 'obsonly' or 'inclunc', got {config['unrated']!r}")
-        if not isinstance(config["K"], int) or config["K"] < 1:
-            fail(f"K must be a positive integer, got {config['K']!r}")
-        if not isinstance(config["epochs"], int) or config["epochs"] < 1:
-            fail(f"epochs must be a positive integer, got {config['epochs']!r}")
-        if not isinstance(config["record_rounds"], int) or config["record_rounds"] < -1:
-            fail(f"record_rounds must be -1 (all) or a non-negative integer, got {config['record_rounds']!r}")
-        if not isinstance(config["top_k"], int) or config["top_k"] < 1:
-            fail(f"top_k must be a positive integer, got {config['top_k']!r}")
-        for key in ("alpha", "w", "init_scale"):
-            if not np.isfinite(config[key]) or config[key] < 0:
-                fail(f"{key} must be a non-negative number, got {config[key]!r}")
-        for key in ("lam", "eta", "lr"):
-            if not np.isfinite(config[key]) or config[key] <= 0:
-                fail(f"{key} must be a positive number, got {config[key]!r}")
-        for key in ("test_fraction", "cold_user_fraction", "cold_item_fraction"):
-            if not 0.0 <= config[key] < 1.0:
-                fail(f"{key} must be in [0, 1), got {config[key]!r}")
+    parameters = (
+        Param("K", 20, "latent dimension", ge=1),
+        Param("alpha", 2.0, "weight of the side-information views (user attributes, item features)", ge=0),
+        Param("lam", 10.0, "L2 regularization of U, V, P, Q (> 0)", gt=0),
+        Param("w", 0.2, "InclUnc: confidence c_ui of unrated items (rating 0)", ge=0),
+        Param("eta", 3e-4, "SGD: client step size on u_u", gt=0),
+        Param("update", "semials", "client update of u_u: semials (closed form) or sgd (one step per epoch)",
+              choices=("semials", "sgd")),
+        Param("unrated", "obsonly", "obsonly (upload rated items only) or inclunc (all items, unrated with weight w)",
+              choices=("obsonly", "inclunc")),
+        Param("epochs", 40, "training epochs (server Adam steps)", ge=1),
+        Param("lr", 0.2, "server Adam learning rate for V and P (and the item server's Q under sgd)", gt=0),
+        Param("init_scale", 0.1, "standard deviation of the initial factors", ge=0),
+        Param("record_rounds", 2, "record the uploads and server state of the first N epochs (-1: all)", ge=0, also=(-1,)),
+        Param("test_fraction", 0.2, "per-user fraction of ratings held out for the existing-user test", ge=0, lt=1),
+        Param("cold_user_fraction", 0.1, "fraction of users held out as cold-start users", ge=0, lt=1),
+        Param("cold_item_fraction", 0.1, "fraction of items held out as cold-start items", ge=0, lt=1),
+        Param("relevance_threshold", 4.0, "a test rating >= this is relevant (utility)"),
+        Param("top_k", 10, "length of the recommendation lists (utility)", ge=1),
+    )
 
     # ------------------------------------------------------------------ run
-    def run(
-        self,
-        dataset: Any,
-        config: Mapping[str, Any] | None = None,
-        defenses: Sequence[Defense] = (),
-        rng: np.random.Generator | int | None = None,
-    ) -> RunResult:
-        """Train FedMVMF on ``dataset`` (a RatingsDataset) and return transcript, model, utility.
+    def simulate(self, setup: RunSetup) -> RunResult:
+        """Train FedMVMF on ``setup.dataset`` (a RatingsDataset) and return transcript, model, utility.
 
         ``model``: dict with ``U`` (n x K, training users), ``V`` (m_train x K), ``P`` (p x K),
         ``Q`` (q x K), ``U_init`` (the clients' initial u, used by SGD), ``U_cold`` / ``V_cold``
         (cold-start factors), the index arrays of the split, ``train``/``test`` (CSR, train users x
         train items) and ``loss`` (J after each epoch, eq. 3).
         """
-        cfg = self.resolve_config(config)
-        self.check_defenses(self.name, defenses)
-        seed = resolve_seed(rng)
-        split_rng, init_rng, channel_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
-
-        K, alpha, lam, w, eta = cfg["K"], float(cfg["alpha"]), float(cfg["lam"]), float(cfg["w"]), float(cfg["eta"])
-        update, unrated = cfg["update"], cfg["unrated"]
+        cfg, dataset = setup.config, setup.dataset
+        split_rng, init_rng, channel_rng = setup.streams(3)
+        st = MVMFSettings.from_config(cfg)
         split = split_fedmvmf(
             dataset, cfg["test_fraction"], cfg["cold_user_fraction"], cfg["cold_item_fraction"], split_rng
         )
-        R_train = split["train"]
-        n, m = R_train.shape
-        X = np.asarray(dataset.user_attributes, dtype=np.float64)
-        Y = np.asarray(dataset.item_features, dtype=np.float64)
-        X_train, X_cold = X[split["train_users"]], X[split["cold_users"]]
-        Y_train, Y_cold = Y[split["train_items"]], Y[split["cold_items"]]
-        p, q = X.shape[1], Y.shape[1]
-
+        views = _Views.of(dataset, split)
+        n, m = views.R_train.shape
         senders = [f"client:{u}" for u in range(n)]
-        transcript = self.open_transcript(
-            cfg,
-            dataset,
-            defenses,
-            seed,
+        transcript, channel = self.start(
+            setup,
             ["server", "item-server", *senders],
+            _private_messages(senders, views.R_train, views.X_train, split["train_users"]),
+            channel_rng,
             n_items=int(m),
             n_users=int(n),
             attribute_names=list(dataset.attribute_names),
@@ -236,119 +179,229 @@ class FedMVMF(Protocol):
             rating_max=float(dataset.rating_max),
             rating_step=float(dataset.rating_step),
         )
-        channel = Channel(defenses, transcript, channel_rng)
-
-        # ground truth: each client's real training ratings and attributes
-        items_all = R_train.indices.astype(np.int64)
-        for u, party in enumerate(senders):
-            lo, hi = R_train.indptr[u], R_train.indptr[u + 1]
-            transcript.add(
-                0,
-                party,
-                party,
-                "private",
-                {"items": items_all[lo:hi], "ratings": R_train.data[lo:hi].copy(), "attributes": X_train[u].copy()},
-                {"dataset_user": int(split["train_users"][u])},
-            )
-
-        data = channel.client_data(ClientData.from_ratings(R_train))
-        ratings = sp.csr_matrix(data.ratings, dtype=np.float64)
-        ratings.sort_indices()
-        weights = sp.csr_matrix((np.asarray(sp.csr_matrix(data.weights).data, dtype=np.float64), ratings.indices, ratings.indptr), shape=ratings.shape)
-        if sp.csr_matrix(data.weights).nnz != ratings.nnz:
-            raise RuntimeError("ClientData.weights must have the sparsity of ClientData.ratings")
-
-        V = init_rng.normal(0.0, cfg["init_scale"], (m, K))
-        P = init_rng.normal(0.0, cfg["init_scale"], (p, K))
-        Q = init_rng.normal(0.0, cfg["init_scale"], (q, K))
-        U = init_rng.normal(0.0, cfg["init_scale"], (n, K))
-        U_init = U.copy()
-        server_adam = mvmf.Adam(lr=cfg["lr"])
-        item_adam = mvmf.Adam(lr=cfg["lr"])
-
-        entry_rows = np.repeat(np.arange(n), np.diff(ratings.indptr))
-        entry_items = ratings.indices.astype(np.int64)
-        all_items = np.arange(m, dtype=np.int64)
-        indptr = ratings.indptr
-        record_rounds = cfg["record_rounds"]
+        ratings, weights = _client_data(channel, views.R_train)
+        state = _State.initial(init_rng, n, m, views.X_train.shape[1], views.Y_train.shape[1], st.K, cfg)
+        U_init = state.U.copy()
         losses: list[float] = []
         seconds = 0.0
-
         for t in range(cfg["epochs"]):
-            record = record_rounds < 0 or t < record_rounds
             tic = time.perf_counter()
-            if record:
-                transcript.add(t, "server", "server", "state", {"V": V, "P": P})
-            sent = channel.download({"V": V, "P": P})
-            V_sent, P_sent = sent["V"], sent["P"]
-            # clients
-            A, b = mvmf.normal_equations(V_sent, P_sent, X_train, ratings, weights, alpha, lam, w, unrated)
-            U = mvmf.solve_users(A, b) if update == "semials" else mvmf.sgd_users(U, A, b, eta)
-            if not channel.defenses and not record:
-                # nothing observes this round: the server's plain sum, computed without
-                # materializing per-client payloads (equal to plain_sum up to rounding)
-                sum_V, sum_P = mvmf.summed_uploads(U, V_sent, P_sent, X_train, ratings, weights, alpha, w, unrated)
-            else:
-                if unrated == "obsonly":
-                    coef = mvmf.entry_coefficients(U, V_sent, ratings, weights)
-                    rows = mvmf.grad_V_rows(coef, U, entry_rows)
-                    payloads = [
-                        {"items": entry_items[indptr[u] : indptr[u + 1]], "values": rows[indptr[u] : indptr[u + 1]]}
-                        for u in range(n)
-                    ]
-                else:
-                    coef = mvmf.dense_coefficients(U, V_sent, ratings, weights, w)
-                    rows = mvmf.grad_V_rows(coef, U)
-                    payloads = [{"items": all_items, "values": rows[u]} for u in range(n)]
-                batch = channel.send(t, "grad_V", senders, payloads, record=record)
-                sum_V = _summed(channel.sum(batch, rows=m), (m, K))
-                del payloads, rows, batch
-                gP = mvmf.grad_P(U, P_sent, X_train, alpha)
-                batch = channel.send(t, "grad_P", senders, [{"values": gP[u]} for u in range(n)], record=record)
-                sum_P = _summed(channel.sum(batch), (p, K))
-                del gP, batch
-            # item server
-            if update == "semials":
-                Q = mvmf.solve_Q(V, Y_train, alpha, lam)
-            else:
-                Q = item_adam.step({"Q": Q}, {"Q": mvmf.grad_Q(Q, V, Y_train, alpha, lam)})["Q"]
-            g_item = mvmf.item_grad_V(V, Q, Y_train, alpha)
-            if record:
-                transcript.add(t, "item-server", "server", "grad_V_item", {"values": g_item})
-            losses.append(mvmf.loss(U, V_sent, P_sent, Q, ratings, weights, X_train, Y_train, alpha, lam, w, unrated))
-            # FL server
-            new = server_adam.step({"V": V, "P": P}, {"V": sum_V + g_item + 2.0 * lam * V, "P": sum_P + 2.0 * lam * P})
-            V, P = new["V"], new["P"]
+            losses.append(self._epoch(t, state, st, cfg, channel, transcript, senders, ratings, weights, views))
             seconds += time.perf_counter() - tic
-
-        # evaluation
-        k, thr = cfg["top_k"], float(cfg["relevance_threshold"])
-        U_cold = mvmf.cold_start_users(P, X_cold, alpha, lam)
-        V_cold = mvmf.cold_start_items(Q, Y_cold, alpha, lam)
-        utility: dict[str, float] = {}
-        utility.update(ranking_utility(U @ V.T, split["test"], thr, k, exclude=R_train.astype(bool)))
-        utility.update(ranking_utility(U_cold @ V.T, split["cold_user_ratings"], thr, k, prefix="cold_user_"))
-        utility.update(ranking_utility(U @ V_cold.T, split["cold_item_ratings"], thr, k, prefix="cold_item_"))
+        utility = _evaluate(state, st, cfg, views, split)
         utility["train_loss"] = float(losses[-1])
         utility["epoch_seconds"] = seconds / cfg["epochs"]
-
         model = {
-            "U": U,
-            "V": V,
-            "P": P,
-            "Q": Q,
+            "U": state.U,
+            "V": state.V,
+            "P": state.P,
+            "Q": state.Q,
             "U_init": U_init,
-            "U_cold": U_cold,
-            "V_cold": V_cold,
+            "U_cold": utility.pop("_U_cold"),
+            "V_cold": utility.pop("_V_cold"),
             "loss": np.asarray(losses),
             "train_users": split["train_users"],
             "cold_users": split["cold_users"],
             "train_items": split["train_items"],
             "cold_items": split["cold_items"],
-            "train": R_train,
+            "train": views.R_train,
             "test": split["test"],
         }
         return RunResult(transcript, model, utility)
+
+    @staticmethod
+    def _epoch(
+        t: int,
+        state: "_State",
+        st: "MVMFSettings",
+        cfg: Mapping[str, Any],
+        channel: Channel,
+        transcript: Any,
+        senders: list[str],
+        ratings: sp.csr_matrix,
+        weights: sp.csr_matrix,
+        views: "_Views",
+    ) -> float:
+        """One epoch: the server's broadcast, the clients' uploads and their sum, the item
+        server's step, then the FL server's Adam step on V and P. Returns the loss J (eq. 3)."""
+        record_rounds = cfg["record_rounds"]
+        record = record_rounds < 0 or t < record_rounds
+        if record:
+            transcript.add(t, "server", "server", "state", {"V": state.V, "P": state.P})
+        sent = channel.download({"V": state.V, "P": state.P})
+        V_sent, P_sent = sent["V"], sent["P"]
+        sum_V, sum_P = _client_round(t, state, st, channel, senders, ratings, weights, views.X_train, V_sent, P_sent, record)
+        g_item = _item_server_step(state, st, views.Y_train)
+        if record:
+            transcript.add(t, "item-server", "server", "grad_V_item", {"values": g_item})
+        loss = mvmf.loss(
+            state.U, V_sent, P_sent, state.Q, ratings, weights, views.X_train, views.Y_train, st.alpha, st.lam, st.w,
+            st.unrated,
+        )
+        lam, V, P = st.lam, state.V, state.P
+        new = state.server_adam.step({"V": V, "P": P}, {"V": sum_V + g_item + 2.0 * lam * V, "P": sum_P + 2.0 * lam * P})
+        state.V, state.P = new["V"], new["P"]
+        return loss
+
+
+@dataclass(frozen=True)
+class MVMFSettings:
+    """The training hyperparameters of FedMVMF (from the config)."""
+
+    K: int
+    alpha: float
+    lam: float
+    w: float
+    eta: float
+    update: str
+    unrated: str
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "MVMFSettings":
+        return cls(
+            cfg["K"], float(cfg["alpha"]), float(cfg["lam"]), float(cfg["w"]), float(cfg["eta"]), cfg["update"],
+            cfg["unrated"],
+        )
+
+
+@dataclass(frozen=True)
+class _Views:
+    """The training ratings and the side information of train and cold-start users/items."""
+
+    R_train: sp.csr_matrix
+    X_train: np.ndarray
+    X_cold: np.ndarray
+    Y_train: np.ndarray
+    Y_cold: np.ndarray
+
+    @classmethod
+    def of(cls, dataset: Any, split: Mapping[str, Any]) -> "_Views":
+        X = np.asarray(dataset.user_attributes, dtype=np.float64)
+        Y = np.asarray(dataset.item_features, dtype=np.float64)
+        return cls(
+            split["train"], X[split["train_users"]], X[split["cold_users"]], Y[split["train_items"]],
+            Y[split["cold_items"]],
+        )
+
+
+@dataclass
+class _State:
+    """The model during training: clients' U, the server's V, P, the item server's Q, the optimizers."""
+
+    U: np.ndarray
+    V: np.ndarray
+    P: np.ndarray
+    Q: np.ndarray
+    server_adam: Any
+    item_adam: Any
+
+    @classmethod
+    def initial(cls, rng: np.random.Generator, n: int, m: int, p: int, q: int, K: int, cfg: Mapping[str, Any]) -> "_State":
+        V = rng.normal(0.0, cfg["init_scale"], (m, K))
+        P = rng.normal(0.0, cfg["init_scale"], (p, K))
+        Q = rng.normal(0.0, cfg["init_scale"], (q, K))
+        U = rng.normal(0.0, cfg["init_scale"], (n, K))
+        return cls(U, V, P, Q, mvmf.Adam(lr=cfg["lr"]), mvmf.Adam(lr=cfg["lr"]))
+
+
+def _private_messages(
+    senders: list[str], R_train: sp.csr_matrix, X_train: np.ndarray, train_users: np.ndarray
+) -> list[tuple[str, dict[str, np.ndarray], dict[str, Any]]]:
+    """Ground truth: each client's real training ratings and attributes."""
+    items_all = R_train.indices.astype(np.int64)
+    out = []
+    for u, party in enumerate(senders):
+        lo, hi = R_train.indptr[u], R_train.indptr[u + 1]
+        payload = {"items": items_all[lo:hi], "ratings": R_train.data[lo:hi].copy(), "attributes": X_train[u].copy()}
+        out.append((party, payload, {"dataset_user": int(train_users[u])}))
+    return out
+
+
+def _client_data(channel: Channel, R_train: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    """The clients' training ratings and confidences after the ``client-data`` defenses."""
+    data = channel.client_data(ClientData.from_ratings(R_train))
+    ratings = sp.csr_matrix(data.ratings, dtype=np.float64)
+    ratings.sort_indices()
+    weights = sp.csr_matrix(
+        (np.asarray(sp.csr_matrix(data.weights).data, dtype=np.float64), ratings.indices, ratings.indptr),
+        shape=ratings.shape,
+    )
+    if sp.csr_matrix(data.weights).nnz != ratings.nnz:
+        raise RuntimeError("ClientData.weights must have the sparsity of ClientData.ratings")
+    return ratings, weights
+
+
+def _client_round(
+    t: int,
+    state: _State,
+    st: MVMFSettings,
+    channel: Channel,
+    senders: list[str],
+    ratings: sp.csr_matrix,
+    weights: sp.csr_matrix,
+    X_train: np.ndarray,
+    V_sent: np.ndarray,
+    P_sent: np.ndarray,
+    record: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The clients update u_u and upload grad_V and grad_P; the receiver's sums (m x K, p x K)."""
+    n, m = ratings.shape
+    K, p = st.K, P_sent.shape[0]
+    A, b = mvmf.normal_equations(V_sent, P_sent, X_train, ratings, weights, st.alpha, st.lam, st.w, st.unrated)
+    state.U = mvmf.solve_users(A, b) if st.update == "semials" else mvmf.sgd_users(state.U, A, b, st.eta)
+    U = state.U
+    if not channel.defenses and not record:
+        # nothing observes this round: the server's plain sum, computed without
+        # materializing per-client payloads (equal to plain_sum up to rounding)
+        return mvmf.summed_uploads(U, V_sent, P_sent, X_train, ratings, weights, st.alpha, st.w, st.unrated)
+    indptr = ratings.indptr
+    if st.unrated == "obsonly":
+        entry_rows = np.repeat(np.arange(n), np.diff(indptr))
+        entry_items = ratings.indices.astype(np.int64)
+        coef = mvmf.entry_coefficients(U, V_sent, ratings, weights)
+        rows = mvmf.grad_V_rows(coef, U, entry_rows)
+        payloads = [
+            {"items": entry_items[indptr[u] : indptr[u + 1]], "values": rows[indptr[u] : indptr[u + 1]]}
+            for u in range(n)
+        ]
+    else:
+        all_items = np.arange(m, dtype=np.int64)
+        coef = mvmf.dense_coefficients(U, V_sent, ratings, weights, st.w)
+        rows = mvmf.grad_V_rows(coef, U)
+        payloads = [{"items": all_items, "values": rows[u]} for u in range(n)]
+    batch = channel.send(t, "grad_V", senders, payloads, record=record)
+    sum_V = _summed(channel.sum(batch, rows=m), (m, K))
+    del payloads, rows, batch
+    gP = mvmf.grad_P(U, P_sent, X_train, st.alpha)
+    batch = channel.send(t, "grad_P", senders, [{"values": gP[u]} for u in range(n)], record=record)
+    sum_P = _summed(channel.sum(batch), (p, K))
+    return sum_V, sum_P
+
+
+def _item_server_step(state: _State, st: MVMFSettings, Y_train: np.ndarray) -> np.ndarray:
+    """The item server updates Q (closed form or Adam) and returns its grad_V term (m x K)."""
+    if st.update == "semials":
+        state.Q = mvmf.solve_Q(state.V, Y_train, st.alpha, st.lam)
+    else:
+        state.Q = state.item_adam.step({"Q": state.Q}, {"Q": mvmf.grad_Q(state.Q, state.V, Y_train, st.alpha, st.lam)})["Q"]
+    return mvmf.item_grad_V(state.V, state.Q, Y_train, st.alpha)
+
+
+def _evaluate(
+    state: _State, st: MVMFSettings, cfg: Mapping[str, Any], views: _Views, split: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Ranking utility of existing users, cold-start users and cold-start items (the cold-start
+    factors are returned under ``_U_cold`` / ``_V_cold``)."""
+    k, thr = cfg["top_k"], float(cfg["relevance_threshold"])
+    U_cold = mvmf.cold_start_users(state.P, views.X_cold, st.alpha, st.lam)
+    V_cold = mvmf.cold_start_items(state.Q, views.Y_cold, st.alpha, st.lam)
+    U, V = state.U, state.V
+    utility: dict[str, Any] = {}
+    utility.update(ranking_utility(U @ V.T, split["test"], thr, k, exclude=views.R_train.astype(bool)))
+    utility.update(ranking_utility(U_cold @ V.T, split["cold_user_ratings"], thr, k, prefix="cold_user_"))
+    utility.update(ranking_utility(U @ V_cold.T, split["cold_item_ratings"], thr, k, prefix="cold_item_"))
+    utility["_U_cold"], utility["_V_cold"] = U_cold, V_cold
+    return utility
 
 
 def _summed(total: Mapping[str, np.ndarray], shape: tuple[int, int]) -> np.ndarray:

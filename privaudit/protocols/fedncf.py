@@ -79,11 +79,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from privaudit.data.splits import LOO_TIES
-from privaudit.defenses.base import Defense
+from privaudit.defenses.base import LOCAL_TRAINING, Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import hit_ratio_at_k, ndcg_at_k_loo
 from privaudit.models import ncf
-from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
+from privaudit.params import Param
+from privaudit.protocols.base import Protocol, RunResult, RunSetup
 from privaudit.registry import register_protocol
 from privaudit import schema as transcript_schema
 
@@ -163,88 +164,47 @@ class FedNCF(Protocol):
     default_attack = "ncf-update-leak"
     main_utility = "hr@10"  # the paper's headline metric (Tables 5, 6)
     derived_keys = DERIVED_KEYS
-    default_config: dict[str, Any] = {
-        "model": "gmf",
-        "D": 12,
-        "layers": [48, 24, 12, 6],
-        "negatives": 4,
-        "lr": 0.001,
-        "user_lr": -1.0,
-        "local_epochs": 2,
-        "init_std": 0.1,
-        "batch_size": 64,
-        "client_optimizer": "fresh",
-        "aggregation": "mf-fedavg",
-        "clients_per_round": 20,
-        "global_rounds": 3,
-        "max_rounds": -1,
-        "selection": "random",
-        "target": -1,
-        "manipulated_rounds": 4,
-        "record_rounds": 30,
-        "eval_every": 0,
-        "eval_negatives": 100,
-        "loo_ties": "random",
-        "top_k": 10,
-    }
-    config_help = {
-        "model": "gmf, mlp or neumf",
-        "D": "latent dimension of the embeddings",
-        "layers": "MLP hidden layer sizes (input 2D)",
-        "negatives": "sampled negatives per positive (the blurring of §3.5.2)",
-        "lr": "client Adam learning rate",
-        "user_lr": "Adam learning rate of the private user vectors (-1: same as lr; diagnostic, not in the paper)",
-        "local_epochs": "local epochs per round",
-        "init_std": "standard deviation of the N(0, s^2) initial user and item embeddings (0.01 learns faster in the first rounds but stalls at HR@10 ~0.36 on ML-100K)",
-        "batch_size": "local mini-batch size (the paper gives none)",
-        "client_optimizer": "fresh (new Adam state every round) or persistent (each client keeps its Adam moments and step count across rounds)",
-        "aggregation": "mf-fedavg (per-item averaging), fedavg (eq. 1) or simpleavg",
-        "clients_per_round": "cohort size |c| of an aggregation round",
-        "global_rounds": "passes over all clients (the paper's 'epochs', 400; the default 3 is enough for the attacks, utility needs ~40 on the synthetic data and hundreds on ML-100K)",
-        "max_rounds": "stop after this many aggregation rounds (-1: no limit)",
-        "selection": "random or adversarial (same cohort with and without the target, §3.5.2)",
-        "target": "adversarial: the target user id (-1: a random client)",
-        "manipulated_rounds": "adversarial: R pairs of rounds (cohort with / without the target)",
-        "record_rounds": "record cohorts, global model, uploads and aggregates of the first N rounds (-1: all)",
-        "eval_every": "evaluate HR/NDCG every N global rounds (0: only at the end)",
-        "eval_negatives": "sampled negatives ranked against each held-out item",
-        "loo_ties": "held-out item among ratings tied at a user's latest timestamp: random (seeded) or highest (item index)",
-        "top_k": "K of HR@K and NDCG@K",
-    }
+    parameters = (
+        Param("model", "gmf", "gmf, mlp or neumf", choices=ncf.ARCHS),
+        Param("D", 12, "latent dimension of the embeddings", ge=1),
+        Param("layers", [48, 24, 12, 6], "MLP hidden layer sizes (input 2D)", ge=1),
+        Param("negatives", 4, "sampled negatives per positive (the blurring of §3.5.2)", ge=0),
+        Param("lr", 0.001, "client Adam learning rate", gt=0),
+        Param("user_lr", -1.0, "Adam learning rate of the private user vectors (-1: same as lr; diagnostic, not in the paper)",
+              gt=0, also=(-1.0,)),
+        Param("local_epochs", 2, "local epochs per round", ge=1),
+        Param("init_std", 0.1,
+              "standard deviation of the N(0, s^2) initial user and item embeddings (0.01 learns faster in the first "
+              "rounds but stalls at HR@10 ~0.36 on ML-100K)", gt=0),
+        Param("batch_size", 64, "local mini-batch size (the paper gives none)", ge=1),
+        Param("client_optimizer", "fresh",
+              "fresh (new Adam state every round) or persistent (each client keeps its Adam moments and step count "
+              "across rounds)", choices=("fresh", "persistent")),
+        Param("aggregation", "mf-fedavg", "mf-fedavg (per-item averaging), fedavg (eq. 1) or simpleavg",
+              choices=AGGREGATIONS),
+        Param("clients_per_round", 20, "cohort size |c| of an aggregation round", ge=1),
+        Param("global_rounds", 3,
+              "passes over all clients (the paper's 'epochs', 400; the default 3 is enough for the attacks, utility "
+              "needs ~40 on the synthetic data and hundreds on ML-100K)", ge=0),
+        Param("max_rounds", -1, "stop after this many aggregation rounds (-1: no limit)", ge=0, also=(-1,)),
+        Param("selection", "random", "random or adversarial (same cohort with and without the target, §3.5.2)",
+              choices=("random", "adversarial")),
+        Param("target", -1, "adversarial: the target user id (-1: a random client)", ge=0, also=(-1,)),
+        Param("manipulated_rounds", 4, "adversarial: R pairs of rounds (cohort with / without the target)", ge=0),
+        Param("record_rounds", 30,
+              "record cohorts, global model, uploads and aggregates of the first N rounds (-1: all)", ge=0, also=(-1,)),
+        Param("eval_every", 0, "evaluate HR/NDCG every N global rounds (0: only at the end)", ge=0),
+        Param("eval_negatives", 100, "sampled negatives ranked against each held-out item", ge=1),
+        Param("loo_ties", "random",
+              "held-out item among ratings tied at a user's latest timestamp: random (seeded) or highest (item index)",
+              choices=LOO_TIES),
+        Param("top_k", 10, "K of HR@K and NDCG@K", ge=1),
+    )
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
-        fail = cls.config_fail
-
-        if config["model"] not in ncf.ARCHS:
-            fail(f"model must be one of {', '.join(ncf.ARCHS)}, got {config['model']!r}")
-        if config["aggregation"] not in AGGREGATIONS:
-            fail(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {config['aggregation']!r}")
-        if config["client_optimizer"] not in ("fresh", "persistent"):
-            fail(f"client_optimizer must be 'fresh' or 'persistent', got {config['client_optimizer']!r}")
-        if config["loo_ties"] not in LOO_TIES:
-            fail(f"loo_ties must be 'random' or 'highest', got {config['loo_ties']!r}")
-        if config["selection"] not in ("random", "adversarial"):
-            fail(f"selection must be 'random' or 'adversarial', got {config['selection']!r}")
-        for key in ("D", "local_epochs", "batch_size", "clients_per_round", "eval_negatives", "top_k"):
-            if not isinstance(config[key], int) or config[key] < 1:
-                fail(f"{key} must be a positive integer, got {config[key]!r}")
-        for key in ("negatives", "global_rounds", "manipulated_rounds", "eval_every"):
-            if not isinstance(config[key], int) or config[key] < 0:
-                fail(f"{key} must be a non-negative integer, got {config[key]!r}")
-        for key in ("max_rounds", "record_rounds", "target"):
-            if not isinstance(config[key], int) or config[key] < -1:
-                fail(f"{key} must be -1 or a non-negative integer, got {config[key]!r}")
-        if not config["layers"] or any((not isinstance(h, int)) or h < 1 for h in config["layers"]):
-            fail(f"layers must be positive integers, got {config['layers']!r}")
-        if not (np.isfinite(config["lr"]) and config["lr"] > 0):
-            fail(f"lr must be a positive number, got {config['lr']!r}")
-        if not (np.isfinite(config["init_std"]) and config["init_std"] > 0):
-            fail(f"init_std must be a positive number, got {config['init_std']!r}")
-        if not (np.isfinite(config["user_lr"]) and (config["user_lr"] > 0 or config["user_lr"] == -1)):
-            fail(f"user_lr must be a positive number or -1, got {config['user_lr']!r}")
         if config["selection"] == "adversarial" and config["clients_per_round"] < 2:
-            fail("adversarial selection needs clients_per_round >= 2")
+            cls.config_fail("adversarial selection needs clients_per_round >= 2")
 
     # ------------------------------------------------------------------ schedule
     @staticmethod
@@ -284,12 +244,11 @@ class FedNCF(Protocol):
         """
         ncf.require_torch()
         with ncf.single_thread():
-            return self._run(dataset, config, defenses, rng)
+            return super().run(dataset, config, defenses, rng)
 
-    def _run(self, dataset: Any, config: Any, defenses: Sequence[Defense], rng: Any) -> RunResult:
-        cfg = self.resolve_config(config)
-        self.check_defenses(self.name, defenses)
-        seed = resolve_seed(rng)
+    def simulate(self, setup: RunSetup) -> RunResult:
+        """The run's steps under :meth:`run` (torch present, one thread)."""
+        cfg, dataset, defenses, seed = setup.config, setup.dataset, setup.defenses, setup.seed
         sched_rng, init_rng, train_rng, channel_rng, eval_rng, split_rng = rng_streams(seed).values()
         arch, D, layers = cfg["model"], cfg["D"], list(cfg["layers"])
         Dt = ncf.item_dim(arch, D)
@@ -302,22 +261,22 @@ class FedNCF(Protocol):
             raise PrivauditError("protocol 'fedncf': no user has a training interaction after the leave-one-out split")
         eval_users, cand = eval_candidates(pos, test_item, m, cfg["eval_negatives"], eval_rng)
         cohorts, target = self.schedule(cfg, eligible, sched_rng)
-        dp_defenses = [d for d in defenses if getattr(d, "local_dp_sgd", False)]
+        dp_defenses = [d for d in defenses if LOCAL_TRAINING in d.capabilities]
         if len(dp_defenses) > 1:
-            raise PrivauditError("protocol 'fedncf': at most one dp-sgd defense")
+            raise PrivauditError("protocol 'fedncf': at most one local-training defense (dp-sgd)")
         dp = dp_defenses[0] if dp_defenses else None
 
         parties = ["server"] + [f"client:{u}" for u in range(n)]
-        transcript = self.open_transcript(cfg, dataset, defenses, seed, parties, n_items=m, n_users=n, target=target, seed=seed)
-        for u in range(n):
-            transcript.add(
-                0,
-                f"client:{u}",
-                f"client:{u}",
-                "private",
-                {"items": pos.indices[pos.indptr[u] : pos.indptr[u + 1]].astype(np.int64), "test_item": np.array([test_item[u]], dtype=np.int64)},
-            )
-        channel = Channel(defenses, transcript, channel_rng)
+        private = {
+            f"client:{u}": {
+                "items": pos.indices[pos.indptr[u] : pos.indptr[u + 1]].astype(np.int64),
+                "test_item": np.array([test_item[u]], dtype=np.int64),
+            }
+            for u in range(n)
+        }
+        transcript, channel = self.start(
+            setup, parties, private, channel_rng, n_items=m, n_users=n, target=target, seed=seed
+        )
 
         net = ncf.init_network(arch, D, layers, init_rng)
         items = ncf.init_embeddings(m, Dt, init_rng, cfg["init_std"])
@@ -442,15 +401,17 @@ class FedNCF(Protocol):
                     it[c, : len(local[c])] = adam[f"{mk}_item"][cohort[c], local[c]]
                 state[f"{mk}_item"] = it
         index, valid = ncf.make_batches(n_inst, cfg["local_epochs"], cfg["batch_size"], rng)
-        out = ncf.train_clients(
-            arch, D, layers, net, item_rows, users[cohort], inst_item, inst_label, n_inst, index, valid,
+        local_dp = dp.local_training() if dp is not None else None
+        settings = ncf.LocalTrainingSettings(
             lr=cfg["lr"],
-            dp=(dp.noise_multiplier, dp.max_grad_norm) if dp is not None else None,
-            noise_seed=int(rng.integers(2**63)),
-            n_rows=np.array([len(x) for x in local]),
-            adam_state=state,
             user_lr=float(cfg["user_lr"]) if cfg["user_lr"] > 0 else None,
+            dp=(local_dp.noise_multiplier, local_dp.clip) if local_dp is not None else None,
+            noise_seed=int(rng.integers(2**63)),
         )
+        data = ncf.CohortData(
+            item_rows, users[cohort], inst_item, inst_label, n_inst, index, valid, np.array([len(x) for x in local]), state
+        )
+        out = ncf.train_cohort(ncf.Architecture(arch, D, tuple(layers)), net, data, settings)
         users[cohort] = out["users"]
         if adam is not None:
             new = out["adam_state"]

@@ -59,7 +59,8 @@ from privaudit.data import zip_silos
 from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import map_at_k, mean_rank, rmse
-from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
+from privaudit.params import Param
+from privaudit.protocols.base import Protocol, RunResult, RunSetup
 from privaudit.registry import register_protocol
 from privaudit import schema as transcript_schema
 
@@ -208,52 +209,23 @@ class FedProto(Protocol):
     default_attack = "proto-membership"
     derived_keys = DERIVED_KEYS
     attacker = "server"
-    default_config = {
-        "prototypes": "auto",
-        "k": 10,
-        "latent_dim": 20,
-        "lam": 0.1,
-        "s": 50,
-        "Lambda": 0.0,
-        "silos": "zip",
-        "n_silos": 10,
-        "test_users": 0.2,
-        "test_per_user": 5,
-        "max_iter": 300,
-        "map_k": 10,
-    }
-    config_help = {
-        "prototypes": "'auto' (dp with the dp-prototypes defense, else exact), 'exact' k-means, 'random' rows, 'dp'",
-        "k": "prototypes per silo (the dp-prototypes defense's k overrides when set)",
-        "latent_dim": "ell, columns of V (dp-prototypes.txt §4.4: 10..50)",
-        "lam": "regularisation lambda of eq. 1 (paper: 0.1)",
-        "s": "public bound on non-zeros per row / prototype for the DP mechanism",
-        "Lambda": "public bound on every entry (0: the dataset's rating maximum)",
-        "silos": "'zip' (first ZIP digit) or 'uniform' (n_silos random equal silos)",
-        "n_silos": "silos of silos='uniform'",
-        "test_users": "fraction of users with held-out ratings (§4.3: 0.2)",
-        "test_per_user": "held-out ratings per test user (§4.3: 5)",
-        "max_iter": "iterations of the server NMF and of the silos' U fits",
-        "map_k": "k of MAP@k",
-    }
-
-    @classmethod
-    def validate_config(cls, config: dict[str, Any]) -> None:
-        fail = cls.config_fail
-
-        if config["prototypes"] not in ("auto", "exact", "random", "dp"):
-            fail(f"prototypes must be auto, exact, random or dp, got {config['prototypes']!r}")
-        if config["silos"] not in ("zip", "uniform"):
-            fail(f"silos must be zip or uniform, got {config['silos']!r}")
-        for key in ("k", "latent_dim", "s", "n_silos", "test_per_user", "max_iter", "map_k"):
-            if isinstance(config[key], bool) or not isinstance(config[key], int) or config[key] < 1:
-                fail(f"{key} must be a positive integer, got {config[key]!r}")
-        if not 0.0 <= float(config["test_users"]) < 1.0:
-            fail(f"test_users must be in [0, 1), got {config['test_users']!r}")
-        if not np.isfinite(config["lam"]) or config["lam"] < 0:
-            fail(f"lam must be non-negative, got {config['lam']!r}")
-        if not np.isfinite(config["Lambda"]) or config["Lambda"] < 0:
-            fail(f"Lambda must be non-negative, got {config['Lambda']!r}")
+    parameters = (
+        Param("prototypes", "auto",
+              "'auto' (dp with the dp-prototypes defense, else exact), 'exact' k-means, 'random' rows, 'dp'",
+              choices=("auto", "exact", "random", "dp")),
+        Param("k", 10, "prototypes per silo (the dp-prototypes defense's k overrides when set)", ge=1),
+        Param("latent_dim", 20, "ell, columns of V (paper §4.4: 10..50)", ge=1),
+        Param("lam", 0.1, "regularisation lambda of eq. 1 (paper: 0.1)", ge=0),
+        Param("s", 50, "public bound on non-zeros per row / prototype for the DP mechanism", ge=1),
+        Param("Lambda", 0.0, "public bound on every entry (0: the dataset's rating maximum)", ge=0),
+        Param("silos", "zip", "'zip' (first ZIP digit) or 'uniform' (n_silos random equal silos)",
+              choices=("zip", "uniform")),
+        Param("n_silos", 10, "silos of silos='uniform'", ge=1),
+        Param("test_users", 0.2, "fraction of users with held-out ratings (§4.3: 0.2)", ge=0, lt=1),
+        Param("test_per_user", 5, "held-out ratings per test user (§4.3: 5)", ge=1),
+        Param("max_iter", 300, "iterations of the server NMF and of the silos' U fits", ge=1),
+        Param("map_k", 10, "k of MAP@k", ge=1),
+    )
 
     @staticmethod
     def resolve_kind(kind: str, defenses: Sequence[Defense]) -> tuple[str, list[Defense]]:
@@ -279,34 +251,38 @@ class FedProto(Protocol):
         perm = rng.permutation(dataset.n_users)
         return [np.sort(part) for part in np.array_split(perm, cfg["n_silos"]) if part.size]
 
-    def run(
-        self,
-        dataset: Any,
-        config: Mapping[str, Any] | None = None,
-        defenses: Sequence[Defense] = (),
-        rng: np.random.Generator | int | None = None,
-    ) -> RunResult:
+    def prepare_defenses(self, config: Mapping[str, Any], defenses: list[Defense]) -> list[Defense]:
+        """The defenses with ``dp-prototypes`` added for ``prototypes=dp`` (:meth:`resolve_kind`)."""
+        return self.resolve_kind(config["prototypes"], defenses)[1]
+
+    def simulate(self, setup: RunSetup) -> RunResult:
         """Run Algorithm 1; ``model``: dict with ``V`` (m x ell), ``U`` (n x ell), ``silos``
         (list of user-index arrays), ``prototypes`` (the server's stacked P), ``kind``."""
-        cfg = self.resolve_config(config)
-        self.check_defenses(self.name, defenses)
-        kind, defenses = self.resolve_kind(cfg["prototypes"], defenses)
-        seed = resolve_seed(rng)
-        split_rng, silo_rng, proto_rng, channel_rng, server_rng = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)
-        )
+        cfg, dataset, defenses = setup.config, setup.dataset, setup.defenses
+        kind, _ = self.resolve_kind(cfg["prototypes"], defenses)
+        split_rng, silo_rng, proto_rng, channel_rng, server_rng = setup.streams(5)
         n, m = dataset.ratings.shape
         Lambda = float(cfg["Lambda"] or dataset.rating_max)
         train, test = split_test_users(dataset.ratings, cfg["test_users"], cfg["test_per_user"], split_rng)
         silos = self.silos(dataset, cfg, silo_rng)
         H = len(silos)
         senders = [f"client:{h}" for h in range(H)]
-        transcript = self.open_transcript(
-            cfg,
-            dataset,
-            defenses,
-            seed,
+        private = []
+        for h, users in enumerate(silos):
+            sub = train[users].tocoo()
+            payload = {
+                "user_ids": users.copy(),
+                "users": sub.row.astype(np.int64),
+                "items": sub.col.astype(np.int64),
+                "ratings": sub.data.astype(np.float64),
+                "n_users": np.asarray(users.size, dtype=np.int64),
+            }
+            private.append((senders[h], payload, {"n_users": int(users.size), "n_ratings": int(sub.nnz)}))
+        transcript, channel = self.start(
+            setup,
             ["server", *senders],
+            private,
+            channel_rng,
             prototypes=kind,
             n_items=int(m),
             n_silos_found=int(H),
@@ -315,25 +291,8 @@ class FedProto(Protocol):
             rating_min=float(dataset.rating_min),
             rating_max=float(dataset.rating_max),
         )
-        channel = Channel(defenses, transcript, channel_rng)
 
         Xd = train.toarray()
-        for h, users in enumerate(silos):
-            sub = train[users].tocoo()
-            transcript.add(
-                0,
-                senders[h],
-                senders[h],
-                "private",
-                {
-                    "user_ids": users.copy(),
-                    "users": sub.row.astype(np.int64),
-                    "items": sub.col.astype(np.int64),
-                    "ratings": sub.data.astype(np.float64),
-                    "n_users": np.asarray(users.size, dtype=np.int64),
-                },
-                {"n_users": int(users.size), "n_ratings": int(sub.nnz)},
-            )
 
         # round 0: prototypes (Algorithm 1 lines 1-4)
         seeds = proto_rng.integers(2**31, size=H)
@@ -364,8 +323,7 @@ class FedProto(Protocol):
         scores = U @ received.T
         utility = recommendation_metrics(scores, train, test, cfg["map_k"])
         utility.update(n_silos=float(H), prototypes_per_silo=float(P.shape[0]) / max(H, 1))
-        for d in defenses:
-            if d.name == "dp-prototypes":
-                utility["epsilon"] = float(d.config["epsilon"])
+        if batch.meta.get("dp"):  # the DP mechanism that made the prototypes states its budget
+            utility["epsilon"] = float(batch.meta["epsilon"])
         model = {"V": V, "U": U, "silos": silos, "prototypes": P, "kind": kind, "train": train, "test": test}
         return RunResult(transcript, model, utility)

@@ -75,10 +75,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from privaudit.data.splits import kfold_ratings
-from privaudit.defenses.base import ClientData, Defense
+from privaudit.defenses.base import CLIENT_DATA, ClientData, Defense
 from privaudit.errors import PrivauditError
 from privaudit.models import pmf
-from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
+from privaudit.params import Param
+from privaudit.protocols.base import Protocol, RunResult, RunSetup
 from privaudit.registry import register_protocol
 from privaudit import schema as transcript_schema
 
@@ -104,16 +105,15 @@ def hf_settings(defenses: Sequence[Defense]) -> tuple[str | None, int, int]:
     """(filling, t_predict, t_local) of the active sampling defense, if any (unset
     t_predict / t_local -> :data:`HF_DEFAULTS`).
 
-    The filling rule is part of the client's algorithm (Algorithm 3), so the protocol reads it
-    from the (public, Kerckhoffs) defense configuration.
+    The filling rule is part of the client's algorithm (Algorithm 3): the protocol asks the
+    ``client-data`` defenses for it (:meth:`Defense.virtual_ratings`, public by Kerckhoffs).
     """
     for d in defenses:
-        cfg = getattr(d, "config", {}) or {}
-        if cfg.get("filling") in ("ua", "hf", "weight") and "rho" in cfg:
-            tp, tl = cfg.get("t_predict"), cfg.get("t_local")
-            tp = HF_DEFAULTS["t_predict"] if tp is None else int(tp)
-            tl = HF_DEFAULTS["t_local"] if tl is None else int(tl)
-            return str(cfg["filling"]), tp, tl
+        rule = d.virtual_ratings() if CLIENT_DATA in d.capabilities else None
+        if rule is not None:
+            tp = HF_DEFAULTS["t_predict"] if rule.t_predict is None else int(rule.t_predict)
+            tl = HF_DEFAULTS["t_local"] if rule.t_local is None else int(rule.t_local)
+            return str(rule.filling), tp, tl
     return None, 0, 0
 
 
@@ -125,77 +125,35 @@ class FedRec(Protocol):
     schema = transcript_schema.FEDREC  # declared message kinds, checked before any attack
     default_attack = "fedrec-rated-items"
     derived_keys = DERIVED_KEYS
-    default_config: dict[str, Any] = {
-        "model": "pmf-batch",
-        "federated": True,
-        "d": 20,
-        "T": 100,
-        "lr": None,
-        "lam": None,
-        "decay": 0.9,
-        "init_scale": None,
-        "n_folds": 5,
-        "fold": 0,
-        "chunk_users": None,
-        "resample": True,
-        "record_rounds": [0, -1],
-        "clip": True,
-        "max_step": 1.0,
-    }
-    config_help = {
-        "model": "pmf-batch (Algorithms 1-2), pmf-sgd or svdpp-sgd (Algorithms 4-5)",
-        "federated": "false: the unfederated (centralized) model with the same math",
-        "d": "number of latent dimensions",
-        "T": "iterations",
-        "lr": "initial learning rate gamma (default 0.8 batch, 0.01 stochastic)",
-        "lam": "regularization lambda (default 0.01 for every model, not tuned)",
-        "decay": "learning-rate factor after every iteration",
-        "init_scale": "initial factors uniform on (-init_scale/2, init_scale/2) (default 0.001 batch, 0.01 stochastic)",
-        "n_folds": "folds of the ratings split (the test fold is the held-out part)",
-        "fold": "which fold is the test set (0-based)",
-        "chunk_users": "stochastic: clients run in lock-step against one V snapshot (1 = Algorithm 4 exactly; default 64 PMF, 4 SVD++)",
-        "resample": "draw the virtual items I'_u anew every iteration (Algorithm 2 line 1)",
-        "record_rounds": "iterations whose server state and uploads are recorded (negative: from the end)",
-        "clip": "clip test predictions to the rating range",
-        "max_step": "batch style: clip every factor row's step to this norm (divergence guard on small data; 0 = off)",
-    }
-
-    @classmethod
-    def resolve_config(cls, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        overrides = dict(overrides or {})
-        if isinstance(overrides.get("record_rounds"), (int, np.integer)):
-            overrides["record_rounds"] = [int(overrides["record_rounds"])]
-        return super().resolve_config(overrides)
+    parameters = (
+        Param("model", "pmf-batch", "pmf-batch (Algorithms 1-2), pmf-sgd or svdpp-sgd (Algorithms 4-5)", choices=MODELS),
+        Param("federated", True, "false: the unfederated (centralized) model with the same math"),
+        Param("d", 20, "number of latent dimensions", ge=1),
+        Param("T", 100, "iterations", ge=1),
+        Param("lr", None, "initial learning rate gamma (default 0.8 batch, 0.01 stochastic)", type=float, gt=0),
+        Param("lam", None, "regularization lambda (default 0.01 for every model, not tuned)",
+              type=float, ge=0),
+        Param("decay", 0.9, "learning-rate factor after every iteration", gt=0, le=1),
+        Param("init_scale", None,
+              "initial factors uniform on (-init_scale/2, init_scale/2) (default 0.001 batch, 0.01 stochastic)",
+              type=float, gt=0),
+        Param("n_folds", 5, "folds of the ratings split (the test fold is the held-out part)", ge=2),
+        Param("fold", 0, "which fold is the test set (0-based, below n_folds)", ge=0),
+        Param("chunk_users", None,
+              "stochastic: clients run in lock-step against one V snapshot (1 = Algorithm 4 exactly; "
+              "default 64 PMF, 4 SVD++)", type=int, ge=1),
+        Param("resample", True, "draw the virtual items I'_u anew every iteration (Algorithm 2 line 1)"),
+        Param("record_rounds", [0, -1], "iterations whose server state and uploads are recorded (negative: from the end)"),
+        Param("clip", True, "clip test predictions to the rating range"),
+        Param("max_step", 1.0,
+              "batch style: clip every factor row's step to this norm (divergence guard on small data; 0 = off)",
+              ge=0, nullable=True),
+    )
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
-        fail = cls.config_fail
-
-        if config["model"] not in MODELS:
-            fail(f"model must be one of {', '.join(MODELS)}, got {config['model']!r}")
-        for key in ("d", "T", "n_folds", "chunk_users"):
-            if key == "chunk_users" and config[key] is None:
-                continue
-            if not isinstance(config[key], (int, np.integer)) or config[key] < 1:
-                fail(f"{key} must be a positive integer, got {config[key]!r}")
-        if config["n_folds"] < 2:
-            fail(f"n_folds must be >= 2, got {config['n_folds']!r}")
-        if not isinstance(config["fold"], (int, np.integer)) or not 0 <= config["fold"] < config["n_folds"]:
-            fail(f"fold must be in 0..{config['n_folds'] - 1}, got {config['fold']!r}")
-        for key in ("lr", "lam"):
-            v = config[key]
-            if v is not None and (not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0 or (key == "lr" and v == 0)):
-                fail(f"{key} must be a {'positive' if key == 'lr' else 'non-negative'} number, got {v!r}")
-        if not 0 < config["decay"] <= 1:
-            fail(f"decay must be in (0, 1], got {config['decay']!r}")
-        ms = config["max_step"]
-        if ms is not None and (not isinstance(ms, (int, float)) or not ms >= 0):
-            fail(f"max_step must be a non-negative number (0 = off), got {ms!r}")
-        if config["init_scale"] is not None and not config["init_scale"] > 0:
-            fail(f"init_scale must be positive, got {config['init_scale']!r}")
-        rr = config["record_rounds"]
-        if not isinstance(rr, (list, tuple)) or not all(isinstance(x, (int, np.integer)) for x in rr):
-            fail(f"record_rounds must be a list of integers, got {rr!r}")
+        if not config["fold"] < config["n_folds"]:
+            cls.config_fail(f"fold must be in 0..{config['n_folds'] - 1}, got {config['fold']!r}")
 
     @staticmethod
     def recorded_rounds(config: Mapping[str, Any]) -> set[int]:
@@ -203,25 +161,15 @@ class FedRec(Protocol):
         return {int(r) % T if r < 0 else int(r) for r in config["record_rounds"] if -T <= r < T}
 
     # ------------------------------------------------------------------ run
-    def run(
-        self,
-        dataset: Any,
-        config: Mapping[str, Any] | None = None,
-        defenses: Sequence[Defense] = (),
-        rng: np.random.Generator | int | None = None,
-    ) -> RunResult:
+    def simulate(self, setup: RunSetup) -> RunResult:
         """Train one model on one fold; returns transcript, model and utility.
 
         ``model``: dict with ``U`` (n x d), ``V`` (m x d), ``W`` (SVD++), ``train``/``test``
         (CSR n x m), ``test_rmse``/``test_mae`` per iteration (arrays of length T).
         ``utility``: ``rmse``, ``mae`` (test fold, real ratings), ``iteration_seconds``.
         """
-        cfg = self.resolve_config(config)
-        self.check_defenses(self.name, defenses)
-        seed = resolve_seed(rng)
-        split_rng, init_rng, order_rng, channel_rng = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
-        )
+        cfg, dataset, defenses = setup.config, setup.dataset, setup.defenses
+        split_rng, init_rng, order_rng, channel_rng = setup.streams(4)
         model_name = cfg["model"]
         batch = model_name == "pmf-batch"
         svd = model_name == "svdpp-sgd"
@@ -243,12 +191,18 @@ class FedRec(Protocol):
         rmin, rmax = float(dataset.rating_min), float(dataset.rating_max)
 
         senders = [f"client:{u}" for u in range(n)]
-        transcript = self.open_transcript(
-            cfg,
-            dataset,
-            defenses,
-            seed,
+        private = {
+            party: {
+                "items": R_train.indices[R_train.indptr[u] : R_train.indptr[u + 1]].astype(np.int64),
+                "ratings": R_train.data[R_train.indptr[u] : R_train.indptr[u + 1]].copy(),
+            }
+            for u, party in enumerate(senders)
+        }
+        transcript, channel = self.start(
+            setup,
             ["server", *senders],
+            private,
+            channel_rng,
             n_items=int(m),
             n_users=int(n),
             rating_min=rmin,
@@ -258,12 +212,6 @@ class FedRec(Protocol):
             lam_used=lam,
             chunk_used=chunk,
         )
-        channel = Channel(defenses, transcript, channel_rng)
-        for u, party in enumerate(senders):
-            lo, hi = R_train.indptr[u], R_train.indptr[u + 1]
-            transcript.add(
-                0, party, party, "private", {"items": R_train.indices[lo:hi].astype(np.int64), "ratings": R_train.data[lo:hi].copy()}
-            )
 
         scale = float(DEFAULT_INIT[model_name] if cfg["init_scale"] is None else cfg["init_scale"])
         U = pmf.init_factors(init_rng, (n, d), scale)

@@ -55,15 +55,16 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import numpy as np
 
 from privaudit.data import holdout_split, random_groups
-from privaudit.defenses.base import Defense
 from privaudit.metrics import mean_ci95
 from privaudit.models.cnmf import CNMF, block_columns, observed
-from privaudit.protocols.base import Channel, Protocol, RunResult, resolve_seed
+from privaudit.params import Param
+from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup
 from privaudit.registry import register_protocol
 from privaudit import schema as transcript_schema
 
@@ -108,75 +109,40 @@ class FedSPLIT(Protocol):
     default_attack = "fedsplit-inference"
     derived_keys = DERIVED_KEYS
     attacker = "server"
-    default_config = {
-        "group_min": 3,
-        "group_max": 30,
-        "test_fraction": 0.2,
-        "k": 5,
-        "K": 20,
-        "alpha": 0.08,
-        "beta": 0.08,
-        "gamma": 0.02,
-        "delta": 0.02,
-        "eta_W": 0.005,
-        "eta_H": 0.005,
-        "n_iter": 100,
-        "init_high": 0.1,
-        "server_max_iter": 1000,
-        "global_mean": "groups",
-        "centralized": True,
-        "k_central": 15,
-    }
-    config_help = {
-        "group_min": "smallest group size (users), fedsplit.txt §4.1: 3",
-        "group_max": "largest group size (users), fedsplit.txt §4.1: 30",
-        "test_fraction": "fraction of each user's ratings held out for the per-group RMSE",
-        "k": "local latent dimension; group g uses k^g = min(k, n^g - 1)",
-        "K": "components of the server's joint NMF (eq. 15-17)",
-        "alpha": "CNMF regularisation of W (eq. 9, scaled by rating counts as Surprise)",
-        "beta": "CNMF regularisation of H (eq. 9)",
-        "gamma": "CNMF regularisation of the user biases b_W (eq. 10)",
-        "delta": "CNMF regularisation of the item biases b_H (eq. 11)",
-        "eta_W": "learning rate of the user-bias step (eq. 10)",
-        "eta_H": "learning rate of the item-bias step (eq. 11)",
-        "n_iter": "CNMF iterations (local, centralized, and the adversary's fit)",
-        "init_high": "W and H start uniform in [0, init_high]",
-        "server_max_iter": "maximum iterations of the server's NMF",
-        "global_mean": "'groups': mu^Global = mean of the group means (eq. 14); 'ratings': mean of all ratings",
-        "centralized": "also fit the non-private CNMF on all training ratings (utility rmse_central)",
-        "k_central": "latent dimension of the non-private CNMF",
-    }
+    parameters = (
+        Param("group_min", 3, "smallest group size (users), FedSPLIT §4.1: 3", ge=1),
+        Param("group_max", 30, "largest group size (users), FedSPLIT §4.1: 30", ge=1),
+        Param("test_fraction", 0.2, "fraction of each user's ratings held out for the per-group RMSE", gt=0, lt=1),
+        Param("k", 5, "local latent dimension; group g uses k^g = min(k, n^g - 1)", ge=1),
+        Param("K", 20, "components of the server's joint NMF (eq. 15-17)", ge=1),
+        Param("alpha", 0.08, "CNMF regularisation of W (eq. 9, scaled by rating counts as Surprise)", ge=0),
+        Param("beta", 0.08, "CNMF regularisation of H (eq. 9)", ge=0),
+        Param("gamma", 0.02, "CNMF regularisation of the user biases b_W (eq. 10)", ge=0),
+        Param("delta", 0.02, "CNMF regularisation of the item biases b_H (eq. 11)", ge=0),
+        Param("eta_W", 0.005, "learning rate of the user-bias step (eq. 10); eta_W * (1 + gamma) < 1", gt=0),
+        Param("eta_H", 0.005, "learning rate of the item-bias step (eq. 11); eta_H * (1 + delta) < 1", gt=0),
+        Param("n_iter", 100, "CNMF iterations (local, centralized, and the adversary's fit)", ge=1),
+        Param("init_high", 0.1, "W and H start uniform in [0, init_high]", gt=0),
+        Param("server_max_iter", 1000, "maximum iterations of the server's NMF", ge=1),
+        Param("global_mean", "groups",
+              "'groups': mu^Global = mean of the group means (eq. 14); 'ratings': mean of all ratings",
+              choices=("groups", "ratings")),
+        Param("centralized", True, "also fit the non-private CNMF on all training ratings (utility rmse_central)"),
+        Param("k_central", 15, "latent dimension of the non-private CNMF", ge=1),
+    )
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
         fail = cls.config_fail
 
-        for key in ("group_min", "group_max", "k", "K", "n_iter", "server_max_iter", "k_central"):
-            if not isinstance(config[key], int) or isinstance(config[key], bool) or config[key] < 1:
-                fail(f"{key} must be a positive integer, got {config[key]!r}")
         if config["group_min"] > config["group_max"]:
             fail(f"group_min ({config['group_min']}) exceeds group_max ({config['group_max']})")
-        if not 0.0 < float(config["test_fraction"]) < 1.0:
-            fail(f"test_fraction must be in (0, 1), got {config['test_fraction']!r}")
-        for key in ("alpha", "beta", "gamma", "delta"):
-            if not np.isfinite(config[key]) or config[key] < 0:
-                fail(f"{key} must be a non-negative number, got {config[key]!r}")
         for key, reg in (("eta_W", "gamma"), ("eta_H", "delta")):
-            if not np.isfinite(config[key]) or not 0 < config[key] * (1 + config[reg]) < 1:
+            if not config[key] * (1 + config[reg]) < 1:
                 fail(f"{key} must be positive with {key} * (1 + {reg}) < 1, got {config[key]!r}")
-        if not np.isfinite(config["init_high"]) or config["init_high"] <= 0:
-            fail(f"init_high must be a positive number, got {config['init_high']!r}")
-        if config["global_mean"] not in ("groups", "ratings"):
-            fail(f"global_mean must be 'groups' or 'ratings', got {config['global_mean']!r}")
 
-    def run(
-        self,
-        dataset: Any,
-        config: Mapping[str, Any] | None = None,
-        defenses: Sequence[Defense] = (),
-        rng: np.random.Generator | int | None = None,
-    ) -> RunResult:
-        """Run FedSPLIT on ``dataset`` (a RatingsDataset); see the module docstring.
+    def simulate(self, setup: RunSetup) -> RunResult:
+        """Run FedSPLIT on ``setup.dataset`` (a RatingsDataset); see the module docstring.
 
         ``model``: dict with ``groups`` (list of dataset user-index arrays), ``k_g`` (N,),
         ``W`` (n x k, every user's local W row, zero beyond k^g), ``b_W`` (n,), ``H`` (N, k, m)
@@ -184,189 +150,283 @@ class FedSPLIT(Protocol):
         ``b_H_global`` (m,), ``mu_global``, ``W_star`` (n x K, eq. 18), and the per-group
         ``rmse_local``, ``rmse_fedsplit`` (N,), ``n_users`` (N,), ``n_ratings`` (N,).
         """
-        cfg = self.resolve_config(config)
-        self.check_defenses(self.name, defenses)
-        seed = resolve_seed(rng)
-        split_rng, group_rng, init_rng, channel_rng, server_rng = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)
-        )
-        n, m = dataset.ratings.shape
+        cfg, dataset = setup.config, setup.dataset
+        split_rng, group_rng, init_rng, channel_rng, server_rng = setup.streams(5)
+        m = dataset.ratings.shape[1]
         train, test = holdout_split(dataset, cfg["test_fraction"], split_rng)
-        groups = [np.asarray(g, dtype=np.int64) for g in random_groups(dataset, cfg["group_min"], cfg["group_max"], group_rng)]
-        N = len(groups)
-        gid = np.empty(n, dtype=np.int64)
-        local_row = np.empty(n, dtype=np.int64)
-        for g, users in enumerate(groups):
-            gid[users] = g
-            local_row[users] = np.arange(users.size)
-        n_users = np.array([g.size for g in groups], dtype=np.int64)
-        k_g = group_ranks(n_users, cfg["k"])
+        groups = Groups.draw(dataset, cfg, group_rng)
+        N = groups.N
         Xtr, rows, cols, vals = observed(train.ratings)
         _, te_rows, te_cols, te_vals = observed(test.ratings)
 
         senders = [f"client:{g}" for g in range(N)]
-        transcript = self.open_transcript(
-            cfg,
-            dataset,
-            defenses,
-            seed,
+        transcript, channel = self.start(
+            setup,
             ["server", *senders],
+            _private_messages(groups, senders, rows, cols, vals),
+            channel_rng,
             n_items=int(m),
             n_groups=int(N),
             rating_min=float(dataset.rating_min),
             rating_max=float(dataset.rating_max),
             rating_step=float(dataset.rating_step),
         )
-        channel = Channel(defenses, transcript, channel_rng)
-
-        # ground truth: each group's training ratings X^g (rows local to the group)
-        order = np.lexsort((cols, local_row[rows], gid[rows]))
-        g_of = gid[rows][order]
-        bounds = np.searchsorted(g_of, np.arange(N + 1))
-        for g, party in enumerate(senders):
-            sel = order[bounds[g] : bounds[g + 1]]
-            transcript.add(
-                0,
-                party,
-                party,
-                "private",
-                {
-                    "users": local_row[rows[sel]],
-                    "items": cols[sel].copy(),
-                    "ratings": vals[sel].copy(),
-                    "user_ids": groups[g].copy(),
-                    "n_users": np.asarray(n_users[g], dtype=np.int64),
-                },
-                {"n_users": int(n_users[g]), "n_ratings": int(sel.size)},
-            )
-
-        # round 0: global mean exchange (eq. 6, eq. 14)
-        g_sum = np.bincount(gid[rows], vals, minlength=N)
-        g_cnt = np.bincount(gid[rows], minlength=N).astype(np.int64)
-        batch = channel.send(
-            0,
-            "mean",
-            senders,
-            [{"sum": np.asarray(g_sum[g]), "count": np.asarray(g_cnt[g])} for g in range(N)],
-        )
-        sums = np.array([float(p["sum"]) for p in batch.payloads])
-        counts = np.array([float(p["count"]) for p in batch.payloads])
-        if cfg["global_mean"] == "groups":
-            mu_global = float(np.mean(sums / np.maximum(counts, 1)))
-        else:
-            mu_global = float(np.sum(sums) / max(np.sum(counts), 1))
-        for party in senders:
-            received = channel.download({"mu": np.asarray(mu_global)})
-            transcript.add(0, "server", party, "global_mean", received)
-        mu_clients = float(received["mu"]) if N else mu_global  # what the groups received (same for all)
-
-        # local CNMF of every group at once (Algorithm 1, lines 2-5)
-        t0 = time.perf_counter()
-        model = cnmf_from_config(transcript.config, cfg["k"])
-        Xb = block_columns(Xtr, gid, N)
-        model.fit(Xb, mu=mu_clients, rng=init_rng, row_rank=k_g[gid], col_rank=np.repeat(k_g, m))
-        cnmf_seconds = time.perf_counter() - t0
-        k = cfg["k"]
-        H_loc = model.H_.reshape(k, N, m).transpose(1, 0, 2)  # (N, k, m): H^g = H_loc[g, :k^g]
-        bH_loc = model.b_H_.reshape(N, m)
-        local_pred = model.predict(te_rows, gid[te_rows] * m + te_cols)
-
-        # round 1: upload (H^g)^T and b_H^g
-        uploads = [{"H_T": np.ascontiguousarray(H_loc[g, : k_g[g]].T), "b_H": bH_loc[g].copy()} for g in range(N)]
-        batch = channel.send(1, "H", senders, uploads, noisy_keys=("H_T", "b_H"))
-        t0 = time.perf_counter()
-        seen = [np.asarray(p["H_T"], dtype=np.float64) for p in batch.payloads]
-        X_server = np.maximum(np.hstack(seen), 0.0)  # eq. 15
-        b_H_global = np.mean([np.asarray(p["b_H"], dtype=np.float64) for p in batch.payloads], axis=0)  # eq. 16
-        offsets = np.concatenate(([0], np.cumsum([s.shape[1] for s in seen]))).astype(np.int64)
-        W_global, H_global = _joint_nmf(X_server, cfg["K"], cfg["server_max_iter"], int(server_rng.integers(2**31)))
-        server_seconds = time.perf_counter() - t0
-        transcript.add(
-            1,
-            "server",
-            "server",
-            "state",
-            {
-                "X": X_server,
-                "W_global": W_global,
-                "H_global": H_global,
-                "b_H_global": b_H_global,
-                "mu_global": np.asarray(mu_global),
-                "offsets": offsets,
-            },
-        )
-        W_star = np.zeros((n, W_global.shape[1]))
-        for g, party in enumerate(senders):
-            M_g = np.ascontiguousarray(H_global[:, offsets[g] : offsets[g + 1]])  # eq. 17
-            received = channel.download({"M": M_g, "W_global": W_global, "b_H_global": b_H_global})
-            transcript.add(1, "server", party, "M", received)
-            users = groups[g]
-            W_star[users] = model.W_[users, : k_g[g]] @ np.asarray(received["M"]).T  # eq. 18
-        W_dl = np.asarray(received["W_global"]) if N else W_global
-        bH_dl = np.asarray(received["b_H_global"]) if N else b_H_global
-        fed_pred = (
-            np.einsum("nk,nk->n", W_star[te_rows], W_dl[te_cols]) + model.b_W_[te_rows] + bH_dl[te_cols] + mu_clients
-        )  # eq. 19
+        mu_global, mu_clients = _mean_round(channel, transcript, senders, groups, rows, vals, cfg["global_mean"])
+        local = _local_fit(transcript.config, cfg["k"], groups, Xtr, mu_clients, init_rng, m, te_rows, te_cols)
+        server = _server_round(channel, transcript, senders, groups.k_g, local, mu_global, cfg, server_rng)
+        W_star, fed_pred = _distill(channel, transcript, senders, groups, local, server, te_rows, te_cols, mu_clients)
         fed_pred = np.clip(fed_pred, dataset.rating_min, dataset.rating_max)
 
-        # communication summary (§3.3.5)
-        up = down = n_up = n_down = 0
-        for msg in transcript.messages:
-            if msg.sender == msg.receiver:
-                continue
-            msg.meta["bytes"] = msg.nbytes
-            if msg.receiver == "server":
-                up += msg.nbytes
-                n_up += 1
-            else:
-                down += msg.nbytes
-                n_down += 1
-
-        g_te = gid[te_rows]
-        rmse_local = _group_rmse(g_te, (local_pred - te_vals) ** 2, N)
+        g_te = groups.gid[te_rows]
+        rmse_local = _group_rmse(g_te, (local.pred - te_vals) ** 2, N)
         rmse_fed = _group_rmse(g_te, (fed_pred - te_vals) ** 2, N)
-        valid = np.isfinite(rmse_local) & np.isfinite(rmse_fed)
-        loc_mean, loc_ci = mean_ci95(rmse_local[valid])
-        fed_mean, fed_ci = mean_ci95(rmse_fed[valid])
-        utility = {
-            "rmse": fed_mean,
-            "rmse_local": loc_mean,
-            "rmse_local_ci95": loc_ci,
-            "rmse_fedsplit": fed_mean,
-            "rmse_fedsplit_ci95": fed_ci,
-            "rmse_drop": loc_mean - fed_mean,
-            "improved_fraction": float(np.mean(rmse_fed[valid] < rmse_local[valid])),
-            "rmse_local_pooled": float(np.sqrt(np.mean((local_pred - te_vals) ** 2))),
-            "rmse_fedsplit_pooled": float(np.sqrt(np.mean((fed_pred - te_vals) ** 2))),
-            "n_groups": float(N),
-            "bytes_up": float(up),
-            "bytes_down": float(down),
-            "messages_up": float(n_up),
-            "messages_down": float(n_down),
-            "cnmf_seconds": cnmf_seconds,
-            "server_seconds": server_seconds,
-        }
+        utility = _utility(rmse_local, rmse_fed, local.pred, fed_pred, te_vals, N)
+        utility.update(_communication(transcript))
+        utility["cnmf_seconds"] = local.seconds
+        utility["server_seconds"] = server.seconds
         if cfg["centralized"]:
             central = cnmf_from_config(transcript.config, cfg["k_central"]).fit(Xtr, rng=init_rng)
             utility["rmse_central"] = central.rmse(test.ratings)
         model_out = {
-            "groups": groups,
-            "k_g": k_g,
-            "W": model.W_,
-            "b_W": model.b_W_,
-            "H": H_loc,
-            "b_H": bH_loc,
-            "W_global": W_global,
-            "H_global": H_global,
-            "b_H_global": b_H_global,
+            "groups": groups.members,
+            "k_g": groups.k_g,
+            "W": local.model.W_,
+            "b_W": local.model.b_W_,
+            "H": local.H,
+            "b_H": local.b_H,
+            "W_global": server.W_global,
+            "H_global": server.H_global,
+            "b_H_global": server.b_H_global,
             "mu_global": mu_global,
             "W_star": W_star,
             "rmse_local": rmse_local,
             "rmse_fedsplit": rmse_fed,
-            "n_users": n_users,
-            "n_ratings": g_cnt,
+            "n_users": groups.n_users,
+            "n_ratings": np.bincount(groups.gid[rows], minlength=N).astype(np.int64),
         }
         return RunResult(transcript, model_out, utility)
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The random groups (the federation's clients) and each user's place in them.
+
+    Attributes
+    ----------
+    members : list of (n^g,) int64 arrays
+        Dataset user indices of every group.
+    gid, local_row : (n,) int64
+        Group of every user and its row inside the group.
+    n_users : (N,) int64
+    k_g : (N,) int64
+        Local latent dimension of every group (:func:`group_ranks`).
+    """
+
+    members: list[np.ndarray]
+    gid: np.ndarray
+    local_row: np.ndarray
+    n_users: np.ndarray
+    k_g: np.ndarray
+
+    @property
+    def N(self) -> int:
+        return len(self.members)
+
+    @classmethod
+    def draw(cls, dataset: Any, cfg: Mapping[str, Any], rng: np.random.Generator) -> "Groups":
+        n = dataset.ratings.shape[0]
+        members = [np.asarray(g, dtype=np.int64) for g in random_groups(dataset, cfg["group_min"], cfg["group_max"], rng)]
+        gid = np.empty(n, dtype=np.int64)
+        local_row = np.empty(n, dtype=np.int64)
+        for g, users in enumerate(members):
+            gid[users] = g
+            local_row[users] = np.arange(users.size)
+        n_users = np.array([g.size for g in members], dtype=np.int64)
+        return cls(members, gid, local_row, n_users, group_ranks(n_users, cfg["k"]))
+
+
+@dataclass(frozen=True)
+class LocalFit:
+    """The groups' local CNMF (Algorithm 1, lines 2-5): the fitted model (all groups in one
+    block model), H^g as (N, k, m) with H^g = H[g, :k^g], b_H^g (N, m), the local predictions
+    of the test ratings, and the fit's seconds."""
+
+    model: CNMF
+    H: np.ndarray
+    b_H: np.ndarray
+    pred: np.ndarray
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ServerFit:
+    """The server's joint NMF of the uploaded item factors (eqs. 15-17)."""
+
+    W_global: np.ndarray
+    H_global: np.ndarray
+    b_H_global: np.ndarray
+    offsets: np.ndarray
+    seconds: float
+
+
+def _private_messages(
+    groups: Groups, senders: list[str], rows: np.ndarray, cols: np.ndarray, vals: np.ndarray
+) -> list[tuple[str, dict[str, np.ndarray], dict[str, int]]]:
+    """Ground truth: each group's training ratings X^g (rows local to the group)."""
+    gid, local_row = groups.gid, groups.local_row
+    order = np.lexsort((cols, local_row[rows], gid[rows]))
+    g_of = gid[rows][order]
+    bounds = np.searchsorted(g_of, np.arange(groups.N + 1))
+    out = []
+    for g, party in enumerate(senders):
+        sel = order[bounds[g] : bounds[g + 1]]
+        payload = {
+            "users": local_row[rows[sel]],
+            "items": cols[sel].copy(),
+            "ratings": vals[sel].copy(),
+            "user_ids": groups.members[g].copy(),
+            "n_users": np.asarray(groups.n_users[g], dtype=np.int64),
+        }
+        out.append((party, payload, {"n_users": int(groups.n_users[g]), "n_ratings": int(sel.size)}))
+    return out
+
+
+def _mean_round(
+    channel: Channel, transcript: Any, senders: list[str], groups: Groups, rows: np.ndarray, vals: np.ndarray,
+    global_mean: str,
+) -> tuple[float, float]:
+    """Round 0, the global mean exchange (eq. 6, eq. 14): the server's mu^Global and what the groups received."""
+    N, gid = groups.N, groups.gid
+    g_sum = np.bincount(gid[rows], vals, minlength=N)
+    g_cnt = np.bincount(gid[rows], minlength=N).astype(np.int64)
+    batch = channel.send(
+        0,
+        "mean",
+        senders,
+        [{"sum": np.asarray(g_sum[g]), "count": np.asarray(g_cnt[g])} for g in range(N)],
+    )
+    sums = np.array([float(p["sum"]) for p in batch.payloads])
+    counts = np.array([float(p["count"]) for p in batch.payloads])
+    if global_mean == "groups":
+        mu_global = float(np.mean(sums / np.maximum(counts, 1)))
+    else:
+        mu_global = float(np.sum(sums) / max(np.sum(counts), 1))
+    for party in senders:
+        received = channel.download({"mu": np.asarray(mu_global)})
+        transcript.add(0, "server", party, "global_mean", received)
+    mu_clients = float(received["mu"]) if N else mu_global  # what the groups received (same for all)
+    return mu_global, mu_clients
+
+
+def _local_fit(
+    public: Mapping[str, Any], k: int, groups: Groups, Xtr: Any, mu: float, rng: np.random.Generator, m: int,
+    te_rows: np.ndarray, te_cols: np.ndarray,
+) -> LocalFit:
+    """The local CNMF of every group at once (block columns, per-group ranks k^g)."""
+    t0 = time.perf_counter()
+    N, gid, k_g = groups.N, groups.gid, groups.k_g
+    model = cnmf_from_config(public, k)
+    Xb = block_columns(Xtr, gid, N)
+    model.fit(Xb, mu=mu, rng=rng, row_rank=k_g[gid], col_rank=np.repeat(k_g, m))
+    seconds = time.perf_counter() - t0
+    H_loc = model.H_.reshape(k, N, m).transpose(1, 0, 2)  # (N, k, m): H^g = H_loc[g, :k^g]
+    bH_loc = model.b_H_.reshape(N, m)
+    pred = model.predict(te_rows, gid[te_rows] * m + te_cols)
+    return LocalFit(model, H_loc, bH_loc, pred, seconds)
+
+
+def _server_round(
+    channel: Channel, transcript: Any, senders: list[str], k_g: np.ndarray, local: LocalFit, mu_global: float,
+    cfg: Mapping[str, Any], rng: np.random.Generator,
+) -> ServerFit:
+    """Round 1: the groups upload (H^g)^T and b_H^g; the server stacks and factorizes them."""
+    uploads = [
+        {"H_T": np.ascontiguousarray(local.H[g, : k_g[g]].T), "b_H": local.b_H[g].copy()} for g in range(len(senders))
+    ]
+    batch = channel.send(1, "H", senders, uploads, noisy_keys=("H_T", "b_H"))
+    t0 = time.perf_counter()
+    seen = [np.asarray(p["H_T"], dtype=np.float64) for p in batch.payloads]
+    X_server = np.maximum(np.hstack(seen), 0.0)  # eq. 15
+    b_H_global = np.mean([np.asarray(p["b_H"], dtype=np.float64) for p in batch.payloads], axis=0)  # eq. 16
+    offsets = np.concatenate(([0], np.cumsum([s.shape[1] for s in seen]))).astype(np.int64)
+    W_global, H_global = _joint_nmf(X_server, cfg["K"], cfg["server_max_iter"], int(rng.integers(2**31)))
+    seconds = time.perf_counter() - t0
+    transcript.add(
+        1,
+        "server",
+        "server",
+        "state",
+        {
+            "X": X_server,
+            "W_global": W_global,
+            "H_global": H_global,
+            "b_H_global": b_H_global,
+            "mu_global": np.asarray(mu_global),
+            "offsets": offsets,
+        },
+    )
+    return ServerFit(W_global, H_global, b_H_global, offsets, seconds)
+
+
+def _distill(
+    channel: Channel, transcript: Any, senders: list[str], groups: Groups, local: LocalFit, server: ServerFit,
+    te_rows: np.ndarray, te_cols: np.ndarray, mu: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The server sends every group M^g (eq. 17); each distills W* = W^g M^g^T (eq. 18).
+    Returns W* (n x K) and the federated predictions of the test ratings (eq. 19, unclipped)."""
+    model = local.model
+    W_global, H_global, b_H_global, offsets = server.W_global, server.H_global, server.b_H_global, server.offsets
+    W_star = np.zeros((len(groups.gid), W_global.shape[1]))
+    for g, party in enumerate(senders):
+        M_g = np.ascontiguousarray(H_global[:, offsets[g] : offsets[g + 1]])  # eq. 17
+        received = channel.download({"M": M_g, "W_global": W_global, "b_H_global": b_H_global})
+        transcript.add(1, "server", party, "M", received)
+        users = groups.members[g]
+        W_star[users] = model.W_[users, : groups.k_g[g]] @ np.asarray(received["M"]).T  # eq. 18
+    W_dl = np.asarray(received["W_global"]) if groups.N else W_global
+    bH_dl = np.asarray(received["b_H_global"]) if groups.N else b_H_global
+    fed_pred = (
+        np.einsum("nk,nk->n", W_star[te_rows], W_dl[te_cols]) + model.b_W_[te_rows] + bH_dl[te_cols] + mu
+    )  # eq. 19
+    return W_star, fed_pred
+
+
+def _communication(transcript: Any) -> dict[str, float]:
+    """Bytes and messages up and down (§3.3.5); also sets every sent message's ``meta["bytes"]``."""
+    up = down = n_up = n_down = 0
+    for msg in transcript.messages:
+        if msg.sender == msg.receiver:
+            continue
+        msg.meta["bytes"] = msg.nbytes
+        if msg.receiver == "server":
+            up += msg.nbytes
+            n_up += 1
+        else:
+            down += msg.nbytes
+            n_down += 1
+    return {"bytes_up": float(up), "bytes_down": float(down), "messages_up": float(n_up), "messages_down": float(n_down)}
+
+
+def _utility(
+    rmse_local: np.ndarray, rmse_fed: np.ndarray, local_pred: np.ndarray, fed_pred: np.ndarray, te_vals: np.ndarray,
+    N: int,
+) -> dict[str, float]:
+    """Per-group RMSE of the local and the federated model: means, 95 % intervals, pooled values."""
+    valid = np.isfinite(rmse_local) & np.isfinite(rmse_fed)
+    loc_mean, loc_ci = mean_ci95(rmse_local[valid])
+    fed_mean, fed_ci = mean_ci95(rmse_fed[valid])
+    return {
+        "rmse": fed_mean,
+        "rmse_local": loc_mean,
+        "rmse_local_ci95": loc_ci,
+        "rmse_fedsplit": fed_mean,
+        "rmse_fedsplit_ci95": fed_ci,
+        "rmse_drop": loc_mean - fed_mean,
+        "improved_fraction": float(np.mean(rmse_fed[valid] < rmse_local[valid])),
+        "rmse_local_pooled": float(np.sqrt(np.mean((local_pred - te_vals) ** 2))),
+        "rmse_fedsplit_pooled": float(np.sqrt(np.mean((fed_pred - te_vals) ** 2))),
+        "n_groups": float(N),
+    }
 
 
 def _joint_nmf(X: np.ndarray, K: int, max_iter: int, random_state: int = 0) -> tuple[np.ndarray, np.ndarray]:

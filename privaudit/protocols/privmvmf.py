@@ -10,7 +10,7 @@ changes is the channel:
 - ``paillier``: uploads are encrypted (fixed-point, packed), the server adds ciphertexts per
   item / P entry and decrypting clients return only the sums (eq. 37).
 
-:meth:`PrivMVMF.run` adds a default ``sampling`` and/or ``paillier`` defense when the caller
+:meth:`PrivMVMF.prepare_defenses` adds a default ``sampling`` and/or ``paillier`` defense when the caller
 gave none of that kind (``rho=1``, ``key_length=2048`` — pass ``--defense paillier:obfuscation=djn``
 for faster encryption); other defenses (noise, ...) are kept and applied before encryption in the
 order given. Departure: the paper's Table 2 values of rho and the key length were lost in
@@ -33,10 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
-from privaudit.defenses.base import Defense
-from privaudit.protocols.base import RunResult
+from privaudit.defenses.base import CLIENT_DATA, Defense
 from privaudit.protocols.fedmvmf import FedMVMF
 from privaudit.registry import get, register_protocol
 from privaudit import schema as transcript_schema
@@ -50,23 +47,20 @@ DEFAULT_DISTRIBUTION = "matched"
 def privmvmf_defenses(defenses: Sequence[Defense], w: float) -> list[Defense]:
     """``defenses`` with a default ``sampling`` first and ``paillier`` last when absent.
 
-    The default ``sampling`` is ``rho=1, distribution=matched`` (:data:`DEFAULT_DISTRIBUTION`).
-
-    A ``sampling`` defense without its own ``w`` gets the protocol's ``w`` (a copy is made).
+    Decided by capability, not by name: without a ``client-data`` defense the default
+    ``sampling`` (``rho=1, distribution=matched``, :data:`DEFAULT_DISTRIBUTION`) is added first;
+    without a defense that hides plaintext the default ``paillier`` is added; defenses that hide
+    plaintext go last (everything after encryption would see ciphertexts), in the order given.
+    Every defense gets the protocol's ``w`` where it leaves it unset
+    (:meth:`Defense.with_protocol_defaults`; a copy is made).
     """
     out: list[Defense] = []
-    names = [d.name for d in defenses]
-    if "sampling" not in names:
+    if not any(CLIENT_DATA in d.capabilities for d in defenses):
         out.append(get("defense", "sampling")(w=w, distribution=DEFAULT_DISTRIBUTION))
-    for d in defenses:
-        if d.name == "sampling" and d.config.get("filling") == "weight" and d.config.get("w") is None:
-            d = type(d)(**{**d.config, "w": w})
-        out.append(d)
-    if "paillier" not in names:
+    out += [d.with_protocol_defaults({"w": w}) for d in defenses]
+    if not any(d.hides_plaintext() for d in out):
         out.append(get("defense", "paillier")())
-    else:  # encryption must come last: everything after it would see ciphertexts
-        out = [d for d in out if d.name != "paillier"] + [d for d in out if d.name == "paillier"]
-    return out
+    return [d for d in out if not d.hides_plaintext()] + [d for d in out if d.hides_plaintext()]
 
 
 @register_protocol("privmvmf")
@@ -76,16 +70,7 @@ class PrivMVMF(FedMVMF):
     description = "PrivMVMF (privmvmf.txt §5): FedMVMF SemiALS + paillier encryption + unrated-item sampling"
     schema = transcript_schema.PRIVMVMF  # declared message kinds, checked before any attack
     default_attack = "mvmf-aggregate"
-    default_config = dict(FedMVMF.default_config)
-    config_help = dict(FedMVMF.config_help)
 
-    def run(
-        self,
-        dataset: Any,
-        config: Mapping[str, Any] | None = None,
-        defenses: Sequence[Defense] = (),
-        rng: np.random.Generator | int | None = None,
-    ) -> RunResult:
-        """FedMVMF's run with the PrivMVMF defenses (see the module docstring)."""
-        cfg = self.resolve_config(config)
-        return super().run(dataset, cfg, privmvmf_defenses(defenses, float(cfg["w"])), rng)
+    def prepare_defenses(self, config: Mapping[str, Any], defenses: list[Defense]) -> list[Defense]:
+        """The PrivMVMF defenses (see the module docstring and :func:`privmvmf_defenses`)."""
+        return privmvmf_defenses(defenses, float(config["w"]))

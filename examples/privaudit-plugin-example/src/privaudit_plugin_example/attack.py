@@ -1,0 +1,62 @@
+"""The ``uploaded-items`` attack: a client rated exactly the items whose rows it uploads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.params import Param
+from privaudit.results import MetricSpec
+from privaudit.transcript import Transcript, View
+
+
+class UploadedItems(Attack):
+    """The server guesses, for every client and item, "rated" iff the client uploaded that item's row.
+
+    Exact against FedMVMF's ``obsonly`` uploads; unrated items a defense adds (``sampling``)
+    become false positives.
+    """
+
+    description = "server: a client rated the items whose grad_V rows it uploads (plugin example)"
+    party = "server"
+    protocols = ("fedmvmf", "privmvmf")
+    requires = ("grad_V",)
+    primary_metric = "accuracy"
+    parameters = (Param("round", 0, "the recorded round whose uploads are read", ge=0),)
+    metric_specs = {
+        "accuracy": MetricSpec(
+            True, True, "fraction", "share of (client, item) pairs whose rated/unrated status is guessed right"
+        ),
+        "victims": MetricSpec(True, False, "clients", "clients attacked"),
+    }
+
+    def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
+        victims = {}
+        for m in view.select("grad_V", round=self.config["round"]):
+            victims[m.sender] = {"items": np.unique(np.asarray(m.payload["items"], dtype=np.int64))}
+        return Reconstruction(self.name, self.party, victims)
+
+    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+        m = int(transcript.config["n_items"])
+        hits = total = 0
+        for party, guess in reconstruction.victims.items():
+            truth = np.zeros(m, dtype=bool)
+            truth[transcript.private(party)["items"]] = True
+            guessed = np.zeros(m, dtype=bool)
+            guessed[guess["items"]] = True
+            hits += int(np.sum(truth == guessed))
+            total += m
+        return {"accuracy": hits / total if total else float("nan"), "victims": float(len(reconstruction.victims))}
+
+    def baseline(self, transcript: Transcript) -> dict[str, float]:
+        """A uniform random guess per (client, item): accuracy 1/2."""
+        return {"accuracy": 0.5, "victims": 0.0}
+
+    def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
+        """Without the uploads the best guess is the majority, "unrated": accuracy 1 - density."""
+        m = int(transcript.config["n_items"])
+        clients = [p for p in transcript.parties if p.startswith("client:")]
+        rated = sum(len(transcript.private(p).get("items", ())) for p in clients)
+        return {"accuracy": 1.0 - rated / (m * len(clients)) if clients and m else float("nan"), "victims": 0.0}

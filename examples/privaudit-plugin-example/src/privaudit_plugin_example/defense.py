@@ -1,0 +1,30 @@
+"""The ``quantize`` defense: clients round every uploaded float to a grid of width ``step``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from privaudit.defenses.base import UPLOAD, ChannelContext, Defense, UploadBatch
+from privaudit.params import Param
+
+
+class Quantize(Defense):
+    """Round every float a client uploads to the nearest multiple of ``step`` (0 = off).
+
+    Not a privacy mechanism with a guarantee: a worked example of the ``upload`` capability.
+    """
+
+    description = "round every uploaded float to a grid of width step (plugin example)"
+    parameters = (Param("step", 0.0, "grid width of the rounding (0: off)", ge=0),)
+    strength = "step"
+    default_grid = (0.0, 0.5)
+    capabilities = frozenset({UPLOAD})
+
+    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
+        step = self.config["step"]
+        if step == 0.0:
+            return batch
+        for payload in batch.payloads:
+            for key in batch.float_keys(payload):
+                payload[key] = np.round(np.asarray(payload[key]) / step) * step
+        return batch

@@ -1,0 +1,100 @@
+"""The worked plugin of docs/extending.md installs, registers through entry points, lists and runs.
+
+The package is installed with pip into a temporary folder (``--target``, no dependencies, no
+build isolation, so it works offline and never touches the running environment); every
+privaudit command then runs in a subprocess whose PYTHONPATH holds that folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "privaudit-plugin-example"
+
+
+@pytest.fixture(scope="module")
+def plugin_path(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("plugin")
+    source = work / "src"
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    target = work / "site"
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+           "--target", str(target), str(source)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert (target / "privaudit_plugin_example").is_dir()
+    return target
+
+
+def _run(plugin_path: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugin_path), str(ROOT)]))
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=plugin_path.parent,
+                          timeout=timeout)
+
+
+def test_list_and_describe_show_the_plugin(plugin_path):
+    proc = _run(plugin_path, "-m", "privaudit", "list", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = {(r["kind"], r["name"]): r["description"] for r in json.loads(proc.stdout)}
+    assert rows[("defense", "quantize")].startswith("round every uploaded float")
+    assert rows[("attack", "uploaded-items")].startswith("server: a client rated")
+    assert "plugin failed to load" not in proc.stderr
+    proc = _run(plugin_path, "-m", "privaudit", "describe", "quantize")
+    assert proc.returncode == 0, proc.stderr
+    assert "step : float = 0.0  (a number >= 0)" in proc.stdout and "capabilities: upload" in proc.stdout
+
+
+def test_plugin_classes_behave(plugin_path):
+    """Quantize rounds to the grid; the attack's prior (majority) baseline is 1 - density."""
+    code = textwrap.dedent(
+        """
+        import json
+        import numpy as np
+        from privaudit.defenses.base import UploadBatch
+        from privaudit.experiment import run_transcript
+        from privaudit.registry import get
+        q = get("defense", "quantize")(step=0.5)
+        batch = UploadBatch(0, "grad_V", ["client:0"], [{"items": np.array([1, 2]), "values": np.array([0.26, -0.74])}])
+        out = q.on_upload(batch, None).payloads[0]
+        t = run_transcript("fedmvmf", [], [], "synthetic", None, 0).transcript
+        attack = get("attack", "uploaded-items")()
+        outcome = attack.evaluate(t, np.random.default_rng(0))
+        n_rated = sum(len(t.private(p)["items"]) for p in t.parties if p.startswith("client:"))
+        density = n_rated / (t.config["n_items"] * sum(p.startswith("client:") for p in t.parties))
+        print(json.dumps({"values": out["values"].tolist(), "items": out["items"].tolist(),
+                          "metrics": outcome.metrics, "prior": attack.prior_baseline(t, {}), "density": density}))
+        """
+    )
+    proc = _run(plugin_path, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["values"] == [0.5, -0.5] and r["items"] == [1, 2]  # floats rounded, item ids untouched
+    assert r["prior"]["accuracy"] == pytest.approx(1.0 - r["density"])
+    # obsonly uploads name exactly the rated items: every (client, item) pair right, far above the
+    # majority guess (1 - density) and the random guess (0.5)
+    assert r["metrics"]["accuracy"] == 1.0 > r["prior"]["accuracy"] > 0.5
+
+
+def test_attack_command_runs_the_plugin(plugin_path, tmp_path):
+    out = tmp_path / "report"
+    proc = _run(
+        plugin_path, "-m", "privaudit", "attack", "--protocol", "fedmvmf", "--attack", "uploaded-items",
+        "--defense", "quantize", "--seeds", "1", "--jobs", "1", "--quiet", "--out", str(out),
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["attack"] == "uploaded-items"
+    assert [p["value"] for p in results["points"]] == [0.0, 0.5]  # the defense's default grid
+    for point in results["points"]:
+        metrics = point.get("attack_metrics", point.get("metrics"))
+        assert metrics["accuracy"] == 1.0  # rounding values hides no item id
+        assert metrics["victims"] == 180.0
