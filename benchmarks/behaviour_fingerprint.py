@@ -28,7 +28,7 @@ import numpy as np
 
 RUNS = {  # label: (protocol, defenses, --set values, users)
     "fedmvmf": ("fedmvmf", [], [], None),
-    "privmvmf": ("privmvmf", ["paillier:key_length=512"], [], 8),
+    "privmvmf": ("privmvmf", ["paillier:key_length=512,insecure_test_key=true"], [], 8),
     "fedsplit": ("fedsplit", [], [], None),
     "fedncf": ("fedncf", [], [], None),
     "fedncf+dp-sgd": ("fedncf", ["dp-sgd"], ["client_optimizer=persistent", "user_lr=0.01"], None),

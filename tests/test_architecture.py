@@ -149,7 +149,7 @@ def test_protocols_ask_defenses_by_capability():
     lt = registry.get("defense", "dp-sgd")(noise_multiplier=0.7, max_grad_norm=2.0).local_training()
     assert (lt.noise_multiplier, lt.clip) == (0.7, 2.0)
     # PrivMVMF: default sampling (with the protocol's w) first, encryption last, given order kept
-    key = paillier(key_length=512)
+    key = paillier(key_length=512, insecure_test_key=True)
     out = privmvmf_defenses([key, laplace(scale=0.1)], w=0.3)
     assert [d.name for d in out] == ["sampling", "laplace", "paillier"] and out[-1] is key
     assert out[0].weight == 0.3
