@@ -11,7 +11,8 @@ Opacus's ``RDPAccountant``: a client with n instances takes ``local_epochs * cei
 of sampling rate q = B / n per round it takes part in (the accountant's Poisson-sampling
 analysis applied to shuffled fixed-size batches, as Opacus does without ``poisson_sampling``).
 
-The protocol finds this defense by its ``local_dp_sgd`` flag, hands it the clients' instance
+The protocol finds this defense by its ``local-training`` capability (:meth:`local_training`
+gives the clipping and noise), hands it the clients' instance
 counts and participation after the run (:meth:`account`), and reports the largest epsilon over
 the clients as ``utility["epsilon"]``; :meth:`privacy_spent` gives the epsilon of the worst-case
 client size after a given number of rounds.
