@@ -59,7 +59,7 @@ class GenericAttributeInference(Attack):
 
     description = "any recorder with item-embedding uploads: attributes from uploaded rows + auxiliary labelled users (Zhang et al. TKDE 2023)"
     party = "server"
-    protocols = ()
+    protocols = ("flower",)  # recorded runs; within them the attack chooses itself by message kinds
     requires = ("item_update",)
     primary_metric = "accuracy"
     params = {"aux_fraction": 0.5}

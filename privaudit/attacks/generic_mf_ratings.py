@@ -95,13 +95,14 @@ class GenericMFRatings(Attack):
 
     description = "any plain-MF recorder: uploaded item rows are multiples of u, one scalar per user decodes the ratings"
     party = "server"
-    protocols = ()
+    protocols = ("flower",)  # recorded runs; within them the attack chooses itself by message kinds
     requires = ("item_update",)
     primary_metric = "accuracy"
-    params = {"rank_tol": 1e-6, "grid_tol": 1e-3}
+    params = {"rank_tol": 1e-6, "grid_tol": 1e-3, "max_rank_ratio": 0.5}
     param_help = {
         "rank_tol": "claim a client only when sigma_2/sigma_1 of its gradient rows is below this",
         "grid_tol": "... and its decoded ratings are this close (RMS) to the rating grid",
+        "max_rank_ratio": "not applicable when the median sigma_2/sigma_1 of the clients' row changes exceeds this",
     }
     metric_specs = {
         "accuracy": MetricSpec(True, True, "fraction", "share of uploaded items whose rating is recovered exactly"),
@@ -112,7 +113,7 @@ class GenericMFRatings(Attack):
     }
 
     def validate(self) -> None:
-        for key in ("rank_tol", "grid_tol"):
+        for key in ("rank_tol", "grid_tol", "max_rank_ratio"):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise PrivauditError(f"attack 'generic-mf-ratings': {key} must be a positive number, got {value!r}")
@@ -126,6 +127,18 @@ class GenericMFRatings(Attack):
         ups = client_uploads(view)
         if ups and all(u.delta is None for us in ups.values() for u in us):
             return False, "the uploads are item rows but the server's view holds no model it sent (state messages of 'model')"
+        ratios = []
+        lr, lam = float(view.config["lr"]), float(view.config.get("lam", 0.0) or 0.0)
+        for us in list(ups.values())[:5]:
+            up = next((u for u in us if u.delta is not None and u.sent is not None and u.items.size >= 2), None)
+            if up is not None:
+                s = np.linalg.svd(up.delta / lr + lam * up.sent, compute_uv=False)
+                ratios.append(s[1] / s[0] if s[0] > 0 else 1.0)
+        if ratios and float(np.median(ratios)) > self.max_rank_ratio:
+            return False, (
+                f"the uploaded row changes are not multiples of one user vector (sigma_2/sigma_1 = {np.median(ratios):.2f}"
+                f" > {self.max_rank_ratio}): the clients do not run a few plain-MF gradient steps"
+            )
         return True, ""
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:

@@ -50,7 +50,7 @@ class GenericTrainedItems(Attack):
 
     description = "any recorder with item-embedding uploads: changed rows reveal each client's trained items"
     party = "server"
-    protocols = ()
+    protocols = ("flower",)  # recorded runs; within them the attack chooses itself by message kinds
     requires = ("item_update",)
     primary_metric = "f1"
     params = {"rounds": -1}
