@@ -498,8 +498,8 @@ _STAGE = "secaggplus_configs/stage"
 def _defenses(rec: FlowerRecorder) -> list[dict[str, Any]]:
     """The Flower defenses the recorded messages show were active (public facts of the run)."""
     out = []
-    if any(ev.kind == "masked_update" or (ev.meta.get("masked")) for ev in rec.events):
-        stages = [ev for ev in rec.events if ev.direction == "down" and _STAGE in ev.meta.get("entries", {})]
+    stages = [ev for ev in rec.events if ev.direction == "down" and _STAGE in ev.meta.get("entries", {})]
+    if stages:
         setup = next((ev.meta["entries"] for ev in stages if ev.meta["entries"].get(_STAGE) == "setup"), {})
         params = {k.split("/", 1)[1]: v for k, v in setup.items() if k != _STAGE}
         out.append({"name": "flower-secaggplus", "workflow": "SecAggPlusWorkflow", "client_mod": "secaggplus_mod", **params})

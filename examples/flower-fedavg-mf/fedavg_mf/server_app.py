@@ -91,11 +91,9 @@ def _secaggplus(grid: Grid, context: Context, V: np.ndarray, nodes: list[int]) -
         on_fit_config_fn=lambda rnd: {"server-round": rnd, "lr": float(cfg["lr"])},
     )
     legacy = LegacyContext(context, config=ServerConfig(num_rounds=int(cfg["num-server-rounds"])), strategy=strategy)
-    shares = min(int(cfg["secagg-shares"]), len(nodes))
+    shares = int(cfg["secagg-shares"])  # neighbours per node, itself included: odd, at most the node count
     workflow = DefaultWorkflow(
-        fit_workflow=SecAggPlusWorkflow(
-            num_shares=shares, reconstruction_threshold=max(2, shares - 1), max_weight=1.0
-        )
+        fit_workflow=SecAggPlusWorkflow(num_shares=shares, reconstruction_threshold=shares // 2 + 1, max_weight=1.0)
     )
     workflow(grid, legacy)
     return state["V"]
