@@ -29,6 +29,8 @@ __all__ = ["applicable_attacks", "audit_transcript", "reconstruct", "format_audi
 LEAK_MARGIN = 0.02
 #: Fewer scored victims than this give no verdict (one client's hit or miss is not a rate).
 MIN_VICTIMS = 3
+#: Attacks scored per client (``targets``: one decision per client and attribute) need this many.
+MIN_TARGETS = 10
 
 
 def _as_transcript(transcript: Transcript | str | Path) -> Transcript:
@@ -105,9 +107,11 @@ def audit_transcript(transcript: Transcript | str | Path, attacks: list[str] | N
                 except NotImplementedError:
                     prior = {}
                 verdict, advantage = _verdict(cls, metrics, random, prior)
-                victims = metrics.get("victims", metrics.get("targets", math.inf))
-                if verdict != "unscored" and victims < MIN_VICTIMS:
-                    verdict = f"too few victims to judge ({int(victims)} < {MIN_VICTIMS})"
+                victims, targets = metrics.get("victims", math.inf), metrics.get("targets", math.inf)
+                if verdict == "unscored":
+                    row["reason"] = f"the ground truth holds nothing {cls.name} scores ({row['metric']} undefined)"
+                elif victims < MIN_VICTIMS or targets < MIN_TARGETS:
+                    verdict = f"too few victims to judge ({int(min(victims, targets))})"
                 row.update({"verdict": verdict, "advantage": advantage, "metrics": metrics,
                             "baseline_random": random, "baseline_prior": prior})
         row["seconds"] = time.perf_counter() - t0
