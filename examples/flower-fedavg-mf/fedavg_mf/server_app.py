@@ -12,6 +12,8 @@ and applies the same row means.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
@@ -27,6 +29,23 @@ def _send(grid: Grid, nodes: list[int], content: RecordDict, kind: str, rnd: int
     if len(replies) != len(msgs):
         raise RuntimeError(f"round {rnd}: {len(msgs) - len(replies)} of {len(msgs)} nodes failed")
     return replies
+
+
+def wait_for_nodes(grid: Grid, min_nodes: int = 2, timeout: float = 120.0) -> list[int]:
+    """The node ids once at least ``min_nodes`` have registered and the set stopped growing.
+
+    The simulation engine registers its nodes while the ServerApp starts, so the first
+    ``get_node_ids()`` may come back empty.
+    """
+    deadline = time.monotonic() + timeout
+    nodes: list[int] = []
+    while time.monotonic() < deadline:
+        now = sorted(grid.get_node_ids())
+        if len(now) >= min_nodes and now == nodes:
+            return nodes
+        nodes = now
+        time.sleep(0.5)
+    raise RuntimeError(f"fewer than {min_nodes} nodes registered within {timeout:.0f} s")
 
 
 def mean_rows(V: np.ndarray, uploads: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -104,7 +123,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     dataset = dataset_of(cfg)
     V = init_items(int(cfg["seed"]), dataset.n_items, int(cfg["dim"]))
-    nodes = sorted(grid.get_node_ids())
+    nodes = wait_for_nodes(grid)
     V = _secaggplus(grid, context, V, nodes) if cfg["secaggplus"] else _plain(grid, context, V, nodes)
     rmse = _evaluate(grid, nodes, V, int(cfg["num-server-rounds"]) + 1)
     context.state.array_records["final-model"] = ArrayRecord({"V": Array(V)})

@@ -3,6 +3,8 @@ trained a row) for the item embeddings, FedAvg (plain mean) for the output weigh
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
@@ -12,11 +14,28 @@ from fedncf_gmf.task import dataset_of, init_model
 app = ServerApp()
 
 
+def wait_for_nodes(grid: Grid, min_nodes: int = 2, timeout: float = 120.0) -> list[int]:
+    """The node ids once at least ``min_nodes`` have registered and the set stopped growing.
+
+    The simulation engine registers its nodes while the ServerApp starts, so the first
+    ``get_node_ids()`` may come back empty.
+    """
+    deadline = time.monotonic() + timeout
+    nodes: list[int] = []
+    while time.monotonic() < deadline:
+        now = sorted(grid.get_node_ids())
+        if len(now) >= min_nodes and now == nodes:
+            return nodes
+        nodes = now
+        time.sleep(0.5)
+    raise RuntimeError(f"fewer than {min_nodes} nodes registered within {timeout:.0f} s")
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     V, h = init_model(int(cfg["seed"]), dataset_of(cfg).n_items, int(cfg["dim"]))
-    nodes = sorted(grid.get_node_ids())
+    nodes = wait_for_nodes(grid)
     for rnd in range(1, int(cfg["num-server-rounds"]) + 1):
         content = RecordDict(
             {
