@@ -12,7 +12,7 @@ import pytest
 from privaudit import registry
 from privaudit.cli import main
 from privaudit.errors import PrivauditError
-from privaudit.integrations.flower import load_app, merge_private, write_private
+from privaudit.integrations.flower import load_app, merge_private, record, write_private
 from privaudit.integrations.schema_map import SchemaMap, SchemaMapError
 from privaudit.transcript import Transcript, load
 
@@ -79,6 +79,14 @@ def test_app_folder_is_validated(tmp_path):
     assert main(["record", "--flower", str(tmp_path / "nope"), "-o", str(tmp_path / "x.ptx")]) == 2
 
 
+def test_record_without_flower_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "flwr", None)  # import flwr -> ImportError
+    with pytest.raises(PrivauditError, match=r'pip install "privaudit\[flower\]"'):
+        record(APP, clients=3, rounds=1)
+
+
 def test_recorded_protocol_is_not_simulated(capsys):
     assert main(["run", "--protocol", "flower", "-o", "x.ptx"]) == 2
     assert "recorded, not simulated" in capsys.readouterr().err
@@ -86,13 +94,19 @@ def test_recorded_protocol_is_not_simulated(capsys):
 
 # ------------------------------------------------------------------ a real Flower simulation
 
-flwr = pytest.importorskip("flwr", reason='Flower is not installed: pip install "privaudit[flower]"')
-from privaudit.integrations.flower import record  # noqa: E402
+
+NO_FLOWER = 'Flower is not installed: pip install "privaudit[flower]"'
+
+
+def _need_flower() -> None:
+    pytest.importorskip("flwr", reason=NO_FLOWER)
+    pytest.importorskip("ray", reason=NO_FLOWER)
 
 
 @pytest.fixture(scope="module")
 def recorded():
     """FedAvg-MF, 3 clients, 2 rounds, recorder and ground-truth Mod on."""
+    _need_flower()
     return record(APP, clients=3, rounds=2)
 
 
@@ -152,6 +166,7 @@ def test_audit_and_unscored_attack_from_the_cli(recorded, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_recording_changes_nothing(recorded):
+    _need_flower()
     plain = record(APP, clients=3, rounds=2, recorder=False)
     assert plain.transcript is None
     a = recorded.context.state.array_records["final-model"]["V"].numpy()
@@ -161,6 +176,7 @@ def test_recording_changes_nothing(recorded):
 
 @pytest.mark.slow
 def test_secaggplus_hides_the_uploads():
+    _need_flower()
     rec = record(APP, clients=3, rounds=2, run_config={"secaggplus": True})
     t = rec.transcript
     assert "item_update" not in t.kinds() and t.kinds()["masked_update"] == 6
