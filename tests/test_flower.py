@@ -14,14 +14,19 @@ from privaudit.cli import main
 from privaudit.errors import PrivauditError
 from privaudit.integrations.flower import load_app, merge_private, record, write_private
 from privaudit.integrations.schema_map import SchemaMap, SchemaMapError
-from privaudit.transcript import Transcript, load
+from privaudit.transcript import Transcript
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "flower-fedavg-mf"
 
 MAP = {
     "kinds": [
         {"kind": "model", "direction": "down", "when": ["emb/V"], "payload": {"V": "emb/V"}},
-        {"kind": "item_update", "direction": "up", "when": ["rows"], "payload": {"items": "rows/ids", "values": "rows/v"}},
+        {
+            "kind": "item_update",
+            "direction": "up",
+            "when": ["rows"],
+            "payload": {"items": "rows/ids", "values": "rows/v"},
+        },
     ]
 }
 
@@ -46,7 +51,10 @@ def test_schema_map_names_entries_and_rounds():
         ({"kinds": [{"kind": "item_update", "direction": "up", "when": ["r"], "payload": {"items": "r/i"}}]},
          "(kind 'item_update') lacks payload 'values'"),
         ({"kinds": [{"kind": "model", "when": ["r"]}]}, "kinds[0] lacks 'direction'"),
-        ({"kinds": [{"kind": "model", "direction": "sideways", "when": ["r"], "payload": {"V": "r/V"}}]}, "'direction' must be"),
+        (
+            {"kinds": [{"kind": "model", "direction": "sideways", "when": ["r"], "payload": {"V": "r/V"}}]},
+            "'direction' must be",
+        ),
         ({"kinds": MAP["kinds"], "rounds": 1}, "unknown key 'rounds'"),
     ],
 )
@@ -155,7 +163,8 @@ def test_audit_and_unscored_attack_from_the_cli(recorded, tmp_path, capsys):
     rows = {r["attack"]: r for r in json.loads((tmp_path / "aud" / "audit.json").read_text())["rows"]}
     assert rows["generic-trained-items"]["verdict"] == "leaks" and rows["generic-mf-ratings"]["verdict"] == "leaks"
     bare = t.save(tmp_path / "bare.ptx", include_private=False)
-    assert main(["attack", "--transcript", str(bare), "--attack", "generic-mf-ratings", "--out", str(tmp_path / "rec")]) == 0
+    argv = ["attack", "--transcript", str(bare), "--attack", "generic-mf-ratings", "--out", str(tmp_path / "rec")]
+    assert main(argv) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "holds no private messages: nothing to score generic-mf-ratings against" in out[0]
     doc = json.loads((tmp_path / "rec" / "reconstruction.json").read_text())

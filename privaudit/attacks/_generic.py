@@ -92,6 +92,12 @@ def defense_note(view: View) -> str:
     return f" (active defense: {', '.join(names)})" if names else ""
 
 
+def uploaders(transcript: Transcript) -> list[str]:
+    """Every client that uploaded item rows, in the clear or masked (the victims of a run)."""
+    kinds = ("item_update", "masked_update")
+    return sorted({m.sender for m in transcript.messages if m.kind in kinds and m.receiver == "server"})
+
+
 def scored_victims(transcript: Transcript, parties) -> list[str]:
     """The parties among ``parties`` that have ground truth (a ``private`` message)."""
     return [p for p in parties if transcript.private(p)]

@@ -22,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._generic import changed_items, client_uploads, defense_note, n_items
+from privaudit.attacks._generic import (
+    changed_items,
+    client_uploads,
+    defense_note,
+    n_items,
+    uploaders,
+)
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.errors import PrivauditError
 from privaudit.registry import register_attack
@@ -57,7 +63,10 @@ def _labels(transcript: Transcript, parties: list[str]) -> tuple[list[str], np.n
 class GenericAttributeInference(Attack):
     """Infer each client's attributes from its uploads with a classifier trained on an auxiliary set."""
 
-    description = "any recorder with item-embedding uploads: attributes from uploaded rows + auxiliary labelled users (Zhang et al. TKDE 2023)"
+    description = (
+        "any recorder with item-embedding uploads: attributes from uploaded rows + auxiliary labelled users "
+        "(Zhang et al., IEEE TKDE 2023)"
+    )
     party = "server"
     protocols = ("flower",)  # recorded runs; within them the attack chooses itself by message kinds
     requires = ("item_update",)
@@ -65,7 +74,9 @@ class GenericAttributeInference(Attack):
     params = {"aux_fraction": 0.5}
     param_help = {"aux_fraction": "share of the clients whose attributes the attacker knows (auxiliary labelled set)"}
     metric_specs = {
-        "accuracy": MetricSpec(True, True, "fraction", "mean over attribute groups of the share of targets whose category is inferred"),
+        "accuracy": MetricSpec(
+            True, True, "fraction", "mean over attribute groups of the share of targets whose category is inferred"
+        ),
         **{
             f"accuracy_{g}": MetricSpec(True, True, "fraction", f"share of targets whose {g} is inferred")
             for g in ("age", "gender", "occupation", "region")
@@ -84,7 +95,7 @@ class GenericAttributeInference(Attack):
         return ok, reason + ("" if ok else defense_note(view))
 
     def _clients(self, transcript: Transcript) -> list[str]:
-        return sorted({m.sender for m in transcript.select("item_update")} | {m.sender for m in transcript.select("masked_update")})
+        return uploaders(transcript)
 
     def prior_knowledge(self, transcript: Transcript, rng: np.random.Generator) -> dict[str, Any]:
         """The auxiliary labelled set: attributes of a random ``aux_fraction`` of the clients."""
@@ -138,7 +149,8 @@ class GenericAttributeInference(Attack):
         P = np.stack([preds[p][: truth.shape[1]] for p in parties])
         groups = attribute_groups(list(transcript.config.get("attribute_names", [])), truth.shape[1])
         per_group = {
-            g: float(np.mean(np.argmax(P[:, cols], axis=1) == np.argmax(truth[:, cols], axis=1))) for g, cols in groups.items()
+            g: float(np.mean(np.argmax(P[:, cols], axis=1) == np.argmax(truth[:, cols], axis=1)))
+            for g, cols in groups.items()
         }
         out = {f"accuracy_{g}": v for g, v in per_group.items() if f"accuracy_{g}" in self.metric_specs}
         out["accuracy"] = float(np.mean(list(per_group.values())))

@@ -29,7 +29,12 @@ from typing import Any
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from privaudit.attacks._generic import client_uploads, defense_note, scored_victims
+from privaudit.attacks._generic import (
+    client_uploads,
+    defense_note,
+    scored_victims,
+    uploaders,
+)
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.errors import PrivauditError
 from privaudit.registry import register_attack
@@ -78,7 +83,9 @@ def _fit_scale(a: np.ndarray, b: np.ndarray, grid: np.ndarray) -> tuple[np.ndarr
     costs = cost(_T_GRID)
     k = int(np.argmin(costs))
     lo, hi = _T_GRID[max(k - 1, 0)], _T_GRID[min(k + 1, _T_GRID.size - 1)]
-    res = minimize_scalar(lambda t: float(cost(np.array([t]))[0]), bounds=(lo, hi), method="bounded", options={"xatol": 1e-12})
+    res = minimize_scalar(
+        lambda t: float(cost(np.array([t]))[0]), bounds=(lo, hi), method="bounded", options={"xatol": 1e-12}
+    )
     t = float(res.x) if res.fun <= costs[k] else float(_T_GRID[k])
     r = a / t + t * b
     return r, float(np.sqrt(np.mean(_grid_residual(r, grid) ** 2)))
@@ -93,7 +100,7 @@ def snap(r: np.ndarray, grid: np.ndarray) -> np.ndarray:
 class GenericMFRatings(Attack):
     """Decode each client's ratings from its one-step plain-MF item uploads (module docstring)."""
 
-    description = "any plain-MF recorder: uploaded item rows are multiples of u, one scalar per user decodes the ratings"
+    description = "plain-MF uploads: item rows are multiples of u, one scalar per user decodes the ratings"
     party = "server"
     protocols = ("flower",)  # recorded runs; within them the attack chooses itself by message kinds
     requires = ("item_update",)
@@ -123,10 +130,10 @@ class GenericMFRatings(Attack):
         if not ok:
             return ok, reason + defense_note(view)
         if not isinstance(view.config.get("lr"), (int, float)) or not view.config.get("lr"):
-            return False, "the public config lacks 'lr' (the clients' learning rate; map it in the schema's public table)"
+            return False, "the public config lacks 'lr' (the clients' learning rate; map it in the schema's public)"
         ups = client_uploads(view)
         if ups and all(u.delta is None for us in ups.values() for u in us):
-            return False, "the uploads are item rows but the server's view holds no model it sent (state messages of 'model')"
+            return False, "the uploads are item rows but the server's view holds no model it sent (no 'model' state)"
         ratios = []
         lr, lam = float(view.config["lr"]), float(view.config.get("lam", 0.0) or 0.0)
         for us in list(ups.values())[:5]:
@@ -136,8 +143,9 @@ class GenericMFRatings(Attack):
                 ratios.append(s[1] / s[0] if s[0] > 0 else 1.0)
         if ratios and float(np.median(ratios)) > self.max_rank_ratio:
             return False, (
-                f"the uploaded row changes are not multiples of one user vector (sigma_2/sigma_1 = {np.median(ratios):.2f}"
-                f" > {self.max_rank_ratio}): the clients do not run a few plain-MF gradient steps"
+                "the uploaded row changes are not multiples of one user vector "
+                f"(sigma_2/sigma_1 = {np.median(ratios):.2f} > {self.max_rank_ratio}): "
+                "the clients do not run a few plain-MF gradient steps"
             )
         return True, ""
 
@@ -202,15 +210,17 @@ class GenericMFRatings(Attack):
         }
 
     def _all_truth(self, transcript: Transcript) -> np.ndarray:
-        senders = sorted({m.sender for m in transcript.select("item_update")} | {m.sender for m in transcript.select("masked_update")})
-        vals = [np.asarray(transcript.private(p).get("ratings", np.zeros(0)), dtype=float) for p in scored_victims(transcript, senders)]
+        senders = uploaders(transcript)
+        victims = scored_victims(transcript, senders)
+        vals = [np.asarray(transcript.private(p).get("ratings", np.zeros(0)), dtype=float) for p in victims]
         return np.concatenate(vals) if vals else np.zeros(0)
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         grid = grid_of(transcript.config)
         truth = self._all_truth(transcript)
         if not truth.size:
-            return {"accuracy": float("nan"), "rmse": float("nan"), "claimed": 0.0, "accuracy_claimed": float("nan"), "victims": 0.0}
+            nan = float("nan")
+            return {"accuracy": nan, "rmse": nan, "claimed": 0.0, "accuracy_claimed": nan, "victims": 0.0}
         acc = float(np.mean([np.mean(grid == r) for r in truth]))
         rmse = float(np.sqrt(np.mean((truth[:, None] - grid[None, :]) ** 2)))
         return {"accuracy": acc, "rmse": rmse, "claimed": 0.0, "accuracy_claimed": acc, "victims": 0.0}
@@ -219,7 +229,7 @@ class GenericMFRatings(Attack):
         truth = self._all_truth(transcript)
         if not truth.size:
             return self.baseline(transcript)
-        values, counts = np.unique(truth, return_counts=True)
+        _, counts = np.unique(truth, return_counts=True)
         acc = float(counts.max() / truth.size)
         rmse = float(np.sqrt(np.mean((truth - truth.mean()) ** 2)))
         return {"accuracy": acc, "rmse": rmse, "claimed": 0.0, "accuracy_claimed": acc, "victims": 0.0}

@@ -20,7 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._generic import changed_items, client_uploads, defense_note, n_items, scored_victims, truth_items
+from privaudit.attacks._generic import (
+    changed_items,
+    client_uploads,
+    defense_note,
+    n_items,
+    scored_victims,
+    truth_items,
+    uploaders,
+)
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.errors import PrivauditError
 from privaudit.registry import register_attack
@@ -41,7 +49,12 @@ def mean_prf(rows: list[tuple[float, float, float]]) -> dict[str, float]:
     if not rows:
         return {"precision": float("nan"), "recall": float("nan"), "f1": float("nan"), "victims": 0.0}
     a = np.asarray(rows, dtype=float)
-    return {"precision": float(a[:, 0].mean()), "recall": float(np.nanmean(a[:, 1])), "f1": float(a[:, 2].mean()), "victims": float(len(rows))}
+    return {
+        "precision": float(a[:, 0].mean()),
+        "recall": float(np.nanmean(a[:, 1])),
+        "f1": float(a[:, 2].mean()),
+        "victims": float(len(rows)),
+    }
 
 
 @register_attack("generic-trained-items")
@@ -64,7 +77,9 @@ class GenericTrainedItems(Attack):
 
     def validate(self) -> None:
         if not isinstance(self.rounds, int) or isinstance(self.rounds, bool) or (self.rounds < 1 and self.rounds != -1):
-            raise PrivauditError(f"attack 'generic-trained-items': rounds must be -1 or a positive integer, got {self.rounds!r}")
+            raise PrivauditError(
+                f"attack 'generic-trained-items': rounds must be -1 or a positive integer, got {self.rounds!r}"
+            )
 
     def applicable(self, view: View) -> tuple[bool, str]:
         ok, reason = super().applicable(view)
@@ -87,7 +102,7 @@ class GenericTrainedItems(Attack):
         return mean_prf([prf(reconstruction.victims[p]["items"], truth_items(transcript, p)) for p in parties])
 
     def _parties(self, transcript: Transcript) -> list[str]:
-        senders = sorted({m.sender for m in transcript.select("item_update")} | {m.sender for m in transcript.select("masked_update")})
+        senders = uploaders(transcript)
         return scored_victims(transcript, senders)
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:

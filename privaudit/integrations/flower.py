@@ -31,18 +31,27 @@ import shutil
 import sys
 import tempfile
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
+import tomllib
 
 from privaudit.errors import MissingDependencyError, PrivauditError
 from privaudit.integrations.schema_map import SchemaMap
 from privaudit.transcript import Transcript
 
-__all__ = ["FlowerRecorder", "FlowerApp", "load_app", "record", "require_flwr", "write_private", "merge_private", "PROTOCOL"]
+__all__ = [
+    "PROTOCOL",
+    "FlowerApp",
+    "FlowerRecorder",
+    "load_app",
+    "merge_private",
+    "record",
+    "require_flwr",
+    "write_private",
+]
 
 #: The protocol name of every transcript recorded from Flower.
 PROTOCOL = "flower"
@@ -53,7 +62,7 @@ _MAX_PRIVATE_BYTES = 256 * 1024**2
 def require_flwr() -> Any:
     """The ``flwr`` module, or a one-line error naming the extra to install."""
     try:
-        import flwr  # noqa: F401
+        import flwr
         import flwr.simulation  # noqa: F401
     except ImportError:
         raise MissingDependencyError("flwr[simulation]", "flower") from None
@@ -90,7 +99,9 @@ def _split(entries: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, An
                 payload[f"{name}/{i}"] = np.frombuffer(bytes(x), dtype=np.uint8).copy()
         elif isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
             payload[name] = np.asarray(v)
-        elif isinstance(v, (bool, int, float, str)) or (isinstance(v, list) and all(isinstance(x, (bool, str)) for x in v)):
+        elif isinstance(v, (bool, int, float, str)) or (
+            isinstance(v, list) and all(isinstance(x, (bool, str)) for x in v)
+        ):
             values[name] = v
         else:  # anything else is kept as its text (never pickled)
             values[name] = repr(v)
@@ -146,9 +157,8 @@ class FlowerRecorder:
             self.nodes.add(node)
             flower_meta = {"message_type": md.message_type, "group_id": md.group_id}
             if msg.has_error():
-                self.events.append(
-                    _Event(direction, node, self._round, "flower.error", {}, {"flower": flower_meta, "error": _short(str(msg.error.reason))})
-                )
+                meta = {"flower": flower_meta, "error": _short(str(msg.error.reason))}
+                self.events.append(_Event(direction, node, self._round, "flower.error", {}, meta))
                 continue
             entries = flatten(msg.content)
             rnd = self.schema.round_of(md.group_id, entries)
@@ -224,7 +234,8 @@ def write_private(run_dir: str | Path, node_id: int, loader: Callable[[], dict])
     if final.exists():
         return
     data = loader()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{int(node_id)}-", dir=final.parent if final.parent.exists() else _mk(final.parent)))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{int(node_id)}-", dir=final.parent))
     names = []
     for name, value in data.items():
         if not _NAME.match(str(name)):
@@ -239,11 +250,6 @@ def write_private(run_dir: str | Path, node_id: int, loader: Callable[[], dict])
         os.rename(tmp, final)
     except OSError:  # another process of the same node won the race
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _mk(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def merge_private(run_dir: str | Path) -> dict[int, dict[str, np.ndarray]]:
@@ -312,7 +318,9 @@ def load_app(app_dir: str | Path) -> FlowerApp:
             raise PrivauditError(f"{where} lacks [tool.flwr.app.components] {key} = \"module:attribute\"")
     pa = tool.get("privaudit")
     if not isinstance(pa, dict) or "schema" not in pa:
-        raise PrivauditError(f"{where} lacks [tool.privaudit.schema] (the schema map from its record names to privaudit kinds)")
+        raise PrivauditError(
+            f"{where} lacks [tool.privaudit.schema] (the schema map from its record names to privaudit kinds)"
+        )
     schema = SchemaMap.from_dict(pa["schema"], f"{where} [tool.privaudit.schema]")
     hooks = {}
     for key in ("private-data", "public-info"):
@@ -324,7 +332,9 @@ def load_app(app_dir: str | Path) -> FlowerApp:
     if not isinstance(config, dict):
         raise PrivauditError(f"{where}: [tool.flwr.app.config] must be a table")
     name = str(doc.get("project", {}).get("name", root.name))
-    return FlowerApp(root, name, comps["serverapp"], comps["clientapp"], config, schema, hooks["private-data"], hooks["public-info"])
+    return FlowerApp(
+        root, name, comps["serverapp"], comps["clientapp"], config, schema, hooks["private-data"], hooks["public-info"]
+    )
 
 
 def _attr(app: FlowerApp, ref: str) -> Any:
@@ -349,7 +359,8 @@ def parse_overrides(items: Iterable[str], defaults: dict[str, Any]) -> dict[str,
         if not sep or not key:
             raise PrivauditError(f"--run-config expects KEY=VALUE, got {item!r}")
         if key not in defaults:
-            raise PrivauditError(f"--run-config: the app has no config key {key!r} (known: {', '.join(sorted(defaults))})")
+            known = ", ".join(sorted(defaults))
+            raise PrivauditError(f"--run-config: the app has no config key {key!r} (known: {known})")
         kind = type(defaults[key])
         try:
             if kind is bool:
@@ -418,7 +429,9 @@ def record(
     overrides = dict(run_config or {})
     if rounds is not None:
         if "num-server-rounds" not in app.config:
-            raise PrivauditError(f"{app_dir}: the app's run config has no 'num-server-rounds' (give --run-config instead)")
+            raise PrivauditError(
+                f"{app_dir}: the app's run config has no 'num-server-rounds' (give --run-config instead)"
+            )
         overrides["num-server-rounds"] = int(rounds)
     unknown = sorted(set(overrides) - set(app.config))
     if unknown:
@@ -433,11 +446,13 @@ def record(
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _simulate(app: FlowerApp, clients: int, overrides: dict, private: bool, recorder: bool, path: Path, cpus: float) -> Recording:
+def _simulate(
+    app: FlowerApp, clients: int, overrides: dict, private: bool, recorder: bool, path: Path, cpus: float
+) -> Recording:
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir
-    from flwr.simulation.run_simulation import _run_simulation
     from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.constant import NOOP_FEDERATION_ID
     from flwr.supercore.run import Run
     from flwr.supercore.task_identity import TaskIdentity
@@ -461,7 +476,10 @@ def _simulate(app: FlowerApp, clients: int, overrides: dict, private: bool, reco
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
     fused = get_fused_config_from_dir(app.root, run.override_config)
     context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=fused)
-    backend = {"client_resources": {"num_cpus": cpus, "num_gpus": 0.0}, "init_args": {"logging_level": "ERROR", "log_to_driver": False}}
+    backend = {
+        "client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
+        "init_args": {"logging_level": "ERROR", "log_to_driver": False},
+    }
     t0 = time.perf_counter()
     # the simulation's worker processes import the app's modules: put its folder on their path
     old_path = os.environ.get("PYTHONPATH")
@@ -487,7 +505,8 @@ def _simulate(app: FlowerApp, clients: int, overrides: dict, private: bool, reco
     transcript = None
     if recorder:
         seed = fused.get("seed")
-        transcript = rec.transcript(app=app.name, seed=int(seed) if isinstance(seed, int) else None, defenses=_defenses(rec))
+        seed = int(seed) if isinstance(seed, int) else None
+        transcript = rec.transcript(app=app.name, seed=seed, defenses=_defenses(rec))
         transcript.config["simulation"] = {"clients": clients, "seconds": round(seconds, 3)}
     return Recording(transcript, result.context, seconds, path)
 
@@ -502,5 +521,6 @@ def _defenses(rec: FlowerRecorder) -> list[dict[str, Any]]:
     if stages:
         setup = next((ev.meta["entries"] for ev in stages if ev.meta["entries"].get(_STAGE) == "setup"), {})
         params = {k.split("/", 1)[1]: v for k, v in setup.items() if k != _STAGE}
-        out.append({"name": "flower-secaggplus", "workflow": "SecAggPlusWorkflow", "client_mod": "secaggplus_mod", **params})
+        name = {"name": "flower-secaggplus", "workflow": "SecAggPlusWorkflow", "client_mod": "secaggplus_mod"}
+        out.append({**name, **params})
     return out

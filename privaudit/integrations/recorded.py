@@ -23,7 +23,7 @@ from privaudit.errors import PrivauditError
 from privaudit.params import parse_spec
 from privaudit.transcript import Transcript, load
 
-__all__ = ["applicable_attacks", "audit_transcript", "reconstruct", "format_audit", "write_audit", "LEAK_MARGIN"]
+__all__ = ["LEAK_MARGIN", "applicable_attacks", "audit_transcript", "format_audit", "reconstruct", "write_audit"]
 
 #: An attack "leaks" when its primary metric beats the stronger baseline by more than this.
 LEAK_MARGIN = 0.02
@@ -135,10 +135,10 @@ def format_audit(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         metric = r["metric"]
         value = r.get("metrics", {}).get(metric)
-        lines.append(
-            f"{r['attack']:<29} {metric:<9} {_fmt(value):>7} {_fmt(r.get('baseline_random', {}).get(metric)):>7} "
-            f"{_fmt(r.get('baseline_prior', {}).get(metric)):>7}  {r['verdict']}" + (f": {r['reason']}" if r.get("reason") else "")
-        )
+        random = _fmt(r.get("baseline_random", {}).get(metric))
+        prior = _fmt(r.get("baseline_prior", {}).get(metric))
+        reason = f": {r['reason']}" if r.get("reason") else ""
+        lines.append(f"{r['attack']:<29} {metric:<9} {_fmt(value):>7} {random:>7} {prior:>7}  {r['verdict']}{reason}")
     return "\n".join(lines)
 
 

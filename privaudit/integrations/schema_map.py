@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 from privaudit.errors import PrivauditError
 
-__all__ = ["KindRule", "SchemaMap", "REQUIRED_PAYLOAD", "SchemaMapError"]
+__all__ = ["REQUIRED_PAYLOAD", "KindRule", "SchemaMap", "SchemaMapError"]
 
 #: Payload names the generic attacks read, per privaudit kind (what a map must provide).
 REQUIRED_PAYLOAD: dict[str, tuple[str, ...]] = {
@@ -80,7 +80,7 @@ class SchemaMap:
     public: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, spec: Mapping[str, Any], where: str = "schema map") -> "SchemaMap":
+    def from_dict(cls, spec: Mapping[str, Any], where: str = "schema map") -> SchemaMap:
         """Validate ``spec``; a :class:`SchemaMapError` naming the first thing it lacks."""
         if not isinstance(spec, Mapping):
             raise SchemaMapError(f"{where} must be a table (mapping), got {type(spec).__name__}")
@@ -98,7 +98,7 @@ class SchemaMap:
         if not isinstance(base, int) or isinstance(base, bool):
             raise SchemaMapError(f"{where}: 'round-base' must be an integer")
         public = spec.get("public", {})
-        if not isinstance(public, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in public.items()):
+        if not _str_map(public):
             raise SchemaMapError(f"{where}: 'public' must map privaudit config keys to run-config keys (strings)")
         return cls(rules, round_src, base, dict(public))
 
@@ -126,7 +126,9 @@ class SchemaMap:
             if not any(name in r.payload for r in rules):
                 raise SchemaMapError(f"schema map kind {kind!r} lacks payload {name!r}")
 
-    def classify(self, direction: str, message_type: str, entries: Mapping[str, Any]) -> tuple[str, dict[str, Any], dict]:
+    def classify(
+        self, direction: str, message_type: str, entries: Mapping[str, Any]
+    ) -> tuple[str, dict[str, Any], dict]:
         """(kind, renamed entries, extra meta) of one flattened message."""
         for rule in self.kinds:
             if rule.matches(direction, message_type, entries):
@@ -150,6 +152,10 @@ class SchemaMap:
             return None
 
 
+def _str_map(value: Any) -> bool:
+    return isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
 def _rule(raw: Any, where: str) -> KindRule:
     if not isinstance(raw, Mapping):
         raise SchemaMapError(f"{where} must be a table")
@@ -169,7 +175,7 @@ def _rule(raw: Any, where: str) -> KindRule:
     if not isinstance(when, list) or not when or not all(isinstance(w, str) and w for w in when):
         raise SchemaMapError(f"{where}: 'when' must list the entries (\"record/key\" or \"record\") a message holds")
     payload = raw.get("payload", {})
-    if not isinstance(payload, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in payload.items()):
+    if not _str_map(payload):
         raise SchemaMapError(f"{where}: 'payload' must map privaudit payload names to entries \"record/key\"")
     meta = raw.get("meta", {})
     if not isinstance(meta, Mapping):

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
 from flwr.client.mod import secaggplus_mod
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.clientapp import ClientApp
+from flwr.common import (
+    Code,
+    FitRes,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.compat.common import recorddict_compat as compat
 
 from fedavg_mf.task import dataset_of, init_user, local_train, user_split

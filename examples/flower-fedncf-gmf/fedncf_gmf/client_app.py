@@ -6,7 +6,13 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedncf_gmf.task import dataset_of, init_user, local_train, positives, sample_negatives
+from fedncf_gmf.task import (
+    dataset_of,
+    init_user,
+    local_train,
+    positives,
+    sample_negatives,
+)
 
 app = ClientApp()
 

@@ -47,7 +47,7 @@ def main(grid: Grid, context: Context) -> None:
         replies = [r for r in grid.send_and_receive(msgs) if not r.has_error()]
         if len(replies) != len(msgs):
             raise RuntimeError(f"round {rnd}: {len(msgs) - len(replies)} of {len(msgs)} nodes failed")
-        ups = [(r.content["item-rows"]["ids"].numpy(), r.content["item-rows"]["rows"].numpy(), r.content["item-rows"]["h"].numpy()) for r in replies]
+        ups = [tuple(r.content["item-rows"][k].numpy() for k in ("ids", "rows", "h")) for r in replies]
         ups.sort(key=lambda u: (u[0].tobytes(), u[1].tobytes()))  # arrival order must not matter
         total, count = np.zeros_like(V), np.zeros(V.shape[0])
         for ids, rows, _ in ups:
