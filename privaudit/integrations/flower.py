@@ -98,7 +98,14 @@ def _split(entries: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, An
             for i, x in enumerate(v):
                 payload[f"{name}/{i}"] = np.frombuffer(bytes(x), dtype=np.uint8).copy()
         elif isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-            payload[name] = np.asarray(v)
+            try:
+                arr = np.asarray(v)
+            except OverflowError:
+                arr = np.asarray([None])
+            if arr.dtype.hasobject:  # integers beyond 64 bits: kept as text
+                values[name] = repr(v)
+            else:
+                payload[name] = arr
         elif isinstance(v, (bool, int, float, str)) or (
             isinstance(v, list) and all(isinstance(x, (bool, str)) for x in v)
         ):
