@@ -98,11 +98,8 @@ def _split(entries: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, An
             for i, x in enumerate(v):
                 payload[f"{name}/{i}"] = np.frombuffer(bytes(x), dtype=np.uint8).copy()
         elif isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-            try:
-                arr = np.asarray(v)
-            except OverflowError:
-                arr = np.asarray([None])
-            if arr.dtype.hasobject:  # integers beyond 64 bits: kept as text
+            arr = _number_array(v)
+            if arr is None:  # integers beyond 64 bits: kept as text
                 values[name] = repr(v)
             else:
                 payload[name] = arr
@@ -113,6 +110,19 @@ def _split(entries: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, An
         else:  # anything else is kept as its text (never pickled)
             values[name] = repr(v)
     return payload, values
+
+
+def _number_array(v: list) -> np.ndarray | None:
+    """A list of numbers as float64, or exactly as int64/uint64 when all are integers; None if
+    no numpy dtype holds them (integers beyond 64 bits)."""
+    if not all(isinstance(x, int) for x in v):
+        return np.asarray(v, dtype=np.float64)
+    for dtype in (np.int64, np.uint64):
+        try:
+            return np.asarray(v, dtype=dtype)
+        except OverflowError:
+            continue
+    return None
 
 
 # --------------------------------------------------------------------------- recorder
