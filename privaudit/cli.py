@@ -218,7 +218,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _audit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocol", help="protocol to audit (see the list below)")
-    p.add_argument("--transcript", metavar="FILE", help="audit one recorded transcript: every attack that reads it, no simulation")
+    p.add_argument(
+        "--transcript", metavar="FILE", help="audit one recorded transcript: every attack that reads it, no simulation"
+    )
     p.add_argument("--data", default="synthetic", metavar="synthetic|PATH", help="dataset: synthetic (default) or a MovieLens folder / ratings CSV")
     p.add_argument("--users", type=int, default=None, metavar="N", help="subsample N users (seeded)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)")
@@ -272,7 +274,8 @@ def _audit_transcript(args: argparse.Namespace) -> int:
     """``privaudit audit --transcript FILE``: every attack that reads the transcript, one row each."""
     from privaudit.integrations import recorded
 
-    simulation = [f"--{k}" for k in ("protocol", "users", "seeds", "scheduler", "defense") if getattr(args, k) not in (None, [])]
+    given = ("protocol", "users", "seeds", "scheduler", "defense")
+    simulation = [f"--{k}" for k in given if getattr(args, k) not in (None, [])]
     simulation += ["--set"] if args.set else []
     simulation += ["--data"] if args.data != "synthetic" else []
     if simulation:
@@ -292,28 +295,45 @@ def _audit_transcript(args: argparse.Namespace) -> int:
 
 
 def _record_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--flower", required=True, metavar="APP_DIR", help="Flower app folder (pyproject.toml with [tool.flwr.app] and [tool.privaudit])")
+    p.add_argument(
+        "--flower", required=True, metavar="APP_DIR",
+        help="Flower app folder (pyproject.toml with [tool.flwr.app] and [tool.privaudit])",
+    )
     p.add_argument("--clients", type=int, default=5, metavar="N", help="simulated nodes (default 5)")
-    p.add_argument("--rounds", type=int, default=None, metavar="R", help="server rounds (sets the app's num-server-rounds)")
-    p.add_argument("--run-config", action="append", default=[], metavar="KEY=VALUE", help="override an app run-config value (repeatable)")
+    p.add_argument("--rounds", type=int, default=None, metavar="R", help="server rounds (the app's num-server-rounds)")
+    p.add_argument(
+        "--run-config", action="append", default=[], metavar="KEY=VALUE",
+        help="override an app run-config value (repeatable)",
+    )
     p.add_argument("-o", "--output", required=True, metavar="FILE.ptx", help="transcript file to write")
-    p.add_argument("--no-private", action="store_true", help="no ground-truth Mod on the clients (the transcript then has no private messages)")
+    p.add_argument(
+        "--no-private", action="store_true",
+        help="no ground-truth Mod on the clients (the transcript then has no private messages)",
+    )
 
 
-@command("record", "run a Flower app under Flower's simulation engine with privaudit's recorder; write its transcript")(_record_args)
+@command("record", "run a Flower app in Flower's simulation engine with privaudit's recorder; write its transcript")(
+    _record_args
+)
 def cmd_record(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from privaudit.integrations import flower
 
     app = flower.load_app(args.flower)
     overrides = flower.parse_overrides(args.run_config, app.config)
-    rec = flower.record(args.flower, clients=args.clients, rounds=args.rounds, run_config=overrides, private=not args.no_private)
+    if not Path(args.output).resolve().parent.is_dir():
+        raise PrivauditError(f"-o {args.output}: the folder {Path(args.output).parent} does not exist")
+    private = not args.no_private
+    rec = flower.record(args.flower, clients=args.clients, rounds=args.rounds, run_config=overrides, private=private)
     path = rec.transcript.save(args.output)
     defenses = ", ".join(d["name"] for d in rec.transcript.config.get("defenses", [])) or "none"
     print(f"transcript written to {path} ({len(rec.transcript)} messages, {args.clients} clients, "
           f"{rec.seconds:.1f} s of simulation; Flower defenses: {defenses})")
     errors = rec.transcript.select("flower.error")
     if errors:
-        print(f"warning: {len(errors)} client replies were errors (first: {errors[0].meta.get('error')})", file=sys.stderr)
+        first = errors[0].meta.get("error")
+        print(f"warning: {len(errors)} client replies were errors (first: {first})", file=sys.stderr)
     return 0
 
 
