@@ -305,6 +305,10 @@ def _record_args(p: argparse.ArgumentParser) -> None:
         "--run-config", action="append", default=[], metavar="KEY=VALUE",
         help="override an app run-config value (repeatable)",
     )
+    p.add_argument(
+        "--cpus-per-client", type=float, default=2.0, metavar="C",
+        help="CPUs Ray reserves per client run (default 2, Flower's; worker processes = CPUs / C)",
+    )
     p.add_argument("-o", "--output", required=True, metavar="FILE.ptx", help="transcript file to write")
     p.add_argument(
         "--no-private", action="store_true",
@@ -325,7 +329,10 @@ def cmd_record(args: argparse.Namespace) -> int:
     if not Path(args.output).resolve().parent.is_dir():
         raise PrivauditError(f"-o {args.output}: the folder {Path(args.output).parent} does not exist")
     private = not args.no_private
-    rec = flower.record(args.flower, clients=args.clients, rounds=args.rounds, run_config=overrides, private=private)
+    rec = flower.record(
+        args.flower, clients=args.clients, rounds=args.rounds, run_config=overrides, private=private,
+        cpus_per_client=args.cpus_per_client,
+    )
     path = rec.transcript.save(args.output)
     defenses = ", ".join(d["name"] for d in rec.transcript.config.get("defenses", [])) or "none"
     print(f"transcript written to {path} ({len(rec.transcript)} messages, {args.clients} clients, "

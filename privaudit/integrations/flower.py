@@ -410,7 +410,7 @@ def record(
     private: bool = True,
     recorder: bool = True,
     run_dir: str | Path | None = None,
-    cpus_per_client: float = 1.0,
+    cpus_per_client: float = 2.0,
 ) -> Recording:
     """Run a Flower app under Flower's simulation engine with the recorder switched on.
 
@@ -431,6 +431,9 @@ def record(
         that recording changes nothing.
     run_dir : path, optional
         Side-channel folder (default: a temporary folder removed afterwards).
+    cpus_per_client : float
+        CPUs Ray reserves per ClientApp run (Flower's default, 2): the number of worker
+        processes is the machine's CPUs divided by this.
 
     Returns
     -------
@@ -441,6 +444,8 @@ def record(
         raise PrivauditError(f"--clients must be at least 2, got {clients}")
     if rounds is not None and rounds < 1:
         raise PrivauditError(f"--rounds must be at least 1, got {rounds}")
+    if not cpus_per_client > 0:
+        raise PrivauditError(f"--cpus-per-client must be positive, got {cpus_per_client}")
     app = load_app(app_dir)
     require_flwr()
     overrides = dict(run_config or {})
