@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Callable
 
 from privaudit import __version__
@@ -259,7 +260,20 @@ def cmd_attack(args: argparse.Namespace) -> int:
             given += ["--data"] if args.data != "synthetic" else []
         if given:
             raise PrivauditError(f"--transcript cannot be combined with {', '.join(given)}")
-        results = experiment.attack_transcript(args.transcript, args.attack, max_bytes=args.max_bytes)
+        from privaudit import transcript as tr
+
+        if not Path(args.transcript).exists():
+            raise PrivauditError(f"{args.transcript}: no such transcript file")
+        recorded = tr.load(args.transcript, **({} if args.max_bytes is None else {"max_bytes": args.max_bytes}))
+        if not recorded.has_private:  # no ground truth: run the attack, write what it recovered
+            from privaudit.integrations.recorded import reconstruct
+
+            experiment.validate_transcript(recorded)
+            out, name = reconstruct(recorded, args.attack, args.out or "privaudit-report/transcript-unscored")
+            print(f"note: {args.transcript} holds no private messages: nothing to score {name} against; "
+                  f"reconstruction written to {out}/reconstruction.json")
+            return 0
+        results = experiment.attack_transcript(recorded, args.attack)
     else:
         if not args.protocol:
             raise PrivauditError("give --protocol P (or --transcript FILE)")
@@ -299,7 +313,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _audit_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--protocol", required=True, help="protocol to audit (see the list below)")
+    p.add_argument("--protocol", help="protocol to audit (see the list below)")
+    p.add_argument(
+        "--transcript", metavar="FILE", help="audit one recorded transcript: every attack that reads it, no simulation"
+    )
     p.add_argument("--data", default="synthetic", type=_data_value, metavar="synthetic[:SPEC]|PATH", help=_DATA_HELP)
     p.add_argument("--users", type=int, default=None, metavar="N", help="subsample N users (seeded)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)")
@@ -326,6 +343,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from privaudit import audit as au
     from privaudit.experiment import default_jobs, parse_assignments
 
+    if args.transcript:
+        return _audit_transcript(args)
+    if not args.protocol:
+        raise PrivauditError("give --protocol P (or --transcript FILE)")
     spec = au.Audit(
         protocol=args.protocol, data=args.data, users=args.users, sets=parse_assignments(args.set),
         seeds=au.DEFAULT_AUDIT_SEEDS if args.seeds is None else args.seeds, seed=args.seed,
@@ -342,6 +363,80 @@ def cmd_audit(args: argparse.Namespace) -> int:
     for e in errors:
         print(f"warning: a run failed: {e}", file=sys.stderr)
     print(f"audit written to {out}/ ({result['timing']['total_seconds']:.1f} s)")
+    return 0
+
+
+def _audit_transcript(args: argparse.Namespace) -> int:
+    """``privaudit audit --transcript FILE``: every attack that reads the transcript, one row each."""
+    from privaudit.integrations import recorded
+
+    given = ("protocol", "users", "seeds", "scheduler", "defense")
+    simulation = [f"--{k}" for k in given if getattr(args, k) not in (None, [])]
+    simulation += ["--set"] if args.set else []
+    simulation += ["--data"] if args.data != "synthetic" else []
+    if simulation:
+        raise PrivauditError(f"--transcript cannot be combined with {', '.join(simulation)}")
+    result = recorded.audit_transcript(args.transcript, args.attack)
+    out = recorded.write_audit(result, args.out or "privaudit-report/transcript-audit")
+    print(recorded.format_audit(result))
+    for d in result["defenses"]:
+        print(f"defense: {', '.join(f'{k}={v}' for k, v in d.items())}")
+    if not result["private_included"]:
+        print("note: the transcript holds no private messages: nothing to score against")
+    print(f"audit written to {out}/")
+    return 0
+
+
+# --------------------------------------------------------------------------------------- record
+
+
+def _record_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--flower", required=True, metavar="APP_DIR",
+        help="Flower app folder (pyproject.toml with [tool.flwr.app] and [tool.privaudit])",
+    )
+    p.add_argument("--clients", type=int, default=5, metavar="N", help="simulated nodes (default 5)")
+    p.add_argument("--rounds", type=int, default=None, metavar="R", help="server rounds (the app's num-server-rounds)")
+    p.add_argument(
+        "--run-config", action="append", default=[], metavar="KEY=VALUE",
+        help="override an app run-config value (repeatable)",
+    )
+    p.add_argument(
+        "--cpus-per-client", type=float, default=2.0, metavar="C",
+        help="CPUs Ray reserves per client run (default 2, Flower's; worker processes = CPUs / C)",
+    )
+    p.add_argument("-o", "--output", required=True, metavar="FILE.ptx", help="transcript file to write")
+    p.add_argument(
+        "--no-private", action="store_true",
+        help="no ground-truth Mod on the clients (the transcript then has no private messages)",
+    )
+
+
+@command("record", "run a Flower app in Flower's simulation engine with privaudit's recorder; write its transcript")(
+    _record_args
+)
+def cmd_record(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from privaudit.integrations import flower
+
+    app = flower.load_app(args.flower)
+    overrides = flower.parse_overrides(args.run_config, app.config)
+    if not Path(args.output).resolve().parent.is_dir():
+        raise PrivauditError(f"-o {args.output}: the folder {Path(args.output).parent} does not exist")
+    private = not args.no_private
+    rec = flower.record(
+        args.flower, clients=args.clients, rounds=args.rounds, run_config=overrides, private=private,
+        cpus_per_client=args.cpus_per_client,
+    )
+    path = rec.transcript.save(args.output)
+    defenses = ", ".join(d["name"] for d in rec.transcript.config.get("defenses", [])) or "none"
+    print(f"transcript written to {path} ({len(rec.transcript)} messages, {args.clients} clients, "
+          f"{rec.seconds:.1f} s of simulation; Flower defenses: {defenses})")
+    errors = rec.transcript.select("flower.error")
+    if errors:
+        first = errors[0].meta.get("error")
+        print(f"warning: {len(errors)} client replies were errors (first: {first})", file=sys.stderr)
     return 0
 
 

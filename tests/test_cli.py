@@ -76,11 +76,14 @@ def test_run_then_attack_transcript_matches_in_memory(capsys, tmp_path, csv_data
     b = json.loads((rec / "results.json").read_text())["points"][0]
     assert a["attack_metrics"] == b["attack_metrics"] and a["baseline"] == b["baseline"]
     assert b["value"] is None and b["seed"] == 3
-    # a shareable transcript cannot be scored
+    # a shareable transcript cannot be scored: the attack runs, writes its reconstruction, says so in one line
     shared = tmp_path / "shared.ptx"
     assert main(["run", "--protocol", "dummy-proto", *args, "-o", str(shared), "--no-private"]) == 0
     capsys.readouterr()
-    _one_line_error(capsys, ["attack", "--transcript", str(shared)], "no private messages")
+    assert main(["attack", "--transcript", str(shared), "--attack", attack, "--out", str(tmp_path / "unscored")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("\n") == 1 and "no private messages: nothing to score" in captured.out
+    assert json.loads((tmp_path / "unscored" / "reconstruction.json").read_text())["scored"] is False
 
 
 @pytest.mark.usefixtures("dummy_registry")

@@ -1,0 +1,1 @@
+"""Federated matrix factorization with FedAvg over item rows (a Flower reference app)."""

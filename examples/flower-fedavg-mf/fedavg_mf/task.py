@@ -1,0 +1,102 @@
+"""Data, local training and evaluation of the FedAvg-MF reference app (numpy only).
+
+Each Flower node is one user (partition id = user index). A user holds the ratings of
+privaudit's synthetic MovieLens-like dataset (or a ``user,item,rating`` CSV named by the run
+config key ``data``), split 80/20 into train and test items with a seeded generator. Local
+training runs ``local-steps`` full-batch gradient steps on
+
+    L(u, V_S) = 1/2 sum_{i in S} (r_i - u.v_i)^2 + lam/2 (||u||^2 + ||V_S||^2)
+
+over the user's train items S, updating the private user vector ``u`` and the rows ``V_S``
+together; the client uploads the updated rows ``V_S`` and their item ids.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+
+@lru_cache(maxsize=4)
+def load_dataset(data: str, users: int, items: int, seed: int):
+    """The ratings dataset of a run (cached per process: every node of a worker shares it)."""
+    if data == "synthetic":
+        from privaudit.data.synthetic import synthetic
+
+        return synthetic(n_users=users, n_items=items, seed=seed)
+    from privaudit.data import load_dataset
+
+    return load_dataset(data)
+
+
+def dataset_of(run_config) -> object:
+    """The dataset named by a run config (keys ``data``, ``data-users``, ``data-items``, ``seed``)."""
+    return load_dataset(
+        str(run_config["data"]), int(run_config["data-users"]), int(run_config["data-items"]), int(run_config["seed"])
+    )
+
+
+def user_split(dataset, user: int, seed: int, test_fraction: float = 0.2):
+    """Train and test (items, ratings) of ``user``: a seeded split of its ratings."""
+    items, ratings = dataset.user_items(user)
+    rng = np.random.default_rng([seed, 1, user])
+    test = rng.random(items.size) < test_fraction
+    if test.all():
+        test[0] = False
+    return (items[~test], ratings[~test]), (items[test], ratings[test])
+
+
+def init_user(seed: int, user: int, dim: int) -> np.ndarray:
+    """Initial user vector, shape (dim,): N(0, 0.1^2) from a per-user seeded generator."""
+    return np.random.default_rng([seed, 2, user]).normal(0.0, 0.1, size=dim)
+
+
+def init_items(seed: int, n_items: int, dim: int) -> np.ndarray:
+    """Initial item embeddings, shape (n_items, dim): N(0, 0.1^2) from the run seed."""
+    return np.random.default_rng([seed, 3]).normal(0.0, 0.1, size=(n_items, dim))
+
+
+def local_train(u: np.ndarray, rows: np.ndarray, r: np.ndarray, lr: float, lam: float, steps: int):
+    """``steps`` full-batch gradient steps on (u, rows); returns the updated (u, rows).
+
+    Parameters
+    ----------
+    u : ndarray of shape (dim,)
+    rows : ndarray of shape (n, dim)
+        Item embedding rows of the user's train items.
+    r : ndarray of shape (n,)
+        The user's ratings of those items.
+    """
+    u, rows = u.copy(), rows.copy()
+    for _ in range(steps):
+        e = r - rows @ u
+        grad_u = -(rows.T @ e) + lam * u
+        grad_rows = -np.outer(e, u) + lam * rows
+        u = u - lr * grad_u
+        rows = rows - lr * grad_rows
+    return u, rows
+
+
+def private_data(context) -> dict[str, np.ndarray]:
+    """Ground truth of one node for privaudit's recorder: its train items, ratings, attributes."""
+    dataset = dataset_of(context.run_config)
+    user = int(context.node_config["partition-id"])
+    (items, ratings), _ = user_split(dataset, user, int(context.run_config["seed"]))
+    return {
+        "items": items.astype(np.int64),
+        "ratings": ratings.astype(np.float64),
+        "attributes": np.asarray(dataset.user_attributes[user], dtype=np.float64),
+    }
+
+
+def public_info(run_config) -> dict:
+    """Facts every party knows (recorded in the transcript's public config)."""
+    dataset = dataset_of(run_config)
+    return {
+        "n_items": int(dataset.n_items),
+        "attribute_names": list(dataset.attribute_names),
+        "rating_min": float(dataset.rating_min),
+        "rating_max": float(dataset.rating_max),
+        "rating_step": float(dataset.rating_step),
+    }

@@ -1,0 +1,142 @@
+"""``generic-trained-items``: which items a client trained, from the rows its uploads changed.
+
+Applies to any transcript with ``item_update`` messages (simulated or recorded through a schema
+map), whatever the protocol: a client that trains item embeddings locally and uploads them
+changes exactly the rows of the items it trained (its rated items, plus sampled negatives in
+implicit-feedback training). An item is predicted trained when its row changed in every one of
+the client's first ``rounds`` uploads (-1: all of them): negatives are re-drawn each round, so
+the intersection removes them. Generalises ``ncf-update-leak`` to dense and row uploads.
+
+Metrics (mean over clients with ground truth): ``precision``, ``recall``, ``f1`` of the
+predicted set against the client's private ``items``. Random baseline: every item with
+probability 1/2. Prior-only baseline: the client's k most popular items (popularity counted over
+all clients' private items, k its true count: a hindsight upper bound of any guess without the
+client's messages).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from privaudit.attacks._generic import (
+    changed_items,
+    client_uploads,
+    defense_note,
+    n_items,
+    scored_victims,
+    truth_items,
+    uploaders,
+)
+from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.errors import PrivauditError
+from privaudit.registry import register_attack
+from privaudit.results import Decisions, MetricSpec
+from privaudit.transcript import Transcript, View
+
+
+def prf(pred: np.ndarray, truth: np.ndarray) -> tuple[float, float, float]:
+    """Precision, recall and F1 of a predicted id set against the true one."""
+    tp = np.intersect1d(pred, truth).size
+    p = tp / pred.size if pred.size else 0.0
+    r = tp / truth.size if truth.size else float("nan")
+    f = 2 * p * r / (p + r) if p + r > 0 else 0.0
+    return p, r, f
+
+
+def mean_prf(rows: list[tuple[float, float, float]]) -> dict[str, float]:
+    if not rows:
+        return {"precision": float("nan"), "recall": float("nan"), "f1": float("nan"), "victims": 0.0}
+    a = np.asarray(rows, dtype=float)
+    return {
+        "precision": float(a[:, 0].mean()),
+        "recall": float(np.nanmean(a[:, 1])),
+        "f1": float(a[:, 2].mean()),
+        "victims": float(len(rows)),
+    }
+
+
+@register_attack("generic-trained-items")
+class GenericTrainedItems(Attack):
+    """Recover each client's trained items from the embedding rows its uploads changed."""
+
+    description = "any recorder with item-embedding uploads: changed rows reveal each client's trained items"
+    party = "server"
+    protocols = ("flower",)  # recorded runs; within them the attack chooses itself by message kinds
+    requires = ("item_update",)
+    primary_metric = "f1"
+    params = {"rounds": -1}
+    param_help = {"rounds": "intersect the changed-row sets of each client's first r uploads (-1: all)"}
+    metric_specs = {
+        "precision": MetricSpec(True, True, "fraction", "share of predicted items the client really trained"),
+        "recall": MetricSpec(True, True, "fraction", "share of the client's trained items predicted"),
+        "f1": MetricSpec(True, True, "fraction", "harmonic mean of precision and recall"),
+        "victims": MetricSpec(True, False, "count", "clients scored"),
+    }
+
+    def validate(self) -> None:
+        if not isinstance(self.rounds, int) or isinstance(self.rounds, bool) or (self.rounds < 1 and self.rounds != -1):
+            raise PrivauditError(
+                f"attack 'generic-trained-items': rounds must be -1 or a positive integer, got {self.rounds!r}"
+            )
+
+    def applicable(self, view: View) -> tuple[bool, str]:
+        ok, reason = super().applicable(view)
+        return ok, reason + ("" if ok else defense_note(view))
+
+    def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
+        victims: dict[str, dict[str, np.ndarray]] = {}
+        for party, ups in client_uploads(view).items():
+            sets = [changed_items(u) for u in ups]
+            r = len(sets) if self.rounds == -1 else min(self.rounds, len(sets))
+            pred = sets[0]
+            for s in sets[1:r]:
+                pred = np.intersect1d(pred, s, assume_unique=True)
+            seen, counts = np.unique(np.concatenate(sets[:r]), return_counts=True)
+            victims[party] = {"items": pred, "seen_items": seen, "seen_share": counts / r}
+        return Reconstruction(self.name, self.party, victims, meta={"clients": len(victims)})
+
+    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+        parties = scored_victims(transcript, reconstruction.victims)
+        return mean_prf([prf(reconstruction.victims[p]["items"], truth_items(transcript, p)) for p in parties])
+
+    def _parties(self, transcript: Transcript) -> list[str]:
+        senders = uploaders(transcript)
+        return scored_victims(transcript, senders)
+
+    def baseline(self, transcript: Transcript) -> dict[str, float]:
+        m = max(n_items(transcript), 1)
+        rows = []
+        for p in self._parties(transcript):
+            prec = truth_items(transcript, p).size / m
+            rows.append((prec, 0.5, 2 * prec * 0.5 / (prec + 0.5) if prec + 0.5 > 0 else 0.0))
+        return mean_prf(rows)
+
+    def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
+        parties = self._parties(transcript)
+        m = max(n_items(transcript), 1)
+        pop = np.zeros(m)
+        for p in scored_victims(transcript, [q for q in transcript.parties if q.startswith("client:")]):
+            items = truth_items(transcript, p)
+            pop[items[items < m]] += 1
+        order = np.argsort(-pop, kind="stable")
+        return mean_prf([prf(order[: truth_items(transcript, p).size], truth_items(transcript, p)) for p in parties])
+
+    def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
+        """Per (client, item): the share of the client's uploads in which the item's row changed."""
+        m = n_items(transcript)
+        scores, labels = [], []
+        for p in scored_victims(transcript, reconstruction.victims):
+            rec = reconstruction.victims[p]
+            sc = np.zeros(m)
+            keep = rec["seen_items"] < m
+            sc[rec["seen_items"][keep]] = rec["seen_share"][keep]
+            lab = np.zeros(m, dtype=bool)
+            t = truth_items(transcript, p)
+            lab[t[t < m]] = True
+            scores.append(sc)
+            labels.append(lab)
+        if not scores:
+            return {}
+        return {"trained": Decisions(np.concatenate(scores), np.concatenate(labels), "trained item")}

@@ -1,0 +1,1 @@
+"""Recorders of real federated runs (Flower) and the schema maps that name their messages."""

@@ -1,0 +1,548 @@
+"""Record a Flower app's run as a privaudit transcript.
+
+Two pieces, both switched on by :func:`record` (or ``privaudit record --flower APP_DIR``):
+
+* on the server, a delegating ``Grid`` (:class:`~privaudit.integrations._flower_grid.RecordingGrid`)
+  hands every message the ServerApp sends (``down``) and receives (``up``) to a
+  :class:`FlowerRecorder`, which flattens it (array records as arrays, config and metric
+  records as values) and names it through the app's :class:`~privaudit.integrations.schema_map.SchemaMap`;
+* on the clients, a Mod (:func:`~privaudit.integrations._flower_grid.private_data_mod`) writes
+  each node's private training data once, as ``.npy`` files in a run folder (the simulation
+  runs clients in other processes); the files become the nodes' ``private`` messages when the
+  run ends. Without the Mod the transcript has no ground truth (nothing to score against).
+
+Parties are ``server`` and ``client:<k>``, k = the rank of the node id among all node ids of
+the run (sorted ascending), so the mapping is stable within a run. Rounds come from the message
+(its group id, or a mapped entry) minus the map's ``round-base``. Each distinct payload the
+server sends in a round is also recorded once as a ``state`` message to the server itself
+(meta ``of`` = the kind, ``to`` = the receivers): what the server knows it sent.
+
+Flower (``flwr[simulation]``, 1.41) is imported lazily: ``pip install "privaudit[flower]"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import tomllib
+
+from privaudit.errors import MissingDependencyError, PrivauditError
+from privaudit.integrations.schema_map import SchemaMap
+from privaudit.transcript import Transcript
+
+__all__ = [
+    "PROTOCOL",
+    "FlowerApp",
+    "FlowerRecorder",
+    "load_app",
+    "merge_private",
+    "record",
+    "require_flwr",
+    "write_private",
+]
+
+#: The protocol name of every transcript recorded from Flower.
+PROTOCOL = "flower"
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_MAX_PRIVATE_BYTES = 256 * 1024**2
+
+
+def require_flwr() -> Any:
+    """The ``flwr`` module, or a one-line error naming the extra to install."""
+    try:
+        import flwr
+        import flwr.simulation  # noqa: F401
+    except ImportError:
+        raise MissingDependencyError("flwr[simulation]", "flower") from None
+    return sys.modules["flwr"]
+
+
+# --------------------------------------------------------------------------- flattening
+
+
+def flatten(content: Any) -> dict[str, Any]:
+    """The entries of a Flower ``RecordDict``: ``"R/k"`` -> numpy array (copied) or value."""
+    entries: dict[str, Any] = {}
+    for name, rec in content.array_records.items():
+        for key in rec:
+            entries[f"{name}/{key}"] = np.array(rec[key].numpy(), copy=True)
+    for records in (content.config_records, content.metric_records):
+        for name, rec in records.items():
+            for key, value in rec.items():
+                entries[f"{name}/{key}"] = value
+    return entries
+
+
+def _split(entries: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Arrays (numbers, bytes, lists of them) go to the payload; scalars and strings to meta."""
+    payload: dict[str, np.ndarray] = {}
+    values: dict[str, Any] = {}
+    for name, v in entries.items():
+        if isinstance(v, np.ndarray):
+            payload[name] = v
+        elif isinstance(v, (bytes, bytearray)):
+            payload[name] = np.frombuffer(bytes(v), dtype=np.uint8).copy()
+        elif isinstance(v, list) and v and all(isinstance(x, (bytes, bytearray)) for x in v):
+            for i, x in enumerate(v):
+                payload[f"{name}/{i}"] = np.frombuffer(bytes(x), dtype=np.uint8).copy()
+        elif isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            arr = _number_array(v)
+            if arr is None:  # integers beyond 64 bits: kept as text
+                values[name] = repr(v)
+            else:
+                payload[name] = arr
+        elif isinstance(v, (bool, int, float, str)) or (
+            isinstance(v, list) and all(isinstance(x, (bool, str)) for x in v)
+        ):
+            values[name] = v
+        else:  # anything else is kept as its text (never pickled)
+            values[name] = repr(v)
+    return payload, values
+
+
+def _number_array(v: list) -> np.ndarray | None:
+    """A list of numbers as float64, or exactly as int64/uint64 when all are integers; None if
+    no numpy dtype holds them (integers beyond 64 bits)."""
+    if not all(isinstance(x, int) for x in v):
+        return np.asarray(v, dtype=np.float64)
+    for dtype in (np.int64, np.uint64):
+        try:
+            return np.asarray(v, dtype=dtype)
+        except OverflowError:
+            continue
+    return None
+
+
+# --------------------------------------------------------------------------- recorder
+
+
+@dataclass
+class _Event:
+    direction: str
+    node: int
+    round: int
+    kind: str
+    payload: dict[str, np.ndarray]
+    meta: dict[str, Any]
+
+
+@dataclass
+class FlowerRecorder:
+    """Collects the messages of one Flower run and turns them into a :class:`Transcript`.
+
+    Parameters
+    ----------
+    schema : SchemaMap
+        How the app's record names become privaudit kinds and payload names.
+    run_dir : path
+        Folder of the run's side channel (the clients' ``private`` files).
+    """
+
+    schema: SchemaMap
+    run_dir: Path
+    events: list[_Event] = field(default_factory=list)
+    nodes: set[int] = field(default_factory=set)
+    run_config: dict[str, Any] = field(default_factory=dict)
+    public: dict[str, Any] = field(default_factory=dict)
+    _round: int = 0
+
+    def start(self, run_config: dict[str, Any], public: dict[str, Any]) -> None:
+        """Called by the recording ServerApp with the run config and the app's public facts."""
+        self.run_config = {str(k): v for k, v in run_config.items()}
+        self.public = dict(public)
+
+    def see_nodes(self, nodes: Iterable[int]) -> None:
+        self.nodes.update(int(n) for n in nodes)
+
+    def record(self, messages: Iterable[Any], direction: str) -> None:
+        """Record Flower messages travelling ``direction`` ("down": to clients, "up": replies)."""
+        for msg in messages:
+            md = msg.metadata
+            node = int(md.dst_node_id if direction == "down" else md.src_node_id)
+            self.nodes.add(node)
+            flower_meta = {"message_type": md.message_type, "group_id": md.group_id}
+            if msg.has_error():
+                meta = {"flower": flower_meta, "error": _short(str(msg.error.reason))}
+                self.events.append(_Event(direction, node, self._round, "flower.error", {}, meta))
+                continue
+            entries = flatten(msg.content)
+            rnd = self.schema.round_of(md.group_id, entries)
+            self._round = self._round if rnd is None else rnd
+            kind, named, extra = self.schema.classify(direction, md.message_type, entries)
+            payload, values = _split(named)
+            meta: dict[str, Any] = {"flower": flower_meta, **extra}
+            if values:
+                meta["entries"] = values
+            self.events.append(_Event(direction, node, self._round, kind, payload, meta))
+
+    def transcript(self, *, app: str = "", seed: int | None = None, defenses: list[dict] | None = None) -> Transcript:
+        """The transcript of everything recorded (private messages merged from ``run_dir``)."""
+        private = merge_private(self.run_dir)
+        nodes = sorted(self.nodes | set(private))
+        party = {n: f"client:{k}" for k, n in enumerate(nodes)}
+        config: dict[str, Any] = {
+            key: self.run_config[src] for key, src in self.schema.public.items() if src in self.run_config
+        }
+        config.update(self.public)
+        config.update(
+            {
+                "recorded_from": "flower",
+                "app": app,
+                "flower_run_config": _jsonable_config(self.run_config),
+                "schema_map": self.schema.to_dict(),
+                "defenses": list(defenses or []),
+                "party_mapping": "client:<k>: k = rank of the node id among the run's sorted node ids",
+            }
+        )
+        dataset = {"name": f"flower:{app}" if app else "flower", "users": len(nodes)}
+        if "n_items" in config:
+            dataset["items"] = config["n_items"]
+        t = Transcript(PROTOCOL, config, seed, dataset, ["server"] + [party[n] for n in nodes])
+        for n in nodes:
+            if n in private:
+                t.add(0, party[n], party[n], "private", private[n])
+        self._add_events(t, party)
+        return t
+
+    def _add_events(self, t: Transcript, party: dict[int, str]) -> None:
+        sent: dict[tuple, Any] = {}
+        for ev in self.events:
+            if ev.direction == "up":
+                t.add(ev.round, party[ev.node], "server", ev.kind, ev.payload, ev.meta)
+                continue
+            digest = hashlib.sha256()
+            for name in sorted(ev.payload):
+                digest.update(name.encode() + ev.payload[name].tobytes())
+            key = (ev.round, ev.kind, digest.hexdigest())
+            if key not in sent:
+                sent[key] = t.add(ev.round, "server", "server", "state", ev.payload, {"of": ev.kind, "to": []})
+            sent[key].meta["to"].append(party[ev.node])
+            t.add(ev.round, "server", party[ev.node], ev.kind, ev.payload, ev.meta)
+
+
+def _short(text: str, limit: int = 300) -> str:
+    """The last non-empty line of an error text, at most ``limit`` characters."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[-1] if lines else "")[:limit]
+
+
+def _jsonable_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {k: v if isinstance(v, (bool, int, float, str)) else repr(v) for k, v in cfg.items()}
+
+
+# --------------------------------------------------------------------------- side channel
+
+
+def write_private(run_dir: str | Path, node_id: int, loader: Callable[[], dict]) -> None:
+    """Write a node's private arrays once: ``run_dir/private/<node_id>/<name>.npy`` + ``fields.json``."""
+    final = Path(run_dir) / "private" / str(int(node_id))
+    if final.exists():
+        return
+    data = loader()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{int(node_id)}-", dir=final.parent))
+    names = []
+    for name, value in data.items():
+        if not _NAME.match(str(name)):
+            raise PrivauditError(f"private data field {name!r}: use letters, digits, '_', '-', '.'")
+        arr = np.asarray(value)
+        if arr.dtype.hasobject:
+            raise PrivauditError(f"private data field {name!r} is an object array")
+        np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
+        names.append(str(name))
+    (tmp / "fields.json").write_text(json.dumps({"fields": names}))
+    try:
+        os.rename(tmp, final)
+    except OSError:  # another process of the same node won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def merge_private(run_dir: str | Path) -> dict[int, dict[str, np.ndarray]]:
+    """Read every node's private files back (validated, ``allow_pickle=False``): node id -> arrays."""
+    root = Path(run_dir) / "private"
+    out: dict[int, dict[str, np.ndarray]] = {}
+    if not root.is_dir():
+        return out
+    for d in sorted(root.iterdir()):
+        if d.name.startswith(".") or not d.is_dir():
+            continue
+        if not d.name.isdigit():
+            raise PrivauditError(f"{d}: unexpected folder in the private side channel")
+        try:
+            fields = json.loads((d / "fields.json").read_text())["fields"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise PrivauditError(f"{d}: unreadable fields.json ({exc})") from None
+        arrays = {}
+        for name in fields:
+            if not isinstance(name, str) or not _NAME.match(name):
+                raise PrivauditError(f"{d}: invalid private field name {name!r}")
+            f = d / f"{name}.npy"
+            if not f.is_file() or f.stat().st_size > _MAX_PRIVATE_BYTES:
+                raise PrivauditError(f"{f}: missing or larger than {_MAX_PRIVATE_BYTES} bytes")
+            try:
+                arrays[name] = np.load(f, allow_pickle=False)
+            except ValueError as exc:
+                raise PrivauditError(f"{f}: not a plain .npy array ({exc})") from None
+        out[int(d.name)] = arrays
+    return out
+
+
+# --------------------------------------------------------------------------- apps
+
+
+@dataclass
+class FlowerApp:
+    """A Flower app folder as privaudit reads it (``pyproject.toml``: ``[tool.flwr.app]`` and
+    ``[tool.privaudit]``)."""
+
+    root: Path
+    name: str
+    serverapp: str
+    clientapp: str
+    config: dict[str, Any]
+    schema: SchemaMap
+    private_data: str | None
+    public_info: str | None
+
+
+def load_app(app_dir: str | Path) -> FlowerApp:
+    """Read and validate an app folder's ``pyproject.toml`` (one-line errors, nothing imported)."""
+    root = Path(app_dir).resolve()
+    where = f"{app_dir}/pyproject.toml"
+    if not (root / "pyproject.toml").is_file():
+        raise PrivauditError(f"{app_dir}: not a Flower app folder (no pyproject.toml)")
+    try:
+        doc = tomllib.loads((root / "pyproject.toml").read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise PrivauditError(f"{where}: invalid TOML ({exc})") from None
+    tool = doc.get("tool", {})
+    app = tool.get("flwr", {}).get("app", {})
+    comps = app.get("components", {})
+    for key in ("serverapp", "clientapp"):
+        if not isinstance(comps.get(key), str) or ":" not in comps[key]:
+            raise PrivauditError(f"{where} lacks [tool.flwr.app.components] {key} = \"module:attribute\"")
+    pa = tool.get("privaudit")
+    if not isinstance(pa, dict) or "schema" not in pa:
+        raise PrivauditError(
+            f"{where} lacks [tool.privaudit.schema] (the schema map from its record names to privaudit kinds)"
+        )
+    schema = SchemaMap.from_dict(pa["schema"], f"{where} [tool.privaudit.schema]")
+    hooks = {}
+    for key in ("private-data", "public-info"):
+        value = pa.get(key)
+        if value is not None and (not isinstance(value, str) or ":" not in value):
+            raise PrivauditError(f"{where}: [tool.privaudit] {key} must be \"module:function\"")
+        hooks[key] = value
+    config = app.get("config", {})
+    if not isinstance(config, dict):
+        raise PrivauditError(f"{where}: [tool.flwr.app.config] must be a table")
+    name = str(doc.get("project", {}).get("name", root.name))
+    return FlowerApp(
+        root, name, comps["serverapp"], comps["clientapp"], config, schema, hooks["private-data"], hooks["public-info"]
+    )
+
+
+def _attr(app: FlowerApp, ref: str) -> Any:
+    module, _, attr = ref.partition(":")
+    if str(app.root) not in sys.path:
+        sys.path.insert(0, str(app.root))
+    try:
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise PrivauditError(f"{app.root}: cannot load {ref!r} ({type(exc).__name__}: {exc})") from None
+    return obj
+
+
+def parse_overrides(items: Iterable[str], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``KEY=VALUE`` run-config overrides, typed like the app's default for that key."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise PrivauditError(f"--run-config expects KEY=VALUE, got {item!r}")
+        if key not in defaults:
+            known = ", ".join(sorted(defaults))
+            raise PrivauditError(f"--run-config: the app has no config key {key!r} (known: {known})")
+        kind = type(defaults[key])
+        try:
+            if kind is bool:
+                if text.lower() not in ("true", "false"):
+                    raise ValueError(text)
+                out[key] = text.lower() == "true"
+            else:
+                out[key] = kind(text)
+        except ValueError:
+            raise PrivauditError(f"--run-config {key}: {text!r} is not a {kind.__name__}") from None
+    return out
+
+
+@dataclass
+class Recording:
+    """Outcome of :func:`record`: the transcript, the ServerApp's final context, the timing."""
+
+    transcript: Transcript
+    context: Any
+    seconds: float
+    run_dir: Path
+
+
+def record(
+    app_dir: str | Path,
+    *,
+    clients: int,
+    rounds: int | None = None,
+    run_config: dict[str, Any] | None = None,
+    private: bool = True,
+    recorder: bool = True,
+    run_dir: str | Path | None = None,
+    cpus_per_client: float = 2.0,
+) -> Recording:
+    """Run a Flower app under Flower's simulation engine with the recorder switched on.
+
+    Parameters
+    ----------
+    app_dir : path
+        The app folder (``pyproject.toml`` with ``[tool.flwr.app]`` and ``[tool.privaudit]``).
+    clients : int
+        Number of simulated nodes (``num_supernodes``).
+    rounds : int, optional
+        Sets the run-config key ``num-server-rounds``.
+    run_config : dict, optional
+        Further run-config overrides.
+    private : bool
+        Install the client Mod that writes the ground truth (``private`` messages).
+    recorder : bool
+        False runs the app unchanged (no Grid wrapper, no Mod): the reference run of the test
+        that recording changes nothing.
+    run_dir : path, optional
+        Side-channel folder (default: a temporary folder removed afterwards).
+    cpus_per_client : float
+        CPUs Ray reserves per ClientApp run (Flower's default, 2): the number of worker
+        processes is the machine's CPUs divided by this.
+
+    Returns
+    -------
+    Recording
+        ``transcript`` is None when ``recorder`` is False.
+    """
+    if clients < 2:
+        raise PrivauditError(f"--clients must be at least 2, got {clients}")
+    if rounds is not None and rounds < 1:
+        raise PrivauditError(f"--rounds must be at least 1, got {rounds}")
+    if not cpus_per_client > 0:
+        raise PrivauditError(f"--cpus-per-client must be positive, got {cpus_per_client}")
+    app = load_app(app_dir)
+    require_flwr()
+    overrides = dict(run_config or {})
+    if rounds is not None:
+        if "num-server-rounds" not in app.config:
+            raise PrivauditError(
+                f"{app_dir}: the app's run config has no 'num-server-rounds' (give --run-config instead)"
+            )
+        overrides["num-server-rounds"] = int(rounds)
+    unknown = sorted(set(overrides) - set(app.config))
+    if unknown:
+        raise PrivauditError(f"the app has no config key {unknown[0]!r} (known: {', '.join(sorted(app.config))})")
+    own_dir = run_dir is None
+    path = Path(tempfile.mkdtemp(prefix="privaudit-flower-")) if own_dir else Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        return _simulate(app, clients, overrides, private, recorder, path, cpus_per_client)
+    finally:
+        if own_dir:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _simulate(
+    app: FlowerApp, clients: int, overrides: dict, private: bool, recorder: bool, path: Path, cpus: float
+) -> Recording:
+    from flwr.app import Context, RecordDict
+    from flwr.common.config import get_fused_config_from_dir
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.run import Run
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supercore.telemetry import EventType
+
+    from privaudit.integrations import _flower_grid as fg
+
+    server_app = _attr(app, app.serverapp)
+    client_app = _attr(app, app.clientapp)
+    rec = FlowerRecorder(app.schema, path)
+    if recorder:
+        public = _attr(app, app.public_info) if app.public_info else None
+        server_app = fg.recording_server_app(server_app, rec, public)
+        if private and app.private_data:
+            client_app = fg.with_mods(client_app, [fg.private_data_mod(_attr(app, app.private_data), path)])
+    run_id = int.from_bytes(os.urandom(8), "big") >> 1
+    run = Run.create_empty(run_id=run_id)
+    run.primary_task_id = int.from_bytes(os.urandom(8), "big") >> 1
+    run.override_config = dict(overrides)
+    run.federation_id = NOOP_FEDERATION_ID
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
+    fused = get_fused_config_from_dir(app.root, run.override_config)
+    context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=fused)
+    backend = {
+        "client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
+        "init_args": {"logging_level": "ERROR", "log_to_driver": False},
+    }
+    t0 = time.perf_counter()
+    # the simulation's worker processes import the app's modules: put its folder on their path
+    old_path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(app.root)] + ([old_path] if old_path else []))
+    try:
+        result = _run_simulation(
+            num_supernodes=clients,
+            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+            client_app=client_app,
+            server_app=server_app,
+            backend_config=backend,
+            server_app_context=context,
+            app_dir=str(app.root),
+            run=run,
+            is_app=True,
+        )
+    finally:
+        if old_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old_path
+    seconds = time.perf_counter() - t0
+    transcript = None
+    if recorder:
+        seed = fused.get("seed")
+        seed = int(seed) if isinstance(seed, int) else None
+        transcript = rec.transcript(app=app.name, seed=seed, defenses=_defenses(rec))
+        transcript.config["simulation"] = {"clients": clients, "seconds": round(seconds, 3)}
+    return Recording(transcript, result.context, seconds, path)
+
+
+_STAGE = "secaggplus_configs/stage"
+
+
+def _defenses(rec: FlowerRecorder) -> list[dict[str, Any]]:
+    """The Flower defenses the recorded messages show were active (public facts of the run)."""
+    out = []
+    stages = [ev for ev in rec.events if ev.direction == "down" and _STAGE in ev.meta.get("entries", {})]
+    if stages:
+        setup = next((ev.meta["entries"] for ev in stages if ev.meta["entries"].get(_STAGE) == "setup"), {})
+        params = {k.split("/", 1)[1]: v for k, v in setup.items() if k != _STAGE}
+        name = {"name": "flower-secaggplus", "workflow": "SecAggPlusWorkflow", "client_mod": "secaggplus_mod"}
+        out.append({**name, **params})
+    return out
