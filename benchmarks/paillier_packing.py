@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             f"(decrypted {c['decrypted']})"
         )
     (dV, dP, dw, _, dc, _) = results["packed djn"]
-    (pV, pP, pw, pt, pc, pcpu), (uV, uP, uw, ut, uc, ucpu) = results["packed std"], results["unpacked std"]
+    (pV, pP, pw, _, pc, pcpu), (uV, uP, uw, _, uc, ucpu) = results["packed std"], results["unpacked std"]
     same = all(
         np.array_equal(a["values"], b["values"]) for a, b in ((pV, uV), (pP, uP), (dV, pV), (dP, pP))
     ) and np.array_equal(pV["counts"], uV["counts"])
