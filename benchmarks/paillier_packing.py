@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             f"decrypt {t['decrypt']:7.2f}s  total {wall:8.2f}s (cpu {cpu:8.2f}s)  ciphertexts {c['encrypted']} "
             f"(decrypted {c['decrypted']})"
         )
-    (dV, dP, dw, dt, dc, dcpu) = results["packed djn"]
-    (pV, pP, pw, pt, pc, pcpu), (uV, uP, uw, ut, uc, ucpu) = results["packed std"], results["unpacked std"]
+    (dV, dP, dw, _, dc, _) = results["packed djn"]
+    (pV, pP, pw, _, pc, pcpu), (uV, uP, uw, _, uc, ucpu) = results["packed std"], results["unpacked std"]
     same = all(
         np.array_equal(a["values"], b["values"]) for a, b in ((pV, uV), (pP, uP), (dV, pV), (dP, pP))
     ) and np.array_equal(pV["counts"], uV["counts"])

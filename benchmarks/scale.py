@@ -26,6 +26,7 @@ ML-1M-sized fedmvmf + attack + scoring under 5 s wall; 10M: protocol + attack + 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for size in sizes:
         proc = subprocess.run([sys.executable, __file__, "--one", size, "--seed", str(args.seed)],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             print(f"{size}: failed\n{proc.stderr.strip()}", file=sys.stderr)
             return 1
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             label = "  of which utility" if name == "utility" else name
             print(f"  {label:16s}{s['wall']:9.2f}{s['cpu']:9.2f}{1e6 * s['wall'] / r['ratings']:11.3f}"
                   f"{s['peak'] / 2**20:10.0f}{s['delta'] / 2**20:8.0f}")
-    for a, b in zip(results, results[1:]):
+    for a, b in itertools.pairwise(results):
         print(f"\nper-rating cost ratio {b['size']} / {a['size']} (1.0 = linear; wall, cpu):")
         for name in STAGES:
             sa, sb = a["stages"][name], b["stages"][name]

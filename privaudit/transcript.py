@@ -97,7 +97,7 @@ class _Index:
     shortest matching list keeps transcript order and touches only the candidate messages.
     """
 
-    __slots__ = ("n", "last", "by_kind", "by_sender", "by_receiver", "by_sender_kind", "by_receiver_kind", "private")
+    __slots__ = ("by_kind", "by_receiver", "by_receiver_kind", "by_sender", "by_sender_kind", "last", "n", "private")
 
     def __init__(self, messages: list[Message]) -> None:
         self.n = 0

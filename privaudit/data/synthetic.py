@@ -25,7 +25,7 @@ import numpy as np
 from privaudit.data.dataset import RatingsDataset, build_csr
 from privaudit.errors import DataError
 
-__all__ = ["synthetic", "synthetic_from_spec", "parse_spec", "PRESETS"]
+__all__ = ["PRESETS", "parse_spec", "synthetic", "synthetic_from_spec"]
 
 _AGE_GROUPS = ["7-16", "17-25", "26-35", "36-44", "45-54", "55-63", "64-73"]
 _AGE_PRIOR = np.log([0.04, 0.28, 0.30, 0.17, 0.12, 0.06, 0.03])
