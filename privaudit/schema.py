@@ -101,6 +101,9 @@ class MessageSchema:
     fields: tuple[PayloadField, ...] = ()
     upload: bool = False
     required: bool = False
+    #: admit payload arrays beyond ``fields`` (recorded apps name their own arrays); each extra
+    #: array must still be a numeric array with finite floats
+    open_payload: bool = False
 
 
 @dataclass(frozen=True)
@@ -162,12 +165,17 @@ def _fail(text: str) -> TranscriptError:
     return TranscriptError(printable(text))
 
 
-def schema_of(protocol: str) -> ProtocolSchema:
-    """The schema declared by the registered protocol ``protocol`` (one line if none)."""
+def schema_of(protocol: str, transcript: Any = None) -> ProtocolSchema:
+    """The schema declared by the registered protocol ``protocol`` (one line if none).
+
+    A protocol whose schema depends on the transcript (recorded runs, whose schema map travels
+    in the public config) declares a classmethod ``schema_for(transcript)`` instead.
+    """
     from privaudit import registry
 
     cls = registry.get("protocol", protocol)
-    schema = getattr(cls, "schema", None)
+    schema_for = getattr(cls, "schema_for", None)
+    schema = schema_for(transcript) if callable(schema_for) and transcript is not None else getattr(cls, "schema", None)
     if not isinstance(schema, ProtocolSchema):
         raise _fail(f"protocol {protocol!r} declares no transcript schema, so its transcripts cannot be checked (refused)")
     return schema
@@ -275,7 +283,11 @@ class _Checker:
     def _match(self, e: MessageSchema, m: Any, where: str) -> None:
         fields = {f.name: f for f in e.fields}
         extra = sorted(set(m.payload) - set(fields))
-        if extra:
+        if extra and e.open_payload:
+            for name in extra:
+                self._field(PayloadField(name, "number", (None,) * np.ndim(m.payload[name])), m.payload[name], {},
+                            f"{where} payload {name!r}")
+        elif extra:
             raise _fail(f"{where}: payload {extra[0]!r} is not part of a {self.protocol} {m.kind!r} message")
         missing = [f.name for f in e.fields if not f.optional and f.name not in m.payload]
         if missing:
@@ -365,7 +377,7 @@ def validate(transcript: Any, schema: ProtocolSchema | None = None) -> None:
         value outside its range, or a required kind absent.
     """
     if schema is None:
-        schema = schema_of(transcript.protocol)
+        schema = schema_of(transcript.protocol, transcript)
     checker = _Checker(schema, transcript)
     seen = set()
     for i, m in enumerate(transcript.messages):
