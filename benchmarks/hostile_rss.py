@@ -3,8 +3,9 @@
 Builds (small on disk, valid CRCs) a transcript with a 3.5 GiB all-zero float64 member and one
 whose manifest.json inflates to 250 MiB of ``[{},{},...]``, then runs ``python -m privaudit
 inspect FILE`` on each in a child process and prints its exit code, first stderr line and peak
-RSS (``os.wait4``, from a small launcher process). ``--checkout DIR`` runs another checkout's code (e.g. an older commit, to
-measure "before"); ``--max-bytes`` is passed through; ``--scale`` shrinks both files.
+RSS (``os.wait4``, from a small launcher process). ``--checkout DIR`` runs another checkout's
+code (e.g. an older commit, to measure "before"); ``--max-bytes`` is passed through;
+``--scale`` shrinks both files.
 
     python benchmarks/hostile_rss.py
     python benchmarks/hostile_rss.py --max-bytes 4G
@@ -21,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.test_hostile import manifest_bomb, measured_run, zero_bomb  # noqa: E402  (the same builders as the tests)
+from tests.test_hostile import manifest_bomb, measured_run, zero_bomb
 
 
 def main() -> None:

@@ -5,8 +5,8 @@ saves and the bounded loaders."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import zipfile
 
 import numpy as np
@@ -123,7 +123,8 @@ def test_saved_file_has_normal_permissions(tmp_path):
 
 
 def test_bounded_json_limits():
-    assert _safejson.loads(b'{"a": [1, 2, {"b": "[[[[[["}]}', max_bytes=100, max_depth=3) == {"a": [1, 2, {"b": "[[[[[["}]}
+    doc = b'{"a": [1, 2, {"b": "[[[[[["}]}'
+    assert _safejson.loads(doc, max_bytes=100, max_depth=3) == {"a": [1, 2, {"b": "[[[[[["}]}
     with pytest.raises(_safejson.JSONLimitError, match="nested 4 levels"):
         _safejson.loads(b"[[[[]]]]", max_bytes=100, max_depth=3)
     with pytest.raises(_safejson.JSONLimitError, match="objects/arrays"):
