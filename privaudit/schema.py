@@ -201,8 +201,8 @@ def _resolve_dims(schema: ProtocolSchema, config: Mapping, dataset: Mapping, pro
             value = source(config, dataset) if callable(source) else config[source]
         except (KeyError, TypeError, ValueError, AttributeError):
             raise _fail(f"transcript config cannot give dimension {name!r} of the {protocol} schema") from None
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 < int(value) <= _MAX_DIM:
-            raise _fail(f"transcript config gives dimension {name!r} = {value!r} (a positive integer is required)")
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= int(value) <= _MAX_DIM:
+            raise _fail(f"transcript config gives dimension {name!r} = {value!r} (a non-negative integer is required)")
         dims[name] = int(value)
     return dims
 

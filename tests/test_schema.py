@@ -53,6 +53,15 @@ def test_simulated_transcripts_validate(tmp_path, protocol, defenses, sets):
     assert again.kinds() == t.kinds()
 
 
+def test_csv_data_without_attributes_validates(tmp_path):
+    """FedMVMF on a ratings CSV: no attribute columns (p = 0) is a valid dimension."""
+    from tests.dummies import write_csv
+
+    data = write_csv(tmp_path / "r.csv", 30)
+    for protocol, sets in (("fedmvmf", ["epochs=2"]), ("fedrec", []), ("fedsplit", [])):
+        schema.validate(run_transcript(protocol, [], sets, data, None, 0).transcript)
+
+
 def _fedmvmf() -> Transcript:
     t = Transcript("fedmvmf", {"K": 2, "n_items": 4, "attribute_names": ["a", "b"], "alpha": 1.0, "lam": 1.0,
                                "update": "semials", "unrated": "obsonly", "rating_min": 1.0, "rating_max": 5.0},
