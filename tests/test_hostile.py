@@ -177,6 +177,13 @@ def deep_manifest(depth: int = 150_000) -> bytes:
     return archive(manifest_entry=entry("manifest.json", text))
 
 
+def many_messages(n: int) -> bytes:
+    """A manifest of ``n`` messages all pointing at the one array member (about 120 bytes each)."""
+    msg = {"seq": 0, "round": 0, "sender": "server", "receiver": "server", "kind": "state",
+           "payload": {"V": "arrays/0.npy"}, "meta": {}}
+    return manifest(messages=[dict(msg, seq=i) for i in range(n)])
+
+
 def with_corrupt_deflate() -> bytes:
     e = entry("arrays/0.npy", GOOD_ARRAY)
     e["data"] = b"\xff" * 8 + e["data"][8:]
@@ -345,6 +352,8 @@ def outcomes(tmp_path_factory, base_ptx) -> dict:
         ("non-UTF-8 manifest", archive(manifest_entry=entry("manifest.json", manifest().replace(b"mvmf", b"\xffmvmf"))),
          "not UTF-8"),
         ("truncated archive", archive()[:-30], "not a transcript archive"),
+        ("absurd message count in the manifest", archive(manifest_entry=entry("manifest.json", many_messages(200_000))),
+         "manifest.json declares"),
         ("path traversal", archive(extra=[entry("../evil.npy", good)]), "path traversal"),
         ("control characters in a member name",
          archive(extra=[entry("arrays/\x1b[2K\rprivaudit: ok.npy", good, method=99)]), "compression method 99"),
@@ -387,7 +396,8 @@ def _cases() -> list[str]:
         "zero-itemsize dtype x 10^18", "zero-itemsize dtype x 10^18 (literal)", "table shape 18",
         "table dtype dict, negative offset", "npy dtype negative offset", "object dtype", "duplicate member names",
         "symlink member", "absurd member count (zip64 end record)", "zip64 size 2^62", "non-UTF-8 manifest",
-        "truncated archive", "path traversal", "control characters in a member name", "duplicate member (attack)",
+        "truncated archive", "absurd message count in the manifest", "path traversal",
+        "control characters in a member name", "duplicate member (attack)",
         *SCHEMA_CASES, "report on deeply nested results.json",
     ]
 

@@ -164,3 +164,20 @@ def test_manifest_limit_scales_with_members(tmp_path):
 def test_printable_escapes_controls():
     assert printable("a\x1b[2K\rb\nc\u202e") == "a\\x1b[2K\\x0db\\x0ac\\u202e"
     assert printable("plain ünïcode") == "plain ünïcode"
+
+
+@pytest.mark.parametrize("value", ["nope", "0", "-5", "1.5G", ""])
+def test_max_bytes_option_refuses_bad_sizes(capsys, value):
+    from privaudit.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["inspect", "x.ptx", "--max-bytes", value])
+    assert info.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_max_bytes_units():
+    from privaudit.cli import _byte_size
+
+    sizes = [_byte_size(v) for v in ("512", "2K", "512M", "4G", "1GiB", "3mb")]
+    assert sizes == [512, 2048, 512 * 2**20, 4 * 2**30, 2**30, 3 * 2**20]
