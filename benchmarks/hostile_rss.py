@@ -3,8 +3,9 @@
 Builds (small on disk, valid CRCs) a transcript with a 3.5 GiB all-zero float64 member and one
 whose manifest.json inflates to 250 MiB of ``[{},{},...]``, then runs ``python -m privaudit
 inspect FILE`` on each in a child process and prints its exit code, first stderr line and peak
-RSS (``os.wait4``, from a small launcher process). ``--checkout DIR`` runs another checkout's code (e.g. an older commit, to
-measure "before"); ``--max-bytes`` is passed through; ``--scale`` shrinks both files.
+RSS (``os.wait4``, from a small launcher process). ``--checkout DIR`` runs another checkout's
+code (e.g. an older commit, to measure "before"); ``--max-bytes`` is passed through;
+``--scale`` shrinks both files.
 
     python benchmarks/hostile_rss.py
     python benchmarks/hostile_rss.py --max-bytes 4G
@@ -21,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.test_hostile import manifest_bomb, measured_run, zero_bomb  # noqa: E402  (the same builders as the tests)
+from tests.test_hostile import manifest_bomb, measured_run, zero_bomb
 
 
 def main() -> None:
@@ -29,13 +30,15 @@ def main() -> None:
     ap.add_argument("--checkout", type=Path, default=ROOT, help="repository whose privaudit is run (default: this one)")
     ap.add_argument("--max-bytes", default=None, help="passed to inspect")
     ap.add_argument("--scale", type=float, default=1.0, help="shrink both files by this factor")
+    ap.add_argument("--case", choices=("zero", "manifest"), default=None, help="run one file only")
     args = ap.parse_args()
     extra = [] if args.max_bytes is None else ["--max-bytes", args.max_bytes]
     with tempfile.TemporaryDirectory() as tmp:
-        cases = {
-            f"zero member {3584 * args.scale / 1024:.2f} GiB": zero_bomb(int(3584 * args.scale), valid_crc=True),
-            f"manifest {250 * args.scale:.0f} MiB of [{{}},...]": manifest_bomb(mib=int(250 * args.scale)),
-        }
+        cases = {}
+        if args.case in (None, "zero"):
+            cases[f"zero member {3584 * args.scale / 1024:.2f} GiB"] = zero_bomb(int(3584 * args.scale), valid_crc=True)
+        if args.case in (None, "manifest"):
+            cases[f"manifest {250 * args.scale:.0f} MiB of [{{}},...]"] = manifest_bomb(mib=int(250 * args.scale))
         print(f"{'file':<32} {'on disk':>10} {'exit':>5} {'peak RSS':>10}  first stderr line")
         for name, data in cases.items():
             path = Path(tmp) / "case.ptx"

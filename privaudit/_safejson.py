@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["JSONLimitError", "loads", "load_file", "DEFAULT_MAX_DEPTH", "RESULTS_MAX_BYTES"]
+__all__ = ["DEFAULT_MAX_DEPTH", "RESULTS_MAX_BYTES", "JSONLimitError", "load_file", "loads"]
 
 DEFAULT_MAX_DEPTH = 64
 RESULTS_MAX_BYTES = 256 * 1024**2  # results.json / audit.json read back by `privaudit report`

@@ -22,8 +22,9 @@ key, ciphertext-sum and plaintext-sum kinds declared in :data:`DEFENSE_MESSAGES`
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,12 +32,12 @@ from privaudit._escape import printable
 from privaudit.errors import TranscriptError
 
 __all__ = [
-    "PayloadField",
-    "MessageSchema",
-    "ProtocolSchema",
     "DEFENSE_MESSAGES",
-    "validate",
+    "MessageSchema",
+    "PayloadField",
+    "ProtocolSchema",
     "schema_of",
+    "validate",
 ]
 
 _MAX_DIM = 2**31 - 1
@@ -129,7 +130,10 @@ class ProtocolSchema:
 # the key holder's private key material.
 DEFENSE_MESSAGES: dict[str, tuple[MessageSchema, ...]] = {
     "paillier": (
-        MessageSchema("private", "client", "self", (PayloadField("paillier_p", "uint8", (None,)), PayloadField("paillier_q", "uint8", (None,)))),
+        MessageSchema(
+            "private", "client", "self",
+            (PayloadField("paillier_p", "uint8", (None,)), PayloadField("paillier_q", "uint8", (None,))),
+        ),
         MessageSchema("public_key", "client", "server", (PayloadField("n", "uint8", (None,)),)),
         MessageSchema("secret_key", "client", "decryptor"),
         MessageSchema(
@@ -177,7 +181,9 @@ def schema_of(protocol: str, transcript: Any = None) -> ProtocolSchema:
     schema_for = getattr(cls, "schema_for", None)
     schema = schema_for(transcript) if callable(schema_for) and transcript is not None else getattr(cls, "schema", None)
     if not isinstance(schema, ProtocolSchema):
-        raise _fail(f"protocol {protocol!r} declares no transcript schema, so its transcripts cannot be checked (refused)")
+        raise _fail(
+            f"protocol {protocol!r} declares no transcript schema, so its transcripts cannot be checked (refused)"
+        )
     return schema
 
 
@@ -194,15 +200,17 @@ def _defense_names(config: Mapping) -> set[str]:
 def _resolve_dims(schema: ProtocolSchema, config: Mapping, dataset: Mapping, protocol: str) -> dict[str, int]:
     for key in schema.config_keys:
         if key not in config:
-            raise _fail(f"transcript config lacks {key!r}, which every {protocol} transcript holds (wrong protocol label?)")
+            raise _fail(
+                f"transcript config lacks {key!r}, which every {protocol} transcript holds (wrong protocol label?)"
+            )
     dims = {}
     for name, source in schema.dims.items():
         try:
             value = source(config, dataset) if callable(source) else config[source]
         except (KeyError, TypeError, ValueError, AttributeError):
             raise _fail(f"transcript config cannot give dimension {name!r} of the {protocol} schema") from None
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 < int(value) <= _MAX_DIM:
-            raise _fail(f"transcript config gives dimension {name!r} = {value!r} (a positive integer is required)")
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= int(value) <= _MAX_DIM:
+            raise _fail(f"transcript config gives dimension {name!r} = {value!r} (a non-negative integer is required)")
         dims[name] = int(value)
     return dims
 
@@ -310,7 +318,11 @@ class _Checker:
             values = m.payload.get("values")
             ids = next((f for f in e.fields if f.ids is not None), None)
             rows = self.dims.get(ids.ids) if ids is not None else None
-            if values is None or m.payload["P"].shape != (values.shape[0],) or (rows is not None and values.shape[0] != rows):
+            if (
+                values is None
+                or m.payload["P"].shape != (values.shape[0],)
+                or (rows is not None and values.shape[0] != rows)
+            ):
                 raise _fail(f"{where}: masked dense upload has inconsistent rows")
 
     def _match_encrypted(self, e: MessageSchema, m: Any, where: str) -> None:
@@ -339,11 +351,15 @@ class _Checker:
         if not candidates:
             raise _fail(f"{where}: kind {m.kind!r} is not a {self.protocol} message kind (wrong protocol label?)")
         roles = [
-            e for e in candidates
-            if _role(m.sender) == e.sender and (m.receiver == m.sender if e.receiver == "self" else _role(m.receiver) == e.receiver)
+            e
+            for e in candidates
+            if _role(m.sender) == e.sender
+            and (m.receiver == m.sender if e.receiver == "self" else _role(m.receiver) == e.receiver)
         ]
         if not roles:
-            raise _fail(f"{where}: a {self.protocol} {m.kind!r} message does not go from {m.sender!r} to {m.receiver!r}")
+            raise _fail(
+                f"{where}: a {self.protocol} {m.kind!r} message does not go from {m.sender!r} to {m.receiver!r}"
+            )
         masked = bool(m.meta.get("masked")) if isinstance(m.meta, Mapping) else False
         encrypted = bool(m.meta.get("encrypted")) if isinstance(m.meta, Mapping) else False
         error = None
@@ -385,11 +401,10 @@ def validate(transcript: Any, schema: ProtocolSchema | None = None) -> None:
         seen.add(m.kind)
     missing = sorted(checker.required - seen)
     if missing:
-        raise _fail(f"transcript holds no {missing[0]!r} message, which every {transcript.protocol} transcript has (wrong protocol label?)")
-
-
-def _seq(*fields: PayloadField) -> tuple[PayloadField, ...]:
-    return tuple(fields)
+        raise _fail(
+            f"transcript holds no {missing[0]!r} message, which every {transcript.protocol} transcript has "
+            "(wrong protocol label?)"
+        )
 
 
 def messages(*entries: MessageSchema) -> tuple[MessageSchema, ...]:
@@ -444,7 +459,9 @@ FEDSPLIT = ProtocolSchema(
     messages=messages(
         MessageSchema("private", "client", "self", _GROUP_PRIVATE),
         MessageSchema(
-            "mean", "client", "server", (PayloadField("sum", "float", ()), PayloadField("count", "number", ())), upload=True
+            "mean", "client", "server",
+            (PayloadField("sum", "float", ()), PayloadField("count", "number", ())),
+            upload=True,
         ),
         MessageSchema("global_mean", "server", "client", (PayloadField("mu", "float", ()),)),
         MessageSchema(
@@ -481,7 +498,10 @@ FEDNCF = ProtocolSchema(
     messages=messages(
         MessageSchema(
             "private", "client", "self",
-            (PayloadField("items", "int", ("@r",), ids="m", unique=True), PayloadField("test_item", "int", (1,), ids="m")),
+            (
+                PayloadField("items", "int", ("@r",), ids="m", unique=True),
+                PayloadField("test_item", "int", (1,), ids="m"),
+            ),
         ),
         MessageSchema("cohort", "server", "self", (PayloadField("clients", "int", ("@k",), ids="n", unique=True),)),
         MessageSchema(
@@ -509,9 +529,14 @@ FEDPROTO = ProtocolSchema(
     messages=messages(
         MessageSchema("private", "client", "self", _GROUP_PRIVATE),
         MessageSchema(
-            "prototypes", "client", "server", (PayloadField("prototypes", "float", ("@k", "m")),), upload=True, required=True
+            "prototypes", "client", "server",
+            (PayloadField("prototypes", "float", ("@k", "m")),),
+            upload=True,
+            required=True,
         ),
-        MessageSchema("state", "server", "self", (PayloadField("P", "float", (None, "m")), PayloadField("V", "float", ("m", "K")))),
+        MessageSchema(
+            "state", "server", "self", (PayloadField("P", "float", (None, "m")), PayloadField("V", "float", ("m", "K")))
+        ),
         MessageSchema("model", "server", "client", (PayloadField("V", "float", ("m", "K")),)),
     ),
 )

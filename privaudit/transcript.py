@@ -8,15 +8,17 @@ attacks get a view, never the transcript.
 
 File format (version 1, suffix ``.ptx``): a ZIP archive with ``manifest.json`` and one ``.npy``
 member per array under ``arrays/``. The manifest lists protocol, config, seed, dataset summary,
-parties and messages (payload name -> member path) as in DESIGN.md, and additionally an
-``arrays`` table (member path -> ``{"dtype", "shape"}``) so that a member contradicting the
-manifest is detected before it is read. Transcripts written by other tools may omit that
-table; their arrays are then checked only for safety (no object dtype, size within limits).
+parties and messages (payload name -> member path), and an ``arrays`` table (member path ->
+``{"dtype", "shape"}``) so that a member contradicting the manifest is detected before it is
+read. Transcripts written by other tools may omit that table; their arrays are then checked
+only for safety (plain numeric dtype, size within the budget).
 
-Loading never unpickles: every member is parsed with ``numpy.lib.format`` headers first and
-read with ``allow_pickle=False``; object dtypes, unknown versions, path traversal, missing
-members, shape/dtype mismatches and oversized archives are refused with a one-line
-:class:`~privaudit.errors.TranscriptError`.
+Loading never unpickles and treats the file as hostile: memory is bounded by ``max_bytes``
+(members are inflated chunk by chunk into arrays preallocated from their headers; the member
+count and the manifest's size, depth and value count have limits derived from it), and every
+malformed archive is refused with a one-line :class:`~privaudit.errors.TranscriptError` naming
+the member (docs/transcript-format.md, "Validation and limits"). Whether the content fits the
+protocol is checked separately, by :func:`privaudit.schema.validate`.
 """
 
 from __future__ import annotations
@@ -466,7 +468,7 @@ def _describe_zip_error(exc: BaseException) -> str:
 def _safe_member(name: Any, where: str) -> str:
     if not isinstance(name, str) or not name:
         raise _fail(where, "member name must be a non-empty string")
-    if name.startswith("/") or name.startswith("\\") or "\\" in name or (len(name) > 1 and name[1] == ":"):
+    if name.startswith(("/", "\\")) or "\\" in name or (len(name) > 1 and name[1] == ":"):
         raise _fail(where, f"absolute member path {name!r} refused")
     parts = name.split("/")
     if ".." in parts or posixpath.normpath(name) != name:
@@ -537,7 +539,8 @@ def _read_npy(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: 
         if expected is not None and (np.dtype(expected["dtype"]) != dtype or expected["shape"] != list(shape)):
             raise _fail(
                 path,
-                f"{where}: array is {dtype.str} {list(shape)} but the manifest says {expected['dtype']} {expected['shape']}",
+                f"{where}: array is {dtype.str} {list(shape)} but the manifest says "
+                f"{expected['dtype']} {expected['shape']}",
             )
         count = math.prod(shape)
         nbytes = count * dtype.itemsize
@@ -677,7 +680,8 @@ def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
             raise _fail(path, f"{len(infos)} members, more than the limit of {limits['members']} (--max-bytes)")
         if total > max_bytes:
             raise _fail(
-                path, f"uncompressed size {total} bytes exceeds the limit of {max_bytes} bytes (raise it with --max-bytes)"
+                path,
+                f"uncompressed size {total} bytes exceeds the limit of {max_bytes} bytes (raise it with --max-bytes)",
             )
         if "manifest.json" not in infos:
             raise _fail(path, "no manifest.json (not a privaudit transcript)")

@@ -38,7 +38,7 @@ GiB = 1024**3
 
 def npy_header(descr: str, shape: str, fortran: str = "False") -> bytes:
     """A version 1.0 .npy header with the given literal ``descr`` and ``shape`` (no data)."""
-    text = "{'descr': %s, 'fortran_order': %s, 'shape': %s, }" % (descr, fortran, shape)
+    text = f"{{'descr': {descr}, 'fortran_order': {fortran}, 'shape': {shape}, }}"
     pad = 64 - (10 + len(text) + 1) % 64
     text = text + " " * pad + "\n"
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin1")
@@ -102,7 +102,8 @@ def raw_zip(entries: list[dict], eocd_entries: int | None = None, zip64_entries:
     n = len(entries) if eocd_entries is None else eocd_entries
     if zip64_entries is not None:
         z64 = out.tell()
-        out.write(struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, zip64_entries, zip64_entries, cd_size, cd_start))
+        n64 = zip64_entries
+        out.write(struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, n64, n64, cd_size, cd_start))
         out.write(struct.pack("<IIQI", 0x07064B50, 0, z64, 1))
         n = 0xFFFF
     out.write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, min(n, 0xFFFF), min(n, 0xFFFF), cd_size, cd_start, 0))
@@ -132,7 +133,9 @@ def manifest(arrays: dict | None = None, **kw) -> bytes:
 GOOD_ARRAY = npy_bytes(np.ones((3, 2)))
 
 
-def archive(array_entry: dict | None = None, manifest_entry: dict | None = None, extra: list | None = None, **kw) -> bytes:
+def archive(
+    array_entry: dict | None = None, manifest_entry: dict | None = None, extra: list | None = None, **kw
+) -> bytes:
     entries = [manifest_entry or entry("manifest.json", manifest()), array_entry or entry("arrays/0.npy", GOOD_ARRAY)]
     return raw_zip(entries + (extra or []), **kw)
 
@@ -172,6 +175,13 @@ def deep_manifest(depth: int = 150_000) -> bytes:
     text = b'{"format":"privaudit-transcript","version":1,"protocol":"fedmvmf","messages":[],"config":{"x":'
     text += b"[" * depth + b"]" * depth + b"}}"
     return archive(manifest_entry=entry("manifest.json", text))
+
+
+def many_messages(n: int) -> bytes:
+    """A manifest of ``n`` messages all pointing at the one array member (about 120 bytes each)."""
+    msg = {"seq": 0, "round": 0, "sender": "server", "receiver": "server", "kind": "state",
+           "payload": {"V": "arrays/0.npy"}, "meta": {}}
+    return manifest(messages=[dict(msg, seq=i) for i in range(n)])
 
 
 def with_corrupt_deflate() -> bytes:
@@ -234,7 +244,10 @@ SCHEMA_CASES = {
     "relabelled fedsplit": (lambda t: setattr(t, "protocol", "fedsplit") or t, "fedsplit"),
     "relabelled fedrec": (lambda t: setattr(t, "protocol", "fedrec") or t, "fedrec"),
     "unknown protocol": (lambda t: setattr(t, "protocol", "nope\x1b[2K\rfake") or t, "unknown protocol"),
-    "unknown kind": (lambda t: t.add(0, "server", "server", "debug", {"x": np.ones(2)}) and t, "not a fedmvmf message kind"),
+    "unknown kind": (
+        lambda t: t.add(0, "server", "server", "debug", {"x": np.ones(2)}) and t,
+        "not a fedmvmf message kind",
+    ),
     "extra payload": (lambda t: _add_payload(t, "grad_P", "secret", np.ones(1)), "is not part of"),
     "float ids": (lambda t: _mutate(t, "grad_V", "items", lambda a: a.astype(np.float64)), "is not int"),
     "missing payload": (lambda t: _drop_payload(t, "grad_V", "items"), "is missing"),
@@ -263,12 +276,13 @@ def measured_run(args: list[str], cwd: Path | str, pythonpath: Path | str = ROOT
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe, tempfile.TemporaryDirectory() as tmp:
         rss_file = os.path.join(tmp, "rss")
         cmd = [sys.executable, "-c", _MEASURE, rss_file, sys.executable, "-m", "privaudit", *args]
-        rc = subprocess.run(cmd, cwd=cwd, stdout=fo, stderr=fe, env=env).returncode
+        rc = subprocess.run(cmd, cwd=cwd, stdout=fo, stderr=fe, env=env, check=False).returncode
         fo.seek(0)
         fe.seek(0)
         with open(rss_file) as fh:
             rss = int(fh.read())
-        return {"rc": rc, "out": fo.read().decode(errors="replace"), "err": fe.read().decode(errors="replace"), "rss": rss}
+        out, err = fo.read().decode(errors="replace"), fe.read().decode(errors="replace")
+        return {"rc": rc, "out": out, "err": err, "rss": rss}
 
 
 _run = measured_run
@@ -299,50 +313,53 @@ def outcomes(tmp_path_factory, base_ptx) -> dict:
         (d / "bad.ptx").write_bytes(data)
         jobs[name] = (["inspect", "bad.ptx"], d, expect)
 
-    inspect_case("zero member 3.5 GiB", zero_bomb(), "exceeds the limit")
-    inspect_case("manifest bomb 250 MiB", manifest_bomb(), "manifest.json declares")
-    inspect_case("manifest bomb, size lies", manifest_bomb(lie=True), "manifest.json")
-    inspect_case("manifest nested 150k", deep_manifest(150_000), "levels deep")
-    inspect_case("manifest nested 100k", deep_manifest(100_000), "levels deep")
-    inspect_case("bad CRC", archive(entry("arrays/0.npy", GOOD_ARRAY, crc=1234)), "Bad CRC-32")
-    inspect_case("corrupt deflate", with_corrupt_deflate(), "corrupt deflate data")
-    inspect_case("encrypted flag", archive(entry("arrays/0.npy", GOOD_ARRAY, flags=0x801)), "is encrypted")
-    inspect_case("compression method 99", archive(entry("arrays/0.npy", GOOD_ARRAY, method=99)), "compression method 99")
-    inspect_case("local/central name mismatch", archive(entry("arrays/0.npy", GOOD_ARRAY, local_name="arrays/1.npy")),
-                 "differ")
-    # zipfile stops at the declared size, so the CRC (or, for large members, the .npy header) disagrees
-    inspect_case("central size smaller than data", archive(entry("arrays/0.npy", GOOD_ARRAY, usize=len(GOOD_ARRAY) - 8)),
-                 "member 'arrays/0.npy': corrupt (Bad CRC-32")
+    a0, good = "arrays/0.npy", GOOD_ARRAY
     big = npy_bytes(np.arange(4096.0))
-    inspect_case("central size smaller than data (large member)", archive(entry("arrays/0.npy", big, usize=len(big) - 8)),
-                 "header needs")
-    inspect_case("npy shape (-1,-1)", archive(entry("arrays/0.npy", npy_header("'<f8'", "(-1, -1)") + bytes(8))),
-                 "invalid shape")
-    inspect_case("zero-itemsize dtype x 10^18", archive(entry("arrays/0.npy", npy_header("'|V0'", "(10**18,)"))),
-                 "not a valid .npy member")
-    inspect_case("zero-itemsize dtype x 10^18 (literal)", archive(entry("arrays/0.npy", npy_header("'|V0'", "(1000000000000000000,)"))),
-                 "refused")
-    inspect_case("table shape 18", archive(manifest_entry=entry("manifest.json", manifest({"arrays/0.npy": {"dtype": "<f8", "shape": 18}}))),
-                 "invalid shape in the manifest")
-    inspect_case("table dtype dict, negative offset",
-                 archive(manifest_entry=entry("manifest.json", manifest(
-                     {"arrays/0.npy": {"dtype": {"names": ["a"], "formats": ["<f8"], "offsets": [-8]}, "shape": [3, 2]}}))),
-                 "invalid dtype in the manifest")
-    inspect_case("npy dtype negative offset",
-                 archive(entry("arrays/0.npy", npy_header("{'names': ['a'], 'formats': ['<f8'], 'offsets': [-8], 'itemsize': 8}", "(1,)") + bytes(8))),
-                 "not a valid .npy member")
-    inspect_case("object dtype", archive(entry("arrays/0.npy", npy_header("'|O'", "(1,)") + bytes(8))), "object arrays are refused")
-    inspect_case("duplicate member names", archive(extra=[entry("arrays/0.npy", npy_bytes(np.zeros((3, 2))))]), "appears twice")
-    inspect_case("symlink member", archive(entry("arrays/0.npy", GOOD_ARRAY, create_system=3, ext_attr=0o120777 << 16)),
-                 "symbolic link")
-    inspect_case("absurd member count (zip64 end record)", archive(zip64_entries=10**9), "declares 1000000000 members")
-    inspect_case("zip64 size 2^62", archive(entry("arrays/0.npy", GOOD_ARRAY, zip64_usize=2**62)), "exceeds the limit")
-    inspect_case("non-UTF-8 manifest", archive(manifest_entry=entry("manifest.json", manifest().replace(b"fedmvmf", b"fed\xffmvmf"))),
-                 "not UTF-8")
-    inspect_case("truncated archive", archive()[:-30], "not a transcript archive")
-    inspect_case("path traversal", archive(extra=[entry("../evil.npy", GOOD_ARRAY)]), "path traversal")
-    inspect_case("control characters in a member name",
-                 archive(extra=[entry("arrays/\x1b[2K\rprivaudit: ok.npy", GOOD_ARRAY, method=99)]), "compression method 99")
+    neg_offset = {"names": ["a"], "formats": ["<f8"], "offsets": [-8]}
+    cases = [
+        ("zero member 3.5 GiB", zero_bomb(), "exceeds the limit"),
+        ("manifest bomb 250 MiB", manifest_bomb(), "manifest.json declares"),
+        ("manifest bomb, size lies", manifest_bomb(lie=True), "manifest.json"),
+        ("manifest nested 150k", deep_manifest(150_000), "levels deep"),
+        ("manifest nested 100k", deep_manifest(100_000), "levels deep"),
+        ("bad CRC", archive(entry(a0, good, crc=1234)), "Bad CRC-32"),
+        ("corrupt deflate", with_corrupt_deflate(), "corrupt deflate data"),
+        ("encrypted flag", archive(entry(a0, good, flags=0x801)), "is encrypted"),
+        ("compression method 99", archive(entry(a0, good, method=99)), "compression method 99"),
+        ("local/central name mismatch", archive(entry(a0, good, local_name="arrays/1.npy")), "differ"),
+        # zipfile stops at the declared size, so the CRC (or, for large members, the .npy header) disagrees
+        ("central size smaller than data", archive(entry(a0, good, usize=len(good) - 8)),
+         "member 'arrays/0.npy': corrupt (Bad CRC-32"),
+        ("central size smaller than data (large member)", archive(entry(a0, big, usize=len(big) - 8)), "header needs"),
+        ("npy shape (-1,-1)", archive(entry(a0, npy_header("'<f8'", "(-1, -1)") + bytes(8))), "invalid shape"),
+        ("zero-itemsize dtype x 10^18", archive(entry(a0, npy_header("'|V0'", "(10**18,)"))),
+         "not a valid .npy member"),
+        ("zero-itemsize dtype x 10^18 (literal)", archive(entry(a0, npy_header("'|V0'", f"({10**18},)"))), "refused"),
+        ("table shape 18",
+         archive(manifest_entry=entry("manifest.json", manifest({a0: {"dtype": "<f8", "shape": 18}}))),
+         "invalid shape in the manifest"),
+        ("table dtype dict, negative offset",
+         archive(manifest_entry=entry("manifest.json", manifest({a0: {"dtype": neg_offset, "shape": [3, 2]}}))),
+         "invalid dtype in the manifest"),
+        ("npy dtype negative offset",
+         archive(entry(a0, npy_header(repr(dict(neg_offset, itemsize=8)), "(1,)") + bytes(8))),
+         "not a valid .npy member"),
+        ("object dtype", archive(entry(a0, npy_header("'|O'", "(1,)") + bytes(8))), "object arrays are refused"),
+        ("duplicate member names", archive(extra=[entry(a0, npy_bytes(np.zeros((3, 2))))]), "appears twice"),
+        ("symlink member", archive(entry(a0, good, create_system=3, ext_attr=0o120777 << 16)), "symbolic link"),
+        ("absurd member count (zip64 end record)", archive(zip64_entries=10**9), "declares 1000000000 members"),
+        ("zip64 size 2^62", archive(entry(a0, good, zip64_usize=2**62)), "exceeds the limit"),
+        ("non-UTF-8 manifest", archive(manifest_entry=entry("manifest.json", manifest().replace(b"mvmf", b"\xffmvmf"))),
+         "not UTF-8"),
+        ("truncated archive", archive()[:-30], "not a transcript archive"),
+        ("absurd message count in the manifest", archive(manifest_entry=entry("manifest.json", many_messages(200_000))),
+         "manifest.json declares"),
+        ("path traversal", archive(extra=[entry("../evil.npy", good)]), "path traversal"),
+        ("control characters in a member name",
+         archive(extra=[entry("arrays/\x1b[2K\rprivaudit: ok.npy", good, method=99)]), "compression method 99"),
+    ]
+    for name, data, expect in cases:
+        inspect_case(name, data, expect)
 
     dup = root / "duplicate_in_attack"
     dup.mkdir()
@@ -355,7 +372,8 @@ def outcomes(tmp_path_factory, base_ptx) -> dict:
         jobs[name] = (["attack", "--transcript", "bad.ptx", "--out", "rep"], d, expect)
     deep = root / "deep_results"
     deep.mkdir()
-    (deep / "results.json").write_text('{"protocol":"x","attack":"y","sweep":null,"points":[],"x":' + "[" * 150_000 + "]" * 150_000 + "}")
+    head = '{"protocol":"x","attack":"y","sweep":null,"points":[],"x":'
+    (deep / "results.json").write_text(head + "[" * 150_000 + "]" * 150_000 + "}")
     jobs["report on deeply nested results.json"] = (["report", "."], deep, "levels deep")
 
     before = {name: sorted(p.name for p in d.iterdir()) for name, (_, d, _) in jobs.items()}
@@ -378,7 +396,8 @@ def _cases() -> list[str]:
         "zero-itemsize dtype x 10^18", "zero-itemsize dtype x 10^18 (literal)", "table shape 18",
         "table dtype dict, negative offset", "npy dtype negative offset", "object dtype", "duplicate member names",
         "symlink member", "absurd member count (zip64 end record)", "zip64 size 2^62", "non-UTF-8 manifest",
-        "truncated archive", "path traversal", "control characters in a member name", "duplicate member (attack)",
+        "truncated archive", "absurd message count in the manifest", "path traversal",
+        "control characters in a member name", "duplicate member (attack)",
         *SCHEMA_CASES, "report on deeply nested results.json",
     ]
 

@@ -5,8 +5,8 @@ saves and the bounded loaders."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import zipfile
 
 import numpy as np
@@ -51,6 +51,15 @@ def test_simulated_transcripts_validate(tmp_path, protocol, defenses, sets):
     again = load(t.save(tmp_path / "t.ptx"))
     schema.validate(again)
     assert again.kinds() == t.kinds()
+
+
+def test_csv_data_without_attributes_validates(tmp_path):
+    """FedMVMF on a ratings CSV: no attribute columns (p = 0) is a valid dimension."""
+    from tests.dummies import write_csv
+
+    data = write_csv(tmp_path / "r.csv", 30)
+    for protocol, sets in (("fedmvmf", ["epochs=2"]), ("fedrec", []), ("fedsplit", [])):
+        schema.validate(run_transcript(protocol, [], sets, data, None, 0).transcript)
 
 
 def _fedmvmf() -> Transcript:
@@ -123,7 +132,8 @@ def test_saved_file_has_normal_permissions(tmp_path):
 
 
 def test_bounded_json_limits():
-    assert _safejson.loads(b'{"a": [1, 2, {"b": "[[[[[["}]}', max_bytes=100, max_depth=3) == {"a": [1, 2, {"b": "[[[[[["}]}
+    doc = b'{"a": [1, 2, {"b": "[[[[[["}]}'
+    assert _safejson.loads(doc, max_bytes=100, max_depth=3) == {"a": [1, 2, {"b": "[[[[[["}]}
     with pytest.raises(_safejson.JSONLimitError, match="nested 4 levels"):
         _safejson.loads(b"[[[[]]]]", max_bytes=100, max_depth=3)
     with pytest.raises(_safejson.JSONLimitError, match="objects/arrays"):
@@ -154,3 +164,20 @@ def test_manifest_limit_scales_with_members(tmp_path):
 def test_printable_escapes_controls():
     assert printable("a\x1b[2K\rb\nc\u202e") == "a\\x1b[2K\\x0db\\x0ac\\u202e"
     assert printable("plain ünïcode") == "plain ünïcode"
+
+
+@pytest.mark.parametrize("value", ["nope", "0", "-5", "1.5G", ""])
+def test_max_bytes_option_refuses_bad_sizes(capsys, value):
+    from privaudit.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["inspect", "x.ptx", "--max-bytes", value])
+    assert info.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_max_bytes_units():
+    from privaudit.cli import _byte_size
+
+    sizes = [_byte_size(v) for v in ("512", "2K", "512M", "4G", "1GiB", "3mb")]
+    assert sizes == [512, 2048, 512 * 2**20, 4 * 2**30, 2**30, 3 * 2**20]
