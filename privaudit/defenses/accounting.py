@@ -25,6 +25,8 @@ PLD_DISCRETIZATION = 1e-2
 #: above this per-round epsilon the Laplace PLD gains < 1 % over basic composition and its
 #: discretized loss distribution grows large: basic composition is returned
 PLD_MAX_EPSILON_ROUND = 200.0
+#: below this Gaussian noise multiplier the RDP accountant is used instead of the PLD
+RDP_BELOW_NOISE_MULTIPLIER = 0.25
 
 
 def _dp_accounting():
@@ -59,15 +61,28 @@ def laplace_epsilon(epsilon_round: float, rounds: int, delta: float = 0.0) -> fl
     return min(basic, _pld_epsilon(dp_accounting.LaplaceDpEvent(1.0 / float(epsilon_round)), rounds, delta))
 
 
+def gaussian_accountant(noise_multiplier: float) -> str:
+    """``"pld"``, or ``"rdp"`` below :data:`RDP_BELOW_NOISE_MULTIPLIER` (where the PLD's loss
+    distribution grows large and slow while the epsilon is far beyond any meaningful guarantee)."""
+    return "rdp" if noise_multiplier < RDP_BELOW_NOISE_MULTIPLIER else "pld"
+
+
 def gaussian_epsilon(noise_multiplier: float, rounds: int, delta: float) -> float:
     """Total epsilon at ``delta`` of ``rounds`` Gaussian mechanisms (std = noise_multiplier x
-    L2 sensitivity), by the PLD accountant."""
+    L2 sensitivity), by the accountant :func:`gaussian_accountant` picks."""
     if rounds <= 0:
         return 0.0
     if noise_multiplier <= 0:
         return math.inf
     dp_accounting, _ = _dp_accounting()
-    return _pld_epsilon(dp_accounting.GaussianDpEvent(float(noise_multiplier)), rounds, delta)
+    event = dp_accounting.GaussianDpEvent(float(noise_multiplier))
+    if gaussian_accountant(noise_multiplier) == "rdp":
+        from dp_accounting.rdp import rdp_privacy_accountant
+
+        acc = rdp_privacy_accountant.RdpAccountant()
+        acc.compose(event, int(rounds))
+        return float(acc.get_epsilon(float(delta)))
+    return _pld_epsilon(event, rounds, delta)
 
 
 def gaussian_epsilon_per_round(noise_multiplier: float, delta: float) -> float:

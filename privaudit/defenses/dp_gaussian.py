@@ -4,7 +4,8 @@ In every round each uploaded float array is clipped like ``dp-laplace`` but in t
 (``clip_per="row"``: every row to L2 norm <= C; ``"upload"``: one client's message as one
 vector), then i.i.d. N(0, (noise_multiplier x C)^2) noise is added to every float (the
 Gaussian mechanism for L2 sensitivity C). The total (epsilon, delta) over T rounds comes from
-``dp-accounting``'s PLD accountant (T self-compositions of the Gaussian mechanism) at the
+``dp-accounting``'s PLD accountant (T self-compositions of the Gaussian mechanism; its RDP
+accountant below noise multiplier 0.25, where epsilon is in the hundreds per round) at the
 defense's ``delta`` (default 1e-5); ``epsilon_basic`` is T times the one-round epsilon at
 delta / T (basic composition of (epsilon, delta) rounds, same total delta).
 
@@ -84,7 +85,7 @@ class DPGaussian(ClippedNoise):
             "epsilon": accounting.gaussian_epsilon(sigma, rounds, delta),
             "delta": delta,
             "unit": "one rating row" if self.config["clip_per"] == "row" else "one user's upload",
-            "accountant": "pld",
+            "accountant": accounting.gaussian_accountant(sigma),
             "epsilon_basic": rounds * per_round,
             "epsilon_per_round": accounting.gaussian_epsilon(sigma, 1, delta),
         }
