@@ -168,6 +168,8 @@ class RoundUploads:
     @functools.cached_property
     def grad_P(self) -> np.ndarray:
         arrays = [pp["values"] for pp in self._payloads[1]]
+        if np.size(arrays[0]) == 0:  # no user attributes (p = 0): (n, 0, K)
+            return np.zeros((len(arrays),) + np.shape(arrays[0]))
         return _concat_float_rows(arrays, np.shape(arrays[0]))
 
     @property
@@ -362,13 +364,16 @@ def score_reconstruction(recon: Reconstruction, transcript: Transcript) -> dict[
                 attr_hits += int(np.sum(gx == true_x))
                 attr_total += gx.size
     nan = float("nan")
-    return {
+    out = {
         "rating_accuracy": rating_hits / rating_total if rating_total else nan,
         "attribute_accuracy": attr_hits / attr_total if attr_total else nan,
         "rated_rating_accuracy": rated_hits / rated_total if rated_total else nan,
         "rated_detection_accuracy": detect_hits / rating_total if rating_total else nan,
         "victims": float(len(recon.victims)),
     }
+    if not transcript.config.get("attribute_names", True):  # a dataset without user attributes
+        del out["attribute_accuracy"]
+    return out
 
 
 def baselines(transcript: Transcript) -> dict[str, float]:
@@ -401,12 +406,15 @@ def baselines(transcript: Transcript) -> dict[str, float]:
     nan = float("nan")
     all_truth = np.concatenate(truths) if truths else np.empty(0)
     all_attrs = np.concatenate(attrs) if attrs else np.empty(0)
-    return {
+    out = {
         "rating_accuracy": uniform_guess_accuracy(domain),
         "attribute_accuracy": uniform_guess_accuracy(2),
         "rating_accuracy_majority": majority_guess_accuracy(all_truth) if len(all_truth) else nan,
         "attribute_accuracy_majority": majority_guess_accuracy(all_attrs) if len(all_attrs) else nan,
     }
+    if not cfg.get("attribute_names", True):  # a dataset without user attributes: no attribute metrics
+        del out["attribute_accuracy"], out["attribute_accuracy_majority"]
+    return out
 
 
 class MVMFAttack(Attack):

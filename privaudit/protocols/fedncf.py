@@ -159,6 +159,7 @@ class FedNCF(Protocol):
 
     description = "Federated neural collaborative filtering (FedNCF, fedncf.txt): GMF/MLP/NeuMF, MF-FedAvg"
     default_attack = "ncf-update-leak"
+    requires_extras = ("ncf",)  # torch (errors.check_extras)
     main_utility = "hr@10"  # the paper's headline metric (Tables 5, 6)
     derived_keys = DERIVED_KEYS
     default_config: dict[str, Any] = {
