@@ -161,6 +161,92 @@ def _check_extras(protocol: str | None, attack: str | None = None, defenses=(), 
     check_extras(classes)
 
 
+def _protocol_defaults(args: argparse.Namespace) -> None:
+    """Fill in what ``attack --protocol P`` runs when no defense, noise or sweep is named: the
+    protocol's ``default_defense_specs`` / ``default_sweep_spec`` (unless the attack sweeps a
+    parameter of its own) and ``default_users``; says so in one line."""
+    from privaudit import registry
+    from privaudit.params import parse_spec
+
+    protocol_cls = registry.get("protocol", args.protocol)
+    notes = []
+    users = getattr(protocol_cls, "default_users", None)
+    if args.users is None and users is not None:
+        args.users = int(users)
+        notes.append(f"{users} users (--users N for more)")
+    if args.defense or args.noise or args.sweep:
+        pass
+    else:
+        attack = parse_spec(args.attack, "--attack")[0] if args.attack else protocol_cls.default_attack
+        spec = getattr(protocol_cls, "default_sweep_spec", None)
+        if spec and not (attack and getattr(registry.get("attack", attack), "default_sweep", None)):
+            args.defense = list(getattr(protocol_cls, "default_defense_specs", ()) or ())
+            args.sweep = spec
+            notes.append("sweep " + " ".join([f"--defense {d}" for d in args.defense] + [f"--sweep {spec}"]))
+    if notes:
+        print(f"{args.protocol} defaults: {'; '.join(notes)}")
+
+
+def _print_estimate(args: argparse.Namespace, seeds: int) -> None:
+    """Print the estimated time of a run above two minutes (protocols with ``estimate_seconds``)."""
+    from privaudit import registry
+
+    estimate = getattr(registry.get("protocol", args.protocol), "estimate_seconds", None)
+    if estimate is None:
+        return
+    from privaudit.experiment import parse_assignments
+
+    points = len(str(args.sweep).partition("=")[2].split(",")) if getattr(args, "sweep", None) else 1
+    if getattr(args, "noise", None):
+        points = len(args.scales.split(",")) if args.scales else 7
+    data = args.data
+    users = args.users
+    if users is None:
+        if str(data).strip().lower() != "synthetic":
+            return
+        from privaudit.data import synthetic
+
+        users = synthetic().n_users
+    elif str(data).strip().lower() == "synthetic":
+        from privaudit.data import synthetic
+
+        if users > synthetic().n_users:
+            return  # refused with one line when the data is loaded
+    seconds = estimate(users, parse_assignments(args.set), list(args.defense or ())) * points * seeds
+    jobs = getattr(args, "jobs", None) or 0
+    from privaudit.experiment import default_jobs
+
+    seconds /= max(1, min(points * seeds, jobs if jobs > 0 else default_jobs()))
+    if seconds > 120:
+        runs = points * seeds
+        print(f"estimated time: ~{seconds / 60:.0f} min ({runs} run{'s' if runs > 1 else ''} of {args.protocol} with {users} users)", flush=True)
+
+
+def _reference_line(results) -> str | None:
+    """``utility <metric>: v1, v2, ... (no defense: v0)`` for sweeps with an undefended point."""
+    import math
+
+    metric = results.get("utility_metric")
+    if not metric or not results.get("sweep"):
+        return None
+    means = {}
+    for row in results.get("summary", []):
+        if row["metric"] == f"utility.{metric}":
+            means[json.dumps(row["value"])] = row["mean"]
+    if not means:
+        return None
+    target = str(results["sweep"]).partition(".")[0]
+    values = results.get("sweep_values") or []
+    if target in ("attack", "protocol"):
+        ref = next(iter(means.values())) if target == "attack" else None
+    else:
+        ref = next((means.get(json.dumps(v)) for v in values if isinstance(v, (int, float)) and v == 0), None)
+    if ref is None or (isinstance(ref, float) and math.isnan(ref)):
+        return None
+    shown = ", ".join(f"{means[json.dumps(v)]:.3g}" for v in values if json.dumps(v) in means)
+    return f"utility {metric} at each point: {shown} (no defense: {ref:.3g})"
+
+
 def _data_tag(data: object, users: int | None) -> str:
     """Dataset part of a default output name: ``synthetic``, the file or folder name, ``-uN``."""
     import re
@@ -236,6 +322,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     _check_writable(args.output, args.force, "-o FILE", folder=False)
     _check_extras(args.protocol, None, args.defense)
+    args.sweep = args.noise = None
+    _print_estimate(args, 1)
     data = _dataset(args)
     result = run_transcript(args.protocol, args.defense, args.set, data, args.users, args.seed)
     path = result.transcript.save(args.output, include_private=not args.no_private)
@@ -269,6 +357,8 @@ _SIMULATION_ONLY = ("noise", "scales", "defense", "sweep", "set", "users", "seed
 def cmd_attack(args: argparse.Namespace) -> int:
     from privaudit import experiment, reports
 
+    if args.protocol and not args.transcript:
+        _protocol_defaults(args)
     if args.protocol or args.transcript:
         args.out = args.out or _default_report_dir(args)
         _check_writable(args.out, args.force, "--out DIR", folder=True)
@@ -284,6 +374,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
         if not args.protocol:
             raise PrivauditError("give --protocol P (or --transcript FILE)")
         _check_extras(args.protocol, args.attack, args.defense + ([args.noise] if args.noise else []))
+        _print_estimate(args, experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds)
         exp = experiment.build_experiment(
             args.protocol, args.attack, args.noise, args.scales, args.defense, args.sweep, args.set,
             _dataset(args), args.users,
@@ -296,6 +387,9 @@ def cmd_attack(args: argparse.Namespace) -> int:
     out = reports.write_report(results, args.out)
     if not args.quiet:
         print(reports.format_table(results))
+        line = _reference_line(results)
+        if line:
+            print(line)
     print(f"report written to {out}/")
     return 0
 

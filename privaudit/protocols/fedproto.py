@@ -4,7 +4,8 @@
 Parties: ``server`` and one ``client:<h>`` per silo. Silos (``silos="zip"``, default): the
 first ZIP digit (:func:`privaudit.data.zip_silos`: 10 regions plus one silo of unknown ZIPs;
 the synthetic dataset carries a ``user_region`` too); ``silos="uniform"`` deals users at random
-into ``n_silos`` equal silos (the paper's synthetic setting).
+into ``n_silos`` equal silos (the paper's synthetic setting); a dataset without ZIP codes (a
+ratings CSV, ML latest-small) gets the uniform silos under ``silos="zip"`` too.
 
 Split (§4.3): ``test_users`` (20 %) of the users are drawn at random and ``test_per_user`` (5) of
 each drawn user's ratings are held out (a user keeps at least one training rating). X_h is
@@ -205,6 +206,12 @@ class FedProto(Protocol):
     description = "Cross-silo federated NMF from k (DP) prototypes per silo, two rounds"
     default_attack = "proto-membership"
     derived_keys = DERIVED_KEYS
+    # the dense eq. 1 (unrated = 0) ranks items but predicts ratings shrunk towards 0 (RMSE ~3 on
+    # 1..5 ratings, docs/first-run.md), so reports show the paper's ranking metric
+    main_utility = "map@10"
+    #: ``privaudit attack --protocol fedproto`` without a defense: prototypes per silo
+    default_defense_specs: tuple[str, ...] = ()
+    default_sweep_spec: str | None = "protocol.k=2,5,10,30"
     attacker = "server"
     default_config = {
         "prototypes": "auto",
@@ -227,7 +234,7 @@ class FedProto(Protocol):
         "lam": "regularisation lambda of eq. 1 (paper: 0.1)",
         "s": "public bound on non-zeros per row / prototype for the DP mechanism",
         "Lambda": "public bound on every entry (0: the dataset's rating maximum)",
-        "silos": "'zip' (first ZIP digit) or 'uniform' (n_silos random equal silos)",
+        "silos": "'zip' (first ZIP digit; uniform when the data has no ZIP codes) or 'uniform' (n_silos random equal silos)",
         "n_silos": "silos of silos='uniform'",
         "test_users": "fraction of users with held-out ratings (§4.3: 0.2)",
         "test_per_user": "held-out ratings per test user (§4.3: 5)",
@@ -272,8 +279,9 @@ class FedProto(Protocol):
         return kind, defenses
 
     def silos(self, dataset: Any, cfg: Mapping[str, Any], rng: np.random.Generator) -> list[np.ndarray]:
-        if cfg["silos"] == "zip":
+        if cfg["silos"] == "zip" and (np.asarray(dataset.user_region) >= 0).any():
             return [np.asarray(s, dtype=np.int64) for s in zip_silos(dataset) if len(s)]
+        # silos="uniform", or a dataset without ZIP codes (a ratings CSV): n_silos random silos
         perm = rng.permutation(dataset.n_users)
         return [np.sort(part) for part in np.array_split(perm, cfg["n_silos"]) if part.size]
 

@@ -123,6 +123,9 @@ class FedRec(Protocol):
     description = "FedRec (fedrec.txt): federated PMF batch/stochastic and SVD++ with UA/HF virtual ratings"
     default_attack = "fedrec-rated-items"
     derived_keys = DERIVED_KEYS
+    #: ``privaudit attack --protocol fedrec`` without a defense: user-average filling over rho
+    default_defense_specs: tuple[str, ...] = ("sampling:filling=ua",)
+    default_sweep_spec: str | None = "sampling.rho=0,1,2,3"
     default_config: dict[str, Any] = {
         "model": "pmf-batch",
         "federated": True,
