@@ -78,7 +78,23 @@ def reference(protocol: str, metric: str) -> tuple[float, str]:
     note = f"{name} {' '.join('--set ' + x for x in sets)}".strip() + (f" --users {users}" if users else "")
     if protocol == "fedncf":
         note += f"; popularity {popularity_hr():.3f}"
+    if protocol == "fedproto":
+        rm, gm = fedproto_rmse()
+        note += f"; its RMSE {rm:.2f} vs the global-mean predictor's {gm:.2f}"
     return float(np.mean(vals)), note
+
+
+def fedproto_rmse() -> tuple[float, float]:
+    """FedProto's test RMSE and that of predicting the training mean, same split (seeds 0..2)."""
+    from privaudit.experiment import run_transcript
+
+    ours, mean = [], []
+    for seed in range(3):
+        r = run_transcript("fedproto", seed=seed)
+        train, test = r.model["train"], r.model["test"].tocoo()
+        ours.append(r.utility["rmse"])
+        mean.append(float(np.sqrt(np.mean((test.data - train.data.mean()) ** 2))))
+    return float(np.mean(ours)), float(np.mean(mean))
 
 
 def popularity_hr(k: int = 10) -> float:
