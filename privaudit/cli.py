@@ -182,9 +182,9 @@ def _protocol_defaults(args: argparse.Namespace) -> None:
         if spec and not (attack and getattr(registry.get("attack", attack), "default_sweep", None)):
             args.defense = list(getattr(protocol_cls, "default_defense_specs", ()) or ())
             args.sweep = spec
-            notes.append("sweep " + " ".join([f"--defense {d}" for d in args.defense] + [f"--sweep {spec}"]))
+            notes.append(" ".join([f"--defense {d}" for d in args.defense] + [f"--sweep {spec}"]))
     if notes:
-        print(f"{args.protocol} defaults: {'; '.join(notes)}")
+        print(f"{args.protocol} defaults: {'; '.join(notes)} (--defense, --noise or --sweep choose another)")
 
 
 def _print_estimate(args: argparse.Namespace, seeds: int) -> None:
