@@ -180,7 +180,7 @@ class FedNCF(Protocol):
         "selection": "random",
         "target": -1,
         "manipulated_rounds": 4,
-        "record_rounds": 30,
+        "record_rounds": 50,
         "eval_every": 0,
         "eval_negatives": 100,
         "loo_ties": "random",
