@@ -13,22 +13,22 @@ The names used by the README's Python example are exported here (imported on fir
 
 __version__ = "0.1.0"
 
-from privaudit.errors import DataError, MissingDependencyError, PrivauditError  # noqa: E402
+from privaudit.errors import DataError, MissingDependencyError, PrivauditError
 
 __all__ = [
-    "PrivauditError",
     "DataError",
     "MissingDependencyError",
-    "__version__",
-    "load_dataset",
-    "synthetic",
+    "PrivauditError",
     "RatingsDataset",
     "Transcript",
-    "get_protocol",
+    "__version__",
+    "build_experiment",
     "get_attack",
     "get_defense",
-    "build_experiment",
+    "get_protocol",
+    "load_dataset",
     "run_experiment",
+    "synthetic",
 ]
 
 _LAZY = {

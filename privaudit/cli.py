@@ -119,9 +119,17 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 
 
 def _dataset_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default="synthetic", metavar="synthetic|PATH", help="dataset: synthetic (default) or a MovieLens folder / ratings CSV (user,item,rating[,timestamp])")
-    p.add_argument("--rating-scale", metavar="MIN,MAX[,STEP]", help="rating scale of --data PATH (a CSV's default: 1,5,1); ratings off it are refused")
-    p.add_argument("--users", type=int, default=None, metavar="N", help="subsample N users (seeded; at most the dataset's users)")
+    p.add_argument(
+        "--data", default="synthetic", metavar="synthetic|PATH",
+        help="dataset: synthetic (default) or a MovieLens folder / ratings CSV (user,item,rating[,timestamp])",
+    )
+    p.add_argument(
+        "--rating-scale", metavar="MIN,MAX[,STEP]",
+        help="rating scale of --data PATH (a CSV's default: 1,5,1); ratings off it are refused",
+    )
+    p.add_argument(
+        "--users", type=int, default=None, metavar="N", help="subsample N users (seeded; at most the dataset's users)"
+    )
 
 
 def _force_arg(p: argparse.ArgumentParser) -> None:
@@ -137,7 +145,9 @@ def _dataset(args: argparse.Namespace):
     if scale is None:
         return args.data
     if str(args.data).strip().lower().startswith("synthetic"):
-        raise PrivauditError("--rating-scale applies to --data PATH (a MovieLens folder or a ratings CSV), not synthetic data")
+        raise PrivauditError(
+            "--rating-scale applies to --data PATH (a MovieLens folder or a ratings CSV), not synthetic data"
+        )
     from privaudit.data import load_dataset
 
     return load_dataset(args.data, rating_scale=scale)
@@ -219,7 +229,8 @@ def _print_estimate(args: argparse.Namespace, seeds: int) -> None:
     seconds /= max(1, min(points * seeds, jobs if jobs > 0 else default_jobs()))
     if seconds > 120:
         runs = points * seeds
-        print(f"estimated time: ~{seconds / 60:.0f} min ({runs} run{'s' if runs > 1 else ''} of {args.protocol} with {users} users)", flush=True)
+        plural = "s" if runs > 1 else ""
+        print(f"estimated time: ~{seconds / 60:.0f} min ({runs} run{plural} of {args.protocol} with {users} users)", flush=True)
 
 
 def _reference_line(results) -> str | None:
@@ -345,7 +356,9 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
     p.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel points (default: all cores; 1 = sequential)")
     p.add_argument("--scheduler", metavar="ADDRESS|local:N", help="run the points on a Dask cluster (scheduler address, or local:N workers)")
-    p.add_argument("--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-<sweep>-<dataset>/)")
+    p.add_argument(
+        "--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-<sweep>-<dataset>/)"
+    )
     _force_arg(p)
     p.add_argument("--quiet", action="store_true", help="do not print the table")
 

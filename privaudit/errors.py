@@ -13,7 +13,7 @@ raised later (e.g. inside a worker process) to the same one-line error.
 from __future__ import annotations
 
 import importlib.util
-from typing import Iterable
+from collections.abc import Iterable
 
 #: Modules of each optional extra (``pip install "privaudit[EXTRA]"``).
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {

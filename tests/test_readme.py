@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -12,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def python_blocks() -> list[str]:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
 
 
 def test_readme_python_example_runs(tmp_path: Path) -> None:
@@ -22,8 +23,8 @@ def test_readme_python_example_runs(tmp_path: Path) -> None:
     script.write_text(blocks[0], encoding="utf-8")
     env_path = str(ROOT)
     proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={**__import__("os").environ, "PYTHONPATH": env_path},
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "PYTHONPATH": env_path},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout

@@ -31,7 +31,7 @@ import numpy as np
 from privaudit.data.dataset import RatingsDataset, build_csr, sort_coo
 from privaudit.errors import DataError
 
-__all__ = ["load_dataset", "parse_rating_scale", "CSV_COLUMNS", "CSV_DEFAULT_SCALE", "ML1M_AGES", "ML1M_OCCUPATIONS"]
+__all__ = ["CSV_COLUMNS", "CSV_DEFAULT_SCALE", "ML1M_AGES", "ML1M_OCCUPATIONS", "load_dataset", "parse_rating_scale"]
 
 #: ML-1M age codes -> group names (the 7 groups of the ML-1M README).
 ML1M_AGES: dict[int, str] = {
@@ -663,11 +663,13 @@ def _csv_columns(path: Path, head: list[str]) -> dict[str, int] | None:
         col = _ALIAS.get(name)
         if col is None:
             raise DataError(
-                f"{path} line 1: unknown column {head[j].strip()!r} in the header {','.join(h.strip() for h in head)!r} "
-                f"(accepted names: {known})"
+                f"{path} line 1: unknown column {head[j].strip()!r} in the header "
+                f"{','.join(h.strip() for h in head)!r} (accepted names: {known})"
             )
         if col in cols:
-            raise DataError(f"{path} line 1: two {col} columns in the header ({head[cols[col]].strip()!r}, {head[j].strip()!r})")
+            raise DataError(
+                f"{path} line 1: two {col} columns in the header ({head[cols[col]].strip()!r}, {head[j].strip()!r})"
+            )
         cols[col] = j
     missing = [c for c in ("user", "item", "rating") if c not in cols]
     if missing:

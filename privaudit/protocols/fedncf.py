@@ -191,7 +191,8 @@ class FedNCF(Protocol):
         "D": "latent dimension of the embeddings",
         "layers": "MLP hidden layer sizes (input 2D)",
         "negatives": "sampled negatives per positive (the blurring of §3.5.2)",
-        "lr": "client Adam learning rate (paper: 0.001 over 400 global rounds; the default 0.01 reaches HR@10 within 3 % of that on the synthetic data in 5)",
+        "lr": "client Adam learning rate (paper: 0.001 over 400 global rounds; the default 0.01 reaches HR@10 "
+        "within 3 % of that on the synthetic data in 5)",
         "user_lr": "Adam learning rate of the private user vectors (-1: same as lr; diagnostic, not in the paper)",
         "local_epochs": "local epochs per round",
         "init_std": "standard deviation of the N(0, s^2) initial user and item embeddings (0.01 learns faster in the first rounds but stalls at HR@10 ~0.36 on ML-100K)",
@@ -199,7 +200,8 @@ class FedNCF(Protocol):
         "client_optimizer": "fresh (new Adam state every round) or persistent (each client keeps its Adam moments and step count across rounds)",
         "aggregation": "mf-fedavg (per-item averaging), fedavg (eq. 1) or simpleavg",
         "clients_per_round": "cohort size |c| of an aggregation round",
-        "global_rounds": "passes over all clients (the paper's 'epochs', 400 at lr 0.001; the default 5 at lr 0.01 beats popularity on the synthetic data; ML-100K needs hundreds)",
+        "global_rounds": "passes over all clients (the paper's 'epochs', 400 at lr 0.001; the default 5 at lr 0.01 "
+        "beats popularity on the synthetic data; ML-100K needs hundreds)",
         "max_rounds": "stop after this many aggregation rounds (-1: no limit)",
         "selection": "random or adversarial (same cohort with and without the target, §3.5.2)",
         "target": "adversarial: the target user id (-1: a random client)",

@@ -234,7 +234,8 @@ class FedProto(Protocol):
         "lam": "regularisation lambda of eq. 1 (paper: 0.1)",
         "s": "public bound on non-zeros per row / prototype for the DP mechanism",
         "Lambda": "public bound on every entry (0: the dataset's rating maximum)",
-        "silos": "'zip' (first ZIP digit; uniform when the data has no ZIP codes) or 'uniform' (n_silos random equal silos)",
+        "silos": "'zip' (first ZIP digit; uniform when the data has no ZIP codes) or 'uniform' "
+        "(n_silos random equal silos)",
         "n_silos": "silos of silos='uniform'",
         "test_users": "fraction of users with held-out ratings (§4.3: 0.2)",
         "test_per_user": "held-out ratings per test user (§4.3: 5)",
