@@ -246,16 +246,23 @@ def _reference_line(results) -> str | None:
             means[json.dumps(row["value"])] = row["mean"]
     if not means:
         return None
-    target = str(results["sweep"]).partition(".")[0]
+    target, _, param = str(results["sweep"]).partition(".")
     values = results.get("sweep_values") or []
-    if target in ("attack", "protocol"):
-        ref = next(iter(means.values())) if target == "attack" else None
-    else:
+    ref, label = None, "no defense"
+    if target == "attack":  # one protocol run per seed: the same utility at every point
+        ref = None if results.get("defenses") else next(iter(means.values()))
+    elif target == "protocol":  # the point at the protocol's default value
+        from privaudit import registry
+
+        default = registry.get("protocol", results["protocol"]).default_config.get(param)
+        ref, label = means.get(json.dumps(default)), f"{param}={default}, the default"
+    else:  # a defense's strength: its value 0 is off
         ref = next((means.get(json.dumps(v)) for v in values if isinstance(v, (int, float)) and v == 0), None)
+        label = f"{results['sweep']}=0"
     if ref is None or (isinstance(ref, float) and math.isnan(ref)):
         return None
     shown = ", ".join(f"{means[json.dumps(v)]:.3g}" for v in values if json.dumps(v) in means)
-    return f"utility {metric} at each point: {shown} (no defense: {ref:.3g})"
+    return f"utility {metric} at each point: {shown} (reference, {label}: {ref:.3g})"
 
 
 def _data_tag(data: object, users: int | None) -> str:
