@@ -286,3 +286,13 @@ def test_every_protocol_runs_on_a_ratings_csv(tmp_path, capsys, ml100k_csv, prot
         assert 1.0 > point["attack_metrics"]["rating_accuracy"] > point["baseline"]["rating_accuracy"]
     if protocol == "fedproto":  # no ZIP codes: 10 random silos instead of one silo of unknown ZIPs
         assert point["utility"]["n_silos"] == 10
+
+
+def test_from_triples_refuses_ratings_off_a_declared_scale() -> None:
+    from privaudit.data import RatingsDataset
+
+    ok = RatingsDataset.from_triples([1, 2], [1, 1], [4.0, 5.0], rating_min=1, rating_max=5, rating_step=1)
+    assert (ok.rating_min, ok.rating_max, ok.rating_step) == (1.0, 5.0, 1.0)
+    for bad in (9.0, 4.5):
+        with pytest.raises(DataError, match=rf"rating {bad:g} \(entry 1\) is not on the scale 1\.\.5 step 1"):
+            RatingsDataset.from_triples([1, 2], [1, 1], [4.0, bad], rating_min=1, rating_max=5, rating_step=1)
