@@ -153,13 +153,19 @@ def _dataset(args: argparse.Namespace):
     return load_dataset(args.data, rating_scale=scale)
 
 
-def _check_extras(protocol: str | None, attack: str | None = None, defenses=(), attacks=()) -> None:
-    """Refuse a plan whose protocol, attack or defenses need an extra that is not installed."""
+class _Scheduler:
+    name = "--scheduler"
+    requires_extras = ("dask",)
+
+
+def _check_extras(protocol: str | None, attack: str | None = None, defenses=(), attacks=(), scheduler=None) -> None:
+    """Refuse a plan whose protocol, attack, defenses or ``--scheduler`` need an extra that is
+    not installed."""
     from privaudit import registry
     from privaudit.errors import check_extras
     from privaudit.params import parse_spec
 
-    classes = []
+    classes = [_Scheduler] if scheduler else []
     if protocol:
         protocol_cls = registry.get("protocol", protocol)
         classes.append(protocol_cls)
@@ -230,7 +236,8 @@ def _print_estimate(args: argparse.Namespace, seeds: int) -> None:
     if seconds > 120:
         runs = points * seeds
         plural = "s" if runs > 1 else ""
-        print(f"estimated time: ~{seconds / 60:.0f} min ({runs} run{plural} of {args.protocol} with {users} users)", flush=True)
+        what = f"{runs} run{plural} of {args.protocol} with {users} users"
+        print(f"estimated time: ~{seconds / 60:.0f} min ({what})", flush=True)
 
 
 def _reference_line(results) -> str | None:
@@ -393,7 +400,8 @@ def cmd_attack(args: argparse.Namespace) -> int:
     else:
         if not args.protocol:
             raise PrivauditError("give --protocol P (or --transcript FILE)")
-        _check_extras(args.protocol, args.attack, args.defense + ([args.noise] if args.noise else []))
+        _check_extras(args.protocol, args.attack, args.defense + ([args.noise] if args.noise else []),
+                      scheduler=args.scheduler)
         _print_estimate(args, experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds)
         exp = experiment.build_experiment(
             args.protocol, args.attack, args.noise, args.scales, args.defense, args.sweep, args.set,
@@ -461,7 +469,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     args.out = args.out or _default_report_dir(args)
     _check_writable(args.out, args.force, "--out DIR", folder=True)
-    _check_extras(args.protocol, None, args.defense or (), args.attack or ())
+    _check_extras(args.protocol, None, args.defense or (), args.attack or (), scheduler=args.scheduler)
     spec = au.Audit(
         protocol=args.protocol, data=_dataset(args), users=args.users, sets=parse_assignments(args.set),
         seeds=au.DEFAULT_AUDIT_SEEDS if args.seeds is None else args.seeds, seed=args.seed,

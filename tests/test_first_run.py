@@ -209,6 +209,20 @@ def test_missing_extra_one_line_before_any_work(tmp_path, without_torch, argv) -
     assert time.perf_counter() - t0 < 120
 
 
+def test_missing_dask_extra_for_scheduler(tmp_path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKER.replace('("torch", "opacus")', '("dask", "distributed")'))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    for command in ("attack", "audit"):
+        argv = [sys.executable, "-m", "privaudit", command, "--protocol", "fedmvmf", "--scheduler", "local:2"]
+        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 2, proc.stderr
+        expected = "privaudit: error: dask is required for '--scheduler': pip install \"privaudit[dask]\""
+        assert proc.stderr.strip() == expected
+        assert not list(tmp_path.glob("privaudit-report*"))
+
+
 def test_missing_extra_in_a_worker_process(tmp_path, without_torch) -> None:
     """No check in front (the library API): the worker's error reaches the caller as the same
     one-line MissingDependencyError, not a BrokenProcessPool."""
