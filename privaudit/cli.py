@@ -215,19 +215,12 @@ def _print_estimate(args: argparse.Namespace, seeds: int) -> None:
     points = len(str(args.sweep).partition("=")[2].split(",")) if getattr(args, "sweep", None) else 1
     if getattr(args, "noise", None):
         points = len(args.scales.split(",")) if args.scales else 7
-    data = args.data
-    users = args.users
-    if users is None:
-        if str(data).strip().lower() != "synthetic":
-            return
-        from privaudit.data import synthetic
+    from privaudit.experiment import load_data
 
-        users = synthetic().n_users
-    elif str(data).strip().lower() == "synthetic":
-        from privaudit.data import synthetic
-
-        if users > synthetic().n_users:
-            return  # refused with one line when the data is loaded
+    n_users = load_data(_dataset(args)).n_users  # loading is cheap next to a run worth estimating
+    users = n_users if args.users is None else args.users
+    if users > n_users:
+        return  # refused with one line when the experiment loads the data
     seconds = estimate(users, parse_assignments(args.set), list(args.defense or ())) * points * seeds
     jobs = getattr(args, "jobs", None) or 0
     from privaudit.experiment import default_jobs

@@ -310,3 +310,22 @@ def test_from_triples_refuses_ratings_off_a_declared_scale() -> None:
     for bad in (9.0, 4.5):
         with pytest.raises(DataError, match=rf"rating {bad:g} \(entry 1\) is not on the scale 1\.\.5 step 1"):
             RatingsDataset.from_triples([1, 2], [1, 1], [4.0, bad], rating_min=1, rating_max=5, rating_step=1)
+
+
+def test_estimate_printed_before_a_long_run(tmp_path, capsys, monkeypatch) -> None:
+    started = []
+
+    def stop(*a, **k):
+        started.append(capsys.readouterr().out)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiment, "run_experiment", stop)
+    monkeypatch.setattr(experiment, "run_transcript", stop)
+    # PrivMVMF with a 2048-bit key: ~0.25 CPU s per user, epoch and (1 + rho) -> 50 x 40 x 2 x 0.25 s per run
+    main(["attack", "--protocol", "privmvmf", "--users", "50", "--set", "epochs=40", "--jobs", "2", "--out",
+          str(tmp_path / "a")])
+    assert "estimated time: ~50 min (6 runs of privmvmf with 50 users)" in started[0]
+    main(["run", "--protocol", "privmvmf", "--users", "12", "--set", "epochs=40", "-o", str(tmp_path / "t.ptx")])
+    assert "estimated time: ~4 min (1 run of privmvmf with 12 users)" in started[1]
+    main(["attack", "--protocol", "privmvmf", "--out", str(tmp_path / "b")])  # the default: 10 users, 2 epochs
+    assert "privmvmf defaults: 10 users" in started[2] and "estimated time" not in started[2]
