@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     ds = synthetic(n_users=args.users, n_items=args.items, seed=args.seed)
-    cfg = {"global_rounds": args.global_rounds, "clients_per_round": 20, "record_rounds": -1}
+    cfg = {"global_rounds": args.global_rounds, "clients_per_round": 20, "record_rounds": -1, "lr": 0.001}  # paper lr
     rows = []
     print("| noise multiplier | epsilon (delta 1e-5) | HR@10 | NDCG@10 | leak precision, 1 upload | leak precision, all uploads | leak recall |")
     print("|---|---|---|---|---|---|---|")

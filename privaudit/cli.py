@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from privaudit import __version__
-from privaudit.errors import PrivauditError
+from privaudit.errors import PrivauditError, missing_dependency
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
@@ -185,7 +185,7 @@ _DATA_HELP = (
     "dataset: synthetic (default, 200 users x 300 items), a sized synthetic dataset "
     "synthetic:PRESET or synthetic:users=N,items=M,density=D[,k=K,min_ratings=R,seed=S] "
     "(presets ml-100k-size, ml-1m-size: 6,040 x 3,706, 1.0 M ratings, ml-10m-size: 69,878 x 10,677, "
-    "~10 M ratings), or a MovieLens folder / ratings CSV"
+    "~10 M ratings), or a MovieLens folder / ratings CSV (user,item,rating[,timestamp])"
 )
 
 
@@ -204,8 +204,211 @@ def _data_value(value: str) -> str:
 def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--defense", action="append", default=[], metavar="NAME[:k=v,...]", help="activate a defense (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)")
+    _dataset_args(p)
+
+
+def _dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default="synthetic", type=_data_value, metavar="synthetic[:SPEC]|PATH", help=_DATA_HELP)
-    p.add_argument("--users", type=int, default=None, metavar="N", help="subsample N users (seeded)")
+    p.add_argument(
+        "--rating-scale", metavar="MIN,MAX[,STEP]",
+        help="rating scale of --data PATH (a CSV's default: 1,5,1); ratings off it are refused",
+    )
+    p.add_argument(
+        "--users", type=int, default=None, metavar="N", help="subsample N users (seeded; at most the dataset's users)"
+    )
+
+
+def _force_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true", help="replace an existing output (transcript file or report folder)")
+
+
+# ------------------------------------------------------------------ checks made before any work
+
+
+def _dataset(args: argparse.Namespace):
+    """``--data`` as given, or the dataset loaded with its declared ``--rating-scale``."""
+    scale = getattr(args, "rating_scale", None)
+    if scale is None:
+        return args.data
+    if str(args.data).strip().lower().startswith("synthetic"):
+        raise PrivauditError(
+            "--rating-scale applies to --data PATH (a MovieLens folder or a ratings CSV), not synthetic data"
+        )
+    from privaudit.data import load_dataset
+
+    return load_dataset(args.data, rating_scale=scale)
+
+
+class _Scheduler:
+    name = "--scheduler"
+    requires_extras = ("dask",)
+
+
+def _check_extras(protocol: str | None, attack: str | None = None, defenses=(), attacks=(), scheduler=None) -> None:
+    """Refuse a plan whose protocol, attack, defenses or ``--scheduler`` need an extra that is
+    not installed."""
+    from privaudit import registry
+    from privaudit.errors import check_extras
+    from privaudit.params import parse_spec
+
+    classes = [_Scheduler] if scheduler else []
+    if protocol:
+        protocol_cls = registry.get("protocol", protocol)
+        classes.append(protocol_cls)
+        name = parse_spec(attack, "--attack")[0] if attack else getattr(protocol_cls, "default_attack", None)
+        if name and not attacks:
+            classes.append(registry.get("attack", name))
+    classes += [registry.get("attack", a) for a in attacks or ()]
+    classes += [registry.get("defense", parse_spec(d, "--defense")[0]) for d in defenses or ()]
+    check_extras(classes)
+
+
+def _protocol_defaults(args: argparse.Namespace) -> None:
+    """Fill in what ``attack --protocol P`` runs when no defense, noise or sweep is named: the
+    protocol's ``default_defense_specs`` / ``default_sweep_spec`` (unless the attack sweeps a
+    parameter of its own) and ``default_users``; says so in one line."""
+    from privaudit import registry
+    from privaudit.params import parse_spec
+
+    protocol_cls = registry.get("protocol", args.protocol)
+    notes = []
+    users = getattr(protocol_cls, "default_users", None)
+    if args.users is None and users is not None:
+        args.users = int(users)
+        notes.append(f"{users} users (--users N for more)")
+    if args.defense or args.noise or args.sweep:
+        pass
+    else:
+        attack = parse_spec(args.attack, "--attack")[0] if args.attack else protocol_cls.default_attack
+        spec = getattr(protocol_cls, "default_sweep_spec", None)
+        if spec and not (attack and getattr(registry.get("attack", attack), "default_sweep", None)):
+            args.defense = list(getattr(protocol_cls, "default_defense_specs", ()) or ())
+            args.sweep = spec
+            notes.append(" ".join([f"--defense {d}" for d in args.defense] + [f"--sweep {spec}"]))
+    if notes:
+        print(f"{args.protocol} defaults: {'; '.join(notes)} (--defense, --noise or --sweep choose another)")
+
+
+def _print_estimate(args: argparse.Namespace, seeds: int) -> None:
+    """Print the estimated time of a run above two minutes (protocols with ``estimate_seconds``)."""
+    from privaudit import registry
+
+    estimate = getattr(registry.get("protocol", args.protocol), "estimate_seconds", None)
+    if estimate is None:
+        return
+    from privaudit.experiment import parse_assignments
+
+    points = len(str(args.sweep).partition("=")[2].split(",")) if getattr(args, "sweep", None) else 1
+    if getattr(args, "noise", None):
+        points = len(args.scales.split(",")) if args.scales else 7
+    from privaudit.experiment import load_data
+
+    n_users = load_data(_dataset(args)).n_users  # loading is cheap next to a run worth estimating
+    users = n_users if args.users is None else args.users
+    if users > n_users:
+        return  # refused with one line when the experiment loads the data
+    seconds = estimate(users, parse_assignments(args.set), list(args.defense or ())) * points * seeds
+    jobs = getattr(args, "jobs", None) or 0
+    from privaudit.experiment import default_jobs
+
+    seconds /= max(1, min(points * seeds, jobs if jobs > 0 else default_jobs()))
+    if seconds > 120:
+        runs = points * seeds
+        plural = "s" if runs > 1 else ""
+        what = f"{runs} run{plural} of {args.protocol} with {users} users"
+        print(f"estimated time: ~{seconds / 60:.0f} min ({what})", flush=True)
+
+
+def _reference_line(results) -> str | None:
+    """``utility <metric>: v1, v2, ... (no defense: v0)`` for sweeps with an undefended point."""
+    import math
+
+    metric = results.get("utility_metric")
+    if not metric or not results.get("sweep"):
+        return None
+    means = {}
+    for row in results.get("summary", []):
+        if row["metric"] == f"utility.{metric}":
+            means[json.dumps(row["value"])] = row["mean"]
+    if not means:
+        return None
+    target, _, param = str(results["sweep"]).partition(".")
+    values = results.get("sweep_values") or []
+    ref, label = None, "no defense"
+    if target == "attack":  # one protocol run per seed: the same utility at every point
+        ref = None if results.get("defenses") else next(iter(means.values()))
+    elif target == "protocol":  # the point at the protocol's default value
+        from privaudit import registry
+
+        default = registry.get("protocol", results["protocol"]).default_config.get(param)
+        ref, label = means.get(json.dumps(default)), f"{param}={default}, the default"
+    else:  # a defense's strength: its value 0 is off
+        ref = next((means.get(json.dumps(v)) for v in values if isinstance(v, (int, float)) and v == 0), None)
+        label = f"{results['sweep']}=0"
+    if ref is None or (isinstance(ref, float) and math.isnan(ref)):
+        return None
+    shown = ", ".join(f"{means[json.dumps(v)]:.3g}" for v in values if json.dumps(v) in means)
+    return f"utility {metric} at each point: {shown} (reference, {label}: {ref:.3g})"
+
+
+def _data_tag(data: object, users: int | None) -> str:
+    """Dataset part of a default output name: ``synthetic``, the file or folder name, ``-uN``."""
+    import re
+    from pathlib import Path
+
+    text = str(data).strip()
+    if not text.lower().startswith("synthetic"):
+        path = Path(text.rstrip("/\\"))
+        text = path.stem if path.suffix.lower() in (".csv", ".tsv", ".txt", ".dat") else path.name
+    tag = re.sub(r"[^A-Za-z0-9._=-]+", "-", text).strip("-.") or "data"
+    return tag + (f"-u{users}" if users is not None else "")
+
+
+def _default_report_dir(args: argparse.Namespace) -> str:
+    """``privaudit-report/<protocol>-<sweep>-<dataset>/`` (``<transcript file>-transcript``)."""
+    from pathlib import Path
+
+    if getattr(args, "transcript", None):
+        return str(Path("privaudit-report") / f"{Path(args.transcript).stem}-transcript")
+    if getattr(args, "noise", None):
+        label = f"{args.noise}.scale"
+    elif getattr(args, "sweep", None):
+        label = str(args.sweep).partition("=")[0].strip() or "sweep"
+    else:
+        label = "audit" if args.command == "audit" else "default"
+    return str(Path("privaudit-report") / f"{args.protocol}-{label}-{_data_tag(args.data, args.users)}")
+
+
+def _check_writable(path, force: bool, what: str, folder: bool) -> None:
+    """One-line refusal of an output that cannot be written, or exists without ``--force``.
+
+    A report folder (``folder``) may be new (its missing parents are created); a file needs
+    an existing folder.
+    """
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    if folder:
+        if path.exists() and not path.is_dir():
+            raise PrivauditError(f"{path}: exists and is not a folder (give another {what})")
+        if path.is_dir() and any(path.iterdir()) and not force:
+            raise PrivauditError(f"{path}/ already exists; pass --force to replace it or choose another {what}")
+        parent = path
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise PrivauditError(f"{path}: cannot create the report folder ({parent} is not a writable folder)")
+        return
+    parent = path.parent
+    if not parent.is_dir():
+        raise PrivauditError(f"{path}: the folder {parent} does not exist")
+    if path.is_dir():
+        raise PrivauditError(f"{path}: is a folder (give a file name for {what})")
+    if path.exists() and not force:
+        raise PrivauditError(f"{path} already exists; pass --force to replace it")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise PrivauditError(f"{path}: not writable")
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
@@ -214,13 +417,19 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     p.add_argument("-o", "--output", required=True, metavar="FILE.ptx", help="transcript file to write")
     p.add_argument("--no-private", action="store_true", help="leave out the clients' private messages (shareable)")
+    _force_arg(p)
 
 
 @command("run", "run a protocol once and write its transcript (.ptx)")(_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
     from privaudit.experiment import run_transcript
 
-    result = run_transcript(args.protocol, args.defense, args.set, args.data, args.users, args.seed)
+    _check_writable(args.output, args.force, "-o FILE", folder=False)
+    _check_extras(args.protocol, None, args.defense)
+    args.sweep = args.noise = None
+    _print_estimate(args, 1)
+    data = _dataset(args)
+    result = run_transcript(args.protocol, args.defense, args.set, data, args.users, args.seed)
     path = result.transcript.save(args.output, include_private=not args.no_private)
     print(f"transcript written to {path} ({len(result.transcript)} messages)")
     for k, v in result.utility.items():
@@ -240,19 +449,27 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
     p.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel points (default: all cores; 1 = sequential)")
     p.add_argument("--scheduler", metavar="ADDRESS|local:N", help="run the points on a Dask cluster (scheduler address, or local:N workers)")
-    p.add_argument("--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-<sweep>/)")
+    p.add_argument(
+        "--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-<sweep>-<dataset>/)"
+    )
+    _force_arg(p)
     p.add_argument("--quiet", action="store_true", help="do not print the table")
     _max_bytes_arg(p)
     p.epilog = "Parameters of a protocol, attack or defense (defaults, accepted values): privaudit describe NAME"
 
 
-_SIMULATION_ONLY = ("noise", "scales", "defense", "sweep", "set", "users", "seeds", "scheduler")
+_SIMULATION_ONLY = ("noise", "scales", "defense", "sweep", "set", "users", "seeds", "scheduler", "rating_scale")
 
 
 @command("attack", "attack a simulated protocol (sweeping a defense) or a transcript; write a report")(_attack_args)
 def cmd_attack(args: argparse.Namespace) -> int:
     from privaudit import experiment, reports
 
+    if args.protocol and not args.transcript:
+        _protocol_defaults(args)
+    if args.protocol or args.transcript:
+        args.out = args.out or _default_report_dir(args)
+        _check_writable(args.out, args.force, "--out DIR", folder=True)
     if args.transcript:
         given = [f"--{k}" for k in _SIMULATION_ONLY if getattr(args, k) not in (None, [], False)]
         if args.protocol or args.data != "synthetic":
@@ -279,9 +496,12 @@ def cmd_attack(args: argparse.Namespace) -> int:
             raise PrivauditError("give --protocol P (or --transcript FILE)")
         if args.max_bytes is not None:
             raise PrivauditError("--max-bytes applies to --transcript only")
+        _check_extras(args.protocol, args.attack, args.defense + ([args.noise] if args.noise else []),
+                      scheduler=args.scheduler)
+        _print_estimate(args, experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds)
         exp = experiment.build_experiment(
             args.protocol, args.attack, args.noise, args.scales, args.defense, args.sweep, args.set,
-            args.data, args.users,
+            _dataset(args), args.users,
             experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds,
             args.seed,
             experiment.default_jobs() if args.jobs is None else args.jobs,
@@ -291,6 +511,9 @@ def cmd_attack(args: argparse.Namespace) -> int:
     out = reports.write_report(results, args.out)
     if not args.quiet:
         print(reports.format_table(results))
+        line = _reference_line(results)
+        if line:
+            print(line)
     print(f"report written to {out}/")
     return 0
 
@@ -317,8 +540,7 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--transcript", metavar="FILE", help="audit one recorded transcript: every attack that reads it, no simulation"
     )
-    p.add_argument("--data", default="synthetic", type=_data_value, metavar="synthetic[:SPEC]|PATH", help=_DATA_HELP)
-    p.add_argument("--users", type=int, default=None, metavar="N", help="subsample N users (seeded)")
+    _dataset_args(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)")
     p.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds per point (default 2)")
     p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
@@ -326,7 +548,8 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS|local:N", help="run on a Dask cluster (scheduler address, or local:N workers)")
     p.add_argument("--attack", action="append", default=None, metavar="NAME", help="only these attacks (repeatable)")
     p.add_argument("--defense", action="append", default=None, metavar="NAME", help="only these defenses (repeatable)")
-    p.add_argument("--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-audit/)")
+    p.add_argument("--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-audit-<dataset>/)")
+    _force_arg(p)
     format_help = p.format_help
 
     def with_protocols() -> str:  # listed only when help is printed (the registry loads lazily)
@@ -347,8 +570,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return _audit_transcript(args)
     if not args.protocol:
         raise PrivauditError("give --protocol P (or --transcript FILE)")
+    args.out = args.out or _default_report_dir(args)
+    _check_writable(args.out, args.force, "--out DIR", folder=True)
+    _check_extras(args.protocol, None, args.defense or (), args.attack or (), scheduler=args.scheduler)
     spec = au.Audit(
-        protocol=args.protocol, data=args.data, users=args.users, sets=parse_assignments(args.set),
+        protocol=args.protocol, data=_dataset(args), users=args.users, sets=parse_assignments(args.set),
         seeds=au.DEFAULT_AUDIT_SEEDS if args.seeds is None else args.seeds, seed=args.seed,
         jobs=default_jobs() if args.jobs is None else args.jobs, scheduler=args.scheduler,
         attacks=args.attack, defenses=args.defense,
@@ -469,6 +695,12 @@ def main(argv: list[str] | None = None) -> int:
         from privaudit._escape import printable
 
         print(f"privaudit: error: {printable(exc)}", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # an optional extra missing where no check caught it (e.g. a worker)
+        mapped = missing_dependency(exc)
+        if mapped is None:
+            raise
+        print(f"privaudit: error: {mapped}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("privaudit: interrupted", file=sys.stderr)

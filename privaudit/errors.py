@@ -1,9 +1,25 @@
-"""Exception types.
+"""Exception types and the optional-dependency check.
 
 :class:`PrivauditError` marks a *user* mistake (bad flag, missing or malformed file, invalid
 parameter). The CLI prints its message as one line on stderr and exits with code 2; anything
 else that escapes is a bug and keeps its traceback.
+
+Protocols, attacks and defenses that need an optional extra declare it as a class attribute
+``requires_extras = ("ncf",)``; :func:`check_extras` refuses a plan that uses one whose modules
+are not installed, before any work, and :func:`missing_dependency` maps an ``ImportError``
+raised later (e.g. inside a worker process) to the same one-line error.
 """
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable
+
+#: Modules of each optional extra (``pip install "privaudit[EXTRA]"``).
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "ncf": ("torch", "opacus"),
+    "dask": ("dask", "distributed"),
+}
 
 
 class PrivauditError(ValueError):
@@ -21,9 +37,46 @@ class DataError(PrivauditError):
 class MissingDependencyError(PrivauditError):
     """An optional dependency (an extra) is not installed."""
 
-    def __init__(self, package: str, extra: str):
-        super().__init__(
-            f"{package} is required for this feature: pip install \"privaudit[{extra}]\""
-        )
+    def __init__(self, package: str, extra: str, what: str = "this feature"):
+        super().__init__(f"{package} is required for {what}: pip install \"privaudit[{extra}]\"")
         self.package = package
         self.extra = extra
+        self.what = what
+
+    def __reduce__(self):  # picklable across worker processes (joblib, Dask)
+        return (type(self), (self.package, self.extra, self.what))
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or sys.modules[module] = None
+        return False
+
+
+def check_extras(objects: Iterable[object]) -> None:
+    """Raise :class:`MissingDependencyError` if a class in ``objects`` declares an extra
+    (``requires_extras``) whose modules are not importable; cheap (no module is imported)."""
+    for obj in objects:
+        for extra in getattr(obj, "requires_extras", ()) or ():
+            for module in EXTRA_MODULES.get(extra, ()):
+                if not _installed(module):
+                    name = getattr(obj, "name", "") or getattr(obj, "__name__", "this feature")
+                    raise MissingDependencyError(module, extra, repr(name))
+
+
+def missing_dependency(exc: BaseException) -> MissingDependencyError | None:
+    """The :class:`MissingDependencyError` of an ``ImportError`` of an optional extra's module
+    (also one re-raised from a worker process), else None."""
+    if isinstance(exc, MissingDependencyError):
+        return exc
+    if not isinstance(exc, ImportError):
+        return None
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    if not name:  # "import of torch halted; None in sys.modules" carries no name
+        text = str(exc)
+        name = next((m for mods in EXTRA_MODULES.values() for m in mods if f" {m}" in f" {text}"), "")
+    for extra, modules in EXTRA_MODULES.items():
+        if name in modules:
+            return MissingDependencyError(name, extra)
+    return None

@@ -184,14 +184,17 @@ def load_data(data: Any = "synthetic") -> Any:
 
 def subsample_users(dataset: Any, users: int | None, seed: int) -> Any:
     """``users`` users drawn without replacement (kept in their original order), seeded by
-    ``seed``; the dataset unchanged when ``users`` is None or not smaller than it."""
+    ``seed``; the dataset unchanged when ``users`` is None or equal to its size; more users
+    than it has is an error."""
     if users is None:
         return dataset
     users = int(users)
     if users < 1:
         raise PrivauditError(f"--users must be at least 1, got {users}")
     n = int(dataset.n_users)
-    if users >= n:
+    if users > n:
+        raise PrivauditError(f"--users {users}: the dataset has only {n} users")
+    if users == n:
         return dataset
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x5EED]))
     idx = np.sort(rng.choice(n, size=users, replace=False))

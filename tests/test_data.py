@@ -255,7 +255,9 @@ def test_latest_small_half_stars(tmp_path: Path) -> None:
 def test_csv_without_header(tmp_path: Path) -> None:
     path = tmp_path / "r.csv"
     path.write_text("10,5,4\n10,7,2.5\n3,5,1\n\n")
-    ds = load_dataset(path)
+    with pytest.raises(DataError, match=r"r\.csv line 2: rating '2\.5' is not a multiple of 1 .*--rating-scale"):
+        load_dataset(path)  # a CSV's default scale is 1..5 whole stars
+    ds = load_dataset(path, rating_scale="1,4,0.5")
     _assert_consistent(ds)
     assert ds.name == "csv" and ds.timestamps is None
     np.testing.assert_array_equal(ds.user_ids, [3, 10])
@@ -279,7 +281,8 @@ def test_csv_with_header_string_ids_and_timestamps(tmp_path: Path) -> None:
     ("content", "pattern"),
     [
         ("1,2,4\n1,3,x\n", r"r\.csv line 2: rating 'x' is not a number"),
-        ("user,item,rating\n1,2,4\n1,3\n", r"r\.csv line 3: expected 3 or 4 comma-separated fields, got 2"),
+        ("user,item,rating\n1,2,4\n1,3\n", r"r\.csv line 3: expected 3 comma-separated fields, got 2"),
+        ("1,2,4\n1,3\n", r"r\.csv line 2: expected 3 or 4 comma-separated fields, got 2"),
         ("1,2,4\n1,3,5,100\n", r"r\.csv line 2: expected 3 fields like line 1, got 4"),
         ("1,2,4\n1,2,5\n", r"r\.csv line 2: duplicate rating for user 1 and item 2"),
         ("1,2,4\n1,3,0\n", r"r\.csv line 2: rating '0' must be positive"),

@@ -117,7 +117,9 @@ def test_users_subsample_is_seeded(ds):
     c = ex.subsample_users(ds, 10, seed=1)
     assert a.n_users == 10 and np.array_equal(a.user_ids, b.user_ids)
     assert not np.array_equal(a.user_ids, c.user_ids)
-    assert ex.subsample_users(ds, 100, 0) is ds
+    assert ex.subsample_users(ds, ds.n_users, 0) is ds
+    with pytest.raises(PrivauditError, match=rf"--users {ds.n_users + 1}: the dataset has only {ds.n_users} users"):
+        ex.subsample_users(ds, ds.n_users + 1, 0)
     res = ex.build_experiment("dummy-proto", users=7, seeds=1).run(ds)
     assert res["dataset"]["users"] == 7 and res["dataset"]["subsampled_users"] == 7
     assert res["points"][0]["attack_metrics"]["victims"] == 7.0

@@ -239,7 +239,7 @@ def test_init_std_and_user_lr(tiny):
         items0 = res.transcript.select("state")[0].payload["items"]
         assert items0.std() == pytest.approx(std, rel=0.05)
     assert FedNCF.resolve_config({})["init_std"] == 0.1  # the default (module docstring)
-    base = {**base, "init_std": 0.01}
+    base = {**base, "init_std": 0.01, "lr": 0.001}  # the paper's lr (the default is 0.01)
     a = FedNCF().run(tiny, base, [], 0).model
     b = FedNCF().run(tiny, {**base, "user_lr": 0.001}, [], 0).model
     np.testing.assert_array_equal(a["users"], b["users"])

@@ -361,7 +361,8 @@ class RatingsDataset:
 
         Raw ids are mapped to contiguous indices sorted by raw id. The rating scale defaults to
         the observed min/max and the coarsest of 1, 0.5, 0.25, 0.1, 0.05, 0.01 that fits all
-        ratings (0 = continuous). Duplicate (user, item) pairs raise :class:`DataError`.
+        ratings (0 = continuous); a declared bound or step that a rating violates raises
+        :class:`DataError`, as do duplicate (user, item) pairs.
         """
         users, items = np.asarray(users), np.asarray(items)
         values = np.asarray(ratings, dtype=np.float64)
@@ -379,6 +380,16 @@ class RatingsDataset:
         if timestamps is not None:
             ts = build_csr(rows, cols, np.asarray(timestamps, dtype=np.int64), shape, dtype=np.int64)
         lo, hi, step = infer_scale(values)
+        lo = lo if rating_min is None else float(rating_min)
+        hi = hi if rating_max is None else float(rating_max)
+        step = step if rating_step is None else float(rating_step)
+        off = (values < lo - 1e-9) | (values > hi + 1e-9)
+        if step > 0:
+            q = (values - lo) / step
+            off |= np.abs(q - np.round(q)) > 1e-9
+        if off.any():
+            k = int(np.flatnonzero(off)[0])
+            raise DataError(f"rating {values[k]:g} (entry {k}) is not on the scale {lo:g}..{hi:g} step {step:g}")
         return cls(
             name=name,
             ratings=build_csr(rows, cols, values, shape),
@@ -390,9 +401,9 @@ class RatingsDataset:
             item_ids=item_ids,
             timestamps=ts,
             user_region=np.full(shape[0], -1, dtype=np.int64),
-            rating_min=lo if rating_min is None else rating_min,
-            rating_max=hi if rating_max is None else rating_max,
-            rating_step=step if rating_step is None else rating_step,
+            rating_min=lo,
+            rating_max=hi,
+            rating_step=step,
         )
 
 

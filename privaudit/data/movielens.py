@@ -5,7 +5,9 @@
 * ``u.data`` -> MovieLens 100K (``u.user``, ``u.item``, ``u.genre``, ``u.occupation``);
 * ``ratings.dat`` -> MovieLens 1M (``users.dat``, ``movies.dat``; ``::`` separated, latin-1);
 * ``ratings.csv`` -> MovieLens latest(-small) (``movies.csv``; no user attributes);
-* a file -> plain CSV ``user,item,rating[,timestamp]`` with or without a header.
+* a file -> plain CSV ``user,item,rating[,timestamp]``: a header naming the columns (common
+  aliases accepted, :data:`CSV_COLUMNS`) or none (read by position); ratings on 1..5 whole
+  stars unless another scale is declared (``--rating-scale MIN,MAX[,STEP]``).
 
 Users and items are those that appear in the ratings file, indexed 0.. in the order of their
 raw ids. User attributes are one-hot blocks: 7 age groups, gender, occupation, region (first
@@ -26,10 +28,10 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from privaudit.data.dataset import RatingsDataset, build_csr, infer_scale, sort_coo
+from privaudit.data.dataset import RatingsDataset, build_csr, sort_coo
 from privaudit.errors import DataError
 
-__all__ = ["load_dataset", "ML1M_AGES", "ML1M_OCCUPATIONS"]
+__all__ = ["CSV_COLUMNS", "CSV_DEFAULT_SCALE", "ML1M_AGES", "ML1M_OCCUPATIONS", "load_dataset", "parse_rating_scale"]
 
 #: ML-1M age codes -> group names (the 7 groups of the ML-1M README).
 ML1M_AGES: dict[int, str] = {
@@ -282,23 +284,27 @@ def _ratings_from_table(
     item_col: np.ndarray,
     *,
     scale: tuple[float, float, float] | None = None,
+    rating_col: int = 2,
+    hint: str = "",
 ) -> _Ratings:
-    """Map raw ids to indices; validate ratings (numeric, > 0, on ``scale`` = (min, max, step)) and duplicates."""
+    """Map raw ids to indices; validate ratings (numeric, > 0, on ``scale`` = (min, max, step);
+    step 0 = continuous) and duplicates. ``hint`` is appended to a scale error."""
     if len(table) == 0:
         raise DataError(f"{table.path}: no ratings")
-    values = table.floats(2, "rating")
+    values = table.floats(rating_col, "rating")
 
     def reject(mask: np.ndarray, why: str) -> None:
         bad = np.flatnonzero(mask)
         if bad.size:
-            raise table.error(bad[0], f"rating {table.field(bad[0], 2)!r} {why}")
+            raise table.error(bad[0], f"rating {table.field(bad[0], rating_col)!r} {why}")
 
     reject(values <= 0, "must be positive (0 means unrated)")
     if scale is not None:
         lo, hi, step = scale
-        reject((values < lo) | (values > hi), f"is outside the range {lo:g}..{hi:g}")
-        q = (values - lo) / step
-        reject(np.abs(q - np.round(q)) > 1e-9, f"is not a multiple of {step:g}")
+        reject((values < lo - 1e-9) | (values > hi + 1e-9), f"is outside the range {lo:g}..{hi:g}{hint}")
+        if step > 0:
+            q = (values - lo) / step
+            reject(np.abs(q - np.round(q)) > 1e-9, f"is not a multiple of {step:g}{hint}")
     user_ids, rows = _index_ids(user_col)
     item_ids, cols = _index_ids(item_col)
     order, dup = sort_coo(rows, cols, item_ids.size)
@@ -445,10 +451,11 @@ def _assemble(
 
 
 # ---------------------------------------------------------------------------- ML-100K
-def _load_ml100k(folder: Path) -> RatingsDataset:
+def _load_ml100k(folder: Path, scale: tuple[float, float, float] | None = None) -> RatingsDataset:
+    scale = (1.0, 5.0, 1.0) if scale is None else scale
     data = _read_table(folder / "u.data", "\t", 4, int_cols=(0, 1, 3))
     user_col, item_col = data.ints(0, "user id"), data.ints(1, "item id")
-    r = _ratings_from_table(data, user_col, item_col, scale=(1.0, 5.0, 1.0))
+    r = _ratings_from_table(data, user_col, item_col, scale=scale)
     ts = data.timestamps(3)
     src = "u.data"
 
@@ -506,14 +513,15 @@ def _load_ml100k(folder: Path) -> RatingsDataset:
         feat_names = [f"genre={g}" for g in genre_names]
 
     return _assemble("ml-100k", r, ts, attributes, attr_names,
-                     regions, features, feat_names, (1.0, 5.0, 1.0))
+                     regions, features, feat_names, scale)
 
 
 # ---------------------------------------------------------------------------- ML-1M
-def _load_ml1m(folder: Path) -> RatingsDataset:
+def _load_ml1m(folder: Path, scale: tuple[float, float, float] | None = None) -> RatingsDataset:
+    scale = (1.0, 5.0, 1.0) if scale is None else scale
     data = _read_table(folder / "ratings.dat", "::", 4, encoding="latin-1", int_cols=(0, 1, 3))
     user_col, item_col = data.ints(0, "user id"), data.ints(1, "movie id")
-    r = _ratings_from_table(data, user_col, item_col, scale=(1.0, 5.0, 1.0))
+    r = _ratings_from_table(data, user_col, item_col, scale=scale)
     ts = data.timestamps(3)
     src = "ratings.dat"
 
@@ -547,7 +555,7 @@ def _load_ml1m(folder: Path) -> RatingsDataset:
         features, feat_names = _genres_from_strings([movies.field(k, 2) for k in pos])
 
     return _assemble("ml-1m", r, ts, attributes, attr_names,
-                     regions, features, feat_names, (1.0, 5.0, 1.0))
+                     regions, features, feat_names, scale)
 
 
 # ---------------------------------------------------------------------------- ML latest(-small)
@@ -562,12 +570,13 @@ def _has_header(first_line: list[str]) -> bool:
         return True
 
 
-def _load_latest(folder: Path) -> RatingsDataset:
+def _load_latest(folder: Path, scale: tuple[float, float, float] | None = None) -> RatingsDataset:
+    scale = (0.5, 5.0, 0.5) if scale is None else scale
     path = folder / "ratings.csv"
     head = _first_line(path)
     data = _read_table(path, ",", 4, skip_header=_has_header(head.split(",")), int_cols=(0, 1, 3))
     user_col, item_col = data.ints(0, "userId"), data.ints(1, "movieId")
-    r = _ratings_from_table(data, user_col, item_col, scale=(0.5, 5.0, 0.5))
+    r = _ratings_from_table(data, user_col, item_col, scale=scale)
     ts = data.timestamps(3)
 
     features, feat_names = None, []
@@ -599,7 +608,7 @@ def _load_latest(folder: Path) -> RatingsDataset:
         features, feat_names = _genres_from_strings([movies.field(k, 2) for k in pos])
 
     return _assemble("ml-latest-small", r, ts, None, [],
-                     None, features, feat_names, (0.5, 5.0, 0.5))
+                     None, features, feat_names, scale)
 
 
 # ---------------------------------------------------------------------------- plain CSV
@@ -617,30 +626,124 @@ def _first_line(path: Path) -> str:
     return ""
 
 
-def _load_csv(path: Path) -> RatingsDataset:
+#: Accepted header names (lower case) of the plain CSV columns.
+CSV_COLUMNS: dict[str, tuple[str, ...]] = {
+    "user": ("user", "user_id", "userid", "uid", "user id", "users"),
+    "item": ("item", "item_id", "itemid", "iid", "item id", "movie", "movie_id", "movieid", "items"),
+    "rating": ("rating", "ratings", "score", "value", "stars"),
+    "timestamp": ("timestamp", "time", "ts", "unix_time"),
+}
+
+#: Rating scale of a plain CSV unless declared otherwise: 1..5 whole stars (MovieLens 100K/1M).
+CSV_DEFAULT_SCALE: tuple[float, float, float] = (1.0, 5.0, 1.0)
+
+_ALIAS = {alias: col for col, names in CSV_COLUMNS.items() for alias in names}
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _csv_columns(path: Path, head: list[str]) -> dict[str, int] | None:
+    """Column positions from a header line, or None for a headerless file.
+
+    A first line is a header when one of its fields is a known column name or its third field
+    is not a number; a headerless file is read by position as ``user,item,rating[,timestamp]``.
+    """
+    names = [h.strip().strip('"').strip("'").strip().lower() for h in head]
+    if not any(n in _ALIAS for n in names) and (len(head) < 3 or _is_number(head[2].strip())):
+        return None
+    known = "; ".join(f"{col}: {', '.join(a for a in aliases if ' ' not in a)}" for col, aliases in CSV_COLUMNS.items())
+    cols: dict[str, int] = {}
+    for j, name in enumerate(names):
+        col = _ALIAS.get(name)
+        if col is None:
+            raise DataError(
+                f"{path} line 1: unknown column {head[j].strip()!r} in the header "
+                f"{','.join(h.strip() for h in head)!r} (accepted names: {known})"
+            )
+        if col in cols:
+            raise DataError(
+                f"{path} line 1: two {col} columns in the header ({head[cols[col]].strip()!r}, {head[j].strip()!r})"
+            )
+        cols[col] = j
+    missing = [c for c in ("user", "item", "rating") if c not in cols]
+    if missing:
+        raise DataError(
+            f"{path} line 1: the header {','.join(h.strip() for h in head)!r} has no {' or '.join(missing)} column "
+            f"(accepted names: {known})"
+        )
+    return cols
+
+
+def parse_rating_scale(text: str | Sequence[float]) -> tuple[float, float, float]:
+    """``"MIN,MAX[,STEP]"`` (or a 2/3-sequence) -> (min, max, step); step 0 = continuous, default 1.
+
+    Raises:
+        DataError: not two or three numbers, min not positive, max below min, step negative.
+    """
+    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
+    try:
+        vals = [float(p) for p in parts]
+    except (TypeError, ValueError):
+        vals = []
+    if len(vals) not in (2, 3) or not all(np.isfinite(vals)):
+        raise DataError(f"--rating-scale: expected MIN,MAX[,STEP] (e.g. 1,5 or 0.5,5,0.5), got {text!r}")
+    lo, hi = vals[0], vals[1]
+    step = vals[2] if len(vals) == 3 else 1.0
+    if lo <= 0:
+        raise DataError(f"--rating-scale: MIN must be positive (0 means unrated), got {lo:g}")
+    if hi < lo or step < 0:
+        raise DataError(f"--rating-scale: expected MIN <= MAX and STEP >= 0, got {text!r}")
+    if step > 0 and abs((hi - lo) / step - round((hi - lo) / step)) > 1e-9:
+        raise DataError(f"--rating-scale: MAX - MIN must be a multiple of STEP, got {text!r}")
+    return lo, hi, step
+
+
+def _load_csv(path: Path, scale: tuple[float, float, float] | None = None) -> RatingsDataset:
     head = _first_line(path)
     if not head:
         raise DataError(f"{path}: file is empty (expected lines user,item,rating[,timestamp])")
     sep = next((s for s in (",", "\t", ";") if s in head), ",")
-    data = _read_table(path, sep, (3, 4), skip_header=_has_header(head.split(sep)), int_cols=(0, 1, 3))
+    cols = _csv_columns(path, head.split(sep))
+    header = cols is not None
+    nfields = len(head.split(sep)) if header else (3, 4)
+    if cols is None:
+        cols = {"user": 0, "item": 1, "rating": 2, "timestamp": 3}
+    int_cols = tuple(cols[c] for c in ("user", "item", "timestamp") if c in cols)
+    data = _read_table(path, sep, nfields, skip_header=header, int_cols=int_cols)
     if len(data) == 0:
         raise DataError(f"{path}: no ratings (expected lines user,item,rating[,timestamp])")
-    n_fields = data.nfields
-    user_col, item_col = _ids(data, 0), _ids(data, 1)
-    r = _ratings_from_table(data, user_col, item_col)
-    ts = data.timestamps(3) if n_fields == 4 else None
-    return _assemble("csv", r, ts, None, [], None, None, [],
-                     infer_scale(r.values))
+    user_col, item_col = _ids(data, cols["user"]), _ids(data, cols["item"])
+    declared = scale is not None
+    scale = CSV_DEFAULT_SCALE if scale is None else scale
+    hint = "" if declared else " (the default scale of a CSV; declare another with --rating-scale MIN,MAX[,STEP])"
+    r = _ratings_from_table(data, user_col, item_col, scale=scale, rating_col=cols["rating"], hint=hint)
+    ts = data.timestamps(cols["timestamp"]) if "timestamp" in cols and data.nfields > cols["timestamp"] else None
+    return _assemble("csv", r, ts, None, [], None, None, [], scale)
 
 
 # ---------------------------------------------------------------------------- entry point
-def load_dataset(path: str | Path) -> RatingsDataset:
+def load_dataset(path: str | Path, rating_scale: str | Sequence[float] | None = None) -> RatingsDataset:
     """Load a MovieLens 100K / 1M / latest-small folder or a plain ``user,item,rating[,ts]`` CSV.
+
+    A plain CSV (comma, tab or semicolon separated) either starts with a header naming its
+    columns (any order; :data:`CSV_COLUMNS` lists the accepted names, e.g. ``user_id``,
+    ``userId``, ``movieId``, ``score``, ``ts``) or has none and is read by position as
+    ``user,item,rating[,timestamp]``. Its ratings must lie on 1..5 whole stars unless
+    ``rating_scale`` declares another scale; a MovieLens folder's scale is the one of its
+    release (1..5 step 1; latest-small 0.5..5 step 0.5) unless ``rating_scale`` is given.
 
     Args:
         path: a folder holding ``u.data`` (100K), ``ratings.dat`` (1M) or ``ratings.csv``
             (latest-small), or a path to a CSV/TSV file of ratings (header optional); or a
             sized synthetic spec ``synthetic:...`` (:func:`privaudit.data.synthetic.parse_spec`).
+        rating_scale: ``"MIN,MAX[,STEP]"`` or ``(min, max[, step])``; step 0 = continuous,
+            default step 1 (:func:`parse_rating_scale`). Ratings off the scale are refused.
 
     Returns:
         A :class:`RatingsDataset` (users and items are those with ratings, ordered by raw id).
@@ -652,17 +755,18 @@ def load_dataset(path: str | Path) -> RatingsDataset:
         from privaudit.data.synthetic import synthetic_from_spec
 
         return synthetic_from_spec(str(path))
+    scale = None if rating_scale is None else parse_rating_scale(rating_scale)
     path = Path(path).expanduser()
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
     if path.is_file():
-        return _load_csv(path)
+        return _load_csv(path, scale)
     if (path / "u.data").is_file():
-        return _load_ml100k(path)
+        return _load_ml100k(path, scale)
     if (path / "ratings.dat").is_file():
-        return _load_ml1m(path)
+        return _load_ml1m(path, scale)
     if (path / "ratings.csv").is_file():
-        return _load_latest(path)
+        return _load_latest(path, scale)
     raise DataError(
         f"{path}: not a MovieLens folder (expected u.data for 100K, ratings.dat for 1M or "
         f"ratings.csv for latest-small) nor a ratings CSV file"

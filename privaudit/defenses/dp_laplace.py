@@ -54,6 +54,8 @@ def clip_rows(arr: np.ndarray, clip: float, ord: int = 1) -> np.ndarray:
     if a.ndim == 0:
         a = a.reshape(1)
         return np.clip(a, -clip, clip).reshape(())
+    if a.size == 0:  # e.g. grad_P of a dataset without user attributes: (0, K)
+        return a
     flat = a.reshape(1, -1) if a.ndim == 1 else a.reshape(a.shape[0], -1)
     norms = np.abs(flat).sum(axis=1, keepdims=True) if ord == 1 else np.linalg.norm(flat, axis=1, keepdims=True)
     factor = np.minimum(1.0, clip / np.maximum(norms, 1e-300))

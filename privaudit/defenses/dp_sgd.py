@@ -50,6 +50,8 @@ def rdp_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: 
 class DPSGD(Defense):
     """Per-sample clipping + Gaussian noise in the clients' local Adam steps; Opacus RDP accounting."""
 
+    requires_extras = ("ncf",)  # torch and opacus
+
     description = "DP-SGD on FedNCF local training (per-sample clipping, Gaussian noise), epsilon by Opacus's RDP accountant"
     parameters = (
         Param("noise_multiplier", 1.0, "noise standard deviation / clip norm (sigma)", ge=0),

@@ -125,6 +125,9 @@ class FedRec(Protocol):
     schema = transcript_schema.FEDREC  # declared message kinds, checked before any attack
     default_attack = "fedrec-rated-items"
     derived_keys = DERIVED_KEYS
+    #: ``privaudit attack --protocol fedrec`` without a defense: user-average filling over rho
+    default_defense_specs: tuple[str, ...] = ("sampling:filling=ua",)
+    default_sweep_spec: str | None = "sampling.rho=0,1,2,3"
     parameters = (
         Param("model", "pmf-batch", "pmf-batch (Algorithms 1-2), pmf-sgd or svdpp-sgd (Algorithms 4-5)", choices=MODELS),
         Param("federated", True, "false: the unfederated (centralized) model with the same math"),
