@@ -136,7 +136,9 @@ def render(cache: Path, fig: Path) -> str:
             if rs0:
                 rho0[model] = float(np.mean([r["rmse"] for r in rs0]))
             if rs0:
-                out += (f"| {model} | - | 0 | {','.join(str(r['fold']) for r in rs0)} | {np.mean([r['rmse'] for r in rs0]):.4f} | "
+                rm0 = np.array([r["rmse"] for r in rs0])
+                out += (f"| {model} | - | 0 | {','.join(str(r['fold']) for r in sorted(rs0, key=lambda r: r['fold']))} | "
+                        f"{rm0.mean():.4f}" + (f"±{rm0.std(ddof=1):.4f}" if rm0.size > 1 else "") + " | "
                         f"{np.mean([r['mae'] for r in rs0]):.4f} | - | - | - | - | - | 1.000 |\n")
             for filling in ("ua", "hf"):
                 for rho in (1, 2, 3):
@@ -145,12 +147,15 @@ def render(cache: Path, fig: Path) -> str:
                         continue
                     a = {k: np.mean([r["attack"][k] for r in rs]) for k in ("auc", "accuracy", "precision", "recall", "rating_accuracy")}
                     b = np.mean([r["baseline"]["accuracy"] for r in rs])
-                    out += (f"| {model} | {filling} | {rho} | {','.join(str(r['fold']) for r in rs)} | {np.mean([r['rmse'] for r in rs]):.4f} | "
+                    rm = np.array([r["rmse"] for r in rs])
+                    rmse_txt = f"{rm.mean():.4f}" + (f"±{rm.std(ddof=1):.4f}" if rm.size > 1 else "")
+                    out += (f"| {model} | {filling} | {rho} | {','.join(str(r['fold']) for r in sorted(rs, key=lambda r: r['fold']))} | {rmse_txt} | "
                             f"{np.mean([r['mae'] for r in rs]):.4f} | {a['auc']:.4f} | {a['accuracy']:.4f} | {a['precision']:.4f} | "
                             f"{a['recall']:.4f} | {a['rating_accuracy']:.4f} | {b:.3f} |\n")
                     series.setdefault((model, filling), []).append((rho, np.mean([r["rmse"] for r in rs]), a["auc"], a["accuracy"], b))
         _figure(series, rho0, fig)
-        out += f"\nFigure: `{fig.relative_to(ROOT)}`\n"
+        shown = fig.relative_to(ROOT) if fig.resolve().is_relative_to(ROOT) else fig.name
+        out += f"\nFigure: `{shown}`\n"
     return out
 
 
