@@ -153,16 +153,28 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS|local:N", help="run the points on a Dask cluster (scheduler address, or local:N workers)")
     p.add_argument("--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-<sweep>/)")
     p.add_argument("--quiet", action="store_true", help="do not print the table")
+    p.add_argument("--config", metavar="FILE.toml", help="run the plan of a plan.toml (every report folder records one)")
 
 
 _SIMULATION_ONLY = ("noise", "scales", "defense", "sweep", "set", "users", "seeds", "scheduler")
+_PLAN_FIELDS = ("protocol", "transcript", "attack", "noise", "scales", "defense", "sweep", "set", "users", "seeds")
 
 
 @command("attack", "attack a simulated protocol (sweeping a defense) or a transcript; write a report")(_attack_args)
 def cmd_attack(args: argparse.Namespace) -> int:
     from privaudit import experiment, reports
+    from privaudit.plan import load_plan, plan_to_toml
 
-    if args.transcript:
+    plan = None
+    if args.config:
+        given = [f"--{k}" for k in _PLAN_FIELDS if getattr(args, k) not in (None, [], False)]
+        given += ["--data"] if args.data != "synthetic" else []
+        given += ["--seed"] if args.seed != 0 else []
+        if given:
+            raise PrivauditError(f"--config cannot be combined with {', '.join(given)} (edit the plan instead)")
+        plan = load_plan(args.config, jobs=args.jobs, scheduler=args.scheduler)
+        results = experiment.run_plan(plan)
+    elif args.transcript:
         given = [f"--{k}" for k in _SIMULATION_ONLY if getattr(args, k) not in (None, [], False)]
         if args.protocol or args.data != "synthetic":
             given += ["--protocol"] if args.protocol else []
@@ -181,8 +193,9 @@ def cmd_attack(args: argparse.Namespace) -> int:
             experiment.default_jobs() if args.jobs is None else args.jobs,
             scheduler=args.scheduler,
         )
-        results = experiment.run_experiment(exp)
-    out = reports.write_report(results, args.out)
+        plan = exp.plan()  # names resolved and everything validated before any compute
+        results = experiment.run_plan(plan)
+    out = reports.write_report(results, args.out, plan_toml=plan_to_toml(plan) if plan is not None else None)
     if not args.quiet:
         print(reports.format_table(results))
     print(f"report written to {out}/")
@@ -232,7 +245,8 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
 @command("audit", "every applicable attack against every applicable defense's grid: audit.json + audit.html")(_audit_args)
 def cmd_audit(args: argparse.Namespace) -> int:
     from privaudit import audit as au
-    from privaudit.experiment import default_jobs, parse_assignments
+    from privaudit.plan import parse_assignments
+    from privaudit.runner import default_jobs
 
     spec = au.Audit(
         protocol=args.protocol, data=args.data, users=args.users, sets=parse_assignments(args.set),
