@@ -549,6 +549,7 @@ def verdict_from_rows(attack: str, metric: str, parameter: str | None, rows: Seq
         tail += (" DP violation: the empirical ε lower bound exceeds the claimed ε at "
                  + ", ".join(f"{parameter} = {fmt_value(r['value'])} ({fmt(r['epsilon_lb'], 2)} > {fmt(r['epsilon'], 2)})"
                              for r in violations) + ".")
+    out["notes"] = tail.strip()
     name = f"{attack} ({metric})"
     if not rows:
         out["sentence"] = f"{name}: no result." + tail
@@ -737,6 +738,13 @@ def audit_verdicts(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
                         "sentence": f"{a['name']} ({metric}): does not apply to the undefended view"
                                     f"{': ' + a['reason'] if a.get('reason') else ''}."})
             continue
+        if base.get("verdict") == "attack not adapted":
+            out.append({"attack": a["name"], "metric": metric, "defense": None, "strength": None,
+                        "utility_metric": utility, "utility_cost": None, "dp_violation": False,
+                        "sentence": f"{a['name']} ({metric}): attack not adapted: it scores below its prior-only "
+                                    f"baseline even without a defense ({_adv_text(base)}), so its results fall back to "
+                                    "the prior-only guess and say nothing about the defenses."})
+            continue
         if base.get("verdict") == "protected":
             out.append({"attack": a["name"], "metric": metric, "defense": None, "strength": None,
                         "utility_metric": utility, "utility_cost": 0.0, "dp_violation": False,
@@ -762,9 +770,9 @@ def audit_verdicts(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
             best = {"defense": None, "strength": None, "utility_cost": None}
             sentence = (f"{a['name']} ({metric}): no tested defense strength stops the attack "
                         f"(undefended {_adv_text(base)})." if base else f"{a['name']} ({metric}): no result.")
-            if violation:
-                sentence += " " + " ".join(v["sentence"].split(" DP violation", 1)[1].join(["DP violation", ""])
-                                           for v in per_defense if v["dp_violation"])
+            notes = [v["notes"] for v in per_defense if v.get("notes")]
+            if notes:
+                sentence += " " + " ".join(notes)
         out.append({"attack": a["name"], "metric": metric, "defense": best["defense"], "strength": best["strength"],
                     "utility_metric": utility, "utility_cost": best["utility_cost"], "dp_violation": violation,
                     "sentence": sentence})

@@ -191,10 +191,12 @@ class DummyMinorityAttack(DummyAttack):
 
     description = "test attack: guesses the minority bit"
 
+    def prior_knowledge(self, transcript, rng):
+        return {"bias": float(transcript.config.get("bias", 0.5))}  # public config
+
     def run(self, view, knowledge, rng):
         recon = super().run(view, knowledge, rng)
-        guesses = np.concatenate([g["bits"] for g in recon.victims.values()]) if recon.victims else np.zeros(1)
-        minority = 0.0 if np.mean(guesses) >= 0.5 else 1.0
+        minority = 0.0 if knowledge["bias"] >= 0.5 else 1.0
         for g in recon.victims.values():
             g["bits"] = np.full_like(g["bits"], minority)
             g["scores"] = np.zeros_like(g["scores"])
