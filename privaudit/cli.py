@@ -144,7 +144,7 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transcript", metavar="FILE", help="attack a recorded transcript instead of simulating")
     p.add_argument("--attack", metavar="A[:k=v,...]", help="attack (default: the protocol's default attack)")
     p.add_argument("--noise", metavar="KIND", help="sweep a noise defense's scale (laplace, gaussian)")
-    p.add_argument("--scales", metavar="LIST", help="noise scales (default 0,1e-4,1e-3,1e-2,1e-1,0.5,1)")
+    p.add_argument("--scales", metavar="LIST", help="noise scales (default: the defense's grid, 0,0.1,0.5,1,2,4 for laplace)")
     _data_args(p)
     p.add_argument("--sweep", metavar="TARGET.PARAM=V1,V2,...", help="sweep a defense, attack or protocol parameter")
     p.add_argument("--seeds", type=int, default=None, metavar="N", help="run seeds SEED..SEED+N-1 (default 3)")

@@ -457,6 +457,18 @@ def privacy_label(privacy_entries: Sequence[Mapping[str, Any]]) -> str:
     return "ε total over the run" + (f" ({inner})" if inner else "")
 
 
+def strength_label(defense: str, strength: str, privacy_entries: Sequence[Mapping[str, Any]] = ()) -> str:
+    """How a defense strength is named in headers: ``defense.param``, with an epsilon parameter
+    called "ε per round" when the defense accounts per round (so that it is never mistaken for
+    the total ε over the run, the only number a report calls "ε total")."""
+    label = f"{defense}.{strength}"
+    if "epsilon" in str(strength).lower():
+        per_round = any(isinstance(v, Mapping) and ("epsilon_per_round" in v or "epsilon_round" in v)
+                        for entry in privacy_entries for v in (entry or {}).values())
+        label += " (ε per round)" if per_round else " (the defense's ε parameter, not the total)"
+    return label
+
+
 def empirical_summary(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Largest empirical epsilon lower bound over the points' decisions against the claimed
     total epsilon: {"epsilon_lb", "claimed", "violation", "decision"}."""
@@ -538,12 +550,13 @@ def verdict_from_rows(attack: str, metric: str, parameter: str | None, rows: Seq
     out: dict[str, Any] = {"attack": attack, "metric": metric, "parameter": parameter, "strength": None,
                            "utility_metric": utility, "utility_cost": None, "dp_violation": False, "sentence": ""}
     violations = [r for r in rows if r.get("dp_violation")]
-    not_adapted = [r for r in rows if r["verdict"] == "attack not adapted"]
+    crossing = next((r for r in rows if r["verdict"] in ("protected", "attack not adapted")), None) if is_defense else None
+    not_adapted = [r for r in rows if r["verdict"] == "attack not adapted" and r is not crossing]
     tail = ""
     if not_adapted:
-        tail += (f" The attack scores below its baseline at {parameter} = "
+        tail += (f" It also scores below its baseline at {parameter} = "
                  f"{', '.join(fmt_value(r['value']) for r in not_adapted)} (attack not adapted: its result there falls "
-                 "back to the prior-only guess and is not counted as protection).")
+                 "back to the baseline guess and is not counted as protection).")
     if violations:
         out["dp_violation"] = True
         tail += (" DP violation: the empirical ε lower bound exceeds the claimed ε at "
@@ -563,19 +576,27 @@ def verdict_from_rows(attack: str, metric: str, parameter: str | None, rows: Seq
                            f"{'leaks' if leaks else 'does not beat its baseline by ' + str(PROTECTION_MARGIN) + ' or more'}."
                            + tail)
         return out
-    hit = next((r for r in rows if r["verdict"] == "protected"), None)
+    hit = next((r for r in rows if r["verdict"] in ("protected", "attack not adapted")), None)
     if hit is None:
         last = rows[-1]
         out["sentence"] = (f"{name}: no tested strength stops the attack; at the strongest, {parameter} = "
                            f"{fmt_value(last['value'])}, the {_adv_text(last)}." + tail)
         return out
     out["strength"] = hit["value"]
+    out["crossover"] = "protected" if hit["verdict"] == "protected" else "attack not adapted"
     cost = utility_cost(reference_utility, num(hit["utility"]), utility) if utility else math.nan
     out["utility_cost"] = cost if math.isfinite(cost) else None
     cost_text = (f"at a {utility} cost of {fmt(cost, 4)} against no defense ({fmt(reference_utility, 4)} → "
                  f"{fmt(hit['utility'], 4)})" if math.isfinite(cost) else "utility cost unknown (no undefended run)")
-    out["sentence"] = (f"{name}: stopped from {parameter} = {fmt_value(hit['value'])} on ({_adv_text(hit)} < "
-                       f"{PROTECTION_MARGIN}), {cost_text}." + tail)
+    if hit["verdict"] == "protected":
+        out["sentence"] = (f"{name}: stopped from {parameter} = {fmt_value(hit['value'])} on ({_adv_text(hit)} < "
+                           f"{PROTECTION_MARGIN}), {cost_text}." + tail)
+    else:
+        base = "prior-only baseline" if hit.get("against") == "prior" else "random guess"
+        out["sentence"] = (f"{name}: reaches its {base} from {parameter} = {fmt_value(hit['value'])} on, {cost_text}; "
+                           f"there it even scores below it ({_adv_text(hit)}): the attack is not adapted (its result "
+                           "falls back to the baseline guess), which is no evidence of protection against a better "
+                           "attack." + tail)
     return out
 
 

@@ -85,7 +85,9 @@ def test_audit_files_self_contained(small_audit, tmp_path):
     assert page.count("class=\"pa-figure\"") == 3 * 2 + 1
     assert page.count("<svg") == 7
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page) and "<link" not in page
-    assert "ε total 0.60" in page and "does not apply" in page and "privaudit 0.1.0" in page
+    # one name per number: the per-round parameter and the total over the run are named apart
+    assert "dp-laplace.epsilon (ε per round) = 0.3" in page and "ε total 0.60" in page
+    assert "(epsilon=" not in page and "does not apply" in page and "privaudit 0.1.0" in page
 
 
 def test_audit_is_deterministic_and_independent_of_jobs(dummy_registry, ds):

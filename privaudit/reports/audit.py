@@ -109,7 +109,7 @@ def pair_figure(audit: Mapping[str, Any], attack: str, defense: str):
         ax.set_xticks(x)
         ax.set_xticklabels([fmt_value(v) for v in values])
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        ax.set_xlabel(f"{defense}.{d['strength']}")
+        ax.set_xlabel(_strength(audit, d))
         ax.set_ylabel(metric)
         finite = mean[np.isfinite(mean)]
         if finite.size == 0 or (finite.min() >= 0 and finite.max() <= 1):
@@ -136,6 +136,11 @@ def roc_figure(audit: Mapping[str, Any], attack: str):
         return None
     return figures.make_roc_figure({"attack": attack, "protocol": audit.get("protocol"), "sweep": "defense",
                                     "points": points})
+
+
+def _strength(audit: Mapping[str, Any], d: Mapping[str, Any]) -> str:
+    return rs.strength_label(d["name"], d["strength"], [r.get("privacy") for r in audit.get("runs") or []
+                                                         if r.get("defense") == d["name"]])
 
 
 def _cell(audit: Mapping[str, Any], cell: Mapping[str, Any] | None, defended: bool) -> Any:
@@ -216,7 +221,7 @@ def render_html(audit: Mapping[str, Any]) -> str:
         f"its verdict, the utility cost there ({_esc(str(utility))} lost), the claimed ε total over the run and the "
         "empirical ε lower bound. Green: no advantage; red: advantage ≥ 0.5; hatched: attack not adapted (it scores "
         "below its baseline, which is not protection).</p>")
-    header = ["attack (metric)", "no defense"] + [f"{d['name']} ({d['strength']} = {fmt_value(d['grid'][-1])})"
+    header = ["attack (metric)", "no defense"] + [f"{_strength(audit, d)} = {fmt_value(d['grid'][-1])}"
                                                   for d in audit["defenses"]]
     rows = []
     for a in audit["attacks"]:
@@ -248,7 +253,7 @@ def render_html(audit: Mapping[str, Any]) -> str:
                      fmt(s.get("epsilon"), 2) if math.isfinite(num(s.get("epsilon"))) else "-",
                      (fmt(s.get("epsilon_lb"), 2) + (" VIOLATION" if s.get("dp_violation") else ""))
                      if math.isfinite(num(s.get("epsilon_lb"))) else "-"] for s in series]
-            parts.append(html_table([d["strength"], a["primary_metric"], "prior", "random", "advantage", "verdict",
+            parts.append(html_table([_strength(audit, d), a["primary_metric"], "prior", "random", "advantage", "verdict",
                                      f"utility: {utility}", eps_head, "empirical ε (95 % lower bound)"], prow))
     for a in audit["attacks"]:
         fig = roc_figure(audit, a["name"])
@@ -285,7 +290,7 @@ def _esc(text: str) -> str:
 
 def format_matrix(audit: Mapping[str, Any]) -> str:
     """The verdict sentences and the matrix as plain text (what the CLI prints)."""
-    cols = ["no defense"] + [f"{d['name']}@{fmt_value(d['grid'][-1])}" for d in audit["defenses"]]
+    cols = ["no defense"] + [f"{d['name']}.{d['strength']}={fmt_value(d['grid'][-1])}" for d in audit["defenses"]]
     header = ["attack (advantage, verdict)"] + cols
     rows = []
     for a in audit["attacks"]:

@@ -389,6 +389,5 @@ def make_roc_figure(results: Mapping[str, Any]):
         ax.set_ylabel("true positive rate")
         ax.grid(True, which="major", alpha=0.3, lw=0.5)
         ax.set_title(f"ROC: {results.get('attack')} ({results.get('protocol')})")
-        _legend_below(ax, handles, ncol=1)
-        fig.tight_layout()
+        _legend_below(ax, handles, ncol=1)  # saved with bbox_inches="tight": the legend is kept
     return fig

@@ -273,7 +273,7 @@ def table_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
     metrics = figures.figure_metrics(results)
     utility = figures.utility_metric(results)
     has = lambda prefix, m: any((repr(v), prefix + m) in index for v in values)  # noqa: E731
-    header = [str(results.get("sweep") or "value")]
+    header = [_sweep_label(results)]
     for m in metrics:
         header.append(m)
         if has("prior.", m):
@@ -321,6 +321,16 @@ def table_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
         row.append(str(counts.get(key, 0)))
         rows.append(row)
     return header, rows
+
+
+def _sweep_label(results: Mapping[str, Any]) -> str:
+    sweep = results.get("sweep")
+    if not sweep:
+        return "value"
+    target, _, param = str(sweep).partition(".")
+    if target in ("attack", "protocol"):
+        return str(sweep)
+    return rs.strength_label(target, param, [p.get("privacy") for p in results.get("points") or []])
 
 
 def roc_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]] | None:
