@@ -12,7 +12,7 @@ Figure content (DESIGN.md "Experiments and reports"):
 - that metric's baselines in the same colour, dash-dotted (``prior``: the prior-only guess)
   and dashed (``random``: the uniform random guess);
 - the main utility metric on a second y axis (black, dotted band);
-- x: the swept value; log-scale when positive values span two decades or more, as symlog
+- x: the swept value; log-scale when positive values span more than a factor 20, as symlog
   with a linear piece below the smallest positive value when 0 is among them (so 0 shows).
   Non-numeric values are placed at equal spacing with their labels. A single point
   (no sweep) is drawn as bars with the baselines as dashed ticks;
@@ -119,7 +119,7 @@ def _x_axis(values: Sequence[Any]) -> tuple[np.ndarray, str, float | None]:
         return np.arange(len(values), dtype=float), "category", None
     x = np.asarray(values, dtype=float)
     pos = x[x > 0]
-    if (x >= 0).all() and pos.size >= 2 and pos.max() / pos.min() >= 100:
+    if (x >= 0).all() and pos.size >= 2 and pos.max() / pos.min() > 20:
         if (x == 0).any():
             return x, "symlog", float(pos.min())
         return x, "log", None

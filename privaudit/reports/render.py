@@ -146,11 +146,12 @@ def read_results(path: Path) -> dict[str, Any]:
 
 
 def md_escape(text: Any) -> str:
-    """Text safe inside a Markdown paragraph or table cell: HTML escaped, Markdown syntax and
-    pipes backslash-escaped, newlines and control characters turned into spaces."""
+    """Text safe inside a Markdown paragraph or table cell: HTML escaped (``<`` ``>`` ``&``),
+    emphasis, code, link brackets and pipes backslash-escaped, newlines and control characters
+    turned into spaces."""
     s = "".join(" " if (ord(c) < 32 or 127 <= ord(c) < 160) else c for c in str(text))
     s = html.escape(s, quote=False)
-    return re.sub(r"([\\`*_\[\]{}()#+!|~>])", r"\\\1", s)
+    return re.sub(r"([\\`*_\[\]|~])", r"\\\1", s)
 
 
 def md_code_block(text: str, lang: str = "") -> str:
@@ -395,10 +396,13 @@ def glossary(results: Mapping[str, Any]) -> list[tuple[str, str]]:
     items = []
     for m in rs.ordered_keys(results.get("points") or [], "attack_metrics"):
         spec = rs.spec_from_dict(specs.get(m))
+        if not (specs.get(m) or {}).get("declared", False):
+            items.append((m, "not declared by the attack: assumed higher = stronger attack; plotted when every "
+                             "value lies in [0, 1]."))
+            continue
         d = spec.description or "(no description declared)"
         direction = "higher = stronger attack" if spec.higher_is_better else "lower = stronger attack"
-        undeclared = "" if (specs.get(m) or {}).get("declared", False) else " Not declared by the attack."
-        items.append((m, f"{d} Unit: {spec.unit or 'none'}; {direction}.{undeclared}"))
+        items.append((m, f"{d} Unit: {spec.unit or 'none'}; {direction}."))
     utility = figures.utility_metric(results)
     if utility:
         spec = rs.utility_spec(utility)
