@@ -422,13 +422,13 @@ def advantage_interval(metric_values: Sequence[Any], baselines: Sequence[Any], s
 
 def classify(interval: Mapping[str, Any], supported: bool = True) -> str:
     """Verdict of one (attack, strength) from its advantage interval: ``"not applicable"``
-    (the attack did not run), ``"attack not adapted"`` (significantly below the stronger
-    baseline: upper bound < 0), ``"protected"`` (upper bound < :data:`PROTECTION_MARGIN`),
-    else ``"leaks"``."""
-    hi = num(interval.get("high"))
+    (the attack did not run), ``"attack not adapted"`` (its mean scores below the stronger
+    baseline: a result below the guess is never read as protection), ``"protected"`` (upper
+    bound < :data:`PROTECTION_MARGIN`), else ``"leaks"``."""
+    hi, mean = num(interval.get("high")), num(interval.get("mean"))
     if not supported or math.isnan(hi):
         return "not applicable"
-    if hi < 0:
+    if mean < 0:
         return "attack not adapted"
     if hi < PROTECTION_MARGIN:
         return "protected"
@@ -576,7 +576,7 @@ def verdict_from_rows(attack: str, metric: str, parameter: str | None, rows: Seq
                            f"{'leaks' if leaks else 'does not beat its baseline by ' + str(PROTECTION_MARGIN) + ' or more'}."
                            + tail)
         return out
-    hit = next((r for r in rows if r["verdict"] in ("protected", "attack not adapted")), None)
+    hit = crossing
     if hit is None:
         last = rows[-1]
         out["sentence"] = (f"{name}: no tested strength stops the attack; at the strongest, {parameter} = "
@@ -782,7 +782,9 @@ def audit_verdicts(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
         stopped = [v for v in per_defense if v["strength"] is not None]
         violation = any(v["dp_violation"] for v in per_defense)
         if stopped:
-            best = min(stopped, key=lambda v: math.inf if v["utility_cost"] is None else v["utility_cost"])
+            # a defense that stops an adapted attack first, then the smallest utility cost
+            best = min(stopped, key=lambda v: (v.get("crossover") != "protected",
+                                               math.inf if v["utility_cost"] is None else v["utility_cost"]))
             others = [v["defense"] for v in per_defense if v["strength"] is None]
             sentence = best["sentence"]
             if others:

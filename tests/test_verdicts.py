@@ -113,6 +113,8 @@ def test_attack_below_its_prior_is_not_adapted_never_protection(big, tmp_path):
     cells = [c for c in audit["matrix"] if c["attack"] == "dummy-minority-attack"]
     assert cells and all(c["verdict"] == "attack not adapted" for c in cells)
     assert all(c["against"] == "prior" for c in cells)  # the majority (0.8) beats the random guess (0.5)
+    below = [c for c in audit["matrix"] if c["advantage"] < 0]
+    assert below and all(c["verdict"] == "attack not adapted" for c in below)  # never shown as protected
     v = next(v for v in audit["verdicts"] if v["attack"] == "dummy-minority-attack")
     assert v["strength"] is None and "attack not adapted" in v["sentence"]
     out = au.write_audit(audit, tmp_path / "a")

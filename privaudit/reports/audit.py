@@ -184,8 +184,9 @@ def _glossary(audit: Mapping[str, Any]) -> list[tuple[str, str]]:
     items += [
         ("advantage", "attack metric minus the stronger of its prior-only and random-guess baselines (seed mean); "
                       "≤ shows the upper 95 % bound."),
-        ("verdict", f"leaks; protected (upper bound < {rs.PROTECTION_MARGIN}); attack not adapted (significantly "
-                    "below its baseline: not protection, shown hatched); not applicable."),
+        ("verdict", f"leaks (upper bound ≥ {rs.PROTECTION_MARGIN}); protected (advantage ≥ 0, upper bound < "
+                    f"{rs.PROTECTION_MARGIN}); attack not adapted (below its baseline on average: not protection, "
+                    "shown hatched); not applicable."),
         ("ε total", "the claimed privacy loss over the whole run (the DP defense's accountant), for the unit in the "
                     "table header."),
         ("empirical ε", "95 % lower bound on ε from the attack's per-record decisions (Clopper-Pearson); above the "

@@ -414,8 +414,9 @@ def glossary(results: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("random", "the uniform random guess over each value's domain."),
         ("advantage", "attack metric minus the stronger of the prior and random baselines (in the metric's direction); "
                       "≤ shows the upper 95 % bound."),
-        ("verdict", f"protected: upper bound < {rs.PROTECTION_MARGIN}; leaks: not below; attack not adapted: "
-                    "significantly below its baseline (never counted as protection)."),
+        ("verdict", f"protected: advantage ≥ 0 with upper bound < {rs.PROTECTION_MARGIN}; leaks: upper bound ≥ "
+                    f"{rs.PROTECTION_MARGIN}; attack not adapted: the attack scores below its baseline on average "
+                    "(never counted as protection)."),
     ]
     sweep = results.get("sweep")
     if sweep:
