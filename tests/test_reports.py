@@ -132,10 +132,10 @@ def test_figure_names():
 
 
 def test_x_axis_choice():
-    assert figures._x_axis([0.0, 1e-4, 1.0])[1:] == ("symlog", 1e-4)
-    assert figures._x_axis([1e-3, 1.0])[1] == "log"
-    assert figures._x_axis([0.05, 0.5, 1.0])[1] == "linear"
-    assert figures._x_axis(["semials", "sgd"])[1] == "category"
+    assert figures.x_axis([0.0, 1e-4, 1.0])[1:] == ("symlog", 1e-4)
+    assert figures.x_axis([1e-3, 1.0])[1] == "log"
+    assert figures.x_axis([0.05, 0.5, 1.0])[1] == "linear"
+    assert figures.x_axis(["semials", "sgd"])[1] == "category"
 
 
 def test_table(noise_results):

@@ -55,7 +55,7 @@ def _svg_of(fig) -> str:
     import matplotlib
 
     buf = io.StringIO()
-    with matplotlib.rc_context(figures._RC):
+    with matplotlib.rc_context(figures.RC):
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
     text = buf.getvalue()
     text = text[text.find("<svg"):]
@@ -74,11 +74,11 @@ def pair_figure(audit: Mapping[str, Any], attack: str, defense: str):
     none = rs.audit_series(audit, attack, None)
     d = next(x for x in audit["defenses"] if x["name"] == defense)
     values = [s["value"] for s in series]
-    with matplotlib.rc_context(figures._RC):
+    with matplotlib.rc_context(figures.RC):
         fig = Figure(figsize=(6.4, 3.8))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
-        x, scale, thresh = figures._x_axis(values)
+        x, scale, thresh = figures.x_axis(values)
         mean = np.array([num(s["mean"]) for s in series])
         ci = np.nan_to_num(np.array([num(s["ci95"]) for s in series]))
         metric = series[0]["metric"] if series else "metric"

@@ -34,7 +34,7 @@ from privaudit import results as rs
 from privaudit.results import fmt_value, num
 
 SVG_HASHSALT = "privaudit"
-_RC = {
+RC = {
     "svg.hashsalt": SVG_HASHSALT,
     "svg.fonttype": "path",
     "font.size": 9.0,
@@ -112,7 +112,7 @@ def utility_metric(results: Mapping[str, Any]) -> str | None:
     return rs.main_utility(results)
 
 
-def _x_axis(values: Sequence[Any]) -> tuple[np.ndarray, str, float | None]:
+def x_axis(values: Sequence[Any]) -> tuple[np.ndarray, str, float | None]:
     """x positions, scale ("linear", "log", "symlog", "category"), symlog threshold."""
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
     if not numeric:
@@ -140,7 +140,7 @@ def make_figure(results: Mapping[str, Any]):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(RC):
         fig = Figure(figsize=(7.2, 4.4))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
@@ -182,7 +182,7 @@ def _draw_sweep(ax, results, metrics: list[str], utility: str | None) -> None:
     for k, metric in enumerate(metrics):
         color = _PALETTE[k % len(_PALETTE)]
         values, mean, ci = _series(results, "attack_metrics", metric)
-        x, scale, thresh = _x_axis(values)
+        x, scale, thresh = x_axis(values)
         (h,) = ax.plot(x, mean, marker=_MARKERS[k % len(_MARKERS)], ls=_STYLES[k % len(_STYLES)], color=color,
                        ms=7 - 4 * k / n, lw=1.6, alpha=0.9, zorder=3 + k, label=metric)
         handles.append(h)
@@ -197,7 +197,7 @@ def _draw_sweep(ax, results, metrics: list[str], utility: str | None) -> None:
         for p in results.get("points") or []:
             if p.get("value") not in values:
                 values.append(p.get("value"))
-    x, scale, thresh = _x_axis(values)
+    x, scale, thresh = x_axis(values)
     ax.set_xlabel(str(results.get("sweep")) + (" (noise scale)" if results.get("noise") else ""))
     ys = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()] or [np.zeros(1)])
     ys = ys[np.isfinite(ys)]
@@ -258,7 +258,7 @@ def save_figure(fig, stem: Path) -> list[Path]:
 
     stem = Path(stem)
     png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(RC):
         fig.savefig(png, format="png", metadata={"Software": None}, bbox_inches="tight")
         fig.savefig(svg, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
     return [png, svg]
@@ -270,7 +270,7 @@ def save_figure_staged(fig, stem: str, staged) -> str:
     import matplotlib
 
     png, svg = staged.path(stem + ".png"), staged.path(stem + ".svg")
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(RC):
         fig.savefig(png, format="png", metadata={"Software": None}, bbox_inches="tight")
         fig.savefig(svg, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
     return inline_svg(svg)
@@ -363,7 +363,7 @@ def make_roc_figure(results: Mapping[str, Any]):
             curves.append((label + f" (AUC {rs.fmt(roc.get('auc'))})", fpr, tpr, num(roc.get("fpr_floor"))))
     if not curves:
         return None
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(RC):
         fig = Figure(figsize=(6.4, 5.0))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
