@@ -588,12 +588,19 @@ def verdict_from_rows(attack: str, metric: str, parameter: str | None, rows: Seq
     out["utility_cost"] = cost if math.isfinite(cost) else None
     cost_text = (f"at a {utility} cost of {fmt(cost, 4)} against no defense ({fmt(reference_utility, 4)} → "
                  f"{fmt(hit['utility'], 4)})" if math.isfinite(cost) else "utility cost unknown (no undefended run)")
+    later = rows[rows.index(hit) + 1:]
+    again = [r for r in later if r["verdict"] == "leaks"]
+    if again:
+        tail = (f" It leaks again at {parameter} = " + ", ".join(
+            f"{fmt_value(r['value'])} (upper bound {fmt(r['advantage_high'])})" for r in again) + ".") + tail
+    on = "" if again else " on"
     if hit["verdict"] == "protected":
-        out["sentence"] = (f"{name}: stopped from {parameter} = {fmt_value(hit['value'])} on ({_adv_text(hit)} < "
-                           f"{PROTECTION_MARGIN}), {cost_text}." + tail)
+        out["sentence"] = (f"{name}: stopped {'at' if again else 'from'} {parameter} = {fmt_value(hit['value'])}{on} "
+                           f"({_adv_text(hit)} < {PROTECTION_MARGIN}), {cost_text}." + tail)
     else:
         base = "prior-only baseline" if hit.get("against") == "prior" else "random guess"
-        out["sentence"] = (f"{name}: reaches its {base} from {parameter} = {fmt_value(hit['value'])} on, {cost_text}; "
+        out["sentence"] = (f"{name}: reaches its {base} {'at' if again else 'from'} {parameter} = "
+                           f"{fmt_value(hit['value'])}{on}, {cost_text}; "
                            f"there it even scores below it ({_adv_text(hit)}): the attack is not adapted (its result "
                            "falls back to the baseline guess), which is no evidence of protection against a better "
                            "attack." + tail)
