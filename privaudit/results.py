@@ -1,9 +1,16 @@
-"""Result vocabulary shared by attacks, experiments and reports (a leaf: numpy and stdlib only).
+"""Result vocabulary shared by attacks, experiments and reports (a leaf: numpy, the standard
+library and, inside two functions, :mod:`privaudit.metrics`, itself a leaf).
 
 :class:`MetricSpec` is how an attack declares what its metrics mean (direction, whether a
 figure plots it, unit, one-line definition for the report glossary), so nothing downstream
 guesses from a metric's name. :class:`Decisions` carries an attack's per-record scores for
 the membership-style metrics (ROC, TPR at low FPR, empirical epsilon).
+
+Also here, so that every report reads results the same way: the number formatting
+(:func:`fmt`, :func:`fmt_pm`, :func:`fmt_value`), the summaries over seeds
+(:func:`summarize_points`, :func:`accuracy_metrics`, :func:`main_utility`), advantages over the
+stronger baseline with their 95 % bounds, and the verdicts of experiments and audits
+(:func:`experiment_verdicts`, :func:`audit_matrix`, :func:`audit_verdicts`).
 """
 
 from __future__ import annotations
@@ -32,6 +39,15 @@ __all__ = [
     "summarize_points",
     "accuracy_metrics",
     "main_utility",
+    "PROTECTION_MARGIN",
+    "advantage",
+    "stronger_baseline",
+    "advantage_interval",
+    "classify",
+    "experiment_verdicts",
+    "audit_series",
+    "audit_matrix",
+    "audit_verdicts",
 ]
 
 

@@ -318,6 +318,13 @@ def _sigterm_exits() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _restore_env(previous: str | None) -> None:
+    if previous is None:
+        os.environ.pop(PARENT_ENV, None)
+    else:
+        os.environ[PARENT_ENV] = previous
+
+
 def _shutdown_pool() -> None:
     try:
         from joblib.externals.loky import get_reusable_executor
@@ -353,6 +360,7 @@ def parallel_map(fn: Callable[..., Any], items: Sequence[Any], *args: Any, jobs:
             return out
         from joblib import Parallel, delayed
 
+        previous = os.environ.get(PARENT_ENV)
         os.environ[PARENT_ENV] = str(os.getpid())  # workers watch this process (_watch_parent)
         kwargs: dict[str, Any] = {}
         if backend is None:
@@ -367,6 +375,7 @@ def parallel_map(fn: Callable[..., Any], items: Sequence[Any], *args: Any, jobs:
                     bar.update(1)
                 ok = True
             finally:
+                _restore_env(previous)
                 if not ok:
                     _shutdown_pool()
         return out
@@ -392,6 +401,7 @@ def scheduler_context(scheduler: str | None) -> Iterator[str | None]:
 
     cluster = None
     text = str(scheduler).strip()
+    previous = os.environ.get(PARENT_ENV)
     os.environ[PARENT_ENV] = str(os.getpid())  # local Dask workers watch this process too
     if text.startswith("local:") or text == "local":
         n = text.partition(":")[2] or "2"
@@ -417,3 +427,4 @@ def scheduler_context(scheduler: str | None) -> Iterator[str | None]:
         client.close()
         if cluster is not None:
             cluster.close()
+        _restore_env(previous)

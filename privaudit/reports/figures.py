@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -151,7 +152,9 @@ def make_figure(results: Mapping[str, Any]):
         else:
             _draw_single(ax, results, metrics, utility)
         ax.set_title(_title(results))
-        fig.tight_layout()
+        with warnings.catch_warnings():  # very long labels (from a results file): saved with a tight bbox anyway
+            warnings.simplefilter("ignore", UserWarning)
+            fig.tight_layout()
     return fig
 
 
