@@ -34,20 +34,22 @@ AUDIT_HTML = "audit.html"
 
 __all__ = ["pair_figure", "roc_figure", "render_html", "format_matrix", "write_audit_report"]
 
-#: Cell colours: red for a leak, green for protection, hatched amber for an attack that was
-#: not adapted (never green), grey when the attack does not apply.
+#: Cell colours: amber to red for a leak (by advantage), green for protection, hatched pale
+#: yellow for an attack that was not adapted (never green), grey when the attack does not apply.
 _VERDICT_KIND = {"leaks": "cell", "protected": "cell", "attack not adapted": "verdict-not-adapted",
                  "not applicable": "verdict-na"}
 
 
-def _colour(adv: float) -> str:
-    """Green (no advantage) to red (advantage >= 0.5)."""
+def _colour(adv: float, verdict: str = "leaks") -> str:
+    """Green for "protected"; amber (small advantage) to red (advantage >= 0.5) for "leaks"."""
     if adv is None or math.isnan(adv):
         return "#eeeeee"
+    if verdict == "protected":
+        return "#6cc47c"
     t = max(0.0, min(1.0, adv / 0.5))
-    r = int(round(60 + t * (220 - 60)))
-    g = int(round(180 - t * (180 - 60)))
-    b = int(round(90 - t * (90 - 60)))
+    r = int(round(236 + t * (220 - 236)))
+    g = int(round(176 - t * (176 - 60)))
+    b = int(round(64 - t * (64 - 60)))
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
@@ -152,7 +154,7 @@ def _cell(audit: Mapping[str, Any], cell: Mapping[str, Any] | None, defended: bo
     c.add(f"{fmt(adv)} (≤ {fmt(cell.get('advantage_high'))})", "b")
     c.add(f"{verdict}" + (f", vs {cell.get('against')}" if cell.get("against") else ""), "small")
     if verdict in ("leaks", "protected"):
-        c.background = _colour(adv)
+        c.background = _colour(adv, verdict)
     if defended:
         c.add(f"utility cost {fmt(cell.get('utility_cost'), 4)}", "small")
         if cell.get("epsilon") is not None and math.isfinite(num(cell.get("epsilon"))):
@@ -220,8 +222,8 @@ def render_html(audit: Mapping[str, Any]) -> str:
         "<p>Each cell: advantage of the attack's primary metric over the stronger of its prior-only and random-guess "
         "baselines (seed mean; ≤ the upper 95 % bound) with no defense and at each defense's strongest grid value, "
         f"its verdict, the utility cost there ({_esc(str(utility))} lost), the claimed ε total over the run and the "
-        "empirical ε lower bound. Green: no advantage; red: advantage ≥ 0.5; hatched: attack not adapted (it scores "
-        "below its baseline, which is not protection).</p>")
+        "empirical ε lower bound. Green: protected; amber to red: leaks (red: advantage ≥ 0.5); hatched: attack not "
+        "adapted (it scores below its baseline, which is not protection).</p>")
     header = ["attack (metric)", "no defense"] + [f"{_strength(audit, d)} = {fmt_value(d['grid'][-1])}"
                                                   for d in audit["defenses"]]
     rows = []
