@@ -283,6 +283,11 @@ def header_of(plan: Plan) -> dict[str, Any]:
         "sweep_values": list(plan.values),
         "noise": plan.noise,
         "defenses": [{"name": cls.name, **params} for cls, params in plan.defenses],
+        "defense_strengths": {
+            cls.name: {"strength": getattr(cls, "strength", None), "description": registry.describe(cls),
+                       "help": (getattr(cls, "param_help", {}) or {}).get(getattr(cls, "strength", None) or "", "")}
+            for cls, _ in plan.defenses
+        },
         "seeds": list(plan.seeds),
         "primary_metric": getattr(plan.attack_cls, "primary_metric", None),
         "utility_metric_declared": getattr(plan.protocol_cls, "main_utility", None),
@@ -379,6 +384,7 @@ def assemble(header: dict, dataset_summary: dict, points: list[dict], seconds: f
         "attack_params": header.get("attack_params", {}),
         "attack_description": header.get("attack_description", ""),
         "sweep_values": header.get("sweep_values", [None]),
+        "defense_strengths": header.get("defense_strengths", {}),
         "noise": header.get("noise", False),
         "seeds": header.get("seeds", []),
         "primary_metric": header.get("primary_metric"),

@@ -212,3 +212,26 @@ def test_ci95_band_matches_student_t(noise_results):
     k = values.index(1.0)
     assert mean[k] == pytest.approx(np.mean(acc))
     assert ci[k] == pytest.approx(4.302652729911275 * np.std(acc, ddof=1) / math.sqrt(3))
+
+
+def test_failed_render_leaves_the_old_folder_untouched(noise_results, tmp_path, monkeypatch):
+    out = reports.write_report(noise_results, tmp_path / "r")
+    before = _files(out)
+    changed = json.loads(json.dumps(render.jsonable(noise_results)))
+    changed["points"][0]["attack_metrics"]["accuracy"] = 0.123
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("rendering failed")
+
+    monkeypatch.setattr(render, "render_html", broken)
+    with pytest.raises(RuntimeError, match="rendering failed"):
+        reports.write_report(changed, out)
+    assert _files(out) == before  # results.json is not replaced first; no temporary file is left
+
+
+def test_markdown_escapes_markup(noise_results, tmp_path):
+    res = json.loads(json.dumps(render.jsonable(noise_results)))
+    res["attack"] = "a|b <i>x</i> [link](http://e.com) *em*"
+    md = render.render_markdown(res, "fig")
+    assert "a\\|b &lt;i&gt;x&lt;/i&gt; \\[link\\](http://e.com) \\*em\\*" in md
+    assert "<i>" not in md

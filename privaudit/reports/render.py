@@ -400,7 +400,7 @@ def glossary(results: Mapping[str, Any]) -> list[tuple[str, str]]:
             items.append((m, "not declared by the attack: assumed higher = stronger attack; plotted when every "
                              "value lies in [0, 1]."))
             continue
-        d = spec.description or "(no description declared)"
+        d = (spec.description or "(no description declared)").rstrip(".") + "."
         direction = "higher = stronger attack" if spec.higher_is_better else "lower = stronger attack"
         items.append((m, f"{d} Unit: {spec.unit or 'none'}; {direction}."))
     utility = figures.utility_metric(results)
@@ -421,10 +421,18 @@ def glossary(results: Mapping[str, Any]) -> list[tuple[str, str]]:
     sweep = results.get("sweep")
     if sweep:
         target, _, param = str(sweep).partition(".")
+        info = (results.get("defense_strengths") or {}).get(target) or {}
+        helptext = str(info.get("help") or "") if isinstance(info, Mapping) else ""
         unit = "scale b of the added noise, in the uploaded values' units (0 = no noise)" if results.get("noise") else (
             "the attack parameter varied" if target == "attack" else (
                 "the protocol setting varied" if target == "protocol" else f"the {param} parameter of defense {target}"))
-        items.append((str(sweep), unit + "."))
+        items.append((str(sweep), unit + (f"; {helptext}" if helptext else "") + "."))
+    strengths = results.get("defense_strengths") or {}
+    for name, info in strengths.items() if isinstance(strengths, Mapping) else ():
+        if not isinstance(info, Mapping) or not info.get("strength") or f"{name}.{info['strength']}" == sweep:
+            continue
+        text = str(info.get("help") or info.get("description") or "")
+        items.append((f"{name}.{info['strength']}", f"strength of defense {name}: {text}".rstrip(": ") + "."))
     if any(p.get("privacy") for p in results.get("points") or []):
         items.append(("ε total over the run", "the privacy loss the DP defense claims over all rounds, from its "
                                               "accountant, for the unit named in the column header."))
