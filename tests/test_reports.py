@@ -235,3 +235,27 @@ def test_markdown_escapes_markup(noise_results, tmp_path):
     md = render.render_markdown(res, "fig")
     assert "a\\|b &lt;i&gt;x&lt;/i&gt; \\[link\\](http://e.com) \\*em\\*" in md
     assert "<i>" not in md
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda d: d.update(metric_specs=[1, 2]), "'metric_specs' must be an object"),
+    (lambda d: d["points"][0].update(roc={"bit": {"fpr": ["x", "y"], "tpr": [1, 2]}}), "could not convert"),
+    (lambda d: d.update(figure_metrics=7), "not a valid results.json"),
+    (lambda d: d.update(verdicts=[{"rows": [{"value": [1], "advantage": "high"}]}]), None),  # shown as n/a
+    (lambda d: d["points"][0].update(privacy={"dummy-noise": {"epsilon": "lots"}}), None),  # shown as n/a
+])
+def test_report_of_a_malformed_results_json_is_one_line(noise_results, tmp_path, capsys, mutate, expected):
+    from privaudit.cli import main
+
+    out = reports.write_report(noise_results, tmp_path / "r")
+    data = json.loads((out / "results.json").read_text())
+    mutate(data)
+    (out / "results.json").write_text(json.dumps(data))
+    before = {k: v for k, v in _files(out).items() if k != "results.json"}
+    code = main(["report", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    if expected is None:  # wrong types where a number is expected read as missing numbers
+        assert code == 0 and err == [] and "n/a" in (out / "report.md").read_text()
+    else:
+        assert code == 2 and len(err) == 1 and expected in err[0]
+        assert {k: v for k, v in _files(out).items() if k != "results.json"} == before  # nothing replaced

@@ -136,9 +136,12 @@ def read_results(path: Path) -> dict[str, Any]:
                 "empirical_epsilon", "advantage"):
         if any(not isinstance(p.get(key, {}), dict) for p in data["points"]):
             raise PrivauditError(f"{path}: every point's {key!r} must be an object")
-    for key in ("verdicts", "summary", "reference"):
+    for key in ("verdicts", "summary", "reference", "defenses"):
         if key in data and not (isinstance(data[key], list) and all(isinstance(x, dict) for x in data[key])):
             raise PrivauditError(f"{path}: {key!r} must be a list of objects")
+    for key in ("metric_specs", "defense_strengths", "dataset", "protocol_config", "attack_params"):
+        if key in data and not isinstance(data[key], dict):
+            raise PrivauditError(f"{path}: {key!r} must be an object")
     return data
 
 
@@ -749,5 +752,10 @@ def rerender(out_dir: Path | str) -> Path:
         rs.add_advantages(results)
         results["verdicts"] = rs.experiment_verdicts(results)
     folder = out if out.is_dir() else out.parent
-    render_dir(results, folder)
+    try:
+        render_dir(results, folder)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        # a hand-edited or hostile file with the right keys but wrong types: nothing is replaced
+        raise PrivauditError(f"{folder / RESULTS_JSON}: not a valid results.json ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})") from None
     return folder
