@@ -37,8 +37,8 @@ so every point sees the same users.
 (Departure from a per-point protocol stream derived from ``(s, i)``: that would re-draw the
 split and initial model at every noise scale and blur the accuracy-vs-noise curve.)
 
-Parallelism (:func:`privaudit.runner.parallel_map`): points run in parallel with joblib (``jobs``); with a single point (or
-``jobs=1``) the points run in this process and an attack that declares a ``jobs`` parameter
+Parallelism (:func:`privaudit.runner.parallel_map`): points run in parallel with joblib
+(``jobs``); with a single point (or ``jobs=1``) the points run in this process and an attack that declares a ``jobs`` parameter
 gets the experiment's ``jobs`` for its per-user work instead. Progress is shown with tqdm on
 a terminal and nothing is printed when stderr is not a TTY.
 """

@@ -565,15 +565,18 @@ def render_markdown(results: Mapping[str, Any], figure_stem: str, extra_figures:
 # ------------------------------------------------------------------------------ HTML
 
 HTML_STYLE = """
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;
+margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:.6em 0;font-size:.85em;max-width:100%;table-layout:auto}
-th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right;overflow-wrap:anywhere;word-break:break-word}th{background:#f3f3f3}
+th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right;overflow-wrap:anywhere;word-break:break-word}
+th{background:#f3f3f3}
 td.l,th.l{text-align:left}
 figure.pa-figure{margin:1em 0;display:block;max-width:820px}figure.pa-figure svg{width:100%;height:auto;display:block}
 figcaption{font-size:.85em;color:#555}
 pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.85em;white-space:pre-wrap;overflow-wrap:anywhere}
-dl.cfg{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}dl.cfg dt{font-weight:600}dl.cfg dd{margin:0;overflow-wrap:anywhere}
+dl.cfg{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}dl.cfg dt{font-weight:600}
+dl.cfg dd{margin:0;overflow-wrap:anywhere}
 .note{background:#fff6e0;border-left:4px solid #e0a000;padding:.4em .8em}
 .verdict{background:#eef4ff;border-left:4px solid #3060c0;padding:.5em .9em;margin:.5em 0}
 .verdict-not-adapted{background:repeating-linear-gradient(45deg,#fff3c4,#fff3c4 6px,#f4e3a0 6px,#f4e3a0 12px)}
