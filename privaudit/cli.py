@@ -442,7 +442,7 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transcript", metavar="FILE", help="attack a recorded transcript instead of simulating")
     p.add_argument("--attack", metavar="A[:k=v,...]", help="attack (default: the protocol's default attack)")
     p.add_argument("--noise", metavar="KIND", help="sweep a noise defense's scale (laplace, gaussian)")
-    p.add_argument("--scales", metavar="LIST", help="noise scales (default 0,1e-4,1e-3,1e-2,1e-1,0.5,1)")
+    p.add_argument("--scales", metavar="LIST", help="noise scales (default: the defense's grid, 0,0.1,0.5,1,2,4 for laplace)")
     _data_args(p)
     p.add_argument("--sweep", metavar="TARGET.PARAM=V1,V2,...", help="sweep a defense, attack or protocol parameter")
     p.add_argument("--seeds", type=int, default=None, metavar="N", help="run seeds SEED..SEED+N-1 (default 3)")
@@ -455,22 +455,36 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
     _force_arg(p)
     p.add_argument("--quiet", action="store_true", help="do not print the table")
     _max_bytes_arg(p)
+    p.add_argument("--config", metavar="FILE.toml", help="run the plan of a plan.toml (every report folder records one)")
     p.epilog = "Parameters of a protocol, attack or defense (defaults, accepted values): privaudit describe NAME"
 
 
 _SIMULATION_ONLY = ("noise", "scales", "defense", "sweep", "set", "users", "seeds", "scheduler", "rating_scale")
+_PLAN_FIELDS = ("protocol", "transcript", "attack", "noise", "scales", "defense", "sweep", "set", "users", "seeds")
 
 
 @command("attack", "attack a simulated protocol (sweeping a defense) or a transcript; write a report")(_attack_args)
 def cmd_attack(args: argparse.Namespace) -> int:
     from privaudit import experiment, reports
+    from privaudit.plan import load_plan, plan_to_toml
 
-    if args.protocol and not args.transcript:
+    if args.protocol and not args.transcript and not args.config:
         _protocol_defaults(args)
     if args.protocol or args.transcript:
         args.out = args.out or _default_report_dir(args)
         _check_writable(args.out, args.force, "--out DIR", folder=True)
-    if args.transcript:
+    plan = None
+    if args.config:
+        given = [f"--{k}" for k in _PLAN_FIELDS if getattr(args, k) not in (None, [], False)]
+        given += ["--data"] if args.data != "synthetic" else []
+        given += ["--seed"] if args.seed != 0 else []
+        if given:
+            raise PrivauditError(f"--config cannot be combined with {', '.join(given)} (edit the plan instead)")
+        plan = load_plan(args.config, jobs=args.jobs, scheduler=args.scheduler)
+        if args.out:
+            _check_writable(args.out, args.force, "--out DIR", folder=True)
+        results = experiment.run_plan(plan)
+    elif args.transcript:
         given = [f"--{k}" for k in _SIMULATION_ONLY if getattr(args, k) not in (None, [], False)]
         if args.protocol or args.data != "synthetic":
             given += ["--protocol"] if args.protocol else []
@@ -507,8 +521,9 @@ def cmd_attack(args: argparse.Namespace) -> int:
             experiment.default_jobs() if args.jobs is None else args.jobs,
             scheduler=args.scheduler,
         )
-        results = experiment.run_experiment(exp)
-    out = reports.write_report(results, args.out)
+        plan = exp.plan()  # names resolved and everything validated before any compute
+        results = experiment.run_plan(plan)
+    out = reports.write_report(results, args.out, plan_toml=plan_to_toml(plan) if plan is not None else None)
     if not args.quiet:
         print(reports.format_table(results))
         line = _reference_line(results)
@@ -564,7 +579,8 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
 @command("audit", "every applicable attack against every applicable defense's grid: audit.json + audit.html")(_audit_args)
 def cmd_audit(args: argparse.Namespace) -> int:
     from privaudit import audit as au
-    from privaudit.experiment import default_jobs, parse_assignments
+    from privaudit.plan import parse_assignments
+    from privaudit.runner import default_jobs
 
     if args.transcript:
         return _audit_transcript(args)

@@ -3,9 +3,15 @@
 They are registered only inside the :func:`dummy_registry` fixture (and unregistered after),
 so they never show up in ``privaudit list`` for other tests. Protocol ``dummy-proto``: each
 client holds ``p`` secret bits and uploads ``signal * (2 bit - 1)`` per bit for ``rounds``
-rounds; attack ``dummy-attack`` guesses bit = upload > threshold (so its accuracy falls from
-1 to ~0.5 as Laplace noise grows); ``dummy-aux-attack`` is told a fraction of the bits
-(``aux_fraction``, swept by default) and guesses the rest at random.
+rounds (bits are 1 with probability ``bias``); attack ``dummy-attack`` guesses bit = upload >
+threshold (so its accuracy falls from 1 to ~0.5 as Laplace noise grows), declares its metrics,
+a prior-only baseline (the majority bit) and per-bit decisions (score = first upload);
+``dummy-aux-attack`` is told a fraction of the bits (``aux_fraction``, swept by default) and
+guesses the rest at random (it declares no metrics: the fallback spec applies);
+``dummy-minority-attack`` always guesses the minority bit (below its prior-only baseline:
+"attack not adapted"). Defense ``dummy-broken-dp`` claims epsilon-DP per round but adds
+Laplace noise 10x smaller than that epsilon needs (the audit must flag it); ``dummy-dp`` is its
+correctly calibrated twin.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from privaudit.data.dataset import RatingsDataset
 from privaudit.defenses.base import Defense, UploadBatch
 from privaudit.params import Param
 from privaudit.protocols.base import Protocol, RunResult
+from privaudit.results import Decisions, MetricSpec
 from privaudit.schema import MessageSchema, PayloadField, ProtocolSchema
 
 
@@ -49,6 +56,8 @@ class DummyProtocol(Protocol):
         Param("p", 4, "secret bits per client", ge=1),
         Param("rounds", 2, "upload rounds", ge=1),
         Param("signal", 1.0, "magnitude of an upload", ge=0),
+        Param("delay", 0.0, "seconds to sleep before the run (a slow protocol, for the process-cleanup tests)", ge=0),
+        Param("bias", 0.5, "probability that a secret bit is 1", ge=0, le=1),
     )
     default_attack = "dummy-attack"
     schema = ProtocolSchema(
@@ -62,8 +71,15 @@ class DummyProtocol(Protocol):
 
     def simulate(self, setup):
         config, n = setup.config, setup.dataset.n_users
+        if config["delay"]:
+            import time
+
+            time.sleep(config["delay"])  # a slow protocol, for the process-cleanup tests
         rng = np.random.default_rng(setup.seed)
-        bits = rng.integers(0, 2, size=(n, config["p"])).astype(np.float64)
+        if config["bias"] == 0.5:
+            bits = rng.integers(0, 2, size=(n, config["p"])).astype(np.float64)
+        else:
+            bits = (rng.random((n, config["p"])) < config["bias"]).astype(np.float64)
         senders = [f"client:{u}" for u in range(n)]
         private = {party: {"bits": bits[u]} for u, party in enumerate(senders)}
         t, channel = self.start(setup, ["server", *senders], private, rng)
@@ -82,6 +98,41 @@ class _BitsAttack(Attack):
     protocols = ("dummy-proto",)
     requires = ("upload",)
     primary_metric = "accuracy"
+    metric_specs = {
+        "accuracy": MetricSpec(True, True, "fraction", "share of the victims' secret bits guessed right"),
+        "victims": MetricSpec(True, False, "count", "number of victims attacked"),
+    }
+
+    def evaluate(self, transcript, rng):
+        """The base pipeline, plus the prior-only baseline and the per-bit decisions (filled here
+        until ``Attack.evaluate`` fills them itself)."""
+        outcome = super().evaluate(transcript, rng)
+        if getattr(outcome, "baseline_prior", None) is None:
+            outcome.baseline_prior = self.prior_baseline(transcript, {})
+        if not getattr(outcome, "decisions", None):
+            recon = outcome.reconstruction
+            outcome.decisions = self.decisions(recon, transcript) if recon.supported else {}
+        return outcome
+
+    def _truth(self, transcript):
+        return np.concatenate([transcript.private(p)["bits"] for p in transcript.parties if p.startswith("client:")])
+
+    def prior_baseline(self, transcript, knowledge):
+        """Always guess the majority bit of the public bit rate ``bias``."""
+        bits = self._truth(transcript)
+        bias = float(transcript.config.get("bias", 0.5))
+        guess = 1.0 if bias > 0.5 else 0.0
+        return {"accuracy": float(np.mean(bits == guess)) if bias != 0.5 else 0.5}
+
+    def decisions(self, recon, transcript):
+        scores, labels = [], []
+        for party, guess in recon.victims.items():
+            if "scores" in guess:
+                scores.append(guess["scores"])
+                labels.append(transcript.private(party)["bits"] > 0.5)
+        if not scores:
+            return {}
+        return {"bit": Decisions(np.concatenate(scores), np.concatenate(labels), positive="bit = 1")}
 
     def score(self, recon, transcript):
         hits = total = 0
@@ -107,7 +158,8 @@ class DummyAttack(_BitsAttack):
         for m in view.select("upload"):
             first.setdefault(m.sender, m.payload["values"])
         for party, values in first.items():
-            victims[party] = {"bits": (np.asarray(values) > self.threshold).astype(np.float64)}
+            values = np.asarray(values, dtype=np.float64)
+            victims[party] = {"bits": (values > self.threshold).astype(np.float64), "scores": values}
         return Reconstruction(self.name, self.party, victims)
 
 
@@ -115,6 +167,7 @@ class DummyAuxAttack(_BitsAttack):
     """Knows a fraction of each victim's bits, guesses the rest at random."""
 
     description = "test attack: auxiliary knowledge"
+    metric_specs = {}  # declares nothing: reports use the explicit fallback spec
     parameters = (Param("aux_fraction", 0.5, "fraction of the bits the attacker is told", ge=0, le=1),)
     default_sweep = ("aux_fraction", (0.0, 0.5, 1.0))
 
@@ -133,6 +186,23 @@ class DummyAuxAttack(_BitsAttack):
             guess[mask] = bits[mask]
             victims[party] = {"bits": guess}
         return Reconstruction(self.name, self.party, victims)
+
+
+class DummyMinorityAttack(DummyAttack):
+    """Always guesses the minority bit (scores below its prior-only baseline)."""
+
+    description = "test attack: guesses the minority bit"
+
+    def prior_knowledge(self, transcript, rng):
+        return {"bias": float(transcript.config.get("bias", 0.5))}  # public config
+
+    def run(self, view, knowledge, rng):
+        recon = super().run(view, knowledge, rng)
+        minority = 0.0 if knowledge["bias"] >= 0.5 else 1.0
+        for g in recon.victims.values():
+            g["bits"] = np.full_like(g["bits"], minority)
+            g["scores"] = np.zeros_like(g["scores"])
+        return recon
 
 
 class DummyNeedsAttack(DummyAttack):
@@ -175,6 +245,42 @@ class DummyEncrypt(Defense):
         return True
 
 
+class DummyBrokenDP(Defense):
+    """Claims epsilon-DP per round for each +-signal upload (sensitivity 2 signal) but adds
+    Laplace noise of scale 2 signal / (10 epsilon): 10x too little."""
+
+    description = "test defense: broken DP (noise 10x too small for its claim)"
+    parameters = (
+        Param("epsilon", 0.5, "claimed epsilon per round", gt=0),
+        Param("signal", 1.0, "the protocol's upload magnitude (sensitivity 2 signal)", gt=0),
+        Param("shortfall", 10.0, "factor by which the noise is too small", gt=0),
+    )
+    strength = "epsilon"
+    default_grid = (2.0, 0.5)
+
+    def on_upload(self, batch: UploadBatch, channel) -> UploadBatch:
+        b = 2.0 * self.signal / (self.shortfall * self.epsilon)
+        for payload in batch.payloads:
+            for key in batch.float_keys(payload):
+                payload[key] = payload[key] + channel.rng.laplace(0.0, b, size=np.shape(payload[key]))
+        return batch
+
+    def privacy_spent(self, rounds):
+        return {"epsilon": rounds * self.epsilon, "delta": 0.0, "unit": "one secret bit", "accountant": "basic",
+                "epsilon_per_round": self.epsilon}
+
+
+class DummyDP(DummyBrokenDP):
+    """The correctly calibrated twin of :class:`DummyBrokenDP` (noise 2 signal / epsilon)."""
+
+    description = "test defense: correct DP"
+    parameters = (
+        Param("epsilon", 0.5, "claimed epsilon per round", gt=0),
+        Param("signal", 1.0, "the protocol's upload magnitude (sensitivity 2 signal)", gt=0),
+        Param("shortfall", 1.0, "factor by which the noise is too small (1: correct)", gt=0),
+    )
+
+
 DUMMIES = {
     ("protocol", "dummy-proto"): DummyProtocol,
     ("attack", "dummy-attack"): DummyAttack,
@@ -195,4 +301,30 @@ def dummy_registry():
         yield DUMMIES
     finally:
         for kind, name in DUMMIES:
+            registry.unregister(kind, name)
+
+
+#: Registered only by :func:`verdict_registry` (they would change the audits of other tests).
+VERDICT_DUMMIES = {
+    ("attack", "dummy-minority-attack"): DummyMinorityAttack,
+    ("defense", "dummy-broken-dp"): DummyBrokenDP,
+    ("defense", "dummy-dp"): DummyDP,
+}
+
+
+def register_dummies(extra: bool = False) -> None:
+    """Register every dummy (built-ins are loaded first so names cannot clash later)."""
+    registry.available("protocol")
+    for (kind, name), cls in {**DUMMIES, **(VERDICT_DUMMIES if extra else {})}.items():
+        registry._register(kind, name)(cls)
+
+
+@pytest.fixture
+def verdict_registry():
+    """The dummies plus the verdict ones (minority attack, broken and correct DP), then removed."""
+    register_dummies(extra=True)
+    try:
+        yield {**DUMMIES, **VERDICT_DUMMIES}
+    finally:
+        for kind, name in {**DUMMIES, **VERDICT_DUMMIES}:
             registry.unregister(kind, name)

@@ -24,6 +24,8 @@ def strip_timings(obj):
         return {k: strip_timings(v) for k, v in obj.items() if not re.search(r"seconds|timing|traceback", k)}
     if isinstance(obj, list):
         return [strip_timings(v) for v in obj]
+    if isinstance(obj, float) and obj != obj:
+        return None  # NaN (e.g. a TPR at an FPR too small for the negatives): compare as missing
     return obj
 
 
@@ -66,7 +68,8 @@ def test_matrix_numbers(small_audit):
     assert cell[("dummy-attack", "dummy-noise")]["utility_cost"] > 0.5
     assert cell[("dummy-attack", "dp-laplace")]["value"] == 0.3
     assert cell[("dummy-attack", "dp-laplace")]["epsilon"] == pytest.approx(0.6)  # 2 rounds x 0.3
-    assert cell[("dummy-needs-attack", None)]["advantage"] == 0.0  # scores the baseline
+    assert cell[("dummy-needs-attack", None)]["verdict"] == "not applicable"  # never ran: no advantage claimed
+    assert np.isnan(cell[("dummy-needs-attack", None)]["advantage"])
     # one protocol run per (defense, value, seed) plus the undefended ones
     assert len(a["runs"]) == 2 * (1 + 4 + 6)
     assert all(set(r["attacks"]) == {"dummy-attack", "dummy-aux-attack", "dummy-needs-attack"} for r in a["runs"])
@@ -78,10 +81,13 @@ def test_audit_files_self_contained(small_audit, tmp_path):
     for key in ("privaudit_version", "protocol", "protocol_config", "dataset", "seeds", "attacks", "defenses", "runs", "matrix", "timing"):
         assert key in data
     page = (out / "audit.html").read_text()
-    assert page.count("class=\"pa-figure\"") == 3 * 2  # one figure per (attack, defense) pair
-    assert page.count("<svg") == 6
+    # one figure per (attack, defense) pair, and one ROC figure (only dummy-attack makes decisions)
+    assert page.count("class=\"pa-figure\"") == 3 * 2 + 1
+    assert page.count("<svg") == 7
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page) and "<link" not in page
-    assert "ε = 0.60" in page and "does not apply" in page and "privaudit 0.1.0" in page
+    # one name per number: the per-round parameter and the total over the run are named apart
+    assert "dp-laplace.epsilon (ε per round) = 0.3" in page and "ε total 0.60" in page
+    assert "(epsilon=" not in page and "does not apply" in page and "privaudit 0.1.0" in page
 
 
 def test_audit_is_deterministic_and_independent_of_jobs(dummy_registry, ds):
@@ -142,9 +148,10 @@ def test_audit_cli(dummy_registry, capsys, tmp_path):
                  "--seeds", "1", "--jobs", "1", "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    lines = captured.out.splitlines()
-    assert lines[0].split()[:4] == ["attack", "(advantage)", "no", "defense"]
-    assert lines[2].split()[:2] == ["dummy-attack", "0.500"]
+    lines = [line for line in captured.out.splitlines() if not line.startswith("verdict: ")]
+    assert captured.out.startswith("verdict: dummy-attack (accuracy): ")
+    assert lines[0].split()[:5] == ["attack", "(advantage,", "verdict)", "no", "defense"]
+    assert lines[2].split()[:3] == ["dummy-attack", "0.500", "leaks"]
     assert "note: dummy-needs-attack does not apply" in captured.out
     assert (out / "audit.json").exists() and (out / "audit.html").exists()
 

@@ -1,5 +1,6 @@
 """audit.html and report.html rendered in headless Chromium: every figure present with a
-non-zero size, and the screenshot not blank.
+non-zero size, no table wider than the page at 1,280 px, the screenshot not blank, and an XSS
+payload in a shared results.json never executes or appears unescaped.
 
 Skipped when Chromium is absent locally; under CI (``CI=true``) its absence is a failure
 (``.ci/run`` installs Debian's ``chromium``).
@@ -61,6 +62,9 @@ def _check_page(chrome: str, tmp_path, page, n_figures: int) -> None:
     body = re.search(r"<body[^>]*>", dom.stdout)
     assert body and 'data-rendered="1"' in body.group(0), "the page script did not run"
     assert f'data-figures="{n_figures}"' in body.group(0)
+    assert 'data-wide-tables="0"' in body.group(0), body.group(0)  # every table fits the page at 1,280 px
+    assert int(re.search(r'data-tables="(\d+)"', body.group(0)).group(1)) >= 2
+    assert "data-pwned" not in dom.stdout
     figs = re.findall(r'<figure class="pa-figure"[^>]*>', dom.stdout)
     assert len(figs) == n_figures
     for tag in figs:
@@ -82,9 +86,57 @@ def test_audit_and_report_html_render_in_chromium(tmp_path):
     ds = tiny_dataset(20)
     audit = au.run_audit(au.Audit("dummy-proto", seeds=2, defenses=["dummy-noise", "dp-laplace"], jobs=1), dataset=ds)
     out = au.write_audit(audit, tmp_path / "audit")
-    _check_page(chrome, tmp_path, out / "audit.html", n_figures=3 * 2)
+    _check_page(chrome, tmp_path, out / "audit.html", n_figures=3 * 2 + 1)  # pairs and one ROC
     res = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1,10", seeds=2).run(ds)
     rep = reports.write_report(res, tmp_path / "report")
-    # the accuracy figure and, as the noise records an epsilon, the accuracy-vs-epsilon figure
+    # the accuracy figure, the accuracy-vs-epsilon figure (the noise records an epsilon) and the ROC
     assert (rep / "accuracy_vs_noise_epsilon.svg").exists()
-    _check_page(chrome, tmp_path, rep / "report.html", n_figures=2)
+    _check_page(chrome, tmp_path, rep / "report.html", n_figures=3)
+
+
+PAYLOAD = '<script>document.body.setAttribute("data-pwned","1")</script><img src=x onerror="document.body.setAttribute(\'data-pwned\',\'1\')">'
+
+
+def _poison(obj, depth=0):
+    """Every string of a results dict (values and keys) with the payload appended."""
+    if isinstance(obj, dict):
+        return {(k + PAYLOAD if depth > 0 and k not in KEEP else k): _poison(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_poison(v, depth + 1) for v in obj]
+    if isinstance(obj, str):
+        return obj + PAYLOAD
+    return obj
+
+
+#: Keys that structure the file (poisoning them would only make it unreadable).
+KEEP = {"value", "seed", "attack_metrics", "baseline_random", "baseline_prior", "utility", "privacy", "roc",
+        "empirical_epsilon", "advantage", "advantage_against", "supported", "seconds", "epsilon", "delta", "fpr", "tpr",
+        "auc", "tpr@0.01", "tpr@0.001", "n_pos", "n_neg", "fpr_floor", "rows", "advantage_high", "advantage_low",
+        "verdict", "dp_violation", "epsilon_lb", "claimed_epsilon", "violation"}
+
+
+@pytest.mark.usefixtures("dummy_registry")
+def test_xss_payload_in_results_json_never_executes(tmp_path):
+    import json
+
+    from privaudit.cli import main
+
+    ds = tiny_dataset(20)
+    res = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1", seeds=2).run(ds)
+    rep = reports.write_report(res, tmp_path / "report")
+    data = json.loads((rep / "results.json").read_text())
+    poisoned = _poison(data)
+    poisoned["sweep"] = data["sweep"] + PAYLOAD
+    poisoned["points"][0]["reason"] = PAYLOAD
+    (rep / "results.json").write_text(json.dumps(poisoned))
+    assert main(["report", str(rep)]) == 0
+    page = (rep / "report.html").read_text()
+    md = (rep / "report.md").read_text()
+    assert page.count("<script") == 1 and "<img" not in page and "onerror=\"" not in page
+    assert "<script" not in md and "<img" not in md
+    assert "&lt;script&gt;" in page  # shown as text
+    chrome = _chromium()
+    dom = _run(chrome, tmp_path, rep / "report.html", "--virtual-time-budget=3000", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    body = re.search(r"<body[^>]*>", dom.stdout).group(0)
+    assert 'data-rendered="1"' in body and "data-pwned" not in body

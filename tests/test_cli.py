@@ -39,8 +39,9 @@ def test_attack_noise_writes_report_and_prints_table(capsys, tmp_path, csv_data)
     assert code == 0, captured.err
     assert captured.err == ""  # no progress bar when stderr is not a terminal
     lines = captured.out.splitlines()
-    assert lines[0].split()[0] == "dummy-noise.scale"
-    assert lines[2].split()[:2] == ["0", "1.000"]
+    assert lines[0].startswith("verdict: dummy-attack (accuracy): ")  # the verdict sentence comes first
+    assert lines[1].split()[0] == "dummy-noise.scale"
+    assert lines[3].split()[:2] == ["0", "1.000"]
     assert lines[-1] == f"report written to {out}/"
     data = json.loads((out / "results.json").read_text())
     assert data["dataset"]["users"] == 24 and data["dataset"]["source"] == csv_data
@@ -74,7 +75,7 @@ def test_run_then_attack_transcript_matches_in_memory(capsys, tmp_path, csv_data
     assert main(["attack", "--transcript", str(ptx), "--attack", attack, "--out", str(rec)]) == 0
     a = json.loads((mem / "results.json").read_text())["points"][0]
     b = json.loads((rec / "results.json").read_text())["points"][0]
-    assert a["attack_metrics"] == b["attack_metrics"] and a["baseline"] == b["baseline"]
+    assert a["attack_metrics"] == b["attack_metrics"] and a["baseline_random"] == b["baseline_random"]
     assert b["value"] is None and b["seed"] == 3
     # a shareable transcript cannot be scored: the attack runs, writes its reconstruction, says so in one line
     shared = tmp_path / "shared.ptx"
@@ -166,7 +167,7 @@ def test_fedmvmf_run_transcript_reattack_gives_in_memory_scores(capsys, tmp_path
     b = json.loads((rec / "results.json").read_text())
     assert a["attack"] == b["attack"] == "mvmf-analytic"
     assert a["points"][0]["attack_metrics"] == b["points"][0]["attack_metrics"]
-    assert a["points"][0]["baseline"] == b["points"][0]["baseline"]
+    assert a["points"][0]["baseline_random"] == b["points"][0]["baseline_random"]
     assert b["defenses"] == [{"name": "laplace", "scale": 0.1}]
     assert 0.5 < a["points"][0]["attack_metrics"]["rating_accuracy"] <= 1.0
 
@@ -182,9 +183,11 @@ def test_fedmvmf_noise_command_end_to_end(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # quiet when piped
-    assert proc.stdout.splitlines()[0].split()[:2] == ["laplace.scale", "rating_accuracy"]
+    assert proc.stdout.splitlines()[0].startswith("verdict: mvmf-analytic (rating_accuracy): ")
+    assert proc.stdout.splitlines()[1].split()[:2] == ["laplace.scale", "rating_accuracy"]
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["accuracy_vs_noise.png", "accuracy_vs_noise.svg", "report.html", "report.md", "results.csv", "results.json"]
+    assert names == ["accuracy_vs_noise.png", "accuracy_vs_noise.svg", "plan.toml", "report.html", "report.md",
+                     "results.csv", "results.json"]
     data = json.loads((out / "results.json").read_text())
     assert [p["attack_metrics"]["rating_accuracy"] for p in data["points"][:2]] == [1.0, 1.0]  # noise-free: exact
     assert data["dataset"]["users"] == 40 and data["utility_metric"] == "ndcg@10"

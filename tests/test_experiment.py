@@ -32,7 +32,7 @@ def test_noise_sweep_points_summary_and_schema(ds):
     assert [(p["value"], p["seed"]) for p in res["points"]] == [(v, s) for v in (0.0, 0.1, 10.0) for s in (5, 6, 7)]
     assert _acc(res, 0.0) == [1.0, 1.0, 1.0]  # noise-free: the sign attack is exact
     assert np.mean(_acc(res, 10.0)) < 0.7  # Laplace(10) on +-1 uploads: near the 0.5 baseline
-    assert all(p["baseline"] == {"accuracy": 0.5} for p in res["points"])
+    assert all(p["baseline_random"] == {"accuracy": 0.5} for p in res["points"])
     assert all(p["utility"]["ndcg@10"] == 1.0 for p in res["points"] if p["value"] == 0.0)
     assert all(p["seconds"] > 0 for p in res["points"])
     rows = {(r["value"], r["metric"]): r for r in res["summary"]}
@@ -46,7 +46,7 @@ def test_noise_sweep_points_summary_and_schema(ds):
     assert res["dataset"]["users"] == 30 and res["dataset"]["name"] == "tiny"
     for key in ("privaudit_version", "protocol", "protocol_config", "attack", "sweep", "defenses", "dataset", "points", "summary"):
         assert key in res
-    assert res["protocol_config"] == {"p": 4, "rounds": 2, "signal": 1.0}
+    assert res["protocol_config"] == {"p": 4, "rounds": 2, "signal": 1.0, "delay": 0.0, "bias": 0.5}
 
 
 def test_results_do_not_depend_on_jobs(ds):
@@ -100,7 +100,7 @@ def test_protocol_and_defense_sweeps(ds):
 def test_unsupported_attack_scores_as_baseline(ds):
     res = ex.build_experiment("dummy-proto", defenses=["dummy-encrypt"], seeds=1).run(ds)
     (p,) = res["points"]
-    assert p["attack_metrics"] == p["baseline"] == {"accuracy": 0.5}
+    assert p["attack_metrics"] == p["baseline_random"] == {"accuracy": 0.5}
     assert p["supported"] is False and "ciphertexts" in p["reason"]
 
 

@@ -94,7 +94,7 @@ def test_registry_and_defaults():
     for name in ("laplace", "gaussian"):
         cls = get("defense", name)
         assert cls.strength == "scale"
-        assert tuple(cls.default_grid) == (0.0, 1e-4, 1e-3, 1e-2, 1e-1, 0.5, 1.0)
+        assert tuple(cls.default_grid) == (0.0, 0.1, 0.5, 1.0, 2.0, 4.0)
         assert cls().scale == 0.0
         assert cls(scale="0.5").scale == 0.5
         assert not cls().hides_plaintext()

@@ -17,7 +17,7 @@ from privaudit.reports import figures, render
 from tests.dummies import tiny_dataset
 
 SCHEMA = ["privaudit_version", "protocol", "protocol_config", "attack", "sweep", "defenses", "dataset", "points", "summary"]
-POINT = ["value", "seed", "attack_metrics", "baseline", "utility", "seconds"]
+POINT = ["value", "seed", "attack_metrics", "baseline_random", "baseline_prior", "supported"]
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,7 @@ def test_report_folder_schema_and_files(noise_results, tmp_path):
         "accuracy_vs_noise.png", "accuracy_vs_noise.svg",
         "accuracy_vs_noise_epsilon.png", "accuracy_vs_noise_epsilon.svg",  # the noise records an epsilon
         "report.html", "report.md", "results.csv", "results.json",
+        "roc_dummy-attack.png", "roc_dummy-attack.svg",  # the attack makes per-bit decisions
     ]
     data = json.loads((out / "results.json").read_text())
     assert list(data)[: len(SCHEMA)] == SCHEMA
@@ -54,12 +55,13 @@ def test_report_folder_schema_and_files(noise_results, tmp_path):
     assert len(data["points"]) == 15
     for p in data["points"]:
         assert list(p)[: len(POINT)] == POINT
-    assert {r["metric"] for r in data["summary"]} >= {"accuracy", "victims", "baseline.accuracy", "utility.ndcg@10"}
+    assert {r["metric"] for r in data["summary"]} >= {"accuracy", "victims", "baseline.accuracy", "utility.ndcg@10",
+                                                      "advantage.accuracy"}
     assert all(set(r) == {"value", "metric", "mean", "ci95"} for r in data["summary"])
     with open(out / "results.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 15
-    assert {"value", "seed", "seconds", "attack.accuracy", "baseline.accuracy", "utility.ndcg@10"} <= set(rows[0])
+    assert {"value", "seed", "seconds", "attack.accuracy", "random.accuracy", "utility.ndcg@10"} <= set(rows[0])
     assert float(rows[0]["attack.accuracy"]) == data["points"][0]["attack_metrics"]["accuracy"]
 
 
@@ -88,7 +90,7 @@ def test_rerender_from_results_json_alone_is_identical(noise_results, tmp_path):
 def test_html_is_self_contained(noise_results, tmp_path):
     out = reports.write_report(noise_results, tmp_path / "r")
     page = (out / "report.html").read_text()
-    assert page.count("<svg") == 2 and 'class="pa-figure"' in page  # accuracy and accuracy-vs-epsilon
+    assert page.count("<svg") == 3 and 'class="pa-figure"' in page  # accuracy, accuracy-vs-epsilon, ROC
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert "<link" not in page and "@import" not in page and "<img" not in page
     assert "dummy-attack" in page and "dummy-noise" in page
@@ -103,8 +105,9 @@ def test_figure_axes_and_lines(noise_results):
     assert ax.get_xscale() == "symlog"  # 0 shown beside 0.01 .. 10
     assert ax.xaxis.get_transform().linthresh == 0.01
     labels = [line.get_label() for line in ax.get_lines()]
-    assert labels == ["accuracy", "accuracy: random guess"]
-    assert ax.get_lines()[1].get_linestyle() == "--"
+    assert labels == ["accuracy", "accuracy: prior", "accuracy: random"]
+    assert ax.get_lines()[1].get_linestyle() == "-." and ax.get_lines()[2].get_linestyle() == "--"
+    assert ax.get_legend().get_bbox_to_anchor().y0 < ax.bbox.y0  # the legend sits below the axes
     assert len(fig.axes) == 2 and fig.axes[1].get_ylabel() == "utility: ndcg@10"
     assert len(ax.collections) == 1  # the 95 % band
     mean0 = ax.get_lines()[0].get_ydata()
@@ -129,22 +132,27 @@ def test_figure_names():
 
 
 def test_x_axis_choice():
-    assert figures._x_axis([0.0, 1e-4, 1.0])[1:] == ("symlog", 1e-4)
-    assert figures._x_axis([1e-3, 1.0])[1] == "log"
-    assert figures._x_axis([0.05, 0.5, 1.0])[1] == "linear"
-    assert figures._x_axis(["semials", "sgd"])[1] == "category"
+    assert figures.x_axis([0.0, 1e-4, 1.0])[1:] == ("symlog", 1e-4)
+    assert figures.x_axis([1e-3, 1.0])[1] == "log"
+    assert figures.x_axis([0.05, 0.5, 1.0])[1] == "linear"
+    assert figures.x_axis(["semials", "sgd"])[1] == "category"
 
 
 def test_table(noise_results):
     text = reports.format_table(noise_results)
-    lines = text.splitlines()
-    assert lines[0].split() == ["dummy-noise.scale", "accuracy", "baseline", "accuracy", "utility", "ndcg@10", "epsilon", "(dummy-noise)", "seeds"]
-    assert lines[2].split()[:3] == ["0", "1.000", "0.500"]
+    lines = text.split("\n\n")[0].splitlines()  # the summary table (the ROC table follows)
+    assert lines[0].startswith("verdict: dummy-attack (accuracy): ")  # the verdict sentence opens the output
+    head = lines[1]
+    for column in ("dummy-noise.scale", "accuracy: random", "advantage (accuracy)", "verdict", "utility: ndcg@10",
+                   "ε total over the run", "empirical ε (95 % lower bound)", "seeds"):
+        assert column in head
+    assert head.count("ε total") == 1  # one epsilon column
+    assert lines[3].split()[:3] == ["0", "1.000", "0.500"]
     assert "±" in lines[-1]
-    # epsilon column: the seed mean of each point's privacy cost (dummy: rounds / scale; none at scale 0)
+    # epsilon column: the seed mean of each point's total privacy cost (dummy: rounds / scale; none at scale 0)
     rounds = {p["value"]: p["privacy"]["dummy-noise"]["epsilon"] * p["value"] for p in noise_results["points"] if p.get("privacy")}
     r = next(iter(rounds.values()))
-    assert lines[2].split()[-2] == "nan" and float(lines[-1].split()[-2]) == pytest.approx(r / 10, rel=1e-3)
+    assert lines[3].split()[-3] == "-" and float(lines[-1].split()[-3]) == pytest.approx(r / 10, rel=1e-3)
 
 
 def test_privacy_figure_plots_accuracy_and_utility_against_epsilon(noise_results):
@@ -153,7 +161,7 @@ def test_privacy_figure_plots_accuracy_and_utility_against_epsilon(noise_results
     assert np.isnan(eps[0]) and np.all(np.diff(eps[1:]) < 0)  # more noise, smaller epsilon
     fig = figures.make_privacy_figure(noise_results)
     ax = fig.axes[0]
-    assert ax.get_xlabel().startswith("epsilon of dummy-noise")
+    assert ax.get_xlabel() == "dummy-noise: ε total over the run"  # one epsilon: the total over the run
     assert ax.get_xscale() == "log"  # epsilon spans three decades
     line = ax.get_lines()[0]
     np.testing.assert_allclose(sorted(line.get_xdata()), sorted(float(f"{e:.3g}") for e in eps[1:]))
@@ -164,8 +172,8 @@ def test_privacy_figure_plots_accuracy_and_utility_against_epsilon(noise_results
 def test_protocol_declares_its_main_utility():
     points = [{"value": 1, "utility": {"ndcg@10": 0.3, "hr@10": 0.5}}]
     assert ex.main_utility({"points": points}) == "ndcg@10"
-    assert ex.main_utility({"protocol": "fedncf", "points": points}) == "hr@10"  # FedNCF.main_utility
-    assert ex.main_utility({"protocol": "no-such-protocol", "points": points}) == "ndcg@10"
+    assert ex.main_utility({"utility_metric": "hr@10", "points": points}) == "hr@10"  # declared, recorded by the plan
+    assert ex.main_utility({"utility_metric": "no-such-metric", "points": points}) == "ndcg@10"
 
 
 @pytest.mark.usefixtures("dummy_registry")
@@ -204,3 +212,50 @@ def test_ci95_band_matches_student_t(noise_results):
     k = values.index(1.0)
     assert mean[k] == pytest.approx(np.mean(acc))
     assert ci[k] == pytest.approx(4.302652729911275 * np.std(acc, ddof=1) / math.sqrt(3))
+
+
+def test_failed_render_leaves_the_old_folder_untouched(noise_results, tmp_path, monkeypatch):
+    out = reports.write_report(noise_results, tmp_path / "r")
+    before = _files(out)
+    changed = json.loads(json.dumps(render.jsonable(noise_results)))
+    changed["points"][0]["attack_metrics"]["accuracy"] = 0.123
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("rendering failed")
+
+    monkeypatch.setattr(render, "render_html", broken)
+    with pytest.raises(RuntimeError, match="rendering failed"):
+        reports.write_report(changed, out)
+    assert _files(out) == before  # results.json is not replaced first; no temporary file is left
+
+
+def test_markdown_escapes_markup(noise_results, tmp_path):
+    res = json.loads(json.dumps(render.jsonable(noise_results)))
+    res["attack"] = "a|b <i>x</i> [link](http://e.com) *em*"
+    md = render.render_markdown(res, "fig")
+    assert "a\\|b &lt;i&gt;x&lt;/i&gt; \\[link\\](http://e.com) \\*em\\*" in md
+    assert "<i>" not in md
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda d: d.update(metric_specs=[1, 2]), "'metric_specs' must be an object"),
+    (lambda d: d["points"][0].update(roc={"bit": {"fpr": ["x", "y"], "tpr": [1, 2]}}), "could not convert"),
+    (lambda d: d.update(figure_metrics=7), "not a valid results.json"),
+    (lambda d: d.update(verdicts=[{"rows": [{"value": [1], "advantage": "high"}]}]), None),  # shown as n/a
+    (lambda d: d["points"][0].update(privacy={"dummy-noise": {"epsilon": "lots"}}), None),  # shown as n/a
+])
+def test_report_of_a_malformed_results_json_is_one_line(noise_results, tmp_path, capsys, mutate, expected):
+    from privaudit.cli import main
+
+    out = reports.write_report(noise_results, tmp_path / "r")
+    data = json.loads((out / "results.json").read_text())
+    mutate(data)
+    (out / "results.json").write_text(json.dumps(data))
+    before = {k: v for k, v in _files(out).items() if k != "results.json"}
+    code = main(["report", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    if expected is None:  # wrong types where a number is expected read as missing numbers
+        assert code == 0 and err == [] and "n/a" in (out / "report.md").read_text()
+    else:
+        assert code == 2 and len(err) == 1 and expected in err[0]
+        assert {k: v for k, v in _files(out).items() if k != "results.json"} == before  # nothing replaced

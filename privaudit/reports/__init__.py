@@ -4,7 +4,11 @@
   ``results.json``, ``results.csv``, ``accuracy_vs_<param>.png``/``.svg``, ``report.md`` and a
   self-contained ``report.html``;
 - :func:`rerender` rebuilds every file of a folder from its ``results.json`` alone;
-- :func:`format_table` is the table the CLI prints.
+- :func:`format_table` is the table the CLI prints (the verdict sentences first);
+- :mod:`privaudit.reports.audit` renders ``audit.json``/``audit.html`` of an audit.
+
+Reports read results dicts only (:mod:`privaudit.results`), never the registry or the
+experiment code, and escape every string they take from them.
 """
 
 from privaudit.reports.render import (

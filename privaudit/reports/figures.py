@@ -6,35 +6,46 @@ Everything is drawn from a results dict (the ``results.json`` schema) alone, so
 
 Figure content (DESIGN.md "Experiments and reports"):
 
-- one line per accuracy-like attack metric (``results["figure_metrics"]``), the seed mean
-  with a 95 % band (Student t over seeds);
-- that metric's baselines in the same colour, dashed (uniform random guess) and dash-dotted
-  (``<metric>_majority``, the majority-class guess);
+- one line per plotted attack metric (``results["figure_metrics"]``, from the attack's
+  declared ``metric_specs``), the seed mean with a 95 % band (Student t over seeds), each with
+  its own marker and line style so that identical series stay visible;
+- that metric's baselines in the same colour, dash-dotted (``prior``: the prior-only guess)
+  and dashed (``random``: the uniform random guess);
 - the main utility metric on a second y axis (black, dotted band);
-- x: the swept value; log-scale when positive values span two decades or more, as symlog
+- x: the swept value; log-scale when positive values span more than a factor 20, as symlog
   with a linear piece below the smallest positive value when 0 is among them (so 0 shows).
   Non-numeric values are placed at equal spacing with their labels. A single point
-  (no sweep) is drawn as bars with the baselines as dashed ticks.
+  (no sweep) is drawn as bars with the baselines as dashed ticks;
+- legends sit below the axes, outside the data; labels taken from a results file are drawn
+  literally (no mathtext);
+- per attack with per-record decisions, a log-log ROC figure (:func:`make_roc_figure`).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from privaudit import results as rs
+from privaudit.results import fmt_value, num
+
 SVG_HASHSALT = "privaudit"
-_RC = {
+RC = {
     "svg.hashsalt": SVG_HASHSALT,
     "svg.fonttype": "path",
     "font.size": 9.0,
     "axes.titlesize": 10.0,
     "figure.dpi": 100.0,
     "savefig.dpi": 120.0,
+    "text.parse_math": False,
 }
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_STYLES = ("-", "--", ":", "-.")
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 
 
@@ -50,13 +61,6 @@ def figure_stem(results: Mapping[str, Any]) -> str:
     return "accuracy_vs_" + re.sub(r"[^A-Za-z0-9_-]+", "_", param)
 
 
-def _num(v: Any) -> float:
-    try:
-        return math.nan if v is None else float(v)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def _by_value(results: Mapping[str, Any], get) -> tuple[list[Any], dict[str, list[float]]]:
     """(sweep values in order of first appearance, {repr(value): [get(point) as float per seed]})."""
     order: list[Any] = []
@@ -66,7 +70,7 @@ def _by_value(results: Mapping[str, Any], get) -> tuple[list[Any], dict[str, lis
         if key not in groups:
             groups[key] = []
             order.append(p.get("value"))
-        groups[key].append(_num(get(p)))
+        groups[key].append(num(get(p)))
     return order, groups
 
 
@@ -97,43 +101,26 @@ def figure_metrics(results: Mapping[str, Any]) -> list[str]:
     every accuracy metric of the results."""
     metrics = results.get("figure_metrics")
     if metrics is None:
-        from privaudit.experiment import accuracy_metrics
-
-        metrics = accuracy_metrics(results)
-    return list(metrics)
+        metrics = rs.accuracy_metrics(results)
+    return [str(m) for m in metrics]
 
 
 def utility_metric(results: Mapping[str, Any]) -> str | None:
     """The utility metric a report shows: ``results["utility_metric"]``, else the main one."""
     if "utility_metric" in results:
-        return results.get("utility_metric")
-    from privaudit.experiment import main_utility
-
-    return main_utility(results)
-
-
-def _fmt_value(v: Any) -> str:
-    if isinstance(v, bool) or v is None:
-        return str(v)
-    if isinstance(v, (int, float)):
-        if v == 0:
-            return "0"
-        a = abs(float(v))
-        if a >= 1e-2 and a < 1e4:
-            return f"{float(v):g}"
-        text = f"{float(v):.3g}" if a >= 1e4 else f"{float(v):.0e}"  # 15100 -> 1.51e4, not 2e4
-        return text.replace("e-0", "e-").replace("e+0", "e").replace("e+", "e")
-    return str(v)
+        u = results.get("utility_metric")
+        return None if u is None else str(u)
+    return rs.main_utility(results)
 
 
-def _x_axis(values: Sequence[Any]) -> tuple[np.ndarray, str, float | None]:
+def x_axis(values: Sequence[Any]) -> tuple[np.ndarray, str, float | None]:
     """x positions, scale ("linear", "log", "symlog", "category"), symlog threshold."""
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
     if not numeric:
         return np.arange(len(values), dtype=float), "category", None
     x = np.asarray(values, dtype=float)
     pos = x[x > 0]
-    if (x >= 0).all() and pos.size >= 2 and pos.max() / pos.min() >= 100:
+    if (x >= 0).all() and pos.size >= 2 and pos.max() / pos.min() > 20:
         if (x == 0).any():
             return x, "symlog", float(pos.min())
         return x, "log", None
@@ -154,7 +141,7 @@ def make_figure(results: Mapping[str, Any]):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(RC):
         fig = Figure(figsize=(7.2, 4.4))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
@@ -165,40 +152,62 @@ def make_figure(results: Mapping[str, Any]):
         else:
             _draw_single(ax, results, metrics, utility)
         ax.set_title(_title(results))
-        fig.tight_layout()
+        with warnings.catch_warnings():  # very long labels (from a results file): saved with a tight bbox anyway
+            warnings.simplefilter("ignore", UserWarning)
+            fig.tight_layout()
     return fig
+
+
+def _baseline_series(results, metric: str) -> list[tuple[str, str, str]]:
+    """(field, label, line style) of the baselines recorded for ``metric``."""
+    out = []
+    if _has(results, "baseline_prior", metric):
+        out.append(("baseline_prior", "prior", "-."))
+    if _has(results, "baseline_random", metric):
+        out.append(("baseline_random", "random", "--"))
+    elif _has(results, "baseline", metric):  # a results.json written before the prior baselines
+        out.append(("baseline", "random", "--"))
+    return out
+
+
+def _legend_below(ax, handles, ncol: int = 2) -> None:
+    """The legend under the axes (outside the data)."""
+    if handles:
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, fontsize=7,
+                  frameon=False)
 
 
 def _draw_sweep(ax, results, metrics: list[str], utility: str | None) -> None:
     import matplotlib.ticker
     values = None
     handles = []
+    n = max(len(metrics), 1)
     for k, metric in enumerate(metrics):
         color = _PALETTE[k % len(_PALETTE)]
         values, mean, ci = _series(results, "attack_metrics", metric)
-        x, scale, thresh = _x_axis(values)
-        (h,) = ax.plot(x, mean, "-o", color=color, ms=4, lw=1.6, label=metric)
+        x, scale, thresh = x_axis(values)
+        (h,) = ax.plot(x, mean, marker=_MARKERS[k % len(_MARKERS)], ls=_STYLES[k % len(_STYLES)], color=color,
+                       ms=7 - 4 * k / n, lw=1.6, alpha=0.9, zorder=3 + k, label=metric)
         handles.append(h)
         band = np.nan_to_num(ci)
-        ax.fill_between(x, mean - band, mean + band, color=color, alpha=0.18, lw=0)
-        for suffix, style, what in (("", "--", "random guess"), ("_majority", "-.", "majority guess")):
-            if _has(results, "baseline", metric + suffix):
-                _, bmean, _ = _series(results, "baseline", metric + suffix)
-                (hb,) = ax.plot(x, bmean, style, color=color, lw=1.0, alpha=0.8, label=f"{metric}: {what}")
-                handles.append(hb)
+        ax.fill_between(x, mean - band, mean + band, color=color, alpha=0.15, lw=0)
+        for field, what, style in _baseline_series(results, metric):
+            _, bmean, _ = _series(results, field, metric)
+            (hb,) = ax.plot(x, bmean, style, color=color, lw=1.0, alpha=0.8, label=f"{metric}: {what}")
+            handles.append(hb)
     if values is None:  # no accuracy metric: still lay out the x axis from the points
         values = []
         for p in results.get("points") or []:
             if p.get("value") not in values:
                 values.append(p.get("value"))
-    x, scale, thresh = _x_axis(values)
+    x, scale, thresh = x_axis(values)
     ax.set_xlabel(str(results.get("sweep")) + (" (noise scale)" if results.get("noise") else ""))
     ys = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()] or [np.zeros(1)])
     ys = ys[np.isfinite(ys)]
     if ys.size == 0 or (ys.min() >= -1e-9 and ys.max() <= 1.0 + 1e-9):
-        ax.set_ylabel("attack accuracy")
+        ax.set_ylabel("attack metric")
         ax.set_ylim(-0.02, 1.05)
-    else:  # an error metric (e.g. a relative error): autoscale
+    else:  # e.g. a relative error: autoscale
         ax.set_ylabel("attack metric")
     ax.grid(True, alpha=0.3, lw=0.5)
     if utility and _has(results, "utility", utility):
@@ -215,10 +224,9 @@ def _draw_sweep(ax, results, metrics: list[str], utility: str | None) -> None:
     elif scale == "log":
         ax.set_xscale("log")
     ax.set_xticks(x)
-    ax.set_xticklabels([_fmt_value(v) for v in values], rotation=0)
+    ax.set_xticklabels([fmt_value(v) for v in values], rotation=0)
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    if handles:
-        ax.legend(handles=handles, loc="best", fontsize=7, framealpha=0.85)
+    _legend_below(ax, handles)
 
 
 def _draw_single(ax, results, metrics: list[str], utility: str | None) -> None:
@@ -231,17 +239,16 @@ def _draw_single(ax, results, metrics: list[str], utility: str | None) -> None:
     colors = [_PALETTE[k % len(_PALETTE)] for k in range(len(metrics))]
     ax.bar(x, np.nan_to_num(means), width=0.6, color=colors, alpha=0.8, yerr=np.nan_to_num(cis), capsize=3)
     for k, metric in enumerate(metrics):
-        for suffix, style in (("", "--"), ("_majority", "-.")):
-            if _has(results, "baseline", metric + suffix):
-                _, bmean, _ = _series(results, "baseline", metric + suffix)
-                ax.plot([x[k] - 0.35, x[k] + 0.35], [bmean[0], bmean[0]], style, color="black", lw=1.2)
+        for field, _what, style in _baseline_series(results, metric):
+            _, bmean, _ = _series(results, field, metric)
+            ax.plot([x[k] - 0.35, x[k] + 0.35], [bmean[0], bmean[0]], style, color="black", lw=1.2)
     ax.set_xticks(x)
     ax.set_xlim(-0.9, max(len(metrics) - 0.1, 0.9))
     ax.set_xticklabels(metrics, rotation=15, ha="right")
     finite = [m for m in means if np.isfinite(m)]
     if not finite or max(finite) <= 1.0:
         ax.set_ylim(0, 1.05)
-    ax.set_ylabel("attack metric (dashed: random guess, dash-dot: majority)")
+    ax.set_ylabel("attack metric (dash-dot: prior, dashed: random)")
     ax.grid(True, axis="y", alpha=0.3, lw=0.5)
     if utility and _has(results, "utility", utility):
         _, umean, _ = _series(results, "utility", utility)
@@ -254,10 +261,22 @@ def save_figure(fig, stem: Path) -> list[Path]:
 
     stem = Path(stem)
     png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
-    with matplotlib.rc_context(_RC):
-        fig.savefig(png, format="png", metadata={"Software": None})
-        fig.savefig(svg, format="svg", metadata={"Date": None, "Creator": None})
+    with matplotlib.rc_context(RC):
+        fig.savefig(png, format="png", metadata={"Software": None}, bbox_inches="tight")
+        fig.savefig(svg, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
     return [png, svg]
+
+
+def save_figure_staged(fig, stem: str, staged) -> str:
+    """Save ``stem.png``/``stem.svg`` through a :class:`~privaudit.reports.render.Staged`
+    folder (temporary names); the inline ``<svg>`` markup."""
+    import matplotlib
+
+    png, svg = staged.path(stem + ".png"), staged.path(stem + ".svg")
+    with matplotlib.rc_context(RC):
+        fig.savefig(png, format="png", metadata={"Software": None}, bbox_inches="tight")
+        fig.savefig(svg, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
+    return inline_svg(svg)
 
 
 def epsilon_series(results: Mapping[str, Any]) -> tuple[str, list[Any], np.ndarray] | None:
@@ -272,7 +291,8 @@ def epsilon_series(results: Mapping[str, Any]) -> tuple[str, list[Any], np.ndarr
     if not names:
         return None
     name = names[0]
-    order, groups = _by_value(results, lambda p: ((p.get("privacy") or {}).get(name) or {}).get("epsilon"))
+    order, groups = _by_value(results, lambda p: (((p.get("privacy") or {}).get(name) or {}).get("epsilon")
+                                                  if isinstance((p.get("privacy") or {}).get(name), Mapping) else None))
     eps = np.asarray([np.nanmean(groups[repr(v)]) if not all(math.isnan(x) for x in groups[repr(v)]) else math.nan for v in order])
     if np.sum(np.isfinite(eps) & (eps > 0)) < 2:
         return None
@@ -297,8 +317,7 @@ def make_privacy_figure(results: Mapping[str, Any]):
     points = sorted(
         ({**p, "value": float(f"{by_value[repr(p.get('value'))]:.3g}")} for p in keep), key=lambda p: p["value"]
     )
-    delta = next((((p.get("privacy") or {}).get(name) or {}).get("delta") for p in keep), None)
-    label = f"epsilon of {name}" + (f" (delta {delta:g})" if isinstance(delta, (int, float)) else "")
+    label = f"{name}: " + rs.privacy_label([p.get("privacy") for p in keep])
     return make_figure({**results, "points": points, "sweep": label, "noise": False, "summary": None})
 
 
@@ -319,4 +338,59 @@ def inline_svg(path: Path) -> str:
     start = text.find("<svg")
     text = text[start:] if start >= 0 else text
     text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S)
+    # matplotlib repeats every label in an XML comment; labels may come from a shared results.json
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
     return text.strip()
+
+
+def make_roc_figure(results: Mapping[str, Any]):
+    """Log-log ROC curves of the attack's per-record decisions, one per swept value (the
+    first seed's curve) and decision; None when the points record no ROC."""
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    curves = []
+    seen = set()
+    for p in results.get("points") or []:
+        for name, roc in (p.get("roc") or {}).items():
+            key = (repr(p.get("value")), name)
+            if key in seen or not isinstance(roc, Mapping):
+                continue
+            fpr = np.asarray(roc.get("fpr") or [], dtype=float)
+            tpr = np.asarray(roc.get("tpr") or [], dtype=float)
+            if fpr.size < 2 or fpr.shape != tpr.shape:
+                continue
+            seen.add(key)
+            label = name if not results.get("sweep") else f"{name}, {results.get('sweep')} = {fmt_value(p.get('value'))}"
+            curves.append((label + f" (AUC {rs.fmt(roc.get('auc'))})", fpr, tpr, num(roc.get("fpr_floor"))))
+    if not curves:
+        return None
+    with matplotlib.rc_context(RC):
+        fig = Figure(figsize=(6.4, 5.0))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        floor = min((c[3] for c in curves if math.isfinite(c[3]) and c[3] > 0), default=1e-3)
+        lo = min(floor, 1e-3)
+        handles = []
+        for k, (label, fpr, tpr, _) in enumerate(curves):
+            keep = (fpr > 0) & (tpr > 0)
+            (h,) = ax.plot(np.clip(fpr[keep], lo, 1), np.clip(tpr[keep], lo, 1), ls=_STYLES[k % len(_STYLES)],
+                           marker=_MARKERS[k % len(_MARKERS)], markevery=0.2, ms=4, lw=1.3,
+                           color=_PALETTE[k % len(_PALETTE)], label=label)
+            handles.append(h)
+        (hc,) = ax.plot([lo, 1], [lo, 1], color="grey", lw=0.8, ls=":", label="chance")
+        handles.append(hc)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, 1.02)
+        ax.set_ylim(lo, 1.02)
+        for f in (0.01, 0.001):
+            if f >= lo:
+                ax.axvline(f, color="#bbbbbb", lw=0.6)
+        ax.set_xlabel("false positive rate")
+        ax.set_ylabel("true positive rate")
+        ax.grid(True, which="major", alpha=0.3, lw=0.5)
+        ax.set_title(f"ROC: {results.get('attack')} ({results.get('protocol')})")
+        _legend_below(ax, handles, ncol=1)  # saved with bbox_inches="tight": the legend is kept
+    return fig

@@ -1,59 +1,104 @@
 """Report rendering: printed table, ``results.json``, ``results.csv``, ``report.md``, ``report.html``.
 
-Every output is produced from the results dict alone (the ``results.json`` schema of
-DESIGN.md), so :func:`rerender` rebuilds a report folder from its ``results.json``.
-``report.html`` is self-contained: the figure is embedded as inline SVG, the style is inline,
-and nothing refers to an external URL.
+Every output is produced from the results dict alone (the ``results.json`` schema,
+``docs/results-schema.md``), so :func:`rerender` rebuilds a report folder from its
+``results.json``. ``report.html`` is self-contained: figures are inline SVG, the style is
+inline, and nothing refers to an external URL. Every table cell is text escaped when the page
+is built (structured cells are built from data by :func:`html_cell`, never passed through as
+HTML); ``report.md`` escapes Markdown and HTML. All files of a folder are first written under
+temporary names and then renamed into place, ``results.json`` last.
 """
 
 from __future__ import annotations
 
 import csv
 import html
+import io
 import json
 import math
+import os
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from privaudit import _safejson
+from privaudit import results as rs
 from privaudit.errors import PrivauditError
 from privaudit.reports import figures
+from privaudit.results import fmt, fmt_pm, fmt_value, jsonable, num
 
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
+PLAN_TOML = "plan.toml"
+
+#: Largest results.json read (bytes) and deepest nesting accepted.
+MAX_RESULTS_BYTES = 256 * 1024 * 1024
+MAX_DEPTH = 64
 
 
-# ------------------------------------------------------------------------------ JSON
+# ------------------------------------------------------------------------------ files
 
 
-def jsonable(obj: Any) -> Any:
-    """``obj`` with NaN/inf -> None, numpy scalars/arrays -> Python, tuples -> lists."""
-    import numpy as np
+class Staged:
+    """Files written under temporary names, renamed into place by :meth:`commit` (in the order
+    staged), removed by :meth:`discard`; an existing file is never removed on failure."""
 
-    if isinstance(obj, Mapping):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return [jsonable(v) for v in obj.tolist()]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Path):
-        return str(obj)
-    if obj is None or isinstance(obj, (str, int, bool)):
-        return obj
-    return str(obj)
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.items: list[tuple[Path, Path]] = []
+
+    def path(self, name: str) -> Path:
+        """A temporary path for ``name`` (same folder, so the rename is atomic)."""
+        final = self.folder / name
+        tmp = self.folder / f".{name}.{os.getpid()}.tmp{final.suffix}"
+        self.items.append((tmp, final))
+        return tmp
+
+    def text(self, name: str, text: str) -> Path:
+        tmp = self.path(name)
+        tmp.write_text(text, encoding="utf-8")
+        return self.folder / name
+
+    def commit(self) -> list[Path]:
+        for tmp, final in self.items:
+            os.replace(tmp, final)
+        return [final for _, final in self.items]
+
+    def discard(self) -> None:
+        for tmp, _ in self.items:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+
+
+def dumps_json(data: Mapping[str, Any]) -> str:
+    """Strict JSON text of ``data`` (NaN -> null), keys in insertion order."""
+    return json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n"
 
 
 def write_json(data: Mapping[str, Any], path: Path) -> Path:
-    """Write ``data`` as strict JSON (NaN -> null), keys in insertion order."""
+    """Write ``data`` as strict JSON, atomically (a temporary file renamed into place)."""
     path = Path(path)
-    path.write_text(json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    staged = Staged(path.parent)
+    try:
+        staged.text(path.name, dumps_json(data))
+        staged.commit()
+    except BaseException:
+        staged.discard()
+        raise
     return path
+
+
+def load_json(path: Path, what: str) -> Any:
+    """Parse a JSON file with a size cap and a depth cap (:mod:`privaudit._safejson`; one-line errors)."""
+    try:  # bounded: size and nesting depth checked before parsing (no RecursionError on hostile files)
+        return _safejson.load_file(path, max_bytes=MAX_RESULTS_BYTES, max_depth=MAX_DEPTH)
+    except _safejson.JSONLimitError as exc:
+        raise PrivauditError(f"{path}: not a valid {what} ({exc})") from None
 
 
 def read_results(path: Path) -> dict[str, Any]:
@@ -63,10 +108,7 @@ def read_results(path: Path) -> dict[str, Any]:
         path = path / RESULTS_JSON
     if not path.is_file():
         raise PrivauditError(f"{path}: no such results file (run `privaudit attack ... --out DIR` first)")
-    try:  # bounded: size and nesting depth checked before parsing (no RecursionError on hostile files)
-        data = _safejson.load_file(path, max_bytes=_safejson.RESULTS_MAX_BYTES)
-    except _safejson.JSONLimitError as exc:
-        raise PrivauditError(f"{path}: not a valid results.json ({exc})") from None
+    data = load_json(path, "results.json")
     if not isinstance(data, dict):
         raise PrivauditError(f"{path}: not a results.json (expected a JSON object)")
     missing = [k for k in ("protocol", "attack", "sweep", "points") if k not in data]
@@ -74,49 +116,130 @@ def read_results(path: Path) -> dict[str, Any]:
         raise PrivauditError(f"{path}: not a results.json (missing {', '.join(missing)})")
     if not isinstance(data["points"], list) or not all(isinstance(p, dict) for p in data["points"]):
         raise PrivauditError(f"{path}: 'points' must be a list of objects")
+    for key in ("attack_metrics", "baseline", "baseline_random", "baseline_prior", "utility", "privacy", "roc",
+                "empirical_epsilon", "advantage"):
+        if any(not isinstance(p.get(key, {}), dict) for p in data["points"]):
+            raise PrivauditError(f"{path}: every point's {key!r} must be an object")
+    for key in ("verdicts", "summary", "reference", "defenses"):
+        if key in data and not (isinstance(data[key], list) and all(isinstance(x, dict) for x in data[key])):
+            raise PrivauditError(f"{path}: {key!r} must be a list of objects")
+    for key in ("metric_specs", "defense_strengths", "dataset", "protocol_config", "attack_params"):
+        if key in data and not isinstance(data[key], dict):
+            raise PrivauditError(f"{path}: {key!r} must be an object")
     return data
 
 
-# ------------------------------------------------------------------------------ numbers
+# ------------------------------------------------------------------------------ escaping
 
 
-def _num(v: Any) -> float:
-    try:
-        return math.nan if v is None else float(v)
-    except (TypeError, ValueError):
-        return math.nan
+def md_escape(text: Any) -> str:
+    """Text safe inside a Markdown paragraph or table cell: HTML escaped (``<`` ``>`` ``&``),
+    emphasis, code, link brackets and pipes backslash-escaped, newlines and control characters
+    turned into spaces."""
+    s = "".join(" " if (ord(c) < 32 or 127 <= ord(c) < 160) else c for c in str(text))
+    s = html.escape(s, quote=False)
+    return re.sub(r"([\\`*_\[\]|~])", r"\\\1", s)
 
 
-def _fmt(x: Any, digits: int = 3) -> str:
-    x = _num(x)
-    if math.isnan(x):
-        return "n/a"
-    return f"{x:.{digits}f}" if abs(x) < 1e4 else f"{x:.3g}"
+def md_code_block(text: str, lang: str = "") -> str:
+    """A fenced code block whose fence is longer than any backtick run in ``text``."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{text}\n{fence}"
 
 
-def _pm(mean: Any, ci: Any, digits: int = 3) -> str:
-    mean, ci = _num(mean), _num(ci)
-    if math.isnan(mean):
-        return "n/a"
-    if math.isnan(ci) or ci == 0:
-        return _fmt(mean, digits)
-    return f"{_fmt(mean, digits)} ± {_fmt(ci, digits)}"
+@dataclass
+class Cell:
+    """A structured table cell: lines of text (each escaped when rendered), an optional
+    background colour (``#rrggbb`` only) and a CSS class from a fixed set."""
+
+    lines: list[tuple[str, str]] = field(default_factory=list)  # (text, style: "b", "small", "")
+    background: str | None = None
+    kind: str = ""
+
+    def add(self, text: Any, style: str = "") -> "Cell":
+        self.lines.append((str(text), style))
+        return self
+
+    def plain(self) -> str:
+        return " / ".join(t for t, _ in self.lines)
+
+
+_SAFE_COLOUR = re.compile(r"^#[0-9a-fA-F]{6}$")
+_CELL_KINDS = {"", "cell", "verdict-leaks", "verdict-protected", "verdict-not-adapted", "verdict-na", "violation"}
+
+
+def html_cell(value: Any) -> str:
+    """The escaped inner HTML of a table cell built from data (a string or a :class:`Cell`)."""
+    if not isinstance(value, Cell):
+        return html.escape(str(value))
+    parts = []
+    for text, style in value.lines:
+        t = html.escape(text)
+        parts.append(f"<b>{t}</b>" if style == "b" else (f"<small>{t}</small>" if style == "small" else t))
+    inner = "<br>".join(parts)
+    style = f' style="background:{value.background}"' if value.background and _SAFE_COLOUR.match(value.background) else ""
+    kind = value.kind if value.kind in _CELL_KINDS else ""
+    cls = f' class="{kind}"' if kind else ""
+    return f"<div{cls}{style}>{inner}</div>" if (style or cls) else inner
+
+
+def html_table(header: Sequence[Any], rows: Iterable[Sequence[Any]], left: int = 1, cls: str = "") -> str:
+    """An HTML table; every header and cell escaped (:func:`html_cell`)."""
+
+    def cell(tag: str, j: int, value: Any) -> str:
+        c = ' class="l"' if j < left else ""
+        return f"<{tag}{c}>{html_cell(value)}</{tag}>"
+
+    klass = f' class="{html.escape(cls)}"' if cls else ""
+    out = [f"<table{klass}>", "<tr>" + "".join(cell("th", j, h) for j, h in enumerate(header)) + "</tr>"]
+    for r in rows:
+        out.append("<tr>" + "".join(cell("td", j, c) for j, c in enumerate(r)) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def md_table(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:
+    """A Markdown table; every cell escaped (:func:`md_escape`)."""
+
+    def text(v: Any) -> str:
+        return md_escape(v.plain() if isinstance(v, Cell) else v)
+
+    out = ["| " + " | ".join(text(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(text(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def plain_table(header: Sequence[Any], rows: Sequence[Sequence[Any]], left: int = 1) -> str:
+    """An aligned plain-text table (control characters removed)."""
+
+    def text(v: Any) -> str:
+        s = v.plain() if isinstance(v, Cell) else str(v)
+        return "".join(c if c.isprintable() else " " for c in s)
+
+    h = [text(x) for x in header]
+    body = [[text(c) for c in r] for r in rows]
+    widths = [max([len(h[j])] + [len(r[j]) for r in body]) for j in range(len(h))]
+    just = lambda j, c, w: c.ljust(w) if j < left else c.rjust(w)  # noqa: E731
+    lines = ["  ".join(just(j, c, w) for j, (c, w) in enumerate(zip(h, widths)))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(just(j, c, w) for j, (c, w) in enumerate(zip(r, widths))) for r in body]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ tables
 
 
 def _summary_index(results: Mapping[str, Any]) -> tuple[list[Any], dict[tuple[str, str], tuple[float, float]]]:
-    """(values in order, {(repr(value), metric): (mean, ci95)}) from ``summary`` (or the points)."""
-    summary = results.get("summary")
-    if not summary:
-        from privaudit.experiment import summarize_points
-
-        summary = summarize_points(results.get("points") or [])
+    """(values in order, {(repr(value), metric): (mean, ci95)}) recomputed from the points."""
+    summary = rs.summarize_points(results.get("points") or [])
     values: list[Any] = []
     index = {}
     for row in summary:
         v = row.get("value")
         if v not in values:
             values.append(v)
-        index[(repr(v), row.get("metric"))] = (_num(row.get("mean")), _num(row.get("ci95")))
+        index[(repr(v), row.get("metric"))] = (num(row.get("mean")), num(row.get("ci95")))
     if not values:
         for p in results.get("points") or []:
             if p.get("value") not in values:
@@ -124,23 +247,37 @@ def _summary_index(results: Mapping[str, Any]) -> tuple[list[Any], dict[tuple[st
     return values, index
 
 
-def table_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the summary table: value, each accuracy metric (mean ± ci95),
-    its random-guess baseline, the main utility."""
+def _verdict_rows(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    verdicts = results.get("verdicts") or []
+    rows = (verdicts[0].get("rows") if verdicts else None) or []
+    return {repr(r.get("value")): r for r in rows if isinstance(r, Mapping)}
+
+
+def table_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """Header and rows of the summary table: value, each plotted metric (mean ± ci95) with its
+    prior-only and random-guess baselines, the primary metric's advantage and verdict, the main
+    utility, the one epsilon (total over the run) and its empirical lower bound, seeds."""
     values, index = _summary_index(results)
     metrics = figures.figure_metrics(results)
     utility = figures.utility_metric(results)
-    header = [str(results.get("sweep") or "value")]
+    has = lambda prefix, m: any((repr(v), prefix + m) in index for v in values)  # noqa: E731
+    header = [_sweep_label(results)]
     for m in metrics:
         header.append(m)
-        if any((repr(v), "baseline." + m) in index for v in values):
-            header.append(f"baseline {m}")
+        if has("prior.", m):
+            header.append(f"{m}: prior")
+        if has("baseline.", m):
+            header.append(f"{m}: random")
+    vrows = _verdict_rows(results)
+    primary = (results.get("verdicts") or [{}])[0].get("metric") if results.get("verdicts") else None
+    if vrows and primary:
+        header += [f"advantage ({primary})", "verdict"]
     if utility:
-        header.append(f"utility {utility}")
-    eps = figures.epsilon_series(results)
-    if eps is not None:
-        header.append(f"epsilon ({eps[0]})")
-        eps_of = {repr(v): e for v, e in zip(eps[1], eps[2])}
+        header.append(f"utility: {utility}")
+    eps = any("epsilon" in (v or {}) for p in results.get("points") or [] for v in (p.get("privacy") or {}).values()
+              if isinstance(v, Mapping))
+    if eps:
+        header += [rs.privacy_label([p.get("privacy") for p in results.get("points") or []]), "empirical ε (95 % lower bound)"]
     header.append("seeds")
     counts: dict[str, int] = {}
     for p in results.get("points") or []:
@@ -148,32 +285,150 @@ def table_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     rows = []
     for v in values:
         key = repr(v)
-        row = [figures._fmt_value(v) if v is not None else "-"]
+        row: list[Any] = [fmt_value(v)]
         for m in metrics:
-            row.append(_pm(*index.get((key, m), (math.nan, math.nan))))
-            if any((repr(w), "baseline." + m) in index for w in values):
-                row.append(_fmt(index.get((key, "baseline." + m), (math.nan, math.nan))[0]))
+            row.append(fmt_pm(*index.get((key, m), (math.nan, math.nan))))
+            if has("prior.", m):
+                row.append(fmt(index.get((key, "prior." + m), (math.nan, math.nan))[0]))
+            if has("baseline.", m):
+                row.append(fmt(index.get((key, "baseline." + m), (math.nan, math.nan))[0]))
+        if vrows and primary:
+            vr = vrows.get(key, {})
+            row.append(f"{fmt(vr.get('advantage'))} (≤ {fmt(vr.get('advantage_high'))})" if vr else "n/a")
+            verdict = vr.get("verdict", "n/a")
+            row.append(verdict + (" (DP violation)" if vr.get("dp_violation") and "violation" not in verdict else ""))
         if utility:
-            row.append(_pm(*index.get((key, "utility." + utility), (math.nan, math.nan)), digits=4))
-        if eps is not None:
-            row.append(f"{eps_of.get(key, math.nan):.4g}")
+            row.append(fmt_pm(*index.get((key, "utility." + utility), (math.nan, math.nan)), digits=4))
+        if eps:
+            vr = vrows.get(key, {})
+            group = [p for p in results.get("points") or [] if repr(p.get("value")) == key]
+            emp = rs.empirical_summary(group)
+            row.append(fmt(emp["claimed"], 4) if math.isfinite(num(emp["claimed"])) else "-")
+            lb = emp["epsilon_lb"]
+            row.append("-" if math.isnan(num(lb)) else fmt(lb, 3) + (" VIOLATION" if emp["violation"] else ""))
         row.append(str(counts.get(key, 0)))
         rows.append(row)
     return header, rows
 
 
+def _sweep_label(results: Mapping[str, Any]) -> str:
+    sweep = results.get("sweep")
+    if not sweep:
+        return "value"
+    target, _, param = str(sweep).partition(".")
+    if target in ("attack", "protocol"):
+        return str(sweep)
+    return rs.strength_label(target, param, [p.get("privacy") for p in results.get("points") or []])
+
+
+def roc_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]] | None:
+    """AUC and TPR at 1 % and 0.1 % FPR per swept value and decision (seed means), or None."""
+    points = results.get("points") or []
+    names = rs.ordered_keys(points, "roc")
+    if not names:
+        return None
+    header = [str(results.get("sweep") or "value"), "decision (positive)", "AUC", "TPR at 1 % FPR", "TPR at 0.1 % FPR",
+              "positives / negatives"]
+    rows = []
+    order: list[Any] = []
+    for p in points:
+        if p.get("value") not in order:
+            order.append(p.get("value"))
+    for v in order:
+        group = [p for p in points if p.get("value") == v]
+        for name in names:
+            rocs = [(p.get("roc") or {}).get(name) for p in group]
+            rocs = [r for r in rocs if isinstance(r, Mapping)]
+            if not rocs:
+                continue
+            cells = [fmt_value(v), f"{name} ({rocs[0].get('positive', 'positive')})",
+                     fmt_pm(*rs.mean_ci95([r.get("auc") for r in rocs]))]
+            for f in ("0.01", "0.001"):
+                vals = [num(r.get(f"tpr@{f}")) for r in rocs]
+                if all(math.isnan(x) for x in vals):
+                    n_neg = int(min(num(r.get("n_neg")) for r in rocs))
+                    cells.append(f"n/a: {n_neg} negatives < {int(round(1 / float(f)))}")
+                else:
+                    cells.append(fmt_pm(*rs.mean_ci95(vals)))
+            cells.append(f"{int(num(rocs[0].get('n_pos')))} / {int(num(rocs[0].get('n_neg')))}")
+            rows.append(cells)
+    return header, rows
+
+
 def format_table(results: Mapping[str, Any]) -> str:
-    """The summary table as aligned plain text (what the CLI prints)."""
+    """The verdict sentences and the summary table as aligned plain text (what the CLI prints)."""
     header, rows = table_rows(results)
-    widths = [max(len(header[j]), *(len(r[j]) for r in rows)) if rows else len(header[j]) for j in range(len(header))]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
-    lines.append("  ".join("-" * w for w in widths))
-    for r in rows:
-        lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths)))
-    reasons = sorted({p.get("reason") for p in results.get("points") or [] if p.get("reason")})
+    lines = [f"verdict: {_plain(v.get('sentence', ''))}" for v in results.get("verdicts") or []]
+    lines.append(plain_table(header, rows, left=0))
+    roc = roc_rows(results)
+    if roc:
+        lines += ["", plain_table(*roc, left=2)]
+    reasons = sorted({str(p.get("reason")) for p in results.get("points") or [] if p.get("reason")})
     for reason in reasons:
-        lines.append(f"note: the attack did not apply ({reason}); its metrics equal the baseline")
+        lines.append(f"note: the attack did not apply ({_plain(reason)}); its metrics equal the baseline")
     return "\n".join(lines)
+
+
+def _plain(text: Any) -> str:
+    return "".join(c if c.isprintable() else " " for c in str(text))
+
+
+# ------------------------------------------------------------------------------ glossary
+
+
+def glossary(results: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(term, definition) of every metric shown, the baselines, the advantage, the verdicts,
+    the swept strength's unit and the epsilons."""
+    specs = results.get("metric_specs") or {}
+    items = []
+    for m in rs.ordered_keys(results.get("points") or [], "attack_metrics"):
+        spec = rs.spec_from_dict(specs.get(m))
+        if not (specs.get(m) or {}).get("declared", False):
+            items.append((m, "not declared by the attack: assumed higher = stronger attack; plotted when every "
+                             "value lies in [0, 1]."))
+            continue
+        d = (spec.description or "(no description declared)").rstrip(".") + "."
+        direction = "higher = stronger attack" if spec.higher_is_better else "lower = stronger attack"
+        items.append((m, f"{d} Unit: {spec.unit or 'none'}; {direction}."))
+    utility = figures.utility_metric(results)
+    if utility:
+        spec = rs.utility_spec(utility)
+        items.append((f"utility: {utility}", f"{spec.description} (the protocol's model quality; "
+                                             f"{'higher' if spec.higher_is_better else 'lower'} is better)."))
+    items += [
+        ("prior", "the prior-only baseline: the best guess of an attacker with the same prior knowledge but without "
+                  "the victims' messages, scored like the attack."),
+        ("random", "the uniform random guess over each value's domain."),
+        ("advantage", "attack metric minus the stronger of the prior and random baselines (in the metric's direction); "
+                      "≤ shows the upper 95 % bound."),
+        ("verdict", f"protected: advantage ≥ 0 with upper bound < {rs.PROTECTION_MARGIN}; leaks: upper bound ≥ "
+                    f"{rs.PROTECTION_MARGIN}; attack not adapted: the attack scores below its baseline on average "
+                    "(never counted as protection)."),
+    ]
+    sweep = results.get("sweep")
+    if sweep:
+        target, _, param = str(sweep).partition(".")
+        info = (results.get("defense_strengths") or {}).get(target) or {}
+        helptext = str(info.get("help") or "") if isinstance(info, Mapping) else ""
+        unit = "scale b of the added noise, in the uploaded values' units (0 = no noise)" if results.get("noise") else (
+            "the attack parameter varied" if target == "attack" else (
+                "the protocol setting varied" if target == "protocol" else f"the {param} parameter of defense {target}"))
+        items.append((str(sweep), unit + (f"; {helptext}" if helptext else "") + "."))
+    strengths = results.get("defense_strengths") or {}
+    for name, info in strengths.items() if isinstance(strengths, Mapping) else ():
+        if not isinstance(info, Mapping) or not info.get("strength") or f"{name}.{info['strength']}" == sweep:
+            continue
+        text = str(info.get("help") or info.get("description") or "")
+        items.append((f"{name}.{info['strength']}", f"strength of defense {name}: {text}".rstrip(": ") + "."))
+    if any(p.get("privacy") for p in results.get("points") or []):
+        items.append(("ε total over the run", "the privacy loss the DP defense claims over all rounds, from its "
+                                              "accountant, for the unit named in the column header."))
+        items.append(("empirical ε", "95 % lower bound on ε from the attack's per-record true and false positives "
+                                     "(Clopper-Pearson); above the claimed ε it is a DP violation."))
+    if any(p.get("roc") for p in results.get("points") or []):
+        items.append(("AUC, TPR at FPR", "area under the ROC curve of the attack's per-record decisions and its true "
+                                         "positive rate at 1 % and 0.1 % false positives (n/a: too few negatives)."))
+    return items
 
 
 # ------------------------------------------------------------------------------ CSV
@@ -181,49 +436,60 @@ def format_table(results: Mapping[str, Any]) -> str:
 
 def _flatten(point: Mapping[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"value": point.get("value"), "seed": point.get("seed"), "seconds": point.get("seconds")}
-    for field, prefix in (("attack_metrics", "attack."), ("baseline", "baseline."), ("utility", "utility.")):
-        for k, v in (point.get(field) or {}).items():
+    fields = (("attack_metrics", "attack."), ("baseline_prior", "prior."), ("advantage", "advantage."),
+              ("utility", "utility."))
+    for field_name, prefix in fields:
+        for k, v in (point.get(field_name) or {}).items():
             row[prefix + k] = v
+    for k, v in rs.point_random_baseline(point).items():
+        row["random." + k] = v
     for name, spent in (point.get("privacy") or {}).items():
         for k, v in (spent or {}).items():
             row[f"privacy.{name}.{k}"] = v
+    for name, roc in (point.get("roc") or {}).items():
+        for k in ("auc", "tpr@0.01", "tpr@0.001"):
+            row[f"roc.{name}.{k}"] = (roc or {}).get(k)
+    for name, e in (point.get("empirical_epsilon") or {}).items():
+        row[f"empirical_epsilon.{name}"] = (e or {}).get("epsilon_lb")
+        row[f"dp_violation.{name}"] = (e or {}).get("violation")
     if point.get("reason"):
         row["reason"] = point["reason"]
     return row
 
 
-def write_csv(results: Mapping[str, Any], path: Path) -> Path:
-    """One row per point: value, seed, seconds, ``attack.*``, ``baseline.*``, ``utility.*``."""
+def csv_text(results: Mapping[str, Any]) -> str:
+    """One row per point: value, seed, seconds, ``attack.*``, ``prior.*``, ``random.*``,
+    ``advantage.*``, ``utility.*``, privacy, ROC and empirical epsilon columns."""
     rows = [_flatten(p) for p in results.get("points") or []]
     columns: list[str] = []
     for r in rows:
         for k in r:
             if k not in columns:
                 columns.append(k)
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns, lineterminator="\n")
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: ("" if r.get(k) is None or (isinstance(r.get(k), float) and math.isnan(r[k])) else r[k]) for k in columns})
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        out = {}
+        for k in columns:
+            v = r.get(k)
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                out[k] = ""
+            elif isinstance(v, str) and v[:1] in ("=", "+", "-", "@"):
+                out[k] = "'" + v  # no formula injection in spreadsheets
+            else:
+                out[k] = v
+        writer.writerow(out)
+    return buf.getvalue()
+
+
+def write_csv(results: Mapping[str, Any], path: Path) -> Path:
+    """Write :func:`csv_text` to ``path``."""
+    Path(path).write_text(csv_text(results), encoding="utf-8")
     return Path(path)
 
 
 # ------------------------------------------------------------------------------ Markdown
-
-
-def _config_items(results: Mapping[str, Any]) -> list[tuple[str, str]]:
-    target, _, param = str(results.get("sweep") or "").partition(".")
-    swept = (target, param)
-    items = [
-        ("protocol", str(results.get("protocol"))),
-        ("attack", str(results.get("attack")) + _params(results.get("attack_params"))),
-        ("defenses", ", ".join(d.get("name", "?") + _params({k: ("swept" if swept == (d.get("name"), k) else v) for k, v in d.items() if k != "name"}) for d in results.get("defenses") or []) or "none"),
-        ("sweep", str(results.get("sweep") or "none (single point)")),
-        ("seeds", ", ".join(str(s) for s in results.get("seeds") or sorted({p.get("seed") for p in results.get("points") or []}, key=str))),
-        ("dataset", ", ".join(f"{k}={v}" for k, v in (results.get("dataset") or {}).items())),
-        ("privaudit", str(results.get("privaudit_version"))),
-    ]
-    return items
 
 
 def _params(params: Mapping[str, Any] | None) -> str:
@@ -232,54 +498,89 @@ def _params(params: Mapping[str, Any] | None) -> str:
     return "(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")"
 
 
-def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out)
+def _config_items(results: Mapping[str, Any]) -> list[tuple[str, str]]:
+    target, _, param = str(results.get("sweep") or "").partition(".")
+    swept = (target, param)
+    defenses = results.get("defenses") or []
+    items = [
+        ("protocol", str(results.get("protocol"))),
+        ("attack", str(results.get("attack")) + _params(results.get("attack_params"))),
+        ("defenses", ", ".join(str(d.get("name", "?")) + _params({k: ("swept" if swept == (d.get("name"), k) else v)
+                                                                   for k, v in d.items() if k != "name"})
+                               for d in defenses if isinstance(d, Mapping)) or "none"),
+        ("sweep", str(results.get("sweep") or "none (single point)")),
+        ("seeds", ", ".join(str(s) for s in results.get("seeds") or sorted({p.get("seed") for p in results.get("points") or []}, key=str))),
+        ("dataset", ", ".join(f"{k}={v}" for k, v in (results.get("dataset") or {}).items())),
+        ("privaudit", str(results.get("privaudit_version"))),
+    ]
+    return items
 
 
-def render_markdown(results: Mapping[str, Any], figure_stem: str) -> str:
+def render_markdown(results: Mapping[str, Any], figure_stem: str, extra_figures: Sequence[tuple[str, str]] = ()) -> str:
+    """``report.md``: verdicts, configuration, tables, figures, glossary (all text escaped)."""
     header, rows = table_rows(results)
-    lines = [f"# privaudit report: {results.get('attack')} against {results.get('protocol')}", ""]
-    lines += [f"- **{k}**: {v}" for k, v in _config_items(results)]
+    lines = [f"# privaudit report: {md_escape(results.get('attack'))} against {md_escape(results.get('protocol'))}", ""]
+    for v in results.get("verdicts") or []:
+        lines += [f"**Verdict.** {md_escape(v.get('sentence', ''))}", ""]
+    lines += [f"- **{md_escape(k)}**: {md_escape(v)}" for k, v in _config_items(results)]
     lines += ["", "## Attack accuracy and utility", ""]
-    lines.append("Seed mean ± 95 % confidence half-width (Student t over seeds); baseline: uniform random guess.")
-    lines += ["", _md_table(header, rows), ""]
+    lines.append("Seed mean ± 95 % confidence half-width (Student t over seeds); prior: prior-only baseline; "
+                 "random: uniform random guess.")
+    lines += ["", md_table(header, rows), ""]
+    roc = roc_rows(results)
+    if roc:
+        lines += ["## Per-record decisions (ROC)", "", md_table(*roc), ""]
     lines += [f"![attack accuracy]({figure_stem}.svg)", "", f"(also as [{figure_stem}.png]({figure_stem}.png))", ""]
-    if figures.epsilon_series(results) is not None:
-        eps_stem = figures.privacy_figure_stem(results)
-        lines += ["Against the privacy cost (mean epsilon over seeds):", ""]
-        lines += [f"![attack accuracy and utility vs epsilon]({eps_stem}.svg)", "", f"(also as [{eps_stem}.png]({eps_stem}.png))", ""]
-    reasons = sorted({p.get("reason") for p in results.get("points") or [] if p.get("reason")})
+    for stem, caption in extra_figures:
+        lines += [f"{md_escape(caption)}", "", f"![{md_escape(caption)}]({stem}.svg)", ""]
+    reasons = sorted({str(p.get("reason")) for p in results.get("points") or [] if p.get("reason")})
     for reason in reasons:
-        lines += [f"> The attack did not apply: {reason}. Its metrics equal the baseline.", ""]
-    lines += ["## Protocol configuration", "", "```json", json.dumps(jsonable(results.get("protocol_config") or {}), indent=2), "```", ""]
-    lines += ["Per-point numbers: `results.csv`; everything: `results.json` (`privaudit report DIR` re-renders this folder from it).", ""]
+        lines += [f"> The attack did not apply: {md_escape(reason)}. Its metrics equal the baseline.", ""]
+    lines += ["## Glossary", ""]
+    lines += [f"- **{md_escape(term)}**: {md_escape(text)}" for term, text in glossary(results)]
+    config = jsonable(results.get("protocol_config") or {})
+    lines += ["", "## Protocol configuration", "",
+              md_table(["key", "value"], [[k, json.dumps(v)] for k, v in config.items()]), ""]
+    lines += ["Per-point numbers: `results.csv`; everything: `results.json` (`privaudit report DIR` re-renders this "
+              "folder from it; `privaudit attack --config DIR/plan.toml` reruns it).", ""]
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------ HTML
 
 HTML_STYLE = """
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;
+margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.6em 0;font-size:.9em;display:block;overflow-x:auto;max-width:100%}
-th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f3f3f3}
+table{border-collapse:collapse;margin:.6em 0;font-size:.85em;max-width:100%;table-layout:auto}
+th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right;overflow-wrap:anywhere;word-break:break-word}
+th{background:#f3f3f3}
 td.l,th.l{text-align:left}
 figure.pa-figure{margin:1em 0;display:block;max-width:820px}figure.pa-figure svg{width:100%;height:auto;display:block}
 figcaption{font-size:.85em;color:#555}
-pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.85em}
-dl.cfg{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}dl.cfg dt{font-weight:600}dl.cfg dd{margin:0}
+pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.85em;white-space:pre-wrap;overflow-wrap:anywhere}
+dl.cfg{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}dl.cfg dt{font-weight:600}
+dl.cfg dd{margin:0;overflow-wrap:anywhere}
 .note{background:#fff6e0;border-left:4px solid #e0a000;padding:.4em .8em}
+.verdict{background:#eef4ff;border-left:4px solid #3060c0;padding:.5em .9em;margin:.5em 0}
+.verdict-not-adapted{background:repeating-linear-gradient(45deg,#fff3c4,#fff3c4 6px,#f4e3a0 6px,#f4e3a0 12px)}
+.verdict-na{background:#eeeeee}.violation{outline:2px solid #b00000}
+dl.glossary dt{font-weight:600;margin-top:.3em}dl.glossary dd{margin-left:1.2em}
 """
 
-#: Writes each figure's rendered size into data attributes (checked by the browser test).
+#: Writes each figure's rendered size and each table's width into data attributes (checked by
+#: the browser test).
 HTML_SIZE_SCRIPT = """
 (function(){function mark(){var figs=document.querySelectorAll('figure.pa-figure');
 for(var i=0;i<figs.length;i++){var r=figs[i].getBoundingClientRect();var s=figs[i].querySelector('svg');
 var rs=s?s.getBoundingClientRect():{width:0,height:0};figs[i].setAttribute('data-width',Math.round(r.width));
 figs[i].setAttribute('data-height',Math.round(r.height));figs[i].setAttribute('data-svg-width',Math.round(rs.width));
 figs[i].setAttribute('data-svg-height',Math.round(rs.height));}
+var tables=document.querySelectorAll('table');var wide=0;var page=document.body.clientWidth;
+for(var j=0;j<tables.length;j++){var w=Math.ceil(tables[j].getBoundingClientRect().width);
+tables[j].setAttribute('data-width',w);if(w>page||tables[j].scrollWidth>tables[j].clientWidth+1){wide++;}}
+document.body.setAttribute('data-tables',tables.length);document.body.setAttribute('data-wide-tables',wide);
+document.body.setAttribute('data-page-width',page);
 document.body.setAttribute('data-figures',figs.length);document.body.setAttribute('data-rendered','1');}
 if(document.readyState==='loading'){document.addEventListener('DOMContentLoaded',mark);}else{mark();}})();
 """
@@ -294,19 +595,8 @@ def html_page(title: str, body: str) -> str:
     )
 
 
-def html_table(header: Sequence[str], rows: Iterable[Sequence[str]], left: int = 1) -> str:
-    def cell(tag: str, j: int, text: str) -> str:
-        cls = ' class="l"' if j < left else ""
-        return f"<{tag}{cls}>{text}</{tag}>"
-
-    out = ["<table>", "<tr>" + "".join(cell("th", j, html.escape(str(h))) for j, h in enumerate(header)) + "</tr>"]
-    for r in rows:
-        out.append("<tr>" + "".join(cell("td", j, c if str(c).startswith("<") else html.escape(str(c))) for j, c in enumerate(r)) + "</tr>")
-    out.append("</table>")
-    return "\n".join(out)
-
-
 def html_figure(svg_markup: str, caption: str, fig_id: str) -> str:
+    """A figure around an SVG matplotlib drew (its text is drawn as paths; see figures.inline_svg)."""
     return (
         f'<figure class="pa-figure" id="{html.escape(fig_id)}">\n{svg_markup}\n'
         f"<figcaption>{html.escape(caption)}</figcaption>\n</figure>"
@@ -317,51 +607,53 @@ def html_config(items: Sequence[tuple[str, str]]) -> str:
     return '<dl class="cfg">' + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items) + "</dl>"
 
 
-def render_html(results: Mapping[str, Any], svg_markup: str, figure_stem: str, privacy_svg: str | None = None) -> str:
+def html_glossary(items: Sequence[tuple[str, str]]) -> str:
+    return '<dl class="glossary">' + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items) + "</dl>"
+
+
+def html_verdicts(verdicts: Sequence[Mapping[str, Any]]) -> str:
+    return "".join(f'<p class="verdict"><b>Verdict.</b> {html.escape(str(v.get("sentence", "")))}</p>' for v in verdicts)
+
+
+def render_html(results: Mapping[str, Any], svg_markup: str, figure_stem: str, privacy_svg: str | None = None,
+                extra: Sequence[tuple[str, str, str]] = ()) -> str:
+    """``report.html`` from the results and the inline SVGs (``extra``: (svg, caption, id))."""
     header, rows = table_rows(results)
     title = f"privaudit report: {results.get('attack')} against {results.get('protocol')}"
-    parts = [f"<h1>{html.escape(title)}</h1>", html_config(_config_items(results))]
+    parts = [f"<h1>{html.escape(title)}</h1>", html_verdicts(results.get("verdicts") or []),
+             html_config(_config_items(results))]
     parts.append("<h2>Attack accuracy and utility</h2>")
-    parts.append("<p>Seed mean ± 95 % confidence half-width (Student t over seeds); baseline: uniform random guess.</p>")
+    parts.append("<p>Seed mean ± 95 % confidence half-width (Student t over seeds); prior: prior-only baseline; "
+                 "random: uniform random guess. Terms are defined in the glossary below.</p>")
     parts.append(html_table(header, rows))
-    reasons = sorted({p.get("reason") for p in results.get("points") or [] if p.get("reason")})
+    reasons = sorted({str(p.get("reason")) for p in results.get("points") or [] if p.get("reason")})
     for reason in reasons:
         parts.append(f'<p class="note">The attack did not apply: {html.escape(reason)}. Its metrics equal the baseline.</p>')
-    parts.append(
-        html_figure(
-            svg_markup,
-            "Attack accuracy (lines, 95 % bands over seeds) with the random-guess (dashed) and majority (dash-dot) "
-            "baselines; utility on the right axis.",
-            figure_stem,
-        )
-    )
+    parts.append(html_figure(svg_markup, "Attack metrics (lines with markers, 95 % bands over seeds) with the prior-only "
+                             "(dash-dot) and random-guess (dashed) baselines; utility on the right axis.", figure_stem))
     if privacy_svg:
-        parts.append(
-            html_figure(
-                privacy_svg,
-                "The same attack accuracy and utility against the privacy cost epsilon (mean over seeds; "
-                "left = more private).",
-                figures.privacy_figure_stem(results),
-            )
-        )
+        parts.append(html_figure(privacy_svg, "The same attack metrics and utility against the claimed total ε "
+                                 "(mean over seeds; left = more private).", figures.privacy_figure_stem(results)))
+    roc = roc_rows(results)
+    if roc:
+        parts.append("<h2>Per-record decisions (ROC)</h2>")
+        parts.append(html_table(*roc, left=2))
+    for svg, caption, fig_id in extra:
+        parts.append(html_figure(svg, caption, fig_id))
+    parts.append("<h2>Glossary</h2>")
+    parts.append(html_glossary(glossary(results)))
     parts.append("<h2>Per point</h2>")
     pts = results.get("points") or []
-    keys = []
-    for p in pts:
-        for k in p.get("attack_metrics") or {}:
-            if k not in keys:
-                keys.append(k)
+    keys = rs.ordered_keys(pts, "attack_metrics")
     main = figures.utility_metric(results)
     ukeys = [main] if main else []
     prow = []
     for p in pts:
-        prow.append(
-            [figures._fmt_value(p.get("value")) if p.get("value") is not None else "-", str(p.get("seed"))]
-            + [_fmt((p.get("attack_metrics") or {}).get(k), 4) for k in keys]
-            + [_fmt((p.get("utility") or {}).get(k), 4) for k in ukeys]
-            + [_fmt(p.get("seconds"), 2)]
-        )
-    parts.append(html_table(["value", "seed"] + keys + [f"utility {k}" for k in ukeys] + ["seconds"], prow, left=0))
+        prow.append([fmt_value(p.get("value")), str(p.get("seed"))]
+                    + [fmt((p.get("attack_metrics") or {}).get(k), 4) for k in keys]
+                    + [fmt((p.get("utility") or {}).get(k), 4) for k in ukeys]
+                    + [fmt(p.get("seconds"), 2)])
+    parts.append(html_table(["value", "seed"] + keys + [f"utility: {k}" for k in ukeys] + ["seconds"], prow, left=0))
     parts.append("<h2>Protocol configuration</h2>")
     parts.append("<pre>" + html.escape(json.dumps(jsonable(results.get("protocol_config") or {}), indent=2)) + "</pre>")
     parts.append(
@@ -377,36 +669,65 @@ def render_html(results: Mapping[str, Any], svg_markup: str, figure_stem: str, p
 def default_out_dir(results: Mapping[str, Any]) -> Path:
     """``privaudit-report/<protocol>-<sweep>/`` (``transcript`` or ``single`` without a sweep)."""
     sweep = results.get("sweep") or ("transcript" if results.get("transcript") else "single")
-    return Path("privaudit-report") / f"{results.get('protocol')}-{sweep}"
+    name = re.sub(r"[^A-Za-z0-9_.@=-]+", "_", f"{results.get('protocol')}-{sweep}")
+    return Path("privaudit-report") / name
 
 
-def render_dir(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
-    """Write CSV, figures (PNG + SVG), Markdown and HTML of ``results`` into ``out_dir``."""
+def render_dir(results: Mapping[str, Any], out_dir: Path, staged: Staged | None = None) -> list[Path]:
+    """Write CSV, figures (PNG + SVG), Markdown and HTML of ``results`` into ``out_dir``
+    (staged under temporary names when ``staged`` is given, else renamed into place here)."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = [write_csv(results, out_dir / RESULTS_CSV)]
-    fig_paths = figures.write_figures(results, out_dir)
-    written += fig_paths
-    stem = figures.figure_stem(results)
-    svg = figures.inline_svg(out_dir / f"{stem}.svg")
-    eps_svg = out_dir / f"{figures.privacy_figure_stem(results)}.svg"
-    privacy_svg = figures.inline_svg(eps_svg) if eps_svg in fig_paths else None
-    (out_dir / REPORT_MD).write_text(render_markdown(results, stem), encoding="utf-8")
-    (out_dir / REPORT_HTML).write_text(render_html(results, svg, stem, privacy_svg), encoding="utf-8")
-    written += [out_dir / REPORT_MD, out_dir / REPORT_HTML]
-    return written
+    own = staged is None
+    staged = staged or Staged(out_dir)
+    try:
+        staged.text(RESULTS_CSV, csv_text(results))
+        stem = figures.figure_stem(results)
+        svg = figures.save_figure_staged(figures.make_figure(results), stem, staged)
+        privacy_svg = None
+        fig = figures.make_privacy_figure(results)
+        if fig is not None:
+            privacy_svg = figures.save_figure_staged(fig, figures.privacy_figure_stem(results), staged)
+        extra, md_extra = [], []
+        roc_fig = figures.make_roc_figure(results)
+        if roc_fig is not None:
+            roc_stem = "roc_" + re.sub(r"[^A-Za-z0-9_-]+", "_", str(results.get("attack")))
+            caption = (f"ROC of {results.get('attack')}'s per-record decisions on log-log axes, one curve per "
+                       "swept value (first seed); the diagonal is chance.")
+            extra.append((figures.save_figure_staged(roc_fig, roc_stem, staged), caption, roc_stem))
+            md_extra.append((roc_stem, caption))
+        staged.text(REPORT_MD, render_markdown(results, stem, md_extra))
+        staged.text(REPORT_HTML, render_html(results, svg, stem, privacy_svg, extra))
+        if own:
+            return staged.commit()
+        return [final for _, final in staged.items]
+    except BaseException:
+        if own:
+            staged.discard()
+        raise
 
 
-def write_report(results: Mapping[str, Any], out_dir: Path | str | None = None) -> Path:
-    """Write the whole report folder (``results.json`` first); the folder."""
+def write_report(results: Mapping[str, Any], out_dir: Path | str | None = None, plan_toml: str | None = None) -> Path:
+    """Write the whole report folder (figures, CSV, Markdown, HTML, ``plan.toml`` when given,
+    ``results.json`` last), every file staged under a temporary name and renamed into place
+    only once everything rendered; the folder."""
     out = Path(out_dir) if out_dir is not None else default_out_dir(results)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise PrivauditError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from None
-    write_json(results, out / RESULTS_JSON)
+    text = dumps_json(results)
     # render from the JSON round trip so that a later `privaudit report` is identical
-    render_dir(read_results(out / RESULTS_JSON), out)
+    data = json.loads(text)
+    staged = Staged(out)
+    try:
+        render_dir(data, out, staged)
+        if plan_toml is not None:
+            staged.text(PLAN_TOML, plan_toml)
+        staged.text(RESULTS_JSON, text)
+        staged.commit()
+    except BaseException:
+        staged.discard()
+        raise
     return out
 
 
@@ -414,6 +735,14 @@ def rerender(out_dir: Path | str) -> Path:
     """Re-render a report folder from its ``results.json`` alone."""
     out = Path(out_dir)
     results = read_results(out)
+    if "verdicts" not in results:  # a results.json written before the verdicts
+        rs.add_advantages(results)
+        results["verdicts"] = rs.experiment_verdicts(results)
     folder = out if out.is_dir() else out.parent
-    render_dir(results, folder)
+    try:
+        render_dir(results, folder)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        # a hand-edited or hostile file with the right keys but wrong types: nothing is replaced
+        raise PrivauditError(f"{folder / RESULTS_JSON}: not a valid results.json ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})") from None
     return folder

@@ -1,0 +1,438 @@
+"""A resolved experiment plan: classes, validated parameters, grid, seeds and backend, fixed
+once up front (from the command line, the Python API or a ``plan.toml``) so that execution
+never consults the registry.
+
+:func:`resolve` turns an :class:`~privaudit.experiment.Experiment` (names and strings) into a
+:class:`Plan`; :func:`plan_to_toml` writes the plan every report folder records as
+``plan.toml``; :func:`load_plan` reads one back (``privaudit attack --config DIR/plan.toml``
+reruns it with the same numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from privaudit import registry
+from privaudit.errors import PrivauditError
+from privaudit.params import coerce
+
+__all__ = [
+    "DEFAULT_SEEDS",
+    "PLAN_TOML",
+    "Sweep",
+    "Plan",
+    "parse_values",
+    "parse_sweep",
+    "parse_assignments",
+    "resolve",
+    "plan_to_toml",
+    "load_plan",
+]
+
+#: Default number of seeds of ``privaudit attack`` (95 % bands need at least two).
+DEFAULT_SEEDS = 3
+
+#: File name of the plan recorded in every report folder.
+PLAN_TOML = "plan.toml"
+
+
+# ------------------------------------------------------------------------------ parsing
+
+
+def parse_values(text: str, what: str) -> list[str]:
+    """Split ``"v1,v2,..."`` into stripped strings (at least one)."""
+    values = [v.strip() for v in str(text).split(",")]
+    if not text or any(v == "" for v in values):
+        raise PrivauditError(f"{what}: expected a comma-separated list of values, got {text!r}")
+    return values
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One swept parameter.
+
+    Attributes
+    ----------
+    target : str
+        ``"attack"``, ``"protocol"`` or the name of a defense.
+    param : str
+        Parameter (or protocol config key) swept.
+    values : tuple
+        The values, in order (already coerced to the parameter's type once resolved).
+    """
+
+    target: str
+    param: str
+    values: tuple
+
+    @property
+    def label(self) -> str:
+        """``target.param`` as written on the command line and in ``results.json``."""
+        return f"{self.target}.{self.param}"
+
+
+def parse_sweep(text: str) -> Sweep:
+    """Parse ``TARGET.PARAM=V1,V2,...`` (values stay strings until resolved)."""
+    lhs, eq, rhs = str(text).partition("=")
+    target, dot, param = lhs.strip().partition(".")
+    if not eq or not dot or not target.strip() or not param.strip():
+        raise PrivauditError(
+            "--sweep: expected TARGET.PARAM=V1,V2,... (e.g. laplace.scale=0,0.1 or attack.aux_fraction=0.1,0.5), "
+            f"got {text!r}"
+        )
+    return Sweep(target.strip(), param.strip(), tuple(parse_values(rhs, f"--sweep {lhs.strip()}")))
+
+
+def parse_assignments(items: Sequence[str] | None, what: str = "--set") -> dict[str, str]:
+    """Parse ``["KEY=VALUE", ...]`` into a dict (later keys win)."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        key, eq, value = str(item).partition("=")
+        if not eq or not key.strip():
+            raise PrivauditError(f"{what}: expected KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+# ------------------------------------------------------------------------------ the plan
+
+
+@dataclass
+class Plan:
+    """Everything an experiment runs, resolved and validated.
+
+    Attributes
+    ----------
+    protocol_cls, attack_cls : type
+        The classes (looked up once, by :func:`resolve`).
+    config : dict
+        The protocol config with the overrides applied (validated).
+    attack_params : dict
+        The attack's full parameters (validated).
+    defenses : list of (type, dict)
+        Active defenses in upload order with their full parameters.
+    sweep : Sweep | None
+        The swept parameter, values coerced to its type.
+    seeds : list of int
+        The seeds run.
+    jobs : int
+        joblib processes (-1: all cores).
+    scheduler : str | None
+        Dask scheduler address or ``local:N``.
+    data : str | RatingsDataset
+        ``"synthetic"``, a path, or a dataset object (not recordable in ``plan.toml``).
+    users : int | None
+        Subsample this many users (seeded by the first seed).
+    noise : bool
+        The sweep is a noise-scale sweep (the strength 0 is the undefended run).
+    progress : bool | None
+        tqdm progress bar; None: only on a terminal.
+    """
+
+    protocol_cls: type
+    attack_cls: type
+    config: dict[str, Any]
+    attack_params: dict[str, Any]
+    defenses: list[tuple[type, dict[str, Any]]]
+    sweep: Sweep | None
+    seeds: list[int]
+    jobs: int = 1
+    scheduler: str | None = None
+    data: Any = "synthetic"
+    users: int | None = None
+    noise: bool = False
+    progress: bool | None = None
+    names: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def seed(self) -> int:
+        """The base seed (the first)."""
+        return self.seeds[0]
+
+    @property
+    def values(self) -> tuple:
+        """The swept values (``(None,)`` without a sweep)."""
+        return self.sweep.values if self.sweep is not None else (None,)
+
+    def grid(self) -> Iterator[tuple[int, Any, dict[str, Any], dict[str, Any], list[tuple[type, dict[str, Any]]]]]:
+        """(value index, value, protocol config, attack params, defense specs) per swept value."""
+        for index, value in enumerate(self.values):
+            config = dict(self.config)
+            attack_params = dict(self.attack_params)
+            specs = [(cls, dict(params)) for cls, params in self.defenses]
+            if self.sweep is not None:
+                if self.sweep.target == "protocol":
+                    config = self.protocol_cls.resolve_config({**config, self.sweep.param: value})
+                elif self.sweep.target == "attack":
+                    attack_params = self.attack_cls(**{**attack_params, self.sweep.param: value}).config
+                else:
+                    for k, (cls, params) in enumerate(specs):
+                        if cls.name == self.sweep.target:
+                            specs[k] = (cls, cls(**{**params, self.sweep.param: value}).config)
+            yield index, value, config, attack_params, specs
+
+    def swept_defense(self) -> type | None:
+        """The defense class whose parameter the sweep varies (None for attack/protocol sweeps)."""
+        if self.sweep is None or self.sweep.target in ("attack", "protocol"):
+            return None
+        return next((cls for cls, _ in self.defenses if cls.name == self.sweep.target), None)
+
+
+def _resolve_attack(protocol_cls: type, attack: str | None) -> type:
+    name = attack or getattr(protocol_cls, "default_attack", None)
+    if not name:
+        raise PrivauditError(f"protocol {protocol_cls.name!r} has no default attack; name one with --attack")
+    attack_cls = registry.get("attack", name)
+    targets = tuple(getattr(attack_cls, "protocols", ()) or ())
+    if targets and protocol_cls.name not in targets:
+        raise PrivauditError(
+            f"attack {name!r} does not apply to protocol {protocol_cls.name!r} (it reads: {', '.join(targets)})"
+        )
+    return attack_cls
+
+
+def _resolve_sweep(sweep: Sweep | None, attack_params: Mapping[str, Any], protocol_cls: type, attack_cls: type,
+                   defense_specs: list[tuple[type, dict]]) -> Sweep | None:
+    """The sweep with values coerced to the parameter's type (default sweeps applied)."""
+    if sweep is None:
+        default = getattr(attack_cls, "default_sweep", None)
+        if default and default[0] not in attack_params:
+            sweep = Sweep("attack", str(default[0]), tuple(default[1]))
+        else:
+            for cls, params in defense_specs:
+                strength = getattr(cls, "strength", None)
+                grid = tuple(getattr(cls, "default_grid", ()) or ())
+                if strength and grid and strength not in params:
+                    sweep = Sweep(cls.name, strength, grid)
+                    break
+    if sweep is None:
+        return None
+    if sweep.target == "attack":
+        params, owner = attack_cls.params, f"attack {attack_cls.name!r}"
+    elif sweep.target == "protocol":
+        params, owner = protocol_cls.default_config, f"protocol {protocol_cls.name!r}"
+    else:
+        matches = [cls for cls, _ in defense_specs if cls.name == sweep.target]
+        if not matches:
+            raise PrivauditError(
+                f"--sweep {sweep.label}: {sweep.target!r} is not 'attack', 'protocol' or an active defense "
+                f"(active: {', '.join(c.name for c, _ in defense_specs) or 'none'})"
+            )
+        params, owner = matches[0].params, f"defense {sweep.target!r}"
+    if sweep.param not in params:
+        known = ", ".join(params) or "none"
+        raise PrivauditError(f"--sweep {sweep.label}: {owner} has no parameter {sweep.param!r} (known: {known})")
+    default = params[sweep.param]
+    values = tuple(coerce(v, default, sweep.param, owner) for v in sweep.values)
+    if not values:
+        raise PrivauditError(f"--sweep {sweep.label}: no values")
+    return Sweep(sweep.target, sweep.param, values)
+
+
+def resolve(
+    protocol: str,
+    attack: str | None = None,
+    attack_params: Mapping[str, Any] | None = None,
+    defenses: Sequence[tuple[str, Mapping[str, Any]]] = (),
+    sweep: Sweep | None = None,
+    protocol_config: Mapping[str, Any] | None = None,
+    data: Any = "synthetic",
+    users: int | None = None,
+    seeds: int = 1,
+    seed: int = 0,
+    jobs: int = 1,
+    noise: bool = False,
+    progress: bool | None = None,
+    scheduler: str | None = None,
+) -> Plan:
+    """Look every name up once, validate every parameter and every grid point; the :class:`Plan`.
+
+    The fields are those of :class:`~privaudit.experiment.Experiment` (names, parameter
+    overrides as strings or values).
+    """
+    from types import SimpleNamespace
+
+    from privaudit.runner import check_run_settings
+
+    experiment = SimpleNamespace(protocol=protocol, attack=attack, attack_params=dict(attack_params or {}),
+                                 defenses=[(n, dict(p)) for n, p in defenses], sweep=sweep,
+                                 protocol_config=dict(protocol_config or {}), data=data, users=users, seeds=seeds,
+                                 seed=seed, jobs=jobs, noise=noise, progress=progress, scheduler=scheduler)
+    check_run_settings(experiment.seeds, experiment.seed, experiment.jobs)
+    if experiment.users is not None and int(experiment.users) < 1:
+        raise PrivauditError(f"--users must be at least 1, got {experiment.users}")
+    protocol_cls = registry.get("protocol", experiment.protocol)
+    attack_cls = _resolve_attack(protocol_cls, experiment.attack)
+    defense_specs: list[tuple[type, dict]] = []
+    for name, params in experiment.defenses:
+        defense_specs.append((registry.get("defense", name), dict(params)))
+    if experiment.sweep is not None and experiment.sweep.target not in ("attack", "protocol"):
+        if experiment.sweep.target not in [cls.name for cls, _ in defense_specs]:
+            # a defense named only by the sweep is activated with its defaults
+            defense_specs.append((registry.get("defense", experiment.sweep.target), {}))
+    sweep = _resolve_sweep(experiment.sweep, experiment.attack_params, protocol_cls, attack_cls, defense_specs)
+    config = protocol_cls.resolve_config(experiment.protocol_config)
+    attack_params = attack_cls(**experiment.attack_params).config
+    defenses = [cls(**params) for cls, params in defense_specs]
+    protocol_cls.check_defenses(protocol_cls.name, defenses)
+    noise = bool(experiment.noise or (sweep is not None and sweep.param == "scale"
+                                      and sweep.target not in ("attack", "protocol")))
+    plan = Plan(
+        protocol_cls=protocol_cls,
+        attack_cls=attack_cls,
+        config=config,
+        attack_params=attack_params,
+        defenses=[(type(d), dict(d.config)) for d in defenses],
+        sweep=sweep,
+        seeds=list(range(int(experiment.seed), int(experiment.seed) + int(experiment.seeds))),
+        jobs=int(experiment.jobs),
+        scheduler=experiment.scheduler,
+        data=experiment.data,
+        users=None if experiment.users is None else int(experiment.users),
+        noise=noise,
+        progress=experiment.progress,
+    )
+    for _ in plan.grid():  # validates every grid point up front
+        pass
+    return plan
+
+
+# ------------------------------------------------------------------------------ TOML
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v if x is not None) + "]"
+    if isinstance(v, Mapping):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
+    return json.dumps(str(v))
+
+
+def _toml_table(name: str, d: Mapping[str, Any]) -> list[str]:
+    lines = [f"[{name}]"]
+    # None has no TOML form: such keys are left out and take their (None) default on reload
+    lines += [f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in d.items() if v is not None]
+    return lines + [""]
+
+
+def _data_source(data: Any) -> str:
+    if data is None or (isinstance(data, str) and data.strip().lower() == "synthetic"):
+        return "synthetic"
+    if isinstance(data, (str, Path)):
+        return str(Path(data).resolve())
+    raise PrivauditError("this plan ran on an in-memory dataset, which plan.toml cannot record")
+
+
+def plan_to_toml(plan: Plan) -> str:
+    """The TOML text of ``plan`` (read back by :func:`load_plan`)."""
+    try:
+        data = _data_source(plan.data)
+    except PrivauditError:
+        data = None
+    lines = ["# privaudit experiment plan: rerun with `privaudit attack --config plan.toml`", ""]
+    run = {"protocol": plan.protocol_cls.name, "attack": plan.attack_cls.name, "data": data, "users": plan.users,
+           "seeds": len(plan.seeds), "seed": plan.seed, "jobs": plan.jobs, "scheduler": plan.scheduler,
+           "noise": plan.noise}
+    if data is None:
+        lines.append("# the data was an in-memory dataset: give `data` before rerunning")
+    lines += _toml_table("run", run)
+    lines += _toml_table("protocol", plan.config)
+    lines += _toml_table("attack", plan.attack_params)
+    for cls, params in plan.defenses:
+        lines += ["[[defenses]]", f"name = {json.dumps(cls.name)}", ""]
+        lines += _toml_table("defenses.params", params)
+    if plan.sweep is not None:
+        lines += _toml_table("sweep", {"target": plan.sweep.target, "param": plan.sweep.param,
+                                       "values": list(plan.sweep.values)})
+    return "\n".join(lines)
+
+
+def _table(doc: Mapping[str, Any], key: str, path: Path) -> dict[str, Any]:
+    value = doc.get(key, {})
+    if not isinstance(value, dict):
+        raise PrivauditError(f"{path}: [{key}] must be a table")
+    return value
+
+
+def load_plan(path: Path | str, jobs: int | None = None, scheduler: str | None = None,
+              progress: bool | None = None) -> Plan:
+    """Read a ``plan.toml`` (a file, or a report folder holding one) and resolve it.
+
+    ``jobs`` and ``scheduler`` replace the recorded backend (they never change the numbers).
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / PLAN_TOML
+    if not path.is_file():
+        raise PrivauditError(f"{path}: no such plan file")
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise PrivauditError(f"{path}: not a valid plan.toml ({exc})") from None
+    unknown = sorted(set(doc) - {"run", "protocol", "attack", "defenses", "sweep"})
+    if unknown:
+        raise PrivauditError(f"{path}: unknown table(s) {', '.join(unknown)}")
+    run = _table(doc, "run", path)
+    allowed = {"protocol", "attack", "data", "users", "seeds", "seed", "jobs", "scheduler", "noise"}
+    if set(run) - allowed:
+        raise PrivauditError(f"{path}: unknown key(s) in [run]: {', '.join(sorted(set(run) - allowed))}")
+    if not isinstance(run.get("protocol"), str):
+        raise PrivauditError(f"{path}: [run] needs protocol = \"NAME\"")
+    for key, kind in (("attack", str), ("data", str), ("scheduler", str)):
+        if key in run and not isinstance(run[key], kind):
+            raise PrivauditError(f"{path}: [run] {key} must be a string")
+    for key in ("users", "seeds", "seed", "jobs"):
+        if key in run and (isinstance(run[key], bool) or not isinstance(run[key], int)):
+            raise PrivauditError(f"{path}: [run] {key} must be an integer")
+    if "data" not in run:
+        raise PrivauditError(f"{path}: [run] needs data = \"synthetic\" or a path")
+    defenses = doc.get("defenses", [])
+    if not isinstance(defenses, list) or not all(isinstance(d, dict) and isinstance(d.get("name"), str)
+                                                 for d in defenses):
+        raise PrivauditError(f"{path}: [[defenses]] entries need name = \"NAME\"")
+    defense_list = []
+    for d in defenses:
+        params = d.get("params", {})
+        if not isinstance(params, dict) or set(d) - {"name", "params"}:
+            raise PrivauditError(f"{path}: defense {d['name']!r}: expected name and a [defenses.params] table")
+        defense_list.append((d["name"], dict(params)))
+    sweep = None
+    if "sweep" in doc:
+        s = _table(doc, "sweep", path)
+        if not (isinstance(s.get("target"), str) and isinstance(s.get("param"), str)
+                and isinstance(s.get("values"), list) and s["values"]):
+            raise PrivauditError(f"{path}: [sweep] needs target, param and a non-empty values list")
+        sweep = Sweep(s["target"], s["param"], tuple(s["values"]))
+    return resolve(
+        protocol=run["protocol"],
+        attack=run.get("attack"),
+        attack_params=_table(doc, "attack", path),
+        defenses=defense_list,
+        sweep=sweep,
+        protocol_config=_table(doc, "protocol", path),
+        data=run["data"],
+        users=run.get("users"),
+        seeds=run.get("seeds", DEFAULT_SEEDS),
+        seed=run.get("seed", 0),
+        jobs=run.get("jobs", 1) if jobs is None else jobs,
+        noise=bool(run.get("noise", False)),
+        progress=progress,
+        scheduler=run.get("scheduler") if scheduler is None else scheduler,
+    )

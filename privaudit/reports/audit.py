@@ -1,0 +1,339 @@
+"""Audit rendering: ``audit.json`` and a self-contained ``audit.html`` (and the printed matrix),
+built from the audit dict alone (:func:`privaudit.audit.run_audit`)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from privaudit import results as rs
+from privaudit.errors import PrivauditError
+from privaudit.reports import figures
+from privaudit.reports.render import (
+    Cell,
+    Staged,
+    dumps_json,
+    html_config,
+    html_figure,
+    html_glossary,
+    html_page,
+    html_table,
+    html_verdicts,
+    plain_table,
+)
+from privaudit.results import fmt, fmt_value, num
+
+AUDIT_JSON = "audit.json"
+AUDIT_HTML = "audit.html"
+
+__all__ = ["pair_figure", "roc_figure", "render_html", "format_matrix", "write_audit_report"]
+
+#: Cell colours: amber to red for a leak (by advantage), green for protection, hatched pale
+#: yellow for an attack that was not adapted (never green), grey when the attack does not apply.
+_VERDICT_KIND = {"leaks": "cell", "protected": "cell", "attack not adapted": "verdict-not-adapted",
+                 "not applicable": "verdict-na"}
+
+
+def _colour(adv: float, verdict: str = "leaks") -> str:
+    """Green for "protected"; amber (small advantage) to red (advantage >= 0.5) for "leaks"."""
+    if adv is None or math.isnan(adv):
+        return "#eeeeee"
+    if verdict == "protected":
+        return "#6cc47c"
+    t = max(0.0, min(1.0, adv / 0.5))
+    r = int(round(236 + t * (220 - 236)))
+    g = int(round(176 - t * (176 - 60)))
+    b = int(round(64 - t * (64 - 60)))
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def _svg_of(fig) -> str:
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context(figures.RC):
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
+    text = buf.getvalue()
+    text = text[text.find("<svg"):]
+    text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S)
+    return re.sub(r"<!--.*?-->", "", text, flags=re.S).strip()  # labels repeated in comments
+
+
+def pair_figure(audit: Mapping[str, Any], attack: str, defense: str):
+    """Advantage-vs-strength figure of one (attack, defense) pair, utility on a second axis."""
+    import matplotlib
+    import matplotlib.ticker
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    series = [s for s in rs.audit_series(audit, attack, defense) if "mean" in s]
+    none = rs.audit_series(audit, attack, None)
+    d = next(x for x in audit["defenses"] if x["name"] == defense)
+    values = [s["value"] for s in series]
+    with matplotlib.rc_context(figures.RC):
+        fig = Figure(figsize=(6.4, 3.8))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        x, scale, thresh = figures.x_axis(values)
+        mean = np.array([num(s["mean"]) for s in series])
+        ci = np.nan_to_num(np.array([num(s["ci95"]) for s in series]))
+        metric = series[0]["metric"] if series else "metric"
+        (h,) = ax.plot(x, mean, "-o", color="#1f77b4", ms=5, lw=1.6, zorder=4, label=f"{attack}: {metric}")
+        handles = [h]
+        ax.fill_between(x, mean - ci, mean + ci, color="#1f77b4", alpha=0.18, lw=0)
+        for key, label, style, marker in (("baseline_prior", "prior", "-.", "^"), ("baseline_random", "random", "--", "v")):
+            base = np.array([num(s.get(key)) for s in series])
+            if np.isfinite(base).any():
+                (hb,) = ax.plot(x, base, ls=style, marker=marker, ms=3, color="#555555", lw=1.0, label=label)
+                handles.append(hb)
+        if none and not math.isnan(num(none[0].get("mean"))):
+            hn = ax.axhline(num(none[0]["mean"]), color="#d62728", lw=0.9, ls=":", label="no defense")
+            handles.append(hn)
+        utility = series[0].get("utility_metric") if series else None
+        if utility:
+            ax2 = ax.twinx()
+            u = np.array([num(s.get("utility")) for s in series])
+            uc = np.nan_to_num(np.array([num(s.get("utility_ci95")) for s in series]))
+            (hu,) = ax2.plot(x, u, ":s", color="black", ms=3, lw=1.2, label=f"utility: {utility} (right)")
+            ax2.fill_between(x, u - uc, u + uc, color="black", alpha=0.08, lw=0)
+            ax2.set_ylabel(f"utility: {utility}")
+            handles.append(hu)
+        if scale == "symlog":
+            ax.set_xscale("symlog", linthresh=thresh, linscale=0.6)
+        elif scale == "log":
+            ax.set_xscale("log")
+        ax.set_xticks(x)
+        ax.set_xticklabels([fmt_value(v) for v in values])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set_xlabel(_strength(audit, d))
+        ax.set_ylabel(metric)
+        finite = mean[np.isfinite(mean)]
+        if finite.size == 0 or (finite.min() >= 0 and finite.max() <= 1):
+            ax.set_ylim(-0.02, 1.05)
+        ax.grid(True, alpha=0.3, lw=0.5)
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=7, frameon=False)
+        ax.set_title(f"{attack} vs {defense} ({audit['protocol']})")
+        fig.tight_layout()
+    return fig
+
+
+def roc_figure(audit: Mapping[str, Any], attack: str):
+    """Log-log ROC of one attack's decisions, undefended and at each defense's strongest value."""
+    points = []
+    for dname in [None] + [d["name"] for d in audit.get("defenses") or []]:
+        series = rs.audit_series(audit, attack, dname)
+        if not series:
+            continue
+        row = series[0] if dname is None else series[-1]
+        if row.get("roc"):
+            points.append({"value": "no defense" if dname is None else f"{dname}@{fmt_value(row['value'])}",
+                           "roc": row["roc"]})
+    if not points:
+        return None
+    return figures.make_roc_figure({"attack": attack, "protocol": audit.get("protocol"), "sweep": "defense",
+                                    "points": points})
+
+
+def _strength(audit: Mapping[str, Any], d: Mapping[str, Any]) -> str:
+    return rs.strength_label(d["name"], d["strength"], [r.get("privacy") for r in audit.get("runs") or []
+                                                         if r.get("defense") == d["name"]])
+
+
+def _cell(audit: Mapping[str, Any], cell: Mapping[str, Any] | None, defended: bool) -> Any:
+    if cell is None:
+        return "-"
+    verdict = cell.get("verdict", "not applicable")
+    adv = num(cell.get("advantage"))
+    c = Cell(kind=_VERDICT_KIND.get(verdict, "cell"))
+    c.add(f"{fmt(adv)} (≤ {fmt(cell.get('advantage_high'))})", "b")
+    c.add(f"{verdict}" + (f", vs {cell.get('against')}" if cell.get("against") else ""), "small")
+    if verdict in ("leaks", "protected"):
+        c.background = _colour(adv, verdict)
+    if defended:
+        c.add(f"utility cost {fmt(cell.get('utility_cost'), 4)}", "small")
+        if cell.get("epsilon") is not None and math.isfinite(num(cell.get("epsilon"))):
+            c.add(f"ε total {fmt(cell.get('epsilon'), 2)}", "small")
+        if cell.get("epsilon_lb") is not None and math.isfinite(num(cell.get("epsilon_lb"))):
+            c.add(f"empirical ε ≥ {fmt(cell.get('epsilon_lb'), 2)}", "small")
+        if cell.get("dp_violation"):
+            c.add("DP VIOLATION", "b")
+            c.kind = "violation"
+    if cell.get("errors"):
+        c.add("error: " + "; ".join(cell["errors"])[:200], "small")
+    return c
+
+
+def _glossary(audit: Mapping[str, Any]) -> list[tuple[str, str]]:
+    items = []
+    for a in audit.get("attacks") or []:
+        spec = (a.get("metric_specs") or {}).get(a["primary_metric"]) or {}
+        d = spec.get("description") or "(no description declared)"
+        direction = "higher" if spec.get("higher_is_better", True) else "lower"
+        items.append((f"{a['name']}: {a['primary_metric']}", f"{d} Unit: {spec.get('unit') or 'none'}; {direction} = "
+                      f"stronger attack.{'' if spec.get('declared') else ' Not declared by the attack.'}"))
+    for d in audit.get("defenses") or []:
+        items.append((f"{d['name']}.{d['strength']}", f"strength of {d['name']} (grid {', '.join(fmt_value(v) for v in d['grid'])}, "
+                      "weakest first): " + str(d.get("description") or "")))
+    utility = rs.audit_utility(audit)
+    if utility:
+        items.append((f"utility: {utility}", rs.utility_spec(utility).description + "."))
+    items += [
+        ("advantage", "attack metric minus the stronger of its prior-only and random-guess baselines (seed mean); "
+                      "≤ shows the upper 95 % bound."),
+        ("verdict", f"leaks (upper bound ≥ {rs.PROTECTION_MARGIN}); protected (advantage ≥ 0, upper bound < "
+                    f"{rs.PROTECTION_MARGIN}); attack not adapted (below its baseline on average: not protection, "
+                    "shown hatched); not applicable."),
+        ("ε total", "the claimed privacy loss over the whole run (the DP defense's accountant), for the unit in the "
+                    "table header."),
+        ("empirical ε", "95 % lower bound on ε from the attack's per-record decisions (Clopper-Pearson); above the "
+                        "claimed ε: DP violation."),
+    ]
+    return items
+
+
+def render_html(audit: Mapping[str, Any]) -> str:
+    """The self-contained ``audit.html`` (inline SVG figures, inline style, escaped cells)."""
+    title = f"privaudit audit: {audit['protocol']}"
+    utility = rs.audit_utility(audit)
+    parts = [f"<h1>{_esc(title)}</h1>", html_verdicts(audit.get("verdicts") or [])]
+    ds = audit.get("dataset") or {}
+    timing = audit.get("timing") or {}
+    parts.append(html_config([
+        ("protocol", str(audit["protocol"])),
+        ("dataset", ", ".join(f"{k}={v}" for k, v in ds.items())),
+        ("seeds", ", ".join(str(s) for s in audit.get("seeds", []))),
+        ("attacks", ", ".join(a["name"] + (" (" + ", ".join(f"{k}={v}" for k, v in a["audit_params"].items()) + ")"
+                                            if a.get("audit_params") else "") for a in audit["attacks"])),
+        ("defenses", ", ".join(f"{d['name']} ({d['strength']} in {', '.join(fmt_value(v) for v in d['grid'])})"
+                               for d in audit["defenses"]) or "none"),
+        ("not swept", ", ".join(f"{s['name']} ({s['reason']})" for s in audit.get("skipped_defenses", [])) or "none"),
+        ("runs", f"{timing.get('runs', len(audit['runs']))} protocol runs, {fmt(timing.get('total_seconds'), 1)} s "
+                 f"({timing.get('backend', '')})"),
+        ("privaudit", str(audit.get("privaudit_version"))),
+    ]))
+    parts.append("<h2>What leaks: attack advantage by defense</h2>")
+    parts.append(
+        "<p>Each cell: advantage of the attack's primary metric over the stronger of its prior-only and random-guess "
+        "baselines (seed mean; ≤ the upper 95 % bound) with no defense and at each defense's strongest grid value, "
+        f"its verdict, the utility cost there ({_esc(str(utility))} lost), the claimed ε total over the run and the "
+        "empirical ε lower bound. Green: protected; amber to red: leaks (red: advantage ≥ 0.5); hatched: attack not "
+        "adapted (it scores below its baseline, which is not protection).</p>")
+    header = ["attack (metric)", "no defense"] + [f"{_strength(audit, d)} = {fmt_value(d['grid'][-1])}"
+                                                  for d in audit["defenses"]]
+    rows = []
+    for a in audit["attacks"]:
+        first = Cell().add(a["name"]).add(a["primary_metric"], "small")
+        if not a.get("applies"):
+            first.add(f"does not apply: {a.get('reason', '')}", "small")
+        row: list[Any] = [first]
+        for dname in [None] + [d["name"] for d in audit["defenses"]]:
+            cell = next((c for c in audit["matrix"] if c["attack"] == a["name"] and c["defense"] == dname), None)
+            row.append(_cell(audit, cell, dname is not None))
+        rows.append(row)
+    parts.append(html_table(header, rows, cls="matrix"))
+    parts.append("<h2>Attack metric versus defense strength</h2>")
+    k = 0
+    for a in audit["attacks"]:
+        for d in audit["defenses"]:
+            series = [s for s in rs.audit_series(audit, a["name"], d["name"]) if "mean" in s]
+            if not series:
+                continue
+            fig = pair_figure(audit, a["name"], d["name"])
+            parts.append(html_figure(_svg_of(fig), f"{a['name']} against {d['name']}: {a['primary_metric']} (95 % band "
+                                     "over seeds), prior (dash-dot) and random (dashed) baselines, undefended dotted "
+                                     "red; utility on the right axis.", f"fig-{k}"))
+            k += 1
+            eps_head = rs.privacy_label([r.get("privacy") for r in audit["runs"] if r.get("defense") == d["name"]])
+            prow = [[fmt_value(s["value"]), fmt(s["mean"]), fmt(s.get("baseline_prior")), fmt(s.get("baseline_random")),
+                     f"{fmt(s['advantage'])} (≤ {fmt(s.get('advantage_high'))})", s.get("verdict", ""),
+                     fmt(s.get("utility"), 4),
+                     fmt(s.get("epsilon"), 2) if math.isfinite(num(s.get("epsilon"))) else "-",
+                     (fmt(s.get("epsilon_lb"), 2) + (" VIOLATION" if s.get("dp_violation") else ""))
+                     if math.isfinite(num(s.get("epsilon_lb"))) else "-"] for s in series]
+            parts.append(html_table([_strength(audit, d), a["primary_metric"], "prior", "random", "advantage", "verdict",
+                                     f"utility: {utility}", eps_head, "empirical ε (95 % lower bound)"], prow))
+    for a in audit["attacks"]:
+        fig = roc_figure(audit, a["name"])
+        if fig is not None:
+            parts.append(html_figure(_svg_of(fig), f"ROC of {a['name']}'s per-record decisions (log-log; first seed), "
+                                     "undefended and at each defense's strongest value.", f"fig-{k}"))
+            k += 1
+    parts.append("<h2>Glossary</h2>")
+    parts.append(html_glossary(_glossary(audit)))
+    parts.append("<h2>Configuration</h2>")
+    parts.append("<pre>" + _esc(json.dumps(rs.jsonable(audit.get("protocol_config", {})), indent=2)) + "</pre>")
+    parts.append("<h2>Dataset</h2>")
+    parts.append(html_table(["key", "value"], [[str(k), str(v)] for k, v in ds.items()]))
+    parts.append("<h2>Timing</h2>")
+    trow = []
+    for r in audit["runs"]:
+        secs = num(r.get("protocol_seconds")) + sum(num(s.get("seconds")) for s in (r.get("attacks") or {}).values()
+                                                     if isinstance(s, Mapping) and "seconds" in s)
+        trow.append([str(r.get("defense") or "none"), fmt_value(r.get("value")), str(r.get("seed")),
+                     fmt(r.get("protocol_seconds"), 2), fmt(secs, 2)])
+    parts.append(html_table(["defense", "value", "seed", "protocol s", "protocol + attacks s"], trow))
+    parts.append(f"<p>Generated by privaudit {_esc(str(audit.get('privaudit_version')))}; total "
+                 f"{fmt(timing.get('total_seconds'), 1)} s.</p>")
+    page = html_page(title, "\n".join(parts))
+    return page.replace("</style>", ".matrix td{vertical-align:top;padding:0}.matrix td>div,.matrix td{padding:.35em .5em}"
+                        "</style>", 1)
+
+
+def _esc(text: str) -> str:
+    import html
+
+    return html.escape(text)
+
+
+def format_matrix(audit: Mapping[str, Any]) -> str:
+    """The verdict sentences and the matrix as plain text (what the CLI prints)."""
+    cols = ["no defense"] + [f"{d['name']}.{d['strength']}={fmt_value(d['grid'][-1])}" for d in audit["defenses"]]
+    header = ["attack (advantage, verdict)"] + cols
+    rows = []
+    for a in audit["attacks"]:
+        row = [a["name"] + ("" if a.get("applies") else " (n/a)")]
+        for dname in [None] + [d["name"] for d in audit["defenses"]]:
+            cell = next((c for c in audit["matrix"] if c["attack"] == a["name"] and c["defense"] == dname), None)
+            if cell is None:
+                row.append("-")
+            else:
+                short = {"leaks": "leaks", "protected": "prot.", "attack not adapted": "NOT ADAPTED",
+                         "not applicable": "n/a"}.get(cell.get("verdict"), "?")
+                row.append(f"{fmt(cell.get('advantage'))} {short}" + (" DP-VIOLATION" if cell.get("dp_violation") else ""))
+        rows.append(row)
+    utility = rs.audit_utility(audit)
+    urow = [f"utility cost ({utility})"]
+    a0 = audit["attacks"][0]["name"] if audit["attacks"] else None
+    for dname in [None] + [d["name"] for d in audit["defenses"]]:
+        cell = next((c for c in audit["matrix"] if c["attack"] == a0 and c["defense"] == dname), None)
+        urow.append("-" if cell is None else fmt(cell.get("utility_cost"), 4))
+    rows.append(urow)
+    lines = [f"verdict: {v.get('sentence', '')}" for v in audit.get("verdicts") or []]
+    lines.append(plain_table(header, rows, left=1))
+    return "\n".join(lines)
+
+
+def write_audit_report(audit: Mapping[str, Any], out: Path) -> Path:
+    """Write ``audit.json`` and ``audit.html`` into ``out`` (both staged under temporary names,
+    renamed into place once both rendered); the folder."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PrivauditError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from None
+    text = dumps_json(audit)
+    staged = Staged(out)
+    try:
+        staged.text(AUDIT_HTML, render_html(json.loads(text)))
+        staged.text(AUDIT_JSON, text)
+        staged.commit()
+    except BaseException:
+        staged.discard()
+        raise
+    return out

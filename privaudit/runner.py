@@ -1,0 +1,433 @@
+"""Execution shared by experiments and audits: tasks, protocol runs, attack evaluation, the
+parallel map with progress, and the Dask scheduler context.
+
+Nothing here consults the registry: a :class:`Task` carries the classes a resolved plan
+(:mod:`privaudit.plan`) picked, and classes travel by reference to worker processes.
+
+Worker processes exit when their parent dies: every task starts (once per process) a daemon
+thread that ends the process as soon as its parent process is gone, and the parallel map turns
+SIGTERM into a normal exit, which shuts the pool down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from privaudit.errors import PrivauditError
+from privaudit.results import floats
+
+__all__ = [
+    "Task",
+    "default_jobs",
+    "check_run_settings",
+    "load_data",
+    "subsample_users",
+    "point_streams",
+    "run_protocol",
+    "evaluate_attack",
+    "decision_rocs",
+    "decision_epsilons",
+    "defense_privacy",
+    "show_progress",
+    "parallel_map",
+    "scheduler_context",
+]
+
+#: Seconds between two checks of a worker process for a vanished parent.
+PARENT_POLL_SECONDS = 0.5
+
+
+def default_jobs() -> int:
+    """Default ``--jobs``: every core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def check_run_settings(seeds: int, seed: int, jobs: int) -> None:
+    """One-line errors for a bad number of seeds, base seed or number of jobs."""
+    for name, value in (("--seeds", seeds), ("--seed", seed), ("--jobs", jobs)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise PrivauditError(f"{name} must be an integer, got {value!r}")
+    if int(seeds) < 1:
+        raise PrivauditError(f"--seeds must be at least 1, got {seeds}")
+    if int(seed) < 0:
+        raise PrivauditError(f"--seed must be non-negative, got {seed}")
+    if int(seed) + int(seeds) > 2**63:
+        raise PrivauditError(f"--seed must be below 2**63 - seeds, got {seed}")
+    if int(jobs) == 0 or int(jobs) < -1:
+        raise PrivauditError(f"--jobs must be a positive number of processes or -1 (all cores), got {jobs}")
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def load_data(data: Any = "synthetic") -> Any:
+    """The dataset named by ``data``: ``"synthetic"`` (the built-in generator), a path
+    (:func:`privaudit.data.load_dataset`) or a :class:`~privaudit.data.RatingsDataset` as is."""
+    if data is None or (isinstance(data, str) and data.strip().lower() == "synthetic"):
+        from privaudit.data import synthetic
+
+        return synthetic()
+    if isinstance(data, (str, Path)):
+        from privaudit.data import load_dataset
+
+        return load_dataset(data)
+    return data
+
+
+def subsample_users(dataset: Any, users: int | None, seed: int) -> Any:
+    """``users`` users drawn without replacement (kept in their original order), seeded by
+    ``seed``; the dataset unchanged when ``users`` is None or equal to its size; more users
+    than it has is an error."""
+    if users is None:
+        return dataset
+    users = int(users)
+    if users < 1:
+        raise PrivauditError(f"--users must be at least 1, got {users}")
+    if int(seed) < 0:
+        raise PrivauditError(f"--seed must be non-negative, got {seed}")
+    n = int(dataset.n_users)
+    if users > n:
+        raise PrivauditError(f"--users {users}: the dataset has only {n} users")
+    if users == n:
+        return dataset
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x5EED]))
+    idx = np.sort(rng.choice(n, size=users, replace=False))
+    return dataset.subset_users(idx)
+
+
+def point_streams(seed: int, index: int) -> tuple[np.random.SeedSequence, np.random.SeedSequence]:
+    """Seed sequences of point (``seed``, value ``index``): (spare, attack). The protocol itself
+    runs with the integer ``seed`` (common random numbers across swept values)."""
+    protocol_ss, attack_ss = np.random.SeedSequence([int(seed), int(index)]).spawn(2)
+    return protocol_ss, attack_ss
+
+
+# ------------------------------------------------------------------------------ tasks
+
+
+@dataclass
+class Task:
+    """One protocol run and the attacks on its transcript.
+
+    ``variants``: (value index, value, attack params) per attack run; more than one only for
+    attack sweeps, whose points share the protocol run of their seed. ``names`` are the
+    registered names of the protocol, the attack and the defenses, resolved in the main
+    process (a plugin class registered under an entry-point name has no ``name`` of its own
+    when a worker process re-imports it).
+    """
+
+    protocol_cls: type
+    config: dict[str, Any]
+    defense_specs: list[tuple[type, dict[str, Any]]]
+    attack_cls: type
+    seed: int
+    variants: list[tuple[int, Any, dict[str, Any]]] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+
+    def _classes(self) -> list[type]:
+        return [self.protocol_cls, self.attack_cls] + [cls for cls, _ in self.defense_specs]
+
+    def __post_init__(self) -> None:
+        if not self.names:
+            self.names = [getattr(c, "name", "") or "" for c in self._classes()]
+
+    def restore_names(self) -> None:
+        """Give classes re-imported in a worker process their registered names back."""
+        for cls, name in zip(self._classes(), self.names):
+            if name and not getattr(cls, "name", ""):
+                cls.name = name
+
+
+def run_protocol(task: Task, dataset: Any) -> tuple[Any, list[Any], float]:
+    """Run ``task``'s protocol with its defenses and the integer seed -> (RunResult, the
+    defense objects, seconds). The transcript records ``seed``."""
+    _watch_parent()
+    task.restore_names()
+    defenses = [cls(**params) for cls, params in task.defense_specs]
+    t0 = time.perf_counter()
+    # common random numbers: the protocol (and the defenses' noise) draw from the seed alone
+    result = task.protocol_cls().run(dataset, dict(task.config), defenses, int(task.seed))
+    result.transcript.seed = task.seed
+    return result, defenses, time.perf_counter() - t0
+
+
+def evaluate_attack(attack_cls: type, attack_params: Mapping[str, Any], transcript: Any,
+                    rng: np.random.Generator, privacy: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], float]:
+    """``attack.evaluate`` on ``transcript`` -> (entry, seconds).
+
+    The entry holds ``attack_metrics``, ``baseline_random`` (the uniform random guess),
+    ``baseline_prior`` (the prior-only guess; empty when the attack provides none),
+    ``supported`` (and ``reason``), and for every per-record :class:`~privaudit.results.Decisions`
+    its ROC summary under ``roc``; when ``privacy`` records a claimed epsilon (a DP defense), the
+    empirical epsilon lower bound of every decision under ``empirical_epsilon``.
+    """
+    t0 = time.perf_counter()
+    outcome = attack_cls(**dict(attack_params)).evaluate(transcript, rng)
+    recon = outcome.reconstruction
+    out: dict[str, Any] = {
+        "attack_metrics": floats(outcome.metrics),
+        "baseline_random": floats(outcome.baseline),
+        "baseline_prior": floats(getattr(outcome, "baseline_prior", None)),
+        "supported": bool(recon.supported),
+    }
+    if not recon.supported:
+        out["reason"] = recon.reason
+    decisions = getattr(outcome, "decisions", None) or {}
+    if decisions and recon.supported:
+        out["roc"] = decision_rocs(decisions)
+        claimed = [v for v in (privacy or {}).values() if isinstance(v, Mapping) and "epsilon" in v]
+        if claimed:
+            out["empirical_epsilon"] = decision_epsilons(decisions, claimed)
+    return out, time.perf_counter() - t0
+
+
+def decision_rocs(decisions: Mapping[str, Any]) -> dict[str, Any]:
+    """ROC summary (:func:`privaudit.metrics.roc_summary`) of every decision set, with its
+    ``positive`` label."""
+    from privaudit.metrics import roc_summary
+
+    out = {}
+    for name, d in decisions.items():
+        roc = roc_summary(d.labels, d.scores)
+        roc["positive"] = str(getattr(d, "positive", "positive"))
+        out[str(name)] = roc
+    return out
+
+
+def decision_epsilons(decisions: Mapping[str, Any], claimed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Empirical epsilon lower bound of every decision set against the claimed total epsilon
+    (the sum over the DP defenses, at the largest of their deltas); ``violation`` when the
+    bound exceeds the claim."""
+    from privaudit.metrics import empirical_epsilon
+
+    eps = float(sum(float(c["epsilon"]) for c in claimed))
+    delta = max(float(c.get("delta", 0.0) or 0.0) for c in claimed)
+    out = {}
+    for name, d in decisions.items():
+        e = empirical_epsilon(d.labels, d.scores, delta=delta)
+        e["claimed_epsilon"] = eps
+        e["delta"] = delta
+        lb = e.get("epsilon_lb")
+        e["violation"] = bool(lb is not None and np.isfinite(lb) and lb > eps)
+        out[str(name)] = e
+    return out
+
+
+def defense_privacy(defenses: Sequence[Any], transcript: Any, names: Sequence[str] | None = None) -> dict[str, Any]:
+    """``privacy_spent`` of every defense that reports one, for the rounds a client took part in:
+    the most distinct rounds any client uploaded in the transcript, or the protocol's public
+    ``epochs``/``rounds``/``global_rounds``/``n_rounds`` when larger (rounds run but not
+    recorded). Keyed by ``names`` when given (the registered names). Numbers become floats;
+    strings (``unit``, ``accountant``) are kept."""
+    rounds_by_client: dict[str, set[int]] = {}
+    for m in transcript.messages:
+        if m.sender != m.receiver and m.sender.startswith("client:"):
+            rounds_by_client.setdefault(m.sender, set()).add(m.round)
+    rounds = max((len(r) for r in rounds_by_client.values()), default=0)
+    # protocols record only some rounds (e.g. fedmvmf's record_rounds): count the rounds run
+    for key in ("epochs", "rounds", "global_rounds", "n_rounds"):
+        value = (transcript.config or {}).get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > rounds:
+            rounds = value
+            break
+    out: dict[str, Any] = {}
+    for k, d in enumerate(defenses):
+        spent = d.privacy_spent(rounds)
+        if spent:
+            name = names[k] if names is not None and k < len(names) and names[k] else d.name
+            entry: dict[str, Any] = {"rounds": rounds}
+            for key, v in spent.items():
+                entry[key] = v if isinstance(v, str) else float(v)
+            out[name] = entry
+    return out
+
+
+# ------------------------------------------------------------------------------ parallel map
+
+
+#: Environment variable naming the process that started a parallel run (inherited by workers).
+PARENT_ENV = "PRIVAUDIT_PARENT_PID"
+_WATCHING = {"pid": None}
+
+
+def _worker_start(parent: int) -> None:
+    """Initializer of local worker processes: watch ``parent`` from the start."""
+    os.environ[PARENT_ENV] = str(int(parent))
+    _watch_parent()
+
+
+def _watch_parent() -> None:
+    """In a worker process of a parallel run, end the process once the process that started
+    the run is gone (a daemon thread, started once per process)."""
+    pid = os.getpid()
+    try:
+        parent = int(os.environ.get(PARENT_ENV, "0"))
+    except ValueError:
+        return
+    if parent <= 0 or parent == pid or _WATCHING["pid"] == pid:
+        return
+    _WATCHING["pid"] = pid
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_POLL_SECONDS)
+            try:
+                os.kill(parent, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except OSError:  # alive, owned by someone else
+                pass
+
+    threading.Thread(target=watch, name="privaudit-parent-watch", daemon=True).start()
+
+
+def show_progress(progress: bool | None) -> bool:
+    """Whether to show a progress bar: ``progress`` if given, else whether stderr is a terminal."""
+    if progress is None:
+        try:
+            return sys.stderr.isatty()
+        except (AttributeError, ValueError):
+            return False
+    return bool(progress)
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """Inside: SIGTERM raises SystemExit(143) (so pools are shut down on the way out)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):  # noqa: ARG001 - signal API
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _restore_env(previous: str | None) -> None:
+    if previous is None:
+        os.environ.pop(PARENT_ENV, None)
+    else:
+        os.environ[PARENT_ENV] = previous
+
+
+def _shutdown_pool() -> None:
+    try:
+        from joblib.externals.loky import get_reusable_executor
+
+        get_reusable_executor().shutdown(wait=False, kill_workers=True)
+    except Exception:  # pragma: no cover - best effort on the way out
+        pass
+
+
+def parallel_map(fn: Callable[..., Any], items: Sequence[Any], *args: Any, jobs: int = 1,
+                 progress: bool | None = None, desc: str = "", parallel: bool | None = None,
+                 backend: str | None = None) -> list[Any]:
+    """``[fn(item, *args) for item in items]`` in order, on ``jobs`` joblib processes (-1: all
+    cores), with a tqdm bar on stderr. ``backend`` None: local loky processes whose
+    initializer watches this process; ``"active"``: the backend set by the caller (the Dask
+    backend of :func:`scheduler_context`).
+
+    ``parallel`` None: parallel when ``jobs != 1`` and there is more than one item. On any exit
+    (an exception, SIGTERM, Ctrl-C) the worker processes are shut down.
+    """
+    from tqdm.auto import tqdm
+
+    if parallel is None:
+        parallel = jobs != 1 and len(items) > 1
+    bar = tqdm(total=len(items), desc=desc, unit="run", disable=not show_progress(progress), leave=False,
+               file=sys.stderr)
+    out: list[Any] = []
+    try:
+        if not parallel:
+            for item in items:
+                out.append(fn(item, *args))
+                bar.update(1)
+            return out
+        from joblib import Parallel, delayed
+
+        previous = os.environ.get(PARENT_ENV)
+        os.environ[PARENT_ENV] = str(os.getpid())  # workers watch this process (_watch_parent)
+        kwargs: dict[str, Any] = {}
+        if backend is None:
+            from joblib._parallel_backends import LokyBackend
+
+            kwargs["backend"] = LokyBackend(initializer=_worker_start, initargs=(os.getpid(),))
+        ok = False
+        with _sigterm_exits():
+            try:
+                for r in Parallel(n_jobs=jobs, return_as="generator", **kwargs)(delayed(fn)(item, *args) for item in items):
+                    out.append(r)
+                    bar.update(1)
+                ok = True
+            finally:
+                _restore_env(previous)
+                if not ok:
+                    _shutdown_pool()
+        return out
+    finally:
+        bar.close()
+
+
+@contextlib.contextmanager
+def scheduler_context(scheduler: str | None) -> Iterator[str | None]:
+    """Run joblib work on Dask while inside: ``scheduler`` is a Dask scheduler address or
+    ``local:N`` (a local cluster of N single-threaded worker processes); None: local joblib.
+    Yields a description of the backend."""
+    if not scheduler:
+        yield None
+        return
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:  # pragma: no cover - dask is a declared extra
+        from privaudit.errors import MissingDependencyError
+
+        raise MissingDependencyError("dask[distributed]", "dask") from None
+    import joblib
+
+    cluster = None
+    text = str(scheduler).strip()
+    previous = os.environ.get(PARENT_ENV)
+    os.environ[PARENT_ENV] = str(os.getpid())  # local Dask workers watch this process too
+    if text.startswith("local:") or text == "local":
+        n = text.partition(":")[2] or "2"
+        try:
+            workers = int(n)
+        except ValueError:
+            raise PrivauditError(f"--scheduler: expected local:N with N workers, got {scheduler!r}") from None
+        if workers < 1:
+            raise PrivauditError(f"--scheduler: local:N needs N >= 1, got {workers}")
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+        client = Client(cluster)
+        what = f"dask local cluster ({workers} workers)"
+    else:
+        try:
+            client = Client(text, timeout="10s")
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise PrivauditError(f"--scheduler: cannot connect to Dask scheduler {text!r} ({exc})") from None
+        what = f"dask scheduler {text}"
+    try:
+        with joblib.parallel_config(backend="dask"):
+            yield what
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+        _restore_env(previous)
