@@ -220,7 +220,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _audit_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--protocol", required=True, help="protocol to audit (see the list below)")
+    p.add_argument("--protocol", help="protocol to audit (see the list below)")
     p.add_argument("--data", default="synthetic", metavar="synthetic|PATH", help="dataset: synthetic (default) or a MovieLens folder / ratings CSV")
     p.add_argument("--users", type=int, default=None, metavar="N", help="subsample N users (seeded)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)")
@@ -231,6 +231,7 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attack", action="append", default=None, metavar="NAME", help="only these attacks (repeatable)")
     p.add_argument("--defense", action="append", default=None, metavar="NAME", help="only these defenses (repeatable)")
     p.add_argument("--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-audit/)")
+    p.add_argument("--config", metavar="FILE.toml", help="rerun the plan.toml an audit folder records")
     format_help = p.format_help
 
     def with_protocols() -> str:  # listed only when help is printed (the registry loads lazily)
@@ -245,17 +246,33 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
 @command("audit", "every applicable attack against every applicable defense's grid: audit.json + audit.html")(_audit_args)
 def cmd_audit(args: argparse.Namespace) -> int:
     from privaudit import audit as au
-    from privaudit.plan import parse_assignments
+    from privaudit.plan import audit_to_toml, load_audit_fields, parse_assignments
     from privaudit.runner import default_jobs
 
-    spec = au.Audit(
-        protocol=args.protocol, data=args.data, users=args.users, sets=parse_assignments(args.set),
-        seeds=au.DEFAULT_AUDIT_SEEDS if args.seeds is None else args.seeds, seed=args.seed,
-        jobs=default_jobs() if args.jobs is None else args.jobs, scheduler=args.scheduler,
-        attacks=args.attack, defenses=args.defense,
-    )
+    if args.config:
+        given = [f"--{k}" for k in ("protocol", "users", "seeds", "attack", "defense") if getattr(args, k) not in (None, [])]
+        given += ["--data"] if args.data != "synthetic" else []
+        given += ["--seed"] if args.seed != 0 else []
+        given += ["--set"] if args.set else []
+        if given:
+            raise PrivauditError(f"--config cannot be combined with {', '.join(given)} (edit the plan instead)")
+        fields = load_audit_fields(args.config)
+        if args.jobs is not None:
+            fields["jobs"] = args.jobs
+        if args.scheduler is not None:
+            fields["scheduler"] = args.scheduler
+        spec = au.Audit(**fields)
+    else:
+        if not args.protocol:
+            raise PrivauditError("give --protocol P (or --config DIR/plan.toml)")
+        spec = au.Audit(
+            protocol=args.protocol, data=args.data, users=args.users, sets=parse_assignments(args.set),
+            seeds=au.DEFAULT_AUDIT_SEEDS if args.seeds is None else args.seeds, seed=args.seed,
+            jobs=default_jobs() if args.jobs is None else args.jobs, scheduler=args.scheduler,
+            attacks=args.attack, defenses=args.defense,
+        )
     result = au.run_audit(spec)
-    out = au.write_audit(result, args.out)
+    out = au.write_audit(result, args.out, plan_toml=audit_to_toml(spec))
     print(au.format_matrix(result))
     for a in result["attacks"]:
         if not a.get("applies"):
