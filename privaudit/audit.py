@@ -318,11 +318,13 @@ def default_out_dir(protocol: str) -> Path:
     return Path("privaudit-report") / f"{protocol}-audit"
 
 
-def write_audit(audit: Mapping[str, Any], out_dir: Path | str | None = None) -> Path:
-    """Write ``audit.json`` and ``audit.html`` into ``out_dir`` (:mod:`privaudit.reports.audit`); the folder."""
+def write_audit(audit: Mapping[str, Any], out_dir: Path | str | None = None, plan_toml: str | None = None) -> Path:
+    """Write ``audit.json``, ``audit.html`` (:mod:`privaudit.reports.audit`) and, when given,
+    the audit's ``plan.toml`` into ``out_dir``; the folder."""
     from privaudit.reports.audit import write_audit_report
 
-    return write_audit_report(audit, Path(out_dir) if out_dir is not None else default_out_dir(audit["protocol"]))
+    out = Path(out_dir) if out_dir is not None else default_out_dir(audit["protocol"])
+    return write_audit_report(audit, out, plan_toml=plan_toml)
 
 
 def format_matrix(audit: Mapping[str, Any]) -> str:

@@ -565,6 +565,7 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--defense", action="append", default=None, metavar="NAME", help="only these defenses (repeatable)")
     p.add_argument("--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-audit-<dataset>/)")
     _force_arg(p)
+    p.add_argument("--config", metavar="FILE.toml", help="rerun the plan.toml an audit folder records")
     format_help = p.format_help
 
     def with_protocols() -> str:  # listed only when help is printed (the registry loads lazily)
@@ -579,24 +580,40 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
 @command("audit", "every applicable attack against every applicable defense's grid: audit.json + audit.html")(_audit_args)
 def cmd_audit(args: argparse.Namespace) -> int:
     from privaudit import audit as au
-    from privaudit.plan import parse_assignments
+    from privaudit.plan import audit_to_toml, load_audit_fields, parse_assignments
     from privaudit.runner import default_jobs
 
     if args.transcript:
         return _audit_transcript(args)
-    if not args.protocol:
-        raise PrivauditError("give --protocol P (or --transcript FILE)")
-    args.out = args.out or _default_report_dir(args)
-    _check_writable(args.out, args.force, "--out DIR", folder=True)
-    _check_extras(args.protocol, None, args.defense or (), args.attack or (), scheduler=args.scheduler)
-    spec = au.Audit(
-        protocol=args.protocol, data=_dataset(args), users=args.users, sets=parse_assignments(args.set),
-        seeds=au.DEFAULT_AUDIT_SEEDS if args.seeds is None else args.seeds, seed=args.seed,
-        jobs=default_jobs() if args.jobs is None else args.jobs, scheduler=args.scheduler,
-        attacks=args.attack, defenses=args.defense,
-    )
+    if args.config:
+        given = [f"--{k}" for k in ("protocol", "users", "seeds", "attack", "defense") if getattr(args, k) not in (None, [])]
+        given += ["--data"] if args.data != "synthetic" else []
+        given += ["--seed"] if args.seed != 0 else []
+        given += ["--set"] if args.set else []
+        if given:
+            raise PrivauditError(f"--config cannot be combined with {', '.join(given)} (edit the plan instead)")
+        fields = load_audit_fields(args.config)
+        if args.jobs is not None:
+            fields["jobs"] = args.jobs
+        if args.scheduler is not None:
+            fields["scheduler"] = args.scheduler
+        if args.out:
+            _check_writable(args.out, args.force, "--out DIR", folder=True)
+        spec = au.Audit(**fields)
+    else:
+        if not args.protocol:
+            raise PrivauditError("give --protocol P (or --transcript FILE, or --config DIR/plan.toml)")
+        args.out = args.out or _default_report_dir(args)
+        _check_writable(args.out, args.force, "--out DIR", folder=True)
+        _check_extras(args.protocol, None, args.defense or (), args.attack or (), scheduler=args.scheduler)
+        spec = au.Audit(
+            protocol=args.protocol, data=_dataset(args), users=args.users, sets=parse_assignments(args.set),
+            seeds=au.DEFAULT_AUDIT_SEEDS if args.seeds is None else args.seeds, seed=args.seed,
+            jobs=default_jobs() if args.jobs is None else args.jobs, scheduler=args.scheduler,
+            attacks=args.attack, defenses=args.defense,
+        )
     result = au.run_audit(spec)
-    out = au.write_audit(result, args.out)
+    out = au.write_audit(result, args.out, plan_toml=audit_to_toml(spec))
     print(au.format_matrix(result))
     for a in result["attacks"]:
         if not a.get("applies"):

@@ -32,6 +32,8 @@ __all__ = [
     "resolve",
     "plan_to_toml",
     "load_plan",
+    "audit_to_toml",
+    "load_audit_fields",
 ]
 
 #: Default number of seeds of ``privaudit attack`` (95 % bands need at least two).
@@ -436,3 +438,60 @@ def load_plan(path: Path | str, jobs: int | None = None, scheduler: str | None =
         progress=progress,
         scheduler=run.get("scheduler") if scheduler is None else scheduler,
     )
+
+
+# ------------------------------------------------------------------------------ audits
+
+
+def audit_to_toml(audit: Any) -> str:
+    """The TOML text of an :class:`~privaudit.audit.Audit` (its fields; read back by
+    :func:`load_audit_fields`, rerun with ``privaudit audit --config``)."""
+    try:
+        data = _data_source(audit.data)
+    except PrivauditError:
+        data = None
+    lines = ["# privaudit audit plan: rerun with `privaudit audit --config plan.toml`", ""]
+    fields = {"protocol": audit.protocol, "data": data, "users": audit.users, "seeds": int(audit.seeds),
+              "seed": int(audit.seed), "jobs": int(audit.jobs), "scheduler": audit.scheduler,
+              "attacks": list(audit.attacks) if audit.attacks is not None else None,
+              "defenses": list(audit.defenses) if audit.defenses is not None else None}
+    if data is None:
+        lines.append("# the data was an in-memory dataset: give `data` before rerunning")
+    lines += _toml_table("audit", fields)
+    lines += _toml_table("protocol", dict(audit.sets))
+    return "\n".join(lines)
+
+
+def load_audit_fields(path: Path | str) -> dict[str, Any]:
+    """The :class:`~privaudit.audit.Audit` fields of an audit ``plan.toml`` (a file or a folder
+    holding one), checked for types; one-line errors."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / PLAN_TOML
+    if not path.is_file():
+        raise PrivauditError(f"{path}: no such plan file")
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise PrivauditError(f"{path}: not a valid plan.toml ({exc})") from None
+    if "audit" not in doc:
+        raise PrivauditError(f"{path}: not an audit plan (no [audit] table; run it with privaudit attack --config)")
+    unknown = sorted(set(doc) - {"audit", "protocol"})
+    if unknown:
+        raise PrivauditError(f"{path}: unknown table(s) {', '.join(unknown)}")
+    a = _table(doc, "audit", path)
+    allowed = {"protocol", "data", "users", "seeds", "seed", "jobs", "scheduler", "attacks", "defenses"}
+    if set(a) - allowed:
+        raise PrivauditError(f"{path}: unknown key(s) in [audit]: {', '.join(sorted(set(a) - allowed))}")
+    for key in ("protocol", "data"):
+        if not isinstance(a.get(key), str):
+            raise PrivauditError(f"{path}: [audit] needs {key} = \"...\"")
+    for key in ("users", "seeds", "seed", "jobs"):
+        if key in a and (isinstance(a[key], bool) or not isinstance(a[key], int)):
+            raise PrivauditError(f"{path}: [audit] {key} must be an integer")
+    for key in ("attacks", "defenses"):
+        if key in a and not (isinstance(a[key], list) and all(isinstance(x, str) for x in a[key])):
+            raise PrivauditError(f"{path}: [audit] {key} must be a list of names")
+    fields = {k: v for k, v in a.items()}
+    fields["sets"] = _table(doc, "protocol", path)
+    return fields

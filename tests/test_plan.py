@@ -70,3 +70,18 @@ def test_bad_plans_are_one_line_errors(tmp_path, capsys, text, message):
 def test_config_refuses_other_plan_flags(tmp_path, capsys):
     assert main(["attack", "--config", str(tmp_path / "plan.toml"), "--protocol", "dummy-proto"]) == 2
     assert "--config cannot be combined with --protocol" in capsys.readouterr().err
+
+
+def test_audit_folder_records_its_plan_and_config_reruns_it(tmp_path, capsys):
+    csv = write_csv(tmp_path / "r.csv", 20)
+    first = tmp_path / "a"
+    assert main(["audit", "--protocol", "dummy-proto", "--defense", "dummy-noise", "--data", csv, "--set", "rounds=3",
+                 "--seeds", "1", "--jobs", "1", "--out", str(first)]) == 0
+    doc = tomllib.loads((first / "plan.toml").read_text())
+    assert doc["audit"]["defenses"] == ["dummy-noise"] and doc["protocol"] == {"rounds": "3"}
+    second = tmp_path / "b"
+    assert main(["audit", "--config", str(first), "--out", str(second)]) == 0
+    a, b = (json.loads((d / "audit.json").read_text()) for d in (first, second))
+    assert a["matrix"] == b["matrix"] and a["verdicts"] == b["verdicts"]
+    assert main(["audit", "--config", str(first), "--seeds", "2"]) == 2
+    assert "--config cannot be combined with --seeds" in capsys.readouterr().err

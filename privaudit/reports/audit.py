@@ -319,9 +319,9 @@ def format_matrix(audit: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_audit_report(audit: Mapping[str, Any], out: Path) -> Path:
-    """Write ``audit.json`` and ``audit.html`` into ``out`` (both staged under temporary names,
-    renamed into place once both rendered); the folder."""
+def write_audit_report(audit: Mapping[str, Any], out: Path, plan_toml: str | None = None) -> Path:
+    """Write ``audit.json``, ``audit.html`` and (when given) ``plan.toml`` into ``out``, all
+    staged under temporary names and renamed into place once everything rendered; the folder."""
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -331,6 +331,8 @@ def write_audit_report(audit: Mapping[str, Any], out: Path) -> Path:
     staged = Staged(out)
     try:
         staged.text(AUDIT_HTML, render_html(json.loads(text)))
+        if plan_toml is not None:
+            staged.text("plan.toml", plan_toml)
         staged.text(AUDIT_JSON, text)
         staged.commit()
     except BaseException:
