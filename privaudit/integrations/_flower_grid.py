@@ -10,7 +10,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from privaudit.integrations.flower import FlowerRecorder, write_private
+from privaudit.integrations._sidechannel import write_private
 
 
 class RecordingGrid(Grid):
@@ -20,7 +20,7 @@ class RecordingGrid(Grid):
     (it copies their arrays), so the run is the same with and without it.
     """
 
-    def __init__(self, inner: Grid, recorder: FlowerRecorder):
+    def __init__(self, inner: Grid, recorder: Any):
         self._inner = inner
         self._recorder = recorder
 
@@ -59,7 +59,7 @@ class RecordingGrid(Grid):
         return replies
 
 
-def recording_server_app(app: ServerApp, recorder: FlowerRecorder, public_info: Callable | None = None) -> ServerApp:
+def recording_server_app(app: ServerApp, recorder: Any, public_info: Callable | None = None) -> ServerApp:
     """A ServerApp running ``app`` on a :class:`RecordingGrid` (compat and ``main`` apps alike)."""
     wrapped = ServerApp()
 
