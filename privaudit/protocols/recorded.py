@@ -21,6 +21,8 @@ class RecordedFlower(Protocol):
 
     description = "a run recorded from a Flower app (privaudit record --flower APP_DIR); attacked from its transcript"
     default_attack = "generic-trained-items"
+    #: transcripts come from a recorder, never from :meth:`run` (so the protocol has no parameters)
+    recorded = True
 
     @classmethod
     def schema_for(cls, transcript: Any) -> Any:
