@@ -89,13 +89,8 @@ def test_graph_sees_privaudit_imports():
     assert privaudit.__name__ in graph
 
 
-# The circle between the experiment, the audit and the reports is being cut by the runner and
-# results split; until that lands it is the only one tolerated, and only among these modules.
-_PENDING_SPLIT = {"privaudit.audit", "privaudit.experiment", "privaudit.reports.figures", "privaudit.reports.render"}
-
-
 def test_no_import_circle():
-    found = [c for c in cycles(import_graph()) if not set(c) <= _PENDING_SPLIT]
+    found = cycles(import_graph())
     assert found == [], f"import circles: {found}"
 
 
