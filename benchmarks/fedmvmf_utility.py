@@ -1,4 +1,4 @@
-"""FedMVMF utility on MovieLens 100K for the three test scenarios of privmvmf.txt §6.3.
+"""FedMVMF utility on MovieLens 100K for the three test scenarios of PrivMVMF paper §6.3.
 
 Runs the default configuration (all 943 users) in each of the four training scenarios
 (SemiALS/SGD x ObsOnly/InclUnc) and prints NDCG@10, precision@10, recall@10 and F1@10 for

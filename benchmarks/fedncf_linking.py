@@ -1,4 +1,4 @@
-"""k-anonymity linking attack on FedNCF under secure aggregation (fedncf.txt §3.5.2): precision and
+"""k-anonymity linking attack on FedNCF under secure aggregation (FedNCF paper §3.5.2): precision and
 recall of the target's positives against the number of manipulated round pairs and the number of
 negatives per positive (the blurring property); saves docs/fedncf_kanon_linking.png.
 

@@ -1,4 +1,4 @@
-"""MovieLens 100K leave-one-out HR@10 / NDCG@10 of FedNCF and centralised NCF (fedncf.txt Tables 5, 6).
+"""MovieLens 100K leave-one-out HR@10 / NDCG@10 of FedNCF and centralised NCF (FedNCF paper Tables 5, 6).
 
 Long runs (minutes to hours on 2 cores); never part of the test suite. Examples::
 
@@ -32,7 +32,7 @@ from privaudit.protocols.fedncf import FedNCF, eval_candidates, implicit_split, 
 from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 DATA = ml100k_dir()
-#: fedncf.txt Table 5 (FedGMF HR@10 by aggregation) and Table 6 (HR@10, NDCG@10).
+#: FedNCF paper Table 5 (FedGMF HR@10 by aggregation) and Table 6 (HR@10, NDCG@10).
 PAPER_T5 = {"mf-fedavg": 0.59, "fedavg": 0.56, "simpleavg": 0.55}
 PAPER_T6 = {
     ("fed", "gmf"): (0.59, 0.33), ("fed", "mlp"): (0.43, 0.23), ("fed", "neumf"): (0.61, 0.34),

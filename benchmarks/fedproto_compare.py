@@ -1,4 +1,4 @@
-"""FedProto comparisons (dp-prototypes.txt §4.3-4.6) and the prototype membership attack.
+"""FedProto comparisons (DP-prototypes paper §4.3-4.6) and the prototype membership attack.
 
 Parts (``--part``):
 

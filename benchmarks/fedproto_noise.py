@@ -1,4 +1,4 @@
-"""Noise against signal of the dp-prototypes mechanism on MovieLens 100K ZIP silos (issue 9).
+"""Noise against signal of the dp-prototypes mechanism on MovieLens 100K ZIP silos.
 
 ``--scales``: the Laplace scale of the sparse-recovery values in mean units for a silo of 90 rows,
 and the rows per silo at which that scale equals the 50th most-rated item's silo-mean rating

@@ -1,5 +1,5 @@
 """FedRec on MovieLens 100K: Table 2 (federated rho=0 vs unfederated, 5 folds) and Fig. 2
-(RMSE against rho for UA and HF) of fedrec.txt, plus the ``fedrec-rated-items`` attack
+(RMSE against rho for UA and HF) of FedRec paper, plus the ``fedrec-rated-items`` attack
 against rho.
 
 Every run appends one JSON line to ``--cache`` (runs already there are skipped, so the
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 ML100K = ml100k_dir()
-PAPER = {  # fedrec.txt Table 2, MovieLens 100K: (MAE, RMSE) unfederated / federated
+PAPER = {  # FedRec paper Table 2, MovieLens 100K: (MAE, RMSE) unfederated / federated
     "pmf-batch": {"unfederated": (0.7418, 0.9424), "federated": (0.7418, 0.9424)},
     "pmf-sgd": {"unfederated": (0.7497, 0.9551), "federated": (0.7498, 0.9553)},
     "svdpp-sgd": {"unfederated": (0.7215, 0.9228), "federated": (0.7221, 0.9233)},

@@ -1,4 +1,4 @@
-"""One figure with one line per fedsplit-inference mode (fedsplit.txt Fig. 4), from reports.
+"""One figure with one line per fedsplit-inference mode (FedSPLIT paper Fig. 4), from reports.
 
 Each ``privaudit attack --protocol fedsplit --attack fedsplit-inference:mode=M`` run writes a
 report folder whose ``results.json`` holds the relative error per auxiliary fraction and seed.

@@ -1,4 +1,4 @@
-"""FedSPLIT on MovieLens 100K over several random groupings (fedsplit.txt Tables 2-3).
+"""FedSPLIT on MovieLens 100K over several random groupings (FedSPLIT paper Tables 2-3).
 
 For each seed (one random grouping of the users into groups of 3..30, one per-user 80/20
 split) it runs the ``fedsplit`` protocol and prints one row: number of groups, groups

@@ -10,7 +10,7 @@ runs; the nonlinear attack once, on ``--users`` randomly chosen victims,
 default 20 for ObsOnly and ``--users-inclunc``, default 3, for InclUnc, whose systems have
 ~m unknowns each), the ratio (by wall clock and by CPU time of the process, which is what
 stays meaningful on a shared machine), and the accuracies
-(privmvmf.txt eq. 43; the analytic attack on all users and on the nonlinear attack's victims).
+(PrivMVMF paper eq. 43; the analytic attack on all users and on the nonlinear attack's victims).
 
 The analytic attack reports the rounds it read: ``[0]`` where the first round alone decided
 every value (its noise-adaptive shortcut; noise-free SemiALS and InclUnc), else every round.

@@ -1,4 +1,4 @@
-"""Per-scenario solver selection for ``mvmf-nonlinear`` (privmvmf.txt §6.2 and appendix Table 6).
+"""Per-scenario solver selection for ``mvmf-nonlinear`` (PrivMVMF paper §6.2 and appendix Table 6).
 
 For each FedMVMF scenario (SemiALS/SGD x ObsOnly/InclUnc) and each ``scipy.optimize.root``
 method (hybr, broyden2, linearmixing, anderson, df-sane), attack the same random sample of

@@ -1,6 +1,6 @@
-"""Seconds per phase and epoch, FedMVMF vs PrivMVMF (privmvmf.txt Table 5).
+"""Seconds per phase and epoch, FedMVMF vs PrivMVMF (PrivMVMF paper Table 5).
 
-Phases (privmvmf.txt §6.3 "Efficiency"):
+Phases (PrivMVMF paper §6.3 "Efficiency"):
 
 - local update: the clients' u-update and gradients (``privaudit.models.mvmf`` client kernels)
   plus, for PrivMVMF, fixed-point encoding, packing and the online part of Paillier encryption

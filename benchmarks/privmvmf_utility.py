@@ -1,4 +1,4 @@
-"""PrivMVMF vs FedMVMF (same sampling) utility: the "lossless" claim (privmvmf.txt Table 4).
+"""PrivMVMF vs FedMVMF (same sampling) utility: the "lossless" claim (PrivMVMF paper Table 4).
 
 Runs FedMVMF with the ``sampling`` defense and PrivMVMF (``sampling`` + ``paillier``) from the
 same seed, so both sample the same unrated items and start from the same factors; the only

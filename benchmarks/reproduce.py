@@ -360,7 +360,7 @@ def t_fedsplit_filter(ctx: Context, groupings: int = 10) -> str:
     return t_fedsplit_untuned(ctx, groupings, True)
 
 
-#: the paper's per-group search space (fedsplit.txt §4.1), log-uniform except k
+#: the paper's per-group search space (FedSPLIT paper §4.1), log-uniform except k
 TUNE_SPACE = {"alpha": (0.04, 0.08), "beta": (0.04, 0.08), "gamma": (0.01, 0.04), "delta": (0.01, 0.04),
               "eta_W": (0.002, 0.009), "eta_H": (0.002, 0.009)}
 
@@ -513,7 +513,7 @@ def popularity_hr(ds, seed: int = 0) -> float:
 
 
 def user_fraction(ds, fraction: float, seed: int):
-    """A random ``fraction`` of the users, items left without interactions removed (fedncf.txt §4.7)."""
+    """A random ``fraction`` of the users, items left without interactions removed (FedNCF paper §4.7)."""
     if fraction >= 1.0:
         return ds
     rng = np.random.default_rng(1000 + seed)

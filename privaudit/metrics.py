@@ -15,10 +15,10 @@ Conventions shared by every function:
   which :func:`mean_ci95` skips, so one degenerate point does not abort a sweep.
 * Results are plain Python ``float`` (fractions in [0, 1] unless stated otherwise).
 
-Sources (in ``papers/``): ``fedncf.txt`` (HR@k, NDCG@k, leave-one-out), ``privmvmf.txt``
+Sources (the papers are listed under References in the README): FedNCF paper (HR@k, NDCG@k, leave-one-out), PrivMVMF paper
 (eq. 43 accuracy; appendix .2, eqs. 50-54: NDCG@10, precision, recall, F1, relevance =
-rating >= 4), ``dp-prototypes.txt`` (eq. 4 mean percentile rank, eqs. 5-6 MAP@k),
-``fedsplit.txt`` (eq. 4 relative error).
+rating >= 4), DP-prototypes paper (eq. 4 mean percentile rank, eqs. 5-6 MAP@k),
+FedSPLIT paper (eq. 4 relative error).
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def rmse(y_true: Any, y_pred: Any) -> float:
 
     Both inputs have the same shape (any), or are lists of per-user 1-D arrays with the same
     lengths (concatenated). NaN propagates (a diverged model reports NaN, it does not raise).
-    Used for test RMSE in dp-prototypes.txt §4.2 and fedsplit.txt.
+    Used for test RMSE in DP-prototypes paper §4.2 and FedSPLIT paper.
     """
     a, b = _paired(y_true, y_pred, "y_true", "y_pred")
     return float(np.sqrt(np.mean((a - b) ** 2)))
@@ -236,7 +236,7 @@ def _loo_ranks(scores: Any, target_index: Any) -> np.ndarray:
 
 
 def hit_ratio_at_k(scores: Any, target_index: Any, k: int = 10) -> float:
-    """Leave-one-out hit ratio HR@k (fedncf.txt §4.1), averaged over users, in [0, 1].
+    """Leave-one-out hit ratio HR@k (FedNCF paper §4.1), averaged over users, in [0, 1].
 
     ``scores``: (n_users, n_candidates) float -- each row scores the user's held-out item and
     its sampled negatives (fedncf: 1 positive + 100 negatives); a 1-D row is one user.
@@ -253,7 +253,7 @@ def hit_ratio_at_k(scores: Any, target_index: Any, k: int = 10) -> float:
 
 
 def ndcg_at_k_loo(scores: Any, target_index: Any, k: int = 10) -> float:
-    """Leave-one-out NDCG@k (fedncf.txt §4.1), averaged over users, in [0, 1].
+    """Leave-one-out NDCG@k (FedNCF paper §4.1), averaged over users, in [0, 1].
 
     Inputs and the pessimistic tie rule as :func:`hit_ratio_at_k`. With one relevant item the
     ideal DCG is 1, so NDCG_u = 1 / log2(rank_u + 2) if rank_u < k else 0 (rank 0-based:
@@ -271,7 +271,7 @@ def ndcg_at_k_loo(scores: Any, target_index: Any, k: int = 10) -> float:
 def ranking_metrics_at_k(
     scores: Any, relevant: Any, k: int = 10, exclude: Any = None
 ) -> dict[str, float]:
-    """NDCG@k, precision@k, recall@k and F1@k of top-k lists (privmvmf.txt appendix .2,
+    """NDCG@k, precision@k, recall@k and F1@k of top-k lists (PrivMVMF paper appendix .2,
     eqs. 50-54; there relevance = test rating >= 4 and k = 10).
 
     ``scores``: (n_users, n_items) float. ``relevant``: (n_users, n_items) bool, dense or scipy
@@ -289,7 +289,7 @@ def ranking_metrics_at_k(
       (binary gains), IDCG_u = sum_{j=0}^{min(k, |Rel_u|)-1} 1 / log2(j + 2).
 
     precision, recall and ndcg are averaged over the users with |Rel_u| >= 1 (users without a
-    relevant test item are skipped). F1 follows privmvmf.txt eq. 53, which is stated in terms
+    relevant test item are skipped). F1 follows PrivMVMF paper eq. 53, which is stated in terms
     of the (averaged) Precision and Recall only: ``F1 = 2 P R / (P + R)`` of the averaged P and
     R -- *not* the mean of per-user F1 (0 when P + R = 0). Relevant items that are also
     excluded still count in |Rel_u| (they can never be hit). If no user has a relevant item,
@@ -350,7 +350,7 @@ def _row_counts(m: Any) -> np.ndarray:
 
 
 def map_at_k(scores: Any, test_matrix: Any, k: int = 10, exclude: Any = None) -> float:
-    """Mean average precision MAP@k, dp-prototypes.txt eqs. 5-6, in [0, 1].
+    """Mean average precision MAP@k, DP-prototypes paper eqs. 5-6, in [0, 1].
 
     ``scores``: (n_users, n_items) float. ``test_matrix``: (n_users, n_items), dense or scipy
     sparse; its nonzero entries are the user's relevant test items (dp-prototypes: the held-out
@@ -380,7 +380,7 @@ def map_at_k(scores: Any, test_matrix: Any, k: int = 10, exclude: Any = None) ->
 
 
 def mean_rank(scores: Any, test_matrix: Any, exclude: Any = None) -> float:
-    """Weighted mean percentile rank, dp-prototypes.txt eq. 4 (Hu, Koren & Volinsky 2008).
+    """Weighted mean percentile rank, DP-prototypes paper eq. 4 (Hu, Koren & Volinsky 2008).
 
     ``scores``: (n_users, n_items) float. ``test_matrix``: (n_users, n_items), dense or scipy
     sparse, non-negative; its nonzero entries x_ui form the test set T and are the weights.
@@ -438,7 +438,7 @@ def mean_rank(scores: Any, test_matrix: Any, exclude: Any = None) -> float:
 
 
 def reconstruction_accuracy(true: Any, guess: Any) -> float:
-    """Attack accuracy, privmvmf.txt eq. 43: the fraction of entries guessed exactly.
+    """Attack accuracy, PrivMVMF paper eq. 43: the fraction of entries guessed exactly.
 
     ``accuracy = sum_u sum_i 1[guess_ui == true_ui] / sum_u n_u`` -- pooled over all entries
     of all users (not a mean of per-user accuracies). The caller clips and rounds the
@@ -451,11 +451,11 @@ def reconstruction_accuracy(true: Any, guess: Any) -> float:
 
 
 def relative_error(X: Any, X_hat: Any, mask: Any = None, squared: bool = True) -> float:
-    """Relative reconstruction error, fedsplit.txt eq. 4, restricted to observed entries.
+    """Relative reconstruction error, FedSPLIT paper eq. 4, restricted to observed entries.
 
     ``X``: (n, m) true matrix (dense or scipy sparse); ``X_hat``: (n, m) reconstruction;
     ``mask``: optional (n, m) bool (dense or sparse) of the entries to score -- by default the
-    nonzero entries of X (the observed ratings, as in fedsplit.txt §4.4). With Ω the mask:
+    nonzero entries of X (the observed ratings, as in FedSPLIT paper §4.4). With Ω the mask:
 
         RE = ||(X - X_hat)_Ω||_F^2 / ||X_Ω||_F^2          (eq. 4 -- squared norms)
 
@@ -644,7 +644,7 @@ def uniform_guess_accuracy(domain_size: Any) -> float:
 
     ``domain_size``: int >= 1 (e.g. 5 for ratings 1..5, 2 for a 0/1 attribute dummy), or an
     array of per-entry domain sizes, in which case the mean of ``1 / d`` (the expected
-    fraction of entries guessed right). The random-guess baseline of privmvmf.txt §6.2.
+    fraction of entries guessed right). The random-guess baseline of PrivMVMF paper §6.2.
     """
     d = np.asarray(domain_size, dtype=float)
     if d.size == 0:

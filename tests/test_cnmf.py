@@ -1,4 +1,4 @@
-"""CNMF with biases (fedsplit.txt eqs. 5-13): fits, invariants, and agreement with Surprise."""
+"""CNMF with biases (FedSPLIT paper eqs. 5-13): fits, invariants, and agreement with Surprise."""
 
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def test_matches_surprise_nmf_biased_on_synthetic():
 
 @pytest.mark.slow
 def test_matches_surprise_nmf_biased_on_ml100k(ml100k_path):
-    """fedsplit.txt §3.2 adapts Surprise's NMF; on an ML-100K 80/20 split RMSEs agree within 0.02."""
+    """FedSPLIT paper §3.2 adapts Surprise's NMF; on an ML-100K 80/20 split RMSEs agree within 0.02."""
     from privaudit.data import load_dataset
 
     X = load_dataset(ml100k_path).ratings.tocoo()

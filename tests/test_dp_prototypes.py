@@ -1,4 +1,4 @@
-"""The dp-prototypes mechanism (dp-prototypes.txt Algorithms 2-6): Gumbel top-s equals
+"""The dp-prototypes mechanism (DP-prototypes paper Algorithms 2-6): Gumbel top-s equals
 sequential exponential mechanisms in distribution, the epsilon split of every step, the
 privacy ratios of private_partition and localswap, sparse recovery's noise, the defense."""
 

@@ -71,7 +71,7 @@ def test_hand_written_gradients_equal_autograd(arch):
 
 def test_network_shapes_follow_the_paper():
     shapes = ncf.network_shapes("neumf", 12, LAYERS)
-    assert shapes["mlp.0.weight"] == (48, 24)  # input 2D x h1 (fedncf.txt §3.4 parameter count)
+    assert shapes["mlp.0.weight"] == (48, 24)  # input 2D x h1 (FedNCF paper §3.4 parameter count)
     assert shapes["mlp.3.weight"] == (6, 12)
     assert shapes["predict.weight"] == (18,)
     assert ncf.network_shapes("gmf", 12, LAYERS) == {"predict.weight": (12,), "predict.bias": (1,)}

@@ -1,4 +1,4 @@
-"""FedProto (dp-prototypes.txt Algorithm 1) and the proto-membership attack."""
+"""FedProto (DP-prototypes paper Algorithm 1) and the proto-membership attack."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedRec (fedrec.txt): PMF batch/stochastic and SVD++ kernels, the protocol, UA/HF sampling,
+"""FedRec (FedRec paper): PMF batch/stochastic and SVD++ kernels, the protocol, UA/HF sampling,
 and the ``fedrec-rated-items`` attack."""
 
 from __future__ import annotations

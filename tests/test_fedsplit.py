@@ -1,4 +1,4 @@
-"""FedSPLIT (fedsplit.txt §3.3) and its inference-attack audit (§4.4)."""
+"""FedSPLIT (FedSPLIT paper §3.3) and its inference-attack audit (§4.4)."""
 
 from __future__ import annotations
 

@@ -320,6 +320,7 @@ def test_estimate_printed_before_a_long_run(tmp_path, capsys, monkeypatch) -> No
         raise KeyboardInterrupt
 
     monkeypatch.setattr(experiment, "run_experiment", stop)
+    monkeypatch.setattr(experiment, "run_plan", stop)
     monkeypatch.setattr(experiment, "run_transcript", stop)
     # PrivMVMF with a 2048-bit key: ~0.25 CPU s per user, epoch and (1 + rho) -> 50 x 40 x 2 x 0.25 s per run
     main(["attack", "--protocol", "privmvmf", "--users", "50", "--set", "epochs=40", "--jobs", "2", "--out",

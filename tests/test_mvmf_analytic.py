@@ -154,7 +154,7 @@ def test_missing_config_is_unsupported(small):
 @pytest.mark.slow
 @pytest.mark.parametrize("update,unrated", SCENARIOS)
 def test_ml100k_exact_all_users(ml100k_path, update, unrated):
-    """privmvmf.txt Table 3 scenarios on MovieLens 100K, all 943 users (no cold-start hold-out)."""
+    """PrivMVMF paper Table 3 scenarios on MovieLens 100K, all 943 users (no cold-start hold-out)."""
     ds = load_dataset(ml100k_path)
     tr = _run(ds, update, unrated)
     out = _attack(tr)

@@ -1,4 +1,4 @@
-"""mvmf-nonlinear: the paper's nonlinear-system server attack on FedMVMF (privmvmf.txt §4, §6.2)."""
+"""mvmf-nonlinear: the paper's nonlinear-system server attack on FedMVMF (PrivMVMF paper §4, §6.2)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_noise_lowers_accuracy_but_beats_baseline(small, clean_runs):
     clean = MVMFNonlinear(users=10).evaluate(clean_runs["semials", "obsonly"], np.random.default_rng(1)).metrics
     tr = FedMVMF().run(small, {"epochs": 2}, [LaplaceNoise(scale=0.1)], rng=0).transcript
     out = MVMFNonlinear(users=10).evaluate(tr, np.random.default_rng(1))
-    # SemiALS under noise: one solve per latent coordinate (privmvmf.txt §6.2 "for each k")
+    # SemiALS under noise: one solve per latent coordinate (PrivMVMF paper §6.2 "for each k")
     assert out.reconstruction.meta["noisy"] and out.reconstruction.meta["solves_per_victim"] == tr.config["K"]
     m, base = out.metrics, out.baseline
     assert m["rating_accuracy"] < clean["rating_accuracy"]

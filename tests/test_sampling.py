@@ -108,7 +108,7 @@ def test_item_set_guess_uniform_is_chance():
 @pytest.mark.slow
 @pytest.mark.parametrize("rho", [1, 2, 3])
 def test_ml100k_rated_guess_at_chance(rho, ml100k_path):
-    """The server seeing I_u ∪ S_u picks a rated item with probability ~1/(1+rho) (privmvmf.txt §5).
+    """The server seeing I_u ∪ S_u picks a rated item with probability ~1/(1+rho) (PrivMVMF paper §5).
 
     All 943 users. Uniform sampling (the paper's): only an observer without an item prior is at
     chance; one who ranks the uploaded items by how many clients uploaded them does much better

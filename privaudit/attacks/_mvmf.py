@@ -1,6 +1,6 @@
 """Shared pieces of the FedMVMF attacks: reading a server view, scoring, baselines.
 
-Everything here relies only on the FedMVMF message kinds of DESIGN.md, so any conforming
+Everything here relies only on the FedMVMF message kinds (the fedmvmf schema in :mod:`privaudit.schema`), so any conforming
 transcript can be attacked:
 
 - ``state`` (server -> server, round t): ``V`` (m x K) and ``P`` (p x K) as sent that round;
@@ -9,7 +9,7 @@ transcript can be attacked:
 - ``private`` (client:u -> client:u, round 0): ``items``, ``ratings``, ``attributes``
   (ground truth, read only by scoring).
 
-Scoring follows privmvmf.txt eq. 43: the attacker clips ratings to the rating range
+Scoring follows PrivMVMF paper eq. 43: the attacker clips ratings to the rating range
 (InclUnc: ``[0, rating_max]``, 0 meaning unrated) and attributes to [0, 1], rounds, and the
 accuracy is the fraction of exactly recovered values. For ObsOnly the rating accuracy runs
 over the items the client uploaded (its rated items, plus any sampled virtual items, whose
@@ -348,7 +348,7 @@ def _truth(transcript: Transcript | dict, party: str, items: np.ndarray) -> np.n
 
 
 def score_reconstruction(recon: Reconstruction, transcript: Transcript) -> dict[str, float]:
-    """Rating and attribute accuracy (privmvmf.txt eq. 43) over all attacked victims.
+    """Rating and attribute accuracy (PrivMVMF paper eq. 43) over all attacked victims.
 
     Each victim's reconstruction holds ``items`` (the uploaded item ids it guessed),
     ``ratings`` (rounded guesses, 0 = unrated) and ``attributes`` (rounded dummies).

@@ -1,8 +1,8 @@
 """Attack ``fedrec-rated-items``: which uploaded items did a FedRec client really rate?
 
-The server of FedRec (fedrec.txt §3) sees, for each client u, eq.-8 gradients for the items
+The server of FedRec (FedRec paper §3) sees, for each client u, eq.-8 gradients for the items
 I_u ∪ I'_u (real and virtual). Subtracting the public ``lam V_i`` leaves
-``e_i = (p_u.V_i - r_ui) p_u`` (DESIGN.md "fedrec-rated-items"):
+``e_i = (p_u.V_i - r_ui) p_u`` (derivation below):
 
 * **PMF** (p_u = U_u): every row is a multiple of U_u, so with d the top right singular vector
   of the stacked rows, U_u = t d, ``a_i = e_i.d`` and ``c_i = d.V_i`` the implied rating of

@@ -1,4 +1,4 @@
-"""``fedsplit-inference``: reconstruct a group's ratings from its FedSPLIT upload (fedsplit.txt §4.4).
+"""``fedsplit-inference``: reconstruct a group's ratings from its FedSPLIT upload (FedSPLIT paper §4.4).
 
 Threat model (§4.4): the server (honest but curious), or anyone holding what it holds, knows
 every group's upload ``H`` = {(H^g)^T, b_H^g} (as received: noisy under a ``laplace``/
@@ -27,7 +27,7 @@ messages):
 - ``relative_error_unknown``: the same on the entries the adversary was not given (NaN when
   it was given everything);
 - ``rating_accuracy``: fraction of all non-zeros whose rounded reconstruction equals the
-  rating (pooled; privmvmf.txt eq. 43 style) — the accuracy-like view: lower error = more
+  rating (pooled; PrivMVMF paper eq. 43 style) — the accuracy-like view: lower error = more
   leakage = higher accuracy.
 
 Baseline (:meth:`FedSplitInference.baseline`): the adversary without H — it predicts
@@ -110,7 +110,7 @@ def _truth(transcript: Transcript, party: str) -> tuple[np.ndarray, np.ndarray, 
 
 @register_attack("fedsplit-inference")
 class FedSplitInference(Attack):
-    description = "FedSPLIT reconstruction: fit W_adv, b_W to H^g, b_H^g and partial knowledge of X^g (fedsplit.txt §4.4)"
+    description = "FedSPLIT reconstruction: fit W_adv, b_W to H^g, b_H^g and partial knowledge of X^g (FedSPLIT paper §4.4)"
     party = "server"
     protocols = ("fedsplit",)
     requires = ("H",)

@@ -1,7 +1,7 @@
 r"""``mvmf-aggregate``: server reconstruction from per-cohort SUMS of FedMVMF uploads.
 
 Under PrivMVMF (``paillier``) the server never sees a client's plaintext upload, only the sums
-the decrypting clients return (privmvmf.txt eq. 37): per item, ``G_V[i] = sum_{u in C, i in
+the decrypting clients return (PrivMVMF paper eq. 37): per item, ``G_V[i] = sum_{u in C, i in
 S_u} grad_V[u, i]`` and ``G_P = sum_{u in C} grad_P[u]`` over a cohort C (all senders of a
 round by default; ``paillier:cohort_size=c`` makes cohorts of c). The paper argues (eqs.
 38-41) that the system relating these sums to the c users' ratings and attributes has more
@@ -14,7 +14,7 @@ S_u (= I_u ∪ S_u with sampling).
 
 Method (the analytic idea of ``mvmf-analytic`` lifted to sums). Every upload row of member u
 is a multiple of its latent vector: ``grad_V[u, i] = a_ui d_u``, ``grad_P[u] = b_u d_u^T``
-(d_u unit; DESIGN.md, ``mvmf-analytic``). So:
+(d_u unit; see ``mvmf-analytic`` and docs/mvmf-analytic.md). So:
 
 1. items uploaded by exactly one member of the cohort give that member's rows directly; their
    top right singular vector is d_u (needs at least one such "unique" item);

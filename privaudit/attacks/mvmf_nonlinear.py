@@ -1,4 +1,4 @@
-"""``mvmf-nonlinear``: the paper's server reconstruction attack on FedMVMF (privmvmf.txt §4, §6.2).
+"""``mvmf-nonlinear``: the paper's server reconstruction attack on FedMVMF (PrivMVMF paper §4, §6.2).
 
 The honest-but-curious FL server knows the V and P it sent in a round, the public config, and
 each client's uploads ``grad_V`` (one row per item sent) and ``grad_P``. For every victim it
@@ -10,7 +10,7 @@ Unknowns ``z = [r (n), x (p), u (K)]`` where n is the number of items the client
 (ObsOnly: its rated items; InclUnc: all m items; with ``sampling`` the rated plus the virtual
 ones). Equations, with ``c_i = c(r_i)`` and ``s_i = v_i . u``:
 
-* items (privmvmf.txt eqs. 18, 22):  ``-2 c_i (r_i - s_i) u_k = grad_V[i, k]``           (n)
+* items (PrivMVMF paper eqs. 18, 22):  ``-2 c_i (r_i - s_i) u_k = grad_V[i, k]``           (n)
 * attributes (eqs. 18, 22):          ``-2 alpha (x_j - P_j . u) u_k = grad_P[j, k]``      (p)
 * SemiALS user update (eqs. 8, 19, 23), as the stationarity of the local loss::
 
@@ -59,7 +59,7 @@ every uploaded item at the rating midpoint and attributes 0.5) -- the "average u
 Noise (any ``laplace``/``gaussian``/``dp-gaussian`` defense listed in the public config): the
 system is solved ``solves`` times for different k (drawn without replacement) and, for SGD,
 random items i*; each solution is clipped to the value domains, the clipped solutions are
-averaged and rounded (privmvmf.txt §6.2 "Robustness Check": SemiALS "for each k", so the default
+averaged and rounded (PrivMVMF paper §6.2 "Robustness Check": SemiALS "for each k", so the default
 is K solves; SGD "from a randomly chosen set of items" of unstated size, default also K, each with
 its own k; noise-free 1). On ML-100K, SGD ObsOnly at Laplace b = 0.1 reaches rating accuracy 0.39
 with 5 solves and 0.68 with 20 (docs/reproduction.md). A solve that raises, returns
@@ -444,7 +444,7 @@ EXACT_FIT = 1e-6
 
 
 def attack_victim(st: Setting, victim: Victim, seed: int) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Reconstruct one victim (privmvmf.txt §6.2): solve, clip, keep the solutions that fit, average.
+    """Reconstruct one victim (PrivMVMF paper §6.2): solve, clip, keep the solutions that fit, average.
 
     ``st.solves`` systems (random coordinate k, SGD: random item i*) are solved; noise-free,
     up to ``st.retries`` more are tried while none reproduces all uploads (relative misfit
@@ -486,7 +486,7 @@ def _attack_chunk(st: Setting, victims: list[Victim], seeds: list[int]) -> list[
 
 @register_attack("mvmf-nonlinear")
 class MVMFNonlinear(_mvmf.MVMFAttack):
-    """The paper's nonlinear-system reconstruction attack (privmvmf.txt §4, §6.2)."""
+    """The paper's nonlinear-system reconstruction attack (PrivMVMF paper §4, §6.2)."""
 
     description = "FedMVMF server attack: per user, solve the square nonlinear system of its uploads (scipy root)"
     requires = ("grad_V", "grad_P", "state")
@@ -543,7 +543,7 @@ class MVMFNonlinear(_mvmf.MVMFAttack):
         lo, hi = _mvmf.rating_domain(cfg)
         noisy = is_noisy(cfg)
         method = self.resolved_method(cfg)
-        # privmvmf.txt §6.2 Robustness Check: SemiALS "for each k" (all K coordinates), SGD "a
+        # PrivMVMF paper §6.2 Robustness Check: SemiALS "for each k" (all K coordinates), SGD "a
         # randomly chosen set of items" (size not given; K here too); noise-free one solve (plus
         # model-check retries)
         solves = self.config["solves"] or (fv.P[r1].shape[1] if noisy else 1)

@@ -1,4 +1,4 @@
-"""``ncf-kanon-linking``: break FedNCF's per-round k-anonymity under secure aggregation (fedncf.txt §3.5.2).
+"""``ncf-kanon-linking``: break FedNCF's per-round k-anonymity under secure aggregation (FedNCF paper §3.5.2).
 
 Under MF-SecAvg the server learns per round only the sums and the per-item counts
 ``counts_t[k]`` = number of cohort members that updated item k (Algorithm 1). A server that

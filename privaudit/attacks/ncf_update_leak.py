@@ -1,6 +1,6 @@
 """``ncf-update-leak``: which items a FedNCF client trained, read off its plain upload.
 
-Threat (fedncf.txt §1, §3.4; Gao et al. 2020): under plain MF-FedAvg/FedAvg/SimpleAvg a client
+Threat (FedNCF paper §1, §3.4; Gao et al. 2020): under plain MF-FedAvg/FedAvg/SimpleAvg a client
 changes exactly the item-profile rows of its local training items -- its positives and the
 negatives it sampled that round -- and uploads them (``item_update``: the row ids with the
 changed rows; with a dense upload the server would diff against the global model it sent and

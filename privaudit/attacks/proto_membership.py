@@ -1,4 +1,4 @@
-"""``proto-membership``: membership inference on FedProto's prototypes (DESIGN.md).
+"""``proto-membership``: membership inference on FedProto's prototypes.
 
 The server holds the k prototypes P_h each silo sent (kind ``prototypes``). Given a candidate
 row x (a user's rating vector), it decides whether x was in silo h's training data: members

@@ -1,4 +1,4 @@
-"""Cryptographic helpers of secure aggregation (Bonawitz et al. 2017; fedncf.txt §3.4).
+"""Cryptographic helpers of secure aggregation (Bonawitz et al. 2017; FedNCF paper §3.4).
 
 * X25519 key agreement and HKDF-SHA256 (``cryptography``) derive a 32-byte pair seed;
 * a ChaCha20 keystream (``cryptography``) expands a seed into uniform ring elements

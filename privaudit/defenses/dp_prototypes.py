@@ -1,4 +1,4 @@
-"""``dp-prototypes``: FedProto's epsilon-DP prototype mechanism (dp-prototypes.txt Algorithms 2-6).
+"""``dp-prototypes``: FedProto's epsilon-DP prototype mechanism (DP-prototypes paper Algorithms 2-6).
 
 The mechanism itself (JL projection, private-partition candidates over shifted grids,
 localswap by the exponential mechanism, Gumbel top-s / Laplace sparse recovery, and the split

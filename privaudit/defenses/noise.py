@@ -1,4 +1,4 @@
-"""Additive noise defenses: ``laplace`` and ``gaussian`` (privmvmf.txt §6.2 "Robustness Check").
+"""Additive noise defenses: ``laplace`` and ``gaussian`` (PrivMVMF paper §6.2 "Robustness Check").
 
 Every float a client uploads (every entry named by :meth:`UploadBatch.float_keys`: by default
 all floating-point payload entries, e.g. ``grad_V.values`` and ``grad_P.values``; integer
@@ -68,7 +68,7 @@ class _AdditiveNoise(Defense):
 
 @register_defense("laplace")
 class LaplaceNoise(_AdditiveNoise):
-    """I.i.d. Laplace(0, b = scale) noise on every uploaded float (privmvmf.txt §6.2)."""
+    """I.i.d. Laplace(0, b = scale) noise on every uploaded float (PrivMVMF paper §6.2)."""
 
     description = "i.i.d. Laplace(0, scale) noise on every float a client uploads"
 

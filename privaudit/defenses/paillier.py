@@ -1,6 +1,6 @@
 """Defense ``paillier``: Paillier-encrypted uploads, decrypting clients, ciphertext packing.
 
-PrivMVMF (privmvmf.txt §5.1, Algorithm 2): one client generates the key pair and shares the
+PrivMVMF (PrivMVMF paper §5.1, Algorithm 2): one client generates the key pair and shares the
 secret key with the decrypting clients; every client encrypts its uploads with the public key;
 the server multiplies ciphertexts (= adds plaintexts) per item row and per entry of dense
 uploads such as grad_P, sends the ciphertext sums to the decrypting clients, which decrypt them
@@ -13,7 +13,7 @@ What each party sees (and the transcript records):
   (``n``, big-endian uint8) to the server and ``secret_key`` (meta only, the key itself is not
   copied into the transcript again) to every ``decryptor:<k>``;
 - server: per client and upload kind, ``items`` in the clear (it must sum per item; with
-  sampling this is the set I_u ∪ S_u, privmvmf.txt eq. 37) and ``ciphertexts``, a
+  sampling this is the set I_u ∪ S_u, PrivMVMF paper eq. 37) and ``ciphertexts``, a
   fixed-width big-endian uint8 array (rows x ciphertexts per row x 2*key_bytes; dense uploads
   are one row); meta ``{"encrypted": True, "scheme": "paillier", "exponent": -precision, ...}``
   is the same for every upload of a run. Then ``plaintext_sum`` messages from each decryptor:

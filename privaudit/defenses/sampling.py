@@ -4,11 +4,11 @@ Each client u with rated items I_u draws ``k_u = round(rho * |I_u|)`` items S_u 
 without replacement among its unrated items (capped at their number; round half up) and
 uploads gradients for I_u ∪ S_u, so an observer of the item sets alone cannot tell a rated
 item from a sampled one beyond chance |I_u| / (|I_u| + k_u) ≈ 1 / (1 + rho)
-(privmvmf.txt §5, the paragraph after eq. 36; fedrec.txt §4 for FedRec).
+(PrivMVMF paper §5, the paragraph after eq. 36; FedRec paper §4 for FedRec).
 
 Fillings of the virtual entries (what the client trains on):
 
-- ``weight`` (PrivMVMF, privmvmf.txt eq. 36): rating 0 with confidence ``c_ui = w``;
+- ``weight`` (PrivMVMF, PrivMVMF paper eq. 36): rating 0 with confidence ``c_ui = w``;
 - ``ua`` (FedRec user-average filling): rating = the user's mean real rating, confidence 1;
 - ``hf`` (FedRec hybrid filling): as ``ua`` at the start; the FedRec protocol replaces the
   virtual ratings by its local predictions after round ``t_predict`` (public config carried

@@ -1,4 +1,4 @@
-"""Secure aggregation with pairwise masks (MF-SecAvg, fedncf.txt §3.4; Bonawitz et al. 2017).
+"""Secure aggregation with pairwise masks (MF-SecAvg, FedNCF paper §3.4; Bonawitz et al. 2017).
 
 Per round, every client of the cohort
 

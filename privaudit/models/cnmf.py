@@ -1,4 +1,4 @@
-"""Collaborative NMF with biases (CNMF) for missing-value completion, fedsplit.txt §3.2.
+"""Collaborative NMF with biases (CNMF) for missing-value completion, FedSPLIT paper §3.2.
 
 The model (eq. 7) predicts the rating of user ``i`` for item ``j`` as
 
@@ -174,7 +174,7 @@ def _est_products(d: _Data, est: np.ndarray, Ht: np.ndarray | None, W: np.ndarra
 
 
 class CNMF:
-    """Collaborative NMF with user/item biases (fedsplit.txt eqs. 7-13); see the module docstring.
+    """Collaborative NMF with user/item biases (FedSPLIT paper eqs. 7-13); see the module docstring.
 
     Parameters
     ----------
@@ -323,7 +323,7 @@ class CNMF:
     ) -> tuple[np.ndarray, np.ndarray]:
         """W and b_W for the rows of ``X`` with H, b_H and mu fixed (eqs. 12 and 10 only).
 
-        This is the fedsplit-inference adversary's fit (fedsplit.txt §4.4). Returns
+        This is the fedsplit-inference adversary's fit (FedSPLIT paper §4.4). Returns
         ``(W (n x k), b_W (n,))``; rows without observed entries get W = 0, b_W = 0.
         """
         return fit_row_factors(self, X, H, b_H, mu, rng, row_rank)

@@ -1,7 +1,7 @@
 """Multi-view matrix factorization (MVMF) kernels: the math of FedMVMF, batched over users.
 
 No parties, no I/O: :mod:`privaudit.protocols.fedmvmf` wires these functions into the
-federated protocol. Notation follows DESIGN.md "FedMVMF" (the restated privmvmf.txt §3;
+federated protocol. Notation follows the FedMVMF section of docs/reproduction.md (the restated PrivMVMF paper §3;
 the paper's equation numbers are given where the restated formula corresponds to one):
 
 * ``R`` ratings (n x m, 0 = unrated), ``C`` confidences c_ui, ``X`` user attributes (n x p),
@@ -246,7 +246,7 @@ def cold_start_items(Q: np.ndarray, Y: np.ndarray, alpha: float, lam: float) -> 
 
 @dataclass
 class Adam:
-    """Adam (Kingma & Ba) on a dict of named arrays; the FL server's optimizer (privmvmf.txt §3.3).
+    """Adam (Kingma & Ba) on a dict of named arrays; the FL server's optimizer (PrivMVMF paper §3.3).
 
     ``step(params, grads)`` returns updated copies; moments are kept per name.
     """

@@ -1,10 +1,10 @@
 """Neural collaborative filtering (GMF, MLP, NeuMF) as batched functional PyTorch models.
 
 No parties, no I/O: :mod:`privaudit.protocols.fedncf` wires these kernels into FedNCF
-(fedncf.txt §3.2; He et al. 2017). torch is an optional extra (``privaudit[ncf]``) and is
+(FedNCF paper §3.2; He et al. 2017). torch is an optional extra (``privaudit[ncf]``) and is
 imported lazily inside the functions, so importing this module never needs it.
 
-Architecture (fedncf.txt §4.2): latent dimension ``D`` (12), MLP tower
+Architecture (FedNCF paper §4.2): latent dimension ``D`` (12), MLP tower
 ``2D -> h1 -> ... -> hn`` with ReLU (h = 48-24-12-6, so 24x48 input weights as in the
 paper's parameter count of §3.4), prediction layer ``F -> 1`` with a sigmoid, F = D (GMF),
 hn (MLP) or D + hn (NeuMF). Network weights are Xavier-uniform, biases zero, embeddings
@@ -103,7 +103,7 @@ def network_shapes(arch: str, D: int, layers: Sequence[int]) -> dict[str, tuple[
 
 
 def init_network(arch: str, D: int, layers: Sequence[int], rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Xavier-uniform weights, zero biases (float32 numpy arrays; fedncf.txt §4.2)."""
+    """Xavier-uniform weights, zero biases (float32 numpy arrays; FedNCF paper §4.2)."""
     out: dict[str, np.ndarray] = {}
     for name, shape in network_shapes(arch, D, layers).items():
         if name.endswith("bias"):
@@ -391,7 +391,7 @@ def train_clients(
 def train_cohort(
     model: Architecture, net: dict[str, np.ndarray], data: CohortData, settings: LocalTrainingSettings
 ) -> dict[str, np.ndarray]:
-    """Local training of C clients at once (fedncf.txt Algorithm 2, the plain update part).
+    """Local training of C clients at once (FedNCF paper Algorithm 2, the plain update part).
 
     Internally the rows of all clients are stored unpadded in one (sum n_rows, Dtot) tensor,
     clients ordered by their step counts, so the rows of the clients still active form a
@@ -752,7 +752,7 @@ def train_centralized(
     callback: Any = None,
     init_std: float = EMBED_STD,
 ) -> dict[str, Any]:
-    """Centralised NCF (He et al. 2017; fedncf.txt Table 6 "NCF"): one model, all users.
+    """Centralised NCF (He et al. 2017; FedNCF paper Table 6 "NCF"): one model, all users.
 
     ``positives``: CSR (n_users x n_items) of training interactions; ``exclude``: CSR of
     items never drawn as negatives (training + held-out). Negatives are re-drawn every epoch

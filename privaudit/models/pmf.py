@@ -1,7 +1,7 @@
-"""PMF (batch and stochastic) and SVD++ (stochastic) kernels of FedRec (fedrec.txt §2-3).
+"""PMF (batch and stochastic) and SVD++ (stochastic) kernels of FedRec (FedRec paper §2-3).
 
 No parties, no I/O: :mod:`privaudit.protocols.fedrec` wires these functions into the
-federated protocol. Notation of fedrec.txt Table 1: ``U`` (n x d, client-local), ``V`` (m x d),
+federated protocol. Notation of FedRec paper Table 1: ``U`` (n x d, client-local), ``V`` (m x d),
 ``W`` (m x d, SVD++ implicit factors), learning rate ``lr`` (gamma), ``lam`` (lambda).
 
 Local data is a flat list of *entries* (user ``rows``, item ``cols``, rating ``vals``), sorted
@@ -85,7 +85,7 @@ class Entries:
 
 
 def init_factors(rng: np.random.Generator, shape: tuple[int, int], scale: float) -> np.ndarray:
-    """Small random values (fedrec.txt §3.1): ``(rand - 0.5) * scale``, uniform on (-scale/2, scale/2)."""
+    """Small random values (FedRec paper §3.1): ``(rand - 0.5) * scale``, uniform on (-scale/2, scale/2)."""
     return (rng.random(shape) - 0.5) * scale
 
 
@@ -148,7 +148,7 @@ def batch_local_steps(
 def clip_rows(step: np.ndarray, max_norm: float | None) -> tuple[np.ndarray, int]:
     """Rows of ``step`` (k x d) scaled down to Euclidean norm <= ``max_norm``; (clipped, count).
 
-    A divergence guard (not in fedrec.txt): batch GD at the paper's lr 0.8 is unstable once
+    A divergence guard (not in FedRec paper): batch GD at the paper's lr 0.8 is unstable once
     lr |U_u|^2 > 2 for an item with one rater (or lr * lambda_max(mean V_i V_i^T) > 2 for a
     user), which happens on small data before the 0.9 decay has brought lr down; clipping
     each row's step keeps the growth linear until the decay makes the step contract.

@@ -1,5 +1,5 @@
 """Differentially private prototypes: private k-means of Balcan et al. (2017) with the sparse
-recovery of dp-prototypes.txt (Algorithms 2-6).
+recovery of DP-prototypes paper (Algorithms 2-6).
 
 Pipeline of :func:`private_prototypes` on a silo's data X (n rows x m items, every row clipped
 to ``||x||_inf <= Lambda`` and ``||x||_0 <= s`` — both public):
@@ -31,8 +31,8 @@ to ``||x||_inf <= Lambda`` and ``||x||_0 <= s`` — both public):
 Neighbouring data sets: one row added or removed (unbounded DP); replacing a row is two such
 steps, so the mechanism is 2 eps-DP under replace-one neighbours.
 
-What "n" is in Algorithm 3 (investigation of issue 9)
------------------------------------------------------
+What "n" is in Algorithm 3
+--------------------------
 Algorithm 3's ``mu = 1/n sum_{i=1}^n x_i`` and ``Lap(2 Lambda s / (eps n))`` read with the
 paper's notation (X in R^{m x n}, n items) would make n the item count (1682 on ML-100K), which
 shrinks the noise 20-800x but is not a DP bound (the sensitivity of a cluster mean is set by

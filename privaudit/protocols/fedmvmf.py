@@ -1,4 +1,4 @@
-"""FedMVMF: federated multi-view matrix factorization (privmvmf.txt §3; DESIGN.md "FedMVMF").
+"""FedMVMF: federated multi-view matrix factorization (the PrivMVMF paper, §3).
 
 Parties: clients ``client:<u>`` (one per training user, u = 0..n-1), the FL server ``server``
 (holds V and P) and the item server ``item-server`` (holds the item features Y and Q).
@@ -22,7 +22,7 @@ Each epoch t (0-based):
 4. the server takes one Adam step on V (summed client gradients + item server part
    + 2 lam V) and on P (summed client gradients + 2 lam P).
 
-Data split (privmvmf.txt §6.3): ``cold_user_fraction`` of the users and ``cold_item_fraction``
+Data split (PrivMVMF paper §6.3): ``cold_user_fraction`` of the users and ``cold_item_fraction``
 of the items are held out as cold-start users/items; each remaining user's ratings of the
 remaining items are split ``1 - test_fraction`` / ``test_fraction`` into training and test
 ratings. The clients train on their training ratings, passed through
@@ -32,7 +32,7 @@ Item ids in the transcript index the training items (``n_items`` = their number)
 dict maps them back (``train_items``, ``train_users``, ``cold_users``, ``cold_items``: indices
 into the dataset).
 
-Utility (privmvmf.txt appendix .2): NDCG@10, precision@10, recall@10, F1@10 with relevance =
+Utility (PrivMVMF paper appendix .2): NDCG@10, precision@10, recall@10, F1@10 with relevance =
 rating >= ``relevance_threshold``; existing users: the test ratings, ranking the training items
 minus the user's own training items; cold-start users (u from eq. 15): their ratings of the
 training items; cold-start items (v from eq. 17): the training users' ratings of the cold
@@ -46,7 +46,7 @@ Recording: the ``state`` messages, client uploads and ``grad_V_item`` of the fir
 sampling defense are not ratings).
 
 Departures from the paper (whose equations were lost in extraction): the math follows
-DESIGN.md exactly; the item server's SGD step on Q uses Adam with the server's learning rate
+the restated equations in docs/reproduction.md exactly; the item server's SGD step on Q uses Adam with the server's learning rate
 (the paper says only "gradient descent ... with Adam"); the initial factors are
 N(0, init_scale^2). Randomness: one seed; the split, the initialisation and the channel (noise
 of the defenses) draw from three independent child streams, so a noise sweep with one seed
@@ -82,7 +82,7 @@ def split_fedmvmf(
     cold_item_fraction: float,
     rng: np.random.Generator,
 ) -> dict[str, Any]:
-    """Cold users, cold items, and a per-user train/test split of the rest (privmvmf.txt §6.3).
+    """Cold users, cold items, and a per-user train/test split of the rest (PrivMVMF paper §6.3).
 
     Uses :mod:`privaudit.data.splits`. Returns a dict of index arrays into the dataset
     (``train_users``, ``cold_users``, ``train_items``, ``cold_items``; sorted int64) and CSR
@@ -124,7 +124,7 @@ def ranking_utility(
 class FedMVMF(Protocol):
     """Federated MVMF with clients, an FL server and an item server (module docstring)."""
 
-    description = "Federated multi-view matrix factorization (FedMVMF, privmvmf.txt §3): SemiALS/SGD x ObsOnly/InclUnc"
+    description = "Federated multi-view matrix factorization (FedMVMF, PrivMVMF paper §3): SemiALS/SGD x ObsOnly/InclUnc"
     schema = transcript_schema.FEDMVMF  # declared message kinds, checked before any attack
     default_attack = "mvmf-analytic"
     derived_keys = DERIVED_KEYS

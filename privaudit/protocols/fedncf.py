@@ -1,8 +1,8 @@
-"""FedNCF: federated GMF / MLP / NeuMF (fedncf.txt §3; DESIGN.md "FedNCF").
+"""FedNCF: federated GMF / MLP / NeuMF (the FedNCF paper, §3).
 
 Parties: the coordination server ``server`` and one client ``client:<u>`` per user
 (u = 0..n-1). Interactions are implicit: every rating is a positive. Leave-one-out split
-(fedncf.txt §4.1): each user's latest interaction is held out; clients train on the rest.
+(FedNCF paper §4.1): each user's latest interaction is held out; clients train on the rest.
 
 Round r (an *aggregation round*; a *global round* is a pass over all clients):
 
@@ -45,7 +45,7 @@ sent that round), the uploads and the ``aggregate``. Private (``client:u`` -> it
 ``items`` (int64 sorted training positives), ``test_item`` (1,) int64.
 
 Utility: HR@10 and NDCG@10 with the held-out item ranked against ``eval_negatives`` (100)
-sampled non-interacted items (fedncf.txt §4.1), each user scored with its own user vector;
+sampled non-interacted items (FedNCF paper §4.1), each user scored with its own user vector;
 ``hr_history`` in the model (one value per evaluation). With ``dp-sgd``: ``epsilon`` (largest
 over clients, for the rounds each actually took part in), ``delta``.
 
@@ -159,7 +159,7 @@ def ncf_utility(arch: str, D: int, layers: Sequence[int], model: Mapping[str, An
 class FedNCF(Protocol):
     """Federated GMF / MLP / NeuMF with MF-FedAvg, FedAvg or SimpleAvg (module docstring)."""
 
-    description = "Federated neural collaborative filtering (FedNCF, fedncf.txt): GMF/MLP/NeuMF, MF-FedAvg"
+    description = "Federated neural collaborative filtering (FedNCF, FedNCF paper): GMF/MLP/NeuMF, MF-FedAvg"
     schema = transcript_schema.FEDNCF  # declared message kinds, checked before any attack
     default_attack = "ncf-update-leak"
     requires_extras = ("ncf",)  # torch (errors.check_extras)

@@ -1,5 +1,5 @@
 """FedProto: federated recommendation from (differentially private) prototypes
-(dp-prototypes.txt Algorithm 1, §3).
+(DP-prototypes paper Algorithm 1, §3).
 
 Parties: ``server`` and one ``client:<h>`` per silo. Silos (``silos="zip"``, default): the
 first ZIP digit (:func:`privaudit.data.zip_silos`: 10 regions plus one silo of unknown ZIPs;

@@ -1,8 +1,8 @@
-"""FedRec: federated PMF (batch and stochastic) and SVD++ (stochastic) — fedrec.txt §3.
+"""FedRec: federated PMF (batch and stochastic) and SVD++ (stochastic) — FedRec paper §3.
 
 Parties: clients ``client:<u>`` (one per user of the dataset, u = 0..n-1) and ``server``
 (holds V, and W for SVD++). Data: one fold of a ``n_folds``-fold split of the ratings
-(fedrec.txt §4.1: five equal parts, four for training); the test fold gives the utility
+(FedRec paper §4.1: five equal parts, four for training); the test fold gives the utility
 (RMSE and MAE on real test ratings, predictions clipped to the rating range).
 
 Local data: every iteration (Algorithm 2/5 line 1) the clients' real training ratings pass
@@ -97,7 +97,7 @@ DEFAULT_INIT = {"pmf-batch": 0.001, "pmf-sgd": 0.01, "svdpp-sgd": 0.01}
 #: stochastic lock-step chunk sizes: SVD++'s shared W couples users strongly (|N_u ∩ N_v| / sqrt(|N_u||N_v|)),
 #: and stale W over larger chunks diverges on ML-100K (docs/reproduction.md)
 DEFAULT_CHUNK = {"pmf-batch": 1, "pmf-sgd": 64, "svdpp-sgd": 4}
-#: HF's T_predict and T_local when the sampling defense leaves them unset (fedrec.txt §4.2 tunes both on {5, 10, 15})
+#: HF's T_predict and T_local when the sampling defense leaves them unset (FedRec paper §4.2 tunes both on {5, 10, 15})
 HF_DEFAULTS = {"t_predict": 10, "t_local": 5}
 
 
@@ -121,7 +121,7 @@ def hf_settings(defenses: Sequence[Defense]) -> tuple[str | None, int, int]:
 class FedRec(Protocol):
     """Federated PMF(B), PMF(S), SVD++(S) with user-average / hybrid filling (module docstring)."""
 
-    description = "FedRec (fedrec.txt): federated PMF batch/stochastic and SVD++ with UA/HF virtual ratings"
+    description = "FedRec (FedRec paper): federated PMF batch/stochastic and SVD++ with UA/HF virtual ratings"
     schema = transcript_schema.FEDREC  # declared message kinds, checked before any attack
     default_attack = "fedrec-rated-items"
     derived_keys = DERIVED_KEYS

@@ -1,4 +1,4 @@
-"""FedSPLIT: one-shot federated NMF with knowledge distillation (fedsplit.txt §3.3, Algorithm 1).
+"""FedSPLIT: one-shot federated NMF with knowledge distillation (FedSPLIT paper §3.3, Algorithm 1).
 
 Parties: the server ``server`` (the paper's processor) and one client ``client:<g>`` per group
 of users (g = 0..N-1). Users are assigned at random to groups whose sizes are uniform in
@@ -91,7 +91,7 @@ def cnmf_from_config(config: Mapping[str, Any], n_components: int | None = None)
 
 
 def group_ranks(n_users: np.ndarray, k: int) -> np.ndarray:
-    """k^g = min(k, n^g - 1), at least 1 (fedsplit.txt §4.1 bounds k^g by min(n^g, 21) - 1)."""
+    """k^g = min(k, n^g - 1), at least 1 (FedSPLIT paper §4.1 bounds k^g by min(n^g, 21) - 1)."""
     return np.maximum(1, np.minimum(int(k), np.asarray(n_users, dtype=np.int64) - 1))
 
 

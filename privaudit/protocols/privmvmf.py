@@ -1,4 +1,4 @@
-"""PrivMVMF (privmvmf.txt §5, Algorithm 2) = FedMVMF + ``paillier`` + ``sampling``.
+"""PrivMVMF (PrivMVMF paper §5, Algorithm 2) = FedMVMF + ``paillier`` + ``sampling``.
 
 The training algorithm, data split, public config, message kinds and utility are exactly
 FedMVMF's (:mod:`privaudit.protocols.fedmvmf`, SemiALS by default as in the paper); what
@@ -68,7 +68,7 @@ def privmvmf_defenses(defenses: Sequence[Defense], w: float) -> list[Defense]:
 class PrivMVMF(FedMVMF):
     """FedMVMF (SemiALS) with Paillier-encrypted uploads, decrypting clients and unrated-item sampling."""
 
-    description = "PrivMVMF (privmvmf.txt §5): FedMVMF SemiALS + paillier encryption + unrated-item sampling"
+    description = "PrivMVMF (PrivMVMF paper §5): FedMVMF SemiALS + paillier encryption + unrated-item sampling"
     schema = transcript_schema.PRIVMVMF  # declared message kinds, checked before any attack
     default_attack = "mvmf-aggregate"
     # 2 epochs (FedMVMF: 40) and 10 users by default keep a 2048-bit run under a minute;

@@ -4,7 +4,7 @@ Everything is drawn from a results dict (the ``results.json`` schema) alone, so
 ``privaudit report DIR`` redraws identical figures. SVGs are deterministic: a fixed
 ``svg.hashsalt``, no date metadata, glyphs as paths.
 
-Figure content (DESIGN.md "Experiments and reports"):
+Figure content (docs/results-schema.md):
 
 - one line per plotted attack metric (``results["figure_metrics"]``, from the attack's
   declared ``metric_specs``), the seed mean with a 95 % band (Student t over seeds), each with
