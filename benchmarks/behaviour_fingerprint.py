@@ -73,15 +73,31 @@ def protocol_runs(names) -> dict:
     for name in names:
         protocol, defenses, sets, users = RUNS[name]
         result = run_transcript(protocol, defenses, sets, "synthetic", users, 0)
-        out[name] = {"utility": _clean(result.utility), "transcript_sha256": transcript_hash(result.transcript),
-                     "messages": len(result.transcript)}
+        out[name] = {
+            "utility": _clean(result.utility),
+            "transcript_sha256": transcript_hash(result.transcript),
+            "messages": len(result.transcript),
+        }
     return out
 
 
 def main_job() -> list:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "privaudit", "attack", "--protocol", "fedmvmf", "--noise", "laplace",
-               "--jobs", "1", "--quiet", "--out", str(Path(tmp) / "report")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "privaudit",
+            "attack",
+            "--protocol",
+            "fedmvmf",
+            "--noise",
+            "laplace",
+            "--jobs",
+            "1",
+            "--quiet",
+            "--out",
+            str(Path(tmp) / "report"),
+        ]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         results = json.loads((Path(tmp) / "report" / "results.json").read_text())
     return _clean(results["points"])

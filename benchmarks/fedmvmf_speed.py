@@ -16,10 +16,11 @@ import argparse
 import sys
 import time
 
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
+
 from privaudit.data import load_dataset, synthetic
 from privaudit.defenses.noise import LaplaceNoise
 from privaudit.protocols.fedmvmf import FedMVMF
-from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 ML100K = ml100k_dir()
 SCENARIOS = [(u, c) for u in ("semials", "sgd") for c in ("obsonly", "inclunc")]
@@ -36,7 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     for update, unrated in SCENARIOS:
         cfg = {"update": update, "unrated": unrated, "epochs": args.epochs}
         times = []
-        for extra, defenses in (({"record_rounds": 0}, []), ({"record_rounds": -1}, []), ({"record_rounds": 0}, [LaplaceNoise(scale=0.1)])):
+        for extra, defenses in (
+            ({"record_rounds": 0}, []),
+            ({"record_rounds": -1}, []),
+            ({"record_rounds": 0}, [LaplaceNoise(scale=0.1)]),
+        ):
             res = FedMVMF().run(ds, {**cfg, **extra}, defenses=defenses, rng=0)
             times.append(res.utility["epoch_seconds"])
             del res

@@ -14,10 +14,10 @@ import argparse
 import sys
 
 import numpy as np
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 from privaudit.data import load_dataset
 from privaudit.protocols.fedmvmf import FedMVMF
-from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 ML100K = ml100k_dir()
 SCENARIOS = [(u, c) for u in ("semials", "sgd") for c in ("obsonly", "inclunc")]
@@ -36,11 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for scenario in SCENARIOS:
         utils = [
-            FedMVMF().run(ds, {**overrides, "update": scenario[0], "unrated": scenario[1], "record_rounds": "0"}, rng=seed).utility
+            FedMVMF()
+            .run(ds, {**overrides, "update": scenario[0], "unrated": scenario[1], "record_rounds": "0"}, rng=seed)
+            .utility
             for seed in range(args.seeds)
         ]
         results[scenario] = {k: float(np.mean([u[k] for u in utils])) for k in utils[0]}
-    print(f"FedMVMF on {ds.name} ({ds.n_users} users), config {FedMVMF.resolve_config(overrides)}, seeds 0..{args.seeds - 1}\n")
+    print(
+        f"FedMVMF on {ds.name} ({ds.n_users} users), config {FedMVMF.resolve_config(overrides)}, seeds 0..{args.seeds - 1}\n"
+    )
     print("| test scenario | metric | " + " | ".join(f"{u}/{c}" for u, c in SCENARIOS) + " |")
     print("|---|---|" + "---|" * len(SCENARIOS))
     for label, prefix in GROUPS:

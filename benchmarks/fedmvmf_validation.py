@@ -23,10 +23,10 @@ import sys
 import time
 
 import numpy as np
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 from privaudit.data import holdout_split, load_dataset
 from privaudit.protocols.fedmvmf import FedMVMF
-from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 ML100K = ml100k_dir()
 SCENARIOS = [(u, c) for u in ("semials", "sgd") for c in ("obsonly", "inclunc")]
@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         key = (scenario, tuple(sorted(point.items())))
         if key not in cache:
             tic = time.perf_counter()
-            res = FedMVMF().run(val, {**point, "update": scenario[0], "unrated": scenario[1], "record_rounds": 0}, rng=1)
+            res = FedMVMF().run(
+                val, {**point, "update": scenario[0], "unrated": scenario[1], "record_rounds": 0}, rng=1
+            )
             util = {k: v for k, v in res.utility.items() if k.endswith("ndcg@10")}
             util["seconds"] = time.perf_counter() - tic
             util["epoch_seconds"] = res.utility["epoch_seconds"]
@@ -90,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|")
     for s in SCENARIOS:
         u = evaluate(point, s)
-        print(f"| {s[0]}/{s[1]} | {u['ndcg@10']:.4f} | {u['cold_user_ndcg@10']:.4f} | {u['cold_item_ndcg@10']:.4f} | {u['epoch_seconds']:.3f} |")
+        print(
+            f"| {s[0]}/{s[1]} | {u['ndcg@10']:.4f} | {u['cold_user_ndcg@10']:.4f} | {u['cold_item_ndcg@10']:.4f} | {u['epoch_seconds']:.3f} |"
+        )
     return 0
 
 

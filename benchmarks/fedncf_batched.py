@@ -21,9 +21,9 @@ import argparse
 import time
 
 import numpy as np
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 from privaudit.models import ncf
-from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 DATA = ml100k_dir()
 
@@ -63,8 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="gmf", choices=list(ncf.ARCHS))
     p.add_argument("--clients", type=int, default=20, help="cohort size c (paper: 20 on ML-100K)")
-    p.add_argument("--cohorts", type=int, default=0,
-                   help="cohorts timed, cut from one random permutation of the users as FedNCF does (0: a whole global round)")
+    p.add_argument(
+        "--cohorts",
+        type=int,
+        default=0,
+        help="cohorts timed, cut from one random permutation of the users as FedNCF does (0: a whole global round)",
+    )
     p.add_argument("--items", type=int, default=1682)
     p.add_argument("--repeats", type=int, default=3, help="the whole timing is repeated; the best total is kept")
     p.add_argument("--seed", type=int, default=0)
@@ -90,16 +94,24 @@ def main(argv: list[str] | None = None) -> int:
                 b = ncf.train_clients_loop(*args_t)
                 tl[r, j] = time.perf_counter() - t0
                 if r == 0:
-                    diff = max(diff, float(np.abs(a["items"] - b["items"]).max()), float(np.abs(a["users"] - b["users"]).max()),
-                               max(float(np.abs(a["net"][k] - b["net"][k]).max()) for k in a["net"]))
+                    diff = max(
+                        diff,
+                        float(np.abs(a["items"] - b["items"]).max()),
+                        float(np.abs(a["users"] - b["users"]).max()),
+                        max(float(np.abs(a["net"][k] - b["net"][k]).max()) for k in a["net"]),
+                    )
                     steps += int(b["steps"].sum())
                     max_steps += int(b["steps"].max())
     loop, batched = tl.sum(1).min(), tb.sum(1).min()
     n_inst = 5 * np.concatenate(cuts)
-    print(f"model={args.model} clients per cohort={args.clients} cohorts={len(problems)} clients={len(n_inst)} "
-          f"local instances: mean {n_inst.mean():.0f}, max {n_inst.max()}")
-    print(f"Adam steps: per-client loop {steps}, batched {max_steps} (the longest client of each cohort); "
-          f"bound of the ratio at equal step cost {steps / max_steps:.1f}")
+    print(
+        f"model={args.model} clients per cohort={args.clients} cohorts={len(problems)} clients={len(n_inst)} "
+        f"local instances: mean {n_inst.mean():.0f}, max {n_inst.max()}"
+    )
+    print(
+        f"Adam steps: per-client loop {steps}, batched {max_steps} (the longest client of each cohort); "
+        f"bound of the ratio at equal step cost {steps / max_steps:.1f}"
+    )
     print(f"per-client loop: {loop:.3f} s   batched: {batched:.3f} s   (best of {args.repeats} totals)")
     print(f"speed-up (loop / batched): {loop / batched:.1f}x   max |difference| of the trained parameters: {diff:.2e}")
     return 0

@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     ds = synthetic(n_users=args.users, n_items=args.items, seed=args.seed)
     cfg = {"global_rounds": args.global_rounds, "clients_per_round": 20, "record_rounds": -1, "lr": 0.001}  # paper lr
     rows = []
-    print("| noise multiplier | epsilon (delta 1e-5) | HR@10 | NDCG@10 | leak precision, 1 upload | leak precision, all uploads | leak recall |")
+    print(
+        "| noise multiplier | epsilon (delta 1e-5) | HR@10 | NDCG@10 | leak precision, 1 upload | leak precision, all uploads | leak recall |"
+    )
     print("|---|---|---|---|---|---|---|")
     for tok in args.noise.split(","):
         defenses = [] if tok == "none" else [DPSGD(noise_multiplier=float(tok), max_grad_norm=1.0)]
@@ -41,11 +43,23 @@ def main(argv: list[str] | None = None) -> int:
         leak1 = NCFUpdateLeak(rounds=1).evaluate(res.transcript, np.random.default_rng(0)).metrics
         leak_all = NCFUpdateLeak(rounds=-1).evaluate(res.transcript, np.random.default_rng(0)).metrics
         eps = res.utility.get("epsilon", float("inf"))
-        row = {"noise": tok, "epsilon": eps, "hr@10": res.utility["hr@10"], "ndcg@10": res.utility["ndcg@10"],
-               "precision_1": leak1["precision"], "precision_all": leak_all["precision"], "recall": leak1["recall"]}
+        row = {
+            "noise": tok,
+            "epsilon": eps,
+            "hr@10": res.utility["hr@10"],
+            "ndcg@10": res.utility["ndcg@10"],
+            "precision_1": leak1["precision"],
+            "precision_all": leak_all["precision"],
+            "recall": leak1["recall"],
+        }
         rows.append(row)
-        print(f"| {tok} | {eps:.2f} | {row['hr@10']:.3f} | {row['ndcg@10']:.3f} | {row['precision_1']:.3f} | {row['precision_all']:.3f} | {row['recall']:.3f} |", flush=True)
-    print(f"baseline (guess each item w.p. 1/2): precision {leak1 and NCFUpdateLeak().baseline(res.transcript)['precision']:.3f}")
+        print(
+            f"| {tok} | {eps:.2f} | {row['hr@10']:.3f} | {row['ndcg@10']:.3f} | {row['precision_1']:.3f} | {row['precision_all']:.3f} | {row['recall']:.3f} |",
+            flush=True,
+        )
+    print(
+        f"baseline (guess each item w.p. 1/2): precision {leak1 and NCFUpdateLeak().baseline(res.transcript)['precision']:.3f}"
+    )
     print(json.dumps(rows))
     return 0
 

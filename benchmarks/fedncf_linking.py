@@ -17,12 +17,12 @@ import json
 from pathlib import Path
 
 import numpy as np
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 from privaudit.attacks.ncf_kanon_linking import NCFKAnonLinking
 from privaudit.data import load_dataset, synthetic
 from privaudit.defenses.secagg import SecAgg
 from privaudit.protocols.fedncf import FedNCF
-from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 DATA = ml100k_dir()
 OUT = Path(__file__).resolve().parents[1] / "docs" / "fedncf_kanon_linking.png"
@@ -37,15 +37,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients-per-round", type=int, default=20)
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)
-    ds = synthetic(n_users=300, n_items=500, seed=0) if args.data == "synthetic" or not Path(args.data).exists() else load_dataset(args.data)
+    ds = (
+        synthetic(n_users=300, n_items=500, seed=0)
+        if args.data == "synthetic" or not Path(args.data).exists()
+        else load_dataset(args.data)
+    )
     negs = [int(x) for x in args.negatives.split(",")]
     rounds = [r for r in (1, 2, 4, 8, 16, 32) if r <= args.pairs]
     res: dict[int, dict[int, list]] = {q: {r: [] for r in rounds} for q in negs}
     ks = []
     for q in negs:
         for t in range(args.targets):
-            cfg = {"global_rounds": 0, "selection": "adversarial", "manipulated_rounds": args.pairs,
-                   "clients_per_round": args.clients_per_round, "negatives": q, "record_rounds": -1}
+            cfg = {
+                "global_rounds": 0,
+                "selection": "adversarial",
+                "manipulated_rounds": args.pairs,
+                "clients_per_round": args.clients_per_round,
+                "negatives": q,
+                "record_rounds": -1,
+            }
             run = FedNCF().run(ds, cfg, [SecAgg()], t)  # same targets and groups for every q
             for r in rounds:
                 out = NCFKAnonLinking(rounds=r).evaluate(run.transcript, np.random.default_rng(0))

@@ -25,18 +25,22 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 from privaudit.data import load_dataset
 from privaudit.models import ncf
 from privaudit.protocols.fedncf import FedNCF, eval_candidates, implicit_split, ncf_utility, rng_streams
-from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 DATA = ml100k_dir()
 #: FedNCF paper Table 5 (FedGMF HR@10 by aggregation) and Table 6 (HR@10, NDCG@10).
 PAPER_T5 = {"mf-fedavg": 0.59, "fedavg": 0.56, "simpleavg": 0.55}
 PAPER_T6 = {
-    ("fed", "gmf"): (0.59, 0.33), ("fed", "mlp"): (0.43, 0.23), ("fed", "neumf"): (0.61, 0.34),
-    ("central", "gmf"): (0.68, 0.42), ("central", "mlp"): (0.61, 0.35), ("central", "neumf"): (0.69, 0.42),
+    ("fed", "gmf"): (0.59, 0.33),
+    ("fed", "mlp"): (0.43, 0.23),
+    ("fed", "neumf"): (0.61, 0.34),
+    ("central", "gmf"): (0.68, 0.42),
+    ("central", "mlp"): (0.61, 0.35),
+    ("central", "neumf"): (0.69, 0.42),
 }
 
 
@@ -65,16 +69,39 @@ def run_fed(args: argparse.Namespace) -> None:
     res = FedNCF().run(ds, cfg, [], args.seed)
     secs = time.perf_counter() - t0
     for g, (hr, nd) in enumerate(zip(res.model["hr_history"], res.model["ndcg_history"])):
-        emit({"mode": "fed", "model": args.model, "aggregation": args.aggregation, "global_round": (g + 1) * args.eval_every, "hr@10": hr, "ndcg@10": nd})
+        emit(
+            {
+                "mode": "fed",
+                "model": args.model,
+                "aggregation": args.aggregation,
+                "global_round": (g + 1) * args.eval_every,
+                "hr@10": hr,
+                "ndcg@10": nd,
+            }
+        )
     paper = PAPER_T6[("fed", args.model)]
-    emit({
-        "summary": True, "mode": "fed", "model": args.model, "aggregation": args.aggregation,
-        "global_rounds": args.global_rounds, "clients_per_round": args.clients_per_round, "batch_size": args.batch_size,
-        "init_std": args.init_std, "lr": args.lr, "user_lr": args.user_lr, "loo_ties": args.loo_ties,
-        "seed": args.seed, "hr@10": res.utility["hr@10"], "ndcg@10": res.utility["ndcg@10"],
-        "paper_hr@10": PAPER_T5[args.aggregation] if args.model == "gmf" else paper[0], "paper_ndcg@10": paper[1] if args.aggregation == "mf-fedavg" else None,
-        "seconds": secs, "aggregation_rounds": res.utility["rounds"],
-    })
+    emit(
+        {
+            "summary": True,
+            "mode": "fed",
+            "model": args.model,
+            "aggregation": args.aggregation,
+            "global_rounds": args.global_rounds,
+            "clients_per_round": args.clients_per_round,
+            "batch_size": args.batch_size,
+            "init_std": args.init_std,
+            "lr": args.lr,
+            "user_lr": args.user_lr,
+            "loo_ties": args.loo_ties,
+            "seed": args.seed,
+            "hr@10": res.utility["hr@10"],
+            "ndcg@10": res.utility["ndcg@10"],
+            "paper_hr@10": PAPER_T5[args.aggregation] if args.model == "gmf" else paper[0],
+            "paper_ndcg@10": paper[1] if args.aggregation == "mf-fedavg" else None,
+            "seconds": secs,
+            "aggregation_rounds": res.utility["rounds"],
+        }
+    )
 
 
 def run_central(args: argparse.Namespace) -> None:
@@ -97,11 +124,41 @@ def run_central(args: argparse.Namespace) -> None:
             best.update(u, epoch=epoch + 1)
 
     with ncf.single_thread():
-        model = ncf.train_centralized(args.model, 12, layers, pos, ds.n_users, ds.n_items, args.epochs, args.batch_size, 4, 1e-3, rng, exclude=excl, callback=cb, init_std=args.init_std)
+        model = ncf.train_centralized(
+            args.model,
+            12,
+            layers,
+            pos,
+            ds.n_users,
+            ds.n_items,
+            args.epochs,
+            args.batch_size,
+            4,
+            1e-3,
+            rng,
+            exclude=excl,
+            callback=cb,
+            init_std=args.init_std,
+        )
     final = ncf_utility(args.model, 12, layers, model, eval_users, cand, 10)
     paper = PAPER_T6[("central", args.model)]
-    emit({"summary": True, "mode": "central", "model": args.model, "epochs": args.epochs, "batch_size": args.batch_size, "seed": args.seed, "init_std": args.init_std, "loo_ties": args.loo_ties,
-          **final, "best": best, "paper_hr@10": paper[0], "paper_ndcg@10": paper[1], "seconds": time.perf_counter() - t0})
+    emit(
+        {
+            "summary": True,
+            "mode": "central",
+            "model": args.model,
+            "epochs": args.epochs,
+            "batch_size": args.batch_size,
+            "seed": args.seed,
+            "init_std": args.init_std,
+            "loo_ties": args.loo_ties,
+            **final,
+            "best": best,
+            "paper_hr@10": paper[0],
+            "paper_ndcg@10": paper[1],
+            "seconds": time.perf_counter() - t0,
+        }
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,11 +173,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-3, help="client Adam learning rate (paper: 1e-3)")
     p.add_argument("--local-epochs", type=int, default=2, help="paper: 2")
     p.add_argument("--client-optimizer", default="fresh", choices=["fresh", "persistent"])
-    p.add_argument("--init-std", type=float, default=None,
-                   help="std of the N(0, s^2) initial embeddings (default: 0.1 fed, 0.01 central; 1.0 = torch.nn.Embedding's default)")
+    p.add_argument(
+        "--init-std",
+        type=float,
+        default=None,
+        help="std of the N(0, s^2) initial embeddings (default: 0.1 fed, 0.01 central; 1.0 = torch.nn.Embedding's default)",
+    )
     p.add_argument("--user-lr", type=float, default=-1.0, help="fed: Adam lr of the user vectors (-1: --lr)")
-    p.add_argument("--loo-ties", default="random", choices=["random", "highest"],
-                   help="held-out item among ratings tied at a user's latest timestamp (highest = item index, the old rule)")
+    p.add_argument(
+        "--loo-ties",
+        default="random",
+        choices=["random", "highest"],
+        help="held-out item among ratings tied at a user's latest timestamp (highest = item index, the old rule)",
+    )
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default=str(DATA))

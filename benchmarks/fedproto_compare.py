@@ -50,7 +50,7 @@ ML100K = ml100k_dir()
 
 def silo_prototypes(kind, Xd, silos, k, rng, eps=None, s=50, Lambda=5.0, swap_iters=30, trials=0):
     out = []
-    for h, users in enumerate(silos):
+    for _h, users in enumerate(silos):
         X = Xd[users]
         if kind == "exact":
             out.append(exact_prototypes(X, k, int(rng.integers(2**31))))
@@ -69,7 +69,18 @@ def membership_auc(Xtrain, silos, protos, seed):
     tr = Transcript(protocol="fedproto", config={"n_items": int(m)}, parties=["server", *parties])
     for h, users in enumerate(silos):
         sub = Xtrain[users].tocoo()
-        tr.add(0, parties[h], parties[h], "private", {"user_ids": users, "users": sub.row.astype(np.int64), "items": sub.col.astype(np.int64), "ratings": sub.data})
+        tr.add(
+            0,
+            parties[h],
+            parties[h],
+            "private",
+            {
+                "user_ids": users,
+                "users": sub.row.astype(np.int64),
+                "items": sub.col.astype(np.int64),
+                "ratings": sub.data,
+            },
+        )
     for h, P in enumerate(protos):
         tr.add(0, parties[h], "server", "prototypes", {"prototypes": P})
     return ProtoMembership().evaluate(tr, np.random.default_rng(seed)).metrics
@@ -85,21 +96,34 @@ def part_ml(args):
         if args.silos == "zip":
             silos = [np.asarray(s, dtype=np.int64) for s in zip_silos(ds) if len(s)]
         else:
-            silos = [np.sort(p) for p in np.array_split(np.random.default_rng(seed + 7).permutation(ds.n_users), args.n_silos)]
+            silos = [
+                np.sort(p)
+                for p in np.array_split(np.random.default_rng(seed + 7).permutation(ds.n_users), args.n_silos)
+            ]
         Xd = train.toarray()
         kinds = [("exact", None), ("random", None)] + [("dp", e) for e in args.eps]
         protos = {}
         for kind, eps in kinds:
             t0 = time.perf_counter()
-            protos[(kind, eps)] = silo_prototypes(kind, Xd, silos, args.k, rng, eps, args.s, ds.rating_max, args.swap_iters, args.trials)
+            protos[(kind, eps)] = silo_prototypes(
+                kind, Xd, silos, args.k, rng, eps, args.s, ds.rating_max, args.swap_iters, args.trials
+            )
             am = membership_auc(train, silos, protos[(kind, eps)], seed)
             attack_rows.append({"seed": seed, "kind": kind, "epsilon": eps, **am})
-            print(f"seed {seed} prototypes {kind} eps={eps}: {time.perf_counter() - t0:.1f}s, membership auc {am['auc']:.3f}", flush=True)
+            print(
+                f"seed {seed} prototypes {kind} eps={eps}: {time.perf_counter() - t0:.1f}s, membership auc {am['auc']:.3f}",
+                flush=True,
+            )
         for ell in args.dims:
-            res = {"Full": nmf_scores(Xd, ell, 0.1, args.max_iter, seed), "Local": local_scores(Xd, silos, ell, 0.1, args.max_iter, seed)}
+            res = {
+                "Full": nmf_scores(Xd, ell, 0.1, args.max_iter, seed),
+                "Local": local_scores(Xd, silos, ell, 0.1, args.max_iter, seed),
+            }
             for (kind, eps), P in protos.items():
                 V = server_factorize(np.vstack(P), ell, 0.1, args.max_iter, seed)
-                res[f"Fed-{kind}" + (f" eps={eps:g}" if eps is not None else "")] = fit_users(Xd, V, 0.1, args.max_iter) @ V.T
+                res[f"Fed-{kind}" + (f" eps={eps:g}" if eps is not None else "")] = (
+                    fit_users(Xd, V, 0.1, args.max_iter) @ V.T
+                )
             res["Random"] = np.random.default_rng(seed + 99).random(Xd.shape)
             # non-private reference: every user gets the item popularity (training counts) ranking
             res["Popularity"] = np.broadcast_to(np.asarray((train != 0).sum(axis=0), dtype=np.float64), Xd.shape)
@@ -125,7 +149,7 @@ def part_poisson(args):
         silos = np.array_split(rng.permutation(X.shape[0]), 10)
         ell = args.poisson_dim
 
-        def rmse_of(V):
+        def rmse_of(V, X=X):
             return float(np.sqrt(np.mean((fit_users(X, V, 0.1, args.max_iter) @ V.T - X) ** 2)))
 
         S = nmf_scores(X, ell, 0.1, args.max_iter, seed)
@@ -134,13 +158,23 @@ def part_poisson(args):
             rows.append({"seed": seed, "k": k, "method": "MF", "epsilon": None, "rmse": mf})
             for kind in ("exact", "random"):
                 P = np.vstack(silo_prototypes(kind, X, silos, k, rng))
-                rows.append({"seed": seed, "k": k, "method": f"MF+{kind}", "epsilon": None, "rmse": rmse_of(server_factorize(P, ell, 0.1, args.max_iter, seed))})
+                rows.append(
+                    {
+                        "seed": seed,
+                        "k": k,
+                        "method": f"MF+{kind}",
+                        "epsilon": None,
+                        "rmse": rmse_of(server_factorize(P, ell, 0.1, args.max_iter, seed)),
+                    }
+                )
             for eps in args.poisson_eps:
                 t0 = time.perf_counter()
                 P = np.vstack(silo_prototypes("dp", X, silos, k, rng, eps, X.shape[1], Lambda, args.swap_iters))
                 r = rmse_of(server_factorize(P, ell, 0.1, args.max_iter, seed))
                 rows.append({"seed": seed, "k": k, "method": "MF+dp", "epsilon": eps, "rmse": r})
-                print(f"poisson seed {seed} k {k} eps {eps}: rmse {r:.3f} ({time.perf_counter() - t0:.0f}s)", flush=True)
+                print(
+                    f"poisson seed {seed} k {k} eps {eps}: rmse {r:.3f} ({time.perf_counter() - t0:.0f}s)", flush=True
+                )
     return rows
 
 
@@ -158,8 +192,15 @@ def main():
     ap.add_argument("--k", type=int, default=50, help="prototypes per silo on ML (paper: 50)")
     ap.add_argument("--s", type=int, default=50, help="public non-zero bound s of the DP mechanism on ML")
     ap.add_argument("--swap-iters", type=int, default=30)
-    ap.add_argument("--trials", type=int, default=0, help="T of the DP mechanism (0: ceil(2 ln(1/delta)) = 5; the authors' code: 1)")
-    ap.add_argument("--silos", default="zip", choices=["zip", "uniform"], help="ML silos: first ZIP digit or --n-silos random equal silos")
+    ap.add_argument(
+        "--trials", type=int, default=0, help="T of the DP mechanism (0: ceil(2 ln(1/delta)) = 5; the authors' code: 1)"
+    )
+    ap.add_argument(
+        "--silos",
+        default="zip",
+        choices=["zip", "uniform"],
+        help="ML silos: first ZIP digit or --n-silos random equal silos",
+    )
     ap.add_argument("--n-silos", type=int, default=10)
     ap.add_argument("--max-iter", type=int, default=200)
     ap.add_argument("--ks", type=int, nargs="+", default=[10, 100])
@@ -186,7 +227,9 @@ def main():
         rows, attack_rows = part_ml(args)
         results["ml"], results["ml_attack"] = rows, attack_rows
         methods = list(dict.fromkeys(r["method"] for r in rows))
-        print(f"\n### ML-100K by {args.silos} silos, k={args.k}, s={args.s}, trials={args.trials or 'default'}, {args.seeds} seeds (mean rank / MAP@10 / RMSE)\n")
+        print(
+            f"\n### ML-100K by {args.silos} silos, k={args.k}, s={args.s}, trials={args.trials or 'default'}, {args.seeds} seeds (mean rank / MAP@10 / RMSE)\n"
+        )
         print("| method | " + " | ".join(f"ell={d} rank | MAP@10 | RMSE" for d in args.dims) + " |")
         print("|---|" + "---|---|---|" * len(args.dims))
         for mth in methods:
@@ -199,13 +242,20 @@ def main():
         print("|---|---|---|---|")
         for kind, eps in dict.fromkeys((r["kind"], r["epsilon"]) for r in attack_rows):
             m = {k: _mean(attack_rows, k, kind=kind, epsilon=eps)[0] for k in ("auc", "auc_pooled", "advantage")}
-            print(f"| {kind}{'' if eps is None else f' eps={eps:g}'} | {m['auc']:.3f} | {m['auc_pooled']:.3f} | {m['advantage']:.3f} |")
+            print(
+                f"| {kind}{'' if eps is None else f' eps={eps:g}'} | {m['auc']:.3f} | {m['auc_pooled']:.3f} | {m['advantage']:.3f} |"
+            )
         fig, ax = plt.subplots(figsize=(5, 3.5))
         e = args.eps
         a = [_mean(attack_rows, "auc", kind="dp", epsilon=x) for x in e]
         ax.errorbar(e, [v[0] for v in a], yerr=[v[1] for v in a], marker="o", label="dp prototypes")
         for kind, style in (("random", "--"), ("exact", ":")):
-            ax.axhline(_mean(attack_rows, "auc", kind=kind)[0], ls=style, color="C1" if kind == "random" else "C2", label=f"{kind} prototypes")
+            ax.axhline(
+                _mean(attack_rows, "auc", kind=kind)[0],
+                ls=style,
+                color="C1" if kind == "random" else "C2",
+                label=f"{kind} prototypes",
+            )
         ax.axhline(0.5, color="grey", lw=0.8, label="baseline 0.5")
         ax.set_xscale("log")
         ax.set_xlabel("epsilon")
@@ -217,7 +267,9 @@ def main():
     if args.part in ("poisson", "all"):
         rows = part_poisson(args)
         results["poisson"] = rows
-        print(f"\n### Synthetic Poisson {args.poisson_users}x{args.poisson_items}, rank {args.poisson_rank}, ell={args.poisson_dim}, 10 silos: reconstruction RMSE\n")
+        print(
+            f"\n### Synthetic Poisson {args.poisson_users}x{args.poisson_items}, rank {args.poisson_rank}, ell={args.poisson_dim}, 10 silos: reconstruction RMSE\n"
+        )
         print("| k | MF | MF+k-means | MF+k-random | " + " | ".join(f"dp eps={e:g}" for e in args.poisson_eps) + " |")
         print("|---|" + "---|" * (3 + len(args.poisson_eps)))
         for k in args.ks:
@@ -226,7 +278,13 @@ def main():
             print(f"| {k} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for i, k in enumerate(args.ks):
-            ax.plot(args.poisson_eps, [_mean(rows, "rmse", k=k, method="MF+dp", epsilon=e)[0] for e in args.poisson_eps], marker="o", color=f"C{i}", label=f"dp prototypes k={k}")
+            ax.plot(
+                args.poisson_eps,
+                [_mean(rows, "rmse", k=k, method="MF+dp", epsilon=e)[0] for e in args.poisson_eps],
+                marker="o",
+                color=f"C{i}",
+                label=f"dp prototypes k={k}",
+            )
             ax.axhline(_mean(rows, "rmse", k=k, method="MF+exact")[0], ls=":", color=f"C{i}", label=f"k-means k={k}")
         ax.axhline(_mean(rows, "rmse", method="MF")[0], color="k", lw=0.8, label="MF (centralised)")
         ax.set_xscale("log")

@@ -40,15 +40,19 @@ def scales(ds, s=50, Lam=5.0):
     mus = [np.sort(np.asarray(A[u].mean(0)).ravel())[::-1] for u in silos]
     mu1, mu50 = (float(np.median([m[i] for m in mus])) for i in (0, 49))
     sizes = [len(u) for u in silos]
-    print(f"ZIP silos: {len(silos)}, rows min/median/max {min(sizes)}/{np.median(sizes):.0f}/{max(sizes)}; "
-          f"signal (median over silos of the silo-mean rating): 1st item {mu1:.2f}, 50th item {mu50:.2f}\n")
+    print(
+        f"ZIP silos: {len(silos)}, rows min/median/max {min(sizes)}/{np.median(sizes):.0f}/{max(sizes)}; "
+        f"signal (median over silos of the silo-mean rating): 1st item {mu1:.2f}, 50th item {mu50:.2f}\n"
+    )
     print("| k | T | eps | eps_values | Laplace scale in mean units (90 rows) | rows per silo for scale = 50th item |")
     print("|---|---|---|---|---|---|")
     for k in (50, 10, 1):
         for T in (5, 1):
             for eps in (0.1, 1.0, 10.0):
                 b = budget_split(eps, T)
-                print(f"| {k} | {T} | {eps:g} | {b.values:.4f} | {s * Lam / (b.values * 90 / k):.3g} | {k * s * Lam / (b.values * mu50):,.0f} |")
+                print(
+                    f"| {k} | {T} | {eps:g} | {b.values:.4f} | {s * Lam / (b.values * 90 / k):.3g} | {k * s * Lam / (b.values * mu50):,.0f} |"
+                )
 
 
 def sweep(ds, configs, ell=20, swap_iters=10):
@@ -64,7 +68,10 @@ def sweep(ds, configs, ell=20, swap_iters=10):
         rho = float(np.mean([stats.spearmanr(P[h].sum(0), (Xd[u] != 0).sum(0)).statistic for h, u in enumerate(silos)]))
         V = server_factorize(np.vstack(P), ell, 0.1, 200, 0)
         met = recommendation_metrics(fit_users(Xd, V, 0.1, 200) @ V.T, train, test, 10)
-        print(json.dumps(dict(k=k, T=T, c=c, eps=eps, rho=rho, **met, secs=round(time.perf_counter() - t0, 1))), flush=True)
+        print(
+            json.dumps(dict(k=k, T=T, c=c, eps=eps, rho=rho, **met, secs=round(time.perf_counter() - t0, 1))),
+            flush=True,
+        )
 
 
 def main():

@@ -48,14 +48,23 @@ def run_one(job: dict) -> dict:
     if job["rho"] > 0:
         extra = HF if job["filling"] == "hf" else {}
         defenses.append(SamplingDefense(rho=job["rho"], filling=job["filling"], **extra))
-    cfg = {"model": job["model"], "federated": job["federated"], "fold": job["fold"],
-           "record_rounds": [-1] if job["rho"] > 0 else []}
+    cfg = {
+        "model": job["model"],
+        "federated": job["federated"],
+        "fold": job["fold"],
+        "record_rounds": [-1] if job["rho"] > 0 else [],
+    }
     tic = time.perf_counter()
     res = FedRec().run(ds, cfg, defenses, job["seed"])
     out = dict(job)
-    out.update(rmse=res.utility["rmse"], mae=res.utility["mae"], seconds=time.perf_counter() - tic,
-               lam=res.transcript.config["lam_used"], chunk=res.transcript.config["chunk_used"],
-               clipped_steps=res.utility.get("clipped_steps"))
+    out.update(
+        rmse=res.utility["rmse"],
+        mae=res.utility["mae"],
+        seconds=time.perf_counter() - tic,
+        lam=res.transcript.config["lam_used"],
+        chunk=res.transcript.config["chunk_used"],
+        clipped_steps=res.utility.get("clipped_steps"),
+    )
     if job["rho"] > 0:
         outcome = FedRecRatedItems().evaluate(res.transcript, np.random.default_rng(0))
         out["attack"] = outcome.metrics
@@ -73,11 +82,22 @@ def jobs_for(parts, models, folds, rhos, seed=0, fillings=("ua", "hf")):
         for fold in folds:
             if "table" in parts:
                 for fed in (False, True):
-                    jobs.append({"model": model, "federated": fed, "fold": fold, "rho": 0, "filling": "none", "seed": seed})
+                    jobs.append(
+                        {"model": model, "federated": fed, "fold": fold, "rho": 0, "filling": "none", "seed": seed}
+                    )
             if "rho" in parts:
                 for filling in fillings:
                     for rho in rhos:
-                        jobs.append({"model": model, "federated": True, "fold": fold, "rho": rho, "filling": filling, "seed": seed})
+                        jobs.append(
+                            {
+                                "model": model,
+                                "federated": True,
+                                "fold": fold,
+                                "rho": rho,
+                                "filling": filling,
+                                "seed": seed,
+                            }
+                        )
     return jobs
 
 
@@ -89,12 +109,22 @@ def load_cache(path: Path) -> list[dict]:
 
 def render(cache: Path, fig: Path) -> str:
     rows = load_cache(cache)
-    lines = ["### Table 2 (ML-100K, rho = 0)", "",
-             "| model | framework | folds | MAE (ours) | MAE (paper) | RMSE (ours) | RMSE (paper) |",
-             "|---|---|---|---|---|---|---|"]
-    mdrows = ["", "| model | metric | folds | MD (ours) | STDR (ours) | MD < STDR | MD (paper) | STDR (paper) |", "|---|---|---|---|---|---|---|---|"]
-    paper_md = {"pmf-batch": {"mae": (0.00, 1.26), "rmse": (0.01, 1.31)}, "pmf-sgd": {"mae": (0.01, 1.13), "rmse": (0.02, 1.09)},
-                "svdpp-sgd": {"mae": (0.08, 0.96), "rmse": (0.05, 1.07)}}
+    lines = [
+        "### Table 2 (ML-100K, rho = 0)",
+        "",
+        "| model | framework | folds | MAE (ours) | MAE (paper) | RMSE (ours) | RMSE (paper) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    mdrows = [
+        "",
+        "| model | metric | folds | MD (ours) | STDR (ours) | MD < STDR | MD (paper) | STDR (paper) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    paper_md = {
+        "pmf-batch": {"mae": (0.00, 1.26), "rmse": (0.01, 1.31)},
+        "pmf-sgd": {"mae": (0.01, 1.13), "rmse": (0.02, 1.09)},
+        "svdpp-sgd": {"mae": (0.08, 0.96), "rmse": (0.05, 1.07)},
+    }
     for model in PAPER:
         stats = {}
         for fed, name in ((False, "unfederated"), (True, "federated")):
@@ -108,9 +138,13 @@ def render(cache: Path, fig: Path) -> str:
             stats[name] = {"by_fold": {r["fold"]: r for r in rs}}
             sd = lambda x: x.std(ddof=1) if len(x) > 1 else float("nan")  # noqa: E731
             pm, pr = PAPER[model][name]
-            lines.append(f"| {model} | {name} | {','.join(map(str, folds))} | {mae.mean():.4f}±{sd(mae):.4f} | {pm:.4f} | "
-                         f"{rmse.mean():.4f}±{sd(rmse):.4f} | {pr:.4f} |")
-        common = sorted(set(stats.get("federated", {}).get("by_fold", {})) & set(stats.get("unfederated", {}).get("by_fold", {})))
+            lines.append(
+                f"| {model} | {name} | {','.join(map(str, folds))} | {mae.mean():.4f}±{sd(mae):.4f} | {pm:.4f} | "
+                f"{rmse.mean():.4f}±{sd(rmse):.4f} | {pr:.4f} |"
+            )
+        common = sorted(
+            set(stats.get("federated", {}).get("by_fold", {})) & set(stats.get("unfederated", {}).get("by_fold", {}))
+        )
         if common:  # MD and STDR over the folds both frameworks ran
             for metric in ("mae", "rmse"):
                 f = np.array([stats["federated"]["by_fold"][k][metric] for k in common])
@@ -119,7 +153,9 @@ def render(cache: Path, fig: Path) -> str:
                 md = abs(f.mean() - u.mean()) / u.mean() * 100
                 stdr = abs(sd(f) + sd(u)) / u.mean() * 100
                 pmd, pst = paper_md[model][metric]
-                mdrows.append(f"| {model} | {metric.upper()} | {','.join(map(str, common))} | {md:.3f}% | {stdr:.2f}% | {md < stdr} | {pmd:.2f}% | {pst:.2f}% |")
+                mdrows.append(
+                    f"| {model} | {metric.upper()} | {','.join(map(str, common))} | {md:.3f}% | {stdr:.2f}% | {md < stdr} | {pmd:.2f}% | {pst:.2f}% |"
+                )
     out = "\n".join(lines + mdrows)
     rho_rows = [r for r in rows if r["rho"] > 0]
     base = {(r["model"], r["fold"]): r for r in rows if r["rho"] == 0 and r["federated"]}
@@ -137,22 +173,31 @@ def render(cache: Path, fig: Path) -> str:
                 rho0[model] = float(np.mean([r["rmse"] for r in rs0]))
             if rs0:
                 rm0 = np.array([r["rmse"] for r in rs0])
-                out += (f"| {model} | - | 0 | {','.join(str(r['fold']) for r in sorted(rs0, key=lambda r: r['fold']))} | "
-                        f"{rm0.mean():.4f}" + (f"±{rm0.std(ddof=1):.4f}" if rm0.size > 1 else "") + " | "
-                        f"{np.mean([r['mae'] for r in rs0]):.4f} | - | - | - | - | - | 1.000 |\n")
+                out += (
+                    f"| {model} | - | 0 | {','.join(str(r['fold']) for r in sorted(rs0, key=lambda r: r['fold']))} | "
+                    f"{rm0.mean():.4f}" + (f"±{rm0.std(ddof=1):.4f}" if rm0.size > 1 else "") + " | "
+                    f"{np.mean([r['mae'] for r in rs0]):.4f} | - | - | - | - | - | 1.000 |\n"
+                )
             for filling in ("ua", "hf"):
                 for rho in (1, 2, 3):
                     rs = [r for r in rho_rows if r["model"] == model and r["filling"] == filling and r["rho"] == rho]
                     if not rs:
                         continue
-                    a = {k: np.mean([r["attack"][k] for r in rs]) for k in ("auc", "accuracy", "precision", "recall", "rating_accuracy")}
+                    a = {
+                        k: np.mean([r["attack"][k] for r in rs])
+                        for k in ("auc", "accuracy", "precision", "recall", "rating_accuracy")
+                    }
                     b = np.mean([r["baseline"]["accuracy"] for r in rs])
                     rm = np.array([r["rmse"] for r in rs])
                     rmse_txt = f"{rm.mean():.4f}" + (f"±{rm.std(ddof=1):.4f}" if rm.size > 1 else "")
-                    out += (f"| {model} | {filling} | {rho} | {','.join(str(r['fold']) for r in sorted(rs, key=lambda r: r['fold']))} | {rmse_txt} | "
-                            f"{np.mean([r['mae'] for r in rs]):.4f} | {a['auc']:.4f} | {a['accuracy']:.4f} | {a['precision']:.4f} | "
-                            f"{a['recall']:.4f} | {a['rating_accuracy']:.4f} | {b:.3f} |\n")
-                    series.setdefault((model, filling), []).append((rho, np.mean([r["rmse"] for r in rs]), a["auc"], a["accuracy"], b))
+                    out += (
+                        f"| {model} | {filling} | {rho} | {','.join(str(r['fold']) for r in sorted(rs, key=lambda r: r['fold']))} | {rmse_txt} | "
+                        f"{np.mean([r['mae'] for r in rs]):.4f} | {a['auc']:.4f} | {a['accuracy']:.4f} | {a['precision']:.4f} | "
+                        f"{a['recall']:.4f} | {a['rating_accuracy']:.4f} | {b:.3f} |\n"
+                    )
+                    series.setdefault((model, filling), []).append(
+                        (rho, np.mean([r["rmse"] for r in rs]), a["auc"], a["accuracy"], b)
+                    )
         _figure(series, rho0, fig)
         shown = fig.relative_to(ROOT) if fig.resolve().is_relative_to(ROOT) else fig.name
         out += f"\nFigure: `{shown}`\n"
@@ -165,7 +210,6 @@ def _figure(series, rho0, fig: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = sorted({m for m, _ in series})
     f, axes = plt.subplots(1, 2, figsize=(11, 4))
     for (model, filling), pts in sorted(series.items()):
         pts = sorted(pts)
@@ -174,7 +218,9 @@ def _figure(series, rho0, fig: Path) -> None:
         style = "-o" if filling == "ua" else "--s"
         axes[0].plot(rhos, rm, style, label=f"{model} {filling.upper()}")
         axes[1].plot([p[0] for p in pts], [p[2] for p in pts], style, label=f"AUC {model} {filling.upper()}")
-        axes[1].plot([p[0] for p in pts], [p[3] for p in pts], style, alpha=0.5, label=f"accuracy {model} {filling.upper()}")
+        axes[1].plot(
+            [p[0] for p in pts], [p[3] for p in pts], style, alpha=0.5, label=f"accuracy {model} {filling.upper()}"
+        )
     xs = np.array([1, 2, 3])
     axes[1].plot(xs, 0.5 * np.ones(3), "k:", label="AUC baseline 0.5")
     axes[1].plot(xs, 1 / (1 + xs), "k-.", label="accuracy baseline 1/(1+rho)")
@@ -211,8 +257,17 @@ def main() -> None:
         if not (ML100K / "u.data").exists():
             raise SystemExit(f"MovieLens 100K not found at {ML100K}")
         done = {key(r) for r in load_cache(cache)}
-        todo = [j for j in jobs_for(args.parts.split(","), args.models.split(","), [int(f) for f in args.folds.split(",")],
-                                    [int(r) for r in args.rhos.split(",")], fillings=args.fillings.split(",")) if key(j) not in done]
+        todo = [
+            j
+            for j in jobs_for(
+                args.parts.split(","),
+                args.models.split(","),
+                [int(f) for f in args.folds.split(",")],
+                [int(r) for r in args.rhos.split(",")],
+                fillings=args.fillings.split(","),
+            )
+            if key(j) not in done
+        ]
         print(f"{len(todo)} runs to do", flush=True)
         from joblib import Parallel, delayed
 
@@ -220,8 +275,13 @@ def main() -> None:
         for res in Parallel(n_jobs=args.jobs, return_as="generator_unordered")(delayed(run_one)(j) for j in todo):
             with cache.open("a") as fh:
                 fh.write(json.dumps(res) + "\n")
-            print(json.dumps({k: res[k] for k in ("model", "federated", "fold", "rho", "filling", "rmse", "mae", "seconds")}
-                             | ({"auc": res["attack"]["auc"]} if "attack" in res else {})), flush=True)
+            print(
+                json.dumps(
+                    {k: res[k] for k in ("model", "federated", "fold", "rho", "filling", "rmse", "mae", "seconds")}
+                    | ({"auc": res["attack"]["auc"]} if "attack" in res else {})
+                ),
+                flush=True,
+            )
     print(render(cache, Path(args.figure)))
 
 

@@ -50,7 +50,9 @@ def main(argv=None) -> int:
     for g, users in enumerate(groups):
         diff = max(diff, float(np.abs(batched.W_[users, : k_g[g]] - fits[g].W_).max()))
     print(f"{ds.name}: {N} groups, {ds.n_ratings} ratings, {args.iters} iterations")
-    print(f"batched (one pass): {t_batched:.2f} s; one CNMF per group: {t_loop:.2f} s; ratio loop/batched = {t_loop / t_batched:.1f}x")
+    print(
+        f"batched (one pass): {t_batched:.2f} s; one CNMF per group: {t_loop:.2f} s; ratio loop/batched = {t_loop / t_batched:.1f}x"
+    )
     print(f"max |W_batched - W_loop| = {diff:.2e}")
     return 0
 

@@ -120,9 +120,22 @@ def main(argv=None) -> int:
         f"improved groups: mean RMSE drop {gain.mean() if gain.size else float('nan'):.3f}; "
         f"worse groups: mean RMSE rise {loss.mean() if loss.size else float('nan'):.3f}"
     )
-    print("paper (ML-100K variant, 10 groupings): 365 groups, 359 improved; local 1.00 ± 0.022 -> FedSPLIT 0.78 ± 0.016;")
+    print(
+        "paper (ML-100K variant, 10 groupings): 365 groups, 359 improved; local 1.00 ± 0.022 -> FedSPLIT 0.78 ± 0.016;"
+    )
     print("                                         non-private CNMF 0.71 ± 0.006; improved groups -0.22, worse +0.07")
-    summary = {"rows": rows, "pooled": {"groups": int(loc.size), "improved": improved, "rmse_local": lm, "rmse_local_ci95": lc, "rmse_fedsplit": fm, "rmse_fedsplit_ci95": fc, "rmse_central": cm}}
+    summary = {
+        "rows": rows,
+        "pooled": {
+            "groups": int(loc.size),
+            "improved": improved,
+            "rmse_local": lm,
+            "rmse_local_ci95": lc,
+            "rmse_fedsplit": fm,
+            "rmse_fedsplit_ci95": fc,
+            "rmse_central": cm,
+        },
+    }
     if args.surprise:
         cmp = surprise_comparison(ds, args.seed)
         summary["surprise"] = cmp

@@ -66,8 +66,17 @@ def run_default(protocol: str, out: Path) -> dict:
         rows = {r["metric"]: r["mean"] for r in results["summary"] if r["value"] == v}
         util.append(rows.get(f"utility.{metric}"))
         attack.append(rows.get(primary))
-    return {"wall": wall, "cpu": cpu, "metric": metric, "sweep": results["sweep"], "values": values,
-            "utility": util, "primary": primary, "attack": attack, "defaults": proc.stdout.splitlines()[0]}
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "metric": metric,
+        "sweep": results["sweep"],
+        "values": values,
+        "utility": util,
+        "primary": primary,
+        "attack": attack,
+        "defaults": proc.stdout.splitlines()[0],
+    }
 
 
 def reference(protocol: str, metric: str) -> tuple[float, str]:
@@ -127,8 +136,10 @@ def main() -> None:
     base = Path(args.out or tempfile.mkdtemp(prefix="privaudit-first-run-"))
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print()
-    print("| protocol | swept | wall s | CPU s | attack (primary metric) per point | utility per point | reference "
-          "| worst / reference |")
+    print(
+        "| protocol | swept | wall s | CPU s | attack (primary metric) per point | utility per point | reference "
+        "| worst / reference |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for protocol in args.protocols.split(","):
         r = run_default(protocol, base / protocol)
@@ -136,8 +147,11 @@ def main() -> None:
         worst = min(u for u in r["utility"] if u is not None) if r["metric"] != "rmse" else max(r["utility"])
         ratio = worst / ref if ref else float("nan")
         swept = f"{r['sweep']} = {', '.join(str(v) for v in r['values'])}"
-        print(f"| {protocol} | {swept} | {r['wall']:.0f} | {r['cpu']:.0f} | {r['primary']}: {_fmt(r['attack'])} | "
-              f"{r['metric']}: {_fmt(r['utility'])} | {ref:.3f} ({note}) | {ratio:.2f} |", flush=True)
+        print(
+            f"| {protocol} | {swept} | {r['wall']:.0f} | {r['cpu']:.0f} | {r['primary']}: {_fmt(r['attack'])} | "
+            f"{r['metric']}: {_fmt(r['utility'])} | {ref:.3f} ({note}) | {ratio:.2f} |",
+            flush=True,
+        )
     print()
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 

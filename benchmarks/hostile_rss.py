@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.test_hostile import manifest_bomb, measured_run, zero_bomb
+from tests.test_hostile import manifest_bomb, measured_run, zero_bomb  # noqa: E402 (after the sys.path line)
 
 
 def main() -> None:

@@ -38,11 +38,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 from privaudit import registry
 from privaudit.attacks.base import Reconstruction
 from privaudit.data import load_dataset
-from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 DEFAULT_DATA = ml100k_dir()
 SCENARIOS = ("semials-obsonly", "semials-inclunc", "sgd-obsonly", "sgd-inclunc")
@@ -79,24 +79,40 @@ def timed_run(attack, transcript, seed: int, repeats: int = 1):
 
 
 def restrict(recon: Reconstruction, victims) -> Reconstruction:
-    return Reconstruction(recon.attack, recon.party, {v: recon.victims[v] for v in victims if v in recon.victims},
-                          recon.supported, recon.reason, recon.meta)
+    return Reconstruction(
+        recon.attack,
+        recon.party,
+        {v: recon.victims[v] for v in victims if v in recon.victims},
+        recon.supported,
+        recon.reason,
+        recon.meta,
+    )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="MovieLens folder or CSV (default: ML-100K)")
-    ap.add_argument("--users", type=int, default=20, help="victims of the (slow) nonlinear attack per ObsOnly transcript")
-    ap.add_argument("--users-inclunc", type=int, default=3,
-                    help="victims of the nonlinear attack per InclUnc transcript (one system of ~m unknowns each)")
+    ap.add_argument(
+        "--users", type=int, default=20, help="victims of the (slow) nonlinear attack per ObsOnly transcript"
+    )
+    ap.add_argument(
+        "--users-inclunc",
+        type=int,
+        default=3,
+        help="victims of the nonlinear attack per InclUnc transcript (one system of ~m unknowns each)",
+    )
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--scales", default=",".join(str(s) for s in DEFAULT_SCALES))
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-sweep", action="store_true", help="speed table only")
     ap.add_argument("--no-nonlinear", action="store_true", help="analytic attack only")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="runs of the analytic attack per transcript; median wall/CPU time reported")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of the analytic attack per transcript; median wall/CPU time reported",
+    )
     args = ap.parse_args(argv)
 
     if not Path(args.data).exists():
@@ -114,7 +130,7 @@ def main(argv=None) -> int:
 
     rows = []
     for scenario in scenarios:
-        for scale in ([0.0] if args.no_sweep else scales):
+        for scale in [0.0] if args.no_sweep else scales:
             tic = time.perf_counter()
             tr = transcript_for(dataset, scenario, scale, args.seed, args.epochs)
             gen = time.perf_counter() - tic
@@ -124,21 +140,38 @@ def main(argv=None) -> int:
             rec_a, t_a, c_a = timed_run(analytic_cls(), tr, args.seed, args.repeats)
             n_a = len(rec_a.victims)
             m_a = score(rec_a, tr)
-            row = {"scenario": scenario, "scale": scale, "n_a": n_a, "t_a": t_a, "c_a": c_a, "acc_a": m_a, "gen": gen,
-                   "rounds_a": rec_a.meta.get("rounds")}  # [first] when the first-round shortcut decided everything
+            row = {
+                "scenario": scenario,
+                "scale": scale,
+                "n_a": n_a,
+                "t_a": t_a,
+                "c_a": c_a,
+                "acc_a": m_a,
+                "gen": gen,
+                "rounds_a": rec_a.meta.get("rounds"),
+            }  # [first] when the first-round shortcut decided everything
             if nonlinear_cls is not None:
                 users = args.users_inclunc if scenario.endswith("inclunc") else args.users
                 rec_n, t_n, c_n = timed_run(nonlinear_cls(users=users), tr, args.seed)
-                row.update(n_n=len(rec_n.victims), t_n=t_n, c_n=c_n, acc_n=score(rec_n, tr),
-                           acc_a_same=score(restrict(rec_a, rec_n.victims), tr))
+                row.update(
+                    n_n=len(rec_n.victims),
+                    t_n=t_n,
+                    c_n=c_n,
+                    acc_n=score(rec_n, tr),
+                    acc_a_same=score(restrict(rec_a, rec_n.victims), tr),
+                )
             rows.append(row)
             _print_row(row)
             sys.stdout.flush()
 
-    print("\n== speed (noise-free; Attack.run; users/second by wall clock and by CPU time of this process;"
-          f" analytic: median of {args.repeats} runs) ==")
-    print(f"{'scenario':18s} {'analytic u/s':>13s} {'(cpu)':>9s} {'nonlinear u/s':>14s} {'(cpu)':>8s} {'ratio':>7s} {'ratio(cpu)':>10s}"
-          "  analytic acc (all users)  nonlinear acc (its victims) / analytic on them")
+    print(
+        "\n== speed (noise-free; Attack.run; users/second by wall clock and by CPU time of this process;"
+        f" analytic: median of {args.repeats} runs) =="
+    )
+    print(
+        f"{'scenario':18s} {'analytic u/s':>13s} {'(cpu)':>9s} {'nonlinear u/s':>14s} {'(cpu)':>8s} {'ratio':>7s} {'ratio(cpu)':>10s}"
+        "  analytic acc (all users)  nonlinear acc (its victims) / analytic on them"
+    )
     for r in rows:
         if r["scale"] != 0.0:
             continue
@@ -151,33 +184,47 @@ def main(argv=None) -> int:
             line += f"{ups_n:14.3f} {cps_n:8.3f} {ups_a / ups_n:6.0f}x {cps_a / cps_n:9.0f}x "
         else:
             line += f"{'-':>14s} {'-':>8s} {'-':>7s} {'-':>10s} "
-        line += (f" r={r['acc_a']['rating_accuracy']:.4f} x={r['acc_a']['attribute_accuracy']:.4f}"
-                 f" ({r['n_a']} users, {r['t_a']:.3f} s wall, {r['c_a']:.3f} s cpu, rounds {r['rounds_a']})")
+        line += (
+            f" r={r['acc_a']['rating_accuracy']:.4f} x={r['acc_a']['attribute_accuracy']:.4f}"
+            f" ({r['n_a']} users, {r['t_a']:.3f} s wall, {r['c_a']:.3f} s cpu, rounds {r['rounds_a']})"
+        )
         if "acc_n" in r:
-            line += (f"   r={r['acc_n']['rating_accuracy']:.4f} x={r['acc_n']['attribute_accuracy']:.4f}"
-                     f" / r={r['acc_a_same']['rating_accuracy']:.4f} x={r['acc_a_same']['attribute_accuracy']:.4f}")
+            line += (
+                f"   r={r['acc_n']['rating_accuracy']:.4f} x={r['acc_n']['attribute_accuracy']:.4f}"
+                f" / r={r['acc_a_same']['rating_accuracy']:.4f} x={r['acc_a_same']['attribute_accuracy']:.4f}"
+            )
         print(line)
 
     if not args.no_sweep:
-        print("\n== Laplace noise sweep: rating / attribute accuracy (same victims; analytic on all users in brackets) ==")
-        print(f"{'scenario':18s} {'b':>7s}  {'analytic r':>10s} {'nonlin r':>9s}  {'analytic x':>10s} {'nonlin x':>9s}   [analytic all users r / x]")
+        print(
+            "\n== Laplace noise sweep: rating / attribute accuracy (same victims; analytic on all users in brackets) =="
+        )
+        print(
+            f"{'scenario':18s} {'b':>7s}  {'analytic r':>10s} {'nonlin r':>9s}  {'analytic x':>10s} {'nonlin x':>9s}   [analytic all users r / x]"
+        )
         for r in rows:
             a = r.get("acc_a_same", r["acc_a"])
             n = r.get("acc_n")
             nr = f"{n['rating_accuracy']:9.4f}" if n else f"{'-':>9s}"
             nx = f"{n['attribute_accuracy']:9.4f}" if n else f"{'-':>9s}"
-            print(f"{r['scenario']:18s} {r['scale']:7g}  {a['rating_accuracy']:10.4f} {nr}  {a['attribute_accuracy']:10.4f} {nx}"
-                  f"   [{r['acc_a']['rating_accuracy']:.4f} / {r['acc_a']['attribute_accuracy']:.4f}]")
+            print(
+                f"{r['scenario']:18s} {r['scale']:7g}  {a['rating_accuracy']:10.4f} {nr}  {a['attribute_accuracy']:10.4f} {nx}"
+                f"   [{r['acc_a']['rating_accuracy']:.4f} / {r['acc_a']['attribute_accuracy']:.4f}]"
+            )
     return 0
 
 
 def _print_row(r) -> None:
-    msg = (f"[{r['scenario']} b={r['scale']:g}] transcript {r['gen']:.1f} s; analytic: {r['n_a']} users in {r['t_a']:.2f} s ({r['c_a']:.2f} s cpu)"
-           f" r={r['acc_a']['rating_accuracy']:.4f} x={r['acc_a']['attribute_accuracy']:.4f}")
+    msg = (
+        f"[{r['scenario']} b={r['scale']:g}] transcript {r['gen']:.1f} s; analytic: {r['n_a']} users in {r['t_a']:.2f} s ({r['c_a']:.2f} s cpu)"
+        f" r={r['acc_a']['rating_accuracy']:.4f} x={r['acc_a']['attribute_accuracy']:.4f}"
+    )
     if "t_n" in r:
-        msg += (f"; nonlinear: {r['n_n']} users in {r['t_n']:.1f} s ({r['c_n']:.1f} s cpu) r={r['acc_n']['rating_accuracy']:.4f}"
-                f" x={r['acc_n']['attribute_accuracy']:.4f} (analytic on them r={r['acc_a_same']['rating_accuracy']:.4f}"
-                f" x={r['acc_a_same']['attribute_accuracy']:.4f})")
+        msg += (
+            f"; nonlinear: {r['n_n']} users in {r['t_n']:.1f} s ({r['c_n']:.1f} s cpu) r={r['acc_n']['rating_accuracy']:.4f}"
+            f" x={r['acc_n']['attribute_accuracy']:.4f} (analytic on them r={r['acc_a_same']['rating_accuracy']:.4f}"
+            f" x={r['acc_a_same']['attribute_accuracy']:.4f})"
+        )
     print(msg)
 
 

@@ -35,8 +35,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--maxiter", type=int, default=100)
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--scenarios", default=",".join(f"{u}/{c}" for u, c in SCENARIOS),
-                    help="comma list of update/unrated, e.g. semials/obsonly,sgd/inclunc")
+    ap.add_argument(
+        "--scenarios",
+        default=",".join(f"{u}/{c}" for u, c in SCENARIOS),
+        help="comma list of update/unrated, e.g. semials/obsonly,sgd/inclunc",
+    )
     args = ap.parse_args()
     scenarios = [tuple(s.split("/")) for s in args.scenarios.split(",")]
     ds = load_dataset(args.data) if args.data else synthetic()
@@ -46,8 +49,11 @@ def main() -> None:
         cfg = {"update": scenario[0], "unrated": scenario[1], "epochs": 2}
         transcript = FedMVMF().run(ds, cfg, rng=args.seed).transcript
         pub = transcript.config
-        print(f"# protocol fedmvmf {scenario[0]}/{scenario[1]}: K={pub['K']} alpha={pub['alpha']} lam={pub['lam']} "
-              f"w={pub['w']} eta={pub['eta']} epochs=2 (attack reads rounds 0, 1)", flush=True)
+        print(
+            f"# protocol fedmvmf {scenario[0]}/{scenario[1]}: K={pub['K']} alpha={pub['alpha']} lam={pub['lam']} "
+            f"w={pub['w']} eta={pub['eta']} epochs=2 (attack reads rounds 0, 1)",
+            flush=True,
+        )
         for method in methods:
             attack = MVMFNonlinear(method=method, users=args.users, jobs=args.jobs, maxiter=args.maxiter)
             tic = time.perf_counter()
@@ -64,7 +70,10 @@ def main() -> None:
                 flush=True,
             )
     best = {
-        sc: max(methods, key=lambda me: (round(table[me, sc][0] + table[me, sc][1], 3), -table[me, sc][3], -table[me, sc][2]))
+        sc: max(
+            methods,
+            key=lambda me: (round(table[me, sc][0] + table[me, sc][1], 3), -table[me, sc][3], -table[me, sc][2]),
+        )
         for sc in scenarios
     }
     head = " | ".join(f"{u} {c}" for u, c in scenarios)

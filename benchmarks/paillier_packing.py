@@ -34,6 +34,7 @@ import sys
 import time
 
 import numpy as np
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 from privaudit.data import load_dataset, synthetic
 from privaudit.defenses._paillier_packing import (
@@ -49,7 +50,6 @@ from privaudit.defenses.paillier import MIN_KEY_LENGTH
 from privaudit.protocols.base import Channel
 from privaudit.registry import get
 from privaudit.transcript import Transcript
-from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 ML100K = ml100k_dir()
 
@@ -90,18 +90,27 @@ def per_ciphertext(key_length: int, count: int) -> None:
         ok = all(secret.raw_decrypt(int.from_bytes(c.tobytes(), "big")) == m for c, m in zip(cts, msgs))
         out[name] = (offline, online, ok)
         extra = f" (fixed-base table, once per key: {table:.2f} s)" if hs is not None else ""
-        print(f"{name:9s}: offline {offline * 1e3:7.3f} ms + online {online * 1e3:6.3f} ms per ciphertext, "
-              f"phe decrypts all: {ok}{extra}")
+        print(
+            f"{name:9s}: offline {offline * 1e3:7.3f} ms + online {online * 1e3:6.3f} ms per ciphertext, "
+            f"phe decrypts all: {ok}{extra}"
+        )
     print(f"phe      : {phe * 1e3:7.3f} ms per ciphertext (raw_encrypt)")
     djn_total = out["djn"][0] + out["djn"][1]
-    print(f"ratio phe / DJN per ciphertext: {phe / djn_total:.1f}x (offline + online), "
-          f"{phe / out['djn'][1]:.0f}x online only; "
-          f"standard / DJN: {(out['standard'][0] + out['standard'][1]) / djn_total:.1f}x")
+    print(
+        f"ratio phe / DJN per ciphertext: {phe / djn_total:.1f}x (offline + online), "
+        f"{phe / out['djn'][1]:.0f}x online only; "
+        f"standard / DJN: {(out['standard'][0] + out['standard'][1]) / djn_total:.1f}x"
+    )
 
 
 def run(senders, gv, gp, m, key_length, packing, jobs, obfuscation="standard"):
-    d = get("defense", "paillier")(key_length=key_length, packing=packing, jobs=jobs, obfuscation=obfuscation,
-                                   insecure_test_key=key_length < MIN_KEY_LENGTH)
+    d = get("defense", "paillier")(
+        key_length=key_length,
+        packing=packing,
+        jobs=jobs,
+        obfuscation=obfuscation,
+        insecure_test_key=key_length < MIN_KEY_LENGTH,
+    )
     if jobs == 1:  # all work in this process: phase times in process CPU time (robust to a busy machine)
         d.clock = time.process_time
     tr = Transcript("bench", parties=["server", *senders])
@@ -164,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"identical decrypted sums: {same}")
     print(f"speed-up (one value per ciphertext / packed), encrypt+aggregate+decrypt: {uw / pw:.1f}x")
     enc = {k: v[3]["offline"] + v[3]["encrypt"] for k, v in results.items()}
-    print(f"encryption (offline + online) packed djn vs packed standard: "
-          f"{enc['packed std'] / enc['packed djn']:.1f}x faster, vs unpacked standard: "
-          f"{enc['unpacked std'] / enc['packed djn']:.1f}x; whole path vs packed standard: {pw / dw:.1f}x")
+    print(
+        f"encryption (offline + online) packed djn vs packed standard: "
+        f"{enc['packed std'] / enc['packed djn']:.1f}x faster, vs unpacked standard: "
+        f"{enc['unpacked std'] / enc['packed djn']:.1f}x; whole path vs packed standard: {pw / dw:.1f}x"
+    )
     if args.jobs == 1:  # all work in this process: CPU time is insensitive to other load on the machine
         print(f"speed-up in process CPU time (jobs=1): {ucpu / pcpu:.1f}x")
     print(f"ciphertext ratio: {uc['encrypted'] / pc['encrypted']:.1f}x")

@@ -50,23 +50,31 @@ def mvmf(ds, epsilons) -> list[str]:
         out = run_attack(a, t)
         rows += [row("fedmvmf, no defense", a, out, m) for m in ("rating_accuracy", "attribute_accuracy")]
     out = run_attack("mvmf-aggregate", t, cohort_size=10_000)
-    rows += [row("fedmvmf, sums over all clients of a round", "mvmf-aggregate", out, m)
-             for m in ("rating_accuracy", "attribute_accuracy")]
+    rows += [
+        row("fedmvmf, sums over all clients of a round", "mvmf-aggregate", out, m)
+        for m in ("rating_accuracy", "attribute_accuracy")
+    ]
     t = fed.run(ds, {"unrated": "inclunc"}, [], 0).transcript
     out = run_attack("mvmf-analytic", t)
-    rows += [row("fedmvmf inclunc, no defense", "mvmf-analytic", out, m)
-             for m in ("rating_accuracy", "rated_detection_accuracy")]
+    rows += [
+        row("fedmvmf inclunc, no defense", "mvmf-analytic", out, m)
+        for m in ("rating_accuracy", "rated_detection_accuracy")
+    ]
     for eps in epsilons:
         t = fed.run(ds, {}, [get("defense", "dp-laplace")(epsilon=eps)], 0).transcript
         for a in ("mvmf-analytic", "mvmf-aggregate"):
             out = run_attack(a, t)
             meta = out.reconstruction.meta.get("inner", out.reconstruction.meta)
             share = meta.get("clipped_row_share", math.nan) if isinstance(meta, dict) else math.nan
-            rows += [row(f"fedmvmf, dp-laplace eps={eps:g}/round", a, out, m, f"clipped rows {share:.2f}")
-                     for m in ("rating_accuracy", "attribute_accuracy")]
+            rows += [
+                row(f"fedmvmf, dp-laplace eps={eps:g}/round", a, out, m, f"clipped rows {share:.2f}")
+                for m in ("rating_accuracy", "attribute_accuracy")
+            ]
         out = run_attack("mvmf-nonlinear", t, users=60)
-        rows += [row(f"fedmvmf, dp-laplace eps={eps:g}/round (60 victims)", "mvmf-nonlinear", out, m)
-                 for m in ("rating_accuracy", "attribute_accuracy")]
+        rows += [
+            row(f"fedmvmf, dp-laplace eps={eps:g}/round (60 victims)", "mvmf-nonlinear", out, m)
+            for m in ("rating_accuracy", "attribute_accuracy")
+        ]
     return rows
 
 
@@ -79,17 +87,25 @@ def mvmf_gaussian(ds) -> list[str]:
         out = run_attack("mvmf-analytic", t)
         share = out.reconstruction.meta.get("clipped_row_share", math.nan)
         label = f"fedmvmf, dp-gaussian sigma={sigma:g} (eps={spent['epsilon']:.3g} at delta 1e-5 over 40)"
-        rows += [row(label, "mvmf-analytic", out, m, f"clipped rows {share:.2f}")
-                 for m in ("rating_accuracy", "attribute_accuracy")]
+        rows += [
+            row(label, "mvmf-analytic", out, m, f"clipped rows {share:.2f}")
+            for m in ("rating_accuracy", "attribute_accuracy")
+        ]
     return rows
 
 
 def privmvmf(ds) -> list[str]:
     # the attack reads the first two recorded epochs only; later epochs change the utility alone
-    t = get("protocol", "privmvmf")().run(ds, {"epochs": 2}, [get("defense", "paillier")(key_length=512, insecure_test_key=True)], 0).transcript
+    t = (
+        get("protocol", "privmvmf")()
+        .run(ds, {"epochs": 2}, [get("defense", "paillier")(key_length=512, insecure_test_key=True)], 0)
+        .transcript
+    )
     out = run_attack("mvmf-aggregate", t)
-    return [row("privmvmf (paillier 512 bits, sampling rho=1, 2 epochs)", "mvmf-aggregate", out, m)
-            for m in ("rating_accuracy", "attribute_accuracy", "rated_detection_accuracy")]
+    return [
+        row("privmvmf (paillier 512 bits, sampling rho=1, 2 epochs)", "mvmf-aggregate", out, m)
+        for m in ("rating_accuracy", "attribute_accuracy", "rated_detection_accuracy")
+    ]
 
 
 def fedsplit(ds) -> list[str]:
@@ -97,8 +113,10 @@ def fedsplit(ds) -> list[str]:
     rows = []
     for f in (0.05, 0.5, 0.95):
         out = run_attack("fedsplit-inference", t, aux_fraction=f)
-        rows += [row(f"fedsplit, aux_fraction={f}", "fedsplit-inference", out, m)
-                 for m in ("relative_error", "relative_error_unknown", "rating_accuracy")]
+        rows += [
+            row(f"fedsplit, aux_fraction={f}", "fedsplit-inference", out, m)
+            for m in ("relative_error", "relative_error_unknown", "rating_accuracy")
+        ]
     return rows
 
 
@@ -109,8 +127,10 @@ def fedncf(ds) -> list[str]:
     rows = [row("fedncf, no defense", "ncf-update-leak", leak, m) for m in ("precision", "recall", "f1")]
     cfg = {"global_rounds": 0, "selection": "adversarial", "manipulated_rounds": 4, "clients_per_round": 8, "target": 3}
     t = proto.run(ds, cfg, [get("defense", "secagg")()], 0).transcript
-    rows += [row("fedncf, secagg, adversarial cohorts", "ncf-kanon-linking", run_attack("ncf-kanon-linking", t), m)
-             for m in ("precision", "recall", "f1")]
+    rows += [
+        row("fedncf, secagg, adversarial cohorts", "ncf-kanon-linking", run_attack("ncf-kanon-linking", t), m)
+        for m in ("precision", "recall", "f1")
+    ]
     return rows
 
 
@@ -120,25 +140,35 @@ def fedrec(ds) -> list[str]:
         sampling = get("defense", "sampling")(rho=rho, filling=filling)
         t = get("protocol", "fedrec")().run(ds, {}, [sampling], 0).transcript
         out = run_attack("fedrec-rated-items", t)
-        rows += [row(f"fedrec, sampling rho={rho} {filling}", "fedrec-rated-items", out, m)
-                 for m in ("auc", "accuracy")]
+        rows += [
+            row(f"fedrec, sampling rho={rho} {filling}", "fedrec-rated-items", out, m) for m in ("auc", "accuracy")
+        ]
     return rows
 
 
 def fedproto(ds) -> list[str]:
     rows = []
     proto = get("protocol", "fedproto")()
-    for label, cfg, defenses in (("exact k-means", {"prototypes": "exact"}, []),
-                                 ("random rows", {"prototypes": "random"}, []),
-                                 ("dp-prototypes eps=1", {}, [get("defense", "dp-prototypes")(epsilon=1.0)])):
+    for label, cfg, defenses in (
+        ("exact k-means", {"prototypes": "exact"}, []),
+        ("random rows", {"prototypes": "random"}, []),
+        ("dp-prototypes eps=1", {}, [get("defense", "dp-prototypes")(epsilon=1.0)]),
+    ):
         t = proto.run(ds, cfg, defenses, 0).transcript
         out = run_attack("proto-membership", t)
         rows += [row(f"fedproto, {label}", "proto-membership", out, m) for m in ("auc", "advantage")]
     return rows
 
 
-SCENARIOS = {"mvmf": mvmf, "mvmf-gaussian": mvmf_gaussian, "privmvmf": privmvmf, "fedsplit": fedsplit, "fedncf": fedncf, "fedrec": fedrec,
-             "fedproto": fedproto}
+SCENARIOS = {
+    "mvmf": mvmf,
+    "mvmf-gaussian": mvmf_gaussian,
+    "privmvmf": privmvmf,
+    "fedsplit": fedsplit,
+    "fedncf": fedncf,
+    "fedrec": fedrec,
+    "fedproto": fedproto,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

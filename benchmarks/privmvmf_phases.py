@@ -34,16 +34,24 @@ import time
 from collections import defaultdict
 
 import numpy as np
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 from privaudit.data import load_dataset, synthetic
 from privaudit.defenses.paillier import MIN_KEY_LENGTH
 from privaudit.models import mvmf
 from privaudit.protocols import base as protocol_base
 from privaudit.registry import get
-from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 ML100K = ml100k_dir()
-LOCAL = ("normal_equations", "solve_users", "sgd_users", "entry_coefficients", "dense_coefficients", "grad_V_rows", "grad_P")
+LOCAL = (
+    "normal_equations",
+    "solve_users",
+    "sgd_users",
+    "entry_coefficients",
+    "dense_coefficients",
+    "grad_V_rows",
+    "grad_P",
+)
 SERVER = ("solve_Q", "grad_Q", "item_grad_V")
 #: process CPU time: insensitive to other jobs on a shared machine (encryption runs in process)
 CLOCK = time.process_time
@@ -146,9 +154,17 @@ def main(argv: list[str] | None = None) -> int:
         "privmvmf",
         ds,
         cfg,
-        [sampling(rho=args.rho), paillier(key_length=args.key_length, decryptors=args.decryptors, packing=args.packing,
-                                          obfuscation=args.obfuscation, jobs=args.jobs,
-                                          insecure_test_key=args.key_length < MIN_KEY_LENGTH)],
+        [
+            sampling(rho=args.rho),
+            paillier(
+                key_length=args.key_length,
+                decryptors=args.decryptors,
+                packing=args.packing,
+                obfuscation=args.obfuscation,
+                jobs=args.jobs,
+                insecure_test_key=args.key_length < MIN_KEY_LENGTH,
+            ),
+        ],
         args.seed,
     )
     print(

@@ -23,10 +23,10 @@ import sys
 import time
 
 import numpy as np
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 from privaudit.data import load_dataset, synthetic
 from privaudit.registry import get
-from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 ML100K = ml100k_dir()
 KEYS = [f"{p}{m}@10" for p in ("", "cold_user_", "cold_item_") for m in ("ndcg", "precision", "recall", "f1")]
@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--users", type=int, default=0, help="subsample this many users (0: all)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="protocol config value (repeatable)")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="protocol config value (repeatable)"
+    )
     args = ap.parse_args(argv)
     ds = synthetic() if args.data == "synthetic" else load_dataset(args.data)
     if args.users:
@@ -57,11 +59,22 @@ def main(argv: list[str] | None = None) -> int:
     fed = get("protocol", "fedmvmf")().run(ds, cfg, [sampling(rho=args.rho, w=w)], rng=args.seed)
     t1 = time.perf_counter()
     priv = get("protocol", "privmvmf")().run(
-        ds, cfg, [sampling(rho=args.rho, w=w), paillier(key_length=args.key_length, jobs=args.jobs, insecure_test_key=args.key_length < 1024)], rng=args.seed
+        ds,
+        cfg,
+        [
+            sampling(rho=args.rho, w=w),
+            paillier(key_length=args.key_length, jobs=args.jobs, insecure_test_key=args.key_length < 1024),
+        ],
+        rng=args.seed,
     )
     t2 = time.perf_counter()
-    print(f"data={ds.summary()} rho={args.rho} key_length={args.key_length}" + (" (INSECURE test key)" if args.key_length < 1024 else ""))
-    print("config: " + ", ".join(f"{k}={cfg[k]}" for k in ("K", "alpha", "lam", "w", "lr", "epochs", "update", "unrated")))
+    print(
+        f"data={ds.summary()} rho={args.rho} key_length={args.key_length}"
+        + (" (INSECURE test key)" if args.key_length < 1024 else "")
+    )
+    print(
+        "config: " + ", ".join(f"{k}={cfg[k]}" for k in ("K", "alpha", "lam", "w", "lr", "epochs", "update", "unrated"))
+    )
     print(f"FedMVMF {t1 - t0:.1f}s, PrivMVMF {t2 - t1:.1f}s")
     print(f"{'metric':24s} {'FedMVMF':>10s} {'PrivMVMF':>10s} {'diff %':>9s}")
     worst = 0.0

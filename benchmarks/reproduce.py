@@ -28,9 +28,10 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -72,8 +73,10 @@ class Check:
 
     def row(self) -> str:
         rel = {"abs": "=", "min": ">=", "max": "<="}[self.kind]
-        return (f"| {self.paper} | {self.name} | {self.value:.5g} | {rel} {self.target:.5g} ± {self.tol:.3g} | "
-                f"{'ok' if self.ok else '**FAIL**'} |")
+        return (
+            f"| {self.paper} | {self.name} | {self.value:.5g} | {rel} {self.target:.5g} ± {self.tol:.3g} | "
+            f"{'ok' if self.ok else '**FAIL**'} |"
+        )
 
 
 def md_table(header: list[str], rows: list[list[Any]]) -> str:
@@ -87,7 +90,7 @@ def md_table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(out)
 
 
-def run_script(script: str, args: list[str], ctx: "Context") -> str:
+def run_script(script: str, args: list[str], ctx: Context) -> str:
     """Run an existing benchmark script (same interpreter, this checkout first on the path) and return its stdout."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(BENCH), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -100,7 +103,7 @@ def run_script(script: str, args: list[str], ctx: "Context") -> str:
 
 
 def script_table(script: str, *args: str, data_flag: str | None = "--data") -> Callable[..., str]:
-    def fn(ctx: "Context") -> str:
+    def fn(ctx: Context) -> str:
         extra = [data_flag, str(ctx.data)] if data_flag else []
         return "```\n" + run_script(script, [*args, *extra], ctx) + "```\n"
 
@@ -123,8 +126,12 @@ class Context:
 # ---------------------------------------------------------------------------------------------
 # PrivMVMF paper: FedMVMF, mvmf-nonlinear, PrivMVMF
 
-SCENARIOS = {"semials/obsonly": ("semials", "obsonly"), "semials/inclunc": ("semials", "inclunc"),
-             "sgd/obsonly": ("sgd", "obsonly"), "sgd/inclunc": ("sgd", "inclunc")}
+SCENARIOS = {
+    "semials/obsonly": ("semials", "obsonly"),
+    "semials/inclunc": ("semials", "inclunc"),
+    "sgd/obsonly": ("sgd", "obsonly"),
+    "sgd/inclunc": ("sgd", "inclunc"),
+}
 
 
 def fedmvmf_transcript(ds, update: str, unrated: str, b: float, epochs: int = 2, record_rounds: int = 2):
@@ -136,8 +143,9 @@ def fedmvmf_transcript(ds, update: str, unrated: str, b: float, epochs: int = 2,
     return FedMVMF().run(ds, cfg, [LaplaceNoise(scale=b)] if b else [], rng=0).transcript
 
 
-def nonlinear_points(ds, scenarios: list[str], scales: list[float], users: int | None, solves: int = 0,
-                     jobs: int = 1) -> list[dict]:
+def nonlinear_points(
+    ds, scenarios: list[str], scales: list[float], users: int | None, solves: int = 0, jobs: int = 1
+) -> list[dict]:
     """mvmf-nonlinear on FedMVMF transcripts: one dict per (scenario, b) with accuracies and baselines."""
     from privaudit.attacks.mvmf_nonlinear import MVMFNonlinear
 
@@ -149,12 +157,19 @@ def nonlinear_points(ds, scenarios: list[str], scales: list[float], users: int |
             t0 = time.perf_counter()
             res = MVMFNonlinear(users=users, solves=solves, jobs=jobs).evaluate(tr, np.random.default_rng(0))
             m, base = res.metrics, res.baseline
-            out.append({"scenario": sc, "b": b, "solves": solves, **{k: float(v) for k, v in m.items() if np.isscalar(v)},
-                        "random_rating": float(base.get("rating_accuracy", np.nan)),
-                        "random_attr": float(base.get("attribute_accuracy", np.nan)),
-                        "majority_rating": float(base.get("rating_accuracy_majority", np.nan)),
-                        "majority_attr": float(base.get("attribute_accuracy_majority", np.nan)),
-                        "attack_s": time.perf_counter() - t0})
+            out.append(
+                {
+                    "scenario": sc,
+                    "b": b,
+                    "solves": solves,
+                    **{k: float(v) for k, v in m.items() if np.isscalar(v)},
+                    "random_rating": float(base.get("rating_accuracy", np.nan)),
+                    "random_attr": float(base.get("attribute_accuracy", np.nan)),
+                    "majority_rating": float(base.get("rating_accuracy_majority", np.nan)),
+                    "majority_attr": float(base.get("attribute_accuracy_majority", np.nan)),
+                    "attack_s": time.perf_counter() - t0,
+                }
+            )
             print(json.dumps(out[-1]), flush=True)
     return out
 
@@ -162,11 +177,30 @@ def nonlinear_points(ds, scenarios: list[str], scales: list[float], users: int |
 def t_nonlinear_noisefree(ctx: Context) -> str:
     """python benchmarks/reproduce.py privmvmf --table nonlinear-noisefree"""
     pts = nonlinear_points(ctx.dataset(), list(SCENARIOS), [0.0], None, jobs=ctx.jobs)
-    rows = [[p["scenario"], p["rating_accuracy"], p["attribute_accuracy"], p.get("rated_rating_accuracy", np.nan),
-             f"{p['random_rating']:.3f} / {p['majority_rating']:.3f}; {p['random_attr']:.3f} / {p['majority_attr']:.3f}",
-             f"{p['attack_s']:.0f}", "> 0.80 both"] for p in pts]
-    return md_table(["scenario", "rating acc.", "attribute acc.", "rated-item acc.",
-                     "random / majority baseline (rating; attr.)", "attack s", "paper's claim"], rows)
+    rows = [
+        [
+            p["scenario"],
+            p["rating_accuracy"],
+            p["attribute_accuracy"],
+            p.get("rated_rating_accuracy", np.nan),
+            f"{p['random_rating']:.3f} / {p['majority_rating']:.3f}; {p['random_attr']:.3f} / {p['majority_attr']:.3f}",
+            f"{p['attack_s']:.0f}",
+            "> 0.80 both",
+        ]
+        for p in pts
+    ]
+    return md_table(
+        [
+            "scenario",
+            "rating acc.",
+            "attribute acc.",
+            "rated-item acc.",
+            "random / majority baseline (rating; attr.)",
+            "attack s",
+            "paper's claim",
+        ],
+        rows,
+    )
 
 
 def t_nonlinear_laplace(ctx: Context) -> str:
@@ -179,12 +213,35 @@ def t_nonlinear_laplace(ctx: Context) -> str:
     for p, q in zip(pts, five):
         mr, ma = p["rating_accuracy"] - p["random_rating"], p["attribute_accuracy"] - p["random_attr"]
         holds = "(b > 0.5)" if p["b"] > 0.5 else ("yes" if min(mr, ma) > 0.30 else "**no**")
-        rows.append([p["scenario"], p["b"], "K" if p["solves"] == 0 else p["solves"], p["rating_accuracy"],
-                     p["attribute_accuracy"], p.get("rated_rating_accuracy", np.nan), f"{mr:+.2f}; {ma:+.2f}", holds,
-                     f"{q['rating_accuracy']:.3f} / {q['attribute_accuracy']:.3f}", f"{p['attack_s']:.0f}"])
-    return md_table(["scenario", "b", "solves", "rating acc.", "attribute acc.", "rated-item acc.",
-                     "margin over random (rating; attr.)", "claim (b <= 0.5) holds", "with 5 solves (rating / attr.)",
-                     "attack s"], rows)
+        rows.append(
+            [
+                p["scenario"],
+                p["b"],
+                "K" if p["solves"] == 0 else p["solves"],
+                p["rating_accuracy"],
+                p["attribute_accuracy"],
+                p.get("rated_rating_accuracy", np.nan),
+                f"{mr:+.2f}; {ma:+.2f}",
+                holds,
+                f"{q['rating_accuracy']:.3f} / {q['attribute_accuracy']:.3f}",
+                f"{p['attack_s']:.0f}",
+            ]
+        )
+    return md_table(
+        [
+            "scenario",
+            "b",
+            "solves",
+            "rating acc.",
+            "attribute acc.",
+            "rated-item acc.",
+            "margin over random (rating; attr.)",
+            "claim (b <= 0.5) holds",
+            "with 5 solves (rating / attr.)",
+            "attack s",
+        ],
+        rows,
+    )
 
 
 def upload_magnitudes(ds, scenarios: list[str]) -> dict[str, dict[str, float]]:
@@ -217,19 +274,46 @@ def q_privmvmf(ctx: Context) -> list[Check]:
     checks = []
     tr = fedmvmf_transcript(ds, "semials", "obsonly", 0.0)
     nl = MVMFNonlinear(users=10).evaluate(tr, np.random.default_rng(0))
-    checks += [Check("privmvmf", "mvmf-nonlinear SemiALS ObsOnly noise-free, 10 victims: rating acc.",
-                     nl.metrics["rating_accuracy"], 1.0, 1e-9),
-               Check("privmvmf", "  ... attribute acc.", nl.metrics["attribute_accuracy"], 1.0, 1e-9),
-               Check("privmvmf", "  ... rating acc. minus majority guess (0.342)",
-                     nl.metrics["rating_accuracy"] - nl.baseline["rating_accuracy_majority"], 0.5, 0.0, "min")]
+    checks += [
+        Check(
+            "privmvmf",
+            "mvmf-nonlinear SemiALS ObsOnly noise-free, 10 victims: rating acc.",
+            nl.metrics["rating_accuracy"],
+            1.0,
+            1e-9,
+        ),
+        Check("privmvmf", "  ... attribute acc.", nl.metrics["attribute_accuracy"], 1.0, 1e-9),
+        Check(
+            "privmvmf",
+            "  ... rating acc. minus majority guess (0.342)",
+            nl.metrics["rating_accuracy"] - nl.baseline["rating_accuracy_majority"],
+            0.5,
+            0.0,
+            "min",
+        ),
+    ]
     an = MVMFAnalytic().evaluate(tr, np.random.default_rng(0))
-    checks += [Check("privmvmf", "mvmf-analytic same transcript, all clients: rating acc.", an.metrics["rating_accuracy"], 1.0, 1e-9),
-               Check("privmvmf", "  ... attribute acc.", an.metrics["attribute_accuracy"], 1.0, 1e-9)]
+    checks += [
+        Check(
+            "privmvmf",
+            "mvmf-analytic same transcript, all clients: rating acc.",
+            an.metrics["rating_accuracy"],
+            1.0,
+            1e-9,
+        ),
+        Check("privmvmf", "  ... attribute acc.", an.metrics["attribute_accuracy"], 1.0, 1e-9),
+    ]
     mags = upload_magnitudes(ds, ["semials/obsonly", "sgd/obsonly"])
-    checks += [Check("privmvmf", "RMS grad_V round 0, SemiALS ObsOnly (docs 2.57)", mags["semials/obsonly"]["grad_V"], 2.57, 0.01),
-               Check("privmvmf", "RMS grad_V round 0, SGD ObsOnly (docs 0.73)", mags["sgd/obsonly"]["grad_V"], 0.73, 0.01),
-               Check("privmvmf", "RMS grad_P round 0, SemiALS ObsOnly (docs 0.37)", mags["semials/obsonly"]["grad_P"], 0.37, 0.01),
-               Check("privmvmf", "RMS grad_P round 0, SGD ObsOnly (docs 0.12)", mags["sgd/obsonly"]["grad_P"], 0.12, 0.01)]
+    checks += [
+        Check(
+            "privmvmf", "RMS grad_V round 0, SemiALS ObsOnly (docs 2.57)", mags["semials/obsonly"]["grad_V"], 2.57, 0.01
+        ),
+        Check("privmvmf", "RMS grad_V round 0, SGD ObsOnly (docs 0.73)", mags["sgd/obsonly"]["grad_V"], 0.73, 0.01),
+        Check(
+            "privmvmf", "RMS grad_P round 0, SemiALS ObsOnly (docs 0.37)", mags["semials/obsonly"]["grad_P"], 0.37, 0.01
+        ),
+        Check("privmvmf", "RMS grad_P round 0, SGD ObsOnly (docs 0.12)", mags["sgd/obsonly"]["grad_P"], 0.12, 0.01),
+    ]
     checks += lossless_checks(ds, users=40, epochs=1)
     return checks
 
@@ -248,9 +332,17 @@ def lossless_checks(ds, users: int, epochs: int) -> list[Check]:
     keys = [k for k in fed.utility if k.endswith("@10")]
     worst = max(abs(priv.utility[k] - fed.utility[k]) for k in keys)
     dV = float(np.max(np.abs(fed.model["V"] - priv.model["V"])))
-    return [Check("privmvmf", f"PrivMVMF lossless, {users} users, {epochs} epoch: largest |metric difference| over {len(keys)} metrics",
-                  worst, 0.0, 0.0, "max"),
-            Check("privmvmf", "  ... max |V_FedMVMF - V_PrivMVMF| (fixed point, 32 fractional bits)", dV, 0.0, 1e-8, "max")]
+    return [
+        Check(
+            "privmvmf",
+            f"PrivMVMF lossless, {users} users, {epochs} epoch: largest |metric difference| over {len(keys)} metrics",
+            worst,
+            0.0,
+            0.0,
+            "max",
+        ),
+        Check("privmvmf", "  ... max |V_FedMVMF - V_PrivMVMF| (fixed point, 32 fractional bits)", dV, 0.0, 1e-8, "max"),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,9 +360,11 @@ def q_fedrec(ctx: Context) -> list[Check]:
     fed = fedrec_run(ds, "pmf-batch", True, 0)
     unf = fedrec_run(ds, "pmf-batch", False, 0)
     md = abs(fed["rmse"] - unf["rmse"]) / unf["rmse"] * 100
-    return [Check("fedrec", "PMF(B) federated fold 0 RMSE (docs 0.94760; paper 0.9424)", fed["rmse"], 0.94760, 0.0005),
-            Check("fedrec", "PMF(B) federated fold 0 MAE (docs 0.74667)", fed["mae"], 0.74667, 0.0005),
-            Check("fedrec", "PMF(B) fold 0 MD federated vs unfederated, % (docs <= 0.1 %)", md, 0.0, 0.1, "max")]
+    return [
+        Check("fedrec", "PMF(B) federated fold 0 RMSE (docs 0.94760; paper 0.9424)", fed["rmse"], 0.94760, 0.0005),
+        Check("fedrec", "PMF(B) federated fold 0 MAE (docs 0.74667)", fed["mae"], 0.74667, 0.0005),
+        Check("fedrec", "PMF(B) fold 0 MD federated vs unfederated, % (docs <= 0.1 %)", md, 0.0, 0.1, "max"),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,11 +375,13 @@ def q_fedsplit(ctx: Context) -> list[Check]:
     from privaudit.protocols.fedsplit import FedSPLIT
 
     u = FedSPLIT().run(ctx.dataset(), {"centralized": False}, (), 0).utility
-    return [Check("fedsplit", "seed 0: groups (docs 55)", u["n_groups"], 55, 0),
-            Check("fedsplit", "seed 0: fraction of groups improved (docs 100 %)", u["improved_fraction"], 1.0, 0.0),
-            Check("fedsplit", "seed 0: local CNMF RMSE (docs 1.111)", u["rmse_local"], 1.111, 0.002),
-            Check("fedsplit", "seed 0: FedSPLIT RMSE (docs 0.992)", u["rmse_fedsplit"], 0.992, 0.002),
-            Check("fedsplit", "seed 0: RMSE drop (target >= 0.1)", u["rmse_drop"], 0.1, 0.0, "min")]
+    return [
+        Check("fedsplit", "seed 0: groups (docs 55)", u["n_groups"], 55, 0),
+        Check("fedsplit", "seed 0: fraction of groups improved (docs 100 %)", u["improved_fraction"], 1.0, 0.0),
+        Check("fedsplit", "seed 0: local CNMF RMSE (docs 1.111)", u["rmse_local"], 1.111, 0.002),
+        Check("fedsplit", "seed 0: FedSPLIT RMSE (docs 0.992)", u["rmse_fedsplit"], 0.992, 0.002),
+        Check("fedsplit", "seed 0: RMSE drop (target >= 0.1)", u["rmse_drop"], 0.1, 0.0, "min"),
+    ]
 
 
 def pearson_columns(n_users: np.ndarray, n_ratings: np.ndarray, rmse_local: np.ndarray, rmse_fed: np.ndarray) -> dict:
@@ -294,9 +390,12 @@ def pearson_columns(n_users: np.ndarray, n_ratings: np.ndarray, rmse_local: np.n
 
     ok = np.isfinite(rmse_local) & np.isfinite(rmse_fed)
     d = rmse_fed[ok] - rmse_local[ok]
-    return {"members_change": float(pearsonr(n_users[ok], d)[0]), "ratings_change": float(pearsonr(n_ratings[ok], d)[0]),
-            "members_rmse": float(pearsonr(n_users[ok], rmse_fed[ok])[0]),
-            "ratings_rmse": float(pearsonr(n_ratings[ok], rmse_fed[ok])[0])}
+    return {
+        "members_change": float(pearsonr(n_users[ok], d)[0]),
+        "ratings_change": float(pearsonr(n_ratings[ok], d)[0]),
+        "members_rmse": float(pearsonr(n_users[ok], rmse_fed[ok])[0]),
+        "ratings_rmse": float(pearsonr(n_ratings[ok], rmse_fed[ok])[0]),
+    }
 
 
 def fedsplit_summary(label: str, per_group: list[tuple], central: list[float]) -> list[Any]:
@@ -312,19 +411,47 @@ def fedsplit_summary(label: str, per_group: list[tuple], central: list[float]) -
     worse = ~better
     p = pearson_columns(nu, nr, lo, fe)
     cm, cc = mean_ci95(central) if central else (float("nan"), float("nan"))
-    return [label, len(per_group), int(lo.size), f"{int(better.sum())} ({better.mean():.1%})", f"{lm:.3f} ± {lc:.3f}",
-            f"{fm:.3f} ± {fc:.3f}", f"{-(lo[better] - fe[better]).mean():.3f}",
-            f"{(fe[worse] - lo[worse]).mean():.3f}" if worse.any() else "-",
-            f"{p['members_change']:.2f} / {p['members_rmse']:.2f}", f"{p['ratings_change']:.2f} / {p['ratings_rmse']:.2f}",
-            f"{cm:.3f} ± {cc:.3f}" if central else "-"]
+    return [
+        label,
+        len(per_group),
+        int(lo.size),
+        f"{int(better.sum())} ({better.mean():.1%})",
+        f"{lm:.3f} ± {lc:.3f}",
+        f"{fm:.3f} ± {fc:.3f}",
+        f"{-(lo[better] - fe[better]).mean():.3f}",
+        f"{(fe[worse] - lo[worse]).mean():.3f}" if worse.any() else "-",
+        f"{p['members_change']:.2f} / {p['members_rmse']:.2f}",
+        f"{p['ratings_change']:.2f} / {p['ratings_rmse']:.2f}",
+        f"{cm:.3f} ± {cc:.3f}" if central else "-",
+    ]
 
 
-FEDSPLIT_HEADER = ["setting", "groupings", "groups", "improved", "local CNMF RMSE", "FedSPLIT RMSE",
-                   "mean change, improved groups", "mean rise, worse groups",
-                   "Pearson members vs change / vs FedSPLIT RMSE", "Pearson ratings vs change / vs FedSPLIT RMSE",
-                   "non-private CNMF"]
-FEDSPLIT_PAPER = ["paper (Table 2-3, ML-100K variant)", 10, 365, "359 (98.4 %)", "1.00 ± 0.022", "0.78 ± 0.016", "-0.22",
-                  "0.07", "-0.06 (column 'Members-RMSE')", "-0.11 (column 'Ratings-RMSE')", "0.71 ± 0.006"]
+FEDSPLIT_HEADER = [
+    "setting",
+    "groupings",
+    "groups",
+    "improved",
+    "local CNMF RMSE",
+    "FedSPLIT RMSE",
+    "mean change, improved groups",
+    "mean rise, worse groups",
+    "Pearson members vs change / vs FedSPLIT RMSE",
+    "Pearson ratings vs change / vs FedSPLIT RMSE",
+    "non-private CNMF",
+]
+FEDSPLIT_PAPER = [
+    "paper (Table 2-3, ML-100K variant)",
+    10,
+    365,
+    "359 (98.4 %)",
+    "1.00 ± 0.022",
+    "0.78 ± 0.016",
+    "-0.22",
+    "0.07",
+    "-0.06 (column 'Members-RMSE')",
+    "-0.11 (column 'Ratings-RMSE')",
+    "0.71 ± 0.006",
+]
 
 
 def filtered(ds, min_ratings: int = 20):
@@ -343,7 +470,9 @@ def t_fedsplit_untuned(ctx: Context, groupings: int = 10, filter20: bool = False
     for s in range(groupings):
         res = FedSPLIT().run(ds, {}, (), s)
         m = res.model
-        per_group.append((m["n_users"].astype(float), m["n_ratings"].astype(float), m["rmse_local"], m["rmse_fedsplit"]))
+        per_group.append(
+            (m["n_users"].astype(float), m["n_ratings"].astype(float), m["rmse_local"], m["rmse_fedsplit"])
+        )
         central.append(res.utility["rmse_central"])
         print(f"grouping {s}: {res.utility['rmse_local']:.3f} -> {res.utility['rmse_fedsplit']:.3f}", flush=True)
     label = f"untuned{', >= 20 ratings' if filter20 else ''} ({ds.n_users} users, {ds.n_items} items, {ds.n_ratings} ratings)"
@@ -361,11 +490,19 @@ def t_fedsplit_filter(ctx: Context, groupings: int = 10) -> str:
 
 
 #: the paper's per-group search space (FedSPLIT paper §4.1), log-uniform except k
-TUNE_SPACE = {"alpha": (0.04, 0.08), "beta": (0.04, 0.08), "gamma": (0.01, 0.04), "delta": (0.01, 0.04),
-              "eta_W": (0.002, 0.009), "eta_H": (0.002, 0.009)}
+TUNE_SPACE = {
+    "alpha": (0.04, 0.08),
+    "beta": (0.04, 0.08),
+    "gamma": (0.01, 0.04),
+    "delta": (0.01, 0.04),
+    "eta_W": (0.002, 0.009),
+    "eta_H": (0.002, 0.009),
+}
 
 
-def tune_group(X, mu: float, n_users: int, trials: int, seed: int, n_iter: int = 100, val_fraction: float = 0.2) -> dict:
+def tune_group(
+    X, mu: float, n_users: int, trials: int, seed: int, n_iter: int = 100, val_fraction: float = 0.2
+) -> dict:
     """Optuna TPE over the paper's search space on one group's training ratings X (n^g x m sparse).
 
     Objective: RMSE on a random ``val_fraction`` of X's ratings, the model fitted on the rest
@@ -418,7 +555,8 @@ def fedsplit_tuned_run(ds, seed: int, trials: int, final_iter: int = 500, K: int
 
     cfg = FedSPLIT.resolve_config({})
     split_rng, group_rng, init_rng, _channel_rng, server_rng = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5))
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)
+    )
     n, m = ds.ratings.shape
     train, test = holdout_split(ds, cfg["test_fraction"], split_rng)
     groups = [np.asarray(g, dtype=np.int64) for g in random_groups(ds, cfg["group_min"], cfg["group_max"], group_rng)]
@@ -430,7 +568,9 @@ def fedsplit_tuned_run(ds, seed: int, trials: int, final_iter: int = 500, K: int
     for gi, g in enumerate(groups):
         p = tune_group(Xtr[g], mu, g.size, trials, seed * 1000 + gi)
         k = int(p.pop("k"))
-        model = CNMF(n_components=k, n_iter=final_iter, init_high=cfg["init_high"], **p).fit(Xtr[g], mu=mu, rng=init_rng)
+        model = CNMF(n_components=k, n_iter=final_iter, init_high=cfg["init_high"], **p).fit(
+            Xtr[g], mu=mu, rng=init_rng
+        )
         models.append(model)
         H_T.append(model.H_.T)
         b_H.append(model.b_H_)
@@ -443,9 +583,12 @@ def fedsplit_tuned_run(ds, seed: int, trials: int, final_iter: int = 500, K: int
     for gi, (g, model) in enumerate(zip(groups, models)):
         _, r, c, v = observed(Xte[g])
         local = model.predict(r, c)
-        W_star = model.W_ @ H_global[:, offsets[gi]: offsets[gi + 1]].T  # eq. 18
-        fed = np.clip(np.einsum("nk,nk->n", W_star[r], W_global[c]) + model.b_W_[r] + b_H_global[c] + mu,
-                      ds.rating_min, ds.rating_max)  # eq. 19
+        W_star = model.W_ @ H_global[:, offsets[gi] : offsets[gi + 1]].T  # eq. 18
+        fed = np.clip(
+            np.einsum("nk,nk->n", W_star[r], W_global[c]) + model.b_W_[r] + b_H_global[c] + mu,
+            ds.rating_min,
+            ds.rating_max,
+        )  # eq. 19
         nu.append(g.size)
         nr.append(Xtr[g].nnz)
         lo.append(np.sqrt(np.mean((local - v) ** 2)) if v.size else np.nan)
@@ -453,7 +596,9 @@ def fedsplit_tuned_run(ds, seed: int, trials: int, final_iter: int = 500, K: int
     return tuple(np.asarray(a, dtype=float) for a in (nu, nr, lo, fe))
 
 
-def t_fedsplit_tuned(ctx: Context, groupings: int = 10, trials: int = 20, filter20: bool = True, final_iter: int = 500) -> str:
+def t_fedsplit_tuned(
+    ctx: Context, groupings: int = 10, trials: int = 20, filter20: bool = True, final_iter: int = 500
+) -> str:
     """python benchmarks/reproduce.py fedsplit --table tuned"""
     ds = ctx.dataset()
     if filter20:
@@ -463,10 +608,14 @@ def t_fedsplit_tuned(ctx: Context, groupings: int = 10, trials: int = 20, filter
         t0 = time.perf_counter()
         per_group.append(fedsplit_tuned_run(ds, s, trials, final_iter))
         lo, fe = per_group[-1][2], per_group[-1][3]
-        print(f"grouping {s}: {np.nanmean(lo):.3f} -> {np.nanmean(fe):.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(
+            f"grouping {s}: {np.nanmean(lo):.3f} -> {np.nanmean(fe):.3f} ({time.perf_counter() - t0:.0f} s)", flush=True
+        )
         (ctx.out / "fedsplit_tuned_partial.json").write_text(json.dumps([[a.tolist() for a in g] for g in per_group]))
-    label = (f"Optuna per group ({trials} TPE trials, one 80/20 validation split, {final_iter} final iterations)"
-             f"{', >= 20 ratings' if filter20 else ''} ({ds.n_users} users, {ds.n_items} items)")
+    label = (
+        f"Optuna per group ({trials} TPE trials, one 80/20 validation split, {final_iter} final iterations)"
+        f"{', >= 20 ratings' if filter20 else ''} ({ds.n_users} users, {ds.n_items} items)"
+    )
     return md_table(FEDSPLIT_HEADER, [fedsplit_summary(label, per_group, []), FEDSPLIT_PAPER])
 
 
@@ -491,8 +640,21 @@ def central_ncf(ds, model: str, epochs: int, seed: int = 0) -> dict:
     pos, test_item, eval_users, cand, excl = _ncf_eval_setup(ds, seed)
     layers = [48, 24, 12, 6]
     with ncf.single_thread():
-        mdl = ncf.train_centralized(model, 12, layers, pos, ds.n_users, ds.n_items, epochs, 256, 4, 1e-3,
-                                    np.random.default_rng(seed), exclude=excl, init_std=ncf.EMBED_STD)
+        mdl = ncf.train_centralized(
+            model,
+            12,
+            layers,
+            pos,
+            ds.n_users,
+            ds.n_items,
+            epochs,
+            256,
+            4,
+            1e-3,
+            np.random.default_rng(seed),
+            exclude=excl,
+            init_std=ncf.EMBED_STD,
+        )
     return ncf_utility(model, 12, layers, mdl, eval_users, cand, 10)
 
 
@@ -523,8 +685,9 @@ def user_fraction(ds, fraction: float, seed: int):
     return sub.subset_items(keep)
 
 
-def t_fedncf_fraction(ctx: Context, fractions=(1.0, 0.9, 0.8, 0.7, 0.5), seeds=(0,), global_rounds: int = 50,
-                      epochs: int = 20) -> str:
+def t_fedncf_fraction(
+    ctx: Context, fractions=(1.0, 0.9, 0.8, 0.7, 0.5), seeds=(0,), global_rounds: int = 50, epochs: int = 20
+) -> str:
     """python benchmarks/reproduce.py fedncf --table fraction"""
     ds = ctx.dataset()
     fractions = tuple(float(f) for f in np.atleast_1d(fractions))
@@ -536,19 +699,45 @@ def t_fedncf_fraction(ctx: Context, fractions=(1.0, 0.9, 0.8, 0.7, 0.5), seeds=(
             sub = user_fraction(ds, f, s)
             c.append(central_ncf(sub, "gmf", epochs, s))
             fd.append(fed_ncf(sub, "gmf", global_rounds, s))
-            print(json.dumps({"fraction": f, "seed": s, "central": c[-1], "fed": {k: fd[-1][k] for k in ("hr@10", "ndcg@10")}}),
-                  flush=True)
-        rows.append([f, sub.n_users, sub.n_items, np.mean([x["hr@10"] for x in c]), np.mean([x["ndcg@10"] for x in c]),
-                     np.mean([x["hr@10"] for x in fd]), np.mean([x["ndcg@10"] for x in fd])])
+            print(
+                json.dumps(
+                    {"fraction": f, "seed": s, "central": c[-1], "fed": {k: fd[-1][k] for k in ("hr@10", "ndcg@10")}}
+                ),
+                flush=True,
+            )
+        rows.append(
+            [
+                f,
+                sub.n_users,
+                sub.n_items,
+                np.mean([x["hr@10"] for x in c]),
+                np.mean([x["ndcg@10"] for x in c]),
+                np.mean([x["hr@10"] for x in fd]),
+                np.mean([x["ndcg@10"] for x in fd]),
+            ]
+        )
     base = rows[0]
     for r in rows:
         r += [f"{100 * (r[3] / base[3] - 1):+.1f} %", f"{100 * (r[5] / base[5] - 1):+.1f} %"]
-    return md_table(["fraction of users", "users", "items", f"central GMF HR@10 ({epochs} epochs)", "NDCG@10",
-                     f"FedGMF HR@10 ({global_rounds} global rounds)", "NDCG@10", "central change", "federated change"], rows)
+    return md_table(
+        [
+            "fraction of users",
+            "users",
+            "items",
+            f"central GMF HR@10 ({epochs} epochs)",
+            "NDCG@10",
+            f"FedGMF HR@10 ({global_rounds} global rounds)",
+            "NDCG@10",
+            "central change",
+            "federated change",
+        ],
+        rows,
+    )
 
 
-def secagg_overhead(ds, model: str, cohort: int, dropout: float, rounds: int = 10, seed: int = 0,
-                    repeats: int = 3) -> dict:
+def secagg_overhead(
+    ds, model: str, cohort: int, dropout: float, rounds: int = 10, seed: int = 0, repeats: int = 3
+) -> dict:
     """CPU seconds per aggregation round of FedNCF with ``secagg`` minus the same run without it.
 
     The first ``rounds`` aggregation rounds of a run (``max_rounds``), same seed with and without
@@ -558,7 +747,9 @@ def secagg_overhead(ds, model: str, cohort: int, dropout: float, rounds: int = 1
     from privaudit.protocols.fedncf import FedNCF
 
     cfg = {"model": model, "global_rounds": 1, "max_rounds": rounds, "clients_per_round": cohort, "record_rounds": 0}
-    FedNCF().run(ds, {**cfg, "global_rounds": 1, "max_rounds": 2}, [SecAgg(dropout=dropout)], seed)  # warm-up (imports, torch)
+    FedNCF().run(
+        ds, {**cfg, "global_rounds": 1, "max_rounds": 2}, [SecAgg(dropout=dropout)], seed
+    )  # warm-up (imports, torch)
     out = {"plain": np.inf, "secagg": np.inf}
     for _ in range(repeats):  # alternate the two, keep the fastest of each (CPU time; the machine may be shared)
         for name, defs in (("plain", []), ("secagg", [SecAgg(dropout=dropout)])):
@@ -567,13 +758,23 @@ def secagg_overhead(ds, model: str, cohort: int, dropout: float, rounds: int = 1
             out[name] = min(out[name], time.process_time() - t0)
             out["rounds"] = res.utility["rounds"]
     per_round = (out["secagg"] - out["plain"]) / out["rounds"]
-    return {"model": model, "cohort": cohort, "dropout": dropout, "rounds": out["rounds"],
-            "plain_s_per_round": out["plain"] / out["rounds"], "overhead_s_per_round": per_round,
-            "overhead_ms_per_participant": 1000 * per_round / cohort}
+    return {
+        "model": model,
+        "cohort": cohort,
+        "dropout": dropout,
+        "rounds": out["rounds"],
+        "plain_s_per_round": out["plain"] / out["rounds"],
+        "overhead_s_per_round": per_round,
+        "overhead_ms_per_participant": 1000 * per_round / cohort,
+    }
 
 
-def t_fedncf_secagg(ctx: Context, repeats: int = 3, rounds: int = 10,
-                    grid: str = "gmf:20:0,neumf:20:0,gmf:10:0,gmf:50:0,gmf:100:0,gmf:20:0.1,gmf:20:0.3,neumf:50:0") -> str:
+def t_fedncf_secagg(
+    ctx: Context,
+    repeats: int = 3,
+    rounds: int = 10,
+    grid: str = "gmf:20:0,neumf:20:0,gmf:10:0,gmf:50:0,gmf:100:0,gmf:20:0.1,gmf:20:0.3,neumf:50:0",
+) -> str:
     """python benchmarks/reproduce.py fedncf --table secagg-overhead"""
     ds = ctx.dataset()
     rows = []
@@ -582,27 +783,66 @@ def t_fedncf_secagg(ctx: Context, repeats: int = 3, rounds: int = 10,
     for model, c, d in grid:
         r = secagg_overhead(ds, model, c, d, rounds=rounds, repeats=repeats)
         print(json.dumps(r), flush=True)
-        rows.append([model, c, d, r["rounds"], f"{1000 * r['plain_s_per_round']:.0f}", f"{1000 * r['overhead_s_per_round']:.0f}",
-                     f"{r['overhead_ms_per_participant']:.1f}", paper.get((model, c, d), "")])
-    return md_table(["model", "cohort c", "dropout", "aggregation rounds", "plain MF-FedAvg ms / round (CPU)",
-                     "MF-SecAvg extra ms / round (CPU)", "extra ms per participant", "paper (Table 8, per participant)"], rows)
+        rows.append(
+            [
+                model,
+                c,
+                d,
+                r["rounds"],
+                f"{1000 * r['plain_s_per_round']:.0f}",
+                f"{1000 * r['overhead_s_per_round']:.0f}",
+                f"{r['overhead_ms_per_participant']:.1f}",
+                paper.get((model, c, d), ""),
+            ]
+        )
+    return md_table(
+        [
+            "model",
+            "cohort c",
+            "dropout",
+            "aggregation rounds",
+            "plain MF-FedAvg ms / round (CPU)",
+            "MF-SecAvg extra ms / round (CPU)",
+            "extra ms per participant",
+            "paper (Table 8, per participant)",
+        ],
+        rows,
+    )
 
 
 def t_fedncf_t6(ctx: Context, global_rounds: int = 400, models: str = "gmf,mlp,neumf", central: bool = True) -> str:
     """python benchmarks/reproduce.py fedncf --table table6"""
     ds = ctx.dataset()
-    paper = {("fed", "gmf"): (0.59, 0.33), ("fed", "mlp"): (0.43, 0.23), ("fed", "neumf"): (0.61, 0.34),
-             ("central", "gmf"): (0.68, 0.42), ("central", "mlp"): (0.61, 0.35), ("central", "neumf"): (0.69, 0.42)}
+    paper = {
+        ("fed", "gmf"): (0.59, 0.33),
+        ("fed", "mlp"): (0.43, 0.23),
+        ("fed", "neumf"): (0.61, 0.34),
+        ("central", "gmf"): (0.68, 0.42),
+        ("central", "mlp"): (0.61, 0.35),
+        ("central", "neumf"): (0.69, 0.42),
+    }
     rows = []
     for model in models.split(","):
         u = fed_ncf(ds, model, global_rounds)
         print(json.dumps({"model": model, **u}), flush=True)
-        rows.append([f"Fed{model.upper() if model != 'neumf' else 'NeuMF'} ({global_rounds} global rounds)", u["hr@10"],
-                     u["ndcg@10"], *paper[("fed", model)]])
+        rows.append(
+            [
+                f"Fed{model.upper() if model != 'neumf' else 'NeuMF'} ({global_rounds} global rounds)",
+                u["hr@10"],
+                u["ndcg@10"],
+                *paper[("fed", model)],
+            ]
+        )
     for model, ep in (("gmf", 20), ("mlp", 20), ("neumf", 12)) if central else ():
         u = central_ncf(ds, model, ep)
-        rows.append([f"{model.upper() if model != 'neumf' else 'NeuMF'} centralised ({ep} epochs)", u["hr@10"], u["ndcg@10"],
-                     *paper[("central", model)]])
+        rows.append(
+            [
+                f"{model.upper() if model != 'neumf' else 'NeuMF'} centralised ({ep} epochs)",
+                u["hr@10"],
+                u["ndcg@10"],
+                *paper[("central", model)],
+            ]
+        )
     return md_table(["model", "HR@10 (ours)", "NDCG@10 (ours)", "HR@10 (paper)", "NDCG@10 (paper)"], rows)
 
 
@@ -614,17 +854,27 @@ def q_fedncf(ctx: Context) -> list[Check]:
     ds = ctx.dataset()
     u = central_ncf(ds, "gmf", 20)
     pop = popularity_hr(ds)
-    checks = [Check("fedncf", "centralised GMF, 20 epochs, seed 0: HR@10 (docs 0.664; paper 0.68)", u["hr@10"], 0.664, 0.01),
-              Check("fedncf", "  ... NDCG@10 (docs 0.384)", u["ndcg@10"], 0.384, 0.01),
-              Check("fedncf", "popularity ranker HR@10, seed 0 (training counts; 0.408)", pop, 0.408, 0.005),
-              Check("fedncf", "centralised GMF HR@10 minus popularity HR@10", u["hr@10"] - pop, 0.2, 0.0, "min")]
+    checks = [
+        Check("fedncf", "centralised GMF, 20 epochs, seed 0: HR@10 (docs 0.664; paper 0.68)", u["hr@10"], 0.664, 0.01),
+        Check("fedncf", "  ... NDCG@10 (docs 0.384)", u["ndcg@10"], 0.384, 0.01),
+        Check("fedncf", "popularity ranker HR@10, seed 0 (training counts; 0.408)", pop, 0.408, 0.005),
+        Check("fedncf", "centralised GMF HR@10 minus popularity HR@10", u["hr@10"] - pop, 0.2, 0.0, "min"),
+    ]
     syn = synthetic(n_users=40, n_items=60, seed=0)
     cfg = {"global_rounds": 2, "clients_per_round": 10, "record_rounds": 0}
     plain = FedNCF().run(syn, cfg, [], 0).model
     masked = FedNCF().run(syn, cfg, [SecAgg()], 0).model
     diff = float(np.max(np.abs(np.asarray(plain["items"]) - np.asarray(masked["items"]))))
-    checks.append(Check("fedncf", "MF-SecAvg vs plain MF-FedAvg, synthetic: max |item table difference| (docs: to 1e-6)",
-                        diff, 0.0, 1e-6, "max"))
+    checks.append(
+        Check(
+            "fedncf",
+            "MF-SecAvg vs plain MF-FedAvg, synthetic: max |item table difference| (docs: to 1e-6)",
+            diff,
+            0.0,
+            1e-6,
+            "max",
+        )
+    )
     return checks
 
 
@@ -651,9 +901,18 @@ def q_fedproto(ctx: Context) -> list[Check]:
         protos = silo_prototypes(kind, Xd, silos, 50, rng, eps, 50, ds.rating_max, 10, 0)
         auc[(kind, eps)] = membership_auc(train, silos, protos, 0)["auc"]
         print(f"fedproto quick: {kind} prototypes {time.perf_counter() - t0:.0f} s", flush=True)
-    return [Check("fedproto", "proto-membership AUC, exact k-means prototypes (docs 0.867)", auc[("exact", None)], 0.867, 0.01),
-            Check("fedproto", "proto-membership AUC, DP prototypes eps = 1 (docs 0.492, other draws; baseline 0.5)",
-                  auc[("dp", 1.0)], 0.5, 0.05)]
+    return [
+        Check(
+            "fedproto", "proto-membership AUC, exact k-means prototypes (docs 0.867)", auc[("exact", None)], 0.867, 0.01
+        ),
+        Check(
+            "fedproto",
+            "proto-membership AUC, DP prototypes eps = 1 (docs 0.492, other draws; baseline 0.5)",
+            auc[("dp", 1.0)],
+            0.5,
+            0.05,
+        ),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -665,18 +924,42 @@ TABLES: dict[str, dict[str, Callable[[Context], str]]] = {
         "nonlinear-laplace": t_nonlinear_laplace,
         "upload-magnitude": t_upload_magnitude,
         "solver-selection": script_table("mvmf_solver_selection.py", "--users", "40"),
-        "analytic": script_table("mvmf_attacks.py", "--no-sweep", "--users", "50", "--users-inclunc", "20", "--repeats", "5"),
+        "analytic": script_table(
+            "mvmf_attacks.py", "--no-sweep", "--users", "50", "--users-inclunc", "20", "--repeats", "5"
+        ),
         "fedmvmf-utility": script_table("fedmvmf_utility.py"),
         "fedmvmf-speed": script_table("fedmvmf_speed.py", "--epochs", "3"),
-        "lossless": script_table("privmvmf_utility.py", "--epochs", "6", "--rho", "1", "--key-length", "512", "--jobs", "2"),
+        "lossless": script_table(
+            "privmvmf_utility.py", "--epochs", "6", "--rho", "1", "--key-length", "512", "--jobs", "2"
+        ),
         "phases": script_table("privmvmf_phases.py", "--users", "20", "--epochs", "2", "--key-length", "2048"),
         "sampling-leakage": script_table("sampling_leakage.py"),
     },
     "fedrec": {
-        "table2": script_table("fedrec_table2.py", "--parts", "table", "--models", "pmf-batch,pmf-sgd,svdpp-sgd",
-                               "--folds", "0,1,2,3,4", "--jobs", "1", data_flag=None),
-        "rho": script_table("fedrec_table2.py", "--parts", "rho", "--models", "pmf-batch", "--folds", "0,1,2,3,4",
-                            "--jobs", "1", data_flag=None),
+        "table2": script_table(
+            "fedrec_table2.py",
+            "--parts",
+            "table",
+            "--models",
+            "pmf-batch,pmf-sgd,svdpp-sgd",
+            "--folds",
+            "0,1,2,3,4",
+            "--jobs",
+            "1",
+            data_flag=None,
+        ),
+        "rho": script_table(
+            "fedrec_table2.py",
+            "--parts",
+            "rho",
+            "--models",
+            "pmf-batch",
+            "--folds",
+            "0,1,2,3,4",
+            "--jobs",
+            "1",
+            data_flag=None,
+        ),
         "render": script_table("fedrec_table2.py", "--render", data_flag=None),
     },
     "fedsplit": {
@@ -687,8 +970,18 @@ TABLES: dict[str, dict[str, Callable[[Context], str]]] = {
     },
     "fedncf": {
         "central": script_table("fedncf_ml100k.py", "central", "--model", "gmf", "--epochs", "20"),
-        "table5": script_table("fedncf_ml100k.py", "fed", "--model", "gmf", "--aggregation", "mf-fedavg",
-                               "--global-rounds", "400", "--eval-every", "25"),
+        "table5": script_table(
+            "fedncf_ml100k.py",
+            "fed",
+            "--model",
+            "gmf",
+            "--aggregation",
+            "mf-fedavg",
+            "--global-rounds",
+            "400",
+            "--eval-every",
+            "25",
+        ),
         "table6": t_fedncf_t6,
         "fraction": t_fedncf_fraction,
         "secagg-overhead": t_fedncf_secagg,
@@ -697,13 +990,30 @@ TABLES: dict[str, dict[str, Callable[[Context], str]]] = {
     },
     "fedproto": {
         "ml": script_table("fedproto_compare.py", "--part", "ml", "--seeds", "1", "--swap-iters", "10", data_flag=None),
-        "poisson": script_table("fedproto_compare.py", "--part", "poisson", "--seeds", "1", "--poisson-items", "100",
-                                "--poisson-eps", "0.01", "1", "--swap-iters", "10", data_flag=None),
+        "poisson": script_table(
+            "fedproto_compare.py",
+            "--part",
+            "poisson",
+            "--seeds",
+            "1",
+            "--poisson-items",
+            "100",
+            "--poisson-eps",
+            "0.01",
+            "1",
+            "--swap-iters",
+            "10",
+            data_flag=None,
+        ),
         "noise": script_table("fedproto_noise.py", "--configs", "50:5:1:10,50:5:1:100,50:5:1:1000", data_flag=None),
     },
 }
 QUICK: dict[str, Callable[[Context], list[Check]]] = {
-    "privmvmf": q_privmvmf, "fedrec": q_fedrec, "fedsplit": q_fedsplit, "fedncf": q_fedncf, "fedproto": q_fedproto,
+    "privmvmf": q_privmvmf,
+    "fedrec": q_fedrec,
+    "fedsplit": q_fedsplit,
+    "fedncf": q_fedncf,
+    "fedproto": q_fedproto,
 }
 
 
@@ -743,13 +1053,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paper", choices=[*PAPERS, "all"])
     ap.add_argument("--table", default="", help="comma-separated table names of the paper (default: all of them)")
-    ap.add_argument("--quick", action="store_true", help="subsampled checks against the docs' tolerances (exit 1 on failure)")
+    ap.add_argument(
+        "--quick", action="store_true", help="subsampled checks against the docs' tolerances (exit 1 on failure)"
+    )
     ap.add_argument("--list", action="store_true", help="print the table names and exit")
     ap.add_argument("--out", default="reproduce-out", help="output folder (created)")
-    ap.add_argument("--data", default=os.environ.get("PRIVAUDIT_ML100K", str(DEFAULT_DATA)), help="MovieLens 100K folder")
+    ap.add_argument(
+        "--data", default=os.environ.get("PRIVAUDIT_ML100K", str(DEFAULT_DATA)), help="MovieLens 100K folder"
+    )
     ap.add_argument("--jobs", type=int, default=1, help="parallel workers where a table supports them")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="budget parameter of the named table (e.g. groupings=5, global_rounds=50); repeatable")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="budget parameter of the named table (e.g. groupings=5, global_rounds=50); repeatable",
+    )
     args = ap.parse_args(argv)
     papers = list(PAPERS) if args.paper == "all" else [args.paper]
     if args.list:
@@ -762,15 +1081,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     unknown = [t for t in names if t not in TABLES[papers[0]]]
     if unknown:
-        print(f"reproduce.py: unknown table {unknown[0]!r} of {papers[0]} (known: {', '.join(TABLES[papers[0]])})",
-              file=sys.stderr)
+        print(
+            f"reproduce.py: unknown table {unknown[0]!r} of {papers[0]} (known: {', '.join(TABLES[papers[0]])})",
+            file=sys.stderr,
+        )
         return 2
     if args.quick and names:
         print("reproduce.py: --quick runs every paper's checks; it takes no --table", file=sys.stderr)
         return 2
     data = Path(args.data)
     if not (data / "u.data").is_file():
-        print(f"reproduce.py: MovieLens 100K not found at {data} (give --data or set PRIVAUDIT_ML100K)", file=sys.stderr)
+        print(
+            f"reproduce.py: MovieLens 100K not found at {data} (give --data or set PRIVAUDIT_ML100K)", file=sys.stderr
+        )
         return 2
     try:
         overrides = parse_sets(args.set)
@@ -786,8 +1109,10 @@ def main(argv: list[str] | None = None) -> int:
         accepted = set(inspect.signature(TABLES[papers[0]][names[0]]).parameters) - {"ctx"}
         bad = sorted(set(overrides) - accepted)
         if bad:
-            print(f"reproduce.py: table {names[0]!r} takes no parameter {bad[0]!r} (it takes: {', '.join(sorted(accepted)) or 'none'})",
-                  file=sys.stderr)
+            print(
+                f"reproduce.py: table {names[0]!r} takes no parameter {bad[0]!r} (it takes: {', '.join(sorted(accepted)) or 'none'})",
+                file=sys.stderr,
+            )
             return 2
     if args.jobs < 1:
         print("reproduce.py: --jobs must be >= 1", file=sys.stderr)
@@ -802,7 +1127,9 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             checks += QUICK[p](ctx)
             print(f"{p}: quick checks done in {time.perf_counter() - t0:.0f} s", flush=True)
-        table = "| paper | check | ours | docs (tolerance) | |\n|---|---|---|---|---|\n" + "\n".join(c.row() for c in checks)
+        table = "| paper | check | ours | docs (tolerance) | |\n|---|---|---|---|---|\n" + "\n".join(
+            c.row() for c in checks
+        )
         (out / "quick.md").write_text(table + "\n")
         print(table)
         failed = [c for c in checks if not c.ok]

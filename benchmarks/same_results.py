@@ -34,8 +34,21 @@ RUNS = [
     ("fedrec", ["--protocol", "fedrec", "--users", "60", "--seeds", "1"]),
     ("fedsplit", ["--protocol", "fedsplit", "--users", "60", "--seeds", "1"]),
     ("fedncf", ["--protocol", "fedncf", "--users", "40", "--seeds", "1", "--set", "global_rounds=3"]),
-    ("privmvmf", ["--protocol", "privmvmf", "--users", "8", "--seeds", "1", "--set", "epochs=1",
-                  "--defense", "paillier:key_length=512"]),
+    (
+        "privmvmf",
+        [
+            "--protocol",
+            "privmvmf",
+            "--users",
+            "8",
+            "--seeds",
+            "1",
+            "--set",
+            "epochs=1",
+            "--defense",
+            "paillier:key_length=512",
+        ],
+    ),
 ]
 
 _KEYS = ("attack_metrics", "utility", "privacy")

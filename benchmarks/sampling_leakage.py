@@ -33,12 +33,12 @@ import sys
 import time
 
 import numpy as np
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 from privaudit.data import load_dataset, synthetic
 from privaudit.defenses.base import ClientData
 from privaudit.defenses.sampling import SamplingDefense, item_set_guess
 from privaudit.registry import get
-from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 ML100K = ml100k_dir()
 STRATEGIES = ("uniform", "popularity", "rarity", "counts", "cooccurrence", "lowrank", "lowrank_centered")
@@ -89,8 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--utility", action="store_true", help="also run FedMVMF with each distribution")
     ap.add_argument("--no-leakage", action="store_true", help="skip the item-set observers")
     ap.add_argument("--epochs", type=int, default=None, help="FedMVMF epochs (default: FedMVMF's)")
-    ap.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra sampling-defense parameter, e.g. matched_min_samplers=0 (repeatable)")
+    ap.add_argument(
+        "--sampling",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra sampling-defense parameter, e.g. matched_min_samplers=0 (repeatable)",
+    )
     args = ap.parse_args(argv)
     extra = dict(item.split("=", 1) for item in args.sampling)
     ds = synthetic() if args.data == "synthetic" else load_dataset(args.data)
@@ -100,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     dists = args.distributions.split(",")
     print(f"data={ds.summary()}")
     if not args.no_leakage:
-        print(f"{'rho':>4s} {'distribution':12s} " + " ".join(f"{s:>12s}" for s in STRATEGIES) + "  (precision; chance 1/(1+rho))")
+        print(
+            f"{'rho':>4s} {'distribution':12s} "
+            + " ".join(f"{s:>12s}" for s in STRATEGIES)
+            + "  (precision; chance 1/(1+rho))"
+        )
         for rho in rhos:
             for dist in dists:
                 t0 = time.perf_counter()
@@ -115,9 +124,11 @@ def main(argv: list[str] | None = None) -> int:
                 if dist == "matched":
                     info = d.matched_info
                     caps = [g["capped"] for g in info["groups"]]
-                    line += (f"\n     capped items per activity group {caps}, share of sampled uploads "
-                             f"{info['capped_uploads']:.3f}; oracle bound {oracle_bound(R, sets, rho, d):.3f}; fit "
-                             + ", ".join(f"{g['iterations']} it err {g['max_rel_error']:.3f}" for g in info["groups"]))
+                    line += (
+                        f"\n     capped items per activity group {caps}, share of sampled uploads "
+                        f"{info['capped_uploads']:.3f}; oracle bound {oracle_bound(R, sets, rho, d):.3f}; fit "
+                        + ", ".join(f"{g['iterations']} it err {g['max_rel_error']:.3f}" for g in info["groups"])
+                    )
                 print(line, flush=True)
     if args.utility:
         cfg = {} if args.epochs is None else {"epochs": args.epochs}

@@ -148,8 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown size(s) {', '.join(bad)}; choose from {', '.join(SIZES)}")
     results = []
     for size in sizes:
-        proc = subprocess.run([sys.executable, __file__, "--one", size, "--seed", str(args.seed)],
-                              capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--one", size, "--seed", str(args.seed)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if proc.returncode != 0:
             print(f"{size}: failed\n{proc.stderr.strip()}", file=sys.stderr)
             return 1
@@ -167,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in STAGES:
             s = r["stages"][name]
             label = "  of which utility" if name == "utility" else name
-            print(f"  {label:16s}{s['wall']:9.2f}{s['cpu']:9.2f}{1e6 * s['wall'] / r['ratings']:11.3f}"
-                  f"{s['peak'] / 2**20:10.0f}{s['delta'] / 2**20:8.0f}")
+            print(
+                f"  {label:16s}{s['wall']:9.2f}{s['cpu']:9.2f}{1e6 * s['wall'] / r['ratings']:11.3f}"
+                f"{s['peak'] / 2**20:10.0f}{s['delta'] / 2**20:8.0f}"
+            )
     for a, b in itertools.pairwise(results):
         print(f"\nper-rating cost ratio {b['size']} / {a['size']} (1.0 = linear; wall, cpu):")
         for name in STAGES:
@@ -184,8 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         if r["size"] == "1m":
             print(f"\n1m: fedmvmf + attack + scoring {pipeline:.2f} s wall ({cpu:.2f} s cpu); target < 5 s wall")
         if r["size"] == "10m":
-            print(f"\n10m: protocol (2 recorded rounds) + attack + scoring {pipeline:.2f} s wall ({cpu:.2f} s cpu), "
-                  f"peak {r['peak'] / 2**30:.2f} GiB; targets < 60 s, < 8 GiB")
+            print(
+                f"\n10m: protocol (2 recorded rounds) + attack + scoring {pipeline:.2f} s wall ({cpu:.2f} s cpu), "
+                f"peak {r['peak'] / 2**30:.2f} GiB; targets < 60 s, < 8 GiB"
+            )
     return 0
 
 

@@ -32,15 +32,15 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from privaudit import __version__, registry
+from privaudit import __version__, registry, runner
 from privaudit import results as rs
-from privaudit import runner
 from privaudit.errors import PrivauditError
 from privaudit.results import audit_matrix as build_matrix
 from privaudit.results import audit_series as pair_series
@@ -50,8 +50,17 @@ AUDIT_JSON = "audit.json"
 AUDIT_HTML = "audit.html"
 DEFAULT_AUDIT_SEEDS = 2
 
-__all__ = ["Audit", "run_audit", "write_audit", "applicable_attacks", "applicable_defenses", "build_matrix",
-           "pair_series", "scheduler_context", "default_out_dir"]
+__all__ = [
+    "Audit",
+    "run_audit",
+    "write_audit",
+    "applicable_attacks",
+    "applicable_defenses",
+    "build_matrix",
+    "pair_series",
+    "scheduler_context",
+    "default_out_dir",
+]
 
 
 # ------------------------------------------------------------------------------ selection
@@ -145,8 +154,9 @@ def _execute(run: _Run, dataset: Any) -> dict[str, Any]:
         ss = np.random.SeedSequence([run.seed, run.defense_index, run.value_index, a_index])
         try:
             params = dict(getattr(attack_cls, "audit_params", {}) or {})
-            scored, seconds = runner.evaluate_attack(attack_cls, params, result.transcript,
-                                                     np.random.default_rng(ss), privacy)
+            scored, seconds = runner.evaluate_attack(
+                attack_cls, params, result.transcript, np.random.default_rng(ss), privacy
+            )
         except Exception as exc:
             attacks[attack_name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
@@ -226,7 +236,21 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
         for v_index, value in enumerate(cls.default_grid):
             cls(**{cls.strength: value})  # validates
             for seed in seeds:
-                runs.append(_Run(protocol_cls, config, d_index, cls, {cls.strength: value}, v_index, value, seed, named, cls.name, protocol_cls.name))
+                runs.append(
+                    _Run(
+                        protocol_cls,
+                        config,
+                        d_index,
+                        cls,
+                        {cls.strength: value},
+                        v_index,
+                        value,
+                        seed,
+                        named,
+                        cls.name,
+                        protocol_cls.name,
+                    )
+                )
     header = {
         "privaudit_version": __version__,
         "protocol": protocol_cls.name,
@@ -244,8 +268,13 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
             for a in attacks
         ],
         "defenses": [
-            {"name": d.name, "description": registry.describe(d), "strength": d.strength, "grid": list(d.default_grid),
-             "params": dict(d.params)}
+            {
+                "name": d.name,
+                "description": registry.describe(d),
+                "strength": d.strength,
+                "grid": list(d.default_grid),
+                "params": dict(d.params),
+            }
             for d in defenses
         ],
         "skipped_defenses": [{"name": n, "reason": r} for n, r in skipped],
@@ -270,9 +299,16 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
     with scheduler_context(audit.scheduler) as backend:
         jobs = -1 if audit.scheduler is not None else int(audit.jobs)
         parallel = audit.scheduler is not None or (jobs != 1 and len(runs) > 1)
-        results = runner.parallel_map(_execute, runs, dataset, jobs=jobs, progress=audit.progress,
-                                      desc=f"audit {header['protocol']}", parallel=parallel,
-                                      backend="active" if audit.scheduler else None)
+        results = runner.parallel_map(
+            _execute,
+            runs,
+            dataset,
+            jobs=jobs,
+            progress=audit.progress,
+            desc=f"audit {header['protocol']}",
+            parallel=parallel,
+            backend="active" if audit.scheduler else None,
+        )
     run_seconds = time.perf_counter() - t1
     out = dict(header)
     classes = out.pop("_attack_classes")
@@ -282,8 +318,9 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
         out["dataset"]["subsampled_users"] = int(audit.users)
     out["runs"] = results
     for a in out["attacks"]:
-        names = rs.ordered_keys([r["attacks"][a["name"]] for r in results if a["name"] in r.get("attacks", {})],
-                                "attack_metrics")
+        names = rs.ordered_keys(
+            [r["attacks"][a["name"]] for r in results if a["name"] in r.get("attacks", {})], "attack_metrics"
+        )
         a["metric_specs"] = rs.declared_specs(classes[a["name"]], names or [a["primary_metric"]])
     if declared_utility:
         out["utility_metric"] = declared_utility
@@ -304,7 +341,9 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
 def _mark_applicability(out: dict[str, Any]) -> None:
     """An attack applies when it ran on the undefended view (its declared needs were met)."""
     for a in out["attacks"]:
-        undefended = [r["attacks"].get(a["name"], {}) for r in out["runs"] if r.get("defense") is None and "attacks" in r]
+        undefended = [
+            r["attacks"].get(a["name"], {}) for r in out["runs"] if r.get("defense") is None and "attacks" in r
+        ]
         supported = [s.get("supported", False) for s in undefended if "error" not in s]
         a["applies"] = bool(supported) and all(supported)
         a["reason"] = "; ".join(sorted({s.get("reason", "") for s in undefended if s.get("reason")}))

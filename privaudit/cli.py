@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from privaudit import __version__
 from privaudit.errors import PrivauditError, missing_dependency
@@ -54,7 +54,10 @@ def _byte_size(text: str) -> int:
 def _max_bytes_arg(p: argparse.ArgumentParser) -> None:
     """The one ``--max-bytes`` option of every command that loads a transcript."""
     p.add_argument(
-        "--max-bytes", type=_byte_size, default=None, metavar="N[K|M|G]",
+        "--max-bytes",
+        type=_byte_size,
+        default=None,
+        metavar="N[K|M|G]",
         help="byte budget for loading a transcript: members' total uncompressed size; member count and manifest "
         "limits scale with it (default 512M)",
     )
@@ -202,15 +205,20 @@ def _data_value(value: str) -> str:
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--defense", action="append", default=[], metavar="NAME[:k=v,...]", help="activate a defense (repeatable)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)")
+    p.add_argument(
+        "--defense", action="append", default=[], metavar="NAME[:k=v,...]", help="activate a defense (repeatable)"
+    )
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)"
+    )
     _dataset_args(p)
 
 
 def _dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default="synthetic", type=_data_value, metavar="synthetic[:SPEC]|PATH", help=_DATA_HELP)
     p.add_argument(
-        "--rating-scale", metavar="MIN,MAX[,STEP]",
+        "--rating-scale",
+        metavar="MIN,MAX[,STEP]",
         help="rating scale of --data PATH (a CSV's default: 1,5,1); ratings off it are refused",
     )
     p.add_argument(
@@ -442,20 +450,30 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transcript", metavar="FILE", help="attack a recorded transcript instead of simulating")
     p.add_argument("--attack", metavar="A[:k=v,...]", help="attack (default: the protocol's default attack)")
     p.add_argument("--noise", metavar="KIND", help="sweep a noise defense's scale (laplace, gaussian)")
-    p.add_argument("--scales", metavar="LIST", help="noise scales (default: the defense's grid, 0,0.1,0.5,1,2,4 for laplace)")
+    p.add_argument(
+        "--scales", metavar="LIST", help="noise scales (default: the defense's grid, 0,0.1,0.5,1,2,4 for laplace)"
+    )
     _data_args(p)
     p.add_argument("--sweep", metavar="TARGET.PARAM=V1,V2,...", help="sweep a defense, attack or protocol parameter")
     p.add_argument("--seeds", type=int, default=None, metavar="N", help="run seeds SEED..SEED+N-1 (default 3)")
     p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
-    p.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel points (default: all cores; 1 = sequential)")
-    p.add_argument("--scheduler", metavar="ADDRESS|local:N", help="run the points on a Dask cluster (scheduler address, or local:N workers)")
+    p.add_argument(
+        "--jobs", type=int, default=None, metavar="N", help="parallel points (default: all cores; 1 = sequential)"
+    )
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS|local:N",
+        help="run the points on a Dask cluster (scheduler address, or local:N workers)",
+    )
     p.add_argument(
         "--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-<sweep>-<dataset>/)"
     )
     _force_arg(p)
     p.add_argument("--quiet", action="store_true", help="do not print the table")
     _max_bytes_arg(p)
-    p.add_argument("--config", metavar="FILE.toml", help="run the plan of a plan.toml (every report folder records one)")
+    p.add_argument(
+        "--config", metavar="FILE.toml", help="run the plan of a plan.toml (every report folder records one)"
+    )
     p.epilog = "Parameters of a protocol, attack or defense (defaults, accepted values): privaudit describe NAME"
 
 
@@ -501,8 +519,10 @@ def cmd_attack(args: argparse.Namespace) -> int:
 
             experiment.validate_transcript(recorded)
             out, name = reconstruct(recorded, args.attack, args.out or "privaudit-report/transcript-unscored")
-            print(f"note: {args.transcript} holds no private messages: nothing to score {name} against; "
-                  f"reconstruction written to {out}/reconstruction.json")
+            print(
+                f"note: {args.transcript} holds no private messages: nothing to score {name} against; "
+                f"reconstruction written to {out}/reconstruction.json"
+            )
             return 0
         results = experiment.attack_transcript(recorded, args.attack)
     else:
@@ -510,12 +530,20 @@ def cmd_attack(args: argparse.Namespace) -> int:
             raise PrivauditError("give --protocol P (or --transcript FILE)")
         if args.max_bytes is not None:
             raise PrivauditError("--max-bytes applies to --transcript only")
-        _check_extras(args.protocol, args.attack, args.defense + ([args.noise] if args.noise else []),
-                      scheduler=args.scheduler)
+        _check_extras(
+            args.protocol, args.attack, args.defense + ([args.noise] if args.noise else []), scheduler=args.scheduler
+        )
         _print_estimate(args, experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds)
         exp = experiment.build_experiment(
-            args.protocol, args.attack, args.noise, args.scales, args.defense, args.sweep, args.set,
-            _dataset(args), args.users,
+            args.protocol,
+            args.attack,
+            args.noise,
+            args.scales,
+            args.defense,
+            args.sweep,
+            args.set,
+            _dataset(args),
+            args.users,
             experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds,
             args.seed,
             experiment.default_jobs() if args.jobs is None else args.jobs,
@@ -556,11 +584,15 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
         "--transcript", metavar="FILE", help="audit one recorded transcript: every attack that reads it, no simulation"
     )
     _dataset_args(p)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)"
+    )
     p.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds per point (default 2)")
     p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
     p.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel runs (default: all cores)")
-    p.add_argument("--scheduler", metavar="ADDRESS|local:N", help="run on a Dask cluster (scheduler address, or local:N workers)")
+    p.add_argument(
+        "--scheduler", metavar="ADDRESS|local:N", help="run on a Dask cluster (scheduler address, or local:N workers)"
+    )
     p.add_argument("--attack", action="append", default=None, metavar="NAME", help="only these attacks (repeatable)")
     p.add_argument("--defense", action="append", default=None, metavar="NAME", help="only these defenses (repeatable)")
     p.add_argument("--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-audit-<dataset>/)")
@@ -577,7 +609,9 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.format_help = with_protocols
 
 
-@command("audit", "every applicable attack against every applicable defense's grid: audit.json + audit.html")(_audit_args)
+@command("audit", "every applicable attack against every applicable defense's grid: audit.json + audit.html")(
+    _audit_args
+)
 def cmd_audit(args: argparse.Namespace) -> int:
     from privaudit import audit as au
     from privaudit.plan import audit_to_toml, load_audit_fields, parse_assignments
@@ -586,7 +620,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.transcript:
         return _audit_transcript(args)
     if args.config:
-        given = [f"--{k}" for k in ("protocol", "users", "seeds", "attack", "defense") if getattr(args, k) not in (None, [])]
+        given = [
+            f"--{k}" for k in ("protocol", "users", "seeds", "attack", "defense") if getattr(args, k) not in (None, [])
+        ]
         given += ["--data"] if args.data != "synthetic" else []
         given += ["--seed"] if args.seed != 0 else []
         given += ["--set"] if args.set else []
@@ -607,10 +643,16 @@ def cmd_audit(args: argparse.Namespace) -> int:
         _check_writable(args.out, args.force, "--out DIR", folder=True)
         _check_extras(args.protocol, None, args.defense or (), args.attack or (), scheduler=args.scheduler)
         spec = au.Audit(
-            protocol=args.protocol, data=_dataset(args), users=args.users, sets=parse_assignments(args.set),
-            seeds=au.DEFAULT_AUDIT_SEEDS if args.seeds is None else args.seeds, seed=args.seed,
-            jobs=default_jobs() if args.jobs is None else args.jobs, scheduler=args.scheduler,
-            attacks=args.attack, defenses=args.defense,
+            protocol=args.protocol,
+            data=_dataset(args),
+            users=args.users,
+            sets=parse_assignments(args.set),
+            seeds=au.DEFAULT_AUDIT_SEEDS if args.seeds is None else args.seeds,
+            seed=args.seed,
+            jobs=default_jobs() if args.jobs is None else args.jobs,
+            scheduler=args.scheduler,
+            attacks=args.attack,
+            defenses=args.defense,
         )
     result = au.run_audit(spec)
     out = au.write_audit(result, args.out, plan_toml=audit_to_toml(spec))
@@ -651,22 +693,31 @@ def _audit_transcript(args: argparse.Namespace) -> int:
 
 def _record_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--flower", required=True, metavar="APP_DIR",
+        "--flower",
+        required=True,
+        metavar="APP_DIR",
         help="Flower app folder (pyproject.toml with [tool.flwr.app] and [tool.privaudit])",
     )
     p.add_argument("--clients", type=int, default=5, metavar="N", help="simulated nodes (default 5)")
     p.add_argument("--rounds", type=int, default=None, metavar="R", help="server rounds (the app's num-server-rounds)")
     p.add_argument(
-        "--run-config", action="append", default=[], metavar="KEY=VALUE",
+        "--run-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override an app run-config value (repeatable)",
     )
     p.add_argument(
-        "--cpus-per-client", type=float, default=2.0, metavar="C",
+        "--cpus-per-client",
+        type=float,
+        default=2.0,
+        metavar="C",
         help="CPUs Ray reserves per client run (default 2, Flower's; worker processes = CPUs / C)",
     )
     p.add_argument("-o", "--output", required=True, metavar="FILE.ptx", help="transcript file to write")
     p.add_argument(
-        "--no-private", action="store_true",
+        "--no-private",
+        action="store_true",
         help="no ground-truth Mod on the clients (the transcript then has no private messages)",
     )
 
@@ -685,13 +736,19 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise PrivauditError(f"-o {args.output}: the folder {Path(args.output).parent} does not exist")
     private = not args.no_private
     rec = flower.record(
-        args.flower, clients=args.clients, rounds=args.rounds, run_config=overrides, private=private,
+        args.flower,
+        clients=args.clients,
+        rounds=args.rounds,
+        run_config=overrides,
+        private=private,
         cpus_per_client=args.cpus_per_client,
     )
     path = rec.transcript.save(args.output)
     defenses = ", ".join(d["name"] for d in rec.transcript.config.get("defenses", [])) or "none"
-    print(f"transcript written to {path} ({len(rec.transcript)} messages, {args.clients} clients, "
-          f"{rec.seconds:.1f} s of simulation; Flower defenses: {defenses})")
+    print(
+        f"transcript written to {path} ({len(rec.transcript)} messages, {args.clients} clients, "
+        f"{rec.seconds:.1f} s of simulation; Flower defenses: {defenses})"
+    )
     errors = rec.transcript.select("flower.error")
     if errors:
         first = errors[0].meta.get("error")

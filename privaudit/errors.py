@@ -38,7 +38,7 @@ class MissingDependencyError(PrivauditError):
     """An optional dependency (an extra) is not installed."""
 
     def __init__(self, package: str, extra: str, what: str = "this feature"):
-        super().__init__(f"{package} is required for {what}: pip install \"privaudit[{extra}]\"")
+        super().__init__(f'{package} is required for {what}: pip install "privaudit[{extra}]"')
         self.package = package
         self.extra = extra
         self.what = what

@@ -46,14 +46,14 @@ a terminal and nothing is printed when stderr is not a TTY.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from privaudit import __version__
-from privaudit import registry
+from privaudit import __version__, registry
 from privaudit import results as rs
 from privaudit.errors import PrivauditError
 from privaudit.params import parse_spec
@@ -66,7 +66,6 @@ from privaudit.plan import (
     parse_values,
     resolve,
 )
-from privaudit.schema import validate as validate_transcript
 from privaudit.results import accuracy_metrics, main_utility, summarize_points
 from privaudit.runner import (
     Task,
@@ -80,6 +79,7 @@ from privaudit.runner import (
     scheduler_context,
     subsample_users,
 )
+from privaudit.schema import validate as validate_transcript
 
 #: Attack parameters through which an experiment hands its ``jobs`` to per-user attack work.
 _JOBS_PARAMS = ("jobs", "n_jobs")
@@ -262,13 +262,23 @@ def tasks_of(plan: Plan) -> list[Task]:
                     tasks.append(shared[seed])
                 shared[seed].variants.append((index, value, attack_params))
             else:
-                tasks.append(Task(plan.protocol_cls, config, specs, plan.attack_cls, seed, [(index, value, attack_params)]))
+                tasks.append(
+                    Task(plan.protocol_cls, config, specs, plan.attack_cls, seed, [(index, value, attack_params)])
+                )
     if _reference_needed(plan):
         swept = plan.swept_defense()
         specs = [(cls, dict(params)) for cls, params in plan.defenses if cls is not swept]
         for seed in plan.seeds:
-            tasks.append(Task(plan.protocol_cls, dict(plan.config), specs, plan.attack_cls, seed,
-                              [(-1, None, dict(plan.attack_params))]))
+            tasks.append(
+                Task(
+                    plan.protocol_cls,
+                    dict(plan.config),
+                    specs,
+                    plan.attack_cls,
+                    seed,
+                    [(-1, None, dict(plan.attack_params))],
+                )
+            )
     return tasks
 
 
@@ -285,8 +295,11 @@ def header_of(plan: Plan) -> dict[str, Any]:
         "noise": plan.noise,
         "defenses": [{"name": cls.name, **params} for cls, params in plan.defenses],
         "defense_strengths": {
-            cls.name: {"strength": getattr(cls, "strength", None), "description": registry.describe(cls),
-                       "help": (getattr(cls, "param_help", {}) or {}).get(getattr(cls, "strength", None) or "", "")}
+            cls.name: {
+                "strength": getattr(cls, "strength", None),
+                "description": registry.describe(cls),
+                "help": (getattr(cls, "param_help", {}) or {}).get(getattr(cls, "strength", None) or "", ""),
+            }
             for cls, _ in plan.defenses
         },
         "seeds": list(plan.seeds),
@@ -310,12 +323,20 @@ def _run_point(task: Task, dataset: Any, attack_jobs: int | None = None) -> list
                 if key in params and params[key] == task.attack_cls.params.get(key):
                     params[key] = attack_jobs
         _, attack_ss = point_streams(task.seed, max(index, 0))
-        scored, attack_seconds = evaluate_attack(task.attack_cls, params, result.transcript,
-                                                 np.random.default_rng(attack_ss), privacy)
+        scored, attack_seconds = evaluate_attack(
+            task.attack_cls, params, result.transcript, np.random.default_rng(attack_ss), privacy
+        )
         share = protocol_seconds / len(task.variants)
-        point = {"value": value, "seed": task.seed, **scored, "utility": dict(utility),
-                 "seconds": share + attack_seconds, "protocol_seconds": share, "attack_seconds": attack_seconds,
-                 "_index": index}
+        point = {
+            "value": value,
+            "seed": task.seed,
+            **scored,
+            "utility": dict(utility),
+            "seconds": share + attack_seconds,
+            "protocol_seconds": share,
+            "attack_seconds": attack_seconds,
+            "_index": index,
+        }
         if privacy:
             point["privacy"] = privacy
         if index < 0:
@@ -345,8 +366,17 @@ def run_plan(plan: Plan, dataset: Any = None) -> dict[str, Any]:
     # run in this process: an attack with a jobs parameter gets the experiment's jobs instead
     attack_jobs = jobs if (not parallel and jobs != 1) else None
     with scheduler_context(plan.scheduler):
-        chunks = parallel_map(_run_point, tasks, dataset, attack_jobs, jobs=jobs, progress=plan.progress,
-                              desc=desc, parallel=parallel, backend="active" if plan.scheduler else None)
+        chunks = parallel_map(
+            _run_point,
+            tasks,
+            dataset,
+            attack_jobs,
+            jobs=jobs,
+            progress=plan.progress,
+            desc=desc,
+            parallel=parallel,
+            backend="active" if plan.scheduler else None,
+        )
     points = _in_order([p for chunk in chunks for p in chunk])
     return assemble(header, dataset.summary(), points, time.perf_counter() - t0, source=plan.data, users=plan.users)
 
@@ -356,15 +386,23 @@ def run_experiment(experiment: Experiment, dataset: Any = None) -> dict[str, Any
     return run_plan(experiment.plan(), dataset=dataset)
 
 
-def assemble(header: dict, dataset_summary: dict, points: list[dict], seconds: float, source: Any = None,
-             users: int | None = None) -> dict[str, Any]:
+def assemble(
+    header: dict,
+    dataset_summary: dict,
+    points: list[dict],
+    seconds: float,
+    source: Any = None,
+    users: int | None = None,
+) -> dict[str, Any]:
     """The results dict from the plan's header and the points (summaries, verdicts added)."""
     header = dict(header)
     attack_cls = header.pop("_attack_cls", None)
     declared_utility = header.pop("utility_metric_declared", None)
     dataset = dict(dataset_summary)
     if source is not None and "source" not in dataset:
-        dataset["source"] = source if isinstance(source, str) else (str(source) if isinstance(source, Path) else dataset.get("name"))
+        dataset["source"] = (
+            source if isinstance(source, str) else (str(source) if isinstance(source, Path) else dataset.get("name"))
+        )
     if users is not None:
         dataset["subsampled_users"] = int(users)
     reference = [p for p in points if p.get("reference")]
@@ -381,16 +419,18 @@ def assemble(header: dict, dataset_summary: dict, points: list[dict], seconds: f
     }
     if reference:
         results["reference"] = reference
-    results.update({
-        "attack_params": header.get("attack_params", {}),
-        "attack_description": header.get("attack_description", ""),
-        "sweep_values": header.get("sweep_values", [None]),
-        "defense_strengths": header.get("defense_strengths", {}),
-        "noise": header.get("noise", False),
-        "seeds": header.get("seeds", []),
-        "primary_metric": header.get("primary_metric"),
-        "total_seconds": seconds,
-    })
+    results.update(
+        {
+            "attack_params": header.get("attack_params", {}),
+            "attack_description": header.get("attack_description", ""),
+            "sweep_values": header.get("sweep_values", [None]),
+            "defense_strengths": header.get("defense_strengths", {}),
+            "noise": header.get("noise", False),
+            "seeds": header.get("seeds", []),
+            "primary_metric": header.get("primary_metric"),
+            "total_seconds": seconds,
+        }
+    )
     results["metric_specs"] = rs.declared_specs(attack_cls, rs.ordered_keys(points, "attack_metrics"))
     if declared_utility:
         results["utility_metric"] = declared_utility
@@ -399,8 +439,18 @@ def assemble(header: dict, dataset_summary: dict, points: list[dict], seconds: f
     results["figure_metrics"] = accuracy_metrics(results)
     results["utility_metric"] = main_utility(results)
     results["verdicts"] = rs.experiment_verdicts(results)
-    first = ["privaudit_version", "protocol", "protocol_config", "attack", "sweep", "defenses", "dataset", "points",
-             "summary", "verdicts"]
+    first = [
+        "privaudit_version",
+        "protocol",
+        "protocol_config",
+        "attack",
+        "sweep",
+        "defenses",
+        "dataset",
+        "points",
+        "summary",
+        "verdicts",
+    ]
     return {**{k: results[k] for k in first}, **{k: v for k, v in results.items() if k not in first}}
 
 
@@ -441,9 +491,17 @@ def _run_plan_of(exp: Experiment) -> Plan:
     config = protocol_cls.resolve_config(exp.protocol_config)
     defenses = [registry.get("defense", name)(**params) for name, params in exp.defenses]
     protocol_cls.check_defenses(protocol_cls.name, defenses)
-    return Plan(protocol_cls=protocol_cls, attack_cls=object, config=config, attack_params={},
-                defenses=[(type(d), dict(d.config)) for d in defenses], sweep=None, seeds=[int(exp.seed)],
-                data=exp.data, users=exp.users)
+    return Plan(
+        protocol_cls=protocol_cls,
+        attack_cls=object,
+        config=config,
+        attack_params={},
+        defenses=[(type(d), dict(d.config)) for d in defenses],
+        sweep=None,
+        seeds=[int(exp.seed)],
+        data=exp.data,
+        users=exp.users,
+    )
 
 
 def attack_transcript(
@@ -483,8 +541,14 @@ def attack_transcript(
     seed = int(transcript.seed) if transcript.seed is not None else 0
     _, attack_ss = point_streams(max(seed, 0), 0)
     scored, seconds = evaluate_attack(attack_cls, attack_params, transcript, np.random.default_rng(attack_ss))
-    point = {"value": None, "seed": transcript.seed, **scored, "utility": {}, "seconds": seconds,
-             "attack_seconds": seconds}
+    point = {
+        "value": None,
+        "seed": transcript.seed,
+        **scored,
+        "utility": {},
+        "seconds": seconds,
+        "attack_seconds": seconds,
+    }
     header = {
         "privaudit_version": __version__,
         "protocol": transcript.protocol,

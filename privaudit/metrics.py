@@ -141,9 +141,7 @@ def _blocks(n_rows: int, n_cols: int):
         yield lo, min(n_rows, lo + step)
 
 
-def _topk_hits(
-    s: np.ndarray, rel: np.ndarray, excl: np.ndarray | None, k: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _topk_hits(s: np.ndarray, rel: np.ndarray, excl: np.ndarray | None, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Relevance of the top-k list of every user in a block.
 
     Items are ordered by score (descending); ties are broken pessimistically (non-relevant
@@ -223,9 +221,7 @@ def _loo_ranks(scores: Any, target_index: Any) -> np.ndarray:
         t = t.reshape(1)
     s = _scores_2d(s)
     if t.shape != (s.shape[0],):
-        raise ValueError(
-            f"target_index must have shape ({s.shape[0]},) (one index per user), got {t.shape}"
-        )
+        raise ValueError(f"target_index must have shape ({s.shape[0]},) (one index per user), got {t.shape}")
     if not np.issubdtype(t.dtype, np.integer):
         raise ValueError(f"target_index must hold integers, got dtype {t.dtype}")
     if (t < 0).any() or (t >= s.shape[1]).any():
@@ -268,9 +264,7 @@ def ndcg_at_k_loo(scores: Any, target_index: Any, k: int = 10) -> float:
 # --------------------------------------------------------------------------- top-k lists
 
 
-def ranking_metrics_at_k(
-    scores: Any, relevant: Any, k: int = 10, exclude: Any = None
-) -> dict[str, float]:
+def ranking_metrics_at_k(scores: Any, relevant: Any, k: int = 10, exclude: Any = None) -> dict[str, float]:
     """NDCG@k, precision@k, recall@k and F1@k of top-k lists (PrivMVMF paper appendix .2,
     eqs. 50-54; there relevance = test rating >= 4 and k = 10).
 
@@ -550,8 +544,14 @@ def roc_summary(labels: Any, scores: Any, fprs: tuple[float, ...] = LOW_FPRS, ma
         out[f"tpr@{f:g}"] = float(tpr[fpr <= f].max()) if n_neg * f >= 1 else math.nan
     if fpr.size > max_points:
         # keep the low-FPR end (log axes) and a uniform thinning of the rest
-        keep = np.unique(np.concatenate([np.geomspace(1, fpr.size - 1, max_points // 2).astype(int),
-                                         np.linspace(0, fpr.size - 1, max_points // 2).astype(int)]))
+        keep = np.unique(
+            np.concatenate(
+                [
+                    np.geomspace(1, fpr.size - 1, max_points // 2).astype(int),
+                    np.linspace(0, fpr.size - 1, max_points // 2).astype(int),
+                ]
+            )
+        )
         fpr, tpr = fpr[keep], tpr[keep]
     out["fpr"] = [float(v) for v in fpr]
     out["tpr"] = [float(v) for v in tpr]
@@ -604,16 +604,20 @@ def empirical_epsilon(labels: Any, scores: Any, delta: float = 0.0, confidence: 
     # a binomial interval per threshold (vectorised Clopper-Pearson)
     a = (1.0 - confidence) / 2.0
     tpr_lo = np.where(tp == 0, 0.0, stats.beta.ppf(a, tp, n_pos - tp + 1))
-    tpr_hi = np.where(tp == n_pos, 1.0, stats.beta.ppf(1 - a, tp + 1, n_pos - tp))
-    fpr_lo = np.where(fp == 0, 0.0, stats.beta.ppf(a, fp, n_neg - fp + 1))
     fpr_hi = np.where(fp == n_neg, 1.0, stats.beta.ppf(1 - a, fp + 1, n_neg - fp))
     with np.errstate(divide="ignore", invalid="ignore"):
         e1 = np.log(np.maximum(tpr_lo - delta, 0.0) / fpr_hi)
         e2 = np.log(np.maximum(1.0 - fpr_hi - delta, 0.0) / (1.0 - tpr_lo))
     e = np.nan_to_num(np.maximum(e1, e2), nan=-np.inf, posinf=np.inf)
     best = int(np.argmax(e))
-    out.update({"epsilon_lb": max(0.0, float(e[best])), "threshold": float(thr[best]),
-                "tp": int(tp[best]), "fp": int(fp[best])})
+    out.update(
+        {
+            "epsilon_lb": max(0.0, float(e[best])),
+            "threshold": float(thr[best]),
+            "tp": int(tp[best]),
+            "fp": int(fp[best]),
+        }
+    )
     return out
 
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from privaudit.errors import PrivauditError
 
@@ -308,8 +309,14 @@ def public_values(declared: Mapping[str, Param], values: Mapping[str, Any]) -> d
 def describe_parameters(declared: Mapping[str, Param]) -> list[dict[str, Any]]:
     """One JSON-able row per parameter: name, type, default, accepted, public, help."""
     return [
-        {"name": p.name, "type": p.type_name, "default": p.default, "accepted": p.accepted(), "public": p.public,
-         "help": p.help}
+        {
+            "name": p.name,
+            "type": p.type_name,
+            "default": p.default,
+            "accepted": p.accepted(),
+            "public": p.public,
+            "help": p.help,
+        }
         for p in declared.values()
     ]
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
+
+import tomllib
 
 from privaudit import registry
 from privaudit.errors import PrivauditError
@@ -198,8 +200,13 @@ def _resolve_attack(protocol_cls: type, attack: str | None) -> type:
     return attack_cls
 
 
-def _resolve_sweep(sweep: Sweep | None, attack_params: Mapping[str, Any], protocol_cls: type, attack_cls: type,
-                   defense_specs: list[tuple[type, dict]]) -> Sweep | None:
+def _resolve_sweep(
+    sweep: Sweep | None,
+    attack_params: Mapping[str, Any],
+    protocol_cls: type,
+    attack_cls: type,
+    defense_specs: list[tuple[type, dict]],
+) -> Sweep | None:
     """The sweep with values coerced to the parameter's type (default sweeps applied)."""
     if sweep is None:
         default = getattr(attack_cls, "default_sweep", None)
@@ -261,10 +268,22 @@ def resolve(
 
     from privaudit.runner import check_run_settings
 
-    experiment = SimpleNamespace(protocol=protocol, attack=attack, attack_params=dict(attack_params or {}),
-                                 defenses=[(n, dict(p)) for n, p in defenses], sweep=sweep,
-                                 protocol_config=dict(protocol_config or {}), data=data, users=users, seeds=seeds,
-                                 seed=seed, jobs=jobs, noise=noise, progress=progress, scheduler=scheduler)
+    experiment = SimpleNamespace(
+        protocol=protocol,
+        attack=attack,
+        attack_params=dict(attack_params or {}),
+        defenses=[(n, dict(p)) for n, p in defenses],
+        sweep=sweep,
+        protocol_config=dict(protocol_config or {}),
+        data=data,
+        users=users,
+        seeds=seeds,
+        seed=seed,
+        jobs=jobs,
+        noise=noise,
+        progress=progress,
+        scheduler=scheduler,
+    )
     check_run_settings(experiment.seeds, experiment.seed, experiment.jobs)
     if experiment.users is not None and int(experiment.users) < 1:
         raise PrivauditError(f"--users must be at least 1, got {experiment.users}")
@@ -282,8 +301,10 @@ def resolve(
     attack_params = attack_cls(**experiment.attack_params).config
     defenses = [cls(**params) for cls, params in defense_specs]
     protocol_cls.check_defenses(protocol_cls.name, defenses)
-    noise = bool(experiment.noise or (sweep is not None and sweep.param == "scale"
-                                      and sweep.target not in ("attack", "protocol")))
+    noise = bool(
+        experiment.noise
+        or (sweep is not None and sweep.param == "scale" and sweep.target not in ("attack", "protocol"))
+    )
     plan = Plan(
         protocol_cls=protocol_cls,
         attack_cls=attack_cls,
@@ -349,9 +370,17 @@ def plan_to_toml(plan: Plan) -> str:
     except PrivauditError:
         data = None
     lines = ["# privaudit experiment plan: rerun with `privaudit attack --config plan.toml`", ""]
-    run = {"protocol": plan.protocol_cls.name, "attack": plan.attack_cls.name, "data": data, "users": plan.users,
-           "seeds": len(plan.seeds), "seed": plan.seed, "jobs": plan.jobs, "scheduler": plan.scheduler,
-           "noise": plan.noise}
+    run = {
+        "protocol": plan.protocol_cls.name,
+        "attack": plan.attack_cls.name,
+        "data": data,
+        "users": plan.users,
+        "seeds": len(plan.seeds),
+        "seed": plan.seed,
+        "jobs": plan.jobs,
+        "scheduler": plan.scheduler,
+        "noise": plan.noise,
+    }
     if data is None:
         lines.append("# the data was an in-memory dataset: give `data` before rerunning")
     lines += _toml_table("run", run)
@@ -361,8 +390,9 @@ def plan_to_toml(plan: Plan) -> str:
         lines += ["[[defenses]]", f"name = {json.dumps(cls.name)}", ""]
         lines += _toml_table("defenses.params", params)
     if plan.sweep is not None:
-        lines += _toml_table("sweep", {"target": plan.sweep.target, "param": plan.sweep.param,
-                                       "values": list(plan.sweep.values)})
+        lines += _toml_table(
+            "sweep", {"target": plan.sweep.target, "param": plan.sweep.param, "values": list(plan.sweep.values)}
+        )
     return "\n".join(lines)
 
 
@@ -373,8 +403,9 @@ def _table(doc: Mapping[str, Any], key: str, path: Path) -> dict[str, Any]:
     return value
 
 
-def load_plan(path: Path | str, jobs: int | None = None, scheduler: str | None = None,
-              progress: bool | None = None) -> Plan:
+def load_plan(
+    path: Path | str, jobs: int | None = None, scheduler: str | None = None, progress: bool | None = None
+) -> Plan:
     """Read a ``plan.toml`` (a file, or a report folder holding one) and resolve it.
 
     ``jobs`` and ``scheduler`` replace the recorded backend (they never change the numbers).
@@ -396,7 +427,7 @@ def load_plan(path: Path | str, jobs: int | None = None, scheduler: str | None =
     if set(run) - allowed:
         raise PrivauditError(f"{path}: unknown key(s) in [run]: {', '.join(sorted(set(run) - allowed))}")
     if not isinstance(run.get("protocol"), str):
-        raise PrivauditError(f"{path}: [run] needs protocol = \"NAME\"")
+        raise PrivauditError(f'{path}: [run] needs protocol = "NAME"')
     for key, kind in (("attack", str), ("data", str), ("scheduler", str)):
         if key in run and not isinstance(run[key], kind):
             raise PrivauditError(f"{path}: [run] {key} must be a string")
@@ -404,11 +435,12 @@ def load_plan(path: Path | str, jobs: int | None = None, scheduler: str | None =
         if key in run and (isinstance(run[key], bool) or not isinstance(run[key], int)):
             raise PrivauditError(f"{path}: [run] {key} must be an integer")
     if "data" not in run:
-        raise PrivauditError(f"{path}: [run] needs data = \"synthetic\" or a path")
+        raise PrivauditError(f'{path}: [run] needs data = "synthetic" or a path')
     defenses = doc.get("defenses", [])
-    if not isinstance(defenses, list) or not all(isinstance(d, dict) and isinstance(d.get("name"), str)
-                                                 for d in defenses):
-        raise PrivauditError(f"{path}: [[defenses]] entries need name = \"NAME\"")
+    if not isinstance(defenses, list) or not all(
+        isinstance(d, dict) and isinstance(d.get("name"), str) for d in defenses
+    ):
+        raise PrivauditError(f'{path}: [[defenses]] entries need name = "NAME"')
     defense_list = []
     for d in defenses:
         params = d.get("params", {})
@@ -418,8 +450,12 @@ def load_plan(path: Path | str, jobs: int | None = None, scheduler: str | None =
     sweep = None
     if "sweep" in doc:
         s = _table(doc, "sweep", path)
-        if not (isinstance(s.get("target"), str) and isinstance(s.get("param"), str)
-                and isinstance(s.get("values"), list) and s["values"]):
+        if not (
+            isinstance(s.get("target"), str)
+            and isinstance(s.get("param"), str)
+            and isinstance(s.get("values"), list)
+            and s["values"]
+        ):
             raise PrivauditError(f"{path}: [sweep] needs target, param and a non-empty values list")
         sweep = Sweep(s["target"], s["param"], tuple(s["values"]))
     return resolve(
@@ -451,10 +487,17 @@ def audit_to_toml(audit: Any) -> str:
     except PrivauditError:
         data = None
     lines = ["# privaudit audit plan: rerun with `privaudit audit --config plan.toml`", ""]
-    fields = {"protocol": audit.protocol, "data": data, "users": audit.users, "seeds": int(audit.seeds),
-              "seed": int(audit.seed), "jobs": int(audit.jobs), "scheduler": audit.scheduler,
-              "attacks": list(audit.attacks) if audit.attacks is not None else None,
-              "defenses": list(audit.defenses) if audit.defenses is not None else None}
+    fields = {
+        "protocol": audit.protocol,
+        "data": data,
+        "users": audit.users,
+        "seeds": int(audit.seeds),
+        "seed": int(audit.seed),
+        "jobs": int(audit.jobs),
+        "scheduler": audit.scheduler,
+        "attacks": list(audit.attacks) if audit.attacks is not None else None,
+        "defenses": list(audit.defenses) if audit.defenses is not None else None,
+    }
     if data is None:
         lines.append("# the data was an in-memory dataset: give `data` before rerunning")
     lines += _toml_table("audit", fields)
@@ -485,7 +528,7 @@ def load_audit_fields(path: Path | str) -> dict[str, Any]:
         raise PrivauditError(f"{path}: unknown key(s) in [audit]: {', '.join(sorted(set(a) - allowed))}")
     for key in ("protocol", "data"):
         if not isinstance(a.get(key), str):
-            raise PrivauditError(f"{path}: [audit] needs {key} = \"...\"")
+            raise PrivauditError(f'{path}: [audit] needs {key} = "..."')
     for key in ("users", "seeds", "seed", "jobs"):
         if key in a and (isinstance(a[key], bool) or not isinstance(a[key], int)):
             raise PrivauditError(f"{path}: [audit] {key} must be an integer")

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from privaudit.errors import PrivauditError
 
@@ -175,4 +176,3 @@ def summary(kind: str, cls: Any) -> dict[str, Any]:
         "facts": {k: v for k, v in facts.items() if v is not None},
         "parameters": describe_parameters(declared_of(cls)),
     }
-

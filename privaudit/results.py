@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -188,14 +189,24 @@ def fmt_value(v: Any) -> str:
 #: The explicit fallback for a metric its attack does not declare in ``metric_specs`` (a plugin
 #: written before the declarations existed): higher is better; plotted only when every
 #: recorded value lies in [0, 1]. Reports mark such metrics as undeclared.
-FALLBACK_SPEC = MetricSpec(higher_is_better=True, plotted=True, unit="fraction",
-                           description="not declared by the attack (assumed: higher = stronger attack)")
+FALLBACK_SPEC = MetricSpec(
+    higher_is_better=True,
+    plotted=True,
+    unit="fraction",
+    description="not declared by the attack (assumed: higher = stronger attack)",
+)
 
 #: Protocol utility metrics by exact name (protocols report these; direction for utility costs).
 UTILITY_SPECS: dict[str, MetricSpec] = {
-    "ndcg@10": MetricSpec(True, True, "fraction", "normalized discounted cumulative gain of the top 10 recommendations"),
-    "hr@10": MetricSpec(True, True, "fraction", "hit ratio at 10: share of users whose held-out item is in their top 10"),
-    "precision@10": MetricSpec(True, True, "fraction", "share of the top 10 recommendations that are held-out relevant items"),
+    "ndcg@10": MetricSpec(
+        True, True, "fraction", "normalized discounted cumulative gain of the top 10 recommendations"
+    ),
+    "hr@10": MetricSpec(
+        True, True, "fraction", "hit ratio at 10: share of users whose held-out item is in their top 10"
+    ),
+    "precision@10": MetricSpec(
+        True, True, "fraction", "share of the top 10 recommendations that are held-out relevant items"
+    ),
     "recall@10": MetricSpec(True, True, "fraction", "share of held-out relevant items found in the top 10"),
     "map@10": MetricSpec(True, True, "fraction", "mean average precision of the top 10"),
     "f1": MetricSpec(True, True, "fraction", "F1 score"),
@@ -212,16 +223,25 @@ UTILITY_PREFERENCE = ("ndcg@10", "ndcg", "rmse", "hr@10", "f1", "auc")
 
 def spec_to_dict(spec: MetricSpec, declared: bool = True) -> dict[str, Any]:
     """JSON form of a :class:`MetricSpec` (``declared`` False for the fallback)."""
-    return {"higher_is_better": bool(spec.higher_is_better), "plotted": bool(spec.plotted), "unit": str(spec.unit),
-            "description": str(spec.description), "declared": bool(declared)}
+    return {
+        "higher_is_better": bool(spec.higher_is_better),
+        "plotted": bool(spec.plotted),
+        "unit": str(spec.unit),
+        "description": str(spec.description),
+        "declared": bool(declared),
+    }
 
 
 def spec_from_dict(d: Mapping[str, Any] | None) -> MetricSpec:
     """:class:`MetricSpec` from its JSON form (the fallback for None)."""
     if not isinstance(d, Mapping):
         return FALLBACK_SPEC
-    return MetricSpec(bool(d.get("higher_is_better", True)), bool(d.get("plotted", True)), str(d.get("unit", "")),
-                      str(d.get("description", "")))
+    return MetricSpec(
+        bool(d.get("higher_is_better", True)),
+        bool(d.get("plotted", True)),
+        str(d.get("unit", "")),
+        str(d.get("description", "")),
+    )
 
 
 def declared_specs(attack_cls: Any, metrics: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -267,8 +287,13 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
 
 
 #: Fields of a point summarized by :func:`summarize_points`, with their metric prefixes.
-SUMMARY_FIELDS = (("attack_metrics", ""), ("baseline_random", "baseline."), ("baseline_prior", "prior."),
-                  ("advantage", "advantage."), ("utility", "utility."))
+SUMMARY_FIELDS = (
+    ("attack_metrics", ""),
+    ("baseline_random", "baseline."),
+    ("baseline_prior", "prior."),
+    ("advantage", "advantage."),
+    ("utility", "utility."),
+)
 
 
 def summarize_points(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -403,8 +428,9 @@ def record_count(points: Sequence[Mapping[str, Any]]) -> int | None:
     return None
 
 
-def advantage_interval(metric_values: Sequence[Any], baselines: Sequence[Any], spec: MetricSpec,
-                       n_records: int | None = None) -> dict[str, Any]:
+def advantage_interval(
+    metric_values: Sequence[Any], baselines: Sequence[Any], spec: MetricSpec, n_records: int | None = None
+) -> dict[str, Any]:
     """Mean advantage and its two-sided 95 % interval over seeds.
 
     Two or more seeds: mean ± Student-t half-width of the per-seed advantages
@@ -467,8 +493,11 @@ def privacy_label(privacy_entries: Sequence[Mapping[str, Any]]) -> str:
                 delta = v.get("delta", delta)
                 unit = v.get("unit", unit)
                 accountant = v.get("accountant", accountant)
-    parts = [f"δ={fmt_value(num(delta))}" if delta is not None and math.isfinite(num(delta)) else None,
-             f"per {unit}" if unit else None, str(accountant) if accountant else None]
+    parts = [
+        f"δ={fmt_value(num(delta))}" if delta is not None and math.isfinite(num(delta)) else None,
+        f"per {unit}" if unit else None,
+        str(accountant) if accountant else None,
+    ]
     inner = ", ".join(p for p in parts if p)
     return "ε total over the run" + (f" ({inner})" if inner else "")
 
@@ -479,8 +508,11 @@ def strength_label(defense: str, strength: str, privacy_entries: Sequence[Mappin
     the total ε over the run, the only number a report calls "ε total")."""
     label = f"{defense}.{strength}"
     if "epsilon" in str(strength).lower():
-        per_round = any(isinstance(v, Mapping) and ("epsilon_per_round" in v or "epsilon_round" in v)
-                        for entry in privacy_entries for v in (entry or {}).values())
+        per_round = any(
+            isinstance(v, Mapping) and ("epsilon_per_round" in v or "epsilon_round" in v)
+            for entry in privacy_entries
+            for v in (entry or {}).values()
+        )
         label += " (ε per round)" if per_round else " (the defense's ε parameter, not the total)"
     return label
 
@@ -517,8 +549,9 @@ def _groups(points: Sequence[Mapping[str, Any]]) -> tuple[list[Any], dict[str, l
     return order, groups
 
 
-def strength_rows(points: Sequence[Mapping[str, Any]], metric: str, spec: MetricSpec,
-                  utility: str | None) -> list[dict[str, Any]]:
+def strength_rows(
+    points: Sequence[Mapping[str, Any]], metric: str, spec: MetricSpec, utility: str | None
+) -> list[dict[str, Any]]:
     """Per swept value (in order): advantage interval of ``metric`` over the stronger baseline,
     the verdict, the utility mean, the claimed and empirical epsilons."""
     order, groups = _groups(points)
@@ -528,22 +561,35 @@ def strength_rows(points: Sequence[Mapping[str, Any]], metric: str, spec: Metric
         ok = [p for p in group if p.get("supported", True)]
         bases, against = [], set()
         for p in ok:
-            base, which = stronger_baseline((p.get("baseline_prior") or {}).get(metric),
-                                            point_random_baseline(p).get(metric), spec)
+            base, which = stronger_baseline(
+                (p.get("baseline_prior") or {}).get(metric), point_random_baseline(p).get(metric), spec
+            )
             bases.append(base)
             against.add(which)
-        interval = advantage_interval([(p.get("attack_metrics") or {}).get(metric) for p in ok], bases, spec,
-                                      record_count(ok))
+        interval = advantage_interval(
+            [(p.get("attack_metrics") or {}).get(metric) for p in ok], bases, spec, record_count(ok)
+        )
         verdict = classify(interval, supported=bool(ok))
         emp = empirical_summary(group)
         if emp["violation"]:
             verdict = "leaks"
         u = mean_ci95([(p.get("utility") or {}).get(utility) for p in group]) if utility else (math.nan, math.nan)
-        rows.append({"value": v, "advantage": interval["mean"], "advantage_low": interval["low"],
-                     "advantage_high": interval["high"], "bound": interval["method"],
-                     "against": "prior" if against == {"prior"} else ("random" if against == {"random"} else "mixed"),
-                     "verdict": verdict, "utility": u[0], "utility_ci95": u[1],
-                     "epsilon": emp["claimed"], "epsilon_lb": emp["epsilon_lb"], "dp_violation": emp["violation"]})
+        rows.append(
+            {
+                "value": v,
+                "advantage": interval["mean"],
+                "advantage_low": interval["low"],
+                "advantage_high": interval["high"],
+                "bound": interval["method"],
+                "against": "prior" if against == {"prior"} else ("random" if against == {"random"} else "mixed"),
+                "verdict": verdict,
+                "utility": u[0],
+                "utility_ci95": u[1],
+                "epsilon": emp["claimed"],
+                "epsilon_lb": emp["epsilon_lb"],
+                "dp_violation": emp["violation"],
+            }
+        )
     return rows
 
 
@@ -555,29 +601,54 @@ def utility_cost(reference: float, value: float, metric: str | None) -> float:
 
 def _adv_text(row: Mapping[str, Any]) -> str:
     base = "the prior-only baseline" if row.get("against") == "prior" else "the random guess"
-    return (f"advantage over {base} {fmt(row['advantage'])} (upper 95 % bound {fmt(row['advantage_high'])}, "
-            f"{row['bound']})")
+    return (
+        f"advantage over {base} {fmt(row['advantage'])} (upper 95 % bound {fmt(row['advantage_high'])}, {row['bound']})"
+    )
 
 
-def verdict_from_rows(attack: str, metric: str, parameter: str | None, rows: Sequence[Mapping[str, Any]],
-                      reference_utility: float, utility: str | None, is_defense: bool) -> dict[str, Any]:
+def verdict_from_rows(
+    attack: str,
+    metric: str,
+    parameter: str | None,
+    rows: Sequence[Mapping[str, Any]],
+    reference_utility: float,
+    utility: str | None,
+    is_defense: bool,
+) -> dict[str, Any]:
     """The verdict dict (attack, metric, strength, utility_cost, sentence, ...) of one attack
     over rows ordered from the weakest to the strongest tested strength."""
-    out: dict[str, Any] = {"attack": attack, "metric": metric, "parameter": parameter, "strength": None,
-                           "utility_metric": utility, "utility_cost": None, "dp_violation": False, "sentence": ""}
+    out: dict[str, Any] = {
+        "attack": attack,
+        "metric": metric,
+        "parameter": parameter,
+        "strength": None,
+        "utility_metric": utility,
+        "utility_cost": None,
+        "dp_violation": False,
+        "sentence": "",
+    }
     violations = [r for r in rows if r.get("dp_violation")]
-    crossing = next((r for r in rows if r["verdict"] in ("protected", "attack not adapted")), None) if is_defense else None
+    crossing = (
+        next((r for r in rows if r["verdict"] in ("protected", "attack not adapted")), None) if is_defense else None
+    )
     not_adapted = [r for r in rows if r["verdict"] == "attack not adapted" and r is not crossing]
     tail = ""
     if not_adapted:
-        tail += (f" It also scores below its baseline at {parameter} = "
-                 f"{', '.join(fmt_value(r['value']) for r in not_adapted)} (attack not adapted: its result there falls "
-                 "back to the baseline guess and is not counted as protection).")
+        tail += (
+            f" It also scores below its baseline at {parameter} = "
+            f"{', '.join(fmt_value(r['value']) for r in not_adapted)} (attack not adapted: its result there falls "
+            "back to the baseline guess and is not counted as protection)."
+        )
     if violations:
         out["dp_violation"] = True
-        tail += (" DP violation: the empirical ε lower bound exceeds the claimed ε at "
-                 + ", ".join(f"{parameter} = {fmt_value(r['value'])} ({fmt(r['epsilon_lb'], 2)} > {fmt(r['epsilon'], 2)})"
-                             for r in violations) + ".")
+        tail += (
+            " DP violation: the empirical ε lower bound exceeds the claimed ε at "
+            + ", ".join(
+                f"{parameter} = {fmt_value(r['value'])} ({fmt(r['epsilon_lb'], 2)} > {fmt(r['epsilon'], 2)})"
+                for r in violations
+            )
+            + "."
+        )
     out["notes"] = tail.strip()
     name = f"{attack} ({metric})"
     if not rows:
@@ -588,38 +659,52 @@ def verdict_from_rows(attack: str, metric: str, parameter: str | None, rows: Seq
         leaks = worst["verdict"] == "leaks"
         where = "" if parameter is None else f" at {parameter} = {fmt_value(worst['value'])}"
         what = "no defense strength was swept" if parameter is None else f"{parameter} is not a defense strength"
-        out["sentence"] = (f"{name}: {what}; {_adv_text(worst)}{where}: the attack "
-                           f"{'leaks' if leaks else 'does not beat its baseline by ' + str(PROTECTION_MARGIN) + ' or more'}."
-                           + tail)
+        out["sentence"] = (
+            f"{name}: {what}; {_adv_text(worst)}{where}: the attack "
+            f"{'leaks' if leaks else 'does not beat its baseline by ' + str(PROTECTION_MARGIN) + ' or more'}." + tail
+        )
         return out
     hit = crossing
     if hit is None:
         last = rows[-1]
-        out["sentence"] = (f"{name}: no tested strength stops the attack; at the strongest, {parameter} = "
-                           f"{fmt_value(last['value'])}, the {_adv_text(last)}." + tail)
+        out["sentence"] = (
+            f"{name}: no tested strength stops the attack; at the strongest, {parameter} = "
+            f"{fmt_value(last['value'])}, the {_adv_text(last)}." + tail
+        )
         return out
     out["strength"] = hit["value"]
     out["crossover"] = "protected" if hit["verdict"] == "protected" else "attack not adapted"
     cost = utility_cost(reference_utility, num(hit["utility"]), utility) if utility else math.nan
     out["utility_cost"] = cost if math.isfinite(cost) else None
-    cost_text = (f"at a {utility} cost of {fmt(cost, 4)} against no defense ({fmt(reference_utility, 4)} → "
-                 f"{fmt(hit['utility'], 4)})" if math.isfinite(cost) else "utility cost unknown (no undefended run)")
-    later = rows[rows.index(hit) + 1:]
+    cost_text = (
+        f"at a {utility} cost of {fmt(cost, 4)} against no defense ({fmt(reference_utility, 4)} → "
+        f"{fmt(hit['utility'], 4)})"
+        if math.isfinite(cost)
+        else "utility cost unknown (no undefended run)"
+    )
+    later = rows[rows.index(hit) + 1 :]
     again = [r for r in later if r["verdict"] == "leaks"]
     if again:
-        tail = (f" It leaks again at {parameter} = " + ", ".join(
-            f"{fmt_value(r['value'])} (upper bound {fmt(r['advantage_high'])})" for r in again) + ".") + tail
+        tail = (
+            f" It leaks again at {parameter} = "
+            + ", ".join(f"{fmt_value(r['value'])} (upper bound {fmt(r['advantage_high'])})" for r in again)
+            + "."
+        ) + tail
     on = "" if again else " on"
     if hit["verdict"] == "protected":
-        out["sentence"] = (f"{name}: stopped {'at' if again else 'from'} {parameter} = {fmt_value(hit['value'])}{on} "
-                           f"({_adv_text(hit)} < {PROTECTION_MARGIN}), {cost_text}." + tail)
+        out["sentence"] = (
+            f"{name}: stopped {'at' if again else 'from'} {parameter} = {fmt_value(hit['value'])}{on} "
+            f"({_adv_text(hit)} < {PROTECTION_MARGIN}), {cost_text}." + tail
+        )
     else:
         base = "prior-only baseline" if hit.get("against") == "prior" else "random guess"
-        out["sentence"] = (f"{name}: reaches its {base} {'at' if again else 'from'} {parameter} = "
-                           f"{fmt_value(hit['value'])}{on}, {cost_text}; "
-                           f"there it even scores below it ({_adv_text(hit)}): the attack is not adapted (its result "
-                           "falls back to the baseline guess), which is no evidence of protection against a better "
-                           "attack." + tail)
+        out["sentence"] = (
+            f"{name}: reaches its {base} {'at' if again else 'from'} {parameter} = "
+            f"{fmt_value(hit['value'])}{on}, {cost_text}; "
+            f"there it even scores below it ({_adv_text(hit)}): the attack is not adapted (its result "
+            "falls back to the baseline guess), which is no evidence of protection against a better "
+            "attack." + tail
+        )
     return out
 
 
@@ -667,15 +752,26 @@ def audit_points(audit: Mapping[str, Any], attack: str, defense: str | None) -> 
         a = (r.get("attacks") or {}).get(attack) or {}
         if "error" in a or not a:
             continue
-        out.append({"value": r.get("value"), "seed": r.get("seed"), **a, "utility": r.get("utility") or {},
-                    "privacy": r.get("privacy") or {}})
+        out.append(
+            {
+                "value": r.get("value"),
+                "seed": r.get("seed"),
+                **a,
+                "utility": r.get("utility") or {},
+                "privacy": r.get("privacy") or {},
+            }
+        )
     return out
 
 
 def audit_utility(audit: Mapping[str, Any]) -> str | None:
     """The audit's main utility metric."""
-    return main_utility({"points": [r for r in audit.get("runs") or [] if "utility" in r],
-                         "utility_metric": audit.get("utility_metric")})
+    return main_utility(
+        {
+            "points": [r for r in audit.get("runs") or [] if "utility" in r],
+            "utility_metric": audit.get("utility_metric"),
+        }
+    )
 
 
 def _attack_info(audit: Mapping[str, Any], attack: str) -> Mapping[str, Any]:
@@ -713,7 +809,9 @@ def audit_series(audit: Mapping[str, Any], attack: str, defense: str | None) -> 
         row["mean"], row["ci95"] = mean_ci95([(p.get("attack_metrics") or {}).get(metric) for p in group])
         row["baseline_random"] = mean_ci95([point_random_baseline(p).get(metric) for p in group])[0]
         row["baseline_prior"] = mean_ci95([(p.get("baseline_prior") or {}).get(metric) for p in group])[0]
-        row["advantage_ci95"] = (row["advantage_high"] - row["advantage"]) if math.isfinite(num(row["advantage_high"])) else math.nan
+        row["advantage_ci95"] = (
+            (row["advantage_high"] - row["advantage"]) if math.isfinite(num(row["advantage_high"])) else math.nan
+        )
         row["utility_metric"] = utility
         row["errors"] = sorted(errors_by_value.get(_value_key(row["value"]), set()))
         row["reasons"] = sorted({p.get("reason") for p in group if p.get("reason")})
@@ -721,8 +819,16 @@ def audit_series(audit: Mapping[str, Any], attack: str, defense: str | None) -> 
     known = {_value_key(r["value"]) for r in rows}
     for key, errs in errors_by_value.items():  # values where every run failed
         if key not in known and errs:
-            rows.append({"value": json.loads(key), "metric": metric, "verdict": "not applicable",
-                         "advantage": math.nan, "errors": sorted(errs), "reasons": []})
+            rows.append(
+                {
+                    "value": json.loads(key),
+                    "metric": metric,
+                    "verdict": "not applicable",
+                    "advantage": math.nan,
+                    "errors": sorted(errs),
+                    "reasons": [],
+                }
+            )
     return rows
 
 
@@ -736,12 +842,27 @@ def audit_matrix(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
         none = audit_series(audit, a["name"], None)
         base = none[0] if none else {}
         verdict = base.get("verdict", "not applicable") if a.get("applies", True) else "not applicable"
-        cells.append({"attack": a["name"], "defense": None, "value": None, "metric": a["primary_metric"],
-                      "advantage": base.get("advantage"), "advantage_high": base.get("advantage_high"),
-                      "advantage_ci95": base.get("advantage_ci95"), "against": base.get("against"),
-                      "bound": base.get("bound"), "verdict": verdict, "utility": base.get("utility"),
-                      "utility_cost": 0.0, "epsilon": None, "epsilon_lb": None, "dp_violation": False,
-                      "errors": base.get("errors", []), "reasons": base.get("reasons", [])})
+        cells.append(
+            {
+                "attack": a["name"],
+                "defense": None,
+                "value": None,
+                "metric": a["primary_metric"],
+                "advantage": base.get("advantage"),
+                "advantage_high": base.get("advantage_high"),
+                "advantage_ci95": base.get("advantage_ci95"),
+                "against": base.get("against"),
+                "bound": base.get("bound"),
+                "verdict": verdict,
+                "utility": base.get("utility"),
+                "utility_cost": 0.0,
+                "epsilon": None,
+                "epsilon_lb": None,
+                "dp_violation": False,
+                "errors": base.get("errors", []),
+                "reasons": base.get("reasons", []),
+            }
+        )
         for d in audit.get("defenses") or []:
             series = audit_series(audit, a["name"], d["name"])
             if not series:
@@ -751,18 +872,30 @@ def audit_matrix(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
             finite = [s for s in series if math.isfinite(num(s.get("advantage")))]
             best = min(finite, key=lambda s: s["advantage"], default=None)
             verdict = strongest.get("verdict", "not applicable") if a.get("applies", True) else "not applicable"
-            cells.append({"attack": a["name"], "defense": d["name"], "value": strongest["value"],
-                          "strength": d["strength"], "metric": a["primary_metric"],
-                          "advantage": strongest.get("advantage"), "advantage_high": strongest.get("advantage_high"),
-                          "advantage_ci95": strongest.get("advantage_ci95"), "against": strongest.get("against"),
-                          "bound": strongest.get("bound"), "verdict": verdict, "utility": strongest.get("utility"),
-                          "utility_cost": cost, "epsilon": strongest.get("epsilon"),
-                          "epsilon_lb": strongest.get("epsilon_lb"),
-                          "dp_violation": any(s.get("dp_violation") for s in series),
-                          "min_advantage": best["advantage"] if best else None,
-                          "min_advantage_value": best["value"] if best else None,
-                          "errors": sorted({e for s in series for e in s.get("errors", [])}),
-                          "reasons": sorted({e for s in series for e in s.get("reasons", [])})})
+            cells.append(
+                {
+                    "attack": a["name"],
+                    "defense": d["name"],
+                    "value": strongest["value"],
+                    "strength": d["strength"],
+                    "metric": a["primary_metric"],
+                    "advantage": strongest.get("advantage"),
+                    "advantage_high": strongest.get("advantage_high"),
+                    "advantage_ci95": strongest.get("advantage_ci95"),
+                    "against": strongest.get("against"),
+                    "bound": strongest.get("bound"),
+                    "verdict": verdict,
+                    "utility": strongest.get("utility"),
+                    "utility_cost": cost,
+                    "epsilon": strongest.get("epsilon"),
+                    "epsilon_lb": strongest.get("epsilon_lb"),
+                    "dp_violation": any(s.get("dp_violation") for s in series),
+                    "min_advantage": best["advantage"] if best else None,
+                    "min_advantage_value": best["value"] if best else None,
+                    "errors": sorted({e for s in series for e in s.get("errors", [])}),
+                    "reasons": sorted({e for s in series for e in s.get("reasons", [])}),
+                }
+            )
     return cells
 
 
@@ -777,23 +910,50 @@ def audit_verdicts(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
         reference = num(base.get("utility"))
         metric = a["primary_metric"]
         if not a.get("applies", True):
-            out.append({"attack": a["name"], "metric": metric, "defense": None, "strength": None,
-                        "utility_metric": utility, "utility_cost": None, "dp_violation": False,
-                        "sentence": f"{a['name']} ({metric}): does not apply to the undefended view"
-                                    f"{': ' + a['reason'] if a.get('reason') else ''}."})
+            out.append(
+                {
+                    "attack": a["name"],
+                    "metric": metric,
+                    "defense": None,
+                    "strength": None,
+                    "utility_metric": utility,
+                    "utility_cost": None,
+                    "dp_violation": False,
+                    "sentence": f"{a['name']} ({metric}): does not apply to the undefended view"
+                    f"{': ' + a['reason'] if a.get('reason') else ''}.",
+                }
+            )
             continue
         if base.get("verdict") == "attack not adapted":
-            out.append({"attack": a["name"], "metric": metric, "defense": None, "strength": None,
-                        "utility_metric": utility, "utility_cost": None, "dp_violation": False,
-                        "sentence": f"{a['name']} ({metric}): attack not adapted: it scores below its prior-only "
-                                    f"baseline even without a defense ({_adv_text(base)}), so its results fall back to "
-                                    "the prior-only guess and say nothing about the defenses."})
+            out.append(
+                {
+                    "attack": a["name"],
+                    "metric": metric,
+                    "defense": None,
+                    "strength": None,
+                    "utility_metric": utility,
+                    "utility_cost": None,
+                    "dp_violation": False,
+                    "sentence": f"{a['name']} ({metric}): attack not adapted: it scores below its prior-only "
+                    f"baseline even without a defense ({_adv_text(base)}), so its results fall back to "
+                    "the prior-only guess and say nothing about the defenses.",
+                }
+            )
             continue
         if base.get("verdict") == "protected":
-            out.append({"attack": a["name"], "metric": metric, "defense": None, "strength": None,
-                        "utility_metric": utility, "utility_cost": 0.0, "dp_violation": False,
-                        "sentence": f"{a['name']} ({metric}): no leak even without a defense "
-                                    f"({_adv_text(base)} < {PROTECTION_MARGIN})."})
+            out.append(
+                {
+                    "attack": a["name"],
+                    "metric": metric,
+                    "defense": None,
+                    "strength": None,
+                    "utility_metric": utility,
+                    "utility_cost": 0.0,
+                    "dp_violation": False,
+                    "sentence": f"{a['name']} ({metric}): no leak even without a defense "
+                    f"({_adv_text(base)} < {PROTECTION_MARGIN}).",
+                }
+            )
             continue
         per_defense = []
         for d in audit.get("defenses") or []:
@@ -806,20 +966,37 @@ def audit_verdicts(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
         violation = any(v["dp_violation"] for v in per_defense)
         if stopped:
             # a defense that stops an adapted attack first, then the smallest utility cost
-            best = min(stopped, key=lambda v: (v.get("crossover") != "protected",
-                                               math.inf if v["utility_cost"] is None else v["utility_cost"]))
+            best = min(
+                stopped,
+                key=lambda v: (
+                    v.get("crossover") != "protected",
+                    math.inf if v["utility_cost"] is None else v["utility_cost"],
+                ),
+            )
             others = [v["defense"] for v in per_defense if v["strength"] is None]
             sentence = best["sentence"]
             if others:
                 sentence += f" Not stopped by any tested strength of {', '.join(others)}."
         else:
             best = {"defense": None, "strength": None, "utility_cost": None}
-            sentence = (f"{a['name']} ({metric}): no tested defense strength stops the attack "
-                        f"(undefended {_adv_text(base)})." if base else f"{a['name']} ({metric}): no result.")
+            sentence = (
+                f"{a['name']} ({metric}): no tested defense strength stops the attack (undefended {_adv_text(base)})."
+                if base
+                else f"{a['name']} ({metric}): no result."
+            )
             notes = [v["notes"] for v in per_defense if v.get("notes")]
             if notes:
                 sentence += " " + " ".join(notes)
-        out.append({"attack": a["name"], "metric": metric, "defense": best["defense"], "strength": best["strength"],
-                    "utility_metric": utility, "utility_cost": best["utility_cost"], "dp_violation": violation,
-                    "sentence": sentence})
+        out.append(
+            {
+                "attack": a["name"],
+                "metric": metric,
+                "defense": best["defense"],
+                "strength": best["strength"],
+                "utility_metric": utility,
+                "utility_cost": best["utility_cost"],
+                "dp_violation": violation,
+                "sentence": sentence,
+            }
+        )
     return out

@@ -17,9 +17,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -164,8 +165,13 @@ def run_protocol(task: Task, dataset: Any) -> tuple[Any, list[Any], float]:
     return result, defenses, time.perf_counter() - t0
 
 
-def evaluate_attack(attack_cls: type, attack_params: Mapping[str, Any], transcript: Any,
-                    rng: np.random.Generator, privacy: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], float]:
+def evaluate_attack(
+    attack_cls: type,
+    attack_params: Mapping[str, Any],
+    transcript: Any,
+    rng: np.random.Generator,
+    privacy: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any], float]:
     """``attack.evaluate`` on ``transcript`` -> (entry, seconds).
 
     The entry holds ``attack_metrics``, ``baseline_random`` (the uniform random guess),
@@ -337,9 +343,16 @@ def _shutdown_pool() -> None:
         pass
 
 
-def parallel_map(fn: Callable[..., Any], items: Sequence[Any], *args: Any, jobs: int = 1,
-                 progress: bool | None = None, desc: str = "", parallel: bool | None = None,
-                 backend: str | None = None) -> list[Any]:
+def parallel_map(
+    fn: Callable[..., Any],
+    items: Sequence[Any],
+    *args: Any,
+    jobs: int = 1,
+    progress: bool | None = None,
+    desc: str = "",
+    parallel: bool | None = None,
+    backend: str | None = None,
+) -> list[Any]:
     """``[fn(item, *args) for item in items]`` in order, on ``jobs`` joblib processes (-1: all
     cores), with a tqdm bar on stderr. ``backend`` None: local loky processes whose
     initializer watches this process; ``"active"``: the backend set by the caller (the Dask
@@ -352,8 +365,9 @@ def parallel_map(fn: Callable[..., Any], items: Sequence[Any], *args: Any, jobs:
 
     if parallel is None:
         parallel = jobs != 1 and len(items) > 1
-    bar = tqdm(total=len(items), desc=desc, unit="run", disable=not show_progress(progress), leave=False,
-               file=sys.stderr)
+    bar = tqdm(
+        total=len(items), desc=desc, unit="run", disable=not show_progress(progress), leave=False, file=sys.stderr
+    )
     out: list[Any] = []
     try:
         if not parallel:
@@ -373,7 +387,9 @@ def parallel_map(fn: Callable[..., Any], items: Sequence[Any], *args: Any, jobs:
         ok = False
         with _sigterm_exits():
             try:
-                for r in Parallel(n_jobs=jobs, return_as="generator", **kwargs)(delayed(fn)(item, *args) for item in items):
+                for r in Parallel(n_jobs=jobs, return_as="generator", **kwargs)(
+                    delayed(fn)(item, *args) for item in items
+                ):
                     out.append(r)
                     bar.update(1)
                 ok = True

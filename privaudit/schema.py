@@ -131,7 +131,9 @@ class ProtocolSchema:
 DEFENSE_MESSAGES: dict[str, tuple[MessageSchema, ...]] = {
     "paillier": (
         MessageSchema(
-            "private", "client", "self",
+            "private",
+            "client",
+            "self",
             (PayloadField("paillier_p", "uint8", (None,)), PayloadField("paillier_q", "uint8", (None,))),
         ),
         MessageSchema("public_key", "client", "server", (PayloadField("n", "uint8", (None,)),)),
@@ -293,8 +295,12 @@ class _Checker:
         extra = sorted(set(m.payload) - set(fields))
         if extra and e.open_payload:
             for name in extra:
-                self._field(PayloadField(name, "number", (None,) * np.ndim(m.payload[name])), m.payload[name], {},
-                            f"{where} payload {name!r}")
+                self._field(
+                    PayloadField(name, "number", (None,) * np.ndim(m.payload[name])),
+                    m.payload[name],
+                    {},
+                    f"{where} payload {name!r}",
+                )
         elif extra:
             raise _fail(f"{where}: payload {extra[0]!r} is not part of a {self.protocol} {m.kind!r} message")
         missing = [f.name for f in e.fields if not f.optional and f.name not in m.payload]
@@ -431,11 +437,15 @@ FEDMVMF = ProtocolSchema(
     dims={"m": "n_items", "K": "K", "p": _n_attributes},
     messages=messages(
         MessageSchema(
-            "private", "client", "self",
+            "private",
+            "client",
+            "self",
             (_ITEMS, _RATINGS, PayloadField("attributes", "float", ("p",), value_range=(0.0, 1.0))),
         ),
         MessageSchema(
-            "state", "server", "self",
+            "state",
+            "server",
+            "self",
             (PayloadField("V", "float", ("m", "K")), PayloadField("P", "float", ("p", "K"))),
             required=True,
         ),
@@ -459,19 +469,25 @@ FEDSPLIT = ProtocolSchema(
     messages=messages(
         MessageSchema("private", "client", "self", _GROUP_PRIVATE),
         MessageSchema(
-            "mean", "client", "server",
+            "mean",
+            "client",
+            "server",
             (PayloadField("sum", "float", ()), PayloadField("count", "number", ())),
             upload=True,
         ),
         MessageSchema("global_mean", "server", "client", (PayloadField("mu", "float", ()),)),
         MessageSchema(
-            "H", "client", "server",
+            "H",
+            "client",
+            "server",
             (PayloadField("H_T", "float", ("m", "@k")), PayloadField("b_H", "float", ("m",))),
             upload=True,
             required=True,
         ),
         MessageSchema(
-            "state", "server", "self",
+            "state",
+            "server",
+            "self",
             (
                 PayloadField("X", "float", ("m", "@c")),
                 PayloadField("W_global", "float", ("m", "K_joint")),
@@ -482,7 +498,9 @@ FEDSPLIT = ProtocolSchema(
             ),
         ),
         MessageSchema(
-            "M", "server", "client",
+            "M",
+            "server",
+            "client",
             (
                 PayloadField("M", "float", ("K_joint", "@k")),
                 PayloadField("W_global", "float", ("m", "K_joint")),
@@ -497,7 +515,9 @@ FEDNCF = ProtocolSchema(
     dims={"m": "n_items", "n": "n_users"},
     messages=messages(
         MessageSchema(
-            "private", "client", "self",
+            "private",
+            "client",
+            "self",
             (
                 PayloadField("items", "int", ("@r",), ids="m", unique=True),
                 PayloadField("test_item", "int", (1,), ids="m"),
@@ -505,17 +525,23 @@ FEDNCF = ProtocolSchema(
         ),
         MessageSchema("cohort", "server", "self", (PayloadField("clients", "int", ("@k",), ids="n", unique=True),)),
         MessageSchema(
-            "state", "server", "self",
+            "state",
+            "server",
+            "self",
             (PayloadField("items", "float", ("m", "D_total")), PayloadField("network", "float", ("n_weights",))),
         ),
         MessageSchema(
-            "item_update", "client", "server",
+            "item_update",
+            "client",
+            "server",
             (_ITEMS, PayloadField("values", "float", ("@r", "D_total"))),
             upload=True,
             required=True,
         ),
         MessageSchema(
-            "net_update", "client", "server",
+            "net_update",
+            "client",
+            "server",
             (PayloadField("delta", "float", ("n_weights",)), PayloadField("n_instances", "float", (1,))),
             upload=True,
         ),
@@ -529,7 +555,9 @@ FEDPROTO = ProtocolSchema(
     messages=messages(
         MessageSchema("private", "client", "self", _GROUP_PRIVATE),
         MessageSchema(
-            "prototypes", "client", "server",
+            "prototypes",
+            "client",
+            "server",
             (PayloadField("prototypes", "float", ("@k", "m")),),
             upload=True,
             required=True,
@@ -547,7 +575,9 @@ FEDREC = ProtocolSchema(
     messages=messages(
         MessageSchema("private", "client", "self", (_ITEMS, _RATINGS)),
         MessageSchema(
-            "state", "server", "self",
+            "state",
+            "server",
+            "self",
             (PayloadField("V", "float", ("m", "K")), PayloadField("W", "float", ("m", "K"), optional=True)),
         ),
         MessageSchema("grad_V", "client", "server", _GRAD_ROWS, upload=True, required=True),

@@ -33,9 +33,10 @@ import struct
 import zipfile
 import zlib
 from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -132,7 +133,9 @@ class _Index:
             by = self.by_receiver.get(receiver, []) if kind is None else self.by_receiver_kind.get((receiver, kind), [])
             lists.append(by)
         if sender is not None:
-            lists.append(self.by_sender.get(sender, []) if kind is None else self.by_sender_kind.get((sender, kind), []))
+            lists.append(
+                self.by_sender.get(sender, []) if kind is None else self.by_sender_kind.get((sender, kind), [])
+            )
         if kind is not None and not lists:
             lists.append(self.by_kind.get(kind, []))
         return min(lists, key=len) if lists else None
@@ -291,7 +294,7 @@ class Transcript(_MessageLog):
     def has_private(self) -> bool:
         return "private" in self._messages_index().by_kind
 
-    def without_private(self) -> "Transcript":
+    def without_private(self) -> Transcript:
         """A shareable copy without ``private`` messages (sequence numbers kept)."""
         return Transcript(
             self.protocol,
@@ -307,7 +310,7 @@ class Transcript(_MessageLog):
         return save(self, path, include_private=include_private)
 
     @staticmethod
-    def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> "Transcript":
+    def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
         """Read a transcript file; see :func:`load`."""
         return load(path, max_bytes=max_bytes)
 

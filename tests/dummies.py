@@ -65,7 +65,9 @@ class DummyProtocol(Protocol):
         dims={"p": "p"},
         messages=(
             MessageSchema("private", "client", "self", (PayloadField("bits", "float", ("p",), value_range=(0, 1)),)),
-            MessageSchema("upload", "client", "server", (PayloadField("values", "float", ("p",)),), upload=True, required=True),
+            MessageSchema(
+                "upload", "client", "server", (PayloadField("values", "float", ("p",)),), upload=True, required=True
+            ),
         ),
     )
 
@@ -266,8 +268,13 @@ class DummyBrokenDP(Defense):
         return batch
 
     def privacy_spent(self, rounds):
-        return {"epsilon": rounds * self.epsilon, "delta": 0.0, "unit": "one secret bit", "accountant": "basic",
-                "epsilon_per_round": self.epsilon}
+        return {
+            "epsilon": rounds * self.epsilon,
+            "delta": 0.0,
+            "unit": "one secret bit",
+            "accountant": "basic",
+            "epsilon_per_round": self.epsilon,
+        }
 
 
 class DummyDP(DummyBrokenDP):

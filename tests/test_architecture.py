@@ -32,7 +32,9 @@ def import_graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                    )
                 found = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
             else:
                 continue
@@ -156,7 +158,9 @@ def test_protocols_ask_defenses_by_capability():
 def test_run_template_opens_transcript_with_private_messages_and_channel(dummy_registry):
     from tests.dummies import DummyProtocol, tiny_dataset
 
-    result = DummyProtocol().run(tiny_dataset(6), {"p": "3"}, [dummy_registry[("defense", "dummy-noise")](scale=0.0)], 5)
+    result = DummyProtocol().run(
+        tiny_dataset(6), {"p": "3"}, [dummy_registry[("defense", "dummy-noise")](scale=0.0)], 5
+    )
     t = result.transcript
     assert t.seed == 5 and t.config["p"] == 3 and t.config["defenses"] == [{"name": "dummy-noise", "scale": 0.0}]
     assert [m.sender for m in t.select("private")] == [f"client:{u}" for u in range(6)]

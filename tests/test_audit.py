@@ -78,11 +78,22 @@ def test_matrix_numbers(small_audit):
 def test_audit_files_self_contained(small_audit, tmp_path):
     out = au.write_audit(small_audit, tmp_path / "audit")
     data = json.loads((out / "audit.json").read_text())
-    for key in ("privaudit_version", "protocol", "protocol_config", "dataset", "seeds", "attacks", "defenses", "runs", "matrix", "timing"):
+    for key in (
+        "privaudit_version",
+        "protocol",
+        "protocol_config",
+        "dataset",
+        "seeds",
+        "attacks",
+        "defenses",
+        "runs",
+        "matrix",
+        "timing",
+    ):
         assert key in data
     page = (out / "audit.html").read_text()
     # one figure per (attack, defense) pair, and one ROC figure (only dummy-attack makes decisions)
-    assert page.count("class=\"pa-figure\"") == 3 * 2 + 1
+    assert page.count('class="pa-figure"') == 3 * 2 + 1
     assert page.count("<svg") == 7
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page) and "<link" not in page
     # one name per number: the per-round parameter and the total over the run are named apart
@@ -101,10 +112,16 @@ def test_audit_is_deterministic_and_independent_of_jobs(dummy_registry, ds):
 def test_dask_cluster_reproduces_local_numbers(dummy_registry, ds):
     distributed = pytest.importorskip("dask.distributed")
     local = au.run_audit(au.Audit("dummy-proto", seeds=2, defenses=["dummy-noise"], jobs=1), dataset=ds)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
-        remote = au.run_audit(au.Audit("dummy-proto", seeds=2, defenses=["dummy-noise"], scheduler=cluster.scheduler_address), dataset=ds)
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+    ) as cluster:
+        remote = au.run_audit(
+            au.Audit("dummy-proto", seeds=2, defenses=["dummy-noise"], scheduler=cluster.scheduler_address), dataset=ds
+        )
         exp = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1,10", seeds=2)
-        sweep_dask = ex.run_experiment(ex.Experiment(**{**exp.__dict__, "scheduler": cluster.scheduler_address}), dataset=ds)
+        sweep_dask = ex.run_experiment(
+            ex.Experiment(**{**exp.__dict__, "scheduler": cluster.scheduler_address}), dataset=ds
+        )
     assert remote["timing"]["backend"].startswith("dask scheduler")
     assert strip_timings(local)["runs"] == strip_timings(remote)["runs"]
     assert strip_timings(local)["matrix"] == strip_timings(remote)["matrix"]
@@ -144,8 +161,23 @@ def test_audit_bad_input(dummy_registry, ds, kwargs, message):
 def test_audit_cli(dummy_registry, capsys, tmp_path):
     csv = write_csv(tmp_path / "r.csv", 20)
     out = tmp_path / "aud"
-    code = main(["audit", "--protocol", "dummy-proto", "--defense", "dummy-noise", "--data", csv,
-                 "--seeds", "1", "--jobs", "1", "--out", str(out)])
+    code = main(
+        [
+            "audit",
+            "--protocol",
+            "dummy-proto",
+            "--defense",
+            "dummy-noise",
+            "--data",
+            csv,
+            "--seeds",
+            "1",
+            "--jobs",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     lines = [line for line in captured.out.splitlines() if not line.startswith("verdict: ")]
@@ -191,7 +223,12 @@ def test_dp_laplace_clips_rows_and_calibrates_noise():
     assert np.mean(np.abs(noise)) == pytest.approx(4.0, rel=0.03)  # E|Laplace(b)| = b
     spent = d.privacy_spent(20)
     assert {k: spent[k] for k in ("epsilon", "delta", "accountant", "epsilon_basic", "epsilon_per_round")} == {
-        "epsilon": 10.0, "delta": 0.0, "accountant": "basic", "epsilon_basic": 10.0, "epsilon_per_round": 0.5}
+        "epsilon": 10.0,
+        "delta": 0.0,
+        "accountant": "basic",
+        "epsilon_basic": 10.0,
+        "epsilon_per_round": 0.5,
+    }
     assert spent["unit"] == "one rating row" and spent["epsilon_pld"] < 10.0  # PLD at delta 1e-5 is tighter
 
 

@@ -50,7 +50,9 @@ def _run(chrome: str, tmp_path, page, *extra: str) -> subprocess.CompletedProces
     profile.mkdir()
     return subprocess.run(
         [chrome, *FLAGS, f"--user-data-dir={profile}", *extra, page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
 
 
@@ -109,10 +111,39 @@ def _poison(obj, depth=0):
 
 
 #: Keys that structure the file (poisoning them would only make it unreadable).
-KEEP = {"value", "seed", "attack_metrics", "baseline_random", "baseline_prior", "utility", "privacy", "roc",
-        "empirical_epsilon", "advantage", "advantage_against", "supported", "seconds", "epsilon", "delta", "fpr", "tpr",
-        "auc", "tpr@0.01", "tpr@0.001", "n_pos", "n_neg", "fpr_floor", "rows", "advantage_high", "advantage_low",
-        "verdict", "dp_violation", "epsilon_lb", "claimed_epsilon", "violation"}
+KEEP = {
+    "value",
+    "seed",
+    "attack_metrics",
+    "baseline_random",
+    "baseline_prior",
+    "utility",
+    "privacy",
+    "roc",
+    "empirical_epsilon",
+    "advantage",
+    "advantage_against",
+    "supported",
+    "seconds",
+    "epsilon",
+    "delta",
+    "fpr",
+    "tpr",
+    "auc",
+    "tpr@0.01",
+    "tpr@0.001",
+    "n_pos",
+    "n_neg",
+    "fpr_floor",
+    "rows",
+    "advantage_high",
+    "advantage_low",
+    "verdict",
+    "dp_violation",
+    "epsilon_lb",
+    "claimed_epsilon",
+    "violation",
+}
 
 
 @pytest.mark.usefixtures("dummy_registry")
@@ -132,7 +163,7 @@ def test_xss_payload_in_results_json_never_executes(tmp_path):
     assert main(["report", str(rep)]) == 0
     page = (rep / "report.html").read_text()
     md = (rep / "report.md").read_text()
-    assert page.count("<script") == 1 and "<img" not in page and "onerror=\"" not in page
+    assert page.count("<script") == 1 and "<img" not in page and 'onerror="' not in page
     assert "<script" not in md and "<img" not in md
     assert "&lt;script&gt;" in page  # shown as text
     chrome = _chromium()

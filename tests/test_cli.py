@@ -33,8 +33,25 @@ def _one_line_error(capsys, argv, fragment):
 @pytest.mark.usefixtures("dummy_registry")
 def test_attack_noise_writes_report_and_prints_table(capsys, tmp_path, csv_data):
     out = tmp_path / "rep"
-    code = main(["attack", "--protocol", "dummy-proto", "--noise", "dummy-noise", "--scales", "0,1,10",
-                 "--data", csv_data, "--seeds", "2", "--jobs", "1", "--out", str(out)])
+    code = main(
+        [
+            "attack",
+            "--protocol",
+            "dummy-proto",
+            "--noise",
+            "dummy-noise",
+            "--scales",
+            "0,1,10",
+            "--data",
+            csv_data,
+            "--seeds",
+            "2",
+            "--jobs",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert captured.err == ""  # no progress bar when stderr is not a terminal
@@ -52,9 +69,30 @@ def test_attack_noise_writes_report_and_prints_table(capsys, tmp_path, csv_data)
 @pytest.mark.usefixtures("dummy_registry")
 def test_attack_sweep_set_and_users(capsys, tmp_path, csv_data):
     out = tmp_path / "rep"
-    code = main(["attack", "--protocol", "dummy-proto", "--sweep", "protocol.signal=0.5,2", "--set", "rounds=1",
-                 "--defense", "dummy-noise:scale=0.1", "--users", "10", "--data", csv_data, "--seeds", "1",
-                 "--jobs", "1", "--out", str(out), "--quiet"])
+    code = main(
+        [
+            "attack",
+            "--protocol",
+            "dummy-proto",
+            "--sweep",
+            "protocol.signal=0.5,2",
+            "--set",
+            "rounds=1",
+            "--defense",
+            "dummy-noise:scale=0.1",
+            "--users",
+            "10",
+            "--data",
+            csv_data,
+            "--seeds",
+            "1",
+            "--jobs",
+            "1",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0
     data = json.loads((out / "results.json").read_text())
     assert data["sweep"] == "protocol.signal" and data["protocol_config"]["rounds"] == 1
@@ -71,7 +109,9 @@ def test_run_then_attack_transcript_matches_in_memory(capsys, tmp_path, csv_data
     assert f"transcript written to {ptx}" in capsys.readouterr().out
     mem, rec = tmp_path / "mem", tmp_path / "rec"
     attack = "dummy-aux-attack:aux_fraction=0.4"
-    assert main(["attack", "--protocol", "dummy-proto", "--attack", attack, *args, "--seeds", "1", "--out", str(mem)]) == 0
+    assert (
+        main(["attack", "--protocol", "dummy-proto", "--attack", attack, *args, "--seeds", "1", "--out", str(mem)]) == 0
+    )
     assert main(["attack", "--transcript", str(ptx), "--attack", attack, "--out", str(rec)]) == 0
     a = json.loads((mem / "results.json").read_text())["points"][0]
     b = json.loads((rec / "results.json").read_text())["points"][0]
@@ -90,8 +130,28 @@ def test_run_then_attack_transcript_matches_in_memory(capsys, tmp_path, csv_data
 @pytest.mark.usefixtures("dummy_registry")
 def test_report_rerenders(capsys, tmp_path, csv_data):
     out = tmp_path / "rep"
-    assert main(["attack", "--protocol", "dummy-proto", "--noise", "dummy-noise", "--scales", "0,1",
-                 "--data", csv_data, "--seeds", "1", "--jobs", "1", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "attack",
+                "--protocol",
+                "dummy-proto",
+                "--noise",
+                "dummy-noise",
+                "--scales",
+                "0,1",
+                "--data",
+                csv_data,
+                "--seeds",
+                "1",
+                "--jobs",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     svg = (out / "accuracy_vs_noise.svg").read_bytes()
     (out / "accuracy_vs_noise.svg").unlink()
     (out / "report.html").unlink()
@@ -135,11 +195,26 @@ def test_bad_transcript_file(capsys, tmp_path):
 
 
 def test_help_lists_the_commands():
-    out = subprocess.run([sys.executable, "-m", "privaudit", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "privaudit", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     for name in ("run", "attack", "report", "list", "inspect"):
         assert name in out
-    out = subprocess.run([sys.executable, "-m", "privaudit", "attack", "--help"], capture_output=True, text=True, check=True).stdout
-    for flag in ("--noise", "--scales", "--sweep", "--set", "--transcript", "--seeds", "--jobs", "--out", "--users", "--data"):
+    out = subprocess.run(
+        [sys.executable, "-m", "privaudit", "attack", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for flag in (
+        "--noise",
+        "--scales",
+        "--sweep",
+        "--set",
+        "--transcript",
+        "--seeds",
+        "--jobs",
+        "--out",
+        "--users",
+        "--data",
+    ):
         assert flag in out
 
 
@@ -148,6 +223,7 @@ def test_dummies_do_not_leak():
 
 
 # ------------------------------------------------------------------ the real main job (fedmvmf)
+
 
 def _has(kind, name):
     return name in registry.available(kind)
@@ -177,17 +253,46 @@ def test_fedmvmf_noise_command_end_to_end(tmp_path):
     """The README command, shrunk (2 scales, 2 seeds, 40 users), in a subprocess without a TTY."""
     out = tmp_path / "rep"
     proc = subprocess.run(
-        [sys.executable, "-m", "privaudit", "attack", "--protocol", "fedmvmf", "--noise", "laplace",
-         "--scales", "0,0.5", "--seeds", "2", "--users", "40", "--set", "epochs=3", "--jobs", "1", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "privaudit",
+            "attack",
+            "--protocol",
+            "fedmvmf",
+            "--noise",
+            "laplace",
+            "--scales",
+            "0,0.5",
+            "--seeds",
+            "2",
+            "--users",
+            "40",
+            "--set",
+            "epochs=3",
+            "--jobs",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # quiet when piped
     assert proc.stdout.splitlines()[0].startswith("verdict: mvmf-analytic (rating_accuracy): ")
     assert proc.stdout.splitlines()[1].split()[:2] == ["laplace.scale", "rating_accuracy"]
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["accuracy_vs_noise.png", "accuracy_vs_noise.svg", "plan.toml", "report.html", "report.md",
-                     "results.csv", "results.json"]
+    assert names == [
+        "accuracy_vs_noise.png",
+        "accuracy_vs_noise.svg",
+        "plan.toml",
+        "report.html",
+        "report.md",
+        "results.csv",
+        "results.json",
+    ]
     data = json.loads((out / "results.json").read_text())
     assert [p["attack_metrics"]["rating_accuracy"] for p in data["points"][:2]] == [1.0, 1.0]  # noise-free: exact
     assert data["dataset"]["users"] == 40 and data["utility_metric"] == "ndcg@10"

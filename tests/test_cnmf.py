@@ -11,6 +11,7 @@ import scipy.sparse as sp
 
 from privaudit.models.cnmf import CNMF, _bias_step, block_columns, fit_row_factors, observed
 
+
 def _lowrank(n=120, m=150, k=3, density=0.2, seed=0):
     """Non-negative rank-k ratings 1..5 on a random mask, split 80/20 over entries."""
     rng = np.random.default_rng(seed)
@@ -128,9 +129,7 @@ def _surprise_rmse(Xtr, tr, tc, tv, **params):
 
 def _matched(k, epochs, reg, reg_b, lr):
     ours = dict(n_components=k, n_iter=epochs, alpha=reg, beta=reg, gamma=reg_b, delta=reg_b, eta_W=lr, eta_H=lr)
-    theirs = dict(
-        n_factors=k, n_epochs=epochs, reg_pu=reg, reg_qi=reg, reg_bu=reg_b, reg_bi=reg_b, lr_bu=lr, lr_bi=lr
-    )
+    theirs = dict(n_factors=k, n_epochs=epochs, reg_pu=reg, reg_qi=reg, reg_bu=reg_b, reg_bi=reg_b, lr_bu=lr, lr_bi=lr)
     return ours, theirs
 
 

@@ -27,6 +27,7 @@ from privaudit.data import (
 )
 from privaudit.errors import DataError
 
+
 @pytest.fixture(scope="module")
 def ml100k(ml100k_path) -> RatingsDataset:
     return load_dataset(ml100k_path)
@@ -74,14 +75,26 @@ def test_ml100k_shape_and_names(ml100k: RatingsDataset) -> None:
     assert ds.name == "ml-100k"
     assert (ds.n_users, ds.n_items, ds.n_ratings) == (943, 1682, 100000)
     assert ds.summary() == {
-        "name": "ml-100k", "users": 943, "items": 1682, "ratings": 100000,
-        "attributes": len(ds.attribute_names), "item_features": 19,
+        "name": "ml-100k",
+        "users": 943,
+        "items": 1682,
+        "ratings": 100000,
+        "attributes": len(ds.attribute_names),
+        "item_features": 19,
     }
     names = ds.attribute_names
     occupations = [a for a in names if a.startswith("occupation=")]
     assert len(occupations) == 21
-    assert {"gender=F", "gender=M", "occupation=writer", "occupation=none", "region=0",
-            "region=9", "region=unknown", "age=7-16"} <= set(names)
+    assert {
+        "gender=F",
+        "gender=M",
+        "occupation=writer",
+        "occupation=none",
+        "region=0",
+        "region=9",
+        "region=unknown",
+        "age=7-16",
+    } <= set(names)
     assert len([a for a in names if a.startswith("age=")]) == 7
     assert names[-1] == "region=unknown"
     assert len(ds.feature_names) == 19
@@ -115,7 +128,10 @@ def test_ml100k_values_match_files(ml100k: RatingsDataset) -> None:
     # item 1 Toy Story: Animation, Children's, Comedy
     fcol = {f: j for j, f in enumerate(ds.feature_names)}
     assert {f for f in ds.feature_names if ds.item_features[0, fcol[f]]} == {
-        "genre=Animation", "genre=Children's", "genre=Comedy"}
+        "genre=Animation",
+        "genre=Children's",
+        "genre=Comedy",
+    }
 
 
 def test_ml100k_short_line_names_file_and_line(tmp_path: Path, ml100k_path: Path) -> None:
@@ -143,11 +159,17 @@ def test_ml100k_non_numeric_rating_names_file_and_line(tmp_path: Path, ml100k_pa
         ("u.data", 10, "196\t242\t4\t881250949", r"u\.data line 10: duplicate rating for user 196 and item 242"),
         ("u.user", 2, "2|53|F|astronaut|94043", r"u\.user line 2: occupation 'astronaut' is not listed"),
         ("u.user", 6, "6|42|M", r"u\.user line 6: expected 5 '\|'-separated fields, got 3"),
-        ("u.item", 8, "8|Babe (1995)|01-Jan-1995||url|0|0|0|0|1|0|0|0|0|0|0|0|0|0|0|0|0|0|2",
-         r"u\.item line 8: genre flags must be 0 or 1"),
+        (
+            "u.item",
+            8,
+            "8|Babe (1995)|01-Jan-1995||url|0|0|0|0|1|0|0|0|0|0|0|0|0|0|0|0|0|0|2",
+            r"u\.item line 8: genre flags must be 0 or 1",
+        ),
     ],
 )
-def test_ml100k_other_corruptions(tmp_path: Path, file: str, line: int, text: str, pattern: str, ml100k_path: Path) -> None:
+def test_ml100k_other_corruptions(
+    tmp_path: Path, file: str, line: int, text: str, pattern: str, ml100k_path: Path
+) -> None:
     folder = _ml100k_copy(tmp_path, ml100k_path)
     _replace_line(folder / file, line, text)
     with pytest.raises(DataError, match=pattern):
@@ -408,7 +430,7 @@ def test_leave_one_out(syn: RatingsDataset) -> None:
         lo, hi = syn.timestamps.indptr[u], syn.timestamps.indptr[u + 1]
         latest = syn.timestamps.data[lo:hi].max()
         assert syn.timestamps[u, test.indices[u]] == latest
-        assert train.timestamps.data[train.timestamps.indptr[u]:train.timestamps.indptr[u + 1]].max() <= latest
+        assert train.timestamps.data[train.timestamps.indptr[u] : train.timestamps.indptr[u + 1]].max() <= latest
     # without timestamps, ties="highest": the highest item index
     no_ts = RatingsDataset.from_triples([1, 1, 1, 2, 2], [1, 4, 2, 3, 1], [5, 4, 3, 2, 1])
     train2, test2 = leave_one_out(no_ts, ties="highest")

@@ -64,7 +64,9 @@ def test_budget_split_sums_to_epsilon(trials):
     assert pk.n_trials(0.1) == 5 and pk.n_trials(0.5) == 2
     # the split the mechanism reports is the one it used
     X = sp.random(30, 20, density=0.2, random_state=1, data_rvs=lambda n: np.full(n, 3.0)).tocsr()
-    info = pk.private_prototypes(X, 3, 2.0, 0.1, 5.0, 4, np.random.default_rng(0), trials=trials, swap_iters=3, n_grids=20).info
+    info = pk.private_prototypes(
+        X, 3, 2.0, 0.1, 5.0, 4, np.random.default_rng(0), trials=trials, swap_iters=3, n_grids=20
+    ).info
     assert sum(v for k_, v in info["budget"].items() if k_ in ("count", "selection")) + trials * sum(
         info["budget"][k_] for k_ in ("candidate", "localswap", "support", "values")
     ) == pytest.approx(2.0)
@@ -138,7 +140,12 @@ def test_sparse_recovery_support_and_noise_scale():
         eps_v = 4.0
         b = s * Lam / (eps_v * 50.0)
         draws = np.array(
-            [pk.sparse_recovery(X2, np.zeros(n_rows, dtype=np.int64), 1, s, Lam, 1e6, eps_v, rng, normaliser=50.0)[0, :3] for _ in range(400)]
+            [
+                pk.sparse_recovery(X2, np.zeros(n_rows, dtype=np.int64), 1, s, Lam, 1e6, eps_v, rng, normaliser=50.0)[
+                    0, :3
+                ]
+                for _ in range(400)
+            ]
         )
         assert np.std(draws - 2.5 * n_rows / 50.0) == pytest.approx(math.sqrt(2) * b, rel=0.15)
 
@@ -162,7 +169,9 @@ def test_sparse_recovery_support_is_eps_dp_for_added_or_removed_rows():
     # and the Gumbel draw follows that law (scale as documented)
     rng = np.random.default_rng(7)
     N = 4000
-    draws = np.array([pk.sparse_recovery(X, np.zeros(4, dtype=np.int64), 1, s, Lam, eps_sup, 1e6, rng)[0] for _ in range(N)])
+    draws = np.array(
+        [pk.sparse_recovery(X, np.zeros(4, dtype=np.int64), 1, s, Lam, eps_sup, 1e6, rng)[0] for _ in range(N)]
+    )
     freq = (draws > 0).mean(axis=0)
     marg = np.zeros(4)
     for c, pr in full.items():

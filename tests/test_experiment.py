@@ -44,7 +44,17 @@ def test_noise_sweep_points_summary_and_schema(ds):
     assert res["figure_metrics"] == ["accuracy"]  # "victims" is a count, not plotted
     assert res["utility_metric"] == "ndcg@10"
     assert res["dataset"]["users"] == 30 and res["dataset"]["name"] == "tiny"
-    for key in ("privaudit_version", "protocol", "protocol_config", "attack", "sweep", "defenses", "dataset", "points", "summary"):
+    for key in (
+        "privaudit_version",
+        "protocol",
+        "protocol_config",
+        "attack",
+        "sweep",
+        "defenses",
+        "dataset",
+        "points",
+        "summary",
+    ):
         assert key in res
     assert res["protocol_config"] == {"p": 4, "rounds": 2, "signal": 1.0, "delay": 0.0, "bias": 0.5}
 

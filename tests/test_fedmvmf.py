@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -60,7 +59,20 @@ def test_transcript_contract(runs, small, scenario):
     p = len(cfg["attribute_names"])
     assert p == small.user_attributes.shape[1]
     assert m == len(res.model["train_items"]) and n == len(res.model["train_users"])
-    for key in ("K", "alpha", "lam", "w", "eta", "update", "unrated", "n_items", "attribute_names", "rating_min", "rating_max", "defenses"):
+    for key in (
+        "K",
+        "alpha",
+        "lam",
+        "w",
+        "eta",
+        "update",
+        "unrated",
+        "n_items",
+        "attribute_names",
+        "rating_min",
+        "rating_max",
+        "defenses",
+    ):
         assert key in cfg
     assert (cfg["update"], cfg["unrated"]) == scenario
     assert cfg["defenses"] == []
@@ -164,7 +176,9 @@ def test_semials_solves_normal_equations(runs, scenario):
     train = model["train"]
     weights = train.copy()
     weights.data[:] = 1.0
-    A, b = mvmf.normal_equations(state["V"], state["P"], X, train, weights, cfg["alpha"], cfg["lam"], cfg["w"], cfg["unrated"])
+    A, b = mvmf.normal_equations(
+        state["V"], state["P"], X, train, weights, cfg["alpha"], cfg["lam"], cfg["w"], cfg["unrated"]
+    )
     resid = np.einsum("nij,nj->ni", A, model["U"]) - b
     assert np.abs(resid).max() < 1e-8 * max(1.0, np.abs(b).max())
 
@@ -195,7 +209,9 @@ def test_utility_beats_random_scores(scenario):
     model = res.model
     rng = np.random.default_rng(0)
     test = model["test"]
-    random = ranking_metrics_at_k(rng.random(test.shape), sp.csr_matrix(test >= 4), k=10, exclude=model["train"].astype(bool))
+    random = ranking_metrics_at_k(
+        rng.random(test.shape), sp.csr_matrix(test >= 4), k=10, exclude=model["train"].astype(bool)
+    )
     assert util["ndcg@10"] > 1.5 * random["ndcg"]
 
 
@@ -216,7 +232,14 @@ def test_save_load_round_trip(runs, tmp_path):
     assert back.config == tr.config and back.dataset == tr.dataset and back.parties == tr.parties
     assert len(back.messages) == len(tr.messages)
     for a, b in zip(tr.messages, back.messages):
-        assert (a.seq, a.round, a.sender, a.receiver, a.kind, a.meta) == (b.seq, b.round, b.sender, b.receiver, b.kind, b.meta)
+        assert (a.seq, a.round, a.sender, a.receiver, a.kind, a.meta) == (
+            b.seq,
+            b.round,
+            b.sender,
+            b.receiver,
+            b.kind,
+            b.meta,
+        )
         assert a.payload.keys() == b.payload.keys()
         for key in a.payload:
             assert a.payload[key].dtype == b.payload[key].dtype
@@ -240,7 +263,9 @@ def test_save_load_round_trip(runs, tmp_path):
     ],
 )
 def test_config_validation(override, message):
-    with pytest.raises(PrivauditError, match=".*" + message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        PrivauditError, match=".*" + message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
+    ):
         FedMVMF.resolve_config(override)
 
 
@@ -292,7 +317,10 @@ def test_plain_sum_matches_scatter_add():
             {"items": np.sort(rng.choice(m, size, replace=False)), "values": rng.normal(size=(size, K))}
             for size in rng.integers(0, m, 50)
         ],
-        [{"items": np.array([3, 1, 3]), "values": rng.normal(size=(3, K))}, {"items": np.array([0]), "values": np.ones((1, K))}],
+        [
+            {"items": np.array([3, 1, 3]), "values": rng.normal(size=(3, K))},
+            {"items": np.array([0]), "values": np.ones((1, K))},
+        ],
     ]
     for payloads in cases:
         index = np.concatenate([p["items"] for p in payloads])

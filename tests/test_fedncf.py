@@ -58,7 +58,9 @@ def test_hand_written_gradients_equal_autograd(arch):
     irows = torch.randn(C, B, Dt, generator=gen)
     y = (torch.rand(C, B, generator=gen) < 0.3).float()
     wt = torch.rand(C, B, generator=gen)
-    leaves = [u.clone().requires_grad_(True), irows.clone().requires_grad_(True)] + [net[k].clone().requires_grad_(True) for k in names]
+    leaves = [u.clone().requires_grad_(True), irows.clone().requires_grad_(True)] + [
+        net[k].clone().requires_grad_(True) for k in names
+    ]
     logits = ncf.forward_stacked(arch, D, n_layers, dict(zip(names, leaves[2:])), leaves[0], leaves[1])
     loss = (torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none") * wt).sum()
     expected = torch.autograd.grad(loss, leaves)
@@ -133,14 +135,20 @@ def test_fedavg_and_simpleavg_updates(tiny, agg):
 def test_aggregations_differ_and_all_learn(tiny):
     out = {}
     for agg in ("mf-fedavg", "fedavg", "simpleavg"):
-        out[agg] = FedNCF().run(tiny, {"global_rounds": 2, "clients_per_round": 10, "aggregation": agg, "record_rounds": 0}, [], 1).model["items"]
+        out[agg] = (
+            FedNCF()
+            .run(tiny, {"global_rounds": 2, "clients_per_round": 10, "aggregation": agg, "record_rounds": 0}, [], 1)
+            .model["items"]
+        )
     assert np.abs(out["mf-fedavg"] - out["fedavg"]).max() > 1e-4
     # MF-FedAvg moves trained rows by the mean client change, FedAvg/SimpleAvg dilute it
     assert np.abs(out["mf-fedavg"]).mean() > np.abs(out["simpleavg"]).mean()
 
 
 def test_adversarial_schedule(tiny):
-    cfg = FedNCF.resolve_config({"selection": "adversarial", "manipulated_rounds": 3, "clients_per_round": 5, "global_rounds": 1, "target": 7})
+    cfg = FedNCF.resolve_config(
+        {"selection": "adversarial", "manipulated_rounds": 3, "clients_per_round": 5, "global_rounds": 1, "target": 7}
+    )
     eligible = np.arange(tiny.n_users)
     cohorts, target = FedNCF.schedule(cfg, eligible, np.random.default_rng(0))
     assert target == 7
@@ -205,8 +213,20 @@ def test_persistent_adam_state_resumes_training():
         np.testing.assert_array_equal(a["adam_state"]["step"], -(-n // 8))
         # resume: same client network (per-client net of the first call is the same for all here only
         # through GMF's shared start, so feed client 0's and compare client-by-client)
-        b = ncf.train_clients(arch, D, LAYERS, {k: v[0] for k, v in a["net"].items()}, a["items"], a["users"],
-                              inst_item, labels, n, i2, v2, adam_state=a["adam_state"])
+        b = ncf.train_clients(
+            arch,
+            D,
+            LAYERS,
+            {k: v[0] for k, v in a["net"].items()},
+            a["items"],
+            a["users"],
+            inst_item,
+            labels,
+            n,
+            i2,
+            v2,
+            adam_state=a["adam_state"],
+        )
         S1 = i1.shape[1]
         both_i = np.zeros((C, S1 + i2.shape[1], i1.shape[2]), dtype=i1.dtype)
         both_v = np.zeros(both_i.shape, dtype=bool)
@@ -215,7 +235,9 @@ def test_persistent_adam_state_resumes_training():
             k2 = int(v2[c].any(1).sum())
             both_i[c, :k1], both_v[c, :k1] = i1[c, :k1], v1[c, :k1]
             both_i[c, k1 : k1 + k2], both_v[c, k1 : k1 + k2] = i2[c, :k2], v2[c, :k2]
-        one = ncf.train_clients(arch, D, LAYERS, net, items, users, inst_item, labels, n, both_i, both_v, adam_state=zero())
+        one = ncf.train_clients(
+            arch, D, LAYERS, net, items, users, inst_item, labels, n, both_i, both_v, adam_state=zero()
+        )
     c0 = 0  # client 0 resumed from its own network: exact continuation
     np.testing.assert_allclose(b["items"][c0], one["items"][c0], atol=1e-6, rtol=0)
     np.testing.assert_allclose(b["users"][c0], one["users"][c0], atol=1e-6, rtol=0)

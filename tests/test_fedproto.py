@@ -35,7 +35,9 @@ def test_transcript_holds_prototypes_model_and_private(runs, ds):
     assert t.config["prototypes"] == "exact" and t.config["n_silos_found"] == len(silos) >= 10
     protos = t.select("prototypes")
     assert [m.sender for m in protos] == [f"client:{h}" for h in range(len(silos))]
-    assert all(m.receiver == "server" and m.payload["prototypes"].shape == (min(10, len(u)), 80) for m, u in zip(protos, silos))
+    assert all(
+        m.receiver == "server" and m.payload["prototypes"].shape == (min(10, len(u)), 80) for m, u in zip(protos, silos)
+    )
     assert len(t.select("model")) == len(silos) and t.select("model")[0].payload["V"].shape == (80, 5)
     ids = np.concatenate([t.private(f"client:{h}")["user_ids"] for h in range(len(silos))])
     assert np.array_equal(np.sort(ids), np.arange(ds.n_users))
@@ -106,8 +108,13 @@ def test_dp_prototypes_carry_signal_once_the_noise_is_small(ds):
     """Scaling epsilon by c is the same as a silo c times larger (every sensitivity is per row,
     every utility a sum over rows): at eps = 1 the synthetic silos' prototypes rank like random,
     at eps = 1e4 (a silo 1e4 times larger at eps = 1) like exact k-means."""
+
     def rank(eps, seed):
-        return FedProto().run(ds, {"latent_dim": 5, "max_iter": 100}, [DPPrototypes(epsilon=eps, **FAST_DP)], seed).utility["mean_rank"]
+        return (
+            FedProto()
+            .run(ds, {"latent_dim": 5, "max_iter": 100}, [DPPrototypes(epsilon=eps, **FAST_DP)], seed)
+            .utility["mean_rank"]
+        )
 
     ex = FedProto().run(ds, {"prototypes": "exact", "latent_dim": 5, "max_iter": 100}, [], 0).utility["mean_rank"]
     low = np.mean([rank(1.0, s) for s in range(3)])
@@ -156,5 +163,9 @@ def test_ml100k_zip_silos(ml100k_path):
     assert dp.utility["mean_rank"] > 0.4
     a = ProtoMembership().evaluate(dp.transcript, np.random.default_rng(0)).metrics
     assert abs(a["auc"] - 0.5) < 0.06
-    r = ProtoMembership().evaluate(FedProto().run(ds, {**cfg, "prototypes": "random"}, [], 0).transcript, np.random.default_rng(0)).metrics
+    r = (
+        ProtoMembership()
+        .evaluate(FedProto().run(ds, {**cfg, "prototypes": "random"}, [], 0).transcript, np.random.default_rng(0))
+        .metrics
+    )
     assert r["auc"] > 0.53

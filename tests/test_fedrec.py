@@ -39,7 +39,13 @@ def test_registered():
 
 @pytest.mark.parametrize(
     "override, message",
-    [({"model": "nmf"}, "model"), ({"d": 0}, "d"), ({"fold": 5}, "fold"), ({"decay": 1.5}, "decay"), ({"lr": -1.0}, "lr")],
+    [
+        ({"model": "nmf"}, "model"),
+        ({"d": 0}, "d"),
+        ({"fold": 5}, "fold"),
+        ({"decay": 1.5}, "decay"),
+        ({"lr": -1.0}, "lr"),
+    ],
 )
 def test_invalid_config(override, message):
     with pytest.raises(PrivauditError, match=message):
@@ -63,7 +69,7 @@ def test_batch_gradients_match_finite_differences():
     num = np.array([(f(U[u] + eps * np.eye(4)[k]) - f(U[u] - eps * np.eye(4)[k])) / (2 * eps) for k in range(4)])
     assert np.allclose(g[u], num, atol=1e-6)
     G = pmf.grad_V_entries(U, V, E, lam)
-    row = np.flatnonzero((E.rows == u))[i0]
+    row = np.flatnonzero(E.rows == u)[i0]
     i = E.cols[row]
     assert np.allclose(G[row], (U[u] @ V[i] - dense[u, i]) * U[u] + lam * V[i])
 
@@ -150,7 +156,12 @@ def test_grid_scale_recovers_t():
 
 @pytest.mark.parametrize("model", ["pmf-sgd", "svdpp-sgd"])
 def test_stochastic_models_and_attack(small, model):
-    res = FedRec().run(small, {"model": model, "T": 8, "chunk_users": 8, "lr": 0.05 if model == "pmf-sgd" else 0.02}, [SamplingDefense(rho=1, filling="ua")], 0)
+    res = FedRec().run(
+        small,
+        {"model": model, "T": 8, "chunk_users": 8, "lr": 0.05 if model == "pmf-sgd" else 0.02},
+        [SamplingDefense(rho=1, filling="ua")],
+        0,
+    )
     assert 0.85 < res.utility["rmse"] < 1.4
     tr = res.transcript
     states = tr.select("state", round=7)
@@ -195,7 +206,9 @@ def test_ml100k_pmf_batch_fold_and_attack(ml100k_path):
     ds = load_dataset(ml100k_path)
     res = FedRec().run(ds, {"record_rounds": [-1]}, [], 0)
     assert abs(res.utility["rmse"] - 0.9424) < 0.02 and abs(res.utility["mae"] - 0.7418) < 0.02
-    assert res.utility["rmse"] == pytest.approx(0.94760, abs=5e-4) and res.utility["mae"] == pytest.approx(0.74667, abs=5e-4)
+    assert res.utility["rmse"] == pytest.approx(0.94760, abs=5e-4) and res.utility["mae"] == pytest.approx(
+        0.74667, abs=5e-4
+    )
     unf = FedRec().run(ds, {"federated": False, "record_rounds": []}, [], 0).utility
     assert abs(res.utility["rmse"] - unf["rmse"]) / unf["rmse"] <= 0.001
     assert abs(res.utility["mae"] - unf["mae"]) / unf["mae"] <= 0.001
@@ -272,8 +285,28 @@ def test_cli_rho_sweep_end_to_end(tmp_path, filling):
     from privaudit.cli import main
 
     out = tmp_path / filling
-    rc = main(["attack", "--protocol", "fedrec", "--users", "60", "--defense", f"sampling:filling={filling}",
-               "--sweep", "sampling.rho=0,2", "--seeds", "1", "--jobs", "1", "--set", "T=20", "--out", str(out), "--quiet"])
+    rc = main(
+        [
+            "attack",
+            "--protocol",
+            "fedrec",
+            "--users",
+            "60",
+            "--defense",
+            f"sampling:filling={filling}",
+            "--sweep",
+            "sampling.rho=0,2",
+            "--seeds",
+            "1",
+            "--jobs",
+            "1",
+            "--set",
+            "T=20",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert rc == 0
     files = {p.name for p in out.iterdir()}
     assert any(f.endswith(".png") for f in files) and any(f.endswith(".json") for f in files), files

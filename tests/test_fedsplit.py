@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -12,6 +11,7 @@ from privaudit.data import synthetic
 from privaudit.errors import PrivauditError
 from privaudit.protocols.fedsplit import FedSPLIT
 from privaudit.transcript import Transcript
+
 
 @pytest.fixture(scope="module")
 def data():
@@ -172,7 +172,11 @@ def test_attack_parameters_are_validated():
         FedSplitInference(mode="household")
     with pytest.raises(PrivauditError, match="aux_fraction"):
         FedSplitInference(aux_fraction=1.5)
-    assert FedSplitInference(mode="movie", aux_fraction="0.25").config == {"mode": "movie", "aux_fraction": 0.25, "n_iter": 0}
+    assert FedSplitInference(mode="movie", aux_fraction="0.25").config == {
+        "mode": "movie",
+        "aux_fraction": 0.25,
+        "n_iter": 0,
+    }
 
 
 def test_attack_without_uploads_scores_as_the_baseline(run):
@@ -256,11 +260,13 @@ def test_ml100k_groups_improve_and_the_attack_leaks_less_than_everything(ml100k)
     assert u["rmse_drop"] >= 0.1, u
     # the docs' seed-0 row (deterministic): 55 groups, all improved, 1.111 -> 0.992
     assert u["n_groups"] == 55 and u["improved_fraction"] == 1.0, u
-    assert u["rmse_local"] == pytest.approx(1.111, abs=0.002) and u["rmse_fedsplit"] == pytest.approx(0.992, abs=0.002), u
+    assert u["rmse_local"] == pytest.approx(1.111, abs=0.002) and u["rmse_fedsplit"] == pytest.approx(
+        0.992, abs=0.002
+    ), u
     errs = [
-        FedSplitInference(mode="rating", aux_fraction=f).evaluate(res.transcript, np.random.default_rng(0)).metrics[
-            "relative_error"
-        ]
+        FedSplitInference(mode="rating", aux_fraction=f)
+        .evaluate(res.transcript, np.random.default_rng(0))
+        .metrics["relative_error"]
         for f in (0.05, 0.5, 1.0)
     ]
     assert errs[0] > errs[1] > errs[2] > 0.005, errs

@@ -87,8 +87,11 @@ def test_ratings_off_the_scale_are_refused(tmp_path, capsys, no_compute, bad: st
     path = tmp_path / "r.csv"
     path.write_text(f"user,item,rating\n1,1,4\n1,2,{bad}\n")
     why = "is not a multiple of 1" if bad == "4.5" else r"is outside the range 1\.\.5"
-    one_line_error(capsys, ["run", "--protocol", "fedmvmf", "--data", str(path), "-o", str(tmp_path / "t.ptx")],
-                   rf"r\.csv line 3: rating '{bad}' {why} .*--rating-scale MIN,MAX\[,STEP\]")
+    one_line_error(
+        capsys,
+        ["run", "--protocol", "fedmvmf", "--data", str(path), "-o", str(tmp_path / "t.ptx")],
+        rf"r\.csv line 3: rating '{bad}' {why} .*--rating-scale MIN,MAX\[,STEP\]",
+    )
 
 
 def test_rating_scale_declares_another_scale(tmp_path, capsys, no_compute) -> None:
@@ -99,35 +102,68 @@ def test_rating_scale_declares_another_scale(tmp_path, capsys, no_compute) -> No
     assert load_dataset(path, rating_scale=(1, 10, 0)).rating_step == 0.0  # continuous
     with pytest.raises(DataError, match=r"rating '4\.5' is not a multiple of 1$"):
         load_dataset(path, rating_scale="1,5")  # declared: no hint about the CSV default
-    one_line_error(capsys, ["attack", "--protocol", "fedmvmf", "--rating-scale", "1,5", "--out", str(tmp_path / "o")],
-                   r"--rating-scale applies to --data PATH")
-    for spec, pattern in (("5", "expected MIN,MAX"), ("0,5", "MIN must be positive"), ("5,1", "MIN <= MAX"),
-                          ("1,5,0.3", "multiple of STEP")):
-        one_line_error(capsys, ["attack", "--protocol", "fedmvmf", "--data", str(path), "--rating-scale", spec,
-                                "--out", str(tmp_path / "o")], pattern)
+    one_line_error(
+        capsys,
+        ["attack", "--protocol", "fedmvmf", "--rating-scale", "1,5", "--out", str(tmp_path / "o")],
+        r"--rating-scale applies to --data PATH",
+    )
+    for spec, pattern in (
+        ("5", "expected MIN,MAX"),
+        ("0,5", "MIN must be positive"),
+        ("5,1", "MIN <= MAX"),
+        ("1,5,0.3", "multiple of STEP"),
+    ):
+        one_line_error(
+            capsys,
+            [
+                "attack",
+                "--protocol",
+                "fedmvmf",
+                "--data",
+                str(path),
+                "--rating-scale",
+                spec,
+                "--out",
+                str(tmp_path / "o"),
+            ],
+            pattern,
+        )
 
 
 # ---------------------------------------------------------------------------- --users
 
 
 def test_users_above_the_data_is_an_error(tmp_path, capsys, no_compute) -> None:
-    one_line_error(capsys, ["attack", "--protocol", "fedmvmf", "--users", "100000", "--out", str(tmp_path / "o")],
-                   r"--users 100000: the dataset has only 200 users")
-    one_line_error(capsys, ["run", "--protocol", "fedmvmf", "--users", "201", "-o", str(tmp_path / "t.ptx")],
-                   r"--users 201: the dataset has only 200 users")
+    one_line_error(
+        capsys,
+        ["attack", "--protocol", "fedmvmf", "--users", "100000", "--out", str(tmp_path / "o")],
+        r"--users 100000: the dataset has only 200 users",
+    )
+    one_line_error(
+        capsys,
+        ["run", "--protocol", "fedmvmf", "--users", "201", "-o", str(tmp_path / "t.ptx")],
+        r"--users 201: the dataset has only 200 users",
+    )
 
 
 # ---------------------------------------------------------------------------- outputs
 
 
 def test_output_in_a_missing_folder(tmp_path, capsys, no_compute) -> None:
-    one_line_error(capsys, ["run", "--protocol", "fedmvmf", "-o", str(tmp_path / "nodir" / "x.ptx")],
-                   r"x\.ptx: the folder .*nodir does not exist")
+    one_line_error(
+        capsys,
+        ["run", "--protocol", "fedmvmf", "-o", str(tmp_path / "nodir" / "x.ptx")],
+        r"x\.ptx: the folder .*nodir does not exist",
+    )
     (tmp_path / "file").write_text("x")
-    one_line_error(capsys, ["attack", "--protocol", "fedmvmf", "--out", str(tmp_path / "file")],
-                   r"exists and is not a folder")
-    one_line_error(capsys, ["attack", "--protocol", "fedmvmf", "--out", str(tmp_path / "file" / "sub")],
-                   r"cannot create the report folder")
+    one_line_error(
+        capsys, ["attack", "--protocol", "fedmvmf", "--out", str(tmp_path / "file")], r"exists and is not a folder"
+    )
+    one_line_error(
+        capsys,
+        ["attack", "--protocol", "fedmvmf", "--out", str(tmp_path / "file" / "sub")],
+        r"cannot create the report folder",
+    )
 
 
 def test_existing_outputs_need_force(tmp_path, capsys, no_compute) -> None:
@@ -168,7 +204,7 @@ def test_force_replaces_a_transcript(tmp_path, capsys) -> None:
 
 # ---------------------------------------------------------------------------- missing extras
 
-BLOCKER = '''
+BLOCKER = """
 import sys
 
 
@@ -180,7 +216,7 @@ class _Block:
 
 
 sys.meta_path.insert(0, _Block())
-'''
+"""
 
 
 @pytest.fixture
@@ -203,8 +239,15 @@ def without_torch(tmp_path) -> dict:
 )
 def test_missing_extra_one_line_before_any_work(tmp_path, without_torch, argv) -> None:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "privaudit", *argv], cwd=tmp_path, env=without_torch,
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "privaudit", *argv],
+        cwd=tmp_path,
+        env=without_torch,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and 'pip install "privaudit[ncf]"' in lines[0], proc.stderr
@@ -239,8 +282,15 @@ def test_missing_extra_in_a_worker_process(tmp_path, without_torch) -> None:
         "except MissingDependencyError as e:\n"
         "    print('MDE', e)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=without_torch, capture_output=True,
-                          text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=without_torch,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert 'MDE torch is required for this feature: pip install "privaudit[ncf]"' in proc.stdout
 
@@ -254,7 +304,7 @@ def test_import_errors_map_to_extras() -> None:
     assert missing_dependency(ModuleNotFoundError("No module named 'foo'", name="foo")) is None
     assert missing_dependency(ValueError("x")) is None
     copy = pickle.loads(pickle.dumps(MissingDependencyError("opacus", "ncf", "'dp-sgd'")))
-    assert str(copy) == 'opacus is required for \'dp-sgd\': pip install "privaudit[ncf]"'
+    assert str(copy) == "opacus is required for 'dp-sgd': pip install \"privaudit[ncf]\""
 
 
 # ---------------------------------------------------------------------------- CSV x every protocol
@@ -288,8 +338,23 @@ def ml100k_csv(tmp_path_factory) -> Path:
 )
 def test_every_protocol_runs_on_a_ratings_csv(tmp_path, capsys, ml100k_csv, protocol, extra) -> None:
     out = tmp_path / "rep"
-    code = main(["attack", "--protocol", protocol, "--data", str(ml100k_csv), "--seeds", "1", "--jobs", "1",
-                 "--quiet", "--out", str(out), *extra])
+    code = main(
+        [
+            "attack",
+            "--protocol",
+            protocol,
+            "--data",
+            str(ml100k_csv),
+            "--seeds",
+            "1",
+            "--jobs",
+            "1",
+            "--quiet",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     results = json.loads((out / "results.json").read_text())
     assert results["dataset"]["name"] == "csv" and results["dataset"]["attributes"] == 0
@@ -327,8 +392,21 @@ def test_estimate_printed_before_a_long_run(tmp_path, capsys, monkeypatch) -> No
     monkeypatch.setattr(experiment, "run_plan", stop)
     monkeypatch.setattr(experiment, "run_transcript", stop)
     # PrivMVMF with a 2048-bit key: ~0.25 CPU s per user, epoch and (1 + rho) -> 50 x 40 x 2 x 0.25 s per run
-    main(["attack", "--protocol", "privmvmf", "--users", "50", "--set", "epochs=40", "--jobs", "2", "--out",
-          str(tmp_path / "a")])
+    main(
+        [
+            "attack",
+            "--protocol",
+            "privmvmf",
+            "--users",
+            "50",
+            "--set",
+            "epochs=40",
+            "--jobs",
+            "2",
+            "--out",
+            str(tmp_path / "a"),
+        ]
+    )
     assert "estimated time: ~50 min (6 runs of privmvmf with 50 users)" in started[0]
     main(["run", "--protocol", "privmvmf", "--users", "12", "--set", "epochs=40", "-o", str(tmp_path / "t.ptx")])
     assert "estimated time: ~4 min (1 run of privmvmf with 12 users)" in started[1]

@@ -48,8 +48,10 @@ def test_schema_map_names_entries_and_rounds():
     "spec, message",
     [
         ({}, "lacks 'kinds'"),
-        ({"kinds": [{"kind": "item_update", "direction": "up", "when": ["r"], "payload": {"items": "r/i"}}]},
-         "(kind 'item_update') lacks payload 'values'"),
+        (
+            {"kinds": [{"kind": "item_update", "direction": "up", "when": ["r"], "payload": {"items": "r/i"}}]},
+            "(kind 'item_update') lacks payload 'values'",
+        ),
         ({"kinds": [{"kind": "model", "when": ["r"]}]}, "kinds[0] lacks 'direction'"),
         (
             {"kinds": [{"kind": "model", "direction": "sideways", "when": ["r"], "payload": {"V": "r/V"}}]},

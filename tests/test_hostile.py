@@ -88,12 +88,47 @@ def raw_zip(entries: list[dict], eocd_entries: int | None = None, zip64_entries:
         if "zip64_usize" in e:
             extra = struct.pack("<HHQQ", 1, 16, e["zip64_usize"], len(data))
             c_usize = c_csize = 0xFFFFFFFF
-        out.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, flags, method, 0, 0x21, crc, len(data),
-                              min(usize, 0xFFFFFFFF), len(local), 0) + local + data)
+        out.write(
+            struct.pack(
+                "<IHHHHHIIIHH",
+                0x04034B50,
+                20,
+                flags,
+                method,
+                0,
+                0x21,
+                crc,
+                len(data),
+                min(usize, 0xFFFFFFFF),
+                len(local),
+                0,
+            )
+            + local
+            + data
+        )
         central.append(
-            struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, (e.get("create_system", 0) << 8) | 45, 45, flags, method,
-                        0, 0x21, crc, c_csize, min(c_usize, 0xFFFFFFFF), len(name), len(extra), 0, 0, 0,
-                        e.get("ext_attr", 0), offset) + name + extra
+            struct.pack(
+                "<IHHHHHHIIIHHHHHII",
+                0x02014B50,
+                (e.get("create_system", 0) << 8) | 45,
+                45,
+                flags,
+                method,
+                0,
+                0x21,
+                crc,
+                c_csize,
+                min(c_usize, 0xFFFFFFFF),
+                len(name),
+                len(extra),
+                0,
+                0,
+                0,
+                e.get("ext_attr", 0),
+                offset,
+            )
+            + name
+            + extra
         )
     cd_start = out.tell()
     for c in central:
@@ -119,10 +154,24 @@ def entry(name: str, payload: bytes, **kw) -> dict:
 
 def manifest(arrays: dict | None = None, **kw) -> bytes:
     m = {
-        "format": "privaudit-transcript", "version": 1, "protocol": "fedmvmf", "config": {}, "seed": 0,
-        "dataset": {}, "parties": ["server"],
-        "messages": [{"seq": 0, "round": 0, "sender": "server", "receiver": "server", "kind": "state",
-                      "payload": {"V": "arrays/0.npy"}, "meta": {}}],
+        "format": "privaudit-transcript",
+        "version": 1,
+        "protocol": "fedmvmf",
+        "config": {},
+        "seed": 0,
+        "dataset": {},
+        "parties": ["server"],
+        "messages": [
+            {
+                "seq": 0,
+                "round": 0,
+                "sender": "server",
+                "receiver": "server",
+                "kind": "state",
+                "payload": {"V": "arrays/0.npy"},
+                "meta": {},
+            }
+        ],
     }
     if arrays is not None:
         m["arrays"] = arrays
@@ -167,8 +216,12 @@ def manifest_bomb(lie: bool = False, mib: int = 250) -> bytes:
     for _ in range(times):
         crc = zlib.crc32(chunk, crc)
     crc = zlib.crc32(b"]}", crc)
-    return raw_zip([{"name": "manifest.json", "data": data, "usize": 100 if lie else usize, "crc": crc},
-                    entry("arrays/0.npy", GOOD_ARRAY)])
+    return raw_zip(
+        [
+            {"name": "manifest.json", "data": data, "usize": 100 if lie else usize, "crc": crc},
+            entry("arrays/0.npy", GOOD_ARRAY),
+        ]
+    )
 
 
 def deep_manifest(depth: int = 150_000) -> bytes:
@@ -179,8 +232,15 @@ def deep_manifest(depth: int = 150_000) -> bytes:
 
 def many_messages(n: int) -> bytes:
     """A manifest of ``n`` messages all pointing at the one array member (about 120 bytes each)."""
-    msg = {"seq": 0, "round": 0, "sender": "server", "receiver": "server", "kind": "state",
-           "payload": {"V": "arrays/0.npy"}, "meta": {}}
+    msg = {
+        "seq": 0,
+        "round": 0,
+        "sender": "server",
+        "receiver": "server",
+        "kind": "state",
+        "payload": {"V": "arrays/0.npy"},
+        "meta": {},
+    }
     return manifest(messages=[dict(msg, seq=i) for i in range(n)])
 
 
@@ -328,35 +388,56 @@ def outcomes(tmp_path_factory, base_ptx) -> dict:
         ("compression method 99", archive(entry(a0, good, method=99)), "compression method 99"),
         ("local/central name mismatch", archive(entry(a0, good, local_name="arrays/1.npy")), "differ"),
         # zipfile stops at the declared size, so the CRC (or, for large members, the .npy header) disagrees
-        ("central size smaller than data", archive(entry(a0, good, usize=len(good) - 8)),
-         "member 'arrays/0.npy': corrupt (Bad CRC-32"),
+        (
+            "central size smaller than data",
+            archive(entry(a0, good, usize=len(good) - 8)),
+            "member 'arrays/0.npy': corrupt (Bad CRC-32",
+        ),
         ("central size smaller than data (large member)", archive(entry(a0, big, usize=len(big) - 8)), "header needs"),
         ("npy shape (-1,-1)", archive(entry(a0, npy_header("'<f8'", "(-1, -1)") + bytes(8))), "invalid shape"),
-        ("zero-itemsize dtype x 10^18", archive(entry(a0, npy_header("'|V0'", "(10**18,)"))),
-         "not a valid .npy member"),
+        (
+            "zero-itemsize dtype x 10^18",
+            archive(entry(a0, npy_header("'|V0'", "(10**18,)"))),
+            "not a valid .npy member",
+        ),
         ("zero-itemsize dtype x 10^18 (literal)", archive(entry(a0, npy_header("'|V0'", f"({10**18},)"))), "refused"),
-        ("table shape 18",
-         archive(manifest_entry=entry("manifest.json", manifest({a0: {"dtype": "<f8", "shape": 18}}))),
-         "invalid shape in the manifest"),
-        ("table dtype dict, negative offset",
-         archive(manifest_entry=entry("manifest.json", manifest({a0: {"dtype": neg_offset, "shape": [3, 2]}}))),
-         "invalid dtype in the manifest"),
-        ("npy dtype negative offset",
-         archive(entry(a0, npy_header(repr(dict(neg_offset, itemsize=8)), "(1,)") + bytes(8))),
-         "not a valid .npy member"),
+        (
+            "table shape 18",
+            archive(manifest_entry=entry("manifest.json", manifest({a0: {"dtype": "<f8", "shape": 18}}))),
+            "invalid shape in the manifest",
+        ),
+        (
+            "table dtype dict, negative offset",
+            archive(manifest_entry=entry("manifest.json", manifest({a0: {"dtype": neg_offset, "shape": [3, 2]}}))),
+            "invalid dtype in the manifest",
+        ),
+        (
+            "npy dtype negative offset",
+            archive(entry(a0, npy_header(repr(dict(neg_offset, itemsize=8)), "(1,)") + bytes(8))),
+            "not a valid .npy member",
+        ),
         ("object dtype", archive(entry(a0, npy_header("'|O'", "(1,)") + bytes(8))), "object arrays are refused"),
         ("duplicate member names", archive(extra=[entry(a0, npy_bytes(np.zeros((3, 2))))]), "appears twice"),
         ("symlink member", archive(entry(a0, good, create_system=3, ext_attr=0o120777 << 16)), "symbolic link"),
         ("absurd member count (zip64 end record)", archive(zip64_entries=10**9), "declares 1000000000 members"),
         ("zip64 size 2^62", archive(entry(a0, good, zip64_usize=2**62)), "exceeds the limit"),
-        ("non-UTF-8 manifest", archive(manifest_entry=entry("manifest.json", manifest().replace(b"mvmf", b"\xffmvmf"))),
-         "not UTF-8"),
+        (
+            "non-UTF-8 manifest",
+            archive(manifest_entry=entry("manifest.json", manifest().replace(b"mvmf", b"\xffmvmf"))),
+            "not UTF-8",
+        ),
         ("truncated archive", archive()[:-30], "not a transcript archive"),
-        ("absurd message count in the manifest", archive(manifest_entry=entry("manifest.json", many_messages(200_000))),
-         "manifest.json declares"),
+        (
+            "absurd message count in the manifest",
+            archive(manifest_entry=entry("manifest.json", many_messages(200_000))),
+            "manifest.json declares",
+        ),
         ("path traversal", archive(extra=[entry("../evil.npy", good)]), "path traversal"),
-        ("control characters in a member name",
-         archive(extra=[entry("arrays/\x1b[2K\rprivaudit: ok.npy", good, method=99)]), "compression method 99"),
+        (
+            "control characters in a member name",
+            archive(extra=[entry("arrays/\x1b[2K\rprivaudit: ok.npy", good, method=99)]),
+            "compression method 99",
+        ),
     ]
     for name, data, expect in cases:
         inspect_case(name, data, expect)
@@ -380,7 +461,7 @@ def outcomes(tmp_path_factory, base_ptx) -> dict:
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {name: pool.submit(_run, args, d) for name, (args, d, _) in jobs.items()}
     results = {}
-    for name, (args, d, expect) in jobs.items():
+    for name, (_args, d, expect) in jobs.items():
         res = futures[name].result()
         res.update(expect=expect, before=before[name], after=sorted(p.name for p in d.iterdir()))
         results[name] = res
@@ -389,16 +470,37 @@ def outcomes(tmp_path_factory, base_ptx) -> dict:
 
 def _cases() -> list[str]:
     return [
-        "zero member 3.5 GiB", "manifest bomb 250 MiB", "manifest bomb, size lies", "manifest nested 150k",
-        "manifest nested 100k", "bad CRC", "corrupt deflate", "encrypted flag", "compression method 99",
-        "local/central name mismatch", "central size smaller than data",
-        "central size smaller than data (large member)", "npy shape (-1,-1)",
-        "zero-itemsize dtype x 10^18", "zero-itemsize dtype x 10^18 (literal)", "table shape 18",
-        "table dtype dict, negative offset", "npy dtype negative offset", "object dtype", "duplicate member names",
-        "symlink member", "absurd member count (zip64 end record)", "zip64 size 2^62", "non-UTF-8 manifest",
-        "truncated archive", "absurd message count in the manifest", "path traversal",
-        "control characters in a member name", "duplicate member (attack)",
-        *SCHEMA_CASES, "report on deeply nested results.json",
+        "zero member 3.5 GiB",
+        "manifest bomb 250 MiB",
+        "manifest bomb, size lies",
+        "manifest nested 150k",
+        "manifest nested 100k",
+        "bad CRC",
+        "corrupt deflate",
+        "encrypted flag",
+        "compression method 99",
+        "local/central name mismatch",
+        "central size smaller than data",
+        "central size smaller than data (large member)",
+        "npy shape (-1,-1)",
+        "zero-itemsize dtype x 10^18",
+        "zero-itemsize dtype x 10^18 (literal)",
+        "table shape 18",
+        "table dtype dict, negative offset",
+        "npy dtype negative offset",
+        "object dtype",
+        "duplicate member names",
+        "symlink member",
+        "absurd member count (zip64 end record)",
+        "zip64 size 2^62",
+        "non-UTF-8 manifest",
+        "truncated archive",
+        "absurd message count in the manifest",
+        "path traversal",
+        "control characters in a member name",
+        "duplicate member (attack)",
+        *SCHEMA_CASES,
+        "report on deeply nested results.json",
     ]
 
 

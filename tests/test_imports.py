@@ -117,11 +117,17 @@ def test_layers_import_in_one_direction():
     assert not g["privaudit.plan"] & ({"privaudit.cli", "privaudit.experiment", "privaudit.audit"} | reports)
     # reports read results dicts only
     for m in reports:
-        assert g[m] <= {"privaudit.results", "privaudit.metrics", "privaudit.errors", "privaudit._safejson"} | reports, m
+        assert (
+            g[m] <= {"privaudit.results", "privaudit.metrics", "privaudit.errors", "privaudit._safejson"} | reports
+        ), m
     # results is a leaf (metrics is one too)
     assert g["privaudit.results"] <= {"privaudit.metrics"}
     assert g["privaudit.metrics"] == set()
     # protocols, attacks, defenses, transcript, data, models never import the experiment layer
-    lower = [m for m in g if m.count(".") and m.split(".")[1] in ("protocols", "attacks", "defenses", "transcript", "data", "models")]
+    lower = [
+        m
+        for m in g
+        if m.count(".") and m.split(".")[1] in ("protocols", "attacks", "defenses", "transcript", "data", "models")
+    ]
     for m in lower:
         assert not g[m] & (upper | reports | {"privaudit.runner"}), m

@@ -10,9 +10,9 @@ from privaudit import metrics as M
 from privaudit.metrics import (
     auc,
     hit_ratio_at_k,
+    mae,
     majority_guess_accuracy,
     map_at_k,
-    mae,
     mean_ci95,
     mean_rank,
     ndcg_at_k_loo,
@@ -75,9 +75,7 @@ def test_hit_ratio_by_hand():
 
 def test_ndcg_loo_by_hand():
     assert ndcg_at_k_loo(LOO_SCORES, LOO_TARGET, k=2) == approx((1 / L2(2) + 1 / L2(3) + 0) / 3)
-    assert ndcg_at_k_loo(LOO_SCORES, LOO_TARGET, k=4) == approx(
-        (1 / L2(2) + 1 / L2(3) + 1 / L2(5)) / 3
-    )
+    assert ndcg_at_k_loo(LOO_SCORES, LOO_TARGET, k=4) == approx((1 / L2(2) + 1 / L2(3) + 1 / L2(5)) / 3)
 
 
 def test_loo_ties_pessimistic_constant_scores():

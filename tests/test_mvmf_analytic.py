@@ -20,8 +20,14 @@ SCENARIOS = [(u, c) for u in ("semials", "sgd") for c in ("obsonly", "inclunc")]
 
 def _run(dataset, update, unrated, defenses=(), epochs=2, record_rounds=2, seed=0, **extra):
     proto = registry.get("protocol", "fedmvmf")()
-    cfg = {"update": update, "unrated": unrated, "epochs": epochs, "record_rounds": record_rounds,
-           "cold_user_fraction": 0.0, **extra}
+    cfg = {
+        "update": update,
+        "unrated": unrated,
+        "epochs": epochs,
+        "record_rounds": record_rounds,
+        "cold_user_fraction": 0.0,
+        **extra,
+    }
     return proto.run(dataset, cfg, list(defenses), rng=seed).transcript
 
 
@@ -170,7 +176,9 @@ def test_ml100k_exact_all_users(ml100k_path, update, unrated):
 def _same_reconstruction(r1, r2) -> bool:
     return r1.victims.keys() == r2.victims.keys() and all(
         np.array_equal(r1.victims[v][key], r2.victims[v][key])
-        for v in r1.victims for key in ("items", "ratings", "attributes"))
+        for v in r1.victims
+        for key in ("items", "ratings", "attributes")
+    )
 
 
 @pytest.mark.parametrize("update,unrated", SCENARIOS)

@@ -45,8 +45,25 @@ def test_registered_and_declared():
 def test_jacobian_matches_finite_differences(clean_runs, scenario):
     fv = _mvmf.parse_view(clean_runs[scenario].view("server"))
     cfg = fv.config
-    st = Setting(fv.V[0], fv.P[0], fv.V[1], fv.P[1], scenario[0], scenario[1] == "inclunc", cfg["alpha"], cfg["lam"],
-                 cfg["w"], cfg["eta"], 0.0, 5.0, 3.0, "hybr", 1, 50, 1e-9)
+    st = Setting(
+        fv.V[0],
+        fv.P[0],
+        fv.V[1],
+        fv.P[1],
+        scenario[0],
+        scenario[1] == "inclunc",
+        cfg["alpha"],
+        cfg["lam"],
+        cfg["w"],
+        cfg["eta"],
+        0.0,
+        5.0,
+        3.0,
+        "hybr",
+        1,
+        50,
+        1e-9,
+    )
     up = fv.clients["client:0"]
     victim = Victim("client:0", up.items[0], up.grad_V[0], up.grad_P[0], up.grad_V[1])
     system = UserSystem(st, victim, k=2, istar=1)
@@ -117,7 +134,9 @@ def test_reduced_formulation_matches_full(clean_runs, scenario):
 
 @pytest.mark.parametrize("method", [m for m in METHODS if m != "hybr"])
 def test_every_method_runs_and_never_crashes(clean_runs, method):
-    out = MVMFNonlinear(method=method, users=4, maxiter=30).evaluate(clean_runs["semials", "obsonly"], np.random.default_rng(2))
+    out = MVMFNonlinear(method=method, users=4, maxiter=30).evaluate(
+        clean_runs["semials", "obsonly"], np.random.default_rng(2)
+    )
     assert out.reconstruction.meta["method"] == method and out.reconstruction.meta["victims"] == 4
     assert 0.0 <= out.metrics["rating_accuracy"] <= 1.0
 
@@ -139,7 +158,16 @@ def test_failed_solve_falls_back_to_initial_guess(clean_runs):
 def test_encrypted_view_scores_as_baseline(small):
     from privaudit.defenses.paillier import PaillierDefense as Paillier
 
-    tr = FedMVMF().run(small.subset_users(np.arange(12)), {"epochs": 1, "K": 3}, [Paillier(key_length=TEST_KEY_LENGTH, insecure_test_key=True)], rng=0).transcript
+    tr = (
+        FedMVMF()
+        .run(
+            small.subset_users(np.arange(12)),
+            {"epochs": 1, "K": 3},
+            [Paillier(key_length=TEST_KEY_LENGTH, insecure_test_key=True)],
+            rng=0,
+        )
+        .transcript
+    )
     attack = MVMFNonlinear()
     ok, reason = attack.applicable(tr.view("server"))
     assert not ok and "ciphertext" in reason

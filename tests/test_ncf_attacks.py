@@ -36,12 +36,21 @@ def test_update_leak_recall_one_and_precision_grows_with_rounds(plain_run):
     assert precisions[-1] > 0.6
     assert all(m[f"recall_r{j}"] == 1.0 for j in range(1, 5))
     assert m["precision"] > out.baseline["precision"] * 1.5
-    assert NCFUpdateLeak(rounds=-1).evaluate(plain_run.transcript, np.random.default_rng(0)).metrics["precision"] == pytest.approx(precisions[-1])
+    assert NCFUpdateLeak(rounds=-1).evaluate(plain_run.transcript, np.random.default_rng(0)).metrics[
+        "precision"
+    ] == pytest.approx(precisions[-1])
 
 
 @pytest.mark.parametrize("negatives", [0, 4])
 def test_kanon_linking_under_secagg(ds, negatives):
-    cfg = {"global_rounds": 0, "selection": "adversarial", "manipulated_rounds": 4, "clients_per_round": 8, "negatives": negatives, "target": 3}
+    cfg = {
+        "global_rounds": 0,
+        "selection": "adversarial",
+        "manipulated_rounds": 4,
+        "clients_per_round": 8,
+        "negatives": negatives,
+        "target": 3,
+    }
     res = FedNCF().run(ds, cfg, [SecAgg()], 0)
     t = res.transcript
     assert NCFUpdateLeak().evaluate(t, np.random.default_rng(0)).reconstruction.supported is False

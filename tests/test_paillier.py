@@ -33,7 +33,10 @@ def _channel(defense, n_clients=6):
 
 def _item_payloads(rng, n_clients, m, K, per_client=5, scale=3.0):
     return [
-        {"items": np.sort(rng.choice(m, per_client, replace=False)).astype(np.int64), "values": rng.normal(0, scale, (per_client, K))}
+        {
+            "items": np.sort(rng.choice(m, per_client, replace=False)).astype(np.int64),
+            "values": rng.normal(0, scale, (per_client, K)),
+        }
         for _ in range(n_clients)
     ]
 
@@ -48,8 +51,14 @@ def test_registered_and_hides_plaintext():
 
 @pytest.mark.parametrize(
     "params, message",
-    [({"key_length": 100}, "key_length"), ({"decryptors": 0}, "decryptors"), ({"precision": 60}, "precision"),
-     ({"bound": 0.0}, "bound"), ({"cohort_size": -1}, "cohort_size"), ({"jobs": 0}, "jobs")],
+    [
+        ({"key_length": 100}, "key_length"),
+        ({"decryptors": 0}, "decryptors"),
+        ({"precision": 60}, "precision"),
+        ({"bound": 0.0}, "bound"),
+        ({"cohort_size": -1}, "cohort_size"),
+        ({"jobs": 0}, "jobs"),
+    ],
 )
 def test_invalid_parameters(params, message):
     with pytest.raises(PrivauditError, match=message):
@@ -180,7 +189,9 @@ def test_cohorts_and_transcript_round_trip(tmp_path):
     assert np.allclose(got["values"], plain_sum(pays, m)["values"], atol=1e-8)
     path = tr.save(tmp_path / "he.ptx")
     back = load(path)
-    assert np.array_equal(back.select("grad_V")[0].payload["ciphertexts"], tr.select("grad_V")[0].payload["ciphertexts"])
+    assert np.array_equal(
+        back.select("grad_V")[0].payload["ciphertexts"], tr.select("grad_V")[0].payload["ciphertexts"]
+    )
     assert not back.without_private().private(d.keyholder)
 
 

@@ -90,8 +90,9 @@ def test_djn_defense_sums_equal_standard_and_plain(packing):
     dense = [{"values": rng.normal(0, 2, (6, K))} for _ in senders]
     sums = {}
     for obf in ("standard", "djn"):
-        d = PaillierDefense(key_length=TEST_KEY_LENGTH, insecure_test_key=True, packing=packing,
-                            obfuscation=obf, precompute=8)
+        d = PaillierDefense(
+            key_length=TEST_KEY_LENGTH, insecure_test_key=True, packing=packing, obfuscation=obf, precompute=8
+        )
         tr = Transcript("test", parties=["server", *senders])
         ch = Channel([d], tr, np.random.default_rng(0))
         sums[obf] = (ch.sum(ch.send(0, "grad_V", senders, pays), rows=m), ch.sum(ch.send(0, "grad_P", senders, dense)))

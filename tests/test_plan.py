@@ -4,9 +4,9 @@ same numbers; malformed plans are one-line errors."""
 from __future__ import annotations
 
 import json
-import tomllib
 
 import pytest
+import tomllib
 
 from privaudit import plan as pl
 from privaudit.cli import main
@@ -25,9 +25,33 @@ def _numbers(folder):
 def test_config_rerun_gives_identical_numbers(tmp_path, capsys):
     csv = write_csv(tmp_path / "r.csv", 20)
     first = tmp_path / "a"
-    assert main(["attack", "--protocol", "dummy-proto", "--noise", "dummy-noise", "--scales", "0,0.5,4",
-                 "--set", "rounds=3", "--data", csv, "--seeds", "2", "--seed", "7", "--jobs", "1",
-                 "--out", str(first), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "attack",
+                "--protocol",
+                "dummy-proto",
+                "--noise",
+                "dummy-noise",
+                "--scales",
+                "0,0.5,4",
+                "--set",
+                "rounds=3",
+                "--data",
+                csv,
+                "--seeds",
+                "2",
+                "--seed",
+                "7",
+                "--jobs",
+                "1",
+                "--out",
+                str(first),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     doc = tomllib.loads((first / "plan.toml").read_text())
     assert doc["run"]["protocol"] == "dummy-proto" and doc["run"]["seeds"] == 2 and doc["run"]["seed"] == 7
     assert doc["protocol"]["rounds"] == 3 and doc["sweep"]["values"] == [0.0, 0.5, 4.0]
@@ -39,13 +63,18 @@ def test_config_rerun_gives_identical_numbers(tmp_path, capsys):
 
 
 def test_plan_resolves_once_and_validates_the_grid():
-    plan = pl.resolve(protocol="dummy-proto", defenses=[("dummy-noise", {})],
-                      sweep=pl.Sweep("dummy-noise", "scale", ("0", "1")), seeds=2)
+    plan = pl.resolve(
+        protocol="dummy-proto",
+        defenses=[("dummy-noise", {})],
+        sweep=pl.Sweep("dummy-noise", "scale", ("0", "1")),
+        seeds=2,
+    )
     assert [v for _, v, *_ in plan.grid()] == [0.0, 1.0]
     assert plan.attack_cls.name == "dummy-attack" and plan.seeds == [0, 1]
     with pytest.raises(PrivauditError, match="scale must be"):
-        pl.resolve(protocol="dummy-proto", defenses=[("dummy-noise", {})],
-                   sweep=pl.Sweep("dummy-noise", "scale", ("0", "x")))
+        pl.resolve(
+            protocol="dummy-proto", defenses=[("dummy-noise", {})], sweep=pl.Sweep("dummy-noise", "scale", ("0", "x"))
+        )
 
 
 @pytest.mark.parametrize(
@@ -55,7 +84,10 @@ def test_plan_resolves_once_and_validates_the_grid():
         ("[run]\nprotocol = 'dummy-proto'\n", "needs data"),
         ("[run]\nprotocol = 'dummy-proto'\ndata = 'synthetic'\nseeds = 'two'\n", "seeds must be an integer"),
         ("[run]\nprotocol = 'dummy-proto'\ndata = 'synthetic'\n[bogus]\n", "unknown table"),
-        ("[run]\nprotocol = 'dummy-proto'\ndata = 'synthetic'\n[protocol]\nrounds = 'x'\n", "rounds must be an integer"),
+        (
+            "[run]\nprotocol = 'dummy-proto'\ndata = 'synthetic'\n[protocol]\nrounds = 'x'\n",
+            "rounds must be an integer",
+        ),
         ("[run]\nprotocol = 'dummy-proto'\ndata = 'synthetic'\nseed = -3\n", "--seed must be non-negative"),
     ],
 )
@@ -75,8 +107,28 @@ def test_config_refuses_other_plan_flags(tmp_path, capsys):
 def test_audit_folder_records_its_plan_and_config_reruns_it(tmp_path, capsys):
     csv = write_csv(tmp_path / "r.csv", 20)
     first = tmp_path / "a"
-    assert main(["audit", "--protocol", "dummy-proto", "--defense", "dummy-noise", "--data", csv, "--set", "rounds=3",
-                 "--seeds", "1", "--jobs", "1", "--out", str(first)]) == 0
+    assert (
+        main(
+            [
+                "audit",
+                "--protocol",
+                "dummy-proto",
+                "--defense",
+                "dummy-noise",
+                "--data",
+                csv,
+                "--set",
+                "rounds=3",
+                "--seeds",
+                "1",
+                "--jobs",
+                "1",
+                "--out",
+                str(first),
+            ]
+        )
+        == 0
+    )
     doc = tomllib.loads((first / "plan.toml").read_text())
     assert doc["audit"]["defenses"] == ["dummy-noise"] and doc["protocol"] == {"rounds": "3"}
     second = tmp_path / "b"

@@ -27,8 +27,19 @@ def plugin_path(tmp_path_factory) -> Path:
     source = work / "src"
     shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     target = work / "site"
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-           "--target", str(target), str(source)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "--target",
+        str(target),
+        str(source),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert (target / "privaudit_plugin_example").is_dir()
@@ -37,8 +48,9 @@ def plugin_path(tmp_path_factory) -> Path:
 
 def _run(plugin_path: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugin_path), str(ROOT)]))
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=plugin_path.parent,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, cwd=plugin_path.parent, timeout=timeout
+    )
 
 
 def test_list_and_describe_show_the_plugin(plugin_path):
@@ -87,8 +99,23 @@ def test_plugin_classes_behave(plugin_path):
 def test_attack_command_runs_the_plugin(plugin_path, tmp_path):
     out = tmp_path / "report"
     proc = _run(
-        plugin_path, "-m", "privaudit", "attack", "--protocol", "fedmvmf", "--attack", "uploaded-items",
-        "--defense", "quantize", "--seeds", "1", "--jobs", "1", "--quiet", "--out", str(out),
+        plugin_path,
+        "-m",
+        "privaudit",
+        "attack",
+        "--protocol",
+        "fedmvmf",
+        "--attack",
+        "uploaded-items",
+        "--defense",
+        "quantize",
+        "--seeds",
+        "1",
+        "--jobs",
+        "1",
+        "--quiet",
+        "--out",
+        str(out),
     )
     assert proc.returncode == 0, proc.stderr
     results = json.loads((out / "results.json").read_text())

@@ -11,8 +11,16 @@ from privaudit.metrics import roc_summary
 from privaudit.registry import available, get
 from privaudit.results import Decisions, MetricSpec
 
-BUILT_IN = ("mvmf-analytic", "mvmf-nonlinear", "mvmf-aggregate", "fedsplit-inference", "ncf-update-leak",
-            "ncf-kanon-linking", "fedrec-rated-items", "proto-membership")
+BUILT_IN = (
+    "mvmf-analytic",
+    "mvmf-nonlinear",
+    "mvmf-aggregate",
+    "fedsplit-inference",
+    "ncf-update-leak",
+    "ncf-kanon-linking",
+    "fedrec-rated-items",
+    "proto-membership",
+)
 
 
 @pytest.fixture(scope="module")

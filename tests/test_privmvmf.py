@@ -6,7 +6,6 @@ Keys are 512 bits (fast; the default is 2048); data is tiny synthetic, 2 epochs.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -47,7 +46,10 @@ def test_registered_alias_adds_defenses():
     assert defs[0].config["w"] == 0.25 and defs[1].config["key_length"] == 2048
     assert defs[0].config["rho"] == 1.0 and defs[0].config["distribution"] == "matched"
     # a caller's sampling without w gets the protocol's w; paillier is moved last
-    paillier, sampling = get("defense", "paillier")(key_length=KEY, insecure_test_key=True), get("defense", "sampling")(rho=2)
+    paillier, sampling = (
+        get("defense", "paillier")(key_length=KEY, insecure_test_key=True),
+        get("defense", "sampling")(rho=2),
+    )
     defs = privmvmf_defenses([paillier, sampling], 0.3)
     assert [d.name for d in defs] == ["sampling", "paillier"]
     assert defs[0].config["rho"] == 2 and defs[0].config["w"] == 0.3

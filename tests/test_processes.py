@@ -63,10 +63,30 @@ def _alive(pids: set[int]) -> set[int]:
 def test_killing_the_parent_of_a_parallel_sweep_leaves_no_process(tmp_path, sig):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, "attack", "--protocol", "dummy-proto", "--noise", "dummy-noise",
-         "--scales", "0,1,2,3,4,5,6,7", "--set", "delay=2", "--seeds", "2", "--jobs", "2",
-         "--out", str(tmp_path / "r")],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-c",
+            SCRIPT,
+            "attack",
+            "--protocol",
+            "dummy-proto",
+            "--noise",
+            "dummy-noise",
+            "--scales",
+            "0,1,2,3,4,5,6,7",
+            "--set",
+            "delay=2",
+            "--seeds",
+            "2",
+            "--jobs",
+            "2",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         workers: set[int] = set()

@@ -23,7 +23,12 @@ def test_readme_python_example_runs(tmp_path: Path) -> None:
     script.write_text(blocks[0], encoding="utf-8")
     env_path = str(ROOT)
     proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
         env={**os.environ, "PYTHONPATH": env_path},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -41,7 +46,17 @@ def test_readme_python_example_runs(tmp_path: Path) -> None:
 def test_exported_names() -> None:
     import privaudit
 
-    for name in ("load_dataset", "synthetic", "RatingsDataset", "Transcript", "get_protocol", "get_attack",
-                 "get_defense", "build_experiment", "run_experiment", "PrivauditError"):
+    for name in (
+        "load_dataset",
+        "synthetic",
+        "RatingsDataset",
+        "Transcript",
+        "get_protocol",
+        "get_attack",
+        "get_defense",
+        "build_experiment",
+        "run_experiment",
+        "PrivauditError",
+    ):
         assert name in privaudit.__all__ and getattr(privaudit, name) is not None
     assert privaudit.get_protocol("fedmvmf").name == "fedmvmf"

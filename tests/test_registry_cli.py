@@ -47,7 +47,9 @@ def _install_plugin(root):
 def _run_cli(*args, env_extra=None):
     env = dict(os.environ)
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "privaudit", *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "privaudit", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_plugin_from_entry_point_shows_in_list(tmp_path):
@@ -68,7 +70,11 @@ def test_unknown_names_list_the_choices():
 
 def test_params_coercion_and_errors():
     assert resolve({"K": 10, "lam": 0.1, "on": False, "mode": "user"}, {"K": "5", "lam": "1e-3", "on": "yes"}, "x") == {
-        "K": 5, "lam": 1e-3, "on": True, "mode": "user"}
+        "K": 5,
+        "lam": 1e-3,
+        "on": True,
+        "mode": "user",
+    }
     with pytest.raises(PrivauditError, match="x: K must be an integer, got 'ten'"):
         resolve({"K": 10}, {"K": "ten"}, "x")
     with pytest.raises(PrivauditError, match=r"x: unknown parameter 'k' \(known: K\)"):

@@ -16,7 +16,17 @@ from privaudit.errors import PrivauditError
 from privaudit.reports import figures, render
 from tests.dummies import tiny_dataset
 
-SCHEMA = ["privaudit_version", "protocol", "protocol_config", "attack", "sweep", "defenses", "dataset", "points", "summary"]
+SCHEMA = [
+    "privaudit_version",
+    "protocol",
+    "protocol_config",
+    "attack",
+    "sweep",
+    "defenses",
+    "dataset",
+    "points",
+    "summary",
+]
 POINT = ["value", "seed", "attack_metrics", "baseline_random", "baseline_prior", "supported"]
 
 
@@ -44,10 +54,16 @@ def test_report_folder_schema_and_files(noise_results, tmp_path):
     out = reports.write_report(noise_results, tmp_path / "r")
     names = sorted(p.name for p in out.iterdir())
     assert names == [
-        "accuracy_vs_noise.png", "accuracy_vs_noise.svg",
-        "accuracy_vs_noise_epsilon.png", "accuracy_vs_noise_epsilon.svg",  # the noise records an epsilon
-        "report.html", "report.md", "results.csv", "results.json",
-        "roc_dummy-attack.png", "roc_dummy-attack.svg",  # the attack makes per-bit decisions
+        "accuracy_vs_noise.png",
+        "accuracy_vs_noise.svg",
+        "accuracy_vs_noise_epsilon.png",
+        "accuracy_vs_noise_epsilon.svg",  # the noise records an epsilon
+        "report.html",
+        "report.md",
+        "results.csv",
+        "results.json",
+        "roc_dummy-attack.png",
+        "roc_dummy-attack.svg",  # the attack makes per-bit decisions
     ]
     data = json.loads((out / "results.json").read_text())
     assert list(data)[: len(SCHEMA)] == SCHEMA
@@ -55,8 +71,13 @@ def test_report_folder_schema_and_files(noise_results, tmp_path):
     assert len(data["points"]) == 15
     for p in data["points"]:
         assert list(p)[: len(POINT)] == POINT
-    assert {r["metric"] for r in data["summary"]} >= {"accuracy", "victims", "baseline.accuracy", "utility.ndcg@10",
-                                                      "advantage.accuracy"}
+    assert {r["metric"] for r in data["summary"]} >= {
+        "accuracy",
+        "victims",
+        "baseline.accuracy",
+        "utility.ndcg@10",
+        "advantage.accuracy",
+    }
     assert all(set(r) == {"value", "metric", "mean", "ci95"} for r in data["summary"])
     with open(out / "results.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
@@ -143,14 +164,26 @@ def test_table(noise_results):
     lines = text.split("\n\n")[0].splitlines()  # the summary table (the ROC table follows)
     assert lines[0].startswith("verdict: dummy-attack (accuracy): ")  # the verdict sentence opens the output
     head = lines[1]
-    for column in ("dummy-noise.scale", "accuracy: random", "advantage (accuracy)", "verdict", "utility: ndcg@10",
-                   "ε total over the run", "empirical ε (95 % lower bound)", "seeds"):
+    for column in (
+        "dummy-noise.scale",
+        "accuracy: random",
+        "advantage (accuracy)",
+        "verdict",
+        "utility: ndcg@10",
+        "ε total over the run",
+        "empirical ε (95 % lower bound)",
+        "seeds",
+    ):
         assert column in head
     assert head.count("ε total") == 1  # one epsilon column
     assert lines[3].split()[:3] == ["0", "1.000", "0.500"]
     assert "±" in lines[-1]
     # epsilon column: the seed mean of each point's total privacy cost (dummy: rounds / scale; none at scale 0)
-    rounds = {p["value"]: p["privacy"]["dummy-noise"]["epsilon"] * p["value"] for p in noise_results["points"] if p.get("privacy")}
+    rounds = {
+        p["value"]: p["privacy"]["dummy-noise"]["epsilon"] * p["value"]
+        for p in noise_results["points"]
+        if p.get("privacy")
+    }
     r = next(iter(rounds.values()))
     assert lines[3].split()[-3] == "-" and float(lines[-1].split()[-3]) == pytest.approx(r / 10, rel=1e-3)
 
@@ -191,8 +224,14 @@ def test_single_point_and_categorical_reports(tmp_path):
 
 
 def test_default_out_dir():
-    assert str(render.default_out_dir({"protocol": "fedmvmf", "sweep": "laplace.scale"})) == "privaudit-report/fedmvmf-laplace.scale"
-    assert str(render.default_out_dir({"protocol": "fedmvmf", "sweep": None, "transcript": True})) == "privaudit-report/fedmvmf-transcript"
+    assert (
+        str(render.default_out_dir({"protocol": "fedmvmf", "sweep": "laplace.scale"}))
+        == "privaudit-report/fedmvmf-laplace.scale"
+    )
+    assert (
+        str(render.default_out_dir({"protocol": "fedmvmf", "sweep": None, "transcript": True}))
+        == "privaudit-report/fedmvmf-transcript"
+    )
 
 
 def test_read_results_errors(tmp_path):
@@ -237,13 +276,16 @@ def test_markdown_escapes_markup(noise_results, tmp_path):
     assert "<i>" not in md
 
 
-@pytest.mark.parametrize("mutate, expected", [
-    (lambda d: d.update(metric_specs=[1, 2]), "'metric_specs' must be an object"),
-    (lambda d: d["points"][0].update(roc={"bit": {"fpr": ["x", "y"], "tpr": [1, 2]}}), "could not convert"),
-    (lambda d: d.update(figure_metrics=7), "not a valid results.json"),
-    (lambda d: d.update(verdicts=[{"rows": [{"value": [1], "advantage": "high"}]}]), None),  # shown as n/a
-    (lambda d: d["points"][0].update(privacy={"dummy-noise": {"epsilon": "lots"}}), None),  # shown as n/a
-])
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda d: d.update(metric_specs=[1, 2]), "'metric_specs' must be an object"),
+        (lambda d: d["points"][0].update(roc={"bit": {"fpr": ["x", "y"], "tpr": [1, 2]}}), "could not convert"),
+        (lambda d: d.update(figure_metrics=7), "not a valid results.json"),
+        (lambda d: d.update(verdicts=[{"rows": [{"value": [1], "advantage": "high"}]}]), None),  # shown as n/a
+        (lambda d: d["points"][0].update(privacy={"dummy-noise": {"epsilon": "lots"}}), None),  # shown as n/a
+    ],
+)
 def test_report_of_a_malformed_results_json_is_one_line(noise_results, tmp_path, capsys, mutate, expected):
     from privaudit.cli import main
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -11,6 +10,7 @@ from privaudit.defenses.base import ClientData
 from privaudit.defenses.sampling import DEFAULT_W, SamplingDefense, item_set_guess, sample_unrated
 from privaudit.errors import PrivauditError
 from privaudit.registry import get
+
 
 def _ratings(n=40, m=60, seed=0):
     rng = np.random.default_rng(seed)
@@ -36,8 +36,15 @@ def test_default_weight_is_fedmvmf_default_w():
     assert SamplingDefense(w=0.7).weight == 0.7
 
 
-@pytest.mark.parametrize("params, message", [({"rho": -1}, "rho"), ({"filling": "zero"}, "filling"),
-                                             ({"w": -0.5}, "w"), ({"distribution": "x"}, "distribution")])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"rho": -1}, "rho"),
+        ({"filling": "zero"}, "filling"),
+        ({"w": -0.5}, "w"),
+        ({"distribution": "x"}, "distribution"),
+    ],
+)
 def test_invalid(params, message):
     with pytest.raises(PrivauditError, match=message):
         SamplingDefense(**params)
@@ -78,7 +85,9 @@ def test_ua_filling_uses_user_mean_and_weight_one():
     virt = out.virtual.data
     assert np.allclose(out.ratings.data[virt], means[rows[virt]])
     assert np.all(out.weights.data == 1)
-    hf = SamplingDefense(rho=1, filling="hf", t_predict=3).on_client_data(ClientData.from_ratings(R), np.random.default_rng(2))
+    hf = SamplingDefense(rho=1, filling="hf", t_predict=3).on_client_data(
+        ClientData.from_ratings(R), np.random.default_rng(2)
+    )
     assert np.allclose(hf.ratings.data, out.ratings.data)  # HF starts as UA; the protocol refills later
 
 
@@ -138,8 +147,10 @@ def test_ml100k_rated_guess_at_chance(rho, ml100k_path):
     d = SamplingDefense(rho=rho, distribution="matched")
     matched = d.on_client_data(ClientData.from_ratings(R), np.random.default_rng(0))
     sets = _sets(matched.ratings)
-    res = {s: item_set_guess(sets, _sets(R), rho, s, item_counts=nj)["precision"]
-           for s in ("uniform", "popularity", "rarity", "counts", "cooccurrence", "lowrank")}
+    res = {
+        s: item_set_guess(sets, _sets(R), rho, s, item_counts=nj)["precision"]
+        for s in ("uniform", "popularity", "rarity", "counts", "cooccurrence", "lowrank")
+    }
     assert abs(res["uniform"] - chance) < 0.02
     if rho == 1:
         for s in ("popularity", "rarity", "counts", "cooccurrence"):

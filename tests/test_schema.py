@@ -63,11 +63,30 @@ def test_csv_data_without_attributes_validates(tmp_path):
 
 
 def _fedmvmf() -> Transcript:
-    t = Transcript("fedmvmf", {"K": 2, "n_items": 4, "attribute_names": ["a", "b"], "alpha": 1.0, "lam": 1.0,
-                               "update": "semials", "unrated": "obsonly", "rating_min": 1.0, "rating_max": 5.0},
-                   0, {"users": 1, "items": 4}, ["server", "client:0", "item-server"])
-    t.add(0, "client:0", "client:0", "private", {"items": np.array([1, 3]), "ratings": np.array([4.0, 5.0]),
-                                                 "attributes": np.array([0.0, 1.0])})
+    t = Transcript(
+        "fedmvmf",
+        {
+            "K": 2,
+            "n_items": 4,
+            "attribute_names": ["a", "b"],
+            "alpha": 1.0,
+            "lam": 1.0,
+            "update": "semials",
+            "unrated": "obsonly",
+            "rating_min": 1.0,
+            "rating_max": 5.0,
+        },
+        0,
+        {"users": 1, "items": 4},
+        ["server", "client:0", "item-server"],
+    )
+    t.add(
+        0,
+        "client:0",
+        "client:0",
+        "private",
+        {"items": np.array([1, 3]), "ratings": np.array([4.0, 5.0]), "attributes": np.array([0.0, 1.0])},
+    )
     t.add(0, "server", "server", "state", {"V": np.ones((4, 2)), "P": np.ones((2, 2))})
     t.add(0, "client:0", "server", "grad_V", {"items": np.array([1, 3]), "values": np.ones((2, 2))})
     t.add(0, "client:0", "server", "grad_P", {"values": np.ones((2, 2))})
@@ -144,7 +163,7 @@ def test_bounded_json_limits():
         _safejson.loads(b'{"a": "\xff"}', max_bytes=100)
     with pytest.raises(_safejson.JSONLimitError, match="more than the limit of 5"):
         _safejson.loads(b"[1, 2, 3]", max_bytes=5)
-    escaped = json.dumps("x\\\"[[[")  # escaped quote inside a string with brackets after it
+    escaped = json.dumps('x\\"[[[')  # escaped quote inside a string with brackets after it
     assert _safejson.loads(escaped.encode(), max_bytes=100, max_depth=0) == 'x\\"[[['
 
 
@@ -152,8 +171,13 @@ def test_manifest_limit_scales_with_members(tmp_path):
     """A manifest of 2 MiB in an archive of 2 members is refused; the same with --max-bytes large
     but few members still is (the limit follows the member count, not only the budget)."""
     path = tmp_path / "m.ptx"
-    m = {"format": "privaudit-transcript", "version": 1, "protocol": "fedmvmf", "messages": [],
-         "config": {"pad": "x" * (2 * 2**20)}}
+    m = {
+        "format": "privaudit-transcript",
+        "version": 1,
+        "protocol": "fedmvmf",
+        "messages": [],
+        "config": {"pad": "x" * (2 * 2**20)},
+    }
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("manifest.json", json.dumps(m))
     for budget in (2**29, 2**33):

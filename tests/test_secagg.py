@@ -9,7 +9,6 @@ import pytest
 from scipy import stats
 
 from privaudit.defenses import _secagg_crypto as sc
-from privaudit.defenses.base import UploadBatch
 from privaudit.defenses.secagg import SecAgg
 from privaudit.errors import PrivauditError
 from privaudit.protocols.base import Channel
@@ -65,7 +64,7 @@ def test_unmasked_sum_equals_plain_fixed_point_sum(bits, drop):
         counts[payloads[i]["items"]] += 1
         plain[payloads[i]["items"]] += payloads[i]["values"]
     np.testing.assert_array_equal(total["counts"], counts)
-    np.testing.assert_allclose(total["values"], plain, atol=len(keep) * 2.0 ** -f)
+    np.testing.assert_allclose(total["values"], plain, atol=len(keep) * 2.0**-f)
     # the recorded uploads are ring elements of identical shape for every client (no item ids)
     for m in t.select("item_update"):
         assert m.payload["values"].dtype == np.dtype(f"uint{bits}") and m.payload["values"].shape == (M, W)
@@ -74,7 +73,9 @@ def test_unmasked_sum_equals_plain_fixed_point_sum(bits, drop):
 
 def test_random_dropout_and_dense_payloads():
     rng = np.random.default_rng(2)
-    payloads = [{"delta": rng.normal(size=30), "n_instances": np.array([float(rng.integers(10, 99))])} for _ in range(10)]
+    payloads = [
+        {"delta": rng.normal(size=30), "n_instances": np.array([float(rng.integers(10, 99))])} for _ in range(10)
+    ]
     d = SecAgg(dropout=0.3)
     ch, batch, _ = _send(d, payloads, kind="net_update")
     keep = [int(s.split(":")[1]) for s in batch.senders]

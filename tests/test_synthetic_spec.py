@@ -35,10 +35,16 @@ def test_presets_have_movielens_shapes_and_rating_counts():
 
 
 def test_spec_equals_the_direct_call_and_keys_override_the_preset():
-    _same(load_dataset("synthetic:users=120,items=90,density=0.2,k=3,min_ratings=5,seed=4"),
-          synthetic(n_users=120, n_items=90, density=0.2, k=3, min_ratings=5, seed=4))
+    _same(
+        load_dataset("synthetic:users=120,items=90,density=0.2,k=3,min_ratings=5,seed=4"),
+        synthetic(n_users=120, n_items=90, density=0.2, k=3, min_ratings=5, seed=4),
+    )
     assert parse_spec("synthetic:ml-1m-size,users=10,seed=2") == {
-        "n_users": 10, "n_items": 3706, "density": 0.045, "seed": 2}
+        "n_users": 10,
+        "n_items": 3706,
+        "density": 0.045,
+        "seed": 2,
+    }
     _same(load_dataset("synthetic:"), synthetic())
 
 

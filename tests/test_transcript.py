@@ -18,8 +18,13 @@ from privaudit.transcript import Transcript, load, save, summarize
 
 
 def small_transcript() -> Transcript:
-    t = Transcript("fedmvmf", {"K": 2, "alpha": 0.5}, seed=7, dataset={"name": "toy", "users": 2},
-                   parties=["server", "client:0", "client:1"])
+    t = Transcript(
+        "fedmvmf",
+        {"K": 2, "alpha": 0.5},
+        seed=7,
+        dataset={"name": "toy", "users": 2},
+        parties=["server", "client:0", "client:1"],
+    )
     t.add(0, "client:0", "client:0", "private", {"items": np.array([1, 3]), "ratings": np.array([4.0, 5.0])})
     t.add(0, "client:1", "client:1", "private", {"items": np.array([0]), "ratings": np.array([2.0])})
     t.add(0, "server", "server", "state", {"V": np.ones((4, 2)), "P": np.zeros((3, 2))})
@@ -33,7 +38,14 @@ def assert_same(a: Transcript, b: Transcript) -> None:
     assert (a.protocol, a.config, a.seed, a.dataset, a.parties) == (b.protocol, b.config, b.seed, b.dataset, b.parties)
     assert len(a.messages) == len(b.messages)
     for x, y in zip(a.messages, b.messages):
-        assert (x.seq, x.round, x.sender, x.receiver, x.kind, x.meta) == (y.seq, y.round, y.sender, y.receiver, y.kind, y.meta)
+        assert (x.seq, x.round, x.sender, x.receiver, x.kind, x.meta) == (
+            y.seq,
+            y.round,
+            y.sender,
+            y.receiver,
+            y.kind,
+            y.meta,
+        )
         assert x.payload.keys() == y.payload.keys()
         for k in x.payload:
             assert x.payload[k].dtype == y.payload[k].dtype
@@ -72,15 +84,29 @@ _dtypes = st.sampled_from([np.float64, np.float32, np.int64, np.int32, np.uint8,
 _arrays = _dtypes.flatmap(lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, max_dims=3, max_side=5)))
 _names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8)
 _party = st.sampled_from(["server", "item-server", "client:0", "client:1", "decryptor:0"])
-_meta = st.dictionaries(_names, st.one_of(st.integers(-10**6, 10**6), st.booleans(), st.text(max_size=5),
-                                          st.floats(allow_nan=False, allow_infinity=False)), max_size=3)
+_meta = st.dictionaries(
+    _names,
+    st.one_of(
+        st.integers(-(10**6), 10**6),
+        st.booleans(),
+        st.text(max_size=5),
+        st.floats(allow_nan=False, allow_infinity=False),
+    ),
+    max_size=3,
+)
 _message = st.tuples(st.integers(0, 50), _party, _party, _names, st.dictionaries(_names, _arrays, max_size=3), _meta)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(messages=st.lists(_message, max_size=6), seed=st.one_of(st.none(), st.integers(0, 2**31)))
 def test_round_trip_is_exact_hypothesis(tmp_path, messages, seed):
-    t = Transcript("proto", {"K": 3, "names": ["a", "b"]}, seed, {"name": "h"}, ["server", "client:0", "client:1", "item-server", "decryptor:0"])
+    t = Transcript(
+        "proto",
+        {"K": 3, "names": ["a", "b"]},
+        seed,
+        {"name": "h"},
+        ["server", "client:0", "client:1", "item-server", "decryptor:0"],
+    )
     for rnd, sender, receiver, kind, payload, meta in messages:
         t.add(rnd, sender, receiver, kind, payload, meta)
     path = tmp_path / "h.ptx"
@@ -90,8 +116,17 @@ def test_round_trip_is_exact_hypothesis(tmp_path, messages, seed):
 
 def test_fortran_order_and_big_endian_arrays_survive(tmp_path):
     t = Transcript("p", parties=["server"])
-    t.add(0, "server", "server", "state", {"F": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
-                                           "B": np.arange(5, dtype=">i8"), "C": np.zeros((3, 256), np.uint8)})
+    t.add(
+        0,
+        "server",
+        "server",
+        "state",
+        {
+            "F": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+            "B": np.arange(5, dtype=">i8"),
+            "C": np.zeros((3, 256), np.uint8),
+        },
+    )
     back = load(save(t, tmp_path / "f.ptx"))
     np.testing.assert_array_equal(back.messages[0].payload["F"], np.arange(6.0).reshape(2, 3))
     np.testing.assert_array_equal(back.messages[0].payload["B"], np.arange(5))
@@ -122,10 +157,26 @@ def _npy_bytes(arr, allow_pickle=False):
 
 
 def _manifest(payload=None, arrays=None, **over):
-    m = {"format": "privaudit-transcript", "version": 1, "protocol": "fedmvmf", "config": {}, "seed": 0,
-         "dataset": {}, "parties": ["server"],
-         "messages": [{"seq": 0, "round": 0, "sender": "server", "receiver": "server", "kind": "state",
-                       "payload": payload if payload is not None else {"V": "arrays/0.npy"}, "meta": {}}]}
+    m = {
+        "format": "privaudit-transcript",
+        "version": 1,
+        "protocol": "fedmvmf",
+        "config": {},
+        "seed": 0,
+        "dataset": {},
+        "parties": ["server"],
+        "messages": [
+            {
+                "seq": 0,
+                "round": 0,
+                "sender": "server",
+                "receiver": "server",
+                "kind": "state",
+                "payload": payload if payload is not None else {"V": "arrays/0.npy"},
+                "meta": {},
+            }
+        ],
+    }
     if arrays is not None:
         m["arrays"] = arrays
     m.update(over)
@@ -153,8 +204,11 @@ def test_pickled_npy_member_is_refused_and_never_executed(tmp_path):
         load(path)
     assert not target.exists()
     # also when the manifest claims a harmless dtype
-    path2 = _write_archive(tmp_path / "evil2.ptx", _manifest(arrays={"arrays/0.npy": {"dtype": "<f8", "shape": [1]}}),
-                           {"arrays/0.npy": data})
+    path2 = _write_archive(
+        tmp_path / "evil2.ptx",
+        _manifest(arrays={"arrays/0.npy": {"dtype": "<f8", "shape": [1]}}),
+        {"arrays/0.npy": data},
+    )
     with pytest.raises(TranscriptError):
         load(path2)
     assert not target.exists()
@@ -169,12 +223,22 @@ def test_pickled_npy_member_is_refused_and_never_executed(tmp_path):
         (_manifest(version=2), {"arrays/0.npy": _npy_bytes(np.ones(2))}, "unsupported transcript version 2"),
         (_manifest(payload={"V": "../etc/passwd"}), {}, "path traversal"),
         (_manifest(payload={"V": "/abs/0.npy"}), {}, "absolute member path"),
-        (_manifest(payload={"V": "arrays/9.npy"}), {"arrays/0.npy": _npy_bytes(np.ones(2))}, "missing array 'arrays/9.npy'"),
+        (
+            _manifest(payload={"V": "arrays/9.npy"}),
+            {"arrays/0.npy": _npy_bytes(np.ones(2))},
+            "missing array 'arrays/9.npy'",
+        ),
         (_manifest(), {"arrays/0.npy": b"this is not numpy"}, "not a valid .npy member"),
-        (_manifest(arrays={"arrays/0.npy": {"dtype": "<f8", "shape": [3]}}), {"arrays/0.npy": _npy_bytes(np.ones(2))},
-         r"array is <f8 \[2\] but the manifest says <f8 \[3\]"),
-        (_manifest(arrays={"arrays/0.npy": {"dtype": "<i8", "shape": [2]}}), {"arrays/0.npy": _npy_bytes(np.ones(2))},
-         "but the manifest says <i8"),
+        (
+            _manifest(arrays={"arrays/0.npy": {"dtype": "<f8", "shape": [3]}}),
+            {"arrays/0.npy": _npy_bytes(np.ones(2))},
+            r"array is <f8 \[2\] but the manifest says <f8 \[3\]",
+        ),
+        (
+            _manifest(arrays={"arrays/0.npy": {"dtype": "<i8", "shape": [2]}}),
+            {"arrays/0.npy": _npy_bytes(np.ones(2))},
+            "but the manifest says <i8",
+        ),
         (_manifest(arrays={}), {"arrays/0.npy": _npy_bytes(np.ones(2))}, "not described in the manifest"),
         (_manifest(), {"arrays/0.npy": _npy_bytes(np.ones(4))[:-8]}, "data bytes, header needs"),
         (_manifest(messages=[{"seq": "0"}]), {}, "field 'seq' has the wrong type"),
@@ -189,8 +253,11 @@ def test_malformed_archives_are_refused_with_one_line(tmp_path, manifest, member
 
 
 def test_member_name_with_traversal_in_the_archive_is_refused(tmp_path):
-    path = _write_archive(tmp_path / "zipslip.ptx", _manifest(), {"arrays/0.npy": _npy_bytes(np.ones(2)),
-                                                                  "../../evil.npy": _npy_bytes(np.ones(1))})
+    path = _write_archive(
+        tmp_path / "zipslip.ptx",
+        _manifest(),
+        {"arrays/0.npy": _npy_bytes(np.ones(2)), "../../evil.npy": _npy_bytes(np.ones(1))},
+    )
     with pytest.raises(TranscriptError, match="path traversal"):
         load(path)
 

@@ -38,16 +38,16 @@ def test_points_carry_both_baselines_advantage_and_roc(big):
 
 
 def test_undeclared_metrics_use_the_explicit_fallback(big):
-    res = ex.build_experiment("dummy-proto", attack="dummy-aux-attack", sweep="attack.aux_fraction=0,1",
-                              seeds=1).run(big)
+    res = ex.build_experiment("dummy-proto", attack="dummy-aux-attack", sweep="attack.aux_fraction=0,1", seeds=1).run(
+        big
+    )
     assert res["metric_specs"]["accuracy"] == rs.spec_to_dict(rs.FALLBACK_SPEC, declared=False)
     assert res["figure_metrics"] == ["accuracy"]  # "victims" (200) is not in [0, 1]: not plotted
     assert "not a defense strength" in res["verdicts"][0]["sentence"]
 
 
 def test_noise_sweep_verdict_names_the_crossover_and_its_utility_cost(big):
-    res = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1,10,100", seeds=3,
-                              sets=["p=8"]).run(big)
+    res = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1,10,100", seeds=3, sets=["p=8"]).run(big)
     v = res["verdicts"][0]
     rows = {r["value"]: r for r in v["rows"]}
     # the advantage bound by hand: mean + t(0.975, 2) * sd / sqrt(3) over the seeds
@@ -60,7 +60,9 @@ def test_noise_sweep_verdict_names_the_crossover_and_its_utility_cost(big):
     u0 = np.mean([p["utility"]["ndcg@10"] for p in res["points"] if p["value"] == 0.0])
     u1 = np.mean([p["utility"]["ndcg@10"] for p in res["points"] if p["value"] == first])
     assert v["utility_cost"] == pytest.approx(u0 - u1)
-    assert v["sentence"].startswith(f"dummy-attack (accuracy): stopped from dummy-noise.scale = {rs.fmt_value(first)} on")
+    assert v["sentence"].startswith(
+        f"dummy-attack (accuracy): stopped from dummy-noise.scale = {rs.fmt_value(first)} on"
+    )
     assert f"ndcg@10 cost of {rs.fmt(u0 - u1, 4)}" in v["sentence"]
 
 
@@ -74,8 +76,9 @@ def test_one_seed_uses_a_clopper_pearson_bound(big):
 
 
 def test_non_noise_defense_sweep_runs_an_undefended_reference(big):
-    res = ex.build_experiment("dummy-proto", sweep="dummy-dp.epsilon=0.05,0.01", defenses=["dummy-dp"],
-                              seeds=2).run(big)
+    res = ex.build_experiment("dummy-proto", sweep="dummy-dp.epsilon=0.05,0.01", defenses=["dummy-dp"], seeds=2).run(
+        big
+    )
     assert len(res["reference"]) == 2 and all(p.get("reference") for p in res["reference"])
     assert all(p["utility"]["ndcg@10"] == 1.0 for p in res["reference"])  # undefended: uploads exact
     v = res["verdicts"][0]
@@ -85,8 +88,17 @@ def test_non_noise_defense_sweep_runs_an_undefended_reference(big):
 
 
 def test_broken_dp_defense_is_flagged_and_correct_one_is_not(big):
-    audit = au.run_audit(au.Audit("dummy-proto", sets={"p": "8"}, seeds=1, attacks=["dummy-attack"],
-                                  defenses=["dummy-broken-dp", "dummy-dp"], jobs=1), dataset=big)
+    audit = au.run_audit(
+        au.Audit(
+            "dummy-proto",
+            sets={"p": "8"},
+            seeds=1,
+            attacks=["dummy-attack"],
+            defenses=["dummy-broken-dp", "dummy-dp"],
+            jobs=1,
+        ),
+        dataset=big,
+    )
     cell = {c["defense"]: c for c in audit["matrix"]}
     broken, correct = cell["dummy-broken-dp"], cell["dummy-dp"]
     assert broken["dp_violation"] is True and broken["verdict"] == "leaks"
@@ -105,9 +117,17 @@ def test_broken_dp_defense_is_flagged_and_correct_one_is_not(big):
 
 
 def test_attack_below_its_prior_is_not_adapted_never_protection(big, tmp_path):
-    audit = au.run_audit(au.Audit("dummy-proto", sets={"p": "8", "bias": "0.8"}, seeds=2,
-                                  attacks=["dummy-minority-attack", "dummy-attack"], defenses=["dummy-noise"],
-                                  jobs=1), dataset=big)
+    audit = au.run_audit(
+        au.Audit(
+            "dummy-proto",
+            sets={"p": "8", "bias": "0.8"},
+            seeds=2,
+            attacks=["dummy-minority-attack", "dummy-attack"],
+            defenses=["dummy-noise"],
+            jobs=1,
+        ),
+        dataset=big,
+    )
     info = {a["name"]: a for a in audit["attacks"]}
     assert info["dummy-minority-attack"]["applies"]
     cells = [c for c in audit["matrix"] if c["attack"] == "dummy-minority-attack"]

@@ -143,9 +143,18 @@ class RoundUploads:
     no concatenation.
     """
 
-    def __init__(self, round: int, users: np.ndarray, offsets: np.ndarray, items: np.ndarray | None = None,
-                 grad_V: np.ndarray | None = None, grad_P: np.ndarray | None = None, *,
-                 payloads: tuple[list, list] | None = None, K: int | None = None) -> None:
+    def __init__(
+        self,
+        round: int,
+        users: np.ndarray,
+        offsets: np.ndarray,
+        items: np.ndarray | None = None,
+        grad_V: np.ndarray | None = None,
+        grad_P: np.ndarray | None = None,
+        *,
+        payloads: tuple[list, list] | None = None,
+        K: int | None = None,
+    ) -> None:
         self.round = round
         self.users = users
         self.offsets = offsets
@@ -233,16 +242,19 @@ def _concat_float_rows(arrays: list, tail: tuple) -> np.ndarray:
     root = first
     while isinstance(root.base, np.ndarray):
         root = root.base
-    if (root.dtype == np.float64 and root.flags.c_contiguous and first.flags.c_contiguous
-            and first.dtype == np.float64):
+    if root.dtype == np.float64 and root.flags.c_contiguous and first.flags.c_contiguous and first.dtype == np.float64:
         root_ptr = root.__array_interface__["data"][0]
         start = ptr = first.__array_interface__["data"][0]
         ok = (start - root_ptr) % 8 == 0
         for a in arrays:
             if not ok:
                 break
-            ok = (isinstance(a, np.ndarray) and a.dtype == np.float64 and a.flags.c_contiguous
-                  and a.__array_interface__["data"][0] == ptr)
+            ok = (
+                isinstance(a, np.ndarray)
+                and a.dtype == np.float64
+                and a.flags.c_contiguous
+                and a.__array_interface__["data"][0] == ptr
+            )
             ptr += a.nbytes
         if ok and root_ptr <= start and ptr <= root_ptr + root.nbytes:
             flat = root.reshape(-1)[(start - root_ptr) // 8 : (ptr - root_ptr) // 8]
@@ -284,15 +296,17 @@ def parse_view_flat(view: View) -> FlatFedMVMFView:
     rounds = []
     for r, both in both_by_round.items():
         who = parties if len(both) == len(parties) else [s for s in parties if s in both]
-        users = np.arange(len(parties), dtype=np.int64) if who is parties else \
-            np.fromiter((index[s] for s in who), dtype=np.int64, count=len(who))
+        users = (
+            np.arange(len(parties), dtype=np.int64)
+            if who is parties
+            else np.fromiter((index[s] for s in who), dtype=np.int64, count=len(who))
+        )
         pv, pp = gv[r], gp[r]
         gv_payloads = [pv[s] for s in who]
         lengths = np.fromiter((len(x["items"]) for x in gv_payloads), dtype=np.int64, count=len(who))
         offsets = np.zeros(len(who) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        rounds.append(RoundUploads(r, users, offsets, payloads=(gv_payloads, [pp[s] for s in who]),
-                                   K=V[r].shape[1]))
+        rounds.append(RoundUploads(r, users, offsets, payloads=(gv_payloads, [pp[s] for s in who]), K=V[r].shape[1]))
     return FlatFedMVMFView(dict(view.config), V, P, parties, rounds)
 
 
@@ -506,13 +520,16 @@ def rated_decisions(recon: Reconstruction, transcript: Transcript) -> dict[str, 
 
 
 MVMF_METRIC_SPECS = {
-    "rating_accuracy": MetricSpec(True, True, "fraction",
-                                  "share of uploaded items whose rating (0 = unrated) is guessed exactly"),
+    "rating_accuracy": MetricSpec(
+        True, True, "fraction", "share of uploaded items whose rating (0 = unrated) is guessed exactly"
+    ),
     "attribute_accuracy": MetricSpec(True, True, "fraction", "share of user attribute dummies guessed exactly"),
-    "rated_rating_accuracy": MetricSpec(True, True, "fraction",
-                                        "share of really rated uploaded items whose rating is guessed exactly"),
-    "rated_detection_accuracy": MetricSpec(True, True, "fraction",
-                                           "share of uploaded items correctly decided rated or unrated"),
+    "rated_rating_accuracy": MetricSpec(
+        True, True, "fraction", "share of really rated uploaded items whose rating is guessed exactly"
+    ),
+    "rated_detection_accuracy": MetricSpec(
+        True, True, "fraction", "share of uploaded items correctly decided rated or unrated"
+    ),
     "victims": MetricSpec(True, False, "count", "number of clients attacked"),
 }
 

@@ -96,8 +96,9 @@ def projection_bound(clip: Clipping, d: np.ndarray) -> np.ndarray:
     return np.full(len(d), clip.bound)
 
 
-def attribute_scale(b: np.ndarray, pd: np.ndarray, A: np.ndarray, var: float, alpha: float,
-                    iters: int = 3) -> np.ndarray:
+def attribute_scale(
+    b: np.ndarray, pd: np.ndarray, A: np.ndarray, var: float, alpha: float, iters: int = 3
+) -> np.ndarray:
     """t^2 per user (n,) from the uncensored attribute rows decided 0 (module docstring); NaN if none.
 
     ``b`` (n, p) = grad_P.d, ``pd`` (n, p) = P.d, ``A`` (n,) projection bound.
@@ -128,9 +129,13 @@ def censored_loglik(a_obs: np.ndarray, a_pred: np.ndarray, A: np.ndarray, var: f
     return -0.5 * (a_obs - mean) ** 2 / var
 
 
-def decode_with_residual_prior(ll: np.ndarray, pred: np.ndarray, values: np.ndarray, em_prior,
-                               widths: tuple[float, ...] = (0.5, 0.75, 1.0, 1.5, 2.5, np.inf),
-                               ) -> tuple[np.ndarray, np.ndarray, dict]:
+def decode_with_residual_prior(
+    ll: np.ndarray,
+    pred: np.ndarray,
+    values: np.ndarray,
+    em_prior,
+    widths: tuple[float, ...] = (0.5, 0.75, 1.0, 1.5, 2.5, np.inf),
+) -> tuple[np.ndarray, np.ndarray, dict]:
     """MAP hypothesis per row from log-likelihoods ``ll`` (N, H), model predictions ``pred`` (N,).
 
     Prior: ``pi_h * N(values_h - pred; 0, s^2)`` for rated values (the "unrated" hypothesis,
@@ -157,10 +162,13 @@ def rated_log_odds(post: np.ndarray) -> np.ndarray:
     return logsumexp(post[:, 1:], axis=1) - post[:, 0]
 
 
-
-def stationarity_posterior(M: np.ndarray, y: np.ndarray, mus: tuple[float, ...],
-                           prior_sds: tuple[float, ...], noise_sds: tuple[float, ...],
-                           ) -> tuple[np.ndarray, np.ndarray, dict]:
+def stationarity_posterior(
+    M: np.ndarray,
+    y: np.ndarray,
+    mus: tuple[float, ...],
+    prior_sds: tuple[float, ...],
+    noise_sds: tuple[float, ...],
+) -> tuple[np.ndarray, np.ndarray, dict]:
     """Gaussian posterior of ratings r from linear equations ``y = M r + e`` per user.
 
     ``M`` (n, E, L) (zero columns for padding, zero rows for missing equations), ``y`` (n, E);
@@ -187,12 +195,16 @@ def stationarity_posterior(M: np.ndarray, y: np.ndarray, mus: tuple[float, ...],
     mean = mu + s * s * np.einsum("nel,ne->nl", M, sol)
     CiM = np.linalg.solve(Cy, M)
     var = s * s - s**4 * np.einsum("nel,nel->nl", M, CiM)
-    return mean, np.maximum(var, 1e-12), {"stationarity_prior_mean": mu, "stationarity_prior_sd": s,
-                                          "stationarity_noise_sd": sig}
+    return (
+        mean,
+        np.maximum(var, 1e-12),
+        {"stationarity_prior_mean": mu, "stationarity_prior_sd": s, "stationarity_noise_sd": sig},
+    )
 
 
-def attribute_scale_ml(b: np.ndarray, pd: np.ndarray, A: np.ndarray, var: float, alpha: float,
-                       tau0: np.ndarray, share_ones: float = 0.2) -> np.ndarray:
+def attribute_scale_ml(
+    b: np.ndarray, pd: np.ndarray, A: np.ndarray, var: float, alpha: float, tau0: np.ndarray, share_ones: float = 0.2
+) -> np.ndarray:
     """Maximum-likelihood t^2 per user under the censored model of every attribute row.
 
     Each row j is a mixture of x_j = 0 (``b = 2 alpha t^2 pd_j``) and x_j = 1 (``b = -2 alpha t

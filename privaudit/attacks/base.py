@@ -128,7 +128,7 @@ class Attack(Configurable):
     def unsupported(self, reason: str) -> Reconstruction:
         return Reconstruction(self.name, self.party, {}, supported=False, reason=reason)
 
-    def evaluate(self, transcript: Transcript, rng: np.random.Generator) -> "AttackOutcome":
+    def evaluate(self, transcript: Transcript, rng: np.random.Generator) -> AttackOutcome:
         """Run the attack on its party's view of ``transcript`` and score it.
 
         When the attack does not apply, the metrics equal the random baseline and ``reason``

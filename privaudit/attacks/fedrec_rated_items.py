@@ -150,22 +150,33 @@ class FedRecRatedItems(Attack):
     requires = ("grad_V", "state")
     primary_metric = "auc"
     metric_specs = {
-        "accuracy": MetricSpec(True, True, "fraction",
-                               "share of uploaded items correctly decided really rated or virtual"),
+        "accuracy": MetricSpec(
+            True, True, "fraction", "share of uploaded items correctly decided really rated or virtual"
+        ),
         "precision": MetricSpec(True, True, "fraction", "share of items decided rated that are really rated"),
         "recall": MetricSpec(True, True, "fraction", "share of really rated uploaded items decided rated"),
         "auc": MetricSpec(True, True, "fraction", "ROC AUC of the rated-vs-virtual score over uploaded items"),
-        "rating_accuracy": MetricSpec(True, True, "fraction",
-                                      "share of really rated items whose rating is recovered exactly"),
-        "real_share": MetricSpec(True, False, "fraction",
-                                 "share of uploaded items that are really rated (1 / (1 + rho))"),
+        "rating_accuracy": MetricSpec(
+            True, True, "fraction", "share of really rated items whose rating is recovered exactly"
+        ),
+        "real_share": MetricSpec(
+            True, False, "fraction", "share of uploaded items that are really rated (1 / (1 + rho))"
+        ),
     }
     parameters = (
         Param("round", -1, "attacked recorded round (negative: counted from the last recorded one)"),
         Param("tol", 1e-4, "window width in sign*log|t| when voting for the scale t (PMF)", gt=0),
         Param("grid_tol", 0.01, "an implied rating within this distance of the grid is decided 'rated'", ge=0),
-        Param("intersection", False, "also count in how many recorded rounds the item was uploaded (resampled virtual items)"),
-        Param("sequential", True, "PMF(S): solve the client's walk exactly from consecutive uploads (false: rank-1 approximation)"),
+        Param(
+            "intersection",
+            False,
+            "also count in how many recorded rounds the item was uploaded (resampled virtual items)",
+        ),
+        Param(
+            "sequential",
+            True,
+            "PMF(S): solve the client's walk exactly from consecutive uploads (false: rank-1 approximation)",
+        ),
     )
 
     # ------------------------------------------------------------------ run
@@ -267,10 +278,15 @@ class FedRecRatedItems(Attack):
                 "ratings": rating,
             }
         return Reconstruction(
-            self.name, self.party, victims, meta={"round": int(rnd), "model": cfg.get("model"), "users": n_rec, "fallback_users": int(fallback.sum())},
+            self.name,
+            self.party,
+            victims,
+            meta={"round": int(rnd), "model": cfg.get("model"), "users": n_rec, "fallback_users": int(fallback.sum())},
         )
 
-    def score_items(self, implied: np.ndarray, resid: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def score_items(
+        self, implied: np.ndarray, resid: np.ndarray, grid: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(score in [0, 1+), rated decision, rounded rating) of one user's uploaded items."""
         step = grid[1] - grid[0] if len(grid) > 1 else 1.0
         ok = np.isfinite(implied)
@@ -486,4 +502,6 @@ def _sgd_walk_implied(recs: list[dict[str, Any]], lam: float, lr: float) -> tupl
         s0 = alpha[nxt] * x[nxt, 1]
         res[f] = nrm[f] / s0
         r[f] = s0 * c[f] - res[f]
-    return [r[bounds[j] : bounds[j + 1]] for j in range(len(recs))], [res[bounds[j] : bounds[j + 1]] for j in range(len(recs))]
+    return [r[bounds[j] : bounds[j + 1]] for j in range(len(recs))], [
+        res[bounds[j] : bounds[j + 1]] for j in range(len(recs))
+    ]

@@ -50,8 +50,8 @@ from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.errors import PrivauditError
 from privaudit.metrics import mean_ci95
 from privaudit.models.cnmf import fit_row_factors
-from privaudit.protocols.fedsplit import cnmf_from_config
 from privaudit.params import Param
+from privaudit.protocols.fedsplit import cnmf_from_config
 from privaudit.registry import register_attack
 from privaudit.results import MetricSpec
 from privaudit.transcript import Transcript, View
@@ -110,27 +110,41 @@ def _truth(transcript: Transcript, party: str) -> tuple[np.ndarray, np.ndarray, 
 
 @register_attack("fedsplit-inference")
 class FedSplitInference(Attack):
-    description = "FedSPLIT reconstruction: fit W_adv, b_W to H^g, b_H^g and partial knowledge of X^g (FedSPLIT paper §4.4)"
+    description = (
+        "FedSPLIT reconstruction: fit W_adv, b_W to H^g, b_H^g and partial knowledge of X^g (FedSPLIT paper §4.4)"
+    )
     party = "server"
     protocols = ("fedsplit",)
     requires = ("H",)
     default_sweep = ("aux_fraction", AUX_FRACTIONS)
     primary_metric = "relative_error"
     metric_specs = {
-        "relative_error": MetricSpec(False, True, "ratio",
-                                     "||X - X_adv||^2 / ||X||^2 on a group's ratings (eq. 4), mean over groups"),
+        "relative_error": MetricSpec(
+            False, True, "ratio", "||X - X_adv||^2 / ||X||^2 on a group's ratings (eq. 4), mean over groups"
+        ),
         "relative_error_ci95": MetricSpec(False, False, "ratio", "95 % half-width of relative_error over groups"),
-        "relative_error_unknown": MetricSpec(False, True, "ratio",
-                                             "relative error on the ratings the adversary was not given"),
-        "rating_accuracy": MetricSpec(True, True, "fraction",
-                                      "share of a group's ratings whose rounded reconstruction is exact"),
+        "relative_error_unknown": MetricSpec(
+            False, True, "ratio", "relative error on the ratings the adversary was not given"
+        ),
+        "rating_accuracy": MetricSpec(
+            True, True, "fraction", "share of a group's ratings whose rounded reconstruction is exact"
+        ),
         "n_groups": MetricSpec(True, False, "count", "number of groups scored"),
     }
     parameters = (
-        Param("mode", "rating", "what the adversary knows of X^g: 'user' (rows), 'movie' (columns) or 'rating' (entries)",
-              choices=MODES),
-        Param("aux_fraction", 0.5, "fraction of the users / rated movies / ratings of each group the adversary knows",
-              ge=0, le=1),
+        Param(
+            "mode",
+            "rating",
+            "what the adversary knows of X^g: 'user' (rows), 'movie' (columns) or 'rating' (entries)",
+            choices=MODES,
+        ),
+        Param(
+            "aux_fraction",
+            0.5,
+            "fraction of the users / rated movies / ratings of each group the adversary knows",
+            ge=0,
+            le=1,
+        ),
         Param("n_iter", 0, "iterations of the W and b_W updates (0: the protocol's n_iter)", ge=0),
     )
 
@@ -246,7 +260,13 @@ class FedSplitInference(Attack):
             total += ratings.size
         if not errs:
             nan = float("nan")
-            return {"relative_error": nan, "relative_error_ci95": nan, "relative_error_unknown": nan, "rating_accuracy": nan, "n_groups": 0.0}
+            return {
+                "relative_error": nan,
+                "relative_error_ci95": nan,
+                "relative_error_unknown": nan,
+                "rating_accuracy": nan,
+                "n_groups": 0.0,
+            }
         mean, ci = mean_ci95(errs)
         return {
             "relative_error": mean,
@@ -263,7 +283,12 @@ class FedSplitInference(Attack):
             v = victims.get(party)
             if v is None:
                 return None
-            est = np.einsum("nk,kn->n", v["W"][users], v["H"][:, items]) + v["b_W"][users] + v["b_H"][items] + float(v["mu"])
+            est = (
+                np.einsum("nk,kn->n", v["W"][users], v["H"][:, items])
+                + v["b_W"][users]
+                + v["b_H"][items]
+                + float(v["mu"])
+            )
             return est, v["known"]
 
         return self._score(transcript, predict)

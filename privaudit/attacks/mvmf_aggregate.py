@@ -98,7 +98,11 @@ def separate(cohort: _Cohort, K: int) -> tuple[dict[str, dict[str, np.ndarray]],
         items = np.asarray(cohort.items[u], dtype=np.int64)
         rows = np.stack([GV[int(i)] for i in items]) if len(items) else np.zeros((0, K))
         return {u: {"items": items, "grad_V": rows, "grad_P": cohort.gp}}, {
-            "members": 1.0, "with_direction": 1.0, "separable_items": 1.0, "grad_P_separable": 1.0}
+            "members": 1.0,
+            "with_direction": 1.0,
+            "separable_items": 1.0,
+            "grad_P_separable": 1.0,
+        }
     owners: dict[int, list[int]] = defaultdict(list)
     for k, u in enumerate(members):
         for i in np.asarray(cohort.items[u], dtype=np.int64).tolist():
@@ -157,8 +161,14 @@ def uninformed_rating(cfg: dict[str, Any]) -> float:
     """The guess for an uploaded item of a member the sums did not separate, from the public config:
     "unrated" (0) when unrated items are at least half of the uploads (InclUnc, or a ``sampling``
     defense with rho >= 1: rho virtual items per rated one), else the rating midpoint."""
-    rho = max((float(d.get("rho", 0.0) or 0.0) for d in cfg.get("defenses", []) or []
-               if isinstance(d, dict) and d.get("name") == "sampling"), default=0.0)
+    rho = max(
+        (
+            float(d.get("rho", 0.0) or 0.0)
+            for d in cfg.get("defenses", []) or []
+            if isinstance(d, dict) and d.get("name") == "sampling"
+        ),
+        default=0.0,
+    )
     if cfg.get("unrated") == "inclunc" or rho >= 1.0:
         return 0.0
     return float(round_ratings(np.array([(float(cfg["rating_min"]) + float(cfg["rating_max"])) / 2]), cfg)[0])
@@ -168,13 +178,19 @@ def uninformed_rating(cfg: dict[str, Any]) -> float:
 class MVMFAggregate(MVMFAttack):
     """Reconstruct ratings/attributes from per-cohort sums of FedMVMF uploads (PrivMVMF's server view)."""
 
-    description = "FedMVMF/PrivMVMF server attack on per-cohort sums: separate the sums by rank-1 structure, then mvmf-analytic"
+    description = (
+        "FedMVMF/PrivMVMF server attack on per-cohort sums: separate the sums by rank-1 structure, then mvmf-analytic"
+    )
     requires = ("state",)
     # no default sweep: on plain views sweep ``attack.cohort_size=1,2,5,10,50``; on PrivMVMF
     # views the cohorts are the server's (``--sweep paillier.cohort_size=...``)
     default_sweep = None
     parameters = (
-        Param("cohort_size", 1, "plain views: sum consecutive clients in cohorts of this size first (ignored for decrypted sums)"),
+        Param(
+            "cohort_size",
+            1,
+            "plain views: sum consecutive clients in cohorts of this size first (ignored for decrypted sums)",
+        ),
         Param("max_rounds", -1, "use at most this many rounds (-1: all)"),
     )
 
@@ -186,7 +202,9 @@ class MVMFAggregate(MVMFAttack):
             return True, ""
         if not kinds.get("grad_V") or not kinds.get("grad_P"):
             return False, f"the {view.party}'s view holds neither decrypted sums nor plaintext uploads"
-        enc = [m for m in view.select("grad_V") + view.select("grad_P") if m.meta.get("encrypted") or m.meta.get("masked")]
+        enc = [
+            m for m in view.select("grad_V") + view.select("grad_P") if m.meta.get("encrypted") or m.meta.get("masked")
+        ]
         if enc:
             return False, f"the {view.party}'s view holds uploads only as ciphertexts and no decrypted sums"
         return True, ""
@@ -207,9 +225,16 @@ class MVMFAggregate(MVMFAttack):
             for m in view.select("plaintext_sum"):
                 if m.round not in rounds:
                     continue
-                g = groups.setdefault((m.round, int(m.meta.get("cohort", 0))), {"members": m.meta.get("members", []), "V": [], "P": []})
+                g = groups.setdefault(
+                    (m.round, int(m.meta.get("cohort", 0))), {"members": m.meta.get("members", []), "V": [], "P": []}
+                )
                 if m.meta.get("of_kind") == "grad_V":
-                    g["V"].append((np.asarray(m.payload["items"], dtype=np.int64), np.asarray(m.payload["values"], dtype=np.float64)))
+                    g["V"].append(
+                        (
+                            np.asarray(m.payload["items"], dtype=np.int64),
+                            np.asarray(m.payload["values"], dtype=np.float64),
+                        )
+                    )
                 elif m.meta.get("of_kind") == "grad_P":
                     g["P"].append(np.asarray(m.payload["values"], dtype=np.float64))
             for (r, _), g in sorted(groups.items()):
@@ -271,7 +296,9 @@ class MVMFAggregate(MVMFAttack):
             diags.append(diag)
             sizes.append(len(co.members))
             for u, up in sep.items():
-                messages.append(Message(seq, co.round, u, "server", "grad_V", {"items": up["items"], "values": up["grad_V"]}))
+                messages.append(
+                    Message(seq, co.round, u, "server", "grad_V", {"items": up["items"], "values": up["grad_V"]})
+                )
                 messages.append(Message(seq + 1, co.round, u, "server", "grad_P", {"values": up["grad_P"]}))
                 seq += 2
         synthetic = View("server", view.protocol, dict(view.config), dict(view.dataset), list(view.parties), messages)
@@ -298,7 +325,9 @@ class MVMFAggregate(MVMFAttack):
             "separable_items": float(np.nanmean([d["separable_items"] for d in diags])),
             "grad_P_separable": float(np.mean([d["grad_P_separable"] for d in diags])),
             "uninformed_guesses": guessed,
-            "inner": (inner.meta if inner is not None and inner.supported else (inner.reason if inner is not None else "")),
+            "inner": (
+                inner.meta if inner is not None and inner.supported else (inner.reason if inner is not None else "")
+            ),
             "seconds": time.perf_counter() - tic,
         }
         return Reconstruction(self.name, self.party, victims, meta=meta)

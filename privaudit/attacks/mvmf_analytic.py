@@ -410,8 +410,17 @@ def _grid_distance(x: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def _shortcut_first_round(
-    fv: FlatFedMVMFView, R: RoundUploads, K: int, update: str, unknown_c: bool, w: float, alpha: float,
-    lam: float, grid: np.ndarray, tol: float, margin: float,
+    fv: FlatFedMVMFView,
+    R: RoundUploads,
+    K: int,
+    update: str,
+    unknown_c: bool,
+    w: float,
+    alpha: float,
+    lam: float,
+    grid: np.ndarray,
+    tol: float,
+    margin: float,
 ) -> _Shortcut | None:
     """Decode every client from round ``R`` alone, or ``None`` if that round does not decide everything.
 
@@ -475,6 +484,7 @@ def _shortcut_first_round(
 
         def per_row(x):
             return np.repeat(x, lengths)
+
     if update == "semials":
         sva = np.einsum("nl,nl->n", dv, a) if seg is None else np.bincount(seg, weights=dv * a, minlength=n)
         tau = -(sva + np.sum(pd * b, axis=1)) / (2.0 * lam)
@@ -499,8 +509,11 @@ def _shortcut_first_round(
     else:
         idx, e_idx, s_unrated = None, None, 0.0
     # the remaining items: rated hypothesis (nearest grid value) unless "unrated" is nearer
-    users = (idx // L if seg is None else seg[idx]) if idx is not None else (
-        np.repeat(np.arange(n), L) if seg is None else seg)
+    users = (
+        (idx // L if seg is None else seg[idx])
+        if idx is not None
+        else (np.repeat(np.arange(n), L) if seg is None else seg)
+    )
     tr_ = t[users]
     a_r = af if idx is None else af[idx]
     dv_r = dvf if idx is None else dvf[idx]
@@ -720,8 +733,18 @@ def _signed_estimates(s: _Round, tau: np.ndarray, st: _DecodeSettings) -> dict[s
     t = t * sign
     rhat *= np.repeat(sign, rlen)
     xhat *= sign[:, None]
-    return {"t": t, "ts": np.repeat(t, rlen), "users": users, "seg": seg, "off": off, "rlen": rlen,
-            "dvf": dvf, "itf": itf, "rhat": rhat, "xhat": xhat}
+    return {
+        "t": t,
+        "ts": np.repeat(t, rlen),
+        "users": users,
+        "seg": seg,
+        "off": off,
+        "rlen": rlen,
+        "dvf": dvf,
+        "itf": itf,
+        "rhat": rhat,
+        "xhat": xhat,
+    }
 
 
 def _accumulate(layout: _Layout, stats: list[_Round], taus: list[np.ndarray], st: _DecodeSettings) -> _Evidence:
@@ -884,8 +907,12 @@ class MVMFAnalytic(MVMFAttack):
         Param("max_rounds", -1, "use at most this many recorded rounds (-1: every round the view holds)"),
         Param("prior", True, "MAP decoding with an empirical prior fitted by EM (false: plain clip-and-round)"),
         Param("refits", 3, "InclUnc/sampling: decide-rated/refit-scale iterations per round", ge=0),
-        Param("shortcut", True, "decode from the first round alone when it decides every value with a residual far "
-              "below the rating step (noise-free or near it); false: always the full estimator"),
+        Param(
+            "shortcut",
+            True,
+            "decode from the first round alone when it decides every value with a residual far "
+            "below the rating step (noise-free or near it); false: always the full estimator",
+        ),
     )
 
     # ------------------------------------------------------------------ public API
@@ -935,11 +962,23 @@ class MVMFAnalytic(MVMFAttack):
         if self.shortcut and rounds and clip is None:
             # noise-adaptive use of rounds: when the first round alone decides every value with
             # a residual far below the grid step, further rounds cannot change a decision
-            fast = _shortcut_first_round(fv, rounds[0], K, update, unknown_c, w_virtual, alpha, lam, grid,
-                                         tol=_SHORTCUT_TOL * step, margin=_SHORTCUT_MARGIN)
+            fast = _shortcut_first_round(
+                fv,
+                rounds[0],
+                K,
+                update,
+                unknown_c,
+                w_virtual,
+                alpha,
+                lam,
+                grid,
+                tol=_SHORTCUT_TOL * step,
+                margin=_SHORTCUT_MARGIN,
+            )
             if fast is not None:
-                victims = self._victims(cfg, parties, fast.offsets, fast.items, fast.ratings, fast.attributes,
-                                        rounded=True)
+                victims = self._victims(
+                    cfg, parties, fast.offsets, fast.items, fast.ratings, fast.attributes, rounded=True
+                )
                 meta = {
                     "scenario": scenario,
                     "rounds": [fast.round],
@@ -966,8 +1005,9 @@ class MVMFAnalytic(MVMFAttack):
                 "SGD with ObsOnly needs two consecutive recorded rounds from the same clients to fix the scale"
             )
         if clip is not None:
-            victims, diag = self._decode_clipped(cfg, fv, parties, stats, taus, clip, unknown_c, w_virtual, alpha,
-                                                 lam, grid)
+            victims, diag = self._decode_clipped(
+                cfg, fv, parties, stats, taus, clip, unknown_c, w_virtual, alpha, lam, grid
+            )
         else:
             settings = _DecodeSettings(unknown_c, w_virtual, alpha, grid, sigma2, bool(self.prior))
             victims, diag = self._decode(cfg, fv, parties, stats, taus, settings)
@@ -1050,9 +1090,20 @@ class MVMFAnalytic(MVMFAttack):
             for u, party in enumerate(parties)
         }
 
-    def _decode_clipped(self, cfg: dict, fv: FlatFedMVMFView, parties: list[str], stats: list[_Round],
-                        taus: list[np.ndarray], clip: Clipping, unknown_c: bool, w: float, alpha: float, lam: float,
-                        grid: np.ndarray) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+    def _decode_clipped(
+        self,
+        cfg: dict,
+        fv: FlatFedMVMFView,
+        parties: list[str],
+        stats: list[_Round],
+        taus: list[np.ndarray],
+        clip: Clipping,
+        unknown_c: bool,
+        w: float,
+        alpha: float,
+        lam: float,
+        grid: np.ndarray,
+    ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
         """Decode uploads clipped per row by a public DP defense (:mod:`privaudit.attacks._mvmf_clipped`).
 
         Censored rows (projection at the clipping bound) contribute only their side of the model
@@ -1098,8 +1149,9 @@ class MVMFAnalytic(MVMFAttack):
             sign = np.where(np.bincount(seg, weights=t[seg] * dvf, minlength=len(t)) < 0, -1.0, 1.0)
             t = t * sign
             m = t[seg] * dvf  # the model's predicted rating u.v_i per row
-            ll = np.stack([censored_loglik(af, -2.0 * c * t[seg] * (g - m), A[seg], var)
-                           for g, c in zip(values, conf)], axis=1)
+            ll = np.stack(
+                [censored_loglik(af, -2.0 * c * t[seg] * (g - m), A[seg], var) for g, c in zip(values, conf)], axis=1
+            )
             # rows in the user's reference layout (same item list as the user's first round)
             rlen = np.diff(s.offsets)
             pos = ref_off[s.users][seg] + (np.arange(len(seg)) - s.offsets[seg])
@@ -1134,11 +1186,13 @@ class MVMFAnalytic(MVMFAttack):
         victims = self._victims(cfg, parties, ref_off, ref, ratings, attrs, rounded=True)
         for u, party in enumerate(parties):
             victims[party]["rated_score"] = rated_score[ref_off[u] : ref_off[u + 1]]
-        diag.update({
-            "clipping": clip.name,
-            "clipped_row_share": clipped_rows / rows_total if rows_total else float("nan"),
-            "clipped_attribute_share": clipped_attr / attr_total if attr_total else float("nan"),
-        })
+        diag.update(
+            {
+                "clipping": clip.name,
+                "clipped_row_share": clipped_rows / rows_total if rows_total else float("nan"),
+                "clipped_attribute_share": clipped_attr / attr_total if attr_total else float("nan"),
+            }
+        )
         return victims, diag
 
     @staticmethod
@@ -1162,9 +1216,17 @@ class MVMFAnalytic(MVMFAttack):
         return attrs, have_x
 
     @staticmethod
-    def _stationarity_ratings(fv: FlatFedMVMFView, scales: list, ref: list[np.ndarray], attrs: np.ndarray,
-                              alpha: float, lam: float, grid: np.ndarray, LL: np.ndarray,
-                              ref_off: np.ndarray) -> dict[str, Any]:
+    def _stationarity_ratings(
+        fv: FlatFedMVMFView,
+        scales: list,
+        ref: list[np.ndarray],
+        attrs: np.ndarray,
+        alpha: float,
+        lam: float,
+        grid: np.ndarray,
+        LL: np.ndarray,
+        ref_off: np.ndarray,
+    ) -> dict[str, Any]:
         """SemiALS ObsOnly under clipping: add the ratings' Gaussian posterior from the user's
         stationarity ``V_S^T r = (V_S^T V_S + lam I) u + alpha P^T (P u - x)`` (u = t d, x decoded),
         K equations per recorded round, to the per-item log-likelihoods ``LL`` (in place)."""
@@ -1191,15 +1253,22 @@ class MVMFAnalytic(MVMFAttack):
         span = float(grid[-1] - grid[0]) or 1.0
         mus = tuple(float(v) for v in np.linspace(grid[0], grid[-1], 9))
         scale_y = float(np.sqrt(np.mean(y[y != 0] ** 2))) if np.any(y != 0) else 1.0
-        mean, var, diag = stationarity_posterior(M, y, mus, (span / 4.0, span / 2.0),
-                                                 tuple(scale_y * f for f in (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)))
+        mean, var, diag = stationarity_posterior(
+            M, y, mus, (span / 4.0, span / 2.0), tuple(scale_y * f for f in (0.003, 0.01, 0.03, 0.1, 0.3, 1.0))
+        )
         flat_mean, flat_var = mean[mask], var[mask]
         LL += -0.5 * (grid[None, :] - flat_mean[:, None]) ** 2 / flat_var[:, None]
         return diag
 
-    def _decode(self, cfg: dict, fv: FlatFedMVMFView, parties: list[str], stats: list[_Round],
-                taus: list[np.ndarray], st: _DecodeSettings,
-                ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+    def _decode(
+        self,
+        cfg: dict,
+        fv: FlatFedMVMFView,
+        parties: list[str],
+        stats: list[_Round],
+        taus: list[np.ndarray],
+        st: _DecodeSettings,
+    ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
         """Combine the rounds per (user, item) and decode ratings and attributes (MAP / rounding)."""
         layout = _reference_layout(fv, stats, taus, len(parties))
         ev = _accumulate(layout, stats, taus, st)

@@ -406,7 +406,9 @@ def solve_system(
             warnings.simplefilter("ignore")
             with np.errstate(all="ignore"):
                 if method == "hybr":
-                    res = root(system.fun, z0, jac=system.jac, method="hybr", options=_root_options(method, maxiter, tol))
+                    res = root(
+                        system.fun, z0, jac=system.jac, method="hybr", options=_root_options(method, maxiter, tol)
+                    )
                 else:
                     options = _root_options(method, maxiter, tol)
                     if precondition:
@@ -480,7 +482,9 @@ def attack_victim(st: Setting, victim: Victim, seed: int) -> tuple[np.ndarray, n
     return r, x, failed, unconverged
 
 
-def _attack_chunk(st: Setting, victims: list[Victim], seeds: list[int]) -> list[tuple[np.ndarray, np.ndarray, int, int]]:
+def _attack_chunk(
+    st: Setting, victims: list[Victim], seeds: list[int]
+) -> list[tuple[np.ndarray, np.ndarray, int, int]]:
     return [attack_victim(st, v, s) for v, s in zip(victims, seeds)]
 
 
@@ -494,11 +498,20 @@ class MVMFNonlinear(_mvmf.MVMFAttack):
     #: victim under noise this attack is ~90 % of an audit's time otherwise.
     audit_params = {"users": 60}
     parameters = (
-        Param("method", "auto", "scipy.optimize.root method: hybr, broyden2, linearmixing, anderson, df-sane, or auto "
-              "(the per-scenario best of the selection run)", choices=("auto",) + METHODS),
-        Param("solves", 0, "solves per victim (coordinates k drawn without replacement / SGD item) averaged after "
-              "clipping; 0 = 1 noise-free; under noise K (SemiALS: every coordinate once; SGD: K random (k, item) pairs)",
-              ge=0),
+        Param(
+            "method",
+            "auto",
+            "scipy.optimize.root method: hybr, broyden2, linearmixing, anderson, df-sane, or auto "
+            "(the per-scenario best of the selection run)",
+            choices=("auto",) + METHODS,
+        ),
+        Param(
+            "solves",
+            0,
+            "solves per victim (coordinates k drawn without replacement / SGD item) averaged after "
+            "clipping; 0 = 1 noise-free; under noise K (SemiALS: every coordinate once; SGD: K random (k, item) pairs)",
+            ge=0,
+        ),
         Param("users", None, "attack at most this many victims (random sample; None = all)", type=int, ge=1),
         Param("jobs", 1, "parallel joblib workers across victims (-1 = all cores)"),
         Param("smooth", 3.0, "steepness of the smoothed InclUnc weight c(r) = 1 - (1-w) exp(-(smooth r)^2)", gt=0),
@@ -506,9 +519,13 @@ class MVMFNonlinear(_mvmf.MVMFAttack):
         Param("tol", 1e-9, "residual tolerance of the solver"),
         Param("retries", 2, "noise-free: extra solves (new k / item) while no solution reproduces all uploads", ge=0),
         Param("precondition", True, "Jacobian-free methods solve J(z0)^-1 F(z) = 0 (same roots) instead of F(z) = 0"),
-        Param("formulation", "auto", "full (unknowns r, x, u; smoothed c(r)) or reduced (InclUnc/sampling: r eliminated "
-              "item by item, unknowns x, u); auto = reduced when a victim uploads more than 200 items with weights",
-              choices=("auto", "full", "reduced")),
+        Param(
+            "formulation",
+            "auto",
+            "full (unknowns r, x, u; smoothed c(r)) or reduced (InclUnc/sampling: r eliminated "
+            "item by item, unknowns x, u); auto = reduced when a victim uploads more than 200 items with weights",
+            choices=("auto", "full", "reduced"),
+        ),
         Param("chunk", 16, "victims per joblib task", ge=1),
     )
 
@@ -548,13 +565,26 @@ class MVMFNonlinear(_mvmf.MVMFAttack):
         # model-check retries)
         solves = self.config["solves"] or (fv.P[r1].shape[1] if noisy else 1)
         st = Setting(
-            V1=fv.V[r1], P1=fv.P[r1],
-            V2=fv.V.get(r2) if r2 is not None else None, P2=fv.P.get(r2) if r2 is not None else None,
-            update=update, weighted=weighted_unrated(cfg), alpha=float(cfg["alpha"]), lam=float(cfg["lam"]),
-            w=float(cfg.get("w", 0.0) or 0.0), eta=float(cfg.get("eta", 0.0) or 0.0), lo=lo, hi=hi,
-            smooth=float(self.config["smooth"]), method=method, solves=int(solves),
-            maxiter=int(self.config["maxiter"]), tol=float(self.config["tol"]), noisy=noisy,
-            retries=int(self.config["retries"]), precondition=bool(self.config["precondition"]),
+            V1=fv.V[r1],
+            P1=fv.P[r1],
+            V2=fv.V.get(r2) if r2 is not None else None,
+            P2=fv.P.get(r2) if r2 is not None else None,
+            update=update,
+            weighted=weighted_unrated(cfg),
+            alpha=float(cfg["alpha"]),
+            lam=float(cfg["lam"]),
+            w=float(cfg.get("w", 0.0) or 0.0),
+            eta=float(cfg.get("eta", 0.0) or 0.0),
+            lo=lo,
+            hi=hi,
+            smooth=float(self.config["smooth"]),
+            method=method,
+            solves=int(solves),
+            maxiter=int(self.config["maxiter"]),
+            tol=float(self.config["tol"]),
+            noisy=noisy,
+            retries=int(self.config["retries"]),
+            precondition=bool(self.config["precondition"]),
         )
         victims: list[Victim] = []
         skipped = 0

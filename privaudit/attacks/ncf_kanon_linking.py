@@ -46,7 +46,9 @@ from privaudit.transcript import Transcript, View
 class NCFKAnonLinking(Attack):
     """Difference per-item counts of cohorts with and without the target (module docstring)."""
 
-    description = "FedNCF under secagg: adversarial cohorts with/without the target link items to it via per-item counts (§3.5.2)"
+    description = (
+        "FedNCF under secagg: adversarial cohorts with/without the target link items to it via per-item counts (§3.5.2)"
+    )
     party = "server"
     protocols = ("fedncf",)
     requires = ("cohort", "aggregate")
@@ -105,7 +107,7 @@ class NCFKAnonLinking(Attack):
         return Reconstruction(self.name, self.party, {party: {"items": pred, "score": score}}, meta=meta)
 
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
-        (party, rec), = reconstruction.victims.items()
+        ((party, rec),) = reconstruction.victims.items()
         p, r = _prf(rec["items"], client_truth(transcript, party))
         return {
             "precision": p,
@@ -128,5 +130,6 @@ class NCFKAnonLinking(Attack):
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
         """Per item: the mean count difference of the round pairs, truth = the target's positive."""
-        return item_decisions({p: rec["score"] for p, rec in reconstruction.victims.items()}, transcript,
-                              "target's training positive")
+        return item_decisions(
+            {p: rec["score"] for p, rec in reconstruction.victims.items()}, transcript, "target's training positive"
+        )

@@ -92,8 +92,9 @@ def item_decisions(party_scores: dict[str, np.ndarray], transcript: Transcript, 
 
 
 PRF_SPECS = {
-    "precision": MetricSpec(True, True, "fraction",
-                            "share of the items guessed as a client's positives that are positives"),
+    "precision": MetricSpec(
+        True, True, "fraction", "share of the items guessed as a client's positives that are positives"
+    ),
     "recall": MetricSpec(True, True, "fraction", "share of a client's positives that are guessed"),
     "f1": MetricSpec(True, True, "fraction", "harmonic mean of precision and recall"),
 }
@@ -103,20 +104,27 @@ PRF_SPECS = {
 class NCFUpdateLeak(Attack):
     """Recover a FedNCF client's positives from the rows its plain uploads changed (module docstring)."""
 
-    description = "FedNCF plain uploads: updated item rows reveal each client's training items (precision/recall of positives)"
+    description = (
+        "FedNCF plain uploads: updated item rows reveal each client's training items (precision/recall of positives)"
+    )
     party = "server"
     protocols = ("fedncf",)
     requires = ("item_update",)
     primary_metric = "precision"
     metric_specs = {
         **PRF_SPECS,
-        **{f"{k}_r{j}": MetricSpec(True, True, "fraction", f"{k} after intersecting the first {j} uploads")
-           for j in range(1, 21) for k in ("precision", "recall")},
+        **{
+            f"{k}_r{j}": MetricSpec(True, True, "fraction", f"{k} after intersecting the first {j} uploads")
+            for j in range(1, 21)
+            for k in ("precision", "recall")
+        },
         "victims": MetricSpec(True, False, "count", "clients attacked"),
     }
     default_sweep = ("rounds", (1, 2, 3, 4))
     parameters = (
-        Param("rounds", 1, "intersect the item sets of each client's first r recorded uploads (-1: all)", ge=1, also=(-1,)),
+        Param(
+            "rounds", 1, "intersect the item sets of each client's first r recorded uploads (-1: all)", ge=1, also=(-1,)
+        ),
         Param("table_rounds", 4, "also report precision/recall for r = 1..N", ge=0),
     )
 

@@ -54,7 +54,11 @@ def _silo_rows(transcript: Transcript) -> tuple[list[str], list[np.ndarray], sp.
         cols.append(np.asarray(priv["items"], dtype=np.int64))
         vals.append(np.asarray(priv["ratings"], dtype=np.float64))
     n = int(max((u.max() for u in ids if u.size), default=-1)) + 1
-    R = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, m)) if ids else sp.csr_matrix((0, m))
+    R = (
+        sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, m))
+        if ids
+        else sp.csr_matrix((0, m))
+    )
     return parties, ids, R
 
 
@@ -88,8 +92,12 @@ class ProtoMembership(Attack):
         "fpr": MetricSpec(False, True, "fraction", "share of non-member candidates declared members"),
     }
     parameters = (
-        Param("score", "relative", "'relative' (distance gain over the empty row, per row norm) or 'distance'",
-              choices=("relative", "distance")),
+        Param(
+            "score",
+            "relative",
+            "'relative' (distance gain over the empty row, per row norm) or 'distance'",
+            choices=("relative", "distance"),
+        ),
         Param("fpr", 0.1, "false-positive rate the threshold is calibrated to on the outside rows", gt=0, lt=1),
         Param("n_members", 100, "members (and as many non-members) per silo among the candidates (0: all)", ge=0),
         Param("n_calibration", 100, "rows of other silos known to be outside, per silo", ge=0),
@@ -126,7 +134,12 @@ class ProtoMembership(Attack):
             s = membership_scores(know["rows"], P, self.config["score"])
             c = membership_scores(know["calibration"], P, self.config["score"])
             tau = float(np.quantile(c, q)) if c.size else float("inf")
-            victims[party] = {"user_ids": np.asarray(know["user_ids"]), "scores": s, "member": s > tau, "threshold": np.asarray(tau)}
+            victims[party] = {
+                "user_ids": np.asarray(know["user_ids"]),
+                "scores": s,
+                "member": s > tau,
+                "threshold": np.asarray(tau),
+            }
         if not victims:
             return self.unsupported("no silo's prototypes and candidates to test")
         return Reconstruction(self.name, self.party, victims, meta={"score": self.config["score"]})
@@ -192,4 +205,10 @@ class ProtoMembership(Attack):
         return {"member": Decisions(np.concatenate(scores), y, positive="member row")}
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
-        return {"auc": 0.5, "auc_pooled": 0.5, "advantage": 0.0, "tpr": float(self.config["fpr"]), "fpr": float(self.config["fpr"])}
+        return {
+            "auc": 0.5,
+            "auc_pooled": 0.5,
+            "advantage": 0.0,
+            "tpr": float(self.config["fpr"]),
+            "fpr": float(self.config["fpr"]),
+        }

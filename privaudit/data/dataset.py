@@ -222,7 +222,7 @@ class RatingsDataset:
         )
 
     # ------------------------------------------------------------------ derived datasets
-    def _replace(self, **changes: Any) -> "RatingsDataset":
+    def _replace(self, **changes: Any) -> RatingsDataset:
         fields = {
             "name": self.name,
             "ratings": self.ratings,
@@ -254,9 +254,7 @@ class RatingsDataset:
         ratings.has_sorted_indices = True
         ts = None
         if self.timestamps is not None:
-            ts = sp.csr_matrix(
-                (self.timestamps.data[take], sub.indices.copy(), sub.indptr.copy()), shape=sub.shape
-            )
+            ts = sp.csr_matrix((self.timestamps.data[take], sub.indices.copy(), sub.indptr.copy()), shape=sub.shape)
             ts.has_sorted_indices = True
         return ratings, ts
 
@@ -276,7 +274,7 @@ class RatingsDataset:
             raise DataError(f"{what} index out of range for {n} {what}s")
         return idx % n if n else idx
 
-    def subset_users(self, idx: Any) -> "RatingsDataset":
+    def subset_users(self, idx: Any) -> RatingsDataset:
         """Dataset with only the users ``idx`` (int indices in the given order, or a bool mask); all items kept."""
         idx = self._index(idx, self.n_users, "user")
         ratings, ts = self._subset(idx, slice(None))
@@ -288,7 +286,7 @@ class RatingsDataset:
             user_region=self.user_region[idx],
         )
 
-    def subset_items(self, idx: Any) -> "RatingsDataset":
+    def subset_items(self, idx: Any) -> RatingsDataset:
         """Dataset with only the items ``idx`` (int indices in the given order, or a bool mask); all users kept."""
         idx = self._index(idx, self.n_items, "item")
         ratings, ts = self._subset(slice(None), idx)
@@ -299,7 +297,7 @@ class RatingsDataset:
             item_ids=self.item_ids[idx],
         )
 
-    def with_ratings(self, ratings_csr: Any) -> "RatingsDataset":
+    def with_ratings(self, ratings_csr: Any) -> RatingsDataset:
         """Same metadata with a new (n_users, n_items) rating matrix.
 
         Stored zeros are dropped. Timestamps are carried over to the new sparsity pattern when
@@ -321,7 +319,7 @@ class RatingsDataset:
                 ts = sp.csr_matrix(ratings.shape, dtype=np.int64)
         return self._replace(ratings=ratings, timestamps=ts)
 
-    def select_ratings(self, mask: Any) -> "RatingsDataset":
+    def select_ratings(self, mask: Any) -> RatingsDataset:
         """Keep only the stored ratings where ``mask`` is True (same shape and metadata).
 
         Args:
@@ -338,9 +336,7 @@ class RatingsDataset:
         ratings.has_sorted_indices = True
         ts = None
         if self.timestamps is not None:
-            ts = sp.csr_matrix(
-                (self.timestamps.data[mask], indices.copy(), indptr.copy()), shape=self.ratings.shape
-            )
+            ts = sp.csr_matrix((self.timestamps.data[mask], indices.copy(), indptr.copy()), shape=self.ratings.shape)
             ts.has_sorted_indices = True
         return self._replace(ratings=ratings, timestamps=ts)
 
@@ -356,7 +352,7 @@ class RatingsDataset:
         rating_min: float | None = None,
         rating_max: float | None = None,
         rating_step: float | None = None,
-    ) -> "RatingsDataset":
+    ) -> RatingsDataset:
         """Dataset without side information from (user id, item id, rating[, timestamp]) triples.
 
         Raw ids are mapped to contiguous indices sorted by raw id. The rating scale defaults to
@@ -373,9 +369,7 @@ class RatingsDataset:
         shape = (user_ids.size, item_ids.size)
         dup = duplicate_positions(rows, cols, shape[1])
         if dup.size:
-            raise DataError(
-                f"duplicate rating for user {users[dup[0]]!r} and item {items[dup[0]]!r} (entry {dup[0]})"
-            )
+            raise DataError(f"duplicate rating for user {users[dup[0]]!r} and item {items[dup[0]]!r} (entry {dup[0]})")
         ts = None
         if timestamps is not None:
             ts = build_csr(rows, cols, np.asarray(timestamps, dtype=np.int64), shape, dtype=np.int64)

@@ -22,9 +22,10 @@ from __future__ import annotations
 import csv
 import io
 import warnings
+from collections.abc import Sequence
 from operator import methodcaller
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,22 +36,61 @@ __all__ = ["CSV_COLUMNS", "CSV_DEFAULT_SCALE", "ML1M_AGES", "ML1M_OCCUPATIONS", 
 
 #: ML-1M age codes -> group names (the 7 groups of the ML-1M README).
 ML1M_AGES: dict[int, str] = {
-    1: "1-17", 18: "18-24", 25: "25-34", 35: "35-44", 45: "45-49", 50: "50-55", 56: "56+",
+    1: "1-17",
+    18: "18-24",
+    25: "25-34",
+    35: "35-44",
+    45: "45-49",
+    50: "50-55",
+    56: "56+",
 }
 
 #: ML-1M occupation codes 0..20 -> names (from the ML-1M README).
 ML1M_OCCUPATIONS: list[str] = [
-    "other", "academic/educator", "artist", "clerical/admin", "college/grad student",
-    "customer service", "doctor/health care", "executive/managerial", "farmer", "homemaker",
-    "K-12 student", "lawyer", "programmer", "retired", "sales/marketing", "scientist",
-    "self-employed", "technician/engineer", "tradesman/craftsman", "unemployed", "writer",
+    "other",
+    "academic/educator",
+    "artist",
+    "clerical/admin",
+    "college/grad student",
+    "customer service",
+    "doctor/health care",
+    "executive/managerial",
+    "farmer",
+    "homemaker",
+    "K-12 student",
+    "lawyer",
+    "programmer",
+    "retired",
+    "sales/marketing",
+    "scientist",
+    "self-employed",
+    "technician/engineer",
+    "tradesman/craftsman",
+    "unemployed",
+    "writer",
 ]
 
 #: Fallback genre list of ML-100K when ``u.genre`` is absent (order of the u.item flags).
 ML100K_GENRES: list[str] = [
-    "unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
-    "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance",
-    "Sci-Fi", "Thriller", "War", "Western",
+    "unknown",
+    "Action",
+    "Adventure",
+    "Animation",
+    "Children's",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Film-Noir",
+    "Horror",
+    "Musical",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
 ]
 
 N_AGE_GROUPS = 7
@@ -400,12 +440,14 @@ def _user_block(
     gender_names = sorted(set(genders) | {"F", "M"})
     g_codes = np.searchsorted(np.array(gender_names), np.array(genders))
     r_codes = np.where(regions < 0, 10, regions)
-    return _one_hot_blocks([
-        (ages_codes, [n if n.startswith("age=") else f"age={n}" for n in age_names]),
-        (g_codes, [f"gender={g}" for g in gender_names]),
-        (occ_codes, [f"occupation={o}" for o in occ_names]),
-        (r_codes, REGION_NAMES),
-    ])
+    return _one_hot_blocks(
+        [
+            (ages_codes, [n if n.startswith("age=") else f"age={n}" for n in age_names]),
+            (g_codes, [f"gender={g}" for g in gender_names]),
+            (occ_codes, [f"occupation={o}" for o in occ_names]),
+            (r_codes, REGION_NAMES),
+        ]
+    )
 
 
 def _genres_from_strings(strings: Sequence[str], no_genre: str = "(no genres listed)") -> tuple[np.ndarray, list[str]]:
@@ -512,8 +554,7 @@ def _load_ml100k(folder: Path, scale: tuple[float, float, float] | None = None) 
         features = (flags[pos] == "1").astype(np.float64)
         feat_names = [f"genre={g}" for g in genre_names]
 
-    return _assemble("ml-100k", r, ts, attributes, attr_names,
-                     regions, features, feat_names, scale)
+    return _assemble("ml-100k", r, ts, attributes, attr_names, regions, features, feat_names, scale)
 
 
 # ---------------------------------------------------------------------------- ML-1M
@@ -543,8 +584,12 @@ def _load_ml1m(folder: Path, scale: tuple[float, float, float] | None = None) ->
         pos = _lookup(uid, r.user_ids, users, "user", src)
         regions = _zip_region([users.field(k, 4) for k in pos])
         attributes, attr_names = _user_block(
-            a_pos[pos], [ML1M_AGES[c] for c in age_codes_known], [genders[k] for k in pos],
-            occ[pos], ML1M_OCCUPATIONS, regions,
+            a_pos[pos],
+            [ML1M_AGES[c] for c in age_codes_known],
+            [genders[k] for k in pos],
+            occ[pos],
+            ML1M_OCCUPATIONS,
+            regions,
         )
 
     features, feat_names = None, []
@@ -554,8 +599,7 @@ def _load_ml1m(folder: Path, scale: tuple[float, float, float] | None = None) ->
         pos = _lookup(mid, r.item_ids, movies, "movie", src)
         features, feat_names = _genres_from_strings([movies.field(k, 2) for k in pos])
 
-    return _assemble("ml-1m", r, ts, attributes, attr_names,
-                     regions, features, feat_names, scale)
+    return _assemble("ml-1m", r, ts, attributes, attr_names, regions, features, feat_names, scale)
 
 
 # ---------------------------------------------------------------------------- ML latest(-small)
@@ -607,8 +651,7 @@ def _load_latest(folder: Path, scale: tuple[float, float, float] | None = None) 
         pos = _lookup(mid, r.item_ids, movies, "movie", "ratings.csv")
         features, feat_names = _genres_from_strings([movies.field(k, 2) for k in pos])
 
-    return _assemble("ml-latest-small", r, ts, None, [],
-                     None, features, feat_names, scale)
+    return _assemble("ml-latest-small", r, ts, None, [], None, features, feat_names, scale)
 
 
 # ---------------------------------------------------------------------------- plain CSV
@@ -771,4 +814,3 @@ def load_dataset(path: str | Path, rating_scale: str | Sequence[float] | None = 
         f"{path}: not a MovieLens folder (expected u.data for 100K, ratings.dat for 1M or "
         f"ratings.csv for latest-small) nor a ratings CSV file"
     )
-

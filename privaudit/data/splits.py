@@ -10,7 +10,7 @@ the rating matrix and timestamps differ), so indices stay aligned between train 
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -126,17 +126,13 @@ def _cold_split(n: int, fraction: float, rng: RngLike, what: str) -> tuple[np.nd
     return np.sort(perm[n_cold:]), np.sort(perm[:n_cold])
 
 
-def cold_start_users(
-    ds: RatingsDataset, fraction: float = 0.1, rng: RngLike = None
-) -> tuple[np.ndarray, np.ndarray]:
+def cold_start_users(ds: RatingsDataset, fraction: float = 0.1, rng: RngLike = None) -> tuple[np.ndarray, np.ndarray]:
     """Random cold-start users: (warm_user_idx, cold_user_idx), sorted int64, disjoint, covering
     all users; ``round(fraction * n_users)`` are cold."""
     return _cold_split(ds.n_users, fraction, rng, "user")
 
 
-def cold_start_items(
-    ds: RatingsDataset, fraction: float = 0.1, rng: RngLike = None
-) -> tuple[np.ndarray, np.ndarray]:
+def cold_start_items(ds: RatingsDataset, fraction: float = 0.1, rng: RngLike = None) -> tuple[np.ndarray, np.ndarray]:
     """Random cold-start items: (warm_item_idx, cold_item_idx), sorted int64, disjoint, covering
     all items; ``round(fraction * n_items)`` are cold."""
     return _cold_split(ds.n_items, fraction, rng, "item")

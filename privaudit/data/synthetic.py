@@ -36,8 +36,16 @@ _OCCUPATION_PRIOR = np.log([0.15, 0.2, 0.2, 0.35, 0.1])
 _REGIONS = [str(d) for d in range(10)] + ["unknown"]
 _REGION_PRIOR = np.log(np.r_[np.full(10, 0.098), 0.02])
 _GENRES = [
-    "Action", "Adventure", "Children's", "Comedy", "Crime", "Drama",
-    "Horror", "Romance", "Sci-Fi", "Thriller",
+    "Action",
+    "Adventure",
+    "Children's",
+    "Comedy",
+    "Crime",
+    "Drama",
+    "Horror",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
 ]
 _MU = 2.9  # global mean before the selection effect (rated items skew towards liked ones)
 _T0 = 946684800  # 2000-01-01 UTC
@@ -187,13 +195,21 @@ PRESETS: dict[str, dict[str, float | int]] = {
     "ml-1m-size": {"n_users": 6040, "n_items": 3706, "density": 0.045},  # ~1.0 M ratings
     "ml-10m-size": {"n_users": 69878, "n_items": 10677, "density": 0.0134},  # ~10 M ratings
 }
-_SPEC_KEYS = {"users": "n_users", "items": "n_items", "k": "k", "min_ratings": "min_ratings",
-              "density": "density", "seed": "seed"}
+_SPEC_KEYS = {
+    "users": "n_users",
+    "items": "n_items",
+    "k": "k",
+    "min_ratings": "min_ratings",
+    "density": "density",
+    "seed": "seed",
+}
 _SPEC_MAX = {"users": 10**7, "items": 10**6, "k": 256}
 _MAX_CELLS = 10**10  # users x items: the item draw costs O(users x items) time
 SPEC_HELP = (
-    "synthetic[:PRESET][,KEY=VALUE...] with PRESET one of " + ", ".join(PRESETS)
-    + " and KEY one of " + ", ".join(_SPEC_KEYS)
+    "synthetic[:PRESET][,KEY=VALUE...] with PRESET one of "
+    + ", ".join(PRESETS)
+    + " and KEY one of "
+    + ", ".join(_SPEC_KEYS)
     + " (e.g. synthetic:users=6040,items=3706,density=0.045)"
 )
 

@@ -43,8 +43,8 @@ import functools
 import math
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import gmpy2
 import numpy as np
@@ -390,9 +390,7 @@ def encrypt_online(n: int, plaintexts: Sequence[int], obfs: Sequence, width: int
     n_ = gmpy2.mpz(n)
     nsq = n_ * n_
     mul, fmod = gmpy2.mul, gmpy2.f_mod
-    raw = b"".join(
-        int(fmod(mul(mul(n_, m) + 1, r), nsq)).to_bytes(width, "big") for m, r in zip(plaintexts, obfs)
-    )
+    raw = b"".join(int(fmod(mul(mul(n_, m) + 1, r), nsq)).to_bytes(width, "big") for m, r in zip(plaintexts, obfs))
     return np.frombuffer(raw, dtype=np.uint8).reshape(len(plaintexts), width)
 
 
@@ -443,7 +441,9 @@ def generate_keypair(key_length: int) -> tuple[paillier.PaillierPublicKey, paill
     return paillier.generate_paillier_keypair(n_length=key_length)
 
 
-def encrypt_fixed(public_key: paillier.PaillierPublicKey, values: np.ndarray, precision: int) -> list[paillier.EncryptedNumber]:
+def encrypt_fixed(
+    public_key: paillier.PaillierPublicKey, values: np.ndarray, precision: int
+) -> list[paillier.EncryptedNumber]:
     """phe :class:`EncryptedNumber` objects of ``values``, all with the exponent ``-precision``.
 
     The reference (unpacked) form of the wire encoding, for checks and interoperability with phe:

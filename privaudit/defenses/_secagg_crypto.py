@@ -13,7 +13,7 @@ Nothing here uses numpy's random generators: all key material, seeds and masks c
 from __future__ import annotations
 
 import secrets
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes
@@ -78,7 +78,9 @@ def encode(x: np.ndarray, frac_bits: int, ring_bits: int) -> np.ndarray:
 
 def decode(r: np.ndarray, frac_bits: int, ring_bits: int) -> np.ndarray:
     """Inverse of :func:`encode` (values in [-2^(b-1), 2^(b-1)) / 2^frac_bits)."""
-    return np.asarray(r, dtype=ring_dtype(ring_bits)).view(signed_dtype(ring_bits)).astype(np.float64) / float(2**frac_bits)
+    return np.asarray(r, dtype=ring_dtype(ring_bits)).view(signed_dtype(ring_bits)).astype(np.float64) / float(
+        2**frac_bits
+    )
 
 
 def ring_sum(vectors: Sequence[np.ndarray], ring_bits: int) -> np.ndarray:

@@ -17,7 +17,7 @@ noise that spends a target total epsilon over the run.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from privaudit.errors import PrivauditError
 
@@ -34,8 +34,9 @@ def _dp_accounting():
         import dp_accounting
         from dp_accounting.pld import pld_privacy_accountant
     except ImportError:  # pragma: no cover - a base dependency
-        raise PrivauditError("the dp-accounting package is required for DP accounting: "
-                             "pip install dp-accounting") from None
+        raise PrivauditError(
+            "the dp-accounting package is required for DP accounting: pip install dp-accounting"
+        ) from None
     return dp_accounting, pld_privacy_accountant
 
 
@@ -105,8 +106,9 @@ def calibrate(total: Callable[[float], float], target: float, lo: float, hi: flo
     fa, fb = f(a), f(b)
     if fa * fb > 0:
         lo_eps, hi_eps = sorted((total(lo), total(hi)))
-        raise PrivauditError(f"target_epsilon {target:g} is outside what the accountant reaches here "
-                             f"({lo_eps:.3g} .. {hi_eps:.3g})")
+        raise PrivauditError(
+            f"target_epsilon {target:g} is outside what the accountant reaches here ({lo_eps:.3g} .. {hi_eps:.3g})"
+        )
     return math.exp(brentq(f, a, b, xtol=1e-6, rtol=1e-8))
 
 

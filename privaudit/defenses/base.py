@@ -15,8 +15,9 @@ What the receiver sees after the defenses is exactly what the transcript records
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -66,7 +67,7 @@ class ClientData:
     virtual: Any
 
     @classmethod
-    def from_ratings(cls, ratings: Any) -> "ClientData":
+    def from_ratings(cls, ratings: Any) -> ClientData:
         """Real ratings only: weights 1, nothing virtual."""
         import scipy.sparse as sp
 
@@ -193,7 +194,7 @@ class Defense(Configurable):
         """``client-data`` defenses that add virtual entries: how clients fill them (default: none)."""
         return None
 
-    def with_protocol_defaults(self, values: Mapping[str, Any]) -> "Defense":
+    def with_protocol_defaults(self, values: Mapping[str, Any]) -> Defense:
         """This defense with the protocol's values for parameters it leaves unset (default: itself)."""
         return self
 

@@ -31,10 +31,17 @@ from privaudit.registry import register_defense
 class DPGaussian(ClippedNoise):
     """L2-clip every upload (per row or per upload) to C and add N(0, (sigma C)^2) noise; PLD accounting."""
 
-    description = ("(epsilon, delta)-DP Gaussian mechanism: L2 clipping to C, N(0, (noise_multiplier C)^2) noise, "
-                   "PLD accountant")
-    params = {"noise_multiplier": 1.0, "clip": 1.0, "clip_per": "row", "delta": 1e-5, "target_epsilon": 0.0,
-              "rounds": 0}
+    description = (
+        "(epsilon, delta)-DP Gaussian mechanism: L2 clipping to C, N(0, (noise_multiplier C)^2) noise, PLD accountant"
+    )
+    params = {
+        "noise_multiplier": 1.0,
+        "clip": 1.0,
+        "clip_per": "row",
+        "delta": 1e-5,
+        "target_epsilon": 0.0,
+        "rounds": 0,
+    }
     param_help = {
         "noise_multiplier": "noise standard deviation / clipping norm (sigma)",
         "clip": "L2 clipping norm C",

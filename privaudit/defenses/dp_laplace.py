@@ -42,7 +42,6 @@ from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.registry import register_defense
 
-
 #: delta at which privacy_spent also reports the PLD epsilon when the defense's own delta is 0
 REFERENCE_DELTA = 1e-5
 
@@ -138,8 +137,9 @@ class ClippedNoise(Defense):
             raise PrivauditError(f"defense {self.name!r}: target_epsilon needs the number of rounds (set rounds=N)")
         target = float(self.config["target_epsilon"])
         lo, hi = self.calibration_range
-        value = accounting.calibrate(lambda x: self.total_epsilon(x, rounds), target, lo, hi,
-                                     self.calibrated_increasing)
+        value = accounting.calibrate(
+            lambda x: self.total_epsilon(x, rounds), target, lo, hi, self.calibrated_increasing
+        )
         self.config[self.calibrated] = value
         self._calibrated_rounds = rounds
 

@@ -42,13 +42,22 @@ class DPPrototypes(Defense):
     description = "epsilon-DP prototypes (private k-means of Balcan et al. + Gumbel/Laplace sparse recovery), FedProto"
     parameters = (
         Param("epsilon", 1.0, "total privacy budget of a silo's prototypes (pure epsilon-DP per user)", gt=0),
-        Param("delta", 0.1, "sets the trials T = ceil(2 ln(1/delta)), grids and thresholds (utility knob, not a "
-              "privacy loss)", gt=0, lt=1),
+        Param(
+            "delta",
+            0.1,
+            "sets the trials T = ceil(2 ln(1/delta)), grids and thresholds (utility knob, not a privacy loss)",
+            gt=0,
+            lt=1,
+        ),
         Param("k", 0, "prototypes per silo (0: the protocol's k)", ge=0),
         Param("s", 0, "public bound on non-zeros per row / per prototype (0: the protocol's s)", ge=0),
         Param("trials", 0, "override T (0: ceil(2 ln(1/delta)); the authors' code uses 1)", ge=0),
-        Param("swap_iters", 100, "localswap iterations (the paper's n/delta, capped for speed; total budget unchanged)",
-              ge=0),
+        Param(
+            "swap_iters",
+            100,
+            "localswap iterations (the paper's n/delta, capped for speed; total budget unchanged)",
+            ge=0,
+        ),
     )
     strength = "epsilon"
     default_grid = (10.0, 1.0, 0.1)
@@ -87,11 +96,19 @@ class DPPrototypes(Defense):
             rows = p["rows"]
             P, _ = self.prototypes(rows, k, s or rows.shape[1], Lambda, channel.rng)
             payloads.append({"prototypes": P})
-        return dataclasses.replace(batch, payloads=payloads, meta={**batch.meta, "dp": True, "epsilon": self.config["epsilon"]})
+        return dataclasses.replace(
+            batch, payloads=payloads, meta={**batch.meta, "dp": True, "epsilon": self.config["epsilon"]}
+        )
 
     def privacy_spent(self, rounds: int) -> dict[str, Any] | None:
         """Pure epsilon per user of a silo: ``epsilon`` per upload, composed over ``rounds`` uploads."""
         eps = float(self.config["epsilon"])
         total = eps * max(int(rounds), 0)
-        return {"epsilon": total, "delta": 0.0, "unit": "one user's row", "accountant": "basic",
-                "epsilon_basic": total, "epsilon_per_round": eps}
+        return {
+            "epsilon": total,
+            "delta": 0.0,
+            "unit": "one user's row",
+            "accountant": "basic",
+            "epsilon_basic": total,
+            "epsilon_per_round": eps,
+        }

@@ -52,7 +52,9 @@ class DPSGD(Defense):
 
     requires_extras = ("ncf",)  # torch and opacus
 
-    description = "DP-SGD on FedNCF local training (per-sample clipping, Gaussian noise), epsilon by Opacus's RDP accountant"
+    description = (
+        "DP-SGD on FedNCF local training (per-sample clipping, Gaussian noise), epsilon by Opacus's RDP accountant"
+    )
     parameters = (
         Param("noise_multiplier", 1.0, "noise standard deviation / clip norm (sigma)", ge=0),
         Param("max_grad_norm", 1.0, "per-sample gradient clip norm C", gt=0),
@@ -70,10 +72,17 @@ class DPSGD(Defense):
         """Per-sample clipping to ``max_grad_norm`` and Gaussian noise ``noise_multiplier * max_grad_norm``."""
         return LocalTraining(float(self.noise_multiplier), float(self.max_grad_norm))
 
-    def account(self, n_positives: np.ndarray, participation: np.ndarray, batch_size: int, epochs: int, negatives: int) -> None:
+    def account(
+        self, n_positives: np.ndarray, participation: np.ndarray, batch_size: int, epochs: int, negatives: int
+    ) -> None:
         """Record every client's local data size and the rounds it took part in (called by FedNCF)."""
         n_inst = np.asarray(n_positives, dtype=np.int64) * (1 + int(negatives))
-        self._clients = {"n": n_inst, "rounds": np.asarray(participation, dtype=np.int64), "B": int(batch_size), "E": int(epochs)}
+        self._clients = {
+            "n": n_inst,
+            "rounds": np.asarray(participation, dtype=np.int64),
+            "B": int(batch_size),
+            "E": int(epochs),
+        }
 
     def _eps(self, n: int, rounds: int) -> float:
         B, E = self._clients["B"], self._clients["E"]
@@ -110,5 +119,11 @@ class DPSGD(Defense):
         worst = int(sizes.min())  # fewest instances: largest sampling rate, largest epsilon
         total = max(self._eps(int(s), int(rounds)) for s in sizes)
         per_round = self._eps(worst, 1)
-        return {"epsilon": total, "delta": self.delta, "unit": "one training instance", "accountant": "rdp",
-                "epsilon_basic": per_round * int(rounds), "epsilon_per_round": per_round}
+        return {
+            "epsilon": total,
+            "delta": self.delta,
+            "unit": "one training instance",
+            "accountant": "rdp",
+            "epsilon_basic": per_round * int(rounds),
+            "epsilon_per_round": per_round,
+        }

@@ -92,20 +92,36 @@ class PaillierDefense(Defense):
 
     description = "Paillier-encrypted uploads, server adds ciphertexts, decrypting clients decrypt sums (PrivMVMF)"
     parameters = (
-        Param("key_length", 2048, f"bits of the Paillier modulus n (2048 default, at least {MIN_KEY_LENGTH}); "
-              "a multiple of 8", ge=128),
+        Param(
+            "key_length",
+            2048,
+            f"bits of the Paillier modulus n (2048 default, at least {MIN_KEY_LENGTH}); a multiple of 8",
+            ge=128,
+        ),
         Param("decryptors", 1, "number of decrypting clients; the ciphertext sums are split among them", ge=1),
         Param("packing", True, "pack several fixed-point values per ciphertext (false: one value per ciphertext)"),
-        Param("precision", 32, "fractional bits of the fixed-point encoding (one public exponent -precision)",
-              ge=0, le=52),
+        Param(
+            "precision", 32, "fractional bits of the fixed-point encoding (one public exponent -precision)", ge=0, le=52
+        ),
         Param("bound", 1048576.0, "largest |value| a client may encrypt (sizes the packing slots)", gt=0),
         Param("cohort_size", 0, "server sums senders in cohorts of this size (0: all senders in one sum)", ge=0),
         Param("jobs", 1, "joblib workers for encryption/decryption (1: in process, -1: all cores); not 0"),
-        Param("obfuscation", "standard", "standard: r^n, r uniform mod n (Paillier); "
-              "djn: h_s^r, r of half the modulus bits (Damgard-Jurik-Nielsen, faster)", choices=pk.OBFUSCATIONS),
-        Param("precompute", 0, "obfuscators computed when the key is made, before round 0 "
-              "(offline phase; more are made on demand)", ge=0),
-        Param("insecure_test_key", False, f"allow key_length below {MIN_KEY_LENGTH} (tests only: such keys are breakable)"),
+        Param(
+            "obfuscation",
+            "standard",
+            "standard: r^n, r uniform mod n (Paillier); "
+            "djn: h_s^r, r of half the modulus bits (Damgard-Jurik-Nielsen, faster)",
+            choices=pk.OBFUSCATIONS,
+        ),
+        Param(
+            "precompute",
+            0,
+            "obfuscators computed when the key is made, before round 0 (offline phase; more are made on demand)",
+            ge=0,
+        ),
+        Param(
+            "insecure_test_key", False, f"allow key_length below {MIN_KEY_LENGTH} (tests only: such keys are breakable)"
+        ),
     )
     strength = None
     default_grid = ()
@@ -175,13 +191,23 @@ class PaillierDefense(Defense):
             if tr.parties and party not in tr.parties:
                 tr.parties.append(party)
         r = batch.round
-        tr.add(r, self.keyholder, self.keyholder, "private",
-               {"paillier_p": _int_bytes(self._secret.p), "paillier_q": _int_bytes(self._secret.q)},
-               {"scheme": "paillier"})
+        tr.add(
+            r,
+            self.keyholder,
+            self.keyholder,
+            "private",
+            {"paillier_p": _int_bytes(self._secret.p), "paillier_q": _int_bytes(self._secret.q)},
+            {"scheme": "paillier"},
+        )
         public = {"n": _int_bytes(n)} if hs is None else {"n": _int_bytes(n), "djn_base": _int_bytes(hs)}
-        tr.add(r, self.keyholder, batch.receiver, "public_key", public,
-               {"scheme": "paillier", "key_length": self.config["key_length"],
-                "obfuscation": self.config["obfuscation"]})
+        tr.add(
+            r,
+            self.keyholder,
+            batch.receiver,
+            "public_key",
+            public,
+            {"scheme": "paillier", "key_length": self.config["key_length"], "obfuscation": self.config["obfuscation"]},
+        )
         for party in self.decryptor_ids:
             tr.add(r, self.keyholder, party, "secret_key", {}, {"scheme": "paillier", "holder": self.keyholder})
 
@@ -234,17 +260,33 @@ class PaillierDefense(Defense):
         out_payloads = []
         for payload, entries in zip(batch.payloads, plan):
             new = {k: v for k, v in payload.items() if k not in float_keys}
-            for key, rows, length, n_ct, start in entries:
+            for key, rows, _length, n_ct, start in entries:
                 name = "ciphertexts" if key == "values" else f"{key}_ciphertexts"
                 new[name] = cts[start : start + rows * n_ct].reshape(rows, n_ct, width)
             out_payloads.append(new)
         meta = dict(batch.meta)
-        meta.update({"encrypted": True, "scheme": "paillier", "packing": bool(self.config["packing"]),
-                     "encrypted_keys": list(float_keys), "shapes": shapes, **layout.to_meta()})
+        meta.update(
+            {
+                "encrypted": True,
+                "scheme": "paillier",
+                "packing": bool(self.config["packing"]),
+                "encrypted_keys": list(float_keys),
+                "shapes": shapes,
+                **layout.to_meta(),
+            }
+        )
         self._tick(batch.round, "encrypt", self.clock() - t0 - offline)
         self._count(batch.round, "encrypted", len(plaintexts))
-        return UploadBatch(batch.round, batch.kind, list(batch.senders), out_payloads, batch.receiver,
-                           batch.noisy_keys, meta, batch.recorded)
+        return UploadBatch(
+            batch.round,
+            batch.kind,
+            list(batch.senders),
+            out_payloads,
+            batch.receiver,
+            batch.noisy_keys,
+            meta,
+            batch.recorded,
+        )
 
     # ------------------------------------------------------------------ server + decryptors
 
@@ -304,8 +346,14 @@ class PaillierDefense(Defense):
                     if record:
                         payload = {"ciphertexts": pk.from_ints(my_cts, width).reshape(len(mine), n_ct, width)}
                         payload["items" if indexed else "index"] = uniq[mine] if indexed else mine
-                        tr.add(batch.round, batch.receiver, party, "ciphertext_sum", payload,
-                               {"of_kind": batch.kind, "key": key, "cohort": ci, "encrypted": True, "scheme": "paillier"})
+                        tr.add(
+                            batch.round,
+                            batch.receiver,
+                            party,
+                            "ciphertext_sum",
+                            payload,
+                            {"of_kind": batch.kind, "key": key, "cohort": ci, "encrypted": True, "scheme": "paillier"},
+                        )
                     t0 = self.clock()
                     plain = pk.decrypt(n, self._secret.p, self._secret.q, my_cts, self.config["jobs"])
                     try:
@@ -320,13 +368,26 @@ class PaillierDefense(Defense):
                     share_values.append((mine, values))
                     if record:
                         if indexed:
-                            out = {"items": uniq[mine], "counts": counts[mine].astype(np.int64),
-                                   "values": values.reshape((len(mine),) + inner)}
+                            out = {
+                                "items": uniq[mine],
+                                "counts": counts[mine].astype(np.int64),
+                                "values": values.reshape((len(mine),) + inner),
+                            }
                         else:
                             out = {"index": mine, "values": values.reshape(tuple(shapes[key]))}
-                        tr.add(batch.round, party, batch.receiver, "plaintext_sum", out,
-                               {"of_kind": batch.kind, "key": key, "cohort": ci,
-                                "members": [batch.senders[i] for i in members]})
+                        tr.add(
+                            batch.round,
+                            party,
+                            batch.receiver,
+                            "plaintext_sum",
+                            out,
+                            {
+                                "of_kind": batch.kind,
+                                "key": key,
+                                "cohort": ci,
+                                "members": [batch.senders[i] for i in members],
+                            },
+                        )
                 self._tick(batch.round, "decrypt", slowest)
                 # ---- server: assemble the cohort's plaintext sum, add to the total
                 cohort_sum = np.zeros((len(uniq), length))

@@ -50,7 +50,8 @@ chance, because sampled items do not follow the user's tastes.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -219,7 +220,7 @@ def matched_weights(
     err = np.inf
     it = 0
     history: list[float] = []
-    for it in range(1, iters + 1):
+    for it in range(1, iters + 1):  # noqa: B007 (it is read after the loop)
         A = np.zeros(m)
         for start, stop in _row_blocks(n, m, chunk_entries):
             A += inclusion_probabilities(_unrated_mask(present, start, stop), w, k[start:stop]).sum(0)
@@ -237,8 +238,15 @@ def matched_weights(
             break  # infeasible (client caps): no progress over ``stall`` rounds
         ratio = np.where(active, goal / np.maximum(A, 1e-300), 1.0)
         w = np.where(active, np.clip(w * np.clip(ratio, 0.1, 10.0), 1e-300, MATCHED_W_CAP), w)
-    return w, {"expected": A, "target": target, "scale": scale, "capped": capped, "floored": floored,
-               "iterations": it, "max_rel_error": err}
+    return w, {
+        "expected": A,
+        "target": target,
+        "scale": scale,
+        "capped": capped,
+        "floored": floored,
+        "iterations": it,
+        "max_rel_error": err,
+    }
 
 
 def sample_with_probabilities(
@@ -263,7 +271,9 @@ def sample_with_probabilities(
         perm = np.argsort(rng.random(pi.shape), axis=1)
         cs = np.cumsum(np.take_along_axis(pi, perm, axis=1), axis=1)
         u = rng.random((stop - start, 1))
-        hits = np.floor(cs + u - 1e-9) - np.floor(np.concatenate([np.zeros((stop - start, 1)), cs[:, :-1]], axis=1) + u - 1e-9)
+        hits = np.floor(cs + u - 1e-9) - np.floor(
+            np.concatenate([np.zeros((stop - start, 1)), cs[:, :-1]], axis=1) + u - 1e-9
+        )
         rr, cc = np.nonzero(hits > 0)
         rows_out.append(rr + start)
         cols_out.append(perm[rr, cc])
@@ -321,10 +331,20 @@ def sample_matched(
         rows_out.append(idx[s.row])
         cols_out.append(s.col)
         capped_mass += float(info["expected"][info["capped"]].sum())
-        per_group.append({"users": int(len(idx)), "iterations": int(info["iterations"]),
-                          "max_rel_error": float(info["max_rel_error"]), "scale": float(info["scale"]),
-                          "capped": int(info["capped"].sum()), "floored": int(info["floored"].sum())})
-    return _bool_csr(rows_out, cols_out, (n, m)), {"groups": per_group, "capped_uploads": capped_mass / max(float(k.sum()), 1.0)}
+        per_group.append(
+            {
+                "users": int(len(idx)),
+                "iterations": int(info["iterations"]),
+                "max_rel_error": float(info["max_rel_error"]),
+                "scale": float(info["scale"]),
+                "capped": int(info["capped"].sum()),
+                "floored": int(info["floored"].sum()),
+            }
+        )
+    return _bool_csr(rows_out, cols_out, (n, m)), {
+        "groups": per_group,
+        "capped_uploads": capped_mass / max(float(k.sum()), 1.0),
+    }
 
 
 def add_virtual(data: ClientData, sampled: sp.csr_matrix, values: np.ndarray, weight: float | np.ndarray) -> ClientData:
@@ -343,8 +363,10 @@ def add_virtual(data: ClientData, sampled: sp.csr_matrix, values: np.ndarray, we
 
     def merged(base, extra, dtype):
         m = sp.csr_matrix(
-            (np.concatenate([base.data.astype(dtype), extra.astype(dtype)]),
-             (np.concatenate([base.row, rows]), np.concatenate([base.col, cols]))),
+            (
+                np.concatenate([base.data.astype(dtype), extra.astype(dtype)]),
+                (np.concatenate([base.row, rows]), np.concatenate([base.col, cols])),
+            ),
             shape=data.ratings.shape,
         )
         m.sort_indices()
@@ -364,24 +386,61 @@ class SamplingDefense(Defense):
     description = "clients upload for random unrated items too (rho x |rated|): PrivMVMF weight w, FedRec UA/HF filling"
     parameters = (
         Param("rho", 1.0, "sampled unrated items per rated item (0 = off)", ge=0),
-        Param("filling", "weight", "virtual ratings: weight (0 with confidence w, PrivMVMF eq. 36), ua (user average), "
-              "hf (hybrid, FedRec)", choices=FILLINGS),
-        Param("w", None, "confidence of sampled items for filling=weight (default: privmvmf's w, else FedMVMF's default w)",
-              type=float, ge=0),
-        Param("distribution", "uniform", "uniform (papers), popularity (weights 1 + rating count) or matched (expected "
-              "samplers of item j = rho x its raters, so every uploaded item is rated with probability ~1/(1+rho); "
-              "extensions)", choices=DISTRIBUTIONS),
+        Param(
+            "filling",
+            "weight",
+            "virtual ratings: weight (0 with confidence w, PrivMVMF eq. 36), ua (user average), hf (hybrid, FedRec)",
+            choices=FILLINGS,
+        ),
+        Param(
+            "w",
+            None,
+            "confidence of sampled items for filling=weight (default: privmvmf's w, else FedMVMF's default w)",
+            type=float,
+            ge=0,
+        ),
+        Param(
+            "distribution",
+            "uniform",
+            "uniform (papers), popularity (weights 1 + rating count) or matched (expected "
+            "samplers of item j = rho x its raters, so every uploaded item is rated with probability ~1/(1+rho); "
+            "extensions)",
+            choices=DISTRIBUTIONS,
+        ),
         Param("popularity_floor", 1.0, "added to every item's rating count for distribution=popularity", gt=0),
-        Param("matched_iters", 200, "distribution=matched: most fitting rounds (each = one per-item aggregate in a "
-              "deployment)", ge=1),
-        Param("matched_groups", 4, "distribution=matched: match per group of clients with similar |rated| (quantiles; "
-              "1 = all)", ge=1),
-        Param("matched_min_samplers", 1.0, "distribution=matched: extra expected samplers of every rated item (no item "
-              "uploaded by one client only)", ge=0),
-        Param("t_predict", None, "FedRec HF: round after which virtual ratings become local predictions (default: the "
-              "protocol's, FedRec 10)", type=int, ge=0),
-        Param("t_local", None, "FedRec HF: local rounds between prediction refreshes (default: the protocol's, FedRec 5)",
-              type=int, ge=1),
+        Param(
+            "matched_iters",
+            200,
+            "distribution=matched: most fitting rounds (each = one per-item aggregate in a deployment)",
+            ge=1,
+        ),
+        Param(
+            "matched_groups",
+            4,
+            "distribution=matched: match per group of clients with similar |rated| (quantiles; 1 = all)",
+            ge=1,
+        ),
+        Param(
+            "matched_min_samplers",
+            1.0,
+            "distribution=matched: extra expected samplers of every rated item (no item uploaded by one client only)",
+            ge=0,
+        ),
+        Param(
+            "t_predict",
+            None,
+            "FedRec HF: round after which virtual ratings become local predictions (default: the "
+            "protocol's, FedRec 10)",
+            type=int,
+            ge=0,
+        ),
+        Param(
+            "t_local",
+            None,
+            "FedRec HF: local rounds between prediction refreshes (default: the protocol's, FedRec 5)",
+            type=int,
+            ge=1,
+        ),
     )
     strength = "rho"
     default_grid = (0, 1, 2, 3)
@@ -402,7 +461,7 @@ class SamplingDefense(Defense):
         c = self.config
         return VirtualRatings(str(c["filling"]), c["t_predict"], c["t_local"])
 
-    def with_protocol_defaults(self, values: Mapping[str, Any]) -> "SamplingDefense":
+    def with_protocol_defaults(self, values: Mapping[str, Any]) -> SamplingDefense:
         """With filling=weight and no ``w`` of its own: a copy weighing sampled items by the protocol's ``w``."""
         if self.config["filling"] == "weight" and self.config["w"] is None and values.get("w") is not None:
             return type(self)(**{**self.config, "w": values["w"]})
@@ -424,7 +483,12 @@ class SamplingDefense(Defense):
         n_real = np.diff(real.indptr)
         if self.config["distribution"] == "matched":
             sampled, self.matched_info = sample_matched(
-                present, real, rho, rng, int(self.config["matched_groups"]), int(self.config["matched_iters"]),
+                present,
+                real,
+                rho,
+                rng,
+                int(self.config["matched_groups"]),
+                int(self.config["matched_iters"]),
                 float(self.config["matched_min_samplers"]),
             )
         else:

@@ -58,14 +58,26 @@ def _uid(party: str) -> int | None:
 class SecAgg(Defense):
     """Pairwise-masked secure aggregation in Z_2^32 / Z_2^64 with Shamir dropout recovery."""
 
-    description = "Secure aggregation (MF-SecAvg / Bonawitz et al.): X25519 pair seeds, ChaCha20 ring masks, Shamir recovery"
+    description = (
+        "Secure aggregation (MF-SecAvg / Bonawitz et al.): X25519 pair seeds, ChaCha20 ring masks, Shamir recovery"
+    )
     parameters = (
         Param("ring_bits", 64, "ring Z_2^b of the masked fixed-point values: 32 or 64", choices=(32, 64)),
-        Param("frac_bits", -1, "fractional bits of the fixed-point encoding (-1: b - 1 - int_bits - ceil(log2 n); "
-              "a larger value that can overflow for the cohort is refused)"),
-        Param("int_bits", 16, "every uploaded value must satisfy |x| < 2^int_bits (headroom for the cohort sum); "
-              "below ring_bits - 2", ge=1),
-        Param("dropout", 0.0, "fraction of each cohort that drops after masking (recovered by Shamir shares)", ge=0, lt=1),
+        Param(
+            "frac_bits",
+            -1,
+            "fractional bits of the fixed-point encoding (-1: b - 1 - int_bits - ceil(log2 n); "
+            "a larger value that can overflow for the cohort is refused)",
+        ),
+        Param(
+            "int_bits",
+            16,
+            "every uploaded value must satisfy |x| < 2^int_bits (headroom for the cohort sum); below ring_bits - 2",
+            ge=1,
+        ),
+        Param(
+            "dropout", 0.0, "fraction of each cohort that drops after masking (recovered by Shamir shares)", ge=0, lt=1
+        ),
         Param("drop", [], "user ids that drop after masking whenever they are selected", item=int),
         Param("threshold", 0.5, "Shamir threshold t = floor(threshold * n) + 1 of n cohort members", gt=0, lt=1),
     )
@@ -76,7 +88,9 @@ class SecAgg(Defense):
         if not self.int_bits < self.ring_bits - 2:
             raise PrivauditError(f"defense 'secagg': int_bits must be an integer in 1..{self.ring_bits - 3}")
         if not isinstance(self.frac_bits, int) or self.frac_bits < -1:
-            raise PrivauditError(f"defense 'secagg': frac_bits must be -1 (automatic) or an integer >= 0, got {self.frac_bits!r}")
+            raise PrivauditError(
+                f"defense 'secagg': frac_bits must be -1 (automatic) or an integer >= 0, got {self.frac_bits!r}"
+            )
         if self.frac_bits >= 0:
             self._check_layout(int(self.frac_bits), 2)  # the smallest cohort that sums anything
         self._rounds: dict[tuple, dict[str, Any]] = {}
@@ -110,7 +124,16 @@ class SecAgg(Defense):
         rest = [i for i in range(n) if i not in dropped]
         if n_rand and rest:
             dropped |= set(int(i) for i in rng.choice(rest, size=min(n_rand, len(rest)), replace=False))
-        st = {"n": n, "t": t, "sks": sks, "pks": pks, "self": selfseeds, "share_sk": share_sk, "share_b": share_b, "dropped": sorted(dropped)}
+        st = {
+            "n": n,
+            "t": t,
+            "sks": sks,
+            "pks": pks,
+            "self": selfseeds,
+            "share_sk": share_sk,
+            "share_b": share_b,
+            "dropped": sorted(dropped),
+        }
         self._rounds[key] = st
         return st
 
@@ -134,7 +157,9 @@ class SecAgg(Defense):
             return int(self.frac_bits)
         f = self.ring_bits - 1 - self.int_bits - max(1, math.ceil(math.log2(max(n, 2))))
         if f < 1:
-            raise PrivauditError(f"defense 'secagg': no fractional bits left in a {self.ring_bits}-bit ring for {n} clients; lower int_bits")
+            raise PrivauditError(
+                f"defense 'secagg': no fractional bits left in a {self.ring_bits}-bit ring for {n} clients; lower int_bits"
+            )
         return f
 
     # ------------------------------------------------------------------ masking
@@ -142,7 +167,9 @@ class SecAgg(Defense):
     def _layout(payload: dict[str, np.ndarray], n_rows: int | None) -> tuple[list[tuple[str, tuple]], bool]:
         if "items" in payload:
             if n_rows is None:
-                raise PrivauditError("defense 'secagg': row-indexed uploads need the number of rows (meta n_rows or config n_items)")
+                raise PrivauditError(
+                    "defense 'secagg': row-indexed uploads need the number of rows (meta n_rows or config n_items)"
+                )
             width = int(np.prod(np.asarray(payload["values"]).shape[1:]))
             return [("values", (n_rows, width)), ("P", (n_rows,))], True
         return [(k, np.asarray(v).shape) for k, v in sorted(payload.items())], False
@@ -204,11 +231,22 @@ class SecAgg(Defense):
                 pos += cnt
             out_payloads.append(parts)
         meta = dict(batch.meta)
-        meta.update(masked=True, ring_bits=bits, frac_bits=f, secagg="mf-secavg", dropped=[senders[i] for i in sorted(dropped)])
+        meta.update(
+            masked=True, ring_bits=bits, frac_bits=f, secagg="mf-secavg", dropped=[senders[i] for i in sorted(dropped)]
+        )
         self._batches[(batch.round, batch.kind)] = {
-            "senders": senders, "keep": keep, "layout": layout, "indexed": indexed, "f": f, "info": info, "size": size, "state": st,
+            "senders": senders,
+            "keep": keep,
+            "layout": layout,
+            "indexed": indexed,
+            "f": f,
+            "info": info,
+            "size": size,
+            "state": st,
         }
-        return UploadBatch(batch.round, batch.kind, [senders[i] for i in keep], out_payloads, batch.receiver, batch.noisy_keys, meta)
+        return UploadBatch(
+            batch.round, batch.kind, [senders[i] for i in keep], out_payloads, batch.receiver, batch.noisy_keys, meta
+        )
 
     # ------------------------------------------------------------------ server side
     def aggregate(self, batch: UploadBatch, channel: Any, rows: int | None) -> dict[str, np.ndarray] | None:
@@ -227,7 +265,9 @@ class SecAgg(Defense):
             )
         if not keep:
             return {}
-        total = sc.ring_sum([np.concatenate([np.asarray(p[k]).ravel() for k, _ in layout]) for p in batch.payloads], bits)
+        total = sc.ring_sum(
+            [np.concatenate([np.asarray(p[k]).ravel() for k, _ in layout]) for p in batch.payloads], bits
+        )
         holders = keep[: st["t"]]  # any t survivors answer with their shares
         for i in keep:  # remove the survivors' self masks (b_i reconstructed from shares)
             b = sc.shamir_combine([st["share_b"][i][h] for h in holders]).to_bytes(32, "big")

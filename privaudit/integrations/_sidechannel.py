@@ -7,8 +7,8 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -72,5 +72,3 @@ def merge_private(run_dir: str | Path) -> dict[int, dict[str, np.ndarray]]:
                 raise PrivauditError(f"{f}: not a plain .npy array ({exc})") from None
         out[int(d.name)] = arrays
     return out
-
-

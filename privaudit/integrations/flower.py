@@ -29,9 +29,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import tomllib
@@ -272,7 +273,7 @@ def load_app(app_dir: str | Path) -> FlowerApp:
     comps = app.get("components", {})
     for key in ("serverapp", "clientapp"):
         if not isinstance(comps.get(key), str) or ":" not in comps[key]:
-            raise PrivauditError(f"{where} lacks [tool.flwr.app.components] {key} = \"module:attribute\"")
+            raise PrivauditError(f'{where} lacks [tool.flwr.app.components] {key} = "module:attribute"')
     pa = tool.get("privaudit")
     if not isinstance(pa, dict) or "schema" not in pa:
         raise PrivauditError(
@@ -283,7 +284,7 @@ def load_app(app_dir: str | Path) -> FlowerApp:
     for key in ("private-data", "public-info"):
         value = pa.get(key)
         if value is not None and (not isinstance(value, str) or ":" not in value):
-            raise PrivauditError(f"{where}: [tool.privaudit] {key} must be \"module:function\"")
+            raise PrivauditError(f'{where}: [tool.privaudit] {key} must be "module:function"')
         hooks[key] = value
     config = app.get("config", {})
     if not isinstance(config, dict):

@@ -91,8 +91,13 @@ def audit_transcript(transcript: Transcript | str | Path, attacks: list[str] | N
             row.update({"verdict": "not applicable", "reason": reason})
         elif not scored:
             recon = attack.run(view, {}, _seed_rng(t))
-            row.update({"verdict": "unscored", "reason": "no private messages: nothing to score against",
-                        "victims": len(recon.victims)})
+            row.update(
+                {
+                    "verdict": "unscored",
+                    "reason": "no private messages: nothing to score against",
+                    "victims": len(recon.victims),
+                }
+            )
         else:
             rng = _seed_rng(t)
             knowledge = attack.prior_knowledge(t, rng)
@@ -112,8 +117,15 @@ def audit_transcript(transcript: Transcript | str | Path, attacks: list[str] | N
                     row["reason"] = f"the ground truth holds nothing {cls.name} scores ({row['metric']} undefined)"
                 elif victims < MIN_VICTIMS or targets < MIN_TARGETS:
                     verdict = f"too few victims to judge ({int(min(victims, targets))})"
-                row.update({"verdict": verdict, "advantage": advantage, "metrics": metrics,
-                            "baseline_random": random, "baseline_prior": prior})
+                row.update(
+                    {
+                        "verdict": verdict,
+                        "advantage": advantage,
+                        "metrics": metrics,
+                        "baseline_random": random,
+                        "baseline_prior": prior,
+                    }
+                )
         row["seconds"] = time.perf_counter() - t0
         rows.append(row)
     return {

@@ -27,8 +27,9 @@ Entries a rule does not rename keep their ``R/k`` names; a message no rule match
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from privaudit.errors import PrivauditError
 
@@ -93,7 +94,7 @@ class SchemaMap:
         rules = tuple(_rule(raw, f"{where} kinds[{i}]") for i, raw in enumerate(raw_kinds))
         round_src = spec.get("round", "group_id")
         if not isinstance(round_src, str) or not round_src:
-            raise SchemaMapError(f"{where}: 'round' must be \"group_id\" or an entry name \"record/key\"")
+            raise SchemaMapError(f'{where}: \'round\' must be "group_id" or an entry name "record/key"')
         base = spec.get("round-base", 1)
         if not isinstance(base, int) or isinstance(base, bool):
             raise SchemaMapError(f"{where}: 'round-base' must be an integer")
@@ -169,11 +170,11 @@ def _rule(raw: Any, where: str) -> KindRule:
     if not isinstance(kind, str) or not kind:
         raise SchemaMapError(f"{where}: 'kind' must be a non-empty string")
     if direction not in _DIRECTIONS:
-        raise SchemaMapError(f"{where}: 'direction' must be \"up\" or \"down\", got {direction!r}")
+        raise SchemaMapError(f'{where}: \'direction\' must be "up" or "down", got {direction!r}')
     if isinstance(when, str):
         when = [when]
     if not isinstance(when, list) or not when or not all(isinstance(w, str) and w for w in when):
-        raise SchemaMapError(f"{where}: 'when' must list the entries (\"record/key\" or \"record\") a message holds")
+        raise SchemaMapError(f'{where}: \'when\' must list the entries ("record/key" or "record") a message holds')
     payload = raw.get("payload", {})
     if not _str_map(payload):
         raise SchemaMapError(f"{where}: 'payload' must map privaudit payload names to entries \"record/key\"")

@@ -93,7 +93,9 @@ def block_columns(X: Any, row_block: np.ndarray, n_blocks: int) -> sp.csr_matrix
     if n and (row_block.min() < 0 or row_block.max() >= n_blocks):
         raise ValueError("row_block values must lie in [0, n_blocks)")
     offset = np.repeat(row_block * m, np.diff(Xc.indptr))
-    out = sp.csr_matrix((Xc.data.copy(), Xc.indices.astype(np.int64) + offset, Xc.indptr.copy()), shape=(n, n_blocks * m))
+    out = sp.csr_matrix(
+        (Xc.data.copy(), Xc.indices.astype(np.int64) + offset, Xc.indptr.copy()), shape=(n, n_blocks * m)
+    )
     out.has_sorted_indices = True
     return out
 
@@ -242,7 +244,7 @@ class CNMF:
         rng: np.random.Generator | int | None = None,
         row_rank: np.ndarray | None = None,
         col_rank: np.ndarray | None = None,
-    ) -> "CNMF":
+    ) -> CNMF:
         """Fit W, H, b_W, b_H on the observed entries of ``X`` (n x m, 0/absent = missing).
 
         ``mu``: the bias term of eq. 7 (default: mean of the observed ratings, eq. 6).

@@ -42,8 +42,9 @@ the privacy accounting uses Opacus's ``RDPAccountant`` (:mod:`privaudit.defenses
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -166,7 +167,9 @@ def forward_stacked(arch: str, D: int, n_layers: int, net: dict[str, Any], u: An
     return _forward_stacked_parts(arch, D, n_layers, net, u, i)[0]
 
 
-def _forward_stacked_parts(arch: str, D: int, n_layers: int, net: dict[str, Any], u: Any, i: Any) -> tuple[Any, Any, list]:
+def _forward_stacked_parts(
+    arch: str, D: int, n_layers: int, net: dict[str, Any], u: Any, i: Any
+) -> tuple[Any, Any, list]:
     """:func:`forward_stacked` with what its backward pass needs: (logits (C, B), the input z
     (C, B, F) of the prediction layer, the MLP tower's activations [input, layer 1, ..., layer n])."""
     torch = require_torch()
@@ -278,8 +281,19 @@ def _adam_step(params: list, grads: list, ms: list, vs: list, step: Any, lr: flo
     b1, b2 = ADAM_BETAS
     st = step if isinstance(step, torch.Tensor) else torch.tensor(float(step))
     torch._fused_adam_(
-        params, [g if g.is_contiguous() else g.contiguous() for g in grads], ms, vs, [], [st] * len(params),
-        lr=lr, beta1=b1, beta2=b2, weight_decay=0.0, eps=ADAM_EPS, amsgrad=False, maximize=False,
+        params,
+        [g if g.is_contiguous() else g.contiguous() for g in grads],
+        ms,
+        vs,
+        [],
+        [st] * len(params),
+        lr=lr,
+        beta1=b1,
+        beta2=b2,
+        weight_decay=0.0,
+        eps=ADAM_EPS,
+        amsgrad=False,
+        maximize=False,
     )
 
 
@@ -466,7 +480,7 @@ class _Cohort:
         return self.item_rows.shape[2]
 
     @classmethod
-    def sorted_by_steps(cls, data: CohortData) -> "_Cohort":
+    def sorted_by_steps(cls, data: CohortData) -> _Cohort:
         C, L, Dt = data.item_rows.shape
         n_steps = data.valid.any(axis=2).sum(axis=1)
         order = np.argsort(-n_steps, kind="stable")
@@ -474,18 +488,26 @@ class _Cohort:
         item_rows, users = data.item_rows[order], data.users[order]
         inst_item, inst_label = data.inst_item[order], data.inst_label[order]
         index, valid, n_steps = data.index[order], data.valid[order], n_steps[order]
-        rows_per = np.full(C, L, dtype=np.int64) if data.n_rows is None else np.asarray(data.n_rows, dtype=np.int64)[order]
+        rows_per = (
+            np.full(C, L, dtype=np.int64) if data.n_rows is None else np.asarray(data.n_rows, dtype=np.int64)[order]
+        )
         off = np.concatenate([[0], np.cumsum(rows_per)])
         flat_rows = (
             np.concatenate([item_rows[c, : rows_per[c]] for c in range(C)]) if C else np.zeros((0, Dt), np.float32)
         )
         inst_item = inst_item + off[:-1, None]
-        return cls(order, inverse, item_rows, users, inst_item, inst_label, index, valid, n_steps, rows_per, off, flat_rows)
+        return cls(
+            order, inverse, item_rows, users, inst_item, inst_label, index, valid, n_steps, rows_per, off, flat_rows
+        )
 
     def flat(self, per_client: np.ndarray) -> np.ndarray:
         """(C, L, ...) rows of every client -> the (sum n_rows, ...) flat table (clients in order)."""
         C, Dt = self.C, self.Dt
-        return np.concatenate([per_client[c, : self.rows_per[c]] for c in range(C)]) if C else np.zeros((0, Dt), np.float32)
+        return (
+            np.concatenate([per_client[c, : self.rows_per[c]] for c in range(C)])
+            if C
+            else np.zeros((0, Dt), np.float32)
+        )
 
 
 @dataclass(frozen=True)
@@ -498,7 +520,7 @@ class _Parameters:
     all: list
 
     @classmethod
-    def stacked(cls, torch: Any, names: list[str], net: dict[str, np.ndarray], cohort: _Cohort) -> "_Parameters":
+    def stacked(cls, torch: Any, names: list[str], net: dict[str, np.ndarray], cohort: _Cohort) -> _Parameters:
         C = cohort.C
         P_net = {k: torch.tensor(np.broadcast_to(net[k], (C,) + net[k].shape).copy()) for k in names}
         P_item = torch.tensor(cohort.flat_rows, dtype=torch.float32)
@@ -519,7 +541,7 @@ class _Moments:
     @classmethod
     def start(
         cls, torch: Any, params: _Parameters, cohort: _Cohort, names: list[str], adam_state: dict[str, Any] | None
-    ) -> "_Moments":
+    ) -> _Moments:
         m_state = [torch.zeros_like(p) for p in params.all]
         v_state = [torch.zeros_like(p) for p in params.all]
         if adam_state is None:
@@ -549,7 +571,7 @@ class _StepTensors:
     B: int
 
     @classmethod
-    def gather(cls, torch: Any, cohort: _Cohort) -> "_StepTensors":
+    def gather(cls, torch: Any, cohort: _Cohort) -> _StepTensors:
         C, index, valid = cohort.C, cohort.index, cohort.valid
         S, B = index.shape[1], index.shape[2]
         flat = index.reshape(C, S * B)
@@ -567,13 +589,23 @@ class _StepTensors:
 
 
 def _plain_grads(
-    torch: Any, model: Architecture, cur: list, flat_idx: Any, y: Any, wt: Any, valid: np.ndarray, a: int, B: int,
+    torch: Any,
+    model: Architecture,
+    cur: list,
+    flat_idx: Any,
+    y: Any,
+    wt: Any,
+    valid: np.ndarray,
+    a: int,
+    B: int,
     Dt: int,
 ) -> list:
     """The active clients' gradients of one step; the rows' gradients scattered into the flat table."""
     names = model.names
     irows = torch.index_select(cur[1], 0, flat_idx).view(a, B, Dt)  # cheaper than advanced indexing
-    g_u, g_rows, g_net = loss_grads_stacked(model.arch, model.D, model.n_layers, dict(zip(names, cur[2:])), names, cur[0], irows, y, wt)
+    g_u, g_rows, g_net = loss_grads_stacked(
+        model.arch, model.D, model.n_layers, dict(zip(names, cur[2:])), names, cur[0], irows, y, wt
+    )
     g_item = torch.zeros_like(cur[1]).index_put_((flat_idx,), g_rows.reshape(-1, Dt), accumulate=True)
     return [g_u, g_item] + g_net
 
@@ -593,8 +625,18 @@ def _dp_grads_factory(torch: Any, model: Architecture, settings: LocalTrainingSe
     # per-sample grads: vmap over samples (net, user shared), then over clients
     ps_grad = vmap(vmap(grad(sample_loss, argnums=(0, 1, 2)), in_dims=(None, None, 0, 0)), in_dims=(0, 0, 0, 0))
 
-    def dp_grads(torch: Any, model: Architecture, cur: list, flat_idx: Any, y: Any, wt: Any, valid: np.ndarray,
-                 a: int, B: int, Dt: int) -> list:
+    def dp_grads(
+        torch: Any,
+        model: Architecture,
+        cur: list,
+        flat_idx: Any,
+        y: Any,
+        wt: Any,
+        valid: np.ndarray,
+        a: int,
+        B: int,
+        Dt: int,
+    ) -> list:
         w = torch.as_tensor(valid, dtype=torch.float32)  # (a, B) 1 on real batch slots
         irows = cur[1][flat_idx.view(a, B)]
         g_net, g_u, g_i = ps_grad(dict(zip(names, cur[2:])), cur[0], irows, y)
@@ -616,7 +658,15 @@ def _dp_grads_factory(torch: Any, model: Architecture, settings: LocalTrainingSe
 
 
 def _adam_update(
-    cur: list, grads: list, ms: list, vs: list, s: int, steps: _StepTensors, moments: _Moments, n_act: int, a: int,
+    cur: list,
+    grads: list,
+    ms: list,
+    vs: list,
+    s: int,
+    steps: _StepTensors,
+    moments: _Moments,
+    n_act: int,
+    a: int,
     settings: LocalTrainingSettings,
 ) -> None:
     """One Adam step of the active clients: fused with one step count (fresh state), or per
@@ -699,7 +749,9 @@ def train_clients_loop(
         p_net = {k: torch.tensor(net[k], requires_grad=True) for k in names}
         p_item = torch.tensor(item_rows[c], requires_grad=True)
         p_user = torch.tensor(users[c], requires_grad=True)
-        opt = torch.optim.Adam([p_user, p_item] + [p_net[k] for k in names], lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, fused=True)
+        opt = torch.optim.Adam(
+            [p_user, p_item] + [p_net[k] for k in names], lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, fused=True
+        )
         items_c = torch.as_tensor(inst_item[c])
         labels_c = torch.as_tensor(inst_label[c], dtype=torch.float32)
         for s in range(index.shape[1]):
@@ -722,7 +774,13 @@ def train_clients_loop(
 
 # ----------------------------------------------------------------------------------- scoring
 def score(
-    arch: str, D: int, layers: Sequence[int], net: dict[str, np.ndarray], users: np.ndarray, items: np.ndarray, candidates: np.ndarray
+    arch: str,
+    D: int,
+    layers: Sequence[int],
+    net: dict[str, np.ndarray],
+    users: np.ndarray,
+    items: np.ndarray,
+    candidates: np.ndarray,
 ) -> np.ndarray:
     """Logits (n, k) of user rows ``users`` (n, Dtot) for item ids ``candidates`` (n, k) of ``items``."""
     torch = require_torch()
@@ -815,7 +873,11 @@ def sample_negatives(users: np.ndarray, exclude: Any, n_items: int, rng: np.rand
     while todo.size:
         keys = users[todo] * n_items + out[todo]
         pos = np.searchsorted(row_keys, keys)
-        hit = (pos < row_keys.size) & (row_keys[np.minimum(pos, row_keys.size - 1)] == keys) if row_keys.size else np.zeros(len(keys), dtype=bool)
+        hit = (
+            (pos < row_keys.size) & (row_keys[np.minimum(pos, row_keys.size - 1)] == keys)
+            if row_keys.size
+            else np.zeros(len(keys), dtype=bool)
+        )
         todo = todo[hit]
         out[todo] = rng.integers(n_items, size=todo.size)
     return out

@@ -59,7 +59,7 @@ class Entries:
     shape: tuple[int, int]
 
     @classmethod
-    def from_csr(cls, ratings: sp.csr_matrix, virtual: sp.csr_matrix | None = None) -> "Entries":
+    def from_csr(cls, ratings: sp.csr_matrix, virtual: sp.csr_matrix | None = None) -> Entries:
         r = sp.csr_matrix(ratings, dtype=np.float64)
         r.sort_indices()
         n = r.shape[0]

@@ -323,7 +323,14 @@ def private_partition(
         if cube_low.shape[0]:
             centers.append(cube_low + cube_side / 2.0)
     C = np.vstack(centers)
-    return C, {"eps_prime": eps_prime, "gamma": gamma, "max_depth": max_depth, "depth": depth, "added": added_total, "grids": G}
+    return C, {
+        "eps_prime": eps_prime,
+        "gamma": gamma,
+        "max_depth": max_depth,
+        "depth": depth,
+        "added": added_total,
+        "grids": G,
+    }
 
 
 def candidate(
@@ -421,7 +428,11 @@ def gumbel_top_s(utility: np.ndarray, s: int, scale: np.ndarray | float, rng: np
         scale = scale.reshape(scale.shape + (1,) * (u.ndim - scale.ndim))
     noisy = u + scale * rng.gumbel(size=u.shape)
     s = int(min(s, u.shape[-1]))
-    part = np.argpartition(-noisy, s - 1, axis=-1)[..., :s] if s < u.shape[-1] else np.broadcast_to(np.arange(u.shape[-1]), u.shape).copy()
+    part = (
+        np.argpartition(-noisy, s - 1, axis=-1)[..., :s]
+        if s < u.shape[-1]
+        else np.broadcast_to(np.arange(u.shape[-1]), u.shape).copy()
+    )
     vals = np.take_along_axis(noisy, part, axis=-1)
     return np.take_along_axis(part, np.argsort(-vals, axis=-1), axis=-1)
 
@@ -560,7 +571,10 @@ def private_prototypes(
         "p": p,
         "picked": pick,
         "loss": float(losses_a[pick]),
-        "budget": {k_: getattr(budget, k_) for k_ in ("epsilon", "count", "selection", "candidate", "localswap", "support", "values")},
+        "budget": {
+            k_: getattr(budget, k_)
+            for k_ in ("epsilon", "count", "selection", "candidate", "localswap", "support", "values")
+        },
         "normaliser": normaliser,
         "n_public": n_pub,
         **infos[pick],

@@ -10,8 +10,9 @@ uploads of a batch of clients and gets back what the receiver sees (and, with
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -81,7 +82,14 @@ class Channel:
         if len(senders) != len(payloads):
             raise ValueError("one payload per sender is required")
         batch = UploadBatch(
-            round, kind, list(senders), [dict(p) for p in payloads], receiver, noisy_keys, dict(meta or {}), bool(record)
+            round,
+            kind,
+            list(senders),
+            [dict(p) for p in payloads],
+            receiver,
+            noisy_keys,
+            dict(meta or {}),
+            bool(record),
         )
         for defense in self.defenses:
             batch = defense.on_upload(batch, self)
@@ -112,7 +120,9 @@ class Channel:
         return out
 
 
-def plain_sum(payloads: Sequence[Mapping[str, np.ndarray]], rows: int | None, index_key: str = "items") -> dict[str, np.ndarray]:
+def plain_sum(
+    payloads: Sequence[Mapping[str, np.ndarray]], rows: int | None, index_key: str = "items"
+) -> dict[str, np.ndarray]:
     """Sum a list of payloads (row-indexed entries scattered into ``rows`` rows)."""
     if not payloads:
         return {}
@@ -171,7 +181,9 @@ def resolve_seed(rng: np.random.Generator | int | None) -> int:
 
 def public_defenses(defenses: Sequence[Defense]) -> list[dict[str, Any]]:
     """The active defenses as recorded in a transcript's public config: ``{"name", **params}``."""
-    return [{"name": d.name, **(d.public_config() if hasattr(d, "public_config") else dict(d.config))} for d in defenses]
+    return [
+        {"name": d.name, **(d.public_config() if hasattr(d, "public_config") else dict(d.config))} for d in defenses
+    ]
 
 
 @dataclass(frozen=True)
@@ -302,13 +314,13 @@ class Protocol:
         """The defenses a run uses (default: as given; a protocol may add its own)."""
         return defenses
 
-    def simulate(self, setup: "RunSetup") -> RunResult:
+    def simulate(self, setup: RunSetup) -> RunResult:
         """The protocol's own steps (split, training, evaluation) for a prepared run."""
         raise NotImplementedError
 
     def start(
         self,
-        setup: "RunSetup",
+        setup: RunSetup,
         parties: Sequence[str],
         private: Mapping[str, Mapping[str, np.ndarray]] | Sequence[tuple[str, Mapping[str, np.ndarray], Mapping]],
         channel_rng: np.random.Generator,

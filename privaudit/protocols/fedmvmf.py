@@ -56,12 +56,14 @@ keeps the split and the initial model fixed.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from privaudit import schema as transcript_schema
 from privaudit.data.splits import cold_start_items, cold_start_users, holdout_split
 from privaudit.defenses.base import ClientData
 from privaudit.metrics import ranking_metrics_at_k
@@ -69,7 +71,6 @@ from privaudit.models import mvmf
 from privaudit.params import Param
 from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup
 from privaudit.registry import register_protocol
-from privaudit import schema as transcript_schema
 
 #: Config keys the protocol fills in itself (ignored if passed in).
 DERIVED_KEYS = ("n_items", "n_users", "attribute_names", "rating_min", "rating_max", "rating_step", "defenses", "seed")
@@ -108,7 +109,12 @@ def split_fedmvmf(
 
 
 def ranking_utility(
-    scores: np.ndarray, truth: sp.csr_matrix, threshold: float, k: int, exclude: sp.csr_matrix | None = None, prefix: str = ""
+    scores: np.ndarray,
+    truth: sp.csr_matrix,
+    threshold: float,
+    k: int,
+    exclude: sp.csr_matrix | None = None,
+    prefix: str = "",
 ) -> dict[str, float]:
     """``{prefix}ndcg@k``, precision, recall, f1 with relevance = truth >= threshold."""
     nan = float("nan")
@@ -124,7 +130,9 @@ def ranking_utility(
 class FedMVMF(Protocol):
     """Federated MVMF with clients, an FL server and an item server (module docstring)."""
 
-    description = "Federated multi-view matrix factorization (FedMVMF, PrivMVMF paper §3): SemiALS/SGD x ObsOnly/InclUnc"
+    description = (
+        "Federated multi-view matrix factorization (FedMVMF, PrivMVMF paper §3): SemiALS/SGD x ObsOnly/InclUnc"
+    )
     schema = transcript_schema.FEDMVMF  # declared message kinds, checked before any attack
     default_attack = "mvmf-analytic"
     derived_keys = DERIVED_KEYS
@@ -138,14 +146,24 @@ class FedMVMF(Protocol):
         Param("lam", 10.0, "L2 regularization of U, V, P, Q (> 0)", gt=0),
         Param("w", 0.2, "InclUnc: confidence c_ui of unrated items (rating 0)", ge=0),
         Param("eta", 3e-4, "SGD: client step size on u_u", gt=0),
-        Param("update", "semials", "client update of u_u: semials (closed form) or sgd (one step per epoch)",
-              choices=("semials", "sgd")),
-        Param("unrated", "obsonly", "obsonly (upload rated items only) or inclunc (all items, unrated with weight w)",
-              choices=("obsonly", "inclunc")),
+        Param(
+            "update",
+            "semials",
+            "client update of u_u: semials (closed form) or sgd (one step per epoch)",
+            choices=("semials", "sgd"),
+        ),
+        Param(
+            "unrated",
+            "obsonly",
+            "obsonly (upload rated items only) or inclunc (all items, unrated with weight w)",
+            choices=("obsonly", "inclunc"),
+        ),
         Param("epochs", 40, "training epochs (server Adam steps)", ge=1),
         Param("lr", 0.2, "server Adam learning rate for V and P (and the item server's Q under sgd)", gt=0),
         Param("init_scale", 0.1, "standard deviation of the initial factors", ge=0),
-        Param("record_rounds", 2, "record the uploads and server state of the first N epochs (-1: all)", ge=0, also=(-1,)),
+        Param(
+            "record_rounds", 2, "record the uploads and server state of the first N epochs (-1: all)", ge=0, also=(-1,)
+        ),
         Param("test_fraction", 0.2, "per-user fraction of ratings held out for the existing-user test", ge=0, lt=1),
         Param("cold_user_fraction", 0.1, "fraction of users held out as cold-start users", ge=0, lt=1),
         Param("cold_item_fraction", 0.1, "fraction of items held out as cold-start items", ge=0, lt=1),
@@ -216,15 +234,15 @@ class FedMVMF(Protocol):
     @staticmethod
     def _epoch(
         t: int,
-        state: "_State",
-        st: "MVMFSettings",
+        state: _State,
+        st: MVMFSettings,
         cfg: Mapping[str, Any],
         channel: Channel,
         transcript: Any,
         senders: list[str],
         ratings: sp.csr_matrix,
         weights: sp.csr_matrix,
-        views: "_Views",
+        views: _Views,
     ) -> float:
         """One epoch: the server's broadcast, the clients' uploads and their sum, the item
         server's step, then the FL server's Adam step on V and P. Returns the loss J (eq. 3)."""
@@ -234,16 +252,30 @@ class FedMVMF(Protocol):
             transcript.add(t, "server", "server", "state", {"V": state.V, "P": state.P})
         sent = channel.download({"V": state.V, "P": state.P})
         V_sent, P_sent = sent["V"], sent["P"]
-        sum_V, sum_P = _client_round(t, state, st, channel, senders, ratings, weights, views.X_train, V_sent, P_sent, record)
+        sum_V, sum_P = _client_round(
+            t, state, st, channel, senders, ratings, weights, views.X_train, V_sent, P_sent, record
+        )
         g_item = _item_server_step(state, st, views.Y_train)
         if record:
             transcript.add(t, "item-server", "server", "grad_V_item", {"values": g_item})
         loss = mvmf.loss(
-            state.U, V_sent, P_sent, state.Q, ratings, weights, views.X_train, views.Y_train, st.alpha, st.lam, st.w,
+            state.U,
+            V_sent,
+            P_sent,
+            state.Q,
+            ratings,
+            weights,
+            views.X_train,
+            views.Y_train,
+            st.alpha,
+            st.lam,
+            st.w,
             st.unrated,
         )
         lam, V, P = st.lam, state.V, state.P
-        new = state.server_adam.step({"V": V, "P": P}, {"V": sum_V + g_item + 2.0 * lam * V, "P": sum_P + 2.0 * lam * P})
+        new = state.server_adam.step(
+            {"V": V, "P": P}, {"V": sum_V + g_item + 2.0 * lam * V, "P": sum_P + 2.0 * lam * P}
+        )
         state.V, state.P = new["V"], new["P"]
         return loss
 
@@ -261,9 +293,14 @@ class MVMFSettings:
     unrated: str
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> "MVMFSettings":
+    def from_config(cls, cfg: Mapping[str, Any]) -> MVMFSettings:
         return cls(
-            cfg["K"], float(cfg["alpha"]), float(cfg["lam"]), float(cfg["w"]), float(cfg["eta"]), cfg["update"],
+            cfg["K"],
+            float(cfg["alpha"]),
+            float(cfg["lam"]),
+            float(cfg["w"]),
+            float(cfg["eta"]),
+            cfg["update"],
             cfg["unrated"],
         )
 
@@ -279,11 +316,14 @@ class _Views:
     Y_cold: np.ndarray
 
     @classmethod
-    def of(cls, dataset: Any, split: Mapping[str, Any]) -> "_Views":
+    def of(cls, dataset: Any, split: Mapping[str, Any]) -> _Views:
         X = np.asarray(dataset.user_attributes, dtype=np.float64)
         Y = np.asarray(dataset.item_features, dtype=np.float64)
         return cls(
-            split["train"], X[split["train_users"]], X[split["cold_users"]], Y[split["train_items"]],
+            split["train"],
+            X[split["train_users"]],
+            X[split["cold_users"]],
+            Y[split["train_items"]],
             Y[split["cold_items"]],
         )
 
@@ -300,7 +340,9 @@ class _State:
     item_adam: Any
 
     @classmethod
-    def initial(cls, rng: np.random.Generator, n: int, m: int, p: int, q: int, K: int, cfg: Mapping[str, Any]) -> "_State":
+    def initial(
+        cls, rng: np.random.Generator, n: int, m: int, p: int, q: int, K: int, cfg: Mapping[str, Any]
+    ) -> _State:
         V = rng.normal(0.0, cfg["init_scale"], (m, K))
         P = rng.normal(0.0, cfg["init_scale"], (p, K))
         Q = rng.normal(0.0, cfg["init_scale"], (q, K))
@@ -387,7 +429,9 @@ def _item_server_step(state: _State, st: MVMFSettings, Y_train: np.ndarray) -> n
     if st.update == "semials":
         state.Q = mvmf.solve_Q(state.V, Y_train, st.alpha, st.lam)
     else:
-        state.Q = state.item_adam.step({"Q": state.Q}, {"Q": mvmf.grad_Q(state.Q, state.V, Y_train, st.alpha, st.lam)})["Q"]
+        state.Q = state.item_adam.step({"Q": state.Q}, {"Q": mvmf.grad_Q(state.Q, state.V, Y_train, st.alpha, st.lam)})[
+            "Q"
+        ]
     return mvmf.item_grad_V(state.V, state.Q, Y_train, st.alpha)
 
 

@@ -73,11 +73,13 @@ latest timestamp (415 of ML-100K's 943 users) are broken at random (``loo_ties``
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from privaudit import schema as transcript_schema
 from privaudit.data.splits import LOO_TIES
 from privaudit.defenses.base import LOCAL_TRAINING, Defense
 from privaudit.errors import PrivauditError
@@ -86,7 +88,6 @@ from privaudit.models import ncf
 from privaudit.params import Param
 from privaudit.protocols.base import Protocol, RunResult, RunSetup
 from privaudit.registry import register_protocol
-from privaudit import schema as transcript_schema
 
 DERIVED_KEYS = ("n_items", "n_users", "defenses", "seed")
 AGGREGATIONS = ("mf-fedavg", "fedavg", "simpleavg")
@@ -124,7 +125,9 @@ def implicit_split(dataset: Any, rng: Any = 0, ties: str = "random") -> tuple[sp
     return pos, test_item
 
 
-def eval_candidates(pos: sp.csr_matrix, test_item: np.ndarray, n_items: int, n_neg: int, rng: np.random.Generator) -> np.ndarray:
+def eval_candidates(
+    pos: sp.csr_matrix, test_item: np.ndarray, n_items: int, n_neg: int, rng: np.random.Generator
+) -> np.ndarray:
     """(n_eval_users, 1 + n_neg) candidate ids, column 0 the held-out item; rows of users with a test item."""
     users = np.flatnonzero(test_item >= 0)
     excl = _exclusion(pos, test_item, n_items)
@@ -141,13 +144,17 @@ def _exclusion(pos: sp.csr_matrix, test_item: np.ndarray, n_items: int) -> sp.cs
     return out
 
 
-def ncf_utility(arch: str, D: int, layers: Sequence[int], model: Mapping[str, Any], users: np.ndarray, cand: np.ndarray, k: int) -> dict[str, float]:
+def ncf_utility(
+    arch: str, D: int, layers: Sequence[int], model: Mapping[str, Any], users: np.ndarray, cand: np.ndarray, k: int
+) -> dict[str, float]:
     """HR@k and NDCG@k of the leave-one-out candidates (target in column 0)."""
     if len(users) == 0:
         return {f"hr@{k}": float("nan"), f"ndcg@{k}": float("nan")}
     scores = np.concatenate(
         [
-            ncf.score(arch, D, layers, model["net"], model["users"][users[s : s + 4096]], model["items"], cand[s : s + 4096])
+            ncf.score(
+                arch, D, layers, model["net"], model["users"][users[s : s + 4096]], model["items"], cand[s : s + 4096]
+            )
             for s in range(0, len(users), 4096)
         ]
     )
@@ -170,36 +177,74 @@ class FedNCF(Protocol):
         Param("D", 12, "latent dimension of the embeddings", ge=1),
         Param("layers", [48, 24, 12, 6], "MLP hidden layer sizes (input 2D)", ge=1),
         Param("negatives", 4, "sampled negatives per positive (the blurring of §3.5.2)", ge=0),
-        Param("lr", 0.01, "client Adam learning rate (paper: 0.001 over 400 global rounds; the default 0.01 "
-              "reaches HR@10 within 3 % of that on the synthetic data in 5)", gt=0),
-        Param("user_lr", -1.0, "Adam learning rate of the private user vectors (-1: same as lr; diagnostic, not in the paper)",
-              gt=0, also=(-1.0,)),
+        Param(
+            "lr",
+            0.01,
+            "client Adam learning rate (paper: 0.001 over 400 global rounds; the default 0.01 "
+            "reaches HR@10 within 3 % of that on the synthetic data in 5)",
+            gt=0,
+        ),
+        Param(
+            "user_lr",
+            -1.0,
+            "Adam learning rate of the private user vectors (-1: same as lr; diagnostic, not in the paper)",
+            gt=0,
+            also=(-1.0,),
+        ),
         Param("local_epochs", 2, "local epochs per round", ge=1),
-        Param("init_std", 0.1,
-              "standard deviation of the N(0, s^2) initial user and item embeddings (0.01 learns faster in the first "
-              "rounds but stalls at HR@10 ~0.36 on ML-100K)", gt=0),
+        Param(
+            "init_std",
+            0.1,
+            "standard deviation of the N(0, s^2) initial user and item embeddings (0.01 learns faster in the first "
+            "rounds but stalls at HR@10 ~0.36 on ML-100K)",
+            gt=0,
+        ),
         Param("batch_size", 64, "local mini-batch size (the paper gives none)", ge=1),
-        Param("client_optimizer", "fresh",
-              "fresh (new Adam state every round) or persistent (each client keeps its Adam moments and step count "
-              "across rounds)", choices=("fresh", "persistent")),
-        Param("aggregation", "mf-fedavg", "mf-fedavg (per-item averaging), fedavg (eq. 1) or simpleavg",
-              choices=AGGREGATIONS),
+        Param(
+            "client_optimizer",
+            "fresh",
+            "fresh (new Adam state every round) or persistent (each client keeps its Adam moments and step count "
+            "across rounds)",
+            choices=("fresh", "persistent"),
+        ),
+        Param(
+            "aggregation",
+            "mf-fedavg",
+            "mf-fedavg (per-item averaging), fedavg (eq. 1) or simpleavg",
+            choices=AGGREGATIONS,
+        ),
         Param("clients_per_round", 20, "cohort size |c| of an aggregation round", ge=1),
-        Param("global_rounds", 5,
-              "passes over all clients (the paper's 'epochs', 400 at lr 0.001; the default 5 at lr 0.01 "
-              "beats popularity on the synthetic data; ML-100K needs hundreds)", ge=0),
+        Param(
+            "global_rounds",
+            5,
+            "passes over all clients (the paper's 'epochs', 400 at lr 0.001; the default 5 at lr 0.01 "
+            "beats popularity on the synthetic data; ML-100K needs hundreds)",
+            ge=0,
+        ),
         Param("max_rounds", -1, "stop after this many aggregation rounds (-1: no limit)", ge=0, also=(-1,)),
-        Param("selection", "random", "random or adversarial (same cohort with and without the target, §3.5.2)",
-              choices=("random", "adversarial")),
+        Param(
+            "selection",
+            "random",
+            "random or adversarial (same cohort with and without the target, §3.5.2)",
+            choices=("random", "adversarial"),
+        ),
         Param("target", -1, "adversarial: the target user id (-1: a random client)", ge=0, also=(-1,)),
         Param("manipulated_rounds", 4, "adversarial: R pairs of rounds (cohort with / without the target)", ge=0),
-        Param("record_rounds", 50,
-              "record cohorts, global model, uploads and aggregates of the first N rounds (-1: all)", ge=0, also=(-1,)),
+        Param(
+            "record_rounds",
+            50,
+            "record cohorts, global model, uploads and aggregates of the first N rounds (-1: all)",
+            ge=0,
+            also=(-1,),
+        ),
         Param("eval_every", 0, "evaluate HR/NDCG every N global rounds (0: only at the end)", ge=0),
         Param("eval_negatives", 100, "sampled negatives ranked against each held-out item", ge=1),
-        Param("loo_ties", "random",
-              "held-out item among ratings tied at a user's latest timestamp: random (seeded) or highest (item index)",
-              choices=LOO_TIES),
+        Param(
+            "loo_ties",
+            "random",
+            "held-out item among ratings tied at a user's latest timestamp: random (seeded) or highest (item index)",
+            choices=LOO_TIES,
+        ),
         Param("top_k", 10, "K of HR@K and NDCG@K", ge=1),
     )
 
@@ -210,7 +255,9 @@ class FedNCF(Protocol):
 
     # ------------------------------------------------------------------ schedule
     @staticmethod
-    def schedule(cfg: Mapping[str, Any], eligible: np.ndarray, rng: np.random.Generator) -> tuple[list[np.ndarray], int]:
+    def schedule(
+        cfg: Mapping[str, Any], eligible: np.ndarray, rng: np.random.Generator
+    ) -> tuple[list[np.ndarray], int]:
         """Cohorts of every aggregation round (list of sorted int64 user ids) and the target (-1 if none)."""
         c = min(cfg["clients_per_round"], len(eligible))
         cohorts: list[np.ndarray] = []
@@ -308,7 +355,9 @@ class FedNCF(Protocol):
             t_train += time.perf_counter() - t0
             participation[cohort] += 1
             senders = [f"client:{u}" for u in cohort]
-            b_items = channel.send(r, "item_update", senders, uploads["item_payloads"], record=record, meta={"n_rows": m})
+            b_items = channel.send(
+                r, "item_update", senders, uploads["item_payloads"], record=record, meta={"n_rows": m}
+            )
             b_net = channel.send(r, "net_update", senders, uploads["net_payloads"], record=record)
             s_items = channel.sum(b_items, rows=m)
             s_net = channel.sum(b_net)
@@ -337,7 +386,14 @@ class FedNCF(Protocol):
                 util = ncf_utility(arch, D, layers, {"net": net, "users": users, "items": items}, eval_users, cand, k)
                 hr_hist.append(util[f"hr@{k}"])
                 ndcg_hist.append(util[f"ndcg@{k}"])
-        model = {"items": items, "net": net, "users": users, "hr_history": hr_hist, "ndcg_history": ndcg_hist, "rounds": len(cohorts)}
+        model = {
+            "items": items,
+            "net": net,
+            "users": users,
+            "hr_history": hr_hist,
+            "ndcg_history": ndcg_hist,
+            "rounds": len(cohorts),
+        }
         utility = ncf_utility(arch, D, layers, model, eval_users, cand, k)
         utility["rounds"] = float(len(cohorts))
         utility["train_seconds_per_round"] = t_train / max(len(cohorts), 1)
@@ -374,7 +430,9 @@ class FedNCF(Protocol):
         npos = n_pos[cohort]
         nneg = cfg["negatives"] * npos
         n_inst = npos + nneg
-        neg_all = ncf.sample_negatives(np.repeat(cohort, nneg), excl, m, rng) if nneg.sum() else np.zeros(0, dtype=np.int64)
+        neg_all = (
+            ncf.sample_negatives(np.repeat(cohort, nneg), excl, m, rng) if nneg.sum() else np.zeros(0, dtype=np.int64)
+        )
         neg_split = np.split(neg_all, np.cumsum(nneg)[:-1])
         pos_lists = [pos.indices[pos.indptr[u] : pos.indptr[u + 1]].astype(np.int64) for u in cohort]
         inst_items = [np.concatenate([p, q]) for p, q in zip(pos_lists, neg_split)]
@@ -411,7 +469,15 @@ class FedNCF(Protocol):
             noise_seed=int(rng.integers(2**63)),
         )
         data = ncf.CohortData(
-            item_rows, users[cohort], inst_item, inst_label, n_inst, index, valid, np.array([len(x) for x in local]), state
+            item_rows,
+            users[cohort],
+            inst_item,
+            inst_label,
+            n_inst,
+            index,
+            valid,
+            np.array([len(x) for x in local]),
+            state,
         )
         out = ncf.train_cohort(ncf.Architecture(arch, D, tuple(layers)), net, data, settings)
         users[cohort] = out["users"]
@@ -433,6 +499,8 @@ class FedNCF(Protocol):
             Lc = len(local[c])
             delta = out["items"][c, :Lc].astype(np.float64) - item_rows[c, :Lc].astype(np.float64)
             item_payloads.append({"items": local[c], "values": w_item * delta})
-            new_flat = np.concatenate([out["net"][k][c].astype(np.float64).ravel() for k in ncf.network_shapes(arch, D, layers)])
+            new_flat = np.concatenate(
+                [out["net"][k][c].astype(np.float64).ravel() for k in ncf.network_shapes(arch, D, layers)]
+            )
             net_payloads.append({"delta": w_net * (new_flat - net_flat), "n_instances": np.array([float(n_inst[c])])})
         return {"item_payloads": item_payloads, "net_payloads": net_payloads}

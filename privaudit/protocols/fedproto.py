@@ -52,12 +52,14 @@ value (rows with more ratings are subsampled for the mechanism only).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
+from privaudit import schema as transcript_schema
 from privaudit.data import zip_silos
 from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
@@ -65,7 +67,6 @@ from privaudit.metrics import map_at_k, mean_rank, rmse
 from privaudit.params import Param
 from privaudit.protocols.base import Protocol, RunResult, RunSetup
 from privaudit.registry import register_protocol
-from privaudit import schema as transcript_schema
 
 __all__ = [
     "FedProto",
@@ -179,8 +180,10 @@ def nmf_scores(X: Any, n_components: int, lam: float, max_iter: int, seed: int) 
     return fit_users(X, V, lam, max_iter) @ V.T
 
 
-def local_scores(X: Any, silos: Sequence[np.ndarray], n_components: int, lam: float, max_iter: int, seed: int) -> np.ndarray:
-    """"Local": every silo factorises its own rows alone (rank min(ell, n_h)); (n x m)."""
+def local_scores(
+    X: Any, silos: Sequence[np.ndarray], n_components: int, lam: float, max_iter: int, seed: int
+) -> np.ndarray:
+    """ "Local": every silo factorises its own rows alone (rank min(ell, n_h)); (n x m)."""
     X = X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
     out = np.zeros_like(X)
     for h, users in enumerate(silos):
@@ -188,7 +191,9 @@ def local_scores(X: Any, silos: Sequence[np.ndarray], n_components: int, lam: fl
     return out
 
 
-def recommendation_metrics(scores: np.ndarray, train: sp.csr_matrix, test: sp.csr_matrix, k: int = 10) -> dict[str, float]:
+def recommendation_metrics(
+    scores: np.ndarray, train: sp.csr_matrix, test: sp.csr_matrix, k: int = 10
+) -> dict[str, float]:
     """``rmse`` on the test entries, ``mean_rank`` (eq. 4) and ``map@k`` over the test users,
     training items excluded from the rankings."""
     te = test.tocoo()
@@ -219,17 +224,23 @@ class FedProto(Protocol):
     default_sweep_spec: str | None = "protocol.k=2,5,10,30"
     attacker = "server"
     parameters = (
-        Param("prototypes", "auto",
-              "'auto' (dp with the dp-prototypes defense, else exact), 'exact' k-means, 'random' rows, 'dp'",
-              choices=("auto", "exact", "random", "dp")),
+        Param(
+            "prototypes",
+            "auto",
+            "'auto' (dp with the dp-prototypes defense, else exact), 'exact' k-means, 'random' rows, 'dp'",
+            choices=("auto", "exact", "random", "dp"),
+        ),
         Param("k", 10, "prototypes per silo (the dp-prototypes defense's k overrides when set)", ge=1),
         Param("latent_dim", 20, "ell, columns of V (paper §4.4: 10..50)", ge=1),
         Param("lam", 0.1, "regularisation lambda of eq. 1 (paper: 0.1)", ge=0),
         Param("s", 50, "public bound on non-zeros per row / prototype for the DP mechanism", ge=1),
         Param("Lambda", 0.0, "public bound on every entry (0: the dataset's rating maximum)", ge=0),
-        Param("silos", "zip", "'zip' (first ZIP digit; uniform when the data has no ZIP codes) or 'uniform' "
-              "(n_silos random equal silos)",
-              choices=("zip", "uniform")),
+        Param(
+            "silos",
+            "zip",
+            "'zip' (first ZIP digit; uniform when the data has no ZIP codes) or 'uniform' (n_silos random equal silos)",
+            choices=("zip", "uniform"),
+        ),
         Param("n_silos", 10, "silos of silos='uniform'", ge=1),
         Param("test_users", 0.2, "fraction of users with held-out ratings (§4.3: 0.2)", ge=0, lt=1),
         Param("test_per_user", 5, "held-out ratings per test user (§4.3: 5)", ge=1),
@@ -310,7 +321,9 @@ class FedProto(Protocol):
         if kind == "dp":
             payloads = [{"rows": Xd[users]} for users in silos]
         elif kind == "exact":
-            payloads = [{"prototypes": exact_prototypes(Xd[users], cfg["k"], int(seeds[h]))} for h, users in enumerate(silos)]
+            payloads = [
+                {"prototypes": exact_prototypes(Xd[users], cfg["k"], int(seeds[h]))} for h, users in enumerate(silos)
+            ]
         else:
             payloads = [{"prototypes": random_prototypes(Xd[users], cfg["k"], proto_rng)} for users in silos]
         batch = channel.send(

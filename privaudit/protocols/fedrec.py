@@ -69,11 +69,13 @@ Randomness: one seed; the fold split, the initialisation, the walk orders and th
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from privaudit import schema as transcript_schema
 from privaudit.data.splits import kfold_ratings
 from privaudit.defenses.base import CLIENT_DATA, ClientData, Defense
 from privaudit.errors import PrivauditError
@@ -81,11 +83,19 @@ from privaudit.models import pmf
 from privaudit.params import Param
 from privaudit.protocols.base import Protocol, RunResult, RunSetup
 from privaudit.registry import register_protocol
-from privaudit import schema as transcript_schema
 
 MODELS = ("pmf-batch", "pmf-sgd", "svdpp-sgd")
 DERIVED_KEYS = (
-    "n_items", "n_users", "rating_min", "rating_max", "rating_step", "defenses", "seed", "lr_used", "lam_used", "chunk_used",
+    "n_items",
+    "n_users",
+    "rating_min",
+    "rating_max",
+    "rating_step",
+    "defenses",
+    "seed",
+    "lr_used",
+    "lam_used",
+    "chunk_used",
 )
 
 #: lambda fixed at 0.01, the middle of the paper's grid {0.1, 0.01, 0.001} (not grid-searched here)
@@ -129,28 +139,44 @@ class FedRec(Protocol):
     default_defense_specs: tuple[str, ...] = ("sampling:filling=ua",)
     default_sweep_spec: str | None = "sampling.rho=0,1,2,3"
     parameters = (
-        Param("model", "pmf-batch", "pmf-batch (Algorithms 1-2), pmf-sgd or svdpp-sgd (Algorithms 4-5)", choices=MODELS),
+        Param(
+            "model", "pmf-batch", "pmf-batch (Algorithms 1-2), pmf-sgd or svdpp-sgd (Algorithms 4-5)", choices=MODELS
+        ),
         Param("federated", True, "false: the unfederated (centralized) model with the same math"),
         Param("d", 20, "number of latent dimensions", ge=1),
         Param("T", 100, "iterations", ge=1),
         Param("lr", None, "initial learning rate gamma (default 0.8 batch, 0.01 stochastic)", type=float, gt=0),
-        Param("lam", None, "regularization lambda (default 0.01 for every model, not tuned)",
-              type=float, ge=0),
+        Param("lam", None, "regularization lambda (default 0.01 for every model, not tuned)", type=float, ge=0),
         Param("decay", 0.9, "learning-rate factor after every iteration", gt=0, le=1),
-        Param("init_scale", None,
-              "initial factors uniform on (-init_scale/2, init_scale/2) (default 0.001 batch, 0.01 stochastic)",
-              type=float, gt=0),
+        Param(
+            "init_scale",
+            None,
+            "initial factors uniform on (-init_scale/2, init_scale/2) (default 0.001 batch, 0.01 stochastic)",
+            type=float,
+            gt=0,
+        ),
         Param("n_folds", 5, "folds of the ratings split (the test fold is the held-out part)", ge=2),
         Param("fold", 0, "which fold is the test set (0-based, below n_folds)", ge=0),
-        Param("chunk_users", None,
-              "stochastic: clients run in lock-step against one V snapshot (1 = Algorithm 4 exactly; "
-              "default 64 PMF, 4 SVD++)", type=int, ge=1),
+        Param(
+            "chunk_users",
+            None,
+            "stochastic: clients run in lock-step against one V snapshot (1 = Algorithm 4 exactly; "
+            "default 64 PMF, 4 SVD++)",
+            type=int,
+            ge=1,
+        ),
         Param("resample", True, "draw the virtual items I'_u anew every iteration (Algorithm 2 line 1)"),
-        Param("record_rounds", [0, -1], "iterations whose server state and uploads are recorded (negative: from the end)"),
+        Param(
+            "record_rounds", [0, -1], "iterations whose server state and uploads are recorded (negative: from the end)"
+        ),
         Param("clip", True, "clip test predictions to the rating range"),
-        Param("max_step", 1.0,
-              "batch style: clip every factor row's step to this norm (divergence guard on small data; 0 = off)",
-              ge=0, nullable=True),
+        Param(
+            "max_step",
+            1.0,
+            "batch style: clip every factor row's step to this norm (divergence guard on small data; 0 = off)",
+            ge=0,
+            nullable=True,
+        ),
     )
 
     @classmethod
@@ -261,7 +287,12 @@ class FedRec(Protocol):
             hist_rmse.append(r_)
             hist_mae.append(m_)
 
-        utility = {"rmse": hist_rmse[-1], "mae": hist_mae[-1], "iteration_seconds": seconds / T, "clipped_steps": clipped}
+        utility = {
+            "rmse": hist_rmse[-1],
+            "mae": hist_mae[-1],
+            "iteration_seconds": seconds / T,
+            "clipped_steps": clipped,
+        }
         model = {
             "U": U,
             "V": V,
@@ -300,7 +331,9 @@ class FedRec(Protocol):
             counts = np.bincount(E.cols, minlength=m)
         else:
             ip = E.indptr
-            payloads = [{"items": E.cols[ip[u] : ip[u + 1]], "values": G[ip[u] : ip[u + 1]]} for u in range(len(senders))]
+            payloads = [
+                {"items": E.cols[ip[u] : ip[u + 1]], "values": G[ip[u] : ip[u + 1]]} for u in range(len(senders))
+            ]
             sent = channel.send(t, "grad_V", senders, payloads, record=record)
             agg = channel.sum(sent, rows=m)
             total = np.asarray(agg.get("values", np.zeros((m, d))), dtype=np.float64).reshape(m, d)
@@ -340,7 +373,9 @@ class FedRec(Protocol):
                 if not channel.defenses and not record:
                     pmf.scatter_rows(target, walk_items[valid], G[valid], lr)
                     continue
-                payloads = [{"items": walk_items[b, : lengths[b]], "values": G[b, : lengths[b]]} for b in range(len(users))]
+                payloads = [
+                    {"items": walk_items[b, : lengths[b]], "values": G[b, : lengths[b]]} for b in range(len(users))
+                ]
                 sent = channel.send(t, kind, [senders[u] for u in users], payloads, record=record, meta={"chunk": c})
                 agg = channel.sum(sent, rows=m)
                 target -= lr * np.asarray(agg.get("values", np.zeros((m, d))), dtype=np.float64).reshape(m, d)

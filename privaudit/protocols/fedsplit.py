@@ -55,18 +55,19 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
+from privaudit import schema as transcript_schema
 from privaudit.data import holdout_split, random_groups
 from privaudit.metrics import mean_ci95
 from privaudit.models.cnmf import CNMF, block_columns, observed
 from privaudit.params import Param
 from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup
 from privaudit.registry import register_protocol
-from privaudit import schema as transcript_schema
 
 __all__ = ["FedSPLIT", "cnmf_from_config"]
 
@@ -124,9 +125,12 @@ class FedSPLIT(Protocol):
         Param("n_iter", 100, "CNMF iterations (local, centralized, and the adversary's fit)", ge=1),
         Param("init_high", 0.1, "W and H start uniform in [0, init_high]", gt=0),
         Param("server_max_iter", 1000, "maximum iterations of the server's NMF", ge=1),
-        Param("global_mean", "groups",
-              "'groups': mu^Global = mean of the group means (eq. 14); 'ratings': mean of all ratings",
-              choices=("groups", "ratings")),
+        Param(
+            "global_mean",
+            "groups",
+            "'groups': mu^Global = mean of the group means (eq. 14); 'ratings': mean of all ratings",
+            choices=("groups", "ratings"),
+        ),
         Param("centralized", True, "also fit the non-private CNMF on all training ratings (utility rmse_central)"),
         Param("k_central", 15, "latent dimension of the non-private CNMF", ge=1),
     )
@@ -233,9 +237,11 @@ class Groups:
         return len(self.members)
 
     @classmethod
-    def draw(cls, dataset: Any, cfg: Mapping[str, Any], rng: np.random.Generator) -> "Groups":
+    def draw(cls, dataset: Any, cfg: Mapping[str, Any], rng: np.random.Generator) -> Groups:
         n = dataset.ratings.shape[0]
-        members = [np.asarray(g, dtype=np.int64) for g in random_groups(dataset, cfg["group_min"], cfg["group_max"], rng)]
+        members = [
+            np.asarray(g, dtype=np.int64) for g in random_groups(dataset, cfg["group_min"], cfg["group_max"], rng)
+        ]
         gid = np.empty(n, dtype=np.int64)
         local_row = np.empty(n, dtype=np.int64)
         for g, users in enumerate(members):
@@ -292,7 +298,12 @@ def _private_messages(
 
 
 def _mean_round(
-    channel: Channel, transcript: Any, senders: list[str], groups: Groups, rows: np.ndarray, vals: np.ndarray,
+    channel: Channel,
+    transcript: Any,
+    senders: list[str],
+    groups: Groups,
+    rows: np.ndarray,
+    vals: np.ndarray,
     global_mean: str,
 ) -> tuple[float, float]:
     """Round 0, the global mean exchange (eq. 6, eq. 14): the server's mu^Global and what the groups received."""
@@ -319,8 +330,15 @@ def _mean_round(
 
 
 def _local_fit(
-    public: Mapping[str, Any], k: int, groups: Groups, Xtr: Any, mu: float, rng: np.random.Generator, m: int,
-    te_rows: np.ndarray, te_cols: np.ndarray,
+    public: Mapping[str, Any],
+    k: int,
+    groups: Groups,
+    Xtr: Any,
+    mu: float,
+    rng: np.random.Generator,
+    m: int,
+    te_rows: np.ndarray,
+    te_cols: np.ndarray,
 ) -> LocalFit:
     """The local CNMF of every group at once (block columns, per-group ranks k^g)."""
     t0 = time.perf_counter()
@@ -336,8 +354,14 @@ def _local_fit(
 
 
 def _server_round(
-    channel: Channel, transcript: Any, senders: list[str], k_g: np.ndarray, local: LocalFit, mu_global: float,
-    cfg: Mapping[str, Any], rng: np.random.Generator,
+    channel: Channel,
+    transcript: Any,
+    senders: list[str],
+    k_g: np.ndarray,
+    local: LocalFit,
+    mu_global: float,
+    cfg: Mapping[str, Any],
+    rng: np.random.Generator,
 ) -> ServerFit:
     """Round 1: the groups upload (H^g)^T and b_H^g; the server stacks and factorizes them."""
     uploads = [
@@ -369,8 +393,15 @@ def _server_round(
 
 
 def _distill(
-    channel: Channel, transcript: Any, senders: list[str], groups: Groups, local: LocalFit, server: ServerFit,
-    te_rows: np.ndarray, te_cols: np.ndarray, mu: float,
+    channel: Channel,
+    transcript: Any,
+    senders: list[str],
+    groups: Groups,
+    local: LocalFit,
+    server: ServerFit,
+    te_rows: np.ndarray,
+    te_cols: np.ndarray,
+    mu: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The server sends every group M^g (eq. 17); each distills W* = W^g M^g^T (eq. 18).
     Returns W* (n x K) and the federated predictions of the test ratings (eq. 19, unclipped)."""
@@ -404,11 +435,20 @@ def _communication(transcript: Any) -> dict[str, float]:
         else:
             down += msg.nbytes
             n_down += 1
-    return {"bytes_up": float(up), "bytes_down": float(down), "messages_up": float(n_up), "messages_down": float(n_down)}
+    return {
+        "bytes_up": float(up),
+        "bytes_down": float(down),
+        "messages_up": float(n_up),
+        "messages_down": float(n_down),
+    }
 
 
 def _utility(
-    rmse_local: np.ndarray, rmse_fed: np.ndarray, local_pred: np.ndarray, fed_pred: np.ndarray, te_vals: np.ndarray,
+    rmse_local: np.ndarray,
+    rmse_fed: np.ndarray,
+    local_pred: np.ndarray,
+    fed_pred: np.ndarray,
+    te_vals: np.ndarray,
     N: int,
 ) -> dict[str, float]:
     """Per-group RMSE of the local and the federated model: means, 95 % intervals, pooled values."""

@@ -32,13 +32,13 @@ counts as an aggregate (one extra Paillier sum before training, see
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from privaudit import schema as transcript_schema
 from privaudit.defenses.base import CLIENT_DATA, Defense
 from privaudit.protocols.fedmvmf import FedMVMF
 from privaudit.registry import get, register_protocol
-from privaudit import schema as transcript_schema
-
 
 #: sampling distribution of the default ``sampling`` defense (the defense's own default, the
 #: papers', stays ``uniform``); see the module docstring
@@ -99,7 +99,6 @@ class PrivMVMF(FedMVMF):
                 except ValueError:
                     pass
         return cls.SECONDS_PER_USER_EPOCH * n_users * cfg["epochs"] * (1.0 + rho) * (key / 2048) ** 3
-
 
     def prepare_defenses(self, config: Mapping[str, Any], defenses: list[Defense]) -> list[Defense]:
         """The PrivMVMF defenses (see the module docstring and :func:`privmvmf_defenses`)."""

@@ -39,7 +39,9 @@ class RecordedFlower(Protocol):
         config = transcript.config or {}
         raw = config.get("schema_map")
         if not isinstance(raw, dict):
-            raise PrivauditError("recorded transcript: its public config holds no schema_map (record it with privaudit record)")
+            raise PrivauditError(
+                "recorded transcript: its public config holds no schema_map (record it with privaudit record)"
+            )
         smap = SchemaMap.from_dict(raw, "recorded transcript schema_map")
         has_m = isinstance(config.get("n_items"), int) and not isinstance(config.get("n_items"), bool)
         items = PayloadField("items", "int", (None,), ids="m" if has_m else None, unique=True, optional=True)
@@ -47,15 +49,30 @@ class RecordedFlower(Protocol):
         entries = []
         for rule in smap.kinds:
             up = rule.direction == "up"
-            entries.append(MessageSchema(rule.kind, "client" if up else "server", "server" if up else "client",
-                                         (items, values), upload=up, open_payload=True))
+            entries.append(
+                MessageSchema(
+                    rule.kind,
+                    "client" if up else "server",
+                    "server" if up else "client",
+                    (items, values),
+                    upload=up,
+                    open_payload=True,
+                )
+            )
         # messages the map does not name keep the app's message type as ``flower.<type>``
         for kind in sorted({m.kind for m in transcript.messages if m.kind.startswith("flower.")}):
             entries.append(MessageSchema(kind, "server", "client", (), open_payload=True))
             entries.append(MessageSchema(kind, "client", "server", (), open_payload=True))
         entries.append(MessageSchema("state", "server", "self", (), open_payload=True))
-        entries.append(MessageSchema("private", "client", "self", (
-            items, PayloadField("ratings", "float", (None,), optional=True)), open_payload=True))
+        entries.append(
+            MessageSchema(
+                "private",
+                "client",
+                "self",
+                (items, PayloadField("ratings", "float", (None,), optional=True)),
+                open_payload=True,
+            )
+        )
         return ProtocolSchema(dims={"m": "n_items"} if has_m else {}, messages=tuple(entries))
 
     @classmethod

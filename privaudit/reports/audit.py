@@ -7,8 +7,9 @@ import io
 import json
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +37,12 @@ __all__ = ["pair_figure", "roc_figure", "render_html", "format_matrix", "write_a
 
 #: Cell colours: amber to red for a leak (by advantage), green for protection, hatched pale
 #: yellow for an attack that was not adapted (never green), grey when the attack does not apply.
-_VERDICT_KIND = {"leaks": "cell", "protected": "cell", "attack not adapted": "verdict-not-adapted",
-                 "not applicable": "verdict-na"}
+_VERDICT_KIND = {
+    "leaks": "cell",
+    "protected": "cell",
+    "attack not adapted": "verdict-not-adapted",
+    "not applicable": "verdict-na",
+}
 
 
 def _colour(adv: float, verdict: str = "leaks") -> str:
@@ -60,7 +65,7 @@ def _svg_of(fig) -> str:
     with matplotlib.rc_context(figures.RC):
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
     text = buf.getvalue()
-    text = text[text.find("<svg"):]
+    text = text[text.find("<svg") :]
     text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S)
     return re.sub(r"<!--.*?-->", "", text, flags=re.S).strip()  # labels repeated in comments
 
@@ -87,7 +92,10 @@ def pair_figure(audit: Mapping[str, Any], attack: str, defense: str):
         (h,) = ax.plot(x, mean, "-o", color="#1f77b4", ms=5, lw=1.6, zorder=4, label=f"{attack}: {metric}")
         handles = [h]
         ax.fill_between(x, mean - ci, mean + ci, color="#1f77b4", alpha=0.18, lw=0)
-        for key, label, style, marker in (("baseline_prior", "prior", "-.", "^"), ("baseline_random", "random", "--", "v")):
+        for key, label, style, marker in (
+            ("baseline_prior", "prior", "-.", "^"),
+            ("baseline_random", "random", "--", "v"),
+        ):
             base = np.array([num(s.get(key)) for s in series])
             if np.isfinite(base).any():
                 (hb,) = ax.plot(x, base, ls=style, marker=marker, ms=3, color="#555555", lw=1.0, label=label)
@@ -132,17 +140,20 @@ def roc_figure(audit: Mapping[str, Any], attack: str):
             continue
         row = series[0] if dname is None else series[-1]
         if row.get("roc"):
-            points.append({"value": "no defense" if dname is None else f"{dname}@{fmt_value(row['value'])}",
-                           "roc": row["roc"]})
+            points.append(
+                {"value": "no defense" if dname is None else f"{dname}@{fmt_value(row['value'])}", "roc": row["roc"]}
+            )
     if not points:
         return None
-    return figures.make_roc_figure({"attack": attack, "protocol": audit.get("protocol"), "sweep": "defense",
-                                    "points": points})
+    return figures.make_roc_figure(
+        {"attack": attack, "protocol": audit.get("protocol"), "sweep": "defense", "points": points}
+    )
 
 
 def _strength(audit: Mapping[str, Any], d: Mapping[str, Any]) -> str:
-    return rs.strength_label(d["name"], d["strength"], [r.get("privacy") for r in audit.get("runs") or []
-                                                         if r.get("defense") == d["name"]])
+    return rs.strength_label(
+        d["name"], d["strength"], [r.get("privacy") for r in audit.get("runs") or [] if r.get("defense") == d["name"]]
+    )
 
 
 def _cell(audit: Mapping[str, Any], cell: Mapping[str, Any] | None, defended: bool) -> Any:
@@ -175,24 +186,46 @@ def _glossary(audit: Mapping[str, Any]) -> list[tuple[str, str]]:
         spec = (a.get("metric_specs") or {}).get(a["primary_metric"]) or {}
         d = spec.get("description") or "(no description declared)"
         direction = "higher" if spec.get("higher_is_better", True) else "lower"
-        items.append((f"{a['name']}: {a['primary_metric']}", f"{d} Unit: {spec.get('unit') or 'none'}; {direction} = "
-                      f"stronger attack.{'' if spec.get('declared') else ' Not declared by the attack.'}"))
+        items.append(
+            (
+                f"{a['name']}: {a['primary_metric']}",
+                f"{d} Unit: {spec.get('unit') or 'none'}; {direction} = "
+                f"stronger attack.{'' if spec.get('declared') else ' Not declared by the attack.'}",
+            )
+        )
     for d in audit.get("defenses") or []:
-        items.append((f"{d['name']}.{d['strength']}", f"strength of {d['name']} (grid {', '.join(fmt_value(v) for v in d['grid'])}, "
-                      "weakest first): " + str(d.get("description") or "")))
+        items.append(
+            (
+                f"{d['name']}.{d['strength']}",
+                f"strength of {d['name']} (grid {', '.join(fmt_value(v) for v in d['grid'])}, "
+                "weakest first): " + str(d.get("description") or ""),
+            )
+        )
     utility = rs.audit_utility(audit)
     if utility:
         items.append((f"utility: {utility}", rs.utility_spec(utility).description + "."))
     items += [
-        ("advantage", "attack metric minus the stronger of its prior-only and random-guess baselines (seed mean); "
-                      "≤ shows the upper 95 % bound."),
-        ("verdict", f"leaks (upper bound ≥ {rs.PROTECTION_MARGIN}); protected (advantage ≥ 0, upper bound < "
-                    f"{rs.PROTECTION_MARGIN}); attack not adapted (below its baseline on average: not protection, "
-                    "shown hatched); not applicable."),
-        ("ε total", "the claimed privacy loss over the whole run (the DP defense's accountant), for the unit in the "
-                    "table header."),
-        ("empirical ε", "95 % lower bound on ε from the attack's per-record decisions (Clopper-Pearson); above the "
-                        "claimed ε: DP violation."),
+        (
+            "advantage",
+            "attack metric minus the stronger of its prior-only and random-guess baselines (seed mean); "
+            "≤ shows the upper 95 % bound.",
+        ),
+        (
+            "verdict",
+            f"leaks (upper bound ≥ {rs.PROTECTION_MARGIN}); protected (advantage ≥ 0, upper bound < "
+            f"{rs.PROTECTION_MARGIN}); attack not adapted (below its baseline on average: not protection, "
+            "shown hatched); not applicable.",
+        ),
+        (
+            "ε total",
+            "the claimed privacy loss over the whole run (the DP defense's accountant), for the unit in the "
+            "table header.",
+        ),
+        (
+            "empirical ε",
+            "95 % lower bound on ε from the attack's per-record decisions (Clopper-Pearson); above the "
+            "claimed ε: DP violation.",
+        ),
     ]
     return items
 
@@ -204,28 +237,56 @@ def render_html(audit: Mapping[str, Any]) -> str:
     parts = [f"<h1>{_esc(title)}</h1>", html_verdicts(audit.get("verdicts") or [])]
     ds = audit.get("dataset") or {}
     timing = audit.get("timing") or {}
-    parts.append(html_config([
-        ("protocol", str(audit["protocol"])),
-        ("dataset", ", ".join(f"{k}={v}" for k, v in ds.items())),
-        ("seeds", ", ".join(str(s) for s in audit.get("seeds", []))),
-        ("attacks", ", ".join(a["name"] + (" (" + ", ".join(f"{k}={v}" for k, v in a["audit_params"].items()) + ")"
-                                            if a.get("audit_params") else "") for a in audit["attacks"])),
-        ("defenses", ", ".join(f"{d['name']} ({d['strength']} in {', '.join(fmt_value(v) for v in d['grid'])})"
-                               for d in audit["defenses"]) or "none"),
-        ("not swept", ", ".join(f"{s['name']} ({s['reason']})" for s in audit.get("skipped_defenses", [])) or "none"),
-        ("runs", f"{timing.get('runs', len(audit['runs']))} protocol runs, {fmt(timing.get('total_seconds'), 1)} s "
-                 f"({timing.get('backend', '')})"),
-        ("privaudit", str(audit.get("privaudit_version"))),
-    ]))
+    parts.append(
+        html_config(
+            [
+                ("protocol", str(audit["protocol"])),
+                ("dataset", ", ".join(f"{k}={v}" for k, v in ds.items())),
+                ("seeds", ", ".join(str(s) for s in audit.get("seeds", []))),
+                (
+                    "attacks",
+                    ", ".join(
+                        a["name"]
+                        + (
+                            " (" + ", ".join(f"{k}={v}" for k, v in a["audit_params"].items()) + ")"
+                            if a.get("audit_params")
+                            else ""
+                        )
+                        for a in audit["attacks"]
+                    ),
+                ),
+                (
+                    "defenses",
+                    ", ".join(
+                        f"{d['name']} ({d['strength']} in {', '.join(fmt_value(v) for v in d['grid'])})"
+                        for d in audit["defenses"]
+                    )
+                    or "none",
+                ),
+                (
+                    "not swept",
+                    ", ".join(f"{s['name']} ({s['reason']})" for s in audit.get("skipped_defenses", [])) or "none",
+                ),
+                (
+                    "runs",
+                    f"{timing.get('runs', len(audit['runs']))} protocol runs, {fmt(timing.get('total_seconds'), 1)} s "
+                    f"({timing.get('backend', '')})",
+                ),
+                ("privaudit", str(audit.get("privaudit_version"))),
+            ]
+        )
+    )
     parts.append("<h2>What leaks: attack advantage by defense</h2>")
     parts.append(
         "<p>Each cell: advantage of the attack's primary metric over the stronger of its prior-only and random-guess "
         "baselines (seed mean; ≤ the upper 95 % bound) with no defense and at each defense's strongest grid value, "
         f"its verdict, the utility cost there ({_esc(str(utility))} lost), the claimed ε total over the run and the "
         "empirical ε lower bound. Green: protected; amber to red: leaks (red: advantage ≥ 0.5); hatched: attack not "
-        "adapted (it scores below its baseline, which is not protection).</p>")
-    header = ["attack (metric)", "no defense"] + [f"{_strength(audit, d)} = {fmt_value(d['grid'][-1])}"
-                                                  for d in audit["defenses"]]
+        "adapted (it scores below its baseline, which is not protection).</p>"
+    )
+    header = ["attack (metric)", "no defense"] + [
+        f"{_strength(audit, d)} = {fmt_value(d['grid'][-1])}" for d in audit["defenses"]
+    ]
     rows = []
     for a in audit["attacks"]:
         first = Cell().add(a["name"]).add(a["primary_metric"], "small")
@@ -245,24 +306,60 @@ def render_html(audit: Mapping[str, Any]) -> str:
             if not series:
                 continue
             fig = pair_figure(audit, a["name"], d["name"])
-            parts.append(html_figure(_svg_of(fig), f"{a['name']} against {d['name']}: {a['primary_metric']} (95 % band "
-                                     "over seeds), prior (dash-dot) and random (dashed) baselines, undefended dotted "
-                                     "red; utility on the right axis.", f"fig-{k}"))
+            parts.append(
+                html_figure(
+                    _svg_of(fig),
+                    f"{a['name']} against {d['name']}: {a['primary_metric']} (95 % band "
+                    "over seeds), prior (dash-dot) and random (dashed) baselines, undefended dotted "
+                    "red; utility on the right axis.",
+                    f"fig-{k}",
+                )
+            )
             k += 1
             eps_head = rs.privacy_label([r.get("privacy") for r in audit["runs"] if r.get("defense") == d["name"]])
-            prow = [[fmt_value(s["value"]), fmt(s["mean"]), fmt(s.get("baseline_prior")), fmt(s.get("baseline_random")),
-                     f"{fmt(s['advantage'])} (≤ {fmt(s.get('advantage_high'))})", s.get("verdict", ""),
-                     fmt(s.get("utility"), 4),
-                     fmt(s.get("epsilon"), 2) if math.isfinite(num(s.get("epsilon"))) else "-",
-                     (fmt(s.get("epsilon_lb"), 2) + (" VIOLATION" if s.get("dp_violation") else ""))
-                     if math.isfinite(num(s.get("epsilon_lb"))) else "-"] for s in series]
-            parts.append(html_table([_strength(audit, d), a["primary_metric"], "prior", "random", "advantage", "verdict",
-                                     f"utility: {utility}", eps_head, "empirical ε (95 % lower bound)"], prow))
+            prow = [
+                [
+                    fmt_value(s["value"]),
+                    fmt(s["mean"]),
+                    fmt(s.get("baseline_prior")),
+                    fmt(s.get("baseline_random")),
+                    f"{fmt(s['advantage'])} (≤ {fmt(s.get('advantage_high'))})",
+                    s.get("verdict", ""),
+                    fmt(s.get("utility"), 4),
+                    fmt(s.get("epsilon"), 2) if math.isfinite(num(s.get("epsilon"))) else "-",
+                    (fmt(s.get("epsilon_lb"), 2) + (" VIOLATION" if s.get("dp_violation") else ""))
+                    if math.isfinite(num(s.get("epsilon_lb")))
+                    else "-",
+                ]
+                for s in series
+            ]
+            parts.append(
+                html_table(
+                    [
+                        _strength(audit, d),
+                        a["primary_metric"],
+                        "prior",
+                        "random",
+                        "advantage",
+                        "verdict",
+                        f"utility: {utility}",
+                        eps_head,
+                        "empirical ε (95 % lower bound)",
+                    ],
+                    prow,
+                )
+            )
     for a in audit["attacks"]:
         fig = roc_figure(audit, a["name"])
         if fig is not None:
-            parts.append(html_figure(_svg_of(fig), f"ROC of {a['name']}'s per-record decisions (log-log; first seed), "
-                                     "undefended and at each defense's strongest value.", f"fig-{k}"))
+            parts.append(
+                html_figure(
+                    _svg_of(fig),
+                    f"ROC of {a['name']}'s per-record decisions (log-log; first seed), "
+                    "undefended and at each defense's strongest value.",
+                    f"fig-{k}",
+                )
+            )
             k += 1
     parts.append("<h2>Glossary</h2>")
     parts.append(html_glossary(_glossary(audit)))
@@ -273,16 +370,29 @@ def render_html(audit: Mapping[str, Any]) -> str:
     parts.append("<h2>Timing</h2>")
     trow = []
     for r in audit["runs"]:
-        secs = num(r.get("protocol_seconds")) + sum(num(s.get("seconds")) for s in (r.get("attacks") or {}).values()
-                                                     if isinstance(s, Mapping) and "seconds" in s)
-        trow.append([str(r.get("defense") or "none"), fmt_value(r.get("value")), str(r.get("seed")),
-                     fmt(r.get("protocol_seconds"), 2), fmt(secs, 2)])
+        secs = num(r.get("protocol_seconds")) + sum(
+            num(s.get("seconds"))
+            for s in (r.get("attacks") or {}).values()
+            if isinstance(s, Mapping) and "seconds" in s
+        )
+        trow.append(
+            [
+                str(r.get("defense") or "none"),
+                fmt_value(r.get("value")),
+                str(r.get("seed")),
+                fmt(r.get("protocol_seconds"), 2),
+                fmt(secs, 2),
+            ]
+        )
     parts.append(html_table(["defense", "value", "seed", "protocol s", "protocol + attacks s"], trow))
-    parts.append(f"<p>Generated by privaudit {_esc(str(audit.get('privaudit_version')))}; total "
-                 f"{fmt(timing.get('total_seconds'), 1)} s.</p>")
+    parts.append(
+        f"<p>Generated by privaudit {_esc(str(audit.get('privaudit_version')))}; total "
+        f"{fmt(timing.get('total_seconds'), 1)} s.</p>"
+    )
     page = html_page(title, "\n".join(parts))
-    return page.replace("</style>", ".matrix td{vertical-align:top;padding:0}.matrix td>div,.matrix td{padding:.35em .5em}"
-                        "</style>", 1)
+    return page.replace(
+        "</style>", ".matrix td{vertical-align:top;padding:0}.matrix td>div,.matrix td{padding:.35em .5em}</style>", 1
+    )
 
 
 def _esc(text: str) -> str:
@@ -303,9 +413,15 @@ def format_matrix(audit: Mapping[str, Any]) -> str:
             if cell is None:
                 row.append("-")
             else:
-                short = {"leaks": "leaks", "protected": "prot.", "attack not adapted": "NOT ADAPTED",
-                         "not applicable": "n/a"}.get(cell.get("verdict"), "?")
-                row.append(f"{fmt(cell.get('advantage'))} {short}" + (" DP-VIOLATION" if cell.get("dp_violation") else ""))
+                short = {
+                    "leaks": "leaks",
+                    "protected": "prot.",
+                    "attack not adapted": "NOT ADAPTED",
+                    "not applicable": "n/a",
+                }.get(cell.get("verdict"), "?")
+                row.append(
+                    f"{fmt(cell.get('advantage'))} {short}" + (" DP-VIOLATION" if cell.get("dp_violation") else "")
+                )
         rows.append(row)
     utility = rs.audit_utility(audit)
     urow = [f"utility cost ({utility})"]

@@ -26,8 +26,9 @@ from __future__ import annotations
 import math
 import re
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +47,18 @@ RC = {
 }
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _STYLES = ("-", "--", ":", "-.")
-_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+_PALETTE = (
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#9467bd",
+    "#ff7f0e",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+)
 
 
 def figure_stem(results: Mapping[str, Any]) -> str:
@@ -173,12 +185,14 @@ def _baseline_series(results, metric: str) -> list[tuple[str, str, str]]:
 def _legend_below(ax, handles, ncol: int = 2) -> None:
     """The legend under the axes (outside the data)."""
     if handles:
-        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, fontsize=7,
-                  frameon=False)
+        ax.legend(
+            handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, fontsize=7, frameon=False
+        )
 
 
 def _draw_sweep(ax, results, metrics: list[str], utility: str | None) -> None:
     import matplotlib.ticker
+
     values = None
     handles = []
     n = max(len(metrics), 1)
@@ -186,8 +200,18 @@ def _draw_sweep(ax, results, metrics: list[str], utility: str | None) -> None:
         color = _PALETTE[k % len(_PALETTE)]
         values, mean, ci = _series(results, "attack_metrics", metric)
         x, scale, thresh = x_axis(values)
-        (h,) = ax.plot(x, mean, marker=_MARKERS[k % len(_MARKERS)], ls=_STYLES[k % len(_STYLES)], color=color,
-                       ms=7 - 4 * k / n, lw=1.6, alpha=0.9, zorder=3 + k, label=metric)
+        (h,) = ax.plot(
+            x,
+            mean,
+            marker=_MARKERS[k % len(_MARKERS)],
+            ls=_STYLES[k % len(_STYLES)],
+            color=color,
+            ms=7 - 4 * k / n,
+            lw=1.6,
+            alpha=0.9,
+            zorder=3 + k,
+            label=metric,
+        )
         handles.append(h)
         band = np.nan_to_num(ci)
         ax.fill_between(x, mean - band, mean + band, color=color, alpha=0.15, lw=0)
@@ -252,7 +276,9 @@ def _draw_single(ax, results, metrics: list[str], utility: str | None) -> None:
     ax.grid(True, axis="y", alpha=0.3, lw=0.5)
     if utility and _has(results, "utility", utility):
         _, umean, _ = _series(results, "utility", utility)
-        ax.text(0.99, 0.98, f"utility {utility} = {umean[0]:.4g}", transform=ax.transAxes, ha="right", va="top", fontsize=8)
+        ax.text(
+            0.99, 0.98, f"utility {utility} = {umean[0]:.4g}", transform=ax.transAxes, ha="right", va="top", fontsize=8
+        )
 
 
 def save_figure(fig, stem: Path) -> list[Path]:
@@ -291,9 +317,17 @@ def epsilon_series(results: Mapping[str, Any]) -> tuple[str, list[Any], np.ndarr
     if not names:
         return None
     name = names[0]
-    order, groups = _by_value(results, lambda p: (((p.get("privacy") or {}).get(name) or {}).get("epsilon")
-                                                  if isinstance((p.get("privacy") or {}).get(name), Mapping) else None))
-    eps = np.asarray([np.nanmean(groups[repr(v)]) if not all(math.isnan(x) for x in groups[repr(v)]) else math.nan for v in order])
+    order, groups = _by_value(
+        results,
+        lambda p: (
+            ((p.get("privacy") or {}).get(name) or {}).get("epsilon")
+            if isinstance((p.get("privacy") or {}).get(name), Mapping)
+            else None
+        ),
+    )
+    eps = np.asarray(
+        [np.nanmean(groups[repr(v)]) if not all(math.isnan(x) for x in groups[repr(v)]) else math.nan for v in order]
+    )
     if np.sum(np.isfinite(eps) & (eps > 0)) < 2:
         return None
     return name, order, eps
@@ -313,7 +347,11 @@ def make_privacy_figure(results: Mapping[str, Any]):
         return None
     name, values, eps = series
     by_value = {repr(v): e for v, e in zip(values, eps)}
-    keep = [p for p in results.get("points") or [] if np.isfinite(by_value[repr(p.get("value"))]) and by_value[repr(p.get("value"))] > 0]
+    keep = [
+        p
+        for p in results.get("points") or []
+        if np.isfinite(by_value[repr(p.get("value"))]) and by_value[repr(p.get("value"))] > 0
+    ]
     points = sorted(
         ({**p, "value": float(f"{by_value[repr(p.get('value'))]:.3g}")} for p in keep), key=lambda p: p["value"]
     )
@@ -362,7 +400,9 @@ def make_roc_figure(results: Mapping[str, Any]):
             if fpr.size < 2 or fpr.shape != tpr.shape:
                 continue
             seen.add(key)
-            label = name if not results.get("sweep") else f"{name}, {results.get('sweep')} = {fmt_value(p.get('value'))}"
+            label = (
+                name if not results.get("sweep") else f"{name}, {results.get('sweep')} = {fmt_value(p.get('value'))}"
+            )
             curves.append((label + f" (AUC {rs.fmt(roc.get('auc'))})", fpr, tpr, num(roc.get("fpr_floor"))))
     if not curves:
         return None
@@ -375,9 +415,17 @@ def make_roc_figure(results: Mapping[str, Any]):
         handles = []
         for k, (label, fpr, tpr, _) in enumerate(curves):
             keep = (fpr > 0) & (tpr > 0)
-            (h,) = ax.plot(np.clip(fpr[keep], lo, 1), np.clip(tpr[keep], lo, 1), ls=_STYLES[k % len(_STYLES)],
-                           marker=_MARKERS[k % len(_MARKERS)], markevery=0.2, ms=4, lw=1.3,
-                           color=_PALETTE[k % len(_PALETTE)], label=label)
+            (h,) = ax.plot(
+                np.clip(fpr[keep], lo, 1),
+                np.clip(tpr[keep], lo, 1),
+                ls=_STYLES[k % len(_STYLES)],
+                marker=_MARKERS[k % len(_MARKERS)],
+                markevery=0.2,
+                ms=4,
+                lw=1.3,
+                color=_PALETTE[k % len(_PALETTE)],
+                label=label,
+            )
             handles.append(h)
         (hc,) = ax.plot([lo, 1], [lo, 1], color="grey", lw=0.8, ls=":", label="chance")
         handles.append(hc)

@@ -18,9 +18,10 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from privaudit import _safejson
 from privaudit import results as rs
@@ -116,8 +117,17 @@ def read_results(path: Path) -> dict[str, Any]:
         raise PrivauditError(f"{path}: not a results.json (missing {', '.join(missing)})")
     if not isinstance(data["points"], list) or not all(isinstance(p, dict) for p in data["points"]):
         raise PrivauditError(f"{path}: 'points' must be a list of objects")
-    for key in ("attack_metrics", "baseline", "baseline_random", "baseline_prior", "utility", "privacy", "roc",
-                "empirical_epsilon", "advantage"):
+    for key in (
+        "attack_metrics",
+        "baseline",
+        "baseline_random",
+        "baseline_prior",
+        "utility",
+        "privacy",
+        "roc",
+        "empirical_epsilon",
+        "advantage",
+    ):
         if any(not isinstance(p.get(key, {}), dict) for p in data["points"]):
             raise PrivauditError(f"{path}: every point's {key!r} must be an object")
     for key in ("verdicts", "summary", "reference", "defenses"):
@@ -157,7 +167,7 @@ class Cell:
     background: str | None = None
     kind: str = ""
 
-    def add(self, text: Any, style: str = "") -> "Cell":
+    def add(self, text: Any, style: str = "") -> Cell:
         self.lines.append((str(text), style))
         return self
 
@@ -178,7 +188,9 @@ def html_cell(value: Any) -> str:
         t = html.escape(text)
         parts.append(f"<b>{t}</b>" if style == "b" else (f"<small>{t}</small>" if style == "small" else t))
     inner = "<br>".join(parts)
-    style = f' style="background:{value.background}"' if value.background and _SAFE_COLOUR.match(value.background) else ""
+    style = (
+        f' style="background:{value.background}"' if value.background and _SAFE_COLOUR.match(value.background) else ""
+    )
     kind = value.kind if value.kind in _CELL_KINDS else ""
     cls = f' class="{kind}"' if kind else ""
     return f"<div{cls}{style}>{inner}</div>" if (style or cls) else inner
@@ -274,10 +286,17 @@ def table_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
         header += [f"advantage ({primary})", "verdict"]
     if utility:
         header.append(f"utility: {utility}")
-    eps = any("epsilon" in (v or {}) for p in results.get("points") or [] for v in (p.get("privacy") or {}).values()
-              if isinstance(v, Mapping))
+    eps = any(
+        "epsilon" in (v or {})
+        for p in results.get("points") or []
+        for v in (p.get("privacy") or {}).values()
+        if isinstance(v, Mapping)
+    )
     if eps:
-        header += [rs.privacy_label([p.get("privacy") for p in results.get("points") or []]), "empirical ε (95 % lower bound)"]
+        header += [
+            rs.privacy_label([p.get("privacy") for p in results.get("points") or []]),
+            "empirical ε (95 % lower bound)",
+        ]
     header.append("seeds")
     counts: dict[str, int] = {}
     for p in results.get("points") or []:
@@ -327,8 +346,14 @@ def roc_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]] | 
     names = rs.ordered_keys(points, "roc")
     if not names:
         return None
-    header = [str(results.get("sweep") or "value"), "decision (positive)", "AUC", "TPR at 1 % FPR", "TPR at 0.1 % FPR",
-              "positives / negatives"]
+    header = [
+        str(results.get("sweep") or "value"),
+        "decision (positive)",
+        "AUC",
+        "TPR at 1 % FPR",
+        "TPR at 0.1 % FPR",
+        "positives / negatives",
+    ]
     rows = []
     order: list[Any] = []
     for p in points:
@@ -341,8 +366,11 @@ def roc_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]] | 
             rocs = [r for r in rocs if isinstance(r, Mapping)]
             if not rocs:
                 continue
-            cells = [fmt_value(v), f"{name} ({rocs[0].get('positive', 'positive')})",
-                     fmt_pm(*rs.mean_ci95([r.get("auc") for r in rocs]))]
+            cells = [
+                fmt_value(v),
+                f"{name} ({rocs[0].get('positive', 'positive')})",
+                fmt_pm(*rs.mean_ci95([r.get("auc") for r in rocs])),
+            ]
             for f in ("0.01", "0.001"):
                 vals = [num(r.get(f"tpr@{f}")) for r in rocs]
                 if all(math.isnan(x) for x in vals):
@@ -384,8 +412,13 @@ def glossary(results: Mapping[str, Any]) -> list[tuple[str, str]]:
     for m in rs.ordered_keys(results.get("points") or [], "attack_metrics"):
         spec = rs.spec_from_dict(specs.get(m))
         if not (specs.get(m) or {}).get("declared", False):
-            items.append((m, "not declared by the attack: assumed higher = stronger attack; plotted when every "
-                             "value lies in [0, 1]."))
+            items.append(
+                (
+                    m,
+                    "not declared by the attack: assumed higher = stronger attack; plotted when every "
+                    "value lies in [0, 1].",
+                )
+            )
             continue
         d = (spec.description or "(no description declared)").rstrip(".") + "."
         direction = "higher = stronger attack" if spec.higher_is_better else "lower = stronger attack"
@@ -393,26 +426,50 @@ def glossary(results: Mapping[str, Any]) -> list[tuple[str, str]]:
     utility = figures.utility_metric(results)
     if utility:
         spec = rs.utility_spec(utility)
-        items.append((f"utility: {utility}", f"{spec.description} (the protocol's model quality; "
-                                             f"{'higher' if spec.higher_is_better else 'lower'} is better)."))
+        items.append(
+            (
+                f"utility: {utility}",
+                f"{spec.description} (the protocol's model quality; "
+                f"{'higher' if spec.higher_is_better else 'lower'} is better).",
+            )
+        )
     items += [
-        ("prior", "the prior-only baseline: the best guess of an attacker with the same prior knowledge but without "
-                  "the victims' messages, scored like the attack."),
+        (
+            "prior",
+            "the prior-only baseline: the best guess of an attacker with the same prior knowledge but without "
+            "the victims' messages, scored like the attack.",
+        ),
         ("random", "the uniform random guess over each value's domain."),
-        ("advantage", "attack metric minus the stronger of the prior and random baselines (in the metric's direction); "
-                      "≤ shows the upper 95 % bound."),
-        ("verdict", f"protected: advantage ≥ 0 with upper bound < {rs.PROTECTION_MARGIN}; leaks: upper bound ≥ "
-                    f"{rs.PROTECTION_MARGIN}; attack not adapted: the attack scores below its baseline on average "
-                    "(never counted as protection)."),
+        (
+            "advantage",
+            "attack metric minus the stronger of the prior and random baselines (in the metric's direction); "
+            "≤ shows the upper 95 % bound.",
+        ),
+        (
+            "verdict",
+            f"protected: advantage ≥ 0 with upper bound < {rs.PROTECTION_MARGIN}; leaks: upper bound ≥ "
+            f"{rs.PROTECTION_MARGIN}; attack not adapted: the attack scores below its baseline on average "
+            "(never counted as protection).",
+        ),
     ]
     sweep = results.get("sweep")
     if sweep:
         target, _, param = str(sweep).partition(".")
         info = (results.get("defense_strengths") or {}).get(target) or {}
         helptext = str(info.get("help") or "") if isinstance(info, Mapping) else ""
-        unit = "scale b of the added noise, in the uploaded values' units (0 = no noise)" if results.get("noise") else (
-            "the attack parameter varied" if target == "attack" else (
-                "the protocol setting varied" if target == "protocol" else f"the {param} parameter of defense {target}"))
+        unit = (
+            "scale b of the added noise, in the uploaded values' units (0 = no noise)"
+            if results.get("noise")
+            else (
+                "the attack parameter varied"
+                if target == "attack"
+                else (
+                    "the protocol setting varied"
+                    if target == "protocol"
+                    else f"the {param} parameter of defense {target}"
+                )
+            )
+        )
         items.append((str(sweep), unit + (f"; {helptext}" if helptext else "") + "."))
     strengths = results.get("defense_strengths") or {}
     for name, info in strengths.items() if isinstance(strengths, Mapping) else ():
@@ -421,13 +478,28 @@ def glossary(results: Mapping[str, Any]) -> list[tuple[str, str]]:
         text = str(info.get("help") or info.get("description") or "")
         items.append((f"{name}.{info['strength']}", f"strength of defense {name}: {text}".rstrip(": ") + "."))
     if any(p.get("privacy") for p in results.get("points") or []):
-        items.append(("ε total over the run", "the privacy loss the DP defense claims over all rounds, from its "
-                                              "accountant, for the unit named in the column header."))
-        items.append(("empirical ε", "95 % lower bound on ε from the attack's per-record true and false positives "
-                                     "(Clopper-Pearson); above the claimed ε it is a DP violation."))
+        items.append(
+            (
+                "ε total over the run",
+                "the privacy loss the DP defense claims over all rounds, from its "
+                "accountant, for the unit named in the column header.",
+            )
+        )
+        items.append(
+            (
+                "empirical ε",
+                "95 % lower bound on ε from the attack's per-record true and false positives "
+                "(Clopper-Pearson); above the claimed ε it is a DP violation.",
+            )
+        )
     if any(p.get("roc") for p in results.get("points") or []):
-        items.append(("AUC, TPR at FPR", "area under the ROC curve of the attack's per-record decisions and its true "
-                                         "positive rate at 1 % and 0.1 % false positives (n/a: too few negatives)."))
+        items.append(
+            (
+                "AUC, TPR at FPR",
+                "area under the ROC curve of the attack's per-record decisions and its true "
+                "positive rate at 1 % and 0.1 % false positives (n/a: too few negatives).",
+            )
+        )
     return items
 
 
@@ -436,8 +508,12 @@ def glossary(results: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def _flatten(point: Mapping[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"value": point.get("value"), "seed": point.get("seed"), "seconds": point.get("seconds")}
-    fields = (("attack_metrics", "attack."), ("baseline_prior", "prior."), ("advantage", "advantage."),
-              ("utility", "utility."))
+    fields = (
+        ("attack_metrics", "attack."),
+        ("baseline_prior", "prior."),
+        ("advantage", "advantage."),
+        ("utility", "utility."),
+    )
     for field_name, prefix in fields:
         for k, v in (point.get(field_name) or {}).items():
             row[prefix + k] = v
@@ -505,11 +581,24 @@ def _config_items(results: Mapping[str, Any]) -> list[tuple[str, str]]:
     items = [
         ("protocol", str(results.get("protocol"))),
         ("attack", str(results.get("attack")) + _params(results.get("attack_params"))),
-        ("defenses", ", ".join(str(d.get("name", "?")) + _params({k: ("swept" if swept == (d.get("name"), k) else v)
-                                                                   for k, v in d.items() if k != "name"})
-                               for d in defenses if isinstance(d, Mapping)) or "none"),
+        (
+            "defenses",
+            ", ".join(
+                str(d.get("name", "?"))
+                + _params({k: ("swept" if swept == (d.get("name"), k) else v) for k, v in d.items() if k != "name"})
+                for d in defenses
+                if isinstance(d, Mapping)
+            )
+            or "none",
+        ),
         ("sweep", str(results.get("sweep") or "none (single point)")),
-        ("seeds", ", ".join(str(s) for s in results.get("seeds") or sorted({p.get("seed") for p in results.get("points") or []}, key=str))),
+        (
+            "seeds",
+            ", ".join(
+                str(s)
+                for s in results.get("seeds") or sorted({p.get("seed") for p in results.get("points") or []}, key=str)
+            ),
+        ),
         ("dataset", ", ".join(f"{k}={v}" for k, v in (results.get("dataset") or {}).items())),
         ("privaudit", str(results.get("privaudit_version"))),
     ]
@@ -524,8 +613,10 @@ def render_markdown(results: Mapping[str, Any], figure_stem: str, extra_figures:
         lines += [f"**Verdict.** {md_escape(v.get('sentence', ''))}", ""]
     lines += [f"- **{md_escape(k)}**: {md_escape(v)}" for k, v in _config_items(results)]
     lines += ["", "## Attack accuracy and utility", ""]
-    lines.append("Seed mean ± 95 % confidence half-width (Student t over seeds); prior: prior-only baseline; "
-                 "random: uniform random guess.")
+    lines.append(
+        "Seed mean ± 95 % confidence half-width (Student t over seeds); prior: prior-only baseline; "
+        "random: uniform random guess."
+    )
     lines += ["", md_table(header, rows), ""]
     roc = roc_rows(results)
     if roc:
@@ -539,10 +630,18 @@ def render_markdown(results: Mapping[str, Any], figure_stem: str, extra_figures:
     lines += ["## Glossary", ""]
     lines += [f"- **{md_escape(term)}**: {md_escape(text)}" for term, text in glossary(results)]
     config = jsonable(results.get("protocol_config") or {})
-    lines += ["", "## Protocol configuration", "",
-              md_table(["key", "value"], [[k, json.dumps(v)] for k, v in config.items()]), ""]
-    lines += ["Per-point numbers: `results.csv`; everything: `results.json` (`privaudit report DIR` re-renders this "
-              "folder from it; `privaudit attack --config DIR/plan.toml` reruns it).", ""]
+    lines += [
+        "",
+        "## Protocol configuration",
+        "",
+        md_table(["key", "value"], [[k, json.dumps(v)] for k, v in config.items()]),
+        "",
+    ]
+    lines += [
+        "Per-point numbers: `results.csv`; everything: `results.json` (`privaudit report DIR` re-renders this "
+        "folder from it; `privaudit attack --config DIR/plan.toml` reruns it).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -589,7 +688,7 @@ if(document.readyState==='loading'){document.addEventListener('DOMContentLoaded'
 def html_page(title: str, body: str) -> str:
     """A self-contained HTML page (inline style and script, no external references)."""
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>{html.escape(title)}</title>\n<style>{HTML_STYLE}</style>\n</head>\n<body>\n"
         f"{body}\n<script>{HTML_SIZE_SCRIPT}</script>\n</body>\n</html>\n"
     )
@@ -604,36 +703,68 @@ def html_figure(svg_markup: str, caption: str, fig_id: str) -> str:
 
 
 def html_config(items: Sequence[tuple[str, str]]) -> str:
-    return '<dl class="cfg">' + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items) + "</dl>"
+    return (
+        '<dl class="cfg">' + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items) + "</dl>"
+    )
 
 
 def html_glossary(items: Sequence[tuple[str, str]]) -> str:
-    return '<dl class="glossary">' + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items) + "</dl>"
+    return (
+        '<dl class="glossary">'
+        + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items)
+        + "</dl>"
+    )
 
 
 def html_verdicts(verdicts: Sequence[Mapping[str, Any]]) -> str:
-    return "".join(f'<p class="verdict"><b>Verdict.</b> {html.escape(str(v.get("sentence", "")))}</p>' for v in verdicts)
+    return "".join(
+        f'<p class="verdict"><b>Verdict.</b> {html.escape(str(v.get("sentence", "")))}</p>' for v in verdicts
+    )
 
 
-def render_html(results: Mapping[str, Any], svg_markup: str, figure_stem: str, privacy_svg: str | None = None,
-                extra: Sequence[tuple[str, str, str]] = ()) -> str:
+def render_html(
+    results: Mapping[str, Any],
+    svg_markup: str,
+    figure_stem: str,
+    privacy_svg: str | None = None,
+    extra: Sequence[tuple[str, str, str]] = (),
+) -> str:
     """``report.html`` from the results and the inline SVGs (``extra``: (svg, caption, id))."""
     header, rows = table_rows(results)
     title = f"privaudit report: {results.get('attack')} against {results.get('protocol')}"
-    parts = [f"<h1>{html.escape(title)}</h1>", html_verdicts(results.get("verdicts") or []),
-             html_config(_config_items(results))]
+    parts = [
+        f"<h1>{html.escape(title)}</h1>",
+        html_verdicts(results.get("verdicts") or []),
+        html_config(_config_items(results)),
+    ]
     parts.append("<h2>Attack accuracy and utility</h2>")
-    parts.append("<p>Seed mean ± 95 % confidence half-width (Student t over seeds); prior: prior-only baseline; "
-                 "random: uniform random guess. Terms are defined in the glossary below.</p>")
+    parts.append(
+        "<p>Seed mean ± 95 % confidence half-width (Student t over seeds); prior: prior-only baseline; "
+        "random: uniform random guess. Terms are defined in the glossary below.</p>"
+    )
     parts.append(html_table(header, rows))
     reasons = sorted({str(p.get("reason")) for p in results.get("points") or [] if p.get("reason")})
     for reason in reasons:
-        parts.append(f'<p class="note">The attack did not apply: {html.escape(reason)}. Its metrics equal the baseline.</p>')
-    parts.append(html_figure(svg_markup, "Attack metrics (lines with markers, 95 % bands over seeds) with the prior-only "
-                             "(dash-dot) and random-guess (dashed) baselines; utility on the right axis.", figure_stem))
+        parts.append(
+            f'<p class="note">The attack did not apply: {html.escape(reason)}. Its metrics equal the baseline.</p>'
+        )
+    parts.append(
+        html_figure(
+            svg_markup,
+            "Attack metrics (lines with markers, 95 % bands over seeds) with the prior-only "
+            "(dash-dot) and random-guess (dashed) baselines; utility on the right axis.",
+            figure_stem,
+        )
+    )
     if privacy_svg:
-        parts.append(html_figure(privacy_svg, "The same attack metrics and utility against the claimed total ε "
-                                 "(mean over seeds; left = more private).", figures.privacy_figure_stem(results)))
+        parts.append(
+            html_figure(
+                privacy_svg,
+                "The same attack metrics and utility against the claimed total ε "
+                "(mean over seeds; left = more private).",
+                figures.privacy_figure_stem(results),
+            )
+        )
     roc = roc_rows(results)
     if roc:
         parts.append("<h2>Per-record decisions (ROC)</h2>")
@@ -649,10 +780,12 @@ def render_html(results: Mapping[str, Any], svg_markup: str, figure_stem: str, p
     ukeys = [main] if main else []
     prow = []
     for p in pts:
-        prow.append([fmt_value(p.get("value")), str(p.get("seed"))]
-                    + [fmt((p.get("attack_metrics") or {}).get(k), 4) for k in keys]
-                    + [fmt((p.get("utility") or {}).get(k), 4) for k in ukeys]
-                    + [fmt(p.get("seconds"), 2)])
+        prow.append(
+            [fmt_value(p.get("value")), str(p.get("seed"))]
+            + [fmt((p.get("attack_metrics") or {}).get(k), 4) for k in keys]
+            + [fmt((p.get("utility") or {}).get(k), 4) for k in ukeys]
+            + [fmt(p.get("seconds"), 2)]
+        )
     parts.append(html_table(["value", "seed"] + keys + [f"utility: {k}" for k in ukeys] + ["seconds"], prow, left=0))
     parts.append("<h2>Protocol configuration</h2>")
     parts.append("<pre>" + html.escape(json.dumps(jsonable(results.get("protocol_config") or {}), indent=2)) + "</pre>")
@@ -691,8 +824,10 @@ def render_dir(results: Mapping[str, Any], out_dir: Path, staged: Staged | None 
         roc_fig = figures.make_roc_figure(results)
         if roc_fig is not None:
             roc_stem = "roc_" + re.sub(r"[^A-Za-z0-9_-]+", "_", str(results.get("attack")))
-            caption = (f"ROC of {results.get('attack')}'s per-record decisions on log-log axes, one curve per "
-                       "swept value (first seed); the diagonal is chance.")
+            caption = (
+                f"ROC of {results.get('attack')}'s per-record decisions on log-log axes, one curve per "
+                "swept value (first seed); the diagonal is chance."
+            )
             extra.append((figures.save_figure_staged(roc_fig, roc_stem, staged), caption, roc_stem))
             md_extra.append((roc_stem, caption))
         staged.text(REPORT_MD, render_markdown(results, stem, md_extra))
@@ -743,6 +878,7 @@ def rerender(out_dir: Path | str) -> Path:
         render_dir(results, folder)
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
         # a hand-edited or hostile file with the right keys but wrong types: nothing is replaced
-        raise PrivauditError(f"{folder / RESULTS_JSON}: not a valid results.json ({type(exc).__name__}: "
-                             f"{str(exc)[:200]})") from None
+        raise PrivauditError(
+            f"{folder / RESULTS_JSON}: not a valid results.json ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
     return folder
