@@ -131,3 +131,14 @@ def test_layers_import_in_one_direction():
     ]
     for m in lower:
         assert not g[m] & (upper | reports | {"privaudit.runner"}), m
+
+
+def test_layers_point_one_way():
+    """Defenses never import protocols or attacks; protocols never import attacks."""
+    graph = import_graph()
+    bad = []
+    for module, targets in graph.items():
+        for below, above in (("defenses", ("protocols", "attacks")), ("protocols", ("attacks",))):
+            if module.startswith(f"privaudit.{below}"):
+                bad += [(module, t) for t in targets if t.startswith(tuple(f"privaudit.{a}" for a in above))]
+    assert bad == [], f"imports against the layering: {bad}"
