@@ -149,7 +149,8 @@ def nonlinear_points(ds, scenarios: list[str], scales: list[float], users: int |
             t0 = time.perf_counter()
             res = MVMFNonlinear(users=users, solves=solves, jobs=jobs).evaluate(tr, np.random.default_rng(0))
             m, base = res.metrics, res.baseline
-            out.append({"scenario": sc, "b": b, "solves": solves, **{k: float(v) for k, v in m.items() if np.isscalar(v)},
+            out.append({"scenario": sc, "b": b, "solves": solves, **{k: float(v) for k,
+                                                                     v in m.items() if np.isscalar(v)},
                         "random_rating": float(base.get("rating_accuracy", np.nan)),
                         "random_attr": float(base.get("attribute_accuracy", np.nan)),
                         "majority_rating": float(base.get("rating_accuracy_majority", np.nan)),
@@ -163,7 +164,8 @@ def t_nonlinear_noisefree(ctx: Context) -> str:
     """python benchmarks/reproduce.py privmvmf --table nonlinear-noisefree"""
     pts = nonlinear_points(ctx.dataset(), list(SCENARIOS), [0.0], None, jobs=ctx.jobs)
     rows = [[p["scenario"], p["rating_accuracy"], p["attribute_accuracy"], p.get("rated_rating_accuracy", np.nan),
-             f"{p['random_rating']:.3f} / {p['majority_rating']:.3f}; {p['random_attr']:.3f} / {p['majority_attr']:.3f}",
+             f"{p['random_rating']:.3f} / {p['majority_rating']:.3f}; "
+             f"{p['random_attr']:.3f} / {p['majority_attr']:.3f}",
              f"{p['attack_s']:.0f}", "> 0.80 both"] for p in pts]
     return md_table(["scenario", "rating acc.", "attribute acc.", "rated-item acc.",
                      "random / majority baseline (rating; attr.)", "attack s", "paper's claim"], rows)
@@ -223,13 +225,18 @@ def q_privmvmf(ctx: Context) -> list[Check]:
                Check("privmvmf", "  ... rating acc. minus majority guess (0.342)",
                      nl.metrics["rating_accuracy"] - nl.baseline["rating_accuracy_majority"], 0.5, 0.0, "min")]
     an = MVMFAnalytic().evaluate(tr, np.random.default_rng(0))
-    checks += [Check("privmvmf", "mvmf-analytic same transcript, all clients: rating acc.", an.metrics["rating_accuracy"], 1.0, 1e-9),
+    checks += [Check("privmvmf", "mvmf-analytic same transcript, all clients: rating acc.",
+                     an.metrics["rating_accuracy"], 1.0, 1e-9),
                Check("privmvmf", "  ... attribute acc.", an.metrics["attribute_accuracy"], 1.0, 1e-9)]
     mags = upload_magnitudes(ds, ["semials/obsonly", "sgd/obsonly"])
-    checks += [Check("privmvmf", "RMS grad_V round 0, SemiALS ObsOnly (docs 2.57)", mags["semials/obsonly"]["grad_V"], 2.57, 0.01),
-               Check("privmvmf", "RMS grad_V round 0, SGD ObsOnly (docs 0.73)", mags["sgd/obsonly"]["grad_V"], 0.73, 0.01),
-               Check("privmvmf", "RMS grad_P round 0, SemiALS ObsOnly (docs 0.37)", mags["semials/obsonly"]["grad_P"], 0.37, 0.01),
-               Check("privmvmf", "RMS grad_P round 0, SGD ObsOnly (docs 0.12)", mags["sgd/obsonly"]["grad_P"], 0.12, 0.01)]
+    checks += [Check("privmvmf", "RMS grad_V round 0, SemiALS ObsOnly (docs 2.57)", mags["semials/obsonly"]["grad_V"],
+                     2.57, 0.01),
+               Check("privmvmf", "RMS grad_V round 0, SGD ObsOnly (docs 0.73)", mags["sgd/obsonly"]["grad_V"], 0.73,
+                     0.01),
+               Check("privmvmf", "RMS grad_P round 0, SemiALS ObsOnly (docs 0.37)", mags["semials/obsonly"]["grad_P"],
+                     0.37, 0.01),
+               Check("privmvmf", "RMS grad_P round 0, SGD ObsOnly (docs 0.12)", mags["sgd/obsonly"]["grad_P"], 0.12,
+                     0.01)]
     checks += lossless_checks(ds, users=40, epochs=1)
     return checks
 
@@ -248,9 +255,12 @@ def lossless_checks(ds, users: int, epochs: int) -> list[Check]:
     keys = [k for k in fed.utility if k.endswith("@10")]
     worst = max(abs(priv.utility[k] - fed.utility[k]) for k in keys)
     dV = float(np.max(np.abs(fed.model["V"] - priv.model["V"])))
-    return [Check("privmvmf", f"PrivMVMF lossless, {users} users, {epochs} epoch: largest |metric difference| over {len(keys)} metrics",
+    return [Check("privmvmf",
+                  f"PrivMVMF lossless, {users} users, {epochs} epoch: "
+                  f"largest |metric difference| over {len(keys)} metrics",
                   worst, 0.0, 0.0, "max"),
-            Check("privmvmf", "  ... max |V_FedMVMF - V_PrivMVMF| (fixed point, 32 fractional bits)", dV, 0.0, 1e-8, "max")]
+            Check("privmvmf", "  ... max |V_FedMVMF - V_PrivMVMF| (fixed point, 32 fractional bits)", dV, 0.0, 1e-8,
+                  "max")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,7 +304,8 @@ def pearson_columns(n_users: np.ndarray, n_ratings: np.ndarray, rmse_local: np.n
 
     ok = np.isfinite(rmse_local) & np.isfinite(rmse_fed)
     d = rmse_fed[ok] - rmse_local[ok]
-    return {"members_change": float(pearsonr(n_users[ok], d)[0]), "ratings_change": float(pearsonr(n_ratings[ok], d)[0]),
+    return {"members_change": float(pearsonr(n_users[ok], d)[0]), "ratings_change": float(pearsonr(n_ratings[ok],
+                                                                                                   d)[0]),
             "members_rmse": float(pearsonr(n_users[ok], rmse_fed[ok])[0]),
             "ratings_rmse": float(pearsonr(n_ratings[ok], rmse_fed[ok])[0])}
 
@@ -315,7 +326,8 @@ def fedsplit_summary(label: str, per_group: list[tuple], central: list[float]) -
     return [label, len(per_group), int(lo.size), f"{int(better.sum())} ({better.mean():.1%})", f"{lm:.3f} ± {lc:.3f}",
             f"{fm:.3f} ± {fc:.3f}", f"{-(lo[better] - fe[better]).mean():.3f}",
             f"{(fe[worse] - lo[worse]).mean():.3f}" if worse.any() else "-",
-            f"{p['members_change']:.2f} / {p['members_rmse']:.2f}", f"{p['ratings_change']:.2f} / {p['ratings_rmse']:.2f}",
+            f"{p['members_change']:.2f} / {p['members_rmse']:.2f}",
+                f"{p['ratings_change']:.2f} / {p['ratings_rmse']:.2f}",
             f"{cm:.3f} ± {cc:.3f}" if central else "-"]
 
 
@@ -323,7 +335,8 @@ FEDSPLIT_HEADER = ["setting", "groupings", "groups", "improved", "local CNMF RMS
                    "mean change, improved groups", "mean rise, worse groups",
                    "Pearson members vs change / vs FedSPLIT RMSE", "Pearson ratings vs change / vs FedSPLIT RMSE",
                    "non-private CNMF"]
-FEDSPLIT_PAPER = ["paper (Table 2-3, ML-100K variant)", 10, 365, "359 (98.4 %)", "1.00 ± 0.022", "0.78 ± 0.016", "-0.22",
+FEDSPLIT_PAPER = ["paper (Table 2-3, ML-100K variant)", 10, 365, "359 (98.4 %)", "1.00 ± 0.022", "0.78 ± 0.016",
+                  "-0.22",
                   "0.07", "-0.06 (column 'Members-RMSE')", "-0.11 (column 'Ratings-RMSE')", "0.71 ± 0.006"]
 
 
@@ -343,10 +356,12 @@ def t_fedsplit_untuned(ctx: Context, groupings: int = 10, filter20: bool = False
     for s in range(groupings):
         res = FedSPLIT().run(ds, {}, (), s)
         m = res.model
-        per_group.append((m["n_users"].astype(float), m["n_ratings"].astype(float), m["rmse_local"], m["rmse_fedsplit"]))
+        per_group.append((m["n_users"].astype(float), m["n_ratings"].astype(float), m["rmse_local"],
+                          m["rmse_fedsplit"]))
         central.append(res.utility["rmse_central"])
         print(f"grouping {s}: {res.utility['rmse_local']:.3f} -> {res.utility['rmse_fedsplit']:.3f}", flush=True)
-    label = f"untuned{', >= 20 ratings' if filter20 else ''} ({ds.n_users} users, {ds.n_items} items, {ds.n_ratings} ratings)"
+    label = (f"untuned{', >= 20 ratings' if filter20 else ''} "
+             f"({ds.n_users} users, {ds.n_items} items, {ds.n_ratings} ratings)")
     return md_table(FEDSPLIT_HEADER, [fedsplit_summary(label, per_group, central), FEDSPLIT_PAPER])
 
 
@@ -365,7 +380,8 @@ TUNE_SPACE = {"alpha": (0.04, 0.08), "beta": (0.04, 0.08), "gamma": (0.01, 0.04)
               "eta_W": (0.002, 0.009), "eta_H": (0.002, 0.009)}
 
 
-def tune_group(X, mu: float, n_users: int, trials: int, seed: int, n_iter: int = 100, val_fraction: float = 0.2) -> dict:
+def tune_group(X, mu: float, n_users: int, trials: int, seed: int, n_iter: int = 100,
+               val_fraction: float = 0.2) -> dict:
     """Optuna TPE over the paper's search space on one group's training ratings X (n^g x m sparse).
 
     Objective: RMSE on a random ``val_fraction`` of X's ratings, the model fitted on the rest
@@ -430,7 +446,8 @@ def fedsplit_tuned_run(ds, seed: int, trials: int, final_iter: int = 500, K: int
     for gi, g in enumerate(groups):
         p = tune_group(Xtr[g], mu, g.size, trials, seed * 1000 + gi)
         k = int(p.pop("k"))
-        model = CNMF(n_components=k, n_iter=final_iter, init_high=cfg["init_high"], **p).fit(Xtr[g], mu=mu, rng=init_rng)
+        model = CNMF(n_components=k, n_iter=final_iter, init_high=cfg["init_high"], **p).fit(Xtr[g], mu=mu,
+                                                                                             rng=init_rng)
         models.append(model)
         H_T.append(model.H_.T)
         b_H.append(model.b_H_)
@@ -453,7 +470,8 @@ def fedsplit_tuned_run(ds, seed: int, trials: int, final_iter: int = 500, K: int
     return tuple(np.asarray(a, dtype=float) for a in (nu, nr, lo, fe))
 
 
-def t_fedsplit_tuned(ctx: Context, groupings: int = 10, trials: int = 20, filter20: bool = True, final_iter: int = 500) -> str:
+def t_fedsplit_tuned(ctx: Context, groupings: int = 10, trials: int = 20, filter20: bool = True,
+                     final_iter: int = 500) -> str:
     """python benchmarks/reproduce.py fedsplit --table tuned"""
     ds = ctx.dataset()
     if filter20:
@@ -463,7 +481,8 @@ def t_fedsplit_tuned(ctx: Context, groupings: int = 10, trials: int = 20, filter
         t0 = time.perf_counter()
         per_group.append(fedsplit_tuned_run(ds, s, trials, final_iter))
         lo, fe = per_group[-1][2], per_group[-1][3]
-        print(f"grouping {s}: {np.nanmean(lo):.3f} -> {np.nanmean(fe):.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(f"grouping {s}: {np.nanmean(lo):.3f} -> {np.nanmean(fe):.3f} ({time.perf_counter() - t0:.0f} s)",
+              flush=True)
         (ctx.out / "fedsplit_tuned_partial.json").write_text(json.dumps([[a.tolist() for a in g] for g in per_group]))
     label = (f"Optuna per group ({trials} TPE trials, one 80/20 validation split, {final_iter} final iterations)"
              f"{', >= 20 ratings' if filter20 else ''} ({ds.n_users} users, {ds.n_items} items)")
@@ -536,7 +555,8 @@ def t_fedncf_fraction(ctx: Context, fractions=(1.0, 0.9, 0.8, 0.7, 0.5), seeds=(
             sub = user_fraction(ds, f, s)
             c.append(central_ncf(sub, "gmf", epochs, s))
             fd.append(fed_ncf(sub, "gmf", global_rounds, s))
-            print(json.dumps({"fraction": f, "seed": s, "central": c[-1], "fed": {k: fd[-1][k] for k in ("hr@10", "ndcg@10")}}),
+            print(json.dumps({"fraction": f, "seed": s, "central": c[-1], "fed": {k: fd[-1][k] for k in ("hr@10",
+                                                                                                         "ndcg@10")}}),
                   flush=True)
         rows.append([f, sub.n_users, sub.n_items, np.mean([x["hr@10"] for x in c]), np.mean([x["ndcg@10"] for x in c]),
                      np.mean([x["hr@10"] for x in fd]), np.mean([x["ndcg@10"] for x in fd])])
@@ -544,7 +564,8 @@ def t_fedncf_fraction(ctx: Context, fractions=(1.0, 0.9, 0.8, 0.7, 0.5), seeds=(
     for r in rows:
         r += [f"{100 * (r[3] / base[3] - 1):+.1f} %", f"{100 * (r[5] / base[5] - 1):+.1f} %"]
     return md_table(["fraction of users", "users", "items", f"central GMF HR@10 ({epochs} epochs)", "NDCG@10",
-                     f"FedGMF HR@10 ({global_rounds} global rounds)", "NDCG@10", "central change", "federated change"], rows)
+                     f"FedGMF HR@10 ({global_rounds} global rounds)", "NDCG@10", "central change",
+                         "federated change"], rows)
 
 
 def secagg_overhead(ds, model: str, cohort: int, dropout: float, rounds: int = 10, seed: int = 0,
@@ -558,7 +579,8 @@ def secagg_overhead(ds, model: str, cohort: int, dropout: float, rounds: int = 1
     from privaudit.protocols.fedncf import FedNCF
 
     cfg = {"model": model, "global_rounds": 1, "max_rounds": rounds, "clients_per_round": cohort, "record_rounds": 0}
-    FedNCF().run(ds, {**cfg, "global_rounds": 1, "max_rounds": 2}, [SecAgg(dropout=dropout)], seed)  # warm-up (imports, torch)
+    FedNCF().run(ds, {**cfg, "global_rounds": 1, "max_rounds": 2}, [SecAgg(dropout=dropout)],
+                 seed)  # warm-up (imports, torch)
     out = {"plain": np.inf, "secagg": np.inf}
     for _ in range(repeats):  # alternate the two, keep the fastest of each (CPU time; the machine may be shared)
         for name, defs in (("plain", []), ("secagg", [SecAgg(dropout=dropout)])):
@@ -572,8 +594,12 @@ def secagg_overhead(ds, model: str, cohort: int, dropout: float, rounds: int = 1
             "overhead_ms_per_participant": 1000 * per_round / cohort}
 
 
+#: (model, cohort size, dropout fraction) points of the MF-SecAvg overhead table
+SECAGG_GRID = "gmf:20:0,neumf:20:0,gmf:10:0,gmf:50:0,gmf:100:0,gmf:20:0.1,gmf:20:0.3,neumf:50:0"
+
+
 def t_fedncf_secagg(ctx: Context, repeats: int = 3, rounds: int = 10,
-                    grid: str = "gmf:20:0,neumf:20:0,gmf:10:0,gmf:50:0,gmf:100:0,gmf:20:0.1,gmf:20:0.3,neumf:50:0") -> str:
+                    grid: str = SECAGG_GRID) -> str:
     """python benchmarks/reproduce.py fedncf --table secagg-overhead"""
     ds = ctx.dataset()
     rows = []
@@ -582,10 +608,12 @@ def t_fedncf_secagg(ctx: Context, repeats: int = 3, rounds: int = 10,
     for model, c, d in grid:
         r = secagg_overhead(ds, model, c, d, rounds=rounds, repeats=repeats)
         print(json.dumps(r), flush=True)
-        rows.append([model, c, d, r["rounds"], f"{1000 * r['plain_s_per_round']:.0f}", f"{1000 * r['overhead_s_per_round']:.0f}",
+        rows.append([model, c, d, r["rounds"], f"{1000 * r['plain_s_per_round']:.0f}",
+                     f"{1000 * r['overhead_s_per_round']:.0f}",
                      f"{r['overhead_ms_per_participant']:.1f}", paper.get((model, c, d), "")])
     return md_table(["model", "cohort c", "dropout", "aggregation rounds", "plain MF-FedAvg ms / round (CPU)",
-                     "MF-SecAvg extra ms / round (CPU)", "extra ms per participant", "paper (Table 8, per participant)"], rows)
+                     "MF-SecAvg extra ms / round (CPU)", "extra ms per participant",
+                         "paper (Table 8, per participant)"], rows)
 
 
 def t_fedncf_t6(ctx: Context, global_rounds: int = 400, models: str = "gmf,mlp,neumf", central: bool = True) -> str:
@@ -601,7 +629,8 @@ def t_fedncf_t6(ctx: Context, global_rounds: int = 400, models: str = "gmf,mlp,n
                      u["ndcg@10"], *paper[("fed", model)]])
     for model, ep in (("gmf", 20), ("mlp", 20), ("neumf", 12)) if central else ():
         u = central_ncf(ds, model, ep)
-        rows.append([f"{model.upper() if model != 'neumf' else 'NeuMF'} centralised ({ep} epochs)", u["hr@10"], u["ndcg@10"],
+        rows.append([f"{model.upper() if model != 'neumf' else 'NeuMF'} centralised ({ep} epochs)", u["hr@10"],
+                     u["ndcg@10"],
                      *paper[("central", model)]])
     return md_table(["model", "HR@10 (ours)", "NDCG@10 (ours)", "HR@10 (paper)", "NDCG@10 (paper)"], rows)
 
@@ -614,7 +643,8 @@ def q_fedncf(ctx: Context) -> list[Check]:
     ds = ctx.dataset()
     u = central_ncf(ds, "gmf", 20)
     pop = popularity_hr(ds)
-    checks = [Check("fedncf", "centralised GMF, 20 epochs, seed 0: HR@10 (docs 0.664; paper 0.68)", u["hr@10"], 0.664, 0.01),
+    checks = [Check("fedncf", "centralised GMF, 20 epochs, seed 0: HR@10 (docs 0.664; paper 0.68)", u["hr@10"], 0.664,
+                    0.01),
               Check("fedncf", "  ... NDCG@10 (docs 0.384)", u["ndcg@10"], 0.384, 0.01),
               Check("fedncf", "popularity ranker HR@10, seed 0 (training counts; 0.408)", pop, 0.408, 0.005),
               Check("fedncf", "centralised GMF HR@10 minus popularity HR@10", u["hr@10"] - pop, 0.2, 0.0, "min")]
@@ -623,7 +653,8 @@ def q_fedncf(ctx: Context) -> list[Check]:
     plain = FedNCF().run(syn, cfg, [], 0).model
     masked = FedNCF().run(syn, cfg, [SecAgg()], 0).model
     diff = float(np.max(np.abs(np.asarray(plain["items"]) - np.asarray(masked["items"]))))
-    checks.append(Check("fedncf", "MF-SecAvg vs plain MF-FedAvg, synthetic: max |item table difference| (docs: to 1e-6)",
+    checks.append(Check("fedncf",
+                        "MF-SecAvg vs plain MF-FedAvg, synthetic: max |item table difference| (docs: to 1e-6)",
                         diff, 0.0, 1e-6, "max"))
     return checks
 
@@ -651,7 +682,8 @@ def q_fedproto(ctx: Context) -> list[Check]:
         protos = silo_prototypes(kind, Xd, silos, 50, rng, eps, 50, ds.rating_max, 10, 0)
         auc[(kind, eps)] = membership_auc(train, silos, protos, 0)["auc"]
         print(f"fedproto quick: {kind} prototypes {time.perf_counter() - t0:.0f} s", flush=True)
-    return [Check("fedproto", "proto-membership AUC, exact k-means prototypes (docs 0.867)", auc[("exact", None)], 0.867, 0.01),
+    return [Check("fedproto", "proto-membership AUC, exact k-means prototypes (docs 0.867)", auc[("exact", None)],
+                  0.867, 0.01),
             Check("fedproto", "proto-membership AUC, DP prototypes eps = 1 (docs 0.492, other draws; baseline 0.5)",
                   auc[("dp", 1.0)], 0.5, 0.05)]
 
@@ -665,10 +697,12 @@ TABLES: dict[str, dict[str, Callable[[Context], str]]] = {
         "nonlinear-laplace": t_nonlinear_laplace,
         "upload-magnitude": t_upload_magnitude,
         "solver-selection": script_table("mvmf_solver_selection.py", "--users", "40"),
-        "analytic": script_table("mvmf_attacks.py", "--no-sweep", "--users", "50", "--users-inclunc", "20", "--repeats", "5"),
+        "analytic": script_table("mvmf_attacks.py", "--no-sweep", "--users", "50", "--users-inclunc", "20",
+                                 "--repeats", "5"),
         "fedmvmf-utility": script_table("fedmvmf_utility.py"),
         "fedmvmf-speed": script_table("fedmvmf_speed.py", "--epochs", "3"),
-        "lossless": script_table("privmvmf_utility.py", "--epochs", "6", "--rho", "1", "--key-length", "512", "--jobs", "2"),
+        "lossless": script_table("privmvmf_utility.py", "--epochs", "6", "--rho", "1", "--key-length", "512",
+                                 "--jobs", "2"),
         "phases": script_table("privmvmf_phases.py", "--users", "20", "--epochs", "2", "--key-length", "2048"),
         "sampling-leakage": script_table("sampling_leakage.py"),
     },
@@ -743,10 +777,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paper", choices=[*PAPERS, "all"])
     ap.add_argument("--table", default="", help="comma-separated table names of the paper (default: all of them)")
-    ap.add_argument("--quick", action="store_true", help="subsampled checks against the docs' tolerances (exit 1 on failure)")
+    ap.add_argument("--quick", action="store_true",
+                    help="subsampled checks against the docs' tolerances (exit 1 on failure)")
     ap.add_argument("--list", action="store_true", help="print the table names and exit")
     ap.add_argument("--out", default="reproduce-out", help="output folder (created)")
-    ap.add_argument("--data", default=os.environ.get("PRIVAUDIT_ML100K", str(DEFAULT_DATA)), help="MovieLens 100K folder")
+    ap.add_argument("--data", default=os.environ.get("PRIVAUDIT_ML100K", str(DEFAULT_DATA)),
+                    help="MovieLens 100K folder")
     ap.add_argument("--jobs", type=int, default=1, help="parallel workers where a table supports them")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="budget parameter of the named table (e.g. groupings=5, global_rounds=50); repeatable")
@@ -770,7 +806,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     data = Path(args.data)
     if not (data / "u.data").is_file():
-        print(f"reproduce.py: MovieLens 100K not found at {data} (give --data or set PRIVAUDIT_ML100K)", file=sys.stderr)
+        print(f"reproduce.py: MovieLens 100K not found at {data} (give --data or set PRIVAUDIT_ML100K)",
+              file=sys.stderr)
         return 2
     try:
         overrides = parse_sets(args.set)
@@ -786,7 +823,8 @@ def main(argv: list[str] | None = None) -> int:
         accepted = set(inspect.signature(TABLES[papers[0]][names[0]]).parameters) - {"ctx"}
         bad = sorted(set(overrides) - accepted)
         if bad:
-            print(f"reproduce.py: table {names[0]!r} takes no parameter {bad[0]!r} (it takes: {', '.join(sorted(accepted)) or 'none'})",
+            takes = ", ".join(sorted(accepted)) or "none"
+            print(f"reproduce.py: table {names[0]!r} takes no parameter {bad[0]!r} (it takes: {takes})",
                   file=sys.stderr)
             return 2
     if args.jobs < 1:
@@ -802,7 +840,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             checks += QUICK[p](ctx)
             print(f"{p}: quick checks done in {time.perf_counter() - t0:.0f} s", flush=True)
-        table = "| paper | check | ours | docs (tolerance) | |\n|---|---|---|---|---|\n" + "\n".join(c.row() for c in checks)
+        head = "| paper | check | ours | docs (tolerance) | |\n|---|---|---|---|---|\n"
+        table = head + "\n".join(c.row() for c in checks)
         (out / "quick.md").write_text(table + "\n")
         print(table)
         failed = [c for c in checks if not c.ok]
