@@ -475,7 +475,10 @@ def t_fedsplit_untuned(ctx: Context, groupings: int = 10, filter20: bool = False
         )
         central.append(res.utility["rmse_central"])
         print(f"grouping {s}: {res.utility['rmse_local']:.3f} -> {res.utility['rmse_fedsplit']:.3f}", flush=True)
-    label = f"untuned{', >= 20 ratings' if filter20 else ''} ({ds.n_users} users, {ds.n_items} items, {ds.n_ratings} ratings)"
+    label = (
+        f"untuned{', >= 20 ratings' if filter20 else ''} "
+        f"({ds.n_users} users, {ds.n_items} items, {ds.n_ratings} ratings)"
+    )
     return md_table(FEDSPLIT_HEADER, [fedsplit_summary(label, per_group, central), FEDSPLIT_PAPER])
 
 
@@ -769,12 +772,11 @@ def secagg_overhead(
     }
 
 
-def t_fedncf_secagg(
-    ctx: Context,
-    repeats: int = 3,
-    rounds: int = 10,
-    grid: str = "gmf:20:0,neumf:20:0,gmf:10:0,gmf:50:0,gmf:100:0,gmf:20:0.1,gmf:20:0.3,neumf:50:0",
-) -> str:
+#: (model, cohort size, dropout fraction) points of the MF-SecAvg overhead table
+SECAGG_GRID = "gmf:20:0,neumf:20:0,gmf:10:0,gmf:50:0,gmf:100:0,gmf:20:0.1,gmf:20:0.3,neumf:50:0"
+
+
+def t_fedncf_secagg(ctx: Context, repeats: int = 3, rounds: int = 10, grid: str = SECAGG_GRID) -> str:
     """python benchmarks/reproduce.py fedncf --table secagg-overhead"""
     ds = ctx.dataset()
     rows = []
@@ -1109,9 +1111,9 @@ def main(argv: list[str] | None = None) -> int:
         accepted = set(inspect.signature(TABLES[papers[0]][names[0]]).parameters) - {"ctx"}
         bad = sorted(set(overrides) - accepted)
         if bad:
+            takes = ", ".join(sorted(accepted)) or "none"
             print(
-                f"reproduce.py: table {names[0]!r} takes no parameter {bad[0]!r} (it takes: {', '.join(sorted(accepted)) or 'none'})",
-                file=sys.stderr,
+                f"reproduce.py: table {names[0]!r} takes no parameter {bad[0]!r} (it takes: {takes})", file=sys.stderr
             )
             return 2
     if args.jobs < 1:
@@ -1127,9 +1129,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             checks += QUICK[p](ctx)
             print(f"{p}: quick checks done in {time.perf_counter() - t0:.0f} s", flush=True)
-        table = "| paper | check | ours | docs (tolerance) | |\n|---|---|---|---|---|\n" + "\n".join(
-            c.row() for c in checks
-        )
+        head = "| paper | check | ours | docs (tolerance) | |\n|---|---|---|---|---|\n"
+        table = head + "\n".join(c.row() for c in checks)
         (out / "quick.md").write_text(table + "\n")
         print(table)
         failed = [c for c in checks if not c.ok]

@@ -206,9 +206,8 @@ def test_ml100k_pmf_batch_fold_and_attack(ml100k_path):
     ds = load_dataset(ml100k_path)
     res = FedRec().run(ds, {"record_rounds": [-1]}, [], 0)
     assert abs(res.utility["rmse"] - 0.9424) < 0.02 and abs(res.utility["mae"] - 0.7418) < 0.02
-    assert res.utility["rmse"] == pytest.approx(0.94760, abs=5e-4) and res.utility["mae"] == pytest.approx(
-        0.74667, abs=5e-4
-    )
+    assert res.utility["rmse"] == pytest.approx(0.94760, abs=5e-4)
+    assert res.utility["mae"] == pytest.approx(0.74667, abs=5e-4)
     unf = FedRec().run(ds, {"federated": False, "record_rounds": []}, [], 0).utility
     assert abs(res.utility["rmse"] - unf["rmse"]) / unf["rmse"] <= 0.001
     assert abs(res.utility["mae"] - unf["mae"]) / unf["mae"] <= 0.001
@@ -270,7 +269,9 @@ def test_attack_falls_back_on_nonfinite_uploads(small):
 
 
 def test_hf_defaults_are_the_protocol_defaults_10_and_5():
-    """t_predict / t_local left unset take FedRec's 10 / 5 (the paper tunes both on {5, 10, 15} and does not state its choice)."""
+    """t_predict / t_local left unset take FedRec's 10 / 5.
+
+    The paper tunes both on {5, 10, 15} and does not state its choice."""
     from privaudit.protocols.fedrec import hf_settings
 
     assert hf_settings([SamplingDefense(rho=1, filling="hf")]) == ("hf", 10, 5)
