@@ -677,7 +677,7 @@ def verdict_from_rows(
     cost = utility_cost(reference_utility, num(hit["utility"]), utility) if utility else math.nan
     out["utility_cost"] = cost if math.isfinite(cost) else None
     cost_text = (
-        f"at a {utility} cost of {fmt(cost, 4)} against no defense ({fmt(reference_utility, 4)} → "
+        f"where {utility} costs {fmt(cost, 4)} against no defense ({fmt(reference_utility, 4)} → "
         f"{fmt(hit['utility'], 4)})"
         if math.isfinite(cost)
         else "utility cost unknown (no undefended run)"
@@ -701,9 +701,8 @@ def verdict_from_rows(
         out["sentence"] = (
             f"{name}: reaches its {base} {'at' if again else 'from'} {parameter} = "
             f"{fmt_value(hit['value'])}{on}, {cost_text}; "
-            f"there it even scores below it ({_adv_text(hit)}): the attack is not adapted (its result "
-            "falls back to the baseline guess), which is no evidence of protection against a better "
-            "attack." + tail
+            f"there it scores below that baseline ({_adv_text(hit)}): the attack is not adapted to this "
+            "defense, so this is no evidence of protection against a better attack." + tail
         )
     return out
 

@@ -63,7 +63,7 @@ def test_noise_sweep_verdict_names_the_crossover_and_its_utility_cost(big):
     assert v["sentence"].startswith(
         f"dummy-attack (accuracy): stopped from dummy-noise.scale = {rs.fmt_value(first)} on"
     )
-    assert f"ndcg@10 cost of {rs.fmt(u0 - u1, 4)}" in v["sentence"]
+    assert f"ndcg@10 costs {rs.fmt(u0 - u1, 4)}" in v["sentence"]
 
 
 def test_one_seed_uses_a_clopper_pearson_bound(big):
