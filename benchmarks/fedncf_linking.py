@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                 "clients_per_round": args.clients_per_round,
                 "negatives": q,
                 "record_rounds": -1,
+                "lr": 1e-3,  # the paper's learning rate (the protocol default is 0.01)
             }
             run = FedNCF().run(ds, cfg, [SecAgg()], t)  # same targets and groups for every q
             for r in rounds:

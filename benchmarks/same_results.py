@@ -46,7 +46,7 @@ RUNS = [
             "--set",
             "epochs=1",
             "--defense",
-            "paillier:key_length=512",
+            "paillier:key_length=512,insecure_test_key=true",
         ],
     ),
 ]
