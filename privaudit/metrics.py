@@ -36,6 +36,7 @@ __all__ = [
     "hit_ratio_at_k",
     "ndcg_at_k_loo",
     "ranking_metrics_at_k",
+    "ranking_metrics_at_k_factored",
     "mean_rank",
     "map_at_k",
     "reconstruction_accuracy",
@@ -141,6 +142,42 @@ def _blocks(n_rows: int, n_cols: int):
         yield lo, min(n_rows, lo + step)
 
 
+def _topk_order_full(s: np.ndarray, rel: np.ndarray, excl: np.ndarray | None, kk: int) -> np.ndarray:
+    """Reference ordering by a full row sort (the definition :func:`_topk_order` reproduces)."""
+    keys = [rel, -s] if excl is None else [rel, -s, excl]  # last key is the primary one
+    return np.lexsort(keys, axis=-1)[:, :kk]
+
+
+def _topk_order(s: np.ndarray, rel: np.ndarray, excl: np.ndarray | None, kk: int) -> np.ndarray:
+    """Column indices (b, kk) of every row's first kk items in the order of
+    :func:`_topk_order_full` -- non-excluded first, score descending, non-relevant first,
+    column index ascending -- by top-k selection: ``np.partition`` finds each row's kk-th best
+    non-excluded score t, only the non-excluded items scoring >= t (all ties at t included)
+    are sorted. Positions past a row's number of non-excluded items are arbitrary."""
+    b, m = s.shape
+    if 4 * kk >= m:
+        return _topk_order_full(s, rel, excl, kk)
+    neg = -s
+    if excl is not None:
+        neg = np.where(excl, np.inf, neg)
+    t = np.partition(neg, kk - 1, axis=1)[:, kk - 1 : kk]
+    cand = neg <= t
+    if excl is not None:
+        cand &= ~excl
+    width = max(kk, int(cand.sum(axis=1).max()))
+    if 2 * width >= m:  # heavy ties: selection saves nothing
+        return _topk_order_full(s, rel, excl, kk)
+    cols = np.argpartition(~cand, width - 1, axis=1)[:, :width]  # every candidate, then fillers
+    keys = [
+        cols,
+        np.take_along_axis(rel, cols, axis=1),
+        np.take_along_axis(neg, cols, axis=1),
+        ~np.take_along_axis(cand, cols, axis=1),
+    ]  # last key is the primary one: candidates before fillers
+    order = np.lexsort(keys, axis=-1)[:, :kk]
+    return np.take_along_axis(cols, order, axis=1)
+
+
 def _topk_hits(s: np.ndarray, rel: np.ndarray, excl: np.ndarray | None, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Relevance of the top-k list of every user in a block.
 
@@ -152,8 +189,7 @@ def _topk_hits(s: np.ndarray, rel: np.ndarray, excl: np.ndarray | None, k: int) 
     """
     b, m = s.shape
     kk = min(k, m)
-    keys = [rel, -s] if excl is None else [rel, -s, excl]  # last key is the primary one
-    order = np.lexsort(keys, axis=-1)[:, :kk]
+    order = _topk_order(s, rel, excl, kk)
     hits = np.take_along_axis(rel, order, axis=1)
     n_avail = np.full(b, m) if excl is None else m - excl.sum(axis=1)
     n_rec = np.minimum(kk, n_avail)
@@ -291,9 +327,42 @@ def ranking_metrics_at_k(scores: Any, relevant: Any, k: int = 10, exclude: Any =
 
     Returns ``{"ndcg", "precision", "recall", "f1"}``, all floats in [0, 1].
     """
-    k = _check_k(k)
     s = _scores_2d(scores)
-    shape = s.shape
+    return _ranking_metrics(lambda lo, hi: s[lo:hi], s.shape, relevant, k, exclude)
+
+
+def ranking_metrics_at_k_factored(
+    user_factors: Any, item_factors: Any, relevant: Any, k: int = 10, exclude: Any = None
+) -> dict[str, float]:
+    """:func:`ranking_metrics_at_k` of ``scores = user_factors @ item_factors.T`` without the
+    full score matrix: scores are computed, checked and ranked one block of users at a time
+    (peak memory about one block of ``2**22`` scores plus the inputs).
+
+    ``user_factors``: (n_users, d) float; ``item_factors``: (n_items, d) float. Same values,
+    bit for bit, as ``ranking_metrics_at_k(user_factors @ item_factors.T, ...)`` when the row
+    blocks of the product equal the rows of the full product (true of numpy's float64 matmul).
+    """
+    U = np.asarray(user_factors, dtype=float)
+    V = np.asarray(item_factors, dtype=float)
+    if U.ndim != 2 or V.ndim != 2 or U.shape[1] != V.shape[1]:
+        raise ValueError(f"factor shapes {U.shape} and {V.shape} do not give a (n_users, n_items) product")
+    shape = (U.shape[0], V.shape[0])
+    if shape[0] * shape[1] == 0:
+        raise ValueError(f"scores is empty (shape {shape})")
+    Vt = V.T
+
+    def block(lo: int, hi: int) -> np.ndarray:
+        s = U[lo:hi] @ Vt
+        if np.isnan(s).any():
+            raise ValueError("scores contains NaN; the ranking is undefined")
+        return s
+
+    return _ranking_metrics(block, shape, relevant, k, exclude)
+
+
+def _ranking_metrics(score_rows, shape: tuple[int, int], relevant: Any, k: Any, exclude: Any) -> dict[str, float]:
+    """Body of :func:`ranking_metrics_at_k`; ``score_rows(lo, hi)`` gives score rows lo:hi."""
+    k = _check_k(k)
     rel = _matrix(relevant, shape, "relevant")
     excl = None if exclude is None else _matrix(exclude, shape, "exclude")
     n_rel = _row_counts(rel)
@@ -303,7 +372,7 @@ def ranking_metrics_at_k(scores: Any, relevant: Any, k: int = 10, exclude: Any =
 
     tot = {"ndcg": 0.0, "precision": 0.0, "recall": 0.0}
     n_users = 0
-    for hits, n_rec, nr in _relevant_user_hits(s, rel, excl, n_rel, k):
+    for hits, n_rec, nr in _relevant_user_hits(score_rows, shape, rel, excl, n_rel, k):
         tp = hits.sum(axis=1)
         dcg = hits @ discounts
         idcg = ideal[np.minimum(kk, nr) - 1]
@@ -320,20 +389,20 @@ def ranking_metrics_at_k(scores: Any, relevant: Any, k: int = 10, exclude: Any =
     return {key: float(out[key]) for key in ("ndcg", "precision", "recall", "f1")}
 
 
-def _relevant_user_hits(s: np.ndarray, rel: Any, excl: Any, n_rel: np.ndarray, k: int):
+def _relevant_user_hits(score_rows, shape: tuple[int, int], rel: Any, excl: Any, n_rel: np.ndarray, k: int):
     """Per block of users with at least one relevant item: ``(hits, n_recommended, n_relevant)``.
 
     ``hits`` (users x min(k, items)) bool marks relevant items in each user's top k (ties as in
     :func:`_topk_hits`); users without relevant items are skipped.
     """
-    for lo, hi in _blocks(*s.shape):
+    for lo, hi in _blocks(*shape):
         nr = n_rel[lo:hi]
         keep = nr > 0
         if not keep.any():
             continue
         rb = _rows(rel, lo, hi)[keep]
         eb = None if excl is None else _rows(excl, lo, hi)[keep]
-        hits, n_rec = _topk_hits(s[lo:hi][keep], rb, eb, k)
+        hits, n_rec = _topk_hits(score_rows(lo, hi)[keep], rb, eb, k)
         yield hits, n_rec, nr[keep]
 
 
@@ -366,7 +435,7 @@ def map_at_k(scores: Any, test_matrix: Any, k: int = 10, exclude: Any = None) ->
     kk = min(k, shape[1])
     positions = np.arange(1, kk + 1, dtype=float)
     total, n_users = 0.0, 0
-    for hits, _, nr in _relevant_user_hits(s, rel, excl, n_rel, k):
+    for hits, _, nr in _relevant_user_hits(lambda lo, hi: s[lo:hi], shape, rel, excl, n_rel, k):
         prec = np.cumsum(hits, axis=1) / positions
         total += float(np.sum((prec * hits).sum(axis=1) / nr))
         n_users += len(nr)

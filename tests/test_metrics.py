@@ -17,6 +17,7 @@ from privaudit.metrics import (
     mean_rank,
     ndcg_at_k_loo,
     ranking_metrics_at_k,
+    ranking_metrics_at_k_factored,
     reconstruction_accuracy,
     relative_error,
     rmse,
@@ -265,6 +266,54 @@ def test_ranking_blocks_and_random_cross_check(monkeypatch):
     assert blocked == approx(full)
     assert map_at_k(s, rel, k=5, exclude=excl) == approx(ap)
     assert mean_rank(s, sp.csr_matrix(rel.astype(float)), exclude=excl) == approx(mr)
+
+
+def _tied_case(rng, n_users=60, n_items=300, levels=120):
+    """Integer scores (ties at every top-k boundary), relevance, exclusions; some users have
+    almost every item excluded (fewer than k left) and some scores are -inf."""
+    s = rng.integers(0, levels, size=(n_users, n_items)).astype(float)
+    s[rng.random(s.shape) < 0.02] = -np.inf
+    rel = rng.random(s.shape) < 0.1
+    excl = rng.random(s.shape) < 0.3
+    excl[:3] = rng.random((3, n_items)) < 0.99
+    return s, rel, excl
+
+
+@pytest.mark.parametrize("kk", [1, 5, 10, 40])
+@pytest.mark.parametrize("with_excl", [False, True])
+def test_topk_selection_matches_full_sort_order(kk, with_excl):
+    rng = np.random.default_rng(kk)
+    s, rel, excl = _tied_case(rng)
+    excl = excl if with_excl else None
+    fast = M._topk_order(s, rel, excl, kk)
+    full = M._topk_order_full(s, rel, excl, kk)
+    avail = np.ones(s.shape, bool) if excl is None else ~excl
+    n_avail = avail.sum(axis=1)
+    for u in range(s.shape[0]):
+        n = min(kk, n_avail[u])
+        assert np.array_equal(fast[u, :n], full[u, :n])  # same items in the same order
+    # ties straddle the k-th place in most rows, so the tie-breaking is exercised
+    kth = -np.sort(-np.where(avail, s, -np.inf), axis=1)[:, kk - 1 : kk]
+    assert np.mean(np.sum(avail & (s == kth), axis=1) > 1) > 0.5
+
+
+def test_factored_ranking_bit_identical_to_full_sort(monkeypatch):
+    rng = np.random.default_rng(7)
+    U = rng.integers(-3, 4, size=(90, 4)).astype(float)  # small integers: many tied scores
+    V = rng.integers(-3, 4, size=(250, 4)).astype(float)
+    rel = rng.random((90, 250)) < 0.08
+    excl = (rng.random((90, 250)) < 0.25) & ~rel
+    monkeypatch.setattr(M, "_BLOCK_ELEMENTS", 2000)  # 8 users per block
+    fast = {k: ranking_metrics_at_k_factored(U, V, sp.csr_matrix(rel), k=k, exclude=excl) for k in (1, 10, 30)}
+    fast_dense = {k: ranking_metrics_at_k(U @ V.T, rel, k=k, exclude=excl) for k in (1, 10, 30)}
+    monkeypatch.setattr(M, "_topk_order", M._topk_order_full)  # the former full-sort path, same blocks
+    for k in (1, 10, 30):
+        old = ranking_metrics_at_k(U @ V.T, rel, k=k, exclude=excl)
+        assert fast[k] == old  # exact, not approx
+        assert fast_dense[k] == old
+        assert 0 < old["ndcg"] < 1 and 0 < old["recall"] < 1  # a non-degenerate case
+    with pytest.raises(ValueError):
+        ranking_metrics_at_k_factored(U, V[:, :3], rel)
 
 
 # ------------------------------------------------------------------ MAP@k (dp-prototypes eqs. 5-6)

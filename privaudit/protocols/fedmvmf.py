@@ -66,7 +66,7 @@ import scipy.sparse as sp
 from privaudit import schema as transcript_schema
 from privaudit.data.splits import cold_start_items, cold_start_users, holdout_split
 from privaudit.defenses.base import ClientData
-from privaudit.metrics import ranking_metrics_at_k
+from privaudit.metrics import ranking_metrics_at_k_factored
 from privaudit.models import mvmf
 from privaudit.params import Param
 from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup
@@ -109,20 +109,22 @@ def split_fedmvmf(
 
 
 def ranking_utility(
-    scores: np.ndarray,
+    user_factors: np.ndarray,
+    item_factors: np.ndarray,
     truth: sp.csr_matrix,
     threshold: float,
     k: int,
     exclude: sp.csr_matrix | None = None,
     prefix: str = "",
 ) -> dict[str, float]:
-    """``{prefix}ndcg@k``, precision, recall, f1 with relevance = truth >= threshold."""
+    """``{prefix}ndcg@k``, precision, recall, f1 of the scores ``user_factors @ item_factors.T``
+    (ranked one block of users at a time, never the full matrix) with relevance = truth >= threshold."""
     nan = float("nan")
     keys = ("ndcg", "precision", "recall", "f1")
-    if scores.size == 0 or truth.nnz == 0:
+    if len(user_factors) == 0 or len(item_factors) == 0 or truth.nnz == 0:
         return {f"{prefix}{key}@{k}": nan for key in keys}
     rel = sp.csr_matrix(truth >= threshold)
-    res = ranking_metrics_at_k(scores, rel, k=k, exclude=exclude)
+    res = ranking_metrics_at_k_factored(user_factors, item_factors, rel, k=k, exclude=exclude)
     return {f"{prefix}{key}@{k}": float(res[key]) for key in keys}
 
 
@@ -445,9 +447,9 @@ def _evaluate(
     V_cold = mvmf.cold_start_items(state.Q, views.Y_cold, st.alpha, st.lam)
     U, V = state.U, state.V
     utility: dict[str, Any] = {}
-    utility.update(ranking_utility(U @ V.T, split["test"], thr, k, exclude=views.R_train.astype(bool)))
-    utility.update(ranking_utility(U_cold @ V.T, split["cold_user_ratings"], thr, k, prefix="cold_user_"))
-    utility.update(ranking_utility(U @ V_cold.T, split["cold_item_ratings"], thr, k, prefix="cold_item_"))
+    utility.update(ranking_utility(U, V, split["test"], thr, k, exclude=views.R_train.astype(bool)))
+    utility.update(ranking_utility(U_cold, V, split["cold_user_ratings"], thr, k, prefix="cold_user_"))
+    utility.update(ranking_utility(U, V_cold, split["cold_item_ratings"], thr, k, prefix="cold_item_"))
     utility["_U_cold"], utility["_V_cold"] = U_cold, V_cold
     return utility
 
