@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from privaudit.defenses import accounting
-from privaudit.defenses.dp_laplace import ClippedNoise, _positive
-from privaudit.errors import PrivauditError
+from privaudit.defenses.dp_laplace import CLIP_PER, ClippedNoise
+from privaudit.params import Param
 from privaudit.registry import register_defense
 
 
@@ -34,43 +34,27 @@ class DPGaussian(ClippedNoise):
     description = (
         "(epsilon, delta)-DP Gaussian mechanism: L2 clipping to C, N(0, (noise_multiplier C)^2) noise, PLD accountant"
     )
-    params = {
-        "noise_multiplier": 1.0,
-        "clip": 1.0,
-        "clip_per": "row",
-        "delta": 1e-5,
-        "target_epsilon": 0.0,
-        "rounds": 0,
-    }
-    param_help = {
-        "noise_multiplier": "noise standard deviation / clipping norm (sigma)",
-        "clip": "L2 clipping norm C",
-        "clip_per": "'row' (each row / 1-D array) or 'upload' (one client's whole message)",
-        "delta": "delta of the reported (epsilon, delta)",
-        "target_epsilon": "> 0: calibrate noise_multiplier so that the total epsilon over the run is this",
-        "rounds": "rounds of the run for target_epsilon (0: the protocol's public epochs/rounds)",
-    }
+    parameters = (
+        Param("noise_multiplier", 1.0, "noise standard deviation / clipping norm (sigma)", gt=0),
+        Param("clip", 1.0, "L2 clipping norm C", gt=0),
+        Param(
+            "clip_per", "row", "'row' (each row / 1-D array) or 'upload' (one client's whole message)", choices=CLIP_PER
+        ),
+        Param("delta", 1e-5, "delta of the reported (epsilon, delta)", gt=0, lt=1),
+        Param(
+            "target_epsilon",
+            0.0,
+            "> 0: calibrate noise_multiplier so that the total epsilon over the run is this",
+            ge=0,
+        ),
+        Param("rounds", 0, "rounds of the run for target_epsilon (0: the protocol's public epochs/rounds)", ge=0),
+    )
     strength = "noise_multiplier"
     default_grid = (0.3, 1.0, 3.0, 10.0, 30.0)
     clip_ord = 2
     calibrated = "noise_multiplier"
     calibrated_increasing = False
     calibration_range = (0.2, 1e3)
-
-    def validate(self) -> None:
-        c = self.config
-        c["noise_multiplier"] = _positive("noise_multiplier", self.name, c["noise_multiplier"])
-        c["clip"] = _positive("clip", self.name, c["clip"])
-        c["delta"] = _positive("delta", self.name, c["delta"])
-        c["target_epsilon"] = _positive("target_epsilon", self.name, c["target_epsilon"], allow_zero=True)
-        if not 0.0 < c["delta"] < 1.0:
-            raise PrivauditError(f"defense {self.name!r}: delta must be in (0, 1), got {c['delta']!r}")
-        if isinstance(c["rounds"], bool) or not isinstance(c["rounds"], int) or c["rounds"] < 0:
-            raise PrivauditError(f"defense {self.name!r}: rounds must be a non-negative integer, got {c['rounds']!r}")
-        if c["clip_per"] not in ("row", "upload"):
-            raise PrivauditError(f"defense {self.name!r}: clip_per must be 'row' or 'upload', got {c['clip_per']!r}")
-        if c["target_epsilon"] and c["rounds"]:
-            self.calibrate(c["rounds"])
 
     @property
     def noise_std(self) -> float:

@@ -40,7 +40,11 @@ import numpy as np
 from privaudit.defenses import accounting
 from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
 from privaudit.errors import PrivauditError
+from privaudit.params import Param
 from privaudit.registry import register_defense
+
+#: how a clip-then-noise defense clips: each row (or 1-D array), or a client's whole upload
+CLIP_PER = ("row", "upload")
 
 #: delta at which privacy_spent also reports the PLD epsilon when the defense's own delta is 0
 REFERENCE_DELTA = 1e-5
@@ -66,14 +70,6 @@ def clip_l1_rows(arr: np.ndarray, clip: float) -> np.ndarray:
     return clip_rows(arr, clip, 1)
 
 
-def _positive(name: str, defense: str, v: Any, allow_zero: bool = False) -> float:
-    number = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-    if not number or v < 0 or (v == 0 and not allow_zero):
-        kind = "non-negative" if allow_zero else "positive"
-        raise PrivauditError(f"defense {defense!r}: {name} must be a {kind} number, got {v!r}")
-    return float(v)
-
-
 class ClippedNoise(Defense):
     """Shared machinery of the clip-then-noise DP defenses (subclasses: norm, noise, accounting)."""
 
@@ -83,6 +79,12 @@ class ClippedNoise(Defense):
     calibrated_increasing: bool = True
     #: the interval searched for the calibrated parameter
     calibration_range: tuple[float, float] = (1e-4, 1e3)
+
+    def validate(self) -> None:
+        """Bounds and choices come from the declaration; a target epsilon with a known round
+        count is calibrated at once (otherwise at the first upload)."""
+        if self.config["target_epsilon"] and self.config["rounds"]:
+            self.calibrate(self.config["rounds"])
 
     def _clip_payload(self, payload: dict, keys: list[str]) -> dict:
         out = dict(payload)
@@ -162,33 +164,25 @@ class DPLaplace(ClippedNoise):
     basic composition and PLD accounting."""
 
     description = "epsilon-DP Laplace mechanism: L1 clipping to C, Laplace(C/epsilon) noise, basic composition and PLD"
-    params = {"epsilon": 1.0, "clip": 1.0, "clip_per": "row", "delta": 0.0, "target_epsilon": 0.0, "rounds": 0}
-    param_help = {
-        "epsilon": "per-round privacy budget (pure epsilon-DP per clipped unit)",
-        "clip": "L1 clipping norm C (Laplace scale C / epsilon)",
-        "clip_per": "'row' (each row / 1-D array) or 'upload' (one client's whole message)",
-        "delta": "0: report pure epsilon by basic composition; > 0: the PLD accountant's epsilon at this delta",
-        "target_epsilon": "> 0: calibrate epsilon per round so that the total over the run is this",
-        "rounds": "rounds of the run for target_epsilon (0: the protocol's public epochs/rounds)",
-    }
+    parameters = (
+        Param("epsilon", 1.0, "per-round privacy budget (pure epsilon-DP per clipped unit)", gt=0),
+        Param("clip", 1.0, "L1 clipping norm C (Laplace scale C / epsilon)", gt=0),
+        Param(
+            "clip_per", "row", "'row' (each row / 1-D array) or 'upload' (one client's whole message)", choices=CLIP_PER
+        ),
+        Param(
+            "delta",
+            0.0,
+            "0: report pure epsilon by basic composition; > 0: the PLD accountant's epsilon at this delta",
+            ge=0,
+            lt=1,
+        ),
+        Param("target_epsilon", 0.0, "> 0: calibrate epsilon per round so that the total over the run is this", ge=0),
+        Param("rounds", 0, "rounds of the run for target_epsilon (0: the protocol's public epochs/rounds)", ge=0),
+    )
     strength = "epsilon"
     default_grid = (100.0, 30.0, 10.0, 3.0, 1.0, 0.3)
     clip_ord = 1
-
-    def validate(self) -> None:
-        c = self.config
-        c["epsilon"] = _positive("epsilon", self.name, c["epsilon"])
-        c["clip"] = _positive("clip", self.name, c["clip"])
-        c["delta"] = _positive("delta", self.name, c["delta"], allow_zero=True)
-        c["target_epsilon"] = _positive("target_epsilon", self.name, c["target_epsilon"], allow_zero=True)
-        if not 0.0 <= c["delta"] < 1.0:
-            raise PrivauditError(f"defense {self.name!r}: delta must be in [0, 1), got {c['delta']!r}")
-        if isinstance(c["rounds"], bool) or not isinstance(c["rounds"], int) or c["rounds"] < 0:
-            raise PrivauditError(f"defense {self.name!r}: rounds must be a non-negative integer, got {c['rounds']!r}")
-        if c["clip_per"] not in ("row", "upload"):
-            raise PrivauditError(f"defense {self.name!r}: clip_per must be 'row' or 'upload', got {c['clip_per']!r}")
-        if c["target_epsilon"] and c["rounds"]:
-            self.calibrate(c["rounds"])
 
     @property
     def noise_scale(self) -> float:
