@@ -403,6 +403,19 @@ def _table(doc: Mapping[str, Any], key: str, path: Path) -> dict[str, Any]:
     return value
 
 
+def _read_plan_toml(path: Path | str) -> tuple[Path, dict[str, Any]]:
+    """The plan file (``path`` or ``path/plan.toml``) and its parsed tables; one-line errors."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / PLAN_TOML
+    if not path.is_file():
+        raise PrivauditError(f"{path}: no such plan file")
+    try:
+        return path, tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise PrivauditError(f"{path}: not a valid plan.toml ({exc})") from None
+
+
 def load_plan(
     path: Path | str, jobs: int | None = None, scheduler: str | None = None, progress: bool | None = None
 ) -> Plan:
@@ -410,15 +423,7 @@ def load_plan(
 
     ``jobs`` and ``scheduler`` replace the recorded backend (they never change the numbers).
     """
-    path = Path(path)
-    if path.is_dir():
-        path = path / PLAN_TOML
-    if not path.is_file():
-        raise PrivauditError(f"{path}: no such plan file")
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise PrivauditError(f"{path}: not a valid plan.toml ({exc})") from None
+    path, doc = _read_plan_toml(path)
     unknown = sorted(set(doc) - {"run", "protocol", "attack", "defenses", "sweep"})
     if unknown:
         raise PrivauditError(f"{path}: unknown table(s) {', '.join(unknown)}")
@@ -508,15 +513,7 @@ def audit_to_toml(audit: Any) -> str:
 def load_audit_fields(path: Path | str) -> dict[str, Any]:
     """The :class:`~privaudit.audit.Audit` fields of an audit ``plan.toml`` (a file or a folder
     holding one), checked for types; one-line errors."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / PLAN_TOML
-    if not path.is_file():
-        raise PrivauditError(f"{path}: no such plan file")
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise PrivauditError(f"{path}: not a valid plan.toml ({exc})") from None
+    path, doc = _read_plan_toml(path)
     if "audit" not in doc:
         raise PrivauditError(f"{path}: not an audit plan (no [audit] table; run it with privaudit attack --config)")
     unknown = sorted(set(doc) - {"audit", "protocol"})
