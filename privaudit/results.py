@@ -898,6 +898,20 @@ def audit_matrix(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
     return cells
 
 
+def _undefended_verdict(attack: str, metric: str, utility: str | None, cost: float | None, text: str) -> dict[str, Any]:
+    """An audit verdict decided by the undefended cell alone (no defense named)."""
+    return {
+        "attack": attack,
+        "metric": metric,
+        "defense": None,
+        "strength": None,
+        "utility_metric": utility,
+        "utility_cost": cost,
+        "dp_violation": False,
+        "sentence": f"{attack} ({metric}): {text}",
+    }
+
+
 def audit_verdicts(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One verdict per attack: the cheapest (least utility cost) defense among those whose
     weakest stopping strength exists, or that no tested defense strength stops it."""
@@ -910,48 +924,37 @@ def audit_verdicts(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
         metric = a["primary_metric"]
         if not a.get("applies", True):
             out.append(
-                {
-                    "attack": a["name"],
-                    "metric": metric,
-                    "defense": None,
-                    "strength": None,
-                    "utility_metric": utility,
-                    "utility_cost": None,
-                    "dp_violation": False,
-                    "sentence": f"{a['name']} ({metric}): does not apply to the undefended view"
-                    f"{': ' + a['reason'] if a.get('reason') else ''}.",
-                }
+                _undefended_verdict(
+                    a["name"],
+                    metric,
+                    utility,
+                    None,
+                    f"does not apply to the undefended view{': ' + a['reason'] if a.get('reason') else ''}.",
+                )
             )
             continue
         if base.get("verdict") == "attack not adapted":
             out.append(
-                {
-                    "attack": a["name"],
-                    "metric": metric,
-                    "defense": None,
-                    "strength": None,
-                    "utility_metric": utility,
-                    "utility_cost": None,
-                    "dp_violation": False,
-                    "sentence": f"{a['name']} ({metric}): attack not adapted: it scores below its prior-only "
-                    f"baseline even without a defense ({_adv_text(base)}), so its results fall back to "
-                    "the prior-only guess and say nothing about the defenses.",
-                }
+                _undefended_verdict(
+                    a["name"],
+                    metric,
+                    utility,
+                    None,
+                    f"attack not adapted: it scores below its prior-only baseline even without a defense "
+                    f"({_adv_text(base)}), so its results fall back to the prior-only guess and say nothing "
+                    "about the defenses.",
+                )
             )
             continue
         if base.get("verdict") == "protected":
             out.append(
-                {
-                    "attack": a["name"],
-                    "metric": metric,
-                    "defense": None,
-                    "strength": None,
-                    "utility_metric": utility,
-                    "utility_cost": 0.0,
-                    "dp_violation": False,
-                    "sentence": f"{a['name']} ({metric}): no leak even without a defense "
-                    f"({_adv_text(base)} < {PROTECTION_MARGIN}).",
-                }
+                _undefended_verdict(
+                    a["name"],
+                    metric,
+                    utility,
+                    0.0,
+                    f"no leak even without a defense ({_adv_text(base)} < {PROTECTION_MARGIN}).",
+                )
             )
             continue
         per_defense = []
