@@ -24,6 +24,8 @@ FedSPLIT paper (eq. 4 relative error).
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -52,6 +54,8 @@ __all__ = [
 
 # Users are processed in blocks of at most this many matrix elements.
 _BLOCK_ELEMENTS = 1 << 22
+_STRIDE = 8  # _topk_order bounds each row's k-th best score from every 8th column
+_RANKING_THREADS = min(4, os.cpu_count() or 1)  # threads ranking blocks of users in parallel
 
 
 # --------------------------------------------------------------------------- helpers
@@ -151,28 +155,44 @@ def _topk_order_full(s: np.ndarray, rel: np.ndarray, excl: np.ndarray | None, kk
 def _topk_order(s: np.ndarray, rel: np.ndarray, excl: np.ndarray | None, kk: int) -> np.ndarray:
     """Column indices (b, kk) of every row's first kk items in the order of
     :func:`_topk_order_full` -- non-excluded first, score descending, non-relevant first,
-    column index ascending -- by top-k selection: ``np.partition`` finds each row's kk-th best
-    non-excluded score t, only the non-excluded items scoring >= t (all ties at t included)
-    are sorted. Positions past a row's number of non-excluded items are arbitrary."""
+    column index ascending -- by top-k selection: ``np.partition`` of every ``_STRIDE``-th
+    column finds a score t no better than each row's kk-th best non-excluded score, and only
+    the non-excluded items scoring >= t (a superset of the first kk, all ties included) are
+    sorted. Positions past a row's number of non-excluded items are arbitrary."""
     b, m = s.shape
     if 4 * kk >= m:
         return _topk_order_full(s, rel, excl, kk)
     neg = -s
     if excl is not None:
         neg = np.where(excl, np.inf, neg)
-    t = np.partition(neg, kk - 1, axis=1)[:, kk - 1 : kk]
-    cand = neg <= t
+    # t: per row, a bound >= the kk-th smallest non-excluded neg, from the kk-th smallest of
+    # every _STRIDE-th column (the kk-th smallest of a subset is never smaller); rows whose
+    # subset holds fewer than kk finite values get the exact kk-th smallest instead
+    t = np.partition(neg[:, ::_STRIDE] if m >= 16 * _STRIDE * kk else neg, kk - 1, axis=1)[:, kk - 1 : kk]
+    loose = t[:, 0] == np.inf
+    if loose.any():
+        t[loose] = np.partition(neg[loose], kk - 1, axis=1)[:, kk - 1 : kk]
+    cand = neg <= t  # every item ranked in the first kk places, plus some more
     if excl is not None:
         cand &= ~excl
-    width = max(kk, int(cand.sum(axis=1).max()))
+    r, c = np.nonzero(cand)  # row-major: each row's candidates, columns ascending
+    counts = np.bincount(r, minlength=b)
+    width = max(kk, int(counts.max()))
     if 2 * width >= m:  # heavy ties: selection saves nothing
         return _topk_order_full(s, rel, excl, kk)
-    cols = np.argpartition(~cand, width - 1, axis=1)[:, :width]  # every candidate, then fillers
+    # (b, width) candidate columns; a row with fewer candidates is padded with fillers
+    # (column 0, flagged), which sort after every candidate
+    starts = np.cumsum(counts) - counts
+    slot = np.arange(r.size) - np.repeat(starts, counts)
+    cols = np.zeros((b, width), dtype=np.intp)
+    cols[r, slot] = c
+    filler = np.ones((b, width), dtype=bool)
+    filler[r, slot] = False
     keys = [
         cols,
         np.take_along_axis(rel, cols, axis=1),
         np.take_along_axis(neg, cols, axis=1),
-        ~np.take_along_axis(cand, cols, axis=1),
+        filler,
     ]  # last key is the primary one: candidates before fillers
     order = np.lexsort(keys, axis=-1)[:, :kk]
     return np.take_along_axis(cols, order, axis=1)
@@ -395,15 +415,28 @@ def _relevant_user_hits(score_rows, shape: tuple[int, int], rel: Any, excl: Any,
     ``hits`` (users x min(k, items)) bool marks relevant items in each user's top k (ties as in
     :func:`_topk_hits`); users without relevant items are skipped.
     """
-    for lo, hi in _blocks(*shape):
+
+    def one(bounds: tuple[int, int]):
+        lo, hi = bounds
         nr = n_rel[lo:hi]
         keep = nr > 0
         if not keep.any():
-            continue
+            return None
         rb = _rows(rel, lo, hi)[keep]
         eb = None if excl is None else _rows(excl, lo, hi)[keep]
         hits, n_rec = _topk_hits(score_rows(lo, hi)[keep], rb, eb, k)
-        yield hits, n_rec, nr[keep]
+        return hits, n_rec, nr[keep]
+
+    blocks = list(_blocks(*shape))
+    workers = min(_RANKING_THREADS, len(blocks))
+    if workers <= 1:
+        results = map(one, blocks)
+        yield from (res for res in results if res is not None)
+        return
+    # numpy's selection, sorting and products release the GIL: blocks run in threads and
+    # come back in block order (each block is independent, so the values do not change)
+    with ThreadPoolExecutor(workers) as pool:
+        yield from (res for res in pool.map(one, blocks) if res is not None)
 
 
 def _row_counts(m: Any) -> np.ndarray:

@@ -279,11 +279,16 @@ def _tied_case(rng, n_users=60, n_items=300, levels=120):
     return s, rel, excl
 
 
+@pytest.mark.parametrize("n_items", [300, 6000])  # 6000: the threshold comes from every 8th column
 @pytest.mark.parametrize("kk", [1, 5, 10, 40])
 @pytest.mark.parametrize("with_excl", [False, True])
-def test_topk_selection_matches_full_sort_order(kk, with_excl):
+def test_topk_selection_matches_full_sort_order(kk, with_excl, n_items):
     rng = np.random.default_rng(kk)
-    s, rel, excl = _tied_case(rng)
+    s, rel, excl = _tied_case(rng, n_items=n_items)
+    assert 300 < 16 * M._STRIDE * 40 <= 6000  # kk = 40: exact threshold at 300 items, strided at 6000
+    if with_excl and n_items == 6000 and kk >= 10:
+        # the nearly fully excluded rows keep < kk available items in the strided subset
+        assert (~excl[:3, :: M._STRIDE]).sum(axis=1).min() < kk
     excl = excl if with_excl else None
     fast = M._topk_order(s, rel, excl, kk)
     full = M._topk_order_full(s, rel, excl, kk)
@@ -306,6 +311,10 @@ def test_factored_ranking_bit_identical_to_full_sort(monkeypatch):
     monkeypatch.setattr(M, "_BLOCK_ELEMENTS", 2000)  # 8 users per block
     fast = {k: ranking_metrics_at_k_factored(U, V, sp.csr_matrix(rel), k=k, exclude=excl) for k in (1, 10, 30)}
     fast_dense = {k: ranking_metrics_at_k(U @ V.T, rel, k=k, exclude=excl) for k in (1, 10, 30)}
+    monkeypatch.setattr(M, "_RANKING_THREADS", 1)  # blocks one after another instead of in threads
+    serial = {k: ranking_metrics_at_k_factored(U, V, sp.csr_matrix(rel), k=k, exclude=excl) for k in (1, 10, 30)}
+    monkeypatch.setattr(M, "_RANKING_THREADS", 3)
+    assert serial == fast
     monkeypatch.setattr(M, "_topk_order", M._topk_order_full)  # the former full-sort path, same blocks
     for k in (1, 10, 30):
         old = ranking_metrics_at_k(U @ V.T, rel, k=k, exclude=excl)
