@@ -233,11 +233,11 @@ def _concat_float_rows(arrays: list, tail: tuple) -> np.ndarray:
     A protocol typically records its uploads as consecutive slices of one batched array (e.g.
     ``rows[u]`` of an (n, m, K) tensor). When the arrays are C-contiguous float64 blocks that
     follow each other in memory inside one buffer, the result is a read-only view of that buffer
-    (the bytes a copy would hold); otherwise (noisy uploads, transcripts loaded from disk, small
-    blocks whose copy is cheaper than the check) one concatenation.
+    (the bytes a copy would hold); otherwise (noisy uploads, transcripts loaded from disk, a small
+    total whose copy is cheaper than the check) one concatenation.
     """
     first = np.asarray(arrays[0])
-    if first.size < 8192:  # small blocks: a copy costs less than checking the memory layout
+    if first.size * len(arrays) < 1 << 20:  # a small total: a copy costs less than checking the layout
         return np.concatenate(arrays, axis=0).astype(np.float64, copy=False).reshape((-1,) + tuple(tail))
     root = first
     while isinstance(root.base, np.ndarray):

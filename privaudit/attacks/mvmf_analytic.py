@@ -52,6 +52,7 @@ from privaudit.attacks._mvmf_clipped import (
     stationarity_posterior,
 )
 from privaudit.attacks.base import Reconstruction
+from privaudit.models import mvmf
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.transcript import View
@@ -478,9 +479,8 @@ def _shortcut_first_round(
             return x[:, None]
     else:  # concatenated rows (N,)
         seg = np.repeat(np.arange(n), lengths)
-        drow = d[seg]
-        a = np.einsum("nk,nk->n", R.grad_V, drow)
-        dv = np.einsum("nk,nk->n", V[R.items], drow)
+        a = mvmf.row_dots(R.grad_V, d, None, seg)  # blockwise: no (N x K) gathers
+        dv = mvmf.row_dots(V, d, R.items, seg)
 
         def per_row(x):
             return np.repeat(x, lengths)

@@ -44,6 +44,7 @@ __all__ = [
     "solve_users",
     "sgd_users",
     "user_gradient",
+    "row_dots",
     "entry_predictions",
     "entry_coefficients",
     "dense_coefficients",
@@ -118,32 +119,43 @@ def sgd_users(U: np.ndarray, A: np.ndarray, b: np.ndarray, eta: float) -> np.nda
     return U - eta * user_gradient(U, A, b)
 
 
-_BLOCK = 1 << 15  # explicit entries per block of entry_predictions (two 5 MiB gathers at K = 20)
+_BLOCK = 1 << 15  # rows per block of row_dots (two 5 MiB gathers at K = 20)
+
+
+def row_dots(A: np.ndarray, B: np.ndarray, a_index: np.ndarray | None, b_index: np.ndarray) -> np.ndarray:
+    """``A[a_index[e]] . B[b_index[e]]`` for every e: (len(b_index),) float64.
+
+    ``A`` (rows x K), ``B`` (rows' x K); ``a_index`` None means ``A``'s own rows in order. The
+    rows are gathered in blocks of ``_BLOCK`` into two reused buffers, so the cost is linear
+    with no (len x K) temporaries; each value is the same ``einsum`` dot product as over the
+    whole gather (bit-identical).
+    """
+    n_out = len(b_index)
+    out = np.empty(n_out)
+    if n_out == 0:
+        return out
+    A = np.asarray(A, dtype=np.float64)
+    B = np.asarray(B, dtype=np.float64)
+    size = min(_BLOCK, n_out)
+    ba, bb = np.empty((size, A.shape[1])), np.empty((size, B.shape[1]))
+    for lo in range(0, n_out, size):
+        hi = min(lo + size, n_out)
+        n_b = hi - lo
+        if a_index is None:
+            rows_a = A[lo:hi]
+        else:
+            rows_a = ba[:n_b]
+            np.take(A, a_index[lo:hi], axis=0, out=rows_a)
+        np.take(B, b_index[lo:hi], axis=0, out=bb[:n_b])
+        np.einsum("ek,ek->e", rows_a, bb[:n_b], out=out[lo:hi])
+    return out
 
 
 def entry_predictions(U: np.ndarray, V: np.ndarray, ratings: sp.csr_matrix) -> np.ndarray:
-    """``u_u . v_i`` for every explicit entry (u, i) of ``ratings``: (nnz,) float64, in CSR order.
-
-    Computed in blocks of ``_BLOCK`` entries through two reused (block x K) buffers, so the
-    cost is linear in the entries with no (nnz x K) temporaries; each value is the same
-    ``einsum`` dot product as over the whole gather (bit-identical).
-    """
-    nnz = ratings.indices.size
-    out = np.empty(nnz)
-    if nnz == 0:
-        return out
+    """``u_u . v_i`` for every explicit entry (u, i) of ``ratings``: (nnz,) float64, in CSR
+    order, by :func:`row_dots` (no (nnz x K) temporaries)."""
     rows = np.repeat(np.arange(ratings.shape[0]), np.diff(ratings.indptr))
-    U = np.asarray(U, dtype=np.float64)
-    V = np.asarray(V, dtype=np.float64)
-    size = min(_BLOCK, nnz)
-    bu, bv = np.empty((size, U.shape[1])), np.empty((size, V.shape[1]))
-    for lo in range(0, nnz, size):
-        hi = min(lo + size, nnz)
-        n_b = hi - lo
-        np.take(U, rows[lo:hi], axis=0, out=bu[:n_b])
-        np.take(V, ratings.indices[lo:hi], axis=0, out=bv[:n_b])
-        np.einsum("ek,ek->e", bu[:n_b], bv[:n_b], out=out[lo:hi])
-    return out
+    return row_dots(U, V, rows, ratings.indices)
 
 
 def entry_coefficients(U: np.ndarray, V: np.ndarray, ratings: sp.csr_matrix, weights: sp.csr_matrix) -> np.ndarray:
@@ -172,7 +184,9 @@ def grad_V_rows(coef: np.ndarray, U: np.ndarray, rows: np.ndarray | None = None)
     """
     if rows is None:
         return coef[:, :, None] * U[:, None, :]
-    return coef[:, None] * U[rows]
+    out = np.take(np.asarray(U, dtype=np.float64), rows, axis=0)  # the only (nnz x K) allocation
+    out *= np.asarray(coef, dtype=np.float64)[:, None]
+    return out
 
 
 def summed_uploads(
