@@ -27,7 +27,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 
 from privaudit.attacks._generic import (
     client_uploads,
@@ -83,6 +82,8 @@ def _fit_scale(a: np.ndarray, b: np.ndarray, grid: np.ndarray) -> tuple[np.ndarr
     costs = cost(_T_GRID)
     k = int(np.argmin(costs))
     lo, hi = _T_GRID[max(k - 1, 0)], _T_GRID[min(k + 1, _T_GRID.size - 1)]
+    from scipy.optimize import minimize_scalar  # on use: scipy.optimize slows every command's start
+
     res = minimize_scalar(
         lambda t: float(cost(np.array([t]))[0]), bounds=(lo, hi), method="bounded", options={"xatol": 1e-12}
     )
