@@ -599,8 +599,23 @@ def utility_cost(reference: float, value: float, metric: str | None) -> float:
     return (reference - value) if spec.higher_is_better else (value - reference)
 
 
+def has_interval(advantage: Any, high: Any) -> bool:
+    """Whether ``high`` is an upper bound distinct from the point estimate ``advantage``
+    (one seed without a record count gives only the point estimate)."""
+    a, h = num(advantage), num(high)
+    return math.isfinite(h) and h != a
+
+
+def fmt_advantage(advantage: Any, high: Any) -> str:
+    """``"0.678 (≤ 0.702)"`` with the upper 95 % bound, or ``"0.678 (no interval)"``."""
+    bound = f"≤ {fmt(high)}" if has_interval(advantage, high) else "no interval"
+    return f"{fmt(advantage)} ({bound})"
+
+
 def _adv_text(row: Mapping[str, Any]) -> str:
     base = "the prior-only baseline" if row.get("against") == "prior" else "the random guess"
+    if not has_interval(row["advantage"], row["advantage_high"]):
+        return f"advantage over {base} {fmt(row['advantage'])} ({row['bound']})"
     return (
         f"advantage over {base} {fmt(row['advantage'])} (upper 95 % bound {fmt(row['advantage_high'])}, {row['bound']})"
     )

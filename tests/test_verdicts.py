@@ -75,6 +75,16 @@ def test_one_seed_uses_a_clopper_pearson_bound(big):
     assert row["advantage_high"] == pytest.approx(hi - 0.5) and row["advantage_low"] == pytest.approx(lo - 0.5)
 
 
+def test_one_seed_without_a_record_count_shows_no_bound():
+    spec = rs.MetricSpec(higher_is_better=True, unit="fraction")
+    interval = rs.advantage_interval([0.9], [0.3], spec)  # no record count: the point estimate only
+    assert interval["low"] == interval["high"] == pytest.approx(0.6)
+    assert rs.fmt_advantage(interval["mean"], interval["high"]) == "0.600 (no interval)"
+    assert rs.fmt_advantage(0.6, 0.65) == "0.600 (≤ 0.650)"
+    row = {"advantage": 0.6, "advantage_high": 0.6, "bound": interval["method"], "against": "prior"}
+    assert rs._adv_text(row) == "advantage over the prior-only baseline 0.600 (one seed: point estimate, no interval)"
+
+
 def test_non_noise_defense_sweep_runs_an_undefended_reference(big):
     res = ex.build_experiment("dummy-proto", sweep="dummy-dp.epsilon=0.05,0.01", defenses=["dummy-dp"], seeds=2).run(
         big

@@ -162,7 +162,7 @@ def _cell(audit: Mapping[str, Any], cell: Mapping[str, Any] | None, defended: bo
     verdict = cell.get("verdict", "not applicable")
     adv = num(cell.get("advantage"))
     c = Cell(kind=_VERDICT_KIND.get(verdict, "cell"))
-    c.add(f"{fmt(adv)} (≤ {fmt(cell.get('advantage_high'))})", "b")
+    c.add(rs.fmt_advantage(adv, cell.get("advantage_high")), "b")
     c.add(f"{verdict}" + (f", vs {cell.get('against')}" if cell.get("against") else ""), "small")
     if verdict in ("leaks", "protected"):
         c.background = _colour(adv, verdict)
@@ -323,7 +323,7 @@ def render_html(audit: Mapping[str, Any]) -> str:
                     fmt(s["mean"]),
                     fmt(s.get("baseline_prior")),
                     fmt(s.get("baseline_random")),
-                    f"{fmt(s['advantage'])} (≤ {fmt(s.get('advantage_high'))})",
+                    rs.fmt_advantage(s["advantage"], s.get("advantage_high")),
                     s.get("verdict", ""),
                     fmt(s.get("utility"), 4),
                     fmt(s.get("epsilon"), 2) if math.isfinite(num(s.get("epsilon"))) else "-",

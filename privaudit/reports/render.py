@@ -313,7 +313,7 @@ def table_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
                 row.append(fmt(index.get((key, "baseline." + m), (math.nan, math.nan))[0]))
         if vrows and primary:
             vr = vrows.get(key, {})
-            row.append(f"{fmt(vr.get('advantage'))} (≤ {fmt(vr.get('advantage_high'))})" if vr else "n/a")
+            row.append(rs.fmt_advantage(vr.get("advantage"), vr.get("advantage_high")) if vr else "n/a")
             verdict = vr.get("verdict", "n/a")
             row.append(verdict + (" (DP violation)" if vr.get("dp_violation") and "violation" not in verdict else ""))
         if utility:
