@@ -166,7 +166,7 @@ def test_table(noise_results):
     head = lines[1]
     for column in (
         "dummy-noise.scale",
-        "accuracy: random",
+        "accuracy (prior / random)",  # the console folds each metric's baselines into its cell
         "advantage (accuracy)",
         "verdict",
         "utility: ndcg@10",
@@ -176,7 +176,7 @@ def test_table(noise_results):
     ):
         assert column in head
     assert head.count("ε total") == 1  # one epsilon column
-    assert lines[3].split()[:3] == ["0", "1.000", "0.500"]
+    assert lines[3].split()[:5] == ["0", "1.000", "(0.500", "/", "0.500)"]  # value (prior / random)
     assert "±" in lines[-1]
     # epsilon column: the seed mean of each point's total privacy cost (dummy: rounds / scale; none at scale 0)
     rounds = {
@@ -301,3 +301,14 @@ def test_report_of_a_malformed_results_json_is_one_line(noise_results, tmp_path,
     else:
         assert code == 2 and len(err) == 1 and expected in err[0]
         assert {k: v for k, v in _files(out).items() if k != "results.json"} == before  # nothing replaced
+
+
+def test_console_table_folds_baselines_and_leaves_out_repeated_metrics():
+    from privaudit.reports.render import _compact_columns
+
+    header = ["value", "a", "a: prior", "a: random", "b", "b: prior", "c", "c: prior", "verdict"]
+    rows = [["0", "1.000", "0.3", "0.2", "1.000", "0.3", "0.9", "0.3", "leaks"]]
+    out_h, out_rows, same = _compact_columns(header, rows)
+    assert out_h == ["value", "a (prior / random)", "c (prior)", "verdict"]
+    assert out_rows == [["0", "1.000 (0.3 / 0.2)", "0.9 (0.3)", "leaks"]]
+    assert same == [("b", "a")]  # b repeats a's values and prior: left out, named in a note

@@ -385,9 +385,10 @@ def roc_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]] | 
 
 def format_table(results: Mapping[str, Any]) -> str:
     """The verdict sentences and the summary table as aligned plain text (what the CLI prints)."""
-    header, rows = table_rows(results)
+    header, rows, same = _compact_columns(*table_rows(results))
     lines = [f"verdict: {_plain(v.get('sentence', ''))}" for v in results.get("verdicts") or []]
     lines.append(plain_table(header, rows, left=0))
+    lines += [f"note: {dup} has the same values as {orig} at every point (column left out)" for dup, orig in same]
     roc = roc_rows(results)
     if roc:
         lines += ["", plain_table(*roc, left=2)]
@@ -395,6 +396,49 @@ def format_table(results: Mapping[str, Any]) -> str:
     for reason in reasons:
         lines.append(f"note: the attack did not apply ({_plain(reason)}); its metrics equal the baseline")
     return "\n".join(lines)
+
+
+def _compact_columns(
+    header: list[str], rows: list[list[Any]]
+) -> tuple[list[str], list[list[Any]], list[tuple[str, str]]]:
+    """The console's narrower table: each metric's ``m: prior`` / ``m: random`` columns folded
+    into its own cell (``1.000 (0.322 / 0.200)``), and a metric column whose values and prior
+    baselines repeat an earlier metric's at every point left out (returned as (left out, kept)
+    pairs)."""
+    out_h: list[str] = []
+    cols: list[list[Any]] = []
+    keys: list[list[Any]] = []  # a metric column's values and prior-only baselines, compared for repeats
+    folded: list[bool] = []
+    i = 0
+    while i < len(header):
+        name, j = header[i], i + 1
+        while j < len(header) and header[j].startswith(f"{name}: "):
+            j += 1
+        extras = [h[len(name) + 2 :] for h in header[i + 1 : j]]
+        with_prior = "prior" in extras
+        keys.append([(r[i], r[i + 1 + extras.index("prior")] if with_prior else None) for r in rows])
+        if extras:
+            out_h.append(f"{name} ({' / '.join(extras)})")
+            cols.append([f"{r[i]} ({' / '.join(str(x) for x in r[i + 1 : j])})" for r in rows])
+        else:
+            out_h.append(name)
+            cols.append([r[i] for r in rows])
+        folded.append(bool(extras))
+        i = j
+    same: list[tuple[str, str]] = []
+    keep = list(range(len(out_h)))
+    for a in range(len(out_h)):
+        for b in range(a):
+            if folded[a] and folded[b] and b in keep and keys[a] == keys[b]:
+                same.append((header_name(out_h[a]), header_name(out_h[b])))
+                keep.remove(a)
+                break
+    return [out_h[k] for k in keep], [[cols[k][r] for k in keep] for r in range(len(rows))], same
+
+
+def header_name(folded: str) -> str:
+    """The metric name of a folded console header (``m (prior / random)`` -> ``m``)."""
+    return folded.split(" (", 1)[0]
 
 
 def _plain(text: Any) -> str:
