@@ -236,9 +236,12 @@ def _force_arg(p: argparse.ArgumentParser) -> None:
 def _dataset(args: argparse.Namespace):
     """``--data`` as given, or the dataset loaded with its declared ``--rating-scale``."""
     scale = getattr(args, "rating_scale", None)
+    synthetic = str(args.data).strip().lower().startswith("synthetic")
+    if not synthetic and not Path(args.data).exists():
+        raise PrivauditError(f"{args.data}: no such file or folder")
     if scale is None:
         return args.data
-    if str(args.data).strip().lower().startswith("synthetic"):
+    if synthetic:
         raise PrivauditError(
             "--rating-scale applies to --data PATH (a MovieLens folder or a ratings CSV), not synthetic data"
         )
@@ -271,10 +274,11 @@ def _check_extras(protocol: str | None, attack: str | None = None, defenses=(), 
     check_extras(classes)
 
 
-def _protocol_defaults(args: argparse.Namespace) -> None:
+def _protocol_defaults(args: argparse.Namespace) -> str | None:
     """Fill in what ``attack --protocol P`` runs when no defense, noise or sweep is named: the
     protocol's ``default_defense_specs`` / ``default_sweep_spec`` (unless the attack sweeps a
-    parameter of its own) and ``default_users``; says so in one line."""
+    parameter of its own) and ``default_users``; returns the line that says so (printed once
+    the plan is valid), or None."""
     from privaudit import registry
     from privaudit.params import parse_spec
 
@@ -294,7 +298,8 @@ def _protocol_defaults(args: argparse.Namespace) -> None:
             args.sweep = spec
             notes.append(" ".join([f"--defense {d}" for d in args.defense] + [f"--sweep {spec}"]))
     if notes:
-        print(f"{args.protocol} defaults: {'; '.join(notes)} (--defense, --noise or --sweep choose another)")
+        return f"{args.protocol} defaults: {'; '.join(notes)} (--defense, --noise or --sweep choose another)"
+    return None
 
 
 def _print_estimate(args: argparse.Namespace, seeds: int) -> None:
@@ -486,8 +491,9 @@ def cmd_attack(args: argparse.Namespace) -> int:
     from privaudit import experiment, reports
     from privaudit.plan import load_plan, plan_to_toml
 
+    defaults_note = None
     if args.protocol and not args.transcript and not args.config:
-        _protocol_defaults(args)
+        defaults_note = _protocol_defaults(args)
     if args.protocol or args.transcript:
         args.out = args.out or _default_report_dir(args)
         _check_writable(args.out, args.force, "--out DIR", folder=True)
@@ -533,7 +539,6 @@ def cmd_attack(args: argparse.Namespace) -> int:
         _check_extras(
             args.protocol, args.attack, args.defense + ([args.noise] if args.noise else []), scheduler=args.scheduler
         )
-        _print_estimate(args, experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds)
         exp = experiment.build_experiment(
             args.protocol,
             args.attack,
@@ -550,6 +555,9 @@ def cmd_attack(args: argparse.Namespace) -> int:
             scheduler=args.scheduler,
         )
         plan = exp.plan()  # names resolved and everything validated before any compute
+        if defaults_note:
+            print(defaults_note)
+        _print_estimate(args, experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds)
         results = experiment.run_plan(plan)
     out = reports.write_report(results, args.out, plan_toml=plan_to_toml(plan) if plan is not None else None)
     if not args.quiet:
