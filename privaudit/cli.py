@@ -471,7 +471,7 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
         help="run the points on a Dask cluster (scheduler address, or local:N workers)",
     )
     p.add_argument(
-        "--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-<sweep>-<dataset>/)"
+        "-o", "--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-<sweep>-<dataset>/)"
     )
     _force_arg(p)
     p.add_argument("--quiet", action="store_true", help="do not print the table")
@@ -603,7 +603,9 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--attack", action="append", default=None, metavar="NAME", help="only these attacks (repeatable)")
     p.add_argument("--defense", action="append", default=None, metavar="NAME", help="only these defenses (repeatable)")
-    p.add_argument("--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-audit-<dataset>/)")
+    p.add_argument(
+        "-o", "--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-audit-<dataset>/)"
+    )
     _force_arg(p)
     p.add_argument("--config", metavar="FILE.toml", help="rerun the plan.toml an audit folder records")
     format_help = p.format_help
