@@ -81,17 +81,31 @@ def _list_args(p: argparse.ArgumentParser) -> None:
 @command("list", "list the registered protocols, attacks and defenses (plugins included)")(_list_args)
 def cmd_list(args: argparse.Namespace) -> int:
     from privaudit import registry
+    from privaudit.errors import extra_installed
 
     rows = []
     for kind in registry.KINDS:
         for name, cls in registry.available(kind).items():
-            rows.append({"kind": kind, "name": name, "description": registry.describe(cls)})
+            extras = list(getattr(cls, "requires_extras", ()) or ())
+            missing = [e for e in extras if not extra_installed(e)]
+            rows.append(
+                {
+                    "kind": kind,
+                    "name": name,
+                    "description": registry.describe(cls),
+                    "extras": extras,
+                    "missing": missing,
+                }
+            )
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         width = max((len(r["name"]) for r in rows), default=4)
         for r in rows:
-            print(f"{r['kind']:<9} {r['name']:<{width}}  {r['description']}")
+            needs = "".join(
+                f" [needs privaudit[{e}]{': not installed' if e in r['missing'] else ''}]" for e in r["extras"]
+            )
+            print(f"{r['kind']:<9} {r['name']:<{width}}  {r['description']}{needs}")
     for err in registry.plugin_errors():
         print(f"warning: plugin failed to load: {err}", file=sys.stderr)
     return 0

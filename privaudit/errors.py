@@ -54,6 +54,11 @@ def _installed(module: str) -> bool:
         return False
 
 
+def extra_installed(extra: str) -> bool:
+    """Whether every module of the optional extra ``extra`` is importable (none is imported)."""
+    return all(_installed(module) for module in EXTRA_MODULES.get(extra, ()))
+
+
 def check_extras(objects: Iterable[object]) -> None:
     """Raise :class:`MissingDependencyError` if a class in ``objects`` declares an extra
     (``requires_extras``) whose modules are not importable; cheap (no module is imported)."""

@@ -118,3 +118,16 @@ def test_inspect_bad_file_is_one_line_exit_2(tmp_path, capsys):
     assert err.startswith("privaudit: error: ") and err.count("\n") == 1 and "not a transcript archive" in err
     proc = _run_cli("inspect", str(tmp_path / "missing.ptx"))
     assert proc.returncode == 2 and "no such transcript file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_list_marks_the_extras_a_plugin_needs(capsys, monkeypatch):
+    from privaudit import errors
+    from privaudit.cli import main
+
+    monkeypatch.setattr(errors, "extra_installed", lambda extra: extra != "ncf")  # as without torch
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    fedncf = next(line for line in lines if line.split()[:2] == ["protocol", "fedncf"])
+    assert fedncf.endswith("[needs privaudit[ncf]: not installed]")
+    fedmvmf = next(line for line in lines if line.split()[:2] == ["protocol", "fedmvmf"])
+    assert "needs" not in fedmvmf
