@@ -312,3 +312,22 @@ def test_console_table_folds_baselines_and_leaves_out_repeated_metrics():
     assert out_h == ["value", "a (prior / random)", "c (prior)", "verdict"]
     assert out_rows == [["0", "1.000 (0.3 / 0.2)", "0.9 (0.3)", "leaks"]]
     assert same == [("b", "a")]  # b repeats a's values and prior: left out, named in a note
+
+
+def test_glossary_states_each_metric_direction_and_run_descriptors():
+    from privaudit import results as rs
+    from privaudit.reports.render import glossary
+
+    results = {
+        "points": [{"value": 0, "attack_metrics": {"accuracy": 0.9, "error": 0.2, "victims": 10, "odd": 3}}],
+        "metric_specs": {
+            "accuracy": rs.spec_to_dict(rs.MetricSpec(True, True, "fraction", "share of ratings recovered")),
+            "error": rs.spec_to_dict(rs.MetricSpec(False, True, "rating", "mean error")),
+            "victims": rs.spec_to_dict(rs.MetricSpec(True, False, "count", "clients attacked")),
+        },
+    }
+    terms = dict(glossary(results))
+    assert terms["accuracy"] == "share of ratings recovered. Unit: fraction; higher = stronger attack."
+    assert terms["error"] == "mean error. Unit: rating; lower = stronger attack."
+    assert terms["victims"] == "clients attacked. Unit: count; describes the run, not the attack's success."
+    assert terms["odd"].startswith("not declared by the attack")

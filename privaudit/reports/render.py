@@ -465,7 +465,10 @@ def glossary(results: Mapping[str, Any]) -> list[tuple[str, str]]:
             )
             continue
         d = (spec.description or "(no description declared)").rstrip(".") + "."
-        direction = "higher = stronger attack" if spec.higher_is_better else "lower = stronger attack"
+        if not spec.plotted and spec.unit in ("count", "seconds"):
+            direction = "describes the run, not the attack's success"
+        else:
+            direction = "higher = stronger attack" if spec.higher_is_better else "lower = stronger attack"
         items.append((m, f"{d} Unit: {spec.unit or 'none'}; {direction}."))
     utility = figures.utility_metric(results)
     if utility:
