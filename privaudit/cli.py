@@ -327,7 +327,8 @@ def _print_estimate(args: argparse.Namespace, seeds: int) -> None:
 
     points = len(str(args.sweep).partition("=")[2].split(",")) if getattr(args, "sweep", None) else 1
     if getattr(args, "noise", None):
-        points = len(args.scales.split(",")) if args.scales else 7
+        grid = getattr(registry.get("defense", args.noise), "default_grid", ()) or (0,)
+        points = len(args.scales.split(",")) if args.scales else len(grid)
     from privaudit.experiment import load_data
 
     n_users = load_data(_dataset(args)).n_users  # loading is cheap next to a run worth estimating

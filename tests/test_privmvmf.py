@@ -44,6 +44,9 @@ def test_registered_alias_adds_defenses():
     defs = privmvmf_defenses([], 0.25)
     assert [d.name for d in defs] == ["sampling", "paillier"]
     assert defs[0].config["w"] == 0.25 and defs[1].config["key_length"] == 2048
+    assert defs[1].config["obfuscation"] == "djn"  # the protocol's default; the defense's own is standard
+    assert get("defense", "paillier")().config["obfuscation"] == "standard"
+    assert PrivMVMF.estimate_seconds(10, {}, ["paillier"]) > 5 * PrivMVMF.estimate_seconds(10, {})
     assert defs[0].config["rho"] == 1.0 and defs[0].config["distribution"] == "matched"
     # a caller's sampling without w gets the protocol's w; paillier is moved last
     paillier, sampling = (
