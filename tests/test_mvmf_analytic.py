@@ -221,3 +221,26 @@ def test_shortcut_declines_when_one_upload_is_off(small, unrated):
     msg.payload["values"] = 1.3 * np.array(msg.payload["values"], dtype=np.float64)
     out = MVMFAnalytic().run(tr.view("server"), {}, np.random.default_rng(0))
     assert out.meta["shortcut"] is False and len(out.meta["rounds"]) == 2
+
+
+def test_grad_V_dots_same_from_memory_and_from_disk(small, tmp_path, monkeypatch):
+    from privaudit.attacks import _mvmf
+    from privaudit.models import mvmf as mvmf_math
+
+    tr = _run(small, "semials", "obsonly")
+    monkeypatch.setattr(mvmf_math, "_BLOCK", 64)  # several blocks even on small data
+    monkeypatch.setattr(_mvmf, "_DOT_ROWS", 100)
+    loaded = load(tr.save(tmp_path / "run.ptx"))
+    rng = np.random.default_rng(1)
+    results = []
+    for transcript in (tr, loaded):
+        R = _mvmf.parse_view_flat(transcript.view("server")).rounds[0]
+        n, K = len(R.users), 20
+        d = rng.normal(size=(n, K)) if not results else results[0][1]
+        seg = np.repeat(np.arange(n), R.lengths)
+        fast = R.grad_V_dots(d, seg)  # before grad_V is concatenated: a view (memory) or blocks (disk)
+        assert "grad_V" not in R.__dict__
+        full = np.einsum("nk,nk->n", R.grad_V, d[seg])
+        np.testing.assert_allclose(fast, full, rtol=0, atol=1e-12)
+        results.append((fast, d))
+    assert np.array_equal(results[0][0], results[1][0])  # the same rows in memory and on disk

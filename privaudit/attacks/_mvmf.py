@@ -27,6 +27,7 @@ import numpy as np
 
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.metrics import majority_guess_accuracy, uniform_guess_accuracy
+from privaudit.models import mvmf
 from privaudit.results import Decisions, MetricSpec
 from privaudit.transcript import Transcript, View
 
@@ -126,6 +127,9 @@ def parse_view(view: View) -> FedMVMFView:
     return FedMVMFView(dict(view.config), V, P, clients)
 
 
+_DOT_ROWS = 1 << 16  # uploaded rows concatenated at a time by RoundUploads.grad_V_dots
+
+
 class RoundUploads:
     """All clients' uploads of one round, concatenated (CSR-like).
 
@@ -186,6 +190,33 @@ class RoundUploads:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    def grad_V_dots(self, d: np.ndarray, seg: np.ndarray) -> np.ndarray:
+        """``grad_V[e] . d[seg[e]]`` for every uploaded row e: (N,) float64.
+
+        From :attr:`grad_V` when it is already concatenated or is a view of one buffer;
+        otherwise (e.g. a transcript loaded from disk) the per-client rows are concatenated a
+        block of clients at a time, so no (N x K) copy is made.
+        """
+        if "grad_V" in self.__dict__ or self._payloads is None:
+            return mvmf.row_dots(self.grad_V, d, None, seg)
+        arrays = [pv["values"] for pv in self._payloads[0]]
+        if not arrays:
+            return np.empty(0)
+        view = _contiguous_view(arrays, (self._K,))
+        if view is not None:
+            return mvmf.row_dots(view, d, None, seg)
+        out = np.empty(len(seg))
+        lo = 0
+        chunk = max(1, _DOT_ROWS * len(arrays) // max(len(seg), 1))  # clients per ~_DOT_ROWS rows
+        for c in range(0, len(arrays), chunk):
+            block = np.concatenate(
+                [np.asarray(a, dtype=np.float64).reshape(-1, self._K) for a in arrays[c : c + chunk]], axis=0
+            )
+            hi = lo + len(block)
+            out[lo:hi] = mvmf.row_dots(block, d, None, seg[lo:hi])
+            lo = hi
+        return out
+
     @functools.cached_property
     def common_items(self) -> np.ndarray | None:
         """The item list (int64) if every client of the round sent the same one (InclUnc), else None.
@@ -233,35 +264,47 @@ def _concat_float_rows(arrays: list, tail: tuple) -> np.ndarray:
     A protocol typically records its uploads as consecutive slices of one batched array (e.g.
     ``rows[u]`` of an (n, m, K) tensor). When the arrays are C-contiguous float64 blocks that
     follow each other in memory inside one buffer, the result is a read-only view of that buffer
-    (the bytes a copy would hold); otherwise (noisy uploads, transcripts loaded from disk, a small
-    total whose copy is cheaper than the check) one concatenation.
+    (the bytes a copy would hold, :func:`_contiguous_view`); otherwise (noisy uploads,
+    transcripts loaded from disk, a small total whose copy is cheaper than the check) one
+    concatenation.
     """
     first = np.asarray(arrays[0])
-    if first.size * len(arrays) < 1 << 20:  # a small total: a copy costs less than checking the layout
-        return np.concatenate(arrays, axis=0).astype(np.float64, copy=False).reshape((-1,) + tuple(tail))
+    if first.size * len(arrays) >= 1 << 20:  # a small total: a copy costs less than checking the layout
+        view = _contiguous_view(arrays, tail)
+        if view is not None:
+            return view
+    return np.concatenate([np.asarray(a, dtype=np.float64).reshape((-1,) + tuple(tail)) for a in arrays], axis=0)
+
+
+def _contiguous_view(arrays: list, tail: tuple) -> np.ndarray | None:
+    """A read-only ``(-1, *tail)`` view of the buffer the float64 ``arrays`` lie in one after
+    another (C-contiguous, adjacent, in order), or None."""
+    first = np.asarray(arrays[0])
     root = first
     while isinstance(root.base, np.ndarray):
         root = root.base
-    if root.dtype == np.float64 and root.flags.c_contiguous and first.flags.c_contiguous and first.dtype == np.float64:
-        root_ptr = root.__array_interface__["data"][0]
-        start = ptr = first.__array_interface__["data"][0]
-        ok = (start - root_ptr) % 8 == 0
-        for a in arrays:
-            if not ok:
-                break
-            ok = (
-                isinstance(a, np.ndarray)
-                and a.dtype == np.float64
-                and a.flags.c_contiguous
-                and a.__array_interface__["data"][0] == ptr
-            )
-            ptr += a.nbytes
-        if ok and root_ptr <= start and ptr <= root_ptr + root.nbytes:
-            flat = root.reshape(-1)[(start - root_ptr) // 8 : (ptr - root_ptr) // 8]
-            out = flat.reshape((-1,) + tuple(tail))
-            out.flags.writeable = False
-            return out
-    return np.concatenate([np.asarray(a, dtype=np.float64).reshape((-1,) + tuple(tail)) for a in arrays], axis=0)
+    if not (root.dtype == np.float64 and root.flags.c_contiguous and first.flags.c_contiguous):
+        return None
+    if first.dtype != np.float64:
+        return None
+    root_ptr = root.__array_interface__["data"][0]
+    start = ptr = first.__array_interface__["data"][0]
+    if (start - root_ptr) % 8:
+        return None
+    for a in arrays:
+        if not (
+            isinstance(a, np.ndarray)
+            and a.dtype == np.float64
+            and a.flags.c_contiguous
+            and a.__array_interface__["data"][0] == ptr
+        ):
+            return None
+        ptr += a.nbytes
+    if not (root_ptr <= start and ptr <= root_ptr + root.nbytes):
+        return None
+    out = root.reshape(-1)[(start - root_ptr) // 8 : (ptr - root_ptr) // 8].reshape((-1,) + tuple(tail))
+    out.flags.writeable = False
+    return out
 
 
 def parse_view_flat(view: View) -> FlatFedMVMFView:

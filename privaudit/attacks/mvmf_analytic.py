@@ -479,7 +479,7 @@ def _shortcut_first_round(
             return x[:, None]
     else:  # concatenated rows (N,)
         seg = np.repeat(np.arange(n), lengths)
-        a = mvmf.row_dots(R.grad_V, d, None, seg)  # blockwise: no (N x K) gathers
+        a = R.grad_V_dots(d, seg)  # blockwise: no (N x K) gathers or copies
         dv = mvmf.row_dots(V, d, R.items, seg)
 
         def per_row(x):
