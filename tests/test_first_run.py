@@ -394,7 +394,8 @@ def test_estimate_printed_before_a_long_run(tmp_path, capsys, monkeypatch) -> No
     monkeypatch.setattr(experiment, "run_experiment", stop)
     monkeypatch.setattr(experiment, "run_plan", stop)
     monkeypatch.setattr(experiment, "run_transcript", stop)
-    # PrivMVMF with a 2048-bit key: ~0.25 CPU s per user, epoch and (1 + rho) -> 50 x 40 x 2 x 0.25 s per run
+    # PrivMVMF with a 2048-bit key and DJN obfuscators (its default): ~0.04 CPU s per user, epoch and
+    # (1 + rho) -> 50 x 40 x 2 x 0.04 s per run, 6 runs on 2 jobs
     main(
         [
             "attack",
@@ -410,8 +411,23 @@ def test_estimate_printed_before_a_long_run(tmp_path, capsys, monkeypatch) -> No
             str(tmp_path / "a"),
         ]
     )
-    assert "estimated time: ~50 min (6 runs of privmvmf with 50 users)" in started[0]
-    main(["run", "--protocol", "privmvmf", "--users", "12", "--set", "epochs=40", "-o", str(tmp_path / "t.ptx")])
+    assert "estimated time: ~8 min (6 runs of privmvmf with 50 users)" in started[0]
+    # Paillier's own r^n obfuscators: ~0.25 CPU s per user, epoch and (1 + rho) -> 12 x 40 x 2 x 0.25 s
+    main(
+        [
+            "run",
+            "--protocol",
+            "privmvmf",
+            "--users",
+            "12",
+            "--set",
+            "epochs=40",
+            "--defense",
+            "paillier",
+            "-o",
+            str(tmp_path / "t.ptx"),
+        ]
+    )
     assert "estimated time: ~4 min (1 run of privmvmf with 12 users)" in started[1]
     main(["attack", "--protocol", "privmvmf", "--out", str(tmp_path / "b")])  # the default: 10 users, 2 epochs
     assert "privmvmf defaults: 10 users" in started[2] and "estimated time" not in started[2]
