@@ -283,3 +283,19 @@ def test_save_streams_and_removes_partial_file_on_error(tmp_path):
     with pytest.raises(TypeError):
         save(t, tmp_path / "partial.ptx")
     assert not os.path.exists(tmp_path / "partial.ptx")
+
+
+def test_large_float_payloads_are_stored_and_the_rest_deflated(tmp_path):
+    rng = np.random.default_rng(0)
+    tr = Transcript(protocol="fedmvmf", parties=["server", "client:0"])
+    grads = rng.normal(size=(300, 20))  # 6,000 floats: incompressible, stored
+    tr.add(0, "client:0", "server", "grad_V", {"items": np.arange(300), "values": grads})
+    tr.add(0, "client:0", "client:0", "private", {"ratings": np.full(50, 4.0)})  # small: deflated
+    path = tr.save(tmp_path / "t.ptx")
+    with zipfile.ZipFile(path) as zf:
+        kinds = {i.file_size: i.compress_type for i in zf.infolist() if i.filename.startswith("arrays/")}
+    assert kinds[grads.nbytes + 128] == zipfile.ZIP_STORED
+    assert set(kinds.values()) == {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED}
+    back = load(path)
+    assert np.array_equal(back.messages[0].payload["values"], grads)
+    assert np.array_equal(back.messages[1].payload["ratings"], np.full(50, 4.0))
