@@ -251,7 +251,7 @@ def _dataset(args: argparse.Namespace):
     """``--data`` as given, or the dataset loaded with its declared ``--rating-scale``."""
     scale = getattr(args, "rating_scale", None)
     synthetic = str(args.data).strip().lower().startswith("synthetic")
-    if not synthetic and not Path(args.data).exists():
+    if not synthetic and not Path(args.data).expanduser().exists():
         raise PrivauditError(f"{args.data}: no such file or folder")
     if scale is None:
         return args.data

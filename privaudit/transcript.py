@@ -362,6 +362,7 @@ def _write_archive(fh: Any, transcript: Transcript, messages: list[Message], inc
                     # float payloads (gradients, factors) deflate by ~3 %: stored, not compressed
                     target = zipfile.ZipInfo(member, date_time=time.localtime()[:6])
                     target.compress_type = zipfile.ZIP_STORED
+                    target.external_attr = 0o600 << 16  # as ZipFile.open gives a member opened by name
                 with zf.open(target, "w", force_zip64=arr.nbytes > 2**31) as out:
                     np.lib.format.write_array(out, arr, allow_pickle=False)
                 payload_refs[name] = member

@@ -296,3 +296,20 @@ def test_fedmvmf_noise_command_end_to_end(tmp_path):
     data = json.loads((out / "results.json").read_text())
     assert [p["attack_metrics"]["rating_accuracy"] for p in data["points"][:2]] == [1.0, 1.0]  # noise-free: exact
     assert data["dataset"]["users"] == 40 and data["utility_metric"] == "ndcg@10"
+
+
+def test_data_path_is_checked_before_any_work_and_tilde_expands(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from privaudit.cli import _dataset
+    from privaudit.errors import PrivauditError
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "r.csv").write_text("user,item,rating\n1,1,4\n")
+    assert _dataset(argparse.Namespace(data="~/r.csv", rating_scale=None)) == "~/r.csv"
+    with pytest.raises(PrivauditError, match="no such file or folder"):
+        _dataset(argparse.Namespace(data="~/missing.csv", rating_scale=None))
+    assert main(["attack", "--protocol", "fedmvmf", "--data", str(tmp_path / "missing.csv")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no defaults line before the error
+    assert captured.err.strip().endswith("missing.csv: no such file or folder")
