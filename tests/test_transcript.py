@@ -299,3 +299,37 @@ def test_large_float_payloads_are_stored_and_the_rest_deflated(tmp_path):
     back = load(path)
     assert np.array_equal(back.messages[0].payload["values"], grads)
     assert np.array_equal(back.messages[1].payload["ratings"], np.full(50, 4.0))
+
+
+def test_npy_header_fast_path_agrees_with_numpy():
+    from privaudit.transcript import _npy_header
+
+    arrays = [
+        np.zeros((167, 20)),
+        np.arange(5, dtype=np.int64),
+        np.float32(3.5) * np.ones(()),
+        np.zeros((0, 3), dtype=np.uint8),
+        np.ones((2, 3, 4), dtype=bool),
+        np.asfortranarray(np.ones((3, 2), dtype=np.complex128)),
+        np.zeros((4,), dtype=">i4"),
+    ]
+    for arr in arrays:
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, arr)
+        raw = buf.getvalue()
+        ref = io.BytesIO(raw)
+        np.lib.format.read_magic(ref)
+        want = np.lib.format.read_array_header_1_0(ref)
+        fast = io.BytesIO(raw)
+        assert _npy_header(fast) == want
+        assert fast.tell() == ref.tell()  # left at the data
+    # a header numpy accepts but that is not in its writer's form: numpy's parser decides
+    header = b"{'shape':(2,),'fortran_order':False,'descr':'<f8'}"
+    header += b" " * (63 - (10 + len(header)) % 64) + b"\n"
+    raw = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
+    assert _npy_header(io.BytesIO(raw)) == ((2,), False, np.dtype("<f8"))
+    big = b"\x93NUMPY\x02\x00" + (20_000).to_bytes(4, "little") + b" " * 20_000
+    with pytest.raises(ValueError, match="more than"):
+        _npy_header(io.BytesIO(big))
+    with pytest.raises(EOFError):
+        _npy_header(io.BytesIO(b"\x93NUMPY\x01\x00\x50\x00{'descr'"))
