@@ -41,6 +41,7 @@ from typing import Any
 
 from privaudit import schema as transcript_schema
 from privaudit.defenses.base import CLIENT_DATA, Defense
+from privaudit.params import parse_spec
 from privaudit.protocols.fedmvmf import FedMVMF
 from privaudit.registry import get, register_protocol
 
@@ -91,25 +92,16 @@ class PrivMVMF(FedMVMF):
 
     @classmethod
     def estimate_seconds(cls, n_users: int, sets: Mapping[str, Any], defenses: Sequence[str] = ()) -> float:
-        """Rough CPU seconds of one run (printed by the CLI when a sweep would take > 2 minutes)."""
+        """Rough CPU seconds of one run (printed by the CLI when a sweep would take > 2 minutes),
+        from the key length, obfuscator and rho of the defenses the run would use
+        (:func:`privmvmf_defenses` of the given ``--defense`` specs)."""
         cfg = cls.resolve_config(sets)
-        key, rho, obfuscation = 2048, 1.0, DEFAULT_OBFUSCATION
-        for spec in defenses:
-            name, _, rest = str(spec).partition(":")
-            if name.strip() == "paillier":
-                obfuscation = "standard"  # the defense's own default when given without one
-            for item in rest.split(","):
-                k, _, v = item.partition("=")
-                try:
-                    if name.strip() == "paillier" and k.strip() == "key_length":
-                        key = int(v)
-                    elif name.strip() == "paillier" and k.strip() == "obfuscation":
-                        obfuscation = v.strip()
-                    elif name.strip() == "sampling" and k.strip() == "rho":
-                        rho = float(v)
-                except ValueError:
-                    pass
-        per = cls.SECONDS_PER_USER_EPOCH.get(obfuscation, cls.SECONDS_PER_USER_EPOCH["standard"])
+        given = [get("defense", name)(**params) for name, params in (parse_spec(str(d), "--defense") for d in defenses)]
+        used = {d.name: d.config for d in privmvmf_defenses(given, float(cfg["w"]))}
+        paillier, sampling = used.get("paillier", {}), used.get("sampling", {})
+        key = int(paillier.get("key_length", 2048))
+        per = cls.SECONDS_PER_USER_EPOCH.get(paillier.get("obfuscation"), cls.SECONDS_PER_USER_EPOCH["standard"])
+        rho = float(sampling.get("rho", 0.0))
         return per * n_users * cfg["epochs"] * (1.0 + rho) * (key / 2048) ** 3
 
     def prepare_defenses(self, config: Mapping[str, Any], defenses: list[Defense]) -> list[Defense]:
