@@ -539,10 +539,7 @@ def _npy_header(fh: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     header, up to :data:`_MAX_NPY_HEADER` bytes, is handed to numpy's parser. Raises
     ``ValueError`` (or ``EOFError``) for a malformed one.
     """
-    magic = fh.read(8)
-    if len(magic) != 8 or magic[:6] != b"\x93NUMPY":
-        raise ValueError("no .npy magic string")
-    version = (magic[6], magic[7])
+    version = np.lib.format.read_magic(fh)
     if version not in ((1, 0), (2, 0), (3, 0)):
         raise ValueError(f"unsupported .npy version {version}")
     size = 2 if version == (1, 0) else 4
@@ -560,8 +557,7 @@ def _npy_header(fh: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     if m and _NPY_SHAPE.fullmatch(m.group(3)):
         shape = tuple(int(d) for d in m.group(3).replace(",", " ").split())
         return shape, m.group(2) == "True", np.dtype(m.group(1))
-    stream = io.BytesIO(magic + raw_len + header)
-    np.lib.format.read_magic(stream)
+    stream = io.BytesIO(raw_len + header)  # numpy's parser reads from the length on
     read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     return read(stream, max_header_size=_MAX_NPY_HEADER)
 
