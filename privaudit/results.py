@@ -614,11 +614,10 @@ def fmt_advantage(advantage: Any, high: Any) -> str:
 
 def _adv_text(row: Mapping[str, Any]) -> str:
     base = "the prior-only baseline" if row.get("against") == "prior" else "the random guess"
-    if not has_interval(row["advantage"], row["advantage_high"]):
-        return f"advantage over {base} {fmt(row['advantage'])} ({row['bound']})"
-    return (
-        f"advantage over {base} {fmt(row['advantage'])} (upper 95 % bound {fmt(row['advantage_high'])}, {row['bound']})"
-    )
+    bound = row["bound"]
+    if has_interval(row["advantage"], row["advantage_high"]):
+        bound = f"upper 95 % bound {fmt(row['advantage_high'])}, {bound}"
+    return f"advantage over {base} {fmt(row['advantage'])} ({bound})"
 
 
 def verdict_from_rows(

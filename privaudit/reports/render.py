@@ -405,6 +405,7 @@ def _compact_columns(
     into its own cell (``1.000 (0.322 / 0.200)``), and a metric column whose values and prior
     baselines repeat an earlier metric's at every point left out (returned as (left out, kept)
     pairs)."""
+    names: list[str] = []
     out_h: list[str] = []
     cols: list[list[Any]] = []
     keys: list[list[Any]] = []  # a metric column's values and prior-only baselines, compared for repeats
@@ -415,6 +416,7 @@ def _compact_columns(
         while j < len(header) and header[j].startswith(f"{name}: "):
             j += 1
         extras = [h[len(name) + 2 :] for h in header[i + 1 : j]]
+        names.append(name)
         with_prior = "prior" in extras
         keys.append([(r[i], r[i + 1 + extras.index("prior")] if with_prior else None) for r in rows])
         if extras:
@@ -430,15 +432,10 @@ def _compact_columns(
     for a in range(len(out_h)):
         for b in range(a):
             if folded[a] and folded[b] and b in keep and keys[a] == keys[b]:
-                same.append((header_name(out_h[a]), header_name(out_h[b])))
+                same.append((names[a], names[b]))
                 keep.remove(a)
                 break
     return [out_h[k] for k in keep], [[cols[k][r] for k in keep] for r in range(len(rows))], same
-
-
-def header_name(folded: str) -> str:
-    """The metric name of a folded console header (``m (prior / random)`` -> ``m``)."""
-    return folded.split(" (", 1)[0]
 
 
 def _plain(text: Any) -> str:
