@@ -209,9 +209,7 @@ class RoundUploads:
         lo = 0
         chunk = max(1, _DOT_ROWS * len(arrays) // max(len(seg), 1))  # clients per ~_DOT_ROWS rows
         for c in range(0, len(arrays), chunk):
-            block = np.concatenate(
-                [np.asarray(a, dtype=np.float64).reshape(-1, self._K) for a in arrays[c : c + chunk]], axis=0
-            )
+            block = _concatenated(arrays[c : c + chunk], (self._K,))
             hi = lo + len(block)
             out[lo:hi] = mvmf.row_dots(block, d, None, seg[lo:hi])
             lo = hi
@@ -273,6 +271,11 @@ def _concat_float_rows(arrays: list, tail: tuple) -> np.ndarray:
         view = _contiguous_view(arrays, tail)
         if view is not None:
             return view
+    return _concatenated(arrays, tail)
+
+
+def _concatenated(arrays: list, tail: tuple) -> np.ndarray:
+    """One float64 copy of ``arrays`` reshaped to ``(-1, *tail)`` and stacked."""
     return np.concatenate([np.asarray(a, dtype=np.float64).reshape((-1,) + tuple(tail)) for a in arrays], axis=0)
 
 
@@ -283,9 +286,7 @@ def _contiguous_view(arrays: list, tail: tuple) -> np.ndarray | None:
     root = first
     while isinstance(root.base, np.ndarray):
         root = root.base
-    if not (root.dtype == np.float64 and root.flags.c_contiguous and first.flags.c_contiguous):
-        return None
-    if first.dtype != np.float64:
+    if not (root.dtype == first.dtype == np.float64 and root.flags.c_contiguous and first.flags.c_contiguous):
         return None
     root_ptr = root.__array_interface__["data"][0]
     start = ptr = first.__array_interface__["data"][0]
