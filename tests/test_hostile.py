@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from privaudit import transcript as tr
+from tests.transcript_files import manifest_dict, npy_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 RSS_LIMIT = 1024**3  # 1 GB
@@ -42,12 +43,6 @@ def npy_header(descr: str, shape: str, fortran: str = "False") -> bytes:
     pad = 64 - (10 + len(text) + 1) % 64
     text = text + " " * pad + "\n"
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin1")
-
-
-def npy_bytes(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.lib.format.write_array(buf, arr, allow_pickle=False)
-    return buf.getvalue()
 
 
 def deflate(data: bytes) -> bytes:
@@ -153,30 +148,7 @@ def entry(name: str, payload: bytes, **kw) -> dict:
 
 
 def manifest(arrays: dict | None = None, **kw) -> bytes:
-    m = {
-        "format": "privaudit-transcript",
-        "version": 1,
-        "protocol": "fedmvmf",
-        "config": {},
-        "seed": 0,
-        "dataset": {},
-        "parties": ["server"],
-        "messages": [
-            {
-                "seq": 0,
-                "round": 0,
-                "sender": "server",
-                "receiver": "server",
-                "kind": "state",
-                "payload": {"V": "arrays/0.npy"},
-                "meta": {},
-            }
-        ],
-    }
-    if arrays is not None:
-        m["arrays"] = arrays
-    m.update(kw)
-    return json.dumps(m).encode()
+    return json.dumps(manifest_dict(arrays=arrays, **kw)).encode()
 
 
 GOOD_ARRAY = npy_bytes(np.ones((3, 2)))

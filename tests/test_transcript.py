@@ -15,6 +15,8 @@ from hypothesis.extra import numpy as hnp
 
 from privaudit.errors import TranscriptError
 from privaudit.transcript import Transcript, load, save, summarize
+from tests.transcript_files import manifest_dict as _manifest
+from tests.transcript_files import npy_bytes as _npy_bytes
 
 
 def small_transcript() -> Transcript:
@@ -148,39 +150,6 @@ def _write_archive(path, manifest, members):
         for name, data in members.items():
             zf.writestr(name, data)
     return path
-
-
-def _npy_bytes(arr, allow_pickle=False):
-    buf = io.BytesIO()
-    np.lib.format.write_array(buf, arr, allow_pickle=allow_pickle)
-    return buf.getvalue()
-
-
-def _manifest(payload=None, arrays=None, **over):
-    m = {
-        "format": "privaudit-transcript",
-        "version": 1,
-        "protocol": "fedmvmf",
-        "config": {},
-        "seed": 0,
-        "dataset": {},
-        "parties": ["server"],
-        "messages": [
-            {
-                "seq": 0,
-                "round": 0,
-                "sender": "server",
-                "receiver": "server",
-                "kind": "state",
-                "payload": payload if payload is not None else {"V": "arrays/0.npy"},
-                "meta": {},
-            }
-        ],
-    }
-    if arrays is not None:
-        m["arrays"] = arrays
-    m.update(over)
-    return m
 
 
 class _Exploit:
