@@ -26,6 +26,7 @@ import numpy as np
 __all__ = [
     "MetricSpec",
     "Decisions",
+    "VictimTable",
     "FALLBACK_SPEC",
     "UTILITY_SPECS",
     "num",
@@ -93,12 +94,70 @@ class Decisions:
     labels: np.ndarray
     positive: str = "positive"
     meta: dict = field(default_factory=dict)
+    groups: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.scores = np.asarray(self.scores, dtype=float).ravel()
         self.labels = np.asarray(self.labels, dtype=bool).ravel()
         if self.scores.shape != self.labels.shape:
             raise ValueError(f"{self.scores.size} scores but {self.labels.size} labels")
+        if self.groups is not None:
+            self.groups = np.asarray(self.groups, dtype=np.int64).ravel()
+            if self.groups.shape != self.scores.shape:
+                raise ValueError(f"{self.scores.size} scores but {self.groups.size} group ids")
+
+
+@dataclass
+class VictimTable:
+    """Per-victim parts of an attack's metrics and of its prior-only guess, for intervals
+    that resample victims (a cluster bootstrap over users).
+
+    For every metric ``M`` it holds, the attack's value is ``sum(attack[M]) / sum(weight[M])``
+    over the victims and the prior-only guess's value is ``sum(prior[M]) / sum(weight[M])``;
+    with ``M`` in ``root``, the square root of that ratio (an RMSE from squared errors).
+
+    Attributes
+    ----------
+    victims : list of str
+        Victim party ids, length n_victims.
+    weight : dict[str, numpy.ndarray of shape (n_victims,)]
+        Denominators (e.g. a victim's number of scored ratings).
+    attack : dict[str, numpy.ndarray of shape (n_victims,)]
+        Numerators of the attack (e.g. its number of correct ratings).
+    prior : dict[str, numpy.ndarray of shape (n_victims,)]
+        Numerators of the prior-only guess, same metrics.
+    root : frozenset of str
+        Metrics reported as the square root of the ratio.
+    """
+
+    victims: list[str]
+    weight: dict[str, np.ndarray]
+    attack: dict[str, np.ndarray]
+    prior: dict[str, np.ndarray]
+    root: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        n = len(self.victims)
+        for part in (self.weight, self.attack, self.prior):
+            for name in list(part):
+                part[name] = np.asarray(part[name], dtype=float).ravel()
+                if part[name].shape != (n,):
+                    raise ValueError(f"metric {name!r}: {part[name].size} values for {n} victims")
+        if set(self.attack) != set(self.weight):
+            raise ValueError("attack and weight name different metrics")
+
+    def value(self, metric: str, which: str = "attack", index: np.ndarray | None = None) -> float:
+        """The metric over the victims at ``index`` (all by default) for ``which`` in
+        {"attack", "prior"}; NaN when the weights sum to 0."""
+        num = getattr(self, which)[metric]
+        den = self.weight[metric]
+        if index is not None:
+            num, den = num[index], den[index]
+        total = float(den.sum())
+        if total <= 0:
+            return math.nan
+        v = float(num.sum()) / total
+        return math.sqrt(max(v, 0.0)) if metric in self.root else v
 
 
 # ------------------------------------------------------------------------------ numbers

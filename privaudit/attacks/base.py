@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from privaudit.params import Configurable
-from privaudit.results import Decisions, MetricSpec
+from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
 
 
@@ -125,6 +125,17 @@ class Attack(Configurable):
         """
         return {}
 
+    def victim_table(
+        self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
+    ) -> VictimTable | None:
+        """Per-victim numerators and denominators of :meth:`score`'s metrics and of
+        :meth:`prior_baseline`'s (default: none, and verdicts then have no per-victim interval).
+
+        Its values must agree with :meth:`score` and :meth:`prior_baseline` on every metric it
+        holds (``VictimTable.value``).
+        """
+        return None
+
     def unsupported(self, reason: str) -> Reconstruction:
         return Reconstruction(self.name, self.party, {}, supported=False, reason=reason)
 
@@ -147,7 +158,8 @@ class Attack(Configurable):
         except NotImplementedError:  # a third-party attack without one
             prior = {}
         decisions = self.decisions(recon, transcript) if recon.supported else {}
-        return AttackOutcome(metrics, base, recon, prior, decisions)
+        victims = self.victim_table(recon, transcript, knowledge) if recon.supported else None
+        return AttackOutcome(metrics, base, recon, prior, decisions, victims)
 
 
 @dataclass
@@ -165,6 +177,8 @@ class AttackOutcome:
         The prior-only guess (:meth:`Attack.prior_baseline`), same keys; empty if undefined.
     decisions : dict[str, Decisions]
         Per-record scores and truth (:meth:`Attack.decisions`); empty if none.
+    victims : VictimTable or None
+        Per-victim parts of the metrics and of the prior (:meth:`Attack.victim_table`).
     """
 
     metrics: dict[str, float]
@@ -172,3 +186,4 @@ class AttackOutcome:
     reconstruction: Reconstruction
     baseline_prior: dict[str, float] = field(default_factory=dict)
     decisions: dict[str, Decisions] = field(default_factory=dict)
+    victims: VictimTable | None = None
