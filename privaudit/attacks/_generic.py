@@ -101,3 +101,80 @@ def uploaders(transcript: Transcript) -> list[str]:
 def scored_victims(transcript: Transcript, parties) -> list[str]:
     """The parties among ``parties`` that have ground truth (a ``private`` message)."""
     return [p for p in parties if transcript.private(p)]
+
+
+def ratio(num: np.ndarray, den: np.ndarray, root: bool = False) -> float:
+    """sum(num) / sum(den) (its square root with ``root``); NaN when the denominators sum to 0."""
+    total = float(np.sum(den))
+    if total <= 0:
+        return float("nan")
+    v = float(np.sum(num)) / total
+    return float(np.sqrt(max(v, 0.0))) if root else v
+
+
+def cross_fit(
+    strategies: dict[str, dict[str, np.ndarray]], select: str, weight: np.ndarray, higher_is_better: bool = True
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Per-victim numerators of message-free strategies, each victim scored by the strategy
+    chosen on the other half of the victims.
+
+    Parameters
+    ----------
+    strategies : dict[str, dict[str, numpy.ndarray of shape (n_victims,)]]
+        Strategy name -> per-victim numerators (every strategy has the same keys).
+    select : str
+        The key ranking the strategies: ``sum(num[select]) / sum(weight)`` over a half.
+    weight : numpy.ndarray of shape (n_victims,)
+        Denominators of ``select``.
+    higher_is_better : bool
+
+    Returns
+    -------
+    numerators : dict[str, numpy.ndarray of shape (n_victims,)]
+        The victims at even positions get the strategy best on the odd positions and vice
+        versa (ties: the first strategy listed; fewer than two victims: the first strategy).
+    chosen : dict[str, str]
+        ``{"even": name, "odd": name}``: the strategy each half was scored with.
+    """
+    names = list(strategies)
+    n = weight.size
+    halves = {"even": np.arange(0, n, 2), "odd": np.arange(1, n, 2)}
+    chosen = {}
+    for half, other in (("even", "odd"), ("odd", "even")):
+        idx = halves[other]
+        vals = [ratio(strategies[s][select][idx], weight[idx]) for s in names]
+        vals = [v if np.isfinite(v) else (-np.inf if higher_is_better else np.inf) for v in vals]
+        chosen[half] = names[int(np.argmax(vals) if higher_is_better else np.argmin(vals))] if n > 1 else names[0]
+    out = {}
+    for key in strategies[names[0]]:
+        arr = np.zeros(n)
+        for half, idx in halves.items():
+            arr[idx] = strategies[chosen[half]][key][idx]
+        out[key] = arr
+    return out, chosen
+
+
+def loo_counts(
+    keys: np.ndarray, levels: np.ndarray, owner: np.ndarray, q_keys: np.ndarray, q_owner: np.ndarray, n_levels: int
+) -> np.ndarray:
+    """Per query, how often each level occurs under its key among the other owners' records.
+
+    Population records: ``keys``, ``levels`` (in [0, n_levels)), ``owner`` (n,) ints (e.g. item,
+    rating level, client index); queries: ``q_keys``, ``q_owner`` (q,). Returns (q, n_levels)
+    counts without the query owner's own records (leave one victim out); keys all 0 give the
+    global counts.
+    """
+    n_keys = int(max(keys.max(initial=-1), q_keys.max(initial=-1))) + 1
+    counts = np.zeros((n_keys, n_levels))
+    np.add.at(counts, (keys, levels), 1.0)
+    code = owner.astype(np.int64) * n_keys + keys
+    uniq, inv = np.unique(code, return_inverse=True)
+    own = np.zeros((uniq.size, n_levels))
+    np.add.at(own, (inv, levels), 1.0)
+    q_code = q_owner.astype(np.int64) * n_keys + q_keys
+    pos = np.minimum(np.searchsorted(uniq, q_code), max(uniq.size - 1, 0))
+    out = counts[q_keys]
+    if uniq.size:
+        found = uniq[pos] == q_code
+        out[found] -= own[pos[found]]
+    return out
