@@ -56,7 +56,9 @@ def guess_baseline(transcript: Transcript, parties: list[str]) -> dict[str, floa
     return {"precision": p, "recall": 0.5, "f1": _f1(p, 0.5)}
 
 
-def popularity_strategies(transcript: Transcript, parties: list[str]) -> dict[str, dict[str, np.ndarray]]:
+def popularity_strategies(
+    transcript: Transcript, parties: list[str], n_items: int | None = None
+) -> dict[str, dict[str, np.ndarray]]:
     """Per party, precision, recall and F1 of the message-free guesses "the k items most
     rated by the other clients" (leave-one-out popularity, counted in hindsight from their
     positives: an upper bound of public popularity data) for two k:
@@ -66,9 +68,10 @@ def popularity_strategies(transcript: Transcript, parties: list[str]) -> dict[st
     - ``popularity top-k, median k``: k = the median number of positives of the other clients.
 
     Returns strategy -> {"precision", "recall", "f1", "scored"} arrays of shape (len(parties),)
-    (recall 0 and ``scored`` 0 for a party without positives).
+    (recall 0 and ``scored`` 0 for a party without positives). ``n_items`` defaults to the
+    public ``n_items``.
     """
-    m = int(transcript.config.get("n_items", 0)) or 1
+    m = n_items or int(transcript.config.get("n_items", 0)) or 1
     everyone = [p for p in transcript.parties if p.startswith("client:")]
     truths = {p: client_truth(transcript, p) for p in set(everyone) | set(parties)}
     counts = np.zeros(m)
