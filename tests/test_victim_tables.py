@@ -100,6 +100,8 @@ RUNS = {
     "fedrec-rated-items": (_fedrec, {}),
     "ncf-update-leak": (_fedncf, {"rounds": 2}),
     "ncf-kanon-linking": (_fedncf_adversarial, {}),
+    "fedsplit-inference": (_fedsplit, {"aux_fraction": 0.5, "n_iter": 10}),
+    "proto-membership": (_fedproto, {"n_members": 20, "n_calibration": 20}),
     "generic-trained-items": (plain_mf_transcript, {}),
     "generic-mf-ratings": (plain_mf_transcript, {}),
     "generic-attribute-inference": (plain_mf_transcript, {}),
