@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from privaudit.attacks._generic import cross_fit, loo_counts
+from privaudit.attacks.ncf_update_leak import popularity_strategies
 from privaudit.data import synthetic
 from privaudit.registry import get
 from privaudit.transcript import Transcript
@@ -160,3 +161,17 @@ def test_generic_mf_prior_is_the_per_item_majority_on_shared_items(plain_mf):
     everything = np.concatenate([plain_mf.private(p)["ratings"] for p in clients])
     _, counts = np.unique(everything, return_counts=True)
     assert out.baseline_prior["accuracy"] > counts.max() / counts.sum() + 0.1
+
+
+def test_popularity_strategies_leave_the_client_out():
+    t = Transcript("fedncf", {"n_items": 4}, 0, {}, ["server", "client:0", "client:1", "client:2"])
+    for c, items in enumerate(([0, 1], [0, 2], [0, 1, 3])):
+        t.add(0, f"client:{c}", f"client:{c}", "private", {"items": np.array(items)})
+    s = popularity_strategies(t, ["client:0", "client:1", "client:2"])
+    own, median = s["popularity top-k, own k"], s["popularity top-k, median k"]
+    # client:1's others rated 0 twice, 1 twice, 3 once: its top 2 = {0, 1}, one hit of two
+    # client:2's others rated 0 twice, 1 and 2 once: top 3 = {0, 1, 2} (own k), top 2 = {0, 1} (median of 2, 2)
+    assert own["precision"].tolist() == pytest.approx([1.0, 0.5, 2 / 3])
+    assert own["recall"].tolist() == pytest.approx([1.0, 0.5, 2 / 3])
+    assert median["precision"].tolist() == pytest.approx([1.0, 0.5, 1.0])
+    assert median["f1"].tolist() == pytest.approx([1.0, 0.5, 0.8])
