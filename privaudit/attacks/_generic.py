@@ -178,3 +178,34 @@ def loo_counts(
         found = uniq[pos] == q_code
         out[found] -= own[pos[found]]
     return out
+
+
+def rating_population(
+    transcript: Transcript, lo: float, step: float, n_levels: int
+) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray]:
+    """Every client's private ratings: (client party -> owner index, item ids, rating levels
+    ``round((r - lo) / step)`` clipped to [0, n_levels), owner indices), arrays of shape (n,)."""
+    clients = [p for p in transcript.parties if p.startswith("client:") and "items" in transcript.private(p)]
+    items, levels, owner = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for i, p in enumerate(clients):
+        priv = transcript.private(p)
+        items.append(np.asarray(priv["items"], dtype=np.int64).ravel())
+        r = np.asarray(priv.get("ratings", np.full(items[-1].size, lo)), dtype=np.float64).ravel()
+        levels.append(np.clip(np.round((r - lo) / step), 0, n_levels - 1).astype(np.int64))
+        owner.append(np.full(items[-1].size, i, dtype=np.int64))
+    return {p: i for i, p in enumerate(clients)}, np.concatenate(items), np.concatenate(levels), np.concatenate(owner)
+
+
+def loo_rating_counts(
+    population: tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray],
+    q_items: np.ndarray,
+    q_owner: np.ndarray,
+    n_levels: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per query (item, owner index), the other clients' rating-level counts overall and of the
+    item (the overall ones for an item no other client rated), both (q, n_levels)."""
+    _, items, levels, owner = population
+    q_items, q_owner = np.asarray(q_items, dtype=np.int64), np.asarray(q_owner, dtype=np.int64)
+    overall = loo_counts(np.zeros_like(items), levels, owner, np.zeros_like(q_items), q_owner, n_levels)
+    per_item = loo_counts(items, levels, owner, q_items, q_owner, n_levels)
+    return overall, np.where(per_item.sum(axis=1, keepdims=True) > 0, per_item, overall)

@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._generic import cross_fit, loo_counts, ratio
+from privaudit.attacks._generic import cross_fit, loo_rating_counts, rating_population, ratio
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.metrics import auc
 from privaudit.params import Param
@@ -494,15 +494,8 @@ def _prior_records(transcript: Transcript, rnd: int) -> list[dict[str, Any]]:
     rmin, step = float(cfg.get("rating_min", 1.0)), float(cfg.get("rating_step", 1.0)) or 1.0
     n_levels = int(round((float(cfg.get("rating_max", 5.0)) - rmin) / step)) + 1
     m = int(cfg.get("n_items", 0)) or 1 + max(int(r["items"].max(initial=0)) for r in recs)
-    clients = [p for p in transcript.parties if p.startswith("client:") and "items" in transcript.private(p)]
-    index = {p: i for i, p in enumerate(clients)}
-    pop_items, pop_levels, pop_owner = [], [], []
-    for i, p in enumerate(clients):
-        priv = transcript.private(p)
-        pop_items.append(np.asarray(priv["items"], dtype=np.int64))
-        pop_levels.append(_level(np.asarray(priv["ratings"], dtype=np.float64), rmin, step, n_levels))
-        pop_owner.append(np.full(pop_items[-1].size, i, dtype=np.int64))
-    items_all, levels_all, owner_all = (np.concatenate(x) for x in (pop_items, pop_levels, pop_owner))
+    population = rating_population(transcript, rmin, step, n_levels)
+    index, items_all = population[:2]
     keep = items_all < m
     counts = np.bincount(items_all[keep], minlength=m)[:m].astype(float)
     out = []
@@ -522,11 +515,8 @@ def _prior_records(transcript: Transcript, rnd: int) -> list[dict[str, Any]]:
         out.append({"party": party, "items": items, "labels": lab, "level": level, "pop": pop, "owner": index[party]})
     q_items = np.concatenate([r["items"][r["labels"]] for r in out]) if out else np.zeros(0, np.int64)
     q_owner = np.concatenate([np.full(int(r["labels"].sum()), r["owner"]) for r in out]) if out else q_items
-    zeros, q_zeros = np.zeros_like(items_all), np.zeros_like(q_items)
-    glob = loo_counts(zeros, levels_all, owner_all, q_zeros, q_owner, n_levels)
-    per_item = loo_counts(items_all, levels_all, owner_all, q_items, q_owner, n_levels)
-    glob_guess = np.argmax(glob, axis=1)
-    item_guess = np.where(per_item.sum(axis=1) > 0, np.argmax(per_item, axis=1), glob_guess)
+    glob, per_item = loo_rating_counts(population, q_items, q_owner, n_levels)
+    glob_guess, item_guess = np.argmax(glob, axis=1), np.argmax(per_item, axis=1)
     bounds = np.cumsum([0] + [int(r["labels"].sum()) for r in out])
     for j, r in enumerate(out):
         r["global_guess"] = glob_guess[bounds[j] : bounds[j + 1]]

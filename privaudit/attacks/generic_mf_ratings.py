@@ -33,7 +33,8 @@ from privaudit.attacks._generic import (
     client_uploads,
     cross_fit,
     defense_note,
-    loo_counts,
+    loo_rating_counts,
+    rating_population,
     ratio,
     scored_victims,
     uploaders,
@@ -220,25 +221,15 @@ class GenericMFRatings(Attack):
         accuracy) and mean (for RMSE) of the other clients' ratings, overall or of the item."""
         grid = grid_of(transcript.config)
         step = grid[1] - grid[0] if grid.size > 1 else 1.0
-        clients = scored_victims(transcript, [p for p in transcript.parties if p.startswith("client:")])
-        owner = {p: i for i, p in enumerate(clients)}
+        population = rating_population(transcript, grid[0], step, grid.size)
+        owner = population[0]
         records = {
             p: np.unique(np.concatenate([u.items for u in _usable(ups)]) if _usable(ups) else np.zeros(0, int))
             for p, ups in client_uploads(transcript.view(self.party)).items()
         }
         parties = [p for p in scored_victims(transcript, sorted(records)) if p in owner]
-        if not parties or not clients:
+        if not parties:
             return [], np.zeros(0), {}
-        pop = [
-            (
-                np.asarray(transcript.private(p).get("items", np.zeros(0)), dtype=np.int64),
-                np.asarray(transcript.private(p).get("ratings", np.zeros(0)), dtype=np.float64),
-            )
-            for p in clients
-        ]
-        keys = np.concatenate([it for it, _ in pop])
-        levels = np.clip(np.round((np.concatenate([r for _, r in pop]) - grid[0]) / step), 0, grid.size - 1)
-        own = np.concatenate([np.full(it.size, i) for i, (it, _) in enumerate(pop)]).astype(np.int64)
         q_items, q_truth, q_owner, victim = [], [], [], []
         for j, p in enumerate(parties):
             mask, truth = self._truth(transcript, p, records[p])
@@ -247,11 +238,7 @@ class GenericMFRatings(Attack):
             q_owner.append(np.full(truth.size, owner[p]))
             victim.append(np.full(truth.size, j))
         q_items, q_truth, q_owner, victim = (np.concatenate(x) for x in (q_items, q_truth, q_owner, victim))
-        q_items = q_items.astype(np.int64)
-        levels = levels.astype(np.int64)
-        glob = loo_counts(np.zeros_like(keys), levels, own, np.zeros_like(q_items), q_owner.astype(np.int64), grid.size)
-        item = loo_counts(keys, levels, own, q_items, q_owner.astype(np.int64), grid.size)
-        item = np.where(item.sum(axis=1, keepdims=True) > 0, item, glob)
+        glob, item = loo_rating_counts(population, q_items, q_owner, grid.size)
         n = np.bincount(victim, minlength=len(parties)).astype(float)
 
         def per_victim(x):
