@@ -498,9 +498,9 @@ def _prior_records(transcript: Transcript, rnd: int) -> list[dict[str, Any]]:
     index, items_all = population[:2]
     keep = items_all < m
     counts = np.bincount(items_all[keep], minlength=m)[:m].astype(float)
+    latest = {f"client:{rec['user']}": rec for rec in recs}  # the attack keeps a client's last upload too
     out = []
-    for rec in recs:
-        party = f"client:{rec['user']}"
+    for party, rec in latest.items():
         if party not in index:
             continue
         priv = transcript.private(party)
