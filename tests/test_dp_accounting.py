@@ -53,7 +53,8 @@ def test_gaussian_pld_matches_the_library_and_rdp_is_looser(sigma, rounds):
     rdp.compose(dp_accounting.GaussianDpEvent(sigma), rounds)
     assert spent["epsilon"] <= rdp.get_epsilon(1e-5) * 1.001
     assert spent["epsilon"] <= spent["epsilon_basic"] + 1e-9
-    assert spent["unit"] == "one rating row" and spent["accountant"] == "pld"
+    assert spent["neighbour"] == "rating" and spent["item_set_covered"] is False  # no upload seen, not dense
+    assert spent["accountant"] == "pld" and spent["releases"] == rounds and spent["sensitivity"] == 2.0
 
 
 def test_target_epsilon_round_trip():
@@ -74,17 +75,38 @@ def test_target_epsilon_reads_the_rounds_from_the_public_config():
     res = FedMVMF().run(ds, {"epochs": 3, "K": 4}, [d], 0)
     (entry,) = [e for e in res.transcript.config["defenses"] if e["name"] == "dp-laplace"]
     assert entry["epsilon"] == pytest.approx(2.0) == d.config["epsilon"]  # 6 over 3 epochs, basic composition
+    assert entry["noise_scale"] == pytest.approx(1.0)  # 2C / epsilon, public with the calibrated epsilon
     assert d.privacy_spent(3)["epsilon"] == pytest.approx(6.0)
 
 
-def test_dp_gaussian_clips_rows_in_l2_and_adds_sigma_c_noise():
-    d = DPGaussian(noise_multiplier=1e-9, clip=2.0)
+def test_upload_clipping_counts_both_messages_of_every_round():
+    """clip_per=upload clips grad_V and grad_P separately: 2 releases per epoch, 6 in 3 epochs,
+    reported by basic composition as 6 epsilon (not 3); the joint clip (clip_per=user) makes 3."""
+    ds = synthetic(n_users=30, n_items=60, seed=2)
+    spent = {}
+    for per in ("upload", "user"):
+        d = DPLaplace(epsilon=1.0, clip_per=per)
+        FedMVMF().run(ds, {"epochs": 3, "K": 4}, [d], 0)
+        spent[per] = d.privacy_spent(3)
+    assert spent["upload"]["releases"] == 6 and spent["upload"]["epsilon"] == pytest.approx(6.0)
+    assert spent["upload"]["epsilon_per_round"] == pytest.approx(2.0)
+    assert spent["user"]["releases"] == 3 and spent["user"]["epsilon"] == pytest.approx(3.0)
+    g = DPGaussian(noise_multiplier=2.0, clip_per="upload")
+    FedMVMF().run(ds, {"epochs": 3, "K": 4}, [g], 0)
+    oracle = _oracle(dp_accounting.GaussianDpEvent(2.0), 6, 1e-5)
+    assert g.privacy_spent(3)["releases"] == 6 and g.privacy_spent(3)["epsilon"] == pytest.approx(oracle, rel=0.01)
+    with pytest.raises(PrivauditError, match="clip_per=user"):
+        DPLaplace(target_epsilon=6.0, clip_per="upload")
+
+
+def test_dp_gaussian_clips_rows_in_l2_and_adds_sigma_2c_noise():
+    d = DPGaussian(noise_multiplier=1e-9, clip=2.0, clip_per="row")
     rows = np.array([[3.0, 4.0], [0.3, 0.4]])
     out = d.on_upload(UploadBatch(0, "grad_V", ["client:0"], [{"values": rows, "items": np.arange(2)}]), _Chan())
     assert np.allclose(np.linalg.norm(out.payloads[0]["values"], axis=1), [2.0, 0.5])
     d = DPGaussian(noise_multiplier=0.5, clip=2.0)
     out = d.on_upload(UploadBatch(0, "grad_V", ["client:0"], [{"values": np.zeros((500, 40))}]), _Chan())
-    assert np.std(out.payloads[0]["values"]) == pytest.approx(1.0, rel=0.02)
+    assert np.std(out.payloads[0]["values"]) == pytest.approx(2.0, rel=0.02)  # sigma x sensitivity 2C
     for bad in ({"noise_multiplier": 0}, {"delta": 0.0}, {"clip_per": "item"}, {"rounds": -1}):
         with pytest.raises(PrivauditError):
             DPGaussian(**bad)
