@@ -166,3 +166,19 @@ def test_without_the_joint_clip_one_rating_moves_the_release_beyond_2c():
     assert moved > 2.0 * 2.0
     rows = sum(len(p["values"]) for p in out[0][0, f"client:{victim}"].values())
     assert d.privacy_spent(1)["releases"] >= rows  # every clipped row is counted as a release
+
+
+def test_dense_upload_hides_the_item_set_and_keeps_the_sum():
+    """dense=true: every grad_V upload covers all items (zeros where the client rated nothing,
+    before noise) and the server's sums -- hence the model -- equal the sparse upload's."""
+    ds = synthetic(n_users=12, n_items=40, seed=5)
+    runs = {dense: FedMVMF().run(ds, RUN, [SilentLaplace(clip=0.5, dense=dense)], 0) for dense in (False, True)}
+    m = runs[True].transcript.config["n_items"]
+    for msg in runs[True].transcript.select("grad_V"):
+        assert np.array_equal(msg.payload["items"], np.arange(m))
+        rated = runs[False].transcript.private(msg.sender)["items"]
+        unrated = np.setdiff1d(np.arange(m), rated)
+        assert len(unrated) > 0 and not np.any(msg.payload["values"][unrated])
+    np.testing.assert_allclose(runs[True].model["V"], runs[False].model["V"], rtol=1e-9, atol=1e-12)
+    spent = {dense: r.transcript.config["defenses"][0] for dense, r in runs.items()}
+    assert spent[True]["dense"] is True and spent[False]["dense"] is False
