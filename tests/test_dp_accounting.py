@@ -110,3 +110,16 @@ def test_dp_gaussian_clips_rows_in_l2_and_adds_sigma_2c_noise():
     for bad in ({"noise_multiplier": 0}, {"delta": 0.0}, {"clip_per": "item"}, {"rounds": -1}):
         with pytest.raises(PrivauditError):
             DPGaussian(**bad)
+
+
+def test_an_exact_entry_limits_the_claim_to_rating_level():
+    """An integer count goes out without noise: one user's data (which changes it) is not covered."""
+    d = DPLaplace(dense=True)
+    payload = {"sum": np.array([3.0]), "count": np.array([2], dtype=np.int64)}
+    out = d.on_upload(UploadBatch(0, "mean", ["client:0"], [payload]), _Chan())
+    assert out.payloads[0]["count"] is payload["count"]  # released as is
+    spent = d.privacy_spent(1)
+    assert spent["item_set_covered"] is True and spent["neighbour"] == "rating" and spent["unnoised"] == "mean.count"
+    clean = DPLaplace(dense=True)
+    clean.on_upload(UploadBatch(0, "mean", ["client:0"], [{"sum": np.array([3.0])}]), _Chan())
+    assert clean.privacy_spent(1)["neighbour"] == "user" and clean.privacy_spent(1)["unnoised"] == ""

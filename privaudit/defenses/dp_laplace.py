@@ -25,6 +25,10 @@ Which relation that is depends on the integer item ids, which are never noised:
   ``item_set_covered`` is False, unless every item-row upload of the run covered all items
   (FedMVMF InclUnc) or none was sent.
 
+Any other entry that is not noised (an integer count, a float outside the batch's
+``noisy_keys``) is listed in ``unnoised`` and also limits the relation to ``rating`` (e.g.
+FedSplit's per-group rating ``count``, which one rating replaced leaves unchanged).
+
 Add/remove of a whole client is not hidden by local noise: the server sees who sends. A user
 "removed" while still sending (its data emptied) is a replacement: Delta = 2C again.
 
@@ -131,6 +135,7 @@ class ClippedNoise(Defense):
         self._releases: dict[int, dict[str, int]] = {}  # round -> sender -> releases (last rounds)
         self._max_releases = 0
         self._sparse_items = False
+        self._unnoised: set[str] = set()  # names of entries other than item ids released exactly
         if self.config["target_epsilon"] and self.config["clip_per"] != "user":
             raise PrivauditError(
                 f"defense {self.name!r}: target_epsilon needs clip_per=user (one release per round); "
@@ -164,7 +169,9 @@ class ClippedNoise(Defense):
 
     @property
     def neighbour(self) -> str:
-        return "user" if self.item_set_covered else "rating"
+        """``user`` when nothing a client sends escapes the noise (item ids hidden, no other exact
+        entry such as a count), else ``rating``."""
+        return "user" if self.item_set_covered and not self._unnoised else "rating"
 
     def claim(self, rounds: int) -> dict[str, Any]:
         """The neighbour relation, coverage and release count of ``privacy_spent``."""
@@ -177,6 +184,7 @@ class ClippedNoise(Defense):
             "releases_per_round": per_round,
             "sensitivity": self.sensitivity,
             "norm": self.norm,
+            "unnoised": ", ".join(sorted(self._unnoised)),
         }
 
     def public_config(self) -> dict[str, Any]:
@@ -256,12 +264,11 @@ class ClippedNoise(Defense):
         if not any(b.payloads for b in batches):
             return batches
         n_items = self._n_items(channel)
-        if self.config["dense"]:
+        if self.config["dense"] and any("items" in p for b in batches for p in b.payloads):
             if n_items is None:
                 raise PrivauditError(f"defense {self.name!r}: dense=true needs the protocol's public n_items")
             batches = [self.dense_items(b, n_items) for b in batches]
-        else:
-            self._note_items(batches, n_items)
+        self._note_items(batches, n_items)
         batches, releases = self.clip(batches)
         self._count(batches[0].round, releases)
         if self.config.get("target_epsilon") and self._max_releases > 1:
@@ -289,14 +296,14 @@ class ClippedNoise(Defense):
         return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
     def _note_items(self, batches: list[UploadBatch], n_items: int | None) -> None:
-        """Remember whether any item-row upload revealed a proper subset of the items."""
-        if self._sparse_items:
-            return
+        """Remember whether any item-row upload revealed a proper subset of the items, and the
+        entries other than item ids that go out without noise (e.g. integer counts)."""
         for b in batches:
             for p in b.payloads:
-                if "items" in p and (n_items is None or len(p["items"]) != n_items):
+                if not self._sparse_items and "items" in p and (n_items is None or len(p["items"]) != n_items):
                     self._sparse_items = True
-                    return
+                noised = set(b.float_keys(p))
+                self._unnoised.update(f"{b.kind}.{k}" for k in p if k != "items" and k not in noised)
 
     def _count(self, round: int, releases: dict[str, int]) -> None:
         """Add one call's releases to its round (several calls of a round add up)."""
