@@ -123,3 +123,12 @@ def test_an_exact_entry_limits_the_claim_to_rating_level():
     clean = DPLaplace(dense=True)
     clean.on_upload(UploadBatch(0, "mean", ["client:0"], [{"sum": np.array([3.0])}]), _Chan())
     assert clean.privacy_spent(1)["neighbour"] == "user" and clean.privacy_spent(1)["unnoised"] == ""
+
+
+def test_target_epsilon_stops_a_run_with_two_releases_per_round():
+    """A protocol that sends a round's messages separately makes two releases per round: the
+    calibration to one release per round would under-count, so the run stops (one line)."""
+    d = DPLaplace(target_epsilon=2.0, rounds=2)
+    d.on_upload(UploadBatch(0, "grad_V", ["client:0"], [{"values": np.ones((2, 2))}]), _Chan())
+    with pytest.raises(PrivauditError, match="2 separately noised releases in one round"):
+        d.on_upload(UploadBatch(0, "grad_P", ["client:0"], [{"values": np.ones((3, 2))}]), _Chan())
