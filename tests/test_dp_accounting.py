@@ -132,3 +132,11 @@ def test_target_epsilon_stops_a_run_with_two_releases_per_round():
     d.on_upload(UploadBatch(0, "grad_V", ["client:0"], [{"values": np.ones((2, 2))}]), _Chan())
     with pytest.raises(PrivauditError, match="2 separately noised releases in one round"):
         d.on_upload(UploadBatch(0, "grad_P", ["client:0"], [{"values": np.ones((3, 2))}]), _Chan())
+
+
+def test_a_reused_defense_accounts_its_last_run_only():
+    ds = synthetic(n_users=30, n_items=60, seed=2)
+    d = DPLaplace(epsilon=1.0)
+    for _ in range(2):
+        FedMVMF().run(ds, {"epochs": 2, "K": 4}, [d], 0)
+        assert d.privacy_spent(2)["releases"] == 2 and d.privacy_spent(2)["epsilon"] == pytest.approx(2.0)

@@ -132,10 +132,7 @@ class ClippedNoise(Defense):
     def validate(self) -> None:
         """Bounds and choices come from the declaration; a target epsilon with a known round
         count is calibrated at once (otherwise at the first upload)."""
-        self._releases: dict[int, dict[str, int]] = {}  # round -> sender -> releases (last rounds)
-        self._max_releases = 0
-        self._sparse_items = False
-        self._unnoised: set[str] = set()  # names of entries other than item ids released exactly
+        self._start_run(None)
         if self.config["target_epsilon"] and self.config["clip_per"] != "user":
             raise PrivauditError(
                 f"defense {self.name!r}: target_epsilon needs clip_per=user (one release per round); "
@@ -143,6 +140,14 @@ class ClippedNoise(Defense):
             )
         if self.config["target_epsilon"] and self.config["rounds"]:
             self.calibrate(self.config["rounds"])
+
+    def _start_run(self, run: int | None) -> None:
+        """Forget what an earlier run released (an instance reused for another transcript)."""
+        self._run = run
+        self._releases: dict[int, dict[str, int]] = {}  # round -> sender -> releases (last rounds)
+        self._max_releases = 0
+        self._sparse_items = False
+        self._unnoised: set[str] = set()  # names of entries other than item ids released exactly
 
     # ------------------------------------------------------------------ claim
     @property
@@ -263,6 +268,9 @@ class ClippedNoise(Defense):
         batches = [b for b in batches]
         if not any(b.payloads for b in batches):
             return batches
+        run = id(getattr(channel, "transcript", None))
+        if run != self._run:
+            self._start_run(run)
         n_items = self._n_items(channel)
         if self.config["dense"] and any("items" in p for b in batches for p in b.payloads):
             if n_items is None:
