@@ -89,7 +89,11 @@ def test_mvmf_attack_beats_its_prior_under_dp_laplace_epsilon_100():
     """Default synthetic fedmvmf at dp-laplace epsilon = 100 per round: nearly every grad_V row is
     clipped (censored); the clipping-aware decoder stays above the majority rating."""
     ds = synthetic()
-    t = get("protocol", "fedmvmf")().run(ds, {}, [get("defense", "dp-laplace")(epsilon=100.0)], 0).transcript
+    t = (
+        get("protocol", "fedmvmf")()
+        .run(ds, {}, [get("defense", "dp-laplace")(epsilon=100.0, clip_per="row")], 0)
+        .transcript
+    )
     out = get("attack", "mvmf-analytic")().evaluate(t, np.random.default_rng(0))
     meta = out.reconstruction.meta
     assert meta["clipping"] == "dp-laplace" and meta["clipped_row_share"] > 0.9
