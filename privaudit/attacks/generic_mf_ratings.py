@@ -1,20 +1,28 @@
 """``generic-mf-ratings``: a client's ratings from its plain-MF item uploads, one scalar per user.
 
 Applies to any transcript whose clients train plain matrix factorization locally and upload
-their item rows (``item_update``; rows or deltas). One gradient step on
-1/2 sum_i (r_i - u.v_i)^2 + lam/2 (||u||^2 + ||v_i||^2) with learning rate ``lr`` moves row i by
+their item rows (``item_update``; rows, deltas, or whole-matrix replies converted by
+:mod:`privaudit.integrations.dense`). Local training: ``T`` gradient steps (or SGD epochs: a
+rated row is updated once per epoch) with learning rate ``lr`` on
+1/2 (r_i - mu - u.v_i)^2 + lam/2 ||v_i||^2 per rated item, the user vector u fixed within the
+round (ridge-fitted on the device, or trained in earlier rounds); ``mu`` is the public global
+mean (``global_mean``, 0 when absent). Each step maps v_i to c v_i - lr (u.v_i) u + lr (r_i - mu) u,
+c = 1 - lr lam, and u is an eigenvector of that map (eigenvalue a = c - lr |u|^2), so
 
-    delta_i = lr ((r_i - u.v_i) u - lam v_i),   so   g_i = delta_i / lr + lam v_i = (r_i - u.v_i) u:
+    D_i = v_i(T) - c^T v_i(0) = [(a^T - c^T)(v_i(0).d) + lr (r_i - mu) |u| (1 - a^T) / (1 - a)] d,
 
-every row of G is a multiple of the private user vector u (the closed-form idea of
-``mvmf-analytic`` applied to MF). With d the top right singular vector of G and u = t d,
-a_i = g_i.d and b_i = v_i.d give r_i = a_i / t + t b_i: one unknown scalar t per user. The
-attack picks the t > 0 that puts the decoded ratings closest to the public rating grid
-(``rating_min``..``rating_max`` step ``rating_step``), then rounds. A client is *claimed*
-when G is rank one to ``rank_tol`` and the decoded ratings sit on the grid to ``grid_tol``
-(exact one-step uploads); several local steps bend G away from rank one, and the attack then
-reports its best guess without claiming it. It needs the public ``lr`` (and ``lam``, default
-0) and, for row uploads, the model the server sent (``state`` messages).
+d = u / |u|: every row of D is a multiple of u (one step: the closed-form idea of
+``mvmf-analytic`` applied to MF). With d the top right singular vector of D, the ratings are a
+known function of the one unknown |u| = t (and the sign of d); the attack picks the t > 0 that
+puts them closest to the public rating grid (``rating_min``..``rating_max`` step
+``rating_step``), then rounds. A client is *claimed* when D is rank one to ``rank_tol`` and the
+decoded ratings sit on the grid to ``grid_tol``; training that also moves u within the round
+bends D away from rank one, and the attack then reports its best guess without claiming it.
+It needs the public ``lr`` (``lam`` default 0, ``local_steps`` default 1) and, for row
+uploads, the model the server sent (``state`` messages).
+``generic-mf-ratings-estimated`` does without ``lr``, ``lam`` and ``local_steps``: it
+estimates c^T as the value that makes the clients' D closest to rank one, then fits each
+client's two remaining scalars against the grid.
 
 Metrics over the uploaded items of clients with ground truth: ``accuracy`` (exact rating),
 ``rmse``, ``claimed`` (share of clients claimed) and ``accuracy_claimed`` (exact ratings
@@ -25,6 +33,7 @@ better on held-out clients (:meth:`GenericMFRatings.prior_baseline`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,8 +41,8 @@ import numpy as np
 from privaudit.attacks._generic import (
     client_uploads,
     cross_fit,
-    defense_note,
     loo_rating_counts,
+    missing_note,
     rating_population,
     ratio,
     scored_victims,
@@ -62,27 +71,62 @@ def _grid_residual(r: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return np.abs(r - (grid[0] + np.round((clipped - grid[0]) / step) * step))
 
 
-def decode(G: np.ndarray, V: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, float, float]:
-    """Ratings, rank-one residual and grid residual from G (n x K) and the sent rows V (n x K).
+@dataclass(frozen=True)
+class LocalSteps:
+    """The clients' local training: ``steps`` gradient steps (or SGD epochs: each rated row is
+    updated once per epoch) of learning rate ``lr`` and L2 weight ``lam`` on the item rows,
+    the user vector fixed within the round."""
 
-    The rank-one residual is sigma_2 / sigma_1 of G; the grid residual the RMS distance of the
-    decoded ratings to the grid at the chosen t.
+    lr: float
+    lam: float = 0.0
+    steps: int = 1
+
+    @property
+    def decay(self) -> float:
+        """c^T, c = 1 - lr lam: what the L2 term alone leaves of a row after the round."""
+        return (1.0 - self.lr * self.lam) ** self.steps
+
+    def change(self, sent: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        """D = v_T - c^T v_0 per row (n x K): a multiple of the user vector u for every row."""
+        return delta + (1.0 - self.decay) * sent
+
+    def ratings(self, alpha: np.ndarray, beta: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Ratings (minus the public mean) of rows with D.d = alpha and v_0.d = beta, d = u/|u|,
+        at |u| = t: with a = c - lr t^2 (u is an eigenvector of every step's linear map),
+        v_T = c^T v_0 + (a^T - c^T)(v_0.d) d + lr r (sum_{k<T} a^k) u, so
+        r = (alpha - (a^T - c^T) beta) / (lr t sum_{k<T} a^k). Shapes broadcast (n, 1) x (T,)."""
+        c = 1.0 - self.lr * self.lam
+        a = c - self.lr * t**2  # < 1 for t > 0
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            geo = (1.0 - a**self.steps) / (1.0 - a)
+            return (alpha - (a**self.steps - c**self.steps) * beta) / (self.lr * t * geo)
+
+
+def decode(D: np.ndarray, V: np.ndarray, grid: np.ndarray, hp: LocalSteps) -> tuple[np.ndarray, float, float]:
+    """Ratings, rank-one residual and grid residual from the changes D (n x K) of
+    :meth:`LocalSteps.change` and the sent rows V (n x K); ``grid`` is the public grid minus
+    the public mean.
+
+    The rank-one residual is sigma_2 / sigma_1 of D; the grid residual the RMS distance of the
+    decoded ratings to the grid at the chosen |u|.
     """
-    _, s, vt = np.linalg.svd(G, full_matrices=False)
+    _, s, vt = np.linalg.svd(D, full_matrices=False)
     rank_res = float(s[1] / s[0]) if s.size > 1 and s[0] > 0 else (0.0 if s.size and s[0] > 0 else 1.0)
     best = None
     for d in (vt[0], -vt[0]):  # u = t d with t > 0 for one of the two signs
-        r, res = _fit_scale(G @ d, V @ d, grid)
+        alpha, beta = D @ d, V @ d
+        r, res = _fit_scale(lambda t, alpha=alpha, beta=beta: hp.ratings(alpha[:, None], beta[:, None], t), grid)
         if best is None or res < best[1]:
             best = (r, res)
     return best[0], rank_res, best[1]
 
 
-def _fit_scale(a: np.ndarray, b: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, float]:
-    """Ratings a / t + t b at the t > 0 closest to the grid, and their RMS grid residual."""
+def _fit_scale(ratings, grid: np.ndarray) -> tuple[np.ndarray, float]:
+    """``ratings(t)`` (n x len(t)) at the t > 0 closest to the grid, and their RMS grid residual."""
 
     def cost(t):
-        return np.mean(_grid_residual(a[:, None] / t + t * b[:, None], grid) ** 2, axis=0)
+        c = np.mean(_grid_residual(ratings(t), grid) ** 2, axis=0)
+        return np.where(np.isfinite(c), c, np.inf)
 
     costs = cost(_T_GRID)
     k = int(np.argmin(costs))
@@ -93,8 +137,14 @@ def _fit_scale(a: np.ndarray, b: np.ndarray, grid: np.ndarray) -> tuple[np.ndarr
         lambda t: float(cost(np.array([t]))[0]), bounds=(lo, hi), method="bounded", options={"xatol": 1e-12}
     )
     t = float(res.x) if res.fun <= costs[k] else float(_T_GRID[k])
-    r = a / t + t * b
+    r = ratings(np.array([t]))[:, 0]
     return r, float(np.sqrt(np.mean(_grid_residual(r, grid) ** 2)))
+
+
+def global_mean(config: dict) -> float:
+    """The public global mean the clients centre ratings by (``global_mean``; 0 when absent)."""
+    mu = config.get("global_mean", 0.0)
+    return float(mu) if isinstance(mu, (int, float)) and not isinstance(mu, bool) else 0.0
 
 
 def snap(r: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -131,40 +181,57 @@ class GenericMFRatings(Attack):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise PrivauditError(f"attack 'generic-mf-ratings': {key} must be a positive number, got {value!r}")
 
+    def hyper(self, view: View, ups: dict[str, list]) -> tuple[LocalSteps | None, str]:
+        """The clients' local training from the public config (``lr``, ``lam``, ``local_steps``),
+        or (None, why not)."""
+        cfg = view.config
+        lr = cfg.get("lr")
+        if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr > 0:
+            return None, (
+                "the public config lacks 'lr' (the clients' learning rate; map it in the schema's public "
+                "or give it in public-info; generic-mf-ratings-estimated estimates it)"
+            )
+        steps = cfg.get("local_steps", 1)
+        steps = int(steps) if isinstance(steps, (int, float)) and not isinstance(steps, bool) and steps >= 1 else 1
+        return LocalSteps(float(lr), float(cfg.get("lam", 0.0) or 0.0), steps), ""
+
     def applicable(self, view: View) -> tuple[bool, str]:
         ok, reason = super().applicable(view)
         if not ok:
-            return ok, reason + defense_note(view)
-        if not isinstance(view.config.get("lr"), (int, float)) or not view.config.get("lr"):
-            return False, "the public config lacks 'lr' (the clients' learning rate; map it in the schema's public)"
+            return ok, reason + missing_note(view)
         ups = client_uploads(view)
         if ups and all(u.delta is None for us in ups.values() for u in us):
             return False, "the uploads are item rows but the server's view holds no model it sent (no 'model' state)"
+        hp, why = self.hyper(view, ups)
+        if hp is None:
+            return False, why
         ratios = []
-        lr, lam = float(view.config["lr"]), float(view.config.get("lam", 0.0) or 0.0)
         for us in list(ups.values())[:5]:
-            up = next((u for u in us if u.delta is not None and u.sent is not None and u.items.size >= 2), None)
+            up = next((u for u in _usable(us) if u.items.size >= 2), None)
             if up is not None:
-                s = np.linalg.svd(up.delta / lr + lam * up.sent, compute_uv=False)
+                s = np.linalg.svd(hp.change(up.sent, up.delta), compute_uv=False)
                 ratios.append(s[1] / s[0] if s[0] > 0 else 1.0)
         if ratios and float(np.median(ratios)) > self.max_rank_ratio:
             return False, (
                 "the uploaded row changes are not multiples of one user vector "
                 f"(sigma_2/sigma_1 = {np.median(ratios):.2f} > {self.max_rank_ratio}): "
-                "the clients do not run a few plain-MF gradient steps"
+                "the clients do not run plain-MF steps with a user vector fixed within the round"
             )
         return True, ""
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
-        lr = float(view.config["lr"])
-        lam = float(view.config.get("lam", 0.0) or 0.0)
+        ups = client_uploads(view)
+        hp, why = self.hyper(view, ups)
+        if hp is None:
+            return self.unsupported(why)
         grid = grid_of(view.config)
+        mean = global_mean(view.config)
         victims: dict[str, dict[str, np.ndarray]] = {}
-        for party, ups in client_uploads(view).items():
+        for party, us in ups.items():
             decoded = []
-            for up in _usable(ups):
-                r, rank_res, grid_res = decode(up.delta / lr + lam * up.sent, up.sent, grid)
-                decoded.append((grid_res, rank_res, up.items, r))
+            for up in _usable(us):
+                y, rank_res, grid_res = decode(hp.change(up.sent, up.delta), up.sent, grid - mean, hp)
+                decoded.append((grid_res, rank_res, up.items, y + mean))
             if not decoded:
                 continue
             decoded.sort(key=lambda d: d[0])  # every item from the closest-to-grid upload holding it
@@ -181,7 +248,8 @@ class GenericMFRatings(Attack):
                 "claimed": np.array([claimed]),
                 "residuals": np.array([rank_res, grid_res]),
             }
-        return Reconstruction(self.name, self.party, victims, meta={"clients": len(victims)})
+        meta = {"clients": len(victims), "lr": hp.lr, "lam": hp.lam, "local_steps": hp.steps}
+        return Reconstruction(self.name, self.party, victims, meta=meta)
 
     @staticmethod
     def _truth(transcript: Transcript, party: str, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

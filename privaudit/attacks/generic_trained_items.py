@@ -23,7 +23,7 @@ from privaudit.attacks._generic import (
     changed_items,
     client_uploads,
     cross_fit,
-    defense_note,
+    missing_note,
     n_items,
     scored_victims,
     truth_items,
@@ -84,7 +84,7 @@ class GenericTrainedItems(Attack):
 
     def applicable(self, view: View) -> tuple[bool, str]:
         ok, reason = super().applicable(view)
-        return ok, reason + ("" if ok else defense_note(view))
+        return ok, reason + ("" if ok else missing_note(view))
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         victims: dict[str, dict[str, np.ndarray]] = {}
