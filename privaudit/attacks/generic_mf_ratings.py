@@ -101,6 +101,13 @@ class LocalSteps:
             geo = (1.0 - a**self.steps) / (1.0 - a)
             return (alpha - (a**self.steps - c**self.steps) * beta) / (self.lr * t * geo)
 
+    def decode(self, D: np.ndarray, V: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """:func:`decode` with these hyperparameters."""
+        return decode(D, V, grid, self)
+
+    def describe(self) -> dict[str, float]:
+        return {"lr": self.lr, "lam": self.lam, "local_steps": self.steps}
+
 
 def decode(D: np.ndarray, V: np.ndarray, grid: np.ndarray, hp: LocalSteps) -> tuple[np.ndarray, float, float]:
     """Ratings, rank-one residual and grid residual from the changes D (n x K) of
@@ -195,6 +202,16 @@ class GenericMFRatings(Attack):
         steps = int(steps) if isinstance(steps, (int, float)) and not isinstance(steps, bool) and steps >= 1 else 1
         return LocalSteps(float(lr), float(cfg.get("lam", 0.0) or 0.0), steps), ""
 
+    def _rank_ratios(self, ups: dict[str, list], hp: Any) -> list[float]:
+        """sigma_2/sigma_1 of D for the first usable upload of up to 5 clients."""
+        ratios = []
+        for us in list(ups.values())[:5]:
+            up = next(iter(_usable(us)), None)
+            if up is not None:
+                s = np.linalg.svd(hp.change(up.sent, up.delta), compute_uv=False)
+                ratios.append(s[1] / s[0] if s[0] > 0 else 1.0)
+        return ratios
+
     def applicable(self, view: View) -> tuple[bool, str]:
         ok, reason = super().applicable(view)
         if not ok:
@@ -205,12 +222,7 @@ class GenericMFRatings(Attack):
         hp, why = self.hyper(view, ups)
         if hp is None:
             return False, why
-        ratios = []
-        for us in list(ups.values())[:5]:
-            up = next((u for u in _usable(us) if u.items.size >= 2), None)
-            if up is not None:
-                s = np.linalg.svd(hp.change(up.sent, up.delta), compute_uv=False)
-                ratios.append(s[1] / s[0] if s[0] > 0 else 1.0)
+        ratios = self._rank_ratios(ups, hp)
         if ratios and float(np.median(ratios)) > self.max_rank_ratio:
             return False, (
                 "the uploaded row changes are not multiples of one user vector "
@@ -230,7 +242,7 @@ class GenericMFRatings(Attack):
         for party, us in ups.items():
             decoded = []
             for up in _usable(us):
-                y, rank_res, grid_res = decode(hp.change(up.sent, up.delta), up.sent, grid - mean, hp)
+                y, rank_res, grid_res = hp.decode(hp.change(up.sent, up.delta), up.sent, grid - mean)
                 decoded.append((grid_res, rank_res, up.items, y + mean))
             if not decoded:
                 continue
@@ -248,7 +260,7 @@ class GenericMFRatings(Attack):
                 "claimed": np.array([claimed]),
                 "residuals": np.array([rank_res, grid_res]),
             }
-        meta = {"clients": len(victims), "lr": hp.lr, "lam": hp.lam, "local_steps": hp.steps}
+        meta = {"clients": len(victims), **hp.describe()}
         return Reconstruction(self.name, self.party, victims, meta=meta)
 
     @staticmethod
@@ -405,3 +417,90 @@ class GenericMFRatings(Attack):
 def _usable(ups: list) -> list:
     """The uploads a decode can use: known change, known sent rows, at least two items."""
     return [u for u in ups if u.delta is not None and u.sent is not None and u.items.size >= 2]
+
+
+_INV_KAPPA = np.logspace(-2, 4, 601)
+_RHO = np.linspace(-80.0, 0.0, 321)
+#: rows per client the two-parameter grid search uses (all rows are decoded afterwards)
+_SEARCH_ROWS = 120
+
+
+@dataclass(frozen=True)
+class EstimatedSteps:
+    """Local training whose hyperparameters are not public: only the decay c^T (estimated)."""
+
+    decay: float
+    rank_ratio: float
+
+    def change(self, sent: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        return delta + (1.0 - self.decay) * sent
+
+    def decode(self, D: np.ndarray, V: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """Ratings y = (D.d) / kappa - rho (V.d) with the client's two unknowns (kappa > 0, rho)
+        searched on a grid (on at most ``_SEARCH_ROWS`` rows), then refitted by least squares
+        against the snapped ratings; the sign of d closest to the grid wins."""
+        _, s, vt = np.linalg.svd(D, full_matrices=False)
+        rank_res = float(s[1] / s[0]) if s.size > 1 and s[0] > 0 else (0.0 if s.size and s[0] > 0 else 1.0)
+        best = None
+        for d in (vt[0], -vt[0]):
+            alpha, beta = D @ d, V @ d
+            sub = slice(0, _SEARCH_ROWS)
+            costs = np.array(
+                [
+                    np.mean(_grid_residual(alpha[sub, None] * _INV_KAPPA - rho * beta[sub, None], grid) ** 2, axis=0)
+                    for rho in _RHO
+                ]
+            )
+            i, j = np.unravel_index(int(np.argmin(costs)), costs.shape)
+            inv_k, rho = _INV_KAPPA[j], _RHO[i]
+            for _ in range(5):  # least squares: alpha = kappa y + kappa rho beta at the snapped y
+                y = snap(alpha * inv_k - rho * beta, grid)
+                (kappa, kr), *_ = np.linalg.lstsq(np.stack([y, beta], axis=1), alpha, rcond=None)
+                if not kappa > 0:
+                    break
+                inv_k, rho = 1.0 / kappa, kr / kappa
+            y = alpha * inv_k - rho * beta
+            res = float(np.sqrt(np.mean(_grid_residual(y, grid) ** 2)))
+            if best is None or res < best[1]:
+                best = (y, res)
+        return best[0], rank_res, best[1]
+
+    def describe(self) -> dict[str, float]:
+        return {"decay": self.decay, "rank_ratio": self.rank_ratio}
+
+
+def estimate_decay(ups: dict[str, list], clients: int = 20) -> tuple[float, float]:
+    """(c^T, median sigma_2/sigma_1 there): the decay that makes v(T) - c^T v(0) closest to
+    rank one, median over the first usable upload of up to ``clients`` clients, on (0, 1]."""
+    pairs = [(u.sent + u.delta, u.sent) for us in list(ups.values())[:clients] for u in _usable(us)[:1]]
+    if not pairs:
+        return 1.0, 1.0
+
+    def cost(g: float) -> float:
+        out = []
+        for new, old in pairs:
+            s = np.linalg.svd(new - g * old, compute_uv=False)
+            out.append(s[1] / s[0] if s[0] > 0 else 1.0)
+        return float(np.median(out))
+
+    grid = np.linspace(0.0, 1.0, 201)
+    k = int(np.argmin([cost(g) for g in grid]))
+    from scipy.optimize import minimize_scalar
+
+    lo, hi = grid[max(k - 1, 0)], grid[min(k + 1, grid.size - 1)]
+    res = minimize_scalar(cost, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10})
+    g = float(res.x) if res.fun <= cost(grid[k]) else float(grid[k])
+    return g, cost(g)
+
+
+@register_attack("generic-mf-ratings-estimated")
+class GenericMFRatingsEstimated(GenericMFRatings):
+    """generic-mf-ratings without the public ``lr``, ``lam`` and ``local_steps`` (estimated)."""
+
+    description = "plain-MF uploads, training hyperparameters unknown: estimated from the uploads, then decoded"
+
+    def hyper(self, view: View, ups: dict[str, list]) -> tuple[EstimatedSteps | None, str]:
+        """The decay c^T estimated from the uploads (never from the public config)."""
+        if not any(_usable(us) for us in ups.values()):
+            return None, "no upload with a known change of at least two rows"
+        return EstimatedSteps(*estimate_decay(ups)), ""
