@@ -171,13 +171,31 @@ def test_trained_items_from_whole_matrix_replies(plain):
 
 def test_mf_ratings_with_local_epochs_l2_and_a_public_mean(plain):
     out = _evaluate("generic-mf-ratings", plain)
-    assert out.metrics["accuracy"] >= 0.9 and out.metrics["claimed"] >= 0.9
+    # clients without a rating of 1 have an exact mirror under mean 3.5 (see below): not claimed
+    assert out.metrics["accuracy"] >= 0.9 and out.metrics["accuracy_claimed"] == 1.0 and out.metrics["claimed"] >= 0.5
     assert out.metrics["accuracy"] > out.baseline_prior["accuracy"] + 0.3
     # a one-step decode (the old model) is wrong on the same uploads: the local epochs matter
     wrong = copy.copy(plain)
     wrong.config = {**plain.config, "local_steps": 1}
     one_step = _evaluate("generic-mf-ratings", wrong).metrics
     assert one_step["claimed"] == 0 and one_step["accuracy"] < 0.7
+
+
+def test_mirrored_ratings_fit_too_when_the_mean_makes_the_grid_symmetric():
+    """(u, y) and (-u, -y) upload the same rows: with mean 3.5 and no rating of 1 both signs sit
+    on the grid, so the decode is not claimed (the tie goes to more ratings above the mean)."""
+    from privaudit.attacks.generic_mf_ratings import LocalSteps, decode
+
+    rng = np.random.default_rng(3)
+    V0, u = rng.normal(0, 0.1, (30, 8)), rng.normal(0, 1, 8)
+    r = rng.choice([2.0, 3.0, 4.0, 4.0, 5.0, 5.0], 30)
+    hp = LocalSteps(0.05, 0.05, 5)
+    for mu, unique in ((3.5, False), (3.53, True)):
+        V = V0.copy()
+        for _ in range(hp.steps):
+            V -= hp.lr * (-np.outer(r - mu - V @ u, u) + hp.lam * V)
+        y, res, other, rank = decode(hp.change(V0, V - V0), V0, np.arange(1.0, 6.0) - mu, hp)
+        assert res < 1e-6 and rank < 1e-9 and np.allclose(y + mu, r) and (other >= 1e-3) == unique
 
 
 def test_mf_ratings_estimated_without_public_hyperparameters(plain):

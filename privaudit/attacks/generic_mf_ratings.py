@@ -101,7 +101,7 @@ class LocalSteps:
             geo = (1.0 - a**self.steps) / (1.0 - a)
             return (alpha - (a**self.steps - c**self.steps) * beta) / (self.lr * t * geo)
 
-    def decode(self, D: np.ndarray, V: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, float, float]:
+    def decode(self, D: np.ndarray, V: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, float, float, float]:
         """:func:`decode` with these hyperparameters."""
         return decode(D, V, grid, self)
 
@@ -109,23 +109,35 @@ class LocalSteps:
         return {"lr": self.lr, "lam": self.lam, "local_steps": self.steps}
 
 
-def decode(D: np.ndarray, V: np.ndarray, grid: np.ndarray, hp: LocalSteps) -> tuple[np.ndarray, float, float]:
-    """Ratings, rank-one residual and grid residual from the changes D (n x K) of
-    :meth:`LocalSteps.change` and the sent rows V (n x K); ``grid`` is the public grid minus
-    the public mean.
+def decode(D: np.ndarray, V: np.ndarray, grid: np.ndarray, hp: LocalSteps) -> tuple[np.ndarray, float, float, float]:
+    """(ratings, grid residual, the other sign's grid residual, rank-one residual) from the
+    changes D (n x K) of :meth:`LocalSteps.change` and the sent rows V (n x K); ``grid`` is the
+    public grid minus the public mean.
 
-    The rank-one residual is sigma_2 / sigma_1 of D; the grid residual the RMS distance of the
-    decoded ratings to the grid at the chosen |u|.
+    The rank-one residual is sigma_2 / sigma_1 of D; a grid residual the RMS distance of the
+    decoded ratings to the grid at the best |u| for that sign of d (:func:`_pick_sign`).
     """
     _, s, vt = np.linalg.svd(D, full_matrices=False)
     rank_res = float(s[1] / s[0]) if s.size > 1 and s[0] > 0 else (0.0 if s.size and s[0] > 0 else 1.0)
-    best = None
+    fits = []
     for d in (vt[0], -vt[0]):  # u = t d with t > 0 for one of the two signs
         alpha, beta = D @ d, V @ d
-        r, res = _fit_scale(lambda t, alpha=alpha, beta=beta: hp.ratings(alpha[:, None], beta[:, None], t), grid)
-        if best is None or res < best[1]:
-            best = (r, res)
-    return best[0], rank_res, best[1]
+        fits.append(_fit_scale(lambda t, alpha=alpha, beta=beta: hp.ratings(alpha[:, None], beta[:, None], t), grid))
+    return (*_pick_sign(fits), rank_res)
+
+
+def _pick_sign(fits: list[tuple[np.ndarray, float]]) -> tuple[np.ndarray, float, float]:
+    """(ratings, grid residual, the other sign's grid residual) of the sign closer to the grid.
+
+    (u, y) and (-u, -y) give the same uploads, so when the public mean makes the grid symmetric
+    for a client's ratings (mean 3.5 on 1..5 and no rating of 1) both signs fit exactly; the
+    tie goes to the sign with more ratings above the mean (ratings skew high)."""
+    (y0, r0), (y1, r1) = fits
+    if abs(r0 - r1) <= 1e-9 + 1e-6 * min(r0, r1):
+        first = np.sum(y0 > 0) >= np.sum(y1 > 0)
+    else:
+        first = r0 < r1
+    return (y0, r0, r1) if first else (y1, r1, r0)
 
 
 def _fit_scale(ratings, grid: np.ndarray) -> tuple[np.ndarray, float]:
@@ -242,23 +254,24 @@ class GenericMFRatings(Attack):
         for party, us in ups.items():
             decoded = []
             for up in _usable(us):
-                y, rank_res, grid_res = hp.decode(hp.change(up.sent, up.delta), up.sent, grid - mean)
-                decoded.append((grid_res, rank_res, up.items, y + mean))
+                y, grid_res, other_res, rank_res = hp.decode(hp.change(up.sent, up.delta), up.sent, grid - mean)
+                decoded.append((grid_res, rank_res, up.items, y + mean, other_res))
             if not decoded:
                 continue
             decoded.sort(key=lambda d: d[0])  # every item from the closest-to-grid upload holding it
             items = np.unique(np.concatenate([d[2] for d in decoded]))
             raw = np.full(items.size, np.nan)
-            for _, _, its, r in reversed(decoded):
+            for _, _, its, r, _ in reversed(decoded):
                 raw[np.searchsorted(items, its)] = r
-            grid_res, rank_res = decoded[0][:2]
-            claimed = rank_res < self.rank_tol and grid_res < self.grid_tol
+            grid_res, rank_res, other_res = decoded[0][0], decoded[0][1], decoded[0][4]
+            # claimed: exact and unique (the mirrored ratings of the other sign are off the grid)
+            claimed = rank_res < self.rank_tol and grid_res < self.grid_tol <= other_res
             victims[party] = {
                 "items": items,
                 "ratings": snap(raw, grid),
                 "raw": raw,
                 "claimed": np.array([claimed]),
-                "residuals": np.array([rank_res, grid_res]),
+                "residuals": np.array([rank_res, grid_res, other_res]),
             }
         meta = {"clients": len(victims), **hp.describe()}
         return Reconstruction(self.name, self.party, victims, meta=meta)
@@ -435,13 +448,13 @@ class EstimatedSteps:
     def change(self, sent: np.ndarray, delta: np.ndarray) -> np.ndarray:
         return delta + (1.0 - self.decay) * sent
 
-    def decode(self, D: np.ndarray, V: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, float, float]:
+    def decode(self, D: np.ndarray, V: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, float, float, float]:
         """Ratings y = (D.d) / kappa - rho (V.d) with the client's two unknowns (kappa > 0, rho)
         searched on a grid (on at most ``_SEARCH_ROWS`` rows), then refitted by least squares
         against the snapped ratings; the sign of d closest to the grid wins."""
         _, s, vt = np.linalg.svd(D, full_matrices=False)
         rank_res = float(s[1] / s[0]) if s.size > 1 and s[0] > 0 else (0.0 if s.size and s[0] > 0 else 1.0)
-        best = None
+        fits = []
         for d in (vt[0], -vt[0]):
             alpha, beta = D @ d, V @ d
             sub = slice(0, _SEARCH_ROWS)
@@ -460,10 +473,8 @@ class EstimatedSteps:
                     break
                 inv_k, rho = 1.0 / kappa, kr / kappa
             y = alpha * inv_k - rho * beta
-            res = float(np.sqrt(np.mean(_grid_residual(y, grid) ** 2)))
-            if best is None or res < best[1]:
-                best = (y, res)
-        return best[0], rank_res, best[1]
+            fits.append((y, float(np.sqrt(np.mean(_grid_residual(y, grid) ** 2)))))
+        return (*_pick_sign(fits), rank_res)
 
     def describe(self) -> dict[str, float]:
         return {"decay": self.decay, "rank_ratio": self.rank_ratio}
