@@ -61,7 +61,14 @@ class _Ctx:
         self.run_config = cfg
 
 
-def simulate(tmp_path: Path, clients: int = 12, rounds: int = 2, updates: str = "rows", cfg: dict | None = None):
+def simulate(
+    tmp_path: Path,
+    clients: int = 12,
+    rounds: int = 2,
+    updates: str = "rows",
+    cfg: dict | None = None,
+    schema: SchemaMap | None = None,
+):
     """A transcript of the plain FedAvg MF app as the recorder builds it from Flower's messages:
     ``arrays/0`` (the whole item matrix) down in train and evaluate messages, the whole
     returned matrix (``updates="rows"``) or its difference to the sent one up, FedAvg weighted
@@ -69,7 +76,7 @@ def simulate(tmp_path: Path, clients: int = 12, rounds: int = 2, updates: str = 
     cfg = dict(CFG, **(cfg or {}))
     ds = TASK.dataset_of(cfg)
     V = TASK.init_items(0, ds.n_items, cfg["dim"])
-    rec = FlowerRecorder(SchemaMap.auto_map(), tmp_path)
+    rec = FlowerRecorder(schema or SchemaMap.auto_map(), tmp_path)
     rec.start(cfg, TASK.public_info(cfg))
     nodes = [1000 + 7 * k for k in range(clients)]
     for user, node in enumerate(nodes):
@@ -153,6 +160,38 @@ def test_whole_matrix_replies_become_item_updates_of_the_changed_rows(tmp_path, 
     assert len(models) == 2 and len(t.select("flower.evaluate")) == 8
     t2 = load(t.save(tmp_path / "run.ptx"))  # the recorded protocol's schema admits it
     assert len(t2.select("item_update")) == 8
+
+
+def test_a_dense_map_names_the_matrix_and_the_update_form(tmp_path):
+    sm = SchemaMap.from_dict({"item-embeddings": "arrays/0", "updates": "deltas"})
+    t = simulate(tmp_path, clients=3, rounds=1, updates="deltas", schema=sm)
+    assert t.config["dense"] == {
+        "entries": ["arrays/0"],
+        "message_type": "train",
+        "updates": "deltas",
+        "converted": 3,
+        "detected": False,
+    }
+    for m in t.select("item_update"):
+        assert np.array_equal(m.payload["items"], np.sort(t.private(m.sender)["items"]))
+
+
+def test_several_item_tables_are_side_by_side(tmp_path):
+    """NCF-like replies: two item tables (GMF width 2, MLP width 3) and a head; one client
+    trains items 1 and 4 in the first table and item 2 in the second."""
+    gmf, mlp, head = np.zeros((6, 2)), np.ones((6, 3)), np.zeros(4)
+    new_gmf, new_mlp = gmf.copy(), mlp.copy()
+    new_gmf[[1, 4]] += 0.5
+    new_mlp[2] -= 0.25
+    down = {"arrays/0": gmf, "arrays/1": mlp, "arrays/2": head}
+    up = {"arrays/0": new_gmf, "arrays/1": new_mlp, "arrays/2": head + 1}
+    events = [_Event("down", 1, 0, "flower.train", down, {}), _Event("up", 1, 0, "flower.train.reply", up, {})]
+    out, schema, summary = dense.convert(events, SchemaMap.auto_map(), {"n_items": 6})
+    assert summary["entries"] == ["arrays/0", "arrays/1"] and schema.item_embeddings == ("arrays/0", "arrays/1")
+    assert out[0].kind == "model" and out[0].payload["V"].shape == (6, 5) and "arrays/2" in out[0].payload
+    assert out[1].kind == "item_update" and out[1].payload["items"].tolist() == [1, 2, 4]
+    assert np.array_equal(out[1].payload["values"], np.hstack([new_gmf, new_mlp])[[1, 2, 4]])
+    assert events[1].kind == "flower.train.reply"  # the input is not modified
 
 
 # ------------------------------------------------------------------ the attacks on whole-matrix replies

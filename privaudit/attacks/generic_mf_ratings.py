@@ -432,10 +432,10 @@ def _usable(ups: list) -> list:
     return [u for u in ups if u.delta is not None and u.sent is not None and u.items.size >= 2]
 
 
-_INV_KAPPA = np.logspace(-2, 4, 601)
-_RHO = np.linspace(-80.0, 0.0, 321)
+_INV_KAPPA = np.logspace(-2, 4, 301)
+_RHO = np.linspace(-80.0, 0.0, 161)
 #: rows per client the two-parameter grid search uses (all rows are decoded afterwards)
-_SEARCH_ROWS = 120
+_SEARCH_ROWS = 60
 
 
 @dataclass(frozen=True)
