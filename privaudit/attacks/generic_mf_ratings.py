@@ -160,6 +160,32 @@ def _fit_scale(ratings, grid: np.ndarray) -> tuple[np.ndarray, float]:
     return r, float(np.sqrt(np.mean(_grid_residual(r, grid) ** 2)))
 
 
+def _settle_mirrors(victims: dict[str, dict[str, np.ndarray]], mean: float, tol: float) -> None:
+    """Clients whose mirrored ratings 2 mean - r also sit on the grid (:func:`_pick_sign`) take
+    the mirror when it agrees with the claimed clients' mean rating of the same items and the
+    ratings as decoded disagree (correlation below -1 / sqrt(shared items)); else unchanged."""
+    claimed = [v for v in victims.values() if v["claimed"][0]]
+    if not claimed:
+        return
+    items = np.concatenate([v["items"] for v in claimed])
+    ratings = np.concatenate([v["ratings"] for v in claimed])
+    n = int(max(items.max(), max(v["items"].max(initial=0) for v in victims.values()))) + 1
+    count = np.bincount(items, minlength=n)
+    item_mean = np.bincount(items, weights=ratings, minlength=n) / np.maximum(count, 1)
+    for v in victims.values():
+        if v["claimed"][0] or not v["residuals"][2] < tol:
+            continue
+        shared = count[v["items"]] > 0
+        if shared.sum() < 2:
+            continue
+        r, m = v["ratings"][shared], item_mean[v["items"][shared]]
+        if r.std() == 0 or m.std() == 0:
+            continue
+        corr = float(np.corrcoef(r, m)[0, 1])
+        if corr * np.sqrt(shared.sum()) < -1.0:  # the mirror agrees, by about one standard error
+            v["raw"], v["ratings"] = 2 * mean - v["raw"], 2 * mean - v["ratings"]
+
+
 def global_mean(config: dict) -> float:
     """The public global mean the clients centre ratings by (``global_mean``; 0 when absent)."""
     mu = config.get("global_mean", 0.0)
@@ -273,6 +299,7 @@ class GenericMFRatings(Attack):
                 "claimed": np.array([claimed]),
                 "residuals": np.array([rank_res, grid_res, other_res]),
             }
+        _settle_mirrors(victims, mean, self.grid_tol)
         meta = {"clients": len(victims), **hp.describe()}
         return Reconstruction(self.name, self.party, victims, meta=meta)
 
