@@ -192,6 +192,9 @@ def test_several_item_tables_are_side_by_side(tmp_path):
     assert out[1].kind == "item_update" and out[1].payload["items"].tolist() == [1, 2, 4]
     assert np.array_equal(out[1].payload["values"], np.hstack([new_gmf, new_mlp])[[1, 2, 4]])
     assert events[1].kind == "flower.train.reply"  # the input is not modified
+    # a map naming an entry no reply returns converts nothing and says so
+    _, _, summary = dense.convert(events, SchemaMap.from_dict({"item-embeddings": "arrays/7"}), {})
+    assert summary["converted"] == 0 and "no 'train' reply returns arrays/7" in summary["reason"]
 
 
 # ------------------------------------------------------------------ the attacks on whole-matrix replies

@@ -19,7 +19,10 @@ puts them closest to the public rating grid (``rating_min``..``rating_max`` step
 decoded ratings sit on the grid to ``grid_tol``; training that also moves u within the round
 bends D away from rank one, and the attack then reports its best guess without claiming it.
 It needs the public ``lr`` (``lam`` default 0, ``local_steps`` default 1) and, for row
-uploads, the model the server sent (``state`` messages).
+uploads, the model the server sent (``state`` messages). (u, r - mu) and (-u, mu - r) upload
+the same rows: when the mirrored ratings 2 mu - r also sit on the grid (mu = 3.5 on 1..5 and
+no rating of 1) the client is not claimed, and the sign is chosen by the claimed clients'
+item means or, failing that, by more ratings above mu.
 ``generic-mf-ratings-estimated`` does without ``lr``, ``lam`` and ``local_steps``: it
 estimates c^T as the value that makes the clients' D closest to rank one, then fits each
 client's two remaining scalars against the grid.
@@ -94,7 +97,7 @@ class LocalSteps:
         """Ratings (minus the public mean) of rows with D.d = alpha and v_0.d = beta, d = u/|u|,
         at |u| = t: with a = c - lr t^2 (u is an eigenvector of every step's linear map),
         v_T = c^T v_0 + (a^T - c^T)(v_0.d) d + lr r (sum_{k<T} a^k) u, so
-        r = (alpha - (a^T - c^T) beta) / (lr t sum_{k<T} a^k). Shapes broadcast (n, 1) x (T,)."""
+        r = (alpha - (a^T - c^T) beta) / (lr t sum_{k<T} a^k). alpha, beta (n, 1) against t (m,)."""
         c = 1.0 - self.lr * self.lam
         a = c - self.lr * t**2  # < 1 for t > 0
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):

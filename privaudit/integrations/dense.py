@@ -75,8 +75,8 @@ def detect(events: list, n_items: int | None, skip: tuple[str, ...] = ()) -> tup
     if not up:
         return "", ()
     counts: dict[str, int] = {}
-    for mtype, _ in up:
-        counts[mtype] = max(counts.get(mtype, 0), up[(mtype, _)])
+    for (mtype, _name), n in up.items():
+        counts[mtype] = max(counts.get(mtype, 0), n)
     mtype = max(sorted(counts), key=lambda t: (counts[t], t == "train"))
     names = sorted((n for t, n in up if t == mtype), key=_natural)
     if n_items is None:  # no public item count: the matrices with the most rows
@@ -162,6 +162,8 @@ def convert(events: list, schema: SchemaMap, config: dict[str, Any]) -> tuple[li
         out[i] = _replace(ev, "item_update", payload, meta)
     summary = {"entries": list(names), "message_type": mtype, "updates": mode, "converted": len(pairs)}
     summary["detected"] = schema.auto
+    if not pairs:
+        summary["reason"] = f"no {mtype!r} reply returns {', '.join(names)} with the shape it was sent"
     return out, resolved, summary
 
 
