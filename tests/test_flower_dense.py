@@ -84,20 +84,40 @@ def simulate(
     for rnd in range(1, rounds + 1):
         total, weight = np.zeros_like(V), 0.0
         for user, node in enumerate(nodes):
-            down = {"arrays/0": V.copy()}
-            meta = {"entries": {"config/server-round": rnd}}
-            rec.events.append(_Event("down", node, rnd - 1, "flower.train", down, meta))
+            rec.record([_message(node, "train", [V.copy()], {"server-round": rnd})], "down")
             (items, ratings), _ = TASK.user_split(ds, user, cfg["seed"])
             new, _, _ = TASK.local_train(V, items, ratings, cfg, np.random.default_rng([user, rnd]))
-            up = {"arrays/0": new if updates == "rows" else new - V, "metrics/num-examples": np.array([items.size])}
-            rec.events.append(_Event("up", node, rnd - 1, "flower.train.reply", up, {}))
+            back = new if updates == "rows" else new - V
+            rec.record([_message(node, "train", [back], metrics={"num-examples": int(items.size)})], "up")
             total += items.size * new
             weight += items.size
         V = total / weight
         for node in nodes:  # evaluate messages carry the aggregated matrix, replies only metrics
-            rec.events.append(_Event("down", node, rnd - 1, "flower.evaluate", {"arrays/0": V.copy()}, {}))
-            rec.events.append(_Event("up", node, rnd - 1, "flower.evaluate.reply", {}, {"entries": {"m/rmse": 1.0}}))
+            rec.record([_message(node, "evaluate", [V.copy()], {"server-round": rnd})], "down")
+            rec.record([_message(node, "evaluate", [], metrics={"eval-rmse": 1.0})], "up")
     return rec.transcript(app="plain-mf-sim", seed=0)
+
+
+class _Array:
+    def __init__(self, a: np.ndarray):
+        self._a = a
+
+    def numpy(self) -> np.ndarray:
+        return self._a
+
+
+def _message(node: int, mtype: str, arrays: list, config: dict | None = None, metrics: dict | None = None):
+    """A stand-in for a Flower Message of the stock strategies: ``ArrayRecord([...])`` under
+    "arrays", the config under "config", an empty group id."""
+    from types import SimpleNamespace
+
+    md = SimpleNamespace(dst_node_id=node, src_node_id=node, message_type=mtype, group_id="")
+    content = SimpleNamespace(
+        array_records={"arrays": {str(i): _Array(a) for i, a in enumerate(arrays)}} if arrays else {},
+        config_records={"config": config} if config else {},
+        metric_records={"metrics": metrics} if metrics else {},
+    )
+    return SimpleNamespace(metadata=md, content=content, has_error=lambda: False)
 
 
 def _evaluate(name: str, t: Transcript):
@@ -174,6 +194,29 @@ def test_a_dense_map_names_the_matrix_and_the_update_form(tmp_path):
     }
     for m in t.select("item_update"):
         assert np.array_equal(m.payload["items"], np.sort(t.private(m.sender)["items"]))
+
+
+MODEL_RULE = {"kind": "model", "direction": "down", "message-type": "train", "when": ["arrays/0"]}
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        [{**MODEL_RULE, "payload": {"V": "arrays/0"}}],  # a model rule only: replies return its V entry
+        [
+            {**MODEL_RULE, "payload": {"V": "arrays/0"}},
+            {"kind": "item_update", "direction": "up", "when": ["arrays/0"], "payload": {"values": "arrays/0"}},
+        ],  # an item_update rule naming only values (the app has no ids)
+    ],
+)
+def test_kinds_maps_of_whole_matrix_apps_are_converted(tmp_path, kinds):
+    sm = SchemaMap.from_dict({"kinds": kinds})
+    assert sm.whole_matrix and not sm.dense
+    t = load(simulate(tmp_path, clients=4, rounds=1, schema=sm).save(tmp_path / "run.ptx"))
+    assert t.config["dense"]["converted"] == 4 and t.config["dense"]["updates"] == "rows"
+    for m in t.select("item_update"):
+        assert np.array_equal(m.payload["items"], np.sort(t.private(m.sender)["items"]))
+    assert _evaluate("generic-trained-items", t).metrics["f1"] == 1.0
 
 
 def test_several_item_tables_are_side_by_side(tmp_path):

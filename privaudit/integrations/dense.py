@@ -115,11 +115,15 @@ def convert(events: list, schema: SchemaMap, config: dict[str, Any]) -> tuple[li
 
     Returns the events (new objects where converted; the input is not modified), the schema
     map with the matrix entries resolved, and a summary for the public config (``entries``,
-    ``updates``, ``converted`` replies, ``reason`` when nothing was found). A map without the
-    dense form returns everything unchanged and an empty summary.
+    ``updates``, ``converted`` replies, ``reason`` when nothing was found). A ``kinds`` map
+    whose replies may hold whole matrices (:attr:`SchemaMap.whole_matrix`) has them converted
+    against its ``model`` messages; any other map returns everything unchanged and an empty
+    summary.
     """
-    if not schema.dense:
+    if not schema.whole_matrix:
         return events, schema, {}
+    if not schema.dense:
+        return _convert_mapped(events, schema)
     n_items = config.get("n_items")
     n_items = int(n_items) if isinstance(n_items, (int, np.integer)) and not isinstance(n_items, bool) else None
     skip = schema.user_params + schema.head_params
@@ -165,6 +169,42 @@ def convert(events: list, schema: SchemaMap, config: dict[str, Any]) -> tuple[li
     if not pairs:
         summary["reason"] = f"no {mtype!r} reply returns {', '.join(names)} with the shape it was sent"
     return out, resolved, summary
+
+
+def _convert_mapped(events: list, schema: SchemaMap) -> tuple[list, SchemaMap, dict[str, Any]]:
+    """:func:`convert` for a ``kinds`` map: replies mapped to ``item_update`` without ``items``
+    (their ``values``), or unmapped replies holding a ``model`` rule's ``V`` entry, against the
+    ``V`` of the last ``model`` message the client was sent."""
+    v_entries = sorted({r.payload["V"] for r in schema.kinds if r.kind == "model" and "V" in r.payload})
+    sent: dict[int, np.ndarray] = {}
+    pairs: list[tuple[int, str, np.ndarray, np.ndarray]] = []  # (event index, entry, sent, returned)
+    for i, ev in enumerate(events):
+        if ev.direction == "down":
+            if ev.kind == "model" and _is_matrix(ev.payload.get("V"), None):
+                sent[ev.node] = np.asarray(ev.payload["V"], dtype=np.float64)
+            continue
+        if ev.kind == "item_update" and "items" not in ev.payload:
+            entry = "values"
+        elif _plain_type(ev.kind) is not None and ev.kind.endswith(".reply"):
+            entry = next((e for e in v_entries if e in ev.payload), "")
+        else:
+            continue
+        U = ev.payload.get(entry)
+        if ev.node in sent and isinstance(U, np.ndarray) and U.shape == sent[ev.node].shape:
+            pairs.append((i, entry, sent[ev.node], np.asarray(U, dtype=np.float64)))
+    mode = updates_mode([(s, u) for _, _, s, u in pairs])
+    out = list(events)
+    for i, entry, S, U in pairs:
+        ev = events[i]
+        ids = changed_rows(S, U, mode)
+        payload = {k: v for k, v in ev.payload.items() if k != entry}
+        payload.update({"items": ids, "values": U[ids]})
+        out[i] = _replace(ev, "item_update", payload, {"values": mode})
+    summary: dict[str, Any] = {"entries": sorted({e for _, e, _, _ in pairs}), "updates": mode}
+    summary.update({"converted": len(pairs), "detected": False})
+    if not pairs:
+        summary["reason"] = "no reply returns a whole matrix of the shape of the model it was sent"
+    return out, schema, summary
 
 
 def _replace(ev: Any, kind: str, payload: dict[str, np.ndarray], meta: dict[str, Any]) -> Any:

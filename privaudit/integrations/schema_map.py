@@ -35,7 +35,10 @@ Entries a rule does not rename keep their ``R/k`` names; a message no rule match
 
 Down messages of ``message-type`` holding the matrix become ``model`` (payload ``V``); replies
 become ``item_update`` whose ``items`` are the rows that changed against the model the client
-was sent (:mod:`privaudit.integrations.dense` converts them when the recording ends). A map may
+was sent (:mod:`privaudit.integrations.dense` converts them when the recording ends). A
+``kinds`` map does the same when its ``item_update`` rule names ``values`` without ``items``,
+or when it has a ``model`` rule and no ``item_update`` rule (replies returning the model's
+``V`` entry). A map may
 have both ``kinds`` and the dense keys (its ``kinds`` rules come first). An app with no
 ``[tool.privaudit.schema]`` table at all gets :meth:`SchemaMap.auto`: the matrix is detected by
 shape (2-D float array with ``n_items`` rows sent down and returned).
@@ -51,9 +54,11 @@ from privaudit.errors import PrivauditError
 
 __all__ = ["REQUIRED_PAYLOAD", "SERVER_ROUND", "KindRule", "SchemaMap", "SchemaMapError"]
 
-#: Payload names the generic attacks read, per privaudit kind (what a map must provide).
+#: Payload names the generic attacks read, per privaudit kind (what a map must provide). An
+#: ``item_update`` rule without ``items`` maps whole-matrix replies: their ``values`` (n_items
+#: x K) are turned into the changed rows by :mod:`privaudit.integrations.dense`.
 REQUIRED_PAYLOAD: dict[str, tuple[str, ...]] = {
-    "item_update": ("items", "values"),
+    "item_update": ("values",),
     "model": ("V",),
 }
 
@@ -114,6 +119,15 @@ class SchemaMap:
         return bool(self.item_embeddings)
 
     @property
+    def whole_matrix(self) -> bool:
+        """Whether replies may hold whole matrices to convert: the dense form, an
+        ``item_update`` rule without ``items``, or a ``model`` rule and no ``item_update`` rule
+        (replies returning the model's ``V`` entry)."""
+        ups = [r for r in self.kinds if r.kind == "item_update" and not r.synthesized]
+        models = [r for r in self.kinds if r.kind == "model" and "V" in r.payload and not r.synthesized]
+        return self.dense or any("items" not in r.payload for r in ups) or (not ups and bool(models))
+
+    @property
     def auto(self) -> bool:
         """Whether the item-embedding matrix is still to be detected by shape."""
         return self.item_embeddings == ("auto",)
@@ -164,6 +178,11 @@ class SchemaMap:
                 KindRule("model", "down", names, {}, mtype, {}, synthesized=True),
                 KindRule("item_update", "up", names, {}, mtype, {}, synthesized=True),
             )
+        elif not any(r.kind == "item_update" for r in rules):  # replies return the model's V entry
+            for r in rules:
+                if r.kind == "model" and r.direction == "down" and "V" in r.payload:
+                    rule = KindRule("item_update", "up", (r.payload["V"],), {}, r.message_type, {}, synthesized=True)
+                    rules += (rule,)
         return cls(rules, round_src, base, dict(public), **dense)
 
     def to_dict(self) -> dict[str, Any]:
