@@ -92,6 +92,14 @@ def defense_note(view: View) -> str:
     return f" (active defense: {', '.join(names)})" if names else ""
 
 
+def missing_note(view: View) -> str:
+    """Why a view holds no item uploads: the active defenses (:func:`defense_note`) and, for a
+    recording whose item-embedding matrix was not found, the recorder's reason."""
+    dense = view.config.get("dense")
+    reason = dense.get("reason") if isinstance(dense, dict) else None
+    return defense_note(view) + (f" ({reason})" if isinstance(reason, str) and reason else "")
+
+
 def uploaders(transcript: Transcript) -> list[str]:
     """Every client that uploaded item rows, in the clear or masked (the victims of a run)."""
     kinds = ("item_update", "masked_update")

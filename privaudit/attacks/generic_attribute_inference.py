@@ -25,7 +25,7 @@ import numpy as np
 from privaudit.attacks._generic import (
     changed_items,
     client_uploads,
-    defense_note,
+    missing_note,
     n_items,
     uploaders,
 )
@@ -92,7 +92,7 @@ class GenericAttributeInference(Attack):
 
     def applicable(self, view: View) -> tuple[bool, str]:
         ok, reason = super().applicable(view)
-        return ok, reason + ("" if ok else defense_note(view))
+        return ok, reason + ("" if ok else missing_note(view))
 
     def _clients(self, transcript: Transcript) -> list[str]:
         return uploaders(transcript)

@@ -1,20 +1,31 @@
 """``generic-mf-ratings``: a client's ratings from its plain-MF item uploads, one scalar per user.
 
 Applies to any transcript whose clients train plain matrix factorization locally and upload
-their item rows (``item_update``; rows or deltas). One gradient step on
-1/2 sum_i (r_i - u.v_i)^2 + lam/2 (||u||^2 + ||v_i||^2) with learning rate ``lr`` moves row i by
+their item rows (``item_update``; rows, deltas, or whole-matrix replies converted by
+:mod:`privaudit.integrations.dense`). Local training: ``T`` gradient steps (or SGD epochs: a
+rated row is updated once per epoch) with learning rate ``lr`` on
+1/2 (r_i - mu - u.v_i)^2 + lam/2 ||v_i||^2 per rated item, the user vector u fixed within the
+round (ridge-fitted on the device, or trained in earlier rounds); ``mu`` is the public global
+mean (``global_mean``, 0 when absent). Each step maps v_i to c v_i - lr (u.v_i) u + lr (r_i - mu) u,
+c = 1 - lr lam, and u is an eigenvector of that map (eigenvalue a = c - lr |u|^2), so
 
-    delta_i = lr ((r_i - u.v_i) u - lam v_i),   so   g_i = delta_i / lr + lam v_i = (r_i - u.v_i) u:
+    D_i = v_i(T) - c^T v_i(0) = [(a^T - c^T)(v_i(0).d) + lr (r_i - mu) |u| (1 - a^T) / (1 - a)] d,
 
-every row of G is a multiple of the private user vector u (the closed-form idea of
-``mvmf-analytic`` applied to MF). With d the top right singular vector of G and u = t d,
-a_i = g_i.d and b_i = v_i.d give r_i = a_i / t + t b_i: one unknown scalar t per user. The
-attack picks the t > 0 that puts the decoded ratings closest to the public rating grid
-(``rating_min``..``rating_max`` step ``rating_step``), then rounds. A client is *claimed*
-when G is rank one to ``rank_tol`` and the decoded ratings sit on the grid to ``grid_tol``
-(exact one-step uploads); several local steps bend G away from rank one, and the attack then
-reports its best guess without claiming it. It needs the public ``lr`` (and ``lam``, default
-0) and, for row uploads, the model the server sent (``state`` messages).
+d = u / |u|: every row of D is a multiple of u (one step: the closed-form idea of
+``mvmf-analytic`` applied to MF). With d the top right singular vector of D, the ratings are a
+known function of the one unknown |u| = t (and the sign of d); the attack picks the t > 0 that
+puts them closest to the public rating grid (``rating_min``..``rating_max`` step
+``rating_step``), then rounds. A client is *claimed* when D is rank one to ``rank_tol`` and the
+decoded ratings sit on the grid to ``grid_tol``; training that also moves u within the round
+bends D away from rank one, and the attack then reports its best guess without claiming it.
+It needs the public ``lr`` (``lam`` default 0, ``local_steps`` default 1) and, for row
+uploads, the model the server sent (``state`` messages). (u, r - mu) and (-u, mu - r) upload
+the same rows: when the mirrored ratings 2 mu - r also sit on the grid (mu = 3.5 on 1..5 and
+no rating of 1) the client is not claimed, and the sign is chosen by the claimed clients'
+item means or, failing that, by more ratings above mu.
+``generic-mf-ratings-estimated`` does without ``lr``, ``lam`` and ``local_steps``: it
+estimates c^T as the value that makes the clients' D closest to rank one, then fits each
+client's two remaining scalars against the grid.
 
 Metrics over the uploaded items of clients with ground truth: ``accuracy`` (exact rating),
 ``rmse``, ``claimed`` (share of clients claimed) and ``accuracy_claimed`` (exact ratings
@@ -25,6 +36,7 @@ better on held-out clients (:meth:`GenericMFRatings.prior_baseline`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,8 +44,8 @@ import numpy as np
 from privaudit.attacks._generic import (
     client_uploads,
     cross_fit,
-    defense_note,
     loo_rating_counts,
+    missing_note,
     rating_population,
     ratio,
     scored_victims,
@@ -62,27 +74,81 @@ def _grid_residual(r: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return np.abs(r - (grid[0] + np.round((clipped - grid[0]) / step) * step))
 
 
-def decode(G: np.ndarray, V: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, float, float]:
-    """Ratings, rank-one residual and grid residual from G (n x K) and the sent rows V (n x K).
+@dataclass(frozen=True)
+class LocalSteps:
+    """The clients' local training: ``steps`` gradient steps (or SGD epochs: each rated row is
+    updated once per epoch) of learning rate ``lr`` and L2 weight ``lam`` on the item rows,
+    the user vector fixed within the round."""
 
-    The rank-one residual is sigma_2 / sigma_1 of G; the grid residual the RMS distance of the
-    decoded ratings to the grid at the chosen t.
+    lr: float
+    lam: float = 0.0
+    steps: int = 1
+
+    @property
+    def decay(self) -> float:
+        """c^T, c = 1 - lr lam: what the L2 term alone leaves of a row after the round."""
+        return (1.0 - self.lr * self.lam) ** self.steps
+
+    def change(self, sent: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        """D = v_T - c^T v_0 per row (n x K): a multiple of the user vector u for every row."""
+        return delta + (1.0 - self.decay) * sent
+
+    def ratings(self, alpha: np.ndarray, beta: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Ratings (minus the public mean) of rows with D.d = alpha and v_0.d = beta, d = u/|u|,
+        at |u| = t: with a = c - lr t^2 (u is an eigenvector of every step's linear map),
+        v_T = c^T v_0 + (a^T - c^T)(v_0.d) d + lr r (sum_{k<T} a^k) u, so
+        r = (alpha - (a^T - c^T) beta) / (lr t sum_{k<T} a^k). alpha, beta (n, 1) against t (m,)."""
+        c = 1.0 - self.lr * self.lam
+        a = c - self.lr * t**2  # < 1 for t > 0
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            geo = (1.0 - a**self.steps) / (1.0 - a)
+            return (alpha - (a**self.steps - c**self.steps) * beta) / (self.lr * t * geo)
+
+    def decode(self, D: np.ndarray, V: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, float, float, float]:
+        """:func:`decode` with these hyperparameters."""
+        return decode(D, V, grid, self)
+
+    def describe(self) -> dict[str, float]:
+        return {"lr": self.lr, "lam": self.lam, "local_steps": self.steps}
+
+
+def decode(D: np.ndarray, V: np.ndarray, grid: np.ndarray, hp: LocalSteps) -> tuple[np.ndarray, float, float, float]:
+    """(ratings, grid residual, the other sign's grid residual, rank-one residual) from the
+    changes D (n x K) of :meth:`LocalSteps.change` and the sent rows V (n x K); ``grid`` is the
+    public grid minus the public mean.
+
+    The rank-one residual is sigma_2 / sigma_1 of D; a grid residual the RMS distance of the
+    decoded ratings to the grid at the best |u| for that sign of d (:func:`_pick_sign`).
     """
-    _, s, vt = np.linalg.svd(G, full_matrices=False)
+    _, s, vt = np.linalg.svd(D, full_matrices=False)
     rank_res = float(s[1] / s[0]) if s.size > 1 and s[0] > 0 else (0.0 if s.size and s[0] > 0 else 1.0)
-    best = None
+    fits = []
     for d in (vt[0], -vt[0]):  # u = t d with t > 0 for one of the two signs
-        r, res = _fit_scale(G @ d, V @ d, grid)
-        if best is None or res < best[1]:
-            best = (r, res)
-    return best[0], rank_res, best[1]
+        alpha, beta = D @ d, V @ d
+        fits.append(_fit_scale(lambda t, alpha=alpha, beta=beta: hp.ratings(alpha[:, None], beta[:, None], t), grid))
+    return (*_pick_sign(fits), rank_res)
 
 
-def _fit_scale(a: np.ndarray, b: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, float]:
-    """Ratings a / t + t b at the t > 0 closest to the grid, and their RMS grid residual."""
+def _pick_sign(fits: list[tuple[np.ndarray, float]]) -> tuple[np.ndarray, float, float]:
+    """(ratings, grid residual, the other sign's grid residual) of the sign closer to the grid.
+
+    (u, y) and (-u, -y) give the same uploads, so when the public mean makes the grid symmetric
+    for a client's ratings (mean 3.5 on 1..5 and no rating of 1) both signs fit exactly; the
+    tie goes to the sign with more ratings above the mean (ratings skew high)."""
+    (y0, r0), (y1, r1) = fits
+    if abs(r0 - r1) <= 1e-9 + 1e-6 * min(r0, r1):
+        first = np.sum(y0 > 0) >= np.sum(y1 > 0)
+    else:
+        first = r0 < r1
+    return (y0, r0, r1) if first else (y1, r1, r0)
+
+
+def _fit_scale(ratings, grid: np.ndarray) -> tuple[np.ndarray, float]:
+    """``ratings(t)`` (n x len(t)) at the t > 0 closest to the grid, and their RMS grid residual."""
 
     def cost(t):
-        return np.mean(_grid_residual(a[:, None] / t + t * b[:, None], grid) ** 2, axis=0)
+        c = np.mean(_grid_residual(ratings(t), grid) ** 2, axis=0)
+        return np.where(np.isfinite(c), c, np.inf)
 
     costs = cost(_T_GRID)
     k = int(np.argmin(costs))
@@ -93,8 +159,40 @@ def _fit_scale(a: np.ndarray, b: np.ndarray, grid: np.ndarray) -> tuple[np.ndarr
         lambda t: float(cost(np.array([t]))[0]), bounds=(lo, hi), method="bounded", options={"xatol": 1e-12}
     )
     t = float(res.x) if res.fun <= costs[k] else float(_T_GRID[k])
-    r = a / t + t * b
+    r = ratings(np.array([t]))[:, 0]
     return r, float(np.sqrt(np.mean(_grid_residual(r, grid) ** 2)))
+
+
+def _settle_mirrors(victims: dict[str, dict[str, np.ndarray]], mean: float, tol: float) -> None:
+    """Clients whose mirrored ratings 2 mean - r also sit on the grid (:func:`_pick_sign`) take
+    the mirror when it agrees with the claimed clients' mean rating of the same items and the
+    ratings as decoded disagree (correlation below -1 / sqrt(shared items)); else unchanged."""
+    claimed = [v for v in victims.values() if v["claimed"][0]]
+    if not claimed:
+        return
+    items = np.concatenate([v["items"] for v in claimed])
+    ratings = np.concatenate([v["ratings"] for v in claimed])
+    n = int(max(items.max(), max(v["items"].max(initial=0) for v in victims.values()))) + 1
+    count = np.bincount(items, minlength=n)
+    item_mean = np.bincount(items, weights=ratings, minlength=n) / np.maximum(count, 1)
+    for v in victims.values():
+        if v["claimed"][0] or not v["residuals"][2] < tol:
+            continue
+        shared = count[v["items"]] > 0
+        if shared.sum() < 2:
+            continue
+        r, m = v["ratings"][shared], item_mean[v["items"][shared]]
+        if r.std() == 0 or m.std() == 0:
+            continue
+        corr = float(np.corrcoef(r, m)[0, 1])
+        if corr * np.sqrt(shared.sum()) < -1.0:  # the mirror agrees, by about one standard error
+            v["raw"], v["ratings"] = 2 * mean - v["raw"], 2 * mean - v["ratings"]
+
+
+def global_mean(config: dict) -> float:
+    """The public global mean the clients centre ratings by (``global_mean``; 0 when absent)."""
+    mu = config.get("global_mean", 0.0)
+    return float(mu) if isinstance(mu, (int, float)) and not isinstance(mu, bool) else 0.0
 
 
 def snap(r: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -131,57 +229,82 @@ class GenericMFRatings(Attack):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise PrivauditError(f"attack 'generic-mf-ratings': {key} must be a positive number, got {value!r}")
 
+    def hyper(self, view: View, ups: dict[str, list]) -> tuple[LocalSteps | None, str]:
+        """The clients' local training from the public config (``lr``, ``lam``, ``local_steps``),
+        or (None, why not)."""
+        cfg = view.config
+        lr = cfg.get("lr")
+        if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr > 0:
+            return None, (
+                "the public config lacks 'lr' (the clients' learning rate; map it in the schema's public "
+                "or give it in public-info; generic-mf-ratings-estimated estimates it)"
+            )
+        steps = cfg.get("local_steps", 1)
+        steps = int(steps) if isinstance(steps, (int, float)) and not isinstance(steps, bool) and steps >= 1 else 1
+        return LocalSteps(float(lr), float(cfg.get("lam", 0.0) or 0.0), steps), ""
+
+    def _rank_ratios(self, ups: dict[str, list], hp: Any) -> list[float]:
+        """sigma_2/sigma_1 of D for the first usable upload of up to 5 clients."""
+        ratios = []
+        for us in list(ups.values())[:5]:
+            up = next(iter(_usable(us)), None)
+            if up is not None:
+                s = np.linalg.svd(hp.change(up.sent, up.delta), compute_uv=False)
+                ratios.append(s[1] / s[0] if s[0] > 0 else 1.0)
+        return ratios
+
     def applicable(self, view: View) -> tuple[bool, str]:
         ok, reason = super().applicable(view)
         if not ok:
-            return ok, reason + defense_note(view)
-        if not isinstance(view.config.get("lr"), (int, float)) or not view.config.get("lr"):
-            return False, "the public config lacks 'lr' (the clients' learning rate; map it in the schema's public)"
+            return ok, reason + missing_note(view)
         ups = client_uploads(view)
         if ups and all(u.delta is None for us in ups.values() for u in us):
             return False, "the uploads are item rows but the server's view holds no model it sent (no 'model' state)"
-        ratios = []
-        lr, lam = float(view.config["lr"]), float(view.config.get("lam", 0.0) or 0.0)
-        for us in list(ups.values())[:5]:
-            up = next((u for u in us if u.delta is not None and u.sent is not None and u.items.size >= 2), None)
-            if up is not None:
-                s = np.linalg.svd(up.delta / lr + lam * up.sent, compute_uv=False)
-                ratios.append(s[1] / s[0] if s[0] > 0 else 1.0)
+        hp, why = self.hyper(view, ups)
+        if hp is None:
+            return False, why
+        ratios = self._rank_ratios(ups, hp)
         if ratios and float(np.median(ratios)) > self.max_rank_ratio:
             return False, (
                 "the uploaded row changes are not multiples of one user vector "
                 f"(sigma_2/sigma_1 = {np.median(ratios):.2f} > {self.max_rank_ratio}): "
-                "the clients do not run a few plain-MF gradient steps"
+                "the clients do not run plain-MF steps with a user vector fixed within the round"
             )
         return True, ""
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
-        lr = float(view.config["lr"])
-        lam = float(view.config.get("lam", 0.0) or 0.0)
+        ups = client_uploads(view)
+        hp, why = self.hyper(view, ups)
+        if hp is None:
+            return self.unsupported(why)
         grid = grid_of(view.config)
+        mean = global_mean(view.config)
         victims: dict[str, dict[str, np.ndarray]] = {}
-        for party, ups in client_uploads(view).items():
+        for party, us in ups.items():
             decoded = []
-            for up in _usable(ups):
-                r, rank_res, grid_res = decode(up.delta / lr + lam * up.sent, up.sent, grid)
-                decoded.append((grid_res, rank_res, up.items, r))
+            for up in _usable(us):
+                y, grid_res, other_res, rank_res = hp.decode(hp.change(up.sent, up.delta), up.sent, grid - mean)
+                decoded.append((grid_res, rank_res, up.items, y + mean, other_res))
             if not decoded:
                 continue
             decoded.sort(key=lambda d: d[0])  # every item from the closest-to-grid upload holding it
             items = np.unique(np.concatenate([d[2] for d in decoded]))
             raw = np.full(items.size, np.nan)
-            for _, _, its, r in reversed(decoded):
+            for _, _, its, r, _ in reversed(decoded):
                 raw[np.searchsorted(items, its)] = r
-            grid_res, rank_res = decoded[0][:2]
-            claimed = rank_res < self.rank_tol and grid_res < self.grid_tol
+            grid_res, rank_res, other_res = decoded[0][0], decoded[0][1], decoded[0][4]
+            # claimed: exact and unique (the mirrored ratings of the other sign are off the grid)
+            claimed = rank_res < self.rank_tol and grid_res < self.grid_tol <= other_res
             victims[party] = {
                 "items": items,
                 "ratings": snap(raw, grid),
                 "raw": raw,
                 "claimed": np.array([claimed]),
-                "residuals": np.array([rank_res, grid_res]),
+                "residuals": np.array([rank_res, grid_res, other_res]),
             }
-        return Reconstruction(self.name, self.party, victims, meta={"clients": len(victims)})
+        _settle_mirrors(victims, mean, self.grid_tol)
+        meta = {"clients": len(victims), **hp.describe()}
+        return Reconstruction(self.name, self.party, victims, meta=meta)
 
     @staticmethod
     def _truth(transcript: Transcript, party: str, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -337,3 +460,88 @@ class GenericMFRatings(Attack):
 def _usable(ups: list) -> list:
     """The uploads a decode can use: known change, known sent rows, at least two items."""
     return [u for u in ups if u.delta is not None and u.sent is not None and u.items.size >= 2]
+
+
+_INV_KAPPA = np.logspace(-2, 4, 301)
+_RHO = np.linspace(-80.0, 0.0, 161)
+#: rows per client the two-parameter grid search uses (all rows are decoded afterwards)
+_SEARCH_ROWS = 60
+
+
+@dataclass(frozen=True)
+class EstimatedSteps:
+    """Local training whose hyperparameters are not public: only the decay c^T (estimated)."""
+
+    decay: float
+    rank_ratio: float
+
+    def change(self, sent: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        return delta + (1.0 - self.decay) * sent
+
+    def decode(self, D: np.ndarray, V: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, float, float, float]:
+        """Ratings y = (D.d) / kappa - rho (V.d) with the client's two unknowns (kappa > 0, rho)
+        searched on a grid (on at most ``_SEARCH_ROWS`` rows), then refitted by least squares
+        against the snapped ratings; the sign of d closest to the grid wins."""
+        _, s, vt = np.linalg.svd(D, full_matrices=False)
+        rank_res = float(s[1] / s[0]) if s.size > 1 and s[0] > 0 else (0.0 if s.size and s[0] > 0 else 1.0)
+        fits = []
+        for d in (vt[0], -vt[0]):
+            alpha, beta = D @ d, V @ d
+            sub = slice(0, _SEARCH_ROWS)
+            costs = np.array(
+                [
+                    np.mean(_grid_residual(alpha[sub, None] * _INV_KAPPA - rho * beta[sub, None], grid) ** 2, axis=0)
+                    for rho in _RHO
+                ]
+            )
+            i, j = np.unravel_index(int(np.argmin(costs)), costs.shape)
+            inv_k, rho = _INV_KAPPA[j], _RHO[i]
+            for _ in range(5):  # least squares: alpha = kappa y + kappa rho beta at the snapped y
+                y = snap(alpha * inv_k - rho * beta, grid)
+                (kappa, kr), *_ = np.linalg.lstsq(np.stack([y, beta], axis=1), alpha, rcond=None)
+                if not kappa > 0:
+                    break
+                inv_k, rho = 1.0 / kappa, kr / kappa
+            y = alpha * inv_k - rho * beta
+            fits.append((y, float(np.sqrt(np.mean(_grid_residual(y, grid) ** 2)))))
+        return (*_pick_sign(fits), rank_res)
+
+    def describe(self) -> dict[str, float]:
+        return {"decay": self.decay, "rank_ratio": self.rank_ratio}
+
+
+def estimate_decay(ups: dict[str, list], clients: int = 20) -> tuple[float, float]:
+    """(c^T, median sigma_2/sigma_1 there): the decay that makes v(T) - c^T v(0) closest to
+    rank one, median over the first usable upload of up to ``clients`` clients, on (0, 1]."""
+    pairs = [(u.sent + u.delta, u.sent) for us in list(ups.values())[:clients] for u in _usable(us)[:1]]
+    if not pairs:
+        return 1.0, 1.0
+
+    def cost(g: float) -> float:
+        out = []
+        for new, old in pairs:
+            s = np.linalg.svd(new - g * old, compute_uv=False)
+            out.append(s[1] / s[0] if s[0] > 0 else 1.0)
+        return float(np.median(out))
+
+    grid = np.linspace(0.0, 1.0, 201)
+    k = int(np.argmin([cost(g) for g in grid]))
+    from scipy.optimize import minimize_scalar
+
+    lo, hi = grid[max(k - 1, 0)], grid[min(k + 1, grid.size - 1)]
+    res = minimize_scalar(cost, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10})
+    g = float(res.x) if res.fun <= cost(grid[k]) else float(grid[k])
+    return g, cost(g)
+
+
+@register_attack("generic-mf-ratings-estimated")
+class GenericMFRatingsEstimated(GenericMFRatings):
+    """generic-mf-ratings without the public ``lr``, ``lam`` and ``local_steps`` (estimated)."""
+
+    description = "plain-MF uploads, training hyperparameters unknown: estimated from the uploads, then decoded"
+
+    def hyper(self, view: View, ups: dict[str, list]) -> tuple[EstimatedSteps | None, str]:
+        """The decay c^T estimated from the uploads (never from the public config)."""
+        if not any(_usable(us) for us in ups.values()):
+            return None, "no upload with a known change of at least two rows"
+        return EstimatedSteps(*estimate_decay(ups)), ""

@@ -1,7 +1,8 @@
 """``generic-trained-items``: which items a client trained, from the rows its uploads changed.
 
-Applies to any transcript with ``item_update`` messages (simulated or recorded through a schema
-map), whatever the protocol: a client that trains item embeddings locally and uploads them
+Applies to any transcript with ``item_update`` messages (simulated, recorded through a schema
+map, or whole-matrix replies of a stock-FedAvg app converted to their changed rows by
+:mod:`privaudit.integrations.dense`), whatever the protocol: a client that trains item embeddings locally and uploads them
 changes exactly the rows of the items it trained (its rated items, plus sampled negatives in
 implicit-feedback training). An item is predicted trained when its row changed in every one of
 the client's first ``rounds`` uploads (-1: all of them): negatives are re-drawn each round, so
@@ -23,7 +24,7 @@ from privaudit.attacks._generic import (
     changed_items,
     client_uploads,
     cross_fit,
-    defense_note,
+    missing_note,
     n_items,
     scored_victims,
     truth_items,
@@ -84,7 +85,7 @@ class GenericTrainedItems(Attack):
 
     def applicable(self, view: View) -> tuple[bool, str]:
         ok, reason = super().applicable(view)
-        return ok, reason + ("" if ok else defense_note(view))
+        return ok, reason + ("" if ok else missing_note(view))
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         victims: dict[str, dict[str, np.ndarray]] = {}

@@ -38,6 +38,7 @@ import numpy as np
 import tomllib
 
 from privaudit.errors import MissingDependencyError, PrivauditError
+from privaudit.integrations import dense
 from privaudit.integrations._sidechannel import merge_private, write_private
 from privaudit.integrations.schema_map import SchemaMap
 from privaudit.transcript import Transcript
@@ -194,12 +195,14 @@ class FlowerRecorder:
             key: self.run_config[src] for key, src in self.schema.public.items() if src in self.run_config
         }
         config.update(self.public)
+        events, schema, dense_summary = dense.convert(self.events, self.schema, config)
+        config.update({"dense": dense_summary} if dense_summary else {})
         config.update(
             {
                 "recorded_from": "flower",
                 "app": app,
                 "flower_run_config": _jsonable_config(self.run_config),
-                "schema_map": self.schema.to_dict(),
+                "schema_map": schema.to_dict(),
                 "defenses": list(defenses or []),
                 "party_mapping": "client:<k>: k = rank of the node id among the run's sorted node ids",
             }
@@ -211,12 +214,12 @@ class FlowerRecorder:
         for n in nodes:
             if n in private:
                 t.add(0, party[n], party[n], "private", private[n])
-        self._add_events(t, party)
+        self._add_events(t, party, events)
         return t
 
-    def _add_events(self, t: Transcript, party: dict[int, str]) -> None:
+    def _add_events(self, t: Transcript, party: dict[int, str], events: list[_Event]) -> None:
         sent: dict[tuple, Any] = {}
-        for ev in self.events:
+        for ev in events:
             if ev.direction == "up":
                 t.add(ev.round, party[ev.node], "server", ev.kind, ev.payload, ev.meta)
                 continue
@@ -274,12 +277,12 @@ def load_app(app_dir: str | Path) -> FlowerApp:
     for key in ("serverapp", "clientapp"):
         if not isinstance(comps.get(key), str) or ":" not in comps[key]:
             raise PrivauditError(f'{where} lacks [tool.flwr.app.components] {key} = "module:attribute"')
-    pa = tool.get("privaudit")
-    if not isinstance(pa, dict) or "schema" not in pa:
-        raise PrivauditError(
-            f"{where} lacks [tool.privaudit.schema] (the schema map from its record names to privaudit kinds)"
-        )
-    schema = SchemaMap.from_dict(pa["schema"], f"{where} [tool.privaudit.schema]")
+    pa = tool.get("privaudit", {})
+    if not isinstance(pa, dict):
+        raise PrivauditError(f"{where}: [tool.privaudit] must be a table")
+    # no schema table: whole-matrix replies, the item-embedding matrix detected by shape (dense.py)
+    schema = SchemaMap.from_dict(pa["schema"], f"{where} [tool.privaudit.schema]") if "schema" in pa else None
+    schema = schema or SchemaMap.auto_map()
     hooks = {}
     for key in ("private-data", "public-info"):
         value = pa.get(key)

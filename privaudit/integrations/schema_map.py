@@ -23,27 +23,52 @@ a Flower app's ``pyproject.toml``)::
 
 Entries a rule does not rename keep their ``R/k`` names; a message no rule matches gets kind
 ``flower.<message type>`` (``.reply`` appended for replies), so nothing a run sent is dropped.
+
+**Dense form**, for apps whose clients reply with their whole parameter list (Flower's stock
+``FedAvg``: ``ArrayRecord([V, ...])``, keys ``"0"``, ``"1"``, ...) and send no item ids::
+
+    item-embeddings = "arrays/0"   # or a list (NCF: GMF and MLP item tables), or "auto"
+    user-params = []               # optional: entries of user-side parameters (kept as is)
+    head-params = []               # optional: entries of shared head parameters (kept as is)
+    updates = "auto"               # the replies hold updated rows ("rows"), deltas, or "auto"
+    message-type = "train"         # the Flower message type of the training round trip
+
+Down messages of ``message-type`` holding the matrix become ``model`` (payload ``V``); replies
+become ``item_update`` whose ``items`` are the rows that changed against the model the client
+was sent (:mod:`privaudit.integrations.dense` converts them when the recording ends). A
+``kinds`` map does the same when its ``item_update`` rule names ``values`` without ``items``,
+or when it has a ``model`` rule and no ``item_update`` rule (replies returning the model's
+``V`` entry). A map may
+have both ``kinds`` and the dense keys (its ``kinds`` rules come first). An app with no
+``[tool.privaudit.schema]`` table at all gets :meth:`SchemaMap.auto`: the matrix is detected by
+shape (2-D float array with ``n_items`` rows sent down and returned).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from privaudit.errors import PrivauditError
 
-__all__ = ["REQUIRED_PAYLOAD", "KindRule", "SchemaMap", "SchemaMapError"]
+__all__ = ["REQUIRED_PAYLOAD", "SERVER_ROUND", "KindRule", "SchemaMap", "SchemaMapError"]
 
-#: Payload names the generic attacks read, per privaudit kind (what a map must provide).
+#: Payload names the generic attacks read, per privaudit kind (what a map must provide). An
+#: ``item_update`` rule without ``items`` maps whole-matrix replies: their ``values`` (n_items
+#: x K) are turned into the changed rows by :mod:`privaudit.integrations.dense`.
 REQUIRED_PAYLOAD: dict[str, tuple[str, ...]] = {
-    "item_update": ("items", "values"),
+    "item_update": ("values",),
     "model": ("V",),
 }
 
 _DIRECTIONS = ("up", "down")
 _RULE_KEYS = {"kind", "direction", "message-type", "when", "payload", "meta"}
 _MAP_KEYS = {"round", "round-base", "public", "kinds"}
+_DENSE_KEYS = {"item-embeddings", "user-params", "head-params", "updates", "message-type"}
+_UPDATES = ("auto", "rows", "deltas")
+#: The round entry Flower's stock strategies put in every message they send (their group id is "").
+SERVER_ROUND = "config/server-round"
 
 
 class SchemaMapError(PrivauditError):
@@ -60,6 +85,8 @@ class KindRule:
     payload: dict[str, str] = field(default_factory=dict)
     message_type: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    #: made from the dense keys (not written back by :meth:`SchemaMap.to_dict`)
+    synthesized: bool = False
 
     def matches(self, direction: str, message_type: str, entries: Mapping[str, Any]) -> bool:
         """Whether a message with these flattened ``entries`` falls under this rule."""
@@ -79,18 +106,61 @@ class SchemaMap:
     round: str = "group_id"
     round_base: int = 1
     public: dict[str, str] = field(default_factory=dict)
+    #: dense form: entries of the item-embedding matrices (``("auto",)``: detect by shape)
+    item_embeddings: tuple[str, ...] = ()
+    user_params: tuple[str, ...] = ()
+    head_params: tuple[str, ...] = ()
+    updates: str = "auto"
+    dense_message_type: str = "train"
+
+    @property
+    def dense(self) -> bool:
+        """Whether whole-matrix replies are converted (:mod:`privaudit.integrations.dense`)."""
+        return bool(self.item_embeddings)
+
+    @property
+    def whole_matrix(self) -> bool:
+        """Whether replies may hold whole matrices to convert: the dense form, an
+        ``item_update`` rule without ``items``, or a ``model`` rule and no ``item_update`` rule
+        (replies returning the model's ``V`` entry)."""
+        ups = [r for r in self.kinds if r.kind == "item_update" and not r.synthesized]
+        models = [r for r in self.kinds if r.kind == "model" and "V" in r.payload and not r.synthesized]
+        return self.dense or any("items" not in r.payload for r in ups) or (not ups and bool(models))
+
+    @property
+    def auto(self) -> bool:
+        """Whether the item-embedding matrix is still to be detected by shape."""
+        return self.item_embeddings == ("auto",)
+
+    @classmethod
+    def auto_map(cls) -> SchemaMap:
+        """The map of an app without ``[tool.privaudit.schema]``: dense form, matrix detected."""
+        return cls((), item_embeddings=("auto",))
+
+    def with_embeddings(self, names: tuple[str, ...]) -> SchemaMap:
+        """This map with the item-embedding entries resolved (empty: none found)."""
+        spec = self.to_dict()
+        if not names:
+            return replace(self, item_embeddings=("auto",)) if self.dense else self
+        spec["item-embeddings"] = list(names)
+        return SchemaMap.from_dict(spec)
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any], where: str = "schema map") -> SchemaMap:
         """Validate ``spec``; a :class:`SchemaMapError` naming the first thing it lacks."""
         if not isinstance(spec, Mapping):
             raise SchemaMapError(f"{where} must be a table (mapping), got {type(spec).__name__}")
-        unknown = sorted(set(spec) - _MAP_KEYS)
+        unknown = sorted(set(spec) - _MAP_KEYS - _DENSE_KEYS)
         if unknown:
-            raise SchemaMapError(f"{where} has unknown key {unknown[0]!r} (known: {', '.join(sorted(_MAP_KEYS))})")
-        raw_kinds = spec.get("kinds")
-        if not isinstance(raw_kinds, list) or not raw_kinds:
-            raise SchemaMapError(f"{where} lacks 'kinds' (a list of rules mapping record names to message kinds)")
+            known = ", ".join(sorted(_MAP_KEYS | _DENSE_KEYS))
+            raise SchemaMapError(f"{where} has unknown key {unknown[0]!r} (known: {known})")
+        dense = _dense(spec, where)
+        raw_kinds = spec.get("kinds", [] if dense["item_embeddings"] else None)
+        if not isinstance(raw_kinds, list) or (not raw_kinds and not dense["item_embeddings"]):
+            raise SchemaMapError(
+                f"{where} lacks 'kinds' (a list of rules mapping record names to message kinds) "
+                "or 'item-embeddings' (the dense form)"
+            )
         rules = tuple(_rule(raw, f"{where} kinds[{i}]") for i, raw in enumerate(raw_kinds))
         round_src = spec.get("round", "group_id")
         if not isinstance(round_src, str) or not round_src:
@@ -101,12 +171,26 @@ class SchemaMap:
         public = spec.get("public", {})
         if not _str_map(public):
             raise SchemaMapError(f"{where}: 'public' must map privaudit config keys to run-config keys (strings)")
-        return cls(rules, round_src, base, dict(public))
+        names = dense["item_embeddings"]
+        if names and names != ("auto",):  # what the recorded protocol's schema admits
+            mtype = dense["dense_message_type"]
+            rules += (
+                KindRule("model", "down", names, {}, mtype, {}, synthesized=True),
+                KindRule("item_update", "up", names, {}, mtype, {}, synthesized=True),
+            )
+        elif not any(r.kind == "item_update" for r in rules):  # replies return the model's V entry
+            for r in rules:
+                if r.kind == "model" and r.direction == "down" and "V" in r.payload:
+                    rule = KindRule("item_update", "up", (r.payload["V"],), {}, r.message_type, {}, synthesized=True)
+                    rules += (rule,)
+        return cls(rules, round_src, base, dict(public), **dense)
 
     def to_dict(self) -> dict[str, Any]:
         """The declaration back as a JSON-able dict (recorded in the transcript's config)."""
         kinds = []
         for r in self.kinds:
+            if r.synthesized:
+                continue
             d: dict[str, Any] = {"kind": r.kind, "direction": r.direction, "when": list(r.when)}
             if r.payload:
                 d["payload"] = dict(r.payload)
@@ -115,7 +199,12 @@ class SchemaMap:
             if r.meta:
                 d["meta"] = dict(r.meta)
             kinds.append(d)
-        return {"round": self.round, "round-base": self.round_base, "public": dict(self.public), "kinds": kinds}
+        out = {"round": self.round, "round-base": self.round_base, "public": dict(self.public), "kinds": kinds}
+        if self.dense:
+            out["item-embeddings"] = self.item_embeddings[0] if self.auto else list(self.item_embeddings)
+            out.update({"user-params": list(self.user_params), "head-params": list(self.head_params)})
+            out.update({"updates": self.updates, "message-type": self.dense_message_type})
+        return out
 
     def require(self, kind: str, names: tuple[str, ...] | None = None) -> None:
         """Raise unless some rule maps messages to ``kind`` with every payload name in ``names``."""
@@ -132,7 +221,7 @@ class SchemaMap:
     ) -> tuple[str, dict[str, Any], dict]:
         """(kind, renamed entries, extra meta) of one flattened message."""
         for rule in self.kinds:
-            if rule.matches(direction, message_type, entries):
+            if not rule.synthesized and rule.matches(direction, message_type, entries):
                 missing = [src for src in rule.payload.values() if src not in entries]
                 if missing:
                     raise SchemaMapError(
@@ -147,6 +236,8 @@ class SchemaMap:
     def round_of(self, group_id: str, entries: Mapping[str, Any]) -> int | None:
         """The privaudit round (0-based) of a message, or None when it carries none."""
         raw: Any = group_id if self.round == "group_id" else entries.get(self.round)
+        if self.round == "group_id" and not str(group_id).strip().isdigit():
+            raw = entries.get(SERVER_ROUND)  # Flower's stock strategies: empty group id, round in config
         try:
             return int(raw) - self.round_base
         except (TypeError, ValueError):
@@ -155,6 +246,36 @@ class SchemaMap:
 
 def _str_map(value: Any) -> bool:
     return isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def _dense(spec: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The dense-form fields of ``spec`` (all defaults when it has no ``item-embeddings``)."""
+    names = spec.get("item-embeddings")
+    if names is None:
+        extra = sorted(set(spec) & (_DENSE_KEYS - {"item-embeddings"}))
+        if extra:
+            raise SchemaMapError(f"{where}: {extra[0]!r} needs 'item-embeddings' (the dense form)")
+        return {"item_embeddings": ()}
+    names = [names] if isinstance(names, str) else names
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise SchemaMapError(f'{where}: \'item-embeddings\' must name entries ("arrays/0") or be "auto"')
+    if "auto" in names and len(names) > 1:
+        raise SchemaMapError(f"{where}: 'item-embeddings' is either \"auto\" or entry names")
+    out: dict[str, Any] = {"item_embeddings": tuple(names)}
+    for key in ("user-params", "head-params"):
+        value = spec.get(key, [])
+        value = [value] if isinstance(value, str) else value
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise SchemaMapError(f'{where}: {key!r} must list entries ("arrays/1")')
+        out[key.replace("-", "_")] = tuple(value)
+    updates = spec.get("updates", "auto")
+    if updates not in _UPDATES:
+        raise SchemaMapError(f"{where}: 'updates' must be one of {', '.join(_UPDATES)}, got {updates!r}")
+    mtype = spec.get("message-type", "train")
+    if not isinstance(mtype, str) or not mtype:
+        raise SchemaMapError(f"{where}: 'message-type' must be a non-empty string")
+    out.update({"updates": updates, "dense_message_type": mtype})
+    return out
 
 
 def _rule(raw: Any, where: str) -> KindRule:

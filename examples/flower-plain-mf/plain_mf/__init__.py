@@ -1,0 +1,1 @@
+"""Federated matrix factorization with Flower's stock FedAvg over the whole item matrix."""

@@ -1,0 +1,1 @@
+"""A NumPy-template-like Flower app: a 10 x 3 linear model trained with FedAvg."""
