@@ -690,7 +690,9 @@ def metric_test(
     correlate; NaN when a seed has no bootstrap), ``p`` (one-sided normal p-value of advantage
     <= 0), ``threshold`` (the margin in the metric's unit: ``margin`` times the gap between the
     baseline and a perfect attack, or ``margin`` itself without a perfect value), ``n`` and
-    ``over`` (victims resampled), ``against``, ``seeds``."""
+    ``over`` (victims resampled), ``against``, ``seeds``. Against the prior-only baseline the
+    standard error is that of the paired difference (metric - prior on the same resamples); a
+    bootstrap without the prior's replicates (a decision set's AUC) gives no interval there."""
     bases, against = _stronger(points, metric, spec)
     advs, ses, ns, overs = [], [], [], set()
     for p, base in zip(points, bases):
@@ -702,11 +704,12 @@ def metric_test(
         se = math.nan
         if isinstance(b, Mapping):
             value = b.get("attack", value)
-            if which == "prior" and b.get("prior") is not None:
+            if which == "random":
+                se = num(b.get("se"))  # the random guess is a constant
+            elif b.get("prior") is not None:
                 base = num(b["prior"])
                 se = num(b.get("se_vs_prior"))
-            else:
-                se = num(b.get("se"))
+            # else: a data-dependent prior without paired replicates: no valid interval
             ns.append(int(num(b.get("n"))) if math.isfinite(num(b.get("n"))) else 0)
             overs.add(str(b.get("over", "victims")))
         advs.append(advantage(value, base, spec))

@@ -36,7 +36,7 @@ AUDIT_HTML = "audit.html"
 __all__ = ["pair_figure", "roc_figure", "render_html", "format_matrix", "write_audit_report"]
 
 #: Cell colours: amber to red for a leak (by advantage), green for protection, hatched pale
-#: yellow for an attack that was not adapted (never green), grey when the attack does not apply.
+#: yellow for an attack below its prior (never green), grey when the attack does not apply.
 _VERDICT_KIND = {
     "leaks": "cell",
     "protected": "cell",
