@@ -735,6 +735,9 @@ def metric_test(
         gap = abs(perfect - float(np.mean(finite_bases)))
         out["gap"] = gap
         out["threshold"] = margin * gap
+        if gap <= 1e-12:  # the baseline is already perfect: no attack can beat it, nothing to test
+            out["ceiling"] = True
+            return out
     else:
         out["threshold"] = margin
     if all(math.isfinite(s) for _, s in pairs):
@@ -751,12 +754,17 @@ def decide_tests(tests: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
     """Holm over ``tests`` (in place): each gets ``level``, ``low`` (one-sided lower bound at its
     Holm level), ``high`` (one-sided upper bound at alpha / m), ``family`` (m) and ``status``:
     "leaks" (Holm rejects advantage <= 0), "below prior" (high < 0), "under margin"
-    (high < threshold), "inconclusive", or "no interval" (no per-victim scores)."""
+    (high < threshold), "inconclusive", "no interval" (no per-victim scores) or "at ceiling"
+    (the baseline is already a perfect attack: not tested, not counted in m)."""
     rejected, levels = holm([t["p"] for t in tests], alpha)
     m = sum(1 for t in tests if math.isfinite(num(t["p"])))
     for t, rej, level in zip(tests, rejected, levels):
         t["family"] = m
         t["level"] = level
+        if t.get("ceiling"):
+            t["low"] = t["high"] = math.nan
+            t["status"] = "at ceiling"
+            continue
         if not math.isfinite(num(t["p"])):
             t["low"] = t["high"] = math.nan
             t["status"] = "no interval"
@@ -781,13 +789,15 @@ def row_verdict(tests: Mapping[str, Mapping[str, Any]], supported: bool, defende
     (``control``), "no evidence of leakage" without that control, else "inconclusive"."""
     if not supported or not tests:
         return "not applicable"
-    status = [t["status"] for t in tests.values()]
+    status = [t["status"] for t in tests.values() if t["status"] != "at ceiling"]
     if "leaks" in status:
         return "leaks"
     if "no interval" in status:
         return "inconclusive"
     if "below prior" in status:
         return "attack below prior"
+    if not status:  # every baseline is already a perfect attack
+        return "no evidence of leakage"
     if all(s == "under margin" for s in status):
         return "protected" if defended and control else "no evidence of leakage"
     return "inconclusive"
@@ -1045,7 +1055,7 @@ def fmt_advantage(advantage: Any, high: Any, low: Any = math.nan) -> str:
 
 def _test_text(t: Mapping[str, Any], name: bool = True) -> str:
     base = "the prior-only baseline" if t.get("against") == "prior" else "the random guess"
-    what = f"{t['metric']} advantage" if name else "advantage"
+    what = f"{t['metric']}: advantage" if name else "advantage"
     if not math.isfinite(num(t.get("se"))):
         return f"{what} over {base} {fmt(t['advantage'])} (no per-victim scores: no interval)"
     return f"{what} over {base} {fmt(t['advantage'])} {fmt_interval(t['low'], t['high'])} ({_bound_text(t)})"
@@ -1068,9 +1078,12 @@ def _margin_text(t: Mapping[str, Any], margin: float) -> str:
 
 
 def _under_margin_text(row: Mapping[str, Any], margin: float) -> str:
-    return "; ".join(
-        f"{m} upper bound {fmt(t['high'])} < {_margin_text(t, margin)}" for m, t in (row.get("tests") or {}).items()
+    text = "; ".join(
+        f"{m} upper bound {fmt(t['high'])} < {_margin_text(t, margin)}"
+        for m, t in (row.get("tests") or {}).items()
+        if t.get("status") != "at ceiling"
     )
+    return text or "every baseline is already a perfect attack"
 
 
 def _row_text(row: Mapping[str, Any], margin: float) -> str:
@@ -1090,6 +1103,8 @@ def _row_text(row: Mapping[str, Any], margin: float) -> str:
     if verdict == "not applicable":
         return "does not apply"
     open_ = [t for t in tests.values() if t["status"] in ("inconclusive", "no interval")]
+    if not open_:
+        return "is not tested (every baseline is already a perfect attack)"
     return "is inconclusive (" + "; ".join(_test_text(t) for t in open_) + ")"
 
 

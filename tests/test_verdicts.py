@@ -233,6 +233,20 @@ def test_below_prior_is_never_protection_or_a_crossover():
     assert "never counted as protection" in v["sentence"]
 
 
+def test_a_metric_whose_baseline_is_already_perfect_is_not_tested():
+    # b: attack 1.0 and prior 1.0 (se 0): nothing to beat, so it neither blocks nor counts
+    leak = point(None, 0, {"a": 0.9, "b": 1.0}, prior=1.0)
+    leak["baseline_prior"]["a"] = 0.5
+    quiet = point(1.0, 0, {"a": 0.5, "b": 1.0}, se=0.001, prior=1.0)
+    quiet["baseline_prior"]["a"] = 0.5
+    for p in (leak, quiet):
+        p["bootstrap"]["a"]["prior"] = 0.5
+    v = rs.experiment_verdicts(results([quiet], reference=[leak]))[0]
+    t = v["rows"][0]["tests"]["b"]
+    assert t["status"] == "at ceiling" and t["family"] == 2  # a at two rows; b not counted
+    assert v["rows"][0]["verdict"] == "protected"
+
+
 def test_no_per_victim_scores_is_at_best_inconclusive():
     # two seeds that agree closely (a Student-t interval would call it a leak): no bootstrap, no verdict
     pts = [point(1.0, s, {"a": 0.9 + 0.001 * s}, bootstrap=False) for s in range(2)]
