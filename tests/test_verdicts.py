@@ -408,6 +408,10 @@ def test_margin_option_is_recorded_and_checked(tmp_path, capsys):
 
     data = json.loads((out / "results.json").read_text())
     assert data["margin"] == 0.2 and data["verdicts"][0]["margin"] == 0.2
+    args = ["audit", "--protocol", "dummy-proto", "--seeds", "1", "--jobs", "1", "--attack", "dummy-attack"]
+    assert main([*args, "--defense", "dummy-dp", "--margin", "0.2", "--out", str(tmp_path / "a")]) == 0
+    audit = json.loads((tmp_path / "a" / "audit.json").read_text())
+    assert audit["margin"] == 0.2 and "0.2 of the gap" in (tmp_path / "a" / "audit.html").read_text()
     capsys.readouterr()
     assert main(["attack", "--protocol", "dummy-proto", "--margin", "1.5", "--out", str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [

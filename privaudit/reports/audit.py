@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from privaudit import results as rs
+from privaudit._escape import printable
 from privaudit.errors import PrivauditError
 from privaudit.reports import figures
 from privaudit.reports.render import (
@@ -460,7 +461,7 @@ def format_matrix(audit: Mapping[str, Any]) -> str:
         noise = " (noise)" if cell is not None and cell.get("utility_cost_within_noise") else ""
         urow.append("-" if cell is None else fmt(cell.get("utility_cost"), 4) + noise)
     rows.append(urow)
-    lines = [f"verdict: {v.get('sentence', '')}" for v in audit.get("verdicts") or []]
+    lines = [f"verdict: {printable(v.get('sentence', ''))}" for v in audit.get("verdicts") or []]
     lines.append(plain_table(header, rows, left=1))
     return "\n".join(lines)
 
