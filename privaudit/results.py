@@ -457,6 +457,9 @@ ALPHA = 0.05
 BOOTSTRAP_REPLICATES = 1000
 BOOTSTRAP_SEED = 0xB0075
 
+#: Fewest victims (or decision clusters) a bootstrap interval is computed from.
+MIN_VICTIMS = 5
+
 #: Verdicts of one (attack, strength).
 CELL_VERDICTS = (
     "leaks",
@@ -614,11 +617,11 @@ def point_bootstrap(
     bootstrap standard errors of the metric and of (metric - prior) over ``replicates``
     resamples of the victims, the number of victims ``n``, ``over`` = "victims" (or "records"
     for decisions without victim ids). Metrics of ``table``, and every attack metric equal to
-    the ROC AUC of a decision set (resampled by its ``groups``). Metrics without either have
-    no entry (no valid interval)."""
+    the ROC AUC of a decision set (resampled by its ``groups``). Metrics without either, or
+    with fewer than :data:`MIN_VICTIMS` victims, have no entry (no valid interval)."""
     rng = np.random.default_rng(seed)
     out: dict[str, dict[str, Any]] = {}
-    if table is not None and len(table.victims) >= 2:
+    if table is not None and len(table.victims) >= MIN_VICTIMS:
         counts = bootstrap_counts(len(table.victims), replicates, rng).astype(float)
         for m in table.attack:
             att = table_replicates(table, m, "attack", counts)
@@ -634,8 +637,10 @@ def point_bootstrap(
         names = [m for m, v in metrics.items() if m not in out and abs(num(v) - full) <= 1e-9]
         if not names:
             continue
-        reps, over = decision_replicates(d, rng, replicates)
         n = int(np.unique(d.groups).size) if d.groups is not None else int(d.scores.size)
+        if n < MIN_VICTIMS:
+            continue
+        reps, over = decision_replicates(d, rng, replicates)
         for m in names:
             out[m] = {"attack": full, "prior": None, "se": _se(reps), "se_vs_prior": None, "n": n, "over": over}
     return out
@@ -1510,6 +1515,15 @@ def audit_verdicts(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
             best = {"defense": None, "strength": None, "utility_cost": None}
             undefended = f"undefended, the attack {_row_text(base, margin)}" if base else "no undefended result"
             sentence = f"{a['name']} ({metric}): no tested defense strength is shown to protect ({undefended})."
+            strongest = []
+            for d in audit.get("defenses") or []:
+                rows = [r for r in audit_series(audit, a["name"], d["name"]) if "tests" in r]
+                if rows:
+                    strongest.append(
+                        f"{d['name']}.{d['strength']} = {fmt_value(rows[-1]['value'])}: {verdict_label(rows[-1])}"
+                    )
+            if strongest:
+                sentence += " At each defense's strongest value: " + "; ".join(strongest) + "."
             if not base:
                 sentence = f"{a['name']} ({metric}): no result."
             notes = [v["notes"] for v in per_defense if v.get("notes")]
