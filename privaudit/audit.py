@@ -23,7 +23,7 @@ The matrix (attack x defense, :func:`privaudit.results.audit_matrix`) reports th
 *advantage* of the attack's ``primary_metric`` over the stronger of its prior-only and
 random-guess baselines (in the direction its ``metric_specs`` declares) with no defense and at
 each defense's strongest grid value (the last one: grids run from weakest to strongest), a
-verdict per cell ("leaks", "protected", "attack not adapted", "not applicable"), the utility
+verdict per cell (a test over every declared metric: :data:`privaudit.results.CELL_VERDICTS`), the utility
 cost there, the claimed total epsilon and the empirical epsilon lower bound. ``audit.json``
 holds everything; :mod:`privaudit.reports.audit` renders ``audit.html`` from it.
 """

@@ -490,6 +490,7 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
     )
     _force_arg(p)
     p.add_argument("--quiet", action="store_true", help="do not print the table")
+    _margin_arg(p)
     _max_bytes_arg(p)
     p.add_argument(
         "--config", metavar="FILE.toml", help="run the plan of a plan.toml (every report folder records one)"
@@ -501,11 +502,29 @@ _SIMULATION_ONLY = ("noise", "scales", "defense", "sweep", "set", "users", "seed
 _PLAN_FIELDS = ("protocol", "transcript", "attack", "noise", "scales", "defense", "sweep", "set", "users", "seeds")
 
 
+def _margin_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        metavar="M",
+        help="verdict margin: share of the gap between the baseline and a perfect attack (default 0.05)",
+    )
+
+
+def _margin(value: float) -> float:
+    if not (0.0 < value < 1.0):
+        raise PrivauditError(f"--margin must lie strictly between 0 and 1, got {value:g}")
+    return float(value)
+
+
 @command("attack", "attack a simulated protocol (sweeping a defense) or a transcript; write a report")(_attack_args)
 def cmd_attack(args: argparse.Namespace) -> int:
     from privaudit import experiment, reports
+    from privaudit import results as rs
     from privaudit.plan import load_plan, plan_to_toml
 
+    margin = None if args.margin is None else _margin(args.margin)  # checked before any compute
     defaults_note = None
     if args.protocol and not args.transcript and not args.config:
         defaults_note = _protocol_defaults(args)
@@ -574,6 +593,9 @@ def cmd_attack(args: argparse.Namespace) -> int:
             print(defaults_note)
         _print_estimate(args, experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds)
         results = experiment.run_plan(plan)
+    if margin is not None:
+        results["margin"] = margin
+        results["verdicts"] = rs.experiment_verdicts(results)
     out = reports.write_report(results, args.out, plan_toml=plan_to_toml(plan) if plan is not None else None)
     if not args.quiet:
         print(reports.format_table(results))
@@ -623,6 +645,7 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     )
     _force_arg(p)
     p.add_argument("--config", metavar="FILE.toml", help="rerun the plan.toml an audit folder records")
+    _margin_arg(p)
     format_help = p.format_help
 
     def with_protocols() -> str:  # listed only when help is printed (the registry loads lazily)
@@ -679,7 +702,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
             attacks=args.attack,
             defenses=args.defense,
         )
+    margin = None if args.margin is None else _margin(args.margin)  # checked before any compute
     result = au.run_audit(spec)
+    if margin is not None:
+        from privaudit import results as rs
+
+        result["margin"] = margin
+        result["matrix"], result["verdicts"] = rs.audit_matrix(result), rs.audit_verdicts(result)
     out = au.write_audit(result, args.out, plan_toml=audit_to_toml(spec))
     print(au.format_matrix(result))
     for a in result["attacks"]:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from privaudit.errors import PrivauditError
-from privaudit.results import floats
+from privaudit.results import floats, point_bootstrap
 
 __all__ = [
     "Task",
@@ -178,7 +178,9 @@ def evaluate_attack(
     ``baseline_prior`` (the prior-only guess; empty when the attack provides none),
     ``supported`` (and ``reason``), and for every per-record :class:`~privaudit.results.Decisions`
     its ROC summary under ``roc``; when ``privacy`` records a claimed epsilon (a DP defense), the
-    empirical epsilon lower bound of every decision under ``empirical_epsilon``.
+    empirical epsilon lower bound of every decision under ``empirical_epsilon``; under
+    ``bootstrap`` the cluster-bootstrap summary of every metric the attack's victim table (or a
+    decision set's AUC) covers (:func:`privaudit.results.point_bootstrap`).
     """
     t0 = time.perf_counter()
     outcome = attack_cls(**dict(attack_params)).evaluate(transcript, rng)
@@ -192,6 +194,10 @@ def evaluate_attack(
     if not recon.supported:
         out["reason"] = recon.reason
     decisions = getattr(outcome, "decisions", None) or {}
+    if recon.supported:
+        boot = point_bootstrap(out["attack_metrics"], getattr(outcome, "victims", None), decisions)
+        if boot:
+            out["bootstrap"] = boot
     if decisions and recon.supported:
         out["roc"] = decision_rocs(decisions)
         claimed = [v for v in (privacy or {}).values() if isinstance(v, Mapping) and "epsilon" in v]

@@ -25,7 +25,7 @@ from privaudit.data.dataset import RatingsDataset
 from privaudit.defenses.base import Defense, UploadBatch
 from privaudit.params import Param
 from privaudit.protocols.base import Protocol, RunResult
-from privaudit.results import Decisions, MetricSpec
+from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.schema import MessageSchema, PayloadField, ProtocolSchema
 
 
@@ -127,14 +127,29 @@ class _BitsAttack(Attack):
         return {"accuracy": float(np.mean(bits == guess)) if bias != 0.5 else 0.5}
 
     def decisions(self, recon, transcript):
-        scores, labels = [], []
-        for party, guess in recon.victims.items():
+        scores, labels, groups = [], [], []
+        for k, (party, guess) in enumerate(recon.victims.items()):
             if "scores" in guess:
                 scores.append(guess["scores"])
                 labels.append(transcript.private(party)["bits"] > 0.5)
+                groups.append(np.full(len(guess["scores"]), k))
         if not scores:
             return {}
-        return {"bit": Decisions(np.concatenate(scores), np.concatenate(labels), positive="bit = 1")}
+        return {
+            "bit": Decisions(
+                np.concatenate(scores), np.concatenate(labels), positive="bit = 1", groups=np.concatenate(groups)
+            )
+        }
+
+    def victim_table(self, recon, transcript, knowledge):
+        """Per victim: bits scored, bits guessed right, and right by the prior's majority guess."""
+        bias = float(transcript.config.get("bias", 0.5))
+        parties = list(recon.victims)
+        truth = [transcript.private(p)["bits"] for p in parties]
+        right = [float(np.sum(recon.victims[p]["bits"] == t)) for p, t in zip(parties, truth)]
+        prior = [float(np.sum(t == (1.0 if bias > 0.5 else 0.0))) if bias != 0.5 else t.size / 2 for t in truth]
+        sizes = [float(t.size) for t in truth]
+        return VictimTable(parties, {"accuracy": sizes}, {"accuracy": right}, {"accuracy": prior})
 
     def score(self, recon, transcript):
         hits = total = 0

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from privaudit import results as rs
+from privaudit._escape import printable
 from privaudit.errors import PrivauditError
 from privaudit.reports import figures
 from privaudit.reports.render import (
@@ -36,11 +37,13 @@ AUDIT_HTML = "audit.html"
 __all__ = ["pair_figure", "roc_figure", "render_html", "format_matrix", "write_audit_report"]
 
 #: Cell colours: amber to red for a leak (by advantage), green for protection, hatched pale
-#: yellow for an attack that was not adapted (never green), grey when the attack does not apply.
+#: yellow for an attack below its prior (never green), grey when the attack does not apply.
 _VERDICT_KIND = {
     "leaks": "cell",
     "protected": "cell",
-    "attack not adapted": "verdict-not-adapted",
+    "inconclusive": "cell",
+    "no evidence of leakage": "cell",
+    "attack below prior": "verdict-not-adapted",
     "not applicable": "verdict-na",
 }
 
@@ -162,12 +165,16 @@ def _cell(audit: Mapping[str, Any], cell: Mapping[str, Any] | None, defended: bo
     verdict = cell.get("verdict", "not applicable")
     adv = num(cell.get("advantage"))
     c = Cell(kind=_VERDICT_KIND.get(verdict, "cell"))
-    c.add(rs.fmt_advantage(adv, cell.get("advantage_high")), "b")
-    c.add(f"{verdict}" + (f", vs {cell.get('against')}" if cell.get("against") else ""), "small")
+    c.add(rs.fmt_advantage(adv, cell.get("advantage_high"), cell.get("advantage_low")), "b")
+    label = cell.get("verdict_label") or verdict
+    c.add(f"{label}" + (f", vs {cell.get('against')}" if cell.get("against") else ""), "small")
     if verdict in ("leaks", "protected"):
         c.background = _colour(adv, verdict)
     if defended:
-        c.add(f"utility cost {fmt(cell.get('utility_cost'), 4)}", "small")
+        c.add(f"utility cost {_cost(cell)}", "small")
+        canary = rs.canary_text(cell.get("canary"))
+        if canary:
+            c.add(canary, "b" if canary.startswith("DP claim violated") else "small")
         if cell.get("epsilon") is not None and math.isfinite(num(cell.get("epsilon"))):
             c.add(f"ε total {fmt(cell.get('epsilon'), 2)}", "small")
         if cell.get("epsilon_lb") is not None and math.isfinite(num(cell.get("epsilon_lb"))):
@@ -178,6 +185,16 @@ def _cell(audit: Mapping[str, Any], cell: Mapping[str, Any] | None, defended: bo
     if cell.get("errors"):
         c.add("error: " + "; ".join(cell["errors"])[:200], "small")
     return c
+
+
+def _cost(cell: Mapping[str, Any]) -> str:
+    """A cell's utility cost with its interval over paired seeds ("within noise" when it holds 0)."""
+    cost = fmt(cell.get("utility_cost"), 4)
+    low, high = num(cell.get("utility_cost_low")), num(cell.get("utility_cost_high"))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return cost
+    noise = ", within noise" if cell.get("utility_cost_within_noise") else ""
+    return f"{cost} [{fmt(low, 4)}, {fmt(high, 4)}]{noise}"
 
 
 def _glossary(audit: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -207,14 +224,18 @@ def _glossary(audit: Mapping[str, Any]) -> list[tuple[str, str]]:
     items += [
         (
             "advantage",
-            "attack metric minus the stronger of its prior-only and random-guess baselines (seed mean); "
-            "≤ shows the upper 95 % bound.",
+            "attack metric minus the stronger of its prior-only and random-guess baselines (seed mean), "
+            "with its bounds: a cluster bootstrap over victims, Holm-corrected over the attack's grid "
+            "points and metrics (family-wise 5 %).",
         ),
         (
             "verdict",
-            f"leaks (upper bound ≥ {rs.PROTECTION_MARGIN}); protected (advantage ≥ 0, upper bound < "
-            f"{rs.PROTECTION_MARGIN}); attack not adapted (below its baseline on average: not protection, "
-            "shown hatched); not applicable.",
+            "leaks: the lower bound is above 0 on some privacy metric (named when not the primary one); "
+            f"protected: every metric's upper bound is below the margin ({fmt_value(rs.verdict_margin(audit))} of the gap "
+            "between the baseline and a perfect attack) and the attack leaks without defense or at a weaker "
+            f"strength; no evidence of leakage: under the margin without such a control ({rs.NO_POWER}); "
+            "attack below prior: upper bound below 0 (not protection, shown hatched); inconclusive: neither "
+            "(also without per-victim scores); not applicable.",
         ),
         (
             "ε total",
@@ -323,8 +344,8 @@ def render_html(audit: Mapping[str, Any]) -> str:
                     fmt(s["mean"]),
                     fmt(s.get("baseline_prior")),
                     fmt(s.get("baseline_random")),
-                    rs.fmt_advantage(s["advantage"], s.get("advantage_high")),
-                    s.get("verdict", ""),
+                    rs.fmt_advantage(s["advantage"], s.get("advantage_high"), s.get("advantage_low")),
+                    rs.verdict_label(s) + (f"; {rs.canary_text(s.get('canary'))}" if s.get("canary") else ""),
                     fmt(s.get("utility"), 4),
                     fmt(s.get("epsilon"), 2) if math.isfinite(num(s.get("epsilon"))) else "-",
                     (fmt(s.get("epsilon_lb"), 2) + (" VIOLATION" if s.get("dp_violation") else ""))
@@ -416,11 +437,20 @@ def format_matrix(audit: Mapping[str, Any]) -> str:
                 short = {
                     "leaks": "leaks",
                     "protected": "prot.",
-                    "attack not adapted": "NOT ADAPTED",
+                    "inconclusive": "inconcl.",
+                    "no evidence of leakage": "no-power",
+                    "attack below prior": "BELOW-PRIOR",
                     "not applicable": "n/a",
                 }.get(cell.get("verdict"), "?")
+                leak = cell.get("leak_metrics") or []
+                if leak and cell.get("metric") not in leak:
+                    short += f":{leak[0]}"
+                canary = rs.canary_text(cell.get("canary")) or ""
                 row.append(
-                    f"{fmt(cell.get('advantage'))} {short}" + (" DP-VIOLATION" if cell.get("dp_violation") else "")
+                    f"{fmt(cell.get('advantage'))} {short}"
+                    + (" DP-VIOLATION" if cell.get("dp_violation") else "")
+                    + (" DP-ok" if canary.startswith("DP claim consistent") else "")
+                    + (" DP-VIOLATED" if canary.startswith("DP claim violated") else "")
                 )
         rows.append(row)
     utility = rs.audit_utility(audit)
@@ -428,9 +458,10 @@ def format_matrix(audit: Mapping[str, Any]) -> str:
     a0 = audit["attacks"][0]["name"] if audit["attacks"] else None
     for dname in [None] + [d["name"] for d in audit["defenses"]]:
         cell = next((c for c in audit["matrix"] if c["attack"] == a0 and c["defense"] == dname), None)
-        urow.append("-" if cell is None else fmt(cell.get("utility_cost"), 4))
+        noise = " (noise)" if cell is not None and cell.get("utility_cost_within_noise") else ""
+        urow.append("-" if cell is None else fmt(cell.get("utility_cost"), 4) + noise)
     rows.append(urow)
-    lines = [f"verdict: {v.get('sentence', '')}" for v in audit.get("verdicts") or []]
+    lines = [f"verdict: {printable(v.get('sentence', ''))}" for v in audit.get("verdicts") or []]
     lines.append(plain_table(header, rows, left=1))
     return "\n".join(lines)
 

@@ -313,8 +313,14 @@ def table_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
                 row.append(fmt(index.get((key, "baseline." + m), (math.nan, math.nan))[0]))
         if vrows and primary:
             vr = vrows.get(key, {})
-            row.append(rs.fmt_advantage(vr.get("advantage"), vr.get("advantage_high")) if vr else "n/a")
-            verdict = vr.get("verdict", "n/a")
+            row.append(
+                rs.fmt_advantage(vr.get("advantage"), vr.get("advantage_high"), vr.get("advantage_low"))
+                if vr
+                else "n/a"
+            )
+            verdict = rs.verdict_label(vr) if vr else "n/a"
+            canary = rs.canary_text(vr.get("canary")) if vr else None
+            verdict += f"; {canary}" if canary else ""
             row.append(verdict + (" (DP violation)" if vr.get("dp_violation") and "violation" not in verdict else ""))
         if utility:
             row.append(fmt_pm(*index.get((key, "utility." + utility), (math.nan, math.nan)), digits=4))
@@ -486,14 +492,18 @@ def glossary(results: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("random", "the uniform random guess over each value's domain."),
         (
             "advantage",
-            "attack metric minus the stronger of the prior and random baselines (in the metric's direction); "
-            "≤ shows the upper 95 % bound.",
+            "attack metric minus the stronger of the prior and random baselines (in the metric's direction), "
+            "with its bounds: a cluster bootstrap over victims pooled over seeds, Holm-corrected over the "
+            "grid's points and metrics (family-wise 5 %).",
         ),
         (
             "verdict",
-            f"protected: advantage ≥ 0 with upper bound < {rs.PROTECTION_MARGIN}; leaks: upper bound ≥ "
-            f"{rs.PROTECTION_MARGIN}; attack not adapted: the attack scores below its baseline on average "
-            "(never counted as protection).",
+            "leaks: the lower bound is above 0 on some privacy metric (named when not the primary one); "
+            "protected: every metric's upper bound is below the margin "
+            f"({fmt_value(rs.verdict_margin(results))} of the gap between the baseline and a perfect attack) and "
+            "the attack leaks at a weaker strength or without defense; no evidence of leakage: under the "
+            f"margin without such a control ({rs.NO_POWER}); attack below prior: upper bound below 0 (never "
+            "protection); inconclusive: neither, or no per-victim scores.",
         ),
     ]
     sweep = results.get("sweep")

@@ -1,0 +1,175 @@
+"""How often each verdict rule says "leaks" on null data, and how often on a real leak.
+
+End to end: every repetition runs a full experiment (``privaudit.experiment``) of the dummy
+protocol of ``tests/dummies.py`` (each client holds ``p`` secret bits and uploads them as
++-1 per bit) attacked by ``dummy-attack`` (it guesses bit = upload > 0, and gives a victim
+table), over a grid of three defense strengths, with a fresh base seed per repetition.
+
+Scenarios (defense on every upload):
+
+* ``null, independent``: ``null-noise`` replaces every uploaded float by independent N(0, 1)
+  noise: the attack sees nothing about the truth (its accuracy is 0.5 in expectation).
+* ``null, correlated``: the protocol draws one secret bit per client and repeats it over its
+  ``p`` bits (``BlockProtocol``), and ``null-noise`` with ``shared=1`` replaces a client's upload
+  by one N(0, 1) draw repeated over its bits (plus 1e-3 independent noise): still independent of
+  the truth, but a victim's guesses are all right or all wrong together, so its records are
+  perfectly correlated (60 independent units, not 480).
+* ``leak``: ``dummy-noise`` (Laplace noise added to the +-1 uploads) at scales 1.5, 2, 3: a
+  clear leak (accuracy 1 - exp(-1/b)/2, about 0.72-0.86).
+* ``weak leak``: the same at scales 6, 8, 10 (accuracy about 0.58, 0.56, 0.55).
+
+Rules, per experiment (a "leaks" anywhere in the grid counts once):
+
+* ``verdict``: :func:`privaudit.results.experiment_verdicts` -- cluster bootstrap over
+  victims, one-sided lower bound > 0 after Holm over the grid's points and metrics.
+* ``record CP``: the former one-seed rule's interval -- a 95 % Clopper-Pearson interval over
+  records as if independent -- lower bound > 0 at any grid point, no multiplicity correction.
+* ``old rule``: the former verdict, "leaks" unless the upper bound (Clopper-Pearson, one seed;
+  Student-t over seeds) is below 0.05.
+
+Run: ``python benchmarks/verdict_calibration.py --reps 200`` (``--seeds 2`` for two seeds per
+point; ``--users``/``--bits`` for the size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from privaudit import experiment as ex  # noqa: E402
+from privaudit import registry  # noqa: E402
+from privaudit import results as rs  # noqa: E402
+from privaudit.defenses.base import Defense, UploadBatch  # noqa: E402
+from privaudit.metrics import clopper_pearson, mean_ci95  # noqa: E402
+from privaudit.params import Param  # noqa: E402
+from privaudit.protocols.base import RunResult  # noqa: E402
+from tests.dummies import DummyProtocol, register_dummies, tiny_dataset  # noqa: E402
+
+
+class BlockProtocol(DummyProtocol):
+    """The dummy protocol with one secret bit per client repeated over its ``p`` bits."""
+
+    def simulate(self, setup):
+        config, n = setup.config, setup.dataset.n_users
+        rng = np.random.default_rng(setup.seed)
+        bits = np.repeat(rng.integers(0, 2, size=(n, 1)), config["p"], axis=1).astype(np.float64)
+        senders = [f"client:{u}" for u in range(n)]
+        private = {party: {"bits": bits[u]} for u, party in enumerate(senders)}
+        t, channel = self.start(setup, ["server", *senders], private, rng)
+        for r in range(config["rounds"]):
+            channel.send(r, "upload", senders, [{"values": config["signal"] * (2 * bits[u] - 1)} for u in range(n)])
+        return RunResult(t, bits, {"ndcg@10": 1.0})
+
+
+class NullNoise(Defense):
+    """Replaces every uploaded float by N(0, 1) noise independent of the truth (``shared``:
+    one draw per client repeated over its values, plus 1e-3 independent noise)."""
+
+    description = "benchmark defense: uploads replaced by independent noise"
+    parameters = (
+        Param("scale", 1.0, "unused strength (a grid for the verdicts)", ge=0),
+        Param("shared", 0, "1: one noise draw per client", ge=0, le=1),
+    )
+    strength = "scale"
+    default_grid = (1.0, 2.0, 3.0)
+
+    def on_upload(self, batch: UploadBatch, channel) -> UploadBatch:
+        for payload in batch.payloads:
+            for key in batch.float_keys(payload):
+                shape = np.shape(payload[key])
+                if self.shared:
+                    payload[key] = channel.rng.normal() + 1e-3 * channel.rng.normal(size=shape)
+                else:
+                    payload[key] = channel.rng.normal(size=shape)
+        return batch
+
+
+#: name -> (protocol class, defense, its parameters, grid of its scale)
+SCENARIOS = {
+    "null, independent": (DummyProtocol, "null-noise", {}, "1,2,3"),
+    "null, correlated": (BlockProtocol, "null-noise", {"shared": 1}, "1,2,3"),
+    "leak": (DummyProtocol, "dummy-noise", {}, "1.5,2,3"),
+    "weak leak": (DummyProtocol, "dummy-noise", {}, "6,8,10"),
+}
+
+
+def old_rule_leaks(points: list[dict], n_records: int) -> bool:
+    """The former verdict: "leaks" unless the advantage's upper bound is below 0.05."""
+    for value in sorted({p["value"] for p in points}):
+        adv = [p["attack_metrics"]["accuracy"] - 0.5 for p in points if p["value"] == value]
+        mean, half = mean_ci95(adv)
+        if len(adv) == 1:
+            hi = clopper_pearson(int(round((adv[0] + 0.5) * n_records)), n_records)[1] - 0.5
+        else:
+            hi = mean + half
+        if mean >= 0 and hi >= rs.PROTECTION_MARGIN:
+            return True
+    return False
+
+
+def record_cp_leaks(points: list[dict], n_records: int) -> bool:
+    """Clopper-Pearson over records (as if independent): lower bound > 0 at any point."""
+    for p in points:
+        acc = p["attack_metrics"]["accuracy"]
+        if clopper_pearson(int(round(acc * n_records)), n_records)[0] > 0.5:
+            return True
+    return False
+
+
+def run(reps: int, seeds: int, users: int, bits: int) -> list[tuple[str, dict[str, float], float]]:
+    register_dummies()
+    registry._register("defense", "null-noise")(NullNoise)
+    data = tiny_dataset(users, n_items=12)
+    table = []
+    for name, (protocol, defense, params, grid) in SCENARIOS.items():
+        registry.unregister("protocol", "dummy-proto")
+        registry._register("protocol", "dummy-proto")(protocol)
+        hits = {"verdict": 0, "record CP": 0, "old rule": 0}
+        t0 = time.perf_counter()
+        spec = defense + ("".join(f":{k}={v}" for k, v in params.items()) if params else "")
+        for rep in range(reps):
+            res = ex.build_experiment(
+                "dummy-proto",
+                defenses=[spec],
+                sweep=f"{defense}.scale={grid}",
+                sets=[f"p={bits}", "rounds=1"],
+                seeds=seeds,
+                seed=1000 * rep,
+            ).run(data)
+            rows = res["verdicts"][0]["rows"]
+            hits["verdict"] += any(r["verdict"] == "leaks" for r in rows)
+            hits["record CP"] += record_cp_leaks(res["points"], users * bits) if seeds == 1 else 0
+            hits["old rule"] += old_rule_leaks(res["points"], users * bits)
+        table.append((name, {k: v / reps for k, v in hits.items()}, time.perf_counter() - t0))
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--users", type=int, default=60)
+    ap.add_argument("--bits", type=int, default=8)
+    args = ap.parse_args()
+    table = run(args.reps, args.seeds, args.users, args.bits)
+    print(
+        f"{args.reps} repetitions, {args.seeds} seed(s) per point, {args.users} victims x {args.bits} bits, "
+        '3 grid points; share of experiments with any "leaks"'
+    )
+    print("| scenario | verdict (cluster bootstrap, Holm) | record CP (no correction) | old rule | seconds |")
+    print("|---|---|---|---|---|")
+    for name, rates, seconds in table:
+        cp = "n/a" if args.seeds != 1 else f"{rates['record CP']:.3f}"
+        half = 1.96 * math.sqrt(max(rates["verdict"] * (1 - rates["verdict"]), 1e-12) / args.reps)
+        print(f"| {name} | {rates['verdict']:.3f} (± {half:.3f}) | {cp} | {rates['old rule']:.3f} | {seconds:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
