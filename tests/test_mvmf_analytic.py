@@ -244,3 +244,23 @@ def test_grad_V_dots_same_from_memory_and_from_disk(small, tmp_path, monkeypatch
         np.testing.assert_allclose(fast, full, rtol=0, atol=1e-12)
         results.append((fast, d))
     assert np.array_equal(results[0][0], results[1][0])  # the same rows in memory and on disk
+
+
+@pytest.mark.parametrize("unrated", ["obsonly", "inclunc"])
+@pytest.mark.parametrize("scale", [0.0, 2.0])
+def test_victim_table_equals_score_and_prior(small, unrated, scale):
+    """Per-victim numerators / denominators sum to score() and prior_baseline() on every ratio metric."""
+    t = _run(small, "semials", unrated, [_laplace(scale)] if scale else [])
+    out = MVMFAnalytic().evaluate(t, np.random.default_rng(0))
+    vt = out.victims
+    expected = {"rating_accuracy", "rated_rating_accuracy", "rated_detection_accuracy", "attribute_accuracy"}
+    assert vt is not None and set(vt.weight) == expected
+    assert len(vt.victims) == out.metrics["victims"]
+    for m in expected:
+        assert vt.value(m) == pytest.approx(out.metrics[m], abs=1e-12), m
+        assert vt.value(m, "prior") == pytest.approx(out.baseline_prior[m], abs=1e-12), m
+    if unrated == "inclunc":  # rated decisions carry the victim's row of the table
+        dec = out.decisions["rated"]
+        assert dec.groups.shape == dec.labels.shape
+        counts = np.bincount(dec.groups, minlength=len(vt.victims))
+        assert np.array_equal(counts, vt.weight["rated_detection_accuracy"])

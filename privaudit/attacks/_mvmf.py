@@ -28,9 +28,10 @@ import numpy as np
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.metrics import majority_guess_accuracy, uniform_guess_accuracy
 from privaudit.models import mvmf
-from privaudit.results import Decisions, MetricSpec
+from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
 
+_TINY = 1e-300
 FEDMVMF_PROTOCOLS = ("fedmvmf", "privmvmf")
 REQUIRED_CONFIG = ("K", "alpha", "lam", "update", "unrated", "n_items", "rating_min", "rating_max")
 
@@ -405,44 +406,58 @@ def _truth(transcript: Transcript | dict, party: str, items: np.ndarray) -> np.n
     return np.where(hit, ratings[pos_c] if len(rated) else 0.0, 0.0)
 
 
-def score_reconstruction(recon: Reconstruction, transcript: Transcript) -> dict[str, float]:
-    """Rating and attribute accuracy (PrivMVMF paper eq. 43) over all attacked victims.
+def victim_scores(recon: Reconstruction, transcript: Transcript) -> tuple[list[str], dict, dict]:
+    """Per-victim numerators and denominators of :func:`score_reconstruction`'s ratio metrics.
 
-    Each victim's reconstruction holds ``items`` (the uploaded item ids it guessed),
-    ``ratings`` (rounded guesses, 0 = unrated) and ``attributes`` (rounded dummies).
+    Returns ``(victims, weight, hits)``: the reconstruction's victims sorted by
+    :func:`client_sort_key` (n,), and per metric (n,) float arrays of scored values and of exact
+    guesses (``rated_detection_accuracy`` counts correct rated/unrated decisions over all items).
     """
-    rating_hits = rating_total = 0
-    rated_hits = rated_total = 0
-    detect_hits = 0
-    attr_hits = attr_total = 0
-    for party, guess in recon.victims.items():
+    victims = sorted(recon.victims, key=client_sort_key)
+    n = len(victims)
+    names = ("rating_accuracy", "rated_rating_accuracy", "rated_detection_accuracy", "attribute_accuracy")
+    weight = {m: np.zeros(n) for m in names}
+    hits = {m: np.zeros(n) for m in names}
+    for k, party in enumerate(victims):
+        guess = recon.victims[party]
         items = np.asarray(guess.get("items", np.empty(0, np.int64)), dtype=np.int64)
         if len(items):
             truth = _truth(transcript, party, items)
             g = np.asarray(guess["ratings"], dtype=np.float64)
-            rating_hits += int(np.sum(g == truth))
-            rating_total += len(items)
             rated = truth > 0
-            rated_hits += int(np.sum(g[rated] == truth[rated]))
-            rated_total += int(rated.sum())
-            detect_hits += int(np.sum((g > 0) == rated))
+            hits["rating_accuracy"][k] = np.sum(g == truth)
+            weight["rating_accuracy"][k] = weight["rated_detection_accuracy"][k] = len(items)
+            hits["rated_rating_accuracy"][k] = np.sum(g[rated] == truth[rated])
+            weight["rated_rating_accuracy"][k] = rated.sum()
+            hits["rated_detection_accuracy"][k] = np.sum((g > 0) == rated)
         if "attributes" in guess:
             true_x = np.asarray(transcript.private(party).get("attributes", np.empty(0)), dtype=np.float64)
             gx = np.asarray(guess["attributes"], dtype=np.float64)
             if true_x.shape == gx.shape:
-                attr_hits += int(np.sum(gx == true_x))
-                attr_total += gx.size
-    nan = float("nan")
-    out = {
-        "rating_accuracy": rating_hits / rating_total if rating_total else nan,
-        "attribute_accuracy": attr_hits / attr_total if attr_total else nan,
-        "rated_rating_accuracy": rated_hits / rated_total if rated_total else nan,
-        "rated_detection_accuracy": detect_hits / rating_total if rating_total else nan,
-        "victims": float(len(recon.victims)),
-    }
+                hits["attribute_accuracy"][k] = np.sum(gx == true_x)
+                weight["attribute_accuracy"][k] = gx.size
+    return victims, weight, hits
+
+
+def score_reconstruction(recon: Reconstruction, transcript: Transcript) -> dict[str, float]:
+    """Rating and attribute accuracy (PrivMVMF paper eq. 43) over all attacked victims.
+
+    Each victim's reconstruction holds ``items`` (the uploaded item ids it guessed),
+    ``ratings`` (rounded guesses, 0 = unrated) and ``attributes`` (rounded dummies); the
+    accuracies are the sums of :func:`victim_scores` over the victims.
+    """
+    victims, weight, hits = victim_scores(recon, transcript)
+    order = ("rating_accuracy", "attribute_accuracy", "rated_rating_accuracy", "rated_detection_accuracy")
+    out = {m: _ratio(hits[m], weight[m]) for m in order}
+    out["victims"] = float(len(victims))
     if not transcript.config.get("attribute_names", True):  # a dataset without user attributes
         del out["attribute_accuracy"]
     return out
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> float:
+    total = float(den.sum())
+    return float(num.sum()) / total if total > 0 else float("nan")
 
 
 def baselines(transcript: Transcript) -> dict[str, float]:
@@ -486,72 +501,311 @@ def baselines(transcript: Transcript) -> dict[str, float]:
     return out
 
 
-def _uploaded_truth(transcript: Transcript) -> list[tuple[str, np.ndarray]]:
-    """(party, true ratings of the items it uploaded first) for every client the server heard from."""
-    if "server" not in transcript.parties:
-        return []
-    private = private_payloads(transcript)
-    out, seen = [], set()
-    for m in transcript.messages:
-        if m.kind != "grad_V" or m.receiver != "server" or m.sender in seen or "items" not in m.payload:
-            continue
-        seen.add(m.sender)
-        out.append((m.sender, _truth(private, m.sender, np.asarray(m.payload["items"], dtype=np.int64))))
-    return out
+#: message-free strategies of the prior library, per metric, in order of preference on ties
+PRIOR_STRATEGIES = {
+    "rating_accuracy": ("global", "item"),
+    "rated_rating_accuracy": ("global", "item"),
+    "rated_detection_accuracy": ("global", "item"),
+    "attribute_accuracy": ("global", "column"),
+}
+_ITEM_PSEUDO = 1.0  # weight of the global marginal in an item's predictive distribution (pseudo-ratings)
 
 
-def prior_baselines(transcript: Transcript) -> dict[str, float]:
-    """The best constant guesses, chosen in hindsight from the truth (an upper bound of any
-    strategy that ignores the victims' uploads).
+@dataclass
+class PriorTable:
+    """The prior library on a transcript: per victim, the hits of the message-free strategy
+    chosen on the other half of the victims (:func:`prior_table`).
 
-    Ratings: the most frequent true value over all victims' uploaded items (0 = unrated
-    included); ``rated_rating_accuracy``: the most frequent value among the rated items;
-    ``rated_detection_accuracy``: always answering the more frequent of rated / unrated.
-    Attributes: per dummy column its most frequent value (an attacker knowing the population
-    shares of every attribute, e.g. from census data, does no better with a constant guess).
+    Attributes
+    ----------
+    victims : list[str]             clients the server heard from, by client_sort_key (n,)
+    offsets : numpy.ndarray         int64 (n + 1,), victim k's first upload at offsets[k]:offsets[k + 1]
+    items, truth : numpy.ndarray    (N,) uploaded item ids and their true values (0 = unrated)
+    values : numpy.ndarray          (H,) value grid (0 first when unrated items are uploaded)
+    attributes : numpy.ndarray      (n, p) true dummies (p = 0 when the clients hold none)
+    weight, hits : dict[str, numpy.ndarray]   per metric (n,): scored values, prior's exact guesses
+    choice : dict[str, tuple[str, str]]       per metric, the strategy used on fold 0 and fold 1
+    fold : numpy.ndarray            int64 (n,), victim k's fold (k mod 2)
     """
-    truths = [t for _, t in _uploaded_truth(transcript)]
+
+    victims: list[str]
+    offsets: np.ndarray
+    items: np.ndarray
+    truth: np.ndarray
+    values: np.ndarray
+    attributes: np.ndarray
+    weight: dict[str, np.ndarray]
+    hits: dict[str, np.ndarray]
+    choice: dict[str, tuple[str, str]]
+    fold: np.ndarray
+
+    @functools.cached_property
+    def _codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(index of each truth in :attr:`values`, -1 when off the grid) and the victim of each row."""
+        pos = np.clip(np.searchsorted(self.values, self.truth), 0, len(self.values) - 1)
+        codes = np.where(self.values[pos] == self.truth, pos, -1)
+        return codes, np.repeat(np.arange(len(self.victims)), np.diff(self.offsets))
+
+    def rating_predictive(self, index: np.ndarray, items: np.ndarray, rated_only: bool = False) -> np.ndarray:
+        """Leave-victim-out predictive distribution over :attr:`values` (R, H) of victim
+        ``index[r]`` (positions in :attr:`victims`) rating item ``items[r]``, under the strategy
+        chosen for the victim's fold: the other victims' global marginal, or their counts on the
+        item plus ``_ITEM_PSEUDO`` pseudo-ratings drawn from that marginal. ``rated_only``: over
+        the rated values only (column of 0 = 0), for ``rated_rating_accuracy``."""
+        codes, seg = self._codes
+        H = len(self.values)
+        use = codes >= 0
+        if rated_only:
+            use &= self.truth > 0
+        n = len(self.victims)
+        own = np.bincount(seg[use] * H + codes[use], minlength=n * H).reshape(n, H).astype(float)
+        glob = own.sum(axis=0)
+        allowed = (self.values > 0) if rated_only else np.ones(H, bool)
+        g = (glob[None, :] - own + 0.5) * allowed  # other victims' marginal, Jeffreys-smoothed
+        g /= g.sum(axis=1, keepdims=True)
+        metric = "rated_rating_accuracy" if rated_only else "rating_accuracy"
+        strategy = np.array([self.choice[metric][f] for f in self.fold[index]]) if len(index) else np.empty(0, str)
+        out = g[index]
+        per_item = strategy == "item"
+        if per_item.any():
+            m = int(max(self.items.max(initial=0), items.max(initial=0))) + 1
+            C = np.bincount(self.items[use] * H + codes[use], minlength=m * H).reshape(m, H).astype(float)
+            cnt = C[items[per_item]] - self._own_counts(index[per_item], items[per_item], use)
+            cnt += _ITEM_PSEUDO * out[per_item]
+            out[per_item] = cnt / cnt.sum(axis=1, keepdims=True)
+        return out
+
+    def _own_counts(self, index: np.ndarray, items: np.ndarray, use: np.ndarray) -> np.ndarray:
+        """One-hot (R, H) of victim ``index[r]``'s own counted truth on ``items[r]`` (zero if not counted)."""
+        codes, seg = self._codes
+        H = len(self.values)
+        big = np.int64(max(int(self.items.max(initial=0)), int(items.max(initial=0))) + 1)
+        keys = seg.astype(np.int64) * big + self.items
+        order = np.argsort(keys, kind="stable")
+        q = index.astype(np.int64) * big + items
+        pos = np.minimum(np.searchsorted(keys[order], q), max(len(keys) - 1, 0))
+        out = np.zeros((len(q), H))
+        if not len(keys):
+            return out
+        row = order[pos]
+        hit = (keys[row] == q) & use[row]
+        out[np.flatnonzero(hit), codes[row[hit]]] = 1.0
+        return out
+
+    def attribute_shares(self, index: np.ndarray) -> np.ndarray:
+        """Leave-victim-out share of 1 per dummy (R, p) for victims ``index`` under the strategy
+        chosen for their fold: per column, or one share over every dummy ("global")."""
+        X = self.attributes
+        n, p = X.shape
+        if p == 0 or n == 0:
+            return np.zeros((len(index), p))
+        others = max(n - 1, 1)
+        col = (X.sum(axis=0)[None, :] - X[index] + 0.5) / (others + 1.0)
+        glob = (X.sum() - X[index].sum(axis=1) + 0.5) / (others * p + 1.0)
+        strategy = np.array([self.choice["attribute_accuracy"][f] for f in self.fold[index]])
+        return np.where((strategy == "column")[:, None], col, glob[:, None])
+
+
+def _uploads(transcript: Transcript) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """(clients the server heard from by client_sort_key, offsets, items, true values) of every
+    client's first upload."""
+    if "server" not in transcript.parties:
+        return [], np.zeros(1, np.int64), np.empty(0, np.int64), np.empty(0)
     private = private_payloads(transcript)
-    attrs = []
-    for party in transcript.parties:
-        if party.startswith("client:"):
-            x = private.get(party, {}).get("attributes")
-            if x is not None:
-                attrs.append(np.asarray(x, dtype=np.float64).ravel())
-    nan = float("nan")
-    y = np.concatenate(truths) if truths else np.empty(0)
-    rated = y[y > 0]
-    out = {
-        "rating_accuracy": majority_guess_accuracy(y) if y.size else nan,
-        "rated_rating_accuracy": majority_guess_accuracy(rated) if rated.size else nan,
-        "rated_detection_accuracy": float(max(np.mean(y > 0), np.mean(y == 0))) if y.size else nan,
-        "attribute_accuracy": nan,
-        "victims": float(len(truths)),
-    }
+    first: dict[str, np.ndarray] = {}
+    for m in transcript.messages:
+        if m.kind != "grad_V" or m.receiver != "server" or m.sender in first or "items" not in m.payload:
+            continue
+        first[m.sender] = np.asarray(m.payload["items"], dtype=np.int64).reshape(-1)
+    parties = sorted(first, key=client_sort_key)
+    lengths = np.fromiter((len(first[p]) for p in parties), dtype=np.int64, count=len(parties))
+    offsets = np.zeros(len(parties) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    items = np.concatenate([first[p] for p in parties]) if parties else np.empty(0, np.int64)
+    truth = np.concatenate([_truth(private, p, first[p]) for p in parties]) if parties else np.empty(0)
+    return parties, offsets, items, truth
+
+
+def _value_grid(config: dict[str, Any], truth: np.ndarray) -> np.ndarray:
+    """The rating hypotheses: the public grid of :func:`rating_domain` (0 included when unrated
+    items are uploaded), or the observed values when the config lacks the scale."""
+    try:
+        lo, hi = rating_domain(config)
+        step = float(config.get("rating_step", 1.0) or 1.0)
+        grid = np.arange(lo, hi + step / 2, step)
+    except (KeyError, TypeError, ValueError):
+        grid = np.empty(0)
+    return np.unique(np.concatenate([grid, truth])) if truth.size else grid
+
+
+def _leave_out_argmax(own: np.ndarray, glob: np.ndarray) -> np.ndarray:
+    """Per victim (n,), the most frequent value among the other victims (ties: the lower index)."""
+    return np.argmax(glob[None, :] - own, axis=1)
+
+
+def _choose(hits: dict[str, np.ndarray], fold: np.ndarray, strategies: tuple[str, ...]) -> tuple[str, str]:
+    """Per fold, the strategy with the most hits on the OTHER fold (ties: the earlier strategy)."""
+    out = []
+    for f in (0, 1):
+        other = fold != f
+        if not other.any():
+            other = np.ones_like(other)
+        out.append(max(strategies, key=lambda s: (float(hits[s][other].sum()), -strategies.index(s))))
+    return out[0], out[1]
+
+
+def prior_table(transcript: Transcript) -> PriorTable:
+    """The prior library: message-free strategies scored per victim, each metric's strategy
+    chosen on held-out victims (2-fold cross-fitting: victims alternate between two folds in
+    client order; each fold uses the strategy that scores best on the other fold).
+
+    Strategies (each statistic from the OTHER victims' truth, leaving the victim out):
+
+    - ratings (``rating_accuracy``, 0 = unrated counted as a value): the most frequent value over
+      all uploaded items ("global"), or per item the most frequent value among the other users
+      who uploaded it, with ``_ITEM_PSEUDO`` pseudo-ratings from the global marginal ("item");
+    - ``rated_rating_accuracy``: the same over the rated values of the rated items;
+    - ``rated_detection_accuracy``: the more frequent of rated/unrated, globally or per item;
+    - ``attribute_accuracy``: per dummy column its most frequent value ("column"), or the most
+      frequent dummy value overall ("global").
+
+    The statistics come from the truth in hindsight (an attacker with the population's
+    published marginals does no better with a message-free guess); only the victim's own
+    values are left out.
+    """
+    parties, offsets, items, truth = _uploads(transcript)
+    private = private_payloads(transcript)
+    n = len(parties)
+    values = _value_grid(transcript.config, truth)
+    H = len(values)
+    seg = np.repeat(np.arange(n), np.diff(offsets))
+    pos = np.clip(np.searchsorted(values, truth), 0, max(H - 1, 0))
+    codes = np.where(values[pos] == truth, pos, -1) if H else np.full(len(truth), -1)
+    fold = np.arange(n) % 2
+    rated = truth > 0
+    m = int(items.max(initial=-1)) + 1
+
+    def per_victim(x: np.ndarray) -> np.ndarray:
+        return np.bincount(seg, weights=x.astype(float), minlength=n)
+
+    def strategies(use: np.ndarray, allowed: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-row guess index under "global" and "item" for the rows in ``use``."""
+        ok = use & (codes >= 0)
+        own = np.bincount(seg[ok] * H + codes[ok], minlength=n * H).reshape(n, H).astype(float)
+        glob = own.sum(axis=0)
+        gmarg = (glob[None, :] - own + 0.5) * allowed
+        gmarg /= np.maximum(gmarg.sum(axis=1, keepdims=True), _TINY)
+        g_guess = np.argmax(np.where(allowed, glob[None, :] - own, -np.inf), axis=1)
+        C = np.bincount(items[ok] * H + codes[ok], minlength=max(m, 1) * H).reshape(-1, H).astype(float)
+        cnt = C[items] if len(items) else np.zeros((0, H))
+        mine = np.zeros_like(cnt)
+        mine[np.flatnonzero(ok), codes[ok]] = 1.0
+        score = (cnt - mine + _ITEM_PSEUDO * gmarg[seg]) * allowed
+        score[:, ~allowed] = -np.inf
+        return {"global": g_guess[seg], "item": np.argmax(score, axis=1)}
+
+    weight: dict[str, np.ndarray] = {}
+    hit_rows: dict[str, dict[str, np.ndarray]] = {}
+    everything = np.ones(len(truth), bool)
+    if H:
+        g = strategies(everything, np.ones(H, bool))
+        hit_rows["rating_accuracy"] = {s: values[v] == truth for s, v in g.items()}
+        weight["rating_accuracy"] = per_victim(everything)
+        g = strategies(rated, values > 0)
+        hit_rows["rated_rating_accuracy"] = {s: (values[v] == truth) & rated for s, v in g.items()}
+        weight["rated_rating_accuracy"] = per_victim(rated)
+    # rated / unrated: a two-value problem
+    det_codes = rated.astype(np.int64)
+    own = np.bincount(seg * 2 + det_codes, minlength=n * 2).reshape(n, 2).astype(float)
+    glob = own.sum(axis=0)
+    g_det = _leave_out_argmax(own, glob)[seg]
+    C = np.bincount(items * 2 + det_codes, minlength=max(m, 1) * 2).reshape(-1, 2).astype(float)
+    cnt = (C[items] if len(items) else np.zeros((0, 2))) - np.eye(2)[det_codes]
+    gm = (glob[None, :] - own)[seg]
+    i_det = np.argmax(cnt + 1e-9 * gm, axis=1)  # ties: the globally more frequent
+    hit_rows["rated_detection_accuracy"] = {"global": g_det == det_codes, "item": i_det == det_codes}
+    weight["rated_detection_accuracy"] = per_victim(everything)
+
+    attrs = [np.asarray(private.get(p, {}).get("attributes", np.empty(0)), dtype=np.float64).ravel() for p in parties]
     widths = {a.size for a in attrs}
-    if attrs and len(widths) == 1:
-        X = np.stack(attrs)
-        ones = X.mean(axis=0)
-        out["attribute_accuracy"] = float(np.mean(np.maximum(ones, 1.0 - ones)))
-    elif attrs:
-        out["attribute_accuracy"] = majority_guess_accuracy(np.concatenate(attrs))
+    X = np.stack(attrs) if attrs and len(widths) == 1 else np.zeros((n, 0))
+    hits: dict[str, np.ndarray] = {}
+    choice: dict[str, tuple[str, str]] = {}
+    per_strategy: dict[str, dict[str, np.ndarray]] = {
+        k: {s: per_victim(h) for s, h in v.items()} for k, v in hit_rows.items()
+    }
+    if X.shape[1]:
+        others = X.sum(axis=0)[None, :] - X  # other victims' ones per column
+        col_guess = (others > (n - 1) / 2.0).astype(float)
+        ones_all = X.sum() - X.sum(axis=1)
+        glob_guess = (ones_all > (n - 1) * X.shape[1] / 2.0).astype(float)
+        per_strategy["attribute_accuracy"] = {
+            "global": np.sum(X == glob_guess[:, None], axis=1).astype(float),
+            "column": np.sum(X == col_guess, axis=1).astype(float),
+        }
+        weight["attribute_accuracy"] = np.full(n, float(X.shape[1]))
+    for metric, by in per_strategy.items():
+        choice[metric] = _choose(by, fold, PRIOR_STRATEGIES[metric])
+        hits[metric] = np.where(fold == 0, by[choice[metric][0]], by[choice[metric][1]])
+    return PriorTable(parties, offsets, items, truth, values, X, weight, hits, choice, fold)
+
+
+def prior_baselines(transcript: Transcript, table: PriorTable | None = None) -> dict[str, float]:
+    """The prior library's accuracies (:func:`prior_table`): per metric, the message-free
+    strategy chosen on held-out victims, scored on the victims it was not chosen on.
+
+    Computed in hindsight from the other victims' truth (an upper bound of strategies built on
+    published population marginals); ``attribute_accuracy`` is NaN without user attributes.
+    """
+    table = prior_table(transcript) if table is None else table
+    nan = float("nan")
+    out = {m: _ratio(table.hits[m], table.weight[m]) if m in table.hits else nan for m in PRIOR_STRATEGIES}
+    out["victims"] = float(len(table.victims))
     return out
+
+
+class PopulationPrior:
+    """What the MVMF attacks may know besides the messages: the public rating scale and the
+    population's published marginals, as the prior library computes them (:func:`prior_table`,
+    each victim left out of its own statistics). Built on first use (a noise-free run never
+    reads it)."""
+
+    def __init__(self, transcript: Transcript) -> None:
+        self._transcript = transcript
+
+    @functools.cached_property
+    def table(self) -> PriorTable:
+        return prior_table(self._transcript)
+
+    def index(self, parties: list[str]) -> np.ndarray:
+        """Positions of ``parties`` in :attr:`PriorTable.victims` (-1 for unknown parties)."""
+        where = {p: k for k, p in enumerate(self.table.victims)}
+        return np.fromiter((where.get(p, -1) for p in parties), dtype=np.int64, count=len(parties))
+
+
+def population_prior(knowledge: dict[str, Any] | None) -> PopulationPrior | None:
+    """The :class:`PopulationPrior` in an attack's knowledge, if any."""
+    prior = (knowledge or {}).get("population")
+    return prior if isinstance(prior, PopulationPrior) else None
 
 
 def rated_decisions(recon: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
-    """Rated-vs-unrated decisions over every uploaded (victim, item): truth = really rated.
+    """Rated-vs-unrated decisions over every uploaded (victim, item): truth = really rated;
+    ``groups`` is the victim's position in :func:`victim_scores`'s order (its VictimTable row).
 
     The score is the reconstruction's ``rated_score`` (the attack's log-likelihood ratio of
     "rated" over "unrated") where present, else its 0/1 decision (guessed rating > 0). Empty
     when every uploaded item is rated (ObsOnly without sampling: nothing to decide).
     """
-    labels, scores = [], []
+    labels, scores, groups = [], [], []
     private = private_payloads(transcript)
-    for party, guess in recon.victims.items():
+    for k, party in enumerate(sorted(recon.victims, key=client_sort_key)):
+        guess = recon.victims[party]
         items = np.asarray(guess.get("items", np.empty(0, np.int64)), dtype=np.int64)
         if not len(items):
             continue
         labels.append(_truth(private, party, items) > 0)
+        groups.append(np.full(len(items), k, dtype=np.int64))
         s = guess.get("rated_score")
         decided = (np.asarray(guess["ratings"]) > 0).astype(float)
         scores.append(np.asarray(s, dtype=np.float64) if s is not None else decided)
@@ -560,7 +814,11 @@ def rated_decisions(recon: Reconstruction, transcript: Transcript) -> dict[str, 
     y, s = np.concatenate(labels), np.nan_to_num(np.concatenate(scores), nan=0.0, posinf=1e300, neginf=-1e300)
     if y.all() or not y.any():
         return {}
-    return {"rated": Decisions(s, y, positive="really rated item", meta={"attack": recon.attack})}
+    return {
+        "rated": Decisions(
+            s, y, positive="really rated item", meta={"attack": recon.attack}, groups=np.concatenate(groups)
+        )
+    }
 
 
 MVMF_METRIC_SPECS = {
@@ -594,9 +852,41 @@ class MVMFAttack(Attack):
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         return baselines(transcript)
 
+    def prior_knowledge(self, transcript: Transcript, rng: np.random.Generator) -> dict[str, Any]:
+        """The population's published marginals (:class:`PopulationPrior`, built on first use)."""
+        return {"population": PopulationPrior(transcript)}
+
+    def _prior_table(self, transcript: Transcript, knowledge: dict[str, Any] | None) -> PriorTable:
+        prior = population_prior(knowledge)
+        return prior.table if prior is not None and prior._transcript is transcript else prior_table(transcript)
+
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
-        """Best constant guesses in hindsight (:func:`prior_baselines`; an upper bound)."""
-        return prior_baselines(transcript)
+        """The prior library, chosen on held-out victims (:func:`prior_baselines`; hindsight marginals)."""
+        return prior_baselines(transcript, self._prior_table(transcript, knowledge))
+
+    def victim_table(
+        self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
+    ) -> VictimTable | None:
+        """Per-victim parts of :meth:`score`'s accuracies and of :meth:`prior_baseline`'s.
+
+        Holds the metrics whose per-victim denominators agree between the two (the attack scored
+        each victim's first upload); None when the attacked victims are not the clients the
+        prior covers (e.g. a victim subsample).
+        """
+        victims, weight, hits = victim_scores(reconstruction, transcript)
+        table = self._prior_table(transcript, knowledge)
+        if victims != table.victims:
+            return None
+        scored = set(weight) if transcript.config.get("attribute_names", True) else set(weight) - {"attribute_accuracy"}
+        keep = [m for m in table.hits if m in scored and np.array_equal(weight[m], table.weight[m])]
+        if not keep:
+            return None
+        return VictimTable(
+            victims,
+            {m: weight[m] for m in keep},
+            {m: hits[m] for m in keep},
+            {m: table.hits[m] for m in keep},
+        )
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
         return rated_decisions(reconstruction, transcript)
