@@ -67,7 +67,8 @@ def test_mvmf_prior_library_is_chosen_on_held_out_victims():
 
     Leave-victim-out global majority: 3 for clients 0-2 (1 hit of 2 each), a 1/3 tie for client 3
     (lower value: 0 hits of 3). Per-item majority of the other users: 2 hits for clients 0-2, 0 for
-    client 3 (its items' others say 3, 1; item 2 has no other rater: the marginal's 1). Folds {0, 2}
+    client 3 (its items' others say 3, 1; item 2 has no other rater: the marginal's 1; the same for
+    any number of pseudo-ratings from the others' marginal up to 4, the fitted one). Folds {0, 2}
     and {1, 3}: each chooses "item" on the other (2 > 1 and 4 > 2), so 6 / 9.
     """
     ratings = {0: {0: 3, 1: 1}, 1: {0: 3, 1: 1}, 2: {0: 3, 1: 1}, 3: {0: 2, 1: 2, 2: 3}}
@@ -75,6 +76,7 @@ def test_mvmf_prior_library_is_chosen_on_held_out_victims():
     t = _tiny_mvmf(ratings, attributes)
     table = prior_table(t)
     assert table.victims == [f"client:{k}" for k in range(4)]
+    assert table.pseudo["rating_accuracy"] <= 4.0
     assert table.choice["rating_accuracy"] == ("item", "item")
     assert table.hits["rating_accuracy"].tolist() == [2, 2, 2, 0]
     prior = prior_baselines(t)

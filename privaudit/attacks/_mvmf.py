@@ -508,7 +508,25 @@ PRIOR_STRATEGIES = {
     "rated_detection_accuracy": ("global", "item"),
     "attribute_accuracy": ("global", "column"),
 }
-_ITEM_PSEUDO = 1.0  # weight of the global marginal in an item's predictive distribution (pseudo-ratings)
+#: pseudo-ratings from the global marginal in an item's predictive distribution: the value of
+#: this grid with the best leave-one-out predictive likelihood of the population's values
+_ITEM_PSEUDO = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+def _fit_pseudo(cnt: np.ndarray, mine: np.ndarray, gmarg: np.ndarray, ok: np.ndarray) -> float:
+    """Dirichlet concentration a0 of the per-item predictive ``(counts + a0 g) / (n + a0)``
+    maximizing the leave-one-out log likelihood of the rows ``ok`` (their own value left out):
+    ``cnt`` (N, H) item counts, ``mine`` (N, H) the row's one-hot value, ``gmarg`` (N, H)
+    marginal of the other victims."""
+    if not ok.any():
+        return _ITEM_PSEUDO[0]
+    c, own, g = cnt[ok], mine[ok], gmarg[ok]
+    others = c - own
+    n_other = others.sum(axis=1)
+    hit = np.sum(others * own, axis=1)  # other users' count of the row's own value
+    g_own = np.sum(g * own, axis=1)
+    scores = [float(np.sum(np.log((hit + a0 * g_own) / (n_other + a0)))) for a0 in _ITEM_PSEUDO]
+    return _ITEM_PSEUDO[int(np.argmax(scores))]
 
 
 @dataclass
@@ -526,6 +544,7 @@ class PriorTable:
     weight, hits : dict[str, numpy.ndarray]   per metric (n,): scored values, prior's exact guesses
     choice : dict[str, tuple[str, str]]       per metric, the strategy used on fold 0 and fold 1
     fold : numpy.ndarray            int64 (n,), victim k's fold (k mod 2)
+    pseudo : dict[str, float]       per rating metric, the fitted pseudo-ratings of "item"
     """
 
     victims: list[str]
@@ -538,6 +557,7 @@ class PriorTable:
     hits: dict[str, np.ndarray]
     choice: dict[str, tuple[str, str]]
     fold: np.ndarray
+    pseudo: dict[str, float] = field(default_factory=dict)
 
     @functools.cached_property
     def _codes(self) -> tuple[np.ndarray, np.ndarray]:
@@ -550,7 +570,7 @@ class PriorTable:
         """Leave-victim-out predictive distribution over :attr:`values` (R, H) of victim
         ``index[r]`` (positions in :attr:`victims`) rating item ``items[r]``, under the strategy
         chosen for the victim's fold: the other victims' global marginal, or their counts on the
-        item plus ``_ITEM_PSEUDO`` pseudo-ratings drawn from that marginal. ``rated_only``: over
+        item plus ``pseudo[metric]`` pseudo-ratings drawn from that marginal. ``rated_only``: over
         the rated values only (column of 0 = 0), for ``rated_rating_accuracy``."""
         codes, seg = self._codes
         H = len(self.values)
@@ -571,7 +591,7 @@ class PriorTable:
             m = int(max(self.items.max(initial=0), items.max(initial=0))) + 1
             C = np.bincount(self.items[use] * H + codes[use], minlength=m * H).reshape(m, H).astype(float)
             cnt = C[items[per_item]] - self._own_counts(index[per_item], items[per_item], use)
-            cnt += _ITEM_PSEUDO * out[per_item]
+            cnt += self.pseudo[metric] * out[per_item]
             out[per_item] = cnt / cnt.sum(axis=1, keepdims=True)
         return out
 
@@ -663,7 +683,8 @@ def prior_table(transcript: Transcript) -> PriorTable:
 
     - ratings (``rating_accuracy``, 0 = unrated counted as a value): the most frequent value over
       all uploaded items ("global"), or per item the most frequent value among the other users
-      who uploaded it, with ``_ITEM_PSEUDO`` pseudo-ratings from the global marginal ("item");
+      who uploaded it, with pseudo-ratings from the global marginal ("item"; their number fitted
+      by leave-one-out likelihood on the population, :func:`_fit_pseudo`);
     - ``rated_rating_accuracy``: the same over the rated values of the rated items;
     - ``rated_detection_accuracy``: the more frequent of rated/unrated, globally or per item;
     - ``attribute_accuracy``: per dummy column its most frequent value ("column"), or the most
@@ -700,18 +721,20 @@ def prior_table(transcript: Transcript) -> PriorTable:
         cnt = C[items] if len(items) else np.zeros((0, H))
         mine = np.zeros_like(cnt)
         mine[np.flatnonzero(ok), codes[ok]] = 1.0
-        score = (cnt - mine + _ITEM_PSEUDO * gmarg[seg]) * allowed
+        a0 = _fit_pseudo(cnt, mine, gmarg[seg], ok)
+        score = (cnt - mine + a0 * gmarg[seg]) * allowed
         score[:, ~allowed] = -np.inf
-        return {"global": g_guess[seg], "item": np.argmax(score, axis=1)}
+        return {"global": g_guess[seg], "item": np.argmax(score, axis=1)}, a0
 
     weight: dict[str, np.ndarray] = {}
+    pseudo: dict[str, float] = {}
     hit_rows: dict[str, dict[str, np.ndarray]] = {}
     everything = np.ones(len(truth), bool)
     if H:
-        g = strategies(everything, np.ones(H, bool))
+        g, pseudo["rating_accuracy"] = strategies(everything, np.ones(H, bool))
         hit_rows["rating_accuracy"] = {s: values[v] == truth for s, v in g.items()}
         weight["rating_accuracy"] = per_victim(everything)
-        g = strategies(rated, values > 0)
+        g, pseudo["rated_rating_accuracy"] = strategies(rated, values > 0)
         hit_rows["rated_rating_accuracy"] = {s: (values[v] == truth) & rated for s, v in g.items()}
         weight["rated_rating_accuracy"] = per_victim(rated)
     # rated / unrated: a two-value problem
@@ -747,7 +770,7 @@ def prior_table(transcript: Transcript) -> PriorTable:
     for metric, by in per_strategy.items():
         choice[metric] = _choose(by, fold, PRIOR_STRATEGIES[metric])
         hits[metric] = np.where(fold == 0, by[choice[metric][0]], by[choice[metric][1]])
-    return PriorTable(parties, offsets, items, truth, values, X, weight, hits, choice, fold)
+    return PriorTable(parties, offsets, items, truth, values, X, weight, hits, choice, fold, pseudo)
 
 
 def prior_baselines(transcript: Transcript, table: PriorTable | None = None) -> dict[str, float]:

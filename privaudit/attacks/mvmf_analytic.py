@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.special import logsumexp
 
 from privaudit.attacks._mvmf import (
     FlatFedMVMFView,
@@ -37,6 +38,7 @@ from privaudit.attacks._mvmf import (
     RoundUploads,
     missing_config,
     parse_view_flat,
+    population_prior,
     round_attributes,
     round_ratings,
 )
@@ -672,15 +674,19 @@ class _Layout:
 @dataclass
 class _Evidence:
     """Inverse-variance sums over rounds: per reference item (Nr,) S0 = sum W, S1 = sum W rhat,
-    S2 = sum W rhat^2, SU = sum W (rhat - z)^2 (the "unrated" residual); per user and attribute
-    (n, p) X0 = sum W', X1 = sum W' xhat."""
+    S2 = sum W rhat^2, SU = sum W (rhat - z)^2 (the "unrated" residual), SC = number of rounds;
+    per user and attribute (n, p) X0 = sum W', X1 = sum W' xhat, X2 = sum W' xhat^2; per user
+    (n,) XC = number of rounds."""
 
     S0: np.ndarray
     S1: np.ndarray
     S2: np.ndarray
     SU: np.ndarray
+    SC: np.ndarray
     X0: np.ndarray
     X1: np.ndarray
+    X2: np.ndarray
+    XC: np.ndarray
 
 
 def _reference_layout(fv: FlatFedMVMFView, stats: list[_Round], taus: list[np.ndarray], n: int) -> _Layout:
@@ -751,7 +757,7 @@ def _accumulate(layout: _Layout, stats: list[_Round], taus: list[np.ndarray], st
     """Inverse-variance sums of every round's estimates in the reference layout (:class:`_Evidence`)."""
     n, Nr = len(layout.items), len(layout.flat)
     p = stats[0].b.shape[1]
-    ev = _Evidence(*(np.zeros(Nr) for _ in range(4)), np.zeros((n, p)), np.zeros((n, p)))
+    ev = _Evidence(*(np.zeros(Nr) for _ in range(5)), *(np.zeros((n, p)) for _ in range(3)), np.zeros(n))
     lookup = None  # lazily built (user, item) -> position table for rounds with other item lists
     for s, tau in zip(stats, taus):
         r = _signed_estimates(s, tau, st)
@@ -763,6 +769,8 @@ def _accumulate(layout: _Layout, stats: list[_Round], taus: list[np.ndarray], st
         Wr = 4.0 * t**2 / st.sigma2  # 1 / var(rhat)
         ev.X0[users] += (st.alpha**2 * Wr)[:, None]
         ev.X1[users] += (st.alpha**2 * Wr)[:, None] * xhat
+        ev.X2[users] += (st.alpha**2 * Wr)[:, None] * xhat**2
+        ev.XC[users] += 1.0
         # where does each row go in the reference layout? same item list as the reference: by position
         if nk == n and len(itf) == Nr and np.array_equal(users, np.arange(n)) and np.array_equal(itf, layout.flat):
             target, rows_same, same_all = slice(None), slice(None), True
@@ -780,6 +788,7 @@ def _accumulate(layout: _Layout, stats: list[_Round], taus: list[np.ndarray], st
         wr = Wrow if same_all else Wrow[rows_same]
         rh = rhat if same_all else rhat[rows_same]
         ev.S0[target] += wr
+        ev.SC[target] += 1.0
         w1 = wr * rh
         ev.S1[target] += w1
         ev.S2[target] += w1 * rh
@@ -803,6 +812,7 @@ def _accumulate(layout: _Layout, stats: list[_Round], taus: list[np.ndarray], st
             wr2 = Wrow[sel][hit]
             rh2 = rhat[sel][hit]
             ev.S0[tgt] += wr2
+            ev.SC[tgt] += 1.0
             ev.S1[tgt] += wr2 * rh2
             ev.S2[tgt] += wr2 * rh2**2
             if st.unknown_c:
@@ -810,91 +820,148 @@ def _accumulate(layout: _Layout, stats: list[_Round], taus: list[np.ndarray], st
     return ev
 
 
-def _decode_ratings(ev: _Evidence, st: _DecodeSettings) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """MAP rating per reference item under Gaussian likelihoods (hypotheses: grid values, plus
-    "unrated" = 0 when c is unknown) and an EM prior; items without evidence get the prior's mode.
+#: likelihood inflation factors kappa tried (variance of every estimate times kappa): the
+#: estimated noise misses the error of the fitted direction and scale, which grows with the noise
+_KAPPAS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0)
+_EVIDENCE_ROWS = 200_000  # rows a marginal likelihood is evaluated on (an even subsample beyond)
 
-    Returns (ratings (Nr,), prior over the hypotheses, rated log-odds (Nr,) or None when every
-    item is rated).
+
+def _calibrated(
+    ll: np.ndarray, counts: np.ndarray, logprior: np.ndarray | None
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """Inflation kappa of the Gaussian likelihoods ``ll`` (N, H; sums over ``counts`` (N,)
+    observations) chosen by marginal likelihood, with the log prior ``logprior`` (N, H) or, when
+    None, a prior over the hypotheses fitted by EM for each kappa.
+
+    Returns (kappa, log prior used (N, H) or (1, H), log posterior up to a per-row constant (N, H)).
+    Under ``N(h, kappa var)`` an observation's log density is ``ll / kappa - log(kappa) / 2`` up
+    to a constant, so the evidence is ``sum_rows logsumexp_h(ll / kappa + log pi) - log(kappa) / 2
+    * sum(counts)``.
+    """
+    step = int(math.ceil(len(ll) / _EVIDENCE_ROWS)) if len(ll) else 1
+    sub = slice(None, None, step)
+    ll_s, n_obs = ll[sub], float(np.sum(counts[sub]))
+    best = None
+    for kappa in _KAPPAS:
+        scaled = ll_s / kappa
+        if logprior is None:
+            lp = np.log(_em_prior(scaled - scaled.max(axis=1, keepdims=True), max_rows=len(scaled) + 1))[None, :]
+        else:
+            lp = logprior[sub]
+        ev = float(np.sum(logsumexp(scaled + lp, axis=1))) - 0.5 * math.log(kappa) * n_obs
+        if best is None or ev > best[0]:
+            best = (ev, kappa, lp)
+    _, kappa, lp = best
+    if logprior is not None:
+        lp = logprior
+    return kappa, lp, ll / kappa + lp
+
+
+def _decode_ratings(
+    ev: _Evidence, st: _DecodeSettings, logprior: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
+    """MAP rating per reference item under Gaussian likelihoods (hypotheses: grid values, plus
+    "unrated" = 0 when c is unknown) inflated by a factor chosen by marginal likelihood, and a
+    prior: ``logprior`` (Nr, H) (the population's, :class:`privaudit.attacks._mvmf.PopulationPrior`)
+    or one fitted by EM; items without evidence get the prior's mode.
+
+    Returns (ratings (Nr,), mean prior over the hypotheses, rated log-odds (Nr,) or None when
+    every item is rated, kappa).
     """
     have = ev.S0 > 0
-    if have.all():
-        s0, s1, s2, su = ev.S0, ev.S1, ev.S2, ev.SU
-    else:
-        s0, s1, s2, su = ev.S0[have], ev.S1[have], ev.S2[have], ev.SU[have]
     values = st.values
-
-    def loglik(h: int, rows=slice(None)) -> np.ndarray:
-        """Log-likelihood of hypothesis ``values[h]`` per kept item (up to a shared constant)."""
-        if st.unknown_c and h == 0:
-            return -0.5 * su[rows]
-        g = values[h]
-        return -0.5 * (s2[rows] - 2.0 * s1[rows] * g + s0[rows] * g**2)
-
     H = len(values)
-    if st.prior:
-        step_rows = int(math.ceil(len(s0) / 200_000)) if len(s0) else 1
-        sub = slice(None, None, step_rows)
-        pi = _em_prior(np.stack([loglik(h, sub) for h in range(H)], axis=1), max_rows=len(s0) + 1)
+    if not st.prior:  # plain eq. 43: clip the inverse-variance average of the rounds' estimates and round
+        est = np.full(len(ev.S0), values[H // 2])
+        est[have] = ev.S1[have] / ev.S0[have]
+        return est, np.full(H, 1.0 / H), None, 1.0
+    s0, s1, s2, su = ev.S0[have], ev.S1[have], ev.S2[have], ev.SU[have]
+    ll = np.empty((len(s0), H))
+    for h, g in enumerate(values):
+        if st.unknown_c and h == 0:
+            ll[:, h] = -0.5 * su
+        else:
+            ll[:, h] = -0.5 * (s2 - 2.0 * s1 * g + s0 * g**2)
+    lp_have = logprior[have] if logprior is not None else None
+    kappa, lp, post = _calibrated(ll, ev.SC[have], lp_have)
+    pi = np.exp(lp).mean(axis=0)
+    pick = np.argmax(post, axis=1)
+    if logprior is not None:
+        guess = values[np.argmax(logprior, axis=1)]
     else:
-        pi = np.full(H, 1.0 / H)
+        guess = np.full(len(ev.S0), values[int(np.argmax(pi))])
+    guess[have] = values[pick]
     rated_score = None
-    if st.prior or st.unknown_c:  # MAP: running argmax over the hypotheses (first maximum wins)
-        logpi = np.log(pi)
-        best = loglik(0) + logpi[0]
-        unrated = best.copy() if st.unknown_c else None
-        rated = np.full(len(s0), -np.inf) if st.unknown_c else None
-        pick = np.zeros(len(s0), dtype=np.int64)
-        s1x2 = 2.0 * s1
-        sc, tmp = np.empty_like(s0), np.empty_like(s0)
-        for h in range(1, H):
-            g = values[h]  # sc = -0.5 * (s2 - 2 s1 g + s0 g^2), same operations as loglik(h), in place
-            np.multiply(s1x2, g, out=sc)
-            np.subtract(s2, sc, out=sc)
-            np.multiply(s0, g**2, out=tmp)
-            sc += tmp
-            sc *= -0.5
-            sc += logpi[h]
-            better = sc > best
-            pick[better] = h
-            np.maximum(best, sc, out=best)
-            if rated is not None:
-                np.logaddexp(rated, sc, out=rated)
-        est = values[pick]
-        if rated is not None:
-            rated_score = np.zeros(len(ev.S0))
-            rated_score[have] = rated - unrated
-    else:  # plain eq. 43: clip the inverse-variance average of the rounds' estimates and round
-        est = s1 / s0
-    rating_guess = np.full(len(ev.S0), values[int(np.argmax(pi))])
-    rating_guess[have] = est
-    return rating_guess, pi, rated_score
+    if st.unknown_c:
+        rated_score = np.zeros(len(ev.S0))
+        rated_score[have] = logsumexp(post[:, 1:], axis=1) - post[:, 0]
+    return guess, pi / pi.sum(), rated_score, kappa
 
 
-def _decode_attributes(names: Any, ev: _Evidence, st: _DecodeSettings) -> tuple[np.ndarray, np.ndarray]:
+def _block_log_prior(shares: np.ndarray) -> np.ndarray:
+    """Log prior (n, g + 1) over "none" and the g categories of a dummy block from each user's
+    population share of every category (n, g)."""
+    none = np.maximum(1.0 - shares.sum(axis=1, keepdims=True), 1e-3)
+    pr = np.concatenate([none, np.maximum(shares, 1e-6)], axis=1)
+    return np.log(pr / pr.sum(axis=1, keepdims=True))
+
+
+def _decode_attributes(
+    names: Any, ev: _Evidence, st: _DecodeSettings, shares: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, float]:
     """Attribute dummies (n, p): per one-hot block of ``names``, hypothesis "none" or one category
-    (ll(1) - ll(0) = X1 - X0 / 2), MAP under an EM prior per block; and which users had evidence."""
+    (ll(x) = -(X2 - 2 x X1 + x X0) / 2), MAP under the population's shares ``shares`` (n, p) or,
+    without them, an EM prior per block, with one likelihood inflation for every block chosen by
+    marginal likelihood; and which users had evidence, and the inflation."""
     n, p = ev.X0.shape
     have_x = ev.X0[:, 0] > 0 if p else np.zeros(n, bool)
-    delta = ev.X1 - 0.5 * ev.X0
     attrs = np.zeros((n, p))
-    for cols in _attribute_groups(names, p):
-        sc = np.concatenate([np.zeros((n, 1)), delta[:, cols]], axis=1)  # none, cat_1..cat_g
-        pi_g = _em_prior(sc[have_x]) if st.prior else np.full(sc.shape[1], 1.0 / sc.shape[1])
-        pick = np.argmax(sc + np.log(pi_g), axis=1)
+    if not st.prior:  # plain eq. 43: clip the averaged estimate and round
+        attrs = ev.X1 / np.maximum(ev.X0, _TINY)
+        return attrs, have_x, 1.0
+    groups = _attribute_groups(names, p)
+    blocks = []
+    for cols in groups:
+        base = -0.5 * ev.X2[:, cols].sum(axis=1, keepdims=True)
+        delta = ev.X1[:, cols] - 0.5 * ev.X0[:, cols]
+        blocks.append((cols, np.concatenate([base, base + delta], axis=1)[have_x], delta))
+    best = None
+    for kappa in _KAPPAS if p else (1.0,):
+        total = 0.0
+        priors = []
+        for cols, ll, _ in blocks:
+            scaled = ll / kappa
+            if shares is not None:
+                lp = _block_log_prior(shares[have_x][:, cols])
+            else:
+                lp = np.log(_em_prior(scaled - scaled.max(axis=1, keepdims=True)))[None, :]
+            priors.append(lp)
+            total += float(np.sum(logsumexp(scaled + lp, axis=1))) if len(ll) else 0.0
+            total -= 0.5 * math.log(kappa) * len(cols) * float(np.sum(ev.XC[have_x]))
+        if best is None or total > best[0]:
+            best = (total, kappa, priors)
+    _, kappa, priors = best
+    for (cols, ll, delta), lp in zip(blocks, priors):
+        full_lp = _block_log_prior(shares[:, cols]) if shares is not None else np.broadcast_to(lp, (n, lp.shape[1]))
         block = np.zeros((n, len(cols)))
-        hit_rows = np.flatnonzero(pick > 0)
-        block[hit_rows, pick[hit_rows] - 1] = 1.0
-        # a column decided with near certainty on its own keeps that decision (keeps
-        # non-exclusive blocks exact without noise)
-        sure = np.abs(delta[:, cols]) > 50.0
-        block = np.where(sure, (delta[:, cols] > 0).astype(float), block)
-        if not st.prior:  # plain eq. 43: clip the averaged estimate and round
-            block = ev.X1[:, cols] / np.maximum(ev.X0[:, cols], _TINY)
+        if len(ll):
+            block[have_x] = _dummy_decisions(ll / kappa + full_lp[have_x])
+            # a column decided with near certainty on its own keeps that decision (keeps
+            # non-exclusive blocks exact without noise)
+            sure = np.abs(delta[have_x] / kappa) > 50.0
+            block[have_x] = np.where(sure, (delta[have_x] > 0).astype(float), block[have_x])
         if (~have_x).any():
-            block[~have_x] = (np.argmax(pi_g) - 1 == np.arange(len(cols))).astype(float)
+            block[~have_x] = _dummy_decisions(full_lp[~have_x])
         attrs[:, cols] = block
-    return attrs, have_x
+    return attrs, have_x, kappa
+
+
+def _dummy_decisions(logpost: np.ndarray) -> np.ndarray:
+    """Dummies (n, g) from a block's log posterior (n, g + 1) over "none" and g categories: 1 where
+    the category's posterior probability exceeds 1/2 (the decision that maximizes the expected
+    number of correctly guessed dummies; without noise, the MAP category)."""
+    post = np.exp(logpost - logsumexp(logpost, axis=1, keepdims=True))
+    return (post[:, 1:] > 0.5).astype(float)
 
 
 @register_attack("mvmf-analytic")
@@ -915,6 +982,8 @@ class MVMFAnalytic(MVMFAttack):
         ),
     )
 
+    _population = None  # the run's PopulationPrior (knowledge), if any
+
     # ------------------------------------------------------------------ public API
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         # The work is batches of tiny (K x K, K x L) products: BLAS threads only add overhead,
@@ -922,11 +991,12 @@ class MVMFAnalytic(MVMFAttack):
         try:
             from threadpoolctl import threadpool_limits  # installed with scikit-learn
         except ImportError:  # pragma: no cover
-            return self._run(view)
+            return self._run(view, knowledge)
         with threadpool_limits(limits=1, user_api="blas"):
-            return self._run(view)
+            return self._run(view, knowledge)
 
-    def _run(self, view: View) -> Reconstruction:
+    def _run(self, view: View, knowledge: dict[str, Any] | None = None) -> Reconstruction:
+        self._population = population_prior(knowledge)
         tic = time.perf_counter()
         missing = missing_config(view)
         if missing:
@@ -1169,16 +1239,21 @@ class MVMFAnalytic(MVMFAttack):
             for x in (0, 1):
                 bpred = -2.0 * alpha * t[:, None] * (x - t[:, None] * s.pd)
                 XL[s.users[ok], :, x] += censored_loglik(s.b, bpred, A[:, None], var)[ok]
-        attrs, have_x = self._decode_attribute_blocks(cfg, XL)
+        attrs, have_x = self._decode_attribute_blocks(cfg, XL, self._attribute_shares(parties, p))
         stat_diag: dict[str, Any] = {}
         if str(cfg["update"]) == "semials" and not unknown_c:
             stat_diag = self._stationarity_ratings(fv, scales, ref, attrs, alpha, lam, grid, LL, ref_off)
         have = pred_cnt > 0
         # a flat prior over the hypotheses: an EM-fitted one collapsed onto a single rating wherever
         # noise biased the scale (measured, docs/verdicts.md)
-        pick, post, diag = decode_with_residual_prior(LL[have], pred_sum[have] / pred_cnt[have], values, _flat_prior)
+        logprior = self._rating_log_prior(parties, ref_off, ref_flat, values)
+        ll = LL[have] if logprior is None else LL[have] + logprior[have]
+        pick, post, diag = decode_with_residual_prior(ll, pred_sum[have] / pred_cnt[have], values, _flat_prior)
         diag.update(stat_diag)
+        diag["prior"] = "population" if logprior is not None else "flat"
         ratings = np.full(len(ref_flat), grid[len(grid) // 2])
+        if logprior is not None:
+            ratings[:] = values[np.argmax(logprior, axis=1)]
         ratings[have] = values[pick]
         rated_score = np.zeros(len(ref_flat))
         if unknown_c:
@@ -1196,22 +1271,26 @@ class MVMFAnalytic(MVMFAttack):
         return victims, diag
 
     @staticmethod
-    def _decode_attribute_blocks(cfg: dict, XL: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    @staticmethod
+    def _decode_attribute_blocks(
+        cfg: dict, XL: np.ndarray, shares: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """MAP attribute dummies (n, p) from summed log-likelihoods ``XL`` (n, p, 2) of x = 0 / 1,
-        one-hot blocks decoded jointly with an EM prior per block; and which users had data."""
+        one-hot blocks decoded jointly under the population's shares ``shares`` (n, p) or, without
+        them, an EM prior per block; and which users had data."""
         n, p = XL.shape[:2]
         delta = XL[:, :, 1] - XL[:, :, 0]
         have_x = np.abs(XL).sum(axis=(1, 2)) > 0
         attrs = np.zeros((n, p))
         for cols in _attribute_groups(cfg.get("attribute_names"), p):
             sc = np.concatenate([np.zeros((n, 1)), delta[:, cols]], axis=1)
-            pi_g = _em_prior(sc[have_x])
-            choice = np.argmax(sc + np.log(pi_g), axis=1)
-            block = np.zeros((n, len(cols)))
-            hit = np.flatnonzero(choice > 0)
-            block[hit, choice[hit] - 1] = 1.0
+            if shares is not None:
+                lp = _block_log_prior(shares[:, cols])
+            else:
+                lp = np.broadcast_to(np.log(_em_prior(sc[have_x])), sc.shape)
+            block = _dummy_decisions(sc + lp)
             if (~have_x).any():
-                block[~have_x] = (np.argmax(pi_g) - 1 == np.arange(len(cols))).astype(float)
+                block[~have_x] = _dummy_decisions(np.array(lp[~have_x]))
             attrs[:, cols] = block
         return attrs, have_x
 
@@ -1272,8 +1351,12 @@ class MVMFAnalytic(MVMFAttack):
         """Combine the rounds per (user, item) and decode ratings and attributes (MAP / rounding)."""
         layout = _reference_layout(fv, stats, taus, len(parties))
         ev = _accumulate(layout, stats, taus, st)
-        rating_guess, pi, rated_score = _decode_ratings(ev, st)
-        attrs, have_x = _decode_attributes(cfg.get("attribute_names"), ev, st)
+        logprior = self._rating_log_prior(parties, layout.offsets, layout.flat, st.values)
+        rating_guess, pi, rated_score, kappa = _decode_ratings(ev, st, logprior)
+        p = ev.X0.shape[1]
+        attrs, have_x, kappa_x = _decode_attributes(
+            cfg.get("attribute_names"), ev, st, self._attribute_shares(parties, p)
+        )
         victims = self._victims(cfg, parties, layout.offsets, layout.items, rating_guess, attrs)
         if rated_score is not None:
             for u, party in enumerate(parties):
@@ -1281,5 +1364,46 @@ class MVMFAnalytic(MVMFAttack):
         diag = {
             "users_without_scale": int(np.sum(~have_x)) if ev.X0.shape[1] else 0,
             "prior_ratings": [float(v) for v in pi],
+            "prior": "population" if logprior is not None else "em",
+            "likelihood_inflation": kappa,
+            "attribute_likelihood_inflation": kappa_x,
         }
         return victims, diag
+
+    # ------------------------------------------------------------------ the population prior
+    def _rating_log_prior(
+        self, parties: list[str], offsets: np.ndarray, items: np.ndarray, values: np.ndarray
+    ) -> np.ndarray | None:
+        """Log prior (N, H) over the rating hypotheses ``values`` of every decoded (user, item)
+        row (CSR ``offsets``, ``items``) from the population's marginals
+        (:meth:`PriorTable.rating_predictive`, the user left out), or None without them.
+        Users the population does not list get its mean row."""
+        pop = self._population
+        if pop is None or not len(pop.table.victims) or not len(pop.table.values):
+            return None
+        table = pop.table
+        rows = pop.index(parties)[np.repeat(np.arange(len(parties)), np.diff(offsets))]
+        known = rows >= 0
+        pred = np.full((len(items), len(table.values)), 1.0 / len(table.values))
+        if known.any():
+            pred[known] = table.rating_predictive(rows[known], items[known])
+            pred[~known] = pred[known].mean(axis=0)
+        pos = np.clip(np.searchsorted(table.values, values), 0, len(table.values) - 1)
+        match = table.values[pos] == values
+        out = np.where(match[None, :], pred[:, pos], 0.0) + 1e-6
+        return np.log(out / out.sum(axis=1, keepdims=True))
+
+    def _attribute_shares(self, parties: list[str], p: int) -> np.ndarray | None:
+        """Population share of 1 per user and dummy (n, p), the user left out; None without it."""
+        pop = self._population
+        if pop is None or pop.table.attributes.shape[1] != p or p == 0:
+            return None
+        idx = pop.index(parties)
+        known = idx >= 0
+        out = np.zeros((len(parties), p))
+        if known.any():
+            out[known] = pop.table.attribute_shares(idx[known])
+            out[~known] = out[known].mean(axis=0)
+        else:
+            out[:] = pop.table.attributes.mean(axis=0)
+        return out
