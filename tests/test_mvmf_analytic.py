@@ -264,3 +264,21 @@ def test_victim_table_equals_score_and_prior(small, unrated, scale):
         assert dec.groups.shape == dec.labels.shape
         counts = np.bincount(dec.groups, minlength=len(vt.victims))
         assert np.array_equal(counts, vt.weight["rated_detection_accuracy"])
+
+
+@pytest.mark.parametrize("unrated", ["obsonly", "inclunc"])
+def test_posterior_decoder_is_the_prior_under_huge_noise_and_exact_without(small, unrated):
+    """With the population prior in its knowledge the decoder's guess is the prior library's when
+    the uploads carry nothing (Laplace scale 1e4), and exact without noise (full estimator, no shortcut)."""
+    t = _run(small, "semials", unrated, [_laplace(1e4)])
+    out = MVMFAnalytic().evaluate(t, np.random.default_rng(0))
+    assert out.reconstruction.meta["prior"] == "population"
+    for m in ("rating_accuracy", "attribute_accuracy", "rated_detection_accuracy", "rated_rating_accuracy"):
+        assert out.metrics[m] == pytest.approx(out.baseline_prior[m], abs=1e-12), m
+    # the same victims, item by item: the difference is 0 for every victim, not only on average
+    vt = out.victims
+    assert np.array_equal(vt.attack["rating_accuracy"], vt.prior["rating_accuracy"])
+    clean = _run(small, "semials", unrated)
+    exact = MVMFAnalytic(shortcut=False).evaluate(clean, np.random.default_rng(0))
+    assert exact.reconstruction.meta["shortcut"] is False and exact.reconstruction.meta["prior"] == "population"
+    assert exact.metrics["rating_accuracy"] == 1.0 and exact.metrics["attribute_accuracy"] == 1.0

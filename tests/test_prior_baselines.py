@@ -88,7 +88,7 @@ def test_mvmf_prior_library_is_chosen_on_held_out_victims():
     assert prior["attribute_accuracy"] == pytest.approx(6 / 8)
     # the decoder's prior for client 3 (fold 1, "item"): the other users' value on items 0, 1,
     # and the other users' marginal (1 and 3 tied, the lower first) on item 2
-    pred = table.rating_predictive(np.array([3, 3, 3]), np.array([0, 1, 2]))
+    pred = table.predictive("rating_accuracy", np.array([3, 3, 3]), np.array([0, 1, 2]))
     assert np.argmax(pred, axis=1).tolist() == [2, 0, 0]  # 3, 1, and the marginal's 1 (values 1..3)
 
 

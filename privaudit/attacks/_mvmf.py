@@ -412,6 +412,9 @@ def victim_scores(recon: Reconstruction, transcript: Transcript) -> tuple[list[s
     Returns ``(victims, weight, hits)``: the reconstruction's victims sorted by
     :func:`client_sort_key` (n,), and per metric (n,) float arrays of scored values and of exact
     guesses (``rated_detection_accuracy`` counts correct rated/unrated decisions over all items).
+    A victim's optional ``rated`` (bool) and ``rated_ratings`` arrays are its guesses for the
+    rated/unrated decision and for the rating of an item known to be rated (each metric's own
+    Bayes decision); without them both follow ``ratings`` (rated = guess > 0).
     """
     victims = sorted(recon.victims, key=client_sort_key)
     n = len(victims)
@@ -424,12 +427,14 @@ def victim_scores(recon: Reconstruction, transcript: Transcript) -> tuple[list[s
         if len(items):
             truth = _truth(transcript, party, items)
             g = np.asarray(guess["ratings"], dtype=np.float64)
+            g_rated = np.asarray(guess.get("rated_ratings", g), dtype=np.float64)
+            decided = np.asarray(guess["rated"], dtype=bool) if "rated" in guess else g > 0
             rated = truth > 0
             hits["rating_accuracy"][k] = np.sum(g == truth)
             weight["rating_accuracy"][k] = weight["rated_detection_accuracy"][k] = len(items)
-            hits["rated_rating_accuracy"][k] = np.sum(g[rated] == truth[rated])
+            hits["rated_rating_accuracy"][k] = np.sum(g_rated[rated] == truth[rated])
             weight["rated_rating_accuracy"][k] = rated.sum()
-            hits["rated_detection_accuracy"][k] = np.sum((g > 0) == rated)
+            hits["rated_detection_accuracy"][k] = np.sum(decided == rated)
         if "attributes" in guess:
             true_x = np.asarray(transcript.private(party).get("attributes", np.empty(0)), dtype=np.float64)
             gx = np.asarray(guess["attributes"], dtype=np.float64)
@@ -544,7 +549,7 @@ class PriorTable:
     weight, hits : dict[str, numpy.ndarray]   per metric (n,): scored values, prior's exact guesses
     choice : dict[str, tuple[str, str]]       per metric, the strategy used on fold 0 and fold 1
     fold : numpy.ndarray            int64 (n,), victim k's fold (k mod 2)
-    pseudo : dict[str, float]       per rating metric, the fitted pseudo-ratings of "item"
+    pseudo : dict[str, float]       per per-item metric, the fitted pseudo-values of "item"
     """
 
     victims: list[str]
@@ -560,45 +565,49 @@ class PriorTable:
     pseudo: dict[str, float] = field(default_factory=dict)
 
     @functools.cached_property
-    def _codes(self) -> tuple[np.ndarray, np.ndarray]:
-        """(index of each truth in :attr:`values`, -1 when off the grid) and the victim of each row."""
-        pos = np.clip(np.searchsorted(self.values, self.truth), 0, len(self.values) - 1)
-        codes = np.where(self.values[pos] == self.truth, pos, -1)
-        return codes, np.repeat(np.arange(len(self.victims)), np.diff(self.offsets))
+    def _seg(self) -> np.ndarray:
+        return np.repeat(np.arange(len(self.victims)), np.diff(self.offsets))
 
-    def rating_predictive(self, index: np.ndarray, items: np.ndarray, rated_only: bool = False) -> np.ndarray:
-        """Leave-victim-out predictive distribution over :attr:`values` (R, H) of victim
-        ``index[r]`` (positions in :attr:`victims`) rating item ``items[r]``, under the strategy
-        chosen for the victim's fold: the other victims' global marginal, or their counts on the
-        item plus ``pseudo[metric]`` pseudo-ratings drawn from that marginal. ``rated_only``: over
-        the rated values only (column of 0 = 0), for ``rated_rating_accuracy``."""
-        codes, seg = self._codes
+    def problem(self, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The value problem of a per-item metric: (code of every row's truth (N,), rows counted
+        (N,), allowed codes (H_m,)). Codes index :attr:`values` (-1 off the grid), except for
+        ``rated_detection_accuracy``: 0 = unrated, 1 = rated."""
+        if metric == "rated_detection_accuracy":
+            return (self.truth > 0).astype(np.int64), np.ones(len(self.truth), bool), np.ones(2, bool)
         H = len(self.values)
-        use = codes >= 0
-        if rated_only:
-            use &= self.truth > 0
-        n = len(self.victims)
+        pos = np.clip(np.searchsorted(self.values, self.truth), 0, max(H - 1, 0))
+        codes = np.where(self.values[pos] == self.truth, pos, -1) if H else np.full(len(self.truth), -1)
+        if metric == "rated_rating_accuracy":
+            return codes, (codes >= 0) & (self.truth > 0), self.values > 0
+        return codes, codes >= 0, np.ones(H, bool)
+
+    def predictive(self, metric: str, index: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """Leave-victim-out predictive distribution (R, H_m) of the value of item ``items[r]`` for
+        victim ``index[r]`` (positions in :attr:`victims`) in ``metric``'s value problem
+        (:meth:`problem`), under the strategy chosen for the victim's fold: the other victims'
+        marginal (Jeffreys-smoothed), or their counts on the item plus ``pseudo[metric]``
+        pseudo-values drawn from that marginal. Its mode is the prior library's guess."""
+        codes, use, allowed = self.problem(metric)
+        H, n, seg = len(allowed), len(self.victims), self._seg
         own = np.bincount(seg[use] * H + codes[use], minlength=n * H).reshape(n, H).astype(float)
-        glob = own.sum(axis=0)
-        allowed = (self.values > 0) if rated_only else np.ones(H, bool)
-        g = (glob[None, :] - own + 0.5) * allowed  # other victims' marginal, Jeffreys-smoothed
+        g = (own.sum(axis=0)[None, :] - own + 0.5) * allowed
         g /= g.sum(axis=1, keepdims=True)
-        metric = "rated_rating_accuracy" if rated_only else "rating_accuracy"
-        strategy = np.array([self.choice[metric][f] for f in self.fold[index]]) if len(index) else np.empty(0, str)
         out = g[index]
+        strategy = np.array([self.choice[metric][f] for f in self.fold[index]]) if len(index) else np.empty(0, str)
         per_item = strategy == "item"
         if per_item.any():
             m = int(max(self.items.max(initial=0), items.max(initial=0))) + 1
             C = np.bincount(self.items[use] * H + codes[use], minlength=m * H).reshape(m, H).astype(float)
-            cnt = C[items[per_item]] - self._own_counts(index[per_item], items[per_item], use)
+            cnt = C[items[per_item]] - self._own_counts(index[per_item], items[per_item], codes, use, H)
             cnt += self.pseudo[metric] * out[per_item]
             out[per_item] = cnt / cnt.sum(axis=1, keepdims=True)
         return out
 
-    def _own_counts(self, index: np.ndarray, items: np.ndarray, use: np.ndarray) -> np.ndarray:
-        """One-hot (R, H) of victim ``index[r]``'s own counted truth on ``items[r]`` (zero if not counted)."""
-        codes, seg = self._codes
-        H = len(self.values)
+    def _own_counts(
+        self, index: np.ndarray, items: np.ndarray, codes: np.ndarray, use: np.ndarray, H: int
+    ) -> np.ndarray:
+        """One-hot (R, H) of victim ``index[r]``'s own counted code on ``items[r]`` (zero if not counted)."""
+        seg = self._seg
         big = np.int64(max(int(self.items.max(initial=0)), int(items.max(initial=0))) + 1)
         keys = seg.astype(np.int64) * big + self.items
         order = np.argsort(keys, kind="stable")
@@ -658,11 +667,6 @@ def _value_grid(config: dict[str, Any], truth: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([grid, truth])) if truth.size else grid
 
 
-def _leave_out_argmax(own: np.ndarray, glob: np.ndarray) -> np.ndarray:
-    """Per victim (n,), the most frequent value among the other victims (ties: the lower index)."""
-    return np.argmax(glob[None, :] - own, axis=1)
-
-
 def _choose(hits: dict[str, np.ndarray], fold: np.ndarray, strategies: tuple[str, ...]) -> tuple[str, str]:
     """Per fold, the strategy with the most hits on the OTHER fold (ties: the earlier strategy)."""
     out = []
@@ -698,65 +702,39 @@ def prior_table(transcript: Transcript) -> PriorTable:
     private = private_payloads(transcript)
     n = len(parties)
     values = _value_grid(transcript.config, truth)
-    H = len(values)
     seg = np.repeat(np.arange(n), np.diff(offsets))
-    pos = np.clip(np.searchsorted(values, truth), 0, max(H - 1, 0))
-    codes = np.where(values[pos] == truth, pos, -1) if H else np.full(len(truth), -1)
     fold = np.arange(n) % 2
-    rated = truth > 0
     m = int(items.max(initial=-1)) + 1
+    table = PriorTable(parties, offsets, items, truth, values, np.zeros((n, 0)), {}, {}, {}, fold, {})
 
     def per_victim(x: np.ndarray) -> np.ndarray:
         return np.bincount(seg, weights=x.astype(float), minlength=n)
 
-    def strategies(use: np.ndarray, allowed: np.ndarray) -> dict[str, np.ndarray]:
-        """Per-row guess index under "global" and "item" for the rows in ``use``."""
-        ok = use & (codes >= 0)
-        own = np.bincount(seg[ok] * H + codes[ok], minlength=n * H).reshape(n, H).astype(float)
-        glob = own.sum(axis=0)
-        gmarg = (glob[None, :] - own + 0.5) * allowed
+    per_strategy: dict[str, dict[str, np.ndarray]] = {}
+    metrics = ("rating_accuracy", "rated_rating_accuracy") if len(values) else ()
+    for metric in metrics + ("rated_detection_accuracy",):
+        codes, use, allowed = table.problem(metric)
+        H = len(allowed)
+        own = np.bincount(seg[use] * H + codes[use], minlength=n * H).reshape(n, H).astype(float)
+        gmarg = (own.sum(axis=0)[None, :] - own + 0.5) * allowed
         gmarg /= np.maximum(gmarg.sum(axis=1, keepdims=True), _TINY)
-        g_guess = np.argmax(np.where(allowed, glob[None, :] - own, -np.inf), axis=1)
-        C = np.bincount(items[ok] * H + codes[ok], minlength=max(m, 1) * H).reshape(-1, H).astype(float)
+        g_guess = np.argmax(np.where(allowed, gmarg, -np.inf), axis=1)[seg]
+        C = np.bincount(items[use] * H + codes[use], minlength=max(m, 1) * H).reshape(-1, H).astype(float)
         cnt = C[items] if len(items) else np.zeros((0, H))
         mine = np.zeros_like(cnt)
-        mine[np.flatnonzero(ok), codes[ok]] = 1.0
-        a0 = _fit_pseudo(cnt, mine, gmarg[seg], ok)
-        score = (cnt - mine + a0 * gmarg[seg]) * allowed
-        score[:, ~allowed] = -np.inf
-        return {"global": g_guess[seg], "item": np.argmax(score, axis=1)}, a0
-
-    weight: dict[str, np.ndarray] = {}
-    pseudo: dict[str, float] = {}
-    hit_rows: dict[str, dict[str, np.ndarray]] = {}
-    everything = np.ones(len(truth), bool)
-    if H:
-        g, pseudo["rating_accuracy"] = strategies(everything, np.ones(H, bool))
-        hit_rows["rating_accuracy"] = {s: values[v] == truth for s, v in g.items()}
-        weight["rating_accuracy"] = per_victim(everything)
-        g, pseudo["rated_rating_accuracy"] = strategies(rated, values > 0)
-        hit_rows["rated_rating_accuracy"] = {s: (values[v] == truth) & rated for s, v in g.items()}
-        weight["rated_rating_accuracy"] = per_victim(rated)
-    # rated / unrated: a two-value problem
-    det_codes = rated.astype(np.int64)
-    own = np.bincount(seg * 2 + det_codes, minlength=n * 2).reshape(n, 2).astype(float)
-    glob = own.sum(axis=0)
-    g_det = _leave_out_argmax(own, glob)[seg]
-    C = np.bincount(items * 2 + det_codes, minlength=max(m, 1) * 2).reshape(-1, 2).astype(float)
-    cnt = (C[items] if len(items) else np.zeros((0, 2))) - np.eye(2)[det_codes]
-    gm = (glob[None, :] - own)[seg]
-    i_det = np.argmax(cnt + 1e-9 * gm, axis=1)  # ties: the globally more frequent
-    hit_rows["rated_detection_accuracy"] = {"global": g_det == det_codes, "item": i_det == det_codes}
-    weight["rated_detection_accuracy"] = per_victim(everything)
+        mine[np.flatnonzero(use), codes[use]] = 1.0
+        a0 = table.pseudo[metric] = _fit_pseudo(cnt, mine, gmarg[seg], use)
+        i_guess = np.argmax(np.where(allowed, cnt - mine + a0 * gmarg[seg], -np.inf), axis=1)
+        scored = truth > 0 if metric == "rated_rating_accuracy" else np.ones(len(truth), bool)
+        table.weight[metric] = per_victim(scored)
+        per_strategy[metric] = {
+            k: per_victim((v == codes) & scored) for k, v in (("global", g_guess), ("item", i_guess))
+        }
 
     attrs = [np.asarray(private.get(p, {}).get("attributes", np.empty(0)), dtype=np.float64).ravel() for p in parties]
     widths = {a.size for a in attrs}
     X = np.stack(attrs) if attrs and len(widths) == 1 else np.zeros((n, 0))
-    hits: dict[str, np.ndarray] = {}
-    choice: dict[str, tuple[str, str]] = {}
-    per_strategy: dict[str, dict[str, np.ndarray]] = {
-        k: {s: per_victim(h) for s, h in v.items()} for k, v in hit_rows.items()
-    }
+    weight, hits, choice = table.weight, table.hits, table.choice
     if X.shape[1]:
         others = X.sum(axis=0)[None, :] - X  # other victims' ones per column
         col_guess = (others > (n - 1) / 2.0).astype(float)
@@ -770,7 +748,8 @@ def prior_table(transcript: Transcript) -> PriorTable:
     for metric, by in per_strategy.items():
         choice[metric] = _choose(by, fold, PRIOR_STRATEGIES[metric])
         hits[metric] = np.where(fold == 0, by[choice[metric][0]], by[choice[metric][1]])
-    return PriorTable(parties, offsets, items, truth, values, X, weight, hits, choice, fold, pseudo)
+    table.attributes = X
+    return table
 
 
 def prior_baselines(transcript: Transcript, table: PriorTable | None = None) -> dict[str, float]:

@@ -858,15 +858,20 @@ def _calibrated(
 
 
 def _decode_ratings(
-    ev: _Evidence, st: _DecodeSettings, logprior: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
-    """MAP rating per reference item under Gaussian likelihoods (hypotheses: grid values, plus
-    "unrated" = 0 when c is unknown) inflated by a factor chosen by marginal likelihood, and a
-    prior: ``logprior`` (Nr, H) (the population's, :class:`privaudit.attacks._mvmf.PopulationPrior`)
-    or one fitted by EM; items without evidence get the prior's mode.
+    ev: _Evidence, st: _DecodeSettings, prior: dict[str, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], float]:
+    """Bayes decisions per reference item under Gaussian likelihoods (hypotheses: grid values, plus
+    "unrated" = 0 when c is unknown) inflated by a factor chosen by marginal likelihood.
 
-    Returns (ratings (Nr,), mean prior over the hypotheses, rated log-odds (Nr,) or None when
-    every item is rated, kappa).
+    Priors: ``prior`` (the population's, :meth:`MVMFAnalytic._population_rows`: ``joint`` (Nr, H)
+    log prior over the hypotheses; with c unknown also ``rated`` (Nr, H - 1) over the grid given
+    rated and ``rated_logit`` (Nr,)) or, without it, one fitted by EM. The rating is the MAP
+    hypothesis; with c unknown the rated/unrated decision is posterior P(rated) > 1/2 and the
+    rating given rated the MAP grid value (each metric's Bayes decision). Items without evidence
+    get the prior's decisions.
+
+    Returns (ratings (Nr,), mean prior over the hypotheses, extras: ``rated_score`` (posterior
+    log-odds of rated), ``rated``, ``rated_ratings`` (Nr,) when c is unknown, kappa).
     """
     have = ev.S0 > 0
     values = st.values
@@ -874,7 +879,7 @@ def _decode_ratings(
     if not st.prior:  # plain eq. 43: clip the inverse-variance average of the rounds' estimates and round
         est = np.full(len(ev.S0), values[H // 2])
         est[have] = ev.S1[have] / ev.S0[have]
-        return est, np.full(H, 1.0 / H), None, 1.0
+        return est, np.full(H, 1.0 / H), {}, 1.0
     s0, s1, s2, su = ev.S0[have], ev.S1[have], ev.S2[have], ev.SU[have]
     ll = np.empty((len(s0), H))
     for h, g in enumerate(values):
@@ -882,20 +887,32 @@ def _decode_ratings(
             ll[:, h] = -0.5 * su
         else:
             ll[:, h] = -0.5 * (s2 - 2.0 * s1 * g + s0 * g**2)
-    lp_have = logprior[have] if logprior is not None else None
-    kappa, lp, post = _calibrated(ll, ev.SC[have], lp_have)
+    joint = prior["joint"] if prior is not None else None
+    kappa, lp, post = _calibrated(ll, ev.SC[have], joint[have] if joint is not None else None)
     pi = np.exp(lp).mean(axis=0)
-    pick = np.argmax(post, axis=1)
-    if logprior is not None:
-        guess = values[np.argmax(logprior, axis=1)]
+    if joint is not None:
+        guess = values[np.argmax(joint, axis=1)]
     else:
         guess = np.full(len(ev.S0), values[int(np.argmax(pi))])
-    guess[have] = values[pick]
-    rated_score = None
+    guess[have] = values[np.argmax(post, axis=1)]
+    extras: dict[str, np.ndarray] = {}
     if st.unknown_c:
-        rated_score = np.zeros(len(ev.S0))
-        rated_score[have] = logsumexp(post[:, 1:], axis=1) - post[:, 0]
-    return guess, pi / pi.sum(), rated_score, kappa
+        if prior is not None:
+            cond_all = prior["rated"].copy()
+            cond_all[have] += ll[:, 1:] / kappa
+            score = prior["rated_logit"] + logsumexp(cond_all, axis=1)
+            score[have] -= ll[:, 0] / kappa
+        else:
+            cond_all = np.tile(lp[:, 1:], (len(ev.S0), 1)) if len(lp) == 1 else lp[:, 1:].copy()
+            cond_all[have] = post[:, 1:]
+            score = logsumexp(cond_all, axis=1) - (lp[0, 0] if len(lp) == 1 else lp[:, 0])
+            score[have] = logsumexp(post[:, 1:], axis=1) - post[:, 0]
+        extras = {
+            "rated_score": score,
+            "rated": score > 0,
+            "rated_ratings": values[1 + np.argmax(cond_all, axis=1)],
+        }
+    return guess, pi / pi.sum(), extras, kappa
 
 
 def _block_log_prior(shares: np.ndarray) -> np.ndarray:
@@ -1246,7 +1263,8 @@ class MVMFAnalytic(MVMFAttack):
         have = pred_cnt > 0
         # a flat prior over the hypotheses: an EM-fitted one collapsed onto a single rating wherever
         # noise biased the scale (measured, docs/verdicts.md)
-        logprior = self._rating_log_prior(parties, ref_off, ref_flat, values)
+        prior = self._population_rows(parties, ref_off, ref_flat, values, False)
+        logprior = prior["joint"] if prior is not None else None
         ll = LL[have] if logprior is None else LL[have] + logprior[have]
         pick, post, diag = decode_with_residual_prior(ll, pred_sum[have] / pred_cnt[have], values, _flat_prior)
         diag.update(stat_diag)
@@ -1351,47 +1369,63 @@ class MVMFAnalytic(MVMFAttack):
         """Combine the rounds per (user, item) and decode ratings and attributes (MAP / rounding)."""
         layout = _reference_layout(fv, stats, taus, len(parties))
         ev = _accumulate(layout, stats, taus, st)
-        logprior = self._rating_log_prior(parties, layout.offsets, layout.flat, st.values)
-        rating_guess, pi, rated_score, kappa = _decode_ratings(ev, st, logprior)
+        prior = self._population_rows(parties, layout.offsets, layout.flat, st.values, st.unknown_c)
+        rating_guess, pi, extras, kappa = _decode_ratings(ev, st, prior)
         p = ev.X0.shape[1]
         attrs, have_x, kappa_x = _decode_attributes(
             cfg.get("attribute_names"), ev, st, self._attribute_shares(parties, p)
         )
         victims = self._victims(cfg, parties, layout.offsets, layout.items, rating_guess, attrs)
-        if rated_score is not None:
+        for key, arr in extras.items():
+            if key == "rated_ratings":
+                arr = round_ratings(arr, cfg)
             for u, party in enumerate(parties):
-                victims[party]["rated_score"] = rated_score[layout.offsets[u] : layout.offsets[u + 1]]
+                victims[party][key] = arr[layout.offsets[u] : layout.offsets[u + 1]]
         diag = {
             "users_without_scale": int(np.sum(~have_x)) if ev.X0.shape[1] else 0,
             "prior_ratings": [float(v) for v in pi],
-            "prior": "population" if logprior is not None else "em",
+            "prior": "population" if prior is not None else "em",
             "likelihood_inflation": kappa,
             "attribute_likelihood_inflation": kappa_x,
         }
         return victims, diag
 
     # ------------------------------------------------------------------ the population prior
-    def _rating_log_prior(
-        self, parties: list[str], offsets: np.ndarray, items: np.ndarray, values: np.ndarray
-    ) -> np.ndarray | None:
-        """Log prior (N, H) over the rating hypotheses ``values`` of every decoded (user, item)
-        row (CSR ``offsets``, ``items``) from the population's marginals
-        (:meth:`PriorTable.rating_predictive`, the user left out), or None without them.
-        Users the population does not list get its mean row."""
+    def _population_rows(
+        self, parties: list[str], offsets: np.ndarray, items: np.ndarray, values: np.ndarray, unknown_c: bool
+    ) -> dict[str, np.ndarray] | None:
+        """Log priors of every decoded (user, item) row (CSR ``offsets``, ``items``) from the
+        population's marginals, the user left out (:meth:`PriorTable.predictive`): ``joint``
+        (N, H) over the hypotheses ``values``; with unrated items (``unknown_c``) also ``rated``
+        (N, H - 1) over the grid given rated and ``rated_logit`` (N,) (log-odds of rated). Each is
+        the prior the prior library uses for the metric the decision serves. None without a
+        population prior; users it does not list get its mean rows."""
         pop = self._population
         if pop is None or not len(pop.table.victims) or not len(pop.table.values):
             return None
         table = pop.table
         rows = pop.index(parties)[np.repeat(np.arange(len(parties)), np.diff(offsets))]
         known = rows >= 0
-        pred = np.full((len(items), len(table.values)), 1.0 / len(table.values))
-        if known.any():
-            pred[known] = table.rating_predictive(rows[known], items[known])
-            pred[~known] = pred[known].mean(axis=0)
-        pos = np.clip(np.searchsorted(table.values, values), 0, len(table.values) - 1)
-        match = table.values[pos] == values
-        out = np.where(match[None, :], pred[:, pos], 0.0) + 1e-6
-        return np.log(out / out.sum(axis=1, keepdims=True))
+
+        def rows_of(metric: str) -> np.ndarray:
+            H = len(table.problem(metric)[2])
+            pred = np.full((len(items), H), 1.0 / H)
+            if known.any():
+                pred[known] = table.predictive(metric, rows[known], items[known])
+                pred[~known] = pred[known].mean(axis=0)
+            return pred
+
+        def on(pred: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+            pos = np.clip(np.searchsorted(table.values, wanted), 0, len(table.values) - 1)
+            out = np.where((table.values[pos] == wanted)[None, :], pred[:, pos], 0.0) + 1e-6
+            return np.log(out / out.sum(axis=1, keepdims=True))
+
+        out = {"joint": on(rows_of("rating_accuracy"), values)}
+        if unknown_c:
+            out["rated"] = on(rows_of("rated_rating_accuracy"), values[1:])
+            det = np.maximum(rows_of("rated_detection_accuracy"), 1e-12)
+            out["rated_logit"] = np.log(det[:, 1]) - np.log(det[:, 0])
+        return out
 
     def _attribute_shares(self, parties: list[str], p: int) -> np.ndarray | None:
         """Population share of 1 per user and dummy (n, p), the user left out; None without it."""
