@@ -872,22 +872,26 @@ class MVMFAttack(Attack):
         """Per-victim parts of :meth:`score`'s accuracies and of :meth:`prior_baseline`'s.
 
         Holds the metrics whose per-victim denominators agree between the two (the attack scored
-        each victim's first upload); None when the attacked victims are not the clients the
-        prior covers (e.g. a victim subsample).
+        each victim's first upload). With a victim subsample (``mvmf-nonlinear``'s ``users``) the
+        prior's rows are those of the attacked victims, so ``value(m, "prior")`` is the prior on
+        them (``prior_baseline`` covers every client). None when a victim is not a client the
+        prior covers.
         """
         victims, weight, hits = victim_scores(reconstruction, transcript)
         table = self._prior_table(transcript, knowledge)
-        if victims != table.victims:
+        where = {p: k for k, p in enumerate(table.victims)}
+        if not victims or any(p not in where for p in victims):
             return None
+        idx = np.fromiter((where[p] for p in victims), dtype=np.int64, count=len(victims))
         scored = set(weight) if transcript.config.get("attribute_names", True) else set(weight) - {"attribute_accuracy"}
-        keep = [m for m in table.hits if m in scored and np.array_equal(weight[m], table.weight[m])]
+        keep = [m for m in table.hits if m in scored and np.array_equal(weight[m], table.weight[m][idx])]
         if not keep:
             return None
         return VictimTable(
             victims,
             {m: weight[m] for m in keep},
             {m: hits[m] for m in keep},
-            {m: table.hits[m] for m in keep},
+            {m: table.hits[m][idx] for m in keep},
         )
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
