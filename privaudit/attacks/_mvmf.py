@@ -14,7 +14,13 @@ Scoring follows PrivMVMF paper eq. 43: the attacker clips ratings to the rating 
 accuracy is the fraction of exactly recovered values. For ObsOnly the rating accuracy runs
 over the items the client uploaded (its rated items, plus any sampled virtual items, whose
 truth is 0); for InclUnc over every uploaded item (unrated ones have truth 0), with the
-accuracy on the truly rated items and of the rated/unrated decision reported beside it.
+accuracy on the truly rated items and of the rated/unrated decision reported beside it. A
+reconstruction may carry its own guesses for those two (``rated``, ``rated_ratings``: each
+metric's Bayes decision, :func:`victim_scores`).
+
+The prior-only baseline is the prior library (:func:`prior_table`): message-free strategies,
+each metric's chosen on held-out victims; the attacks' knowledge (:class:`PopulationPrior`)
+holds the same population statistics for their posterior decoding.
 """
 
 from __future__ import annotations

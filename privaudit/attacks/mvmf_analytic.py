@@ -9,8 +9,11 @@ private data follow from one scalar per user and round::
 with ``a = grad_V.d``, ``b = grad_P.d``. The scale t comes from the user's own update rule:
 SemiALS stationarity, the pair of rounds of SGD, or the ratio shared by all unrated items
 (InclUnc / sampling), which also decides rated versus unrated. Exact without noise; under
-noise a least-squares fit with MAP decoding on the rating grid (empirical prior by EM);
-batched over users. Under a per-row clipping DP defense (``dp-laplace``, ``dp-gaussian``) rows
+noise a least-squares fit with posterior decoding on the rating grid: the population prior of
+the attack's knowledge (:class:`privaudit.attacks._mvmf.PopulationPrior`: the prior library's
+per-item predictive, the victim left out; an EM-fitted prior without it) and likelihoods
+inflated by a factor chosen by marginal likelihood, so that heavy noise leaves the prior's
+guess; batched over users. Under a per-row clipping DP defense (``dp-laplace``, ``dp-gaussian``) rows
 at the clipping bound are decoded as censored (:mod:`privaudit.attacks._mvmf_clipped`).
 
 The derivation, the estimator, the first-round shortcut and the departures from the paper's
@@ -989,7 +992,12 @@ class MVMFAnalytic(MVMFAttack):
     requires = ("grad_V", "grad_P", "state")
     parameters = (
         Param("max_rounds", -1, "use at most this many recorded rounds (-1: every round the view holds)"),
-        Param("prior", True, "MAP decoding with an empirical prior fitted by EM (false: plain clip-and-round)"),
+        Param(
+            "prior",
+            True,
+            "posterior decoding with the population prior of the knowledge, else one fitted by EM "
+            "(false: plain clip-and-round)",
+        ),
         Param("refits", 3, "InclUnc/sampling: decide-rated/refit-scale iterations per round", ge=0),
         Param(
             "shortcut",
@@ -1261,12 +1269,26 @@ class MVMFAnalytic(MVMFAttack):
         if str(cfg["update"]) == "semials" and not unknown_c:
             stat_diag = self._stationarity_ratings(fv, scales, ref, attrs, alpha, lam, grid, LL, ref_off)
         have = pred_cnt > 0
-        # a flat prior over the hypotheses: an EM-fitted one collapsed onto a single rating wherever
-        # noise biased the scale (measured, docs/verdicts.md)
+        # the population prior (knowledge) or a flat one: an EM-fitted one collapsed onto a single
+        # rating wherever noise biased the scale (measured, docs/verdicts.md)
         prior = self._population_rows(parties, ref_off, ref_flat, values, False)
         logprior = prior["joint"] if prior is not None else None
-        ll = LL[have] if logprior is None else LL[have] + logprior[have]
-        pick, post, diag = decode_with_residual_prior(ll, pred_sum[have] / pred_cnt[have], values, _flat_prior)
+        if logprior is None:
+            pick, post, diag = decode_with_residual_prior(
+                LL[have], pred_sum[have] / pred_cnt[have], values, _flat_prior
+            )
+        else:  # with the population prior, the likelihood inflation of the best marginal likelihood
+            best = None
+            n_obs = float(np.sum(pred_cnt[have]))
+            for kappa in _KAPPAS:
+                res = decode_with_residual_prior(
+                    LL[have] / kappa + logprior[have], pred_sum[have] / pred_cnt[have], values, _flat_prior
+                )
+                evidence = float(np.sum(logsumexp(res[1], axis=1))) - 0.5 * math.log(kappa) * n_obs
+                if best is None or evidence > best[0]:
+                    best = (evidence, kappa, res)
+            _, kappa, (pick, post, diag) = best
+            diag["likelihood_inflation"] = kappa
         diag.update(stat_diag)
         diag["prior"] = "population" if logprior is not None else "flat"
         ratings = np.full(len(ref_flat), grid[len(grid) // 2])
