@@ -148,7 +148,7 @@ def fedncf(ds) -> list[str]:
 
 def fedrec(ds) -> list[str]:
     rows = []
-    for rho, filling in ((1, "ua"), (3, "ua"), (1, "hf")):
+    for rho, filling in ((1, "ua"), (2, "ua"), (3, "ua"), (1, "hf")):
         sampling = get("defense", "sampling")(rho=rho, filling=filling)
         t = get("protocol", "fedrec")().run(ds, {}, [sampling], 0).transcript
         out = run_attack("fedrec-rated-items", t)

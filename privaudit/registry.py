@@ -168,6 +168,7 @@ def summary(kind: str, cls: Any) -> dict[str, Any]:
             "default grid": ", ".join(map(str, grid)) if grid else None,
             "applies to": ", ".join(applies) if applies else "any protocol",
             "capabilities": ", ".join(sorted(getattr(cls, "capabilities", ()) or ())) or None,
+            "privacy claim": getattr(cls, "privacy_claim", None),
         }
     return {
         "kind": kind,

@@ -215,12 +215,12 @@ def test_dp_laplace_clips_rows_and_calibrates_noise():
     assert np.allclose(clip_l1_rows(np.array([4.0, 4.0]), 1.0), [0.5, 0.5])
 
     d = DPLaplace(epsilon=0.5, clip=2.0)
-    assert d.noise_scale == 4.0
+    assert d.noise_scale == 8.0  # sensitivity 2C / epsilon
     big = {"values": np.zeros((400, 50)), "items": np.arange(400)}
     out = d.on_upload(UploadBatch(0, "grad_V", ["client:0"], [big]), _Chan())
     noise = out.payloads[0]["values"]
     assert np.array_equal(out.payloads[0]["items"], np.arange(400))  # ints untouched
-    assert np.mean(np.abs(noise)) == pytest.approx(4.0, rel=0.03)  # E|Laplace(b)| = b
+    assert np.mean(np.abs(noise)) == pytest.approx(8.0, rel=0.03)  # E|Laplace(b)| = b
     spent = d.privacy_spent(20)
     assert {k: spent[k] for k in ("epsilon", "delta", "accountant", "epsilon_basic", "epsilon_per_round")} == {
         "epsilon": 10.0,
@@ -229,7 +229,7 @@ def test_dp_laplace_clips_rows_and_calibrates_noise():
         "epsilon_basic": 10.0,
         "epsilon_per_round": 0.5,
     }
-    assert spent["unit"] == "one rating row" and spent["epsilon_pld"] < 10.0  # PLD at delta 1e-5 is tighter
+    assert spent["neighbour"] == "rating" and spent["epsilon_pld"] < 10.0  # PLD at delta 1e-5 is tighter
 
 
 def test_dp_laplace_upload_clipping_and_validation():

@@ -53,7 +53,8 @@ def test_gaussian_pld_matches_the_library_and_rdp_is_looser(sigma, rounds):
     rdp.compose(dp_accounting.GaussianDpEvent(sigma), rounds)
     assert spent["epsilon"] <= rdp.get_epsilon(1e-5) * 1.001
     assert spent["epsilon"] <= spent["epsilon_basic"] + 1e-9
-    assert spent["unit"] == "one rating row" and spent["accountant"] == "pld"
+    assert spent["neighbour"] == "rating" and spent["item_set_covered"] is False  # no upload seen, not dense
+    assert spent["accountant"] == "pld" and spent["releases"] == rounds and spent["sensitivity"] == 2.0
 
 
 def test_target_epsilon_round_trip():
@@ -74,17 +75,68 @@ def test_target_epsilon_reads_the_rounds_from_the_public_config():
     res = FedMVMF().run(ds, {"epochs": 3, "K": 4}, [d], 0)
     (entry,) = [e for e in res.transcript.config["defenses"] if e["name"] == "dp-laplace"]
     assert entry["epsilon"] == pytest.approx(2.0) == d.config["epsilon"]  # 6 over 3 epochs, basic composition
+    assert entry["noise_scale"] == pytest.approx(1.0)  # 2C / epsilon, public with the calibrated epsilon
     assert d.privacy_spent(3)["epsilon"] == pytest.approx(6.0)
 
 
-def test_dp_gaussian_clips_rows_in_l2_and_adds_sigma_c_noise():
-    d = DPGaussian(noise_multiplier=1e-9, clip=2.0)
+def test_upload_clipping_counts_both_messages_of_every_round():
+    """clip_per=upload clips grad_V and grad_P separately: 2 releases per epoch, 6 in 3 epochs,
+    reported by basic composition as 6 epsilon (not 3); the joint clip (clip_per=user) makes 3."""
+    ds = synthetic(n_users=30, n_items=60, seed=2)
+    spent = {}
+    for per in ("upload", "user"):
+        d = DPLaplace(epsilon=1.0, clip_per=per)
+        FedMVMF().run(ds, {"epochs": 3, "K": 4}, [d], 0)
+        spent[per] = d.privacy_spent(3)
+    assert spent["upload"]["releases"] == 6 and spent["upload"]["epsilon"] == pytest.approx(6.0)
+    assert spent["upload"]["epsilon_per_round"] == pytest.approx(2.0)
+    assert spent["user"]["releases"] == 3 and spent["user"]["epsilon"] == pytest.approx(3.0)
+    g = DPGaussian(noise_multiplier=2.0, clip_per="upload")
+    FedMVMF().run(ds, {"epochs": 3, "K": 4}, [g], 0)
+    oracle = _oracle(dp_accounting.GaussianDpEvent(2.0), 6, 1e-5)
+    assert g.privacy_spent(3)["releases"] == 6 and g.privacy_spent(3)["epsilon"] == pytest.approx(oracle, rel=0.01)
+    with pytest.raises(PrivauditError, match="clip_per=user"):
+        DPLaplace(target_epsilon=6.0, clip_per="upload")
+
+
+def test_dp_gaussian_clips_rows_in_l2_and_adds_sigma_2c_noise():
+    d = DPGaussian(noise_multiplier=1e-9, clip=2.0, clip_per="row")
     rows = np.array([[3.0, 4.0], [0.3, 0.4]])
     out = d.on_upload(UploadBatch(0, "grad_V", ["client:0"], [{"values": rows, "items": np.arange(2)}]), _Chan())
     assert np.allclose(np.linalg.norm(out.payloads[0]["values"], axis=1), [2.0, 0.5])
     d = DPGaussian(noise_multiplier=0.5, clip=2.0)
     out = d.on_upload(UploadBatch(0, "grad_V", ["client:0"], [{"values": np.zeros((500, 40))}]), _Chan())
-    assert np.std(out.payloads[0]["values"]) == pytest.approx(1.0, rel=0.02)
+    assert np.std(out.payloads[0]["values"]) == pytest.approx(2.0, rel=0.02)  # sigma x sensitivity 2C
     for bad in ({"noise_multiplier": 0}, {"delta": 0.0}, {"clip_per": "item"}, {"rounds": -1}):
         with pytest.raises(PrivauditError):
             DPGaussian(**bad)
+
+
+def test_an_exact_entry_limits_the_claim_to_rating_level():
+    """An integer count goes out without noise: one user's data (which changes it) is not covered."""
+    d = DPLaplace(dense=True)
+    payload = {"sum": np.array([3.0]), "count": np.array([2], dtype=np.int64)}
+    out = d.on_upload(UploadBatch(0, "mean", ["client:0"], [payload]), _Chan())
+    assert out.payloads[0]["count"] is payload["count"]  # released as is
+    spent = d.privacy_spent(1)
+    assert spent["item_set_covered"] is True and spent["neighbour"] == "rating" and spent["unnoised"] == "mean.count"
+    clean = DPLaplace(dense=True)
+    clean.on_upload(UploadBatch(0, "mean", ["client:0"], [{"sum": np.array([3.0])}]), _Chan())
+    assert clean.privacy_spent(1)["neighbour"] == "user" and clean.privacy_spent(1)["unnoised"] == ""
+
+
+def test_target_epsilon_stops_a_run_with_two_releases_per_round():
+    """A protocol that sends a round's messages separately makes two releases per round: the
+    calibration to one release per round would under-count, so the run stops (one line)."""
+    d = DPLaplace(target_epsilon=2.0, rounds=2)
+    d.on_upload(UploadBatch(0, "grad_V", ["client:0"], [{"values": np.ones((2, 2))}]), _Chan())
+    with pytest.raises(PrivauditError, match="2 separately noised releases in one round"):
+        d.on_upload(UploadBatch(0, "grad_P", ["client:0"], [{"values": np.ones((3, 2))}]), _Chan())
+
+
+def test_a_reused_defense_accounts_its_last_run_only():
+    ds = synthetic(n_users=30, n_items=60, seed=2)
+    d = DPLaplace(epsilon=1.0)
+    for _ in range(2):
+        FedMVMF().run(ds, {"epochs": 2, "K": 4}, [d], 0)
+        assert d.privacy_spent(2)["releases"] == 2 and d.privacy_spent(2)["epsilon"] == pytest.approx(2.0)

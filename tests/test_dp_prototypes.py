@@ -221,3 +221,22 @@ def test_defense_parameters_validated():
     d = DPPrototypes(epsilon="0.5")
     spent = d.privacy_spent(1)
     assert d.config["epsilon"] == 0.5 and (spent["epsilon"], spent["delta"], spent["accountant"]) == (0.5, 0.0, "basic")
+
+
+def test_every_prototype_upload_of_a_silo_is_composed():
+    """A silo that uploads prototypes twice spends 2 epsilon (one upload: epsilon); user-level claim."""
+    from privaudit.defenses.base import UploadBatch
+
+    class _Chan:
+        rng = np.random.default_rng(0)
+
+    d = DPPrototypes(epsilon=0.5, trials=1, swap_iters=2)
+    assert d.privacy_spent(1)["releases"] == 1
+    rows = np.random.default_rng(1).integers(0, 6, size=(12, 5)).astype(np.float64)
+    for r in range(2):
+        batch = UploadBatch(r, "prototypes", ["client:0"], [{"rows": rows}], meta={"k": 2, "s": 5, "Lambda": 5.0})
+        out = d.on_upload(batch, _Chan())
+        assert set(out.payloads[0]) == {"prototypes"}
+    spent = d.privacy_spent(1)
+    assert spent["releases"] == 2 and spent["epsilon"] == pytest.approx(1.0) and spent["replace_epsilon"] == 2.0
+    assert spent["neighbour"] == "user" and spent["item_set_covered"] is True

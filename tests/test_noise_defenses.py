@@ -112,3 +112,24 @@ def test_noise_is_reproducible(dataset):
     b = FedMVMF().run(dataset, cfg, defenses=[LaplaceNoise(scale=0.1)], rng=9).transcript
     for x, y in zip(a.select("grad_V"), b.select("grad_V")):
         np.testing.assert_array_equal(x.payload["values"], y.payload["values"])
+
+
+@pytest.mark.parametrize("cls", [LaplaceNoise, GaussianNoise])
+def test_send_round_equals_one_send_per_kind_for_per_batch_defenses(cls):
+    """Channel.send_round with defenses that only act per batch: the same draws, payloads and
+    transcript as one send per kind (so the joint hook changes nothing for them)."""
+    rng = np.random.default_rng(0)
+    uploads = [
+        ("grad_V", [{"items": np.arange(3), "values": rng.normal(size=(3, 2))} for _ in range(2)]),
+        ("grad_P", [{"values": rng.normal(size=(4, 2))} for _ in range(2)]),
+    ]
+    senders = ["client:0", "client:1"]
+    a = Channel([cls(scale=0.3)], Transcript("test"), np.random.default_rng(7))
+    b = Channel([cls(scale=0.3)], Transcript("test"), np.random.default_rng(7))
+    joint = a.send_round(0, senders, uploads)
+    apart = [b.send(0, kind, senders, payloads) for kind, payloads in uploads]
+    for x, y in zip(joint, apart):
+        assert x.kind == y.kind
+        for p, q in zip(x.payloads, y.payloads):
+            np.testing.assert_array_equal(p["values"], q["values"])
+    assert [(m.kind, m.sender) for m in a.transcript.messages] == [(m.kind, m.sender) for m in b.transcript.messages]

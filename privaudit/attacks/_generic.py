@@ -101,3 +101,111 @@ def uploaders(transcript: Transcript) -> list[str]:
 def scored_victims(transcript: Transcript, parties) -> list[str]:
     """The parties among ``parties`` that have ground truth (a ``private`` message)."""
     return [p for p in parties if transcript.private(p)]
+
+
+def ratio(num: np.ndarray, den: np.ndarray, root: bool = False) -> float:
+    """sum(num) / sum(den) (its square root with ``root``); NaN when the denominators sum to 0."""
+    total = float(np.sum(den))
+    if total <= 0:
+        return float("nan")
+    v = float(np.sum(num)) / total
+    return float(np.sqrt(max(v, 0.0))) if root else v
+
+
+def cross_fit(
+    strategies: dict[str, dict[str, np.ndarray]], select: str, weight: np.ndarray, higher_is_better: bool = True
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Per-victim numerators of message-free strategies, each victim scored by the strategy
+    chosen on the other half of the victims.
+
+    Parameters
+    ----------
+    strategies : dict[str, dict[str, numpy.ndarray of shape (n_victims,)]]
+        Strategy name -> per-victim numerators (every strategy has the same keys).
+    select : str
+        The key ranking the strategies: ``sum(num[select]) / sum(weight)`` over a half.
+    weight : numpy.ndarray of shape (n_victims,)
+        Denominators of ``select``.
+    higher_is_better : bool
+
+    Returns
+    -------
+    numerators : dict[str, numpy.ndarray of shape (n_victims,)]
+        The victims at even positions get the strategy best on the odd positions and vice
+        versa (ties: the first strategy listed; fewer than two victims: the first strategy).
+    chosen : dict[str, str]
+        ``{"even": name, "odd": name}``: the strategy each half was scored with.
+    """
+    names = list(strategies)
+    n = weight.size
+    halves = {"even": np.arange(0, n, 2), "odd": np.arange(1, n, 2)}
+    chosen = {}
+    for half, other in (("even", "odd"), ("odd", "even")):
+        idx = halves[other]
+        vals = [ratio(strategies[s][select][idx], weight[idx]) for s in names]
+        vals = [v if np.isfinite(v) else (-np.inf if higher_is_better else np.inf) for v in vals]
+        chosen[half] = names[int(np.argmax(vals) if higher_is_better else np.argmin(vals))] if n > 1 else names[0]
+    out = {}
+    for key in strategies[names[0]]:
+        arr = np.zeros(n)
+        for half, idx in halves.items():
+            arr[idx] = strategies[chosen[half]][key][idx]
+        out[key] = arr
+    return out, chosen
+
+
+def loo_counts(
+    keys: np.ndarray, levels: np.ndarray, owner: np.ndarray, q_keys: np.ndarray, q_owner: np.ndarray, n_levels: int
+) -> np.ndarray:
+    """Per query, how often each level occurs under its key among the other owners' records.
+
+    Population records: ``keys``, ``levels`` (in [0, n_levels)), ``owner`` (n,) ints (e.g. item,
+    rating level, client index); queries: ``q_keys``, ``q_owner`` (q,). Returns (q, n_levels)
+    counts without the query owner's own records (leave one victim out); keys all 0 give the
+    global counts.
+    """
+    n_keys = int(max(keys.max(initial=-1), q_keys.max(initial=-1))) + 1
+    counts = np.zeros((n_keys, n_levels))
+    np.add.at(counts, (keys, levels), 1.0)
+    code = owner.astype(np.int64) * n_keys + keys
+    uniq, inv = np.unique(code, return_inverse=True)
+    own = np.zeros((uniq.size, n_levels))
+    np.add.at(own, (inv, levels), 1.0)
+    q_code = q_owner.astype(np.int64) * n_keys + q_keys
+    pos = np.minimum(np.searchsorted(uniq, q_code), max(uniq.size - 1, 0))
+    out = counts[q_keys]
+    if uniq.size:
+        found = uniq[pos] == q_code
+        out[found] -= own[pos[found]]
+    return out
+
+
+def rating_population(
+    transcript: Transcript, lo: float, step: float, n_levels: int
+) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray]:
+    """Every client's private ratings: (client party -> owner index, item ids, rating levels
+    ``round((r - lo) / step)`` clipped to [0, n_levels), owner indices), arrays of shape (n,)."""
+    clients = [p for p in transcript.parties if p.startswith("client:") and "items" in transcript.private(p)]
+    items, levels, owner = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for i, p in enumerate(clients):
+        priv = transcript.private(p)
+        items.append(np.asarray(priv["items"], dtype=np.int64).ravel())
+        r = np.asarray(priv.get("ratings", np.full(items[-1].size, lo)), dtype=np.float64).ravel()
+        levels.append(np.clip(np.round((r - lo) / step), 0, n_levels - 1).astype(np.int64))
+        owner.append(np.full(items[-1].size, i, dtype=np.int64))
+    return {p: i for i, p in enumerate(clients)}, np.concatenate(items), np.concatenate(levels), np.concatenate(owner)
+
+
+def loo_rating_counts(
+    population: tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray],
+    q_items: np.ndarray,
+    q_owner: np.ndarray,
+    n_levels: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per query (item, owner index), the other clients' rating-level counts overall and of the
+    item (the overall ones for an item no other client rated), both (q, n_levels)."""
+    _, items, levels, owner = population
+    q_items, q_owner = np.asarray(q_items, dtype=np.int64), np.asarray(q_owner, dtype=np.int64)
+    overall = loo_counts(np.zeros_like(items), levels, owner, np.zeros_like(q_items), q_owner, n_levels)
+    per_item = loo_counts(items, levels, owner, q_items, q_owner, n_levels)
+    return overall, np.where(per_item.sum(axis=1, keepdims=True) > 0, per_item, overall)

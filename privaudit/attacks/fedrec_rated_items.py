@@ -44,6 +44,9 @@ score (:func:`privaudit.metrics.auc`), ``rating_accuracy`` (rounded implied rati
 true rating, over the real items) — computed over every uploaded (user, item) pair of the
 attacked round. Baseline: the item-set guess "everything uploaded is rated" (accuracy and
 precision = the real share ≈ 1/(1+rho), recall 1), AUC 0.5, rating accuracy 1/|grid|.
+Prior-only baseline: :meth:`FedRecRatedItems.prior_baseline` (popularity and majorities of the
+other clients, strategies chosen on held-out clients); per-client parts in
+:meth:`FedRecRatedItems.victim_table`.
 """
 
 from __future__ import annotations
@@ -52,11 +55,12 @@ from typing import Any
 
 import numpy as np
 
+from privaudit.attacks._generic import cross_fit, loo_rating_counts, rating_population, ratio
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.metrics import auc
 from privaudit.params import Param
 from privaudit.registry import register_attack
-from privaudit.results import Decisions, MetricSpec
+from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
 
 
@@ -304,7 +308,9 @@ class FedRecRatedItems(Attack):
 
     # ------------------------------------------------------------------ scoring
     def _truth(self, reconstruction: Reconstruction, transcript: Transcript):
-        labels, scores, decided, rat_ok = [], [], [], []
+        """Per scored victim: its party, labels (really rated), scores, decisions and the
+        exactness of its recovered ratings over its real items."""
+        parties, labels, scores, decided, rat_ok = [], [], [], [], []
         for party, rec in reconstruction.victims.items():
             priv = transcript.private(party)
             if "items" not in priv:
@@ -313,73 +319,142 @@ class FedRecRatedItems(Attack):
             real_ratings = np.asarray(priv["ratings"], dtype=np.float64)
             items = rec["items"]
             lab = np.isin(items, real_items)
+            pos = np.searchsorted(real_items, items[lab])
+            parties.append(party)
             labels.append(lab)
             scores.append(rec["score"])
             decided.append(rec["rated"])
-            if lab.any():
-                pos = np.searchsorted(real_items, items[lab])
-                rat_ok.append(rec["ratings"][lab] == real_ratings[pos])
-        return labels, scores, decided, rat_ok
+            rat_ok.append(rec["ratings"][lab] == real_ratings[pos])
+        return parties, labels, scores, decided, rat_ok
+
+    @staticmethod
+    def _parts(labels, decided, rat_ok) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Per-victim (weight, numerators) of the ratio metrics (precision's denominator depends
+        on the decisions, so it is not one of them)."""
+        n = np.array([y.size for y in labels], dtype=float)
+        real = np.array([y.sum() for y in labels], dtype=float)
+        weight = {"accuracy": n, "recall": real, "rating_accuracy": real, "real_share": n}
+        num = {
+            "accuracy": np.array([np.sum(d == y) for d, y in zip(decided, labels)], dtype=float),
+            "recall": np.array([np.sum(d & y) for d, y in zip(decided, labels)], dtype=float),
+            "rating_accuracy": np.array([ok.sum() for ok in rat_ok], dtype=float),
+            "real_share": real,
+        }
+        return weight, num
 
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
-        labels, scores, decided, rat_ok = self._truth(reconstruction, transcript)
+        _, labels, scores, decided, rat_ok = self._truth(reconstruction, transcript)
         if not labels:
             return self.baseline(transcript)
+        weight, num = self._parts(labels, decided, rat_ok)
         y = np.concatenate(labels)
         s = np.concatenate(scores)
         dec = np.concatenate(decided)
-        tp = float(np.sum(dec & y))
-        out = {
-            "accuracy": float(np.mean(dec == y)),
-            "precision": tp / max(float(dec.sum()), 1.0),
-            "recall": tp / max(float(y.sum()), 1.0),
-            "auc": float(auc(y, s)) if 0 < y.sum() < len(y) else float("nan"),
-            "rating_accuracy": float(np.mean(np.concatenate(rat_ok))) if rat_ok else float("nan"),
-            "real_share": float(np.mean(y)),
-        }
+        out = {m: ratio(num[m], weight[m]) for m in weight}
+        out["precision"] = float(np.sum(dec & y)) / max(float(dec.sum()), 1.0)
+        out["auc"] = float(auc(y, s)) if 0 < y.sum() < len(y) else float("nan")
         return out
 
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
-        """Item popularity alone, over the same uploaded (client, item) records.
+        """The best message-free strategy, chosen on held-out victims (:func:`_generic.cross_fit`).
 
-        Score = how many clients really rated the item (hindsight counts: an upper bound of
-        public popularity data); decision = the better constant answer (all rated, or all
-        virtual when virtual items are the majority); rating = the most frequent true rating
-        (hindsight). Without records, the random baseline.
+        Over the same uploaded (client, item) records: the decision is the best of "all rated",
+        "all virtual" and "popularity top": each client's round(n_u / (1 + rho)) uploads with the
+        most other clients rating them (rho public), chosen by accuracy; the rating is the best
+        of the global and the per-item majority of the other clients' ratings, chosen by rating
+        accuracy; the score (AUC) is the item's popularity among the other clients. Popularity
+        and majorities are counted in hindsight from the other clients' private ratings (an
+        upper bound of public statistics). Without records, the random baseline.
         """
-        y, pop, r = _prior_records(transcript, int(self.config["round"]))
-        if not y.size:
+        prior = self._prior(transcript)
+        if prior is None:
             return self.baseline(transcript)
-        share = float(np.mean(y))
-        vals, counts = np.unique(r[y], return_counts=True)
-        all_rated = share >= 0.5
-        return {
-            "accuracy": max(share, 1.0 - share),
-            "precision": share if all_rated else 0.0,
-            "recall": 1.0 if all_rated else 0.0,
-            "auc": float(auc(y, pop)) if 0 < y.sum() < y.size else float("nan"),
-            "rating_accuracy": float(counts.max() / counts.sum()) if counts.size else float("nan"),
-            "real_share": share,
+        _, weight, num, extra = prior
+        out = {m: ratio(num[m], weight[m]) for m in weight}
+        out["precision"] = float(extra["tp"].sum()) / max(float(extra["decided"].sum()), 1.0)
+        out["auc"] = extra["auc"]
+        return out
+
+    def _prior(self, transcript: Transcript):
+        """(parties, weight, numerators, extras) of the cross-fitted prior, None without records."""
+        recs = _prior_records(transcript, int(self.config["round"]))
+        if not recs:
+            return None
+        labels = [r["labels"] for r in recs]
+        n = np.array([y.size for y in labels], dtype=float)
+        real = np.array([y.sum() for y in labels], dtype=float)
+        k = np.floor(n / (1.0 + _rho(transcript.config)) + 0.5)
+        top = []
+        for r, k_u in zip(recs, k.astype(int)):
+            dec = np.zeros(r["labels"].size, dtype=bool)
+            dec[np.argsort(-r["pop"], kind="stable")[:k_u]] = True
+            top.append(dec)
+        decisions = {
+            "all rated": [np.ones(y.size, dtype=bool) for y in labels],
+            "all virtual": [np.zeros(y.size, dtype=bool) for y in labels],
+            "popularity top 1/(1+rho)": top,
         }
+        strategies = {
+            name: {
+                "accuracy": np.array([np.sum(d == y) for d, y in zip(ds, labels)], dtype=float),
+                "recall": np.array([np.sum(d & y) for d, y in zip(ds, labels)], dtype=float),
+                "tp": np.array([np.sum(d & y) for d, y in zip(ds, labels)], dtype=float),
+                "decided": np.array([d.sum() for d in ds], dtype=float),
+            }
+            for name, ds in decisions.items()
+        }
+        dec_num, dec_chosen = cross_fit(strategies, "accuracy", n)
+        rating = {
+            name: {"rating_accuracy": np.array([np.sum(r[key] == r["level"][r["labels"]]) for r in recs], dtype=float)}
+            for name, key in (("global majority", "global_guess"), ("per-item majority", "item_guess"))
+        }
+        rat_num, rat_chosen = cross_fit(rating, "rating_accuracy", real)
+        weight = {"accuracy": n, "recall": real, "rating_accuracy": real, "real_share": n}
+        num = {
+            "accuracy": dec_num["accuracy"],
+            "recall": dec_num["recall"],
+            "rating_accuracy": rat_num["rating_accuracy"],
+            "real_share": real,
+        }
+        y = np.concatenate(labels)
+        pop = np.concatenate([r["pop"] for r in recs])
+        extra = {
+            "tp": dec_num["tp"],
+            "decided": dec_num["decided"],
+            "auc": float(auc(y, pop)) if 0 < y.sum() < y.size else float("nan"),
+            "chosen": {"decision": dec_chosen, "rating": rat_chosen},
+        }
+        return [r["party"] for r in recs], weight, num, extra
+
+    def victim_table(
+        self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
+    ) -> VictimTable | None:
+        """Per client of the attacked round: accuracy, recall, rating accuracy and real share
+        (precision and AUC are not ratios of per-client sums and are left out)."""
+        parties, labels, _, decided, rat_ok = self._truth(reconstruction, transcript)
+        prior = self._prior(transcript)
+        if not parties or prior is None:
+            return None
+        weight, num = self._parts(labels, decided, rat_ok)
+        at = {p: i for i, p in enumerate(prior[0])}
+        idx = np.array([at[p] for p in parties])
+        return VictimTable(parties, weight, num, {m: v[idx] for m, v in prior[2].items()})
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
-        """Per uploaded (client, item): the attack's score, truth = really rated."""
-        labels, scores, _, _ = self._truth(reconstruction, transcript)
+        """Per uploaded (client, item): the attack's score, truth = really rated; groups = client."""
+        _, labels, scores, _, _ = self._truth(reconstruction, transcript)
         if not labels:
             return {}
         y = np.concatenate(labels)
         s = np.nan_to_num(np.concatenate(scores).astype(np.float64), nan=0.5)
         if y.all() or not y.any():
             return {}
-        return {"rated": Decisions(s, y, positive="really rated item")}
+        groups = np.repeat(np.arange(len(labels)), [lab.size for lab in labels])
+        return {"rated": Decisions(s, y, positive="really rated item", groups=groups)}
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         cfg = transcript.config
-        rho = 0.0
-        for d in cfg.get("defenses", []) or []:
-            if d.get("name") == "sampling":
-                rho = float(d.get("rho", 0.0))
-        share = 1.0 / (1.0 + rho)
+        share = 1.0 / (1.0 + _rho(cfg))
         rmin, rmax = float(cfg.get("rating_min", 1.0)), float(cfg.get("rating_max", 5.0))
         step = float(cfg.get("rating_step", 1.0)) or 1.0
         levels = int(round((rmax - rmin) / step)) + 1
@@ -393,39 +468,64 @@ class FedRecRatedItems(Attack):
         }
 
 
-def _prior_records(transcript: Transcript, rnd: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(labels, popularity score, true rating or NaN) of every uploaded (client, item) of round ``rnd``.
+def _rho(cfg: dict[str, Any]) -> float:
+    """The public sampling ratio rho of the run's ``sampling`` defense (0 without one)."""
+    rho = 0.0
+    for d in cfg.get("defenses", []) or []:
+        if d.get("name") == "sampling":
+            rho = float(d.get("rho", 0.0))
+    return rho
 
-    Popularity = how many clients really rated the item, counted in hindsight over every
-    client's private ratings.
+
+def _prior_records(transcript: Transcript, rnd: int) -> list[dict[str, Any]]:
+    """Per client of round ``rnd`` with ground truth: its uploaded ``items``, ``labels`` (really
+    rated), ``level`` (true rating level, -1 when virtual), ``pop`` (how many other clients
+    rated each item) and the other clients' ``global_guess`` and ``item_guess`` (majority rating
+    level overall and of the item, the overall one when no other client rated it) of its real
+    uploaded items.
     """
     uploads = collect_uploads(transcript.view("server"))
     rounds = sorted(uploads)
-    if not rounds:
-        return np.zeros(0, bool), np.zeros(0), np.zeros(0)
     try:
         recs = uploads[rounds[rnd]]
     except IndexError:
-        return np.zeros(0, bool), np.zeros(0), np.zeros(0)
-    m = int(transcript.config.get("n_items", 0)) or 1 + max(int(r["items"].max(initial=0)) for r in recs)
-    counts = np.zeros(m)
-    for party in transcript.parties:
-        items = transcript.private(party).get("items") if party.startswith("client:") else None
-        if items is not None:
-            counts += np.bincount(np.asarray(items, dtype=np.int64), minlength=m)[:m]
-    labels, pops, ratings = [], [], []
-    for rec in recs:
-        priv = transcript.private(f"client:{rec['user']}")
-        real = np.asarray(priv.get("items", np.zeros(0, np.int64)), dtype=np.int64)
-        vals = np.asarray(priv.get("ratings", np.zeros(0)), dtype=np.float64)
-        lab = np.isin(rec["items"], real)
-        r = np.full(len(rec["items"]), np.nan)
+        return []
+    cfg = transcript.config
+    rmin, step = float(cfg.get("rating_min", 1.0)), float(cfg.get("rating_step", 1.0)) or 1.0
+    n_levels = int(round((float(cfg.get("rating_max", 5.0)) - rmin) / step)) + 1
+    m = int(cfg.get("n_items", 0)) or 1 + max(int(r["items"].max(initial=0)) for r in recs)
+    population = rating_population(transcript, rmin, step, n_levels)
+    index, items_all = population[:2]
+    keep = items_all < m
+    counts = np.bincount(items_all[keep], minlength=m)[:m].astype(float)
+    latest = {f"client:{rec['user']}": rec for rec in recs}  # the attack keeps a client's last upload too
+    out = []
+    for party, rec in latest.items():
+        if party not in index:
+            continue
+        priv = transcript.private(party)
+        real = np.asarray(priv["items"], dtype=np.int64)
         order = np.argsort(real)
-        r[lab] = vals[order][np.searchsorted(real[order], rec["items"][lab])]
-        labels.append(lab)
-        pops.append(counts[rec["items"]])
-        ratings.append(r)
-    return np.concatenate(labels), np.concatenate(pops), np.concatenate(ratings)
+        items = rec["items"]
+        lab = np.isin(items, real)
+        level = np.full(items.size, -1, dtype=np.int64)
+        rated = np.asarray(priv["ratings"], dtype=np.float64)[order][np.searchsorted(real[order], items[lab])]
+        level[lab] = _level(rated, rmin, step, n_levels)
+        pop = np.where(items < m, counts[np.minimum(items, m - 1)], 0.0) - lab
+        out.append({"party": party, "items": items, "labels": lab, "level": level, "pop": pop, "owner": index[party]})
+    q_items = np.concatenate([r["items"][r["labels"]] for r in out]) if out else np.zeros(0, np.int64)
+    q_owner = np.concatenate([np.full(int(r["labels"].sum()), r["owner"]) for r in out]) if out else q_items
+    glob, per_item = loo_rating_counts(population, q_items, q_owner, n_levels)
+    glob_guess, item_guess = np.argmax(glob, axis=1), np.argmax(per_item, axis=1)
+    bounds = np.cumsum([0] + [int(r["labels"].sum()) for r in out])
+    for j, r in enumerate(out):
+        r["global_guess"] = glob_guess[bounds[j] : bounds[j + 1]]
+        r["item_guess"] = item_guess[bounds[j] : bounds[j + 1]]
+    return out
+
+
+def _level(ratings: np.ndarray, rmin: float, step: float, n_levels: int) -> np.ndarray:
+    return np.clip(np.round((ratings - rmin) / step), 0, n_levels - 1).astype(np.int64)
 
 
 def _finite(rec: dict[str, Any], svd: bool) -> bool:

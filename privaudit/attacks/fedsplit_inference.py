@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from privaudit.attacks._generic import cross_fit, ratio
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.errors import PrivauditError
 from privaudit.metrics import mean_ci95
@@ -53,7 +54,7 @@ from privaudit.models.cnmf import fit_row_factors
 from privaudit.params import Param
 from privaudit.protocols.fedsplit import cnmf_from_config
 from privaudit.registry import register_attack
-from privaudit.results import MetricSpec
+from privaudit.results import MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
 
 __all__ = ["FedSplitInference", "AUX_FRACTIONS"]
@@ -236,10 +237,12 @@ class FedSplitInference(Attack):
     def _rating_range(self, transcript: Transcript) -> tuple[float, float]:
         return float(transcript.config.get("rating_min", 1.0)), float(transcript.config.get("rating_max", 5.0))
 
-    def _score(self, transcript: Transcript, predict) -> dict[str, float]:
+    def _parts(self, transcript: Transcript, predict) -> tuple[list[str], dict[str, np.ndarray]]:
+        """Scored groups and their parts: ``relative_error`` (eq. 4), ``unknown`` (1 when the
+        group has entries the adversary was not given), ``relative_error_unknown`` (0 without),
+        ``hits`` (exact rounded ratings) and ``ratings`` (non-zeros)."""
         lo, hi = self._rating_range(transcript)
-        errs, errs_unknown = [], []
-        hits = total = 0
+        parties, rows = [], []
         for party in transcript.parties:
             if not party.startswith("client:") or not transcript.private(party):
                 continue
@@ -252,13 +255,19 @@ class FedSplitInference(Attack):
             pred, known = out
             pred = np.clip(pred, lo, hi)
             sq = (ratings - pred) ** 2
-            errs.append(float(sq.sum() / np.sum(ratings**2)))  # eq. 4 on the non-zeros
             unknown = ~known
-            if unknown.any():
-                errs_unknown.append(float(sq[unknown].sum() / np.sum(ratings[unknown] ** 2)))
-            hits += int(np.sum(np.round(pred) == ratings))
-            total += ratings.size
-        if not errs:
+            err_unknown = float(sq[unknown].sum() / np.sum(ratings[unknown] ** 2)) if unknown.any() else 0.0
+            hits = float(np.sum(np.round(pred) == ratings))
+            parties.append(party)
+            rows.append((float(sq.sum() / np.sum(ratings**2)), float(unknown.any()), err_unknown, hits, ratings.size))
+        keys = ("relative_error", "unknown", "relative_error_unknown", "hits", "ratings")
+        table = np.asarray(rows, dtype=float).reshape(len(rows), len(keys))
+        return parties, {k: table[:, j] for j, k in enumerate(keys)}
+
+    @staticmethod
+    def _values(parts: dict[str, np.ndarray]) -> dict[str, float]:
+        errs = parts["relative_error"]
+        if not errs.size:
             nan = float("nan")
             return {
                 "relative_error": nan,
@@ -267,16 +276,34 @@ class FedSplitInference(Attack):
                 "rating_accuracy": nan,
                 "n_groups": 0.0,
             }
-        mean, ci = mean_ci95(errs)
+        mean, ci = mean_ci95(errs.tolist())
         return {
             "relative_error": mean,
             "relative_error_ci95": ci,
-            "relative_error_unknown": mean_ci95(errs_unknown)[0] if errs_unknown else float("nan"),
-            "rating_accuracy": hits / total,
-            "n_groups": float(len(errs)),
+            "relative_error_unknown": ratio(parts["relative_error_unknown"], parts["unknown"]),
+            "rating_accuracy": ratio(parts["hits"], parts["ratings"]),
+            "n_groups": float(errs.size),
         }
 
-    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+    def _score(self, transcript: Transcript, predict) -> dict[str, float]:
+        return self._values(self._parts(transcript, predict)[1])
+
+    @staticmethod
+    def _table(parties: list[str], parts: dict[str, np.ndarray], prior: dict[str, np.ndarray]) -> VictimTable:
+        ones = np.ones(len(parties))
+        weight = {
+            "relative_error": ones,
+            "relative_error_unknown": parts["unknown"],
+            "rating_accuracy": parts["ratings"],
+        }
+        num = {"relative_error": "relative_error", "relative_error_unknown": "relative_error_unknown"}
+        num["rating_accuracy"] = "hits"
+        return VictimTable(
+            parties, weight, {m: parts[k] for m, k in num.items()}, {m: prior[k] for m, k in num.items()}
+        )
+
+    @staticmethod
+    def _predictor(reconstruction: Reconstruction):
         victims = reconstruction.victims
 
         def predict(party, users, items):
@@ -291,35 +318,69 @@ class FedSplitInference(Attack):
             )
             return est, v["known"]
 
-        return self._score(transcript, predict)
+        return predict
+
+    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+        return self._score(transcript, self._predictor(reconstruction))
+
+    def victim_table(
+        self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
+    ) -> VictimTable | None:
+        """Per group: its relative errors (weight 1: means over groups; the unknown one only
+        for groups with unknown entries) and its exact rounded ratings over its ratings."""
+        parties, parts = self._parts(transcript, self._predictor(reconstruction))
+        prior_parties, prior = self._prior_parts(transcript, knowledge)
+        if not parties:
+            return None
+        idx = np.array([prior_parties.index(p) for p in parties])
+        return self._table(parties, parts, {k: v[idx] for k, v in prior.items()})
 
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
         """The adversary with its auxiliary ratings but without any group's upload.
 
-        Known entries are predicted exactly; every other entry by a bias model fitted on the
-        known ratings of the group: ``mean + b_user + b_item`` (biases shrunk towards 0 by
-        ``SHRINK`` pseudo-ratings), the grand mean of the known ratings when none is known it
-        falls back to the rating midpoint. Clipped to the rating range.
+        Known entries are predicted exactly; every other entry by the better (lower relative
+        error on held-out halves of the groups, :func:`~privaudit.attacks._generic.cross_fit`)
+        of a bias model fitted on the known ratings of the group, ``mean + b_user + b_item``
+        (biases shrunk towards 0 by ``SHRINK`` pseudo-ratings), and the grand mean of the known
+        ratings; the rating midpoint when none is known. Clipped to the rating range.
         """
+        return self._values(self._prior_parts(transcript, knowledge)[1])
+
+    def _prior_parts(self, transcript: Transcript, knowledge: dict[str, Any]):
         lo, hi = self._rating_range(transcript)
         groups = knowledge.get("groups", {})
 
-        def predict(party, users, items):
-            g = groups.get(party)
-            known = np.asarray(g["known"], dtype=bool) if g is not None else np.zeros(items.size, dtype=bool)
-            if g is None or not known.any():
-                return np.full(items.size, (lo + hi) / 2.0), known
-            ku, ki, kr = (np.asarray(g[k]) for k in ("users", "items", "ratings"))  # the granted entries
-            mean = float(np.mean(kr))
-            nu, ni = int(users.max()) + 1, int(items.max()) + 1
-            bu = np.bincount(ku, weights=kr - mean, minlength=nu) / (np.bincount(ku, minlength=nu) + SHRINK)
-            ri = kr - mean - bu[ku]
-            bi = np.bincount(ki, weights=ri, minlength=ni) / (np.bincount(ki, minlength=ni) + SHRINK)
-            pred = mean + bu[users] + bi[items]
-            pred[known] = kr
-            return pred, known
+        def predictor(shrink: float | None):
+            def predict(party, users, items):
+                g = groups.get(party)
+                known = np.asarray(g["known"], dtype=bool) if g is not None else np.zeros(items.size, dtype=bool)
+                if g is None or not known.any():
+                    return np.full(items.size, (lo + hi) / 2.0), known
+                ku, ki, kr = (np.asarray(g[k]) for k in ("users", "items", "ratings"))  # the granted entries
+                mean = float(np.mean(kr))
+                pred = np.full(items.size, mean)
+                if shrink is not None:
+                    nu, ni = int(users.max()) + 1, int(items.max()) + 1
+                    bu = np.bincount(ku, weights=kr - mean, minlength=nu) / (np.bincount(ku, minlength=nu) + shrink)
+                    ri = kr - mean - bu[ku]
+                    bi = np.bincount(ki, weights=ri, minlength=ni) / (np.bincount(ki, minlength=ni) + shrink)
+                    pred = mean + bu[users] + bi[items]
+                pred[known] = kr
+                return pred, known
 
-        return self._score(transcript, predict)
+            return predict
+
+        library = {
+            name: self._parts(transcript, predictor(shrink))
+            for name, shrink in (("bias model", SHRINK), ("grand mean", None))
+        }
+        parties = library["bias model"][0]
+        if not parties:
+            return parties, library["bias model"][1]
+        num, _ = cross_fit(
+            {name: parts for name, (_, parts) in library.items()}, "relative_error", np.ones(len(parties)), False
+        )
+        return parties, num
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         """The adversary without H: mu^Global + b_H^g for every entry (same metrics)."""

@@ -32,7 +32,7 @@ from privaudit.attacks._generic import (
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.errors import PrivauditError
 from privaudit.registry import register_attack
-from privaudit.results import Decisions, MetricSpec
+from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
 
 
@@ -142,20 +142,61 @@ class GenericAttributeInference(Attack):
             victims[parties[i]] = {"attributes": pred, "scores": probs[row]}
         return Reconstruction(self.name, self.party, victims, meta={"aux": len(train), "targets": len(targets)})
 
-    def _score_rows(self, transcript: Transcript, preds: dict[str, np.ndarray]) -> dict[str, float]:
+    def _correct(self, transcript: Transcript, preds: dict[str, np.ndarray]):
+        """(parties with truth, group names, (n, n_groups) bool: category inferred)."""
         parties, truth = _labels(transcript, list(preds))
         if not parties:
-            return {"accuracy": float("nan"), "targets": 0.0}
+            return [], [], np.zeros((0, 0), dtype=bool)
         P = np.stack([preds[p][: truth.shape[1]] for p in parties])
         groups = attribute_groups(list(transcript.config.get("attribute_names", [])), truth.shape[1])
-        per_group = {
-            g: float(np.mean(np.argmax(P[:, cols], axis=1) == np.argmax(truth[:, cols], axis=1)))
-            for g, cols in groups.items()
+        hit = np.stack(
+            [np.argmax(P[:, cols], axis=1) == np.argmax(truth[:, cols], axis=1) for cols in groups.values()], axis=1
+        )
+        return parties, list(groups), hit
+
+    def _table_parts(self, hit: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
+        """Per target: the share of its groups inferred (``accuracy``) and each reported group's hit."""
+        out = {
+            f"accuracy_{g}": hit[:, j].astype(float)
+            for j, g in enumerate(names)
+            if f"accuracy_{g}" in self.metric_specs
         }
-        out = {f"accuracy_{g}": v for g, v in per_group.items() if f"accuracy_{g}" in self.metric_specs}
-        out["accuracy"] = float(np.mean(list(per_group.values())))
+        out["accuracy"] = hit.mean(axis=1)
+        return out
+
+    def _score_rows(self, transcript: Transcript, preds: dict[str, np.ndarray]) -> dict[str, float]:
+        parties, names, hit = self._correct(transcript, preds)
+        if not parties:
+            return {"accuracy": float("nan"), "targets": 0.0}
+        out = {k: float(v.mean()) for k, v in self._table_parts(hit, names).items()}
         out["targets"] = float(len(parties))
         return out
+
+    def _majority(self, knowledge: dict[str, Any], transcript: Transcript) -> np.ndarray | None:
+        """Per attribute group, the auxiliary set's most frequent category (one-hot row)."""
+        aux: dict[str, np.ndarray] = knowledge.get("aux", {})
+        if not aux:
+            return None
+        Y = np.stack(list(aux.values()))
+        majority = np.zeros(Y.shape[1])
+        for cols in attribute_groups(list(transcript.config.get("attribute_names", [])), Y.shape[1]).values():
+            majority[cols[np.argmax(Y[:, cols].sum(axis=0))]] = 1.0
+        return majority
+
+    def victim_table(
+        self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
+    ) -> VictimTable | None:
+        """Per target: 1/0 per reported attribute group and the share of its groups inferred
+        (weight 1: every metric is a mean over targets)."""
+        majority = self._majority(knowledge, transcript)
+        parties, names, hit = self._correct(transcript, {p: r["attributes"] for p, r in reconstruction.victims.items()})
+        if not parties or majority is None:
+            return None
+        _, _, prior_hit = self._correct(transcript, {p: majority for p in parties})
+        attack = self._table_parts(hit, names)
+        return VictimTable(
+            parties, {k: np.ones(len(parties)) for k in attack}, attack, self._table_parts(prior_hit, names)
+        )
 
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
         out = self._score_rows(transcript, {p: r["attributes"] for p, r in reconstruction.victims.items()})
@@ -174,16 +215,14 @@ class GenericAttributeInference(Attack):
         return out
 
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
-        aux: dict[str, np.ndarray] = knowledge.get("aux", {})
-        parties = [p for p in self._clients(transcript) if p not in aux]
-        if not aux:
+        """Per attribute group, the auxiliary set's majority category for every target. The
+        auxiliary clients are the attacker's knowledge and never targets, so the choice is
+        already made on held-out clients; among constant guesses it is the best per group."""
+        majority = self._majority(knowledge, transcript)
+        if majority is None:
             return self.baseline(transcript)
-        Y = np.stack(list(aux.values()))
-        groups = attribute_groups(list(transcript.config.get("attribute_names", [])), Y.shape[1])
-        majority = np.zeros(Y.shape[1])
-        for cols in groups.values():
-            majority[cols[np.argmax(Y[:, cols].sum(axis=0))]] = 1.0
-        out = self._score_rows(transcript, {p: majority for p in parties})
+        aux = knowledge["aux"]
+        out = self._score_rows(transcript, {p: majority for p in self._clients(transcript) if p not in aux})
         out["aux"] = float(len(aux))
         return out
 
@@ -193,4 +232,5 @@ class GenericAttributeInference(Attack):
         if not parties:
             return {}
         scores = np.concatenate([reconstruction.victims[p]["scores"][: truth.shape[1]] for p in parties])
-        return {"attribute": Decisions(scores, truth.ravel() > 0.5, "attribute value held")}
+        groups = np.repeat(np.arange(len(parties)), truth.shape[1])
+        return {"attribute": Decisions(scores, truth.ravel() > 0.5, "attribute value held", groups=groups)}

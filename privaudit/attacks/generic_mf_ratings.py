@@ -19,7 +19,8 @@ reports its best guess without claiming it. It needs the public ``lr`` (and ``la
 Metrics over the uploaded items of clients with ground truth: ``accuracy`` (exact rating),
 ``rmse``, ``claimed`` (share of clients claimed) and ``accuracy_claimed`` (exact ratings
 among claimed clients). Random baseline: a uniform guess on the grid. Prior-only baseline:
-every rating guessed as the most frequent true rating (hindsight majority).
+the other clients' majority (mean for RMSE) rating, overall or of the item, whichever does
+better on held-out clients (:meth:`GenericMFRatings.prior_baseline`).
 """
 
 from __future__ import annotations
@@ -30,14 +31,18 @@ import numpy as np
 
 from privaudit.attacks._generic import (
     client_uploads,
+    cross_fit,
     defense_note,
+    loo_rating_counts,
+    rating_population,
+    ratio,
     scored_victims,
     uploaders,
 )
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.errors import PrivauditError
 from privaudit.registry import register_attack
-from privaudit.results import Decisions, MetricSpec
+from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
 
 _T_GRID = np.logspace(-4, 3, 2801)
@@ -156,22 +161,23 @@ class GenericMFRatings(Attack):
         grid = grid_of(view.config)
         victims: dict[str, dict[str, np.ndarray]] = {}
         for party, ups in client_uploads(view).items():
-            best = None
-            for up in ups:
-                if up.delta is None or up.sent is None or up.items.size < 2:
-                    continue
-                G = up.delta / lr + lam * up.sent
-                r, rank_res, grid_res = decode(G, up.sent, grid)
-                if best is None or grid_res < best[3]:
-                    best = (up.items, r, rank_res, grid_res)
-            if best is None:
+            decoded = []
+            for up in _usable(ups):
+                r, rank_res, grid_res = decode(up.delta / lr + lam * up.sent, up.sent, grid)
+                decoded.append((grid_res, rank_res, up.items, r))
+            if not decoded:
                 continue
-            items, r, rank_res, grid_res = best
+            decoded.sort(key=lambda d: d[0])  # every item from the closest-to-grid upload holding it
+            items = np.unique(np.concatenate([d[2] for d in decoded]))
+            raw = np.full(items.size, np.nan)
+            for _, _, its, r in reversed(decoded):
+                raw[np.searchsorted(items, its)] = r
+            grid_res, rank_res = decoded[0][:2]
             claimed = rank_res < self.rank_tol and grid_res < self.grid_tol
             victims[party] = {
                 "items": items,
-                "ratings": snap(r, grid),
-                "raw": r,
+                "ratings": snap(raw, grid),
+                "raw": raw,
                 "claimed": np.array([claimed]),
                 "residuals": np.array([rank_res, grid_res]),
             }
@@ -187,38 +193,85 @@ class GenericMFRatings(Attack):
         mask = np.array([i in lookup for i in items.tolist()], dtype=bool)
         return mask, np.array([lookup[i] for i in items[mask].tolist()])
 
-    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
-        hits, sq, n, claimed, hits_c, n_c = 0, 0.0, 0, 0, 0, 0
+    def _attack_parts(self, reconstruction: Reconstruction, transcript: Transcript):
+        """Victims, per-victim scored ratings (weight), exact hits, squared errors, claims."""
         parties = scored_victims(transcript, reconstruction.victims)
-        for p in parties:
+        n, hits, sq, claimed = (np.zeros(len(parties)) for _ in range(4))
+        for i, p in enumerate(parties):
             rec = reconstruction.victims[p]
             mask, truth = self._truth(transcript, p, rec["items"])
             pred = rec["ratings"][mask]
-            hits += int(np.sum(pred == truth))
-            sq += float(np.sum((pred - truth) ** 2))
-            n += truth.size
-            if bool(rec["claimed"][0]):
-                claimed += 1
-                hits_c += int(np.sum(pred == truth))
-                n_c += truth.size
+            n[i], hits[i], sq[i] = truth.size, np.sum(pred == truth), np.sum((pred - truth) ** 2)
+            claimed[i] = bool(rec["claimed"][0])
+        return parties, n, hits, sq, claimed
+
+    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+        parties, n, hits, sq, claimed = self._attack_parts(reconstruction, transcript)
         nan = float("nan")
         return {
-            "accuracy": hits / n if n else nan,
-            "rmse": float(np.sqrt(sq / n)) if n else nan,
-            "claimed": claimed / len(parties) if parties else nan,
-            "accuracy_claimed": hits_c / n_c if n_c else nan,
+            "accuracy": ratio(hits, n),
+            "rmse": ratio(sq, n, root=True),
+            "claimed": float(claimed.mean()) if parties else nan,
+            "accuracy_claimed": ratio(hits * claimed, n * claimed),
             "victims": float(len(parties)),
         }
 
-    def _all_truth(self, transcript: Transcript) -> np.ndarray:
-        senders = uploaders(transcript)
-        victims = scored_victims(transcript, senders)
-        vals = [np.asarray(transcript.private(p).get("ratings", np.zeros(0)), dtype=float) for p in victims]
-        return np.concatenate(vals) if vals else np.zeros(0)
+    def _prior_parts(self, transcript: Transcript):
+        """Victims, weight, and cross-fitted exact hits and squared errors of the majority (for
+        accuracy) and mean (for RMSE) of the other clients' ratings, overall or of the item."""
+        grid = grid_of(transcript.config)
+        step = grid[1] - grid[0] if grid.size > 1 else 1.0
+        population = rating_population(transcript, grid[0], step, grid.size)
+        owner = population[0]
+        records = {
+            p: np.unique(np.concatenate([u.items for u in _usable(ups)]) if _usable(ups) else np.zeros(0, int))
+            for p, ups in client_uploads(transcript.view(self.party)).items()
+        }
+        parties = [p for p in scored_victims(transcript, sorted(records)) if p in owner]
+        if not parties:
+            return [], np.zeros(0), {}
+        q_items, q_truth, q_owner, victim = [], [], [], []
+        for j, p in enumerate(parties):
+            mask, truth = self._truth(transcript, p, records[p])
+            q_items.append(records[p][mask])
+            q_truth.append(truth)
+            q_owner.append(np.full(truth.size, owner[p]))
+            victim.append(np.full(truth.size, j))
+        q_items, q_truth, q_owner, victim = (np.concatenate(x) for x in (q_items, q_truth, q_owner, victim))
+        glob, item = loo_rating_counts(population, q_items, q_owner, grid.size)
+        n = np.bincount(victim, minlength=len(parties)).astype(float)
+
+        def per_victim(x):
+            return np.bincount(victim, weights=x, minlength=len(parties))
+
+        def mean(c):
+            return c @ grid / np.maximum(c.sum(axis=1), 1.0)
+
+        acc, _ = cross_fit(
+            {
+                name: {"hits": per_victim(grid[np.argmax(c, axis=1)] == q_truth)}
+                for name, c in (("global majority", glob), ("per-item majority", item))
+            },
+            "hits",
+            n,
+        )
+        err, _ = cross_fit(
+            {
+                name: {"sq": per_victim((mean(c) - q_truth) ** 2)}
+                for name, c in (("global mean", glob), ("per-item mean", item))
+            },
+            "sq",
+            n,
+            higher_is_better=False,
+        )
+        return parties, n, {"accuracy": acc["hits"], "rmse": err["sq"]}
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         grid = grid_of(transcript.config)
-        truth = self._all_truth(transcript)
+        senders = uploaders(transcript)
+        victims = scored_victims(transcript, senders)
+        vals = [np.asarray(transcript.private(p).get("ratings", np.zeros(0)), dtype=float) for p in victims]
+        truth = np.concatenate(vals) if vals else np.zeros(0)
         if not truth.size:
             nan = float("nan")
             return {"accuracy": nan, "rmse": nan, "claimed": 0.0, "accuracy_claimed": nan, "victims": 0.0}
@@ -227,22 +280,60 @@ class GenericMFRatings(Attack):
         return {"accuracy": acc, "rmse": rmse, "claimed": 0.0, "accuracy_claimed": acc, "victims": 0.0}
 
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
-        truth = self._all_truth(transcript)
-        if not truth.size:
+        """Over the same (client, rated uploaded item) records: the best of the global and the
+        per-item majority of the other clients' ratings (accuracy), and of their global and
+        per-item mean (RMSE), each chosen on held-out halves of the clients
+        (:func:`~privaudit.attacks._generic.cross_fit`; counted in hindsight from the other
+        clients' private ratings). ``accuracy_claimed`` repeats the accuracy (no claims)."""
+        parties, n, num = self._prior_parts(transcript)
+        if not parties:
             return self.baseline(transcript)
-        _, counts = np.unique(truth, return_counts=True)
-        acc = float(counts.max() / truth.size)
-        rmse = float(np.sqrt(np.mean((truth - truth.mean()) ** 2)))
-        return {"accuracy": acc, "rmse": rmse, "claimed": 0.0, "accuracy_claimed": acc, "victims": 0.0}
+        acc = ratio(num["accuracy"], n)
+        return {
+            "accuracy": acc,
+            "rmse": ratio(num["rmse"], n, root=True),
+            "claimed": 0.0,
+            "accuracy_claimed": acc,
+            "victims": 0.0,
+        }
+
+    def victim_table(
+        self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
+    ) -> VictimTable | None:
+        """Per client: exact ratings and squared errors over its rated uploaded items
+        (``claimed`` and ``accuracy_claimed`` depend on the attack's claims and are left out)."""
+        parties, n, hits, sq, _ = self._attack_parts(reconstruction, transcript)
+        prior_parties, _, prior = self._prior_parts(transcript)
+        if not parties or not prior_parties:
+            return None
+        idx = np.array([prior_parties.index(p) for p in parties])
+        return VictimTable(
+            parties,
+            {"accuracy": n, "rmse": n},
+            {"accuracy": hits, "rmse": sq},
+            {m: v[idx] for m, v in prior.items()},
+            root=frozenset({"rmse"}),
+        )
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
-        """Per uploaded rated item: decoded rating as the score of "liked" (true rating >= 4)."""
-        scores, labels = [], []
-        for p in scored_victims(transcript, reconstruction.victims):
+        """Per uploaded rated item: decoded rating as the score of "liked" (true rating >= 4);
+        groups = the client."""
+        scores, labels, groups = [], [], []
+        for j, p in enumerate(scored_victims(transcript, reconstruction.victims)):
             rec = reconstruction.victims[p]
             mask, truth = self._truth(transcript, p, rec["items"])
             scores.append(np.nan_to_num(rec["raw"][mask], nan=0.0, posinf=1e9, neginf=-1e9))
             labels.append(truth >= 4)
+            groups.append(np.full(truth.size, j))
         if not scores:
             return {}
-        return {"liked": Decisions(np.concatenate(scores), np.concatenate(labels), "item rated 4 or more")}
+        return {
+            "liked": Decisions(
+                np.concatenate(scores), np.concatenate(labels), "item rated 4 or more", groups=np.concatenate(groups)
+            )
+        }
+
+
+def _usable(ups: list) -> list:
+    """The uploads a decode can use: known change, known sent rows, at least two items."""
+    return [u for u in ups if u.delta is not None and u.sent is not None and u.items.size >= 2]

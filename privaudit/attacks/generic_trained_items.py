@@ -9,9 +9,8 @@ the intersection removes them. Generalises ``ncf-update-leak`` to dense and row 
 
 Metrics (mean over clients with ground truth): ``precision``, ``recall``, ``f1`` of the
 predicted set against the client's private ``items``. Random baseline: every item with
-probability 1/2. Prior-only baseline: the client's k most popular items (popularity counted over
-all clients' private items, k its true count: a hindsight upper bound of any guess without the
-client's messages).
+probability 1/2. Prior-only baseline: the client's k items most trained by the other clients
+(hindsight counts), k chosen on held-out clients (:meth:`GenericTrainedItems.prior_baseline`).
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import numpy as np
 from privaudit.attacks._generic import (
     changed_items,
     client_uploads,
+    cross_fit,
     defense_note,
     n_items,
     scored_victims,
@@ -30,9 +30,10 @@ from privaudit.attacks._generic import (
     uploaders,
 )
 from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.attacks.ncf_update_leak import popularity_strategies
 from privaudit.errors import PrivauditError
 from privaudit.registry import register_attack
-from privaudit.results import Decisions, MetricSpec
+from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
 
 
@@ -113,18 +114,45 @@ class GenericTrainedItems(Attack):
             rows.append((prec, 0.5, 2 * prec * 0.5 / (prec + 0.5) if prec + 0.5 > 0 else 0.0))
         return mean_prf(rows)
 
+    def _prior(self, transcript: Transcript, parties: list[str]) -> dict[str, np.ndarray]:
+        """Per party (precision, recall, f1) of the popularity strategy chosen by F1 on held-out
+        halves of ``parties`` (:func:`~privaudit.attacks.ncf_update_leak.popularity_strategies`)."""
+        num, _ = cross_fit(popularity_strategies(transcript, parties, n_items(transcript)), "f1", np.ones(len(parties)))
+        return num
+
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
+        """Each client's k items most trained by the other clients (leave-one-out popularity,
+        hindsight), k = its own number of trained items (what its upload size reveals) or the
+        other clients' median, whichever has the better F1 on held-out halves of the clients."""
         parties = self._parties(transcript)
-        m = max(n_items(transcript), 1)
-        pop = np.zeros(m)
-        for p in scored_victims(transcript, [q for q in transcript.parties if q.startswith("client:")]):
-            items = truth_items(transcript, p)
-            pop[items[items < m]] += 1
-        order = np.argsort(-pop, kind="stable")
-        return mean_prf([prf(order[: truth_items(transcript, p).size], truth_items(transcript, p)) for p in parties])
+        if not parties:
+            return mean_prf([])
+        num = self._prior(transcript, parties)
+        has = np.array([truth_items(transcript, p).size > 0 for p in parties])
+        out = mean_prf(list(zip(num["precision"], np.where(has, num["recall"], np.nan), num["f1"])))
+        return out
+
+    def victim_table(
+        self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
+    ) -> VictimTable | None:
+        """Per client: precision, recall and F1 (each metric is a mean of per-client values)."""
+        parties = scored_victims(transcript, reconstruction.victims)
+        if not parties:
+            return None
+        rows = np.array([prf(reconstruction.victims[p]["items"], truth_items(transcript, p)) for p in parties])
+        has = ~np.isnan(rows[:, 1])
+        ones = np.ones(len(parties))
+        prior = self._prior(transcript, parties)
+        return VictimTable(
+            parties,
+            {"precision": ones, "recall": has.astype(float), "f1": ones},
+            {"precision": rows[:, 0], "recall": np.nan_to_num(rows[:, 1]), "f1": rows[:, 2]},
+            {k: prior[k] for k in ("precision", "recall", "f1")},
+        )
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
-        """Per (client, item): the share of the client's uploads in which the item's row changed."""
+        """Per (client, item): the share of the client's uploads in which the item's row
+        changed; groups = the client."""
         m = n_items(transcript)
         scores, labels = [], []
         for p in scored_victims(transcript, reconstruction.victims):
@@ -139,4 +167,5 @@ class GenericTrainedItems(Attack):
             labels.append(lab)
         if not scores:
             return {}
-        return {"trained": Decisions(np.concatenate(scores), np.concatenate(labels), "trained item")}
+        groups = np.repeat(np.arange(len(scores)), m)
+        return {"trained": Decisions(np.concatenate(scores), np.concatenate(labels), "trained item", groups=groups)}

@@ -15,7 +15,8 @@ mean is at least ``threshold``. One pair recovers positives and negatives alike
 
 Metrics: ``precision``, ``recall``, ``f1`` of the target's training positives (its ``private``
 message), ``pairs`` used and ``k`` (mean cohort size of the manipulated rounds: the nominal
-k-anonymity). Baseline: guessing every item with probability 1/2. Needs the ``cohort`` and
+k-anonymity). Baseline: guessing every item with probability 1/2; prior-only: the target's k
+items most rated by the other clients, k chosen on the other clients. Needs the ``cohort`` and
 ``aggregate`` messages of the manipulated rounds (``record_rounds`` >= 2R); the cohort pairs are
 found in the view, so a random-selection transcript makes the attack inapplicable.
 """
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from privaudit.attacks._generic import ratio
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.attacks.ncf_update_leak import (
     PRF_SPECS,
@@ -34,11 +36,11 @@ from privaudit.attacks.ncf_update_leak import (
     client_truth,
     guess_baseline,
     item_decisions,
-    popularity_baseline,
+    popularity_strategies,
 )
 from privaudit.params import Param
 from privaudit.registry import register_attack
-from privaudit.results import Decisions, MetricSpec
+from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
 
 
@@ -122,14 +124,51 @@ class NCFKAnonLinking(Attack):
         parties = [f"client:{target}"] if target >= 0 else []
         return guess_baseline(transcript, parties)
 
-    def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
-        """The target's guess from item popularity alone (:func:`popularity_baseline`, hindsight)."""
+    def _prior(self, transcript: Transcript) -> tuple[float, float] | None:
+        """The target's (precision, recall) under the popularity strategy with the best mean F1
+        over the other clients (:func:`popularity_strategies`: held out, the target excluded)."""
         target = int(transcript.config.get("target", -1))
-        out = popularity_baseline(transcript, [f"client:{target}"] if target >= 0 else [])
-        return {**out, "pairs": 0.0, "k": float("nan")}
+        if target < 0:
+            return None
+        party = f"client:{target}"
+        others = [q for q in transcript.parties if q.startswith("client:") and q != party]
+        held_out = popularity_strategies(transcript, others)
+        mine = popularity_strategies(transcript, [party])
+        best = max(mine, key=lambda s: ratio(held_out[s]["f1"], held_out[s]["scored"]) if others else 0.0)
+        return float(mine[best]["precision"][0]), float(mine[best]["recall"][0])
+
+    def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
+        """The target's guess from item popularity alone (:meth:`_prior`)."""
+        prior = self._prior(transcript)
+        if prior is None:
+            nan = float("nan")
+            return {"precision": nan, "recall": nan, "f1": nan, "pairs": 0.0, "k": nan}
+        p, r = prior
+        return {"precision": p, "recall": r, "f1": _f1(p, r), "pairs": 0.0, "k": float("nan")}
+
+    def victim_table(
+        self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
+    ) -> VictimTable | None:
+        """The one target's precision and recall (weight 1; F1 left out). One victim: a
+        bootstrap over victims has nothing to resample, the table only carries the numbers."""
+        ((party, rec),) = reconstruction.victims.items()
+        prior = self._prior(transcript)
+        if prior is None:
+            return None
+        p, r = _prf(rec["items"], client_truth(transcript, party))
+        scored = float(client_truth(transcript, party).size > 0)
+        return VictimTable(
+            [party],
+            {"precision": [1.0], "recall": [scored]},
+            {"precision": [p], "recall": [r if scored else 0.0]},
+            {"precision": [prior[0]], "recall": [prior[1]]},
+        )
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
         """Per item: the mean count difference of the round pairs, truth = the target's positive."""
         return item_decisions(
-            {p: rec["score"] for p, rec in reconstruction.victims.items()}, transcript, "target's training positive"
+            {p: rec["score"] for p, rec in reconstruction.victims.items()},
+            transcript,
+            "target's training positive",
+            list(reconstruction.victims),
         )

@@ -14,7 +14,8 @@ Metrics (mean over the clients with at least r recorded uploads; ground truth = 
 ``private`` training positives): ``precision``, ``recall``, ``f1`` for r = ``rounds``
 (-1: all recorded uploads of the client) and ``precision_r<j>`` / ``recall_r<j>`` for
 j = 1..``table_rounds``. Baseline: guessing every item with probability 1/2 (precision =
-|positives| / m, recall 1/2). Under ``secagg`` the uploads are masked and the attack does not
+|positives| / m, recall 1/2). Prior-only baseline: the k items most rated by the other clients
+(:func:`popularity_strategies`, k chosen on held-out clients). Under ``secagg`` the uploads are masked and the attack does not
 apply; under ``dp-sgd`` every row is noised and uploaded, so precision falls to |positives| / m.
 """
 
@@ -24,10 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from privaudit.attacks._generic import cross_fit, ratio
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.params import Param
 from privaudit.registry import register_attack
-from privaudit.results import Decisions, MetricSpec
+from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
 
 
@@ -54,41 +56,67 @@ def guess_baseline(transcript: Transcript, parties: list[str]) -> dict[str, floa
     return {"precision": p, "recall": 0.5, "f1": _f1(p, 0.5)}
 
 
-def popularity_baseline(transcript: Transcript, parties: list[str]) -> dict[str, float]:
-    """Guess for every client the k most popular items, k = the median number of positives.
+def popularity_strategies(
+    transcript: Transcript, parties: list[str], n_items: int | None = None
+) -> dict[str, dict[str, np.ndarray]]:
+    """Per party, precision, recall and F1 of the message-free guesses "the k items most
+    rated by the other clients" (leave-one-out popularity, counted in hindsight from their
+    positives: an upper bound of public popularity data) for two k:
 
-    Popularity and k are computed in hindsight from every client's true positives (an upper
-    bound of what public popularity statistics give an attacker who sees no upload).
-    Precision, recall and F1 averaged over ``parties`` like the attack's.
+    - ``popularity top-k, own k``: k = the party's number of positives (what the size of any
+      upload reveals: (1 + negatives) x positives, negatives public);
+    - ``popularity top-k, median k``: k = the median number of positives of the other clients.
+
+    Returns strategy -> {"precision", "recall", "f1", "scored"} arrays of shape (len(parties),)
+    (recall 0 and ``scored`` 0 for a party without positives). ``n_items`` defaults to the
+    public ``n_items``.
     """
-    m = int(transcript.config.get("n_items", 0))
+    m = n_items or int(transcript.config.get("n_items", 0)) or 1
     everyone = [p for p in transcript.parties if p.startswith("client:")]
-    truths = [client_truth(transcript, p) for p in everyone]
-    nan = float("nan")
-    if not m or not parties or not any(t.size for t in truths):
-        return {"precision": nan, "recall": nan, "f1": nan}
-    counts = np.bincount(np.concatenate(truths), minlength=m)
-    k = max(1, int(np.median([t.size for t in truths if t.size])))
-    guess = np.argsort(-counts, kind="stable")[:k]
-    ps, rs = zip(*(_prf(guess, client_truth(transcript, p)) for p in parties))
-    p, r = float(np.mean(ps)), float(np.nanmean(rs))
-    return {"precision": p, "recall": r, "f1": _f1(p, r)}
+    truths = {p: client_truth(transcript, p) for p in set(everyone) | set(parties)}
+    counts = np.zeros(m)
+    for p in everyone:
+        counts += np.bincount(truths[p][truths[p] < m], minlength=m)[:m]
+    sizes = {p: truths[p].size for p in everyone}
+    out: dict[str, dict[str, list[float]]] = {}
+    for party in parties:
+        truth = truths[party]
+        own = np.zeros(m)
+        if party in sizes:
+            own[truth[truth < m]] = 1.0
+        order = np.argsort(-(counts - own), kind="stable")
+        others = [n for q, n in sizes.items() if q != party and n]
+        for name, k in (
+            ("popularity top-k, own k", truth.size),
+            ("popularity top-k, median k", int(np.median(others)) if others else 0),
+        ):
+            p, r = _prf(order[: max(k, 0)], truth)
+            row = out.setdefault(name, {"precision": [], "recall": [], "f1": [], "scored": []})
+            row["precision"].append(p)
+            row["recall"].append(0.0 if np.isnan(r) else r)
+            row["f1"].append(0.0 if np.isnan(r) else _f1(p, r))
+            row["scored"].append(float(truth.size > 0))
+    return {name: {k: np.asarray(v, dtype=float) for k, v in row.items()} for name, row in out.items()}
 
 
-def item_decisions(party_scores: dict[str, np.ndarray], transcript: Transcript, positive: str) -> dict[str, Decisions]:
-    """One record per (victim, item): the attack's item score (m,) and whether it is a positive."""
+def item_decisions(
+    party_scores: dict[str, np.ndarray], transcript: Transcript, positive: str, victims: list[str]
+) -> dict[str, Decisions]:
+    """One record per (victim, item): the attack's item score (m,) and whether it is a positive;
+    ``groups`` = the victim's index in ``victims``."""
     m = int(transcript.config.get("n_items", 0))
-    labels, scores = [], []
+    labels, scores, groups = [], [], []
     for party, sc in party_scores.items():
         truth = client_truth(transcript, party)
         labels.append(np.isin(np.arange(m), truth))
         scores.append(np.asarray(sc, dtype=np.float64)[:m])
+        groups.append(np.full(m, victims.index(party), dtype=np.int64))
     if not labels:
         return {}
     y = np.concatenate(labels)
     if y.all() or not y.any():
         return {}
-    return {"positive": Decisions(np.concatenate(scores), y, positive=positive)}
+    return {"positive": Decisions(np.concatenate(scores), y, positive=positive, groups=np.concatenate(groups))}
 
 
 PRF_SPECS = {
@@ -146,38 +174,87 @@ class NCFUpdateLeak(Attack):
             victims[party] = out
         return Reconstruction(self.name, self.party, victims, meta={"clients": len(victims)})
 
+    def _keys(self, uploads: int) -> list[str]:
+        """The reconstruction keys a client with ``uploads`` recorded uploads gets (:meth:`run`)."""
+        r = uploads if self.rounds == -1 else self.rounds
+        keys = ["items"] if uploads >= r else []
+        return keys + [f"items_r{j}" for j in range(1, self.table_rounds + 1) if uploads >= j]
+
+    def _metric(self, key: str, kind: str) -> str:
+        return kind if key == "items" else f"{kind}_{key.split('_')[1]}"
+
+    def _weights(self, transcript: Transcript, keys: dict[str, list[str]]) -> dict[str, np.ndarray]:
+        """Per victim, 1 where it counts in a metric's mean (recall: only with positives)."""
+        has = {p: client_truth(transcript, p).size > 0 for p in keys}
+        weight = {}
+        for key in ["items"] + [f"items_r{j}" for j in range(1, self.table_rounds + 1)]:
+            weight[self._metric(key, "precision")] = np.array([key in ks for ks in keys.values()], dtype=float)
+            weight[self._metric(key, "recall")] = np.array(
+                [key in ks and has[p] for p, ks in keys.items()], dtype=float
+            )
+        return weight
+
+    def _attack_parts(self, reconstruction: Reconstruction, transcript: Transcript):
+        keys = {p: [k for k in rec if k.startswith("items")] for p, rec in reconstruction.victims.items()}
+        weight = self._weights(transcript, keys)
+        num = {name: np.zeros(len(keys)) for name in weight}
+        for i, (party, rec) in enumerate(reconstruction.victims.items()):
+            truth = client_truth(transcript, party)
+            for key in keys[party]:
+                p, r = _prf(rec[key], truth)
+                num[self._metric(key, "precision")][i] = p
+                num[self._metric(key, "recall")][i] = 0.0 if np.isnan(r) else r
+        return list(keys), weight, num
+
+    def _prior_parts(self, transcript: Transcript):
+        """Victims, weights and cross-fitted numerators of the popularity prior (chosen by F1)."""
+        view = transcript.view(self.party)
+        counts: dict[str, int] = {}
+        for m in view.select("item_update"):
+            counts[m.sender] = counts.get(m.sender, 0) + 1
+        keys = {p: self._keys(n) for p, n in counts.items()}
+        weight = self._weights(transcript, keys)
+        strategies = popularity_strategies(transcript, list(keys))
+        if not keys:
+            return [], weight, {name: np.zeros(0) for name in weight}
+        best, _ = cross_fit(strategies, "f1", next(iter(strategies.values()))["scored"])
+        num = {name: best["precision" if name.startswith("precision") else "recall"] for name in weight}
+        return list(keys), weight, num
+
+    def _values(self, weight: dict[str, np.ndarray], num: dict[str, np.ndarray]) -> dict[str, float]:
+        out = {name: ratio(num[name], weight[name]) for name in weight}
+        scored = bool(weight["precision"].sum())
+        out["f1"] = _f1(out["precision"], out["recall"]) if scored else float("nan")
+        out["victims"] = float(weight["precision"].sum())
+        return out
+
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        keys = ["items"] + [f"items_r{j}" for j in range(1, self.table_rounds + 1)]
-        for key in keys:
-            ps, rs = [], []
-            for party, rec in reconstruction.victims.items():
-                if key in rec:
-                    p, r = _prf(rec[key], client_truth(transcript, party))
-                    ps.append(p)
-                    rs.append(r)
-            suffix = "" if key == "items" else "_" + key.split("_")[1]
-            p = float(np.mean(ps)) if ps else float("nan")
-            r = float(np.nanmean(rs)) if rs else float("nan")
-            metrics[f"precision{suffix}"] = p
-            metrics[f"recall{suffix}"] = r
-            if key == "items":
-                metrics["f1"] = _f1(p, r) if ps else float("nan")
-                metrics["victims"] = float(len(ps))
-        return metrics
+        _, weight, num = self._attack_parts(reconstruction, transcript)
+        return self._values(weight, num)
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         parties = sorted({m.sender for m in transcript.select("item_update")})
         return guess_baseline(transcript, parties)
 
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
-        """The k most popular items for every client (:func:`popularity_baseline`, hindsight)."""
-        parties = sorted({m.sender for m in transcript.select("item_update")})
-        out = popularity_baseline(transcript, parties)
-        for j in range(1, self.table_rounds + 1):
-            out[f"precision_r{j}"], out[f"recall_r{j}"] = out["precision"], out["recall"]
-        out["victims"] = float(len(parties))
-        return out
+        """The best of :func:`popularity_strategies`, chosen by F1 on held-out halves of the
+        clients (:func:`~privaudit.attacks._generic.cross_fit`), averaged over the same clients
+        as every metric of :meth:`score` (precision and recall as the mean of per-client values,
+        F1 of those means)."""
+        _, weight, num = self._prior_parts(transcript)
+        return self._values(weight, num)
+
+    def victim_table(
+        self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
+    ) -> VictimTable | None:
+        """Per client: its precision and recall (weight 1 where it counts in the mean); F1, a
+        function of the two means, is left out."""
+        victims, weight, num = self._attack_parts(reconstruction, transcript)
+        prior_victims, _, prior = self._prior_parts(transcript)
+        if not victims:
+            return None
+        idx = np.array([prior_victims.index(p) for p in victims])
+        return VictimTable(victims, weight, num, {name: v[idx] for name, v in prior.items()})
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
         """Per (client, item): the share of the client's first r uploads holding the item."""
@@ -188,7 +265,7 @@ class NCFUpdateLeak(Attack):
                 sc = np.zeros(m)
                 sc[rec["seen_items"]] = rec["seen_counts"] / max(int(rec["seen_counts"].max(initial=1)), 1)
                 scores[party] = sc
-        return item_decisions(scores, transcript, "training positive")
+        return item_decisions(scores, transcript, "training positive", list(reconstruction.victims))
 
 
 def _intersect(seq: list[np.ndarray]) -> np.ndarray:

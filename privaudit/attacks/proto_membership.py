@@ -35,7 +35,7 @@ from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.metrics import auc
 from privaudit.params import Param
 from privaudit.registry import register_attack
-from privaudit.results import Decisions, MetricSpec
+from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
 
 
@@ -144,36 +144,88 @@ class ProtoMembership(Attack):
             return self.unsupported("no silo's prototypes and candidates to test")
         return Reconstruction(self.name, self.party, victims, meta={"score": self.config["score"]})
 
-    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
-        aucs, labels_all, scores_all, dec_all = [], [], [], []
+    @staticmethod
+    def _scored(reconstruction: Reconstruction, transcript: Transcript):
+        """Per silo with members and non-members among its candidates: (party, candidate user
+        ids, truth, scores, decisions)."""
+        out = []
         for party, rec in reconstruction.victims.items():
             members = np.asarray(transcript.private(party).get("user_ids", np.zeros(0, dtype=np.int64)))
             y = np.isin(rec["user_ids"], members)
             if y.all() or not y.any():
                 continue
-            aucs.append(auc(y, rec["scores"]))
-            labels_all.append(y)
-            scores_all.append(np.asarray(rec["scores"]))
-            dec_all.append(np.asarray(rec["member"], dtype=bool))
-        if not aucs:
+            out.append(
+                (party, np.asarray(rec["user_ids"]), y, np.asarray(rec["scores"]), np.asarray(rec["member"], bool))
+            )
+        return out
+
+    def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+        silos = self._scored(reconstruction, transcript)
+        if not silos:
             return dict(self.baseline(transcript))
-        y = np.concatenate(labels_all)
-        d = np.concatenate(dec_all)
+        y = np.concatenate([s[2] for s in silos])
+        d = np.concatenate([s[4] for s in silos])
         tpr = float(d[y].mean())
         fpr = float(d[~y].mean())
         return {
-            "auc": float(np.mean(aucs)),
-            "auc_pooled": auc(y, np.concatenate(scores_all)),
+            "auc": float(np.mean([auc(s[2], s[3]) for s in silos])),
+            "auc_pooled": auc(y, np.concatenate([s[3] for s in silos])),
             "advantage": tpr - fpr,
             "tpr": tpr,
             "fpr": fpr,
         }
+
+    @staticmethod
+    def _users(reconstruction: Reconstruction) -> np.ndarray:
+        """Every candidate user id of every silo, sorted: the victims of :meth:`victim_table`."""
+        ids = [np.asarray(rec["user_ids"], dtype=np.int64) for rec in reconstruction.victims.values()]
+        return np.unique(np.concatenate(ids)) if ids else np.zeros(0, dtype=np.int64)
+
+    def _user_parts(self, silos, users: np.ndarray) -> dict[str, np.ndarray]:
+        """Per user: its member / non-member candidacies and how many were declared members."""
+        ids = np.searchsorted(users, np.concatenate([s[1] for s in silos]))
+        y = np.concatenate([s[2] for s in silos])
+        d = np.concatenate([s[4] for s in silos])
+        n = users.size
+        return {
+            "members": np.bincount(ids, weights=y, minlength=n),
+            "tp": np.bincount(ids, weights=y & d, minlength=n),
+            "outsiders": np.bincount(ids, weights=~y, minlength=n),
+            "fp": np.bincount(ids, weights=~y & d, minlength=n),
+        }
+
+    def victim_table(
+        self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
+    ) -> VictimTable | None:
+        """Per candidate user (``user:<id>``), over the silos that test it: ``tpr`` (declared
+        a member where it is one) and ``fpr`` (declared one where it is not). The users are the
+        unit that varies: they are drawn as candidates, while the silos are few and fixed; AUC
+        and advantage are not ratios of per-user sums and are left out. None when the prior
+        tests other silos than the attack (a silo with fewer than two calibration rows)."""
+        silos = self._scored(reconstruction, transcript)
+        prior = self._scored(self._prior_reconstruction(knowledge), transcript)
+        if not silos or [s[0] for s in silos] != [s[0] for s in prior]:
+            return None
+        users = self._users(reconstruction)
+        a, b = self._user_parts(silos, users), self._user_parts(prior, users)
+        return VictimTable(
+            [f"user:{u}" for u in users.tolist()],
+            {"tpr": a["members"], "fpr": a["outsiders"]},
+            {"tpr": a["tp"], "fpr": a["fp"]},
+            {"tpr": b["tp"], "fpr": b["fp"]},
+        )
 
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
         """The same decisions without the prototypes: a candidate unlike every known outsider is
         more likely a member (the silos' rows may differ in distribution). Score = the distance
         to the nearest calibration row (the attacker's own outside rows), threshold calibrated
         on the calibration rows' leave-one-out distances at the same FPR."""
+        prior = self._prior_reconstruction(knowledge)
+        if not prior.victims:
+            return dict(self.baseline(transcript))
+        return self.score(prior, transcript)
+
+    def _prior_reconstruction(self, knowledge: dict[str, Any]) -> Reconstruction:
         victims: dict[str, dict[str, np.ndarray]] = {}
         q = 1.0 - float(self.config["fpr"])
         for party, know in knowledge.get("silos", {}).items():
@@ -186,23 +238,24 @@ class ProtoMembership(Attack):
             np.fill_diagonal(d, np.inf)
             tau = float(np.quantile(d.min(axis=1), q))
             victims[party] = {"user_ids": np.asarray(know["user_ids"]), "scores": s, "member": s > tau}
-        if not victims:
-            return dict(self.baseline(transcript))
-        return self.score(Reconstruction(self.name, self.party, victims), transcript)
+        return Reconstruction(self.name, self.party, victims)
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
-        """Per candidate row and silo: the membership score, truth = member of the silo."""
-        labels, scores = [], []
+        """Per candidate row and silo: the membership score, truth = member of the silo;
+        groups = the candidate user (index into :meth:`victim_table`'s victims)."""
+        labels, scores, ids = [], [], []
         for party, rec in reconstruction.victims.items():
             members = np.asarray(transcript.private(party).get("user_ids", np.zeros(0, dtype=np.int64)))
             labels.append(np.isin(rec["user_ids"], members))
             scores.append(np.asarray(rec["scores"], dtype=np.float64))
+            ids.append(np.asarray(rec["user_ids"], dtype=np.int64))
         if not labels:
             return {}
         y = np.concatenate(labels)
         if y.all() or not y.any():
             return {}
-        return {"member": Decisions(np.concatenate(scores), y, positive="member row")}
+        groups = np.searchsorted(self._users(reconstruction), np.concatenate(ids))
+        return {"member": Decisions(np.concatenate(scores), y, positive="member row", groups=groups)}
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         return {

@@ -7,6 +7,9 @@ calls, for every active defense in order,
 
 - :meth:`Defense.on_client_data` before training (e.g. sampling adds virtual items),
 - :meth:`Defense.on_upload` on every batch of uploads (noise, encryption, masking),
+- :meth:`Defense.on_round` on all the messages a client sends in one round when a protocol
+  hands them over together (:meth:`~privaudit.protocols.base.Channel.send_round`; default: each
+  batch through :meth:`Defense.on_upload`), so that a DP defense clips them jointly,
 - :meth:`Defense.aggregate` when the receiver sums a batch (homomorphic or masked sums),
 - :meth:`Defense.on_download` on what the server sends back.
 
@@ -165,6 +168,8 @@ class Defense(Configurable):
     capabilities : frozenset[str]
         The seams the defense uses (:data:`CAPABILITIES`). Protocols ask for a capability, never
         for a defense's name; when a class declares none, the hooks it overrides give them.
+    privacy_claim : str | None
+        The DP guarantee in words (neighbour relation, sensitivity, coverage), for ``describe``.
     """
 
     kind_label = "defense"
@@ -172,6 +177,9 @@ class Defense(Configurable):
     default_grid: tuple = ()
     applies_to: tuple[str, ...] | None = None
     capabilities: frozenset[str] = frozenset()
+    #: what ``privaudit describe`` states of a DP defense's guarantee: neighbour relation,
+    #: sensitivity, what is and is not covered (None: the defense claims no DP guarantee)
+    privacy_claim: str | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -206,6 +214,11 @@ class Defense(Configurable):
         """Transform a batch of uploads before it leaves the clients (default: unchanged)."""
         return batch
 
+    def on_round(self, batches: list[UploadBatch], channel: ChannelContext) -> list[UploadBatch]:
+        """Transform all the batches of one round together (same senders, in the protocol's
+        order); default: each through :meth:`on_upload`."""
+        return [self.on_upload(b, channel) for b in batches]
+
     def aggregate(self, batch: UploadBatch, channel: ChannelContext, rows: int | None) -> dict[str, np.ndarray] | None:
         """Sum ``batch`` at the receiver, or ``None`` to leave it to the next defense / plain sum."""
         return None
@@ -214,8 +227,16 @@ class Defense(Configurable):
         """Transform what the server sends to clients (default: unchanged)."""
         return payload
 
-    def privacy_spent(self, rounds: int) -> dict[str, float] | None:
-        """Privacy loss of a client that took part in ``rounds`` rounds (``epsilon``, ``delta``), if known."""
+    def privacy_spent(self, rounds: int) -> dict[str, Any] | None:
+        """Privacy loss of a client that took part in ``rounds`` rounds, if known.
+
+        Keys: ``epsilon``, ``delta``, ``unit`` (what is protected, in words), ``accountant``; a DP
+        defense also states ``neighbour`` (``"rating"``: one rating value replaced, the rated-item
+        set fixed; ``"user"``: one user's whole data replaced, item set included),
+        ``item_set_covered`` (bool: whether which items a user rated is protected), ``releases``
+        (separately noised releases over the run), ``sensitivity`` and ``norm`` (``"l1"``/``"l2"``)
+        of one release under that neighbour relation.
+        """
         return None
 
     def hides_plaintext(self) -> bool:

@@ -1,18 +1,23 @@
-"""``dp-gaussian``: L2 clipping and the Gaussian mechanism, (epsilon, delta) by the PLD accountant.
+"""``dp-gaussian``: one joint L2 clip of what a client releases, the Gaussian mechanism, PLD accounting.
 
-In every round each uploaded float array is clipped like ``dp-laplace`` but in the L2 norm
-(``clip_per="row"``: every row to L2 norm <= C; ``"upload"``: one client's message as one
-vector), then i.i.d. N(0, (noise_multiplier x C)^2) noise is added to every float (the
-Gaussian mechanism for L2 sensitivity C). The total (epsilon, delta) over T rounds comes from
-``dp-accounting``'s PLD accountant (T self-compositions of the Gaussian mechanism; its RDP
-accountant below noise multiplier 0.25, where epsilon is in the hundreds per round) at the
-defense's ``delta`` (default 1e-5); ``epsilon_basic`` is T times the one-round epsilon at
-delta / T (basic composition of (epsilon, delta) rounds, same total delta).
+Everything a client sends in one round is clipped as in :mod:`privaudit.defenses.dp_laplace`
+but in the L2 norm: with ``clip_per="user"`` (default) one factor scales all the round's float
+arrays to joint L2 norm <= C, so two releases differ by at most the sensitivity Delta = 2C in
+L2 (one rating replaced; with ``dense=true`` one user's whole data, rated-item set included).
+I.i.d. N(0, (noise_multiplier x Delta)^2) noise is added to every float: ``noise_multiplier``
+is the ratio noise standard deviation / sensitivity of ``dp-accounting``'s Gaussian event.
+``clip_per="upload"`` / ``"row"`` and messages a protocol sends separately are separate
+releases, each of sensitivity 2C; the defense counts them (see ``dp-laplace``).
+
+The total (epsilon, delta) over the run's releases comes from ``dp-accounting``'s PLD
+accountant (releases self-compositions of the Gaussian mechanism; its RDP accountant below
+noise multiplier 0.25, where epsilon is in the hundreds per release) at the defense's
+``delta`` (default 1e-5); ``epsilon_basic`` is releases times the one-release epsilon at
+delta / releases (basic composition of (epsilon, delta) releases, same total delta).
 
 ``target_epsilon > 0`` calibrates ``noise_multiplier`` to a total epsilon at ``delta`` over
 the run (``rounds``, or the protocol's public round count at the first upload, as in
-:mod:`privaudit.defenses.dp_laplace`). The unit protected is one row (``clip_per="row"``) or
-one user's upload in every round.
+:mod:`privaudit.defenses.dp_laplace`; ``clip_per="user"`` only).
 """
 
 from __future__ import annotations
@@ -22,24 +27,25 @@ from typing import Any
 import numpy as np
 
 from privaudit.defenses import accounting
-from privaudit.defenses.dp_laplace import CLIP_PER, ClippedNoise
+from privaudit.defenses.dp_laplace import CLAIM, CLIP_PER_PARAM, DENSE_PARAM, ClippedNoise
 from privaudit.params import Param
 from privaudit.registry import register_defense
 
 
 @register_defense("dp-gaussian")
 class DPGaussian(ClippedNoise):
-    """L2-clip every upload (per row or per upload) to C and add N(0, (sigma C)^2) noise; PLD accounting."""
+    """Jointly L2-clip what a client releases in a round to C, add N(0, (sigma 2C)^2) noise; PLD over every release."""
 
     description = (
-        "(epsilon, delta)-DP Gaussian mechanism: L2 clipping to C, N(0, (noise_multiplier C)^2) noise, PLD accountant"
+        "(epsilon, delta)-DP Gaussian mechanism: joint L2 clip to C, sensitivity 2C, "
+        "N(0, (noise_multiplier 2C)^2) noise, PLD over every release"
     )
+    privacy_claim = CLAIM.format(norm="L2")
     parameters = (
-        Param("noise_multiplier", 1.0, "noise standard deviation / clipping norm (sigma)", gt=0),
-        Param("clip", 1.0, "L2 clipping norm C", gt=0),
-        Param(
-            "clip_per", "row", "'row' (each row / 1-D array) or 'upload' (one client's whole message)", choices=CLIP_PER
-        ),
+        Param("noise_multiplier", 1.0, "noise standard deviation / sensitivity 2C (sigma)", gt=0),
+        Param("clip", 1.0, "joint L2 clipping norm C (sensitivity 2C)", gt=0),
+        CLIP_PER_PARAM,
+        DENSE_PARAM,
         Param("delta", 1e-5, "delta of the reported (epsilon, delta)", gt=0, lt=1),
         Param(
             "target_epsilon",
@@ -58,8 +64,11 @@ class DPGaussian(ClippedNoise):
 
     @property
     def noise_std(self) -> float:
-        """Standard deviation of the added noise, noise_multiplier x C."""
-        return self.config["noise_multiplier"] * self.config["clip"]
+        """Standard deviation of the added noise, noise_multiplier x 2C."""
+        return self.config["noise_multiplier"] * self.sensitivity
+
+    def public_noise(self) -> dict[str, float]:
+        return {"noise_std": self.noise_std}
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return rng.normal(0.0, self.noise_std, size)
@@ -68,15 +77,20 @@ class DPGaussian(ClippedNoise):
         return accounting.gaussian_epsilon(value, rounds, self.config["delta"])
 
     def privacy_spent(self, rounds: int) -> dict[str, Any]:
-        """Total (epsilon, delta) over ``rounds`` rounds by the PLD accountant, with basic composition beside it."""
+        """Total (epsilon, delta) over every release by the PLD accountant, basic composition
+        beside it; plus the claim (:meth:`ClippedNoise.claim`)."""
         sigma, delta = self.config["noise_multiplier"], self.config["delta"]
-        rounds = max(int(rounds), 0)
-        per_round = accounting.gaussian_epsilon(sigma, 1, delta / max(rounds, 1)) if rounds else 0.0
+        claim = self.claim(rounds)
+        releases = claim["releases"]
+        per_release = accounting.gaussian_epsilon(sigma, 1, delta / max(releases, 1)) if releases else 0.0
         return {
-            "epsilon": accounting.gaussian_epsilon(sigma, rounds, delta),
+            "epsilon": accounting.gaussian_epsilon(sigma, releases, delta),
             "delta": delta,
-            "unit": "one rating row" if self.config["clip_per"] == "row" else "one user's upload",
+            "unit": claim.pop("unit"),
             "accountant": accounting.gaussian_accountant(sigma),
-            "epsilon_basic": rounds * per_round,
-            "epsilon_per_round": accounting.gaussian_epsilon(sigma, 1, delta),
+            "epsilon_basic": releases * per_release,
+            "epsilon_per_round": accounting.gaussian_epsilon(sigma, claim["releases_per_round"], delta),
+            "epsilon_per_release": accounting.gaussian_epsilon(sigma, 1, delta),
+            "noise_std": self.noise_std,
+            **claim,
         }

@@ -1,31 +1,55 @@
-"""``dp-laplace``: L1 clipping and Laplace noise, accounted by basic composition and PLD.
+"""``dp-laplace``: one joint L1 clip of what a client releases, Laplace noise, basic composition and PLD.
 
-In every round each uploaded float array (every entry named by :meth:`UploadBatch.float_keys`,
-e.g. ``grad_V.values`` and ``grad_P.values``) is clipped and noised:
+Neighbour relation and sensitivity
+----------------------------------
+With ``clip_per="user"`` (default) every float a client sends in one round -- every entry
+named by :meth:`UploadBatch.float_keys` of every message of the round, e.g. FedMVMF's
+``grad_V.values`` and ``grad_P.values``, which the protocol hands over together
+(:meth:`~privaudit.protocols.base.Channel.send_round`) -- is scaled by ONE factor so that their
+joint L1 norm is at most ``clip`` = C. Two such clipped releases differ by at most 2C in L1
+whatever the two inputs were, so replacing one rating, or one user's whole data, moves the
+release by at most the sensitivity Delta = 2C (changing one rating moves every row a FedMVMF
+client uploads through its u_u, so no smaller per-rating bound holds). Laplace(0, Delta /
+epsilon) noise on every float then makes each release epsilon-DP (Dwork & Roth, "The
+Algorithmic Foundations of Differential Privacy", 2014, Thm 3.6).
 
-- ``clip_per="row"`` (default): every row of a 2-D array (one item's gradient row, one
-  attribute row) and every 1-D array as a whole is scaled to L1 norm at most ``clip`` = C;
-- ``clip_per="upload"``: all floats of one client's upload (one message) form one vector,
-  scaled to L1 norm at most C;
+Which relation that is depends on the integer item ids, which are never noised:
 
-then i.i.d. Laplace(0, C / epsilon) noise is added to every float (the Laplace mechanism for
-L1 sensitivity C under add/remove neighbouring, Dwork & Roth 2014, Thm 3.6), with
-``epsilon`` the per-round budget.
+- ``dense=true``: item-row uploads (``items`` + rows) are expanded to all ``n_items`` rows of the
+  protocol's public config (zero rows where the client sent none; for FedMVMF ObsOnly the
+  gradient of an unrated item is zero, so the sum is unchanged before noise) and every row gets
+  noise: the rated-item set is hidden and the neighbour relation is ``user`` (one user's whole
+  data -- ratings, rated-item set, attributes -- replaced by any other);
+- otherwise the ids go out as sent: the relation is ``rating`` (one rating value replaced; in
+  fact any change of one user's ratings and attributes that keeps the rated-item set) and
+  ``item_set_covered`` is False, unless every item-row upload of the run covered all items
+  (FedMVMF InclUnc) or none was sent.
 
-Accounting (:meth:`DPLaplace.privacy_spent`, :mod:`privaudit.defenses.accounting`): over T
-rounds basic composition gives ``T * epsilon`` (delta 0, tight for pure DP); with ``delta > 0``
-the PLD accountant gives a smaller epsilon at that delta. With ``clip_per="row"`` the unit
-protected is one row (one rating's item-gradient row, or one attribute row) in every round;
-a client's whole upload of r rows composes to r * epsilon per round -- ``clip_per="upload"``
-protects one user's upload.
+Any other entry that is not noised (an integer count, a float outside the batch's
+``noisy_keys``) is listed in ``unnoised`` and also limits the relation to ``rating`` (e.g.
+FedSplit's per-group rating ``count``, which one rating replaced leaves unchanged).
 
-``target_epsilon > 0`` calibrates the per-round epsilon so that the total over the run (by the
-accountant in use) equals it. The run's round count is ``rounds`` if given, else the protocol's
-public ``epochs``/``rounds``/``global_rounds``/``n_rounds``, read from the transcript's public
-config at the first upload; the calibrated epsilon is then written into this defense's entry of
-that public config (what an attacker knows).
+Add/remove of a whole client is not hidden by local noise: the server sees who sends. A user
+"removed" while still sending (its data emptied) is a replacement: Delta = 2C again.
 
-Noise is drawn from the channel's simulation generator in one vectorized draw per batch.
+Releases and composition
+------------------------
+``clip_per="upload"`` clips each message on its own and ``clip_per="row"`` each row (and each
+1-D array) on its own; each such unit is then a separate release with its own Delta = 2C, and so
+is every message a protocol sends with :meth:`Channel.send` instead of ``send_round``. The
+defense counts the releases of every client in every round it sees (the most any client made
+in one round, times the rounds); :meth:`DPLaplace.privacy_spent` composes all of them: basic
+composition gives ``releases * epsilon`` (delta 0); with ``delta > 0`` the PLD accountant
+(:mod:`privaudit.defenses.accounting`) a smaller epsilon at that delta.
+
+``target_epsilon > 0`` calibrates the per-release epsilon so that the total over the run equals
+it (``clip_per="user"`` only; a run whose protocol sends a round's messages separately is
+stopped with an error). The run's round count is ``rounds`` if given, else the protocol's
+public ``epochs``/``rounds``/``global_rounds``/``n_rounds`` at the first upload; the calibrated
+value is written into this defense's entry of the public config (what an attacker knows),
+which also carries the noise scale.
+
+Noise is drawn from the channel's simulation generator in one vectorized draw per call.
 ``default_grid`` runs from the weakest to the strongest protection (large to small epsilon).
 """
 
@@ -43,11 +67,24 @@ from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_defense
 
-#: how a clip-then-noise defense clips: each row (or 1-D array), or a client's whole upload
-CLIP_PER = ("row", "upload")
+#: what one clip covers: everything a client sends in a round, one message, or one row
+CLIP_PER = ("user", "upload", "row")
 
 #: delta at which privacy_spent also reports the PLD epsilon when the defense's own delta is 0
 REFERENCE_DELTA = 1e-5
+
+#: ``unit`` of privacy_spent by neighbour relation
+UNITS = {
+    "user": "one user's data (ratings, rated-item set, attributes) replaced",
+    "rating": "one rating value replaced (rated-item set not covered)",
+}
+
+CLAIM = (
+    "{norm} clip of everything a client sends in a round to C (clip_per=user), sensitivity 2C "
+    "(replace one rating, or with dense=true one user's data including its rated-item set); "
+    "without dense=true the item ids go out unnoised (item set not covered); a client's "
+    "participation is visible (add/remove not covered); every separately clipped release is composed"
+)
 
 
 def clip_rows(arr: np.ndarray, clip: float, ord: int = 1) -> np.ndarray:
@@ -70,6 +107,18 @@ def clip_l1_rows(arr: np.ndarray, clip: float) -> np.ndarray:
     return clip_rows(arr, clip, 1)
 
 
+def joint_norm(arrays: list[np.ndarray], ord: int) -> float:
+    """L1 (``ord=1``) or L2 norm of the concatenation of ``arrays``."""
+    if ord == 1:
+        return float(sum(np.abs(a).sum() for a in arrays))
+    return math.sqrt(float(sum(np.sum(a * a) for a in arrays)))
+
+
+def _rows_of(a: np.ndarray) -> int:
+    """Separately clipped units of one array under ``clip_per="row"``."""
+    return 0 if a.size == 0 else (1 if a.ndim <= 1 else int(a.shape[0]))
+
+
 class ClippedNoise(Defense):
     """Shared machinery of the clip-then-noise DP defenses (subclasses: norm, noise, accounting)."""
 
@@ -83,50 +132,196 @@ class ClippedNoise(Defense):
     def validate(self) -> None:
         """Bounds and choices come from the declaration; a target epsilon with a known round
         count is calibrated at once (otherwise at the first upload)."""
+        self._start_run(None)
+        if self.config["target_epsilon"] and self.config["clip_per"] != "user":
+            raise PrivauditError(
+                f"defense {self.name!r}: target_epsilon needs clip_per=user (one release per round); "
+                f"with clip_per={self.config['clip_per']} the releases per round depend on the data"
+            )
         if self.config["target_epsilon"] and self.config["rounds"]:
             self.calibrate(self.config["rounds"])
 
-    def _clip_payload(self, payload: dict, keys: list[str]) -> dict:
-        out = dict(payload)
-        clip = self.config["clip"]
-        if self.config["clip_per"] == "row":
-            for key in keys:
-                out[key] = clip_rows(payload[key], clip, self.clip_ord)
-            return out
-        arrays = [np.asarray(payload[k], dtype=np.float64) for k in keys]
-        if self.clip_ord == 1:
-            total = sum(float(np.abs(a).sum()) for a in arrays)
-        else:
-            total = math.sqrt(sum(float(np.sum(a * a)) for a in arrays))
-        factor = min(1.0, clip / total) if total > 0 else 1.0
-        for key, a in zip(keys, arrays):
-            out[key] = a * factor
-        return out
+    def _start_run(self, run: int | None) -> None:
+        """Forget what an earlier run released (an instance reused for another transcript)."""
+        self._run = run
+        self._releases: dict[int, dict[str, int]] = {}  # round -> sender -> releases (last rounds)
+        self._max_releases = 0
+        self._sparse_items = False
+        self._unnoised: set[str] = set()  # names of entries other than item ids released exactly
+
+    # ------------------------------------------------------------------ claim
+    @property
+    def norm(self) -> str:
+        return "l1" if self.clip_ord == 1 else "l2"
+
+    @property
+    def sensitivity(self) -> float:
+        """L1 / L2 distance bound of two clipped releases (replace neighbours): 2C."""
+        return 2.0 * float(self.config["clip"])
+
+    @property
+    def releases_per_round(self) -> int:
+        """The most separately clipped releases any client made in one round (1 before any upload)."""
+        return max(self._max_releases, 1)
+
+    @property
+    def item_set_covered(self) -> bool:
+        """Whether the rated-item set is hidden: dense uploads, or no sparse item-row upload seen
+        (False before any upload unless dense)."""
+        if self.config["dense"]:
+            return True
+        return self._max_releases > 0 and not self._sparse_items
+
+    @property
+    def neighbour(self) -> str:
+        """``user`` when nothing a client sends escapes the noise (item ids hidden, no other exact
+        entry such as a count), else ``rating``."""
+        return "user" if self.item_set_covered and not self._unnoised else "rating"
+
+    def claim(self, rounds: int) -> dict[str, Any]:
+        """The neighbour relation, coverage and release count of ``privacy_spent``."""
+        per_round = self.releases_per_round
+        return {
+            "unit": UNITS[self.neighbour],
+            "neighbour": self.neighbour,
+            "item_set_covered": self.item_set_covered,
+            "releases": max(int(rounds), 0) * per_round,
+            "releases_per_round": per_round,
+            "sensitivity": self.sensitivity,
+            "norm": self.norm,
+            "unnoised": ", ".join(sorted(self._unnoised)),
+        }
+
+    def public_config(self) -> dict[str, Any]:
+        return {**super().public_config(), **self.public_noise()}
+
+    def public_noise(self) -> dict[str, float]:
+        """The noise parameter every party knows (recorded in the public config)."""
+        return {}
+
+    # ------------------------------------------------------------------ clip and noise
+    def dense_items(self, batch: UploadBatch, n_items: int) -> UploadBatch:
+        """Item-row payloads (``items`` + rows) expanded to all ``n_items`` rows, zeros elsewhere."""
+        full = np.arange(n_items, dtype=np.int64)
+        payloads = []
+        for p in batch.payloads:
+            if "items" not in p:
+                payloads.append(p)
+                continue
+            items = np.asarray(p["items"], dtype=np.int64)
+            if len(items) == n_items and np.array_equal(items, full):
+                payloads.append(p)
+                continue
+            if len(items) and (items.min() < 0 or items.max() >= n_items):
+                raise PrivauditError(f"defense {self.name!r}: an item id is outside the public n_items = {n_items}")
+            q = {"items": full}
+            for key, value in p.items():
+                v = np.asarray(value)
+                if key != "items" and v.ndim >= 1 and v.shape[0] == len(items):
+                    rows = np.zeros((n_items,) + v.shape[1:], dtype=np.result_type(v.dtype, np.float64))
+                    rows[items] = v
+                    q[key] = rows
+                elif key != "items":
+                    q[key] = value
+            payloads.append(q)
+        return dataclasses.replace(batch, payloads=payloads)
+
+    def clip(self, batches: list[UploadBatch]) -> tuple[list[UploadBatch], dict[str, int]]:
+        """``batches`` clipped before noise (float64 copies of the float entries), and the
+        number of separately clipped releases of every sender."""
+        C, per, ord = float(self.config["clip"]), self.config["clip_per"], self.clip_ord
+        out = [[dict(p) for p in b.payloads] for b in batches]
+        releases: dict[str, int] = {}
+        groups: dict[str, list[tuple[int, int, str]]] = {}  # clip unit -> (batch, payload, key)
+        for i, b in enumerate(batches):
+            for j, (sender, p) in enumerate(zip(b.senders, b.payloads)):
+                keys = b.float_keys(p)
+                if per == "row":
+                    for key in keys:
+                        out[i][j][key] = clip_rows(p[key], C, ord)
+                        releases[sender] = releases.get(sender, 0) + _rows_of(np.asarray(p[key]))
+                    continue
+                unit = sender if per == "user" else f"{i}\0{j}"
+                groups.setdefault(unit, []).extend((i, j, key) for key in keys)
+                if per == "upload" and keys:
+                    releases[sender] = releases.get(sender, 0) + 1
+                elif per == "user" and keys:
+                    releases[sender] = 1
+        for slots in groups.values():
+            arrays = [np.asarray(batches[i].payloads[j][k], dtype=np.float64) for i, j, k in slots]
+            total = joint_norm(arrays, ord)
+            factor = min(1.0, C / total) if total > 0 else 1.0
+            for (i, j, k), a in zip(slots, arrays):
+                out[i][j][k] = a * factor
+        return [dataclasses.replace(b, payloads=p) for b, p in zip(batches, out)], releases
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         raise NotImplementedError
 
     def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
+        return self.on_round([batch], channel)[0]
+
+    def on_round(self, batches: list[UploadBatch], channel: ChannelContext) -> list[UploadBatch]:
+        """Clip (jointly per client under ``clip_per="user"``), count the releases, add noise."""
         if self.config.get("target_epsilon"):
             self._calibrate_from(channel)
-        if not batch.payloads:
-            return batch
-        payloads = []
-        slots: list[tuple[int, str]] = []
-        for j, payload in enumerate(batch.payloads):
-            keys = batch.float_keys(payload)
-            payloads.append(self._clip_payload(payload, keys))
-            slots += [(j, k) for k in keys]
-        total = sum(np.asarray(payloads[j][k]).size for j, k in slots)
+        batches = [b for b in batches]
+        if not any(b.payloads for b in batches):
+            return batches
+        run = id(getattr(channel, "transcript", None))
+        if run != self._run:
+            self._start_run(run)
+        n_items = self._n_items(channel)
+        if self.config["dense"] and any("items" in p for b in batches for p in b.payloads):
+            if n_items is None:
+                raise PrivauditError(f"defense {self.name!r}: dense=true needs the protocol's public n_items")
+            batches = [self.dense_items(b, n_items) for b in batches]
+        self._note_items(batches, n_items)
+        batches, releases = self.clip(batches)
+        self._count(batches[0].round, releases)
+        if self.config.get("target_epsilon") and self._max_releases > 1:
+            raise PrivauditError(
+                f"defense {self.name!r}: a client made {self._max_releases} separately noised releases in "
+                f"one round (the protocol sends its messages separately); target_epsilon assumes one"
+            )
+        slots = [(i, j, k) for i, b in enumerate(batches) for j, p in enumerate(b.payloads) for k in b.float_keys(p)]
+        total = sum(np.asarray(batches[i].payloads[j][k]).size for i, j, k in slots)
         if total == 0:
-            return dataclasses.replace(batch, payloads=payloads)
+            return batches
         noise = self.draw(channel.rng, total)
         offset = 0
-        for j, key in slots:
-            arr = np.asarray(payloads[j][key], dtype=np.float64)
-            payloads[j][key] = arr + noise[offset : offset + arr.size].reshape(arr.shape)
+        for i, j, key in slots:
+            payload = batches[i].payloads[j]
+            arr = np.asarray(payload[key], dtype=np.float64)
+            payload[key] = arr + noise[offset : offset + arr.size].reshape(arr.shape)
             offset += arr.size
-        return dataclasses.replace(batch, payloads=payloads)
+        return batches
+
+    @staticmethod
+    def _n_items(channel: ChannelContext) -> int | None:
+        transcript = getattr(channel, "transcript", None)
+        n = (getattr(transcript, "config", None) or {}).get("n_items")
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+    def _note_items(self, batches: list[UploadBatch], n_items: int | None) -> None:
+        """Remember whether any item-row upload revealed a proper subset of the items, and the
+        entries other than item ids that go out without noise (e.g. integer counts)."""
+        for b in batches:
+            for p in b.payloads:
+                if not self._sparse_items and "items" in p and (n_items is None or len(p["items"]) != n_items):
+                    self._sparse_items = True
+                noised = set(b.float_keys(p))
+                self._unnoised.update(f"{b.kind}.{k}" for k in p if k != "items" and k not in noised)
+
+    def _count(self, round: int, releases: dict[str, int]) -> None:
+        """Add one call's releases to its round (several calls of a round add up)."""
+        seen = self._releases.setdefault(int(round), {})
+        for sender, n in releases.items():
+            seen[sender] = seen.get(sender, 0) + n
+        if seen:
+            self._max_releases = max(self._max_releases, max(seen.values()))
+        for r in [r for r in self._releases if r < int(round) - 1]:  # keep memory flat
+            del self._releases[r]
 
     # ------------------------------------------------------------------ target epsilon
     def total_epsilon(self, value: float, rounds: int) -> float:
@@ -150,26 +345,46 @@ class ClippedNoise(Defense):
             return
         public = channel.transcript.config
         rounds = int(self.config.get("rounds") or 0) or accounting.rounds_of(public)
-        before = {"name": self.name, **{k: v for k, v in self.config.items()}}
+        before = {"name": self.name, **self.public_config()}
         self.calibrate(rounds)
         for entry in public.get("defenses", []) or []:  # the public record an attacker reads
             if isinstance(entry, dict) and entry == before:
-                entry[self.calibrated] = self.config[self.calibrated]
+                entry.update(self.public_config())
                 break
+
+
+#: parameters shared by dp-laplace and dp-gaussian
+CLIP_PER_PARAM = Param(
+    "clip_per",
+    "user",
+    "what one clip to C covers: 'user' (everything a client sends in a round, one factor), "
+    "'upload' (each message) or 'row' (each row); each clipped unit is one release",
+    choices=CLIP_PER,
+)
+DENSE_PARAM = Param(
+    "dense",
+    False,
+    "expand item-row uploads to all n_items rows (zeros) before clip and noise, hiding the rated-item set",
+)
 
 
 @register_defense("dp-laplace")
 class DPLaplace(ClippedNoise):
-    """L1-clip every upload (per row or per upload) to C and add Laplace(C / epsilon) noise;
-    basic composition and PLD accounting."""
+    """Jointly L1-clip what a client releases in a round to C, add Laplace(2C / epsilon) noise;
+    basic composition and PLD over every release."""
 
-    description = "epsilon-DP Laplace mechanism: L1 clipping to C, Laplace(C/epsilon) noise, basic composition and PLD"
+    description = (
+        "epsilon-DP Laplace mechanism: joint L1 clip to C, sensitivity 2C, Laplace(2C/epsilon) noise, "
+        "every release composed (basic, PLD)"
+    )
+    privacy_claim = CLAIM.format(norm="L1")
     parameters = (
-        Param("epsilon", 1.0, "per-round privacy budget (pure epsilon-DP per clipped unit)", gt=0),
-        Param("clip", 1.0, "L1 clipping norm C (Laplace scale C / epsilon)", gt=0),
         Param(
-            "clip_per", "row", "'row' (each row / 1-D array) or 'upload' (one client's whole message)", choices=CLIP_PER
+            "epsilon", 1.0, "privacy budget of one release (pure epsilon-DP; one release per round by default)", gt=0
         ),
+        Param("clip", 1.0, "joint L1 clipping norm C (sensitivity 2C, Laplace scale 2C / epsilon)", gt=0),
+        CLIP_PER_PARAM,
+        DENSE_PARAM,
         Param(
             "delta",
             0.0,
@@ -186,8 +401,11 @@ class DPLaplace(ClippedNoise):
 
     @property
     def noise_scale(self) -> float:
-        """Laplace scale b = C / epsilon."""
-        return self.config["clip"] / self.config["epsilon"]
+        """Laplace scale b = sensitivity / epsilon = 2C / epsilon."""
+        return self.sensitivity / self.config["epsilon"]
+
+    def public_noise(self) -> dict[str, float]:
+        return {"noise_scale": self.noise_scale}
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return rng.laplace(0.0, self.noise_scale, size)
@@ -197,24 +415,30 @@ class DPLaplace(ClippedNoise):
 
     @property
     def unit(self) -> str:
-        return "one rating row" if self.config["clip_per"] == "row" else "one user's upload"
+        return UNITS[self.neighbour]
 
     def privacy_spent(self, rounds: int) -> dict[str, Any]:
-        """Total epsilon over ``rounds`` rounds: ``epsilon`` by the tightest accountant at this
-        defense's ``delta`` (basic composition when delta = 0), ``epsilon_basic`` = rounds x
-        epsilon, ``epsilon_pld`` the PLD epsilon at ``delta_pld`` (the defense's delta, or
-        :data:`REFERENCE_DELTA` when it is 0)."""
+        """Total epsilon over ``rounds`` rounds, every release composed: ``epsilon`` by the
+        tightest accountant at this defense's ``delta`` (basic composition when delta = 0),
+        ``epsilon_basic`` = releases x epsilon, ``epsilon_pld`` the PLD epsilon at ``delta_pld``
+        (the defense's delta, or :data:`REFERENCE_DELTA` when it is 0); plus the claim
+        (:meth:`ClippedNoise.claim`)."""
         eps, delta = self.config["epsilon"], self.config["delta"]
-        basic = float(rounds) * eps
+        claim = self.claim(rounds)
+        releases = claim["releases"]
+        basic = float(releases) * eps
         delta_pld = delta if delta > 0 else REFERENCE_DELTA
-        pld = accounting.laplace_epsilon(eps, rounds, delta_pld)
+        pld = accounting.laplace_epsilon(eps, releases, delta_pld)
         return {
             "epsilon": pld if delta > 0 else basic,
             "delta": delta,
-            "unit": self.unit,
+            "unit": claim.pop("unit"),
             "accountant": "pld" if delta > 0 else "basic",
             "epsilon_basic": basic,
-            "epsilon_per_round": eps,
+            "epsilon_per_round": eps * claim["releases_per_round"],
+            "epsilon_per_release": eps,
             "epsilon_pld": pld,
             "delta_pld": delta_pld,
+            "noise_scale": self.noise_scale,
+            **claim,
         }

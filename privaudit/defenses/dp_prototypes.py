@@ -15,9 +15,11 @@ them by k epsilon-DP prototypes (``prototypes``: k x m) before anything leaves t
 server, and the transcript, see only the prototypes. ``k = 0`` (default) takes the protocol's
 ``k``; ``s = 0`` takes the protocol's public sparsity bound ``s``. ``epsilon`` is the strength
 (default grid 10, 1, 0.1: weakest to strongest protection). ``privacy_spent`` is
-(epsilon, 0) per silo: one upload, pure epsilon-DP per user of the silo under adding or
-removing that user's row (2 epsilon if a row is replaced; parallel composition over silos;
-delta only sets the number of trials and grids). The noise scales do not depend on the private
+(epsilon, 0) per upload of a silo, composed over the uploads it counts (FedProto makes one):
+pure epsilon-DP per user of the silo under adding or removing that user's whole row -- values
+and rated-item set (``neighbour="user"``, ``item_set_covered``); ``replace_epsilon`` = 2 epsilon
+if a row is replaced; parallel composition over silos; delta only sets the number of trials and
+grids. The noise scales do not depend on the private
 cluster sizes: clusters release noisy sums, normalised by the silo's noisy size (see
 :mod:`privaudit.models.private_kmeans`, "What n is in Algorithm 3").
 """
@@ -62,6 +64,10 @@ class DPPrototypes(Defense):
     strength = "epsilon"
     default_grid = (10.0, 1.0, 0.1)
     applies_to = ("fedproto",)
+    privacy_claim = (
+        "add/remove one user's whole row (rated items and values) in a silo: pure epsilon per upload "
+        "(2 epsilon if a row is replaced), every upload of a silo composed; the silo sees its rows"
+    )
 
     def prototypes(self, rows: Any, k: int, s: int, Lambda: float, rng: np.random.Generator) -> tuple[np.ndarray, dict]:
         """k (or this defense's k) DP prototypes of ``rows`` (n x m); (k x m) and info."""
@@ -82,9 +88,17 @@ class DPPrototypes(Defense):
             )
         return res.prototypes, res.info
 
+    def validate(self) -> None:
+        self._seen: dict[str, int] = {}  # sender -> prototype uploads made
+        self._uploads = 0  # the most any silo made
+
     def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
         if batch.kind != "prototypes" or not any("rows" in p for p in batch.payloads):
             return batch
+        for sender, p in zip(batch.senders, batch.payloads):
+            if "rows" in p:
+                self._seen[sender] = self._seen.get(sender, 0) + 1
+                self._uploads = max(self._uploads, self._seen[sender])
         k = int(batch.meta.get("k", 10))
         s = int(batch.meta.get("s", 0))
         Lambda = float(batch.meta["Lambda"])
@@ -103,12 +117,17 @@ class DPPrototypes(Defense):
     def privacy_spent(self, rounds: int) -> dict[str, Any] | None:
         """Pure epsilon per user of a silo: ``epsilon`` per upload, composed over ``rounds`` uploads."""
         eps = float(self.config["epsilon"])
-        total = eps * max(int(rounds), 0)
+        releases = max(int(rounds), self._uploads, 0)
+        total = eps * releases
         return {
             "epsilon": total,
             "delta": 0.0,
-            "unit": "one user's row",
+            "unit": "one user's row added or removed in a silo",
             "accountant": "basic",
             "epsilon_basic": total,
             "epsilon_per_round": eps,
+            "neighbour": "user",
+            "item_set_covered": True,
+            "releases": releases,
+            "replace_epsilon": 2.0 * total,
         }

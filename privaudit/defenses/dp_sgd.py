@@ -11,6 +11,17 @@ Opacus's ``RDPAccountant``: a client with n instances takes ``local_epochs * cei
 of sampling rate q = B / n per round it takes part in (the accountant's Poisson-sampling
 analysis applied to shuffled fixed-size batches, as Opacus does without ``poisson_sampling``).
 
+Neighbour relation (what the accounting covers): replacing the content of ONE training instance
+(a positive or a sampled negative) by another, the client's instance count fixed. FedNCF uploads
+``n_instances`` exactly and (``mf-fedavg``, ``fedavg``) weights its updates by it, so adding or
+removing an instance -- the relation of Opacus's accountant -- is visible to the server and not
+covered; for a replacement the sum of clipped per-sample gradients moves by up to 2 C, so the
+accountant is run at the effective noise multiplier ``noise_multiplier / 2`` (sensitivity 2C).
+Neither one rating (a positive changes the user's negative-sampling distribution, so more than
+one instance can differ) nor one user is covered. Every row of the item table is noised, so the
+uploaded item ids reveal nothing (``item_set_covered``). Each round's upload is post-processing
+of that round's noisy steps: the steps are the releases composed.
+
 The protocol finds this defense by its ``local-training`` capability (:meth:`local_training`
 gives the clipping and noise), hands it the clients' instance
 counts and participation after the run (:meth:`account`), and reports the largest epsilon over
@@ -29,6 +40,9 @@ from privaudit.defenses.base import LOCAL_TRAINING, Defense, LocalTraining
 from privaudit.errors import MissingDependencyError
 from privaudit.params import Param
 from privaudit.registry import register_defense
+
+#: replace-one neighbours move a sum of per-sample gradients clipped to C by up to 2 C
+REPLACE_SENSITIVITY = 2.0
 
 
 def rdp_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
@@ -64,6 +78,10 @@ class DPSGD(Defense):
     default_grid = (0.3, 0.5, 0.7, 1.0, 2.0)
     applies_to = ("fedncf",)
     capabilities = frozenset({LOCAL_TRAINING})
+    privacy_claim = (
+        "replace one training instance (count public: n_instances is uploaded exactly, so add/remove is "
+        "not covered), per-step L2 sensitivity 2C, RDP over every local step; not rating- or user-level"
+    )
 
     def validate(self) -> None:
         self._clients: dict[str, Any] | None = None
@@ -84,10 +102,14 @@ class DPSGD(Defense):
             "E": int(epochs),
         }
 
+    def _steps(self, n: int, rounds: int) -> int:
+        return rounds * self._clients["E"] * math.ceil(n / self._clients["B"])
+
     def _eps(self, n: int, rounds: int) -> float:
-        B, E = self._clients["B"], self._clients["E"]
-        steps = rounds * E * math.ceil(n / B)
-        return rdp_epsilon(self.noise_multiplier, B / n, steps, self.delta)
+        """Epsilon of a client with ``n`` instances after ``rounds`` rounds (replace-one: noise
+        multiplier / 2)."""
+        B = self._clients["B"]
+        return rdp_epsilon(self.noise_multiplier / REPLACE_SENSITIVITY, B / n, self._steps(n, rounds), self.delta)
 
     def spent_by_clients(self) -> dict[str, float]:
         """Largest and median epsilon over the clients that trained, for the rounds each took part in."""
@@ -122,8 +144,13 @@ class DPSGD(Defense):
         return {
             "epsilon": total,
             "delta": self.delta,
-            "unit": "one training instance",
+            "unit": "one training instance replaced (instance count public)",
             "accountant": "rdp",
             "epsilon_basic": per_round * int(rounds),
             "epsilon_per_round": per_round,
+            "neighbour": "instance",
+            "item_set_covered": True,
+            "releases": self._steps(worst, int(rounds)),
+            "sensitivity": REPLACE_SENSITIVITY * float(self.max_grad_norm),
+            "norm": "l2",
         }

@@ -98,6 +98,36 @@ class Channel:
                 self.transcript.add(round, sender, receiver, kind, payload, batch.meta)
         return batch
 
+    def send_round(
+        self,
+        round: int,
+        senders: Sequence[str],
+        uploads: Sequence[tuple[str, Sequence[Mapping[str, np.ndarray]]]],
+        record: bool = True,
+    ) -> list[UploadBatch]:
+        """Upload every message ``(kind, payloads)`` the ``senders`` send in one round, as the
+        receiver sees them: like one :meth:`send` per kind, except that defenses overriding
+        :meth:`Defense.on_round` (a DP defense's joint clip) see the round's batches together."""
+        batches = [
+            UploadBatch(round, kind, list(senders), [dict(p) for p in payloads], recorded=bool(record))
+            for kind, payloads in uploads
+        ]
+        if any(len(b.payloads) != len(b.senders) for b in batches):
+            raise ValueError("one payload per sender is required")
+        if any(type(d).on_round is not Defense.on_round for d in self.defenses):
+            for defense in self.defenses:
+                batches = defense.on_round(batches, self)
+        else:  # the order of send(): every defense on one batch, then the next batch
+            for j, batch in enumerate(batches):
+                for defense in self.defenses:
+                    batch = defense.on_upload(batch, self)
+                batches[j] = batch
+        if record:
+            for batch in batches:
+                for sender, payload in zip(batch.senders, batch.payloads):
+                    self.transcript.add(round, sender, batch.receiver, batch.kind, payload, batch.meta)
+        return batches
+
     def sum(self, batch: UploadBatch, rows: int | None = None, index_key: str = "items") -> dict[str, np.ndarray]:
         """The receiver's aggregate of ``batch`` as plaintext.
 

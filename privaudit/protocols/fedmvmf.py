@@ -419,12 +419,15 @@ def _client_round(
         coef = mvmf.dense_coefficients(U, V_sent, ratings, weights, st.w)
         rows = mvmf.grad_V_rows(coef, U)
         payloads = [{"items": all_items, "values": rows[u]} for u in range(n)]
-    batch = channel.send(t, "grad_V", senders, payloads, record=record)
-    sum_V = _summed(channel.sum(batch, rows=m), (m, K))
-    del payloads, rows, batch
     gP = mvmf.grad_P(U, P_sent, X_train, st.alpha)
-    batch = channel.send(t, "grad_P", senders, [{"values": gP[u]} for u in range(n)], record=record)
-    sum_P = _summed(channel.sum(batch), (p, K))
+    # one round's messages together, so that a DP defense clips each client's grad_V and grad_P jointly
+    sent_V, sent_P = channel.send_round(
+        t, senders, [("grad_V", payloads), ("grad_P", [{"values": gP[u]} for u in range(n)])], record=record
+    )
+    del payloads, rows
+    sum_V = _summed(channel.sum(sent_V, rows=m), (m, K))
+    del sent_V
+    sum_P = _summed(channel.sum(sent_P), (p, K))
     return sum_V, sum_P
 
 
