@@ -282,3 +282,19 @@ def test_posterior_decoder_is_the_prior_under_huge_noise_and_exact_without(small
     exact = MVMFAnalytic(shortcut=False).evaluate(clean, np.random.default_rng(0))
     assert exact.reconstruction.meta["shortcut"] is False and exact.reconstruction.meta["prior"] == "population"
     assert exact.metrics["rating_accuracy"] == 1.0 and exact.metrics["attribute_accuracy"] == 1.0
+
+
+def test_joint_clip_is_decoded_with_a_scale_per_user():
+    """dp-laplace's default clip (one factor per client round) multiplies a user's estimates by
+    sqrt(factor): decoded with a fitted scale per user, near-exact when the noise is small, and at
+    the population prior (not below it) when the noise swamps the uploads."""
+    ds = synthetic()
+    proto = registry.get("protocol", "fedmvmf")()
+    weak = proto.run(ds, {}, [registry.get("defense", "dp-laplace")(epsilon=1e5)], 0).transcript
+    out = MVMFAnalytic().evaluate(weak, np.random.default_rng(0))
+    assert out.reconstruction.meta["clip_scale_median"] < 0.5  # the clip shrank the uploads
+    assert out.metrics["rating_accuracy"] > 0.95 and out.metrics["attribute_accuracy"] > 0.99
+    strong = proto.run(ds, {}, [registry.get("defense", "dp-laplace")(epsilon=100.0)], 0).transcript
+    out = MVMFAnalytic().evaluate(strong, np.random.default_rng(0))
+    for m in ("rating_accuracy", "attribute_accuracy"):
+        assert abs(out.metrics[m] - out.baseline_prior[m]) <= 0.01, m

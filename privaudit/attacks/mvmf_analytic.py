@@ -860,8 +860,85 @@ def _calibrated(
     return kappa, lp, ll / kappa + lp
 
 
+def _rating_loglik(ev: _Evidence, st: _DecodeSettings, have: np.ndarray, beta: np.ndarray | float = 1.0) -> np.ndarray:
+    """Gaussian log-likelihood (up to a constant) of every hypothesis per item with evidence
+    (N_have, H); ``beta`` (scalar or (N_have,)) scales the rated hypotheses' means (a joint clip
+    multiplies a user's uploads by s, which scales its fitted t by sqrt(s) and every estimate by
+    beta = sqrt(s); the "unrated" mean (1 - w) t dv scales with t and is unchanged)."""
+    s0, s1, s2 = ev.S0[have], ev.S1[have], ev.S2[have]
+    ll = np.empty((len(s0), len(st.values)))
+    for h, g in enumerate(st.values):
+        if st.unknown_c and h == 0:
+            ll[:, h] = -0.5 * ev.SU[have]
+        else:
+            A = beta * g
+            ll[:, h] = -0.5 * (s2 - 2.0 * A * s1 + A * A * s0)
+    return ll
+
+
+def _attribute_loglik(
+    names: Any, ev: _Evidence, have_x: np.ndarray, beta: np.ndarray | None = None
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per dummy block of ``names``: (columns, log-likelihood (n_have, g + 1) of "none" and each
+    category for the users with evidence, ll(1) - ll(0) per column (n_have, g)); ``beta`` (n,)
+    scales the means as in :func:`_rating_loglik`."""
+    blocks = []
+    for cols in _attribute_groups(names, ev.X0.shape[1]):
+        X0, X1, X2 = ev.X0[have_x][:, cols], ev.X1[have_x][:, cols], ev.X2[have_x][:, cols]
+        bt = 1.0 if beta is None else beta[have_x][:, None]
+        delta = bt * X1 - 0.5 * bt * bt * X0
+        base = -0.5 * X2.sum(axis=1, keepdims=True)
+        blocks.append((cols, np.concatenate([base, base + delta], axis=1), delta))
+    return blocks
+
+
+#: joint-clip scale factors beta = sqrt(s) tried per user, and the inflations tried with them
+_CLIP_BETAS = tuple(float(b) for b in np.geomspace(1e-3, 1.0, 31))
+_CLIP_KAPPAS = (1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
+
+
+def _clip_scales(
+    ev: _Evidence,
+    st: _DecodeSettings,
+    seg: np.ndarray,
+    joint: np.ndarray,
+    names: Any,
+    shares: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Under a joint clip of each client's uploads (``clip_per`` user/upload): per user (n,), the
+    scale factor beta (``_CLIP_BETAS``) and likelihood inflation (``_CLIP_KAPPAS``) with the
+    largest marginal likelihood of its ratings (prior ``joint`` (Nr, H) over its reference rows,
+    ``seg`` their user) and attribute blocks (prior from ``shares``): the clip factor is the
+    user's own (its upload's norm before clipping is not public)."""
+    n = ev.X0.shape[0]
+    have = ev.S0 > 0
+    lp, sh = joint[have], seg[have]
+    counts = np.bincount(sh, weights=ev.SC[have], minlength=n)
+    have_x = ev.X0[:, 0] > 0 if ev.X0.shape[1] else np.zeros(n, bool)
+    groups = _attribute_groups(names, ev.X0.shape[1])
+    block_lp = [_block_log_prior(shares[have_x][:, cols]) for cols in groups] if shares is not None else []
+    best = np.full(n, -np.inf)
+    beta_u, kappa_u = np.ones(n), np.ones(n)
+    for beta in _CLIP_BETAS:
+        ll = _rating_loglik(ev, st, have, beta)
+        blocks = _attribute_loglik(names, ev, have_x, np.full(n, beta)) if block_lp else []
+        for kappa in _CLIP_KAPPAS:
+            E = np.bincount(sh, weights=logsumexp(ll / kappa + lp, axis=1), minlength=n)
+            E -= 0.5 * math.log(kappa) * counts
+            for (cols, llx, _), lpx in zip(blocks, block_lp):
+                if len(llx):
+                    E[have_x] += logsumexp(llx / kappa + lpx, axis=1)
+                    E[have_x] -= 0.5 * math.log(kappa) * len(cols) * ev.XC[have_x]
+            better = E > best
+            best[better], beta_u[better], kappa_u[better] = E[better], beta, kappa
+    return beta_u, kappa_u
+
+
 def _decode_ratings(
-    ev: _Evidence, st: _DecodeSettings, prior: dict[str, np.ndarray] | None = None
+    ev: _Evidence,
+    st: _DecodeSettings,
+    prior: dict[str, np.ndarray] | None = None,
+    scales: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], float]:
     """Bayes decisions per reference item under Gaussian likelihoods (hypotheses: grid values, plus
     "unrated" = 0 when c is unknown) inflated by a factor chosen by marginal likelihood.
@@ -873,8 +950,11 @@ def _decode_ratings(
     rating given rated the MAP grid value (each metric's Bayes decision). Items without evidence
     get the prior's decisions.
 
+    With ``prior``, ``scales`` (beta, kappa per reference row, :func:`_clip_scales`) replaces the
+    one inflation for all rows.
+
     Returns (ratings (Nr,), mean prior over the hypotheses, extras: ``rated_score`` (posterior
-    log-odds of rated), ``rated``, ``rated_ratings`` (Nr,) when c is unknown, kappa).
+    log-odds of rated), ``rated``, ``rated_ratings`` (Nr,) when c is unknown, (median) kappa).
     """
     have = ev.S0 > 0
     values = st.values
@@ -883,15 +963,15 @@ def _decode_ratings(
         est = np.full(len(ev.S0), values[H // 2])
         est[have] = ev.S1[have] / ev.S0[have]
         return est, np.full(H, 1.0 / H), {}, 1.0
-    s0, s1, s2, su = ev.S0[have], ev.S1[have], ev.S2[have], ev.SU[have]
-    ll = np.empty((len(s0), H))
-    for h, g in enumerate(values):
-        if st.unknown_c and h == 0:
-            ll[:, h] = -0.5 * su
-        else:
-            ll[:, h] = -0.5 * (s2 - 2.0 * s1 * g + s0 * g**2)
     joint = prior["joint"] if prior is not None else None
-    kappa, lp, post = _calibrated(ll, ev.SC[have], joint[have] if joint is not None else None)
+    if scales is not None and joint is not None:
+        ll = _rating_loglik(ev, st, have, scales[0][have]) / scales[1][have][:, None]
+        kappa, lp = float(np.median(scales[1])) if len(scales[1]) else 1.0, joint[have]
+        post = ll + lp
+    else:
+        ll = _rating_loglik(ev, st, have)
+        kappa, lp, post = _calibrated(ll, ev.SC[have], joint[have] if joint is not None else None)
+        ll /= kappa
     pi = np.exp(lp).mean(axis=0)
     if joint is not None:
         guess = values[np.argmax(joint, axis=1)]
@@ -902,9 +982,9 @@ def _decode_ratings(
     if st.unknown_c:
         if prior is not None:
             cond_all = prior["rated"].copy()
-            cond_all[have] += ll[:, 1:] / kappa
+            cond_all[have] += ll[:, 1:]
             score = prior["rated_logit"] + logsumexp(cond_all, axis=1)
-            score[have] -= ll[:, 0] / kappa
+            score[have] -= ll[:, 0]
         else:
             cond_all = np.tile(lp[:, 1:], (len(ev.S0), 1)) if len(lp) == 1 else lp[:, 1:].copy()
             cond_all[have] = post[:, 1:]
@@ -927,24 +1007,37 @@ def _block_log_prior(shares: np.ndarray) -> np.ndarray:
 
 
 def _decode_attributes(
-    names: Any, ev: _Evidence, st: _DecodeSettings, shares: np.ndarray | None = None
+    names: Any,
+    ev: _Evidence,
+    st: _DecodeSettings,
+    shares: np.ndarray | None = None,
+    scales: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Attribute dummies (n, p): per one-hot block of ``names``, hypothesis "none" or one category
     (ll(x) = -(X2 - 2 x X1 + x X0) / 2), MAP under the population's shares ``shares`` (n, p) or,
     without them, an EM prior per block, with one likelihood inflation for every block chosen by
-    marginal likelihood; and which users had evidence, and the inflation."""
+    marginal likelihood (with ``shares``, ``scales``: beta and kappa per user, :func:`_clip_scales`);
+    and which users had evidence, and the (median) inflation."""
     n, p = ev.X0.shape
     have_x = ev.X0[:, 0] > 0 if p else np.zeros(n, bool)
     attrs = np.zeros((n, p))
     if not st.prior:  # plain eq. 43: clip the averaged estimate and round
         attrs = ev.X1 / np.maximum(ev.X0, _TINY)
         return attrs, have_x, 1.0
-    groups = _attribute_groups(names, p)
-    blocks = []
-    for cols in groups:
-        base = -0.5 * ev.X2[:, cols].sum(axis=1, keepdims=True)
-        delta = ev.X1[:, cols] - 0.5 * ev.X0[:, cols]
-        blocks.append((cols, np.concatenate([base, base + delta], axis=1)[have_x], delta))
+    if scales is not None and shares is not None:
+        k_have = scales[1][have_x][:, None]
+        for cols, ll, delta in _attribute_loglik(names, ev, have_x, scales[0]):
+            full_lp = _block_log_prior(shares[:, cols])
+            block = np.zeros((n, len(cols)))
+            if len(ll):
+                block[have_x] = _dummy_decisions(ll / k_have + full_lp[have_x])
+                sure = np.abs(delta / k_have) > 50.0  # as below
+                block[have_x] = np.where(sure, (delta > 0).astype(float), block[have_x])
+            if (~have_x).any():
+                block[~have_x] = _dummy_decisions(full_lp[~have_x])
+            attrs[:, cols] = block
+        return attrs, have_x, float(np.median(scales[1])) if n else 1.0
+    blocks = [(cols, ll, ev.X1[:, cols] - 0.5 * ev.X0[:, cols]) for cols, ll, _ in _attribute_loglik(names, ev, have_x)]
     best = None
     for kappa in _KAPPAS if p else (1.0,):
         total = 0.0
@@ -1052,8 +1145,11 @@ class MVMFAnalytic(MVMFAttack):
         scenario = f"{update}-{cfg['unrated']}" + ("+sampling" if sampling else "")
 
         clip = clipping_of(cfg)
-        if clip is not None and clip.per != "row":
-            clip = None  # a whole-upload clip scales grad_V and grad_P by unknown factors: not modelled
+        joint_clip = clip is not None and clip.per != "row"
+        if joint_clip:
+            # a joint clip scales a client's uploads by one unknown factor: decoded as noise with a
+            # per-user scale of the estimates (_clip_scales); per message ("upload") approximately
+            clip = None
         if self.shortcut and rounds and clip is None:
             # noise-adaptive use of rounds: when the first round alone decides every value with
             # a residual far below the grid step, further rounds cannot change a decision
@@ -1105,7 +1201,7 @@ class MVMFAnalytic(MVMFAttack):
             )
         else:
             settings = _DecodeSettings(unknown_c, w_virtual, alpha, grid, sigma2, bool(self.prior))
-            victims, diag = self._decode(cfg, fv, parties, stats, taus, settings)
+            victims, diag = self._decode(cfg, fv, parties, stats, taus, settings, joint_clip)
         meta = {
             "scenario": scenario,
             "rounds": [s.round for s in stats],
@@ -1387,16 +1483,22 @@ class MVMFAnalytic(MVMFAttack):
         stats: list[_Round],
         taus: list[np.ndarray],
         st: _DecodeSettings,
+        joint_clip: bool = False,
     ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
-        """Combine the rounds per (user, item) and decode ratings and attributes (MAP / rounding)."""
+        """Combine the rounds per (user, item) and decode ratings and attributes (MAP / rounding);
+        ``joint_clip``: the uploads were clipped per client or message (scale per user, :func:`_clip_scales`)."""
         layout = _reference_layout(fv, stats, taus, len(parties))
         ev = _accumulate(layout, stats, taus, st)
         prior = self._population_rows(parties, layout.offsets, layout.flat, st.values, st.unknown_c)
-        rating_guess, pi, extras, kappa = _decode_ratings(ev, st, prior)
-        p = ev.X0.shape[1]
-        attrs, have_x, kappa_x = _decode_attributes(
-            cfg.get("attribute_names"), ev, st, self._attribute_shares(parties, p)
-        )
+        names = cfg.get("attribute_names")
+        shares = self._attribute_shares(parties, ev.X0.shape[1])
+        user_scales = row_scales = None
+        if joint_clip and prior is not None and st.prior:
+            seg = np.repeat(np.arange(len(parties)), layout.lengths)
+            user_scales = _clip_scales(ev, st, seg, prior["joint"], names, shares)
+            row_scales = (user_scales[0][seg], user_scales[1][seg])
+        rating_guess, pi, extras, kappa = _decode_ratings(ev, st, prior, row_scales)
+        attrs, have_x, kappa_x = _decode_attributes(names, ev, st, shares, user_scales)
         victims = self._victims(cfg, parties, layout.offsets, layout.items, rating_guess, attrs)
         for key, arr in extras.items():
             if key == "rated_ratings":
@@ -1410,6 +1512,8 @@ class MVMFAnalytic(MVMFAttack):
             "likelihood_inflation": kappa,
             "attribute_likelihood_inflation": kappa_x,
         }
+        if user_scales is not None:
+            diag["clip_scale_median"] = float(np.median(user_scales[0]))
         return victims, diag
 
     # ------------------------------------------------------------------ the population prior
