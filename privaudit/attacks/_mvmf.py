@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from privaudit.attacks._generic import cross_fit
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.metrics import majority_guess_accuracy, uniform_guess_accuracy
 from privaudit.models import mvmf
@@ -673,21 +674,11 @@ def _value_grid(config: dict[str, Any], truth: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([grid, truth])) if truth.size else grid
 
 
-def _choose(hits: dict[str, np.ndarray], fold: np.ndarray, strategies: tuple[str, ...]) -> tuple[str, str]:
-    """Per fold, the strategy with the most hits on the OTHER fold (ties: the earlier strategy)."""
-    out = []
-    for f in (0, 1):
-        other = fold != f
-        if not other.any():
-            other = np.ones_like(other)
-        out.append(max(strategies, key=lambda s: (float(hits[s][other].sum()), -strategies.index(s))))
-    return out[0], out[1]
-
-
 def prior_table(transcript: Transcript) -> PriorTable:
     """The prior library: message-free strategies scored per victim, each metric's strategy
-    chosen on held-out victims (2-fold cross-fitting: victims alternate between two folds in
-    client order; each fold uses the strategy that scores best on the other fold).
+    chosen on held-out victims (:func:`privaudit.attacks._generic.cross_fit`: victims at even
+    positions in client order are scored with the strategy best on the odd ones and vice versa;
+    :attr:`PriorTable.fold` is 0 for the even positions).
 
     Strategies (each statistic from the OTHER victims' truth, leaving the victim out):
 
@@ -752,8 +743,9 @@ def prior_table(transcript: Transcript) -> PriorTable:
         }
         weight["attribute_accuracy"] = np.full(n, float(X.shape[1]))
     for metric, by in per_strategy.items():
-        choice[metric] = _choose(by, fold, PRIOR_STRATEGIES[metric])
-        hits[metric] = np.where(fold == 0, by[choice[metric][0]], by[choice[metric][1]])
+        nums, chosen = cross_fit({k: {"hits": by[k]} for k in PRIOR_STRATEGIES[metric]}, "hits", weight[metric])
+        choice[metric] = (chosen["even"], chosen["odd"])
+        hits[metric] = nums["hits"]
     table.attributes = X
     return table
 
