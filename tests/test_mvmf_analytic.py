@@ -244,3 +244,57 @@ def test_grad_V_dots_same_from_memory_and_from_disk(small, tmp_path, monkeypatch
         np.testing.assert_allclose(fast, full, rtol=0, atol=1e-12)
         results.append((fast, d))
     assert np.array_equal(results[0][0], results[1][0])  # the same rows in memory and on disk
+
+
+@pytest.mark.parametrize("unrated", ["obsonly", "inclunc"])
+@pytest.mark.parametrize("scale", [0.0, 2.0])
+def test_victim_table_equals_score_and_prior(small, unrated, scale):
+    """Per-victim numerators / denominators sum to score() and prior_baseline() on every ratio metric."""
+    t = _run(small, "semials", unrated, [_laplace(scale)] if scale else [])
+    out = MVMFAnalytic().evaluate(t, np.random.default_rng(0))
+    vt = out.victims
+    expected = {"rating_accuracy", "rated_rating_accuracy", "rated_detection_accuracy", "attribute_accuracy"}
+    assert vt is not None and set(vt.weight) == expected
+    assert len(vt.victims) == out.metrics["victims"]
+    for m in expected:
+        assert vt.value(m) == pytest.approx(out.metrics[m], abs=1e-12), m
+        assert vt.value(m, "prior") == pytest.approx(out.baseline_prior[m], abs=1e-12), m
+    if unrated == "inclunc":  # rated decisions carry the victim's row of the table
+        dec = out.decisions["rated"]
+        assert dec.groups.shape == dec.labels.shape
+        counts = np.bincount(dec.groups, minlength=len(vt.victims))
+        assert np.array_equal(counts, vt.weight["rated_detection_accuracy"])
+
+
+@pytest.mark.parametrize("unrated", ["obsonly", "inclunc"])
+def test_posterior_decoder_is_the_prior_under_huge_noise_and_exact_without(small, unrated):
+    """With the population prior in its knowledge the decoder's guess is the prior library's when
+    the uploads carry nothing (Laplace scale 1e4), and exact without noise (full estimator, no shortcut)."""
+    t = _run(small, "semials", unrated, [_laplace(1e4)])
+    out = MVMFAnalytic().evaluate(t, np.random.default_rng(0))
+    assert out.reconstruction.meta["prior"] == "population"
+    for m in ("rating_accuracy", "attribute_accuracy", "rated_detection_accuracy", "rated_rating_accuracy"):
+        assert out.metrics[m] == pytest.approx(out.baseline_prior[m], abs=1e-12), m
+    # the same victims, item by item: the difference is 0 for every victim, not only on average
+    vt = out.victims
+    assert np.array_equal(vt.attack["rating_accuracy"], vt.prior["rating_accuracy"])
+    clean = _run(small, "semials", unrated)
+    exact = MVMFAnalytic(shortcut=False).evaluate(clean, np.random.default_rng(0))
+    assert exact.reconstruction.meta["shortcut"] is False and exact.reconstruction.meta["prior"] == "population"
+    assert exact.metrics["rating_accuracy"] == 1.0 and exact.metrics["attribute_accuracy"] == 1.0
+
+
+def test_joint_clip_is_decoded_with_a_scale_per_user():
+    """dp-laplace's default clip (one factor per client round) multiplies a user's estimates by
+    sqrt(factor): decoded with a fitted scale per user, near-exact when the noise is small, and at
+    the population prior (not below it) when the noise swamps the uploads."""
+    ds = synthetic()
+    proto = registry.get("protocol", "fedmvmf")()
+    weak = proto.run(ds, {}, [registry.get("defense", "dp-laplace")(epsilon=1e5)], 0).transcript
+    out = MVMFAnalytic().evaluate(weak, np.random.default_rng(0))
+    assert out.reconstruction.meta["clip_scale_median"] < 0.5  # the clip shrank the uploads
+    assert out.metrics["rating_accuracy"] > 0.95 and out.metrics["attribute_accuracy"] > 0.99
+    strong = proto.run(ds, {}, [registry.get("defense", "dp-laplace")(epsilon=100.0)], 0).transcript
+    out = MVMFAnalytic().evaluate(strong, np.random.default_rng(0))
+    for m in ("rating_accuracy", "attribute_accuracy"):
+        assert abs(out.metrics[m] - out.baseline_prior[m]) <= 0.01, m

@@ -197,3 +197,23 @@ def test_ml100k_noise_free_claim(ml100k_path):
         margin = 0.5 if unrated == "obsonly" else 0.04
         assert m["rating_accuracy"] >= base["rating_accuracy_majority"] + margin, (update, unrated, m, base)
         assert m["attribute_accuracy"] >= base["attribute_accuracy_majority"] + 0.04, (update, unrated, m, base)
+
+
+def test_victim_table_equals_score(clean_runs):
+    """Every victim: the table sums to score() and prior_baseline(); a subsample: to score() and the
+    prior on the attacked victims."""
+    tr = clean_runs["semials", "obsonly"]
+    out = MVMFNonlinear().evaluate(tr, np.random.default_rng(1))
+    vt = out.victims
+    assert vt is not None and len(vt.victims) == out.metrics["victims"]
+    for m in vt.weight:
+        assert vt.value(m) == pytest.approx(out.metrics[m], abs=1e-12), m
+        assert vt.value(m, "prior") == pytest.approx(out.baseline_prior[m], abs=1e-12), m
+    sub = MVMFNonlinear(users=10).evaluate(tr, np.random.default_rng(1))
+    assert len(sub.victims.victims) == 10
+    table = _mvmf.prior_table(tr)
+    rows = [table.victims.index(p) for p in sub.victims.victims]
+    for m in sub.victims.weight:
+        assert sub.victims.value(m) == pytest.approx(sub.metrics[m], abs=1e-12), m
+        expected = table.hits[m][rows].sum() / table.weight[m][rows].sum()
+        assert sub.victims.value(m, "prior") == pytest.approx(expected, abs=1e-12), m

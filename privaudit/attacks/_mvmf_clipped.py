@@ -14,9 +14,10 @@ for every hypothesis h of a rating (grid value with c = 1, or "unrated" with c =
 attribute dummy (0 or 1): ``a_pred = -2 c t (h - t dv)`` for a grad_V row, ``-2 alpha t (h -
 t pd)`` for a grad_P row. A censored row thus only tells which side of the model prediction
 ``t dv`` the rating lies on. Under SemiALS ObsOnly the user's stationarity adds a Gaussian
-posterior of its ratings (:func:`stationarity_posterior`). The decision is the MAP value under a
-flat prior over the hypotheses (an EM-fitted prior collapsed onto one rating wherever noise
-biased the scale) times a Gaussian ``N(h - t dv; 0, s^2)`` whose width s is chosen by marginal
+posterior of its ratings (:func:`stationarity_posterior`). The decision is the MAP value under
+the attack's population prior (the prior library's per-item predictive, when its knowledge holds
+one) or a flat prior over the hypotheses (an EM-fitted prior collapsed onto one rating wherever
+noise biased the scale) times a Gaussian ``N(h - t dv; 0, s^2)`` whose width s is chosen by marginal
 likelihood. Likelihoods of every round whose item list matches the first one are summed.
 
 The scale t is what clipping breaks in the unclipped estimator (the stationarity condition

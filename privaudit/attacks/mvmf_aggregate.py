@@ -29,9 +29,12 @@ is a multiple of its latent vector: ``grad_V[u, i] = a_ui d_u``, ``grad_P[u] = b
 Where a step is impossible (a member without a unique item; an item shared by more than K
 members or by a member of unknown direction; c > K for grad_P) the least-squares solution over
 the known directions is used (minimum norm), which is wrong in general, and the meta records
-how much of the cohort was separable. Members without a direction get an uninformed guess
+how much of the cohort was separable. Members without a direction get the prior library's
+message-free guesses when the attack's knowledge holds the population prior (the guesses of
+``prior_baseline``, so that such members score as the prior does), else an uninformed guess
 (:func:`uninformed_rating`: "unrated" when unrated items are the majority of uploads, else the
-rating midpoint; attributes 0) so that they count in the accuracy. With c = 1 the sum IS
+rating midpoint; attributes 0); either way they count in the accuracy. The separated members
+are decoded by ``mvmf-analytic`` with the same knowledge (posterior decoding under noise). With c = 1 the sum IS
 the upload and the attack is exactly ``mvmf-analytic`` on it.
 
 Views it reads:
@@ -55,9 +58,11 @@ import numpy as np
 
 from privaudit.attacks._mvmf import (
     MVMFAttack,
+    PopulationPrior,
     client_sort_key,
     missing_config,
     parse_view,
+    population_prior,
     round_ratings,
     server_states,
 )
@@ -155,6 +160,41 @@ def separate(cohort: _Cohort, K: int) -> tuple[dict[str, dict[str, np.ndarray]],
         "grad_P_separable": float(gp_ok),
     }
     return out, diag
+
+
+def _prior_guesses(
+    cfg: dict[str, Any], members: list[tuple[str, np.ndarray]], p: int, population: PopulationPrior | None
+) -> dict[str, dict[str, np.ndarray]]:
+    """Guesses for members whose uploads the sums did not separate: with the population prior,
+    the prior library's guesses (:meth:`PriorTable.predictive` modes: rating, rated/unrated,
+    rating given rated; attribute dummies with a share above 1/2), else
+    :func:`uninformed_rating` and attributes 0."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    if not members:
+        return out
+    table = population.table if population is not None else None
+    index = population.index([u for u, _ in members]) if population is not None else None
+    if table is None or not len(table.values) or np.any(index < 0):
+        mid = uninformed_rating(cfg)
+        return {u: {"items": it, "ratings": np.full(len(it), mid), "attributes": np.zeros(p)} for u, it in members}
+    lengths = np.fromiter((len(it) for _, it in members), dtype=np.int64, count=len(members))
+    rows = np.repeat(index, lengths)
+    items = np.concatenate([it for _, it in members])
+    guess = table.values[np.argmax(table.predictive("rating_accuracy", rows, items), axis=1)]
+    rated_guess = table.values[np.argmax(table.predictive("rated_rating_accuracy", rows, items), axis=1)]
+    rated = np.argmax(table.predictive("rated_detection_accuracy", rows, items), axis=1) == 1
+    shares = table.attribute_shares(index) if table.attributes.shape[1] == p else np.zeros((len(members), p))
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    for k, (u, it) in enumerate(members):
+        sl = slice(bounds[k], bounds[k + 1])
+        out[u] = {
+            "items": it,
+            "ratings": guess[sl],
+            "rated": rated[sl],
+            "rated_ratings": rated_guess[sl],
+            "attributes": (shares[k] > 0.5).astype(float),
+        }
+    return out
 
 
 def uninformed_rating(cfg: dict[str, Any]) -> float:
@@ -302,22 +342,21 @@ class MVMFAggregate(MVMFAttack):
                 messages.append(Message(seq + 1, co.round, u, "server", "grad_P", {"values": up["grad_P"]}))
                 seq += 2
         synthetic = View("server", view.protocol, dict(view.config), dict(view.dataset), list(view.parties), messages)
-        inner = analytic_cls().run(synthetic, {}, rng) if any(m.kind == "grad_V" for m in messages) else None
+        inner = analytic_cls().run(synthetic, knowledge, rng) if any(m.kind == "grad_V" for m in messages) else None
         victims = dict(inner.victims) if inner is not None and inner.supported else {}
-        # uninformed guesses for members the sums did not separate
+        # message-free guesses for members the sums did not separate
         cfg = view.config
-        mid = uninformed_rating(cfg)
         p = next(iter(P.values())).shape[0]
-        guessed = 0
         first_round = min(co.round for co in cohorts)
-        for co in cohorts:
-            if co.round != first_round:
-                continue
-            for u in co.members:
-                if u not in victims:
-                    items = np.asarray(co.items.get(u, np.empty(0, np.int64)), dtype=np.int64)
-                    victims[u] = {"items": items, "ratings": np.full(len(items), mid), "attributes": np.zeros(p)}
-                    guessed += 1
+        missing = [
+            (u, np.asarray(co.items.get(u, np.empty(0, np.int64)), dtype=np.int64))
+            for co in cohorts
+            if co.round == first_round
+            for u in co.members
+            if u not in victims
+        ]
+        victims.update(_prior_guesses(cfg, missing, p, population_prior(knowledge)))
+        guessed = len(missing)
         meta = {
             "cohorts": len(cohorts),
             "mean_cohort_size": float(np.mean(sizes)),

@@ -9,8 +9,11 @@ private data follow from one scalar per user and round::
 with ``a = grad_V.d``, ``b = grad_P.d``. The scale t comes from the user's own update rule:
 SemiALS stationarity, the pair of rounds of SGD, or the ratio shared by all unrated items
 (InclUnc / sampling), which also decides rated versus unrated. Exact without noise; under
-noise a least-squares fit with MAP decoding on the rating grid (empirical prior by EM);
-batched over users. Under a per-row clipping DP defense (``dp-laplace``, ``dp-gaussian``) rows
+noise a least-squares fit with posterior decoding on the rating grid: the population prior of
+the attack's knowledge (:class:`privaudit.attacks._mvmf.PopulationPrior`: the prior library's
+per-item predictive, the victim left out; an EM-fitted prior without it) and likelihoods
+inflated by a factor chosen by marginal likelihood, so that heavy noise leaves the prior's
+guess; batched over users. Under a per-row clipping DP defense (``dp-laplace``, ``dp-gaussian``) rows
 at the clipping bound are decoded as censored (:mod:`privaudit.attacks._mvmf_clipped`).
 
 The derivation, the estimator, the first-round shortcut and the departures from the paper's
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.special import logsumexp
 
 from privaudit.attacks._mvmf import (
     FlatFedMVMFView,
@@ -37,6 +41,7 @@ from privaudit.attacks._mvmf import (
     RoundUploads,
     missing_config,
     parse_view_flat,
+    population_prior,
     round_attributes,
     round_ratings,
 )
@@ -672,15 +677,19 @@ class _Layout:
 @dataclass
 class _Evidence:
     """Inverse-variance sums over rounds: per reference item (Nr,) S0 = sum W, S1 = sum W rhat,
-    S2 = sum W rhat^2, SU = sum W (rhat - z)^2 (the "unrated" residual); per user and attribute
-    (n, p) X0 = sum W', X1 = sum W' xhat."""
+    S2 = sum W rhat^2, SU = sum W (rhat - z)^2 (the "unrated" residual), SC = number of rounds;
+    per user and attribute (n, p) X0 = sum W', X1 = sum W' xhat, X2 = sum W' xhat^2; per user
+    (n,) XC = number of rounds."""
 
     S0: np.ndarray
     S1: np.ndarray
     S2: np.ndarray
     SU: np.ndarray
+    SC: np.ndarray
     X0: np.ndarray
     X1: np.ndarray
+    X2: np.ndarray
+    XC: np.ndarray
 
 
 def _reference_layout(fv: FlatFedMVMFView, stats: list[_Round], taus: list[np.ndarray], n: int) -> _Layout:
@@ -751,7 +760,7 @@ def _accumulate(layout: _Layout, stats: list[_Round], taus: list[np.ndarray], st
     """Inverse-variance sums of every round's estimates in the reference layout (:class:`_Evidence`)."""
     n, Nr = len(layout.items), len(layout.flat)
     p = stats[0].b.shape[1]
-    ev = _Evidence(*(np.zeros(Nr) for _ in range(4)), np.zeros((n, p)), np.zeros((n, p)))
+    ev = _Evidence(*(np.zeros(Nr) for _ in range(5)), *(np.zeros((n, p)) for _ in range(3)), np.zeros(n))
     lookup = None  # lazily built (user, item) -> position table for rounds with other item lists
     for s, tau in zip(stats, taus):
         r = _signed_estimates(s, tau, st)
@@ -763,6 +772,8 @@ def _accumulate(layout: _Layout, stats: list[_Round], taus: list[np.ndarray], st
         Wr = 4.0 * t**2 / st.sigma2  # 1 / var(rhat)
         ev.X0[users] += (st.alpha**2 * Wr)[:, None]
         ev.X1[users] += (st.alpha**2 * Wr)[:, None] * xhat
+        ev.X2[users] += (st.alpha**2 * Wr)[:, None] * xhat**2
+        ev.XC[users] += 1.0
         # where does each row go in the reference layout? same item list as the reference: by position
         if nk == n and len(itf) == Nr and np.array_equal(users, np.arange(n)) and np.array_equal(itf, layout.flat):
             target, rows_same, same_all = slice(None), slice(None), True
@@ -780,6 +791,7 @@ def _accumulate(layout: _Layout, stats: list[_Round], taus: list[np.ndarray], st
         wr = Wrow if same_all else Wrow[rows_same]
         rh = rhat if same_all else rhat[rows_same]
         ev.S0[target] += wr
+        ev.SC[target] += 1.0
         w1 = wr * rh
         ev.S1[target] += w1
         ev.S2[target] += w1 * rh
@@ -803,6 +815,7 @@ def _accumulate(layout: _Layout, stats: list[_Round], taus: list[np.ndarray], st
             wr2 = Wrow[sel][hit]
             rh2 = rhat[sel][hit]
             ev.S0[tgt] += wr2
+            ev.SC[tgt] += 1.0
             ev.S1[tgt] += wr2 * rh2
             ev.S2[tgt] += wr2 * rh2**2
             if st.unknown_c:
@@ -810,91 +823,258 @@ def _accumulate(layout: _Layout, stats: list[_Round], taus: list[np.ndarray], st
     return ev
 
 
-def _decode_ratings(ev: _Evidence, st: _DecodeSettings) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """MAP rating per reference item under Gaussian likelihoods (hypotheses: grid values, plus
-    "unrated" = 0 when c is unknown) and an EM prior; items without evidence get the prior's mode.
+#: likelihood inflation factors kappa tried (variance of every estimate times kappa): the
+#: estimated noise misses the error of the fitted direction and scale, which grows with the noise
+_KAPPAS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0)
+_EVIDENCE_ROWS = 200_000  # rows a marginal likelihood is evaluated on (an even subsample beyond)
 
-    Returns (ratings (Nr,), prior over the hypotheses, rated log-odds (Nr,) or None when every
-    item is rated).
+
+def _calibrated(
+    ll: np.ndarray, counts: np.ndarray, logprior: np.ndarray | None
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """Inflation kappa of the Gaussian likelihoods ``ll`` (N, H; sums over ``counts`` (N,)
+    observations) chosen by marginal likelihood, with the log prior ``logprior`` (N, H) or, when
+    None, a prior over the hypotheses fitted by EM for each kappa.
+
+    Returns (kappa, log prior used (N, H) or (1, H), log posterior up to a per-row constant (N, H)).
+    Under ``N(h, kappa var)`` an observation's log density is ``ll / kappa - log(kappa) / 2`` up
+    to a constant, so the evidence is ``sum_rows logsumexp_h(ll / kappa + log pi) - log(kappa) / 2
+    * sum(counts)``.
+    """
+    step = int(math.ceil(len(ll) / _EVIDENCE_ROWS)) if len(ll) else 1
+    sub = slice(None, None, step)
+    ll_s, n_obs = ll[sub], float(np.sum(counts[sub]))
+    best = None
+    for kappa in _KAPPAS:
+        scaled = ll_s / kappa
+        if logprior is None:
+            lp = np.log(_em_prior(scaled - scaled.max(axis=1, keepdims=True), max_rows=len(scaled) + 1))[None, :]
+        else:
+            lp = logprior[sub]
+        ev = float(np.sum(logsumexp(scaled + lp, axis=1))) - 0.5 * math.log(kappa) * n_obs
+        if best is None or ev > best[0]:
+            best = (ev, kappa, lp)
+    _, kappa, lp = best
+    if logprior is not None:
+        lp = logprior
+    return kappa, lp, ll / kappa + lp
+
+
+def _rating_loglik(ev: _Evidence, st: _DecodeSettings, have: np.ndarray, beta: np.ndarray | float = 1.0) -> np.ndarray:
+    """Gaussian log-likelihood (up to a constant) of every hypothesis per item with evidence
+    (N_have, H); ``beta`` (scalar or (N_have,)) scales the rated hypotheses' means (a joint clip
+    multiplies a user's uploads by s, which scales its fitted t by sqrt(s) and every estimate by
+    beta = sqrt(s); the "unrated" mean (1 - w) t dv scales with t and is unchanged)."""
+    s0, s1, s2 = ev.S0[have], ev.S1[have], ev.S2[have]
+    ll = np.empty((len(s0), len(st.values)))
+    for h, g in enumerate(st.values):
+        if st.unknown_c and h == 0:
+            ll[:, h] = -0.5 * ev.SU[have]
+        else:
+            A = beta * g
+            ll[:, h] = -0.5 * (s2 - 2.0 * A * s1 + A * A * s0)
+    return ll
+
+
+def _attribute_loglik(
+    names: Any, ev: _Evidence, have_x: np.ndarray, beta: np.ndarray | None = None
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per dummy block of ``names``: (columns, log-likelihood (n_have, g + 1) of "none" and each
+    category for the users with evidence, ll(1) - ll(0) per column (n_have, g)); ``beta`` (n,)
+    scales the means as in :func:`_rating_loglik`."""
+    blocks = []
+    for cols in _attribute_groups(names, ev.X0.shape[1]):
+        X0, X1, X2 = ev.X0[have_x][:, cols], ev.X1[have_x][:, cols], ev.X2[have_x][:, cols]
+        bt = 1.0 if beta is None else beta[have_x][:, None]
+        delta = bt * X1 - 0.5 * bt * bt * X0
+        base = -0.5 * X2.sum(axis=1, keepdims=True)
+        blocks.append((cols, np.concatenate([base, base + delta], axis=1), delta))
+    return blocks
+
+
+#: joint-clip scale factors beta = sqrt(s) tried per user, and the inflations tried with them
+_CLIP_BETAS = tuple(float(b) for b in np.geomspace(1e-3, 1.0, 31))
+_CLIP_KAPPAS = (1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
+
+
+def _clip_scales(
+    ev: _Evidence,
+    st: _DecodeSettings,
+    seg: np.ndarray,
+    joint: np.ndarray,
+    names: Any,
+    shares: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Under a joint clip of each client's uploads (``clip_per`` user/upload): per user (n,), the
+    scale factor beta (``_CLIP_BETAS``) and likelihood inflation (``_CLIP_KAPPAS``) with the
+    largest marginal likelihood of its ratings (prior ``joint`` (Nr, H) over its reference rows,
+    ``seg`` their user) and attribute blocks (prior from ``shares``): the clip factor is the
+    user's own (its upload's norm before clipping is not public)."""
+    n = ev.X0.shape[0]
+    have = ev.S0 > 0
+    lp, sh = joint[have], seg[have]
+    counts = np.bincount(sh, weights=ev.SC[have], minlength=n)
+    have_x = ev.X0[:, 0] > 0 if ev.X0.shape[1] else np.zeros(n, bool)
+    groups = _attribute_groups(names, ev.X0.shape[1])
+    block_lp = [_block_log_prior(shares[have_x][:, cols]) for cols in groups] if shares is not None else []
+    best = np.full(n, -np.inf)
+    beta_u, kappa_u = np.ones(n), np.ones(n)
+    for beta in _CLIP_BETAS:
+        ll = _rating_loglik(ev, st, have, beta)
+        blocks = _attribute_loglik(names, ev, have_x, np.full(n, beta)) if block_lp else []
+        for kappa in _CLIP_KAPPAS:
+            E = np.bincount(sh, weights=logsumexp(ll / kappa + lp, axis=1), minlength=n)
+            E -= 0.5 * math.log(kappa) * counts
+            for (cols, llx, _), lpx in zip(blocks, block_lp):
+                if len(llx):
+                    E[have_x] += logsumexp(llx / kappa + lpx, axis=1)
+                    E[have_x] -= 0.5 * math.log(kappa) * len(cols) * ev.XC[have_x]
+            better = E > best
+            best[better], beta_u[better], kappa_u[better] = E[better], beta, kappa
+    return beta_u, kappa_u
+
+
+def _decode_ratings(
+    ev: _Evidence,
+    st: _DecodeSettings,
+    prior: dict[str, np.ndarray] | None = None,
+    scales: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], float]:
+    """Bayes decisions per reference item under Gaussian likelihoods (hypotheses: grid values, plus
+    "unrated" = 0 when c is unknown) inflated by a factor chosen by marginal likelihood.
+
+    Priors: ``prior`` (the population's, :meth:`MVMFAnalytic._population_rows`: ``joint`` (Nr, H)
+    log prior over the hypotheses; with c unknown also ``rated`` (Nr, H - 1) over the grid given
+    rated and ``rated_logit`` (Nr,)) or, without it, one fitted by EM. The rating is the MAP
+    hypothesis; with c unknown the rated/unrated decision is posterior P(rated) > 1/2 and the
+    rating given rated the MAP grid value (each metric's Bayes decision). Items without evidence
+    get the prior's decisions.
+
+    With ``prior``, ``scales`` (beta, kappa per reference row, :func:`_clip_scales`) replaces the
+    one inflation for all rows.
+
+    Returns (ratings (Nr,), mean prior over the hypotheses, extras: ``rated_score`` (posterior
+    log-odds of rated), ``rated``, ``rated_ratings`` (Nr,) when c is unknown, (median) kappa).
     """
     have = ev.S0 > 0
-    if have.all():
-        s0, s1, s2, su = ev.S0, ev.S1, ev.S2, ev.SU
-    else:
-        s0, s1, s2, su = ev.S0[have], ev.S1[have], ev.S2[have], ev.SU[have]
     values = st.values
-
-    def loglik(h: int, rows=slice(None)) -> np.ndarray:
-        """Log-likelihood of hypothesis ``values[h]`` per kept item (up to a shared constant)."""
-        if st.unknown_c and h == 0:
-            return -0.5 * su[rows]
-        g = values[h]
-        return -0.5 * (s2[rows] - 2.0 * s1[rows] * g + s0[rows] * g**2)
-
     H = len(values)
-    if st.prior:
-        step_rows = int(math.ceil(len(s0) / 200_000)) if len(s0) else 1
-        sub = slice(None, None, step_rows)
-        pi = _em_prior(np.stack([loglik(h, sub) for h in range(H)], axis=1), max_rows=len(s0) + 1)
+    if not st.prior:  # plain eq. 43: clip the inverse-variance average of the rounds' estimates and round
+        est = np.full(len(ev.S0), values[H // 2])
+        est[have] = ev.S1[have] / ev.S0[have]
+        return est, np.full(H, 1.0 / H), {}, 1.0
+    joint = prior["joint"] if prior is not None else None
+    if scales is not None and joint is not None:
+        ll = _rating_loglik(ev, st, have, scales[0][have]) / scales[1][have][:, None]
+        kappa, lp = float(np.median(scales[1])) if len(scales[1]) else 1.0, joint[have]
+        post = ll + lp
     else:
-        pi = np.full(H, 1.0 / H)
-    rated_score = None
-    if st.prior or st.unknown_c:  # MAP: running argmax over the hypotheses (first maximum wins)
-        logpi = np.log(pi)
-        best = loglik(0) + logpi[0]
-        unrated = best.copy() if st.unknown_c else None
-        rated = np.full(len(s0), -np.inf) if st.unknown_c else None
-        pick = np.zeros(len(s0), dtype=np.int64)
-        s1x2 = 2.0 * s1
-        sc, tmp = np.empty_like(s0), np.empty_like(s0)
-        for h in range(1, H):
-            g = values[h]  # sc = -0.5 * (s2 - 2 s1 g + s0 g^2), same operations as loglik(h), in place
-            np.multiply(s1x2, g, out=sc)
-            np.subtract(s2, sc, out=sc)
-            np.multiply(s0, g**2, out=tmp)
-            sc += tmp
-            sc *= -0.5
-            sc += logpi[h]
-            better = sc > best
-            pick[better] = h
-            np.maximum(best, sc, out=best)
-            if rated is not None:
-                np.logaddexp(rated, sc, out=rated)
-        est = values[pick]
-        if rated is not None:
-            rated_score = np.zeros(len(ev.S0))
-            rated_score[have] = rated - unrated
-    else:  # plain eq. 43: clip the inverse-variance average of the rounds' estimates and round
-        est = s1 / s0
-    rating_guess = np.full(len(ev.S0), values[int(np.argmax(pi))])
-    rating_guess[have] = est
-    return rating_guess, pi, rated_score
+        ll = _rating_loglik(ev, st, have)
+        kappa, lp, post = _calibrated(ll, ev.SC[have], joint[have] if joint is not None else None)
+        ll /= kappa
+    pi = np.exp(lp).mean(axis=0)
+    if joint is not None:
+        guess = values[np.argmax(joint, axis=1)]
+    else:
+        guess = np.full(len(ev.S0), values[int(np.argmax(pi))])
+    guess[have] = values[np.argmax(post, axis=1)]
+    extras: dict[str, np.ndarray] = {}
+    if st.unknown_c:
+        if prior is not None:
+            cond_all = prior["rated"].copy()
+            cond_all[have] += ll[:, 1:]
+            score = prior["rated_logit"] + logsumexp(cond_all, axis=1)
+            score[have] -= ll[:, 0]
+        else:
+            cond_all = np.tile(lp[:, 1:], (len(ev.S0), 1)) if len(lp) == 1 else lp[:, 1:].copy()
+            cond_all[have] = post[:, 1:]
+            score = logsumexp(cond_all, axis=1) - (lp[0, 0] if len(lp) == 1 else lp[:, 0])
+            score[have] = logsumexp(post[:, 1:], axis=1) - post[:, 0]
+        extras = {
+            "rated_score": score,
+            "rated": score > 0,
+            "rated_ratings": values[1 + np.argmax(cond_all, axis=1)],
+        }
+    return guess, pi / pi.sum(), extras, kappa
 
 
-def _decode_attributes(names: Any, ev: _Evidence, st: _DecodeSettings) -> tuple[np.ndarray, np.ndarray]:
+def _block_log_prior(shares: np.ndarray) -> np.ndarray:
+    """Log prior (n, g + 1) over "none" and the g categories of a dummy block from each user's
+    population share of every category (n, g)."""
+    none = np.maximum(1.0 - shares.sum(axis=1, keepdims=True), 1e-3)
+    pr = np.concatenate([none, np.maximum(shares, 1e-6)], axis=1)
+    return np.log(pr / pr.sum(axis=1, keepdims=True))
+
+
+def _decode_attributes(
+    names: Any,
+    ev: _Evidence,
+    st: _DecodeSettings,
+    shares: np.ndarray | None = None,
+    scales: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, float]:
     """Attribute dummies (n, p): per one-hot block of ``names``, hypothesis "none" or one category
-    (ll(1) - ll(0) = X1 - X0 / 2), MAP under an EM prior per block; and which users had evidence."""
+    (ll(x) = -(X2 - 2 x X1 + x X0) / 2), MAP under the population's shares ``shares`` (n, p) or,
+    without them, an EM prior per block, with one likelihood inflation for every block chosen by
+    marginal likelihood (with ``shares``, ``scales``: beta and kappa per user, :func:`_clip_scales`);
+    and which users had evidence, and the (median) inflation."""
     n, p = ev.X0.shape
     have_x = ev.X0[:, 0] > 0 if p else np.zeros(n, bool)
-    delta = ev.X1 - 0.5 * ev.X0
     attrs = np.zeros((n, p))
-    for cols in _attribute_groups(names, p):
-        sc = np.concatenate([np.zeros((n, 1)), delta[:, cols]], axis=1)  # none, cat_1..cat_g
-        pi_g = _em_prior(sc[have_x]) if st.prior else np.full(sc.shape[1], 1.0 / sc.shape[1])
-        pick = np.argmax(sc + np.log(pi_g), axis=1)
+    if not st.prior:  # plain eq. 43: clip the averaged estimate and round
+        attrs = ev.X1 / np.maximum(ev.X0, _TINY)
+        return attrs, have_x, 1.0
+    if scales is not None and shares is not None:
+        k_have = scales[1][have_x][:, None]
+        for cols, ll, delta in _attribute_loglik(names, ev, have_x, scales[0]):
+            full_lp = _block_log_prior(shares[:, cols])
+            block = np.zeros((n, len(cols)))
+            if len(ll):
+                block[have_x] = _dummy_decisions(ll / k_have + full_lp[have_x])
+                sure = np.abs(delta / k_have) > 50.0  # as below
+                block[have_x] = np.where(sure, (delta > 0).astype(float), block[have_x])
+            if (~have_x).any():
+                block[~have_x] = _dummy_decisions(full_lp[~have_x])
+            attrs[:, cols] = block
+        return attrs, have_x, float(np.median(scales[1])) if n else 1.0
+    blocks = [(cols, ll, ev.X1[:, cols] - 0.5 * ev.X0[:, cols]) for cols, ll, _ in _attribute_loglik(names, ev, have_x)]
+    best = None
+    for kappa in _KAPPAS if p else (1.0,):
+        total = 0.0
+        priors = []
+        for cols, ll, _ in blocks:
+            scaled = ll / kappa
+            if shares is not None:
+                lp = _block_log_prior(shares[have_x][:, cols])
+            else:
+                lp = np.log(_em_prior(scaled - scaled.max(axis=1, keepdims=True)))[None, :]
+            priors.append(lp)
+            total += float(np.sum(logsumexp(scaled + lp, axis=1))) if len(ll) else 0.0
+            total -= 0.5 * math.log(kappa) * len(cols) * float(np.sum(ev.XC[have_x]))
+        if best is None or total > best[0]:
+            best = (total, kappa, priors)
+    _, kappa, priors = best
+    for (cols, ll, delta), lp in zip(blocks, priors):
+        full_lp = _block_log_prior(shares[:, cols]) if shares is not None else np.broadcast_to(lp, (n, lp.shape[1]))
         block = np.zeros((n, len(cols)))
-        hit_rows = np.flatnonzero(pick > 0)
-        block[hit_rows, pick[hit_rows] - 1] = 1.0
-        # a column decided with near certainty on its own keeps that decision (keeps
-        # non-exclusive blocks exact without noise)
-        sure = np.abs(delta[:, cols]) > 50.0
-        block = np.where(sure, (delta[:, cols] > 0).astype(float), block)
-        if not st.prior:  # plain eq. 43: clip the averaged estimate and round
-            block = ev.X1[:, cols] / np.maximum(ev.X0[:, cols], _TINY)
+        if len(ll):
+            block[have_x] = _dummy_decisions(ll / kappa + full_lp[have_x])
+            # a column decided with near certainty on its own keeps that decision (keeps
+            # non-exclusive blocks exact without noise)
+            sure = np.abs(delta[have_x] / kappa) > 50.0
+            block[have_x] = np.where(sure, (delta[have_x] > 0).astype(float), block[have_x])
         if (~have_x).any():
-            block[~have_x] = (np.argmax(pi_g) - 1 == np.arange(len(cols))).astype(float)
+            block[~have_x] = _dummy_decisions(full_lp[~have_x])
         attrs[:, cols] = block
-    return attrs, have_x
+    return attrs, have_x, kappa
+
+
+def _dummy_decisions(logpost: np.ndarray) -> np.ndarray:
+    """Dummies (n, g) from a block's log posterior (n, g + 1) over "none" and g categories: 1 where
+    the category's posterior probability exceeds 1/2 (the decision that maximizes the expected
+    number of correctly guessed dummies; without noise, the MAP category)."""
+    post = np.exp(logpost - logsumexp(logpost, axis=1, keepdims=True))
+    return (post[:, 1:] > 0.5).astype(float)
 
 
 @register_attack("mvmf-analytic")
@@ -905,7 +1085,12 @@ class MVMFAnalytic(MVMFAttack):
     requires = ("grad_V", "grad_P", "state")
     parameters = (
         Param("max_rounds", -1, "use at most this many recorded rounds (-1: every round the view holds)"),
-        Param("prior", True, "MAP decoding with an empirical prior fitted by EM (false: plain clip-and-round)"),
+        Param(
+            "prior",
+            True,
+            "posterior decoding with the population prior of the knowledge, else one fitted by EM "
+            "(false: plain clip-and-round)",
+        ),
         Param("refits", 3, "InclUnc/sampling: decide-rated/refit-scale iterations per round", ge=0),
         Param(
             "shortcut",
@@ -915,6 +1100,8 @@ class MVMFAnalytic(MVMFAttack):
         ),
     )
 
+    _population = None  # the run's PopulationPrior (knowledge), if any
+
     # ------------------------------------------------------------------ public API
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         # The work is batches of tiny (K x K, K x L) products: BLAS threads only add overhead,
@@ -922,11 +1109,12 @@ class MVMFAnalytic(MVMFAttack):
         try:
             from threadpoolctl import threadpool_limits  # installed with scikit-learn
         except ImportError:  # pragma: no cover
-            return self._run(view)
+            return self._run(view, knowledge)
         with threadpool_limits(limits=1, user_api="blas"):
-            return self._run(view)
+            return self._run(view, knowledge)
 
-    def _run(self, view: View) -> Reconstruction:
+    def _run(self, view: View, knowledge: dict[str, Any] | None = None) -> Reconstruction:
+        self._population = population_prior(knowledge)
         tic = time.perf_counter()
         missing = missing_config(view)
         if missing:
@@ -957,8 +1145,11 @@ class MVMFAnalytic(MVMFAttack):
         scenario = f"{update}-{cfg['unrated']}" + ("+sampling" if sampling else "")
 
         clip = clipping_of(cfg)
-        if clip is not None and clip.per != "row":
-            clip = None  # a whole-upload clip scales grad_V and grad_P by unknown factors: not modelled
+        joint_clip = clip is not None and clip.per != "row"
+        if joint_clip:
+            # a joint clip scales a client's uploads by one unknown factor: decoded as noise with a
+            # per-user scale of the estimates (_clip_scales); per message ("upload") approximately
+            clip = None
         if self.shortcut and rounds and clip is None:
             # noise-adaptive use of rounds: when the first round alone decides every value with
             # a residual far below the grid step, further rounds cannot change a decision
@@ -1010,7 +1201,7 @@ class MVMFAnalytic(MVMFAttack):
             )
         else:
             settings = _DecodeSettings(unknown_c, w_virtual, alpha, grid, sigma2, bool(self.prior))
-            victims, diag = self._decode(cfg, fv, parties, stats, taus, settings)
+            victims, diag = self._decode(cfg, fv, parties, stats, taus, settings, joint_clip)
         meta = {
             "scenario": scenario,
             "rounds": [s.round for s in stats],
@@ -1169,16 +1360,36 @@ class MVMFAnalytic(MVMFAttack):
             for x in (0, 1):
                 bpred = -2.0 * alpha * t[:, None] * (x - t[:, None] * s.pd)
                 XL[s.users[ok], :, x] += censored_loglik(s.b, bpred, A[:, None], var)[ok]
-        attrs, have_x = self._decode_attribute_blocks(cfg, XL)
+        attrs, have_x = self._decode_attribute_blocks(cfg, XL, self._attribute_shares(parties, p))
         stat_diag: dict[str, Any] = {}
         if str(cfg["update"]) == "semials" and not unknown_c:
             stat_diag = self._stationarity_ratings(fv, scales, ref, attrs, alpha, lam, grid, LL, ref_off)
         have = pred_cnt > 0
-        # a flat prior over the hypotheses: an EM-fitted one collapsed onto a single rating wherever
-        # noise biased the scale (measured, docs/verdicts.md)
-        pick, post, diag = decode_with_residual_prior(LL[have], pred_sum[have] / pred_cnt[have], values, _flat_prior)
+        # the population prior (knowledge) or a flat one: an EM-fitted one collapsed onto a single
+        # rating wherever noise biased the scale (measured, docs/verdicts.md)
+        prior = self._population_rows(parties, ref_off, ref_flat, values, False)
+        logprior = prior["joint"] if prior is not None else None
+        if logprior is None:
+            pick, post, diag = decode_with_residual_prior(
+                LL[have], pred_sum[have] / pred_cnt[have], values, _flat_prior
+            )
+        else:  # with the population prior, the likelihood inflation of the best marginal likelihood
+            best = None
+            n_obs = float(np.sum(pred_cnt[have]))
+            for kappa in _KAPPAS:
+                res = decode_with_residual_prior(
+                    LL[have] / kappa + logprior[have], pred_sum[have] / pred_cnt[have], values, _flat_prior
+                )
+                evidence = float(np.sum(logsumexp(res[1], axis=1))) - 0.5 * math.log(kappa) * n_obs
+                if best is None or evidence > best[0]:
+                    best = (evidence, kappa, res)
+            _, kappa, (pick, post, diag) = best
+            diag["likelihood_inflation"] = kappa
         diag.update(stat_diag)
+        diag["prior"] = "population" if logprior is not None else "flat"
         ratings = np.full(len(ref_flat), grid[len(grid) // 2])
+        if logprior is not None:
+            ratings[:] = values[np.argmax(logprior, axis=1)]
         ratings[have] = values[pick]
         rated_score = np.zeros(len(ref_flat))
         if unknown_c:
@@ -1196,22 +1407,26 @@ class MVMFAnalytic(MVMFAttack):
         return victims, diag
 
     @staticmethod
-    def _decode_attribute_blocks(cfg: dict, XL: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    @staticmethod
+    def _decode_attribute_blocks(
+        cfg: dict, XL: np.ndarray, shares: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """MAP attribute dummies (n, p) from summed log-likelihoods ``XL`` (n, p, 2) of x = 0 / 1,
-        one-hot blocks decoded jointly with an EM prior per block; and which users had data."""
+        one-hot blocks decoded jointly under the population's shares ``shares`` (n, p) or, without
+        them, an EM prior per block; and which users had data."""
         n, p = XL.shape[:2]
         delta = XL[:, :, 1] - XL[:, :, 0]
         have_x = np.abs(XL).sum(axis=(1, 2)) > 0
         attrs = np.zeros((n, p))
         for cols in _attribute_groups(cfg.get("attribute_names"), p):
             sc = np.concatenate([np.zeros((n, 1)), delta[:, cols]], axis=1)
-            pi_g = _em_prior(sc[have_x])
-            choice = np.argmax(sc + np.log(pi_g), axis=1)
-            block = np.zeros((n, len(cols)))
-            hit = np.flatnonzero(choice > 0)
-            block[hit, choice[hit] - 1] = 1.0
+            if shares is not None:
+                lp = _block_log_prior(shares[:, cols])
+            else:
+                lp = np.broadcast_to(np.log(_em_prior(sc[have_x])), sc.shape)
+            block = _dummy_decisions(sc + lp)
             if (~have_x).any():
-                block[~have_x] = (np.argmax(pi_g) - 1 == np.arange(len(cols))).astype(float)
+                block[~have_x] = _dummy_decisions(np.array(lp[~have_x]))
             attrs[:, cols] = block
         return attrs, have_x
 
@@ -1268,18 +1483,87 @@ class MVMFAnalytic(MVMFAttack):
         stats: list[_Round],
         taus: list[np.ndarray],
         st: _DecodeSettings,
+        joint_clip: bool = False,
     ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
-        """Combine the rounds per (user, item) and decode ratings and attributes (MAP / rounding)."""
+        """Combine the rounds per (user, item) and decode ratings and attributes (MAP / rounding);
+        ``joint_clip``: the uploads were clipped per client or message (scale per user, :func:`_clip_scales`)."""
         layout = _reference_layout(fv, stats, taus, len(parties))
         ev = _accumulate(layout, stats, taus, st)
-        rating_guess, pi, rated_score = _decode_ratings(ev, st)
-        attrs, have_x = _decode_attributes(cfg.get("attribute_names"), ev, st)
+        prior = self._population_rows(parties, layout.offsets, layout.flat, st.values, st.unknown_c)
+        names = cfg.get("attribute_names")
+        shares = self._attribute_shares(parties, ev.X0.shape[1])
+        user_scales = row_scales = None
+        if joint_clip and prior is not None and st.prior:
+            seg = np.repeat(np.arange(len(parties)), layout.lengths)
+            user_scales = _clip_scales(ev, st, seg, prior["joint"], names, shares)
+            row_scales = (user_scales[0][seg], user_scales[1][seg])
+        rating_guess, pi, extras, kappa = _decode_ratings(ev, st, prior, row_scales)
+        attrs, have_x, kappa_x = _decode_attributes(names, ev, st, shares, user_scales)
         victims = self._victims(cfg, parties, layout.offsets, layout.items, rating_guess, attrs)
-        if rated_score is not None:
+        for key, arr in extras.items():
+            if key == "rated_ratings":
+                arr = round_ratings(arr, cfg)
             for u, party in enumerate(parties):
-                victims[party]["rated_score"] = rated_score[layout.offsets[u] : layout.offsets[u + 1]]
+                victims[party][key] = arr[layout.offsets[u] : layout.offsets[u + 1]]
         diag = {
             "users_without_scale": int(np.sum(~have_x)) if ev.X0.shape[1] else 0,
             "prior_ratings": [float(v) for v in pi],
+            "prior": "population" if prior is not None else "em",
+            "likelihood_inflation": kappa,
+            "attribute_likelihood_inflation": kappa_x,
         }
+        if user_scales is not None:
+            diag["clip_scale_median"] = float(np.median(user_scales[0]))
         return victims, diag
+
+    # ------------------------------------------------------------------ the population prior
+    def _population_rows(
+        self, parties: list[str], offsets: np.ndarray, items: np.ndarray, values: np.ndarray, unknown_c: bool
+    ) -> dict[str, np.ndarray] | None:
+        """Log priors of every decoded (user, item) row (CSR ``offsets``, ``items``) from the
+        population's marginals, the user left out (:meth:`PriorTable.predictive`): ``joint``
+        (N, H) over the hypotheses ``values``; with unrated items (``unknown_c``) also ``rated``
+        (N, H - 1) over the grid given rated and ``rated_logit`` (N,) (log-odds of rated). Each is
+        the prior the prior library uses for the metric the decision serves. None without a
+        population prior; users it does not list get its mean rows."""
+        pop = self._population
+        if pop is None or not len(pop.table.victims) or not len(pop.table.values):
+            return None
+        table = pop.table
+        rows = pop.index(parties)[np.repeat(np.arange(len(parties)), np.diff(offsets))]
+        known = rows >= 0
+
+        def rows_of(metric: str) -> np.ndarray:
+            H = len(table.problem(metric)[2])
+            pred = np.full((len(items), H), 1.0 / H)
+            if known.any():
+                pred[known] = table.predictive(metric, rows[known], items[known])
+                pred[~known] = pred[known].mean(axis=0)
+            return pred
+
+        def on(pred: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+            pos = np.clip(np.searchsorted(table.values, wanted), 0, len(table.values) - 1)
+            out = np.where((table.values[pos] == wanted)[None, :], pred[:, pos], 0.0) + 1e-6
+            return np.log(out / out.sum(axis=1, keepdims=True))
+
+        out = {"joint": on(rows_of("rating_accuracy"), values)}
+        if unknown_c:
+            out["rated"] = on(rows_of("rated_rating_accuracy"), values[1:])
+            det = np.maximum(rows_of("rated_detection_accuracy"), 1e-12)
+            out["rated_logit"] = np.log(det[:, 1]) - np.log(det[:, 0])
+        return out
+
+    def _attribute_shares(self, parties: list[str], p: int) -> np.ndarray | None:
+        """Population share of 1 per user and dummy (n, p), the user left out; None without it."""
+        pop = self._population
+        if pop is None or pop.table.attributes.shape[1] != p or p == 0:
+            return None
+        idx = pop.index(parties)
+        known = idx >= 0
+        out = np.zeros((len(parties), p))
+        if known.any():
+            out[known] = pop.table.attribute_shares(idx[known])
+            out[~known] = out[known].mean(axis=0)
+        else:
+            out[:] = pop.table.attributes.mean(axis=0)
+        return out
