@@ -108,7 +108,7 @@ def plain(tmp_path_factory):
 
 def test_recorded_run_has_ground_truth_and_strips_privaudit_records(plain):
     assert plain.protocol == "flower" and plain.config["deployment"]["nodes"] == 4
-    assert plain.config["defenses"] == []
+    assert plain.config["defenses"] == [] and not plain.select("flower.error")
     private = plain.select("private")
     assert len(private) == 4
     _, client_app = _import_app()
@@ -134,6 +134,7 @@ def test_trained_items_leak_from_the_deployment_transcript(plain):
 
 def test_local_dp_is_recorded_with_its_claim_and_hides_the_trained_items(tmp_path):
     t = load(_run_in_process(tmp_path, nodes=4, dp="local", **{"dp-epsilon": 0.5}))
+    assert not t.select("flower.error")
     (entry,) = t.config["defenses"]
     assert entry["name"] == "flower-local-dp" and entry["reported_by_clients"] == 4
     assert (entry["epsilon"], entry["delta"], entry["clipping_norm"], entry["sensitivity"]) == (0.5, 1e-5, 0.5, 1.0)
@@ -291,7 +292,7 @@ def test_flwr_run_against_a_local_superlink_is_recorded_and_audited(tmp_path):
                 continue
         for p in procs:
             try:
-                p.wait(timeout=20)
+                p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(timeout=10)

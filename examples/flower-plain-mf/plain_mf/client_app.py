@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import LocalDpMod
 
@@ -21,9 +21,12 @@ def local_dp_of(context: Context) -> LocalDpMod | None:
 
 
 def local_dp(msg: Message, context: Context, call_next):
-    """Mod applying :func:`local_dp_of` (the run config is known only once a message comes)."""
+    """Mod applying :func:`local_dp_of` to train messages (the run config is known only once a
+    message comes; LocalDpMod refuses the evaluate replies, which carry no arrays)."""
     mod = local_dp_of(context)
-    return call_next(msg, context) if mod is None else mod(msg, context, call_next)
+    if mod is None or msg.metadata.message_type != MessageType.TRAIN:
+        return call_next(msg, context)
+    return mod(msg, context, call_next)
 
 
 # privaudit's Mod first: it attaches the ground truth after LocalDpMod noised the reply
