@@ -182,6 +182,24 @@ def test_describe_fixed_clipping_strategies_against_dp_accounting(side):
     assert describe(st.FedAvg(), 20) == []
 
 
+def test_fixed_clipping_with_flowers_accountant_uses_its_delta():
+    from flwr.serverapp import strategy as st
+    from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig, SamplingMethod
+    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+    from privaudit.integrations.flower_deploy import describe
+
+    cfg = PrivacyConfig(1e-3, 50, NeighboringRelation.ADD_OR_REMOVE_ONE, SamplingMethod.NO_AMPLIFICATION)
+    dp = st.DifferentialPrivacyServerSideFixedClipping(st.FedAvg(), 1.0, 0.5, 50, accountant=RdpAccountant(cfg))
+    (entry,) = describe(dp, rounds=3)
+    (plain,) = describe(st.DifferentialPrivacyServerSideFixedClipping(st.FedAvg(), 1.0, 0.5, 50), 3, 1e-3)
+    assert entry["accounted_delta"] == 1e-3 and entry["accounted_epsilon"] == plain["accounted_epsilon"]
+    assert (
+        entry["flower_accountant"]["releases"] == 0
+        and entry["flower_accountant"]["neighbouring"] == "add-or-remove-one"
+    )
+
+
 def test_record_run_is_a_no_op_without_privaudit_out_and_refuses_a_missing_folder(tmp_path):
     from flwr.app import Context, RecordDict
 

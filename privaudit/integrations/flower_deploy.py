@@ -102,7 +102,8 @@ def describe(obj: Any, rounds: int = 0, delta: float | None = None) -> list[dict
         Rounds a client uploaded in (LocalDpMod) or training rounds run (fixed clipping): the
         accounted epsilon composes that many Gaussian mechanisms (0: no accounting).
     delta : float, optional
-        delta of the accounted epsilon for fixed clipping (default :data:`DEFAULT_DELTA`).
+        delta of the accounted epsilon for fixed clipping (default: the target delta of the
+        strategy's Flower accountant if it has one, else :data:`DEFAULT_DELTA`).
     """
     out: list[dict[str, Any]] = []
     seen = 0
@@ -166,6 +167,18 @@ def _fixed_clipping(strategy: Any, rounds: int, delta: float) -> dict[str, Any]:
         "protects": f"the aggregate (the released model), not the uploads; {trust}",
         "sampling": "no amplification: every round counted in full",
     }
+    accountant = getattr(strategy, "accountant", None)
+    if accountant is not None:  # Flower's own accountant: its delta, its epsilon beside ours
+        cfg = accountant.config
+        delta = float(cfg.target_delta)
+        spent = strategy.privacy_spent()
+        entry["flower_accountant"] = {
+            "epsilon": float(spent.epsilon),
+            "delta": float(spent.delta),
+            "releases": int(spent.num_releases),
+            "method": str(spent.accounting_method),
+            "neighbouring": str(getattr(cfg.neighboring_relation, "value", cfg.neighboring_relation)),
+        }
     if z > 0 and rounds > 0:
         entry.update(_gaussian_claim(z, rounds, delta))
     return entry
