@@ -200,7 +200,7 @@ def test_fixed_clipping_with_flowers_accountant_uses_its_delta():
     )
 
 
-def test_record_run_is_a_no_op_without_privaudit_out_and_refuses_a_missing_folder(tmp_path):
+def test_record_run_is_a_no_op_without_privaudit_out_and_refuses_bad_paths(tmp_path):
     from flwr.app import Context, RecordDict
 
     from privaudit.integrations.flower_deploy import record_run
@@ -211,6 +211,10 @@ def test_record_run_is_a_no_op_without_privaudit_out_and_refuses_a_missing_folde
         assert g is grid
     ctx.run_config["privaudit-out"] = str(tmp_path / "missing" / "run.ptx")
     with pytest.raises(PrivauditError, match="does not exist"):
+        with record_run(grid, ctx):
+            pass
+    ctx.run_config["privaudit-out"] = "run.ptx"
+    with pytest.raises(PrivauditError, match="absolute path"):
         with record_run(grid, ctx):
             pass
 

@@ -340,8 +340,10 @@ def record_run(
     if isinstance(grid, RecordingGrid):
         raise PrivauditError(f"privaudit record already records this run: leave {OUT_KEY} empty")
     out = Path(path).expanduser()
+    if not out.is_absolute():  # the ServerApp runs in a process Flower starts, in a folder of its own
+        raise PrivauditError(f"{OUT_KEY}={path!r}: give an absolute path")
     if not out.parent.is_dir():
-        raise PrivauditError(f"{OUT_KEY}={path!r}: the folder {out.parent} does not exist (give an absolute path)")
+        raise PrivauditError(f"{OUT_KEY}={path!r}: the folder {out.parent} does not exist")
     run_dir = Path(tempfile.mkdtemp(prefix="privaudit-deploy-"))
     rec = FlowerRecorder(schema or SchemaMap.auto_map(), run_dir)
     rec.start(dict(context.run_config), public_info(context.run_config) if public_info else {})
