@@ -213,6 +213,12 @@ def test_record_run_is_a_no_op_without_privaudit_out_and_refuses_bad_paths(tmp_p
     with pytest.raises(PrivauditError, match="does not exist"):
         with record_run(grid, ctx):
             pass
+    from privaudit.integrations._flower_grid import RecordingGrid
+
+    ctx.run_config["privaudit-out"] = str(tmp_path / "run.ptx")
+    with pytest.raises(PrivauditError, match="privaudit record already records"):
+        with record_run(RecordingGrid(grid, None), ctx):
+            pass
     ctx.run_config["privaudit-out"] = "run.ptx"
     with pytest.raises(PrivauditError, match="absolute path"):
         with record_run(grid, ctx):
