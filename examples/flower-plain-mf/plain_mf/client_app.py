@@ -3,12 +3,34 @@
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import LocalDpMod
 
-from plain_mf.task import dataset_of, local_train, ridge_user, user_split
+from plain_mf.task import dataset_of, local_train, private_data, ridge_user, user_split
+from privaudit.integrations.flower_deploy import client_mod
 
-app = ClientApp()
+
+def local_dp_of(context: Context) -> LocalDpMod | None:
+    """Flower's LocalDpMod as the run config sets it (``dp = "local"``), else None."""
+    cfg = context.run_config
+    if str(cfg.get("dp", "none")) != "local":
+        return None
+    clip = float(cfg["dp-clipping-norm"])
+    return LocalDpMod(clip, 2.0 * clip, float(cfg["dp-epsilon"]), float(cfg["dp-delta"]))
+
+
+def local_dp(msg: Message, context: Context, call_next):
+    """Mod applying :func:`local_dp_of` to train messages (the run config is known only once a
+    message comes; LocalDpMod refuses the evaluate replies, which carry no arrays)."""
+    mod = local_dp_of(context)
+    if mod is None or msg.metadata.message_type != MessageType.TRAIN:
+        return call_next(msg, context)
+    return mod(msg, context, call_next)
+
+
+# privaudit's Mod first: it attaches the ground truth after LocalDpMod noised the reply
+app = ClientApp(mods=[client_mod(private_data, [local_dp_of]), local_dp])
 
 
 def _split(context: Context):

@@ -12,7 +12,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from plain_mf.task import dataset_of, init_items
+from plain_mf.task import dataset_of, init_items, public_info
+from privaudit.integrations.flower_deploy import record_run
 
 app = ServerApp()
 
@@ -37,10 +38,12 @@ def main(grid: Grid, context: Context) -> None:
     V = init_items(int(cfg["seed"]), dataset_of(cfg).n_items, int(cfg["dim"]))
     nodes = wait_for_nodes(grid)
     strategy = FedAvg(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=nodes, min_available_nodes=nodes)
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=ArrayRecord([V]),
-        num_rounds=int(cfg["num-server-rounds"]),
-        train_config=ConfigRecord(),
-    )
+    # records the run into the run config's privaudit-out (a no-op when it is empty)
+    with record_run(grid, context, strategy, public_info=public_info) as grid:
+        result = strategy.start(
+            grid=grid,
+            initial_arrays=ArrayRecord([V]),
+            num_rounds=int(cfg["num-server-rounds"]),
+            train_config=ConfigRecord(),
+        )
     context.state.array_records["final-model"] = result.arrays

@@ -1,0 +1,365 @@
+"""Record a Flower app run by Flower's deployment engine (``flwr run`` against a SuperLink).
+
+Under the deployment engine the ServerApp and every ClientApp run in processes Flower starts
+(possibly on other machines), so :func:`privaudit.integrations.flower.record` cannot wrap them.
+The app itself switches the recorder on, with one line on each side::
+
+    # server_app.py, inside the @app.main() function, around the strategy's start:
+    with record_run(grid, context, strategy, public_info=public_info) as grid:
+        result = strategy.start(grid=grid, ...)
+
+    # client_app.py: the Mod goes first (outermost), before the app's own mods
+    app = ClientApp(mods=[client_mod(private_data), *mods])
+
+Both are no-ops unless the run config key ``privaudit-out`` (declared in the app's
+``[tool.flwr.app.config]``) names the transcript file, e.g.
+``flwr run . deploy --run-config 'privaudit-out="/abs/run.ptx"'``. Then:
+
+* the client Mod attaches the node's private training data (``private_data(context)``, named
+  numpy arrays) to each reply, as the array record ``privaudit.private``, and a description of
+  the Flower DP mods it was given (:func:`describe`) as the config record ``privaudit.defenses``;
+  this ships ground truth to the server, so it is for audit runs only;
+* the server's :class:`~privaudit.integrations._flower_grid.RecordingGrid` removes both records
+  from every reply before the recorder and the strategy see it (the strategy receives the
+  replies it would receive without privaudit), keeps the private data once per node, and
+  records every message as the simulation recorder does (same parties, rounds, ``state``);
+* when the ``with`` block ends (also on an error: the rounds done are kept) the transcript is
+  written to ``privaudit-out``. Its ``defenses`` list holds the Flower defenses of the run
+  (SecAgg+ as seen in the messages, the DP strategy wrappers of ``strategy``, the clients' DP
+  mods) with their parameters and the privacy they claim, accounted over the rounds run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privaudit.errors import PrivauditError
+from privaudit.integrations._sidechannel import write_private
+from privaudit.integrations.flower import FlowerRecorder, _defenses, require_flwr
+from privaudit.integrations.schema_map import SchemaMap
+
+__all__ = [
+    "DEFENSES_RECORD",
+    "OUT_KEY",
+    "PRIVATE_RECORD",
+    "client_mod",
+    "describe",
+    "record_run",
+    "recording_path",
+]
+
+#: Run-config key naming the transcript file; empty or absent: nothing is recorded.
+OUT_KEY = "privaudit-out"
+#: Name of the array record carrying a node's private data in its replies.
+PRIVATE_RECORD = "privaudit.private"
+#: Name of the config record carrying a node's DP mods (key ``json``: a JSON list of dicts).
+DEFENSES_RECORD = "privaudit.defenses"
+#: delta of the accounted epsilon when neither the app nor Flower gives one
+DEFAULT_DELTA = 1e-5
+
+
+def recording_path(run_config: Any) -> str:
+    """The transcript path a run config names under :data:`OUT_KEY` ("" when not recording)."""
+    value = run_config.get(OUT_KEY, "") if run_config is not None else ""
+    return value.strip() if isinstance(value, str) else ""
+
+
+# --------------------------------------------------------------------------- defenses
+
+
+def _gaussian_claim(noise_multiplier: float, rounds: int, delta: float) -> dict[str, Any]:
+    """Accounted epsilon at ``delta`` of ``rounds`` Gaussian mechanisms (dp-accounting)."""
+    from privaudit.defenses.accounting import gaussian_accountant, gaussian_epsilon
+
+    if rounds <= 0:
+        return {"rounds": 0}
+    eps = gaussian_epsilon(noise_multiplier, rounds, delta)
+    return {
+        "rounds": int(rounds),
+        "accounted_epsilon": float(eps) if math.isfinite(eps) else "inf",
+        "accounted_delta": float(delta),
+        "accountant": f"dp-accounting {gaussian_accountant(noise_multiplier)}, Gaussian x {int(rounds)} rounds",
+    }
+
+
+def describe(obj: Any, rounds: int = 0, delta: float | None = None) -> list[dict[str, Any]]:
+    """The ``defenses`` entries of a Flower DP object (a strategy wrapper chain or a client mod).
+
+    Parameters
+    ----------
+    obj : LocalDpMod, DifferentialPrivacy{Server,Client}SideFixedClipping, strategy, mod or None
+        Strategies are followed through their ``strategy`` attribute (wrappers of wrappers).
+    rounds : int
+        Rounds a client uploaded in (LocalDpMod) or training rounds run (fixed clipping): the
+        accounted epsilon composes that many Gaussian mechanisms (0: no accounting).
+    delta : float, optional
+        delta of the accounted epsilon for fixed clipping (default: the target delta of the
+        strategy's Flower accountant if it has one, else :data:`DEFAULT_DELTA`).
+    """
+    out: list[dict[str, Any]] = []
+    seen = 0
+    while obj is not None and seen < 16:
+        seen += 1
+        cls = type(obj).__name__
+        if cls == "LocalDpMod":
+            out.append(_local_dp(obj, rounds))
+        elif cls in ("DifferentialPrivacyServerSideFixedClipping", "DifferentialPrivacyClientSideFixedClipping"):
+            out.append(_fixed_clipping(obj, rounds, DEFAULT_DELTA if delta is None else float(delta)))
+        elif getattr(obj, "__name__", "") in ("fixedclipping_mod", "adaptiveclipping_mod"):
+            out.append({"name": "flower-client-clipping", "mod": obj.__name__, "side": "client"})
+        elif "DifferentialPrivacy" in cls:  # adaptive clipping and future wrappers: named, not accounted
+            out.append({"name": "flower-dp", "strategy": cls, "note": "parameters not read by privaudit"})
+        obj = getattr(obj, "strategy", None)
+    return out
+
+
+def _local_dp(mod: Any, rounds: int) -> dict[str, Any]:
+    eps, delta, sens = float(mod.epsilon), float(mod.delta), float(mod.sensitivity)
+    entry: dict[str, Any] = {
+        "name": "flower-local-dp",
+        "mod": "LocalDpMod",
+        "side": "client",
+        "clipping_norm": float(mod.clipping_norm),
+        "sensitivity": sens,
+        "epsilon": eps,
+        "delta": delta,
+        "neighbour": "local: one client's upload vs. any other of its uploads (L2 distance <= sensitivity)",
+        "claim": "(epsilon, delta) per upload, Flower's classical Gaussian mechanism (valid for epsilon < 1)",
+    }
+    if eps > 0 and 0 < delta < 1 and sens > 0:
+        z = math.sqrt(2.0 * math.log(1.25 / delta)) / eps  # noise std / sensitivity
+        entry["noise_std"] = sens * z
+        entry["noise_multiplier"] = z
+        if rounds > 0:
+            entry["basic_epsilon"] = rounds * eps
+            entry["basic_delta"] = rounds * delta
+            entry.update(_gaussian_claim(z, rounds, delta))
+    return entry
+
+
+def _fixed_clipping(strategy: Any, rounds: int, delta: float) -> dict[str, Any]:
+    cls = type(strategy).__name__
+    side = "server" if "ServerSide" in cls else "client"
+    z, clip, n = float(strategy.noise_multiplier), float(strategy.clipping_norm), int(strategy.num_sampled_clients)
+    trust = (
+        "the server clips and adds the noise: it sees the raw uploads"
+        if side == "server"
+        else "clients clip, the server adds the noise: it sees the clipped uploads"
+    )
+    entry: dict[str, Any] = {
+        "name": f"flower-dp-{side}-fixed-clipping",
+        "strategy": cls,
+        "side": side,
+        "noise_multiplier": z,
+        "clipping_norm": clip,
+        "num_sampled_clients": n,
+        "noise_std": z * clip / n,
+        "neighbour": "user-level: add or remove one client's whole update (clipped to clipping_norm)",
+        "protects": f"the aggregate (the released model), not the uploads; {trust}",
+        "sampling": "no amplification: every round counted in full",
+    }
+    accountant = getattr(strategy, "accountant", None)
+    if accountant is not None:  # Flower's own accountant: its delta, its epsilon beside ours
+        cfg = accountant.config
+        delta = float(cfg.target_delta)
+        spent = strategy.privacy_spent()
+        entry["flower_accountant"] = {
+            "epsilon": float(spent.epsilon),
+            "delta": float(spent.delta),
+            "releases": int(spent.num_releases),
+            "method": str(spent.accounting_method),
+            "neighbouring": str(getattr(cfg.neighboring_relation, "value", cfg.neighboring_relation)),
+        }
+    if z > 0 and rounds > 0:
+        entry.update(_gaussian_claim(z, rounds, delta))
+    return entry
+
+
+# --------------------------------------------------------------------------- client side
+
+
+def client_mod(private_data: Callable[[Any], dict], defenses: Iterable[Any] = ()) -> Callable:
+    """A Flower client Mod attaching the node's ground truth (and DP mods) to its replies.
+
+    Parameters
+    ----------
+    private_data : callable
+        ``private_data(context)`` -> the node's training data as named numpy arrays
+        (``items``, ``ratings``, ``attributes``, ...).
+    defenses : iterable
+        The node's Flower DP mods to describe (e.g. a ``LocalDpMod``), or callables
+        ``context -> mod or None`` for mods built from the run config.
+
+    Put it first in ``ClientApp(mods=[...])`` so that it sees the reply after the DP mods.
+    """
+    defenses = list(defenses)
+
+    def mod(message: Any, context: Any, call_next: Callable) -> Any:
+        reply = call_next(message, context)
+        if not recording_path(context.run_config) or reply.has_error():
+            return reply
+        from flwr.app import Array, ArrayRecord, ConfigRecord
+
+        data = private_data(context)
+        reply.content[PRIVATE_RECORD] = ArrayRecord({str(k): Array(np.asarray(v)) for k, v in data.items()})
+        described = []
+        for d in defenses:
+            obj = d if _is_flower_dp(d) else d(context)
+            described += describe(obj) if obj is not None else []
+        reply.content[DEFENSES_RECORD] = ConfigRecord({"json": json.dumps(described)})
+        return reply
+
+    return mod
+
+
+def _is_flower_dp(obj: Any) -> bool:
+    return type(obj).__name__ == "LocalDpMod" or getattr(obj, "__name__", "") in (
+        "fixedclipping_mod",
+        "adaptiveclipping_mod",
+    )
+
+
+# --------------------------------------------------------------------------- server side
+
+
+class _DeployRecorder:
+    """Takes the privaudit records out of every reply, then hands the reply to a FlowerRecorder."""
+
+    def __init__(self, rec: FlowerRecorder):
+        self.rec = rec
+        self.client_defenses: dict[str, dict[str, Any]] = {}
+        self.reported: dict[str, set[int]] = {}
+
+    def see_nodes(self, nodes: Iterable[int]) -> None:
+        self.rec.see_nodes(nodes)
+
+    def record(self, messages: Iterable[Any], direction: str) -> None:
+        messages = list(messages)
+        if direction == "up":
+            for msg in messages:
+                if not msg.has_error():
+                    self._take(msg)
+        self.rec.record(messages, direction)
+
+    def _take(self, msg: Any) -> None:
+        content = msg.content
+        node = int(msg.metadata.src_node_id)
+        if PRIVATE_RECORD in content:
+            rec = content[PRIVATE_RECORD]
+            arrays = {str(k): np.array(rec[k].numpy(), copy=True) for k in rec}
+            del content[PRIVATE_RECORD]
+            write_private(self.rec.run_dir, node, lambda: arrays)
+        if DEFENSES_RECORD in content:
+            text = content[DEFENSES_RECORD].get("json", "[]")
+            del content[DEFENSES_RECORD]
+            try:
+                entries = json.loads(text) if isinstance(text, str) else []
+            except ValueError:
+                entries = []
+            for e in entries if isinstance(entries, list) else []:
+                if isinstance(e, dict) and isinstance(e.get("name"), str):
+                    key = json.dumps(e, sort_keys=True)
+                    self.client_defenses.setdefault(key, e)
+                    self.reported.setdefault(key, set()).add(node)
+
+    def defenses(self, strategy: Any, delta: float | None) -> list[dict[str, Any]]:
+        """SecAgg+ (from the messages), the strategy's DP wrappers, the clients' DP mods."""
+        train = [ev for ev in self.rec.events if ev.direction == "up" and _is_train(ev)]
+        rounds_run = len({ev.round for ev in train})
+        per_node: dict[int, int] = {}
+        for ev in train:
+            per_node[ev.node] = per_node.get(ev.node, 0) + 1
+        out = _defenses(self.rec) + describe(strategy, rounds_run, delta)
+        client_rounds = max(per_node.values(), default=0)
+        for key, entry in self.client_defenses.items():
+            entry = dict(entry)
+            if entry.get("mod") == "LocalDpMod" and client_rounds:
+                entry.update({k: v for k, v in _local_dp(_Params(entry), client_rounds).items() if k not in entry})
+            entry["reported_by_clients"] = len(self.reported[key])
+            out.append(entry)
+        return out
+
+
+class _Params:
+    """A described LocalDpMod's parameters read back as attributes."""
+
+    def __init__(self, entry: dict[str, Any]):
+        self.clipping_norm = entry["clipping_norm"]
+        self.sensitivity = entry["sensitivity"]
+        self.epsilon = entry["epsilon"]
+        self.delta = entry["delta"]
+
+
+def _is_train(ev: Any) -> bool:
+    return str(ev.meta.get("flower", {}).get("message_type", "")).startswith("train")
+
+
+@contextlib.contextmanager
+def record_run(
+    grid: Any,
+    context: Any,
+    strategy: Any = None,
+    *,
+    public_info: Callable[[Any], dict] | None = None,
+    schema: SchemaMap | None = None,
+    delta: float | None = None,
+) -> Iterator[Any]:
+    """Record the messages the ServerApp exchanges inside the ``with`` block.
+
+    Yields a recording ``Grid`` (``grid`` itself when the run config's ``privaudit-out`` is empty).
+    On leaving the block the transcript is written to that path (``.ptx``).
+
+    Parameters
+    ----------
+    grid, context : the ServerApp's ``Grid`` and ``Context``
+    strategy : flwr strategy, optional
+        Its DP wrappers (fixed clipping) are recorded with their accounted epsilon.
+    public_info : callable, optional
+        ``public_info(run_config)`` -> the public facts of the app (``n_items``, ...).
+    schema : SchemaMap, optional
+        How the app's records become privaudit kinds (default: whole-matrix replies, by shape).
+    delta : float, optional
+        delta of the accounted epsilon of fixed clipping (default :data:`DEFAULT_DELTA`).
+    """
+    path = recording_path(context.run_config)
+    if not path:
+        yield grid
+        return
+    require_flwr()
+    from privaudit.integrations._flower_grid import RecordingGrid
+
+    if isinstance(grid, RecordingGrid):
+        raise PrivauditError(f"privaudit record already records this run: leave {OUT_KEY} empty")
+    out = Path(path).expanduser()
+    if not out.is_absolute():  # the ServerApp runs in a process Flower starts, in a folder of its own
+        raise PrivauditError(f"{OUT_KEY}={path!r}: give an absolute path")
+    if not out.parent.is_dir():
+        raise PrivauditError(f"{OUT_KEY}={path!r}: the folder {out.parent} does not exist")
+    run_dir = Path(tempfile.mkdtemp(prefix="privaudit-deploy-"))
+    rec = FlowerRecorder(schema or SchemaMap.auto_map(), run_dir)
+    rec.start(dict(context.run_config), public_info(context.run_config) if public_info else {})
+    deploy = _DeployRecorder(rec)
+    try:
+        yield RecordingGrid(grid, deploy)
+    finally:
+        try:
+            seed = context.run_config.get("seed")
+            app = str(getattr(getattr(grid, "run", None), "fab_id", "") or "")
+            t = rec.transcript(
+                app=app,
+                seed=int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None,
+                defenses=deploy.defenses(strategy, delta),
+            )
+            t.config["deployment"] = {"engine": "flower-deployment", "nodes": len(rec.nodes)}
+            t.save(out)
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
