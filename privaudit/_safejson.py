@@ -15,10 +15,22 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DEFAULT_MAX_DEPTH", "RESULTS_MAX_BYTES", "JSONLimitError", "load_file", "loads"]
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "RESULTS_MAX_BYTES",
+    "TOML_MAX_BYTES",
+    "JSONLimitError",
+    "load_file",
+    "loads",
+    "toml_loads",
+]
 
 DEFAULT_MAX_DEPTH = 64
+#: Longest run of digits a number may have (a float64 needs 17 significant digits and 3 of exponent).
+MAX_NUMBER_DIGITS = 40
 RESULTS_MAX_BYTES = 256 * 1024**2  # results.json / audit.json read back by `privaudit report`
+TOML_MAX_BYTES = 1024**2  # plan.toml, a Flower app's pyproject.toml
+TOML_MAX_DEPTH = 32
 
 # a JSON string literal (escapes included); brackets and commas inside strings are not structure
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
@@ -45,6 +57,7 @@ def loads(
     max_depth: int = DEFAULT_MAX_DEPTH,
     max_containers: int | None = None,
     max_values: int | None = None,
+    max_number_digits: int | None = MAX_NUMBER_DIGITS,
 ) -> Any:
     """Parse ``data`` as UTF-8 JSON after checking its size and shape.
 
@@ -59,6 +72,9 @@ def loads(
     max_containers, max_values : int or None
         Refuse documents holding more objects/arrays, or more values (array elements and object
         members), than this; ``None``: no limit besides ``max_bytes``.
+    max_number_digits : int or None
+        Refuse a number with a run of more digits than this (``MAX_NUMBER_DIGITS``; a 401-digit
+        integer overflows every float conversion downstream).
 
     Raises
     ------
@@ -84,6 +100,10 @@ def loads(
         values = bare.count(b",") + containers
         if values > max_values:
             raise JSONLimitError(f"about {values} values, more than the limit of {max_values}")
+    if max_number_digits is not None:
+        long = re.search(rb"[0-9]{%d}" % (max_number_digits + 1), bare)
+        if long:
+            raise JSONLimitError(f"a number has more than {max_number_digits} digits")
     del bare
     try:
         return json.loads(text)
@@ -91,6 +111,48 @@ def loads(
         raise JSONLimitError(f"nested more than {max_depth} levels deep") from None
     except ValueError as exc:
         raise JSONLimitError(f"not valid JSON ({exc})") from None
+
+
+# TOML strings (multi-line first) and comments: brackets inside them are not structure
+_TOML_SKIP = re.compile(r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*', re.DOTALL)
+
+
+def _object_depth(value: Any, limit: int) -> int:
+    """Nesting depth of parsed dicts/lists (iterative; stops counting past ``limit``)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            d += 1
+            deepest = max(deepest, d)
+            if d > limit:
+                return d
+            stack.extend((x, d) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def toml_loads(text: str, *, max_bytes: int = TOML_MAX_BYTES, max_depth: int = TOML_MAX_DEPTH) -> dict:
+    """``tomllib.loads`` after checking the size and the bracket nesting depth (arrays and inline
+    tables nested 1,000 deep make tomllib recurse into ``RecursionError``); dotted keys and table
+    headers are checked on the parsed result."""
+    import tomllib
+
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) > max_bytes:
+        raise JSONLimitError(f"{len(data)} bytes, more than the limit of {max_bytes}")
+    stripped = _TOML_SKIP.sub("", text).encode("utf-8", "surrogatepass").translate(None, _STRUCTURE)
+    depth = _depth(stripped)
+    if depth > max_depth:
+        raise JSONLimitError(f"nested {depth} levels deep, more than the limit of {max_depth}")
+    try:
+        doc = tomllib.loads(text)
+    except RecursionError:
+        raise JSONLimitError(f"nested more than {max_depth} levels deep") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise JSONLimitError(f"not valid TOML ({exc})") from None
+    if _object_depth(doc, max_depth) > max_depth:
+        raise JSONLimitError(f"tables nested more than {max_depth} levels deep")
+    return doc
 
 
 def load_file(path: Any, *, max_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH, **limits: Any) -> Any:

@@ -503,22 +503,225 @@ def test_untouched_base_transcript_attacks_fine(tmp_path, base_ptx):
     assert (tmp_path / "rep" / "results.json").exists()
 
 
-def test_inspect_escapes_control_characters(tmp_path):
-    """A kind and a dataset name holding ANSI escapes and CR print as visible escapes."""
-    t = tr.Transcript("fedmvmf\x1b[31m", {}, 0, {"name": "x\r\x1b[2Kprivaudit: error: fake"}, ["server"])
-    t.add(0, "server", "server", "state\nkinds:", {"V": np.ones(2)})
+def test_inspect_escapes_control_characters(tmp_path, base_ptx):
+    """A dataset name holding ANSI escapes and CR prints as visible escapes; a kind that the
+    schema refuses is named escaped in the one error line."""
+    t = tr.load(base_ptx)
+    t.dataset = dict(t.dataset, name="x\r\x1b[2Kprivaudit: error: fake")
     path = t.save(tmp_path / "esc.ptx")
     res = _run(["inspect", str(path)], tmp_path)
     assert res["rc"] == 0, res["err"]
     assert "\x1b" not in res["out"] and "\r" not in res["out"]
-    assert "\\x1b[31m" in res["out"] and "state\\x0akinds:" in res["out"]
-    assert sum(line.startswith("kinds:") for line in res["out"].splitlines()) == 1
+    assert "\\x1b[2K" in res["out"] and "\\x0d" in res["out"]
+    t.add(0, "server", "server", "state\nkinds:\x1b[31m", {"V": np.ones(2)})
+    bad = t.save(tmp_path / "bad.ptx")
+    res = _run(["inspect", str(bad)], tmp_path)
+    assert res["rc"] == 2 and len(res["err"].splitlines()) == 1 and "\x1b" not in res["err"]
+    assert "is not a fedmvmf message kind" in res["err"] and "kinds:\\x1b[31m" in res["err"]
 
 
-def test_max_bytes_option_raises_the_budget(tmp_path):
-    path = tr.Transcript("fedmvmf", {}, 0, {}, ["server"])
-    path.add(0, "server", "server", "state", {"V": np.ones((512, 512))})
-    file = path.save(tmp_path / "big.ptx")
-    small = _run(["inspect", str(file), "--max-bytes", "1M"], tmp_path)
+def test_max_bytes_option_raises_the_budget(tmp_path, base_ptx):
+    size = sum(a.nbytes for a in tr.iter_payload_arrays(tr.load(base_ptx).messages))
+    small = _run(["inspect", str(base_ptx), "--max-bytes", str(size // 2)], tmp_path)
     assert small["rc"] == 2 and "--max-bytes" in small["err"] and len(small["err"].splitlines()) == 1
-    assert _run(["inspect", str(file), "--max-bytes", "4M"], tmp_path)["rc"] == 0
+    assert _run(["inspect", str(base_ptx), "--max-bytes", str(4 * size + 2**20)], tmp_path)["rc"] == 0
+
+
+# ------------------------------------------------------------------ round two: recorded transcripts
+
+RECORDED_MAP = {
+    "round": "group_id",
+    "round-base": 1,
+    "public": {},
+    "kinds": [
+        {"kind": "model", "direction": "down", "when": ["item-emb/V"], "payload": {"V": "item-emb/V"}},
+        {
+            "kind": "item_update",
+            "direction": "up",
+            "when": ["item-rows/ids", "item-rows/rows"],
+            "payload": {"items": "item-rows/ids", "values": "item-rows/rows"},
+            "meta": {"values": "rows"},
+        },
+    ],
+}
+
+
+def recorded_transcript(clients: int = 12, m: int = 60, k: int = 4, rounds: int = 2) -> tr.Transcript:
+    """A ``flower`` transcript as privaudit record writes it: FedAvg-MF uploads of each client's
+    own 8 items (so generic-trained-items recovers them exactly), the sent models as ``state``."""
+    rng = np.random.default_rng(0)
+    config = {
+        "n_items": m,
+        "rating_min": 1.0,
+        "rating_max": 5.0,
+        "rating_step": 1.0,
+        "schema_map": RECORDED_MAP,
+        "defenses": [],
+        "recorded_from": "flower",
+    }
+    names = [f"client:{i}" for i in range(clients)]
+    t = tr.Transcript("flower", config, 0, {"name": "flower:toy", "users": clients, "items": m}, ["server", *names])
+    own = {}
+    for c in names:
+        own[c] = np.sort(rng.choice(m, 8, replace=False)).astype(np.int64)
+        t.add(0, c, c, "private", {"items": own[c], "ratings": rng.integers(1, 6, 8).astype(np.float64)})
+    V = rng.normal(size=(m, k))
+    for r in range(rounds):
+        t.add(r, "server", "server", "state", {"V": V}, {"of": "model", "to": list(names)})
+        for c in names:
+            t.add(r, "server", c, "model", {"V": V})
+        for c in names:
+            rows = V[own[c]] + 0.1 * rng.normal(size=(8, k))
+            t.add(r, c, "server", "item_update", {"items": own[c], "values": rows}, {"values": "rows"})
+        V = V + 0.01 * rng.normal(size=V.shape)
+    return t
+
+
+def _upload(t: tr.Transcript, index: int = 0):
+    return [m for m in t.messages if m.kind == "item_update"][index]
+
+
+def _recorded_edit(fn):
+    def edit(t: tr.Transcript) -> tr.Transcript:
+        fn(t)
+        return t
+
+    return edit
+
+
+def _set_item(t, value, dtype=np.int64):
+    m = _upload(t)
+    items = m.payload["items"].copy().astype(dtype)
+    items[0] = value
+    m.payload = dict(m.payload, items=items)
+
+
+RECORDED_CASES = {
+    "recorded: item id 5000, n_items 60": (_recorded_edit(lambda t: _set_item(t, 5000)), "id 5000 is outside [0, 60)"),
+    "recorded: no schema map": (_recorded_edit(lambda t: t.config.pop("schema_map")), "no schema_map"),
+    "recorded: no n_items, id 2^40": (
+        _recorded_edit(lambda t: (t.config.pop("n_items"), _set_item(t, 2**40))),
+        "an integer number of items is required",
+    ),
+    "recorded: n_items 2^31-1": (
+        _recorded_edit(lambda t: t.config.update(n_items=2**31 - 1)),
+        "n_items = 2147483647 is outside [1, 1048576]",
+    ),
+    "recorded: items 8 vs values 2x5": (
+        _recorded_edit(lambda t: setattr(_upload(t), "payload", dict(_upload(t).payload, values=np.ones((2, 5))))),
+        "axis 0 has length 2, expected @r = 8",
+    ),
+    "recorded: values K 5 vs V K 4": (
+        _recorded_edit(lambda t: setattr(_upload(t), "payload", dict(_upload(t).payload, values=np.ones((8, 5))))),
+        "axis 1 has length 5",
+    ),
+    "recorded: meta.to an int": (
+        _recorded_edit(lambda t: next(m for m in t.messages if m.kind == "state").meta.update(to=7)),
+        "meta 'to' must be a list",
+    ),
+    "recorded: meta.to names no party": (
+        _recorded_edit(lambda t: next(m for m in t.messages if m.kind == "state").meta.update(to=["client:99"])),
+        "meta 'to' names a party",
+    ),
+    "recorded: 3-D V": (
+        _recorded_edit(
+            lambda t: next(m for m in t.messages if m.kind == "model").payload.update(V=np.ones((60, 4, 2)))
+        ),
+        "3 axes",
+    ),
+    "recorded: negative id": (_recorded_edit(lambda t: _set_item(t, -1)), "id -1 is outside"),
+    "recorded: rating_max 2e9": (_recorded_edit(lambda t: t.config.update(rating_max=2e9)), "levels, more than 1000"),
+    "recorded: negative rating_step": (
+        _recorded_edit(lambda t: t.config.update(rating_step=-0.5)),
+        "rating_step = -0.5 must be positive",
+    ),
+    "recorded: string rating_min": (
+        _recorded_edit(lambda t: t.config.update(rating_min="1")),
+        "rating_min = '1' is not a finite number",
+    ),
+    "recorded: NaN upload": (
+        _recorded_edit(lambda t: _upload(t).payload["values"].__setitem__((0, 0), np.nan)),
+        "NaN or infinite",
+    ),
+    "recorded: defenses [x]": (_recorded_edit(lambda t: t.config.update(defenses=["x"])), "defenses must be a list"),
+    "recorded: float ids": (
+        _recorded_edit(lambda t: _set_item(t, 1.5, dtype=np.float64)),
+        "is not int",
+    ),
+    "recorded: private rating off the scale": (
+        _recorded_edit(
+            lambda t: next(m for m in t.messages if m.kind == "private").payload["ratings"].__setitem__(0, 99.0)
+        ),
+        "values outside [1, 5]",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def recorded_files(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("recorded")
+    files = {}
+    for name, (fn, _) in RECORDED_CASES.items():
+        d = root / _folder(name)
+        d.mkdir()
+        files[name] = fn(recorded_transcript()).save(d / "bad.ptx")
+    return files
+
+
+@pytest.fixture(scope="module")
+def recorded_outcomes(recorded_files) -> dict:
+    """``privaudit audit --transcript`` on each recorded case, in a child (peak RSS measured)."""
+    before = {name: sorted(p.name for p in f.parent.iterdir()) for name, f in recorded_files.items()}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {
+            name: pool.submit(_run, ["audit", "--transcript", "bad.ptx"], f.parent)
+            for name, f in recorded_files.items()
+        }
+    out = {}
+    for name, f in recorded_files.items():
+        res = futures[name].result()
+        res.update(before=before[name], after=sorted(p.name for p in f.parent.iterdir()))
+        out[name] = res
+    return out
+
+
+def _assert_refused(res: dict, expect: str) -> None:
+    lines = res["err"].splitlines()
+    assert res["rc"] == 2, (res["rc"], res["err"][-2000:])
+    assert len(lines) == 1 and lines[0].startswith("privaudit: error: "), res["err"][-2000:]
+    assert expect in lines[0], lines[0]
+    assert "\x1b" not in res["err"] and "\r" not in res["err"]
+
+
+@pytest.mark.parametrize("name", list(RECORDED_CASES))
+def test_recorded_transcript_is_refused_by_audit(recorded_outcomes, name):
+    res = recorded_outcomes[name]
+    _assert_refused(res, RECORDED_CASES[name][1])
+    assert res["rss"] < RSS_LIMIT and res["after"] == res["before"], "the refused command wrote a file"
+    assert "leaks" not in res["out"] and "written" not in res["out"]
+
+
+@pytest.mark.parametrize("name", list(RECORDED_CASES))
+def test_recorded_transcript_is_refused_by_attack_and_inspect(recorded_files, name, capsys, monkeypatch):
+    """The same one-line refusal from attack --transcript and inspect (one validation path)."""
+    from privaudit.cli import main
+
+    monkeypatch.chdir(recorded_files[name].parent)
+    for argv in (["attack", "--transcript", "bad.ptx"], ["inspect", "bad.ptx"]):
+        rc = main(argv)
+        captured = capsys.readouterr()
+        _assert_refused({"rc": rc, "err": captured.err}, RECORDED_CASES[name][1])
+        assert "written" not in captured.out
+    assert sorted(p.name for p in recorded_files[name].parent.iterdir()) == ["bad.ptx"]
+
+
+def test_valid_recorded_transcript_is_audited(tmp_path):
+    """Control: the unedited base of the recorded cases passes and leaks its clients' items
+    (generic-trained-items f1 1.0 against the prior-only baseline's lower f1)."""
+    recorded_transcript().save(tmp_path / "ok.ptx")
+    res = _run(["audit", "--transcript", "ok.ptx", "-o", "aud"], tmp_path)
+    assert res["rc"] == 0, res["err"]
+    rows = {r["attack"]: r for r in json.loads((tmp_path / "aud" / "audit.json").read_text())["rows"]}
+    items = rows["generic-trained-items"]
+    assert items["metrics"]["f1"] == pytest.approx(1.0) and items["verdict"] == "leaks"
+    assert items["metrics"]["f1"] > items["baseline_prior"]["f1"] + 0.3
