@@ -744,11 +744,11 @@ def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
         manifest = _read_manifest(path, zf, infos["manifest.json"], limits)
         if manifest.get("format") != FORMAT_NAME:
             raise _fail(path, f"unknown format {manifest.get('format')!r} (expected {FORMAT_NAME!r})")
-        if manifest.get("version") != FORMAT_VERSION:
+        version = manifest.get("version")
+        if type(version) is not int or version != FORMAT_VERSION:  # 1.0 and true are not the integer 1
             raise _fail(
                 path,
-                f"unsupported transcript version {manifest.get('version')!r} "
-                f"(this privaudit reads version {FORMAT_VERSION})",
+                f"unsupported transcript version {version!r} (this privaudit reads version {FORMAT_VERSION})",
             )
         where = f"{path}: manifest"
         protocol = _require(manifest, "protocol", str, where)
@@ -760,8 +760,8 @@ def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
         if not isinstance(parties, list) or not all(isinstance(p, str) for p in parties):
             raise _fail(where, "parties must be a list of strings")
         seed = manifest.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise _fail(where, "seed must be an integer or null")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
+            raise _fail(where, "seed must be an integer in [0, 2**63) or null")
         arrays_table = manifest.get("arrays")
         if arrays_table is not None and not isinstance(arrays_table, dict):
             raise _fail(where, "'arrays' must be an object")

@@ -410,6 +410,10 @@ def outcomes(tmp_path_factory, base_ptx) -> dict:
             archive(extra=[entry("arrays/\x1b[2K\rprivaudit: ok.npy", good, method=99)]),
             "compression method 99",
         ),
+        # the three files of the first round that were still accepted
+        ("negative seed", archive(manifest_entry=entry("manifest.json", manifest(seed=-1))), "seed must be"),
+        ("version 1.0", archive(manifest_entry=entry("manifest.json", manifest(version=1.0))), "version 1.0"),
+        ("version true", archive(manifest_entry=entry("manifest.json", manifest(version=True))), "version True"),
     ]
     for name, data, expect in cases:
         inspect_case(name, data, expect)
@@ -470,6 +474,9 @@ def _cases() -> list[str]:
         "absurd message count in the manifest",
         "path traversal",
         "control characters in a member name",
+        "negative seed",
+        "version 1.0",
+        "version true",
         "duplicate member (attack)",
         *SCHEMA_CASES,
         "report on deeply nested results.json",
@@ -725,3 +732,401 @@ def test_valid_recorded_transcript_is_audited(tmp_path):
     items = rows["generic-trained-items"]
     assert items["metrics"]["f1"] == pytest.approx(1.0) and items["verdict"] == "leaks"
     assert items["metrics"]["f1"] > items["baseline_prior"]["f1"] + 0.3
+
+
+# ------------------------------------------------------------------ round two: plan files and bounds
+
+
+def _main(argv: list[str], capsys) -> tuple[int, str, str]:
+    from privaudit.cli import main
+
+    rc = main(argv)
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def _plan_text() -> str:
+    from privaudit.plan import plan_to_toml, resolve
+
+    return plan_to_toml(resolve("fedmvmf", seeds=1, jobs=1))
+
+
+def _with(text: str, table: str, line: str) -> str:
+    """``text`` with ``line`` added at the top of ``[table]`` (replacing a key of the same name)."""
+    key = line.split("=")[0].strip()
+    out, inside = [], False
+    for row in text.splitlines():
+        if row.startswith("["):
+            inside = row.strip() == f"[{table}]"
+            out.append(row)
+            if inside:
+                out.append(line)
+            continue
+        if inside and row.split("=")[0].strip().strip('"') == key:
+            continue
+        out.append(row)
+    return "\n".join(out) + "\n"
+
+
+PLAN_CASES = {
+    "seeds 10^9": (("run", "seeds = 1000000000"), "seeds = 1000000000 is more than privaudit's cap of 1000"),
+    "jobs 10^6": (("run", "jobs = 1000000"), "jobs = 1000000 is more than privaudit's cap of 1024"),
+    "users 10^9": (("run", "users = 1000000000"), "users = 1000000000 is more than privaudit's cap"),
+    "K 10^6": (("protocol", "K = 1000000"), "K must be at most 4096"),
+    "epochs 10^9": (("protocol", "epochs = 1000000000"), "epochs must be at most 100000"),
+    "sweep of 2000 values": (None, "sweep values = 2000 is more than privaudit's cap of 1000"),
+    "TOML nested 1000 deep": (("protocol", "x = " + "[" * 1000 + "]" * 1000), "nested 1000 levels deep"),
+    "dotted keys 1000 deep": (("protocol", ".".join(["a"] * 1000) + " = 1"), "nested more than 32 levels deep"),
+}
+
+
+@pytest.mark.parametrize("name", list(PLAN_CASES))
+def test_plan_file_bounds_are_checked_before_any_work(tmp_path, capsys, monkeypatch, name):
+    edit, expect = PLAN_CASES[name]
+    text = _plan_text()
+    if edit is None:
+        text += '\n[sweep]\ntarget = "protocol"\nparam = "K"\nvalues = [' + ", ".join(["2"] * 2000) + "]\n"
+    else:
+        text = _with(text, *edit)
+    (tmp_path / "plan.toml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = _main(["attack", "--config", "plan.toml"], capsys)
+    _assert_refused({"rc": rc, "err": err}, expect)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.toml"]
+
+
+@pytest.mark.parametrize(
+    "argv, expect",
+    [
+        (["--protocol", "fedrec", "--set", "T=1000000000"], "T must be at most 100000"),
+        (["--protocol", "fedrec", "--set", "d=1000000"], "d must be at most 4096"),
+        (["--protocol", "fedmvmf", "--seeds", "1000000000"], "seeds = 1000000000 is more than"),
+        (["--protocol", "fedmvmf", "--jobs", "1000000"], "jobs = 1000000 is more than"),
+        (["--protocol", "fedmvmf", "--sweep", "protocol.K=" + ",".join(["2"] * 10**6)], "more than 1000 values"),
+    ],
+)
+def test_command_line_bounds(tmp_path, capsys, monkeypatch, argv, expect):
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = _main(["attack", *argv], capsys)
+    _assert_refused({"rc": rc, "err": err}, expect)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _listener():
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4)
+    sock.settimeout(1.0)
+    return sock
+
+
+def _connections(sock) -> int:
+
+    seen = 0
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except TimeoutError:
+            return seen
+        conn.close()
+        seen += 1
+
+
+def test_a_plan_cannot_choose_where_privaudit_connects(tmp_path, capsys, monkeypatch):
+    """A plan (attack or audit) naming tcp://127.0.0.1:PORT is refused in one line; the local
+    listener sees no connection. local:N workers stay allowed in a plan."""
+    from privaudit.plan import load_plan
+
+    sock = _listener()
+    port = sock.getsockname()[1]
+    monkeypatch.chdir(tmp_path)
+    try:
+        attack_plan = _with(_plan_text(), "run", f'scheduler = "tcp://127.0.0.1:{port}"')
+        (tmp_path / "attack.toml").write_text(attack_plan)
+        audit_plan = f'[audit]\nprotocol = "fedmvmf"\ndata = "synthetic"\nseeds = 1\nscheduler = "127.0.0.1:{port}"\n'
+        (tmp_path / "audit.toml").write_text(audit_plan)
+        for argv in (["attack", "--config", "attack.toml"], ["audit", "--config", "audit.toml"]):
+            rc, _, err = _main(argv, capsys)
+            _assert_refused({"rc": rc, "err": err}, "a plan file cannot choose where privaudit connects")
+        assert _connections(sock) == 0
+    finally:
+        sock.close()
+    (tmp_path / "local.toml").write_text(_with(_plan_text(), "run", 'scheduler = "local:2"'))
+    assert load_plan(tmp_path / "local.toml").scheduler == "local:2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attack.toml", "audit.toml", "local.toml"]
+
+
+def test_app_pyproject_nesting_is_capped(tmp_path, capsys):
+    (tmp_path / "pyproject.toml").write_text("[tool.flwr.app]\nx = " + "[" * 1000 + "]" * 1000 + "\n")
+    rc, _, err = _main(["record", "--flower", str(tmp_path), "-o", str(tmp_path / "run.ptx")], capsys)
+    _assert_refused({"rc": rc, "err": err}, "nested 1000 levels deep")
+    assert not (tmp_path / "run.ptx").exists()
+
+
+# ------------------------------------------------------------------ round two: --force and safe writes
+
+
+def test_force_is_needed_with_or_without_out(tmp_path, capsys, monkeypatch, base_ptx):
+    """attack --config, audit --config, audit --transcript, record and run: an existing output
+    (the default folder too) is refused without --force, before any work."""
+    from privaudit.plan import load_plan
+    from privaudit.reports.render import default_out_dir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plan.toml").write_text(_plan_text())
+    plan = load_plan("plan.toml")
+    sweep = plan.sweep.label if plan.sweep else None
+    folders = [
+        (["attack", "--config", "plan.toml"], default_out_dir({"protocol": "fedmvmf", "sweep": sweep})),
+        (["audit", "--config", "audit.toml"], Path("privaudit-report/fedmvmf-audit")),
+        (["audit", "--transcript", str(base_ptx)], Path("privaudit-report/transcript-audit")),
+    ]
+    (tmp_path / "audit.toml").write_text('[audit]\nprotocol = "fedmvmf"\ndata = "synthetic"\nseeds = 1\n')
+    for argv, folder in folders:
+        folder.mkdir(parents=True)
+        (folder / "keep.txt").write_text("mine")
+        rc, _, err = _main(argv, capsys)
+        _assert_refused({"rc": rc, "err": err}, "already exists; pass --force")
+        assert sorted(p.name for p in folder.iterdir()) == ["keep.txt"]
+    (tmp_path / "old.ptx").write_text("mine")
+    for argv in (
+        ["record", "--flower", str(ROOT / "examples" / "flower-fedavg-mf"), "-o", "old.ptx"],
+        ["run", "--protocol", "fedmvmf", "-o", "old.ptx"],
+    ):
+        rc, _, err = _main(argv, capsys)
+        _assert_refused({"rc": rc, "err": err}, "old.ptx already exists; pass --force")
+    assert (tmp_path / "old.ptx").read_text() == "mine"
+
+
+def test_only_regular_files_are_replaced(tmp_path, capsys, monkeypatch):
+    """A device node or a symbolic link as -o is refused even with --force."""
+    monkeypatch.chdir(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (tmp_path / "link.ptx").symlink_to(victim)
+    app = str(ROOT / "examples" / "flower-fedavg-mf")
+    for target, expect in (("/dev/null", "not a regular file"), ("link.ptx", "symbolic link")):
+        for argv in (
+            ["record", "--flower", app, "-o", target, "--force"],
+            ["run", "--protocol", "fedmvmf", "-o", target, "--force"],
+        ):
+            rc, _, err = _main(argv, capsys)
+            _assert_refused({"rc": rc, "err": err}, expect)
+    assert victim.read_text() == "mine" and Path("/dev/null").is_char_device()
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory, base_ptx) -> Path:
+    """A real report folder (attack --transcript on the base transcript)."""
+    folder = tmp_path_factory.mktemp("report")
+    res = _run(["attack", "--transcript", str(base_ptx), "--out", "rep", "--quiet"], folder)
+    assert res["rc"] == 0, res["err"]
+    return folder / "rep"
+
+
+def _copy_report(report_dir: Path, dest: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(report_dir, dest))
+
+
+def test_planted_symlinks_are_never_written_through(tmp_path, capsys, monkeypatch, report_dir, base_ptx):
+    """Symlinks planted where report, audit and reconstruction files go (and under the old
+    predictable temporary names) are refused; their targets stay untouched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    rep = _copy_report(report_dir, tmp_path / "rep")
+    for pid in range(os.getpid(), os.getpid() + 200):  # the former .NAME.<pid>.tmp.SUFFIX names
+        (rep / f".report.md.{pid}.tmp.md").symlink_to(victim)
+    rc, out, err = _main(["report", str(rep)], capsys)
+    assert rc == 0, err
+    assert victim.read_text() == "mine"
+    (rep / "results.csv").unlink()
+    (rep / "results.csv").symlink_to(victim)
+    rc, out, err = _main(["report", str(rep)], capsys)
+    _assert_refused({"rc": rc, "err": err}, "is a symbolic link")
+    aud = tmp_path / "aud"
+    aud.mkdir()
+    (aud / "audit.json").symlink_to(victim)
+    rc, _, err = _main(["audit", "--transcript", str(base_ptx), "-o", str(aud), "--force"], capsys)
+    _assert_refused({"rc": rc, "err": err}, "is a symbolic link")
+    bare = tr.load(base_ptx).without_private().save(tmp_path / "bare.ptx")
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    (rec / "reconstruction.json").symlink_to(victim)
+    rc, _, err = _main(["attack", "--transcript", str(bare), "-o", str(rec), "--force"], capsys)
+    _assert_refused({"rc": rc, "err": err}, "is a symbolic link")
+    (tmp_path / "linked").symlink_to(tmp_path / "rec", target_is_directory=True)
+    rc, _, err = _main(["audit", "--transcript", str(base_ptx), "-o", str(tmp_path / "linked"), "--force"], capsys)
+    _assert_refused({"rc": rc, "err": err}, "is a symbolic link")
+    assert victim.read_text() == "mine"
+    assert not [p for p in tmp_path.rglob("*.tmp*") if not p.is_symlink()], "a temporary file was left behind"
+
+
+# ------------------------------------------------------------------ round two: report inputs
+
+
+def test_csv_formula_guard_covers_tab_and_cr():
+    import csv as csv_module
+
+    from privaudit.reports.render import csv_text
+
+    cells = ["=1+1", "+1", "-1", "@SUM(A1)", "\t=2+2", "\r=2+2", "plain"]
+    text = csv_text({"points": [{"value": v, "seed": 0, "reason": v} for v in cells]})
+    rows = list(csv_module.DictReader(io.StringIO(text, newline="")))
+    assert [r["reason"] for r in rows] == ["'" + c.replace("\r", "\\r") for c in cells[:-1]] + ["plain"]
+
+
+def test_terminal_never_sees_control_characters(tmp_path, capsys, report_dir):
+    """Metric and defense names with ESC/CR from a results.json print as visible escapes."""
+    rep = _copy_report(report_dir, tmp_path / "rep")
+    data = json.loads((rep / "results.json").read_text())
+    for p in data["points"]:
+        p["attack_metrics"]["\x1b[2K\rfake"] = 0.5
+    data["defenses"] = [{"name": "x\x1b]0;title\x07"}]
+    (rep / "results.json").write_text(json.dumps(data))
+    rc, out, err = _main(["report", str(rep)], capsys)
+    assert rc == 0, err
+    assert "\x1b" not in out + err and "\r" not in out + err and "\x07" not in out + err
+
+
+def _results_head() -> str:
+    return '{"protocol":"x","attack":"y","sweep":null,'
+
+
+def test_report_inputs_are_bounded(tmp_path):
+    """20,000 metric names, 5*10^6 points and a 401-digit number: refused in one line, fast."""
+    cases = {
+        "metrics": (
+            _results_head() + '"points":[{"attack_metrics":{' + ",".join(f'"m{i}":1' for i in range(20_000)) + "}}]}",
+            "more than the limit of 500",
+        ),
+        "points": (_results_head() + '"points":[' + ",".join(["{}"] * 5_000_000) + "]}", "more than the limit"),
+        "digits": (_results_head() + '"points":[{"value":' + "9" * 401 + "}]}", "more than 40 digits"),
+    }
+    jobs = {}
+    for name, (text, expect) in cases.items():
+        d = tmp_path / name
+        d.mkdir()
+        (d / "results.json").write_text(text)
+        jobs[name] = (d, expect)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(_run, ["report", "."], d) for name, (d, _) in jobs.items()}
+    for name, (d, expect) in jobs.items():
+        res = futures[name].result()
+        _assert_refused(res, expect)
+        assert res["rss"] < RSS_LIMIT and sorted(p.name for p in d.iterdir()) == ["results.json"]
+
+
+def test_inspect_refuses_non_regular_files(tmp_path):
+    fifo = tmp_path / "pipe.ptx"
+    os.mkfifo(fifo)
+    for target in ("/dev/zero", str(fifo)):
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        proc = subprocess.run(
+            [sys.executable, "-m", "privaudit", "inspect", target],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            cwd=tmp_path,
+        )
+        _assert_refused({"rc": proc.returncode, "err": proc.stderr}, "not a regular file")
+
+
+# ------------------------------------------------------------------ round two: keys
+
+
+def test_paillier_short_keys(tmp_path, capsys, monkeypatch):
+    """1024 bits refused without insecure_test_key; 512 with it: a warning on the console and
+    in the report header (Markdown and HTML)."""
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = _main(["attack", "--protocol", "privmvmf", "--defense", "paillier:key_length=1024"], capsys)
+    _assert_refused({"rc": rc, "err": err}, "key_length must be >= 2048")
+    argv = ["attack", "--protocol", "privmvmf", "--defense", "paillier:key_length=512,insecure_test_key=true"]
+    argv += ["--users", "6", "--set", "epochs=1", "--seeds", "1", "--jobs", "1", "--quiet", "-o", "rep"]
+    rc, out, err = _main(argv, capsys)
+    assert rc == 0, err
+    assert "warning: paillier key_length = 512 bits is below 2048" in err
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert md.splitlines()[2].startswith("> **Warning.** paillier ran with a 512-bit key")
+    assert "<strong>Warning.</strong> paillier ran with a 512-bit key" in (tmp_path / "rep" / "report.html").read_text()
+
+
+# ------------------------------------------------------------------ round two: signals on record
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _processes() -> list[tuple[int, int, int, str]]:
+    """(pid, ppid, pgid, args) of every process (ps)."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,pgid=,args="], capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        pid, ppid, pgid, *args = line.split(None, 3)
+        rows.append((int(pid), int(ppid), int(pgid), args[0] if args else ""))
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_record_stops_and_leaves_no_ray_process(tmp_path, sig):
+    """Ctrl-C (SIGINT) stops `privaudit record` in under 10 s with exit code 130; after SIGTERM or
+    SIGKILL of the parent no process of the recording's group (raylet, GCS, agents, workers)
+    is left, and Ray's session folder (in a private temporary folder) is removed."""
+    import signal
+    import time
+
+    pytest.importorskip("flwr")
+    pytest.importorskip("ray")
+    tmp_root = Path(tempfile.mkdtemp(prefix="pt", dir="/tmp"))  # short: Ray's socket paths
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_root))
+    app = str(ROOT / "examples" / "flower-fedavg-mf")
+    argv = [sys.executable, "-m", "privaudit", "record", "--flower", app, "--clients", "3", "--rounds", "1000"]
+    proc = subprocess.Popen([*argv, "-o", "run.ptx"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 150
+        group = []
+        while time.monotonic() < deadline:
+            rows = _processes()
+            child = next((pid for pid, ppid, _, _ in rows if ppid == proc.pid), None)
+            group = [pid for pid, _, pgid, _ in rows if child is not None and pgid == child]
+            if any(str(tmp_root) in args and "raylet" in args for _, _, _, args in rows):
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("Ray did not start")
+        time.sleep(2)
+        group = [pid for pid, _, pgid, _ in _processes() if pgid == child]
+        assert len(group) >= 4, group  # the child, GCS, raylet, agents/workers
+        t0 = time.monotonic()
+        os.kill(proc.pid, getattr(signal, sig))
+        if sig == "SIGKILL":
+            proc.wait(timeout=10)
+        else:
+            _, err = proc.communicate(timeout=10)
+            assert time.monotonic() - t0 < 10
+            assert proc.returncode == (130 if sig == "SIGINT" else 128 + signal.SIGTERM)
+            assert err.splitlines()[-1].startswith("privaudit: interrupted") or sig == "SIGTERM", err[-500:]
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_alive(p) for p in group):
+            time.sleep(0.25)
+        assert not [p for p in group if _alive(p)], "processes of the recording survived"
+        while time.monotonic() < deadline and any(tmp_root.iterdir()):
+            time.sleep(0.25)
+        assert list(tmp_root.iterdir()) == [], "the private temporary folder was left behind"
+        assert not (tmp_path / "run.ptx").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        import shutil
+
+        shutil.rmtree(tmp_root, ignore_errors=True)

@@ -341,6 +341,10 @@ def parse_overrides(items: Iterable[str], defaults: dict[str, Any]) -> dict[str,
     return out
 
 
+#: Smallest ``cpus_per_client``: Ray starts (machine CPUs / this) worker processes.
+MIN_CPUS_PER_CLIENT = 0.25
+
+
 @dataclass
 class Recording:
     """Outcome of :func:`record`: the transcript, the ServerApp's final context, the timing."""
@@ -397,8 +401,8 @@ def record(
         raise PrivauditError(f"--clients must be at least 2, got {clients}")
     if rounds is not None and rounds < 1:
         raise PrivauditError(f"--rounds must be at least 1, got {rounds}")
-    if not cpus_per_client > 0:
-        raise PrivauditError(f"--cpus-per-client must be positive, got {cpus_per_client}")
+    if not MIN_CPUS_PER_CLIENT <= cpus_per_client <= 1024:  # Ray starts CPUs / C worker processes
+        raise PrivauditError(f"--cpus-per-client must be in [{MIN_CPUS_PER_CLIENT}, 1024], got {cpus_per_client}")
     app = load_app(app_dir)
     require_flwr()
     overrides = dict(run_config or {})
@@ -504,7 +508,7 @@ def _simulate(
     transcript = None
     if recorder:
         seed = fused.get("seed")
-        seed = int(seed) if isinstance(seed, int) else None
+        seed = int(seed) if isinstance(seed, int) and 0 <= seed < 2**63 else None
         transcript = rec.transcript(app=app.name, seed=seed, defenses=_defenses(rec))
         transcript.config["simulation"] = {"clients": clients, "seconds": round(seconds, 3)}
     return Recording(transcript, result.context, seconds, path)
@@ -614,6 +618,8 @@ def record_to_file(
         raise PrivauditError(f"--clients must be in [2, {MAX_CLIENTS}], got {clients}")
     if rounds is not None and not 1 <= rounds <= MAX_ROUNDS:
         raise PrivauditError(f"--rounds must be in [1, {MAX_ROUNDS}], got {rounds}")
+    if not MIN_CPUS_PER_CLIENT <= cpus_per_client <= 1024:
+        raise PrivauditError(f"--cpus-per-client must be in [{MIN_CPUS_PER_CLIENT}, 1024], got {cpus_per_client}")
     load_app(app_dir)
     require_flwr()
     scratch = Path(tempfile.mkdtemp(prefix="pa-", dir=_short_temp_root()))

@@ -682,8 +682,9 @@ def csv_text(results: Mapping[str, Any]) -> str:
             v = r.get(k)
             if v is None or (isinstance(v, float) and math.isnan(v)):
                 out[k] = ""
-            elif isinstance(v, str) and v[:1] in _FORMULA_START:
-                out[k] = "'" + v  # no formula injection in spreadsheets
+            elif isinstance(v, str):
+                # no formula injection in spreadsheets; a CR (which the writer does not quote) shown as \r
+                out[k] = ("'" + v if v[:1] in _FORMULA_START else v).replace("\r", "\\r")
             else:
                 out[k] = v
         writer.writerow(out)
