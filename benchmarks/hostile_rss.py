@@ -74,7 +74,7 @@ def _round_two(folder: Path) -> dict[str, tuple[list[str], Path]]:
         d = place(name)
         (d / "results.json").write_text(text)
         cases[name] = (["report", "."], d)
-    cases["inspect /dev/zero"] = (["inspect", "/dev/zero"], place("zero"))
+    cases["inspect /dev/zero"] = (["inspect", "/dev/zero"], place("inspect dev zero"))
     return cases
 
 

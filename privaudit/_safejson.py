@@ -41,13 +41,18 @@ class JSONLimitError(ValueError):
     """A document is not valid JSON or exceeds a limit (message: one line, no traceback)."""
 
 
-def _depth(brackets: bytes) -> int:
-    """Maximum nesting depth of a string of ``[]{}`` characters."""
-    if not brackets:
-        return 0
-    b = np.frombuffer(brackets, dtype=np.uint8)
-    step = np.where((b == ord("[")) | (b == ord("{")), 1, -1).astype(np.int32)
-    return int(np.cumsum(step, dtype=np.int32).max())
+def _depth(brackets: bytes, chunk: int = 1 << 22) -> int:
+    """Maximum nesting depth of a string of ``[]{}`` characters (in chunks: memory stays a few
+    times ``chunk`` bytes however many brackets there are)."""
+    deepest, level = 0, 0
+    for start in range(0, len(brackets), chunk):
+        b = np.frombuffer(brackets, dtype=np.uint8, count=min(chunk, len(brackets) - start), offset=start)
+        step = (b == ord("[")).view(np.int8) + (b == ord("{")).view(np.int8)
+        step = 2 * step.astype(np.int64) - 1
+        running = np.cumsum(step) + level
+        deepest = max(deepest, int(running.max()))
+        level = int(running[-1])
+    return deepest
 
 
 def loads(
@@ -85,14 +90,10 @@ def loads(
         data = data.encode("utf-8", "surrogatepass")
     if len(data) > max_bytes:
         raise JSONLimitError(f"{len(data)} bytes, more than the limit of {max_bytes}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise JSONLimitError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    depth = _depth(_STRING.sub(b"", data).translate(None, _STRUCTURE))
+    bare = _STRING.sub(b'""', data)  # strings emptied: what is left is structure and numbers
+    depth = _depth(bare.translate(None, _STRUCTURE))
     if depth > max_depth:
         raise JSONLimitError(f"nested {depth} levels deep, more than the limit of {max_depth}")
-    bare = _STRING.sub(b'""', data)
     containers = bare.count(b"{") + bare.count(b"[")
     if max_containers is not None and containers > max_containers:
         raise JSONLimitError(f"{containers} objects/arrays, more than the limit of {max_containers}")
@@ -105,6 +106,10 @@ def loads(
         if long:
             raise JSONLimitError(f"a number has more than {max_number_digits} digits")
     del bare
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JSONLimitError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:
         return json.loads(text)
     except RecursionError:  # pragma: no cover - the depth check above runs first
