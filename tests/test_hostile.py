@@ -1042,6 +1042,10 @@ def test_inspect_refuses_non_regular_files(tmp_path):
 def test_paillier_short_keys(tmp_path, capsys, monkeypatch):
     """1024 bits refused without insecure_test_key; 512 with it: a warning on the console and
     in the report header (Markdown and HTML)."""
+    from privaudit.defenses.paillier import MIN_KEY_LENGTH
+    from privaudit.reports.render import MIN_KEY_BITS
+
+    assert MIN_KEY_BITS == MIN_KEY_LENGTH == 2048
     monkeypatch.chdir(tmp_path)
     rc, _, err = _main(["attack", "--protocol", "privmvmf", "--defense", "paillier:key_length=1024"], capsys)
     _assert_refused({"rc": rc, "err": err}, "key_length must be >= 2048")
