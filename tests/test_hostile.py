@@ -1136,3 +1136,16 @@ def test_record_stops_and_leaves_no_ray_process(tmp_path, sig):
         import shutil
 
         shutil.rmtree(tmp_root, ignore_errors=True)
+
+
+def test_record_help_says_the_app_code_runs(capsys):
+    from privaudit.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["record", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert exc.value.code == 0
+    assert "recording executes the app's own Python code" in out and "record only apps you trust" in out
+    assert "--force" in out
+    doc = (ROOT / "docs" / "flower.md").read_text()
+    assert "Warning: recording executes the app's own code." in doc
