@@ -454,7 +454,7 @@ def _check_writable(path, force: bool, what: str, folder: bool) -> None:
 def _warn_short_keys(defenses) -> None:
     """``warning: ...`` on stderr for every defense with a short key (``(class, params)`` pairs)."""
     for cls, params in defenses:
-        line = getattr(cls(**params), "short_key_warning", None) if hasattr(cls, "short_key_warning") else None
+        line = getattr(cls(**params), "short_key_warning", None)  # defenses are cheap to build (keys are lazy)
         if line:
             print(f"warning: {line}", file=sys.stderr)
 
