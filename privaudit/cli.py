@@ -63,6 +63,14 @@ def _max_bytes_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _say(text: object, file=None) -> None:
+    """Print ``text`` line by line with every control character escaped (:mod:`privaudit._escape`):
+    names from files (metrics, defenses, attacks, reasons) never act on the terminal."""
+    from privaudit._escape import printable
+
+    print("\n".join(printable(line) for line in str(text).split("\n")), file=file)
+
+
 def _human_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -105,7 +113,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             needs = "".join(
                 f" [needs privaudit[{e}]{': not installed' if e in r['missing'] else ''}]" for e in r["extras"]
             )
-            print(f"{r['kind']:<9} {r['name']:<{width}}  {r['description']}{needs}")
+            _say(f"{r['kind']:<9} {r['name']:<{width}}  {r['description']}{needs}")
     for err in registry.plugin_errors():
         print(f"warning: plugin failed to load: {err}", file=sys.stderr)
     return 0
@@ -154,7 +162,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(entries, indent=2, default=str))
     else:
-        print("\n\n".join("\n".join(_format_description(e)) for e in entries))
+        _say("\n\n".join("\n".join(_format_description(e)) for e in entries))
     return 0
 
 
@@ -173,7 +181,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from privaudit._escape import printable as esc
 
     kwargs = {} if args.max_bytes is None else {"max_bytes": args.max_bytes}
-    t = tr.load(args.file, **kwargs)
+    t = tr.load_validated(args.file, **kwargs)  # the same schema check as attack and audit
     s = tr.summarize(t)
     if args.json:  # json.dumps escapes control characters itself
         print(json.dumps(s, indent=2, default=str))
@@ -417,6 +425,8 @@ def _check_writable(path, force: bool, what: str, folder: bool) -> None:
     from pathlib import Path
 
     path = Path(path)
+    if path.is_symlink():
+        raise PrivauditError(f"{path}: is a symbolic link; privaudit does not write through links (remove it)")
     if folder:
         if path.exists() and not path.is_dir():
             raise PrivauditError(f"{path}: exists and is not a folder (give another {what})")
@@ -433,10 +443,27 @@ def _check_writable(path, force: bool, what: str, folder: bool) -> None:
         raise PrivauditError(f"{path}: the folder {parent} does not exist")
     if path.is_dir():
         raise PrivauditError(f"{path}: is a folder (give a file name for {what})")
+    if path.exists() and not path.is_file():
+        raise PrivauditError(f"{path}: exists and is not a regular file; privaudit replaces only regular files")
     if path.exists() and not force:
         raise PrivauditError(f"{path} already exists; pass --force to replace it")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise PrivauditError(f"{path}: not writable")
+
+
+def _warn_short_keys(defenses) -> None:
+    """``warning: ...`` on stderr for every defense with a short key (``(class, params)`` pairs)."""
+    for cls, params in defenses:
+        line = getattr(cls(**params), "short_key_warning", None)  # defenses are cheap to build (keys are lazy)
+        if line:
+            print(f"warning: {line}", file=sys.stderr)
+
+
+def _warn_short_key_specs(specs) -> None:
+    from privaudit import registry
+    from privaudit.params import parse_spec
+
+    _warn_short_keys([(registry.get("defense", n), p) for n, p in (parse_spec(s, "--defense") for s in specs or ())])
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
@@ -454,6 +481,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     _check_writable(args.output, args.force, "-o FILE", folder=False)
     _check_extras(args.protocol, None, args.defense)
+    _warn_short_key_specs(args.defense)
     args.sweep = args.noise = None
     _print_estimate(args, 1)
     data = _dataset(args)
@@ -539,8 +567,13 @@ def cmd_attack(args: argparse.Namespace) -> int:
         if given:
             raise PrivauditError(f"--config cannot be combined with {', '.join(given)} (edit the plan instead)")
         plan = load_plan(args.config, jobs=args.jobs, scheduler=args.scheduler)
-        if args.out:
-            _check_writable(args.out, args.force, "--out DIR", folder=True)
+        if not args.out:
+            from privaudit.reports.render import default_out_dir
+
+            sweep = plan.sweep.label if plan.sweep is not None else None
+            args.out = str(default_out_dir({"protocol": plan.protocol_cls.name, "sweep": sweep}))
+        _check_writable(args.out, args.force, "--out DIR", folder=True)
+        _warn_short_keys(plan.defenses)
         results = experiment.run_plan(plan)
     elif args.transcript:
         given = [f"--{k}" for k in _SIMULATION_ONLY if getattr(args, k) not in (None, [], False)]
@@ -551,13 +584,12 @@ def cmd_attack(args: argparse.Namespace) -> int:
             raise PrivauditError(f"--transcript cannot be combined with {', '.join(given)}")
         from privaudit import transcript as tr
 
-        if not Path(args.transcript).exists():
-            raise PrivauditError(f"{args.transcript}: no such transcript file")
-        recorded = tr.load(args.transcript, **({} if args.max_bytes is None else {"max_bytes": args.max_bytes}))
+        recorded = tr.load_validated(
+            args.transcript, **({} if args.max_bytes is None else {"max_bytes": args.max_bytes})
+        )
         if not recorded.has_private:  # no ground truth: run the attack, write what it recovered
             from privaudit.integrations.recorded import reconstruct
 
-            experiment.validate_transcript(recorded)
             out, name = reconstruct(recorded, args.attack, args.out or "privaudit-report/transcript-unscored")
             print(
                 f"note: {args.transcript} holds no private messages: nothing to score {name} against; "
@@ -589,6 +621,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
             scheduler=args.scheduler,
         )
         plan = exp.plan()  # names resolved and everything validated before any compute
+        _warn_short_keys(plan.defenses)
         if defaults_note:
             print(defaults_note)
         _print_estimate(args, experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds)
@@ -598,11 +631,11 @@ def cmd_attack(args: argparse.Namespace) -> int:
         results["verdicts"] = rs.experiment_verdicts(results)
     out = reports.write_report(results, args.out, plan_toml=plan_to_toml(plan) if plan is not None else None)
     if not args.quiet:
-        print(reports.format_table(results))
+        _say(reports.format_table(results))
         line = _reference_line(results)
         if line:
-            print(line)
-    print(f"report written to {out}/")
+            _say(line)
+    _say(f"report written to {out}/")
     return 0
 
 
@@ -615,8 +648,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from privaudit import reports
 
     out = reports.rerender(args.dir)
-    print(reports.format_table(reports.read_results(out)))
-    print(f"report re-rendered in {out}/")
+    _say(reports.format_table(reports.read_results(out)))
+    _say(f"report re-rendered in {out}/")
     return 0
 
 
@@ -644,6 +677,7 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
         "-o", "--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-audit-<dataset>/)"
     )
     _force_arg(p)
+    _max_bytes_arg(p)
     p.add_argument("--config", metavar="FILE.toml", help="rerun the plan.toml an audit folder records")
     _margin_arg(p)
     format_help = p.format_help
@@ -662,11 +696,13 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
 )
 def cmd_audit(args: argparse.Namespace) -> int:
     from privaudit import audit as au
-    from privaudit.plan import audit_to_toml, load_audit_fields, parse_assignments
+    from privaudit.plan import audit_to_toml, check_bounds, load_audit_fields, parse_assignments
     from privaudit.runner import default_jobs
 
     if args.transcript:
         return _audit_transcript(args)
+    if args.max_bytes is not None:
+        raise PrivauditError("--max-bytes applies to --transcript only")
     if args.config:
         given = [
             f"--{k}" for k in ("protocol", "users", "seeds", "attack", "defense") if getattr(args, k) not in (None, [])
@@ -681,8 +717,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
             fields["jobs"] = args.jobs
         if args.scheduler is not None:
             fields["scheduler"] = args.scheduler
-        if args.out:
-            _check_writable(args.out, args.force, "--out DIR", folder=True)
+        check_bounds(jobs=fields.get("jobs"))
+        args.out = args.out or str(au.default_out_dir(fields["protocol"]))
+        _check_writable(args.out, args.force, "--out DIR", folder=True)
         spec = au.Audit(**fields)
     else:
         if not args.protocol:
@@ -690,6 +727,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         args.out = args.out or _default_report_dir(args)
         _check_writable(args.out, args.force, "--out DIR", folder=True)
         _check_extras(args.protocol, None, args.defense or (), args.attack or (), scheduler=args.scheduler)
+        check_bounds(args.seeds, args.jobs, args.users)
         spec = au.Audit(
             protocol=args.protocol,
             data=_dataset(args),
@@ -710,14 +748,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
         result["margin"] = margin
         result["matrix"], result["verdicts"] = rs.audit_matrix(result), rs.audit_verdicts(result)
     out = au.write_audit(result, args.out, plan_toml=audit_to_toml(spec))
-    print(au.format_matrix(result))
+    _say(au.format_matrix(result))
     for a in result["attacks"]:
         if not a.get("applies"):
-            print(f"note: {a['name']} does not apply to the undefended {result['protocol']} view: {a.get('reason')}")
+            _say(f"note: {a['name']} does not apply to the undefended {result['protocol']} view: {a.get('reason')}")
     errors = sorted({r["error"] for r in result["runs"] if "error" in r})
     for e in errors:
-        print(f"warning: a run failed: {e}", file=sys.stderr)
-    print(f"audit written to {out}/ ({result['timing']['total_seconds']:.1f} s)")
+        _say(f"warning: a run failed: {e}", file=sys.stderr)
+    _say(f"audit written to {out}/ ({result['timing']['total_seconds']:.1f} s)")
     return 0
 
 
@@ -731,14 +769,16 @@ def _audit_transcript(args: argparse.Namespace) -> int:
     simulation += ["--data"] if args.data != "synthetic" else []
     if simulation:
         raise PrivauditError(f"--transcript cannot be combined with {', '.join(simulation)}")
-    result = recorded.audit_transcript(args.transcript, args.attack)
-    out = recorded.write_audit(result, args.out or "privaudit-report/transcript-audit")
-    print(recorded.format_audit(result))
+    args.out = args.out or "privaudit-report/transcript-audit"
+    _check_writable(args.out, args.force, "--out DIR", folder=True)
+    result = recorded.audit_transcript(args.transcript, args.attack, max_bytes=args.max_bytes)
+    out = recorded.write_audit(result, args.out)
+    _say(recorded.format_audit(result))
     for d in result["defenses"]:
-        print(f"defense: {', '.join(f'{k}={v}' for k, v in d.items())}")
+        _say(f"defense: {', '.join(f'{k}={v}' for k, v in d.items())}")
     if not result["private_included"]:
         print("note: the transcript holds no private messages: nothing to score against")
-    print(f"audit written to {out}/")
+    _say(f"audit written to {out}/")
     return 0
 
 
@@ -774,39 +814,49 @@ def _record_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no ground-truth Mod on the clients (the transcript then has no private messages)",
     )
+    _force_arg(p)
+    p.epilog = _RECORD_WARNING
 
 
-@command("record", "run a Flower app in Flower's simulation engine with privaudit's recorder; write its transcript")(
-    _record_args
+_RECORD_WARNING = (
+    "WARNING: recording executes the app's own Python code (its ServerApp, ClientApp and the "
+    "[tool.privaudit] hooks) with your privileges, in Flower's simulation engine: record only apps you trust. "
+    "Ctrl-C stops the run and every Ray process it started."
 )
-def cmd_record(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
+
+@command(
+    "record",
+    "run a Flower app (its own code: trusted apps only) in Flower's simulation engine with privaudit's recorder; "
+    "write its transcript",
+)(_record_args)
+def cmd_record(args: argparse.Namespace) -> int:
+    from privaudit._escape import printable
     from privaudit.integrations import flower
 
+    _check_writable(args.output, args.force, "-o FILE", folder=False)
     app = flower.load_app(args.flower)
     overrides = flower.parse_overrides(args.run_config, app.config)
-    if not Path(args.output).resolve().parent.is_dir():
-        raise PrivauditError(f"-o {args.output}: the folder {Path(args.output).parent} does not exist")
-    private = not args.no_private
-    rec = flower.record(
+    print(f"recording {args.clients} simulated clients of {printable(app.name)} (Ctrl-C stops it) ...", flush=True)
+    summary = flower.record_to_file(
         args.flower,
+        args.output,
         clients=args.clients,
         rounds=args.rounds,
         run_config=overrides,
-        private=private,
+        private=not args.no_private,
         cpus_per_client=args.cpus_per_client,
     )
-    path = rec.transcript.save(args.output)
-    defenses = ", ".join(d["name"] for d in rec.transcript.config.get("defenses", [])) or "none"
+    defenses = ", ".join(str(d) for d in summary["defenses"]) or "none"
     print(
-        f"transcript written to {path} ({len(rec.transcript)} messages, {args.clients} clients, "
-        f"{rec.seconds:.1f} s of simulation; Flower defenses: {defenses})"
+        printable(
+            f"transcript written to {args.output} ({summary['messages']} messages, {args.clients} clients, "
+            f"{summary['seconds']:.1f} s of simulation; Flower defenses: {defenses})"
+        )
     )
-    errors = rec.transcript.select("flower.error")
-    if errors:
-        first = errors[0].meta.get("error")
-        print(f"warning: {len(errors)} client replies were errors (first: {first})", file=sys.stderr)
+    if summary["errors"]:
+        first = printable(summary["first_error"])
+        print(f"warning: {summary['errors']} client replies were errors (first: {first})", file=sys.stderr)
     return 0
 
 

@@ -77,6 +77,48 @@ def coerce(value: Any, default: Any, name: str, owner: str) -> Any:
     return text
 
 
+#: Upper bounds of integer parameters declared without one (``cap``), so that no value read from a
+#: command line or a plan file can ask for an unbounded allocation or loop: widths (latent
+#: dimensions, layer sizes), iteration counts (rounds, epochs, solver iterations), anything else.
+WIDTH_CAP = 4096
+ITERATION_CAP = 100_000
+INT_CAP = 1_000_000
+_WIDTHS = {"K", "D", "d", "latent_dim", "layers", "k_central"}
+_ITERATIONS = {
+    "T",
+    "epochs",
+    "local_epochs",
+    "rounds",
+    "global_rounds",
+    "max_rounds",
+    "record_rounds",
+    "table_rounds",
+    "manipulated_rounds",
+    "max_iter",
+    "maxiter",
+    "n_iter",
+    "matched_iters",
+    "swap_iters",
+    "server_max_iter",
+    "refits",
+    "retries",
+    "solves",
+    "trials",
+    "t_local",
+    "t_predict",
+    "n_calibration",
+}
+
+
+def default_cap(name: str) -> int:
+    """The upper bound of an integer parameter ``name`` declared without ``le``/``lt``/``cap``."""
+    if name in _WIDTHS:
+        return WIDTH_CAP
+    if name in _ITERATIONS:
+        return ITERATION_CAP
+    return INT_CAP
+
+
 _TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
@@ -107,6 +149,9 @@ class Param:
         The accepted values.
     also : tuple
         Values accepted besides the bounds (e.g. ``-1`` meaning "all").
+    cap : float, optional
+        Upper bound of an integer (of every item of an integer list) beyond ``le``/``lt``; by
+        default :func:`default_cap` of the name for integers declared without ``le``/``lt``.
     nullable : bool, optional
         Whether ``None`` is accepted (default: when the default is None).
     public : bool
@@ -125,6 +170,7 @@ class Param:
     lt: float | None = None
     choices: tuple | None = None
     also: tuple = ()
+    cap: float | None = None
     nullable: bool | None = None
     public: bool = True
     _kind: Any = field(default=None, init=False, repr=False, compare=False)
@@ -142,6 +188,9 @@ class Param:
             object.__setattr__(self, "item", type(items[0]) if items else int)
         if self.choices is not None:
             object.__setattr__(self, "choices", tuple(self.choices))
+        integer = kind is int or (kind is list and self.item is int)
+        if integer and self.cap is None and self.le is None and self.lt is None and self.choices is None:
+            object.__setattr__(self, "cap", default_cap(self.name))
 
     # ------------------------------------------------------------------ text
     @property
@@ -240,6 +289,13 @@ class Param:
             or (self.lt is not None and not v < self.lt)
         )
 
+    def _check_cap(self, values: Iterable[Any], shown: Any, owner: str) -> None:
+        if self.cap is None:
+            return
+        for v in values:
+            if isinstance(v, numbers.Real) and not isinstance(v, bool) and v > self.cap and v not in self.also:
+                raise PrivauditError(f"{owner}: {self.name} must be at most {_fmt(self.cap)}, got {shown!r}")
+
     def coerce(self, value: Any, owner: str = "") -> Any:
         """``value`` converted to the declared type and checked against the bounds/choices.
 
@@ -260,10 +316,12 @@ class Param:
             out = [self._typed(v, self.item, owner, value) for v in parts]
             if not all(self._in_range(v) for v in out):
                 self._fail(value, owner)
+            self._check_cap(out, value, owner)
             return type(self.default)(out) if isinstance(self.default, (list, tuple)) else out
         v = self._typed(value, self._kind, owner, value)
         if not self._in_range(v):
             self._fail(value, owner)
+        self._check_cap((v,), value, owner)
         return v
 
 

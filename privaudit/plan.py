@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
-from privaudit import registry
+from privaudit import _safejson, registry
 from privaudit.errors import PrivauditError
 from privaudit.params import coerce
 
@@ -44,13 +43,51 @@ DEFAULT_SEEDS = 3
 #: File name of the plan recorded in every report folder.
 PLAN_TOML = "plan.toml"
 
+#: Upper bounds of a run's size, checked before any work (command line, Python API, plan files).
+MAX_SEEDS = 1000
+MAX_JOBS = 1024
+MAX_USERS = 10_000_000
+MAX_SWEEP_POINTS = 1000
+
+_LOCAL_SCHEDULER = re.compile(r"local:\d{1,4}")
+
+
+def check_bounds(
+    seeds: Any = None, jobs: Any = None, users: Any = None, points: int | None = None, where: str = ""
+) -> None:
+    """One-line refusal of a number of seeds, jobs, users or sweep points above its cap."""
+    prefix = f"{where}: " if where else ""
+    for name, value, cap in (
+        ("seeds", seeds, MAX_SEEDS),
+        ("jobs", jobs, MAX_JOBS),
+        ("users", users, MAX_USERS),
+        ("sweep values", points, MAX_SWEEP_POINTS),
+    ):
+        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+            raise PrivauditError(f"{prefix}{name} = {value} is more than privaudit's cap of {cap}")
+
+
+def check_plan_scheduler(value: Any, path: Path | str) -> None:
+    """A plan file may name ``local:N`` workers, never a scheduler address: a plan received from
+    someone else must not choose where privaudit connects (only ``--scheduler`` does)."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not _LOCAL_SCHEDULER.fullmatch(value.strip()):
+        raise PrivauditError(
+            f"{path}: the plan names scheduler {value!r}; a plan file cannot choose where privaudit connects "
+            "(remove it and give --scheduler ADDRESS on the command line)"
+        )
+
 
 # ------------------------------------------------------------------------------ parsing
 
 
 def parse_values(text: str, what: str) -> list[str]:
     """Split ``"v1,v2,..."`` into stripped strings (at least one)."""
-    values = [v.strip() for v in str(text).split(",")]
+    text = str(text)
+    if text.count(",") >= MAX_SWEEP_POINTS:
+        raise PrivauditError(f"{what}: more than {MAX_SWEEP_POINTS} values (privaudit's cap)")
+    values = [v.strip() for v in text.split(",")]
     if not text or any(v == "" for v in values):
         raise PrivauditError(f"{what}: expected a comma-separated list of values, got {text!r}")
     return values
@@ -284,6 +321,8 @@ def resolve(
         progress=progress,
         scheduler=scheduler,
     )
+    points = len(experiment.sweep.values) if experiment.sweep is not None else None
+    check_bounds(experiment.seeds, experiment.jobs, experiment.users, points)
     check_run_settings(experiment.seeds, experiment.seed, experiment.jobs)
     if experiment.users is not None and int(experiment.users) < 1:
         raise PrivauditError(f"--users must be at least 1, got {experiment.users}")
@@ -363,6 +402,13 @@ def _data_source(data: Any) -> str:
     raise PrivauditError("this plan ran on an in-memory dataset, which plan.toml cannot record")
 
 
+def _recorded_scheduler(scheduler: str | None) -> str | None:
+    """``local:N`` is recorded in a plan; an address never is (a plan cannot choose where to connect)."""
+    if isinstance(scheduler, str) and _LOCAL_SCHEDULER.fullmatch(scheduler.strip()):
+        return scheduler.strip()
+    return None
+
+
 def plan_to_toml(plan: Plan) -> str:
     """The TOML text of ``plan`` (read back by :func:`load_plan`)."""
     try:
@@ -378,7 +424,7 @@ def plan_to_toml(plan: Plan) -> str:
         "seeds": len(plan.seeds),
         "seed": plan.seed,
         "jobs": plan.jobs,
-        "scheduler": plan.scheduler,
+        "scheduler": _recorded_scheduler(plan.scheduler),
         "noise": plan.noise,
     }
     if data is None:
@@ -411,8 +457,10 @@ def _read_plan_toml(path: Path | str) -> tuple[Path, dict[str, Any]]:
     if not path.is_file():
         raise PrivauditError(f"{path}: no such plan file")
     try:
-        return path, tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        if path.stat().st_size > _safejson.TOML_MAX_BYTES:
+            raise _safejson.JSONLimitError(f"more than {_safejson.TOML_MAX_BYTES} bytes")
+        return path, _safejson.toml_loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, _safejson.JSONLimitError) as exc:
         raise PrivauditError(f"{path}: not a valid plan.toml ({exc})") from None
 
 
@@ -441,6 +489,8 @@ def load_plan(
             raise PrivauditError(f"{path}: [run] {key} must be an integer")
     if "data" not in run:
         raise PrivauditError(f'{path}: [run] needs data = "synthetic" or a path')
+    check_plan_scheduler(run.get("scheduler"), path)
+    check_bounds(run.get("seeds"), run.get("jobs"), run.get("users"), where=str(path))
     defenses = doc.get("defenses", [])
     if not isinstance(defenses, list) or not all(
         isinstance(d, dict) and isinstance(d.get("name"), str) for d in defenses
@@ -462,6 +512,7 @@ def load_plan(
             and s["values"]
         ):
             raise PrivauditError(f"{path}: [sweep] needs target, param and a non-empty values list")
+        check_bounds(points=len(s["values"]), where=str(path))
         sweep = Sweep(s["target"], s["param"], tuple(s["values"]))
     return resolve(
         protocol=run["protocol"],
@@ -499,7 +550,7 @@ def audit_to_toml(audit: Any) -> str:
         "seeds": int(audit.seeds),
         "seed": int(audit.seed),
         "jobs": int(audit.jobs),
-        "scheduler": audit.scheduler,
+        "scheduler": _recorded_scheduler(audit.scheduler),
         "attacks": list(audit.attacks) if audit.attacks is not None else None,
         "defenses": list(audit.defenses) if audit.defenses is not None else None,
     }
@@ -532,6 +583,8 @@ def load_audit_fields(path: Path | str) -> dict[str, Any]:
     for key in ("attacks", "defenses"):
         if key in a and not (isinstance(a[key], list) and all(isinstance(x, str) for x in a[key])):
             raise PrivauditError(f"{path}: [audit] {key} must be a list of names")
+    check_plan_scheduler(a.get("scheduler"), path)
+    check_bounds(a.get("seeds"), a.get("jobs"), a.get("users"), where=str(path))
     fields = {k: v for k, v in a.items()}
     fields["sets"] = _table(doc, "protocol", path)
     return fields

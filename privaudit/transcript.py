@@ -52,6 +52,7 @@ FORMAT_VERSION = 1
 DEFAULT_MAX_BYTES = 512 * 1024**2  # byte budget of a loaded archive (uncompressed): 512 MiB; --max-bytes
 
 __all__ = [
+    "load_validated",
     "Message",
     "Transcript",
     "View",
@@ -631,7 +632,14 @@ def _require(obj: Mapping, key: str, types: type | tuple, where: str) -> Any:
 
 
 def _open_archive(path: Path, max_bytes: int) -> zipfile.ZipFile:
-    """Open the ZIP after checking its central directory's declared size and entry count."""
+    """Open the ZIP after checking that it is a regular file and its central directory's declared
+    size and entry count (a FIFO or a device such as /dev/zero is refused before it is opened)."""
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except OSError as exc:
+        raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
+    if not regular:
+        raise _fail(path, "not a regular file (a transcript is a .ptx file)")
     try:
         with open(path, "rb") as fh:
             endrec = zipfile._EndRecData(fh)  # the same end record zipfile itself reads
@@ -736,11 +744,11 @@ def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
         manifest = _read_manifest(path, zf, infos["manifest.json"], limits)
         if manifest.get("format") != FORMAT_NAME:
             raise _fail(path, f"unknown format {manifest.get('format')!r} (expected {FORMAT_NAME!r})")
-        if manifest.get("version") != FORMAT_VERSION:
+        version = manifest.get("version")
+        if type(version) is not int or version != FORMAT_VERSION:  # 1.0 and true are not the integer 1
             raise _fail(
                 path,
-                f"unsupported transcript version {manifest.get('version')!r} "
-                f"(this privaudit reads version {FORMAT_VERSION})",
+                f"unsupported transcript version {version!r} (this privaudit reads version {FORMAT_VERSION})",
             )
         where = f"{path}: manifest"
         protocol = _require(manifest, "protocol", str, where)
@@ -752,8 +760,8 @@ def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
         if not isinstance(parties, list) or not all(isinstance(p, str) for p in parties):
             raise _fail(where, "parties must be a list of strings")
         seed = manifest.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise _fail(where, "seed must be an integer or null")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
+            raise _fail(where, "seed must be an integer in [0, 2**63) or null")
         arrays_table = manifest.get("arrays")
         if arrays_table is not None and not isinstance(arrays_table, dict):
             raise _fail(where, "'arrays' must be an object")
@@ -798,6 +806,18 @@ def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
                 payload[name] = cache[member]
             messages.append(Message(seq, rnd, sender, receiver, kind, payload, meta))
     return Transcript(protocol, config, seed, dataset, parties, messages)
+
+
+def load_validated(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
+    """:func:`load` then :func:`privaudit.schema.validate` against the schema of the protocol the
+    transcript names: the one path every command reads a transcript through, before any work."""
+    from privaudit.schema import validate
+
+    if not Path(path).exists():
+        raise TranscriptError(printable(f"{path}: no such transcript file"))
+    t = load(path, max_bytes=max_bytes)
+    validate(t)
+    return t
 
 
 def summarize(transcript: Transcript) -> dict[str, Any]:

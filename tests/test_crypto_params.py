@@ -70,12 +70,12 @@ def test_paillier_unpacked_decode_raises_on_overflow():
 
 
 def test_paillier_key_length_minimum_outside_tests():
-    assert MIN_KEY_LENGTH == 1024
-    with pytest.raises(PrivauditError, match="key_length must be >= 1024"):
+    assert MIN_KEY_LENGTH == 2048
+    with pytest.raises(PrivauditError, match="key_length must be >= 2048"):
         PaillierDefense(key_length=512)
-    with pytest.raises(PrivauditError, match="key_length must be >= 1024"):
+    with pytest.raises(PrivauditError, match="key_length must be >= 2048"):
         PaillierDefense(key_length=128)
     assert PaillierDefense(key_length=TEST_KEY_LENGTH, insecure_test_key=True).config["key_length"] == 512
-    with pytest.raises(PrivauditError, match="key_length must be an integer >= 128"):
+    with pytest.raises(PrivauditError, match=r"key_length must be an integer in \[128, 16384\]"):
         PaillierDefense(key_length=100, insecure_test_key=True)
     assert PaillierDefense().config["key_length"] == 2048

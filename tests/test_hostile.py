@@ -410,6 +410,10 @@ def outcomes(tmp_path_factory, base_ptx) -> dict:
             archive(extra=[entry("arrays/\x1b[2K\rprivaudit: ok.npy", good, method=99)]),
             "compression method 99",
         ),
+        # the three files of the first round that were still accepted
+        ("negative seed", archive(manifest_entry=entry("manifest.json", manifest(seed=-1))), "seed must be"),
+        ("version 1.0", archive(manifest_entry=entry("manifest.json", manifest(version=1.0))), "version 1.0"),
+        ("version true", archive(manifest_entry=entry("manifest.json", manifest(version=True))), "version True"),
     ]
     for name, data, expect in cases:
         inspect_case(name, data, expect)
@@ -470,6 +474,9 @@ def _cases() -> list[str]:
         "absurd message count in the manifest",
         "path traversal",
         "control characters in a member name",
+        "negative seed",
+        "version 1.0",
+        "version true",
         "duplicate member (attack)",
         *SCHEMA_CASES,
         "report on deeply nested results.json",
@@ -503,22 +510,642 @@ def test_untouched_base_transcript_attacks_fine(tmp_path, base_ptx):
     assert (tmp_path / "rep" / "results.json").exists()
 
 
-def test_inspect_escapes_control_characters(tmp_path):
-    """A kind and a dataset name holding ANSI escapes and CR print as visible escapes."""
-    t = tr.Transcript("fedmvmf\x1b[31m", {}, 0, {"name": "x\r\x1b[2Kprivaudit: error: fake"}, ["server"])
-    t.add(0, "server", "server", "state\nkinds:", {"V": np.ones(2)})
+def test_inspect_escapes_control_characters(tmp_path, base_ptx):
+    """A dataset name holding ANSI escapes and CR prints as visible escapes; a kind that the
+    schema refuses is named escaped in the one error line."""
+    t = tr.load(base_ptx)
+    t.dataset = dict(t.dataset, name="x\r\x1b[2Kprivaudit: error: fake")
     path = t.save(tmp_path / "esc.ptx")
     res = _run(["inspect", str(path)], tmp_path)
     assert res["rc"] == 0, res["err"]
     assert "\x1b" not in res["out"] and "\r" not in res["out"]
-    assert "\\x1b[31m" in res["out"] and "state\\x0akinds:" in res["out"]
-    assert sum(line.startswith("kinds:") for line in res["out"].splitlines()) == 1
+    assert "\\x1b[2K" in res["out"] and "\\x0d" in res["out"]
+    t.add(0, "server", "server", "state\nkinds:\x1b[31m", {"V": np.ones(2)})
+    bad = t.save(tmp_path / "bad.ptx")
+    res = _run(["inspect", str(bad)], tmp_path)
+    assert res["rc"] == 2 and len(res["err"].splitlines()) == 1 and "\x1b" not in res["err"]
+    assert "is not a fedmvmf message kind" in res["err"] and "kinds:\\x1b[31m" in res["err"]
 
 
-def test_max_bytes_option_raises_the_budget(tmp_path):
-    path = tr.Transcript("fedmvmf", {}, 0, {}, ["server"])
-    path.add(0, "server", "server", "state", {"V": np.ones((512, 512))})
-    file = path.save(tmp_path / "big.ptx")
-    small = _run(["inspect", str(file), "--max-bytes", "1M"], tmp_path)
+def test_max_bytes_option_raises_the_budget(tmp_path, base_ptx):
+    size = sum(a.nbytes for a in tr.iter_payload_arrays(tr.load(base_ptx).messages))
+    small = _run(["inspect", str(base_ptx), "--max-bytes", str(size // 2)], tmp_path)
     assert small["rc"] == 2 and "--max-bytes" in small["err"] and len(small["err"].splitlines()) == 1
-    assert _run(["inspect", str(file), "--max-bytes", "4M"], tmp_path)["rc"] == 0
+    assert _run(["inspect", str(base_ptx), "--max-bytes", str(4 * size + 2**20)], tmp_path)["rc"] == 0
+
+
+# ------------------------------------------------------------------ round two: recorded transcripts
+
+RECORDED_MAP = {
+    "round": "group_id",
+    "round-base": 1,
+    "public": {},
+    "kinds": [
+        {"kind": "model", "direction": "down", "when": ["item-emb/V"], "payload": {"V": "item-emb/V"}},
+        {
+            "kind": "item_update",
+            "direction": "up",
+            "when": ["item-rows/ids", "item-rows/rows"],
+            "payload": {"items": "item-rows/ids", "values": "item-rows/rows"},
+            "meta": {"values": "rows"},
+        },
+    ],
+}
+
+
+def recorded_transcript(clients: int = 12, m: int = 60, k: int = 4, rounds: int = 2) -> tr.Transcript:
+    """A ``flower`` transcript as privaudit record writes it: FedAvg-MF uploads of each client's
+    own 8 items (so generic-trained-items recovers them exactly), the sent models as ``state``."""
+    rng = np.random.default_rng(0)
+    config = {
+        "n_items": m,
+        "rating_min": 1.0,
+        "rating_max": 5.0,
+        "rating_step": 1.0,
+        "schema_map": RECORDED_MAP,
+        "defenses": [],
+        "recorded_from": "flower",
+    }
+    names = [f"client:{i}" for i in range(clients)]
+    t = tr.Transcript("flower", config, 0, {"name": "flower:toy", "users": clients, "items": m}, ["server", *names])
+    own = {}
+    for c in names:
+        own[c] = np.sort(rng.choice(m, 8, replace=False)).astype(np.int64)
+        t.add(0, c, c, "private", {"items": own[c], "ratings": rng.integers(1, 6, 8).astype(np.float64)})
+    V = rng.normal(size=(m, k))
+    for r in range(rounds):
+        t.add(r, "server", "server", "state", {"V": V}, {"of": "model", "to": list(names)})
+        for c in names:
+            t.add(r, "server", c, "model", {"V": V})
+        for c in names:
+            rows = V[own[c]] + 0.1 * rng.normal(size=(8, k))
+            t.add(r, c, "server", "item_update", {"items": own[c], "values": rows}, {"values": "rows"})
+        V = V + 0.01 * rng.normal(size=V.shape)
+    return t
+
+
+def _upload(t: tr.Transcript, index: int = 0):
+    return [m for m in t.messages if m.kind == "item_update"][index]
+
+
+def _recorded_edit(fn):
+    def edit(t: tr.Transcript) -> tr.Transcript:
+        fn(t)
+        return t
+
+    return edit
+
+
+def _set_item(t, value, dtype=np.int64):
+    m = _upload(t)
+    items = m.payload["items"].copy().astype(dtype)
+    items[0] = value
+    m.payload = dict(m.payload, items=items)
+
+
+RECORDED_CASES = {
+    "recorded: item id 5000, n_items 60": (_recorded_edit(lambda t: _set_item(t, 5000)), "id 5000 is outside [0, 60)"),
+    "recorded: no schema map": (_recorded_edit(lambda t: t.config.pop("schema_map")), "no schema_map"),
+    "recorded: no n_items, id 2^40": (
+        _recorded_edit(lambda t: (t.config.pop("n_items"), _set_item(t, 2**40))),
+        "an integer number of items is required",
+    ),
+    "recorded: n_items 2^31-1": (
+        _recorded_edit(lambda t: t.config.update(n_items=2**31 - 1)),
+        "n_items = 2147483647 is outside [1, 1048576]",
+    ),
+    "recorded: items 8 vs values 2x5": (
+        _recorded_edit(lambda t: setattr(_upload(t), "payload", dict(_upload(t).payload, values=np.ones((2, 5))))),
+        "axis 0 has length 2, expected @r = 8",
+    ),
+    "recorded: values K 5 vs V K 4": (
+        _recorded_edit(lambda t: setattr(_upload(t), "payload", dict(_upload(t).payload, values=np.ones((8, 5))))),
+        "axis 1 has length 5",
+    ),
+    "recorded: meta.to an int": (
+        _recorded_edit(lambda t: next(m for m in t.messages if m.kind == "state").meta.update(to=7)),
+        "meta 'to' must be a list",
+    ),
+    "recorded: meta.to names no party": (
+        _recorded_edit(lambda t: next(m for m in t.messages if m.kind == "state").meta.update(to=["client:99"])),
+        "meta 'to' names a party",
+    ),
+    "recorded: 3-D V": (
+        _recorded_edit(
+            lambda t: next(m for m in t.messages if m.kind == "model").payload.update(V=np.ones((60, 4, 2)))
+        ),
+        "3 axes",
+    ),
+    "recorded: negative id": (_recorded_edit(lambda t: _set_item(t, -1)), "id -1 is outside"),
+    "recorded: rating_max 2e9": (_recorded_edit(lambda t: t.config.update(rating_max=2e9)), "levels, more than 1000"),
+    "recorded: negative rating_step": (
+        _recorded_edit(lambda t: t.config.update(rating_step=-0.5)),
+        "rating_step = -0.5 must be positive",
+    ),
+    "recorded: string rating_min": (
+        _recorded_edit(lambda t: t.config.update(rating_min="1")),
+        "rating_min = '1' is not a finite number",
+    ),
+    "recorded: NaN upload": (
+        _recorded_edit(lambda t: _upload(t).payload["values"].__setitem__((0, 0), np.nan)),
+        "NaN or infinite",
+    ),
+    "recorded: defenses [x]": (_recorded_edit(lambda t: t.config.update(defenses=["x"])), "defenses must be a list"),
+    "recorded: float ids": (
+        _recorded_edit(lambda t: _set_item(t, 1.5, dtype=np.float64)),
+        "is not int",
+    ),
+    "recorded: private rating off the scale": (
+        _recorded_edit(
+            lambda t: next(m for m in t.messages if m.kind == "private").payload["ratings"].__setitem__(0, 99.0)
+        ),
+        "values outside [1, 5]",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def recorded_files(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("recorded")
+    files = {}
+    for name, (fn, _) in RECORDED_CASES.items():
+        d = root / _folder(name)
+        d.mkdir()
+        files[name] = fn(recorded_transcript()).save(d / "bad.ptx")
+    return files
+
+
+@pytest.fixture(scope="module")
+def recorded_outcomes(recorded_files) -> dict:
+    """``privaudit audit --transcript`` on each recorded case, in a child (peak RSS measured)."""
+    before = {name: sorted(p.name for p in f.parent.iterdir()) for name, f in recorded_files.items()}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {
+            name: pool.submit(_run, ["audit", "--transcript", "bad.ptx"], f.parent)
+            for name, f in recorded_files.items()
+        }
+    out = {}
+    for name, f in recorded_files.items():
+        res = futures[name].result()
+        res.update(before=before[name], after=sorted(p.name for p in f.parent.iterdir()))
+        out[name] = res
+    return out
+
+
+def _assert_refused(res: dict, expect: str) -> None:
+    lines = res["err"].splitlines()
+    assert res["rc"] == 2, (res["rc"], res["err"][-2000:])
+    assert len(lines) == 1 and lines[0].startswith("privaudit: error: "), res["err"][-2000:]
+    assert expect in lines[0], lines[0]
+    assert "\x1b" not in res["err"] and "\r" not in res["err"]
+
+
+@pytest.mark.parametrize("name", list(RECORDED_CASES))
+def test_recorded_transcript_is_refused_by_audit(recorded_outcomes, name):
+    res = recorded_outcomes[name]
+    _assert_refused(res, RECORDED_CASES[name][1])
+    assert res["rss"] < RSS_LIMIT and res["after"] == res["before"], "the refused command wrote a file"
+    assert "leaks" not in res["out"] and "written" not in res["out"]
+
+
+@pytest.mark.parametrize("name", list(RECORDED_CASES))
+def test_recorded_transcript_is_refused_by_attack_and_inspect(recorded_files, name, capsys, monkeypatch):
+    """The same one-line refusal from attack --transcript and inspect (one validation path)."""
+    from privaudit.cli import main
+
+    monkeypatch.chdir(recorded_files[name].parent)
+    for argv in (["attack", "--transcript", "bad.ptx"], ["inspect", "bad.ptx"]):
+        rc = main(argv)
+        captured = capsys.readouterr()
+        _assert_refused({"rc": rc, "err": captured.err}, RECORDED_CASES[name][1])
+        assert "written" not in captured.out
+    assert sorted(p.name for p in recorded_files[name].parent.iterdir()) == ["bad.ptx"]
+
+
+def test_valid_recorded_transcript_is_audited(tmp_path):
+    """Control: the unedited base of the recorded cases passes and leaks its clients' items
+    (generic-trained-items f1 1.0 against the prior-only baseline's lower f1)."""
+    recorded_transcript().save(tmp_path / "ok.ptx")
+    res = _run(["audit", "--transcript", "ok.ptx", "-o", "aud"], tmp_path)
+    assert res["rc"] == 0, res["err"]
+    rows = {r["attack"]: r for r in json.loads((tmp_path / "aud" / "audit.json").read_text())["rows"]}
+    items = rows["generic-trained-items"]
+    assert items["metrics"]["f1"] == pytest.approx(1.0) and items["verdict"] == "leaks"
+    assert items["metrics"]["f1"] > items["baseline_prior"]["f1"] + 0.3
+
+
+# ------------------------------------------------------------------ round two: plan files and bounds
+
+
+def _main(argv: list[str], capsys) -> tuple[int, str, str]:
+    from privaudit.cli import main
+
+    rc = main(argv)
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def _plan_text() -> str:
+    from privaudit.plan import plan_to_toml, resolve
+
+    return plan_to_toml(resolve("fedmvmf", seeds=1, jobs=1))
+
+
+def _with(text: str, table: str, line: str) -> str:
+    """``text`` with ``line`` added at the top of ``[table]`` (replacing a key of the same name)."""
+    key = line.split("=")[0].strip()
+    out, inside = [], False
+    for row in text.splitlines():
+        if row.startswith("["):
+            inside = row.strip() == f"[{table}]"
+            out.append(row)
+            if inside:
+                out.append(line)
+            continue
+        if inside and row.split("=")[0].strip().strip('"') == key:
+            continue
+        out.append(row)
+    return "\n".join(out) + "\n"
+
+
+PLAN_CASES = {
+    "seeds 10^9": (("run", "seeds = 1000000000"), "seeds = 1000000000 is more than privaudit's cap of 1000"),
+    "jobs 10^6": (("run", "jobs = 1000000"), "jobs = 1000000 is more than privaudit's cap of 1024"),
+    "users 10^9": (("run", "users = 1000000000"), "users = 1000000000 is more than privaudit's cap"),
+    "K 10^6": (("protocol", "K = 1000000"), "K must be at most 4096"),
+    "epochs 10^9": (("protocol", "epochs = 1000000000"), "epochs must be at most 100000"),
+    "sweep of 2000 values": (None, "sweep values = 2000 is more than privaudit's cap of 1000"),
+    "TOML nested 1000 deep": (("protocol", "x = " + "[" * 1000 + "]" * 1000), "nested 1000 levels deep"),
+    "dotted keys 1000 deep": (("protocol", ".".join(["a"] * 1000) + " = 1"), "nested more than 32 levels deep"),
+}
+
+
+@pytest.mark.parametrize("name", list(PLAN_CASES))
+def test_plan_file_bounds_are_checked_before_any_work(tmp_path, capsys, monkeypatch, name):
+    edit, expect = PLAN_CASES[name]
+    text = _plan_text()
+    if edit is None:
+        text += '\n[sweep]\ntarget = "protocol"\nparam = "K"\nvalues = [' + ", ".join(["2"] * 2000) + "]\n"
+    else:
+        text = _with(text, *edit)
+    (tmp_path / "plan.toml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = _main(["attack", "--config", "plan.toml"], capsys)
+    _assert_refused({"rc": rc, "err": err}, expect)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.toml"]
+
+
+@pytest.mark.parametrize(
+    "argv, expect",
+    [
+        (["--protocol", "fedrec", "--set", "T=1000000000"], "T must be at most 100000"),
+        (["--protocol", "fedrec", "--set", "d=1000000"], "d must be at most 4096"),
+        (["--protocol", "fedmvmf", "--seeds", "1000000000"], "seeds = 1000000000 is more than"),
+        (["--protocol", "fedmvmf", "--jobs", "1000000"], "jobs = 1000000 is more than"),
+        (["--protocol", "fedmvmf", "--sweep", "protocol.K=" + ",".join(["2"] * 10**6)], "more than 1000 values"),
+    ],
+)
+def test_command_line_bounds(tmp_path, capsys, monkeypatch, argv, expect):
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = _main(["attack", *argv], capsys)
+    _assert_refused({"rc": rc, "err": err}, expect)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _listener():
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4)
+    sock.settimeout(1.0)
+    return sock
+
+
+def _connections(sock) -> int:
+
+    seen = 0
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except TimeoutError:
+            return seen
+        conn.close()
+        seen += 1
+
+
+def test_a_plan_cannot_choose_where_privaudit_connects(tmp_path, capsys, monkeypatch):
+    """A plan (attack or audit) naming tcp://127.0.0.1:PORT is refused in one line; the local
+    listener sees no connection. local:N workers stay allowed in a plan."""
+    from privaudit.plan import load_plan
+
+    sock = _listener()
+    port = sock.getsockname()[1]
+    monkeypatch.chdir(tmp_path)
+    try:
+        attack_plan = _with(_plan_text(), "run", f'scheduler = "tcp://127.0.0.1:{port}"')
+        (tmp_path / "attack.toml").write_text(attack_plan)
+        audit_plan = f'[audit]\nprotocol = "fedmvmf"\ndata = "synthetic"\nseeds = 1\nscheduler = "127.0.0.1:{port}"\n'
+        (tmp_path / "audit.toml").write_text(audit_plan)
+        for argv in (["attack", "--config", "attack.toml"], ["audit", "--config", "audit.toml"]):
+            rc, _, err = _main(argv, capsys)
+            _assert_refused({"rc": rc, "err": err}, "a plan file cannot choose where privaudit connects")
+        assert _connections(sock) == 0
+    finally:
+        sock.close()
+    (tmp_path / "local.toml").write_text(_with(_plan_text(), "run", 'scheduler = "local:2"'))
+    assert load_plan(tmp_path / "local.toml").scheduler == "local:2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attack.toml", "audit.toml", "local.toml"]
+
+
+def test_app_pyproject_nesting_is_capped(tmp_path, capsys):
+    (tmp_path / "pyproject.toml").write_text("[tool.flwr.app]\nx = " + "[" * 1000 + "]" * 1000 + "\n")
+    rc, _, err = _main(["record", "--flower", str(tmp_path), "-o", str(tmp_path / "run.ptx")], capsys)
+    _assert_refused({"rc": rc, "err": err}, "nested 1000 levels deep")
+    assert not (tmp_path / "run.ptx").exists()
+
+
+# ------------------------------------------------------------------ round two: --force and safe writes
+
+
+def test_force_is_needed_with_or_without_out(tmp_path, capsys, monkeypatch, base_ptx):
+    """attack --config, audit --config, audit --transcript, record and run: an existing output
+    (the default folder too) is refused without --force, before any work."""
+    from privaudit.plan import load_plan
+    from privaudit.reports.render import default_out_dir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plan.toml").write_text(_plan_text())
+    plan = load_plan("plan.toml")
+    sweep = plan.sweep.label if plan.sweep else None
+    folders = [
+        (["attack", "--config", "plan.toml"], default_out_dir({"protocol": "fedmvmf", "sweep": sweep})),
+        (["audit", "--config", "audit.toml"], Path("privaudit-report/fedmvmf-audit")),
+        (["audit", "--transcript", str(base_ptx)], Path("privaudit-report/transcript-audit")),
+    ]
+    (tmp_path / "audit.toml").write_text('[audit]\nprotocol = "fedmvmf"\ndata = "synthetic"\nseeds = 1\n')
+    for argv, folder in folders:
+        folder.mkdir(parents=True)
+        (folder / "keep.txt").write_text("mine")
+        rc, _, err = _main(argv, capsys)
+        _assert_refused({"rc": rc, "err": err}, "already exists; pass --force")
+        assert sorted(p.name for p in folder.iterdir()) == ["keep.txt"]
+    (tmp_path / "old.ptx").write_text("mine")
+    for argv in (
+        ["record", "--flower", str(ROOT / "examples" / "flower-fedavg-mf"), "-o", "old.ptx"],
+        ["run", "--protocol", "fedmvmf", "-o", "old.ptx"],
+    ):
+        rc, _, err = _main(argv, capsys)
+        _assert_refused({"rc": rc, "err": err}, "old.ptx already exists; pass --force")
+    assert (tmp_path / "old.ptx").read_text() == "mine"
+
+
+def test_only_regular_files_are_replaced(tmp_path, capsys, monkeypatch):
+    """A device node or a symbolic link as -o is refused even with --force."""
+    monkeypatch.chdir(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (tmp_path / "link.ptx").symlink_to(victim)
+    app = str(ROOT / "examples" / "flower-fedavg-mf")
+    for target, expect in (("/dev/null", "not a regular file"), ("link.ptx", "symbolic link")):
+        for argv in (
+            ["record", "--flower", app, "-o", target, "--force"],
+            ["run", "--protocol", "fedmvmf", "-o", target, "--force"],
+        ):
+            rc, _, err = _main(argv, capsys)
+            _assert_refused({"rc": rc, "err": err}, expect)
+    assert victim.read_text() == "mine" and Path("/dev/null").is_char_device()
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory, base_ptx) -> Path:
+    """A real report folder (attack --transcript on the base transcript)."""
+    folder = tmp_path_factory.mktemp("report")
+    res = _run(["attack", "--transcript", str(base_ptx), "--out", "rep", "--quiet"], folder)
+    assert res["rc"] == 0, res["err"]
+    return folder / "rep"
+
+
+def _copy_report(report_dir: Path, dest: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(report_dir, dest))
+
+
+def test_planted_symlinks_are_never_written_through(tmp_path, capsys, monkeypatch, report_dir, base_ptx):
+    """Symlinks planted where report, audit and reconstruction files go (and under the old
+    predictable temporary names) are refused; their targets stay untouched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    rep = _copy_report(report_dir, tmp_path / "rep")
+    for pid in range(os.getpid(), os.getpid() + 200):  # the former .NAME.<pid>.tmp.SUFFIX names
+        (rep / f".report.md.{pid}.tmp.md").symlink_to(victim)
+    rc, out, err = _main(["report", str(rep)], capsys)
+    assert rc == 0, err
+    assert victim.read_text() == "mine"
+    (rep / "results.csv").unlink()
+    (rep / "results.csv").symlink_to(victim)
+    rc, out, err = _main(["report", str(rep)], capsys)
+    _assert_refused({"rc": rc, "err": err}, "is a symbolic link")
+    aud = tmp_path / "aud"
+    aud.mkdir()
+    (aud / "audit.json").symlink_to(victim)
+    rc, _, err = _main(["audit", "--transcript", str(base_ptx), "-o", str(aud), "--force"], capsys)
+    _assert_refused({"rc": rc, "err": err}, "is a symbolic link")
+    bare = tr.load(base_ptx).without_private().save(tmp_path / "bare.ptx")
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    (rec / "reconstruction.json").symlink_to(victim)
+    rc, _, err = _main(["attack", "--transcript", str(bare), "-o", str(rec), "--force"], capsys)
+    _assert_refused({"rc": rc, "err": err}, "is a symbolic link")
+    (tmp_path / "linked").symlink_to(tmp_path / "rec", target_is_directory=True)
+    rc, _, err = _main(["audit", "--transcript", str(base_ptx), "-o", str(tmp_path / "linked"), "--force"], capsys)
+    _assert_refused({"rc": rc, "err": err}, "is a symbolic link")
+    assert victim.read_text() == "mine"
+    assert not [p for p in tmp_path.rglob("*.tmp*") if not p.is_symlink()], "a temporary file was left behind"
+
+
+# ------------------------------------------------------------------ round two: report inputs
+
+
+def test_csv_formula_guard_covers_tab_and_cr():
+    import csv as csv_module
+
+    from privaudit.reports.render import csv_text
+
+    cells = ["=1+1", "+1", "-1", "@SUM(A1)", "\t=2+2", "\r=2+2", "plain"]
+    text = csv_text({"points": [{"value": v, "seed": 0, "reason": v} for v in cells]})
+    rows = list(csv_module.DictReader(io.StringIO(text, newline="")))
+    assert [r["reason"] for r in rows] == ["'" + c.replace("\r", "\\r") for c in cells[:-1]] + ["plain"]
+
+
+def test_terminal_never_sees_control_characters(tmp_path, capsys, report_dir):
+    """Metric and defense names with ESC/CR from a results.json print as visible escapes."""
+    rep = _copy_report(report_dir, tmp_path / "rep")
+    data = json.loads((rep / "results.json").read_text())
+    for p in data["points"]:
+        p["attack_metrics"]["\x1b[2K\rfake"] = 0.5
+    data["defenses"] = [{"name": "x\x1b]0;title\x07"}]
+    (rep / "results.json").write_text(json.dumps(data))
+    rc, out, err = _main(["report", str(rep)], capsys)
+    assert rc == 0, err
+    assert "\x1b" not in out + err and "\r" not in out + err and "\x07" not in out + err
+
+
+def _results_head() -> str:
+    return '{"protocol":"x","attack":"y","sweep":null,'
+
+
+def test_report_inputs_are_bounded(tmp_path):
+    """20,000 metric names, 5*10^6 points and a 401-digit number: refused in one line, fast."""
+    cases = {
+        "metrics": (
+            _results_head() + '"points":[{"attack_metrics":{' + ",".join(f'"m{i}":1' for i in range(20_000)) + "}}]}",
+            "more than the limit of 500",
+        ),
+        "points": (_results_head() + '"points":[' + ",".join(["{}"] * 5_000_000) + "]}", "more than the limit"),
+        "digits": (_results_head() + '"points":[{"value":' + "9" * 401 + "}]}", "more than 40 digits"),
+    }
+    jobs = {}
+    for name, (text, expect) in cases.items():
+        d = tmp_path / name
+        d.mkdir()
+        (d / "results.json").write_text(text)
+        jobs[name] = (d, expect)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(_run, ["report", "."], d) for name, (d, _) in jobs.items()}
+    for name, (d, expect) in jobs.items():
+        res = futures[name].result()
+        _assert_refused(res, expect)
+        assert res["rss"] < RSS_LIMIT and sorted(p.name for p in d.iterdir()) == ["results.json"]
+
+
+def test_inspect_refuses_non_regular_files(tmp_path):
+    fifo = tmp_path / "pipe.ptx"
+    os.mkfifo(fifo)
+    for target in ("/dev/zero", str(fifo)):
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        proc = subprocess.run(
+            [sys.executable, "-m", "privaudit", "inspect", target],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            cwd=tmp_path,
+        )
+        _assert_refused({"rc": proc.returncode, "err": proc.stderr}, "not a regular file")
+
+
+# ------------------------------------------------------------------ round two: keys
+
+
+def test_paillier_short_keys(tmp_path, capsys, monkeypatch):
+    """1024 bits refused without insecure_test_key; 512 with it: a warning on the console and
+    in the report header (Markdown and HTML)."""
+    from privaudit.defenses.paillier import MIN_KEY_LENGTH
+    from privaudit.reports.render import MIN_KEY_BITS
+
+    assert MIN_KEY_BITS == MIN_KEY_LENGTH == 2048
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = _main(["attack", "--protocol", "privmvmf", "--defense", "paillier:key_length=1024"], capsys)
+    _assert_refused({"rc": rc, "err": err}, "key_length must be >= 2048")
+    argv = ["attack", "--protocol", "privmvmf", "--defense", "paillier:key_length=512,insecure_test_key=true"]
+    argv += ["--users", "6", "--set", "epochs=1", "--seeds", "1", "--jobs", "1", "--quiet", "-o", "rep"]
+    rc, out, err = _main(argv, capsys)
+    assert rc == 0, err
+    assert "warning: paillier key_length = 512 bits is below 2048" in err
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert md.splitlines()[2].startswith("> **Warning.** paillier ran with a 512-bit key")
+    assert "<strong>Warning.</strong> paillier ran with a 512-bit key" in (tmp_path / "rep" / "report.html").read_text()
+
+
+# ------------------------------------------------------------------ round two: signals on record
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _processes() -> list[tuple[int, int, int, str]]:
+    """(pid, ppid, pgid, args) of every process (ps)."""
+    ps = ["ps", "-ww", "-eo", "pid=,ppid=,pgid=,args="]  # -ww: full command lines whatever COLUMNS says
+    out = subprocess.run(ps, capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        pid, ppid, pgid, *args = line.split(None, 3)
+        rows.append((int(pid), int(ppid), int(pgid), args[0] if args else ""))
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_record_stops_and_leaves_no_ray_process(tmp_path, sig):
+    """Ctrl-C (SIGINT) stops `privaudit record` in under 10 s with exit code 130; after SIGTERM or
+    SIGKILL of the parent no process of the recording's group (raylet, GCS, agents, workers)
+    is left, and Ray's session folder (in a private temporary folder) is removed."""
+    import signal
+    import time
+
+    pytest.importorskip("flwr")
+    pytest.importorskip("ray")
+    tmp_root = Path(tempfile.mkdtemp(prefix="pt", dir="/tmp"))  # short: Ray's socket paths
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_root))
+    app = str(ROOT / "examples" / "flower-fedavg-mf")
+    argv = [sys.executable, "-m", "privaudit", "record", "--flower", app, "--clients", "3", "--rounds", "100000"]
+    proc = subprocess.Popen([*argv, "-o", "run.ptx"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 150
+        group = []
+        while time.monotonic() < deadline:
+            rows = _processes()
+            child = next((pid for pid, ppid, _, _ in rows if ppid == proc.pid), None)
+            group = [pid for pid, _, pgid, _ in rows if child is not None and pgid == child]
+            if any(str(tmp_root) in args and "raylet" in args for _, _, _, args in rows):
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("Ray did not start")
+        time.sleep(2)
+        group = [pid for pid, _, pgid, _ in _processes() if pgid == child]
+        assert len(group) >= 4, group  # the child, GCS, raylet, agents/workers
+        t0 = time.monotonic()
+        os.kill(proc.pid, getattr(signal, sig))
+        if sig == "SIGKILL":
+            proc.wait(timeout=10)
+        else:
+            _, err = proc.communicate(timeout=10)
+            assert time.monotonic() - t0 < 10
+            assert proc.returncode == (130 if sig == "SIGINT" else 128 + signal.SIGTERM)
+            if sig == "SIGINT":
+                assert err.splitlines()[-1] == "privaudit: interrupted", err[-500:]
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_alive(p) for p in group):
+            time.sleep(0.25)
+        assert not [p for p in group if _alive(p)], "processes of the recording survived"
+        while time.monotonic() < deadline and any(tmp_root.iterdir()):
+            time.sleep(0.25)
+        assert list(tmp_root.iterdir()) == [], "the private temporary folder was left behind"
+        assert not (tmp_path / "run.ptx").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        import shutil
+
+        shutil.rmtree(tmp_root, ignore_errors=True)
+
+
+def test_record_help_says_the_app_code_runs(capsys):
+    from privaudit.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["record", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert exc.value.code == 0
+    assert "recording executes the app's own Python code" in out and "record only apps you trust" in out
+    assert "--force" in out
+    doc = (ROOT / "docs" / "flower.md").read_text()
+    assert "Warning: recording executes the app's own code." in doc

@@ -89,6 +89,12 @@ def test_plan_resolves_once_and_validates_the_grid():
             "rounds must be an integer",
         ),
         ("[run]\nprotocol = 'dummy-proto'\ndata = 'synthetic'\nseed = -3\n", "--seed must be non-negative"),
+        (
+            "[run]\nprotocol = 'dummy-proto'\ndata = 'synthetic'\nscheduler = 'tcp://10.0.0.1:8786'\n",
+            "cannot choose where privaudit connects",
+        ),
+        ("[run]\nprotocol = 'dummy-proto'\ndata = 'synthetic'\nseeds = 1001\n", "cap of 1000"),
+        ("[run]\nprotocol = 'dummy-proto'\ndata = 'synthetic'\n[protocol]\nrounds = 100001\n", "at most 100000"),
     ],
 )
 def test_bad_plans_are_one_line_errors(tmp_path, capsys, text, message):
@@ -137,3 +143,23 @@ def test_audit_folder_records_its_plan_and_config_reruns_it(tmp_path, capsys):
     assert a["matrix"] == b["matrix"] and a["verdicts"] == b["verdicts"]
     assert main(["audit", "--config", str(first), "--seeds", "2"]) == 2
     assert "--config cannot be combined with --seeds" in capsys.readouterr().err
+
+
+def test_plan_records_local_workers_but_never_a_scheduler_address():
+    """A plan written with --scheduler ADDRESS does not carry the address (a plan read back
+    cannot choose where to connect); local:N is kept."""
+    for scheduler, recorded in (("tcp://10.0.0.1:8786", None), ("local:2", "local:2")):
+        plan = pl.resolve(protocol="dummy-proto", seeds=1, scheduler=scheduler)
+        doc = tomllib.loads(pl.plan_to_toml(plan))
+        assert doc["run"].get("scheduler") == recorded
+
+
+def test_bounds_are_inclusive_caps():
+    pl.check_bounds(seeds=pl.MAX_SEEDS, jobs=pl.MAX_JOBS, users=pl.MAX_USERS, points=pl.MAX_SWEEP_POINTS)
+    for field in ("seeds", "jobs", "users", "points"):
+        cap = {"seeds": pl.MAX_SEEDS, "jobs": pl.MAX_JOBS, "users": pl.MAX_USERS, "points": pl.MAX_SWEEP_POINTS}[field]
+        with pytest.raises(PrivauditError, match=f"cap of {cap}"):
+            pl.check_bounds(**{field: cap + 1})
+    assert len(pl.parse_values(",".join(["1"] * pl.MAX_SWEEP_POINTS), "--sweep x")) == pl.MAX_SWEEP_POINTS
+    with pytest.raises(PrivauditError, match="more than 1000 values"):
+        pl.parse_values(",".join(["1"] * (pl.MAX_SWEEP_POINTS + 1)), "--sweep x")

@@ -97,15 +97,20 @@ def test_version_and_usage_errors(capsys):
 
 
 def test_inspect_summarizes_a_transcript(tmp_path, capsys):
-    t = Transcript("fedmvmf", {"K": 2}, 3, {"name": "toy", "users": 2}, ["server", "client:0", "client:1"])
-    t.add(0, "client:0", "client:0", "private", {"ratings": np.ones(3)})
+    config = {"K": 2, "n_items": 4, "attribute_names": [], "alpha": 0.08, "lam": 0.1, "update": "semials"}
+    config.update({"unrated": "obsonly", "rating_min": 1.0, "rating_max": 5.0})  # a valid fedmvmf config
+    t = Transcript("fedmvmf", config, 3, {"name": "toy", "users": 2}, ["server", "client:0", "client:1"])
+    t.add(
+        0, "client:0", "client:0", "private", {"items": np.arange(3), "ratings": np.ones(3), "attributes": np.zeros(0)}
+    )
+    t.add(0, "server", "server", "state", {"V": np.zeros((4, 2)), "P": np.zeros((0, 2))})
     for r in range(3):
         t.add(r, "client:0", "server", "grad_V", {"items": np.arange(4), "values": np.zeros((4, 2))})
     path = save(t, tmp_path / "t.ptx")
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
     assert "protocol    fedmvmf   seed 3" in out
-    assert "3 (2 clients; server)" in out
+    assert "3 (2 clients; server)" in out and "state" in out
     assert "rounds      0..2" in out
     assert "private     included" in out
     assert "grad_V" in out and "3 messages" in out and "288 B" in out  # 3 x (4*8 + 4*2*8)

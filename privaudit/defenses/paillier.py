@@ -75,8 +75,10 @@ from privaudit.params import Param
 from privaudit.registry import register_defense
 
 PHASES = ("offline", "encrypt", "aggregate", "decrypt")
-#: smallest modulus accepted outside tests (bits)
-MIN_KEY_LENGTH = 1024
+#: smallest modulus accepted outside tests (bits; NIST SP 800-57 deems 2048-bit factoring moduli acceptable)
+MIN_KEY_LENGTH = 2048
+#: largest modulus accepted (bits): key generation grows with the cube of the length
+MAX_KEY_LENGTH = 16384
 #: the key length tests use; needs ``insecure_test_key=True`` (breakable in minutes)
 TEST_KEY_LENGTH = 512
 
@@ -97,6 +99,7 @@ class PaillierDefense(Defense):
             2048,
             f"bits of the Paillier modulus n (2048 default, at least {MIN_KEY_LENGTH}); a multiple of 8",
             ge=128,
+            le=MAX_KEY_LENGTH,
         ),
         Param("decryptors", 1, "number of decrypting clients; the ciphertext sums are split among them", ge=1),
         Param("packing", True, "pack several fixed-point values per ciphertext (false: one value per ciphertext)"),
@@ -125,6 +128,14 @@ class PaillierDefense(Defense):
     )
     strength = None
     default_grid = ()
+
+    @property
+    def short_key_warning(self) -> str | None:
+        """One line when the key is shorter than :data:`MIN_KEY_LENGTH` (allowed by ``insecure_test_key``)."""
+        bits = self.config["key_length"]
+        if bits >= MIN_KEY_LENGTH:
+            return None
+        return f"paillier key_length = {bits} bits is below {MIN_KEY_LENGTH}: breakable, for tests only (insecure_test_key)"
 
     def validate(self) -> None:
         c = self.config

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tomllib
 
+from privaudit import _safejson
 from privaudit.errors import MissingDependencyError, PrivauditError
 from privaudit.integrations import dense
 from privaudit.integrations._sidechannel import merge_private, write_private
@@ -261,6 +261,13 @@ class FlowerApp:
     public_info: str | None
 
 
+def _subtable(doc: dict, key: str, where: str) -> dict:
+    value = doc.get(key, {})
+    if not isinstance(value, dict):
+        raise PrivauditError(f"{where}: [{key}] must be a table")
+    return value
+
+
 def load_app(app_dir: str | Path) -> FlowerApp:
     """Read and validate an app folder's ``pyproject.toml`` (one-line errors, nothing imported)."""
     root = Path(app_dir).resolve()
@@ -268,12 +275,14 @@ def load_app(app_dir: str | Path) -> FlowerApp:
     if not (root / "pyproject.toml").is_file():
         raise PrivauditError(f"{app_dir}: not a Flower app folder (no pyproject.toml)")
     try:
-        doc = tomllib.loads((root / "pyproject.toml").read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        if (root / "pyproject.toml").stat().st_size > _safejson.TOML_MAX_BYTES:
+            raise _safejson.JSONLimitError(f"more than {_safejson.TOML_MAX_BYTES} bytes")
+        doc = _safejson.toml_loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, _safejson.JSONLimitError) as exc:
         raise PrivauditError(f"{where}: invalid TOML ({exc})") from None
-    tool = doc.get("tool", {})
-    app = tool.get("flwr", {}).get("app", {})
-    comps = app.get("components", {})
+    tool = _subtable(doc, "tool", where)
+    app = _subtable(_subtable(tool, "flwr", where), "app", where)
+    comps = _subtable(app, "components", where)
     for key in ("serverapp", "clientapp"):
         if not isinstance(comps.get(key), str) or ":" not in comps[key]:
             raise PrivauditError(f'{where} lacks [tool.flwr.app.components] {key} = "module:attribute"')
@@ -292,7 +301,7 @@ def load_app(app_dir: str | Path) -> FlowerApp:
     config = app.get("config", {})
     if not isinstance(config, dict):
         raise PrivauditError(f"{where}: [tool.flwr.app.config] must be a table")
-    name = str(doc.get("project", {}).get("name", root.name))
+    name = str(_subtable(doc, "project", where).get("name", root.name))
     return FlowerApp(
         root, name, comps["serverapp"], comps["clientapp"], config, schema, hooks["private-data"], hooks["public-info"]
     )
@@ -335,6 +344,10 @@ def parse_overrides(items: Iterable[str], defaults: dict[str, Any]) -> dict[str,
     return out
 
 
+#: Smallest ``cpus_per_client``: Ray starts (machine CPUs / this) worker processes.
+MIN_CPUS_PER_CLIENT = 0.25
+
+
 @dataclass
 class Recording:
     """Outcome of :func:`record`: the transcript, the ServerApp's final context, the timing."""
@@ -355,6 +368,7 @@ def record(
     recorder: bool = True,
     run_dir: str | Path | None = None,
     cpus_per_client: float = 2.0,
+    ray_temp_dir: str | Path | None = None,
 ) -> Recording:
     """Run a Flower app under Flower's simulation engine with the recorder switched on.
 
@@ -378,6 +392,8 @@ def record(
     cpus_per_client : float
         CPUs Ray reserves per ClientApp run (Flower's default, 2): the number of worker
         processes is the machine's CPUs divided by this.
+    ray_temp_dir : path, optional
+        Ray's session folder (default: inside a private temporary folder removed afterwards).
 
     Returns
     -------
@@ -388,8 +404,8 @@ def record(
         raise PrivauditError(f"--clients must be at least 2, got {clients}")
     if rounds is not None and rounds < 1:
         raise PrivauditError(f"--rounds must be at least 1, got {rounds}")
-    if not cpus_per_client > 0:
-        raise PrivauditError(f"--cpus-per-client must be positive, got {cpus_per_client}")
+    if not MIN_CPUS_PER_CLIENT <= cpus_per_client <= 1024:  # Ray starts CPUs / C worker processes
+        raise PrivauditError(f"--cpus-per-client must be in [{MIN_CPUS_PER_CLIENT}, 1024], got {cpus_per_client}")
     app = load_app(app_dir)
     require_flwr()
     overrides = dict(run_config or {})
@@ -402,18 +418,41 @@ def record(
     unknown = sorted(set(overrides) - set(app.config))
     if unknown:
         raise PrivauditError(f"the app has no config key {unknown[0]!r} (known: {', '.join(sorted(app.config))})")
-    own_dir = run_dir is None
-    path = Path(tempfile.mkdtemp(prefix="privaudit-flower-")) if own_dir else Path(run_dir)
+    scratch = None
+    if run_dir is None or ray_temp_dir is None:  # a private folder (mode 0700), removed afterwards
+        scratch = Path(tempfile.mkdtemp(prefix="pa-", dir=_short_temp_root()))
+    path = scratch / "run" if run_dir is None else Path(run_dir)
+    ray_temp = scratch / "r" if ray_temp_dir is None else Path(ray_temp_dir)
     path.mkdir(parents=True, exist_ok=True)
     try:
-        return _simulate(app, clients, overrides, private, recorder, path, cpus_per_client)
+        return _simulate(app, clients, overrides, private, recorder, path, cpus_per_client, ray_temp)
     finally:
-        if own_dir:
-            shutil.rmtree(path, ignore_errors=True)
+        _shutdown_ray()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _short_temp_root() -> str:
+    """The temporary root for Ray's session folder: Ray's socket paths must stay under 107 bytes."""
+    root = tempfile.gettempdir()
+    return root if len(root) <= 24 or not os.path.isdir("/tmp") else "/tmp"
+
+
+def _shutdown_ray() -> None:
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 def _simulate(
-    app: FlowerApp, clients: int, overrides: dict, private: bool, recorder: bool, path: Path, cpus: float
+    app: FlowerApp,
+    clients: int,
+    overrides: dict,
+    private: bool,
+    recorder: bool,
+    path: Path,
+    cpus: float,
+    ray_temp: Path,
 ) -> Recording:
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir
@@ -444,7 +483,8 @@ def _simulate(
     context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=fused)
     backend = {
         "client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
-        "init_args": {"logging_level": "ERROR", "log_to_driver": False},
+        # Ray's session folder (logs, sockets) inside privaudit's private temporary folder
+        "init_args": {"logging_level": "ERROR", "log_to_driver": False, "_temp_dir": str(ray_temp)},
     }
     t0 = time.perf_counter()
     # the simulation's worker processes import the app's modules: put its folder on their path
@@ -471,7 +511,7 @@ def _simulate(
     transcript = None
     if recorder:
         seed = fused.get("seed")
-        seed = int(seed) if isinstance(seed, int) else None
+        seed = int(seed) if isinstance(seed, int) and 0 <= seed < 2**63 else None
         transcript = rec.transcript(app=app.name, seed=seed, defenses=_defenses(rec))
         transcript.config["simulation"] = {"clients": clients, "seconds": round(seconds, 3)}
     return Recording(transcript, result.context, seconds, path)
@@ -490,3 +530,213 @@ def _defenses(rec: FlowerRecorder) -> list[dict[str, Any]]:
         name = {"name": "flower-secaggplus", "workflow": "SecAggPlusWorkflow", "client_mod": "secaggplus_mod"}
         out.append({**name, **params})
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# `privaudit record`: the simulation in a child process group that privaudit can always stop
+
+#: Seconds a stopped recording gets to exit on SIGTERM before its whole process group is killed.
+STOP_GRACE = 3.0
+#: Most simulated clients and rounds ``privaudit record`` accepts.
+MAX_CLIENTS = 1000
+MAX_ROUNDS = 100_000
+
+
+class _Stopped(BaseException):
+    """SIGTERM/SIGHUP received by ``privaudit record`` (exit code 128 + signal)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _group_members(pid: int) -> list[int]:
+    """Every process of process group ``pid`` and every descendant of ``pid`` (Ray's raylet,
+    GCS, agents and workers), as a snapshot taken before anything is killed."""
+    import psutil
+
+    found: set[int] = set()
+    try:
+        found.update(p.pid for p in psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        pass
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pid:
+                found.add(p.pid)
+        except OSError:
+            continue
+    found.add(pid)
+    return sorted(found)
+
+
+def _kill_all(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _stop_child(proc: Any, grace: float = STOP_GRACE) -> None:
+    """SIGTERM to the child's group, SIGKILL to every member left after ``grace`` seconds."""
+    import signal
+    import subprocess
+
+    members = _group_members(proc.pid)
+    _kill_all(members, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    _kill_all(set(members) | set(_group_members(proc.pid)), signal.SIGKILL)
+    proc.wait()
+
+
+def record_to_file(
+    app_dir: str | Path,
+    output: str | Path,
+    *,
+    clients: int,
+    rounds: int | None = None,
+    run_config: dict[str, Any] | None = None,
+    private: bool = True,
+    cpus_per_client: float = 2.0,
+) -> dict[str, Any]:
+    """:func:`record` in a child process that leads its own process group; writes ``output``.
+
+    The child runs the app (and Ray) in a new session, watches this process and kills its
+    group if this process dies (even by SIGKILL); Ctrl-C or SIGTERM here stops the child's
+    whole group (SIGTERM, then SIGKILL after :data:`STOP_GRACE` s) and re-raises. Ray's
+    session folder lives in a private temporary folder removed afterwards. Returns the
+    summary the child wrote (``messages``, ``seconds``, ``defenses``, ``errors``, ``first_error``).
+    """
+    import json
+    import signal
+    import subprocess
+
+    from privaudit.reports.render import write_file_from
+
+    if not 2 <= clients <= MAX_CLIENTS:
+        raise PrivauditError(f"--clients must be in [2, {MAX_CLIENTS}], got {clients}")
+    if rounds is not None and not 1 <= rounds <= MAX_ROUNDS:
+        raise PrivauditError(f"--rounds must be in [1, {MAX_ROUNDS}], got {rounds}")
+    if not MIN_CPUS_PER_CLIENT <= cpus_per_client <= 1024:
+        raise PrivauditError(f"--cpus-per-client must be in [{MIN_CPUS_PER_CLIENT}, 1024], got {cpus_per_client}")
+    load_app(app_dir)
+    require_flwr()
+    scratch = Path(tempfile.mkdtemp(prefix="pa-", dir=_short_temp_root()))
+    job = {
+        "app_dir": str(Path(app_dir).resolve()),
+        "clients": int(clients),
+        "rounds": rounds,
+        "run_config": dict(run_config or {}),
+        "private": bool(private),
+        "cpus_per_client": float(cpus_per_client),
+        "scratch": str(scratch),
+    }
+    (scratch / "job.json").write_text(json.dumps(job))
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["RAY_TMPDIR"] = str(scratch / "r")
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise _Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    proc = None
+    try:
+        code = "from privaudit.integrations.flower import _child_main; _child_main()"
+        with open(scratch / "log.txt", "wb") as log:  # Flower's and Ray's output; shown if the run fails
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code, str(scratch / "job.json"), str(os.getpid())],
+                env=env,
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            try:
+                returncode = proc.wait()
+            except BaseException:
+                _stop_child(proc)
+                raise
+        result_path = scratch / "result.json"
+        if not result_path.is_file():
+            tail = (scratch / "log.txt").read_bytes()[-4000:].decode(errors="replace")
+            sys.stderr.write(tail if tail.endswith("\n") or not tail else tail + "\n")
+            raise PrivauditError(f"the recording failed (its process exited with code {returncode}; its log is above)")
+        result = json.loads(result_path.read_text())
+        if "error" in result:
+            raise PrivauditError(result["error"])
+        write_file_from(scratch / "out.ptx", Path(output))
+        return result
+    except _Stopped as stopped:
+        raise SystemExit(128 + stopped.signum) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _watch_parent(parent: int, scratch: Path) -> None:
+    """Child side: when ``parent`` is gone, kill this whole group (Ray included) and exit."""
+    import signal
+    import threading
+
+    def loop() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        _die(scratch, signal.SIGKILL)
+
+    threading.Thread(target=loop, name="privaudit-parent-watch", daemon=True).start()
+
+
+def _die(scratch: Path, sig: int) -> None:
+    import signal
+
+    me = os.getpid()
+    members = [p for p in _group_members(me) if p != me]
+    _kill_all(members, signal.SIGTERM if sig == signal.SIGTERM else signal.SIGKILL)
+    if sig == signal.SIGTERM:
+        time.sleep(1.0)
+        _kill_all([p for p in _group_members(me) if p != me], signal.SIGKILL)
+    shutil.rmtree(scratch, ignore_errors=True)
+    os._exit(128 + int(sig))
+
+
+def _child_main() -> None:
+    """Entry point of the recording child (``python -c``; argv: job file, parent pid)."""
+    import json
+    import signal
+
+    job_file, parent = Path(sys.argv[1]), int(sys.argv[2])
+    job = json.loads(job_file.read_text())
+    scratch = Path(job["scratch"])
+    _watch_parent(parent, scratch)
+    signal.signal(signal.SIGTERM, lambda signum, _frame: _die(scratch, signal.SIGTERM))
+    result: dict[str, Any]
+    try:
+        rec = record(
+            job["app_dir"],
+            clients=job["clients"],
+            rounds=job["rounds"],
+            run_config=job["run_config"],
+            private=job["private"],
+            cpus_per_client=job["cpus_per_client"],
+            run_dir=scratch / "run",
+            ray_temp_dir=scratch / "r",
+        )
+        rec.transcript.save(scratch / "out.ptx")
+        errors = rec.transcript.select("flower.error")
+        result = {
+            "messages": len(rec.transcript),
+            "seconds": rec.seconds,
+            "defenses": [d.get("name") for d in rec.transcript.config.get("defenses", [])],
+            "errors": len(errors),
+            "first_error": errors[0].meta.get("error") if errors else None,
+        }
+    except PrivauditError as exc:
+        result = {"error": str(exc)}
+    (scratch / "result.json").write_text(json.dumps(result, default=str))

@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 
 from privaudit import registry
+from privaudit._escape import printable
 from privaudit.errors import PrivauditError
 from privaudit.params import parse_spec
-from privaudit.transcript import Transcript, load
+from privaudit.schema import validate
+from privaudit.transcript import Transcript, load_validated
 
 __all__ = ["LEAK_MARGIN", "applicable_attacks", "audit_transcript", "format_audit", "reconstruct", "write_audit"]
 
@@ -33,8 +35,12 @@ MIN_VICTIMS = 3
 MIN_TARGETS = 10
 
 
-def _as_transcript(transcript: Transcript | str | Path) -> Transcript:
-    return transcript if isinstance(transcript, Transcript) else load(transcript)
+def _as_transcript(transcript: Transcript | str | Path, max_bytes: int | None = None) -> Transcript:
+    """The transcript, read and checked against its protocol's schema before any attack runs."""
+    if isinstance(transcript, Transcript):
+        validate(transcript)
+        return transcript
+    return load_validated(transcript, **({} if max_bytes is None else {"max_bytes": max_bytes}))
 
 
 def applicable_attacks(transcript: Transcript, names: list[str] | None = None) -> list[type]:
@@ -76,9 +82,11 @@ def _verdict(cls: type, metrics: dict, random: dict, prior: dict) -> tuple[str, 
     return "at baseline", advantage
 
 
-def audit_transcript(transcript: Transcript | str | Path, attacks: list[str] | None = None) -> dict[str, Any]:
+def audit_transcript(
+    transcript: Transcript | str | Path, attacks: list[str] | None = None, max_bytes: int | None = None
+) -> dict[str, Any]:
     """Every applicable attack on one transcript -> ``{"transcript", "defenses", "rows"}``."""
-    t = _as_transcript(transcript)
+    t = _as_transcript(transcript, max_bytes)
     scored = t.has_private
     rows = []
     for cls in applicable_attacks(t, attacks):
@@ -145,12 +153,13 @@ def format_audit(result: dict[str, Any]) -> str:
     """A fixed-width table: attack, metric, value, random, prior, verdict (and reason)."""
     lines = [f"{'attack':<29} {'metric':<9} {'value':>7} {'random':>7} {'prior':>7}  verdict"]
     for r in result["rows"]:
-        metric = r["metric"]
-        value = r.get("metrics", {}).get(metric)
-        random = _fmt(r.get("baseline_random", {}).get(metric))
-        prior = _fmt(r.get("baseline_prior", {}).get(metric))
+        metric = printable(r["metric"])
+        value = r.get("metrics", {}).get(r["metric"])
+        random = _fmt(r.get("baseline_random", {}).get(r["metric"]))
+        prior = _fmt(r.get("baseline_prior", {}).get(r["metric"]))
         reason = f": {r['reason']}" if r.get("reason") else ""
-        lines.append(f"{r['attack']:<29} {metric:<9} {_fmt(value):>7} {random:>7} {prior:>7}  {r['verdict']}{reason}")
+        row = f"{r['attack']:<29} {metric:<9} {_fmt(value):>7} {random:>7} {prior:>7}  {r['verdict']}{reason}"
+        lines.append(printable(row))
     return "\n".join(lines)
 
 
@@ -168,12 +177,26 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
+def _folder(out: str | Path) -> Path:
+    """The output folder, created; a symbolic link or a non-folder is refused."""
+    from privaudit.reports.render import check_folder
+
+    out = Path(out)
+    check_folder(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PrivauditError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from None
+    return out
+
+
 def write_audit(result: dict[str, Any], out: str | Path) -> Path:
     """Write ``audit.json`` and ``audit.txt`` (the table) into ``out``."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "audit.json").write_text(json.dumps(_jsonable(result), indent=2))
-    (out / "audit.txt").write_text(format_audit(result) + "\n")
+    from privaudit.reports.render import write_text_file
+
+    out = _folder(out)
+    write_text_file(out / "audit.txt", format_audit(result) + "\n")
+    write_text_file(out / "audit.json", json.dumps(_jsonable(result), indent=2))
     return out
 
 
@@ -194,8 +217,7 @@ def reconstruct(transcript: Transcript | str | Path, attack: str | None, out: st
     view = t.view(a.party)
     ok, reason = a.applicable(view)
     recon = a.run(view, {}, _seed_rng(t)) if ok else a.unsupported(reason)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _folder(out)
     doc = {
         "attack": cls.name,
         "party": recon.party,
@@ -206,5 +228,7 @@ def reconstruct(transcript: Transcript | str | Path, attack: str | None, out: st
         "victims": _jsonable(recon.victims),
         "meta": _jsonable(recon.meta),
     }
-    (out / "reconstruction.json").write_text(json.dumps(doc, indent=1))
+    from privaudit.reports.render import write_text_file
+
+    write_text_file(out / "reconstruction.json", json.dumps(doc, indent=1))
     return out, cls.name

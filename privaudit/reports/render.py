@@ -18,6 +18,8 @@ import json
 import math
 import os
 import re
+import stat
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,32 +40,75 @@ PLAN_TOML = "plan.toml"
 #: Largest results.json read (bytes) and deepest nesting accepted.
 MAX_RESULTS_BYTES = 256 * 1024 * 1024
 MAX_DEPTH = 64
+#: Most JSON values, points and metric names per point a results.json or audit.json may hold
+#: (rendering grows with points x metrics; a 289 KB file of 20,000 metric names took minutes).
+MAX_RESULTS_VALUES = 4_000_000
+MAX_POINTS = 20_000
+MAX_METRICS = 500
 
 
 # ------------------------------------------------------------------------------ files
 
 
+def check_target(path: Path) -> None:
+    """Refuse an output path that is a symbolic link or exists as anything but a regular file."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise PrivauditError(f"{path}: cannot be written ({exc.strerror or exc})") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise PrivauditError(f"{path}: is a symbolic link; privaudit does not write through links (remove it)")
+    if not stat.S_ISREG(st.st_mode):
+        raise PrivauditError(f"{path}: exists and is not a regular file; privaudit replaces only regular files")
+
+
+def check_folder(folder: Path) -> None:
+    """Refuse an output folder that is a symbolic link or not a folder."""
+    folder = Path(folder)
+    if folder.is_symlink():
+        raise PrivauditError(f"{folder}: is a symbolic link; privaudit does not write through links (remove it)")
+    if folder.exists() and not folder.is_dir():
+        raise PrivauditError(f"{folder}: exists and is not a folder")
+
+
 class Staged:
     """Files written under temporary names, renamed into place by :meth:`commit` (in the order
-    staged), removed by :meth:`discard`; an existing file is never removed on failure."""
+    staged), removed by :meth:`discard`; an existing file is never removed on failure.
+
+    Temporary files are created by :func:`tempfile.mkstemp` (``O_EXCL``, unpredictable names)
+    inside the target folder; a final name that is a symbolic link or not a regular file is
+    refused before anything is renamed (``os.replace`` itself never follows a link).
+    """
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self.items: list[tuple[Path, Path]] = []
 
     def path(self, name: str) -> Path:
-        """A temporary path for ``name`` (same folder, so the rename is atomic)."""
+        """A new, empty temporary file for ``name`` (same folder, so the rename is atomic)."""
         final = self.folder / name
-        tmp = self.folder / f".{name}.{os.getpid()}.tmp{final.suffix}"
-        self.items.append((tmp, final))
-        return tmp
+        check_folder(self.folder)
+        check_target(final)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=f".tmp{final.suffix}", dir=self.folder)
+        except OSError as exc:
+            raise PrivauditError(f"{final}: cannot be written ({exc.strerror or exc})") from None
+        os.close(fd)
+        self.items.append((Path(tmp), final))
+        return Path(tmp)
 
     def text(self, name: str, text: str) -> Path:
         tmp = self.path(name)
-        tmp.write_text(text, encoding="utf-8")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
         return self.folder / name
 
     def commit(self) -> list[Path]:
+        for _, final in self.items:  # every target checked before the first rename
+            check_target(final)
         for tmp, final in self.items:
             os.replace(tmp, final)
         return [final for _, final in self.items]
@@ -76,17 +121,12 @@ class Staged:
                 pass
 
 
-def dumps_json(data: Mapping[str, Any]) -> str:
-    """Strict JSON text of ``data`` (NaN -> null), keys in insertion order."""
-    return json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n"
-
-
-def write_json(data: Mapping[str, Any], path: Path) -> Path:
-    """Write ``data`` as strict JSON, atomically (a temporary file renamed into place)."""
+def write_text_file(path: Path | str, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically and safely (see :class:`Staged`)."""
     path = Path(path)
     staged = Staged(path.parent)
     try:
-        staged.text(path.name, dumps_json(data))
+        staged.text(path.name, text)
         staged.commit()
     except BaseException:
         staged.discard()
@@ -94,10 +134,39 @@ def write_json(data: Mapping[str, Any], path: Path) -> Path:
     return path
 
 
+def write_file_from(source: Path | str, path: Path | str) -> Path:
+    """Copy the file ``source`` to ``path`` atomically and safely (see :class:`Staged`)."""
+    import shutil
+
+    path = Path(path)
+    staged = Staged(path.parent)
+    try:
+        tmp = staged.path(path.name)
+        with open(source, "rb") as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        staged.commit()
+    except BaseException:
+        staged.discard()
+        raise
+    return path
+
+
+def dumps_json(data: Mapping[str, Any]) -> str:
+    """Strict JSON text of ``data`` (NaN -> null), keys in insertion order."""
+    return json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n"
+
+
+def write_json(data: Mapping[str, Any], path: Path) -> Path:
+    """Write ``data`` as strict JSON, atomically (a temporary file renamed into place)."""
+    return write_text_file(path, dumps_json(data))
+
+
 def load_json(path: Path, what: str) -> Any:
     """Parse a JSON file with a size cap and a depth cap (:mod:`privaudit._safejson`; one-line errors)."""
     try:  # bounded: size and nesting depth checked before parsing (no RecursionError on hostile files)
-        return _safejson.load_file(path, max_bytes=MAX_RESULTS_BYTES, max_depth=MAX_DEPTH)
+        return _safejson.load_file(
+            path, max_bytes=MAX_RESULTS_BYTES, max_depth=MAX_DEPTH, max_values=MAX_RESULTS_VALUES
+        )
     except _safejson.JSONLimitError as exc:
         raise PrivauditError(f"{path}: not a valid {what} ({exc})") from None
 
@@ -117,6 +186,8 @@ def read_results(path: Path) -> dict[str, Any]:
         raise PrivauditError(f"{path}: not a results.json (missing {', '.join(missing)})")
     if not isinstance(data["points"], list) or not all(isinstance(p, dict) for p in data["points"]):
         raise PrivauditError(f"{path}: 'points' must be a list of objects")
+    if len(data["points"]) > MAX_POINTS:
+        raise PrivauditError(f"{path}: {len(data['points'])} points, more than the limit of {MAX_POINTS}")
     for key in (
         "attack_metrics",
         "baseline",
@@ -130,12 +201,24 @@ def read_results(path: Path) -> dict[str, Any]:
     ):
         if any(not isinstance(p.get(key, {}), dict) for p in data["points"]):
             raise PrivauditError(f"{path}: every point's {key!r} must be an object")
+        most = max((len(p.get(key, {})) for p in data["points"]), default=0)
+        if most > MAX_METRICS:
+            raise PrivauditError(
+                f"{path}: a point's {key!r} holds {most} entries, more than the limit of {MAX_METRICS}"
+            )
     for key in ("verdicts", "summary", "reference", "defenses"):
         if key in data and not (isinstance(data[key], list) and all(isinstance(x, dict) for x in data[key])):
             raise PrivauditError(f"{path}: {key!r} must be a list of objects")
     for key in ("metric_specs", "defense_strengths", "dataset", "protocol_config", "attack_params"):
         if key in data and not isinstance(data[key], dict):
             raise PrivauditError(f"{path}: {key!r} must be an object")
+        if key in data and len(data[key]) > MAX_METRICS:
+            raise PrivauditError(
+                f"{path}: {key!r} holds {len(data[key])} entries, more than the limit of {MAX_METRICS}"
+            )
+    for key in ("verdicts", "summary", "defenses"):
+        if len(data.get(key) or []) > MAX_POINTS:
+            raise PrivauditError(f"{path}: {key!r} holds more than {MAX_POINTS} entries")
     return data
 
 
@@ -587,6 +670,10 @@ def _flatten(point: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
+#: First characters a spreadsheet may read as the start of a formula (OWASP's CSV injection list).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
 def csv_text(results: Mapping[str, Any]) -> str:
     """One row per point: value, seed, seconds, ``attack.*``, ``prior.*``, ``random.*``,
     ``advantage.*``, ``utility.*``, privacy, ROC and empirical epsilon columns."""
@@ -605,8 +692,9 @@ def csv_text(results: Mapping[str, Any]) -> str:
             v = r.get(k)
             if v is None or (isinstance(v, float) and math.isnan(v)):
                 out[k] = ""
-            elif isinstance(v, str) and v[:1] in ("=", "+", "-", "@"):
-                out[k] = "'" + v  # no formula injection in spreadsheets
+            elif isinstance(v, str):
+                # no formula injection in spreadsheets; a CR (which the writer does not quote) shown as \r
+                out[k] = ("'" + v if v[:1] in _FORMULA_START else v).replace("\r", "\\r")
             else:
                 out[k] = v
         writer.writerow(out)
@@ -615,8 +703,7 @@ def csv_text(results: Mapping[str, Any]) -> str:
 
 def write_csv(results: Mapping[str, Any], path: Path) -> Path:
     """Write :func:`csv_text` to ``path``."""
-    Path(path).write_text(csv_text(results), encoding="utf-8")
-    return Path(path)
+    return write_text_file(path, csv_text(results))
 
 
 # ------------------------------------------------------------------------------ Markdown
@@ -659,10 +746,28 @@ def _config_items(results: Mapping[str, Any]) -> list[tuple[str, str]]:
     return items
 
 
+#: ``privaudit.defenses.paillier.MIN_KEY_LENGTH`` (the reports import no defense; a test keeps them equal).
+MIN_KEY_BITS = 2048
+
+
+def key_warnings(results: Mapping[str, Any]) -> list[str]:
+    """One sentence per defense of the run whose key is below the secure minimum (Paillier)."""
+    out = []
+    for d in results.get("defenses") or []:
+        bits = d.get("key_length") if isinstance(d, Mapping) else None
+        if isinstance(bits, int) and not isinstance(bits, bool) and bits < MIN_KEY_BITS:
+            out.append(
+                f"{d.get('name')} ran with a {bits}-bit key, below {MIN_KEY_BITS} bits: breakable, "
+                "for tests only (insecure_test_key); its secrecy claims do not hold."
+            )
+    return out
+
+
 def render_markdown(results: Mapping[str, Any], figure_stem: str, extra_figures: Sequence[tuple[str, str]] = ()) -> str:
     """``report.md``: verdicts, configuration, tables, figures, glossary (all text escaped)."""
     header, rows = table_rows(results)
     lines = [f"# privaudit report: {md_escape(results.get('attack'))} against {md_escape(results.get('protocol'))}", ""]
+    lines += [f"> **Warning.** {md_escape(w)}\n" for w in key_warnings(results)]
     for v in results.get("verdicts") or []:
         lines += [f"**Verdict.** {md_escape(v.get('sentence', ''))}", ""]
     lines += [f"- **{md_escape(k)}**: {md_escape(v)}" for k, v in _config_items(results)]
@@ -788,6 +893,7 @@ def render_html(
     title = f"privaudit report: {results.get('attack')} against {results.get('protocol')}"
     parts = [
         f"<h1>{html.escape(title)}</h1>",
+        *(f'<p class="note"><strong>Warning.</strong> {html.escape(w)}</p>' for w in key_warnings(results)),
         html_verdicts(results.get("verdicts") or []),
         html_config(_config_items(results)),
     ]
@@ -900,6 +1006,7 @@ def write_report(results: Mapping[str, Any], out_dir: Path | str | None = None, 
     ``results.json`` last), every file staged under a temporary name and renamed into place
     only once everything rendered; the folder."""
     out = Path(out_dir) if out_dir is not None else default_out_dir(results)
+    check_folder(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
