@@ -769,9 +769,12 @@ def _audit_transcript(args: argparse.Namespace) -> int:
     simulation += ["--data"] if args.data != "synthetic" else []
     if simulation:
         raise PrivauditError(f"--transcript cannot be combined with {', '.join(simulation)}")
+    from privaudit.results import PROTECTION_MARGIN
+
+    margin = PROTECTION_MARGIN if args.margin is None else _margin(args.margin)
     args.out = args.out or "privaudit-report/transcript-audit"
     _check_writable(args.out, args.force, "--out DIR", folder=True)
-    result = recorded.audit_transcript(args.transcript, args.attack, max_bytes=args.max_bytes)
+    result = recorded.audit_transcript(args.transcript, args.attack, max_bytes=args.max_bytes, margin=margin)
     out = recorded.write_audit(result, args.out)
     _say(recorded.format_audit(result))
     for d in result["defenses"]:

@@ -90,6 +90,10 @@ class MetricSpec:
         margin is a share of the gap between the baseline and this value. None: the default of
         :func:`spec_perfect` (1 for a higher-is-better fraction, 0 for a lower-is-better metric,
         else none: the margin is then in the metric's unit).
+    tested : bool
+        Whether verdicts test it. False for one half of a trade-off that a message-free guess
+        maximises on its own (recall: guess every item; precision: guess one popular item);
+        the metric that combines both (F1, AUC, accuracy) is tested instead.
     """
 
     higher_is_better: bool = True
@@ -97,6 +101,7 @@ class MetricSpec:
     unit: str = "fraction"
     description: str = ""
     perfect: float | None = None
+    tested: bool = True
 
 
 @dataclass
@@ -312,6 +317,7 @@ def spec_to_dict(spec: MetricSpec, declared: bool = True) -> dict[str, Any]:
         "description": str(spec.description),
         "declared": bool(declared),
         "perfect": spec.perfect,
+        "tested": bool(spec.tested),
     }
 
 
@@ -325,6 +331,7 @@ def spec_from_dict(d: Mapping[str, Any] | None) -> MetricSpec:
         str(d.get("unit", "")),
         str(d.get("description", "")),
         None if d.get("perfect") is None or math.isnan(num(d.get("perfect"))) else num(d.get("perfect")),
+        bool(d.get("tested", True)),
     )
 
 
@@ -536,7 +543,8 @@ def add_advantages(results: dict[str, Any]) -> None:
 
 def privacy_metrics(points: Sequence[Mapping[str, Any]], specs: Mapping[str, Any]) -> list[str]:
     """The metrics a verdict tests: every attack metric with a baseline whose spec is plotted
-    (counts and sizes are not privacy metrics), in order of first appearance."""
+    (counts and sizes are not privacy metrics) and tested (not one half of a trade-off), in
+    order of first appearance."""
     out = []
     for p in points:
         random, prior = point_random_baseline(p), p.get("baseline_prior") or {}
@@ -544,7 +552,7 @@ def privacy_metrics(points: Sequence[Mapping[str, Any]], specs: Mapping[str, Any
             if m in out or (m not in random and m not in prior):
                 continue
             d = specs.get(m)
-            if isinstance(d, Mapping) and not d.get("plotted", True):
+            if isinstance(d, Mapping) and not (d.get("plotted", True) and d.get("tested", True)):
                 continue
             out.append(m)
     return out

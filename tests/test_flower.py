@@ -114,9 +114,10 @@ def _need_flower() -> None:
 
 @pytest.fixture(scope="module")
 def recorded():
-    """FedAvg-MF, 3 clients, 2 rounds, recorder and ground-truth Mod on."""
+    """FedAvg-MF, 5 clients (the fewest a victim bootstrap gives a verdict on), 2 rounds,
+    recorder and ground-truth Mod on."""
     _need_flower()
-    return record(APP, clients=3, rounds=2)
+    return record(APP, clients=5, rounds=2)
 
 
 def _evaluate(name: str, t: Transcript):
@@ -125,9 +126,9 @@ def _evaluate(name: str, t: Transcript):
 
 def test_transcript_of_a_recorded_run(recorded, tmp_path, capsys):
     t = recorded.transcript
-    assert t.protocol == "flower" and t.parties == ["server", "client:0", "client:1", "client:2"]
+    assert t.protocol == "flower" and t.parties == ["server"] + [f"client:{k}" for k in range(5)]
     kinds = t.kinds()
-    assert kinds["private"] == 3 and kinds["item_update"] == 6 and kinds["model"] == 6
+    assert kinds["private"] == 5 and kinds["item_update"] == 10 and kinds["model"] == 10
     assert t.rounds("item_update") == [0, 1]
     assert t.config["lr"] == 0.05 and t.config["n_items"] == 300 and t.config["defenses"] == []
     # the uploads are exactly the clients' train items (ground truth from the Mod)
@@ -152,7 +153,7 @@ def test_generic_attacks_on_the_recorded_run(recorded):
     majority = registry.get("attack", "generic-mf-ratings")().prior_baseline(t, {})
     assert majority["accuracy"] < 0.6 and ratings.baseline["accuracy"] == pytest.approx(0.2)
     attrs = _evaluate("generic-attribute-inference", t)
-    assert attrs.reconstruction.supported and attrs.metrics["targets"] + attrs.metrics["aux"] == 3
+    assert attrs.reconstruction.supported and attrs.metrics["targets"] + attrs.metrics["aux"] == 5
 
 
 def test_audit_and_unscored_attack_from_the_cli(recorded, tmp_path, capsys):
@@ -169,7 +170,7 @@ def test_audit_and_unscored_attack_from_the_cli(recorded, tmp_path, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "holds no private messages: nothing to score generic-mf-ratings against" in out[0]
     doc = json.loads((tmp_path / "rec" / "reconstruction.json").read_text())
-    assert doc["scored"] is False and len(doc["victims"]) == 3
+    assert doc["scored"] is False and len(doc["victims"]) == 5
     assert main(["audit", "--transcript", str(bare), "--out", str(tmp_path / "aud2")]) == 0
     assert "unscored" in capsys.readouterr().out
 
@@ -177,7 +178,7 @@ def test_audit_and_unscored_attack_from_the_cli(recorded, tmp_path, capsys):
 @pytest.mark.slow
 def test_recording_changes_nothing(recorded):
     _need_flower()
-    plain = record(APP, clients=3, rounds=2, recorder=False)
+    plain = record(APP, clients=5, rounds=2, recorder=False)
     assert plain.transcript is None
     a = recorded.context.state.array_records["final-model"]["V"].numpy()
     b = plain.context.state.array_records["final-model"]["V"].numpy()

@@ -82,7 +82,7 @@ class LoopGrid:
         return [self.app(m, self.contexts[m.metadata.dst_node_id]) for m in messages]
 
 
-def _run_in_process(tmp_path: Path, nodes: int = 4, **overrides) -> Path:
+def _run_in_process(tmp_path: Path, nodes: int = 5, **overrides) -> Path:
     from flwr.app import Context, RecordDict
     from flwr.common.constant import SUPERLINK_NODE_ID
     from flwr.supercore.task_identity import TaskIdentity
@@ -107,10 +107,10 @@ def plain(tmp_path_factory):
 
 
 def test_recorded_run_has_ground_truth_and_strips_privaudit_records(plain):
-    assert plain.protocol == "flower" and plain.config["deployment"]["nodes"] == 4
+    assert plain.protocol == "flower" and plain.config["deployment"]["nodes"] == 5
     assert plain.config["defenses"] == [] and not plain.select("flower.error")
     private = plain.select("private")
-    assert len(private) == 4
+    assert len(private) == 5
     _, client_app = _import_app()
     from plain_mf.task import dataset_of, user_split
 
@@ -133,10 +133,10 @@ def test_trained_items_leak_from_the_deployment_transcript(plain):
 
 
 def test_local_dp_is_recorded_with_its_claim_and_hides_the_trained_items(tmp_path):
-    t = load(_run_in_process(tmp_path, nodes=4, dp="local", **{"dp-epsilon": 0.5}))
+    t = load(_run_in_process(tmp_path, nodes=5, dp="local", **{"dp-epsilon": 0.5}))
     assert not t.select("flower.error")
     (entry,) = t.config["defenses"]
-    assert entry["name"] == "flower-local-dp" and entry["reported_by_clients"] == 4
+    assert entry["name"] == "flower-local-dp" and entry["reported_by_clients"] == 5
     assert (entry["epsilon"], entry["delta"], entry["clipping_norm"], entry["sensitivity"]) == (0.5, 1e-5, 0.5, 1.0)
     assert entry["rounds"] == 2
     assert entry["noise_std"] == pytest.approx(1.0 * math.sqrt(2 * math.log(1.25e5)) / 0.5)

@@ -450,3 +450,19 @@ def test_negative_seed_is_one_line_error(tmp_path, capsys):
     assert main(["run", "--protocol", "dummy-proto", "--seed", "-2", "-o", str(tmp_path / "x.ptx")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["privaudit: error: --seed must be non-negative, got -2"]
     assert not (tmp_path / "r").exists()
+
+
+def test_one_half_of_a_trade_off_is_not_tested():
+    """Recall is maximised by guessing every item without any message: a metric declared
+    ``tested=False`` is reported but never decides a verdict; F1 beside it does."""
+    from privaudit.results import MetricSpec, privacy_metrics, spec_from_dict, spec_to_dict
+
+    point = {
+        "attack_metrics": {"recall": 1.0, "precision": 0.07, "f1": 0.12},
+        "baseline_random": {"recall": 0.5, "precision": 0.1, "f1": 0.17},
+        "baseline_prior": {"recall": 0.16, "precision": 0.18, "f1": 0.17},
+    }
+    half = MetricSpec(True, True, "fraction", "share of the positives guessed", tested=False)
+    specs = {"recall": spec_to_dict(half), "precision": spec_to_dict(half), "f1": spec_to_dict(MetricSpec())}
+    assert privacy_metrics([point], specs) == ["f1"]
+    assert spec_from_dict(specs["recall"]).tested is False and spec_from_dict(specs["f1"]).tested is True

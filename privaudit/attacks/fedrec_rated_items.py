@@ -157,8 +157,12 @@ class FedRecRatedItems(Attack):
         "accuracy": MetricSpec(
             True, True, "fraction", "share of uploaded items correctly decided really rated or virtual"
         ),
-        "precision": MetricSpec(True, True, "fraction", "share of items decided rated that are really rated"),
-        "recall": MetricSpec(True, True, "fraction", "share of really rated uploaded items decided rated"),
+        "precision": MetricSpec(
+            True, True, "fraction", "share of items decided rated that are really rated", tested=False
+        ),
+        "recall": MetricSpec(
+            True, True, "fraction", "share of really rated uploaded items decided rated", tested=False
+        ),
         "auc": MetricSpec(True, True, "fraction", "ROC AUC of the rated-vs-virtual score over uploaded items"),
         "rating_accuracy": MetricSpec(
             True, True, "fraction", "share of really rated items whose rating is recovered exactly"

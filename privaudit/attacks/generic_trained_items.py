@@ -71,8 +71,10 @@ class GenericTrainedItems(Attack):
     params = {"rounds": -1}
     param_help = {"rounds": "intersect the changed-row sets of each client's first r uploads (-1: all)"}
     metric_specs = {
-        "precision": MetricSpec(True, True, "fraction", "share of predicted items the client really trained"),
-        "recall": MetricSpec(True, True, "fraction", "share of the client's trained items predicted"),
+        "precision": MetricSpec(
+            True, True, "fraction", "share of predicted items the client really trained", tested=False
+        ),
+        "recall": MetricSpec(True, True, "fraction", "share of the client's trained items predicted", tested=False),
         "f1": MetricSpec(True, True, "fraction", "harmonic mean of precision and recall"),
         "victims": MetricSpec(True, False, "count", "clients scored"),
     }

@@ -121,9 +121,13 @@ def item_decisions(
 
 PRF_SPECS = {
     "precision": MetricSpec(
-        True, True, "fraction", "share of the items guessed as a client's positives that are positives"
+        True,
+        True,
+        "fraction",
+        "share of the items guessed as a client's positives that are positives",
+        tested=False,
     ),
-    "recall": MetricSpec(True, True, "fraction", "share of a client's positives that are guessed"),
+    "recall": MetricSpec(True, True, "fraction", "share of a client's positives that are guessed", tested=False),
     "f1": MetricSpec(True, True, "fraction", "harmonic mean of precision and recall"),
 }
 
@@ -142,7 +146,9 @@ class NCFUpdateLeak(Attack):
     metric_specs = {
         **PRF_SPECS,
         **{
-            f"{k}_r{j}": MetricSpec(True, True, "fraction", f"{k} after intersecting the first {j} uploads")
+            f"{k}_r{j}": MetricSpec(
+                True, True, "fraction", f"{k} after intersecting the first {j} uploads", tested=False
+            )
             for j in range(1, 21)
             for k in ("precision", "recall")
         },

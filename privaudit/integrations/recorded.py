@@ -1,10 +1,13 @@
 """Attacking one recorded transcript: every applicable attack, with or without ground truth.
 
 :func:`audit_transcript` runs every registered attack that reads the transcript's protocol on
-the attacker's view and gives one row per attack: its primary metric beside the random and the
-prior-only baselines, and a verdict (``leaks``, ``at baseline``, ``attack not adapted``,
-``not applicable`` with the reason, naming the active defense when one hides the uploads, or
-``unscored`` when the transcript holds no ``private`` messages). :func:`reconstruct` runs
+the attacker's view and gives one row per attack: its metrics beside the random and the
+prior-only baselines, and a verdict by the rules of a sweep (every privacy metric tested on a
+cluster bootstrap over the victims, Holm-corrected): ``leaks``, ``attack below prior``,
+``inconclusive``, ``no evidence of leakage`` (one transcript has no weaker setting to show the
+attack's power, so never ``protected``), ``not applicable`` with the reason, naming the active
+defense when one hides the uploads, or ``unscored`` when the transcript holds no ``private``
+messages. :func:`reconstruct` runs
 attacks without scoring and writes what they recovered, for transcripts without ground truth.
 """
 
@@ -22,15 +25,26 @@ from privaudit import registry
 from privaudit._escape import printable
 from privaudit.errors import PrivauditError
 from privaudit.params import parse_spec
+from privaudit.results import MIN_VICTIMS as RESULTS_MIN_VICTIMS
+from privaudit.results import (
+    PROTECTION_MARGIN,
+    decide_tests,
+    declared_specs,
+    floats,
+    metric_test,
+    point_bootstrap,
+    privacy_metrics,
+    row_verdict,
+    spec_from_dict,
+    verdict_label,
+)
 from privaudit.schema import validate
 from privaudit.transcript import Transcript, load_validated
 
-__all__ = ["LEAK_MARGIN", "applicable_attacks", "audit_transcript", "format_audit", "reconstruct", "write_audit"]
+__all__ = ["applicable_attacks", "audit_transcript", "format_audit", "reconstruct", "write_audit"]
 
-#: An attack "leaks" when its primary metric beats the stronger baseline by more than this.
-LEAK_MARGIN = 0.02
-#: Fewer scored victims than this give no verdict (one client's hit or miss is not a rate).
-MIN_VICTIMS = 3
+#: Fewer scored victims than this give no verdict: no bootstrap over so few victims is an interval.
+MIN_VICTIMS = RESULTS_MIN_VICTIMS
 #: Attacks scored per client (``targets``: one decision per client and attribute) need this many.
 MIN_TARGETS = 10
 
@@ -64,30 +78,38 @@ def _seed_rng(transcript: Transcript) -> np.random.Generator:
     return np.random.default_rng([int(transcript.seed or 0), 17])
 
 
-def _verdict(cls: type, metrics: dict, random: dict, prior: dict) -> tuple[str, float]:
-    metric = getattr(cls, "primary_metric", "accuracy")
-    spec = getattr(cls, "metric_specs", {}).get(metric)
-    higher = True if spec is None else spec.higher_is_better
-    value = metrics.get(metric, math.nan)
-    bases = [b.get(metric, math.nan) for b in (random, prior)]
-    bases = [b for b in bases if isinstance(b, (int, float)) and not math.isnan(b)]
-    if not bases or not isinstance(value, (int, float)) or math.isnan(value):
-        return "unscored", math.nan
-    best = max(bases) if higher else min(bases)
-    advantage = (value - best) if higher else (best - value)
-    if advantage > LEAK_MARGIN:
-        return "leaks", advantage
-    if advantage < -LEAK_MARGIN:
-        return "attack not adapted", advantage
-    return "at baseline", advantage
+def _tested_verdict(cls: type, point: dict[str, Any], defended: bool, margin: float) -> dict[str, Any]:
+    """The verdict of one attack on one transcript by the rules of a sweep's grid value
+    (:func:`privaudit.results.row_verdict`): every privacy metric tested on the victim cluster
+    bootstrap of this run, Holm over those metrics. One transcript is one strength with no weaker
+    setting to show the attack's power, so it never reads "protected"."""
+    specs = declared_specs(cls, list(point["attack_metrics"]))
+    names = privacy_metrics([point], specs)
+    tests = {m: metric_test([point], m, spec_from_dict(specs.get(m)), margin) for m in names}
+    decide_tests(list(tests.values()))
+    verdict = row_verdict(tests, supported=True, defended=defended, control=False)
+    row = {"verdict": verdict, "tests": tests, "leak_metrics": [m for m, t in tests.items() if t["status"] == "leaks"]}
+    primary = getattr(cls, "primary_metric", "accuracy")
+    shown = tests.get(row["leak_metrics"][0]) if row["leak_metrics"] else tests.get(primary)
+    if shown is not None:
+        row.update(advantage=shown["advantage"], advantage_low=shown["low"], advantage_high=shown["high"])
+        row["tested_metric"] = shown["metric"]
+    return row
 
 
 def audit_transcript(
-    transcript: Transcript | str | Path, attacks: list[str] | None = None, max_bytes: int | None = None
+    transcript: Transcript | str | Path,
+    attacks: list[str] | None = None,
+    max_bytes: int | None = None,
+    margin: float = PROTECTION_MARGIN,
 ) -> dict[str, Any]:
-    """Every applicable attack on one transcript -> ``{"transcript", "defenses", "rows"}``."""
+    """Every applicable attack on one transcript -> ``{"transcript", "defenses", "rows"}``.
+
+    ``margin`` is the protection margin as a fraction of the gap between the stronger baseline
+    and a perfect attack (as in sweeps); a row's ``tests`` hold each privacy metric's test."""
     t = _as_transcript(transcript, max_bytes)
     scored = t.has_private
+    defenses = t.config.get("defenses", [])
     rows = []
     for cls in applicable_attacks(t, attacks):
         attack = cls()
@@ -107,31 +129,30 @@ def audit_transcript(
                 }
             )
         else:
-            rng = _seed_rng(t)
-            knowledge = attack.prior_knowledge(t, rng)
-            recon = attack.run(view, knowledge, rng)
+            outcome = attack.evaluate(t, _seed_rng(t))
+            recon = outcome.reconstruction
             if not recon.supported:
                 row.update({"applies": False, "verdict": "not applicable", "reason": recon.reason})
             else:
-                metrics = attack.score(recon, t)
-                random = attack.baseline(t)
-                try:
-                    prior = attack.prior_baseline(t, knowledge)
-                except NotImplementedError:
-                    prior = {}
-                verdict, advantage = _verdict(cls, metrics, random, prior)
+                metrics = outcome.metrics
+                point = {
+                    "attack_metrics": floats(metrics),
+                    "baseline_random": floats(outcome.baseline),
+                    "baseline_prior": floats(outcome.baseline_prior),
+                    "bootstrap": point_bootstrap(metrics, outcome.victims, outcome.decisions),
+                }
+                row.update(_tested_verdict(cls, point, bool(defenses), margin))
                 victims, targets = metrics.get("victims", math.inf), metrics.get("targets", math.inf)
-                if verdict == "unscored":
+                if not row["tests"]:
+                    row["verdict"] = "unscored"
                     row["reason"] = f"the ground truth holds nothing {cls.name} scores ({row['metric']} undefined)"
                 elif victims < MIN_VICTIMS or targets < MIN_TARGETS:
-                    verdict = f"too few victims to judge ({int(min(victims, targets))})"
+                    row["verdict"] = f"too few victims to judge ({int(min(victims, targets))})"
                 row.update(
                     {
-                        "verdict": verdict,
-                        "advantage": advantage,
                         "metrics": metrics,
-                        "baseline_random": random,
-                        "baseline_prior": prior,
+                        "baseline_random": outcome.baseline,
+                        "baseline_prior": outcome.baseline_prior,
                     }
                 )
         row["seconds"] = time.perf_counter() - t0
@@ -139,8 +160,9 @@ def audit_transcript(
     return {
         "protocol": t.protocol,
         "app": t.config.get("app"),
-        "defenses": t.config.get("defenses", []),
+        "defenses": defenses,
         "private_included": scored,
+        "margin": margin,
         "rows": rows,
     }
 
@@ -150,15 +172,21 @@ def _fmt(x: Any) -> str:
 
 
 def format_audit(result: dict[str, Any]) -> str:
-    """A fixed-width table: attack, metric, value, random, prior, verdict (and reason)."""
-    lines = [f"{'attack':<29} {'metric':<9} {'value':>7} {'random':>7} {'prior':>7}  verdict"]
+    """A fixed-width table: attack, metric, value, random, prior, the advantage over the stronger
+    baseline with its Holm-corrected bounds, and the verdict (and reason)."""
+    head = f"{'attack':<29} {'metric':<9} {'value':>7} {'random':>7} {'prior':>7}  {'advantage [bounds]':<24}  verdict"
+    lines = [head]
     for r in result["rows"]:
-        metric = printable(r["metric"])
-        value = r.get("metrics", {}).get(r["metric"])
-        random = _fmt(r.get("baseline_random", {}).get(r["metric"]))
-        prior = _fmt(r.get("baseline_prior", {}).get(r["metric"]))
+        metric = r.get("tested_metric", r["metric"])
+        value = r.get("metrics", {}).get(metric)
+        random = _fmt(r.get("baseline_random", {}).get(metric))
+        prior = _fmt(r.get("baseline_prior", {}).get(metric))
+        adv = "-"
+        if isinstance(r.get("advantage"), float) and not math.isnan(r["advantage"]):
+            adv = f"{r['advantage']:+.3f} [{_fmt(r.get('advantage_low'))}, {_fmt(r.get('advantage_high'))}]"
         reason = f": {r['reason']}" if r.get("reason") else ""
-        row = f"{r['attack']:<29} {metric:<9} {_fmt(value):>7} {random:>7} {prior:>7}  {r['verdict']}{reason}"
+        verdict = verdict_label(r) if "tests" in r else r["verdict"]
+        row = f"{r['attack']:<29} {metric:<9} {_fmt(value):>7} {random:>7} {prior:>7}  {adv:<24}  {verdict}{reason}"
         lines.append(printable(row))
     return "\n".join(lines)
 
