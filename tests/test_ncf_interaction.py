@@ -1,0 +1,103 @@
+"""ncf-interaction-inference: positives told from sampled negatives in FedNCF uploads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from privaudit.attacks.ncf_interaction_inference import (  # noqa: E402
+    NCFInteractionInference,
+    implied_positives,
+    upload_scores,
+)
+from privaudit.attacks.ncf_update_leak import NCFUpdateLeak  # noqa: E402
+from privaudit.data import synthetic  # noqa: E402
+from privaudit.metrics import roc_summary  # noqa: E402
+from privaudit.protocols.fedncf import FedNCF  # noqa: E402
+from privaudit.registry import get  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ds():
+    return synthetic(n_users=30, n_items=150, seed=1)
+
+
+@pytest.fixture(scope="module", params=["gmf", "mlp"])
+def run(ds, request):
+    cfg = {"model": request.param, "global_rounds": 2, "clients_per_round": 30, "record_rounds": -1}
+    return FedNCF().run(ds, cfg, [], 0)
+
+
+def test_implied_positives_matches_simulated_uploads():
+    rng = np.random.default_rng(0)
+    m, neg = 150, 4
+    for k in (5, 12, 25):
+        rows = [k + np.unique(rng.integers(0, m - k - 1, neg * k)).size for _ in range(200)]
+        assert abs(implied_positives(round(float(np.mean(rows))), neg, m) - k) <= 1
+    assert implied_positives(7, 0, m) == 7  # no negatives: every row is a positive
+
+
+def test_upload_scores_split_a_rank_one_upload_and_orient_by_the_recipe():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal(12)
+    label = np.zeros(50, dtype=bool)
+    label[:10] = True  # 10 positives, 40 sampled negatives (negatives = 4)
+    V = np.where(label[:, None], 1.0, -1.0) * rng.uniform(0.5, 2.0, (50, 1)) * w + 0.05 * rng.standard_normal((50, 12))
+    s = upload_scores(V, 4, 1000)
+    assert ((s > 0) == label).all()
+    # the sign of the singular vector is arbitrary: the recipe (about a fifth of the rows are
+    # positives) orients it, so the same upload with every row flipped gets the same split
+    assert ((upload_scores(-V, 4, 1000) > 0) == label).all()
+    assert (upload_scores(V, 0, 1000) == 1).all()
+
+
+def test_beats_popularity_prior_and_update_leak(run):
+    t = run.transcript
+    out = NCFInteractionInference().evaluate(t, np.random.default_rng(0))
+    leak = NCFUpdateLeak().evaluate(t, np.random.default_rng(0))
+    m, prior = out.metrics, out.baseline_prior
+    assert m["victims"] == 30
+    # the strongest trivial guess from one upload is "everything uploaded" (ncf-update-leak, F1 ~0.37);
+    # the popularity prior reaches F1 ~0.3 here
+    assert m["f1"] - max(prior["f1"], leak.metrics["f1"]) > 0.4
+    d = out.decisions["positive"]
+    assert d.groups is not None and d.groups.max() == 29 and d.scores.size == 30 * 150
+    roc = roc_summary(d.labels, d.scores)
+    assert roc["auc"] > 0.97 and roc["tpr@0.01"] > 0.8
+
+
+def test_victim_table_agrees_with_score_and_prior(run):
+    t = run.transcript
+    attack = NCFInteractionInference()
+    out = attack.evaluate(t, np.random.default_rng(0))
+    vt = out.victims
+    for metric in ("precision", "recall"):
+        assert vt.value(metric) == pytest.approx(out.metrics[metric])
+        assert vt.value(metric, "prior") == pytest.approx(out.baseline_prior[metric])
+
+
+def test_more_uploads_do_not_hurt_and_unsupported_under_secagg(ds, run):
+    t = run.transcript
+    one = NCFInteractionInference(rounds=1).evaluate(t, np.random.default_rng(0)).metrics["f1"]
+    both = NCFInteractionInference(rounds=-1).evaluate(t, np.random.default_rng(0)).metrics["f1"]
+    assert both >= one - 0.01
+    masked = FedNCF().run(ds, {"global_rounds": 1, "clients_per_round": 30}, [get("defense", "secagg")()], 0)
+    out = NCFInteractionInference().evaluate(masked.transcript, np.random.default_rng(0))
+    assert not out.reconstruction.supported and out.metrics == out.baseline
+
+
+@pytest.mark.slow
+def test_ml100k_fedgmf_one_upload_per_client(ml100k_path):
+    from privaudit.data import load_dataset
+
+    ds = load_dataset(ml100k_path)
+    # the first 10 cohorts of 20 users (200 clients, one upload each), lr 1e-3 as in the paper
+    cfg = {"lr": 1e-3, "global_rounds": 1, "max_rounds": 10, "record_rounds": 10}
+    t = FedNCF().run(ds, cfg, [], 0).transcript
+    out = NCFInteractionInference().evaluate(t, np.random.default_rng(0))
+    assert out.metrics["victims"] == 200
+    assert out.metrics["f1"] - out.baseline_prior["f1"] > 0.5
+    d = out.decisions["positive"]
+    assert roc_summary(d.labels, d.scores)["tpr@0.01"] > 0.95
