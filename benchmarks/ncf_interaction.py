@@ -6,10 +6,10 @@ per-(client, item) decisions, and ncf-update-leak's F1 on the same transcript. E
 
     python benchmarks/ncf_interaction.py                       # synthetic, gmf/mlp/neumf
     python benchmarks/ncf_interaction.py --data ml100k --models gmf --global-rounds 1 --record-rounds 48
-    python benchmarks/ncf_interaction.py --ldp 0,0.001,0.01    # Laplace noise on the uploaded rows
+    python benchmarks/ncf_interaction.py --ldp 0,0.001,0.01    # noise on the uploaded item rows
 
 Synthetic runs use the settings of benchmarks/prior_baselines.py (lr 1e-3, 3 global rounds,
-30 recorded rounds). ``--ldp`` scales are the Laplace scale b of ``ldp-interactions``.
+30 recorded rounds). ``--ldp`` values are the noise standard deviations sigma of ``ldp-interactions`` (clip 1).
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record-rounds", type=int, default=30)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--rounds", type=int, default=1, help="uploads per client the attack combines")
-    ap.add_argument("--ldp", default="0", help="comma-separated Laplace scales of ldp-interactions (0: none)")
+    ap.add_argument(
+        "--ldp", default="0", help="comma-separated noise standard deviations of ldp-interactions (0: none)"
+    )
     args = ap.parse_args(argv)
     if args.data == "ml100k":
         if not ml100k_dir().is_dir():
@@ -56,13 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         ds = synthetic()
     cfg = {"lr": args.lr, "global_rounds": args.global_rounds, "record_rounds": args.record_rounds}
     print(
-        "| data | model | ldp b | HR@10 | precision | recall | F1 | prior F1 | F1 adv. | AUC | TPR@1% | TPR@0.1% "
+        "| data | model | ldp sigma | HR@10 | precision | recall | F1 | prior F1 | F1 adv. | AUC | TPR@1% | TPR@0.1% "
         "| update-leak F1 | seconds |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         for b in (float(x) for x in args.ldp.split(",")):
-            defenses = [get("defense", "ldp-interactions")(scale=b)] if b > 0 else []
+            defenses = [get("defense", "ldp-interactions")(sigma=b)] if b > 0 else []
             tic = time.perf_counter()
             r = run(ds, model, cfg, defenses, args.rounds)
             m, p, roc = r["out"].metrics, r["out"].baseline_prior, r["roc"]
