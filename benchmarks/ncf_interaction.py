@@ -7,6 +7,8 @@ per-(client, item) decisions, and ncf-update-leak's F1 on the same transcript. E
     python benchmarks/ncf_interaction.py                       # synthetic, gmf/mlp/neumf
     python benchmarks/ncf_interaction.py --data ml100k --models gmf --global-rounds 1 --record-rounds 48
     python benchmarks/ncf_interaction.py --ldp 0,0.001,0.01    # noise on the uploaded item rows
+    python benchmarks/ncf_interaction.py --data ml100k --models mlp --set D=64 --set 'layers=[64,32]' \
+        --set local_epochs=20 --set clients_per_round=9 --set max_rounds=20 --set record_rounds=20
 
 Synthetic runs use the settings of benchmarks/prior_baselines.py (lr 1e-3, 3 global rounds,
 30 recorded rounds). ``--ldp`` values are the noise standard deviations sigma of ``ldp-interactions`` (clip 1).
@@ -15,6 +17,7 @@ Synthetic runs use the settings of benchmarks/prior_baselines.py (lr 1e-3, 3 glo
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -45,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record-rounds", type=int, default=30)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--rounds", type=int, default=1, help="uploads per client the attack combines")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="other FedNCF config (JSON value)")
     ap.add_argument(
         "--ldp", default="0", help="comma-separated noise standard deviations of ldp-interactions (0: none)"
     )
@@ -57,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         ds = synthetic()
     cfg = {"lr": args.lr, "global_rounds": args.global_rounds, "record_rounds": args.record_rounds}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        cfg[key] = json.loads(value)
     print(
         "| data | model | ldp sigma | HR@10 | precision | recall | F1 | prior F1 | F1 adv. | AUC | TPR@1% | TPR@0.1% "
         "| update-leak F1 | seconds |"
