@@ -7,15 +7,22 @@ how. It knows the model it sent and the public recipe (BCE loss, Adam, ``negativ
 positive). The loss gradient of item row q_i is (sigmoid(s_i) - y_i) ds_i/dq_i: label 1 moves
 the row along +ds_i/dq_i (the score rises), label 0 along -ds_i/dq_i. For GMF ds_i/dq_i = h * p_u
 (prediction weights times the client's user vector) is the same for every item of the client,
-so the client's row changes are +-1 multiples of one direction; for MLP and NeuMF the direction
-varies with the item only through the ReLU pattern and stays close to a common one. The attack
-therefore needs neither the user vector nor a shadow model: per upload it takes the top right
-singular vector w of the changes (L x Dtot), scores each row by cos(change_i, w) (the
-label-1-versus-label-0 comparison of the paper, with the simulated gradient direction estimated
-from the upload itself) and orients w so that the number of rows with a positive score is
-nearest the number of positives the recipe implies (k + unique(negatives * k uniform draws)
-= L). The paper's own attacker instead re-trains the sent model with guessed labels and a fresh
-user vector and keeps the guesses whose simulated rows land nearest the uploaded ones.
+so the client's row changes are +-1 multiples of one direction, and the attack needs neither
+the user vector nor a shadow model: per upload it takes the top right singular vector w of the
+changes (L x Dtot), scores each row by cos(change_i, w) and orients w so that the number of rows
+with a positive score is nearest the number of positives the recipe implies (k +
+unique(negatives * k uniform draws) = L). NeuMF's GMF half gives it the same structure. For MLP
+the direction varies with the item through the ReLU pattern: the attack computes the simulated
+gradients d logit / d q_i of the model the server sent that round (its recorded ``state``) for
+``candidates`` user vectors drawn with the spread of the item table, keeps the user vector whose
+gradients explain the changes best (largest mean squared cosine) and scores each row by
+cos(change_i, d logit / d q_i): > 0 is the label-1 move, < 0 the label-0 move (the paper's
+comparison of the real update with the simulated one under label 1 and label 0). Per upload it
+keeps whichever of the two (SVD direction, simulated gradients) has the larger mean squared
+cosine with the changes (the gradients of the sent model go stale when local training moves the
+rows far, e.g. lr 0.01 on a fresh model); without a recorded ``state`` for the round, the SVD. The paper's own attacker
+instead re-trains the sent model with guessed labels and a fresh user vector and keeps the
+guesses whose simulated rows land nearest the uploaded ones.
 
 Over the first r uploads of a client (``rounds``; -1 all) an item's score is the mean of its
 per-upload scores, -1 in an upload that does not hold it; predicted positives: score > 0.
@@ -34,6 +41,7 @@ import numpy as np
 
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.attacks.ncf_update_leak import PRF_SPECS, _f1, _prf, client_truth, guess_baseline, popularity_baseline
+from privaudit.models import ncf
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec, VictimTable
@@ -78,6 +86,41 @@ def upload_scores(values: np.ndarray, negatives: int, n_items: int) -> np.ndarra
     return cos
 
 
+def gradient_scores(
+    values: np.ndarray,
+    rows: np.ndarray,
+    net: dict[str, np.ndarray],
+    arch: tuple[str, int, tuple[int, ...]],
+    user_scale: np.ndarray,
+    rng: np.random.Generator,
+    candidates: int = 64,
+) -> np.ndarray:
+    """Per-row score in [-1, 1] of one upload: cos(row change, d logit / d q_i) at the best user vector.
+
+    ``values`` (L, Dtot) the uploaded changes, ``rows`` (L, Dtot) the same items' rows of the model
+    the server sent, ``net`` its network weights, ``arch`` = (model, D, layers). ``candidates``
+    user vectors are drawn N(0, diag(user_scale^2)); the one whose gradients d logit / d q_i
+    explain the changes best (largest mean squared cosine) is kept. A positive score means the
+    row moved the way label 1 moves it (the logit rises).
+    """
+    torch = ncf.require_torch()
+    model, D, layers = arch
+    V = np.asarray(values, dtype=np.float64)
+    L, Dt = V.shape
+    Vn = V / np.maximum(np.linalg.norm(V, axis=1, keepdims=True), 1e-300)
+    P = rng.standard_normal((candidates, Dt)) * user_scale
+    n_layers = len(layers) if model in ("mlp", "neumf") else 0
+    with torch.enable_grad():
+        net_t = {k: torch.as_tensor(np.asarray(v, dtype=np.float32)) for k, v in net.items()}
+        q = torch.as_tensor(np.asarray(rows, dtype=np.float32))[None].expand(candidates, -1, -1).clone()
+        q.requires_grad_(True)
+        u = torch.as_tensor(P, dtype=torch.float32)[:, None, :].expand(-1, L, -1)
+        (J,) = torch.autograd.grad(ncf.forward(model, D, n_layers, net_t, u, q).sum(), q)
+    J = J.numpy().astype(np.float64)
+    cos = np.einsum("kld,ld->kl", J / np.maximum(np.linalg.norm(J, axis=2, keepdims=True), 1e-300), Vn)
+    return cos[int(np.argmax((cos**2).mean(axis=1)))]
+
+
 @register_attack("ncf-interaction-inference")
 class NCFInteractionInference(Attack):
     """Tell a FedNCF client's positives from its sampled negatives in its uploads (module docstring)."""
@@ -94,12 +137,29 @@ class NCFInteractionInference(Attack):
     default_sweep = ("rounds", (1, 2, 4))
     parameters = (
         Param("rounds", 1, "combine the scores of each client's first r recorded uploads (-1: all)", ge=1, also=(-1,)),
+        Param(
+            "candidates",
+            64,
+            "MLP: user vectors tried per upload for the simulated gradient directions (0: SVD direction only, as GMF/NeuMF)",
+            ge=0,
+        ),
     )
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         m = int(view.config.get("n_items", 0))
         negatives = int(view.config.get("negatives", 4))
+        arch = (
+            str(view.config.get("model", "gmf")),
+            int(view.config.get("D", 12)),
+            tuple(view.config.get("layers", ())),
+        )
+        # MLP rows move along item-dependent gradient directions: score them against the simulated
+        # gradients of the model the server sent that round (recorded ``state``), when it has it
+        states = (
+            {m.round: m for m in view.select("state")} if arch[0] == "mlp" and self.candidates and negatives else {}
+        )
         uploads: dict[str, list[Any]] = {}
+        n_gradient = 0
         for msg in view.select("item_update"):
             uploads.setdefault(msg.sender, []).append(msg)
         victims: dict[str, dict[str, np.ndarray]] = {}
@@ -112,12 +172,25 @@ class NCFInteractionInference(Attack):
             for msg in seq[:r]:
                 items = np.asarray(msg.payload["items"], dtype=np.int64)
                 sc = np.full(m, -1.0)
-                sc[items] = upload_scores(msg.payload["values"], negatives, m)
+                cos = upload_scores(msg.payload["values"], negatives, m)
+                state = states.get(msg.round)
+                if state is not None:
+                    table = np.asarray(state.payload["items"], dtype=np.float64)
+                    net = ncf.unflatten_network(np.asarray(state.payload["network"]), *arch)
+                    sim = gradient_scores(
+                        msg.payload["values"], table[items], net, arch, table.std(axis=0), rng, self.candidates
+                    )
+                    # keep the directions that explain the upload better (larger mean squared cosine)
+                    if np.mean(sim**2) > np.mean(cos**2):
+                        cos = sim
+                        n_gradient += 1
+                sc[items] = cos
                 total += sc
                 seen[items] = True
             score = np.where(seen, total / r, ABSENT)
             victims[party] = {"scores": score, "items": np.flatnonzero(score > 0).astype(np.int64)}
-        return Reconstruction(self.name, self.party, victims, meta={"clients": len(victims), "rounds": self.rounds})
+        meta = {"clients": len(victims), "rounds": self.rounds, "gradient_uploads": n_gradient}
+        return Reconstruction(self.name, self.party, victims, meta=meta)
 
     def _victim_parts(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, np.ndarray]:
         names = sorted(reconstruction.victims)
