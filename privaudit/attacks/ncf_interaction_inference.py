@@ -156,7 +156,7 @@ class NCFInteractionInference(Attack):
         # MLP rows move along item-dependent gradient directions: score them against the simulated
         # gradients of the model the server sent that round (recorded ``state``), when it has it
         states = (
-            {m.round: m for m in view.select("state")} if arch[0] == "mlp" and self.candidates and negatives else {}
+            {s.round: s for s in view.select("state")} if arch[0] == "mlp" and self.candidates and negatives else {}
         )
         uploads: dict[str, list[Any]] = {}
         n_gradient = 0
@@ -184,7 +184,7 @@ class NCFInteractionInference(Attack):
                     if np.mean(sim**2) > np.mean(cos**2):
                         cos = sim
                         n_gradient += 1
-                sc[items] = cos
+                sc[items] = np.nan_to_num(cos, nan=0.0, posinf=0.0, neginf=0.0)  # non-finite uploads: no direction
                 total += sc
                 seen[items] = True
             score = np.where(seen, total / r, ABSENT)
