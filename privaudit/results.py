@@ -156,6 +156,9 @@ class VictimTable:
         Numerators of the prior-only guess, same metrics.
     root : frozenset of str
         Metrics reported as the square root of the ratio.
+    harmonic : dict[str, tuple[str, str]]
+        Metrics derived as the harmonic mean of two of the ratios above (F1 from precision and
+        recall): ``{"f1": ("precision", "recall")}``; resampled with them.
     """
 
     victims: list[str]
@@ -163,6 +166,7 @@ class VictimTable:
     attack: dict[str, np.ndarray]
     prior: dict[str, np.ndarray]
     root: frozenset[str] = frozenset()
+    harmonic: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.victims)
@@ -173,10 +177,16 @@ class VictimTable:
                     raise ValueError(f"metric {name!r}: {part[name].size} values for {n} victims")
         if set(self.attack) != set(self.weight):
             raise ValueError("attack and weight name different metrics")
+        for name, parts in self.harmonic.items():
+            if len(parts) != 2 or any(p not in self.attack for p in parts):
+                raise ValueError(f"metric {name!r}: harmonic of {parts!r}, which the table does not hold")
 
     def value(self, metric: str, which: str = "attack", index: np.ndarray | None = None) -> float:
         """The metric over the victims at ``index`` (all by default) for ``which`` in
         {"attack", "prior"}; NaN when the weights sum to 0."""
+        if metric in self.harmonic:
+            a, b = (self.value(m, which, index) for m in self.harmonic[metric])
+            return harmonic_mean(a, b)
         num = getattr(self, which)[metric]
         den = self.weight[metric]
         if index is not None:
@@ -186,6 +196,15 @@ class VictimTable:
             return math.nan
         v = float(num.sum()) / total
         return math.sqrt(max(v, 0.0)) if metric in self.root else v
+
+
+def harmonic_mean(a: Any, b: Any) -> Any:
+    """2ab / (a + b), elementwise for arrays; 0 where a + b = 0, NaN where either is NaN."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    total = a + b
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(total > 0, 2 * a * b / np.where(total > 0, total, 1.0), np.where(np.isnan(total), np.nan, 0.0))
+    return float(out) if out.ndim == 0 else out
 
 
 # ------------------------------------------------------------------------------ numbers
@@ -570,6 +589,9 @@ def bootstrap_counts(n: int, replicates: int, rng: np.random.Generator) -> np.nd
 def table_replicates(table: VictimTable, metric: str, which: str, counts: np.ndarray) -> np.ndarray:
     """(replicates,) values of ``metric`` (``which`` in {"attack", "prior"}) over the victim
     resamples ``counts`` (replicates, n_victims); NaN where a resample has no weight."""
+    if metric in table.harmonic:
+        a, b = (table_replicates(table, m, which, counts) for m in table.harmonic[metric])
+        return harmonic_mean(a, b)
     num_ = counts @ getattr(table, which)[metric]
     den = counts @ table.weight[metric]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -631,10 +653,10 @@ def point_bootstrap(
     out: dict[str, dict[str, Any]] = {}
     if table is not None and len(table.victims) >= MIN_VICTIMS:
         counts = bootstrap_counts(len(table.victims), replicates, rng).astype(float)
-        for m in table.attack:
+        for m in [*table.attack, *table.harmonic]:
             att = table_replicates(table, m, "attack", counts)
             entry = {"attack": table.value(m), "prior": None, "se": _se(att), "se_vs_prior": None}
-            if m in table.prior:
+            if all(part in table.prior for part in table.harmonic.get(m, (m,))):
                 entry["prior"] = table.value(m, "prior")
                 entry["se_vs_prior"] = _se(att - table_replicates(table, m, "prior", counts))
             out[m] = {**entry, "n": len(table.victims), "over": "victims"}

@@ -466,3 +466,30 @@ def test_one_half_of_a_trade_off_is_not_tested():
     specs = {"recall": spec_to_dict(half), "precision": spec_to_dict(half), "f1": spec_to_dict(MetricSpec())}
     assert privacy_metrics([point], specs) == ["f1"]
     assert spec_from_dict(specs["recall"]).tested is False and spec_from_dict(specs["f1"]).tested is True
+
+
+def test_harmonic_metric_of_a_victim_table_is_resampled_with_its_parts():
+    """F1 of the mean precision and mean recall: the table's value is the harmonic mean of
+    its parts, and every bootstrap replicate is the harmonic mean of the replicated parts."""
+    from privaudit.results import VictimTable, bootstrap_counts, table_replicates
+
+    p = np.array([1.0, 0.5, 0.0, 0.25, 1.0, 0.5])
+    r = np.array([1.0, 1.0, 0.0, 0.5, 0.5, 1.0])
+    ones = np.ones(6)
+    table = VictimTable(
+        [f"client:{k}" for k in range(6)],
+        {"precision": ones, "recall": ones},
+        {"precision": p, "recall": r},
+        {"precision": ones * 0.2, "recall": ones * 0.4},
+        harmonic={"f1": ("precision", "recall")},
+    )
+    mp, mr = p.mean(), r.mean()  # 3.25 / 6, 4 / 6
+    assert table.value("f1") == pytest.approx(2 * mp * mr / (mp + mr))
+    assert table.value("f1", "prior") == pytest.approx(2 * 0.2 * 0.4 / 0.6)
+    counts = bootstrap_counts(6, 50, np.random.default_rng(1)).astype(float)
+    reps = table_replicates(table, "f1", "attack", counts)
+    for row, got in zip(counts, reps):
+        bp, br = row @ p / row.sum(), row @ r / row.sum()
+        assert got == pytest.approx(0.0 if bp + br == 0 else 2 * bp * br / (bp + br))
+    with pytest.raises(ValueError, match="harmonic"):
+        VictimTable(["a"], {"precision": [1.0]}, {"precision": [1.0]}, {}, harmonic={"f1": ("precision", "recall")})

@@ -61,7 +61,7 @@ def plain_mf():
 def _check(out) -> None:
     table = out.victims
     assert table is not None and len(table.victims) == len(set(table.victims)) >= 1
-    for metric in table.weight:
+    for metric in [*table.weight, *table.harmonic]:
         for which, ref in (("attack", out.metrics), ("prior", out.baseline_prior)):
             got, want = table.value(metric, which), ref[metric]
             assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want, abs=1e-12), (metric, which)

@@ -39,8 +39,9 @@ from typing import Any
 
 import numpy as np
 
+from privaudit.attacks._generic import cross_fit
 from privaudit.attacks.base import Attack, Reconstruction
-from privaudit.attacks.ncf_update_leak import PRF_SPECS, _f1, _prf, client_truth, guess_baseline, popularity_baseline
+from privaudit.attacks.ncf_update_leak import PRF_SPECS, _f1, _prf, client_truth, guess_baseline, popularity_strategies
 from privaudit.models import ncf
 from privaudit.params import Param
 from privaudit.registry import register_attack
@@ -217,12 +218,26 @@ class NCFInteractionInference(Attack):
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         return guess_baseline(transcript, self._parties(transcript))
 
+    def _prior_parts(self, parties: list[str], transcript: Transcript) -> dict[str, np.ndarray]:
+        """Per party, precision and recall of the popularity strategy chosen by F1 on held-out
+        halves of the clients (:func:`.ncf_update_leak.popularity_strategies`, the prior
+        ``ncf-update-leak`` uses), with ``has`` = 1 for a party with positives."""
+        strategies = popularity_strategies(transcript, parties)
+        has = next(iter(strategies.values()))["scored"]
+        best, _ = cross_fit(strategies, "f1", has)
+        return {"precision": best["precision"], "recall": best["recall"], "has": has}
+
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
-        """The k most popular items for every client (:func:`.ncf_update_leak.popularity_baseline`)."""
+        """The k items most rated by the other clients, k and the strategy chosen on held-out
+        clients (:meth:`_prior_parts`); averaged like :meth:`score`."""
         parties = self._parties(transcript)
-        out = popularity_baseline(transcript, parties)
-        out["victims"] = float(len(parties))
-        return out
+        nan = float("nan")
+        if not parties:
+            return {"precision": nan, "recall": nan, "f1": nan, "victims": 0.0}
+        prior = self._prior_parts(parties, transcript)
+        p = float(prior["precision"].mean())
+        r = float(prior["recall"].sum() / prior["has"].sum()) if prior["has"].sum() else nan
+        return {"precision": p, "recall": r, "f1": _f1(p, r), "victims": float(len(parties))}
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
         """One record per (attacked client, item): its combined score; groups = client index."""
@@ -240,34 +255,21 @@ class NCFInteractionInference(Attack):
     def victim_table(
         self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
     ) -> VictimTable | None:
-        """Per-client precision and recall of the attack and of the popularity guess (F1 is not a
-        ratio of per-client sums and is left out)."""
+        """Per-client precision and recall of the attack and of the popularity guess; F1, the
+        harmonic mean of the two, resampled with them."""
         parts = self._victim_parts(reconstruction, transcript)
         names = parts["victims"]
         if not names:
             return None
-        pop = _popularity_guess(transcript)
-        prior_p, prior_r = [], []
-        for party in names:
-            truth = client_truth(transcript, party)
-            p, r = _prf(pop, truth) if pop.size else (float("nan"), float("nan"))
-            prior_p.append(p)
-            prior_r.append(0.0 if truth.size == 0 else r)
+        parties = self._parties(transcript)
+        prior = self._prior_parts(parties, transcript)
+        idx = np.array([parties.index(p) for p in names])
+        prior_p, prior_r = prior["precision"][idx], prior["recall"][idx]
         ones = np.ones(len(names))
         return VictimTable(
             list(names),
             weight={"precision": ones, "recall": parts["has"]},
             attack={"precision": parts["precision"], "recall": parts["recall"]},
             prior={"precision": np.array(prior_p), "recall": np.array(prior_r)},
+            harmonic={"f1": ("precision", "recall")},
         )
-
-
-def _popularity_guess(transcript: Transcript) -> np.ndarray:
-    """The item ids :func:`.ncf_update_leak.popularity_baseline` guesses for every client."""
-    m = int(transcript.config.get("n_items", 0))
-    truths = [client_truth(transcript, p) for p in transcript.parties if p.startswith("client:")]
-    if not m or not any(t.size for t in truths):
-        return np.zeros(0, dtype=np.int64)
-    counts = np.bincount(np.concatenate(truths), minlength=m)
-    k = max(1, int(np.median([t.size for t in truths if t.size])))
-    return np.argsort(-counts, kind="stable")[:k]

@@ -149,7 +149,7 @@ class NCFKAnonLinking(Attack):
     def victim_table(
         self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
     ) -> VictimTable | None:
-        """The one target's precision and recall (weight 1; F1 left out). One victim: a
+        """The one target's precision and recall (weight 1; F1 their harmonic mean). One victim: a
         bootstrap over victims has nothing to resample, the table only carries the numbers."""
         ((party, rec),) = reconstruction.victims.items()
         prior = self._prior(transcript)
@@ -162,6 +162,7 @@ class NCFKAnonLinking(Attack):
             {"precision": [1.0], "recall": [scored]},
             {"precision": [p], "recall": [r if scored else 0.0]},
             {"precision": [prior[0]], "recall": [prior[1]]},
+            harmonic={"f1": ("precision", "recall")},
         )
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:

@@ -253,14 +253,15 @@ class NCFUpdateLeak(Attack):
     def victim_table(
         self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
     ) -> VictimTable | None:
-        """Per client: its precision and recall (weight 1 where it counts in the mean); F1, a
-        function of the two means, is left out."""
+        """Per client: its precision and recall (weight 1 where it counts in the mean); F1, the
+        harmonic mean of the two means, resampled with them."""
         victims, weight, num = self._attack_parts(reconstruction, transcript)
         prior_victims, _, prior = self._prior_parts(transcript)
         if not victims:
             return None
         idx = np.array([prior_victims.index(p) for p in victims])
-        return VictimTable(victims, weight, num, {name: v[idx] for name, v in prior.items()})
+        prior_num = {name: v[idx] for name, v in prior.items()}
+        return VictimTable(victims, weight, num, prior_num, harmonic={"f1": ("precision", "recall")})
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
         """Per (client, item): the share of the client's first r uploads holding the item."""
