@@ -129,7 +129,7 @@ class _Run:
     attacks: list[tuple[str, type]] = field(default_factory=list)  # (registered name, class)
     defense_name: str | None = None
     protocol_name: str = ""
-    canaries: int = canary.DEFAULT_CANARIES  # per DP cell's canary run (0: none)
+    canaries: int | None = None  # per DP cell's canary run (None: the kit's default, 0: no run)
 
 
 def _execute(run: _Run, dataset: Any) -> dict[str, Any]:
@@ -157,7 +157,7 @@ def _execute(run: _Run, dataset: Any) -> dict[str, Any]:
         # keyed by the registered name (a class's own ``name`` may be unset in a worker process)
         privacy = {run.defense_name: next(iter(privacy.values()))}
         out["privacy"] = privacy
-        if run.canaries and canary.claimed_privacy(privacy) and canary.canary_kit(run.protocol_name):
+        if run.canaries != 0 and canary.claimed_privacy(privacy) and canary.canary_kit(run.protocol_name):
             out["canary_audit"] = _canary_audit(run, specs, dataset)
     attacks = {}
     for a_index, (attack_name, attack_cls) in enumerate(run.attacks):
@@ -208,8 +208,9 @@ class Audit:
     attacks, defenses : sequence of str | None
         Restrict to these names (default: every applicable one).
     progress : bool | None
-    canaries : int
-        Canary users of the extra canary run of every DP cell (0: no canary runs).
+    canaries : int | None
+        Canaries of the extra canary run of every DP cell (None: the protocol's canary kit's
+        default; 0: no canary runs).
     """
 
     protocol: str
@@ -223,7 +224,7 @@ class Audit:
     attacks: Sequence[str] | None = None
     defenses: Sequence[str] | None = None
     progress: bool | None = None
-    canaries: int = canary.DEFAULT_CANARIES
+    canaries: int | None = None
 
 
 def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
@@ -272,7 +273,7 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
                         named,
                         cls.name,
                         protocol_cls.name,
-                        int(audit.canaries),
+                        audit.canaries,
                     )
                 )
     header = {

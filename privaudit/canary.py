@@ -51,7 +51,7 @@ from privaudit.errors import PrivauditError
 #: per direction, guess this fraction of the canaries (a fixed menu, union-bounded)
 GUESS_FRACTIONS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2)
 #: canary users per canary audit run and canary items they share
-DEFAULT_CANARIES = 400
+DEFAULT_CANARIES = 200
 CANARY_ITEMS = 8
 #: the largest epsilon the root search reports (all guesses right among thousands)
 EPSILON_CAP = 50.0
@@ -188,6 +188,8 @@ class FedMVMFCanaries:
 
     canaries: int = DEFAULT_CANARIES
     items: int = CANARY_ITEMS
+    #: the bit replaces the canary's rating (the bound is halved for an add/remove claim)
+    replace = True
 
     def insert(self, dataset: Any, rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:
         """The dataset with ``canaries`` users and ``items`` items appended, and the canary
@@ -250,6 +252,13 @@ class FedMVMFCanaries:
         ok_i = (i_pos < train_items.size) & (train_items[np.minimum(i_pos, train_items.size - 1)] == record["items"])
         keep = np.flatnonzero(ok_u & ok_i)
         return keep, u_pos[keep], i_pos[keep]
+
+    def score(self, result: Any, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, int]:
+        """(guesser scores, the bits of the canaries scored, rounds observed) of a canary run;
+        the bits are read from ``record`` here, outside the guesser."""
+        keep, clients, items = self.locate(record, result.model)
+        scores, rounds = self.scores(result.transcript, clients, items, record["high"], record["low"])
+        return scores, record["bits"][keep], rounds
 
     @staticmethod
     def expected(V: np.ndarray, P: np.ndarray, item: int, value: float, cfg: Mapping[str, Any]) -> np.ndarray:
@@ -364,7 +373,8 @@ def claimed_privacy(privacy: Mapping[str, Any]) -> tuple[float, float, str] | No
         else:
             eps += float(c["epsilon"])
             delta = max(delta, float(c.get("delta", 0.0) or 0.0))
-        neighbour = str(c.get("neighbour", neighbour))
+        unit = str(c.get("unit", ""))
+        neighbour = str(c.get("neighbour") or ("user" if "user" in unit else neighbour))
     return eps, delta, neighbour
 
 
@@ -374,7 +384,7 @@ def canary_audit(
     defense_specs: Sequence[tuple[type, Mapping[str, Any]]],
     dataset: Any,
     seed: int,
-    canaries: int = DEFAULT_CANARIES,
+    canaries: int | None = None,
     confidence: float = 0.95,
     names: Sequence[str] | None = None,
 ) -> dict[str, Any]:
@@ -386,7 +396,8 @@ def canary_audit(
     kit = canary_kit(protocol_cls.name)
     if kit is None:
         raise PrivauditError(f"no canary audit for protocol {protocol_cls.name!r}")
-    kit.canaries = int(canaries)
+    if canaries is not None:
+        kit.canaries = int(canaries)
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA7A]))
     augmented, record = kit.insert(dataset, rng)
     defenses = [cls(**dict(params)) for cls, params in defense_specs]
@@ -397,9 +408,8 @@ def canary_audit(
     if claim is None:
         raise PrivauditError("the canary audit needs a DP defense that reports privacy_spent")
     eps, delta, neighbour = claim
-    keep, clients, items = kit.locate(record, result.model)
-    scores, rounds = kit.scores(result.transcript, clients, items, record["high"], record["low"])
-    bound = canary_bound(scores, record["bits"][keep], delta=delta, confidence=confidence, replace=True)
+    scores, bits, rounds = kit.score(result, record)
+    bound = canary_bound(scores, bits, delta=delta, confidence=confidence, replace=kit.replace)
     return {
         "epsilon_lb": float(bound["epsilon_lb"]),
         "epsilon": float(eps),

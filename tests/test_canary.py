@@ -124,3 +124,32 @@ def test_guesser_reads_only_the_server_view(synthetic):
     # and they carry the bits: the mean score of included canaries is above that of the others
     bits = record["bits"][keep]
     assert before[bits].mean() > before[~bits].mean()
+
+
+def test_audit_writes_a_canary_audit_on_every_dp_cell(synthetic, tmp_path):
+    import json
+
+    from privaudit import audit as au
+
+    audit = au.run_audit(
+        au.Audit(
+            "fedmvmf",
+            users=60,
+            sets={"epochs": 2, "K": 2},
+            seeds=1,
+            attacks=["mvmf-analytic"],
+            defenses=["dp-laplace"],
+            canaries=100,
+        ),
+        dataset=synthetic,
+    )
+    au.write_audit(audit, tmp_path)
+    runs = json.loads((tmp_path / "audit.json").read_text())["runs"]
+    dp = [r for r in runs if r["defense"] == "dp-laplace"]
+    assert len(dp) == len(DPLaplace.default_grid) and all("canary_audit" not in r for r in runs if not r["defense"])
+    for r in dp:
+        c = r["canary_audit"]
+        assert c["epsilon"] == pytest.approx(r["privacy"]["dp-laplace"]["epsilon_pld"])
+        assert 0.0 <= c["epsilon_lb"] <= c["epsilon"] and c["neighbour"] == "rating" and c["canaries"] > 70
+    # the weakest epsilon (100 per round) lets the guesser through: a non-vacuous bound
+    assert dp[0]["canary_audit"]["epsilon_lb"] > 1.0
