@@ -261,23 +261,26 @@ class FedMVMFCanaries:
         return scores, record["bits"][keep], rounds
 
     @staticmethod
-    def expected(V: np.ndarray, P: np.ndarray, item: int, value: float, cfg: Mapping[str, Any]) -> np.ndarray:
+    def expected(V: np.ndarray, P: np.ndarray, items: np.ndarray, values: Sequence[float], cfg: Mapping[str, Any]):
         """What a canary client with one rating ``value`` of ``item`` uploads under the state
         (V, P), before any defense (SemiALS): its grad_V row of the item and its grad_P,
-        flattened, (K + p K,)."""
+        flattened; ``{(item, value): (K + p K,)}`` for every item and value (one batched solve
+        with the protocol's own equations)."""
         from privaudit.models import mvmf
 
-        m = V.shape[0]
-        R = sp.csr_matrix(([value], ([0], [int(item)])), shape=(1, m))
-        W = sp.csr_matrix(([1.0], ([0], [int(item)])), shape=(1, m))
+        pairs = [(int(j), float(value)) for j in items for value in values]
+        rows = np.arange(len(pairs))
+        cols = np.array([j for j, _ in pairs])
+        shape = (len(pairs), V.shape[0])
+        R = sp.csr_matrix((np.array([value for _, value in pairs]), (rows, cols)), shape=shape)
+        W = sp.csr_matrix((np.ones(len(pairs)), (rows, cols)), shape=shape)
+        X = np.zeros((len(pairs), P.shape[0]))
         alpha = float(cfg["alpha"])
-        A, b = mvmf.normal_equations(
-            V, P, np.zeros((1, P.shape[0])), R, W, alpha, float(cfg["lam"]), float(cfg["w"]), cfg["unrated"]
-        )
-        u = mvmf.solve_users(A, b)
-        row = mvmf.entry_coefficients(u, V, R, W)[0] * u[0]
-        gP = mvmf.grad_P(u, P, np.zeros((1, P.shape[0])), alpha)[0]
-        return np.concatenate([row, np.ravel(gP)])
+        A, b = mvmf.normal_equations(V, P, X, R, W, alpha, float(cfg["lam"]), float(cfg["w"]), cfg["unrated"])
+        U = mvmf.solve_users(A, b)
+        grad_rows = mvmf.entry_coefficients(U, V, R, W)[:, None] * U
+        gP = mvmf.grad_P(U, P, X, alpha).reshape(len(pairs), -1)
+        return {pair: np.concatenate([grad_rows[k], gP[k]]) for k, pair in enumerate(pairs)}
 
     @staticmethod
     def clipped(x: np.ndarray, K: int, defense: Mapping[str, Any] | None) -> np.ndarray:
@@ -328,11 +331,8 @@ class FedMVMFCanaries:
                 continue
             V, P = np.asarray(states[t]["V"], dtype=np.float64), np.asarray(states[t]["P"], dtype=np.float64)
             K = V.shape[1]
-            expected = {
-                (int(j), value): cls.clipped(cls.expected(V, P, int(j), value, cfg), K, defense)
-                for j in np.unique(items)
-                for value in (high, low)
-            }
+            raw = cls.expected(V, P, np.unique(items), (high, low), cfg)
+            expected = {key: cls.clipped(x, K, defense) for key, x in raw.items()}
             used += 1
             for k, parts in got.items():
                 e1, e0 = expected[int(items[k]), high], expected[int(items[k]), low]
