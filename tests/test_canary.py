@@ -29,8 +29,8 @@ def test_pure_bound_is_calibrated_and_tight_on_randomized_response():
     bounds = _rr_bounds(1.0, 400, 2_000, seed=1)
     exceed = float(np.mean(bounds > 1.0))
     # the theorem is exact for randomized response: exceeded in <= 5 % (binomial slack 1.5 %), not far below
-    assert 0.02 <= exceed <= 0.065
-    assert np.median(bounds) > 0.75
+    assert 0.02 <= exceed <= 0.065  # measured: 4.2 %
+    assert np.median(bounds) > 0.75  # measured: 0.80 of 1
     assert np.mean(_rr_bounds(0.0, 400, 1_000, seed=3) > 0) <= 0.065
 
 
@@ -68,8 +68,8 @@ def test_abstaining_bound_on_laplace_and_gaussian_canaries_is_valid():
         lap.append(canary.canary_bound(bits / 2 + rng.laplace(0, 1 / 2.0, m), bits)["epsilon_lb"])
         gau.append(canary.canary_bound(bits / 2 + rng.normal(0, sigma, m), bits, delta=delta)["epsilon_lb"])
     lap, gau = np.array(lap), np.array(gau)
-    assert np.mean(lap > 2.0) <= 0.05 and np.median(lap) > 0.8  # half the true epsilon at 1,000 canaries
-    assert np.mean(gau > eps_gauss) <= 0.05 and np.median(gau) > 1.5  # eps_gauss = 7.9
+    assert np.mean(lap > 2.0) <= 0.05 and np.median(lap) > 1.4  # measured: 2.5 %, median 1.70 of 2
+    assert np.mean(gau > eps_gauss) <= 0.05 and np.median(gau) > 2.5  # eps_gauss = 10.0; median 3.2
 
 
 @pytest.fixture(scope="module")
