@@ -31,8 +31,8 @@ Every DP cell (a defense whose ``privacy_spent`` reports an epsilon) of a protoc
 kit also runs once more on a canary-augmented dataset (:mod:`privaudit.canary`: randomized
 canaries, one run, Steinke et al. NeurIPS 2023); its run entry holds ``canary_audit``:
 ``{"epsilon_lb", "epsilon", "delta", "neighbour", "canaries", "guesses", "correct",
-"confidence", "rounds_observed"}`` (the one-run lower bound beside the accounted epsilon) or
-``{"error"}``.
+"confidence", "rounds_observed", "seconds"}`` (the one-run lower bound beside the accounted
+epsilon) or ``{"error"}``.
 """
 
 from __future__ import annotations
@@ -177,13 +177,17 @@ def _execute(run: _Run, dataset: Any) -> dict[str, Any]:
 
 
 def _canary_audit(run: _Run, specs: list[tuple[Any, dict[str, Any]]], dataset: Any) -> dict[str, Any]:
-    """The one-run canary bound of a DP cell (:func:`privaudit.canary.canary_audit`), or ``{"error"}``."""
+    """The one-run canary bound of a DP cell (:func:`privaudit.canary.canary_audit`) with its
+    ``seconds``, or ``{"error"}``."""
+    t0 = time.perf_counter()
     try:
-        return canary.canary_audit(
+        out = canary.canary_audit(
             run.protocol_cls, run.config, specs, dataset, run.seed, run.canaries, names=[run.defense_name or ""]
         )
     except Exception as exc:  # reported on the point, like a failing attack
         return {"error": f"{type(exc).__name__}: {exc}"}
+    out["seconds"] = time.perf_counter() - t0
+    return out
 
 
 @dataclass
