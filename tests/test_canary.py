@@ -153,3 +153,13 @@ def test_audit_writes_a_canary_audit_on_every_dp_cell(synthetic, tmp_path):
         assert 0.0 <= c["epsilon_lb"] <= c["epsilon"] and c["neighbour"] == "rating" and c["canaries"] > 70
     # the weakest epsilon (100 per round) lets the guesser through: a non-vacuous bound
     assert dp[0]["canary_audit"]["epsilon_lb"] > 1.0
+
+
+def test_claim_read_from_privacy_spent():
+    assert canary.claimed_privacy({}) is None
+    basic = {"epsilon": 40.0, "delta": 0.0, "unit": "one rating row", "epsilon_pld": 33.2, "delta_pld": 1e-5}
+    assert canary.claimed_privacy({"dp-laplace": basic}) == (33.2, 1e-5, "rating")
+    user = {"epsilon": 2.0, "delta": 1e-5, "unit": "one user's upload"}
+    assert canary.claimed_privacy({"dp-gaussian": user}) == (2.0, 1e-5, "user")
+    # the defense's own statement wins over its unit
+    assert canary.claimed_privacy({"dp-gaussian": {**user, "neighbour": "rating"}})[2] == "rating"
