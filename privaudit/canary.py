@@ -33,6 +33,8 @@ protocol's own equations), clips it as the defense declares, and scores the nois
 log-likelihood ratio of the two (Laplace: L1, Gaussian: L2), summed over the recorded rounds.
 It is given which clients and items are canaries (the auditor inserted them), never the bits;
 the bits are scored outside it.
+
+Only FedMVMF has a canary kit (:data:`KITS`); :func:`canary_audit` refuses other protocols.
 """
 
 from __future__ import annotations
