@@ -7,7 +7,7 @@ bits of the k canaries it is most confident are included and the k it is most co
 not (it abstains on the rest). If the mechanism is (epsilon, delta)-DP with respect to one
 canary's bit, the number W of correct guesses among r guesses satisfies (their Theorem 3.1)
 
-    P[W >= v] <= f(v) + 2 m delta max_{i=1..m} f(v - i) / i,
+    P[W >= v] <= f(v) + 2 m delta max_{i=1..v} (f(v - i) - f(v)) / i,
     f(v) = P[Binomial(r, e^eps / (1 + e^eps)) >= v]
 
 (pure epsilon: delta = 0, W is dominated by that binomial). :func:`one_run_epsilon` returns the
@@ -86,8 +86,8 @@ def _tail_bound(eps: float, r: int, v: int, m: int, delta: float) -> float:
     p = 1.0 / (1.0 + math.exp(-eps))
     total = float(_binom_sf(v - 1, r, p))
     if delta > 0:
-        i = np.arange(1, m + 1)
-        total += 2.0 * m * delta * float(np.max(_binom_sf(v - i - 1, r, p) / i))
+        i = np.arange(1, v + 1)
+        total += 2.0 * m * delta * float(np.max((_binom_sf(v - i - 1, r, p) - _binom_sf(v - 1, r, p)) / i))
     return total
 
 

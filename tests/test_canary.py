@@ -47,6 +47,17 @@ def test_bound_edges():
     assert list(canary.guess([0.3, -2.0, 5.0, 0.0], 1)) == [0, -1, 1, 0]
 
 
+def test_delta_term_matches_the_binomial_pmf_sum():
+    """2 m delta max_i P[v > Bin(r, q) >= v - i] / i, summed from scipy.stats.binom.pmf one i at a time."""
+    from scipy.stats import binom
+
+    r, v, m, eps, delta = 50, 40, 100, 1.0, 1e-3
+    q = 1 / (1 + math.exp(-eps))
+    mass = np.cumsum([binom.pmf(v - i, r, q) for i in range(1, v + 1)])
+    expected = binom.sf(v - 1, r, q) + 2 * m * delta * max(mass / np.arange(1, v + 1))
+    assert canary._tail_bound(eps, r, v, m, delta) == pytest.approx(expected, rel=1e-9)
+
+
 def test_abstaining_bound_on_laplace_and_gaussian_canaries_is_valid():
     """m canaries, output S_i / 2 + noise (one canary changes one output by 1): Laplace(1 / eps)
     is eps-DP; Gaussian sigma is (eps(delta), delta)-DP with eps(delta) from the Gaussian
