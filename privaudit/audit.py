@@ -26,6 +26,13 @@ each defense's strongest grid value (the last one: grids run from weakest to str
 verdict per cell (a test over every declared metric: :data:`privaudit.results.CELL_VERDICTS`), the utility
 cost there, the claimed total epsilon and the empirical epsilon lower bound. ``audit.json``
 holds everything; :mod:`privaudit.reports.audit` renders ``audit.html`` from it.
+
+Every DP cell (a defense whose ``privacy_spent`` reports an epsilon) of a protocol with a canary
+kit also runs once more on a canary-augmented dataset (:mod:`privaudit.canary`: randomized
+canaries, one run, Steinke et al. NeurIPS 2023); its run entry holds ``canary_audit``:
+``{"epsilon_lb", "epsilon", "delta", "neighbour", "canaries", "guesses", "correct",
+"confidence", "rounds_observed", "seconds"}`` (the one-run lower bound beside the accounted
+epsilon) or ``{"error"}``.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from privaudit import __version__, registry, runner
+from privaudit import __version__, canary, registry, runner
 from privaudit import results as rs
 from privaudit.errors import PrivauditError
 from privaudit.results import audit_matrix as build_matrix
@@ -122,6 +129,7 @@ class _Run:
     attacks: list[tuple[str, type]] = field(default_factory=list)  # (registered name, class)
     defense_name: str | None = None
     protocol_name: str = ""
+    canaries: int | None = None  # per DP cell's canary run (None: the kit's default, 0: no run)
 
 
 def _execute(run: _Run, dataset: Any) -> dict[str, Any]:
@@ -149,6 +157,8 @@ def _execute(run: _Run, dataset: Any) -> dict[str, Any]:
         # keyed by the registered name (a class's own ``name`` may be unset in a worker process)
         privacy = {run.defense_name: next(iter(privacy.values()))}
         out["privacy"] = privacy
+        if run.canaries != 0 and canary.claimed_privacy(privacy) and canary.canary_kit(run.protocol_name):
+            out["canary_audit"] = _canary_audit(run, specs, dataset)
     attacks = {}
     for a_index, (attack_name, attack_cls) in enumerate(run.attacks):
         ss = np.random.SeedSequence([run.seed, run.defense_index, run.value_index, a_index])
@@ -163,6 +173,20 @@ def _execute(run: _Run, dataset: Any) -> dict[str, Any]:
         scored["seconds"] = seconds
         attacks[attack_name] = scored
     out["attacks"] = attacks
+    return out
+
+
+def _canary_audit(run: _Run, specs: list[tuple[Any, dict[str, Any]]], dataset: Any) -> dict[str, Any]:
+    """The one-run canary bound of a DP cell (:func:`privaudit.canary.canary_audit`) with its
+    ``seconds``, or ``{"error"}``."""
+    t0 = time.perf_counter()
+    try:
+        out = canary.canary_audit(
+            run.protocol_cls, run.config, specs, dataset, run.seed, run.canaries, names=[run.defense_name or ""]
+        )
+    except Exception as exc:  # reported on the point, like a failing attack
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    out["seconds"] = time.perf_counter() - t0
     return out
 
 
@@ -188,6 +212,9 @@ class Audit:
     attacks, defenses : sequence of str | None
         Restrict to these names (default: every applicable one).
     progress : bool | None
+    canaries : int | None
+        Canaries of the extra canary run of every DP cell (None: the protocol's canary kit's
+        default; 0: no canary runs).
     """
 
     protocol: str
@@ -201,6 +228,7 @@ class Audit:
     attacks: Sequence[str] | None = None
     defenses: Sequence[str] | None = None
     progress: bool | None = None
+    canaries: int | None = None
 
 
 def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
@@ -249,6 +277,7 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
                         named,
                         cls.name,
                         protocol_cls.name,
+                        audit.canaries,
                     )
                 )
     header = {

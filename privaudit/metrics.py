@@ -681,49 +681,100 @@ def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     return lo, hi
 
 
-def empirical_epsilon(labels: Any, scores: Any, delta: float = 0.0, confidence: float = 0.95) -> dict[str, float]:
-    """Lower bound on the epsilon of a DP mechanism from an attack's per-record decisions.
-
-    For every threshold of ``scores`` the attack's test "positive iff score >= threshold" has
-    TPR and FPR; an (epsilon, delta)-DP mechanism forces ``TPR <= e^eps FPR + delta`` and
-    ``1 - FPR <= e^eps (1 - TPR) + delta`` (Kairouz et al. 2015). With Clopper-Pearson bounds
-    (lower on TPR and 1-FPR, upper on FPR and 1-TPR) the largest of
-    ``ln((TPR_lo - delta) / FPR_hi)`` and ``ln((1 - FPR_hi - delta) / (1 - TPR_lo))`` over thresholds is the
-    bound (Jagielski et al., NeurIPS 2020; Nasr et al., IEEE S&P 2021). Returns
-    ``{"epsilon_lb", "threshold", "tp", "fp", "n_pos", "n_neg"}``; ``epsilon_lb`` is 0.0 when
-    no threshold gives evidence and NaN when a class is missing.
-
-    The maximum is taken over thresholds on the same records the counts come from, so the
-    bound is optimistic for the attacker by the choice of threshold; the report says so.
-    """
-    y = np.asarray(labels).ravel().astype(bool)
-    s = np.asarray(scores, dtype=float).ravel()
+def _threshold_epsilons(
+    s: np.ndarray, y: np.ndarray, delta: float, confidence: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per distinct threshold of ``s`` (test "positive iff score >= threshold"): the two
+    Clopper-Pearson epsilon bounds (TPR side, TNR side) and the thresholds."""
     n_pos = int(y.sum())
     n_neg = int(y.size - n_pos)
-    out = {"epsilon_lb": math.nan, "threshold": math.nan, "tp": 0, "fp": 0, "n_pos": n_pos, "n_neg": n_neg}
-    if n_pos == 0 or n_neg == 0:
-        return out
     order = np.argsort(-s, kind="stable")
     ss, yy = s[order], y[order]
     tp = np.cumsum(yy)
     fp = np.cumsum(~yy)
     last = np.r_[ss[1:] != ss[:-1], True]  # thresholds between distinct scores
     tp, fp, thr = tp[last], fp[last], ss[last]
-    # a binomial interval per threshold (vectorised Clopper-Pearson)
-    a = (1.0 - confidence) / 2.0
-    tpr_lo = np.where(tp == 0, 0.0, _stats().beta.ppf(a, tp, n_pos - tp + 1))
-    fpr_hi = np.where(fp == n_neg, 1.0, _stats().beta.ppf(1 - a, fp + 1, n_neg - fp))
+    a = (1.0 - confidence) / 2.0  # a union bound over the two intervals of one test
+    beta = _stats().beta
+    tpr_lo = np.where(tp == 0, 0.0, beta.ppf(a, np.maximum(tp, 1), n_pos - tp + 1))
+    fpr_hi = np.where(fp == n_neg, 1.0, beta.ppf(1 - a, fp + 1, np.maximum(n_neg - fp, 1)))
     with np.errstate(divide="ignore", invalid="ignore"):
         e1 = np.log(np.maximum(tpr_lo - delta, 0.0) / fpr_hi)
         e2 = np.log(np.maximum(1.0 - fpr_hi - delta, 0.0) / (1.0 - tpr_lo))
-    e = np.nan_to_num(np.maximum(e1, e2), nan=-np.inf, posinf=np.inf)
-    best = int(np.argmax(e))
+    return np.nan_to_num(e1, nan=-np.inf, posinf=np.inf), np.nan_to_num(e2, nan=-np.inf, posinf=np.inf), thr
+
+
+def empirical_epsilon(
+    labels: Any, scores: Any, delta: float = 0.0, confidence: float = 0.95, seed: Any = 0
+) -> dict[str, float]:
+    """Lower bound on the epsilon of a DP mechanism from an attack's per-record decisions.
+
+    The test "positive iff score >= threshold" has TPR and FPR; an (epsilon, delta)-DP mechanism
+    forces ``TPR <= e^eps FPR + delta`` and ``1 - FPR <= e^eps (1 - TPR) + delta`` (Kairouz et
+    al., ICML 2015). The records are split at random in two halves (``seed``: an int, a
+    SeedSequence or a Generator): on the first the threshold and the inequality with the
+    largest Clopper-Pearson bound are chosen, on the second that single test is scored, with
+    Clopper-Pearson bounds at ``confidence`` (lower on TPR and 1-FPR, upper on FPR and 1-TPR,
+    each at (1 - confidence) / 2): ``ln((TPR_lo - delta) / FPR_hi)`` or ``ln((1 - FPR_hi -
+    delta) / (1 - TPR_lo))`` (Jagielski et al., NeurIPS 2020; Nasr et al., IEEE S&P 2021).
+    Choosing the threshold on the records it is scored on would overstate the bound.
+
+    Returns ``{"epsilon_lb", "threshold", "side", "tp", "fp", "n_pos", "n_neg", "n_pos_scored",
+    "n_neg_scored"}``: ``side`` "tpr" (first inequality) or "tnr"; ``tp``/``fp`` counted on the
+    scored half; ``n_pos``/``n_neg`` over all records. ``epsilon_lb`` is 0.0 when the chosen
+    test gives no evidence and NaN when a class has fewer than two records.
+    """
+    y = np.asarray(labels).ravel().astype(bool)
+    s = np.asarray(scores, dtype=float).ravel()
+    if y.size != s.size:
+        raise ValueError(f"empirical_epsilon: {y.size} labels but {s.size} scores")
+    n_pos = int(y.sum())
+    n_neg = int(y.size - n_pos)
+    out: dict[str, Any] = {
+        "epsilon_lb": math.nan,
+        "threshold": math.nan,
+        "side": "tpr",
+        "tp": 0,
+        "fp": 0,
+        "n_pos": n_pos,
+        "n_neg": n_neg,
+        "n_pos_scored": 0,
+        "n_neg_scored": 0,
+    }
+    if n_pos < 2 or n_neg < 2:
+        return out
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    # a stratified random half: each class split in two, so both halves hold both classes
+    choose = np.zeros(y.size, dtype=bool)
+    for cls in (True, False):
+        idx = np.flatnonzero(y == cls)
+        choose[rng.permutation(idx)[: idx.size // 2]] = True
+    e1, e2, thr = _threshold_epsilons(s[choose], y[choose], delta, confidence)
+    k1, k2 = int(np.argmax(e1)), int(np.argmax(e2))
+    side, threshold = ("tpr", thr[k1]) if e1[k1] >= e2[k2] else ("tnr", thr[k2])
+    ys, sc = y[~choose], s[~choose]
+    pos, neg = int(ys.sum()), int(ys.size - ys.sum())
+    tp = int(np.sum(ys & (sc >= threshold)))
+    fp = int(np.sum(~ys & (sc >= threshold)))
+    a = (1.0 - confidence) / 2.0
+    beta = _stats().beta
+    tpr_lo = 0.0 if tp == 0 else float(beta.ppf(a, tp, pos - tp + 1))
+    fpr_hi = 1.0 if fp == neg else float(beta.ppf(1 - a, fp + 1, neg - fp))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if side == "tpr":
+            e = np.log(np.float64(max(tpr_lo - delta, 0.0)) / np.float64(fpr_hi))
+        else:
+            e = np.log(np.float64(max(1.0 - fpr_hi - delta, 0.0)) / np.float64(1.0 - tpr_lo))
+    e = float(e) if not np.isnan(e) else -math.inf
     out.update(
         {
-            "epsilon_lb": max(0.0, float(e[best])),
-            "threshold": float(thr[best]),
-            "tp": int(tp[best]),
-            "fp": int(fp[best]),
+            "epsilon_lb": max(0.0, e),
+            "threshold": float(threshold),
+            "side": side,
+            "tp": tp,
+            "fp": fp,
+            "n_pos_scored": pos,
+            "n_neg_scored": neg,
         }
     )
     return out

@@ -1,0 +1,425 @@
+"""Empirical epsilon from randomized canaries in one protocol run.
+
+Steinke, Nasr and Jagielski, "Privacy Auditing with One (1) Training Run" (NeurIPS 2023): m
+canaries, each included independently with probability 1/2 (bit S_i = +1 / -1); the protocol
+runs ONCE on the data with the included canaries; an attack on the server's view guesses the
+bits of the k canaries it is most confident are included and the k it is most confident are
+not (it abstains on the rest). If the mechanism is (epsilon, delta)-DP with respect to one
+canary's bit, the number W of correct guesses among r guesses satisfies (their Theorem 3.1)
+
+    P[W >= v] <= f(v) + 2 m delta max_{i=1..v} (f(v - i) - f(v)) / i,
+    f(v) = P[Binomial(r, e^eps / (1 + e^eps)) >= v]
+
+(pure epsilon: delta = 0, W is dominated by that binomial). :func:`one_run_epsilon` returns the
+largest epsilon this rejects at the stated confidence (scipy's binomial tail and ``brentq``).
+The guess counts k are a fixed menu (:data:`GUESS_FRACTIONS`), each scored at
+``(1 - confidence) / len(menu)`` (a union bound), so that picking the best k costs no validity.
+
+FedMVMF canaries (:class:`FedMVMFCanaries`): ``m`` canary users appended to the dataset, each
+with no attributes and exactly one rating, of one of a few canary items that no real user rated
+(no item features). Its bit picks the rating: the top of the scale (S = +1, "included") or the
+bottom (S = -1). A canary user thus has the same messages and item ids either way (the rated
+item ids are not noised by any value-noising defense, so an add/remove canary would be read off
+them); its one rating is its whole data, so the canary is both one rating and one user, and
+the bit replaces that rating (or user) by another. A mechanism that is (epsilon, delta)-DP for
+adding or removing one rating (user) is (2 epsilon, (1 + e^epsilon) delta)-DP for replacing it
+(group privacy), so the replace bound is halved: ``epsilon_lb`` is on the scale of the
+defense's add/remove epsilon.
+
+The guesser reads only the server's view: the recorded broadcasts (V, P), each canary client's
+uploaded grad_V row of its canary item and its grad_P, and the public defense config. From the
+public state it computes what the canary would upload with either rating (SemiALS, the
+protocol's own equations), clips it as the defense declares, and scores the noisy upload by the
+log-likelihood ratio of the two (Laplace: L1, Gaussian: L2), summed over the recorded rounds.
+It is given which clients and items are canaries (the auditor inserted them), never the bits;
+the bits are scored outside it.
+
+Only FedMVMF has a canary kit (:data:`KITS`); :func:`canary_audit` refuses other protocols.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from privaudit.errors import PrivauditError
+
+#: per direction, guess this fraction of the canaries (a fixed menu, union-bounded)
+GUESS_FRACTIONS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2)
+#: canary users per canary audit run and canary items they share
+DEFAULT_CANARIES = 200
+CANARY_ITEMS = 8
+#: the largest epsilon the root search reports (all guesses right among thousands)
+EPSILON_CAP = 50.0
+#: record every round of the canary run when it has at most this many rated entries x epochs
+RECORD_ALL_BUDGET = 2_000_000
+
+__all__ = [
+    "one_run_epsilon",
+    "guess",
+    "canary_bound",
+    "FedMVMFCanaries",
+    "canary_kit",
+    "canary_audit",
+]
+
+
+# ------------------------------------------------------------------------------ the bound
+
+
+def _binom_sf(k: Any, r: int, p: float) -> Any:
+    """P[Binomial(r, p) > k] (1 for k < 0), scipy's ``bdtrc`` ufunc."""
+    from scipy.special import bdtrc
+
+    k = np.asarray(k, dtype=float)
+    return np.where(k < 0, 1.0, bdtrc(np.maximum(k, 0.0), r, p))
+
+
+def _tail_bound(eps: float, r: int, v: int, m: int, delta: float) -> float:
+    """Theorem 3.1's bound on P[W >= v] for an (eps, delta)-DP mechanism."""
+    p = 1.0 / (1.0 + math.exp(-eps))
+    total = float(_binom_sf(v - 1, r, p))
+    if delta > 0:
+        i = np.arange(1, v + 1)
+        total += 2.0 * m * delta * float(np.max((_binom_sf(v - i - 1, r, p) - _binom_sf(v - 1, r, p)) / i))
+    return total
+
+
+def one_run_epsilon(guesses: int, correct: int, canaries: int, delta: Any = 0.0, confidence: float = 0.95) -> float:
+    """Lower bound on epsilon from ``correct`` right guesses out of ``guesses`` on ``canaries``
+    randomized canaries (module docstring): the epsilon at which Theorem 3.1's tail bound on
+    P[W >= correct] equals ``1 - confidence``; 0.0 when even epsilon = 0 explains the count.
+
+    ``delta``: a float, or a callable of epsilon (a delta that grows with epsilon, e.g. by
+    group privacy)."""
+    r, v, m = int(guesses), int(correct), int(canaries)
+    if not 0 <= v <= r <= m:
+        raise ValueError(f"need 0 <= correct ({v}) <= guesses ({r}) <= canaries ({m})")
+    if callable(delta):
+        return _root(r, v, m, delta, float(confidence))
+    return _cached_root(r, v, m, float(delta), float(confidence))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_root(r: int, v: int, m: int, delta: float, confidence: float) -> float:
+    return _root(r, v, m, delta, confidence)
+
+
+def _root(r: int, v: int, m: int, delta: Any, confidence: float) -> float:
+    from scipy.optimize import brentq
+
+    beta = 1.0 - confidence
+    if v == 0:
+        return 0.0
+
+    def gap(eps: float) -> float:
+        d = delta(eps) if callable(delta) else delta
+        return math.log(max(_tail_bound(eps, r, v, m, d), 1e-300)) - math.log(beta)
+
+    if gap(0.0) >= 0:
+        return 0.0
+    if gap(EPSILON_CAP) < 0:
+        return EPSILON_CAP
+    return float(brentq(gap, 0.0, EPSILON_CAP, xtol=1e-6))
+
+
+def guess(scores: Any, k: int) -> np.ndarray:
+    """+1 for the ``k`` highest scores, -1 for the ``k`` lowest, 0 (abstain) elsewhere; (m,) int8."""
+    s = np.asarray(scores, dtype=float).ravel()
+    k = int(min(max(k, 0), s.size // 2))
+    out = np.zeros(s.size, dtype=np.int8)
+    order = np.argsort(s, kind="stable")
+    if k:
+        out[order[-k:]] = 1
+        out[order[:k]] = -1
+    return out
+
+
+def canary_bound(
+    scores: Any,
+    bits: Any,
+    delta: float = 0.0,
+    confidence: float = 0.95,
+    fractions: Sequence[float] = GUESS_FRACTIONS,
+    replace: bool = False,
+) -> dict[str, Any]:
+    """The one-run bound of a guesser's ``scores`` (m,) (higher = included) against the canaries'
+    ``bits`` (m,) (True / +1 = included), best over the menu ``fractions`` at ``confidence``
+    (each k scored at ``(1 - confidence) / len(fractions)``).
+
+    ``delta``: the delta of the claim tested. ``replace``: the bit replaces one unit by
+    another while the claim is for adding or removing one: the bound is computed for the
+    replace relation at delta (1 + e^(eps/2)) delta and halved (group privacy).
+
+    Returns ``{"epsilon_lb", "canaries", "guesses", "correct", "confidence"}``."""
+    s = np.asarray(scores, dtype=float).ravel()
+    b = np.asarray(bits).ravel()
+    b = np.where(b.astype(float) > 0, 1, -1)
+    if s.size != b.size:
+        raise ValueError(f"canary_bound: {s.size} scores but {b.size} bits")
+    m = int(s.size)
+    out: dict[str, Any] = {"epsilon_lb": 0.0, "canaries": m, "guesses": 0, "correct": 0, "confidence": confidence}
+    if m < 2:
+        return out
+    level = 1.0 - (1.0 - confidence) / len(fractions)
+    d_of = (lambda eps: (1.0 + math.exp(eps / 2.0)) * delta) if replace and delta > 0 else delta
+    for frac in fractions:
+        g = guess(s, max(1, int(round(frac * m))))
+        r = int(np.count_nonzero(g))
+        v = int(np.sum(g == b))
+        eps = one_run_epsilon(r, v, m, d_of, level)
+        if replace:
+            eps /= 2.0
+        if eps > out["epsilon_lb"] or out["guesses"] == 0:
+            out.update({"epsilon_lb": eps, "guesses": r, "correct": v})
+    return out
+
+
+# ------------------------------------------------------------------------------ FedMVMF
+
+
+@dataclass
+class FedMVMFCanaries:
+    """Canary users for FedMVMF (module docstring): insertion, the guesser, the scoring."""
+
+    canaries: int = DEFAULT_CANARIES
+    items: int = CANARY_ITEMS
+    #: the bit replaces the canary's rating (the bound is halved for an add/remove claim)
+    replace = True
+
+    def insert(self, dataset: Any, rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:
+        """The dataset with ``canaries`` users and ``items`` items appended, and the canary
+        record ``{"users": (m,) dataset indices, "items": (m,) dataset item of each canary,
+        "bits": (m,) bool, "high", "low"}``."""
+        from privaudit.data.dataset import RatingsDataset
+
+        n, n_items = dataset.n_users, dataset.n_items
+        m, c = int(self.canaries), int(self.items)
+        bits = rng.random(m) < 0.5
+        hi, lo = float(dataset.rating_max), float(dataset.rating_min)
+        users = np.arange(n, n + m)
+        items = n_items + np.arange(m) % c
+        extra = sp.csr_matrix((np.where(bits, hi, lo), (np.arange(m), items)), shape=(m, n_items + c))
+        base = sp.hstack([dataset.ratings, sp.csr_matrix((n, c))], format="csr")
+        ratings = sp.vstack([base, extra], format="csr")
+        timestamps = None
+        if dataset.timestamps is not None:
+            t0 = int(dataset.timestamps.data.min()) if dataset.timestamps.nnz else 0
+            ts_base = sp.hstack([dataset.timestamps, sp.csr_matrix((n, c), dtype=np.int64)], format="csr")
+            ts_extra = sp.csr_matrix((np.full(m, t0, dtype=np.int64), (np.arange(m), items)), shape=(m, n_items + c))
+            timestamps = sp.vstack([ts_base, ts_extra], format="csr")
+            timestamps.sort_indices()
+        p, q = dataset.user_attributes.shape[1], dataset.item_features.shape[1]
+        ids = np.asarray(dataset.user_ids)
+        item_ids = np.asarray(dataset.item_ids)
+        augmented = RatingsDataset(
+            name=dataset.name,
+            ratings=ratings,
+            user_attributes=np.vstack([dataset.user_attributes, np.zeros((m, p))]),
+            attribute_names=list(dataset.attribute_names),
+            item_features=np.vstack([dataset.item_features, np.zeros((c, q))]),
+            feature_names=list(dataset.feature_names),
+            user_ids=np.concatenate([ids.astype(str), [f"canary-{k}" for k in range(m)]]),
+            item_ids=np.concatenate([item_ids.astype(str), [f"canary-item-{k}" for k in range(c)]]),
+            timestamps=timestamps,
+            user_region=np.concatenate([dataset.user_region, np.full(m, -1, dtype=np.int64)]),
+            rating_min=dataset.rating_min,
+            rating_max=dataset.rating_max,
+            rating_step=dataset.rating_step,
+        )
+        return augmented, {"users": users, "items": items, "bits": bits, "high": hi, "low": lo}
+
+    def config(self, config: Mapping[str, Any], n_ratings: int) -> dict[str, Any]:
+        """The protocol config of the canary run: every round recorded when that stays small."""
+        cfg = dict(config)
+        if int(n_ratings) * int(cfg.get("epochs", 1)) <= RECORD_ALL_BUDGET:
+            cfg["record_rounds"] = -1
+        return cfg
+
+    def locate(self, record: Mapping[str, Any], model: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(canary positions kept, their client indices, their item indices in the transcript):
+        canaries that the split made cold users, or whose item it made cold, upload nothing
+        and are dropped (the split does not depend on the bits)."""
+        train_users = np.asarray(model["train_users"])
+        train_items = np.asarray(model["train_items"])
+        u_pos = np.searchsorted(train_users, record["users"])
+        i_pos = np.searchsorted(train_items, record["items"])
+        ok_u = (u_pos < train_users.size) & (train_users[np.minimum(u_pos, train_users.size - 1)] == record["users"])
+        ok_i = (i_pos < train_items.size) & (train_items[np.minimum(i_pos, train_items.size - 1)] == record["items"])
+        keep = np.flatnonzero(ok_u & ok_i)
+        return keep, u_pos[keep], i_pos[keep]
+
+    def score(self, result: Any, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, int]:
+        """(guesser scores, the bits of the canaries scored, rounds observed) of a canary run;
+        the bits are read from ``record`` here, outside the guesser."""
+        keep, clients, items = self.locate(record, result.model)
+        scores, rounds = self.scores(result.transcript, clients, items, record["high"], record["low"])
+        return scores, record["bits"][keep], rounds
+
+    @staticmethod
+    def expected(V: np.ndarray, P: np.ndarray, items: np.ndarray, values: Sequence[float], cfg: Mapping[str, Any]):
+        """What a canary client with one rating ``value`` of ``item`` uploads under the state
+        (V, P), before any defense (SemiALS): its grad_V row of the item and its grad_P,
+        flattened; ``{(item, value): (K + p K,)}`` for every item and value (one batched solve
+        with the protocol's own equations)."""
+        from privaudit.models import mvmf
+
+        pairs = [(int(j), float(value)) for j in items for value in values]
+        rows = np.arange(len(pairs))
+        cols = np.array([j for j, _ in pairs])
+        shape = (len(pairs), V.shape[0])
+        R = sp.csr_matrix((np.array([value for _, value in pairs]), (rows, cols)), shape=shape)
+        W = sp.csr_matrix((np.ones(len(pairs)), (rows, cols)), shape=shape)
+        X = np.zeros((len(pairs), P.shape[0]))
+        alpha = float(cfg["alpha"])
+        A, b = mvmf.normal_equations(V, P, X, R, W, alpha, float(cfg["lam"]), float(cfg["w"]), cfg["unrated"])
+        U = mvmf.solve_users(A, b)
+        grad_rows = mvmf.entry_coefficients(U, V, R, W)[:, None] * U
+        gP = mvmf.grad_P(U, P, X, alpha).reshape(len(pairs), -1)
+        return {pair: np.concatenate([grad_rows[k], gP[k]]) for k, pair in enumerate(pairs)}
+
+    @staticmethod
+    def clipped(x: np.ndarray, K: int, defense: Mapping[str, Any] | None) -> np.ndarray:
+        """``x`` (K + p K,) clipped as the public ``defense`` entry declares (row: every K-block
+        to norm ``clip``; upload: the whole vector, the canary's upload being exactly these)."""
+        if not defense or "clip" not in defense:
+            return x
+        from privaudit.defenses.dp_laplace import clip_rows
+
+        order = 2 if "gaussian" in str(defense.get("name", "")) or "sgd" in str(defense.get("name", "")) else 1
+        clip = float(defense["clip"])
+        if defense.get("clip_per") == "upload":
+            return clip_rows(x, clip, order)
+        return clip_rows(x.reshape(-1, K), clip, order).ravel()
+
+    @classmethod
+    def scores(
+        cls, transcript: Any, clients: np.ndarray, items: np.ndarray, high: float, low: float
+    ) -> tuple[np.ndarray, int]:
+        """The guesser: per canary client (its index and canary item in the transcript), the
+        log-likelihood ratio of its uploads (its canary item's grad_V row and its grad_P)
+        between the uploads it would make with ``high`` and with ``low``, computed from the
+        recorded V, P and clipped as the public defense config declares, under Laplace noise
+        (L1 distances) or Gaussian noise (L2), summed over the recorded rounds; (scores (m,),
+        rounds used). The noise scale is not needed (it only scales the ratio). Reads only the
+        server's view."""
+        cfg = transcript.config
+        defense = next((d for d in cfg.get("defenses") or [] if isinstance(d, Mapping) and "clip" in d), None)
+        laplace = defense is None or "laplace" in str(defense.get("name", ""))
+        states = {m.round: m.payload for m in transcript.messages if m.kind == "state"}
+        want = {f"client:{c}": k for k, c in enumerate(clients)}
+        seen: dict[int, dict[int, dict[str, np.ndarray]]] = {}
+        for msg in transcript.messages:
+            if msg.kind not in ("grad_V", "grad_P") or msg.sender not in want:
+                continue
+            k = want[msg.sender]
+            values = np.asarray(msg.payload["values"], dtype=np.float64)
+            if msg.kind == "grad_V":
+                at = np.flatnonzero(np.asarray(msg.payload["items"]) == items[k])
+                if not at.size:
+                    continue
+                values = values[at[0]]
+            seen.setdefault(msg.round, {}).setdefault(k, {})[msg.kind] = np.ravel(values)
+        out = np.zeros(len(clients))
+        used = 0
+        for t, got in sorted(seen.items()):
+            if t not in states:
+                continue
+            V, P = np.asarray(states[t]["V"], dtype=np.float64), np.asarray(states[t]["P"], dtype=np.float64)
+            K = V.shape[1]
+            raw = cls.expected(V, P, np.unique(items), (high, low), cfg)
+            expected = {key: cls.clipped(x, K, defense) for key, x in raw.items()}
+            used += 1
+            for k, parts in got.items():
+                e1, e0 = expected[int(items[k]), high], expected[int(items[k]), low]
+                x = np.concatenate(
+                    [parts.get("grad_V", np.full(K, np.nan)), parts.get("grad_P", np.full(e1.size - K, np.nan))]
+                )
+                ok = ~np.isnan(x)
+                x, e1, e0 = x[ok], e1[ok], e0[ok]
+                if laplace:
+                    out[k] += float(np.sum(np.abs(x - e0) - np.abs(x - e1)))
+                else:
+                    out[k] += float(np.dot(x - (e1 + e0) / 2.0, e1 - e0))
+        return out, used
+
+
+#: protocol name -> its canary kit
+KITS: dict[str, type] = {"fedmvmf": FedMVMFCanaries}
+
+
+def canary_kit(protocol: str) -> Any | None:
+    """The canary kit of ``protocol``, or None when it has none."""
+    cls = KITS.get(protocol)
+    return cls() if cls is not None else None
+
+
+def claimed_privacy(privacy: Mapping[str, Any]) -> tuple[float, float, str] | None:
+    """(accounted epsilon, its delta, neighbour relation) of a run's DP defenses: the PLD
+    epsilon when the defense reports one (``epsilon_pld`` at ``delta_pld``), else its
+    ``epsilon`` at its ``delta``, summed over the DP defenses; None without a DP defense."""
+    claims = [v for v in (privacy or {}).values() if isinstance(v, Mapping) and "epsilon" in v]
+    if not claims:
+        return None
+    eps, delta, neighbour = 0.0, 0.0, "rating"
+    for c in claims:
+        if "epsilon_pld" in c and "delta_pld" in c:
+            eps += float(c["epsilon_pld"])
+            delta = max(delta, float(c["delta_pld"]))
+        else:
+            eps += float(c["epsilon"])
+            delta = max(delta, float(c.get("delta", 0.0) or 0.0))
+        unit = str(c.get("unit", ""))
+        neighbour = str(c.get("neighbour") or ("user" if "user" in unit else neighbour))
+    return eps, delta, neighbour
+
+
+def canary_audit(
+    protocol_cls: type,
+    config: Mapping[str, Any],
+    defense_specs: Sequence[tuple[type, Mapping[str, Any]]],
+    dataset: Any,
+    seed: int,
+    canaries: int | None = None,
+    confidence: float = 0.95,
+    names: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """One canary run of ``protocol_cls`` with ``defense_specs`` at ``seed`` and its one-run
+    bound next to the accounted epsilon: ``{"epsilon_lb", "epsilon", "delta", "neighbour",
+    "canaries", "guesses", "correct", "confidence", "rounds_observed"}``."""
+    from privaudit import runner
+
+    kit = canary_kit(protocol_cls.name)
+    if kit is None:
+        raise PrivauditError(f"no canary audit for protocol {protocol_cls.name!r}")
+    if canaries is not None:
+        kit.canaries = int(canaries)
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA7A]))
+    augmented, record = kit.insert(dataset, rng)
+    defenses = [cls(**dict(params)) for cls, params in defense_specs]
+    cfg = kit.config(protocol_cls.resolve_config(dict(config)), augmented.n_ratings)
+    result = protocol_cls().run(augmented, cfg, defenses, int(seed))
+    privacy = runner.defense_privacy(defenses, result.transcript, names)
+    claim = claimed_privacy(privacy)
+    if claim is None:
+        raise PrivauditError("the canary audit needs a DP defense that reports privacy_spent")
+    eps, delta, neighbour = claim
+    scores, bits, rounds = kit.score(result, record)
+    bound = canary_bound(scores, bits, delta=delta, confidence=confidence, replace=kit.replace)
+    return {
+        "epsilon_lb": float(bound["epsilon_lb"]),
+        "epsilon": float(eps),
+        "delta": float(delta),
+        "neighbour": neighbour,
+        "canaries": int(bound["canaries"]),
+        "guesses": int(bound["guesses"]),
+        "correct": int(bound["correct"]),
+        "confidence": float(confidence),
+        "rounds_observed": int(rounds),
+    }

@@ -1,0 +1,176 @@
+"""One-run canary audit (privaudit.canary): the bound against a direct Monte Carlo of known
+mechanisms, the FedMVMF canaries, and the broken DP defense flagged in one run."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from privaudit import canary, registry, runner
+from privaudit.defenses.dp_laplace import DPLaplace
+from tests.broken_dp import BrokenDPLaplace
+
+
+def _rr_bounds(eps: float, m: int, trials: int, seed: int) -> np.ndarray:
+    """Randomized response on m canaries, every canary guessed (the worst case of the theorem:
+    each guess right with probability exactly e^eps / (1 + e^eps)); the 95 % bound per trial."""
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(0, 2, (trials, m)) * 2 - 1
+    keep = rng.random((trials, m)) < 1.0 / (1.0 + math.exp(-eps))
+    correct = np.sum(np.where(keep, bits, -bits) == bits, axis=1)
+    table = {v: canary.one_run_epsilon(m, v, m) for v in np.unique(correct)}
+    return np.array([table[v] for v in correct])
+
+
+def test_pure_bound_is_calibrated_and_tight_on_randomized_response():
+    bounds = _rr_bounds(1.0, 400, 2_000, seed=1)
+    exceed = float(np.mean(bounds > 1.0))
+    # the theorem is exact for randomized response: exceeded in <= 5 % (binomial slack 1.5 %), not far below
+    assert 0.02 <= exceed <= 0.065  # measured: 4.2 %
+    assert np.median(bounds) > 0.75  # measured: 0.80 of 1
+    assert np.mean(_rr_bounds(0.0, 400, 1_000, seed=3) > 0) <= 0.065
+
+
+def test_bound_edges():
+    assert canary.one_run_epsilon(10, 0, 10) == 0.0
+    assert canary.one_run_epsilon(100, 50, 100) == 0.0  # chance level: no evidence
+    # all r right: P[Bin(r, p) = r] = p^r = 0.05
+    p = 0.05 ** (1 / 100)
+    assert canary.one_run_epsilon(100, 100, 100) == pytest.approx(math.log(p / (1 - p)), rel=1e-5)
+    # delta only weakens the bound
+    assert canary.one_run_epsilon(100, 90, 400, 1e-4) < canary.one_run_epsilon(100, 90, 400)
+    with pytest.raises(ValueError):
+        canary.one_run_epsilon(10, 11, 20)
+    assert list(canary.guess([0.3, -2.0, 5.0, 0.0], 1)) == [0, -1, 1, 0]
+
+
+def test_delta_term_matches_the_binomial_pmf_sum():
+    """2 m delta max_i P[v > Bin(r, q) >= v - i] / i, summed from scipy.stats.binom.pmf one i at a time."""
+    from scipy.stats import binom
+
+    r, v, m, eps, delta = 50, 40, 100, 1.0, 1e-3
+    q = 1 / (1 + math.exp(-eps))
+    mass = np.cumsum([binom.pmf(v - i, r, q) for i in range(1, v + 1)])
+    expected = binom.sf(v - 1, r, q) + 2 * m * delta * max(mass / np.arange(1, v + 1))
+    assert canary._tail_bound(eps, r, v, m, delta) == pytest.approx(expected, rel=1e-9)
+
+
+def test_abstaining_bound_on_laplace_and_gaussian_canaries_is_valid():
+    """m canaries, output S_i / 2 + noise (one canary changes one output by 1): Laplace(1 / eps)
+    is eps-DP; Gaussian sigma is (eps(delta), delta)-DP with eps(delta) from the Gaussian
+    mechanism's exact curve (Balle & Wang, ICML 2018). 200 runs each: the bound over the menu
+    of guess counts exceeds the true epsilon in <= 5 %."""
+    rng = np.random.default_rng(4)
+    m, runs = 1_000, 200
+    lap, gau = [], []
+    sigma, delta = 0.5, 1e-5
+
+    def gauss_delta(e: float) -> float:
+        return norm.cdf(-e * sigma + 1 / (2 * sigma)) - math.exp(e) * norm.cdf(-e * sigma - 1 / (2 * sigma))
+
+    from scipy.optimize import brentq
+
+    eps_gauss = brentq(lambda e: gauss_delta(e) - delta, 0.0, 100.0)
+    for _ in range(runs):
+        bits = rng.integers(0, 2, m) * 2 - 1
+        lap.append(canary.canary_bound(bits / 2 + rng.laplace(0, 1 / 2.0, m), bits)["epsilon_lb"])
+        gau.append(canary.canary_bound(bits / 2 + rng.normal(0, sigma, m), bits, delta=delta)["epsilon_lb"])
+    lap, gau = np.array(lap), np.array(gau)
+    assert np.mean(lap > 2.0) <= 0.05 and np.median(lap) > 1.4  # measured: 2.5 %, median 1.70 of 2
+    assert np.mean(gau > eps_gauss) <= 0.05 and np.median(gau) > 2.5  # eps_gauss = 10.0; median 3.2
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return runner.load_data("synthetic")
+
+
+def test_canaries_are_one_rating_users_with_random_bits(synthetic):
+    kit = canary.FedMVMFCanaries(canaries=300)
+    aug, record = kit.insert(synthetic, np.random.default_rng(0))
+    assert aug.n_users == synthetic.n_users + 300 and aug.n_items == synthetic.n_items + canary.CANARY_ITEMS
+    assert 0.4 < record["bits"].mean() < 0.6
+    sub = aug.ratings[record["users"]]
+    assert np.all(np.diff(sub.indptr) == 1)
+    assert np.array_equal(sub.indices, record["items"])
+    assert np.array_equal(sub.data, np.where(record["bits"], aug.rating_max, aug.rating_min))
+    # no real user rates a canary item; canary users have no attributes
+    assert aug.ratings[: synthetic.n_users, synthetic.n_items :].nnz == 0
+    assert not aug.user_attributes[record["users"]].any()
+
+
+def _audit(defense_cls, synthetic, **params):
+    protocol = registry.get("protocol", "fedmvmf")
+    # K = 1: a one-float canary row puts the whole clipped difference on one coordinate, where
+    # the Laplace likelihood ratio reaches e^eps; two epochs: accounted epsilon 2 x 0.25
+    config = {"K": 1, "epochs": 2}
+    return canary.canary_audit(protocol, config, [(defense_cls, params)], synthetic, seed=0, names=["dp-laplace"])
+
+
+def test_broken_dp_is_flagged_and_correct_dp_is_not_in_one_run(synthetic):
+    broken = _audit(BrokenDPLaplace, synthetic, epsilon=0.25)
+    assert broken["epsilon"] == pytest.approx(0.5, rel=0.01)
+    assert broken["epsilon_lb"] > broken["epsilon"]  # true epsilon 5: flagged
+    assert broken["guesses"] >= broken["correct"] > 0.9 * broken["guesses"]
+    ok = _audit(DPLaplace, synthetic, epsilon=0.25)
+    assert ok["epsilon_lb"] <= ok["epsilon"]
+    assert ok["neighbour"] == "rating" and ok["canaries"] > 150 and ok["rounds_observed"] == 2
+    assert set(ok) >= {"epsilon_lb", "epsilon", "delta", "neighbour", "canaries", "guesses", "correct", "confidence"}
+
+
+def test_guesser_reads_only_the_server_view(synthetic):
+    """Scores do not change when the private messages (the ground truth) are removed."""
+    protocol = registry.get("protocol", "fedmvmf")
+    kit = canary.FedMVMFCanaries(canaries=64)
+    aug, record = kit.insert(synthetic, np.random.default_rng(1))
+    res = protocol().run(aug, protocol.resolve_config({"epochs": 2, "K": 2}), [BrokenDPLaplace(epsilon=1.0)], 0)
+    keep, clients, items = kit.locate(record, res.model)
+    before, rounds = kit.scores(res.transcript, clients, items, record["high"], record["low"])
+    res.transcript.messages[:] = [m for m in res.transcript.messages if m.kind != "private"]
+    after, _ = kit.scores(res.transcript, clients, items, record["high"], record["low"])
+    assert rounds == 2 and np.array_equal(before, after)
+    # and they carry the bits: the mean score of included canaries is above that of the others
+    bits = record["bits"][keep]
+    assert before[bits].mean() > before[~bits].mean()
+
+
+def test_audit_writes_a_canary_audit_on_every_dp_cell(synthetic, tmp_path):
+    import json
+
+    from privaudit import audit as au
+
+    audit = au.run_audit(
+        au.Audit(
+            "fedmvmf",
+            users=60,
+            sets={"epochs": 2, "K": 2},
+            seeds=1,
+            attacks=["mvmf-analytic"],
+            defenses=["dp-laplace"],
+            canaries=100,
+        ),
+        dataset=synthetic,
+    )
+    au.write_audit(audit, tmp_path)
+    runs = json.loads((tmp_path / "audit.json").read_text())["runs"]
+    dp = [r for r in runs if r["defense"] == "dp-laplace"]
+    assert len(dp) == len(DPLaplace.default_grid) and all("canary_audit" not in r for r in runs if not r["defense"])
+    for r in dp:
+        c = r["canary_audit"]
+        assert c["epsilon"] == pytest.approx(r["privacy"]["dp-laplace"]["epsilon_pld"])
+        assert 0.0 <= c["epsilon_lb"] <= c["epsilon"] and c["neighbour"] == "rating" and c["canaries"] > 70
+    # the weakest epsilon (100 per round) lets the guesser through: a non-vacuous bound
+    assert dp[0]["canary_audit"]["epsilon_lb"] > 1.0
+
+
+def test_claim_read_from_privacy_spent():
+    assert canary.claimed_privacy({}) is None
+    basic = {"epsilon": 40.0, "delta": 0.0, "unit": "one rating row", "epsilon_pld": 33.2, "delta_pld": 1e-5}
+    assert canary.claimed_privacy({"dp-laplace": basic}) == (33.2, 1e-5, "rating")
+    user = {"epsilon": 2.0, "delta": 1e-5, "unit": "one user's upload"}
+    assert canary.claimed_privacy({"dp-gaussian": user}) == (2.0, 1e-5, "user")
+    # the defense's own statement wins over its unit
+    assert canary.claimed_privacy({"dp-gaussian": {**user, "neighbour": "rating"}})[2] == "rating"
