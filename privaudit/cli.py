@@ -189,6 +189,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"rounds      {s['rounds'][0]}..{s['rounds'][1]}")
     print(f"messages    {s['messages']}")
     print(f"private     {'included' if s['private_included'] else 'not included'}")
+    defenses = (s["config"] or {}).get("defenses") or []
+    if not defenses:
+        print("defenses    none recorded")
+    for i, d in enumerate(defenses):  # the public config's {"name", **params} entries
+        name, params = (
+            (d.get("name", "?"), {k: v for k, v in d.items() if k != "name"}) if isinstance(d, dict) else (d, {})
+        )
+        text = f"{name}: " + ", ".join(f"{k}={v}" for k, v in params.items() if v is not None) if params else str(name)
+        print(f"{'defenses' if i == 0 else '':<12}{esc(text)}")
     print("kinds:")
     for kind, e in sorted(s["kinds"].items()):
         print(f"  {esc(kind):<20} {e['messages']:>8} messages  {_human_bytes(e['bytes']):>10}")
