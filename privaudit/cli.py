@@ -71,6 +71,16 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def _next_free(path: Path, folder: bool = False) -> Path:
+    """The first of ``path-2``, ``path-3``, ... (a file's: before its suffix) that does not exist."""
+    for n in range(2, 10_000):
+        keep = path.suffix and not folder
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}") if keep else Path(f"{path}-{n}")
+        if not candidate.exists():
+            return candidate
+    return path  # pragma: no cover - ten thousand reruns
+
+
 # ---------------------------------------------------------------------------------------- list
 
 
@@ -316,10 +326,15 @@ def _protocol_defaults(args: argparse.Namespace) -> str | None:
     else:
         attack = parse_spec(args.attack, "--attack")[0] if args.attack else protocol_cls.default_attack
         spec = getattr(protocol_cls, "default_sweep_spec", None)
-        if spec and not (attack and getattr(registry.get("attack", attack), "default_sweep", None)):
+        own = getattr(registry.get("attack", attack), "default_sweep", None) if attack else None
+        if spec and not own:
             args.defense = list(getattr(protocol_cls, "default_defense_specs", ()) or ())
             args.sweep = spec
             notes.append(" ".join([f"--defense {d}" for d in args.defense] + [f"--sweep {spec}"]))
+        elif own:  # the attack sweeps a parameter of its own (printed so every default names its sweep)
+            values = [str(v) for v in own[1]]
+            shown = ",".join(values) if len(values) <= 6 else f"{values[0]}..{values[-1]} ({len(values)} values)"
+            notes.append(f"{attack}'s own sweep attack.{own[0]}={shown}")
     if notes:
         return f"{args.protocol} defaults: {'; '.join(notes)} (--defense, --noise or --sweep choose another)"
     return None
@@ -430,7 +445,10 @@ def _check_writable(path, force: bool, what: str, folder: bool) -> None:
         if path.exists() and not path.is_dir():
             raise PrivauditError(f"{path}: exists and is not a folder (give another {what})")
         if path.is_dir() and any(path.iterdir()) and not force:
-            raise PrivauditError(f"{path}/ already exists; pass --force to replace it or choose another {what}")
+            raise PrivauditError(
+                f"{path}/ already exists; pass --force to replace it or choose another {what} "
+                f"(e.g. {what.split()[0]} {_next_free(path, folder=True)})"
+            )
         parent = path
         while not parent.exists():
             parent = parent.parent
@@ -443,7 +461,7 @@ def _check_writable(path, force: bool, what: str, folder: bool) -> None:
     if path.is_dir():
         raise PrivauditError(f"{path}: is a folder (give a file name for {what})")
     if path.exists() and not force:
-        raise PrivauditError(f"{path} already exists; pass --force to replace it")
+        raise PrivauditError(f"{path} already exists; pass --force to replace it or write -o {_next_free(path)}")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise PrivauditError(f"{path}: not writable")
 
@@ -643,9 +661,11 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.format_help = with_protocols
 
 
-@command("audit", "every applicable attack against every applicable defense's grid: audit.json + audit.html")(
-    _audit_args
-)
+@command(
+    "audit",
+    "every applicable attack against every applicable defense's grid (audit.json + audit.html); "
+    "with --transcript FILE every attack that reads it (audit.json + audit.txt)",
+)(_audit_args)
 def cmd_audit(args: argparse.Namespace) -> int:
     from privaudit import audit as au
     from privaudit.plan import audit_to_toml, load_audit_fields, parse_assignments
@@ -813,8 +833,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     _, _, handler = COMMANDS[args.command]
+    from privaudit.runner import quiet_nan_warnings
+
     try:
-        return int(handler(args) or 0)
+        with quiet_nan_warnings():  # a NaN metric prints as n/a; numpy's warning about it is noise
+            return int(handler(args) or 0)
     except PrivauditError as exc:
         from privaudit._escape import printable
 
