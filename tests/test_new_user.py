@@ -124,3 +124,55 @@ def test_roc_table_counts_agree_with_its_n_a_cells():
     header, rows = roc_rows({"points": points})
     assert header[-1] == "positives / negatives"
     assert rows[0][-2:] == ["n/a: < 1000 negatives", "161 / 148-161"]  # both seeds' counts, no other number
+
+
+def _figure_results(sweep: str | None) -> dict:
+    values = [0.0, 1.0, 4.0] if sweep else [None]
+    points = [
+        {
+            "value": v,
+            "seed": s,
+            "attack_metrics": {"acc": 0.9 - 0.1 * k, "rated_acc": 0.9 - 0.1 * k, "err": 0.1 + k, "victims": 50.0},
+            "baseline_prior": {"acc": 0.5, "rated_acc": 0.5, "err": 3.0},
+            "baseline_random": {"acc": 0.2, "rated_acc": 0.2, "err": 4.0},
+            "utility": {"rmse": 1.0 + 0.1 * k + 0.3 * s},
+        }
+        for k, v in enumerate(values)
+        for s in (0, 1)
+    ]
+    spec = {"plotted": True, "description": "", "declared": True}
+    return {
+        "attack": "a",
+        "protocol": "p",
+        "sweep": sweep,
+        "noise": False,
+        "points": points,
+        "primary_metric": "acc",
+        "figure_metrics": ["acc", "rated_acc", "err"],
+        "utility_metric": "rmse",
+        "metric_specs": {
+            "acc": {**spec, "higher_is_better": True, "unit": "fraction"},
+            "rated_acc": {**spec, "higher_is_better": True, "unit": "fraction"},
+            "err": {**spec, "higher_is_better": False, "unit": "rating"},
+        },
+    }
+
+
+@pytest.mark.parametrize("sweep", ["laplace.scale", None])
+def test_figures_one_metric_family_per_panel(sweep):
+    from privaudit.reports import figures
+
+    results = _figure_results(sweep)
+    assert figures.metric_panels(results, results["figure_metrics"]) == ([["acc"], ["err"]], {"rated_acc": "acc"})
+    fig = figures.make_figure(results)
+    accuracy, error = fig.axes[0], fig.axes[1]
+    assert "higher = stronger attack" in accuracy.get_ylabel() and "lower = stronger attack" in error.get_ylabel()
+    assert accuracy.get_ylim() == (-0.02, 1.05) and error.get_ylim()[1] > 4.0  # the error is not on a 0-1 axis
+    if sweep:
+        legend = [t.get_text() for t in accuracy.get_legend().get_texts()]
+        assert legend == ["acc (= rated_acc)", "its prior-only guess", "its random guess"]
+        utility = fig.axes[2]
+        assert utility.get_ylabel() == "utility: rmse"
+        assert all(type(c).__name__ == "LineCollection" for c in utility.collections)  # error bars, no band
+    else:
+        assert [t.get_text() for t in accuracy.get_xticklabels()] == ["acc (= rated_acc)"]
