@@ -383,6 +383,7 @@ class _Progress:
         self.plain = not bar
         self.t0 = self.last = time.perf_counter()
         self.done = 0
+        self.first = self.t0
         self.estimated = False
 
     def _say(self, text: str) -> None:
@@ -395,13 +396,13 @@ class _Progress:
         self.done += 1
         self.bar.update(1)
         now = time.perf_counter()
-        elapsed = now - self.t0
+        if self.done == 1:
+            self.first = now  # the first result carries one-time costs (imports, caches): rate from here
         left = self.total - self.done
-        if not left:
+        if not left or self.done < self.workers + 1 or now <= self.first:
             return
-        # runs start ``workers`` at a time: the first result took about one run's time
-        rounds_total = -(-self.total // self.workers)
-        remaining = elapsed / max(1, -(-self.done // self.workers)) * rounds_total - elapsed
+        remaining = left * (now - self.first) / (self.done - 1)
+        elapsed = now - self.t0
         if not self.estimated and remaining > ESTIMATE_ABOVE_SECONDS:
             self.estimated = True
             self.last = now
