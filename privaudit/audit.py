@@ -132,7 +132,38 @@ class _Run:
     canaries: int | None = None  # per DP cell's canary run (None: the kit's default, 0: no run)
 
 
-def _execute(run: _Run, dataset: Any) -> dict[str, Any]:
+def _is_undefended(cls: type | None, params: Mapping[str, Any]) -> bool:
+    """A noise defense at scale 0 is the undefended run (the convention of noise sweeps): it
+    returns every upload unchanged and draws nothing, so only the public config differs."""
+    return cls is not None and getattr(cls, "strength", None) == "scale" and params.get("scale") == 0
+
+
+def _shared_run(run: _Run, undefended: Any) -> tuple[Any, list[Any]]:
+    """The undefended run's result as ``run``'s: the same messages and utility, the public
+    config listing ``run``'s defense as its own run would (:func:`public_defenses`)."""
+    import dataclasses
+
+    from privaudit.protocols.base import public_defenses
+
+    defenses = [run.defense_cls(**dict(run.defense_params))]
+    active = run.protocol_cls().prepare_defenses(run.protocol_cls.resolve_config(run.config), defenses)
+    config = {**undefended.transcript.config, "defenses": public_defenses(active)}
+    transcript = dataclasses.replace(undefended.transcript, config=config)
+    return dataclasses.replace(undefended, transcript=transcript), defenses
+
+
+def _execute_group(group: list[_Run], dataset: Any) -> list[dict[str, Any]]:
+    """The undefended run ``group[0]``, then the runs that share its protocol run."""
+    kept: dict[str, Any] = {}
+    outs = [_execute(group[0], dataset, keep=kept)]
+    for run in group[1:]:
+        outs.append(_execute(run, dataset, shared=kept.get("result")))
+    return outs
+
+
+def _execute(run: _Run, dataset: Any, keep: dict | None = None, shared: Any = None) -> dict[str, Any]:
+    """One protocol run and every attack on it; ``shared``: the undefended run's result to
+    reuse instead of running (:func:`_is_undefended`); ``keep`` receives this run's result."""
     specs = [(run.defense_cls, dict(run.defense_params))] if run.defense_cls is not None else []
     task = runner.Task(run.protocol_cls, run.config, specs, object, run.seed)
     out: dict[str, Any] = {
@@ -145,11 +176,18 @@ def _execute(run: _Run, dataset: Any) -> dict[str, Any]:
         if not getattr(attack_cls, "name", ""):
             attack_cls.name = attack_name  # a class re-imported in a worker process
     try:
-        result, defenses, protocol_seconds = runner.run_protocol(task, dataset)
+        if shared is not None:
+            result, defenses = _shared_run(run, shared)
+            protocol_seconds = 0.0
+            out["protocol_shared"] = True  # the undefended run of the same seed
+        else:
+            result, defenses, protocol_seconds = runner.run_protocol(task, dataset)
     except Exception as exc:  # one failing pair must not end the audit; it is reported
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["traceback"] = traceback.format_exc(limit=3) if not isinstance(exc, PrivauditError) else ""
         return out
+    if keep is not None:
+        keep["result"] = result
     out["utility"] = rs.floats(result.utility)
     out["protocol_seconds"] = protocol_seconds
     privacy = runner.defense_privacy(defenses, result.transcript)
@@ -325,12 +363,26 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
     dataset = runner.subsample_users(dataset, audit.users, audit.seed)
     load_seconds = time.perf_counter() - t0
     t1 = time.perf_counter()
+    # a run whose defense leaves the undefended run unchanged shares that run's protocol run
+    # (same seed), in the same task; its attacks are still evaluated with its own streams
+    groups: list[list[int]] = []
+    first: dict[int, list[int]] = {}
+    for i, r in enumerate(runs):
+        if r.defense_cls is None:
+            first[r.seed] = [i]
+            groups.append(first[r.seed])
+    for i, r in enumerate(runs):
+        if r.defense_cls is not None:
+            if _is_undefended(r.defense_cls, r.defense_params) and r.seed in first:
+                first[r.seed].append(i)
+            else:
+                groups.append([i])
     with scheduler_context(audit.scheduler) as backend:
         jobs = -1 if audit.scheduler is not None else int(audit.jobs)
-        parallel = audit.scheduler is not None or (jobs != 1 and len(runs) > 1)
-        results = runner.parallel_map(
-            _execute,
-            runs,
+        parallel = audit.scheduler is not None or (jobs != 1 and len(groups) > 1)
+        grouped = runner.parallel_map(
+            _execute_group,
+            [[runs[i] for i in g] for g in groups],
             dataset,
             jobs=jobs,
             progress=audit.progress,
@@ -338,6 +390,10 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
             parallel=parallel,
             backend="active" if audit.scheduler else None,
         )
+    results: list[dict[str, Any]] = [{} for _ in runs]
+    for g, outs in zip(groups, grouped):
+        for i, o in zip(g, outs):
+            results[i] = o
     run_seconds = time.perf_counter() - t1
     out = dict(header)
     classes = out.pop("_attack_classes")

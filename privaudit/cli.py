@@ -79,6 +79,16 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def _next_free(path: Path, folder: bool = False) -> Path:
+    """The first of ``path-2``, ``path-3``, ... (a file's: before its suffix) that does not exist."""
+    for n in range(2, 10_000):
+        keep = path.suffix and not folder
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}") if keep else Path(f"{path}-{n}")
+        if not candidate.exists():
+            return candidate
+    return path  # pragma: no cover - ten thousand reruns
+
+
 # ---------------------------------------------------------------------------------------- list
 
 
@@ -197,6 +207,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"rounds      {s['rounds'][0]}..{s['rounds'][1]}")
     print(f"messages    {s['messages']}")
     print(f"private     {'included' if s['private_included'] else 'not included'}")
+    defenses = (s["config"] or {}).get("defenses") or []
+    if not defenses:
+        print("defenses    none recorded")
+    for i, d in enumerate(defenses):  # the public config's {"name", **params} entries
+        name, params = (
+            (d.get("name", "?"), {k: v for k, v in d.items() if k != "name"}) if isinstance(d, dict) else (d, {})
+        )
+        text = f"{name}: " + ", ".join(f"{k}={v}" for k, v in params.items() if v is not None) if params else str(name)
+        print(f"{'defenses' if i == 0 else '':<12}{esc(text)}")
     print("kinds:")
     for kind, e in sorted(s["kinds"].items()):
         print(f"  {esc(kind):<20} {e['messages']:>8} messages  {_human_bytes(e['bytes']):>10}")
@@ -315,10 +334,15 @@ def _protocol_defaults(args: argparse.Namespace) -> str | None:
     else:
         attack = parse_spec(args.attack, "--attack")[0] if args.attack else protocol_cls.default_attack
         spec = getattr(protocol_cls, "default_sweep_spec", None)
-        if spec and not (attack and getattr(registry.get("attack", attack), "default_sweep", None)):
+        own = getattr(registry.get("attack", attack), "default_sweep", None) if attack else None
+        if spec and not own:
             args.defense = list(getattr(protocol_cls, "default_defense_specs", ()) or ())
             args.sweep = spec
             notes.append(" ".join([f"--defense {d}" for d in args.defense] + [f"--sweep {spec}"]))
+        elif own:  # the attack sweeps a parameter of its own (printed so every default names its sweep)
+            values = [str(v) for v in own[1]]
+            shown = ",".join(values) if len(values) <= 6 else f"{values[0]}..{values[-1]} ({len(values)} values)"
+            notes.append(f"{attack}'s own sweep attack.{own[0]}={shown}")
     if notes:
         return f"{args.protocol} defaults: {'; '.join(notes)} (--defense, --noise or --sweep choose another)"
     return None
@@ -431,7 +455,10 @@ def _check_writable(path, force: bool, what: str, folder: bool) -> None:
         if path.exists() and not path.is_dir():
             raise PrivauditError(f"{path}: exists and is not a folder (give another {what})")
         if path.is_dir() and any(path.iterdir()) and not force:
-            raise PrivauditError(f"{path}/ already exists; pass --force to replace it or choose another {what}")
+            raise PrivauditError(
+                f"{path}/ already exists; pass --force to replace it or choose another {what} "
+                f"(e.g. {what.split()[0]} {_next_free(path, folder=True)})"
+            )
         parent = path
         while not parent.exists():
             parent = parent.parent
@@ -446,7 +473,7 @@ def _check_writable(path, force: bool, what: str, folder: bool) -> None:
     if path.exists() and not path.is_file():
         raise PrivauditError(f"{path}: exists and is not a regular file; privaudit replaces only regular files")
     if path.exists() and not force:
-        raise PrivauditError(f"{path} already exists; pass --force to replace it")
+        raise PrivauditError(f"{path} already exists; pass --force to replace it or write -o {_next_free(path)}")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise PrivauditError(f"{path}: not writable")
 
@@ -691,9 +718,11 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.format_help = with_protocols
 
 
-@command("audit", "every applicable attack against every applicable defense's grid: audit.json + audit.html")(
-    _audit_args
-)
+@command(
+    "audit",
+    "every applicable attack against every applicable defense's grid (audit.json + audit.html); "
+    "with --transcript FILE every attack that reads it (audit.json + audit.txt)",
+)(_audit_args)
 def cmd_audit(args: argparse.Namespace) -> int:
     from privaudit import audit as au
     from privaudit.plan import audit_to_toml, check_bounds, load_audit_fields, parse_assignments
@@ -886,8 +915,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     _, _, handler = COMMANDS[args.command]
+    from privaudit.runner import quiet_nan_warnings
+
     try:
-        return int(handler(args) or 0)
+        with quiet_nan_warnings():  # a NaN metric prints as n/a; numpy's warning about it is noise
+            return int(handler(args) or 0)
     except PrivauditError as exc:
         from privaudit._escape import printable
 

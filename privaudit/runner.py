@@ -349,6 +349,81 @@ def _shutdown_pool() -> None:
         pass
 
 
+#: numpy warnings of a mean over no values (e.g. attribute accuracy on a CSV without
+#: attributes): the NaN they return is reported as n/a, so the warning only adds noise
+_NAN_WARNINGS = ("Mean of empty slice", "invalid value encountered in scalar divide")
+#: an estimate is printed once the rest of a parallel map is expected to take longer (seconds)
+ESTIMATE_ABOVE_SECONDS = 60.0
+#: without a progress bar (not a terminal), a progress line at most this often (seconds)
+PROGRESS_LINE_SECONDS = 120.0
+
+
+@contextlib.contextmanager
+def quiet_nan_warnings() -> Iterator[None]:
+    """Inside: numpy's empty-mean warnings (:data:`_NAN_WARNINGS`) are not shown."""
+    import warnings
+
+    with warnings.catch_warnings():
+        for text in _NAN_WARNINGS:
+            warnings.filterwarnings("ignore", message=text, category=RuntimeWarning)
+        yield
+
+
+def _quiet_call(fn: Callable[..., Any], item: Any, *args: Any) -> Any:
+    with quiet_nan_warnings():
+        return fn(item, *args)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+class _Progress:
+    """The tqdm bar (a terminal) or, for a long map, plain lines; plus one estimate line."""
+
+    def __init__(self, total: int, desc: str, bar: bool, workers: int) -> None:
+        from tqdm.auto import tqdm
+
+        self.total, self.desc, self.workers = total, desc or "runs", max(1, workers)
+        self.bar = tqdm(total=total, desc=desc, unit="run", disable=not bar, leave=False, file=sys.stderr)
+        self.plain = not bar
+        self.t0 = self.last = time.perf_counter()
+        self.done = 0
+        self.first = self.t0
+        self.estimated = False
+
+    def _say(self, text: str) -> None:
+        if self.plain:
+            print(text, file=sys.stderr, flush=True)
+        else:
+            self.bar.write(text, file=sys.stderr)
+
+    def update(self) -> None:
+        self.done += 1
+        self.bar.update(1)
+        now = time.perf_counter()
+        if self.done == 1:
+            self.first = now  # the first result carries one-time costs (imports, caches): rate from here
+        left = self.total - self.done
+        if not left or self.done < self.workers + 1 or now <= self.first:
+            return
+        remaining = left * (now - self.first) / (self.done - 1)
+        elapsed = now - self.t0
+        if not self.estimated and remaining > ESTIMATE_ABOVE_SECONDS:
+            self.estimated = True
+            self.last = now
+            self._say(
+                f"{self.desc}: {self.done}/{self.total} runs in {_duration(elapsed)}; "
+                f"about {_duration(remaining)} left ({self.workers} at a time)"
+            )
+        elif self.plain and self.estimated and now - self.last >= PROGRESS_LINE_SECONDS:
+            self.last = now
+            self._say(f"{self.desc}: {self.done}/{self.total} runs in {_duration(elapsed)}")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def parallel_map(
     fn: Callable[..., Any],
     items: Sequence[Any],
@@ -360,26 +435,32 @@ def parallel_map(
     backend: str | None = None,
 ) -> list[Any]:
     """``[fn(item, *args) for item in items]`` in order, on ``jobs`` joblib processes (-1: all
-    cores), with a tqdm bar on stderr. ``backend`` None: local loky processes whose
-    initializer watches this process; ``"active"``: the backend set by the caller (the Dask
-    backend of :func:`scheduler_context`).
+    cores). ``backend`` None: local loky processes whose initializer watches this process;
+    ``"active"``: the backend set by the caller (the Dask backend of :func:`scheduler_context`).
+
+    Progress on stderr: a tqdm bar with its estimate when :func:`show_progress` (a terminal);
+    either way, once the rest is expected to take over :data:`ESTIMATE_ABOVE_SECONDS`, one
+    estimate line, and without a bar a progress line every :data:`PROGRESS_LINE_SECONDS`.
+    numpy's empty-mean warnings are not shown (:func:`quiet_nan_warnings`).
 
     ``parallel`` None: parallel when ``jobs != 1`` and there is more than one item. On any exit
     (an exception, SIGTERM, Ctrl-C) the worker processes are shut down.
     """
-    from tqdm.auto import tqdm
-
     if parallel is None:
         parallel = jobs != 1 and len(items) > 1
-    bar = tqdm(
-        total=len(items), desc=desc, unit="run", disable=not show_progress(progress), leave=False, file=sys.stderr
-    )
+    if not parallel:
+        workers = 1
+    elif backend is not None:
+        workers = len(items)  # a cluster: its size is not known here
+    else:
+        workers = min(len(items), default_jobs() if jobs < 0 else jobs, os.cpu_count() or 1)
+    bar = _Progress(len(items), desc, show_progress(progress), workers)
     out: list[Any] = []
     try:
         if not parallel:
             for item in items:
-                out.append(fn(item, *args))
-                bar.update(1)
+                out.append(_quiet_call(fn, item, *args))
+                bar.update()
             return out
         from joblib import Parallel, delayed
 
@@ -394,10 +475,10 @@ def parallel_map(
         with _sigterm_exits():
             try:
                 for r in Parallel(n_jobs=jobs, return_as="generator", **kwargs)(
-                    delayed(fn)(item, *args) for item in items
+                    delayed(_quiet_call)(fn, item, *args) for item in items
                 ):
                     out.append(r)
-                    bar.update(1)
+                    bar.update()
                 ok = True
             finally:
                 _restore_env(previous)

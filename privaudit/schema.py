@@ -136,7 +136,13 @@ DEFENSE_MESSAGES: dict[str, tuple[MessageSchema, ...]] = {
             "self",
             (PayloadField("paillier_p", "uint8", (None,)), PayloadField("paillier_q", "uint8", (None,))),
         ),
-        MessageSchema("public_key", "client", "server", (PayloadField("n", "uint8", (None,)),)),
+        MessageSchema(
+            "public_key",
+            "client",
+            "server",
+            # djn_base: the Damgard-Jurik-Nielsen obfuscator's public base h_s (obfuscation=djn)
+            (PayloadField("n", "uint8", (None,)), PayloadField("djn_base", "uint8", (None,), optional=True)),
+        ),
         MessageSchema("secret_key", "client", "decryptor"),
         MessageSchema(
             "ciphertext_sum",

@@ -747,7 +747,34 @@ def parse_rating_scale(text: str | Sequence[float]) -> tuple[float, float, float
     return lo, hi, step
 
 
+#: MovieLens files that are not ratings (lower-case name -> what they hold), for ``--data FILE``
+_SIDE_FILES = {
+    **{f"u.{n}": "MovieLens 100K's " + w for n, w in (("item", "item list"), ("user", "user list"))},
+    **{f"u.{n}": f"MovieLens 100K's {n} names" for n in ("genre", "occupation")},
+    "u.info": "MovieLens 100K's counts",
+    "movies.dat": "MovieLens 1M's item list",
+    "users.dat": "MovieLens 1M's user list",
+    "movies.csv": "MovieLens latest-small's item list",
+    "tags.csv": "MovieLens latest-small's tags",
+    "links.csv": "MovieLens latest-small's links",
+}
+_CSV_LINES = "expected lines user,item,rating[,timestamp]"
+
+
 def _load_csv(path: Path, scale: tuple[float, float, float] | None = None) -> RatingsDataset:
+    side = _SIDE_FILES.get(path.name.lower())
+    if side is not None:
+        raise DataError(f"{path}: not a ratings file ({side}); give the folder: --data {path.parent}")
+    raw = b""
+    try:
+        raw = path.read_bytes()
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DataError(f"{path} line {line}: not a ratings file (not utf-8 text; {_CSV_LINES})") from None
+    except OSError:
+        pass  # _first_line names the read error
+    del raw  # the table is read again line by line below
     head = _first_line(path)
     if not head:
         raise DataError(f"{path}: file is empty (expected lines user,item,rating[,timestamp])")

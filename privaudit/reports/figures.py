@@ -6,12 +6,16 @@ Everything is drawn from a results dict (the ``results.json`` schema) alone, so
 
 Figure content (docs/results-schema.md):
 
-- one line per plotted attack metric (``results["figure_metrics"]``, from the attack's
-  declared ``metric_specs``), the seed mean with a 95 % band (Student t over seeds), each with
-  its own marker and line style so that identical series stay visible;
-- that metric's baselines in the same colour, dash-dotted (``prior``: the prior-only guess)
-  and dashed (``random``: the uniform random guess);
-- the main utility metric on a second y axis (black, dotted band);
+- one panel per metric family (:func:`metric_panels`: the direction, higher or lower = stronger
+  attack, and unit its spec declares), side by side, so a lower-is-better error never shares
+  an axis with an accuracy; a metric repeating an earlier one's values is drawn once with both
+  names;
+- in a panel, one line per plotted attack metric (``results["figure_metrics"]``, from the
+  attack's declared ``metric_specs``), the seed mean with a 95 % band (Student t over seeds),
+  each with its own marker and line style; that metric's baselines in the same colour,
+  dash-dotted (``prior``: the prior-only guess) and dashed (``random``: the uniform random
+  guess), keyed once in the legend;
+- the main utility metric on the last panel's second y axis (black, dotted, with error bars);
 - x: the swept value; log-scale when positive values span more than a factor 20, as symlog
   with a linear piece below the smallest positive value when 0 is among them (so 0 shows).
   Non-numeric values are placed at equal spacing with their labels. A single point
@@ -147,23 +151,73 @@ def _title(results: Mapping[str, Any]) -> str:
     return f"{results.get('attack')} vs {results.get('protocol')} ({data})"
 
 
+def _same_series(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool(np.all((np.abs(a - b) <= 1e-9) | (np.isnan(a) & np.isnan(b))))
+
+
+def metric_panels(results: Mapping[str, Any], metrics: Sequence[str]) -> tuple[list[list[str]], dict[str, str]]:
+    """(panels, repeats): the plotted metrics grouped one family per panel, a family being the
+    direction (higher or lower = stronger attack) and unit of the metric's spec, the primary
+    metric's panel first; ``repeats`` maps a metric left out to the earlier metric whose seed
+    means and baselines it repeats at every value (drawn once, labelled with both names)."""
+    panels: dict[tuple[bool, str], list[str]] = {}
+    repeats: dict[str, str] = {}
+    drawn: list[tuple[str, list[np.ndarray]]] = []
+    for metric in metrics:
+        series = [_series(results, f, metric)[1] for f in ("attack_metrics", "baseline_prior", "baseline_random")]
+        same = next((m for m, other in drawn if all(_same_series(x, y) for x, y in zip(series, other))), None)
+        if same is not None:
+            repeats[metric] = same
+            continue
+        drawn.append((metric, series))
+        spec = rs.metric_spec(results, metric)
+        panels.setdefault((bool(spec.higher_is_better), str(spec.unit)), []).append(metric)
+    return list(panels.values()), repeats
+
+
+def _label(metric: str, repeats: Mapping[str, str]) -> str:
+    same = [m for m, orig in repeats.items() if orig == metric]
+    return metric + (f" (= {', '.join(same)})" if same else "")
+
+
+def _panel_ylabel(results: Mapping[str, Any], metrics: Sequence[str]) -> str:
+    spec = rs.metric_spec(results, metrics[0]) if metrics else rs.FALLBACK_SPEC
+    unit = "" if spec.unit in ("", "fraction") else f", {spec.unit}"
+    return f"attack metric ({'higher' if spec.higher_is_better else 'lower'} = stronger attack{unit})"
+
+
+def _unit_range(ax, results: Mapping[str, Any], metrics: Sequence[str], values: np.ndarray) -> None:
+    """A fraction panel whose values all lie in [0, 1] gets the fixed 0..1 axis; others autoscale."""
+    finite = values[np.isfinite(values)]
+    fraction = all(rs.metric_spec(results, m).unit == "fraction" for m in metrics)
+    if fraction and (finite.size == 0 or (finite.min() >= -1e-9 and finite.max() <= 1.0 + 1e-9)):
+        ax.set_ylim(-0.02, 1.05)
+
+
 def make_figure(results: Mapping[str, Any]):
-    """The accuracy-vs-strength :class:`matplotlib.figure.Figure` of ``results``."""
+    """The accuracy-vs-strength :class:`matplotlib.figure.Figure` of ``results``: one panel per
+    metric family (:func:`metric_panels`), side by side; the utility on the last panel's right axis."""
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     with matplotlib.rc_context(RC):
-        fig = Figure(figsize=(7.2, 4.4))
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot(1, 1, 1)
         metrics = figure_metrics(results)
+        panels, repeats = metric_panels(results, metrics)
+        panels = panels or [[]]
+        fig = Figure(figsize=(max(7.2, 4.2 * len(panels)), 4.4))
+        FigureCanvasAgg(fig)
         utility = utility_metric(results)
-        if results.get("sweep"):
-            _draw_sweep(ax, results, metrics, utility)
+        colors = {m: _PALETTE[k % len(_PALETTE)] for k, m in enumerate(metrics)}
+        for k, group in enumerate(panels):
+            ax = fig.add_subplot(1, len(panels), k + 1)
+            last = k == len(panels) - 1
+            draw = _draw_sweep if results.get("sweep") else _draw_single
+            draw(ax, results, group, utility if last else None, colors, repeats)
+        if len(panels) == 1:
+            fig.axes[0].set_title(_title(results))
         else:
-            _draw_single(ax, results, metrics, utility)
-        ax.set_title(_title(results))
+            fig.suptitle(_title(results), fontsize=RC["axes.titlesize"])
         with warnings.catch_warnings():  # very long labels (from a results file): saved with a tight bbox anyway
             warnings.simplefilter("ignore", UserWarning)
             fig.tight_layout()
@@ -190,14 +244,24 @@ def _legend_below(ax, handles, ncol: int = 2) -> None:
         )
 
 
-def _draw_sweep(ax, results, metrics: list[str], utility: str | None) -> None:
+def _style_keys(styles: set[str]) -> list:
+    """Legend entries for the baseline line styles (one each, grey: every metric's colour applies)."""
+    from matplotlib.lines import Line2D
+
+    names = {"-.": "its prior-only guess", "--": "its random guess"}
+    return [Line2D([], [], ls=st, color="grey", lw=1.0, label=names[st]) for st in ("-.", "--") if st in styles]
+
+
+def _draw_sweep(ax, results, metrics: list[str], utility: str | None, colors=None, repeats=None) -> None:
     import matplotlib.ticker
 
+    colors = colors or {}
+    repeats = repeats or {}
     values = None
-    handles = []
+    handles, styles = [], set()
     n = max(len(metrics), 1)
     for k, metric in enumerate(metrics):
-        color = _PALETTE[k % len(_PALETTE)]
+        color = colors.get(metric, _PALETTE[k % len(_PALETTE)])
         values, mean, ci = _series(results, "attack_metrics", metric)
         x, scale, thresh = x_axis(values)
         (h,) = ax.plot(
@@ -210,15 +274,16 @@ def _draw_sweep(ax, results, metrics: list[str], utility: str | None) -> None:
             lw=1.6,
             alpha=0.9,
             zorder=3 + k,
-            label=metric,
+            label=_label(metric, repeats),
         )
         handles.append(h)
         band = np.nan_to_num(ci)
         ax.fill_between(x, mean - band, mean + band, color=color, alpha=0.15, lw=0)
         for field, what, style in _baseline_series(results, metric):
             _, bmean, _ = _series(results, field, metric)
-            (hb,) = ax.plot(x, bmean, style, color=color, lw=1.0, alpha=0.8, label=f"{metric}: {what}")
-            handles.append(hb)
+            ax.plot(x, bmean, style, color=color, lw=1.0, alpha=0.8, label=f"{metric}: {what}")
+            styles.add(style)
+    handles += _style_keys(styles)
     if values is None:  # no accuracy metric: still lay out the x axis from the points
         values = []
         for p in results.get("points") or []:
@@ -227,52 +292,51 @@ def _draw_sweep(ax, results, metrics: list[str], utility: str | None) -> None:
     x, scale, thresh = x_axis(values)
     ax.set_xlabel(str(results.get("sweep")) + (" (noise scale)" if results.get("noise") else ""))
     ys = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()] or [np.zeros(1)])
-    ys = ys[np.isfinite(ys)]
-    if ys.size == 0 or (ys.min() >= -1e-9 and ys.max() <= 1.0 + 1e-9):
-        ax.set_ylabel("attack metric")
-        ax.set_ylim(-0.02, 1.05)
-    else:  # e.g. a relative error: autoscale
-        ax.set_ylabel("attack metric")
+    _unit_range(ax, results, metrics, ys)
+    ax.set_ylabel(_panel_ylabel(results, metrics))
     ax.grid(True, alpha=0.3, lw=0.5)
     if utility and _has(results, "utility", utility):
         ax2 = ax.twinx()
         _, umean, uci = _series(results, "utility", utility)
-        (hu,) = ax2.plot(x, umean, ":s", color="black", ms=3.5, lw=1.3, label=f"utility: {utility} (right axis)")
-        band = np.nan_to_num(uci)
-        ax2.fill_between(x, umean - band, umean + band, color="black", alpha=0.08, lw=0)
+        # error bars, not a band: a wide utility interval must not cover the attack's lines
+        bars = ax2.errorbar(x, umean, yerr=np.nan_to_num(uci), fmt=":s", color="black", ms=3.5, lw=1.3, capsize=2)
+        bars.lines[0].set_label(f"utility: {utility} (right axis)")
         ax2.set_ylabel(f"utility: {utility}")
-        handles.append(hu)
+        handles.append(bars.lines[0])
     # the twin shares the x axis: scale and ticks are set once, after it exists
     if scale == "symlog":
         ax.set_xscale("symlog", linthresh=thresh, linscale=0.6)
     elif scale == "log":
         ax.set_xscale("log")
     ax.set_xticks(x)
-    ax.set_xticklabels([fmt_value(v) for v in values], rotation=0)
+    step = -(-len(values) // 8)  # at most ~8 labels: the rest of the ticks stay unlabelled
+    ax.set_xticklabels([fmt_value(v) if i % step == 0 else "" for i, v in enumerate(values)], rotation=0)
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     _legend_below(ax, handles)
 
 
-def _draw_single(ax, results, metrics: list[str], utility: str | None) -> None:
+def _draw_single(ax, results, metrics: list[str], utility: str | None, colors=None, repeats=None) -> None:
+    colors = colors or {}
+    repeats = repeats or {}
     means, cis = [], []
     for metric in metrics:
         _, mean, ci = _series(results, "attack_metrics", metric)
         means.append(mean[0] if mean.size else math.nan)
         cis.append(ci[0] if ci.size else math.nan)
     x = np.arange(len(metrics), dtype=float)
-    colors = [_PALETTE[k % len(_PALETTE)] for k in range(len(metrics))]
-    ax.bar(x, np.nan_to_num(means), width=0.6, color=colors, alpha=0.8, yerr=np.nan_to_num(cis), capsize=3)
+    bar_colors = [colors.get(m, _PALETTE[k % len(_PALETTE)]) for k, m in enumerate(metrics)]
+    ax.bar(x, np.nan_to_num(means), width=0.6, color=bar_colors, alpha=0.8, yerr=np.nan_to_num(cis), capsize=3)
+    ticks = list(means)
     for k, metric in enumerate(metrics):
         for field, _what, style in _baseline_series(results, metric):
             _, bmean, _ = _series(results, field, metric)
             ax.plot([x[k] - 0.35, x[k] + 0.35], [bmean[0], bmean[0]], style, color="black", lw=1.2)
+            ticks.append(bmean[0])
     ax.set_xticks(x)
     ax.set_xlim(-0.9, max(len(metrics) - 0.1, 0.9))
-    ax.set_xticklabels(metrics, rotation=15, ha="right")
-    finite = [m for m in means if np.isfinite(m)]
-    if not finite or max(finite) <= 1.0:
-        ax.set_ylim(0, 1.05)
-    ax.set_ylabel("attack metric (dash-dot: prior, dashed: random)")
+    ax.set_xticklabels([_label(m, repeats) for m in metrics], rotation=15, ha="right")
+    _unit_range(ax, results, metrics, np.asarray(ticks, dtype=float))
+    ax.set_ylabel(_panel_ylabel(results, metrics) + "\n(dash-dot: prior, dashed: random)")
     ax.grid(True, axis="y", alpha=0.3, lw=0.5)
     if utility and _has(results, "utility", utility):
         _, umean, _ = _series(results, "utility", utility)

@@ -463,11 +463,11 @@ def roc_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]] | 
             for f in ("0.01", "0.001"):
                 vals = [num(r.get(f"tpr@{f}")) for r in rocs]
                 if all(math.isnan(x) for x in vals):
-                    n_neg = int(min(num(r.get("n_neg")) for r in rocs))
-                    cells.append(f"n/a: {n_neg} negatives < {int(round(1 / float(f)))}")
+                    cells.append(f"n/a: < {int(round(1 / float(f)))} negatives")
                 else:
                     cells.append(fmt_pm(*rs.mean_ci95(vals)))
-            cells.append(f"{int(num(rocs[0].get('n_pos')))} / {int(num(rocs[0].get('n_neg')))}")
+            counts = [sorted({int(num(r.get(k))) for r in rocs}) for k in ("n_pos", "n_neg")]  # over seeds
+            cells.append(" / ".join(str(c[0]) if len(c) == 1 else f"{c[0]}-{c[-1]}" for c in counts))
             rows.append(cells)
     return header, rows
 

@@ -1,0 +1,66 @@
+"""CPU seconds per stage of ``privaudit audit``: data loading, protocol runs by defense, each attack.
+
+Runs :func:`privaudit.audit.run_audit` in this process (``--jobs 1``) with the protocol runs and
+attack evaluations timed by ``time.process_time`` (CPU seconds, not wall: the machine may be
+shared), and prints one JSON object and a Markdown table::
+
+    PYTHONPATH=. python benchmarks/audit_stages.py --protocol fedmvmf --data ../shared/data/ml-100k --seeds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import time
+
+from privaudit import audit, runner
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--protocol", default="fedmvmf")
+    ap.add_argument("--data", default="synthetic")
+    ap.add_argument("--users", type=int, default=None)
+    ap.add_argument("--seeds", type=int, default=audit.DEFAULT_AUDIT_SEEDS)
+    args = ap.parse_args()
+
+    cpu: dict[str, float] = collections.defaultdict(float)
+    count: collections.Counter = collections.Counter()
+    run_protocol, evaluate_attack, load_data = runner.run_protocol, runner.evaluate_attack, runner.load_data
+
+    def timed(key: str, fn, *a, **k):
+        t = time.process_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            cpu[key] += time.process_time() - t
+            count[key] += 1
+
+    runner.run_protocol = lambda task, data: timed(
+        "protocol runs: " + (task.names[2] or "no defense"), run_protocol, task, data
+    )
+    runner.evaluate_attack = lambda cls, *a, **k: timed(f"attack {cls.name}", evaluate_attack, cls, *a, **k)
+    runner.load_data = lambda data: timed("load data", load_data, data)
+    t0, w0 = time.process_time(), time.perf_counter()
+    spec = audit.Audit(protocol=args.protocol, data=args.data, users=args.users, seeds=args.seeds, jobs=1)
+    result = audit.run_audit(spec)
+    total = time.process_time() - t0
+    out = {
+        "cpu_seconds": {k: round(v, 1) for k, v in sorted(cpu.items())},
+        "calls": dict(count),
+        "runs": len(result["runs"]),
+        "shared_runs": sum(bool(r.get("protocol_shared")) for r in result["runs"]),
+        "total_cpu_seconds": round(total, 1),
+        "wall_seconds": round(time.perf_counter() - w0, 1),
+    }
+    print(json.dumps(out, indent=1))
+    print("| stage | calls | CPU s |\n|---|---|---|")
+    for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]):
+        print(f"| {k} | {count[k]} | {v:.1f} |")
+    print(f"| rest (audit assembly, privacy accounting, matrix) | | {total - sum(cpu.values()):.1f} |")
+    print(f"| **total** | {out['runs']} runs | {total:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
