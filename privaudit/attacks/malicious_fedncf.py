@@ -26,9 +26,11 @@ the rows changed in each of the first ``rounds`` rounds are predicted. ``method=
 (default): the BCE gradient of a positive row and of a negative row point in opposite directions
 ((sigma - y) times the same user-dependent vector; exactly so for GMF), so each round's changed
 rows are split by the sign of their projection on the first right singular vector of the
-normalised changes; the side whose rows recur more often over the rounds read is the positive
-one (with one round: the smaller side, as a client samples ``negatives`` >= 1 negatives per
-positive); an item is predicted when it is on the positive side in at least half the rounds.
+normalised changes; each round's split is aligned with the first round's on the rows both
+changed, and the side smaller over all rounds is the positive one (a client samples
+``negatives`` per positive, 4 by default, so that its distinct negative rows outnumber its
+positives; with ``negatives`` 1 on dense data they may not); an item is predicted when it is on
+the positive side in at least half the rounds.
 
 Metrics: ``precision``, ``recall``, ``f1`` of the target's training positives; ``rounds_used``
 (deviation rounds read), ``sybils`` (largest number of sybils in a deviation cohort) and ``k``
@@ -142,10 +144,7 @@ class _Isolation(Attack):
             score = seen / len(usable)
             pred = np.flatnonzero(seen == len(usable)).astype(np.int64)
         else:
-            score = np.zeros(m)
-            for rows, d in changed:
-                score[rows] += _positive_side(d, seen[rows], len(usable))
-            score /= len(usable)
+            score = _aligned_votes(changed, m) / len(usable)
             pred = np.flatnonzero(score >= 0.5).astype(np.int64)
         target = int(states[usable[0]].meta["target"])
         meta = {
@@ -250,19 +249,36 @@ class NCFModelInconsistency(_Isolation):
     deviations = ("inconsistent-models", "craft-items")
 
 
-def _positive_side(d: np.ndarray, recur: np.ndarray, rounds: int) -> np.ndarray:
-    """1.0 for the rows of one round's changes ``d`` (r x Dtot) on the positives' side of their
-    main direction, else 0.0 (module docstring). ``recur``: in how many rounds each row changed."""
+def _split(d: np.ndarray) -> np.ndarray:
+    """Bool per row of one round's changes ``d`` (r x Dtot): the sign of its projection on the
+    first right singular vector of the row-normalised changes."""
     if len(d) < 2:
-        return np.ones(len(d))
+        return np.ones(len(d), dtype=bool)
     norm = np.linalg.norm(d, axis=1, keepdims=True)
     unit = d / np.where(norm > 0, norm, 1.0)
     _, _, vt = np.linalg.svd(unit, full_matrices=False)
-    side = unit @ vt[0] > 0
-    if side.all() or not side.any():
-        return np.ones(len(d))
-    if rounds > 1 and recur[side].mean() != recur[~side].mean():
-        flip = recur[side].mean() < recur[~side].mean()
-    else:
-        flip = side.sum() > (~side).sum()
-    return (~side if flip else side).astype(float)
+    return unit @ vt[0] > 0
+
+
+def _aligned_votes(changed: list[tuple[np.ndarray, np.ndarray]], m: int) -> np.ndarray:
+    """Per item (m,), in how many rounds it was on the positives' side: each round's split
+    (:func:`_split`) flipped to agree with the first round's on the rows both changed, then
+    all rounds flipped together so that the positive side is the smaller one overall."""
+    sides = []
+    ref = np.full(m, -1)
+    for rows, d in changed:
+        side = _split(d)
+        if sides:
+            known = ref[rows] >= 0
+            if known.any() and np.mean(side[known] == (ref[rows][known] == 1)) < 0.5:
+                side = ~side
+        else:
+            ref[rows] = side.astype(int)
+        sides.append((rows, side))
+    n_true = sum(int(side.sum()) for _, side in sides)
+    n_false = sum(int((~side).sum()) for _, side in sides)
+    flip = n_true > n_false
+    votes = np.zeros(m)
+    for rows, side in sides:
+        votes[rows] += (~side if flip else side).astype(float)
+    return votes
