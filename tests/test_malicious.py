@@ -61,6 +61,16 @@ def test_crafted_model_zeroes_the_other_members_item_updates(ds, model):
     assert all(np.all(v == 0) for p, v in ups.items() if p != target)
 
 
+def test_deviation_after_regular_training_still_isolates_the_target(ds):
+    # 40 clients in cohorts of 8: a global round (5 regular rounds) trains the model first
+    tr = _run(ds, "inconsistent", [SecAgg()], model="neumf", global_rounds=2, deviation_start=5)
+    dev = [m.round for m in tr.select("state") if m.meta.get("deviation")]
+    assert dev == [5, 6]
+    out = _evaluate(NCFModelInconsistency(), tr)
+    assert out.metrics["rounds_used"] == 2
+    assert out.metrics["precision"] >= 0.9 and out.metrics["recall"] >= 0.9
+
+
 def test_intersect_method_needs_more_rounds_than_direction(ds):
     tr = _run(ds, "sybil", [SecAgg()], rounds=4)
     direction = _evaluate(NCFSybilIsolation(rounds=1), tr).metrics

@@ -3,8 +3,9 @@
 Secure aggregation (``secagg``) shows the server only the sum of a cohort's uploads, so every
 honest-but-curious attack on per-client uploads is "not applicable". That holds only if the
 server follows the protocol. Both attacks here make the sum equal one target's upload, in the
-rounds the server deviates in (protocol ``server`` plan, ``deviation_rounds`` rounds before the
-regular schedule; the server records each deviation on its own ``state`` message):
+rounds the server deviates in (protocol ``server`` plan: ``deviation_rounds`` rounds after
+``deviation_start`` regular rounds; the server records each deviation on its own ``state``
+message):
 
 ``ncf-sybil-isolation`` (``server=sybil``): the server fills the target's cohort with sybil
 clients it runs (``sybils``, by default clients_per_round - 1), which upload zeros through

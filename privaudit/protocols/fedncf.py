@@ -257,7 +257,13 @@ class FedNCF(Protocol):
             "cohort filled with sybils uploading zeros) or inconsistent (the other members get a crafted model)",
             choices=SERVER_PLANS,
         ),
-        Param("deviation_rounds", 4, "malicious server: rounds it deviates in (before the regular schedule)", ge=1),
+        Param("deviation_rounds", 4, "malicious server: rounds it deviates in", ge=1),
+        Param(
+            "deviation_start",
+            0,
+            "malicious server: regular aggregation rounds before the deviation rounds (record_rounds must cover them)",
+            ge=0,
+        ),
         Param("sybils", -1, "server=sybil: sybil clients per cohort (-1: clients_per_round - 1)", ge=0, also=(-1,)),
     )
 
@@ -300,7 +306,8 @@ class FedNCF(Protocol):
 
     @staticmethod
     def deviation_plan(cfg: Mapping[str, Any], eligible: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
-        """A malicious server's rounds (``server`` sybil or inconsistent): ``cohorts`` (one sorted
+        """A malicious server's rounds (``server`` sybil or inconsistent; run after
+        ``deviation_start`` regular rounds): ``cohorts`` (one sorted
         int64 array per deviation round, the target in each), ``target`` and ``sybils`` (int64 ids
         of the clients the server runs; empty for inconsistent). Sybil: a fixed set of ``sybils``
         clients (-1: clients_per_round - 1) plus honest cover clients re-drawn every round to fill
@@ -373,7 +380,8 @@ class FedNCF(Protocol):
         plan = None
         if cfg["server"] != "honest":
             plan = self.deviation_plan(cfg, eligible, sched_rng)
-            cohorts = plan["cohorts"] + cohorts
+            start = min(cfg["deviation_start"], len(cohorts))
+            cohorts = cohorts[:start] + plan["cohorts"] + cohorts[start:]
             cohorts = cohorts[: cfg["max_rounds"]] if cfg["max_rounds"] >= 0 else cohorts
             target = plan["target"]
         guards = [d for d in defenses if ROUND_CHECK in d.capabilities]
@@ -406,7 +414,6 @@ class FedNCF(Protocol):
                 adam[f"{mk}_net"] = {k: np.zeros((n,) + v.shape, dtype=np.float32) for k, v in net.items()}
         per_global = max(1, -(-len(eligible) // min(cfg["clients_per_round"], len(eligible))))
         offset = 2 * cfg["manipulated_rounds"] if cfg["selection"] == "adversarial" else 0
-        offset += len(plan["cohorts"]) if plan is not None else 0
         participation = np.zeros(n, dtype=np.int64)
         hr_hist: list[float] = []
         ndcg_hist: list[float] = []
@@ -415,7 +422,7 @@ class FedNCF(Protocol):
         for r, cohort in enumerate(cohorts):
             record = cfg["record_rounds"] < 0 or r < cfg["record_rounds"]
             net_flat = ncf.flatten_network(net, arch, D, layers)
-            deviation = plan is not None and r < len(plan["cohorts"])
+            deviation = plan is not None and start <= r < start + len(plan["cohorts"])
             sybils = plan["sybils"] if deviation else np.zeros(0, dtype=np.int64)
             is_sybil = np.isin(cohort, sybils)
             crafted = self.crafted_model(items, net, arch) if deviation and cfg["server"] == "inconsistent" else None
@@ -489,7 +496,11 @@ class FedNCF(Protocol):
                 items += (vals / kk).astype(np.float32)
                 net_flat = net_flat + np.asarray(s_net["delta"]) / kk
             net = ncf.unflatten_network(net_flat, arch, D, layers)
-            done = r + 1 - offset
+            done = r + 1 - offset  # regular rounds done (neither adversarial nor deviation rounds)
+            if plan is not None:
+                done -= min(max(r + 1 - start, 0), len(plan["cohorts"]))
+            if deviation:
+                continue
             if cfg["eval_every"] > 0 and done > 0 and done % (per_global * cfg["eval_every"]) == 0:
                 util = ncf_utility(arch, D, layers, {"net": net, "users": users, "items": items}, eval_users, cand, k)
                 hr_hist.append(util[f"hr@{k}"])
