@@ -53,8 +53,6 @@ class VerifiedCohort(Defense):
     capabilities = frozenset({ROUND_CHECK})
     applies_to = ("fedncf",)
     parameters = (Param("min_clients", 2, "verified (non-sybil) clients a cohort must hold", ge=1),)
-    strength = "min_clients"
-    default_grid = (2, 5, 10)
 
     def abort_reason(self, round: int, members: list[str], digests: list[str], verified: Any) -> str | None:
         n = int(np.count_nonzero(np.asarray(verified, dtype=bool)))

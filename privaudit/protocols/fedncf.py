@@ -39,6 +39,16 @@ Round r (an *aggregation round*; a *global round* is a pass over all clients):
    server: ``counts`` int64 (m,), meta ``k``), which is exactly what the server learns under
    secure aggregation.
 
+Malicious server (``server``, default ``honest``; docs/malicious-server.md): after
+``deviation_start`` regular rounds the server runs ``deviation_rounds`` rounds of its plan around
+a ``target``: ``sybil`` -- the cohort is the target, ``sybils`` clients the server runs (they
+upload zeros through the channel) and honest cover clients; ``inconsistent`` -- an honest
+cohort in which every member but the target gets :meth:`FedNCF.crafted_model`. The deviation
+is recorded on the round's ``state`` message (meta ``deviation``, ``target``, ``sybils``).
+Defenses with the ``round-check`` capability (:mod:`privaudit.defenses.consistency`) see each
+member's model digest and whether it is a verified (non-sybil) client before it uploads; an
+aborted round uploads nothing (its ``aggregate`` has ``k`` 0 and meta ``aborted``).
+
 Recorded rounds: ``record_rounds`` (first N aggregation rounds; -1 all) get the ``cohort``,
 ``state`` (server -> server: ``items`` (m x Dtot), ``network`` flat float64, the global model
 sent that round), the uploads and the ``aggregate``. Private (``client:u`` -> itself, round 0):
