@@ -90,6 +90,12 @@ def test_model_consistency_check_aborts_the_inconsistent_rounds(ds):
     assert aggs and all(int(m.payload["counts"].sum()) == 0 for m in aggs)
 
 
+def test_model_consistency_does_not_stop_sybils(ds):
+    # every member of a sybil cohort gets the same model: the digests agree
+    out = _evaluate(NCFSybilIsolation(), _run(ds, "sybil", [SecAgg(), ModelConsistency()]))
+    assert out.metrics["precision"] >= 0.9 and out.metrics["recall"] >= 0.9
+
+
 def test_verified_cohort_forces_honest_members_into_the_sybil_aggregate(ds):
     blocked = _run(ds, "sybil", [SecAgg(), VerifiedCohort(min_clients=2)])
     out = _evaluate(NCFSybilIsolation(), blocked)
@@ -130,6 +136,8 @@ def test_threat_models_are_declared():
     for name in malicious:
         assert attacks[name].deviations and set(attacks[name].deviations) <= set(DEVIATIONS)
     assert registry.get("defense", "model-consistency").capabilities == {"round-check"}
+    facts = registry.summary("attack", NCFModelInconsistency)["facts"]
+    assert facts["threat"] == "malicious" and facts["deviations"] == "inconsistent-models, craft-items"
 
 
 @pytest.mark.parametrize(
