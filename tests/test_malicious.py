@@ -80,6 +80,18 @@ def test_intersect_method_needs_more_rounds_than_direction(ds):
     assert direction["precision"] > inter[1]["precision"]
 
 
+@pytest.mark.parametrize("digest", ["sha256", "sha3_256", "blake2b"])
+def test_round_checks_compare_content_and_count_verified_members(digest):
+    check = ModelConsistency(digest=digest)
+    same = [bytes(8), bytes(8), bytes(8)]  # equal content, distinct objects
+    assert check.abort_reason(0, ["client:0", "client:1", "client:2"], same, np.ones(3, bool)) is None
+    other = same[:2] + [b"\x01" + bytes(7)]
+    assert "2 different model digests among 3" in check.abort_reason(0, ["a", "b", "c"], other, np.ones(3, bool))
+    verified = VerifiedCohort(min_clients=2)
+    assert verified.abort_reason(0, ["a", "b", "c"], same, np.array([True, True, False])) is None
+    assert "1 verified members" in verified.abort_reason(0, ["a", "b", "c"], same, np.array([True, False, False]))
+
+
 def test_model_consistency_check_aborts_the_inconsistent_rounds(ds):
     tr = _run(ds, "inconsistent", [SecAgg(), ModelConsistency()])
     out = _evaluate(NCFModelInconsistency(), tr)

@@ -234,9 +234,9 @@ class Defense(Configurable):
         """Transform what the server sends to clients (default: unchanged)."""
         return payload
 
-    def abort_reason(self, round: int, members: list[str], digests: list[str], verified: Any) -> str | None:
+    def abort_reason(self, round: int, members: list[str], models: list[bytes], verified: Any) -> str | None:
         """``round-check`` defenses: why the cohort ``members`` abort the round before uploading
-        (None: they go on), given the digest of the model each received and whether each is a
+        (None: they go on), given the model each received (serialised) and whether each is a
         verified (enrolled, non-sybil) client (bool array). Default: never."""
         return None
 

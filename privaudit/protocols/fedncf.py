@@ -46,7 +46,7 @@ upload zeros through the channel) and honest cover clients; ``inconsistent`` -- 
 cohort in which every member but the target gets :meth:`FedNCF.crafted_model`. The deviation
 is recorded on the round's ``state`` message (meta ``deviation``, ``target``, ``sybils``).
 Defenses with the ``round-check`` capability (:mod:`privaudit.defenses.consistency`) see each
-member's model digest and whether it is a verified (non-sybil) client before it uploads; an
+member's received model and whether it is a verified (non-sybil) client before it uploads; an
 aborted round uploads nothing (its ``aggregate`` has ``k`` 0 and meta ``aborted``).
 
 Recorded rounds: ``record_rounds`` (first N aggregation rounds; -1 all) get the ``cohort``,
@@ -84,7 +84,6 @@ latest timestamp (415 of ML-100K's 943 users) are broken at random (``loo_ties``
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -447,13 +446,13 @@ class FedNCF(Protocol):
                 transcript.add(r, "server", "server", "state", state, state_meta)
             abort = None
             if guards:  # countermeasures: every member checks the round before uploading
-                digest = _model_digest(items, net_flat)
-                digests = [digest] * len(cohort)
+                sent = _model_bytes(items, net_flat)
+                received = [sent] * len(cohort)
                 if crafted is not None:
-                    other = _model_digest(crafted[0], ncf.flatten_network(crafted[1], arch, D, layers))
-                    digests = [digest if u == target else other for u in cohort]
+                    other = _model_bytes(crafted[0], ncf.flatten_network(crafted[1], arch, D, layers))
+                    received = [sent if u == target else other for u in cohort]
                 for d in guards:
-                    abort = abort or d.abort_reason(r, [f"client:{u}" for u in cohort], digests, ~is_sybil)
+                    abort = abort or d.abort_reason(r, [f"client:{u}" for u in cohort], received, ~is_sybil)
             if abort:
                 if record:
                     zero = np.zeros(m, dtype=np.int64)
@@ -635,11 +634,9 @@ class FedNCF(Protocol):
         return {"item_payloads": item_payloads, "net_payloads": net_payloads}
 
 
-def _model_digest(items: np.ndarray, net_flat: np.ndarray) -> str:
-    """SHA-256 hex digest of a model as sent (float32 item rows, then float64 network weights)."""
-    h = hashlib.sha256(np.ascontiguousarray(items, dtype=np.float32).tobytes())
-    h.update(np.ascontiguousarray(net_flat, dtype=np.float64).tobytes())
-    return h.hexdigest()
+def _model_bytes(items: np.ndarray, net_flat: np.ndarray) -> bytes:
+    """A model as sent: float32 item rows (m x Dtot), then float64 network weights."""
+    return np.ascontiguousarray(items, dtype=np.float32).tobytes() + np.ascontiguousarray(net_flat).tobytes()
 
 
 def _merge_uploads(first: np.ndarray, a: dict[str, list], b: dict[str, list]) -> dict[str, list]:
