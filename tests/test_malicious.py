@@ -71,6 +71,14 @@ def test_deviation_after_regular_training_still_isolates_the_target(ds):
     assert out.metrics["precision"] >= 0.9 and out.metrics["recall"] >= 0.9
 
 
+def test_rounds_the_target_drops_out_of_are_skipped(ds):
+    tr = _run(ds, "sybil", [SecAgg(drop=[5])], rounds=3, target=5)  # the target never uploads
+    out = _evaluate(NCFSybilIsolation(), tr)
+    meta = out.reconstruction.meta
+    assert meta["rounds_used"] == 0 and meta["rounds_unchanged"] == 2
+    assert out.metrics["recall"] == 0.0 and out.reconstruction.victims["client:5"]["items"].size == 0
+
+
 def test_intersect_method_needs_more_rounds_than_direction(ds):
     tr = _run(ds, "sybil", [SecAgg()], rounds=4)
     direction = _evaluate(NCFSybilIsolation(rounds=1), tr).metrics

@@ -23,7 +23,8 @@ item table that changed from the ``state`` of deviation round r to that of round
 rows the target updated: its positives and the negatives it sampled that round (the observation
 vector of the honest ``ncf-update-leak``), and the change of each row is the target's update of
 it (divided by the row's count). ``method=intersect``: negatives are re-drawn every round, so
-the rows changed in each of the first ``rounds`` rounds are predicted. ``method=direction``
+the rows changed in each of the first ``rounds`` rounds are predicted. A round that changed no
+row (the target dropped out after masking) is skipped. ``method=direction``
 (default): the BCE gradient of a positive row and of a negative row point in opposite directions
 ((sigma - y) times the same user-dependent vector; exactly so for GMF), so each round's changed
 rows are split by the sign of their projection on the first right singular vector of the
@@ -130,31 +131,38 @@ class _Isolation(Attack):
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         states, aggs, usable, aborted = self._rounds(view)
-        if self.rounds != -1:
-            usable = usable[: self.rounds]
         m = int(view.config["n_items"])
-        changed = []
+        changed = []  # (round, rows, their change) of each round that changed a row
         for r in usable:
             diff = np.asarray(states[r + 1].payload["items"]) - np.asarray(states[r].payload["items"])
             rows = np.flatnonzero(np.any(diff != 0, axis=1)).astype(np.int64)
-            changed.append((rows, diff[rows]))
+            if rows.size:
+                changed.append((r, rows, diff[rows]))
+        unchanged = len(usable) - len(changed)  # the target dropped out: nothing to read
+        if self.rounds != -1:
+            changed = changed[: self.rounds]
+        n = len(changed)
         seen = np.zeros(m)
-        for rows, _ in changed:
+        for _, rows, _ in changed:
             seen[rows] += 1.0
-        if self.method == "intersect" or int(view.config.get("negatives", 1)) == 0:
-            score = seen / len(usable)
-            pred = np.flatnonzero(seen == len(usable)).astype(np.int64)
+        if n == 0:
+            score = seen
+        elif self.method == "intersect" or int(view.config.get("negatives", 1)) == 0:
+            score = seen / n
         else:
-            score = _aligned_votes(changed, m) / len(usable)
-            pred = np.flatnonzero(score >= 0.5).astype(np.int64)
-        target = int(states[usable[0]].meta["target"])
+            score = _aligned_votes([(rows, d) for _, rows, d in changed], m) / n
+        threshold = 1.0 if self.method == "intersect" else 0.5
+        pred = np.flatnonzero(score >= threshold) if n else np.zeros(0, dtype=np.int64)
+        read = [r for r, _, _ in changed] or usable
         meta = {
-            "rounds_used": len(usable),
+            "rounds_used": n,
             "rounds_aborted": len(aborted),
-            "sybils": max(len(states[r].meta.get("sybils", [])) for r in usable),
-            "k": float(np.mean([int(aggs[r].meta.get("k", 0)) for r in usable])),
+            "rounds_unchanged": unchanged,
+            "sybils": max(len(states[r].meta.get("sybils", [])) for r in read),
+            "k": float(np.mean([int(aggs[r].meta.get("k", 0)) for r in read])),
         }
-        victim = {"items": pred, "score": score}
+        target = int(states[usable[0]].meta["target"])
+        victim = {"items": pred.astype(np.int64), "score": score}
         return Reconstruction(self.name, self.party, {f"client:{target}": victim}, meta=meta)
 
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
