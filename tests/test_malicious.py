@@ -50,6 +50,9 @@ def test_one_deviation_round_recovers_the_target_items_under_secagg(ds, plan, at
     assert out.metrics["precision"] > out.baseline["precision"] + 0.5
     assert out.metrics["sybils"] == (7 if plan == "sybil" else 0)
     assert out.victims is not None and out.victims.victims == [f"client:{tr.config['target']}"]
+    for metric in ("precision", "recall"):  # the victim table agrees with score and prior_baseline
+        assert out.victims.value(metric) == out.metrics[metric]
+        assert out.victims.value(metric, "prior") == out.baseline_prior[metric]
 
 
 @pytest.mark.parametrize("model", ["gmf", "mlp", "neumf"])
