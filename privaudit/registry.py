@@ -155,6 +155,8 @@ def summary(kind: str, cls: Any) -> dict[str, Any]:
         sweep = getattr(cls, "default_sweep", None)
         facts = {
             "party": getattr(cls, "party", None),
+            "threat": getattr(cls, "threat", None),
+            "deviations": ", ".join(getattr(cls, "deviations", ()) or ()) or None,
             "protocols": ", ".join(getattr(cls, "protocols", ()) or ()) or "any",
             "requires": ", ".join(getattr(cls, "requires", ()) or ()) or "nothing",
             "primary metric": getattr(cls, "primary_metric", None),

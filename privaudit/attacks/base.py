@@ -74,6 +74,9 @@ class Attack(Configurable):
     default_sweep: tuple[str, tuple] | None = None
     primary_metric: str = "accuracy"
     metric_specs: dict[str, MetricSpec] = {}
+    #: Threat model: ``"honest-but-curious"`` (reads what the protocol gives its party) or
+    #: ``"malicious"`` (its party deviates from the protocol; the attack declares how).
+    threat: str = "honest-but-curious"
     #: Parameters ``privaudit audit`` uses for this attack (e.g. a victim subsample for a slow
     #: attack, so that a whole attack x defense grid stays affordable); the audit report lists them.
     audit_params: dict[str, Any] = {}

@@ -129,8 +129,15 @@ UPLOAD = "upload"  #: :meth:`Defense.on_upload` changes what clients send
 LOCAL_TRAINING = "local-training"  #: :meth:`Defense.local_training` changes the clients' optimizer (DP-SGD)
 AGGREGATION = "aggregation"  #: :meth:`Defense.aggregate` computes the receiver's sum itself
 DOWNLOAD = "download"  #: :meth:`Defense.on_download` changes what the server sends
-CAPABILITIES = (CLIENT_DATA, UPLOAD, LOCAL_TRAINING, AGGREGATION, DOWNLOAD)
-_HOOKS = {"on_client_data": CLIENT_DATA, "on_upload": UPLOAD, "aggregate": AGGREGATION, "on_download": DOWNLOAD}
+ROUND_CHECK = "round-check"  #: :meth:`Defense.abort_reason`: clients check a round before uploading
+CAPABILITIES = (CLIENT_DATA, UPLOAD, LOCAL_TRAINING, AGGREGATION, DOWNLOAD, ROUND_CHECK)
+_HOOKS = {
+    "on_client_data": CLIENT_DATA,
+    "on_upload": UPLOAD,
+    "aggregate": AGGREGATION,
+    "on_download": DOWNLOAD,
+    "abort_reason": ROUND_CHECK,
+}
 
 
 @dataclass(frozen=True)
@@ -226,6 +233,12 @@ class Defense(Configurable):
     def on_download(self, payload: dict[str, np.ndarray], channel: ChannelContext) -> dict[str, np.ndarray]:
         """Transform what the server sends to clients (default: unchanged)."""
         return payload
+
+    def abort_reason(self, round: int, members: list[str], models: list[bytes], verified: Any) -> str | None:
+        """``round-check`` defenses: why the cohort ``members`` abort the round before uploading
+        (None: they go on), given the model each received (serialised) and whether each is a
+        verified (enrolled, non-sybil) client (bool array). Default: never."""
+        return None
 
     def privacy_spent(self, rounds: int) -> dict[str, Any] | None:
         """Privacy loss of a client that took part in ``rounds`` rounds, if known.

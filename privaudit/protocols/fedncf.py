@@ -39,6 +39,16 @@ Round r (an *aggregation round*; a *global round* is a pass over all clients):
    server: ``counts`` int64 (m,), meta ``k``), which is exactly what the server learns under
    secure aggregation.
 
+Malicious server (``server``, default ``honest``; docs/malicious-server.md): after
+``deviation_start`` regular rounds the server runs ``deviation_rounds`` rounds of its plan around
+a ``target``: ``sybil`` -- the cohort is the target, ``sybils`` clients the server runs (they
+upload zeros through the channel) and honest cover clients; ``inconsistent`` -- an honest
+cohort in which every member but the target gets :meth:`FedNCF.crafted_model`. The deviation
+is recorded on the round's ``state`` message (meta ``deviation``, ``target``, ``sybils``).
+Defenses with the ``round-check`` capability (:mod:`privaudit.defenses.consistency`) see each
+member's received model and whether it is a verified (non-sybil) client before it uploads; an
+aborted round uploads nothing (its ``aggregate`` has ``k`` 0 and meta ``aborted``).
+
 Recorded rounds: ``record_rounds`` (first N aggregation rounds; -1 all) get the ``cohort``,
 ``state`` (server -> server: ``items`` (m x Dtot), ``network`` flat float64, the global model
 sent that round), the uploads and the ``aggregate``. Private (``client:u`` -> itself, round 0):
@@ -83,7 +93,7 @@ import scipy.sparse as sp
 
 from privaudit import schema as transcript_schema
 from privaudit.data.splits import LOO_TIES
-from privaudit.defenses.base import LOCAL_TRAINING, Defense
+from privaudit.defenses.base import LOCAL_TRAINING, ROUND_CHECK, Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import hit_ratio_at_k, ndcg_at_k_loo
 from privaudit.models import ncf
@@ -93,6 +103,7 @@ from privaudit.registry import register_protocol
 
 DERIVED_KEYS = ("n_items", "n_users", "defenses", "seed")
 AGGREGATIONS = ("mf-fedavg", "fedavg", "simpleavg")
+SERVER_PLANS = ("honest", "sybil", "inconsistent")
 
 
 #: FedNCF's independent random streams, in SeedSequence spawn order (``split`` was added last,
@@ -248,12 +259,34 @@ class FedNCF(Protocol):
             choices=LOO_TIES,
         ),
         Param("top_k", 10, "K of HR@K and NDCG@K", ge=1),
+        Param(
+            "server",
+            "honest",
+            "honest, or a malicious server's plan for the first deviation_rounds rounds: sybil (the target's "
+            "cohort filled with sybils uploading zeros) or inconsistent (the other members get a crafted model)",
+            choices=SERVER_PLANS,
+        ),
+        Param("deviation_rounds", 4, "malicious server: rounds it deviates in", ge=1),
+        Param(
+            "deviation_start",
+            0,
+            "malicious server: regular aggregation rounds before the deviation rounds (record_rounds must cover them)",
+            ge=0,
+        ),
+        Param("sybils", -1, "server=sybil: sybil clients per cohort (-1: clients_per_round - 1)", ge=0, also=(-1,)),
     )
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> None:
         if config["selection"] == "adversarial" and config["clients_per_round"] < 2:
             cls.config_fail("adversarial selection needs clients_per_round >= 2")
+        if config["server"] != "honest":
+            if config["selection"] == "adversarial":
+                cls.config_fail("a malicious server plan (server) and selection=adversarial exclude each other")
+            if config["clients_per_round"] < 2:
+                cls.config_fail(f"server={config['server']} needs clients_per_round >= 2")
+            if config["sybils"] > config["clients_per_round"] - 1:
+                cls.config_fail(f"sybils must be at most clients_per_round - 1 = {config['clients_per_round'] - 1}")
 
     # ------------------------------------------------------------------ schedule
     @staticmethod
@@ -279,6 +312,47 @@ class FedNCF(Protocol):
         if cfg["max_rounds"] >= 0:
             cohorts = cohorts[: cfg["max_rounds"]]
         return cohorts, target
+
+    @staticmethod
+    def deviation_plan(cfg: Mapping[str, Any], eligible: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
+        """A malicious server's rounds (``server`` sybil or inconsistent; run after
+        ``deviation_start`` regular rounds): ``cohorts`` (one sorted
+        int64 array per deviation round, the target in each), ``target`` and ``sybils`` (int64 ids
+        of the clients the server runs; empty for inconsistent). Sybil: a fixed set of ``sybils``
+        clients (-1: clients_per_round - 1) plus honest cover clients re-drawn every round to fill
+        the cohort; inconsistent: the target and clients_per_round - 1 others re-drawn every round."""
+        c = min(cfg["clients_per_round"], len(eligible))
+        target = int(cfg["target"]) if cfg["target"] >= 0 else int(rng.choice(eligible))
+        if target not in set(eligible.tolist()):
+            raise PrivauditError(f"protocol 'fedncf': target {target} is not a client with training data")
+        others = eligible[eligible != target]
+        n_syb = 0
+        if cfg["server"] == "sybil":
+            n_syb = min(c - 1 if cfg["sybils"] < 0 else int(cfg["sybils"]), len(others))
+        sybils = np.sort(rng.choice(others, size=n_syb, replace=False)).astype(np.int64)
+        honest = others[~np.isin(others, sybils)]
+        cohorts = []
+        for _ in range(cfg["deviation_rounds"]):
+            cover = rng.choice(honest, size=min(c - 1 - n_syb, len(honest)), replace=False)
+            cohorts.append(np.sort(np.concatenate([[target], sybils, cover])).astype(np.int64))
+        return {"cohorts": cohorts, "target": target, "sybils": sybils}
+
+    @staticmethod
+    def crafted_model(
+        items: np.ndarray, net: dict[str, np.ndarray], arch: str
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The model an inconsistent server sends every cohort member but the target: item rows 0,
+        ``predict.weight`` 0 and every MLP ReLU dead (weights 0, bias -1). The loss gradient of the
+        item rows, the user vector and every weight but ``predict.bias`` is then exactly 0 at every
+        local step (a fixed point of Adam), so these clients' item updates vanish (the CCS 2022
+        model-inconsistency idea)."""
+        out = {k: np.array(v, copy=True) for k, v in net.items()}
+        for k in out:
+            if k.endswith(".weight"):
+                out[k][...] = 0.0
+            elif k.startswith("mlp.") and k.endswith(".bias"):
+                out[k][...] = -1.0
+        return np.zeros_like(items), out
 
     # ------------------------------------------------------------------ run
     def run(
@@ -312,6 +386,14 @@ class FedNCF(Protocol):
             raise PrivauditError("protocol 'fedncf': no user has a training interaction after the leave-one-out split")
         eval_users, cand = eval_candidates(pos, test_item, m, cfg["eval_negatives"], eval_rng)
         cohorts, target = self.schedule(cfg, eligible, sched_rng)
+        plan = None
+        if cfg["server"] != "honest":
+            plan = self.deviation_plan(cfg, eligible, sched_rng)
+            start = min(cfg["deviation_start"], len(cohorts))
+            cohorts = cohorts[:start] + plan["cohorts"] + cohorts[start:]
+            cohorts = cohorts[: cfg["max_rounds"]] if cfg["max_rounds"] >= 0 else cohorts
+            target = plan["target"]
+        guards = [d for d in defenses if ROUND_CHECK in d.capabilities]
         dp_defenses = [d for d in defenses if LOCAL_TRAINING in d.capabilities]
         if len(dp_defenses) > 1:
             raise PrivauditError("protocol 'fedncf': at most one local-training defense (dp-sgd)")
@@ -349,11 +431,51 @@ class FedNCF(Protocol):
         for r, cohort in enumerate(cohorts):
             record = cfg["record_rounds"] < 0 or r < cfg["record_rounds"]
             net_flat = ncf.flatten_network(net, arch, D, layers)
+            deviation = plan is not None and start <= r < start + len(plan["cohorts"])
+            sybils = plan["sybils"] if deviation else np.zeros(0, dtype=np.int64)
+            is_sybil = np.isin(cohort, sybils)
+            crafted = self.crafted_model(items, net, arch) if deviation and cfg["server"] == "inconsistent" else None
             if record:
                 transcript.add(r, "server", "server", "cohort", {"clients": cohort}, {"k": int(len(cohort))})
-                transcript.add(r, "server", "server", "state", {"items": items.astype(np.float64), "network": net_flat})
+                state_meta = None
+                if deviation:  # the server's own record of its deviation
+                    state_meta = {"deviation": cfg["server"], "target": target, "sybils": cohort[is_sybil].tolist()}
+                    if crafted is not None:
+                        state_meta["crafted"] = "item rows 0, predict.weight 0, dead ReLUs: sent to all but the target"
+                state = {"items": items.astype(np.float64), "network": net_flat}
+                transcript.add(r, "server", "server", "state", state, state_meta)
+            abort = None
+            if guards:  # countermeasures: every member checks the round before uploading
+                sent = _model_bytes(items, net_flat)
+                received = [sent] * len(cohort)
+                if crafted is not None:
+                    other = _model_bytes(crafted[0], ncf.flatten_network(crafted[1], arch, D, layers))
+                    received = [sent if u == target else other for u in cohort]
+                for d in guards:
+                    abort = abort or d.abort_reason(r, [f"client:{u}" for u in cohort], received, ~is_sybil)
+            if abort:
+                if record:
+                    zero = np.zeros(m, dtype=np.int64)
+                    transcript.add(r, "server", "server", "aggregate", {"counts": zero}, {"k": 0, "aborted": abort})
+                continue
             t0 = time.perf_counter()
-            uploads = self._local_round(cfg, cohort, pos, excl, n_pos, items, users, net, dp, train_rng, m, adam)
+            args = (pos, excl, n_pos)
+            if crafted is not None:  # the target trains the true model, the others the crafted one
+                mine = cohort == target
+                up_t = self._local_round(cfg, cohort[mine], *args, items, users, net, dp, train_rng, m, adam)
+                c_items, c_net = crafted
+                up_o = self._local_round(cfg, cohort[~mine], *args, c_items, users, c_net, dp, train_rng, m, adam)
+                uploads = _merge_uploads(mine, up_t, up_o)
+            elif is_sybil.any():  # sybils upload zeros (no rows, zero weights, no instances)
+                up_h = self._local_round(cfg, cohort[~is_sybil], *args, items, users, net, dp, train_rng, m, adam)
+                zero = {
+                    "item_payloads": [{"items": np.zeros(0, dtype=np.int64), "values": np.zeros((0, Dt))}],
+                    "net_payloads": [{"delta": np.zeros_like(net_flat), "n_instances": np.zeros(1)}],
+                }
+                zeros = {k: v * int(is_sybil.sum()) for k, v in zero.items()}
+                uploads = _merge_uploads(~is_sybil, up_h, zeros)
+            else:
+                uploads = self._local_round(cfg, cohort, *args, items, users, net, dp, train_rng, m, adam)
             t_train += time.perf_counter() - t0
             participation[cohort] += 1
             senders = [f"client:{u}" for u in cohort]
@@ -383,7 +505,11 @@ class FedNCF(Protocol):
                 items += (vals / kk).astype(np.float32)
                 net_flat = net_flat + np.asarray(s_net["delta"]) / kk
             net = ncf.unflatten_network(net_flat, arch, D, layers)
-            done = r + 1 - offset
+            done = r + 1 - offset  # regular rounds done (neither adversarial nor deviation rounds)
+            if plan is not None:
+                done -= min(max(r + 1 - start, 0), len(plan["cohorts"]))
+            if deviation:
+                continue
             if cfg["eval_every"] > 0 and done > 0 and done % (per_global * cfg["eval_every"]) == 0:
                 util = ncf_utility(arch, D, layers, {"net": net, "users": users, "items": items}, eval_users, cand, k)
                 hr_hist.append(util[f"hr@{k}"])
@@ -506,3 +632,18 @@ class FedNCF(Protocol):
             )
             net_payloads.append({"delta": w_net * (new_flat - net_flat), "n_instances": np.array([float(n_inst[c])])})
         return {"item_payloads": item_payloads, "net_payloads": net_payloads}
+
+
+def _model_bytes(items: np.ndarray, net_flat: np.ndarray) -> bytes:
+    """A model as sent: float32 item rows (m x Dtot), then float64 network weights."""
+    return np.ascontiguousarray(items, dtype=np.float32).tobytes() + np.ascontiguousarray(net_flat).tobytes()
+
+
+def _merge_uploads(first: np.ndarray, a: dict[str, list], b: dict[str, list]) -> dict[str, list]:
+    """Interleave two clients' upload lists into cohort order (``first``: bool per member, True
+    where the member's uploads are the next ones of ``a``)."""
+    out: dict[str, list] = {}
+    for key in a:
+        ia, ib = iter(a[key]), iter(b[key])
+        out[key] = [next(ia) if f else next(ib) for f in first]
+    return out

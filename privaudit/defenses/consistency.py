@@ -1,0 +1,70 @@
+"""Countermeasures against a malicious server that defeats secure aggregation.
+
+Secure aggregation hides each upload only from a server that follows the protocol. A server
+may instead send the members of a cohort different models, so that all but a target upload
+nothing (Pasquini, Francati and Ateniese, "Eluding Secure Aggregation in Federated Learning via
+Model Inconsistency", ACM CCS 2022), or fill the target's cohort with sybil clients it runs.
+Two checks the clients run before they upload (capability ``round-check``):
+
+``model-consistency``: every member posts a digest (``digest``, SHA-256 by default) of the model it received to a
+public bulletin (or an all-to-all exchange) and the round aborts, with no upload, unless all
+digests agree. The server learns nothing from an aborted round.
+
+``verified-cohort``: the round aborts unless at least ``min_clients`` members are verified
+clients (enrolled through an identity the server cannot forge, e.g. a device attestation);
+sybils are not verified. A server that still wants the round must put ``min_clients`` honest
+clients in the aggregate (at most clients_per_round - min_clients sybils). Honest rounds of a
+cohort smaller than ``min_clients`` (the last cohort of a pass) abort too.
+
+Neither check changes an honest run's uploads: both only add an abort before upload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from privaudit.defenses.base import ROUND_CHECK, Defense
+from privaudit.params import Param
+from privaudit.registry import register_defense
+
+DIGESTS = ("sha256", "sha3_256", "blake2b")
+
+
+@register_defense("model-consistency")
+class ModelConsistency(Defense):
+    """Clients compare digests of the model they received and abort the round if they differ."""
+
+    description = "Clients compare digests of the received model on a bulletin; differing models abort the round"
+    capabilities = frozenset({ROUND_CHECK})
+    applies_to = ("fedncf",)
+    parameters = (Param("digest", "sha256", "hash of the received model posted to the bulletin", choices=DIGESTS),)
+
+    def abort_reason(self, round: int, members: list[str], models: list[bytes], verified: Any) -> str | None:
+        by_object: dict[int, str] = {}  # members handed the same object hash it once
+        for model in models:
+            if id(model) not in by_object:
+                by_object[id(model)] = hashlib.new(self.digest, model).hexdigest()
+        digests = [by_object[id(model)] for model in models]
+        distinct = len(set(digests))
+        if distinct > 1:
+            return f"model-consistency: {distinct} different model digests among {len(members)} members"
+        return None
+
+
+@register_defense("verified-cohort")
+class VerifiedCohort(Defense):
+    """Clients abort a round whose cohort holds fewer than ``min_clients`` verified clients."""
+
+    description = "Clients abort a round with fewer than min_clients verified (non-sybil) members"
+    capabilities = frozenset({ROUND_CHECK})
+    applies_to = ("fedncf",)
+    parameters = (Param("min_clients", 2, "verified (non-sybil) clients a cohort must hold", ge=1),)
+
+    def abort_reason(self, round: int, members: list[str], models: list[bytes], verified: Any) -> str | None:
+        n = int(np.count_nonzero(np.asarray(verified, dtype=bool)))
+        if n < self.min_clients:
+            return f"verified-cohort: {n} verified members, fewer than min_clients {self.min_clients}"
+        return None

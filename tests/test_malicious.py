@@ -1,0 +1,176 @@
+"""Malicious server against FedNCF's secure aggregation: sybils, model inconsistency, countermeasures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from privaudit import registry  # noqa: E402
+from privaudit.attacks.malicious_fedncf import (  # noqa: E402
+    DEVIATIONS,
+    NCFModelInconsistency,
+    NCFSybilIsolation,
+)
+from privaudit.attacks.ncf_update_leak import NCFUpdateLeak  # noqa: E402
+from privaudit.data import synthetic  # noqa: E402
+from privaudit.defenses.consistency import ModelConsistency, VerifiedCohort  # noqa: E402
+from privaudit.defenses.secagg import SecAgg  # noqa: E402
+from privaudit.errors import PrivauditError  # noqa: E402
+from privaudit.protocols.fedncf import FedNCF  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ds():
+    return synthetic(n_users=40, n_items=120, seed=3)
+
+
+def _run(ds, plan, defenses=(), model="gmf", rounds=2, **cfg):
+    # global_rounds 0: only the deviation rounds; the last one has no next state, so `rounds`
+    # deviation rounds leave rounds - 1 usable aggregates
+    config = {"server": plan, "clients_per_round": 8, "global_rounds": 0, "deviation_rounds": rounds, "model": model}
+    return FedNCF().run(ds, {**config, **cfg}, list(defenses), rng=0).transcript
+
+
+def _evaluate(attack, transcript):
+    return attack.evaluate(transcript, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("plan, attack", [("sybil", NCFSybilIsolation), ("inconsistent", NCFModelInconsistency)])
+def test_one_deviation_round_recovers_the_target_items_under_secagg(ds, plan, attack):
+    tr = _run(ds, plan, [SecAgg()])
+    assert NCFUpdateLeak().applicable(tr.view("server"))[0] is False  # honest-but-curious: masked
+    out = _evaluate(attack(), tr)
+    assert out.reconstruction.supported, out.reconstruction.reason
+    assert out.metrics["rounds_used"] == 1
+    assert out.metrics["precision"] >= 0.9 and out.metrics["recall"] >= 0.9
+    # far above the popularity prior and the random guess
+    assert out.metrics["f1"] > out.baseline_prior["f1"] + 0.4
+    assert out.metrics["precision"] > out.baseline["precision"] + 0.5
+    assert out.metrics["sybils"] == (7 if plan == "sybil" else 0)
+    assert out.victims is not None and out.victims.victims == [f"client:{tr.config['target']}"]
+    for metric in ("precision", "recall"):  # the victim table agrees with score and prior_baseline
+        assert out.victims.value(metric) == out.metrics[metric]
+        assert out.victims.value(metric, "prior") == out.baseline_prior[metric]
+
+
+@pytest.mark.parametrize("model", ["gmf", "mlp", "neumf"])
+def test_crafted_model_zeroes_the_other_members_item_updates(ds, model):
+    tr = _run(ds, "inconsistent", model=model, rounds=1)  # no secagg: the uploads are plaintext
+    target = f"client:{tr.config['target']}"
+    ups = {m.sender: np.asarray(m.payload["values"]) for m in tr.select("item_update")}
+    assert len(ups) == 8 and np.abs(ups[target]).max() > 1e-4
+    assert all(np.all(v == 0) for p, v in ups.items() if p != target)
+
+
+def test_deviation_after_regular_training_still_isolates_the_target(ds):
+    # 40 clients in cohorts of 8: a global round (5 regular rounds) trains the model first
+    tr = _run(ds, "inconsistent", [SecAgg()], model="neumf", global_rounds=2, deviation_start=5)
+    dev = [m.round for m in tr.select("state") if m.meta.get("deviation")]
+    assert dev == [5, 6]
+    out = _evaluate(NCFModelInconsistency(), tr)
+    assert out.metrics["rounds_used"] == 2
+    assert out.metrics["precision"] >= 0.9 and out.metrics["recall"] >= 0.9
+
+
+def test_rounds_the_target_drops_out_of_are_skipped(ds):
+    tr = _run(ds, "sybil", [SecAgg(drop=[5])], rounds=3, target=5)  # the target never uploads
+    out = _evaluate(NCFSybilIsolation(), tr)
+    meta = out.reconstruction.meta
+    assert meta["rounds_used"] == 0 and meta["rounds_unchanged"] == 2
+    assert out.metrics["recall"] == 0.0 and out.reconstruction.victims["client:5"]["items"].size == 0
+
+
+def test_intersect_method_needs_more_rounds_than_direction(ds):
+    tr = _run(ds, "sybil", [SecAgg()], rounds=4)
+    direction = _evaluate(NCFSybilIsolation(rounds=1), tr).metrics
+    inter = [_evaluate(NCFSybilIsolation(rounds=r, method="intersect"), tr).metrics for r in (1, 3)]
+    assert inter[0]["recall"] == 1.0 and inter[0]["precision"] < 0.5  # positives + sampled negatives
+    assert inter[1]["precision"] > inter[0]["precision"]  # negatives re-drawn: intersecting removes them
+    assert direction["precision"] > inter[1]["precision"]
+
+
+@pytest.mark.parametrize("digest", ["sha256", "sha3_256", "blake2b"])
+def test_round_checks_compare_content_and_count_verified_members(digest):
+    check = ModelConsistency(digest=digest)
+    same = [bytes(8), bytes(8), bytes(8)]  # equal content, distinct objects
+    assert check.abort_reason(0, ["client:0", "client:1", "client:2"], same, np.ones(3, bool)) is None
+    other = same[:2] + [b"\x01" + bytes(7)]
+    assert "2 different model digests among 3" in check.abort_reason(0, ["a", "b", "c"], other, np.ones(3, bool))
+    verified = VerifiedCohort(min_clients=2)
+    assert verified.abort_reason(0, ["a", "b", "c"], same, np.array([True, True, False])) is None
+    assert "1 verified members" in verified.abort_reason(0, ["a", "b", "c"], same, np.array([True, False, False]))
+
+
+def test_model_consistency_check_aborts_the_inconsistent_rounds(ds):
+    tr = _run(ds, "inconsistent", [SecAgg(), ModelConsistency()])
+    out = _evaluate(NCFModelInconsistency(), tr)
+    assert not out.reconstruction.supported
+    assert "aborted every deviation round" in out.reconstruction.reason
+    assert out.metrics == out.baseline
+    aggs = [m for m in tr.select("aggregate") if m.meta.get("aborted")]
+    assert aggs and all(int(m.payload["counts"].sum()) == 0 for m in aggs)
+
+
+def test_model_consistency_does_not_stop_sybils(ds):
+    # every member of a sybil cohort gets the same model: the digests agree
+    out = _evaluate(NCFSybilIsolation(), _run(ds, "sybil", [SecAgg(), ModelConsistency()]))
+    assert out.metrics["precision"] >= 0.9 and out.metrics["recall"] >= 0.9
+
+
+def test_verified_cohort_forces_honest_members_into_the_sybil_aggregate(ds):
+    blocked = _run(ds, "sybil", [SecAgg(), VerifiedCohort(min_clients=2)])
+    out = _evaluate(NCFSybilIsolation(), blocked)
+    assert not out.reconstruction.supported and "verified-cohort" in out.reconstruction.reason
+    # the server adapts: k - min_clients sybils and honest covers re-drawn every round
+    adapted = _run(ds, "sybil", [SecAgg(), VerifiedCohort(min_clients=4)], rounds=2, sybils=4)
+    one = _evaluate(NCFSybilIsolation(), adapted).metrics
+    full = _evaluate(NCFSybilIsolation(), _run(ds, "sybil", [SecAgg()])).metrics
+    assert one["sybils"] == 4 and one["precision"] < full["precision"] - 0.3
+
+
+def test_countermeasures_leave_honest_secagg_runs_unchanged(ds):
+    cfg = {"clients_per_round": 8, "global_rounds": 1, "model": "gmf", "record_rounds": 2}
+    plain = FedNCF().run(ds, cfg, [SecAgg()], rng=0)
+    checked = FedNCF().run(ds, cfg, [SecAgg(), ModelConsistency(), VerifiedCohort(min_clients=2)], rng=0)
+    np.testing.assert_array_equal(plain.model["items"], checked.model["items"])
+    assert not [m for m in checked.transcript.select("aggregate") if m.meta.get("aborted")]
+    # every honest-but-curious FedNCF attack stays "not applicable" under secagg
+    honest = [
+        cls
+        for cls in registry.available("attack").values()
+        if "fedncf" in cls.protocols and cls.threat == "honest-but-curious"
+    ]
+    assert NCFUpdateLeak in honest
+    for cls in honest:
+        assert cls().applicable(checked.transcript.view(cls.party))[0] is False, cls.name
+    # and the malicious attacks do not apply to an honest server's transcript
+    for cls in (NCFSybilIsolation, NCFModelInconsistency):
+        ok, reason = cls().applicable(checked.transcript.view("server"))
+        assert not ok and "server=" in reason
+
+
+def test_threat_models_are_declared():
+    attacks = registry.available("attack")
+    malicious = {n for n, cls in attacks.items() if cls.threat == "malicious"}
+    assert {"ncf-sybil-isolation", "ncf-model-inconsistency"} <= malicious
+    assert all(cls.threat in ("honest-but-curious", "malicious") for cls in attacks.values())
+    for name in malicious:
+        assert attacks[name].deviations and set(attacks[name].deviations) <= set(DEVIATIONS)
+    assert registry.get("defense", "model-consistency").capabilities == {"round-check"}
+    facts = registry.summary("attack", NCFModelInconsistency)["facts"]
+    assert facts["threat"] == "malicious" and facts["deviations"] == "inconsistent-models, craft-items"
+
+
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        ({"server": "sybil", "selection": "adversarial"}, "exclude each other"),
+        ({"server": "sybil", "clients_per_round": 4, "sybils": 4}, "at most clients_per_round - 1"),
+        ({"server": "evil"}, "server"),
+    ],
+)
+def test_malicious_plan_config_errors(cfg, message):
+    with pytest.raises(PrivauditError, match=message):
+        FedNCF.resolve_config(cfg)
