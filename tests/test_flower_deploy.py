@@ -295,7 +295,7 @@ def test_flwr_run_against_a_local_superlink_is_recorded_and_audited(tmp_path):
             ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation", "--host", "127.0.0.1"]
             + ["--port", str(link), "--database", ":flwr-in-memory:"],
         )
-        _wait_for(lambda: _listening(link), 60, "the SuperLink")
+        _wait_for(lambda: _listening(link), 180, "the SuperLink")
         for k, port in enumerate(node_ports):
             start(
                 f"supernode{k}",
