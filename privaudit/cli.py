@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -668,12 +669,24 @@ def cmd_attack(args: argparse.Namespace) -> int:
 
 def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", metavar="DIR", help="report folder holding results.json")
+    p.add_argument(
+        "--force", action="store_true", help="replace the rendered files (report.md, report.html, CSV, figures)"
+    )
+
+
+#: What ``privaudit report`` renders; any of them present means a re-render replaces it.
+RENDERED = ("report.md", "report.html", "results.csv")
 
 
 @command("report", "re-render a report folder (CSV, figures, Markdown, HTML) from its results.json")(_report_args)
 def cmd_report(args: argparse.Namespace) -> int:
     from privaudit import reports
 
+    folder = Path(os.path.expanduser(args.dir))
+    folder = folder if folder.is_dir() else folder.parent
+    present = [name for name in RENDERED if os.path.lexists(folder / name)]
+    if present and not args.force:
+        raise PrivauditError(f"{folder}/ already holds {', '.join(present)}: re-render with --force to replace them")
     out = reports.rerender(args.dir)
     _say(reports.format_table(reports.read_results(out)))
     _say(f"report re-rendered in {out}/")

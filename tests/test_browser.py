@@ -160,7 +160,7 @@ def test_xss_payload_in_results_json_never_executes(tmp_path):
     poisoned["sweep"] = data["sweep"] + PAYLOAD
     poisoned["points"][0]["reason"] = PAYLOAD
     (rep / "results.json").write_text(json.dumps(poisoned))
-    assert main(["report", str(rep)]) == 0
+    assert main(["report", str(rep), "--force"]) == 0
     page = (rep / "report.html").read_text()
     md = (rep / "report.md").read_text()
     assert page.count("<script") == 1 and "<img" not in page and 'onerror="' not in page

@@ -156,7 +156,10 @@ def test_report_rerenders(capsys, tmp_path, csv_data):
     (out / "accuracy_vs_noise.svg").unlink()
     (out / "report.html").unlink()
     capsys.readouterr()
-    assert main(["report", str(out)]) == 0
+    assert main(["report", str(out)]) == 2  # report.md and results.csv are still there
+    assert "already holds report.md, results.csv: re-render with --force" in capsys.readouterr().err
+    assert not (out / "report.html").exists()
+    assert main(["report", str(out), "--force"]) == 0
     assert (out / "accuracy_vs_noise.svg").read_bytes() == svg and (out / "report.html").exists()
     assert f"re-rendered in {out}/" in capsys.readouterr().out
 

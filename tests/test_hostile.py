@@ -900,6 +900,18 @@ def test_force_is_needed_with_or_without_out(tmp_path, capsys, monkeypatch, base
     assert (tmp_path / "old.ptx").read_text() == "mine"
 
 
+def test_report_rerender_needs_force(tmp_path, capsys, report_dir):
+    """report DIR replaces rendered files only with --force; without it nothing changes."""
+    rep = _copy_report(report_dir, tmp_path / "rep")
+    (rep / "report.md").write_text("mine")
+    rc, _, err = _main(["report", str(rep)], capsys)
+    _assert_refused({"rc": rc, "err": err}, "re-render with --force")
+    assert (rep / "report.md").read_text() == "mine"
+    rc, _, err = _main(["report", str(rep), "--force"], capsys)
+    assert rc == 0, err
+    assert (rep / "report.md").read_text() != "mine"
+
+
 def test_only_regular_files_are_replaced(tmp_path, capsys, monkeypatch):
     """A device node or a symbolic link as -o is refused even with --force."""
     monkeypatch.chdir(tmp_path)
@@ -940,12 +952,12 @@ def test_planted_symlinks_are_never_written_through(tmp_path, capsys, monkeypatc
     rep = _copy_report(report_dir, tmp_path / "rep")
     for pid in range(os.getpid(), os.getpid() + 200):  # the former .NAME.<pid>.tmp.SUFFIX names
         (rep / f".report.md.{pid}.tmp.md").symlink_to(victim)
-    rc, out, err = _main(["report", str(rep)], capsys)
+    rc, out, err = _main(["report", str(rep), "--force"], capsys)
     assert rc == 0, err
     assert victim.read_text() == "mine"
     (rep / "results.csv").unlink()
     (rep / "results.csv").symlink_to(victim)
-    rc, out, err = _main(["report", str(rep)], capsys)
+    rc, out, err = _main(["report", str(rep), "--force"], capsys)
     _assert_refused({"rc": rc, "err": err}, "is a symbolic link")
     aud = tmp_path / "aud"
     aud.mkdir()
@@ -987,7 +999,7 @@ def test_terminal_never_sees_control_characters(tmp_path, capsys, report_dir):
         p["attack_metrics"]["\x1b[2K\rfake"] = 0.5
     data["defenses"] = [{"name": "x\x1b]0;title\x07"}]
     (rep / "results.json").write_text(json.dumps(data))
-    rc, out, err = _main(["report", str(rep)], capsys)
+    rc, out, err = _main(["report", str(rep), "--force"], capsys)
     assert rc == 0, err
     assert "\x1b" not in out + err and "\r" not in out + err and "\x07" not in out + err
 

@@ -294,7 +294,7 @@ def test_report_of_a_malformed_results_json_is_one_line(noise_results, tmp_path,
     mutate(data)
     (out / "results.json").write_text(json.dumps(data))
     before = {k: v for k, v in _files(out).items() if k != "results.json"}
-    code = main(["report", str(out)])
+    code = main(["report", str(out), "--force"])
     err = capsys.readouterr().err.strip().splitlines()
     if expected is None:  # wrong types where a number is expected read as missing numbers
         assert code == 0 and err == [] and "n/a" in (out / "report.md").read_text()
