@@ -48,7 +48,6 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._generic import ratio
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.attacks.ncf_update_leak import (
     PRF_SPECS,
@@ -57,7 +56,8 @@ from privaudit.attacks.ncf_update_leak import (
     client_truth,
     guess_baseline,
     item_decisions,
-    popularity_strategies,
+    target_prior,
+    target_table,
 )
 from privaudit.params import Param
 from privaudit.registry import register_attack
@@ -193,11 +193,7 @@ class _Isolation(Attack):
         party = self._target(transcript)
         if party is None:
             return None
-        others = [q for q in transcript.parties if q.startswith("client:") and q != party]
-        held_out = popularity_strategies(transcript, others)
-        mine = popularity_strategies(transcript, [party])
-        best = max(mine, key=lambda s: ratio(held_out[s]["f1"], held_out[s]["scored"]) if others else 0.0)
-        return float(mine[best]["precision"][0]), float(mine[best]["recall"][0])
+        return target_prior(transcript, party)
 
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
         """The target's guess from item popularity alone (:meth:`_prior`)."""
@@ -211,20 +207,10 @@ class _Isolation(Attack):
     def victim_table(
         self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
     ) -> VictimTable | None:
-        """The one target's precision and recall (weight 1; F1 left out)."""
+        """The one target's table (:func:`.ncf_update_leak.target_table`)."""
         ((party, rec),) = reconstruction.victims.items()
         prior = self._prior(transcript)
-        if prior is None:
-            return None
-        truth = client_truth(transcript, party)
-        p, r = _prf(rec["items"], truth)
-        scored = float(truth.size > 0)
-        return VictimTable(
-            [party],
-            {"precision": [1.0], "recall": [scored]},
-            {"precision": [p], "recall": [r if scored else 0.0]},
-            {"precision": [prior[0]], "recall": [prior[1]]},
-        )
+        return None if prior is None else target_table(transcript, party, rec["items"], prior)
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
         """Per item: the share of the deviation rounds whose aggregate changed its row."""

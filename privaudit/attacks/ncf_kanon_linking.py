@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._generic import ratio
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.attacks.ncf_update_leak import (
     PRF_SPECS,
@@ -36,7 +35,8 @@ from privaudit.attacks.ncf_update_leak import (
     client_truth,
     guess_baseline,
     item_decisions,
-    popularity_strategies,
+    target_prior,
+    target_table,
 )
 from privaudit.params import Param
 from privaudit.registry import register_attack
@@ -130,12 +130,7 @@ class NCFKAnonLinking(Attack):
         target = int(transcript.config.get("target", -1))
         if target < 0:
             return None
-        party = f"client:{target}"
-        others = [q for q in transcript.parties if q.startswith("client:") and q != party]
-        held_out = popularity_strategies(transcript, others)
-        mine = popularity_strategies(transcript, [party])
-        best = max(mine, key=lambda s: ratio(held_out[s]["f1"], held_out[s]["scored"]) if others else 0.0)
-        return float(mine[best]["precision"][0]), float(mine[best]["recall"][0])
+        return target_prior(transcript, f"client:{target}")
 
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
         """The target's guess from item popularity alone (:meth:`_prior`)."""
@@ -149,21 +144,10 @@ class NCFKAnonLinking(Attack):
     def victim_table(
         self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
     ) -> VictimTable | None:
-        """The one target's precision and recall (weight 1; F1 their harmonic mean). One victim: a
-        bootstrap over victims has nothing to resample, the table only carries the numbers."""
+        """The one target's table (:func:`.ncf_update_leak.target_table`)."""
         ((party, rec),) = reconstruction.victims.items()
         prior = self._prior(transcript)
-        if prior is None:
-            return None
-        p, r = _prf(rec["items"], client_truth(transcript, party))
-        scored = float(client_truth(transcript, party).size > 0)
-        return VictimTable(
-            [party],
-            {"precision": [1.0], "recall": [scored]},
-            {"precision": [p], "recall": [r if scored else 0.0]},
-            {"precision": [prior[0]], "recall": [prior[1]]},
-            harmonic={"f1": ("precision", "recall")},
-        )
+        return None if prior is None else target_table(transcript, party, rec["items"], prior)
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
         """Per item: the mean count difference of the round pairs, truth = the target's positive."""

@@ -99,6 +99,32 @@ def popularity_strategies(
     return {name: {k: np.asarray(v, dtype=float) for k, v in row.items()} for name, row in out.items()}
 
 
+def target_prior(transcript: Transcript, party: str) -> tuple[float, float]:
+    """One target's (precision, recall) under the popularity strategy with the best mean F1 over
+    the other clients (:func:`popularity_strategies`: chosen without the target)."""
+    others = [q for q in transcript.parties if q.startswith("client:") and q != party]
+    held_out = popularity_strategies(transcript, others)
+    mine = popularity_strategies(transcript, [party])
+    best = max(mine, key=lambda s: ratio(held_out[s]["f1"], held_out[s]["scored"]) if others else 0.0)
+    return float(mine[best]["precision"][0]), float(mine[best]["recall"][0])
+
+
+def target_table(transcript: Transcript, party: str, items: np.ndarray, prior: tuple[float, float]) -> VictimTable:
+    """The one target's precision and recall of ``items`` and of ``prior`` (weight 1; F1 their
+    harmonic mean). One victim: a bootstrap over victims has nothing to resample, the table
+    only carries the numbers."""
+    truth = client_truth(transcript, party)
+    p, r = _prf(items, truth)
+    scored = float(truth.size > 0)
+    return VictimTable(
+        [party],
+        {"precision": [1.0], "recall": [scored]},
+        {"precision": [p], "recall": [r if scored else 0.0]},
+        {"precision": [prior[0]], "recall": [prior[1]]},
+        harmonic={"f1": ("precision", "recall")},
+    )
+
+
 def item_decisions(
     party_scores: dict[str, np.ndarray], transcript: Transcript, positive: str, victims: list[str]
 ) -> dict[str, Decisions]:
