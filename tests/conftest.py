@@ -32,3 +32,18 @@ def ml100k_path() -> Path:
     if not (path / "u.data").is_file():
         pytest.skip(f"MovieLens 100K not found at {path}: set {ML100K_ENV} to the ml-100k folder (tests only)")
     return path
+
+
+@pytest.fixture
+def no_compute(monkeypatch):
+    """Fail the test if a protocol run or an experiment's points start."""
+
+    def boom(*a, **k):
+        raise AssertionError("compute started before the mistake was reported")
+
+    from privaudit import audit, experiment, runner
+
+    for module in (experiment, audit, runner):  # the runner's names, wherever they were imported
+        for name in ("parallel_map", "run_protocol"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, boom)

@@ -21,21 +21,6 @@ from privaudit.errors import DataError, MissingDependencyError, missing_dependen
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def no_compute(monkeypatch):
-    """Fail the test if a protocol run or an experiment's points start."""
-
-    def boom(*a, **k):
-        raise AssertionError("compute started before the mistake was reported")
-
-    from privaudit import audit, runner
-
-    for module in (experiment, audit, runner):  # the runner's names, wherever they were imported
-        for name in ("parallel_map", "run_protocol"):
-            if hasattr(module, name):
-                monkeypatch.setattr(module, name, boom)
-
-
 def one_line_error(capsys, argv: list[str], pattern: str) -> str:
     code = main(argv)
     err = capsys.readouterr().err

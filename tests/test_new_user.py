@@ -11,29 +11,7 @@ import pytest
 
 from privaudit import experiment, runner
 from privaudit.cli import main
-
-
-def one_line_error(capsys, argv: list[str], pattern: str) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("privaudit: error: "), err
-    assert re.search(pattern, lines[0]), lines[0]
-    return lines[0]
-
-
-@pytest.fixture
-def no_compute(monkeypatch):
-    def boom(*a, **k):
-        raise AssertionError("compute started before the mistake was reported")
-
-    from privaudit import audit
-
-    for module in (experiment, audit, runner):  # the runner's names, wherever they were imported
-        for name in ("parallel_map", "run_protocol"):
-            if hasattr(module, name):
-                monkeypatch.setattr(module, name, boom)
+from tests.test_first_run import one_line_error
 
 
 def test_movielens_side_files_are_not_ratings(tmp_path, capsys, no_compute):
