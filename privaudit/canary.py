@@ -181,6 +181,50 @@ def canary_bound(
     return out
 
 
+# ------------------------------------------------------------------------------ datasets
+
+
+def append_canaries(
+    dataset: Any, rows: np.ndarray, cols: np.ndarray, values: np.ndarray, times: np.ndarray, new_items: int
+) -> Any:
+    """``dataset`` with ``rows.max() + 1`` canary users and ``new_items`` canary items appended:
+    canary ``rows[e]`` (0-based among the canaries) rates item ``cols[e]`` (a dataset column,
+    new ones from ``n_items``) with ``values[e]`` at ``times[e]`` (offset from the dataset's
+    earliest timestamp); canaries have no attributes, canary items no features."""
+    from privaudit.data.dataset import RatingsDataset
+
+    n, n_items = dataset.n_users, dataset.n_items
+    m, c = int(np.max(rows)) + 1, int(new_items)
+    shape = (m, n_items + c)
+    extra = sp.csr_matrix((np.asarray(values, dtype=np.float64), (rows, cols)), shape=shape)
+    base = sp.hstack([dataset.ratings, sp.csr_matrix((n, c))], format="csr")
+    ratings = sp.vstack([base, extra], format="csr")
+    timestamps = None
+    if dataset.timestamps is not None:
+        t0 = int(dataset.timestamps.data.min()) if dataset.timestamps.nnz else 0
+        ts_base = sp.hstack([dataset.timestamps, sp.csr_matrix((n, c), dtype=np.int64)], format="csr")
+        ts = t0 + np.asarray(times, dtype=np.int64)
+        ts_extra = sp.csr_matrix((ts, (rows, cols)), shape=shape)
+        timestamps = sp.vstack([ts_base, ts_extra], format="csr")
+        timestamps.sort_indices()
+    p, q = dataset.user_attributes.shape[1], dataset.item_features.shape[1]
+    return RatingsDataset(
+        name=dataset.name,
+        ratings=ratings,
+        user_attributes=np.vstack([dataset.user_attributes, np.zeros((m, p))]),
+        attribute_names=list(dataset.attribute_names),
+        item_features=np.vstack([dataset.item_features, np.zeros((c, q))]),
+        feature_names=list(dataset.feature_names),
+        user_ids=np.concatenate([np.asarray(dataset.user_ids).astype(str), [f"canary-{k}" for k in range(m)]]),
+        item_ids=np.concatenate([np.asarray(dataset.item_ids).astype(str), [f"canary-item-{k}" for k in range(c)]]),
+        timestamps=timestamps,
+        user_region=np.concatenate([dataset.user_region, np.full(m, -1, dtype=np.int64)]),
+        rating_min=dataset.rating_min,
+        rating_max=dataset.rating_max,
+        rating_step=dataset.rating_step,
+    )
+
+
 # ------------------------------------------------------------------------------ FedMVMF
 
 
@@ -197,42 +241,14 @@ class FedMVMFCanaries:
         """The dataset with ``canaries`` users and ``items`` items appended, and the canary
         record ``{"users": (m,) dataset indices, "items": (m,) dataset item of each canary,
         "bits": (m,) bool, "high", "low"}``."""
-        from privaudit.data.dataset import RatingsDataset
-
         n, n_items = dataset.n_users, dataset.n_items
         m, c = int(self.canaries), int(self.items)
         bits = rng.random(m) < 0.5
         hi, lo = float(dataset.rating_max), float(dataset.rating_min)
         users = np.arange(n, n + m)
         items = n_items + np.arange(m) % c
-        extra = sp.csr_matrix((np.where(bits, hi, lo), (np.arange(m), items)), shape=(m, n_items + c))
-        base = sp.hstack([dataset.ratings, sp.csr_matrix((n, c))], format="csr")
-        ratings = sp.vstack([base, extra], format="csr")
-        timestamps = None
-        if dataset.timestamps is not None:
-            t0 = int(dataset.timestamps.data.min()) if dataset.timestamps.nnz else 0
-            ts_base = sp.hstack([dataset.timestamps, sp.csr_matrix((n, c), dtype=np.int64)], format="csr")
-            ts_extra = sp.csr_matrix((np.full(m, t0, dtype=np.int64), (np.arange(m), items)), shape=(m, n_items + c))
-            timestamps = sp.vstack([ts_base, ts_extra], format="csr")
-            timestamps.sort_indices()
-        p, q = dataset.user_attributes.shape[1], dataset.item_features.shape[1]
-        ids = np.asarray(dataset.user_ids)
-        item_ids = np.asarray(dataset.item_ids)
-        augmented = RatingsDataset(
-            name=dataset.name,
-            ratings=ratings,
-            user_attributes=np.vstack([dataset.user_attributes, np.zeros((m, p))]),
-            attribute_names=list(dataset.attribute_names),
-            item_features=np.vstack([dataset.item_features, np.zeros((c, q))]),
-            feature_names=list(dataset.feature_names),
-            user_ids=np.concatenate([ids.astype(str), [f"canary-{k}" for k in range(m)]]),
-            item_ids=np.concatenate([item_ids.astype(str), [f"canary-item-{k}" for k in range(c)]]),
-            timestamps=timestamps,
-            user_region=np.concatenate([dataset.user_region, np.full(m, -1, dtype=np.int64)]),
-            rating_min=dataset.rating_min,
-            rating_max=dataset.rating_max,
-            rating_step=dataset.rating_step,
-        )
+        rows = np.arange(m)
+        augmented = append_canaries(dataset, rows, items, np.where(bits, hi, lo), np.zeros(m, dtype=np.int64), c)
         return augmented, {"users": users, "items": items, "bits": bits, "high": hi, "low": lo}
 
     def config(self, config: Mapping[str, Any], n_ratings: int) -> dict[str, Any]:
@@ -350,8 +366,139 @@ class FedMVMFCanaries:
         return out, used
 
 
+# ------------------------------------------------------------------------------ FedNCF
+
+
+@dataclass
+class FedNCFCanaries:
+    """Replace-one-instance canaries for FedNCF under ``dp-sgd`` (module docstring).
+
+    Canary user k has three interactions with the canary items of its group g = k mod
+    ``groups`` (A_g, B_g, C_g, unrated by real users), timestamped A < X < Y: its bit sets
+    X = B_g, Y = C_g (S = +1) or X = C_g, Y = B_g (S = -1). Leave-one-out holds Y out, so
+    the canary trains on the positives {A_g, X}, its negatives are drawn from the same
+    items either way (all but A_g, B_g, C_g) and its instance count is the same: the bit
+    replaces one training instance (the positive on B_g by one on C_g), ``dp-sgd``'s
+    neighbour relation (its epsilon is already for replacement: no halving)."""
+
+    canaries: int = 400  # 200 flag a 10x-too-small noise only at the margin (docs/canaries.md)
+    groups: int = 4
+    replace = False
+    #: every coordinate of a canary client's initial user vector
+    user_scale: float = 10.0
+    #: global rounds of the canary run (each canary trains once per global round)
+    global_rounds: int = 1
+
+    def insert(self, dataset: Any, rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:
+        """The dataset with the canaries appended and ``{"users", "a", "b", "c", "bits"}``
+        ((m,) dataset indices of the canary users and of their group's items A, B, C)."""
+        n, n_items = dataset.n_users, dataset.n_items
+        m, g = int(self.canaries), int(self.groups)
+        bits = rng.random(m) < 0.5
+        group = np.arange(m) % g
+        a, b, c = n_items + 3 * group, n_items + 3 * group + 1, n_items + 3 * group + 2
+        x, y = np.where(bits, b, c), np.where(bits, c, b)
+        rows = np.repeat(np.arange(m), 3)
+        cols = np.column_stack([a, x, y]).ravel()
+        times = np.tile(np.arange(3, dtype=np.int64), m)
+        value = float(dataset.rating_max)
+        augmented = append_canaries(dataset, rows, cols, np.full(rows.size, value), times, 3 * g)
+        return augmented, {"users": np.arange(n, n + m), "a": a, "b": b, "c": c, "bits": bits}
+
+    def config(self, config: Mapping[str, Any], n_ratings: int) -> dict[str, Any]:
+        """The canary run: ``global_rounds`` passes (at most the cell's), every round recorded,
+        leave-one-out by timestamp (ties among the canaries' three are impossible)."""
+        cfg = dict(config)
+        cfg["global_rounds"] = int(min(int(cfg.get("global_rounds", 1)), self.global_rounds))
+        cfg["record_rounds"] = -1
+        return cfg
+
+    def protocol(self, protocol_cls: type, config: Mapping[str, Any], record: dict[str, Any]) -> Any:
+        """The protocol with the canary clients' initial user vectors set to ``user_scale`` in
+        every coordinate (recorded as ``record["u"]``): a large u puts most of a positive's
+        clipped gradient on its item row, along h * u (GMF); DP-SGD's guarantee holds for any
+        initial state."""
+        from privaudit.models import ncf
+
+        Dt = ncf.item_dim(config["model"], int(config["D"]))
+        record["u"] = np.full(Dt, float(self.user_scale))
+        proto = protocol_cls()
+        proto.user_vectors = (record["users"], np.tile(record["u"], (len(record["users"]), 1)))
+        return proto
+
+    def score(self, result: Any, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, int]:
+        """(guesser scores, bits, rounds observed); the bits are read here, outside the guesser."""
+        scores, rounds = self.scores(
+            result.transcript, record["users"], record["a"], record["b"], record["c"], record.get("u")
+        )
+        return scores, record["bits"], rounds
+
+    @staticmethod
+    def canary_epsilon(defenses: Sequence[Any], result: Any, record: Mapping[str, Any]) -> float | None:
+        """The accounted epsilon of the canary clients themselves (``dp-sgd``'s own RDP
+        accounting for their instance count and the rounds they uploaded in): the claim each
+        canary's bit is tested against, at most the run's worst-case ``privacy_spent``."""
+        from privaudit.defenses.dp_sgd import REPLACE_SENSITIVITY, rdp_epsilon
+
+        dp = [d for d in defenses if hasattr(d, "noise_multiplier") and hasattr(d, "local_training")]
+        if not dp:
+            return None
+        cfg = result.transcript.config
+        want = {f"client:{int(v)}" for v in record["users"]}
+        counts: dict[str, int] = {}
+        for msg in result.transcript.messages:
+            if msg.kind == "item_update" and msg.sender in want:
+                counts[msg.sender] = counts.get(msg.sender, 0) + 1
+        rounds = max(counts.values(), default=0)
+        n = 2 * (1 + int(cfg["negatives"]))  # two training positives and their negatives
+        B, E = int(cfg["batch_size"]), int(cfg["local_epochs"])
+        steps = rounds * E * math.ceil(n / B)
+        return float(
+            sum(
+                rdp_epsilon(float(d.noise_multiplier) / REPLACE_SENSITIVITY, min(1.0, B / n), steps, float(d.delta))
+                for d in dp
+            )
+        )
+
+    @staticmethod
+    def scores(
+        transcript: Any, users: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray, u: Any = None
+    ) -> tuple[np.ndarray, int]:
+        """The guesser: per canary client, summed over its recorded ``item_update`` uploads,
+        <d_B - d_C, w> with d_j its uploaded change of item row j and w the direction of a
+        positive's step on an item row: in GMF the gradient is (sigmoid - 1) h * u (h the
+        output weights of that round's broadcast ``state``, u the canary's crafted initial
+        vector), so Adam moves the row along h * u; without u, or for MLP / NeuMF, w = d_A
+        (the other positive's row moves the same way). Reads only the uploads, the broadcast
+        state and the canary's construction."""
+        want = {f"client:{int(v)}": k for k, v in enumerate(users)}
+        gmf = transcript.config.get("model") == "gmf" and u is not None
+        D = int(transcript.config.get("D", 0))
+        heads = {
+            msg.round: np.asarray(msg.payload["network"], dtype=np.float64)[:D]
+            for msg in transcript.messages
+            if msg.kind == "state"
+        }
+        out = np.zeros(len(users))
+        rounds: set[int] = set()
+        for msg in transcript.messages:
+            if msg.kind != "item_update" or msg.sender not in want or (gmf and msg.round not in heads):
+                continue
+            k = want[msg.sender]
+            ids = np.asarray(msg.payload["items"])
+            values = np.asarray(msg.payload["values"], dtype=np.float64)
+            pos = {int(j): np.flatnonzero(ids == j) for j in (a[k], b[k], c[k])}
+            if any(not p.size for p in pos.values()):
+                continue
+            da, db, dc = (values[pos[int(j)][0]] for j in (a[k], b[k], c[k]))
+            w = heads[msg.round] * np.asarray(u, dtype=np.float64) if gmf else da
+            out[k] += float(np.dot(db - dc, w))
+            rounds.add(int(msg.round))
+        return out, len(rounds)
+
+
 #: protocol name -> its canary kit
-KITS: dict[str, type] = {"fedmvmf": FedMVMFCanaries}
+KITS: dict[str, type] = {"fedmvmf": FedMVMFCanaries, "fedncf": FedNCFCanaries}
 
 
 def canary_kit(protocol: str) -> Any | None:
@@ -404,7 +551,8 @@ def canary_audit(
     augmented, record = kit.insert(dataset, rng)
     defenses = [cls(**dict(params)) for cls, params in defense_specs]
     cfg = kit.config(protocol_cls.resolve_config(dict(config)), augmented.n_ratings)
-    result = protocol_cls().run(augmented, cfg, defenses, int(seed))
+    protocol = kit.protocol(protocol_cls, cfg, record) if hasattr(kit, "protocol") else protocol_cls()
+    result = protocol.run(augmented, cfg, defenses, int(seed))
     privacy = runner.defense_privacy(defenses, result.transcript, names)
     claim = claimed_privacy(privacy)
     if claim is None:
@@ -412,6 +560,11 @@ def canary_audit(
     eps, delta, neighbour = claim
     scores, bits, rounds = kit.score(result, record)
     bound = canary_bound(scores, bits, delta=delta, confidence=confidence, replace=kit.replace)
+    extra = {}
+    if hasattr(kit, "canary_epsilon"):
+        own = kit.canary_epsilon(defenses, result, record)
+        if own is not None:
+            extra["epsilon_canaries"] = own
     return {
         "epsilon_lb": float(bound["epsilon_lb"]),
         "epsilon": float(eps),
@@ -422,4 +575,5 @@ def canary_audit(
         "correct": int(bound["correct"]),
         "confidence": float(confidence),
         "rounds_observed": int(rounds),
+        **extra,
     }

@@ -174,3 +174,74 @@ def test_claim_read_from_privacy_spent():
     assert canary.claimed_privacy({"dp-gaussian": user}) == (2.0, 1e-5, "user")
     # the defense's own statement wins over its unit
     assert canary.claimed_privacy({"dp-gaussian": {**user, "neighbour": "rating"}})[2] == "rating"
+
+
+# ------------------------------------------------------------------------------ FedNCF dp-sgd
+
+
+def _ncf_audit(defense_cls, dataset, sigma, canaries=400):
+    protocol = registry.get("protocol", "fedncf")
+    return canary.canary_audit(
+        protocol, {}, [(defense_cls, {"noise_multiplier": sigma})], dataset, seed=0, canaries=canaries
+    )
+
+
+@pytest.fixture(scope="module")
+def small():
+    from privaudit.data.synthetic import synthetic
+
+    return synthetic(n_users=40, n_items=120, seed=0)
+
+
+def test_ncf_canaries_replace_one_instance(small):
+    kit = canary.FedNCFCanaries(canaries=40)
+    aug, record = kit.insert(small, np.random.default_rng(0))
+    from privaudit.protocols.fedncf import implicit_split
+
+    pos, test_item = implicit_split(aug, np.random.default_rng(0))
+    users, bits = record["users"], record["bits"]
+    # the canary trains on A and on B (bit 1) or C (bit 0); the other is its held-out item
+    assert np.array_equal(test_item[users], np.where(bits, record["c"], record["b"]))
+    rows = pos[users]
+    assert np.all(np.diff(rows.indptr) == 2)
+    assert np.array_equal(rows.indices.reshape(-1, 2)[:, 1], np.where(bits, record["b"], record["c"]))
+    assert aug.ratings[: small.n_users, small.n_items :].nnz == 0
+
+
+def test_ncf_broken_dp_sgd_is_flagged_and_correct_is_not(small):
+    from privaudit.defenses.base import LocalTraining
+    from privaudit.defenses.dp_sgd import DPSGD
+
+    class BrokenDPSGD(DPSGD):
+        """Claims dp-sgd's epsilon, adds 10x too little noise."""
+
+        def local_training(self):
+            return LocalTraining(float(self.noise_multiplier) / 10.0, float(self.max_grad_norm))
+
+    broken = _ncf_audit(BrokenDPSGD, small, 15.0)
+    ok = _ncf_audit(DPSGD, small, 15.0)
+    for out in (broken, ok):
+        assert out["neighbour"] == "instance" and out["canaries"] == 400
+        # a canary's own accounting (10 instances, one round, q = 1): 2 steps at sigma / 2
+        assert out["epsilon_canaries"] == pytest.approx(0.745, abs=0.01)
+        assert out["epsilon_canaries"] <= out["epsilon"] + 1e-9
+    assert broken["epsilon_lb"] > broken["epsilon"]  # true noise multiplier 1.5: flagged
+    assert ok["epsilon_lb"] <= ok["epsilon_canaries"]
+
+
+def test_ncf_guesser_reads_only_the_server_view(small):
+    from privaudit.defenses.dp_sgd import DPSGD
+
+    protocol = registry.get("protocol", "fedncf")
+    kit = canary.FedNCFCanaries(canaries=60)
+    aug, record = kit.insert(small, np.random.default_rng(1))
+    cfg = kit.config(protocol.resolve_config({}), aug.n_ratings)
+    res = kit.protocol(protocol, cfg, record).run(aug, cfg, [DPSGD(noise_multiplier=0.3)], 0)
+    before, rounds = kit.scores(res.transcript, record["users"], record["a"], record["b"], record["c"], record["u"])
+    res.transcript.messages[:] = [m for m in res.transcript.messages if m.kind != "private"]
+    after, _ = kit.scores(res.transcript, record["users"], record["a"], record["b"], record["c"], record["u"])
+    assert rounds > 0 and np.array_equal(before, after)
+    # low noise: the sign of the score is the bit for (nearly) every canary; chance is 1/2
+    assert np.mean((before > 0) == record["bits"]) > 0.9
+    # an honest run (no canary vectors) is unchanged by the hook's existence
+    assert protocol.user_vectors is None
