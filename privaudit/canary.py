@@ -497,8 +497,92 @@ class FedNCFCanaries:
         return out, len(rounds)
 
 
+# ------------------------------------------------------------------------------ FedProto
+
+
+@dataclass
+class FedProtoCanaries:
+    """Add/remove-one-user canaries for FedProto under ``dp-prototypes`` (module docstring).
+
+    The canary run is on a crafted dataset (DP is a claim for every dataset): ``silos`` silos
+    (regions 0..H-1, ``silos="zip"``), each of ``fillers`` filler users (one top rating of a
+    filler item) and ``per_silo`` canary slots; slot j of every silo is an extreme row, the
+    top rating on canary item j, present (S = +1) or absent (S = -1): exactly
+    ``dp-prototypes``' neighbour (one user's row added or removed in a silo). The silo always
+    keeps its fillers, so no silo appears or vanishes with the bits, and the mechanism always
+    releases k prototypes. The run uses ``s = 1`` (a one-entry row is then a whole row's worth
+    of the mechanism's sensitivity: with s non-zeros allowed, the noise per entry is
+    calibrated to s entries and a one-entry canary moves 1/s of it) and no held-out ratings;
+    the mechanism, its epsilon and its other parameters are the cell's."""
+
+    canaries: int = 64
+    per_silo: int = 4
+    fillers: int = 2
+    replace = False
+
+    def insert(self, dataset: Any, rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:
+        """The crafted dataset (only the included canaries and the fillers; ``dataset`` gives the
+        rating scale) and ``{"silo", "item", "bits"}`` per canary ((m,) each)."""
+        from privaudit.data.dataset import RatingsDataset
+
+        m, j, f = int(self.canaries), int(self.per_silo), int(self.fillers)
+        H = -(-m // j)
+        bits = rng.random(m) < 0.5
+        silo, item = np.arange(m) // j, np.arange(m) % j
+        keep = np.flatnonzero(bits)
+        region = np.concatenate([np.repeat(np.arange(H), f), silo[keep]])
+        n = region.size
+        hi = float(dataset.rating_max)
+        rows = np.arange(H * f, n)
+        ratings = sp.csr_matrix((np.full(rows.size, hi), (rows, item[keep])), shape=(n, j))
+        crafted = RatingsDataset(
+            name=dataset.name,
+            ratings=ratings,
+            user_attributes=np.zeros((n, 0)),
+            attribute_names=[],
+            item_features=np.zeros((j, 0)),
+            feature_names=[],
+            user_ids=np.array([f"canary-user-{k}" for k in range(n)]),
+            item_ids=np.array([f"canary-item-{k}" for k in range(j)]),
+            timestamps=None,
+            user_region=region.astype(np.int64),
+            rating_min=dataset.rating_min,
+            rating_max=dataset.rating_max,
+            rating_step=dataset.rating_step,
+        )
+        return crafted, {"silo": silo, "item": item, "bits": bits}
+
+    def config(self, config: Mapping[str, Any], n_ratings: int) -> dict[str, Any]:
+        """The canary run: zip silos (the crafted regions), ``s = 1``, no held-out ratings."""
+        cfg = dict(config)
+        cfg.update(silos="zip", s=1, test_users=0.0)
+        return cfg
+
+    def score(self, result: Any, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, int]:
+        """(guesser scores, bits, 1); the bits are read here, outside the guesser."""
+        return self.scores(result.transcript, record["silo"], record["item"]), record["bits"], 1
+
+    @staticmethod
+    def scores(transcript: Any, silo: np.ndarray, item: np.ndarray) -> np.ndarray:
+        """The guesser: per canary, the sum over its silo's released prototypes of their entry
+        at its canary item (what the server receives from ``client:<silo>``); an included
+        canary's cluster sum carries the top rating there, before the support selection and
+        the Laplace noise."""
+        protos = {
+            msg.sender: np.asarray(msg.payload["prototypes"], dtype=np.float64)
+            for msg in transcript.messages
+            if msg.kind == "prototypes"
+        }
+        out = np.zeros(len(silo))
+        for k, (h, j) in enumerate(zip(silo, item)):
+            P = protos.get(f"client:{int(h)}")
+            if P is not None:
+                out[k] = float(P[:, int(j)].sum())
+        return out
+
+
 #: protocol name -> its canary kit
-KITS: dict[str, type] = {"fedmvmf": FedMVMFCanaries, "fedncf": FedNCFCanaries}
+KITS: dict[str, type] = {"fedmvmf": FedMVMFCanaries, "fedncf": FedNCFCanaries, "fedproto": FedProtoCanaries}
 
 
 def canary_kit(protocol: str) -> Any | None:

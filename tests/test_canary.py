@@ -245,3 +245,62 @@ def test_ncf_guesser_reads_only_the_server_view(small):
     assert np.mean((before > 0) == record["bits"]) > 0.9
     # an honest run (no canary vectors) is unchanged by the hook's existence
     assert protocol.user_vectors is None
+
+
+# ------------------------------------------------------------------------------ FedProto dp-prototypes
+
+
+def test_proto_canaries_add_or_remove_one_row_per_slot(synthetic):
+    kit = canary.FedProtoCanaries(canaries=20, per_silo=4, fillers=2)
+    crafted, record = kit.insert(synthetic, np.random.default_rng(0))
+    bits = record["bits"]
+    # fillers (empty rows) keep every silo present; an included canary is one top rating of its item
+    assert crafted.n_users == 5 * 2 + bits.sum() and crafted.n_items == 4
+    assert np.array_equal(np.unique(crafted.user_region), np.arange(5))
+    assert crafted.n_ratings == bits.sum() and np.all(crafted.ratings.data == synthetic.rating_max)
+    cfg = kit.config(registry.get("protocol", "fedproto").resolve_config({}), crafted.n_ratings)
+    assert cfg["s"] == 1 and cfg["silos"] == "zip" and cfg["test_users"] == 0
+
+
+def _proto_audit(defense_cls, dataset, **params):
+    protocol = registry.get("protocol", "fedproto")
+    return canary.canary_audit(protocol, {}, [(defense_cls, params)], dataset, seed=0)
+
+
+def test_proto_bound_stays_below_the_claim_and_sees_a_weakened_mechanism(synthetic):
+    from privaudit.defenses.dp_prototypes import DPPrototypes
+
+    class TenfoldDPPrototypes(DPPrototypes):
+        """Claims dp-prototypes' epsilon, runs the mechanism at 10x that epsilon."""
+
+        def prototypes(self, rows, k, s, Lambda, rng):
+            eps = self.config["epsilon"]
+            self.config["epsilon"] = 10 * eps
+            try:
+                return super().prototypes(rows, k, s, Lambda, rng)
+            finally:
+                self.config["epsilon"] = eps
+
+    ok = _proto_audit(DPPrototypes, synthetic, epsilon=10.0, trials=1)
+    weak = _proto_audit(TenfoldDPPrototypes, synthetic, epsilon=10.0, trials=1)
+    assert ok["neighbour"] == "user" and ok["delta"] == 0.0 and ok["canaries"] == 64
+    assert ok["epsilon"] == weak["epsilon"] == 10.0
+    assert 0.0 < ok["epsilon_lb"] <= ok["epsilon"]  # measured 0.42: the guesser sees the canaries
+    # true epsilon 100: every guess right (the 64-canary ceiling, 1.87), far above the correct run
+    assert weak["correct"] == weak["guesses"] >= 32 and weak["epsilon_lb"] > ok["epsilon_lb"] + 1.0
+
+
+def test_proto_guesser_reads_only_the_released_prototypes(synthetic):
+    from privaudit.defenses.dp_prototypes import DPPrototypes
+
+    protocol = registry.get("protocol", "fedproto")
+    kit = canary.FedProtoCanaries(canaries=32)
+    crafted, record = kit.insert(synthetic, np.random.default_rng(2))
+    cfg = kit.config(protocol.resolve_config({}), crafted.n_ratings)
+    res = protocol().run(crafted, cfg, [DPPrototypes(epsilon=50.0, trials=1)], 0)
+    before = kit.scores(res.transcript, record["silo"], record["item"])
+    res.transcript.messages[:] = [m for m in res.transcript.messages if m.kind == "prototypes"]
+    after = kit.scores(res.transcript, record["silo"], record["item"])
+    assert np.array_equal(before, after)
+    bits = record["bits"]
+    assert before[bits].mean() > before[~bits].mean() + 1.0
