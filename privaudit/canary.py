@@ -34,7 +34,15 @@ log-likelihood ratio of the two (Laplace: L1, Gaussian: L2), summed over the rec
 It is given which clients and items are canaries (the auditor inserted them), never the bits;
 the bits are scored outside it.
 
-Only FedMVMF has a canary kit (:data:`KITS`); :func:`canary_audit` refuses other protocols.
+FedNCF canaries (:class:`FedNCFCanaries`, ``dp-sgd``, neighbour "instance": one training
+instance replaced, the instance count public): the bit picks which of two canary items is a
+training positive and which the held-out item, so the negatives' distribution and the count are
+the same either way; the canary client's initial user vector is crafted (large), so a positive's
+clipped gradient lies mostly on its item row, along h * u in GMF; the guesser reads the
+uploaded item-row changes. FedProto canaries (:class:`FedProtoCanaries`, ``dp-prototypes``,
+neighbour "user" added or removed in a silo): one-entry extreme rows in crafted silos, the
+canary run at s = 1; the guesser reads the released prototypes. :data:`KITS` lists the
+protocols with a kit; :func:`canary_audit` refuses the others.
 """
 
 from __future__ import annotations
