@@ -392,6 +392,8 @@ class FedNCFCanaries:
     canaries: int = 400  # 200 flag a 10x-too-small noise only at the margin (docs/canaries.md)
     groups: int = 4
     replace = False
+    #: the DP defenses whose neighbour relation these canaries instantiate
+    covers = ("dp-sgd",)
     #: every coordinate of a canary client's initial user vector
     user_scale: float = 10.0
     #: global rounds of the canary run (each canary trains once per global round)
@@ -527,6 +529,8 @@ class FedProtoCanaries:
     per_silo: int = 4
     fillers: int = 2
     replace = False
+    #: the DP defenses whose neighbour relation these canaries instantiate
+    covers = ("dp-prototypes",)
 
     def insert(self, dataset: Any, rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:
         """The crafted dataset (only the included canaries and the fillers; ``dataset`` gives the
@@ -593,10 +597,13 @@ class FedProtoCanaries:
 KITS: dict[str, type] = {"fedmvmf": FedMVMFCanaries, "fedncf": FedNCFCanaries, "fedproto": FedProtoCanaries}
 
 
-def canary_kit(protocol: str) -> Any | None:
-    """The canary kit of ``protocol``, or None when it has none."""
+def canary_kit(protocol: str, defense: str | None = None) -> Any | None:
+    """The canary kit of ``protocol`` (for the DP defense named ``defense``, when given: None if
+    the kit's ``covers`` does not list it), or None when it has none."""
     cls = KITS.get(protocol)
-    return cls() if cls is not None else None
+    if cls is None or (defense is not None and defense not in (getattr(cls, "covers", None) or (defense,))):
+        return None
+    return cls()
 
 
 def claimed_privacy(privacy: Mapping[str, Any]) -> tuple[float, float, str] | None:

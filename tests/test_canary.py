@@ -304,3 +304,10 @@ def test_proto_guesser_reads_only_the_released_prototypes(synthetic):
     assert np.array_equal(before, after)
     bits = record["bits"]
     assert before[bits].mean() > before[~bits].mean() + 1.0
+
+
+def test_kits_cover_only_their_defenses_neighbour_relation():
+    assert isinstance(canary.canary_kit("fedncf", "dp-sgd"), canary.FedNCFCanaries)
+    assert canary.canary_kit("fedncf", "ldp-interactions") is None
+    assert canary.canary_kit("fedproto", "dp-prototypes") is not None and canary.canary_kit("fedproto", "x") is None
+    assert canary.canary_kit("fedmvmf", "dp-gaussian") is not None and canary.canary_kit("fedsvd") is None
