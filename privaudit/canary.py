@@ -514,9 +514,9 @@ class FedNCFCanaries:
 class FedProtoCanaries:
     """Add/remove-one-user canaries for FedProto under ``dp-prototypes`` (module docstring).
 
-    The canary run is on a crafted dataset (DP is a claim for every dataset): ``silos`` silos
-    (regions 0..H-1, ``silos="zip"``), each of ``fillers`` filler users (one top rating of a
-    filler item) and ``per_silo`` canary slots; slot j of every silo is an extreme row, the
+    The canary run is on a crafted dataset (DP is a claim for every dataset): H zip silos
+    (regions 0..H-1), each of ``fillers`` filler users (empty rows) and ``per_silo`` canary
+    slots; slot j of every silo is an extreme row, the
     top rating on canary item j, present (S = +1) or absent (S = -1): exactly
     ``dp-prototypes``' neighbour (one user's row added or removed in a silo). The silo always
     keeps its fillers, so no silo appears or vanishes with the bits, and the mechanism always
@@ -526,7 +526,7 @@ class FedProtoCanaries:
     the mechanism, its epsilon and its other parameters are the cell's."""
 
     canaries: int = 64
-    per_silo: int = 4
+    per_silo: int = 2  # at s = 1 a cluster releases one entry: more canaries per silo collide
     fillers: int = 2
     replace = False
     #: the DP defenses whose neighbour relation these canaries instantiate
@@ -576,10 +576,10 @@ class FedProtoCanaries:
 
     @staticmethod
     def scores(transcript: Any, silo: np.ndarray, item: np.ndarray) -> np.ndarray:
-        """The guesser: per canary, the sum over its silo's released prototypes of their entry
-        at its canary item (what the server receives from ``client:<silo>``); an included
+        """The guesser: per canary, the largest entry at its canary item over its silo's
+        released prototypes (what the server receives from ``client:<silo>``): an included
         canary's cluster sum carries the top rating there, before the support selection and
-        the Laplace noise."""
+        the Laplace noise; the silo's other (mostly empty) clusters release noise only."""
         protos = {
             msg.sender: np.asarray(msg.payload["prototypes"], dtype=np.float64)
             for msg in transcript.messages
@@ -589,7 +589,7 @@ class FedProtoCanaries:
         for k, (h, j) in enumerate(zip(silo, item)):
             P = protos.get(f"client:{int(h)}")
             if P is not None:
-                out[k] = float(P[:, int(j)].sum())
+                out[k] = float(P[:, int(j)].max())
         return out
 
 
