@@ -402,6 +402,12 @@ class FedNCFCanaries:
     def insert(self, dataset: Any, rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:
         """The dataset with the canaries appended and ``{"users", "a", "b", "c", "bits"}``
         ((m,) dataset indices of the canary users and of their group's items A, B, C)."""
+        if dataset.timestamps is None:  # zeros: leave-one-out then breaks real users' ties as without
+            import dataclasses
+
+            ts = sp.csr_matrix(dataset.ratings, dtype=np.int64, copy=True)
+            ts.data[:] = 0
+            dataset = dataclasses.replace(dataset, timestamps=ts)
         n, n_items = dataset.n_users, dataset.n_items
         m, g = int(self.canaries), int(self.groups)
         bits = rng.random(m) < 0.5

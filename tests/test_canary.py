@@ -206,6 +206,12 @@ def test_ncf_canaries_replace_one_instance(small):
     assert np.all(np.diff(rows.indptr) == 2)
     assert np.array_equal(rows.indices.reshape(-1, 2)[:, 1], np.where(bits, record["b"], record["c"]))
     assert aug.ratings[: small.n_users, small.n_items :].nnz == 0
+    # without timestamps (a ratings CSV) the canaries' order still decides the held-out item
+    import dataclasses
+
+    aug2, record2 = kit.insert(dataclasses.replace(small, timestamps=None), np.random.default_rng(0))
+    _, test2 = implicit_split(aug2, np.random.default_rng(0))
+    assert np.array_equal(test2[record2["users"]], np.where(record2["bits"], record2["c"], record2["b"]))
 
 
 def test_ncf_broken_dp_sgd_is_flagged_and_correct_is_not(small):
