@@ -644,7 +644,8 @@ def canary_audit(
 ) -> dict[str, Any]:
     """One canary run of ``protocol_cls`` with ``defense_specs`` at ``seed`` and its one-run
     bound next to the accounted epsilon: ``{"epsilon_lb", "epsilon", "delta", "neighbour",
-    "canaries", "guesses", "correct", "confidence", "rounds_observed"}``."""
+    "canaries", "guesses", "correct", "confidence", "rounds_observed"}``, and
+    ``"epsilon_canaries"`` (the canaries' own accounted epsilon) when the kit computes one."""
     from privaudit import runner
 
     kit = canary_kit(protocol_cls.name)
