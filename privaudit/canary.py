@@ -41,8 +41,10 @@ the same either way; the canary client's initial user vector is crafted (large),
 clipped gradient lies mostly on its item row, along h * u in GMF; the guesser reads the
 uploaded item-row changes. FedProto canaries (:class:`FedProtoCanaries`, ``dp-prototypes``,
 neighbour "user" added or removed in a silo): one-entry extreme rows in crafted silos, the
-canary run at s = 1; the guesser reads the released prototypes. :data:`KITS` lists the
-protocols with a kit; :func:`canary_audit` refuses the others.
+canary run at s = 1; the guesser reads the released prototypes. FedProto under dp-laplace /
+dp-gaussian (:class:`FedProtoSiloCanaries`, a client's whole upload replaced): one-user canary
+silos. :data:`KITS` lists each protocol's kits and :func:`canary_kit` picks the one whose
+``covers`` names the defense; :func:`canary_audit` refuses the others.
 """
 
 from __future__ import annotations
@@ -599,17 +601,96 @@ class FedProtoCanaries:
         return out
 
 
-#: protocol name -> its canary kit
-KITS: dict[str, type] = {"fedmvmf": FedMVMFCanaries, "fedncf": FedNCFCanaries, "fedproto": FedProtoCanaries}
+@dataclass
+class FedProtoSiloCanaries:
+    """Replace-one-client canaries for FedProto under ``dp-laplace`` / ``dp-gaussian``, whose
+    unit is a client's whole upload (here a silo's prototypes; neighbour "user": that client's
+    data replaced by any other). Each canary is a silo of one user (exact prototypes: the row
+    itself), one top rating of canary item 0 (S = +1) or of item 1 (S = -1): once clipped to C
+    the two uploads are C e_0 and C e_1, 2C apart in L1 (the Laplace mechanism's whole
+    sensitivity; sqrt(2) C in L2). The claim is already for replacement: no halving. The guesser
+    scores the noisy upload by the likelihood ratio of the two clipped uploads (Laplace: L1,
+    Gaussian: L2), reading only the ``prototypes`` messages and the public defense config."""
+
+    canaries: int = DEFAULT_CANARIES
+    replace = False
+    covers = ("dp-laplace", "dp-gaussian")
+
+    def insert(self, dataset: Any, rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:
+        """The crafted dataset (one user per canary silo, two items) and ``{"bits"}``."""
+        from privaudit.data.dataset import RatingsDataset
+
+        m = int(self.canaries)
+        bits = rng.random(m) < 0.5
+        ratings = sp.csr_matrix((np.full(m, float(dataset.rating_max)), (np.arange(m), np.where(bits, 0, 1))), (m, 2))
+        crafted = RatingsDataset(
+            name=dataset.name,
+            ratings=ratings,
+            user_attributes=np.zeros((m, 0)),
+            attribute_names=[],
+            item_features=np.zeros((2, 0)),
+            feature_names=[],
+            user_ids=np.array([f"canary-user-{k}" for k in range(m)]),
+            item_ids=np.array(["canary-item-0", "canary-item-1"]),
+            timestamps=None,
+            user_region=np.arange(m, dtype=np.int64),
+            rating_min=dataset.rating_min,
+            rating_max=dataset.rating_max,
+            rating_step=dataset.rating_step,
+        )
+        return crafted, {"bits": bits, "high": float(dataset.rating_max)}
+
+    def config(self, config: Mapping[str, Any], n_ratings: int) -> dict[str, Any]:
+        """The canary run: zip silos (one per canary), exact prototypes, no held-out ratings."""
+        cfg = dict(config)
+        cfg.update(silos="zip", test_users=0.0, prototypes="exact")
+        return cfg
+
+    def score(self, result: Any, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, int]:
+        """(guesser scores, bits, 1); the bits are read here, outside the guesser."""
+        return self.scores(result.transcript, len(record["bits"]), record["high"]), record["bits"], 1
+
+    @staticmethod
+    def scores(transcript: Any, m: int, high: float) -> np.ndarray:
+        """Per canary silo h, the log-likelihood ratio (up to the noise scale) of its noisy
+        upload between the clipped uploads of a top rating of item 0 and of item 1."""
+        cfg = transcript.config
+        defense = next((d for d in cfg.get("defenses") or [] if isinstance(d, Mapping) and "clip" in d), None)
+        laplace = defense is None or "laplace" in str(defense.get("name", ""))
+        e1 = FedMVMFCanaries.clipped(np.array([high, 0.0]), 2, defense)
+        e0 = FedMVMFCanaries.clipped(np.array([0.0, high]), 2, defense)
+        protos = {
+            msg.sender: np.asarray(msg.payload["prototypes"], dtype=np.float64).ravel()
+            for msg in transcript.messages
+            if msg.kind == "prototypes"
+        }
+        out = np.zeros(m)
+        for h in range(m):
+            x = protos.get(f"client:{h}")
+            if x is None or x.size != 2:
+                continue
+            if laplace:
+                out[h] = float(np.sum(np.abs(x - e0) - np.abs(x - e1)))
+            else:
+                out[h] = float(np.dot(x - (e1 + e0) / 2.0, e1 - e0))
+        return out
+
+
+#: protocol name -> its canary kits (one per neighbour relation)
+KITS: dict[str, tuple[type, ...]] = {
+    "fedmvmf": (FedMVMFCanaries,),
+    "fedncf": (FedNCFCanaries,),
+    "fedproto": (FedProtoCanaries, FedProtoSiloCanaries),
+}
 
 
 def canary_kit(protocol: str, defense: str | None = None) -> Any | None:
     """The canary kit of ``protocol`` (for the DP defense named ``defense``, when given: None if
     the kit's ``covers`` does not list it), or None when it has none."""
-    cls = KITS.get(protocol)
-    if cls is None or (defense is not None and defense not in (getattr(cls, "covers", None) or (defense,))):
-        return None
-    return cls()
+    for cls in KITS.get(protocol, ()):
+        if defense is None or defense in (getattr(cls, "covers", None) or (defense,)):
+            return cls()
+    return None
 
 
 def claimed_privacy(privacy: Mapping[str, Any]) -> tuple[float, float, str] | None:
@@ -648,9 +729,10 @@ def canary_audit(
     ``"epsilon_canaries"`` (the canaries' own accounted epsilon) when the kit computes one."""
     from privaudit import runner
 
-    kit = canary_kit(protocol_cls.name)
+    defense_name = (names or [""])[0] or (getattr(defense_specs[0][0], "name", None) if defense_specs else None)
+    kit = canary_kit(protocol_cls.name, defense_name or None)
     if kit is None:
-        raise PrivauditError(f"no canary audit for protocol {protocol_cls.name!r}")
+        raise PrivauditError(f"no canary audit for protocol {protocol_cls.name!r} with defense {defense_name!r}")
     if canaries is not None:
         kit.canaries = int(canaries)
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA7A]))

@@ -319,5 +319,25 @@ def test_proto_guesser_reads_only_the_released_prototypes(synthetic):
 def test_kits_cover_only_their_defenses_neighbour_relation():
     assert isinstance(canary.canary_kit("fedncf", "dp-sgd"), canary.FedNCFCanaries)
     assert canary.canary_kit("fedncf", "ldp-interactions") is None
-    assert canary.canary_kit("fedproto", "dp-prototypes") is not None and canary.canary_kit("fedproto", "x") is None
+    assert isinstance(canary.canary_kit("fedproto", "dp-prototypes"), canary.FedProtoCanaries)
+    assert isinstance(canary.canary_kit("fedproto", "dp-gaussian"), canary.FedProtoSiloCanaries)
+    assert canary.canary_kit("fedproto", "x") is None
     assert canary.canary_kit("fedmvmf", "dp-gaussian") is not None and canary.canary_kit("fedsvd") is None
+
+
+def test_proto_silo_canaries_flag_a_broken_dp_laplace(synthetic):
+    """dp-laplace on FedProto protects a client's whole upload (a silo's prototypes): one-user
+    canary silos whose clipped uploads are 2C apart."""
+    protocol = registry.get("protocol", "fedproto")
+    kit = canary.canary_kit("fedproto", "dp-laplace")
+    assert isinstance(kit, canary.FedProtoSiloCanaries)
+
+    def audit(cls):
+        return canary.canary_audit(
+            protocol, {}, [(cls, {"epsilon": 0.3})], synthetic, seed=0, canaries=100, names=["dp-laplace"]
+        )
+
+    broken, ok = audit(BrokenDPLaplace), audit(DPLaplace)
+    assert ok["neighbour"] == "user" and ok["epsilon"] == pytest.approx(0.3, rel=1e-3) and ok["canaries"] == 100
+    assert broken["epsilon_lb"] > broken["epsilon"]  # true epsilon 3: flagged
+    assert ok["epsilon_lb"] <= ok["epsilon"]
