@@ -195,7 +195,11 @@ def _execute(run: _Run, dataset: Any, keep: dict | None = None, shared: Any = No
         # keyed by the registered name (a class's own ``name`` may be unset in a worker process)
         privacy = {run.defense_name: next(iter(privacy.values()))}
         out["privacy"] = privacy
-        if run.canaries != 0 and canary.claimed_privacy(privacy) and canary.canary_kit(run.protocol_name):
+        if (
+            run.canaries != 0
+            and canary.claimed_privacy(privacy)
+            and canary.canary_kit(run.protocol_name, run.defense_name)
+        ):
             out["canary_audit"] = _canary_audit(run, specs, dataset)
     attacks = {}
     for a_index, (attack_name, attack_cls) in enumerate(run.attacks):

@@ -34,7 +34,17 @@ log-likelihood ratio of the two (Laplace: L1, Gaussian: L2), summed over the rec
 It is given which clients and items are canaries (the auditor inserted them), never the bits;
 the bits are scored outside it.
 
-Only FedMVMF has a canary kit (:data:`KITS`); :func:`canary_audit` refuses other protocols.
+FedNCF canaries (:class:`FedNCFCanaries`, ``dp-sgd``, neighbour "instance": one training
+instance replaced, the instance count public): the bit picks which of two canary items is a
+training positive and which the held-out item, so the negatives' distribution and the count are
+the same either way; the canary client's initial user vector is crafted (large), so a positive's
+clipped gradient lies mostly on its item row, along h * u in GMF; the guesser reads the
+uploaded item-row changes. FedProto canaries (:class:`FedProtoCanaries`, ``dp-prototypes``,
+neighbour "user" added or removed in a silo): one-entry extreme rows in crafted silos, the
+canary run at s = 1; the guesser reads the released prototypes. FedProto under dp-laplace /
+dp-gaussian (:class:`FedProtoSiloCanaries`, a client's whole upload replaced): one-user canary
+silos. :data:`KITS` lists each protocol's kits and :func:`canary_kit` picks the one whose
+``covers`` names the defense; :func:`canary_audit` refuses the others.
 """
 
 from __future__ import annotations
@@ -181,6 +191,50 @@ def canary_bound(
     return out
 
 
+# ------------------------------------------------------------------------------ datasets
+
+
+def append_canaries(
+    dataset: Any, rows: np.ndarray, cols: np.ndarray, values: np.ndarray, times: np.ndarray, new_items: int
+) -> Any:
+    """``dataset`` with ``rows.max() + 1`` canary users and ``new_items`` canary items appended:
+    canary ``rows[e]`` (0-based among the canaries) rates item ``cols[e]`` (a dataset column,
+    new ones from ``n_items``) with ``values[e]`` at ``times[e]`` (offset from the dataset's
+    earliest timestamp); canaries have no attributes, canary items no features."""
+    from privaudit.data.dataset import RatingsDataset
+
+    n, n_items = dataset.n_users, dataset.n_items
+    m, c = int(np.max(rows)) + 1, int(new_items)
+    shape = (m, n_items + c)
+    extra = sp.csr_matrix((np.asarray(values, dtype=np.float64), (rows, cols)), shape=shape)
+    base = sp.hstack([dataset.ratings, sp.csr_matrix((n, c))], format="csr")
+    ratings = sp.vstack([base, extra], format="csr")
+    timestamps = None
+    if dataset.timestamps is not None:
+        t0 = int(dataset.timestamps.data.min()) if dataset.timestamps.nnz else 0
+        ts_base = sp.hstack([dataset.timestamps, sp.csr_matrix((n, c), dtype=np.int64)], format="csr")
+        ts = t0 + np.asarray(times, dtype=np.int64)
+        ts_extra = sp.csr_matrix((ts, (rows, cols)), shape=shape)
+        timestamps = sp.vstack([ts_base, ts_extra], format="csr")
+        timestamps.sort_indices()
+    p, q = dataset.user_attributes.shape[1], dataset.item_features.shape[1]
+    return RatingsDataset(
+        name=dataset.name,
+        ratings=ratings,
+        user_attributes=np.vstack([dataset.user_attributes, np.zeros((m, p))]),
+        attribute_names=list(dataset.attribute_names),
+        item_features=np.vstack([dataset.item_features, np.zeros((c, q))]),
+        feature_names=list(dataset.feature_names),
+        user_ids=np.concatenate([np.asarray(dataset.user_ids).astype(str), [f"canary-{k}" for k in range(m)]]),
+        item_ids=np.concatenate([np.asarray(dataset.item_ids).astype(str), [f"canary-item-{k}" for k in range(c)]]),
+        timestamps=timestamps,
+        user_region=np.concatenate([dataset.user_region, np.full(m, -1, dtype=np.int64)]),
+        rating_min=dataset.rating_min,
+        rating_max=dataset.rating_max,
+        rating_step=dataset.rating_step,
+    )
+
+
 # ------------------------------------------------------------------------------ FedMVMF
 
 
@@ -197,42 +251,14 @@ class FedMVMFCanaries:
         """The dataset with ``canaries`` users and ``items`` items appended, and the canary
         record ``{"users": (m,) dataset indices, "items": (m,) dataset item of each canary,
         "bits": (m,) bool, "high", "low"}``."""
-        from privaudit.data.dataset import RatingsDataset
-
         n, n_items = dataset.n_users, dataset.n_items
         m, c = int(self.canaries), int(self.items)
         bits = rng.random(m) < 0.5
         hi, lo = float(dataset.rating_max), float(dataset.rating_min)
         users = np.arange(n, n + m)
         items = n_items + np.arange(m) % c
-        extra = sp.csr_matrix((np.where(bits, hi, lo), (np.arange(m), items)), shape=(m, n_items + c))
-        base = sp.hstack([dataset.ratings, sp.csr_matrix((n, c))], format="csr")
-        ratings = sp.vstack([base, extra], format="csr")
-        timestamps = None
-        if dataset.timestamps is not None:
-            t0 = int(dataset.timestamps.data.min()) if dataset.timestamps.nnz else 0
-            ts_base = sp.hstack([dataset.timestamps, sp.csr_matrix((n, c), dtype=np.int64)], format="csr")
-            ts_extra = sp.csr_matrix((np.full(m, t0, dtype=np.int64), (np.arange(m), items)), shape=(m, n_items + c))
-            timestamps = sp.vstack([ts_base, ts_extra], format="csr")
-            timestamps.sort_indices()
-        p, q = dataset.user_attributes.shape[1], dataset.item_features.shape[1]
-        ids = np.asarray(dataset.user_ids)
-        item_ids = np.asarray(dataset.item_ids)
-        augmented = RatingsDataset(
-            name=dataset.name,
-            ratings=ratings,
-            user_attributes=np.vstack([dataset.user_attributes, np.zeros((m, p))]),
-            attribute_names=list(dataset.attribute_names),
-            item_features=np.vstack([dataset.item_features, np.zeros((c, q))]),
-            feature_names=list(dataset.feature_names),
-            user_ids=np.concatenate([ids.astype(str), [f"canary-{k}" for k in range(m)]]),
-            item_ids=np.concatenate([item_ids.astype(str), [f"canary-item-{k}" for k in range(c)]]),
-            timestamps=timestamps,
-            user_region=np.concatenate([dataset.user_region, np.full(m, -1, dtype=np.int64)]),
-            rating_min=dataset.rating_min,
-            rating_max=dataset.rating_max,
-            rating_step=dataset.rating_step,
-        )
+        rows = np.arange(m)
+        augmented = append_canaries(dataset, rows, items, np.where(bits, hi, lo), np.zeros(m, dtype=np.int64), c)
         return augmented, {"users": users, "items": items, "bits": bits, "high": hi, "low": lo}
 
     def config(self, config: Mapping[str, Any], n_ratings: int) -> dict[str, Any]:
@@ -350,14 +376,321 @@ class FedMVMFCanaries:
         return out, used
 
 
-#: protocol name -> its canary kit
-KITS: dict[str, type] = {"fedmvmf": FedMVMFCanaries}
+# ------------------------------------------------------------------------------ FedNCF
 
 
-def canary_kit(protocol: str) -> Any | None:
-    """The canary kit of ``protocol``, or None when it has none."""
-    cls = KITS.get(protocol)
-    return cls() if cls is not None else None
+@dataclass
+class FedNCFCanaries:
+    """Replace-one-instance canaries for FedNCF under ``dp-sgd`` (module docstring).
+
+    Canary user k has three interactions with the canary items of its group g = k mod
+    ``groups`` (A_g, B_g, C_g, unrated by real users), timestamped A < X < Y: its bit sets
+    X = B_g, Y = C_g (S = +1) or X = C_g, Y = B_g (S = -1). Leave-one-out holds Y out, so
+    the canary trains on the positives {A_g, X}, its negatives are drawn from the same
+    items either way (all but A_g, B_g, C_g) and its instance count is the same: the bit
+    replaces one training instance (the positive on B_g by one on C_g), ``dp-sgd``'s
+    neighbour relation (its epsilon is already for replacement: no halving)."""
+
+    canaries: int = 400  # 200 flag a 10x-too-small noise only at the margin (docs/canaries.md)
+    groups: int = 4
+    replace = False
+    #: the DP defenses whose neighbour relation these canaries instantiate
+    covers = ("dp-sgd",)
+    #: every coordinate of a canary client's initial user vector
+    user_scale: float = 10.0
+    #: global rounds of the canary run (each canary trains once per global round)
+    global_rounds: int = 1
+
+    def insert(self, dataset: Any, rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:
+        """The dataset with the canaries appended and ``{"users", "a", "b", "c", "bits"}``
+        ((m,) dataset indices of the canary users and of their group's items A, B, C)."""
+        if dataset.timestamps is None:  # zeros: leave-one-out then breaks real users' ties as without
+            import dataclasses
+
+            ts = sp.csr_matrix(dataset.ratings, dtype=np.int64, copy=True)
+            ts.data[:] = 0
+            dataset = dataclasses.replace(dataset, timestamps=ts)
+        n, n_items = dataset.n_users, dataset.n_items
+        m, g = int(self.canaries), int(self.groups)
+        bits = rng.random(m) < 0.5
+        group = np.arange(m) % g
+        a, b, c = n_items + 3 * group, n_items + 3 * group + 1, n_items + 3 * group + 2
+        x, y = np.where(bits, b, c), np.where(bits, c, b)
+        rows = np.repeat(np.arange(m), 3)
+        cols = np.column_stack([a, x, y]).ravel()
+        times = np.tile(np.arange(3, dtype=np.int64), m)
+        value = float(dataset.rating_max)
+        augmented = append_canaries(dataset, rows, cols, np.full(rows.size, value), times, 3 * g)
+        return augmented, {"users": np.arange(n, n + m), "a": a, "b": b, "c": c, "bits": bits}
+
+    def config(self, config: Mapping[str, Any], n_ratings: int) -> dict[str, Any]:
+        """The canary run: ``global_rounds`` passes (at most the cell's), every round recorded,
+        leave-one-out by timestamp (ties among the canaries' three are impossible)."""
+        cfg = dict(config)
+        cfg["global_rounds"] = int(min(int(cfg.get("global_rounds", 1)), self.global_rounds))
+        cfg["record_rounds"] = -1
+        return cfg
+
+    def protocol(self, protocol_cls: type, config: Mapping[str, Any], record: dict[str, Any]) -> Any:
+        """The protocol with the canary clients' initial user vectors set to ``user_scale`` in
+        every coordinate (recorded as ``record["u"]``): a large u puts most of a positive's
+        clipped gradient on its item row, along h * u (GMF); DP-SGD's guarantee holds for any
+        initial state."""
+        from privaudit.models import ncf
+
+        Dt = ncf.item_dim(config["model"], int(config["D"]))
+        record["u"] = np.full(Dt, float(self.user_scale))
+        proto = protocol_cls()
+        proto.user_vectors = (record["users"], np.tile(record["u"], (len(record["users"]), 1)))
+        return proto
+
+    def score(self, result: Any, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, int]:
+        """(guesser scores, bits, rounds observed); the bits are read here, outside the guesser."""
+        scores, rounds = self.scores(
+            result.transcript, record["users"], record["a"], record["b"], record["c"], record.get("u")
+        )
+        return scores, record["bits"], rounds
+
+    @staticmethod
+    def canary_epsilon(defenses: Sequence[Any], result: Any, record: Mapping[str, Any]) -> float | None:
+        """The accounted epsilon of the canary clients themselves (``dp-sgd``'s own RDP
+        accounting for their instance count and the rounds they uploaded in): the claim each
+        canary's bit is tested against, at most the run's worst-case ``privacy_spent``."""
+        from privaudit.defenses.dp_sgd import REPLACE_SENSITIVITY, rdp_epsilon
+
+        dp = [d for d in defenses if hasattr(d, "noise_multiplier") and hasattr(d, "local_training")]
+        if not dp:
+            return None
+        cfg = result.transcript.config
+        want = {f"client:{int(v)}" for v in record["users"]}
+        counts: dict[str, int] = {}
+        for msg in result.transcript.messages:
+            if msg.kind == "item_update" and msg.sender in want:
+                counts[msg.sender] = counts.get(msg.sender, 0) + 1
+        rounds = max(counts.values(), default=0)
+        n = 2 * (1 + int(cfg["negatives"]))  # two training positives and their negatives
+        B, E = int(cfg["batch_size"]), int(cfg["local_epochs"])
+        steps = rounds * E * math.ceil(n / B)
+        return float(
+            sum(
+                rdp_epsilon(float(d.noise_multiplier) / REPLACE_SENSITIVITY, min(1.0, B / n), steps, float(d.delta))
+                for d in dp
+            )
+        )
+
+    @staticmethod
+    def scores(
+        transcript: Any, users: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray, u: Any = None
+    ) -> tuple[np.ndarray, int]:
+        """The guesser: per canary client, summed over its recorded ``item_update`` uploads,
+        <d_B - d_C, w> with d_j its uploaded change of item row j and w the direction of a
+        positive's step on an item row: in GMF the gradient is (sigmoid - 1) h * u (h the
+        output weights of that round's broadcast ``state``, u the canary's crafted initial
+        vector), so Adam moves the row along h * u; without u, or for MLP / NeuMF, w = d_A
+        (the other positive's row moves the same way). Reads only the uploads, the broadcast
+        state and the canary's construction."""
+        want = {f"client:{int(v)}": k for k, v in enumerate(users)}
+        gmf = transcript.config.get("model") == "gmf" and u is not None
+        D = int(transcript.config.get("D", 0))
+        heads = {
+            msg.round: np.asarray(msg.payload["network"], dtype=np.float64)[:D]
+            for msg in transcript.messages
+            if msg.kind == "state"
+        }
+        out = np.zeros(len(users))
+        rounds: set[int] = set()
+        for msg in transcript.messages:
+            if msg.kind != "item_update" or msg.sender not in want or (gmf and msg.round not in heads):
+                continue
+            k = want[msg.sender]
+            ids = np.asarray(msg.payload["items"])
+            values = np.asarray(msg.payload["values"], dtype=np.float64)
+            pos = {int(j): np.flatnonzero(ids == j) for j in (a[k], b[k], c[k])}
+            if any(not p.size for p in pos.values()):
+                continue
+            da, db, dc = (values[pos[int(j)][0]] for j in (a[k], b[k], c[k]))
+            w = heads[msg.round] * np.asarray(u, dtype=np.float64) if gmf else da
+            out[k] += float(np.dot(db - dc, w))
+            rounds.add(int(msg.round))
+        return out, len(rounds)
+
+
+# ------------------------------------------------------------------------------ FedProto
+
+
+@dataclass
+class FedProtoCanaries:
+    """Add/remove-one-user canaries for FedProto under ``dp-prototypes`` (module docstring).
+
+    The canary run is on a crafted dataset (DP is a claim for every dataset): H zip silos
+    (regions 0..H-1), each of ``fillers`` filler users (empty rows) and ``per_silo`` canary
+    slots; slot j of every silo is an extreme row, the
+    top rating on canary item j, present (S = +1) or absent (S = -1): exactly
+    ``dp-prototypes``' neighbour (one user's row added or removed in a silo). The silo always
+    keeps its fillers, so no silo appears or vanishes with the bits, and the mechanism always
+    releases k prototypes. The run uses ``s = 1`` (a one-entry row is then a whole row's worth
+    of the mechanism's sensitivity: with s non-zeros allowed, the noise per entry is
+    calibrated to s entries and a one-entry canary moves 1/s of it) and no held-out ratings;
+    the mechanism, its epsilon and its other parameters are the cell's."""
+
+    canaries: int = 64
+    per_silo: int = 2  # at s = 1 a cluster releases one entry: more canaries per silo collide
+    fillers: int = 2
+    replace = False
+    #: the DP defenses whose neighbour relation these canaries instantiate
+    covers = ("dp-prototypes",)
+
+    def insert(self, dataset: Any, rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:
+        """The crafted dataset (only the included canaries and the fillers; ``dataset`` gives the
+        rating scale) and ``{"silo", "item", "bits"}`` per canary ((m,) each)."""
+        from privaudit.data.dataset import RatingsDataset
+
+        m, j, f = int(self.canaries), int(self.per_silo), int(self.fillers)
+        H = -(-m // j)
+        bits = rng.random(m) < 0.5
+        silo, item = np.arange(m) // j, np.arange(m) % j
+        keep = np.flatnonzero(bits)
+        region = np.concatenate([np.repeat(np.arange(H), f), silo[keep]])
+        n = region.size
+        hi = float(dataset.rating_max)
+        rows = np.arange(H * f, n)
+        ratings = sp.csr_matrix((np.full(rows.size, hi), (rows, item[keep])), shape=(n, j))
+        crafted = RatingsDataset(
+            name=dataset.name,
+            ratings=ratings,
+            user_attributes=np.zeros((n, 0)),
+            attribute_names=[],
+            item_features=np.zeros((j, 0)),
+            feature_names=[],
+            user_ids=np.array([f"canary-user-{k}" for k in range(n)]),
+            item_ids=np.array([f"canary-item-{k}" for k in range(j)]),
+            timestamps=None,
+            user_region=region.astype(np.int64),
+            rating_min=dataset.rating_min,
+            rating_max=dataset.rating_max,
+            rating_step=dataset.rating_step,
+        )
+        return crafted, {"silo": silo, "item": item, "bits": bits}
+
+    def config(self, config: Mapping[str, Any], n_ratings: int) -> dict[str, Any]:
+        """The canary run: zip silos (the crafted regions), ``s = 1``, no held-out ratings."""
+        cfg = dict(config)
+        cfg.update(silos="zip", s=1, test_users=0.0)
+        return cfg
+
+    def score(self, result: Any, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, int]:
+        """(guesser scores, bits, 1); the bits are read here, outside the guesser."""
+        return self.scores(result.transcript, record["silo"], record["item"]), record["bits"], 1
+
+    @staticmethod
+    def scores(transcript: Any, silo: np.ndarray, item: np.ndarray) -> np.ndarray:
+        """The guesser: per canary, the largest entry at its canary item over its silo's
+        released prototypes (what the server receives from ``client:<silo>``): an included
+        canary's cluster sum carries the top rating there, before the support selection and
+        the Laplace noise; the silo's other (mostly empty) clusters release noise only."""
+        protos = {
+            msg.sender: np.asarray(msg.payload["prototypes"], dtype=np.float64)
+            for msg in transcript.messages
+            if msg.kind == "prototypes"
+        }
+        out = np.zeros(len(silo))
+        for k, (h, j) in enumerate(zip(silo, item)):
+            P = protos.get(f"client:{int(h)}")
+            if P is not None:
+                out[k] = float(P[:, int(j)].max())
+        return out
+
+
+@dataclass
+class FedProtoSiloCanaries:
+    """Replace-one-client canaries for FedProto under ``dp-laplace`` / ``dp-gaussian``, whose
+    unit is a client's whole upload (here a silo's prototypes; neighbour "user": that client's
+    data replaced by any other). Each canary is a silo of one user (exact prototypes: the row
+    itself), one top rating of canary item 0 (S = +1) or of item 1 (S = -1): once clipped to C
+    the two uploads are C e_0 and C e_1, 2C apart in L1 (the Laplace mechanism's whole
+    sensitivity; sqrt(2) C in L2). The claim is already for replacement: no halving. The guesser
+    scores the noisy upload by the likelihood ratio of the two clipped uploads (Laplace: L1,
+    Gaussian: L2), reading only the ``prototypes`` messages and the public defense config."""
+
+    canaries: int = DEFAULT_CANARIES
+    replace = False
+    covers = ("dp-laplace", "dp-gaussian")
+
+    def insert(self, dataset: Any, rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:
+        """The crafted dataset (one user per canary silo, two items) and ``{"bits"}``."""
+        from privaudit.data.dataset import RatingsDataset
+
+        m = int(self.canaries)
+        bits = rng.random(m) < 0.5
+        ratings = sp.csr_matrix((np.full(m, float(dataset.rating_max)), (np.arange(m), np.where(bits, 0, 1))), (m, 2))
+        crafted = RatingsDataset(
+            name=dataset.name,
+            ratings=ratings,
+            user_attributes=np.zeros((m, 0)),
+            attribute_names=[],
+            item_features=np.zeros((2, 0)),
+            feature_names=[],
+            user_ids=np.array([f"canary-user-{k}" for k in range(m)]),
+            item_ids=np.array(["canary-item-0", "canary-item-1"]),
+            timestamps=None,
+            user_region=np.arange(m, dtype=np.int64),
+            rating_min=dataset.rating_min,
+            rating_max=dataset.rating_max,
+            rating_step=dataset.rating_step,
+        )
+        return crafted, {"bits": bits, "high": float(dataset.rating_max)}
+
+    def config(self, config: Mapping[str, Any], n_ratings: int) -> dict[str, Any]:
+        """The canary run: zip silos (one per canary), exact prototypes, no held-out ratings."""
+        cfg = dict(config)
+        cfg.update(silos="zip", test_users=0.0, prototypes="exact")
+        return cfg
+
+    def score(self, result: Any, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, int]:
+        """(guesser scores, bits, 1); the bits are read here, outside the guesser."""
+        return self.scores(result.transcript, len(record["bits"]), record["high"]), record["bits"], 1
+
+    @staticmethod
+    def scores(transcript: Any, m: int, high: float) -> np.ndarray:
+        """Per canary silo h, the log-likelihood ratio (up to the noise scale) of its noisy
+        upload between the clipped uploads of a top rating of item 0 and of item 1."""
+        cfg = transcript.config
+        defense = next((d for d in cfg.get("defenses") or [] if isinstance(d, Mapping) and "clip" in d), None)
+        laplace = defense is None or "laplace" in str(defense.get("name", ""))
+        e1 = FedMVMFCanaries.clipped(np.array([high, 0.0]), 2, defense)
+        e0 = FedMVMFCanaries.clipped(np.array([0.0, high]), 2, defense)
+        protos = {
+            msg.sender: np.asarray(msg.payload["prototypes"], dtype=np.float64).ravel()
+            for msg in transcript.messages
+            if msg.kind == "prototypes"
+        }
+        out = np.zeros(m)
+        for h in range(m):
+            x = protos.get(f"client:{h}")
+            if x is None or x.size != 2:
+                continue
+            if laplace:
+                out[h] = float(np.sum(np.abs(x - e0) - np.abs(x - e1)))
+            else:
+                out[h] = float(np.dot(x - (e1 + e0) / 2.0, e1 - e0))
+        return out
+
+
+#: protocol name -> its canary kits (one per neighbour relation)
+KITS: dict[str, tuple[type, ...]] = {
+    "fedmvmf": (FedMVMFCanaries,),
+    "fedncf": (FedNCFCanaries,),
+    "fedproto": (FedProtoCanaries, FedProtoSiloCanaries),
+}
+
+
+def canary_kit(protocol: str, defense: str | None = None) -> Any | None:
+    """The canary kit of ``protocol`` (for the DP defense named ``defense``, when given: None if
+    the kit's ``covers`` does not list it), or None when it has none."""
+    for cls in KITS.get(protocol, ()):
+        if defense is None or defense in (getattr(cls, "covers", None) or (defense,)):
+            return cls()
+    return None
 
 
 def claimed_privacy(privacy: Mapping[str, Any]) -> tuple[float, float, str] | None:
@@ -392,19 +725,22 @@ def canary_audit(
 ) -> dict[str, Any]:
     """One canary run of ``protocol_cls`` with ``defense_specs`` at ``seed`` and its one-run
     bound next to the accounted epsilon: ``{"epsilon_lb", "epsilon", "delta", "neighbour",
-    "canaries", "guesses", "correct", "confidence", "rounds_observed"}``."""
+    "canaries", "guesses", "correct", "confidence", "rounds_observed"}``, and
+    ``"epsilon_canaries"`` (the canaries' own accounted epsilon) when the kit computes one."""
     from privaudit import runner
 
-    kit = canary_kit(protocol_cls.name)
+    defense_name = (names or [""])[0] or (getattr(defense_specs[0][0], "name", None) if defense_specs else None)
+    kit = canary_kit(protocol_cls.name, defense_name or None)
     if kit is None:
-        raise PrivauditError(f"no canary audit for protocol {protocol_cls.name!r}")
+        raise PrivauditError(f"no canary audit for protocol {protocol_cls.name!r} with defense {defense_name!r}")
     if canaries is not None:
         kit.canaries = int(canaries)
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA7A]))
     augmented, record = kit.insert(dataset, rng)
     defenses = [cls(**dict(params)) for cls, params in defense_specs]
     cfg = kit.config(protocol_cls.resolve_config(dict(config)), augmented.n_ratings)
-    result = protocol_cls().run(augmented, cfg, defenses, int(seed))
+    protocol = kit.protocol(protocol_cls, cfg, record) if hasattr(kit, "protocol") else protocol_cls()
+    result = protocol.run(augmented, cfg, defenses, int(seed))
     privacy = runner.defense_privacy(defenses, result.transcript, names)
     claim = claimed_privacy(privacy)
     if claim is None:
@@ -412,6 +748,11 @@ def canary_audit(
     eps, delta, neighbour = claim
     scores, bits, rounds = kit.score(result, record)
     bound = canary_bound(scores, bits, delta=delta, confidence=confidence, replace=kit.replace)
+    extra = {}
+    if hasattr(kit, "canary_epsilon"):
+        own = kit.canary_epsilon(defenses, result, record)
+        if own is not None:
+            extra["epsilon_canaries"] = own
     return {
         "epsilon_lb": float(bound["epsilon_lb"]),
         "epsilon": float(eps),
@@ -422,4 +763,5 @@ def canary_audit(
         "correct": int(bound["correct"]),
         "confidence": float(confidence),
         "rounds_observed": int(rounds),
+        **extra,
     }

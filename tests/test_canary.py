@@ -174,3 +174,170 @@ def test_claim_read_from_privacy_spent():
     assert canary.claimed_privacy({"dp-gaussian": user}) == (2.0, 1e-5, "user")
     # the defense's own statement wins over its unit
     assert canary.claimed_privacy({"dp-gaussian": {**user, "neighbour": "rating"}})[2] == "rating"
+
+
+# ------------------------------------------------------------------------------ FedNCF dp-sgd
+
+
+def _ncf_audit(defense_cls, dataset, sigma, canaries=400):
+    protocol = registry.get("protocol", "fedncf")
+    return canary.canary_audit(
+        protocol, {}, [(defense_cls, {"noise_multiplier": sigma})], dataset, seed=0, canaries=canaries
+    )
+
+
+@pytest.fixture(scope="module")
+def small():
+    from privaudit.data.synthetic import synthetic
+
+    return synthetic(n_users=40, n_items=120, seed=0)
+
+
+def test_ncf_canaries_replace_one_instance(small):
+    kit = canary.FedNCFCanaries(canaries=40)
+    aug, record = kit.insert(small, np.random.default_rng(0))
+    from privaudit.protocols.fedncf import implicit_split
+
+    pos, test_item = implicit_split(aug, np.random.default_rng(0))
+    users, bits = record["users"], record["bits"]
+    # the canary trains on A and on B (bit 1) or C (bit 0); the other is its held-out item
+    assert np.array_equal(test_item[users], np.where(bits, record["c"], record["b"]))
+    rows = pos[users]
+    assert np.all(np.diff(rows.indptr) == 2)
+    assert np.array_equal(rows.indices.reshape(-1, 2)[:, 1], np.where(bits, record["b"], record["c"]))
+    assert aug.ratings[: small.n_users, small.n_items :].nnz == 0
+    # without timestamps (a ratings CSV) the canaries' order still decides the held-out item
+    import dataclasses
+
+    aug2, record2 = kit.insert(dataclasses.replace(small, timestamps=None), np.random.default_rng(0))
+    _, test2 = implicit_split(aug2, np.random.default_rng(0))
+    assert np.array_equal(test2[record2["users"]], np.where(record2["bits"], record2["c"], record2["b"]))
+
+
+def test_ncf_broken_dp_sgd_is_flagged_and_correct_is_not(small):
+    from privaudit.defenses.base import LocalTraining
+    from privaudit.defenses.dp_sgd import DPSGD
+
+    class BrokenDPSGD(DPSGD):
+        """Claims dp-sgd's epsilon, adds 10x too little noise."""
+
+        def local_training(self):
+            return LocalTraining(float(self.noise_multiplier) / 10.0, float(self.max_grad_norm))
+
+    broken = _ncf_audit(BrokenDPSGD, small, 15.0)
+    ok = _ncf_audit(DPSGD, small, 15.0)
+    for out in (broken, ok):
+        assert out["neighbour"] == "instance" and out["canaries"] == 400
+        # a canary's own accounting (10 instances, one round, q = 1): 2 steps at sigma / 2
+        assert out["epsilon_canaries"] == pytest.approx(0.745, abs=0.01)
+        assert out["epsilon_canaries"] <= out["epsilon"] + 1e-9
+    assert broken["epsilon_lb"] > broken["epsilon"]  # true noise multiplier 1.5: flagged
+    assert ok["epsilon_lb"] <= ok["epsilon_canaries"]
+
+
+def test_ncf_guesser_reads_only_the_server_view(small):
+    from privaudit.defenses.dp_sgd import DPSGD
+
+    protocol = registry.get("protocol", "fedncf")
+    kit = canary.FedNCFCanaries(canaries=60)
+    aug, record = kit.insert(small, np.random.default_rng(1))
+    cfg = kit.config(protocol.resolve_config({}), aug.n_ratings)
+    res = kit.protocol(protocol, cfg, record).run(aug, cfg, [DPSGD(noise_multiplier=0.3)], 0)
+    before, rounds = kit.scores(res.transcript, record["users"], record["a"], record["b"], record["c"], record["u"])
+    res.transcript.messages[:] = [m for m in res.transcript.messages if m.kind != "private"]
+    after, _ = kit.scores(res.transcript, record["users"], record["a"], record["b"], record["c"], record["u"])
+    assert rounds > 0 and np.array_equal(before, after)
+    # low noise: the sign of the score is the bit for (nearly) every canary; chance is 1/2
+    assert np.mean((before > 0) == record["bits"]) > 0.9
+    # an honest run (no canary vectors) is unchanged by the hook's existence
+    assert protocol.user_vectors is None
+
+
+# ------------------------------------------------------------------------------ FedProto dp-prototypes
+
+
+def test_proto_canaries_add_or_remove_one_row_per_slot(synthetic):
+    kit = canary.FedProtoCanaries(canaries=20, per_silo=4, fillers=2)
+    crafted, record = kit.insert(synthetic, np.random.default_rng(0))
+    bits = record["bits"]
+    # fillers (empty rows) keep every silo present; an included canary is one top rating of its item
+    assert crafted.n_users == 5 * 2 + bits.sum() and crafted.n_items == 4
+    assert np.array_equal(np.unique(crafted.user_region), np.arange(5))
+    assert crafted.n_ratings == bits.sum() and np.all(crafted.ratings.data == synthetic.rating_max)
+    cfg = kit.config(registry.get("protocol", "fedproto").resolve_config({}), crafted.n_ratings)
+    assert cfg["s"] == 1 and cfg["silos"] == "zip" and cfg["test_users"] == 0
+
+
+def _proto_audit(defense_cls, dataset, canaries=128, **params):
+    protocol = registry.get("protocol", "fedproto")
+    return canary.canary_audit(protocol, {}, [(defense_cls, params)], dataset, seed=0, canaries=canaries)
+
+
+def test_proto_broken_dp_prototypes_is_flagged_and_correct_is_not(synthetic):
+    from privaudit.defenses.dp_prototypes import DPPrototypes
+
+    class TenfoldDPPrototypes(DPPrototypes):
+        """Claims dp-prototypes' epsilon, runs the mechanism at 10x that epsilon."""
+
+        def prototypes(self, rows, k, s, Lambda, rng):
+            eps = self.config["epsilon"]
+            self.config["epsilon"] = 10 * eps
+            try:
+                return super().prototypes(rows, k, s, Lambda, rng)
+            finally:
+                self.config["epsilon"] = eps
+
+    # one trial (the default 5 release one of them: ~0.1 epsilon reaches the prototypes)
+    broken = _proto_audit(TenfoldDPPrototypes, synthetic, epsilon=1.0, trials=1)
+    ok = _proto_audit(DPPrototypes, synthetic, epsilon=1.0, trials=1)
+    for out in (broken, ok):
+        assert out["neighbour"] == "user" and out["delta"] == 0.0 and out["canaries"] == 128
+        assert out["epsilon"] == 1.0
+    assert broken["epsilon_lb"] > broken["epsilon"]  # true epsilon 10: flagged (measured 1.31)
+    assert ok["epsilon_lb"] <= ok["epsilon"]
+    # the same mechanism at epsilon 10, claimed: consistent, and the bound is not vacuous
+    honest10 = _proto_audit(DPPrototypes, synthetic, epsilon=10.0, trials=1)
+    assert 1.0 < honest10["epsilon_lb"] <= honest10["epsilon"]
+
+
+def test_proto_guesser_reads_only_the_released_prototypes(synthetic):
+    from privaudit.defenses.dp_prototypes import DPPrototypes
+
+    protocol = registry.get("protocol", "fedproto")
+    kit = canary.FedProtoCanaries(canaries=32)
+    crafted, record = kit.insert(synthetic, np.random.default_rng(2))
+    cfg = kit.config(protocol.resolve_config({}), crafted.n_ratings)
+    res = protocol().run(crafted, cfg, [DPPrototypes(epsilon=50.0, trials=1)], 0)
+    before = kit.scores(res.transcript, record["silo"], record["item"])
+    res.transcript.messages[:] = [m for m in res.transcript.messages if m.kind == "prototypes"]
+    after = kit.scores(res.transcript, record["silo"], record["item"])
+    assert np.array_equal(before, after)
+    bits = record["bits"]
+    assert before[bits].mean() > before[~bits].mean() + 1.0
+
+
+def test_kits_cover_only_their_defenses_neighbour_relation():
+    assert isinstance(canary.canary_kit("fedncf", "dp-sgd"), canary.FedNCFCanaries)
+    assert canary.canary_kit("fedncf", "ldp-interactions") is None
+    assert isinstance(canary.canary_kit("fedproto", "dp-prototypes"), canary.FedProtoCanaries)
+    assert isinstance(canary.canary_kit("fedproto", "dp-gaussian"), canary.FedProtoSiloCanaries)
+    assert canary.canary_kit("fedproto", "x") is None
+    assert canary.canary_kit("fedmvmf", "dp-gaussian") is not None and canary.canary_kit("fedsvd") is None
+
+
+def test_proto_silo_canaries_flag_a_broken_dp_laplace(synthetic):
+    """dp-laplace on FedProto protects a client's whole upload (a silo's prototypes): one-user
+    canary silos whose clipped uploads are 2C apart."""
+    protocol = registry.get("protocol", "fedproto")
+    kit = canary.canary_kit("fedproto", "dp-laplace")
+    assert isinstance(kit, canary.FedProtoSiloCanaries)
+
+    def audit(cls):
+        return canary.canary_audit(
+            protocol, {}, [(cls, {"epsilon": 0.3})], synthetic, seed=0, canaries=100, names=["dp-laplace"]
+        )
+
+    broken, ok = audit(BrokenDPLaplace), audit(DPLaplace)
+    assert ok["neighbour"] == "user" and ok["epsilon"] == pytest.approx(0.3, rel=1e-3) and ok["canaries"] == 100
+    assert broken["epsilon_lb"] > broken["epsilon"]  # true epsilon 3: flagged
+    assert ok["epsilon_lb"] <= ok["epsilon"]

@@ -371,6 +371,9 @@ class FedNCF(Protocol):
         with ncf.single_thread():
             return super().run(dataset, config, defenses, rng)
 
+    #: (user ids, (len, Dtot) initial vectors) of canary clients, set only by privaudit.canary
+    user_vectors: tuple[np.ndarray, np.ndarray] | None = None
+
     def simulate(self, setup: RunSetup) -> RunResult:
         """The run's steps under :meth:`run` (torch present, one thread)."""
         cfg, dataset, defenses, seed = setup.config, setup.dataset, setup.defenses, setup.seed
@@ -414,6 +417,8 @@ class FedNCF(Protocol):
         net = ncf.init_network(arch, D, layers, init_rng)
         items = ncf.init_embeddings(m, Dt, init_rng, cfg["init_std"])
         users = ncf.init_embeddings(n, Dt, init_rng, cfg["init_std"])
+        if self.user_vectors is not None:  # a canary audit's crafted clients (privaudit.canary); else None
+            users[np.asarray(self.user_vectors[0])] = np.asarray(self.user_vectors[1], dtype=np.float32)
         adam = None
         if cfg["client_optimizer"] == "persistent":  # per-client Adam moments (n x m x Dtot for the rows)
             adam = {"step": np.zeros(n, dtype=np.int64)}
