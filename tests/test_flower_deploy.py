@@ -338,3 +338,32 @@ def test_flwr_run_against_a_local_superlink_is_recorded_and_audited(tmp_path):
     assert audit.returncode == 0, audit.stderr
     line = next(x for x in audit.stdout.splitlines() if x.startswith("generic-trained-items"))
     assert line.rstrip().endswith("leaks (f1)"), audit.stdout
+
+
+def test_side_channel_carries_the_clients_dp_mods(tmp_path):
+    """Under `privaudit record` the client Mod writes its DP mods to the side channel; the
+    recorder merges one entry per distinct description with the nodes that reported it, and
+    leaves out a malformed file and entries that are not objects with a string name."""
+    from privaudit.integrations._sidechannel import merge_defenses, write_defenses
+
+    entry = {"name": "flower-local-dp", "mod": "LocalDpMod", "epsilon": 1.0}
+    for node in (7, 9):
+        write_defenses(tmp_path, node, [entry, {"name": 3}, "x"])
+    write_defenses(tmp_path, 7, [{"name": "other"}])  # once per node: the first write stays
+    (tmp_path / "defenses" / "11.json").write_text("{not json")
+    entries, reported = merge_defenses(tmp_path)
+    assert list(entries.values()) == [entry] and list(reported.values()) == [{7, 9}]
+
+
+@pytest.mark.slow
+def test_local_dp_under_the_simulation_engine_is_recorded(tmp_path):
+    """`privaudit record` of the example with dp=local lists LocalDpMod in the transcript's
+    defenses, composed over the rounds each client trained in."""
+    pytest.importorskip("flwr")
+    from privaudit.integrations.flower import record
+
+    rec = record(APP, clients=5, rounds=2, run_config={"dp": "local"}, cpus_per_client=1.0)
+    (entry,) = [d for d in rec.transcript.config["defenses"] if d["name"] == "flower-local-dp"]
+    assert entry["reported_by_clients"] == 5 and entry["rounds"] == 2
+    assert entry["basic_epsilon"] == pytest.approx(2 * entry["epsilon"])
+    assert 0 < entry["accounted_epsilon"] < entry["basic_epsilon"]

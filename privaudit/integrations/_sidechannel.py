@@ -14,10 +14,12 @@ import numpy as np
 
 from privaudit.errors import PrivauditError
 
-__all__ = ["merge_private", "write_private"]
+__all__ = ["merge_defenses", "merge_private", "write_defenses", "write_private"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _MAX_PRIVATE_BYTES = 256 * 1024**2
+#: Largest description of one node's DP mods (a few small dicts).
+_MAX_DEFENSES_BYTES = 64 * 1024
 
 
 def write_private(run_dir: str | Path, node_id: int, loader: Callable[[], dict]) -> None:
@@ -72,3 +74,39 @@ def merge_private(run_dir: str | Path) -> dict[int, dict[str, np.ndarray]]:
                 raise PrivauditError(f"{f}: not a plain .npy array ({exc})") from None
         out[int(d.name)] = arrays
     return out
+
+
+def write_defenses(run_dir: str | Path, node_id: int, entries: list[dict]) -> None:
+    """Write once what a node says of its DP mods: ``run_dir/defenses/<node_id>.json``."""
+    final = Path(run_dir) / "defenses" / f"{int(node_id)}.json"
+    if final.exists():
+        return
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{int(node_id)}-", dir=final.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(entries, f)
+    os.replace(tmp, final)
+
+
+def merge_defenses(run_dir: str | Path) -> tuple[dict[str, dict], dict[str, set[int]]]:
+    """Every node's DP mod descriptions (:func:`write_defenses`): distinct entry (keyed by its
+    JSON) -> entry, and -> the node ids that reported it. Entries must be objects with a string
+    ``name``; anything else is left out."""
+    root = Path(run_dir) / "defenses"
+    entries: dict[str, dict] = {}
+    reported: dict[str, set[int]] = {}
+    if not root.is_dir():
+        return entries, reported
+    for f in sorted(root.glob("*.json")):
+        if not f.stem.isdigit() or not f.is_file() or f.stat().st_size > _MAX_DEFENSES_BYTES:
+            continue
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        for e in data if isinstance(data, list) else []:
+            if isinstance(e, dict) and isinstance(e.get("name"), str):
+                key = json.dumps(e, sort_keys=True)
+                entries.setdefault(key, e)
+                reported.setdefault(key, set()).add(int(f.stem))
+    return entries, reported

@@ -39,7 +39,8 @@ import numpy as np
 from privaudit import _safejson
 from privaudit.errors import MissingDependencyError, PrivauditError
 from privaudit.integrations import dense
-from privaudit.integrations._sidechannel import merge_private, write_private
+from privaudit.integrations._flower_dp import client_reported
+from privaudit.integrations._sidechannel import merge_defenses, merge_private, write_private
 from privaudit.integrations.schema_map import SchemaMap
 from privaudit.transcript import Transcript
 
@@ -54,6 +55,9 @@ __all__ = [
     "write_private",
 ]
 
+#: Environment variable naming the side-channel folder of a ``privaudit record`` simulation (set
+#: while it runs), where the app's privaudit client Mod writes the DP mods it applies.
+SIMULATION_DIR_ENV = "PRIVAUDIT_SIMULATION_RUN_DIR"
 #: The protocol name of every transcript recorded from Flower.
 PROTOCOL = "flower"
 
@@ -487,9 +491,12 @@ def _simulate(
         "init_args": {"logging_level": "ERROR", "log_to_driver": False, "_temp_dir": str(ray_temp)},
     }
     t0 = time.perf_counter()
-    # the simulation's worker processes import the app's modules: put its folder on their path
+    # the simulation's worker processes import the app's modules: put its folder on their path;
+    # the app's privaudit client Mod (integrations.flower_deploy) writes its DP mods to the side channel
     old_path = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(app.root)] + ([old_path] if old_path else []))
+    if recorder:
+        os.environ[SIMULATION_DIR_ENV] = str(path)
     try:
         result = _run_simulation(
             num_supernodes=clients,
@@ -503,6 +510,7 @@ def _simulate(
             is_app=True,
         )
     finally:
+        os.environ.pop(SIMULATION_DIR_ENV, None)
         if old_path is None:
             os.environ.pop("PYTHONPATH", None)
         else:
@@ -521,7 +529,25 @@ _STAGE = "secaggplus_configs/stage"
 
 
 def _defenses(rec: FlowerRecorder) -> list[dict[str, Any]]:
-    """The Flower defenses the recorded messages show were active (public facts of the run)."""
+    """The Flower defenses the recorded messages show were active (public facts of the run),
+    then the DP mods the clients described through the side channel (simulation)."""
+    out = _secaggplus(rec)
+    entries, reported = merge_defenses(rec.run_dir)
+    if entries:
+        train = [ev for ev in rec.events if ev.direction == "up" and _is_train(ev)]
+        per_node: dict[int, int] = {}
+        for ev in train:
+            per_node[ev.node] = per_node.get(ev.node, 0) + 1
+        out += client_reported(entries, reported, max(per_node.values(), default=0))
+    return out
+
+
+def _is_train(ev: Any) -> bool:
+    return str(ev.meta.get("flower", {}).get("message_type", "")).startswith("train")
+
+
+def _secaggplus(rec: FlowerRecorder) -> list[dict[str, Any]]:
+    """SecAgg+ when the recorded messages show its stages (its public parameters)."""
     out = []
     stages = [ev for ev in rec.events if ev.direction == "down" and _STAGE in ev.meta.get("entries", {})]
     if stages:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -43,8 +43,9 @@ from typing import Any
 import numpy as np
 
 from privaudit.errors import PrivauditError
-from privaudit.integrations._sidechannel import write_private
-from privaudit.integrations.flower import FlowerRecorder, _defenses, require_flwr
+from privaudit.integrations._flower_dp import _gaussian_claim, _local_dp, client_reported
+from privaudit.integrations._sidechannel import write_defenses, write_private
+from privaudit.integrations.flower import SIMULATION_DIR_ENV, FlowerRecorder, _defenses, _is_train, require_flwr
 from privaudit.integrations.schema_map import SchemaMap
 
 __all__ = [
@@ -76,21 +77,6 @@ def recording_path(run_config: Any) -> str:
 # --------------------------------------------------------------------------- defenses
 
 
-def _gaussian_claim(noise_multiplier: float, rounds: int, delta: float) -> dict[str, Any]:
-    """Accounted epsilon at ``delta`` of ``rounds`` Gaussian mechanisms (dp-accounting)."""
-    from privaudit.defenses.accounting import gaussian_accountant, gaussian_epsilon
-
-    if rounds <= 0:
-        return {"rounds": 0}
-    eps = gaussian_epsilon(noise_multiplier, rounds, delta)
-    return {
-        "rounds": int(rounds),
-        "accounted_epsilon": float(eps) if math.isfinite(eps) else "inf",
-        "accounted_delta": float(delta),
-        "accountant": f"dp-accounting {gaussian_accountant(noise_multiplier)}, Gaussian x {int(rounds)} rounds",
-    }
-
-
 def describe(obj: Any, rounds: int = 0, delta: float | None = None) -> list[dict[str, Any]]:
     """The ``defenses`` entries of a Flower DP object (a strategy wrapper chain or a client mod).
 
@@ -120,30 +106,6 @@ def describe(obj: Any, rounds: int = 0, delta: float | None = None) -> list[dict
             out.append({"name": "flower-dp", "strategy": cls, "note": "parameters not read by privaudit"})
         obj = getattr(obj, "strategy", None)
     return out
-
-
-def _local_dp(mod: Any, rounds: int) -> dict[str, Any]:
-    eps, delta, sens = float(mod.epsilon), float(mod.delta), float(mod.sensitivity)
-    entry: dict[str, Any] = {
-        "name": "flower-local-dp",
-        "mod": "LocalDpMod",
-        "side": "client",
-        "clipping_norm": float(mod.clipping_norm),
-        "sensitivity": sens,
-        "epsilon": eps,
-        "delta": delta,
-        "neighbour": "local: one client's upload vs. any other of its uploads (L2 distance <= sensitivity)",
-        "claim": "(epsilon, delta) per upload, Flower's classical Gaussian mechanism (valid for epsilon < 1)",
-    }
-    if eps > 0 and 0 < delta < 1 and sens > 0:
-        z = math.sqrt(2.0 * math.log(1.25 / delta)) / eps  # noise std / sensitivity
-        entry["noise_std"] = sens * z
-        entry["noise_multiplier"] = z
-        if rounds > 0:
-            entry["basic_epsilon"] = rounds * eps
-            entry["basic_delta"] = rounds * delta
-            entry.update(_gaussian_claim(z, rounds, delta))
-    return entry
 
 
 def _fixed_clipping(strategy: Any, rounds: int, delta: float) -> dict[str, Any]:
@@ -203,19 +165,27 @@ def client_mod(private_data: Callable[[Any], dict], defenses: Iterable[Any] = ()
     """
     defenses = list(defenses)
 
+    def described(context: Any) -> list[dict[str, Any]]:
+        out = []
+        for d in defenses:
+            obj = d if _is_flower_dp(d) else d(context)
+            out += describe(obj) if obj is not None else []
+        return out
+
     def mod(message: Any, context: Any, call_next: Callable) -> Any:
         reply = call_next(message, context)
-        if not recording_path(context.run_config) or reply.has_error():
+        if reply.has_error():
+            return reply
+        if not recording_path(context.run_config):
+            simulation = os.environ.get(SIMULATION_DIR_ENV, "")
+            if simulation:  # under `privaudit record`: the ground truth has its own Mod there
+                write_defenses(simulation, int(context.node_id), described(context))
             return reply
         from flwr.app import Array, ArrayRecord, ConfigRecord
 
         data = private_data(context)
         reply.content[PRIVATE_RECORD] = ArrayRecord({str(k): Array(np.asarray(v)) for k, v in data.items()})
-        described = []
-        for d in defenses:
-            obj = d if _is_flower_dp(d) else d(context)
-            described += describe(obj) if obj is not None else []
-        reply.content[DEFENSES_RECORD] = ConfigRecord({"json": json.dumps(described)})
+        reply.content[DEFENSES_RECORD] = ConfigRecord({"json": json.dumps(described(context))})
         return reply
 
     return mod
@@ -280,27 +250,7 @@ class _DeployRecorder:
             per_node[ev.node] = per_node.get(ev.node, 0) + 1
         out = _defenses(self.rec) + describe(strategy, rounds_run, delta)
         client_rounds = max(per_node.values(), default=0)
-        for key, entry in self.client_defenses.items():
-            entry = dict(entry)
-            if entry.get("mod") == "LocalDpMod" and client_rounds:
-                entry.update({k: v for k, v in _local_dp(_Params(entry), client_rounds).items() if k not in entry})
-            entry["reported_by_clients"] = len(self.reported[key])
-            out.append(entry)
-        return out
-
-
-class _Params:
-    """A described LocalDpMod's parameters read back as attributes."""
-
-    def __init__(self, entry: dict[str, Any]):
-        self.clipping_norm = entry["clipping_norm"]
-        self.sensitivity = entry["sensitivity"]
-        self.epsilon = entry["epsilon"]
-        self.delta = entry["delta"]
-
-
-def _is_train(ev: Any) -> bool:
-    return str(ev.meta.get("flower", {}).get("message_type", "")).startswith("train")
+        return out + client_reported(self.client_defenses, self.reported, client_rounds)
 
 
 @contextlib.contextmanager
