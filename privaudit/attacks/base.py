@@ -102,13 +102,45 @@ class Attack(Configurable):
         return {}
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
+        """Reconstruct the victims' private data from what the attacker's party saw.
+
+        Parameters
+        ----------
+        view : View
+            The messages ``party`` received (its own ``state`` included) and the public config;
+            never another party's ``private`` messages.
+        knowledge : dict
+            Side knowledge from :meth:`prior_knowledge` (e.g. an auxiliary fraction of ratings).
+        rng : numpy.random.Generator
+            The attack's only source of randomness.
+
+        Returns
+        -------
+        Reconstruction
+            Per victim party, the reconstructed fields; ``supported`` False with a ``reason``
+            when the view turns out to lack what the attack needs.
+        """
         raise NotImplementedError
 
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+        """Score ``reconstruction`` against the victims' ``private`` messages of ``transcript``.
+
+        Returns
+        -------
+        dict[str, float]
+            Metric name -> value, one entry per metric :attr:`metric_specs` declares (NaN where
+            undefined); :meth:`baseline` and :meth:`prior_baseline` return the same keys.
+        """
         raise NotImplementedError
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
-        """The same metrics for the uniform random guess over each value domain."""
+        """The same metrics as :meth:`score` for the uniform random guess over each value domain.
+
+        Returns
+        -------
+        dict[str, float]
+            Metric name -> value of the random guess (its expectation where it has one).
+        """
         raise NotImplementedError
 
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
