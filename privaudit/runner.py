@@ -26,6 +26,7 @@ import numpy as np
 
 from privaudit.errors import PrivauditError
 from privaudit.results import floats, point_bootstrap
+from privaudit.transcript import is_client
 
 __all__ = [
     "Task",
@@ -246,7 +247,7 @@ def defense_privacy(defenses: Sequence[Any], transcript: Any, names: Sequence[st
     strings (``unit``, ``accountant``) are kept."""
     rounds_by_client: dict[str, set[int]] = {}
     for m in transcript.messages:
-        if m.sender != m.receiver and m.sender.startswith("client:"):
+        if m.sender != m.receiver and is_client(m.sender):
             rounds_by_client.setdefault(m.sender, set()).add(m.round)
     rounds = max((len(r) for r in rounds_by_client.values()), default=0)
     # protocols record only some rounds (e.g. fedmvmf's record_rounds): count the rounds run

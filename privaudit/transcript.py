@@ -52,6 +52,8 @@ FORMAT_VERSION = 1
 DEFAULT_MAX_BYTES = 512 * 1024**2  # byte budget of a loaded archive (uncompressed): 512 MiB; --max-bytes
 
 __all__ = [
+    "CLIENT_PREFIX",
+    "is_client",
     "load_validated",
     "Message",
     "Transcript",
@@ -61,6 +63,15 @@ __all__ = [
     "FORMAT_VERSION",
     "DEFAULT_MAX_BYTES",
 ]
+
+
+#: Party ids of clients (users, groups or silos) are this prefix and an index: ``client:<k>``.
+CLIENT_PREFIX = "client:"
+
+
+def is_client(party: str) -> bool:
+    """Whether ``party`` names a client (``client:<k>``): the one place that reads party ids."""
+    return party.startswith(CLIENT_PREFIX)
 
 
 @dataclass
@@ -286,6 +297,10 @@ class Transcript(_MessageLog):
             parties=list(self.parties),
             messages=[self.messages[i] for i in self._messages_index().by_receiver.get(party, [])],
         )
+
+    def clients(self) -> list[str]:
+        """The client parties (:func:`is_client`), in :attr:`parties` order."""
+        return [p for p in self.parties if is_client(p)]
 
     def private(self, party: str) -> dict[str, np.ndarray]:
         """The ``private`` payload of ``party`` (ground truth for scoring); empty if absent."""
@@ -828,14 +843,14 @@ def summarize(transcript: Transcript) -> dict[str, Any]:
         entry["messages"] += 1
         entry["bytes"] += m.nbytes
     rounds = transcript.rounds()
-    n_clients = sum(1 for p in transcript.parties if p.startswith("client:"))
+    n_clients = len(transcript.clients())
     return {
         "protocol": transcript.protocol,
         "seed": transcript.seed,
         "dataset": transcript.dataset,
         "parties": len(transcript.parties),
         "clients": n_clients,
-        "other_parties": [p for p in transcript.parties if not p.startswith("client:")],
+        "other_parties": [p for p in transcript.parties if not is_client(p)],
         "rounds": [rounds[0], rounds[-1]] if rounds else [],
         "messages": len(transcript.messages),
         "kinds": kinds,

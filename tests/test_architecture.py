@@ -64,3 +64,21 @@ def test_run_template_opens_transcript_with_private_messages_and_channel(dummy_r
     np.testing.assert_array_equal(t.private("client:2")["bits"], result.model[2])
     again = DummyProtocol().run(tiny_dataset(6), {"p": 3}, [], 5)
     np.testing.assert_array_equal(again.model, result.model)  # same seed, same run
+
+
+def test_client_parties_are_named_in_one_place():
+    """No module tests a party id for the ``client:`` prefix itself: ``transcript.is_client`` and
+    ``Transcript.clients`` (over ``CLIENT_PREFIX``) are the one place that does."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "privaudit"
+    readers = sorted(
+        str(p.relative_to(package))
+        for p in package.rglob("*.py")
+        if 'startswith("client:")' in p.read_text(encoding="utf-8")
+        or "startswith('client:')" in p.read_text(encoding="utf-8")
+    )
+    assert readers == [], readers
+    from privaudit.transcript import CLIENT_PREFIX, is_client
+
+    assert CLIENT_PREFIX == "client:" and is_client("client:3") and not is_client("server")

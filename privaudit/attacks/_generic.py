@@ -193,7 +193,7 @@ def rating_population(
 ) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray]:
     """Every client's private ratings: (client party -> owner index, item ids, rating levels
     ``round((r - lo) / step)`` clipped to [0, n_levels), owner indices), arrays of shape (n,)."""
-    clients = [p for p in transcript.parties if p.startswith("client:") and "items" in transcript.private(p)]
+    clients = [p for p in transcript.clients() if "items" in transcript.private(p)]
     items, levels, owner = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for i, p in enumerate(clients):
         priv = transcript.private(p)

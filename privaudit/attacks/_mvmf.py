@@ -36,7 +36,7 @@ from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.metrics import majority_guess_accuracy, uniform_guess_accuracy
 from privaudit.models import mvmf
 from privaudit.results import Decisions, MetricSpec, VictimTable
-from privaudit.transcript import Transcript, View
+from privaudit.transcript import Transcript, View, is_client
 
 _TINY = 1e-300
 FEDMVMF_PROTOCOLS = ("fedmvmf", "privmvmf")
@@ -111,7 +111,7 @@ def parse_view(view: View) -> FedMVMFView:
     V, P = server_states(view)
     per_round: dict[str, dict[int, dict[str, np.ndarray]]] = {}
     for m in view.messages:
-        if m.kind not in ("grad_V", "grad_P") or not m.sender.startswith("client:"):
+        if m.kind not in ("grad_V", "grad_P") or not is_client(m.sender):
             continue
         slot = per_round.setdefault(m.sender, {}).setdefault(m.round, {})
         if m.kind == "grad_V":
@@ -330,7 +330,7 @@ def parse_view_flat(view: View) -> FlatFedMVMFView:
     for m in view.messages:
         kind = m.kind
         if kind == "grad_V" or kind == "grad_P":
-            if m.sender.startswith("client:"):
+            if is_client(m.sender):
                 (gv if kind == "grad_V" else gp).setdefault(m.round, {})[m.sender] = m.payload
         elif kind == "state":
             if "V" in m.payload:
@@ -495,7 +495,7 @@ def baselines(transcript: Transcript) -> dict[str, float]:
             if "items" in m.payload:
                 truths.append(_truth(transcript, m.sender, np.asarray(m.payload["items"], dtype=np.int64)))
     for party in transcript.parties:
-        if party.startswith("client:"):
+        if is_client(party):
             x = transcript.private(party).get("attributes")
             if x is not None:
                 attrs.append(np.asarray(x, dtype=np.float64))

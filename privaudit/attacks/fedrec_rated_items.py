@@ -61,7 +61,7 @@ from privaudit.metrics import auc
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec, VictimTable
-from privaudit.transcript import Transcript, View
+from privaudit.transcript import Transcript, View, is_client
 
 
 def collect_uploads(view: View, round: int | None = None) -> dict[int, list[dict[str, Any]]]:
@@ -76,7 +76,7 @@ def collect_uploads(view: View, round: int | None = None) -> dict[int, list[dict
         if msg.kind == "state":
             state = msg.payload
             continue
-        if msg.kind not in ("grad_V", "grad_W") or not msg.sender.startswith("client:"):
+        if msg.kind not in ("grad_V", "grad_W") or not is_client(msg.sender):
             continue
         if round is not None and msg.round != round:
             continue

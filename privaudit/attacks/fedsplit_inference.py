@@ -55,7 +55,7 @@ from privaudit.params import Param
 from privaudit.protocols.fedsplit import cnmf_from_config
 from privaudit.registry import register_attack
 from privaudit.results import MetricSpec, VictimTable
-from privaudit.transcript import Transcript, View
+from privaudit.transcript import Transcript, View, is_client
 
 __all__ = ["FedSplitInference", "AUX_FRACTIONS"]
 
@@ -159,7 +159,7 @@ class FedSplitInference(Attack):
         mode = self.mode
         groups: dict[str, dict[str, Any]] = {}
         for party in transcript.parties:
-            if not party.startswith("client:"):
+            if not is_client(party):
                 continue
             if not transcript.private(party):
                 continue
@@ -244,7 +244,7 @@ class FedSplitInference(Attack):
         lo, hi = self._rating_range(transcript)
         parties, rows = [], []
         for party in transcript.parties:
-            if not party.startswith("client:") or not transcript.private(party):
+            if not is_client(party) or not transcript.private(party):
                 continue
             users, items, ratings, _ = _truth(transcript, party)
             if ratings.size == 0:

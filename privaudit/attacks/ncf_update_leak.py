@@ -72,7 +72,7 @@ def popularity_strategies(
     public ``n_items``.
     """
     m = n_items or int(transcript.config.get("n_items", 0)) or 1
-    everyone = [p for p in transcript.parties if p.startswith("client:")]
+    everyone = transcript.clients()
     truths = {p: client_truth(transcript, p) for p in set(everyone) | set(parties)}
     counts = np.zeros(m)
     for p in everyone:
@@ -102,7 +102,7 @@ def popularity_strategies(
 def target_prior(transcript: Transcript, party: str) -> tuple[float, float]:
     """One target's (precision, recall) under the popularity strategy with the best mean F1 over
     the other clients (:func:`popularity_strategies`: chosen without the target)."""
-    others = [q for q in transcript.parties if q.startswith("client:") and q != party]
+    others = [q for q in transcript.clients() if q != party]
     held_out = popularity_strategies(transcript, others)
     mine = popularity_strategies(transcript, [party])
     best = max(mine, key=lambda s: ratio(held_out[s]["f1"], held_out[s]["scored"]) if others else 0.0)
