@@ -28,14 +28,12 @@ from privaudit.params import parse_spec
 from privaudit.results import MIN_VICTIMS as RESULTS_MIN_VICTIMS
 from privaudit.results import (
     PROTECTION_MARGIN,
-    decide_tests,
+    decide_rows,
     declared_specs,
     floats,
-    metric_test,
     point_bootstrap,
     privacy_metrics,
-    row_verdict,
-    spec_from_dict,
+    strength_rows,
     verdict_label,
 )
 from privaudit.schema import validate
@@ -79,22 +77,25 @@ def _seed_rng(transcript: Transcript) -> np.random.Generator:
 
 
 def _tested_verdict(cls: type, point: dict[str, Any], defended: bool, margin: float) -> dict[str, Any]:
-    """The verdict of one attack on one transcript by the rules of a sweep's grid value
-    (:func:`privaudit.results.row_verdict`): every privacy metric tested on the victim cluster
-    bootstrap of this run, Holm over those metrics. One transcript is one strength with no weaker
-    setting to show the attack's power, so it never reads "protected"."""
+    """The verdict of one attack on one transcript: the transcript is one grid value of a sweep
+    (:func:`privaudit.results.strength_rows` + :func:`~privaudit.results.decide_rows`: every
+    privacy metric tested on the victim cluster bootstrap of this run, Holm over those metrics).
+    With no weaker setting to show the attack's power, it never reads "protected"."""
     specs = declared_specs(cls, list(point["attack_metrics"]))
     names = privacy_metrics([point], specs)
-    tests = {m: metric_test([point], m, spec_from_dict(specs.get(m)), margin) for m in names}
-    decide_tests(list(tests.values()))
-    verdict = row_verdict(tests, supported=True, defended=defended, control=False)
-    row = {"verdict": verdict, "tests": tests, "leak_metrics": [m for m, t in tests.items() if t["status"] == "leaks"]}
+    (row,) = strength_rows([{**point, "value": None}], names, specs, None, margin)
     primary = getattr(cls, "primary_metric", "accuracy")
-    shown = tests.get(row["leak_metrics"][0]) if row["leak_metrics"] else tests.get(primary)
+    decide_rows([[row]], primary, [[defended]], [False])
+    out = {k: row[k] for k in ("verdict", "tests", "leak_metrics", "advantage", "advantage_low", "advantage_high")}
+    # shown: the most significant leaking metric, else the primary one (as decide_rows picks it)
+    tests = row["tests"]
+    shown = (
+        row["leak_metrics"][0] if row["leak_metrics"] else (primary if primary in tests else next(iter(tests), None))
+    )
     if shown is not None:
-        row.update(advantage=shown["advantage"], advantage_low=shown["low"], advantage_high=shown["high"])
-        row["tested_metric"] = shown["metric"]
-    return row
+        t = tests[shown]
+        out.update(tested_metric=shown, advantage=t["advantage"], advantage_low=t["low"], advantage_high=t["high"])
+    return out
 
 
 def audit_transcript(
