@@ -87,11 +87,13 @@ def _tested_verdict(cls: type, point: dict[str, Any], defended: bool, margin: fl
     primary = getattr(cls, "primary_metric", "accuracy")
     decide_rows([[row]], primary, [[defended]], [False])
     out = {k: row[k] for k in ("verdict", "tests", "leak_metrics", "advantage", "advantage_low", "advantage_high")}
-    # shown: the most significant leaking metric, else the primary one (as decide_rows picks it)
-    tests = row["tests"]
-    shown = (
-        row["leak_metrics"][0] if row["leak_metrics"] else (primary if primary in tests else next(iter(tests), None))
-    )
+    # shown: the primary metric when it leaks or nothing does (as decide_rows picks it), else the
+    # most significant leaking metric
+    tests, leaks = row["tests"], row["leak_metrics"]
+    if primary in tests and (primary in leaks or not leaks):
+        shown = primary
+    else:
+        shown = (leaks or [next(iter(tests), None)])[0]
     if shown is not None:
         t = tests[shown]
         out.update(tested_metric=shown, advantage=t["advantage"], advantage_low=t["low"], advantage_high=t["high"])
