@@ -48,20 +48,19 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.attacks.base import Reconstruction
 from privaudit.attacks.ncf_update_leak import (
     PRF_SPECS,
+    OneTarget,
     _f1,
     _prf,
     client_truth,
     guess_baseline,
-    item_decisions,
     target_prior,
-    target_table,
 )
 from privaudit.params import Param
 from privaudit.registry import register_attack
-from privaudit.results import Decisions, MetricSpec, VictimTable
+from privaudit.results import MetricSpec
 from privaudit.transcript import Transcript, View
 
 #: What a malicious server may do, by name (an attack declares the ones it uses in ``deviations``).
@@ -73,7 +72,7 @@ DEVIATIONS = {
 }
 
 
-class _Isolation(Attack):
+class _Isolation(OneTarget):
     """Intersect the item rows the aggregate changed over the deviation rounds (module docstring)."""
 
     party = "server"
@@ -203,23 +202,6 @@ class _Isolation(Attack):
             return {"precision": nan, "recall": nan, "f1": nan, "rounds_used": 0.0, "sybils": 0.0, "k": nan}
         p, r = prior
         return {"precision": p, "recall": r, "f1": _f1(p, r), "rounds_used": 0.0, "sybils": 0.0, "k": nan}
-
-    def victim_table(
-        self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
-    ) -> VictimTable | None:
-        """The one target's table (:func:`.ncf_update_leak.target_table`)."""
-        ((party, rec),) = reconstruction.victims.items()
-        prior = self._prior(transcript)
-        return None if prior is None else target_table(transcript, party, rec["items"], prior)
-
-    def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
-        """Per item: the share of the deviation rounds whose aggregate changed its row."""
-        return item_decisions(
-            {p: rec["score"] for p, rec in reconstruction.victims.items()},
-            transcript,
-            "target's training positive",
-            list(reconstruction.victims),
-        )
 
 
 @register_attack("ncf-sybil-isolation")

@@ -27,25 +27,24 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.attacks.base import Reconstruction
 from privaudit.attacks.ncf_update_leak import (
     PRF_SPECS,
+    OneTarget,
     _f1,
     _prf,
     client_truth,
     guess_baseline,
-    item_decisions,
     target_prior,
-    target_table,
 )
 from privaudit.params import Param
 from privaudit.registry import register_attack
-from privaudit.results import Decisions, MetricSpec, VictimTable
+from privaudit.results import MetricSpec
 from privaudit.transcript import Transcript, View
 
 
 @register_attack("ncf-kanon-linking")
-class NCFKAnonLinking(Attack):
+class NCFKAnonLinking(OneTarget):
     """Difference per-item counts of cohorts with and without the target (module docstring)."""
 
     description = (
@@ -140,20 +139,3 @@ class NCFKAnonLinking(Attack):
             return {"precision": nan, "recall": nan, "f1": nan, "pairs": 0.0, "k": nan}
         p, r = prior
         return {"precision": p, "recall": r, "f1": _f1(p, r), "pairs": 0.0, "k": float("nan")}
-
-    def victim_table(
-        self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
-    ) -> VictimTable | None:
-        """The one target's table (:func:`.ncf_update_leak.target_table`)."""
-        ((party, rec),) = reconstruction.victims.items()
-        prior = self._prior(transcript)
-        return None if prior is None else target_table(transcript, party, rec["items"], prior)
-
-    def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
-        """Per item: the mean count difference of the round pairs, truth = the target's positive."""
-        return item_decisions(
-            {p: rec["score"] for p, rec in reconstruction.victims.items()},
-            transcript,
-            "target's training positive",
-            list(reconstruction.victims),
-        )

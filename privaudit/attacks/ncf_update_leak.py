@@ -145,6 +145,32 @@ def item_decisions(
     return {"positive": Decisions(np.concatenate(scores), y, positive=positive, groups=np.concatenate(groups))}
 
 
+class OneTarget(Attack):
+    """An attack on one target client's item set: its :meth:`victim_table` and :meth:`decisions`
+    from the reconstruction's ``items`` and ``score`` and the subclass's ``_prior`` (the
+    target's (precision, recall) under the popularity prior, or None without a target)."""
+
+    def _prior(self, transcript: Transcript) -> tuple[float, float] | None:
+        raise NotImplementedError
+
+    def victim_table(
+        self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
+    ) -> VictimTable | None:
+        """The one target's table (:func:`target_table`)."""
+        ((party, rec),) = reconstruction.victims.items()
+        prior = self._prior(transcript)
+        return None if prior is None else target_table(transcript, party, rec["items"], prior)
+
+    def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
+        """Per item: the reconstruction's ``score``, truth = the target's training positive."""
+        return item_decisions(
+            {p: rec["score"] for p, rec in reconstruction.victims.items()},
+            transcript,
+            "target's training positive",
+            list(reconstruction.victims),
+        )
+
+
 PRF_SPECS = {
     "precision": MetricSpec(
         True,
