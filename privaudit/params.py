@@ -32,48 +32,15 @@ _FALSE = {"0", "false", "no", "off"}
 _NONE = {"none", "null", ""}
 
 
-def coerce(value: Any, default: Any, name: str, owner: str) -> Any:
-    """Convert ``value`` to the type of ``default`` (strings are parsed).
-
-    The untyped fallback for parameters known only by a default value; declared parameters
-    use :meth:`Param.coerce`.
-    """
-    if not isinstance(value, str):
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise PrivauditError(f"{owner}: {name} must be true or false, got {value!r}")
-        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        return value
-    text = value.strip()
-    if default is None:
-        if text.lower() in _NONE:
-            return None
-        for parse in (int, float):
-            try:
-                return parse(text)
-            except ValueError:
-                pass
-        return text
-    if isinstance(default, bool):
-        if text.lower() in _TRUE:
-            return True
-        if text.lower() in _FALSE:
-            return False
-        raise PrivauditError(f"{owner}: {name} must be true or false, got {value!r}")
-    if isinstance(default, int):
+def _free_form(text: str) -> Any:
+    """A value of an untyped parameter: ``none`` gives None, then an int, a float, else the text."""
+    if text.lower() in _NONE:
+        return None
+    for parse in (int, float):
         try:
-            return int(text)
+            return parse(text)
         except ValueError:
-            raise PrivauditError(f"{owner}: {name} must be an integer, got {value!r}") from None
-    if isinstance(default, float):
-        try:
-            return float(text)
-        except ValueError:
-            raise PrivauditError(f"{owner}: {name} must be a number, got {value!r}") from None
-    if isinstance(default, (list, tuple)):
-        items = [t for t in text.split(",") if t.strip()]
-        proto = default[0] if default else None
-        return type(default)(coerce(t, proto, name, owner) for t in items)
+            pass
     return text
 
 
@@ -253,7 +220,7 @@ class Param:
         elif kind is str:
             return text
         else:
-            return coerce(text, None, self.name, owner)
+            return _free_form(text)
         self._fail(shown, owner)
 
     def _typed(self, value: Any, kind: Any, owner: str, shown: Any) -> Any:
@@ -337,12 +304,6 @@ def declare(parameters: Iterable[Param]) -> dict[str, Param]:
     return out
 
 
-def from_defaults(defaults: Mapping[str, Any], helps: Mapping[str, str] | None = None) -> dict[str, Param]:
-    """Declarations inferred from a plain ``name -> default`` dict (classes written before :class:`Param`)."""
-    helps = helps or {}
-    return {k: Param(k, v, helps.get(k, ""), type=object if v is None else None) for k, v in defaults.items()}
-
-
 def resolve_declared(declared: Mapping[str, Param], overrides: Mapping[str, Any] | None, owner: str) -> dict[str, Any]:
     """Every declared parameter's value: defaults updated with ``overrides``, all coerced and checked."""
     overrides = dict(overrides or {})
@@ -380,42 +341,30 @@ def describe_parameters(declared: Mapping[str, Param]) -> list[dict[str, Any]]:
 
 
 def declared_of(cls: Any) -> dict[str, Param]:
-    """The declared parameters of a protocol, attack or defense class."""
-    declared = getattr(cls, "declared", None)
-    if declared is None:  # a class outside the Configurable/Protocol hierarchy
-        defaults = getattr(cls, "params", None) or getattr(cls, "default_config", None) or {}
-        helps = getattr(cls, "param_help", None) or getattr(cls, "config_help", None) or {}
-        declared = from_defaults(defaults, helps)
-    return dict(declared)
+    """The declared parameters of a protocol, attack or defense class (name -> :class:`Param`)."""
+    return dict(getattr(cls, "declared", None) or {})
 
 
 def declare_on(cls: Any, defaults_attr: str, help_attr: str) -> None:
-    """Set ``cls.declared`` from ``cls.parameters`` (or a legacy defaults dict) and derive the dicts.
+    """Set ``cls.declared`` from ``cls.parameters`` and derive the name -> default / help dicts.
 
     Called from ``__init_subclass__``: ``defaults_attr`` (``params`` / ``default_config``) and
-    ``help_attr`` (``param_help`` / ``config_help``) become the defaults and help lines of the
-    declaration, so code reading them keeps working.
+    ``help_attr`` (``param_help`` / ``config_help``) become read-only views of the declaration.
+    A class that sets ``defaults_attr`` itself (the retired dict form) is refused with a
+    :class:`TypeError` saying how to declare instead.
     """
     own = cls.__dict__
     if "parameters" in own:
         cls.declared = declare(own["parameters"])
-    elif defaults_attr in own:  # legacy: a plain name -> default dict
-        cls.declared = from_defaults(own[defaults_attr], own.get(help_attr) or getattr(cls, help_attr, {}))
+    elif defaults_attr in own or help_attr in own:
+        raise TypeError(
+            f"{cls.__name__}: declare parameters as `parameters = (Param(name, default, help, ...), ...)` "
+            f"(privaudit.params.Param), not as a `{defaults_attr}` dict"
+        )
     elif "declared" not in own:
         cls.declared = dict(getattr(cls, "declared", {}) or {})
     setattr(cls, defaults_attr, {k: p.default for k, p in cls.declared.items()})
     setattr(cls, help_attr, {k: p.help for k, p in cls.declared.items()})
-
-
-def resolve(defaults: Mapping[str, Any], overrides: Mapping[str, Any] | None, owner: str) -> dict[str, Any]:
-    """``defaults`` updated with coerced ``overrides``; unknown names are an error (untyped form)."""
-    params = dict(defaults)
-    for key, value in (overrides or {}).items():
-        if key not in defaults:
-            known = ", ".join(defaults) or "none"
-            raise PrivauditError(f"{owner}: unknown parameter {key!r} (known: {known})")
-        params[key] = coerce(value, defaults[key], key, owner)
-    return params
 
 
 def parse_spec(spec: str, what: str) -> tuple[str, dict[str, str]]:

@@ -20,7 +20,6 @@ from typing import Any
 
 from privaudit import _safejson, registry
 from privaudit.errors import PrivauditError
-from privaudit.params import coerce
 
 __all__ = [
     "DEFAULT_SEEDS",
@@ -259,9 +258,9 @@ def _resolve_sweep(
     if sweep is None:
         return None
     if sweep.target == "attack":
-        params, owner = attack_cls.params, f"attack {attack_cls.name!r}"
+        declared, owner = attack_cls.declared, f"attack {attack_cls.name!r}"
     elif sweep.target == "protocol":
-        params, owner = protocol_cls.default_config, f"protocol {protocol_cls.name!r}"
+        declared, owner = protocol_cls.declared, f"protocol {protocol_cls.name!r}"
     else:
         matches = [cls for cls, _ in defense_specs if cls.name == sweep.target]
         if not matches:
@@ -269,12 +268,12 @@ def _resolve_sweep(
                 f"--sweep {sweep.label}: {sweep.target!r} is not 'attack', 'protocol' or an active defense "
                 f"(active: {', '.join(c.name for c, _ in defense_specs) or 'none'})"
             )
-        params, owner = matches[0].params, f"defense {sweep.target!r}"
-    if sweep.param not in params:
-        known = ", ".join(params) or "none"
+        declared, owner = matches[0].declared, f"defense {sweep.target!r}"
+    if sweep.param not in declared:
+        known = ", ".join(declared) or "none"
         raise PrivauditError(f"--sweep {sweep.label}: {owner} has no parameter {sweep.param!r} (known: {known})")
-    default = params[sweep.param]
-    values = tuple(coerce(v, default, sweep.param, owner) for v in sweep.values)
+    # each value is checked by the owning declaration (type, bounds, choices): one line naming it
+    values = tuple(declared[sweep.param].coerce(v, owner) for v in sweep.values)
     if not values:
         raise PrivauditError(f"--sweep {sweep.label}: no values")
     return Sweep(sweep.target, sweep.param, values)

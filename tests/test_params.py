@@ -10,7 +10,7 @@ from privaudit import registry
 from privaudit.cli import main
 from privaudit.errors import PrivauditError
 from privaudit.params import Param, declare, resolve_declared
-from tests.dummies import DummyNoise, DummyProtocol
+from tests.dummies import DummyNoise, DummyProtocol, dummy_registry  # noqa: F401 - fixture
 
 
 def test_types_are_inferred_and_strings_coerced():
@@ -66,17 +66,42 @@ def test_classes_derive_their_dicts_from_the_declaration():
     assert DummyProtocol.resolve_config({"p": "3"})["p"] == 3
 
 
-def test_legacy_dict_declarations_still_work():
-    """A plugin written with ``params = {name: default}`` keeps working (types inferred, no bounds)."""
+def test_the_retired_dict_declaration_is_refused_with_how_to_declare():
+    """``params = {name: default}`` (no bounds, no help) is refused when the class is defined."""
     from privaudit.defenses.base import Defense
 
-    class Legacy(Defense):
-        name = "legacy"
-        params = {"scale": 0.5, "mode": None}
-        param_help = {"scale": "how much"}
+    with pytest.raises(TypeError, match=r"Legacy: declare parameters as `parameters = \(Param"):
 
-    assert Legacy.declared["scale"].help == "how much" and Legacy(scale="2").scale == 2.0
-    assert Legacy(mode="3").mode == 3 and Legacy(mode="x").mode == "x"
+        class Legacy(Defense):
+            name = "legacy"
+            params = {"scale": 0.5}
+
+    import privaudit.params as pm
+
+    assert not any(hasattr(pm, name) for name in ("coerce", "resolve", "from_defaults"))
+
+
+@pytest.mark.usefixtures("dummy_registry")
+def test_sweep_values_are_checked_by_the_owning_declaration():
+    """Each swept value goes through the declared Param: type, bounds and choices, one line each."""
+    from privaudit import plan as pl
+
+    def sweep(target, param, values, **kwargs):
+        return pl.resolve(protocol="dummy-proto", sweep=pl.Sweep(target, param, tuple(values)), **kwargs)
+
+    assert [v for _, v, *_ in sweep("dummy-noise", "scale", ("0", "2.5")).grid()] == [0.0, 2.5]
+    with pytest.raises(PrivauditError, match=r"^defense 'dummy-noise': scale must be a number >= 0, got '-1'$"):
+        sweep("dummy-noise", "scale", ("0", "-1"))
+    with pytest.raises(PrivauditError, match=r"^protocol 'dummy-proto': p must be an integer >= 1, got '0'$"):
+        sweep("protocol", "p", ("2", "0"))
+    with pytest.raises(PrivauditError, match=r"^attack 'dummy-aux-attack': aux_fraction must be a number in \[0, 1\]"):
+        sweep("attack", "aux_fraction", ("0.5", "1.5"), attack="dummy-aux-attack")
+    with pytest.raises(PrivauditError, match=r"^attack 'generic-trained-items': rounds must be -1 or an integer >= 1"):
+        registry.get("attack", "generic-trained-items").declared["rounds"].coerce("0", "attack 'generic-trained-items'")
+    with pytest.raises(
+        PrivauditError, match=r"generic-attribute-inference'?: aux_fraction must be a number in \(0, 1\)"
+    ):
+        registry.get("attack", "generic-attribute-inference")(aux_fraction=1)
 
 
 def test_private_parameters_stay_out_of_the_public_config():

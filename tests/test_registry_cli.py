@@ -13,7 +13,7 @@ import pytest
 from privaudit import __version__, registry
 from privaudit.cli import main
 from privaudit.errors import PrivauditError
-from privaudit.params import parse_spec, resolve
+from privaudit.params import Param, declare, parse_spec, resolve_declared
 from privaudit.transcript import Transcript, save
 
 PLUGIN = textwrap.dedent(
@@ -69,16 +69,17 @@ def test_unknown_names_list_the_choices():
 
 
 def test_params_coercion_and_errors():
-    assert resolve({"K": 10, "lam": 0.1, "on": False, "mode": "user"}, {"K": "5", "lam": "1e-3", "on": "yes"}, "x") == {
+    declared = declare([Param("K", 10), Param("lam", 0.1), Param("on", False), Param("mode", "user")])
+    assert resolve_declared(declared, {"K": "5", "lam": "1e-3", "on": "yes"}, "x") == {
         "K": 5,
         "lam": 1e-3,
         "on": True,
         "mode": "user",
     }
     with pytest.raises(PrivauditError, match="x: K must be an integer, got 'ten'"):
-        resolve({"K": 10}, {"K": "ten"}, "x")
-    with pytest.raises(PrivauditError, match=r"x: unknown parameter 'k' \(known: K\)"):
-        resolve({"K": 10}, {"k": "1"}, "x")
+        resolve_declared(declared, {"K": "ten"}, "x")
+    with pytest.raises(PrivauditError, match=r"x: unknown parameter 'k' \(known: K, lam, on, mode\)"):
+        resolve_declared(declared, {"k": "1"}, "x")
     assert parse_spec("laplace:scale=0.1,clip=2", "--defense") == ("laplace", {"scale": "0.1", "clip": "2"})
     with pytest.raises(PrivauditError, match="expected key=value"):
         parse_spec("laplace:scale", "--defense")

@@ -30,7 +30,7 @@ from privaudit.attacks._generic import (
     uploaders,
 )
 from privaudit.attacks.base import Attack, Reconstruction
-from privaudit.errors import PrivauditError
+from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
@@ -71,8 +71,15 @@ class GenericAttributeInference(Attack):
     protocols = ("flower",)  # recorded runs; within them the attack chooses itself by message kinds
     requires = ("item_update",)
     primary_metric = "accuracy"
-    params = {"aux_fraction": 0.5}
-    param_help = {"aux_fraction": "share of the clients whose attributes the attacker knows (auxiliary labelled set)"}
+    parameters = (
+        Param(
+            "aux_fraction",
+            0.5,
+            "share of the clients whose attributes the attacker knows (auxiliary labelled set)",
+            gt=0,
+            lt=1,
+        ),
+    )
     metric_specs = {
         "accuracy": MetricSpec(
             True, True, "fraction", "mean over attribute groups of the share of targets whose category is inferred"
@@ -84,11 +91,6 @@ class GenericAttributeInference(Attack):
         "targets": MetricSpec(True, False, "count", "clients attacked (outside the auxiliary set)"),
         "aux": MetricSpec(True, False, "count", "clients in the auxiliary labelled set"),
     }
-
-    def validate(self) -> None:
-        a = self.aux_fraction
-        if not isinstance(a, (int, float)) or isinstance(a, bool) or not 0 < a < 1:
-            raise PrivauditError(f"attack 'generic-attribute-inference': aux_fraction must be in (0, 1), got {a!r}")
 
     def applicable(self, view: View) -> tuple[bool, str]:
         ok, reason = super().applicable(view)

@@ -52,7 +52,7 @@ from privaudit.attacks._generic import (
     uploaders,
 )
 from privaudit.attacks.base import Attack, Reconstruction
-from privaudit.errors import PrivauditError
+from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
@@ -209,12 +209,19 @@ class GenericMFRatings(Attack):
     protocols = ("flower",)  # recorded runs; within them the attack chooses itself by message kinds
     requires = ("item_update",)
     primary_metric = "accuracy"
-    params = {"rank_tol": 1e-6, "grid_tol": 1e-3, "max_rank_ratio": 0.5}
-    param_help = {
-        "rank_tol": "claim a client only when sigma_2/sigma_1 of its gradient rows is below this",
-        "grid_tol": "... and its decoded ratings are this close (RMS) to the rating grid",
-        "max_rank_ratio": "not applicable when the median sigma_2/sigma_1 of the clients' row changes exceeds this",
-    }
+    parameters = (
+        Param(
+            "rank_tol", 1e-6, "claim a client only when sigma_2/sigma_1 of its gradient rows is below this", gt=0, le=1
+        ),
+        Param("grid_tol", 1e-3, "... and its decoded ratings are this close (RMS) to the rating grid", gt=0),
+        Param(
+            "max_rank_ratio",
+            0.5,
+            "not applicable when the median sigma_2/sigma_1 of the clients' row changes exceeds this",
+            gt=0,
+            le=1,
+        ),
+    )
     metric_specs = {
         "accuracy": MetricSpec(True, True, "fraction", "share of uploaded items whose rating is recovered exactly"),
         "rmse": MetricSpec(False, True, "rating", "root mean squared error of the recovered ratings"),
@@ -222,12 +229,6 @@ class GenericMFRatings(Attack):
         "accuracy_claimed": MetricSpec(True, True, "fraction", "exact-rating share among the claimed clients"),
         "victims": MetricSpec(True, False, "count", "clients scored"),
     }
-
-    def validate(self) -> None:
-        for key in ("rank_tol", "grid_tol", "max_rank_ratio"):
-            value = getattr(self, key)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise PrivauditError(f"attack 'generic-mf-ratings': {key} must be a positive number, got {value!r}")
 
     def hyper(self, view: View, ups: dict[str, list]) -> tuple[LocalSteps | None, str]:
         """The clients' local training from the public config (``lr``, ``lam``, ``local_steps``),

@@ -32,7 +32,7 @@ from privaudit.attacks._generic import (
 )
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.attacks.ncf_update_leak import popularity_strategies
-from privaudit.errors import PrivauditError
+from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
@@ -68,8 +68,11 @@ class GenericTrainedItems(Attack):
     protocols = ("flower",)  # recorded runs; within them the attack chooses itself by message kinds
     requires = ("item_update",)
     primary_metric = "f1"
-    params = {"rounds": -1}
-    param_help = {"rounds": "intersect the changed-row sets of each client's first r uploads (-1: all)"}
+    parameters = (
+        Param(
+            "rounds", -1, "intersect the changed-row sets of each client's first r uploads (-1: all)", ge=1, also=(-1,)
+        ),
+    )
     metric_specs = {
         "precision": MetricSpec(
             True, True, "fraction", "share of predicted items the client really trained", tested=False
@@ -78,12 +81,6 @@ class GenericTrainedItems(Attack):
         "f1": MetricSpec(True, True, "fraction", "harmonic mean of precision and recall"),
         "victims": MetricSpec(True, False, "count", "clients scored"),
     }
-
-    def validate(self) -> None:
-        if not isinstance(self.rounds, int) or isinstance(self.rounds, bool) or (self.rounds < 1 and self.rounds != -1):
-            raise PrivauditError(
-                f"attack 'generic-trained-items': rounds must be -1 or a positive integer, got {self.rounds!r}"
-            )
 
     def applicable(self, view: View) -> tuple[bool, str]:
         ok, reason = super().applicable(view)
