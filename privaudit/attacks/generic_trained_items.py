@@ -32,19 +32,11 @@ from privaudit.attacks._generic import (
 )
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.attacks.ncf_update_leak import popularity_strategies
+from privaudit.metrics import set_prf
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
-
-
-def prf(pred: np.ndarray, truth: np.ndarray) -> tuple[float, float, float]:
-    """Precision, recall and F1 of a predicted id set against the true one."""
-    tp = np.intersect1d(pred, truth).size
-    p = tp / pred.size if pred.size else 0.0
-    r = tp / truth.size if truth.size else float("nan")
-    f = 2 * p * r / (p + r) if p + r > 0 else 0.0
-    return p, r, f
 
 
 def mean_prf(rows: list[tuple[float, float, float]]) -> dict[str, float]:
@@ -100,7 +92,7 @@ class GenericTrainedItems(Attack):
 
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
         parties = scored_victims(transcript, reconstruction.victims)
-        return mean_prf([prf(reconstruction.victims[p]["items"], truth_items(transcript, p)) for p in parties])
+        return mean_prf([set_prf(reconstruction.victims[p]["items"], truth_items(transcript, p)) for p in parties])
 
     def _parties(self, transcript: Transcript) -> list[str]:
         senders = uploaders(transcript)
@@ -139,7 +131,7 @@ class GenericTrainedItems(Attack):
         parties = scored_victims(transcript, reconstruction.victims)
         if not parties:
             return None
-        rows = np.array([prf(reconstruction.victims[p]["items"], truth_items(transcript, p)) for p in parties])
+        rows = np.array([set_prf(reconstruction.victims[p]["items"], truth_items(transcript, p)) for p in parties])
         has = ~np.isnan(rows[:, 1])
         ones = np.ones(len(parties))
         prior = self._prior(transcript, parties)
