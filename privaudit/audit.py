@@ -91,10 +91,14 @@ def applicable_defenses(protocol: str, include_hiding: bool = False) -> tuple[li
     against them by construction, and their cryptography makes every run slow (secure
     aggregation on 200 FedMVMF clients: minutes per epoch)."""
     swept, skipped = [], []
+    schema = registry.get("protocol", protocol).schema
     for name, cls in registry.available("defense").items():
-        applies = getattr(cls, "applies_to", None)
+        applies = cls.applies_to
         if applies is not None and protocol not in applies:
             skipped.append((name, f"applies only to {', '.join(applies)}"))
+        elif schema is not None and not cls.acts_on_schema(schema):
+            acts = ", ".join(f"{k}.{f}" for k, f in cls.acts_on) or "none declared"
+            skipped.append((name, f"changes no payload of a {protocol} message (acts on: {acts})"))
         elif not getattr(cls, "strength", None) or not tuple(getattr(cls, "default_grid", ()) or ()):
             skipped.append((name, "no strength grid to sweep"))
         elif not include_hiding and _hides_plaintext(cls):
@@ -349,7 +353,8 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
             for d in defenses
         ],
         "skipped_defenses": [{"name": n, "reason": r} for n, r in skipped],
-        "utility_metric_declared": getattr(protocol_cls, "main_utility", None),
+        "utility_metric_declared": protocol_cls.main_utility,
+        "utility_specs": {k: rs.spec_to_dict(s) for k, s in protocol_cls.utility_specs.items()},
         "_attack_classes": {a.name: a for a in attacks},
     }
     return runs, header

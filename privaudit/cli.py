@@ -308,7 +308,7 @@ def _check_extras(protocol: str | None, attack: str | None = None, defenses=(), 
     if protocol:
         protocol_cls = registry.get("protocol", protocol)
         classes.append(protocol_cls)
-        name = parse_spec(attack, "--attack")[0] if attack else getattr(protocol_cls, "default_attack", None)
+        name = parse_spec(attack, "--attack")[0] if attack else protocol_cls.default_attack
         if name and not attacks:
             classes.append(registry.get("attack", name))
     classes += [registry.get("attack", a) for a in attacks or ()]
@@ -326,7 +326,7 @@ def _protocol_defaults(args: argparse.Namespace) -> str | None:
 
     protocol_cls = registry.get("protocol", args.protocol)
     notes = []
-    users = getattr(protocol_cls, "default_users", None)
+    users = protocol_cls.default_users
     if args.users is None and users is not None:
         args.users = int(users)
         notes.append(f"{users} users (--users N for more)")
@@ -334,10 +334,10 @@ def _protocol_defaults(args: argparse.Namespace) -> str | None:
         pass
     else:
         attack = parse_spec(args.attack, "--attack")[0] if args.attack else protocol_cls.default_attack
-        spec = getattr(protocol_cls, "default_sweep_spec", None)
-        own = getattr(registry.get("attack", attack), "default_sweep", None) if attack else None
+        spec = protocol_cls.default_sweep_spec
+        own = registry.get("attack", attack).default_sweep if attack else None
         if spec and not own:
-            args.defense = list(getattr(protocol_cls, "default_defense_specs", ()) or ())
+            args.defense = list(protocol_cls.default_defense_specs)
             args.sweep = spec
             notes.append(" ".join([f"--defense {d}" for d in args.defense] + [f"--sweep {spec}"]))
         elif own:  # the attack sweeps a parameter of its own (printed so every default names its sweep)
@@ -350,17 +350,18 @@ def _protocol_defaults(args: argparse.Namespace) -> str | None:
 
 
 def _print_estimate(args: argparse.Namespace, seeds: int) -> None:
-    """Print the estimated time of a run above two minutes (protocols with ``estimate_seconds``)."""
+    """Print the estimated time of a run above two minutes (``Protocol.estimate_seconds``)."""
     from privaudit import registry
+    from privaudit.protocols.base import Protocol
 
-    estimate = getattr(registry.get("protocol", args.protocol), "estimate_seconds", None)
-    if estimate is None:
-        return
+    protocol_cls = registry.get("protocol", args.protocol)
+    if protocol_cls.estimate_seconds.__func__ is Protocol.estimate_seconds.__func__:
+        return  # declares no estimate: cheap (loading the data to estimate would cost more)
     from privaudit.experiment import parse_assignments
 
     points = len(str(args.sweep).partition("=")[2].split(",")) if getattr(args, "sweep", None) else 1
     if getattr(args, "noise", None):
-        grid = getattr(registry.get("defense", args.noise), "default_grid", ()) or (0,)
+        grid = registry.get("defense", args.noise).default_grid or (0,)
         points = len(args.scales.split(",")) if args.scales else len(grid)
     from privaudit.experiment import load_data
 
@@ -368,7 +369,10 @@ def _print_estimate(args: argparse.Namespace, seeds: int) -> None:
     users = n_users if args.users is None else args.users
     if users > n_users:
         return  # refused with one line when the experiment loads the data
-    seconds = estimate(users, parse_assignments(args.set), list(args.defense or ())) * points * seeds
+    per_run = protocol_cls.estimate_seconds(users, parse_assignments(args.set), list(args.defense or ()))
+    if per_run is None:
+        return
+    seconds = per_run * points * seeds
     jobs = getattr(args, "jobs", None) or 0
     from privaudit.experiment import default_jobs
 

@@ -304,7 +304,8 @@ def header_of(plan: Plan) -> dict[str, Any]:
         },
         "seeds": list(plan.seeds),
         "primary_metric": getattr(plan.attack_cls, "primary_metric", None),
-        "utility_metric_declared": getattr(plan.protocol_cls, "main_utility", None),
+        "utility_metric_declared": plan.protocol_cls.main_utility,
+        "utility_specs": {k: rs.spec_to_dict(s) for k, s in plan.protocol_cls.utility_specs.items()},
         "attack_description": registry.describe(plan.attack_cls),
         "_attack_cls": plan.attack_cls,
     }
@@ -428,6 +429,7 @@ def assemble(
             "noise": header.get("noise", False),
             "seeds": header.get("seeds", []),
             "primary_metric": header.get("primary_metric"),
+            "utility_specs": header.get("utility_specs", {}),
             "total_seconds": seconds,
         }
     )
@@ -562,7 +564,8 @@ def attack_transcript(
         "defenses": list(transcript.config.get("defenses", []) or []),
         "seeds": [transcript.seed],
         "primary_metric": getattr(attack_cls, "primary_metric", None),
-        "utility_metric_declared": getattr(protocol_cls, "main_utility", None),
+        "utility_metric_declared": protocol_cls.main_utility,
+        "utility_specs": {k: rs.spec_to_dict(s) for k, s in protocol_cls.utility_specs.items()},
         "_attack_cls": attack_cls,
     }
     results = assemble(header, dict(transcript.dataset), [point], time.perf_counter() - t0)

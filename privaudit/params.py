@@ -263,6 +263,15 @@ class Param:
             if isinstance(v, numbers.Real) and not isinstance(v, bool) and v > self.cap and v not in self.also:
                 raise PrivauditError(f"{owner}: {self.name} must be at most {_fmt(self.cap)}, got {shown!r}")
 
+    def parse(self, value: Any, owner: str = "") -> Any:
+        """A string ``value`` converted to the declared scalar type only (bounds unchecked; lists
+        and non-strings unchanged), so that :meth:`coerce` then names the parsed value."""
+        if not isinstance(value, str) or self._kind in (list, str):
+            return value
+        if value.strip().lower() in _NONE:
+            return None
+        return self._typed(value, self._kind, owner, value)
+
     def coerce(self, value: Any, owner: str = "") -> Any:
         """``value`` converted to the declared type and checked against the bounds/choices.
 

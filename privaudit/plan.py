@@ -273,7 +273,8 @@ def _resolve_sweep(
         known = ", ".join(declared) or "none"
         raise PrivauditError(f"--sweep {sweep.label}: {owner} has no parameter {sweep.param!r} (known: {known})")
     # each value is checked by the owning declaration (type, bounds, choices): one line naming it
-    values = tuple(declared[sweep.param].coerce(v, owner) for v in sweep.values)
+    param = declared[sweep.param]
+    values = tuple(param.coerce(param.parse(v, owner), owner) for v in sweep.values)
     if not values:
         raise PrivauditError(f"--sweep {sweep.label}: no values")
     return Sweep(sweep.target, sweep.param, values)

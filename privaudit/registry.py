@@ -150,7 +150,20 @@ def summary(kind: str, cls: Any) -> dict[str, Any]:
 
     facts: dict[str, Any] = {}
     if kind == "protocol":
-        facts = {"default attack": getattr(cls, "default_attack", None), "attacker": getattr(cls, "attacker", None)}
+        schema = cls.schema
+        utility = [
+            f"{m} ({'higher' if s.higher_is_better else 'lower'} is better)" for m, s in cls.utility_specs.items()
+        ]
+        facts = {
+            "default attack": cls.default_attack,
+            "attacker": cls.attacker,
+            "messages": ", ".join(dict.fromkeys(m.kind for m in schema.messages)) if schema else "per transcript",
+            "utility metrics": ", ".join(utility) or None,
+            "main utility": cls.main_utility,
+            "default sweep": cls.default_sweep_spec,
+            "default defenses": ", ".join(cls.default_defense_specs) or None,
+            "default users": cls.default_users,
+        }
     elif kind == "attack":
         sweep = getattr(cls, "default_sweep", None)
         facts = {
@@ -169,6 +182,7 @@ def summary(kind: str, cls: Any) -> dict[str, Any]:
             "strength": getattr(cls, "strength", None),
             "default grid": ", ".join(map(str, grid)) if grid else None,
             "applies to": ", ".join(applies) if applies else "any protocol",
+            "acts on": ", ".join(f"{k}.{f}" for k, f in cls.acts_on) or "no declared payload (joins no audit)",
             "capabilities": ", ".join(sorted(getattr(cls, "capabilities", ()) or ())) or None,
             "privacy claim": getattr(cls, "privacy_claim", None),
         }

@@ -30,7 +30,6 @@ __all__ = [
     "Decisions",
     "VictimTable",
     "FALLBACK_SPEC",
-    "UTILITY_SPECS",
     "num",
     "floats",
     "jsonable",
@@ -302,27 +301,6 @@ FALLBACK_SPEC = MetricSpec(
     description="not declared by the attack (assumed: higher = stronger attack)",
 )
 
-#: Protocol utility metrics by exact name (protocols report these; direction for utility costs).
-UTILITY_SPECS: dict[str, MetricSpec] = {
-    "ndcg@10": MetricSpec(
-        True, True, "fraction", "normalized discounted cumulative gain of the top 10 recommendations"
-    ),
-    "hr@10": MetricSpec(
-        True, True, "fraction", "hit ratio at 10: share of users whose held-out item is in their top 10"
-    ),
-    "precision@10": MetricSpec(
-        True, True, "fraction", "share of the top 10 recommendations that are held-out relevant items"
-    ),
-    "recall@10": MetricSpec(True, True, "fraction", "share of held-out relevant items found in the top 10"),
-    "map@10": MetricSpec(True, True, "fraction", "mean average precision of the top 10"),
-    "f1": MetricSpec(True, True, "fraction", "F1 score"),
-    "auc": MetricSpec(True, True, "fraction", "area under the ROC curve of the recommender"),
-    "rmse": MetricSpec(False, True, "rating", "root mean squared error of predicted ratings (lower is better)"),
-    "mae": MetricSpec(False, True, "rating", "mean absolute error of predicted ratings (lower is better)"),
-    "relative_error": MetricSpec(False, True, "fraction", "relative reconstruction error (lower is better)"),
-    "mean_rank": MetricSpec(False, True, "rank", "mean rank of held-out items (lower is better)"),
-}
-
 #: Preference order of the main utility metric when the protocol declares none.
 UTILITY_PREFERENCE = ("ndcg@10", "ndcg", "rmse", "hr@10", "f1", "auc")
 
@@ -366,9 +344,15 @@ def metric_spec(results: Mapping[str, Any], metric: str) -> MetricSpec:
     return spec_from_dict((results.get("metric_specs") or {}).get(metric))
 
 
-def utility_spec(metric: str | None) -> MetricSpec:
-    """Spec of a protocol utility metric (:data:`UTILITY_SPECS`; higher-is-better otherwise)."""
-    return UTILITY_SPECS.get(str(metric).lower(), MetricSpec(True, True, "", "protocol utility metric"))
+def utility_spec(metric: str | None, declared: Mapping[str, Any] | None = None) -> MetricSpec:
+    """Spec of utility metric ``metric`` as its protocol declares it (``Protocol.utility_specs``,
+    recorded in results as ``utility_specs``); undeclared: higher-is-better, said so."""
+    spec = (declared or {}).get(str(metric))
+    if spec is None:
+        return MetricSpec(
+            True, True, "", "protocol utility metric (not declared by the protocol: higher assumed better)"
+        )
+    return spec if isinstance(spec, MetricSpec) else spec_from_dict(spec)
 
 
 # ------------------------------------------------------------------------------ summaries
@@ -1041,22 +1025,22 @@ def verdict_label(row: Mapping[str, Any]) -> str:
     return verdict
 
 
-def utility_cost(reference: float, value: float, metric: str | None) -> float:
-    """Utility lost against the reference (positive = worse), in the metric's direction."""
-    spec = utility_spec(metric)
+def utility_cost(reference: float, value: float, metric: str | None, declared: Mapping | None = None) -> float:
+    """Utility lost against the reference (positive = worse), in the metric's declared direction."""
+    spec = utility_spec(metric, declared)
     return (reference - value) if spec.higher_is_better else (value - reference)
 
 
 def utility_cost_interval(
-    reference: Mapping[str, float], values: Mapping[str, float], metric: str | None
+    reference: Mapping[str, float], values: Mapping[str, float], metric: str | None, declared: Mapping | None = None
 ) -> dict[str, Any]:
     """Utility cost paired by seed (``{seed: utility}`` without and with the defense: the
     protocol runs with the same seed): ``cost`` (mean), ``low``/``high`` (95 % Student-t over
     the paired seeds, NaN with one), ``seeds``, ``within_noise`` (the interval holds 0)."""
     costs = [
-        utility_cost(num(reference[s]), num(values[s]), metric)
+        utility_cost(num(reference[s]), num(values[s]), metric, declared)
         for s in values
-        if s in reference and math.isfinite(utility_cost(num(reference[s]), num(values[s]), metric))
+        if s in reference and math.isfinite(utility_cost(num(reference[s]), num(values[s]), metric, declared))
     ]
     out = {"cost": math.nan, "low": math.nan, "high": math.nan, "seeds": len(costs), "within_noise": False}
     if not costs:
@@ -1164,6 +1148,7 @@ def verdict_from_rows(
     utility: str | None,
     is_defense: bool,
     margin: float = PROTECTION_MARGIN,
+    utility_specs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The verdict dict (attack, metric, strength, utility_cost, sentence, ...) of one attack
     over decided rows (:func:`decide_rows`) ordered from the weakest to the strongest tested
@@ -1222,7 +1207,7 @@ def verdict_from_rows(
         return out
     out["strength"] = hit["value"]
     out["crossover"] = "protected"
-    cost = utility_cost_interval(reference, hit.get("utility_by_seed") or {}, utility) if utility else {}
+    cost = utility_cost_interval(reference, hit.get("utility_by_seed") or {}, utility, utility_specs) if utility else {}
     if utility and math.isfinite(num(cost.get("cost"))):
         out["utility_cost"] = cost["cost"]
         out["utility_cost_low"] = cost["low"] if math.isfinite(cost["low"]) else None
@@ -1284,7 +1269,17 @@ def experiment_verdicts(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     if utility:
         source = ref_points or ([p for p in points if num(p.get("value")) == 0] if results.get("noise") else [])
         reference = {str(p.get("seed")): num((p.get("utility") or {}).get(utility)) for p in source}
-    verdict = verdict_from_rows(str(results.get("attack")), metric, sweep, rows, reference, utility, is_defense, margin)
+    verdict = verdict_from_rows(
+        str(results.get("attack")),
+        metric,
+        sweep,
+        rows,
+        reference,
+        utility,
+        is_defense,
+        margin,
+        results.get("utility_specs"),
+    )
     verdict["rows"] = rows
     if ref_rows:
         verdict["reference_row"] = ref_rows[0]
@@ -1440,7 +1435,10 @@ def audit_matrix(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
                 continue
             strongest = series[-1]
             cost = utility_cost_interval(
-                base.get("utility_by_seed") or {}, strongest.get("utility_by_seed") or {}, utility
+                base.get("utility_by_seed") or {},
+                strongest.get("utility_by_seed") or {},
+                utility,
+                audit.get("utility_specs"),
             )
             finite = [s for s in series if math.isfinite(num(s.get("advantage")))]
             best = min(finite, key=lambda s: s["advantage"], default=None)
@@ -1529,7 +1527,15 @@ def audit_verdicts(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
         for d in audit.get("defenses") or []:
             rows = [r for r in audit_series(audit, a["name"], d["name"]) if "tests" in r]
             v = verdict_from_rows(
-                a["name"], metric, f"{d['name']}.{d['strength']}", rows, reference, utility, True, margin
+                a["name"],
+                metric,
+                f"{d['name']}.{d['strength']}",
+                rows,
+                reference,
+                utility,
+                True,
+                margin,
+                audit.get("utility_specs"),
             )
             v["defense"] = d["name"]
             per_defense.append(v)

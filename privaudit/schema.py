@@ -1,6 +1,6 @@
 """Declared message schemas: what a transcript of a protocol may hold, checked before any attack.
 
-A protocol class carries ``schema = ProtocolSchema(...)``: the config keys every party knows,
+A protocol class declares ``schema = ProtocolSchema(...)`` in its own module: the config keys every party knows,
 named dimensions taken from that config (``m`` = ``n_items``, ``K``, ...), and one
 :class:`MessageSchema` per message kind (who sends it to whom, and its payload arrays as
 :class:`PayloadField`: dtype class, shape in named dimensions, id ranges, uniqueness, finiteness,
@@ -32,10 +32,17 @@ from privaudit._escape import printable
 from privaudit.errors import TranscriptError
 
 __all__ = [
+    "ANY",
     "DEFENSE_MESSAGES",
+    "GRAD_ROWS",
+    "GROUP_PRIVATE",
+    "ITEMS",
+    "RATINGS",
     "MessageSchema",
     "PayloadField",
     "ProtocolSchema",
+    "holds_payload",
+    "n_attributes",
     "schema_of",
     "validate",
 ]
@@ -169,6 +176,20 @@ DEFENSE_MESSAGES: dict[str, tuple[MessageSchema, ...]] = {
 }
 
 
+#: Wildcard of a payload declaration (``Defense.acts_on``): every upload kind, or every field.
+ANY = "*"
+
+
+def holds_payload(schema: ProtocolSchema, kind: str, name: str) -> bool:
+    """Whether ``schema`` admits payload field ``name`` in a ``kind`` message (:data:`ANY`:
+    in any upload message / any field; an upload is a message that passes the defenses' channel)."""
+    for m in schema.messages:
+        if (m.kind == kind) if kind != ANY else m.upload:
+            if name == ANY or any(f.name == name for f in m.fields):
+                return True
+    return False
+
+
 def _role(party: str) -> str:
     return party.split(":", 1)[0]
 
@@ -180,14 +201,14 @@ def _fail(text: str) -> TranscriptError:
 def schema_of(protocol: str, transcript: Any = None) -> ProtocolSchema:
     """The schema declared by the registered protocol ``protocol`` (one line if none).
 
-    A protocol whose schema depends on the transcript (recorded runs, whose schema map travels
-    in the public config) declares a classmethod ``schema_for(transcript)`` instead.
+    Each protocol declares ``schema`` beside itself (:class:`~privaudit.protocols.base.Protocol`);
+    one whose schema depends on the transcript (recorded runs, whose schema map travels in the
+    public config) overrides the classmethod ``schema_for(transcript)`` instead.
     """
     from privaudit import registry
 
     cls = registry.get("protocol", protocol)
-    schema_for = getattr(cls, "schema_for", None)
-    schema = schema_for(transcript) if callable(schema_for) and transcript is not None else getattr(cls, "schema", None)
+    schema = cls.schema_for(transcript) if transcript is not None else cls.schema
     if not isinstance(schema, ProtocolSchema):
         raise _fail(
             f"protocol {protocol!r} declares no transcript schema, so its transcripts cannot be checked (refused)"
@@ -424,7 +445,8 @@ def messages(*entries: MessageSchema) -> tuple[MessageSchema, ...]:
     return tuple(entries)
 
 
-def _n_attributes(config: Mapping, dataset: Mapping) -> int:
+def n_attributes(config: Mapping, dataset: Mapping) -> int:
+    """Dimension ``p`` of the MVMF schemas: the number of public ``attribute_names``."""
     names = config["attribute_names"]
     if not isinstance(names, Sequence) or isinstance(names, str):
         raise TypeError("attribute_names")
@@ -432,163 +454,19 @@ def _n_attributes(config: Mapping, dataset: Mapping) -> int:
 
 
 # ------------------------------------------------------------------------------------------
-# The built-in protocols' schemas (attached to each protocol class as ``schema``).
+# Fields the built-in protocols' schemas share (each protocol declares its schema beside it).
 
-_ITEMS = PayloadField("items", "int", ("@r",), ids="m", unique=True)
-_RATINGS = PayloadField("ratings", "float", ("@r",), value_range=("rating_min", "rating_max"))
-_GRAD_ROWS = (_ITEMS, PayloadField("values", "float", ("@r", "K")))
-
-FEDMVMF = ProtocolSchema(
-    config_keys=("K", "n_items", "attribute_names", "alpha", "lam", "update", "unrated", "rating_min", "rating_max"),
-    dims={"m": "n_items", "K": "K", "p": _n_attributes},
-    messages=messages(
-        MessageSchema(
-            "private",
-            "client",
-            "self",
-            (_ITEMS, _RATINGS, PayloadField("attributes", "float", ("p",), value_range=(0.0, 1.0))),
-        ),
-        MessageSchema(
-            "state",
-            "server",
-            "self",
-            (PayloadField("V", "float", ("m", "K")), PayloadField("P", "float", ("p", "K"))),
-            required=True,
-        ),
-        MessageSchema("grad_V", "client", "server", _GRAD_ROWS, upload=True, required=True),
-        MessageSchema("grad_P", "client", "server", (PayloadField("values", "float", ("p", "K")),), upload=True),
-        MessageSchema("grad_V_item", "item-server", "server", (PayloadField("values", "float", ("m", "K")),)),
-    ),
-)
-
-_GROUP_PRIVATE = (
+#: Item ids of one message: unique rows of the item matrix (``@r`` of them).
+ITEMS = PayloadField("items", "int", ("@r",), ids="m", unique=True)
+#: One rating per item id, on the public rating scale.
+RATINGS = PayloadField("ratings", "float", ("@r",), value_range=("rating_min", "rating_max"))
+#: An upload of item-matrix rows: ids and one K-wide row each.
+GRAD_ROWS = (ITEMS, PayloadField("values", "float", ("@r", "K")))
+#: A group's private ratings (FedSPLIT, FedProto: a client is a group of users).
+GROUP_PRIVATE = (
     PayloadField("user_ids", "int", ("@n",), ids="users", unique=True),
     PayloadField("users", "int", ("@r",), ids="@n"),
     PayloadField("items", "int", ("@r",), ids="m"),
-    _RATINGS,
+    RATINGS,
     PayloadField("n_users", "int", ()),
 )
-
-FEDSPLIT = ProtocolSchema(
-    config_keys=("K", "k", "n_items", "rating_min", "rating_max", "global_mean"),
-    dims={"m": "n_items", "users": lambda c, d: d["users"]},
-    messages=messages(
-        MessageSchema("private", "client", "self", _GROUP_PRIVATE),
-        MessageSchema(
-            "mean",
-            "client",
-            "server",
-            (PayloadField("sum", "float", ()), PayloadField("count", "number", ())),
-            upload=True,
-        ),
-        MessageSchema("global_mean", "server", "client", (PayloadField("mu", "float", ()),)),
-        MessageSchema(
-            "H",
-            "client",
-            "server",
-            (PayloadField("H_T", "float", ("m", "@k")), PayloadField("b_H", "float", ("m",))),
-            upload=True,
-            required=True,
-        ),
-        MessageSchema(
-            "state",
-            "server",
-            "self",
-            (
-                PayloadField("X", "float", ("m", "@c")),
-                PayloadField("W_global", "float", ("m", "K_joint")),
-                PayloadField("H_global", "float", ("K_joint", "@c")),
-                PayloadField("b_H_global", "float", ("m",)),
-                PayloadField("mu_global", "float", ()),
-                PayloadField("offsets", "int", (None,)),
-            ),
-        ),
-        MessageSchema(
-            "M",
-            "server",
-            "client",
-            (
-                PayloadField("M", "float", ("K_joint", "@k")),
-                PayloadField("W_global", "float", ("m", "K_joint")),
-                PayloadField("b_H_global", "float", ("m",)),
-            ),
-        ),
-    ),
-)
-
-FEDNCF = ProtocolSchema(
-    config_keys=("D", "model", "layers", "n_items", "n_users", "aggregation", "selection"),
-    dims={"m": "n_items", "n": "n_users"},
-    messages=messages(
-        MessageSchema(
-            "private",
-            "client",
-            "self",
-            (
-                PayloadField("items", "int", ("@r",), ids="m", unique=True),
-                PayloadField("test_item", "int", (1,), ids="m"),
-            ),
-        ),
-        MessageSchema("cohort", "server", "self", (PayloadField("clients", "int", ("@k",), ids="n", unique=True),)),
-        MessageSchema(
-            "state",
-            "server",
-            "self",
-            (PayloadField("items", "float", ("m", "D_total")), PayloadField("network", "float", ("n_weights",))),
-        ),
-        MessageSchema(
-            "item_update",
-            "client",
-            "server",
-            (_ITEMS, PayloadField("values", "float", ("@r", "D_total"))),
-            upload=True,
-            required=True,
-        ),
-        MessageSchema(
-            "net_update",
-            "client",
-            "server",
-            (PayloadField("delta", "float", ("n_weights",)), PayloadField("n_instances", "float", (1,))),
-            upload=True,
-        ),
-        MessageSchema("aggregate", "server", "self", (PayloadField("counts", "int", ("m",)),)),
-    ),
-)
-
-FEDPROTO = ProtocolSchema(
-    config_keys=("k", "latent_dim", "n_items", "rating_min", "rating_max", "prototypes"),
-    dims={"m": "n_items", "K": "latent_dim", "users": lambda c, d: d["users"]},
-    messages=messages(
-        MessageSchema("private", "client", "self", _GROUP_PRIVATE),
-        MessageSchema(
-            "prototypes",
-            "client",
-            "server",
-            (PayloadField("prototypes", "float", ("@k", "m")),),
-            upload=True,
-            required=True,
-        ),
-        MessageSchema(
-            "state", "server", "self", (PayloadField("P", "float", (None, "m")), PayloadField("V", "float", ("m", "K")))
-        ),
-        MessageSchema("model", "server", "client", (PayloadField("V", "float", ("m", "K")),)),
-    ),
-)
-
-FEDREC = ProtocolSchema(
-    config_keys=("d", "model", "n_items", "n_users", "rating_min", "rating_max", "federated"),
-    dims={"m": "n_items", "K": "d"},
-    messages=messages(
-        MessageSchema("private", "client", "self", (_ITEMS, _RATINGS)),
-        MessageSchema(
-            "state",
-            "server",
-            "self",
-            (PayloadField("V", "float", ("m", "K")), PayloadField("W", "float", ("m", "K"), optional=True)),
-        ),
-        MessageSchema("grad_V", "client", "server", _GRAD_ROWS, upload=True, required=True),
-        MessageSchema("grad_W", "client", "server", _GRAD_ROWS, upload=True),
-    ),
-)
-
-PRIVMVMF = FEDMVMF

@@ -105,6 +105,9 @@ class _BitsAttack(Attack):
         "victims": MetricSpec(True, False, "count", "number of victims attacked"),
     }
 
+    def applicable(self, view):
+        return super().applicable(view)
+
     def evaluate(self, transcript, rng):
         """The base pipeline, plus the prior-only baseline and the per-bit decisions (filled here
         until ``Attack.evaluate`` fills them itself)."""
@@ -235,6 +238,7 @@ class DummyNoise(Defense):
     description = "test defense: Laplace noise"
     parameters = (Param("scale", 0.0, "Laplace noise scale", ge=0),)
     strength = "scale"
+    acts_on = (("upload", "values"),)
     default_grid = (0.0, 0.1, 1.0, 10.0)
 
     def on_upload(self, batch: UploadBatch, channel) -> UploadBatch:
@@ -253,6 +257,7 @@ class DummyEncrypt(Defense):
     """Marks uploads as encrypted (the attack then does not apply)."""
 
     description = "test defense: hides plaintext"
+    acts_on = (("upload", "values"),)
 
     def on_upload(self, batch, channel):
         batch.meta["encrypted"] = True
@@ -273,6 +278,7 @@ class DummyBrokenDP(Defense):
         Param("shortfall", 10.0, "factor by which the noise is too small", gt=0),
     )
     strength = "epsilon"
+    acts_on = (("upload", "values"),)
     default_grid = (2.0, 0.5)
 
     def on_upload(self, batch: UploadBatch, channel) -> UploadBatch:

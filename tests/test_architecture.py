@@ -1,4 +1,4 @@
-"""Architecture checks: no import circle between privaudit's modules."""
+"""Architecture checks: seams, declared interfaces (parameters, schemas, utility specs, abstract attack methods, defense payloads)."""
 
 from __future__ import annotations
 
@@ -82,3 +82,90 @@ def test_client_parties_are_named_in_one_place():
     from privaudit.transcript import CLIENT_PREFIX, is_client
 
     assert CLIENT_PREFIX == "client:" and is_client("client:3") and not is_client("server")
+
+
+# ------------------------------------------------------------------------------- declarations
+
+
+def _builtins(kind):
+    from privaudit import registry
+
+    return {n: c for n, c in registry.available(kind).items() if c.__module__.startswith("privaudit.")}
+
+
+def test_every_registered_class_declares_its_parameters_through_param():
+    from privaudit import registry
+    from privaudit.params import Param
+
+    for kind in registry.KINDS:
+        for name, cls in registry.available(kind).items():
+            own = [c.__dict__["parameters"] for c in cls.__mro__ if "parameters" in c.__dict__]
+            assert own and all(isinstance(p, Param) for p in own[0]), f"{kind} {name}"
+            assert list(cls.declared) == [p.name for p in own[0]], f"{kind} {name}"
+            derived = cls.default_config if kind == "protocol" else cls.params
+            assert derived == {p.name: p.default for p in own[0]}, f"{kind} {name}"
+
+
+def test_every_protocol_declares_schema_utility_specs_and_defaults():
+    from privaudit.protocols.base import Protocol
+    from privaudit.results import MetricSpec
+    from privaudit.schema import ProtocolSchema
+
+    protocols = _builtins("protocol")
+    assert set(protocols) >= {"fedmvmf", "fedncf", "fedproto", "fedrec", "fedsplit", "privmvmf", "flower"}
+    for name, cls in protocols.items():
+        if getattr(cls, "recorded", False):  # the schema travels in the recorded transcript
+            assert cls.schema is None and cls.schema_for.__func__ is not Protocol.schema_for.__func__
+            continue
+        assert isinstance(cls.schema, ProtocolSchema) and cls.schema_for(None) is cls.schema, name
+        assert cls.utility_specs and all(isinstance(s, MetricSpec) for s in cls.utility_specs.values()), name
+        main = cls.main_utility
+        assert main is None or main in cls.utility_specs, name
+        assert cls.default_attack, name
+        assert cls.default_sweep_spec is None or "=" in cls.default_sweep_spec, name
+        assert isinstance(cls.default_defense_specs, tuple), name
+        assert cls.default_users is None or cls.default_users >= 1, name
+    # lower-is-better utility metrics are declared, never assumed
+    assert protocols["fedrec"].utility_specs["rmse"].higher_is_better is False
+    assert protocols["fedsplit"].utility_specs["rmse"].higher_is_better is False
+    assert protocols["fedproto"].utility_specs["mean_rank"].higher_is_better is False
+    assert protocols["privmvmf"].estimate_seconds(10, {}, ()) > 0
+    assert protocols["fedmvmf"].estimate_seconds(10, {}, ()) is None
+
+
+def test_every_attack_implements_the_abstract_methods():
+    import inspect
+
+    from privaudit.attacks.base import Attack
+
+    assert Attack.__abstractmethods__ == {"applicable", "run", "score", "prior_baseline"}
+    for name, cls in _builtins("attack").items():
+        assert not inspect.isabstract(cls), f"{name}: {sorted(cls.__abstractmethods__)}"
+        cls()  # instantiates with its declared defaults
+
+    class Half(Attack):
+        name = "half"
+
+        def run(self, view, knowledge, rng):
+            return self.unsupported("never")
+
+    try:
+        Half()
+    except TypeError as exc:
+        assert "abstract" in str(exc) and "prior_baseline" in str(exc)
+    else:  # pragma: no cover
+        raise AssertionError("an attack without score/prior_baseline/applicable must not instantiate")
+
+
+def test_defenses_declare_the_payloads_they_act_on_and_audits_skip_the_rest():
+    from privaudit import audit, registry
+
+    for name, cls in _builtins("defense").items():
+        assert cls.acts_on, f"defense {name} declares no payload it acts on"
+    sampling = registry.get("defense", "sampling")
+    assert sampling.acts_on_schema(registry.get("protocol", "fedrec").schema)
+    assert not sampling.acts_on_schema(registry.get("protocol", "fedsplit").schema)
+    swept, skipped = audit.applicable_defenses("fedsplit")
+    assert "sampling" not in {c.name for c in swept} and "laplace" in {c.name for c in swept}
+    assert dict(skipped)["sampling"] == "changes no payload of a fedsplit message (acts on: grad_V.items, grad_W.items)"
+    assert "sampling" in {c.name for c in audit.applicable_defenses("fedmvmf")[0]}

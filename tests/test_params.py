@@ -90,9 +90,9 @@ def test_sweep_values_are_checked_by_the_owning_declaration():
         return pl.resolve(protocol="dummy-proto", sweep=pl.Sweep(target, param, tuple(values)), **kwargs)
 
     assert [v for _, v, *_ in sweep("dummy-noise", "scale", ("0", "2.5")).grid()] == [0.0, 2.5]
-    with pytest.raises(PrivauditError, match=r"^defense 'dummy-noise': scale must be a number >= 0, got '-1'$"):
+    with pytest.raises(PrivauditError, match=r"^defense 'dummy-noise': scale must be a number >= 0, got -1.0$"):
         sweep("dummy-noise", "scale", ("0", "-1"))
-    with pytest.raises(PrivauditError, match=r"^protocol 'dummy-proto': p must be an integer >= 1, got '0'$"):
+    with pytest.raises(PrivauditError, match=r"^protocol 'dummy-proto': p must be an integer >= 1, got 0$"):
         sweep("protocol", "p", ("2", "0"))
     with pytest.raises(PrivauditError, match=r"^attack 'dummy-aux-attack': aux_fraction must be a number in \[0, 1\]"):
         sweep("attack", "aux_fraction", ("0.5", "1.5"), attack="dummy-aux-attack")

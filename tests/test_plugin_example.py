@@ -63,6 +63,7 @@ def test_list_and_describe_show_the_plugin(plugin_path):
     proc = _run(plugin_path, "-m", "privaudit", "describe", "quantize")
     assert proc.returncode == 0, proc.stderr
     assert "step : float = 0.0  (a number >= 0)" in proc.stdout and "capabilities: upload" in proc.stdout
+    assert "acts on: *.*" in proc.stdout
 
 
 def test_plugin_classes_behave(plugin_path):
@@ -80,16 +81,19 @@ def test_plugin_classes_behave(plugin_path):
         t = run_transcript("fedmvmf", [], [], "synthetic", None, 0).transcript
         attack = get("attack", "uploaded-items")()
         outcome = attack.evaluate(t, np.random.default_rng(0))
-        n_rated = sum(len(t.private(p)["items"]) for p in t.parties if p.startswith("client:"))
-        density = n_rated / (t.config["n_items"] * sum(p.startswith("client:") for p in t.parties))
+        n_rated = sum(len(t.private(p)["items"]) for p in t.clients())
+        density = n_rated / (t.config["n_items"] * len(t.clients()))
         print(json.dumps({"values": out["values"].tolist(), "items": out["items"].tolist(),
-                          "metrics": outcome.metrics, "prior": attack.prior_baseline(t, {}), "density": density}))
+                          "metrics": outcome.metrics, "prior": attack.prior_baseline(t, {}), "density": density,
+                          "round9": attack.__class__(round=9).applicable(t.view("server")),
+                          "fedsplit": q.acts_on_schema(get("protocol", "fedsplit").schema)}))
         """
     )
     proc = _run(plugin_path, "-c", code)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     assert r["values"] == [0.5, -0.5] and r["items"] == [1, 2]  # floats rounded, item ids untouched
+    assert r["round9"] == [False, "no grad_V uploads in round 9"] and r["fedsplit"] is True
     assert r["prior"]["accuracy"] == pytest.approx(1.0 - r["density"])
     # obsonly uploads name exactly the rated items: every (client, item) pair right, far above the
     # majority guess (1 - density) and the random guess (0.5)

@@ -846,6 +846,9 @@ class MVMFAttack(Attack):
     primary_metric = "rating_accuracy"
     metric_specs = MVMF_METRIC_SPECS
 
+    def applicable(self, view: View) -> tuple[bool, str]:
+        return super().applicable(view)  # the base rule: every kind of ``requires``, in plaintext
+
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
         return score_reconstruction(reconstruction, transcript)
 

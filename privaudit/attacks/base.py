@@ -1,4 +1,4 @@
-"""The :class:`Attack` base class, :class:`Reconstruction`, and scoring helpers.
+"""The :class:`Attack` base class and :class:`Reconstruction` (set and ROC scoring helpers: :mod:`privaudit.metrics`).
 
 An attack plays one party (``party``, usually ``server``). It receives that party's
 :class:`~privaudit.transcript.View` and the prior knowledge the experiment grants it
@@ -12,6 +12,7 @@ per-client plaintext) says why and scores as the random-guess baseline; it never
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,8 +49,12 @@ class Reconstruction:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-class Attack(Configurable):
+class Attack(Configurable, metaclass=ABCMeta):
     """Base class of attacks.
+
+    A subclass implements the abstract methods :meth:`applicable`, :meth:`run`, :meth:`score`
+    and :meth:`prior_baseline` (it cannot be instantiated otherwise), and :meth:`baseline`;
+    :meth:`prior_knowledge`, :meth:`decisions` and :meth:`victim_table` are optional.
 
     Class attributes
     ----------------
@@ -81,8 +86,22 @@ class Attack(Configurable):
     #: attack, so that a whole attack x defense grid stays affordable); the audit report lists them.
     audit_params: dict[str, Any] = {}
 
+    @abstractmethod
     def applicable(self, view: View) -> tuple[bool, str]:
-        """Whether ``view`` holds what this attack needs, and if not, why."""
+        """Whether ``view`` holds what this attack needs, and if not, why.
+
+        Parameters
+        ----------
+        view : View
+            What the attacker's ``party`` saw (never another party's ``private`` messages).
+
+        Returns
+        -------
+        (bool, str)
+            ``(True, "")``, or ``(False, reason)`` with a one-line reason the report shows; the
+            attack then scores as the random-guess baseline. ``super().applicable(view)`` gives
+            the usual rule: every kind in :attr:`requires` present, none only masked or encrypted.
+        """
         kinds = view.kinds()
         missing = [k for k in self.requires if kinds.get(k, 0) == 0]
         if missing:
@@ -101,6 +120,7 @@ class Attack(Configurable):
         """Side knowledge granted to the attacker (default: none)."""
         return {}
 
+    @abstractmethod
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         """Reconstruct the victims' private data from what the attacker's party saw.
 
@@ -120,10 +140,17 @@ class Attack(Configurable):
             Per victim party, the reconstructed fields; ``supported`` False with a ``reason``
             when the view turns out to lack what the attack needs.
         """
-        raise NotImplementedError
 
+    @abstractmethod
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
         """Score ``reconstruction`` against the victims' ``private`` messages of ``transcript``.
+
+        Parameters
+        ----------
+        reconstruction : Reconstruction
+            What :meth:`run` returned (``supported`` is True here).
+        transcript : Transcript
+            The full transcript, victims' ``private`` messages included (the ground truth).
 
         Returns
         -------
@@ -131,7 +158,6 @@ class Attack(Configurable):
             Metric name -> value, one entry per metric :attr:`metric_specs` declares (NaN where
             undefined); :meth:`baseline` and :meth:`prior_baseline` return the same keys.
         """
-        raise NotImplementedError
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         """The same metrics as :meth:`score` for the uniform random guess over each value domain.
@@ -143,14 +169,28 @@ class Attack(Configurable):
         """
         raise NotImplementedError
 
+    @abstractmethod
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
         """The same metrics for the best guess from the attacker's prior knowledge alone.
 
         The strongest strategy an attacker with ``knowledge`` (and the public config) but
         without the victims' messages has: the majority value, per-attribute prior, item
         popularity, its auxiliary data. Scored against the same truth as :meth:`score`.
+
+        Parameters
+        ----------
+        transcript : Transcript
+            The full transcript (ground truth; the strategy itself must not read the victims'
+            ``private`` messages or uploads).
+        knowledge : dict
+            What :meth:`prior_knowledge` granted.
+
+        Returns
+        -------
+        dict[str, float]
+            Metric name -> value, the keys of :meth:`score`; verdicts test the attack's
+            advantage over the stronger of this and :meth:`baseline`.
         """
-        raise NotImplementedError
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
         """Per-record scores and truth of the attack's binary decisions (default: none).
@@ -178,8 +218,8 @@ class Attack(Configurable):
         """Run the attack on its party's view of ``transcript`` and score it.
 
         When the attack does not apply, the metrics equal the random baseline and ``reason``
-        says why. ``baseline_prior`` is :meth:`prior_baseline` with the same prior knowledge
-        (empty when the attack does not define one); ``decisions`` is :meth:`decisions` of a
+        says why. ``baseline_prior`` is :meth:`prior_baseline` with the same prior knowledge;
+        ``decisions`` is :meth:`decisions` of a
         supported reconstruction.
         """
         view = transcript.view(self.party)
@@ -188,10 +228,7 @@ class Attack(Configurable):
         recon = self.run(view, knowledge, rng) if ok else self.unsupported(reason)
         base = self.baseline(transcript)
         metrics = self.score(recon, transcript) if recon.supported else dict(base)
-        try:
-            prior = self.prior_baseline(transcript, knowledge)
-        except NotImplementedError:  # a third-party attack without one
-            prior = {}
+        prior = self.prior_baseline(transcript, knowledge)
         decisions = self.decisions(recon, transcript) if recon.supported else {}
         victims = self.victim_table(recon, transcript, knowledge) if recon.supported else None
         return AttackOutcome(metrics, base, recon, prior, decisions, victims)

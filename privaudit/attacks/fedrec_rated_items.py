@@ -188,6 +188,9 @@ class FedRecRatedItems(Attack):
     )
 
     # ------------------------------------------------------------------ run
+    def applicable(self, view: View) -> tuple[bool, str]:
+        return super().applicable(view)  # the base rule: every kind of ``requires``, in plaintext
+
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         cfg = view.config
         uploads = collect_uploads(view)

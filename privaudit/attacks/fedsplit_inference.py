@@ -185,6 +185,9 @@ class FedSplitInference(Attack):
         return {"mode": mode, "aux_fraction": f, "groups": groups}
 
     # ------------------------------------------------------------------ attack
+    def applicable(self, view: View) -> tuple[bool, str]:
+        return super().applicable(view)  # the base rule: every kind of ``requires``, in plaintext
+
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         uploads = _uploads(view)
         granted = knowledge.get("groups", {})

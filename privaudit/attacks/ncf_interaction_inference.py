@@ -146,6 +146,9 @@ class NCFInteractionInference(Attack):
         ),
     )
 
+    def applicable(self, view: View) -> tuple[bool, str]:
+        return super().applicable(view)  # the base rule: every kind of ``requires``, in plaintext
+
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         m = int(view.config.get("n_items", 0))
         negatives = int(view.config.get("negatives", 4))

@@ -27,21 +27,15 @@ import numpy as np
 
 from privaudit.attacks._generic import cross_fit, ratio
 from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.metrics import f1_score, set_precision_recall
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
 
-
-def _prf(pred: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
-    tp = np.intersect1d(pred, truth).size
-    precision = tp / pred.size if pred.size else 0.0
-    recall = tp / truth.size if truth.size else float("nan")
-    return precision, recall
-
-
-def _f1(p: float, r: float) -> float:
-    return 2 * p * r / (p + r) if p + r > 0 else 0.0
+#: set precision/recall and F1 (:mod:`privaudit.metrics`), under the names the NCF attacks import
+_prf = set_precision_recall
+_f1 = f1_score
 
 
 def client_truth(transcript: Transcript, party: str) -> np.ndarray:
@@ -213,6 +207,9 @@ class NCFUpdateLeak(Attack):
         ),
         Param("table_rounds", 4, "also report precision/recall for r = 1..N", ge=0),
     )
+
+    def applicable(self, view: View) -> tuple[bool, str]:
+        return super().applicable(view)  # the base rule: every kind of ``requires``, in plaintext
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         sets: dict[str, list[np.ndarray]] = {}

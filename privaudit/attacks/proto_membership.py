@@ -123,6 +123,9 @@ class ProtoMembership(Attack):
             out[party] = {"user_ids": cand, "rows": R[cand], "calibration": R[calib]}
         return {"silos": out}
 
+    def applicable(self, view: View) -> tuple[bool, str]:
+        return super().applicable(view)  # the base rule: every kind of ``requires``, in plaintext
+
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         victims: dict[str, dict[str, np.ndarray]] = {}
         q = 1.0 - float(self.config["fpr"])

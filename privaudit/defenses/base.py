@@ -25,6 +25,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from privaudit.params import Configurable
+from privaudit.schema import ANY as ANY  # the wildcard of Defense.acts_on
+from privaudit.schema import ProtocolSchema, holds_payload
 from privaudit.transcript import Transcript
 
 
@@ -171,7 +173,13 @@ class Defense(Configurable):
     default_grid : tuple
         Default values of the strength for sweeps.
     applies_to : tuple[str, ...] | None
-        Protocol names this defense supports (``None``: any protocol).
+        Protocol names this defense supports (``None``: every protocol whose schema holds a
+        payload of ``acts_on``).
+    acts_on : tuple[tuple[str, str], ...]
+        The payloads the defense changes, as ``(message kind, payload field)``; ``ANY`` (``"*"``)
+        for every upload kind or every field. An audit sweeps the defense only on protocols
+        whose schema holds one of them (:meth:`acts_on_schema`); a defense declaring none joins
+        no audit.
     capabilities : frozenset[str]
         The seams the defense uses (:data:`CAPABILITIES`). Protocols ask for a capability, never
         for a defense's name; when a class declares none, the hooks it overrides give them.
@@ -183,6 +191,7 @@ class Defense(Configurable):
     strength: str | None = None
     default_grid: tuple = ()
     applies_to: tuple[str, ...] | None = None
+    acts_on: tuple[tuple[str, str], ...] = ()
     capabilities: frozenset[str] = frozenset()
     #: what ``privaudit describe`` states of a DP defense's guarantee: neighbour relation,
     #: sensitivity, what is and is not covered (None: the defense claims no DP guarantee)
@@ -200,6 +209,11 @@ class Defense(Configurable):
         if unknown:
             known = ", ".join(CAPABILITIES)
             raise TypeError(f"{cls.__name__}: unknown capabilities {sorted(unknown)} (known: {known})")
+
+    @classmethod
+    def acts_on_schema(cls, schema: ProtocolSchema) -> bool:
+        """Whether a protocol with message schema ``schema`` has a payload this defense changes."""
+        return any(holds_payload(schema, kind, name) for kind, name in cls.acts_on)
 
     def local_training(self) -> LocalTraining | None:
         """``local-training`` defenses: the clients' changed optimizer (default: none)."""

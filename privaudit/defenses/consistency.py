@@ -40,6 +40,7 @@ class ModelConsistency(Defense):
     description = "Clients compare digests of the received model on a bulletin; differing models abort the round"
     capabilities = frozenset({ROUND_CHECK})
     applies_to = ("fedncf",)
+    acts_on = (("item_update", "*"), ("net_update", "*"))  # a round's uploads, withheld on abort
     parameters = (Param("digest", "sha256", "hash of the received model posted to the bulletin", choices=DIGESTS),)
 
     def abort_reason(self, round: int, members: list[str], models: list[bytes], verified: Any) -> str | None:
@@ -61,6 +62,7 @@ class VerifiedCohort(Defense):
     description = "Clients abort a round with fewer than min_clients verified (non-sybil) members"
     capabilities = frozenset({ROUND_CHECK})
     applies_to = ("fedncf",)
+    acts_on = (("item_update", "*"), ("net_update", "*"))  # a round's uploads, withheld on abort
     parameters = (Param("min_clients", 2, "verified (non-sybil) clients a cohort must hold", ge=1),)
 
     def abort_reason(self, round: int, members: list[str], models: list[bytes], verified: Any) -> str | None:

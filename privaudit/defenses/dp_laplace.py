@@ -128,6 +128,7 @@ class ClippedNoise(Defense):
     calibrated_increasing: bool = True
     #: the interval searched for the calibrated parameter
     calibration_range: tuple[float, float] = (1e-4, 1e3)
+    acts_on = (("*", "*"),)  # every float of every upload
 
     def validate(self) -> None:
         """Bounds and choices come from the declaration; a target epsilon with a known round

@@ -64,6 +64,7 @@ class DPPrototypes(Defense):
     strength = "epsilon"
     default_grid = (10.0, 1.0, 0.1)
     applies_to = ("fedproto",)
+    acts_on = (("prototypes", "prototypes"),)
     privacy_claim = (
         "add/remove one user's whole row (rated items and values) in a silo: pure epsilon per upload "
         "(2 epsilon if a row is replaced), every upload of a silo composed; the silo sees its rows"

@@ -77,6 +77,7 @@ class DPSGD(Defense):
     strength = "noise_multiplier"
     default_grid = (0.3, 0.5, 0.7, 1.0, 2.0)
     applies_to = ("fedncf",)
+    acts_on = (("item_update", "values"), ("net_update", "delta"))  # through the clients' optimizer
     capabilities = frozenset({LOCAL_TRAINING})
     privacy_claim = (
         "replace one training instance (count public: n_instances is uploaded exactly, so add/remove is "

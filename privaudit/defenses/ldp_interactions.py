@@ -38,6 +38,7 @@ class LDPInteractions(Defense):
         Param("clip", 1.0, "L2 norm C every uploaded item row is clipped to", gt=0),
     )
     applies_to = ("fedncf",)
+    acts_on = ((KIND, "values"),)
     strength = "sigma"
     #: no noise up to a scale past the attack's crossover with the popularity prior at FedNCF's default
     #: lr 0.01 (between 0.1 and 0.3 on the synthetic data); sqrt(1e-3) ~ 0.032 is the authors' code default

@@ -34,6 +34,7 @@ class _AdditiveNoise(Defense):
 
     parameters = (Param("scale", 0.0, "noise scale (Laplace b / Gaussian sigma) added to every uploaded float", ge=0),)
     strength = "scale"
+    acts_on = (("*", "*"),)  # every float of every upload
     default_grid = DEFAULT_SCALES
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:

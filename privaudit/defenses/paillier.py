@@ -127,6 +127,7 @@ class PaillierDefense(Defense):
         ),
     )
     strength = None
+    acts_on = (("*", "*"),)  # every upload, encrypted
     default_grid = ()
 
     @property

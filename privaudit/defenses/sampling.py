@@ -443,6 +443,7 @@ class SamplingDefense(Defense):
         ),
     )
     strength = "rho"
+    acts_on = (("grad_V", "items"), ("grad_W", "items"))  # the virtual items join the uploaded rows
     default_grid = (0, 1, 2, 3)
 
     @property

@@ -82,6 +82,7 @@ class SecAgg(Defense):
         Param("threshold", 0.5, "Shamir threshold t = floor(threshold * n) + 1 of n cohort members", gt=0, lt=1),
     )
     strength = "dropout"
+    acts_on = (("*", "*"),)  # every upload, masked
     default_grid = (0.0, 0.1, 0.2, 0.3)
 
     def validate(self) -> None:

@@ -19,6 +19,8 @@ import numpy as np
 from privaudit.defenses.base import Defense, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.params import Param, declare_on, public_values, resolve_declared
+from privaudit.results import MetricSpec
+from privaudit.schema import ProtocolSchema
 from privaudit.transcript import Transcript
 
 
@@ -241,12 +243,45 @@ class RunSetup:
         return [np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(n)]
 
 
+#: Utility metrics the built-in protocols report, with their meaning and direction; a protocol
+#: declares its own as ``utility_specs = utility_specs_of("rmse", "mae")`` (or writes MetricSpecs).
+UTILITY_METRICS: dict[str, MetricSpec] = {
+    "ndcg@10": MetricSpec(
+        True, True, "fraction", "normalized discounted cumulative gain of the top 10 recommendations"
+    ),
+    "hr@10": MetricSpec(
+        True, True, "fraction", "hit ratio at 10: share of users whose held-out item is in their top 10"
+    ),
+    "precision@10": MetricSpec(
+        True, True, "fraction", "share of the top 10 recommendations that are held-out relevant items"
+    ),
+    "recall@10": MetricSpec(True, True, "fraction", "share of held-out relevant items found in the top 10"),
+    "f1@10": MetricSpec(True, True, "fraction", "F1 score of the top 10 recommendations"),
+    "map@10": MetricSpec(True, True, "fraction", "mean average precision of the top 10"),
+    "rmse": MetricSpec(False, True, "rating", "root mean squared error of predicted ratings (lower is better)"),
+    "mae": MetricSpec(False, True, "rating", "mean absolute error of predicted ratings (lower is better)"),
+    "mean_rank": MetricSpec(False, True, "rank", "mean percentile rank of held-out items (lower is better)"),
+}
+
+
+def utility_specs_of(*names: str) -> dict[str, MetricSpec]:
+    """The :data:`UTILITY_METRICS` entries named (a protocol's ``utility_specs`` declaration)."""
+    unknown = [n for n in names if n not in UTILITY_METRICS]
+    if unknown:
+        raise KeyError(f"no shared utility spec {unknown[0]!r}: declare a MetricSpec for it")
+    return {n: UTILITY_METRICS[n] for n in names}
+
+
 class Protocol:
     """Base class of protocols.
 
-    Subclasses set ``name``, ``description``, ``parameters`` (every hyperparameter as a
-    :class:`~privaudit.params.Param`: default, bounds or choices, help), ``default_attack``
-    (the strongest registered attack against it) and implement :meth:`run`. ``declared``,
+    A subclass declares, as class attributes (each documented below, defaults here):
+    ``name``, ``description``, ``parameters`` (every hyperparameter as a
+    :class:`~privaudit.params.Param`), ``schema`` (the messages its transcripts hold),
+    ``utility_specs`` (what each utility metric means, lower-is-better ones included),
+    ``default_attack``, ``main_utility``, the defaults of ``privaudit attack --protocol``
+    (``default_sweep_spec``, ``default_defense_specs``, ``default_users``) and, for slow
+    protocols, :meth:`estimate_seconds`; it implements :meth:`simulate`. ``declared``,
     ``default_config`` (name -> default) and ``config_help`` (name -> help) are derived from
     ``parameters``.
     """
@@ -257,15 +292,45 @@ class Protocol:
     declared: dict[str, Param] = {}
     default_config: dict[str, Any] = {}
     config_help: dict[str, str] = {}
+    #: The messages a transcript of this protocol may hold (:class:`~privaudit.schema.ProtocolSchema`),
+    #: checked before any attack reads a transcript; declared beside the protocol. A protocol whose
+    #: schema depends on the transcript overrides :meth:`schema_for` instead (recorded runs).
+    schema: ProtocolSchema | None = None
+    #: Utility metric name -> :class:`~privaudit.results.MetricSpec` (direction: ``rmse`` is
+    #: lower-is-better), for every utility metric the protocol's runs report that a report may show
+    #: (the main one, utility costs of defenses). See :func:`utility_specs_of`.
+    utility_specs: dict[str, MetricSpec] = {}
+    #: The strongest registered attack against it (``privaudit attack`` without ``--attack``).
     default_attack: str | None = None
     #: The utility metric reports show (tables, figures' right axis); None: the first of
     #: ndcg@10, ndcg, rmse, hr@10, f1, auc that the run reports.
     main_utility: str | None = None
     attacker: str = "server"
+    #: ``privaudit attack --protocol P`` without --defense, --noise or --sweep: this sweep
+    #: (``TARGET.PARAM=V1,V2,...``, e.g. ``laplace.scale=0,1,2``) with ``default_defense_specs``
+    #: (``NAME[:k=v,...]``) active, unless the attack sweeps a parameter of its own. None: no sweep.
+    default_sweep_spec: str | None = None
+    #: Defenses active with ``default_sweep_spec`` (``NAME[:k=v,...]`` strings).
+    default_defense_specs: tuple[str, ...] = ()
+    #: Users a default ``privaudit attack --protocol P`` subsamples (None: the whole dataset);
+    #: set by protocols whose run is slow per user (encryption).
+    default_users: int | None = None
     #: Config keys a run fills in itself (dataset sizes, the defense list, the seed). They are
     #: recorded in the transcript's public config and ignored when passed back in, so the
     #: config of a transcript can be handed to another run.
     derived_keys: tuple[str, ...] = ()
+
+    @classmethod
+    def estimate_seconds(cls, n_users: int, sets: Mapping[str, Any], defenses: Sequence[str] = ()) -> float | None:
+        """Rough seconds of one run with ``n_users`` users, ``--set`` values ``sets`` and
+        ``--defense`` specs ``defenses`` (the CLI prints an estimate above two minutes);
+        None (the default): cheap enough not to estimate."""
+        return None
+
+    @classmethod
+    def schema_for(cls, transcript: Any) -> ProtocolSchema | None:
+        """The schema ``transcript`` is checked against (default: :attr:`schema`)."""
+        return cls.schema
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -63,15 +63,15 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from privaudit import schema as transcript_schema
 from privaudit.data.splits import cold_start_items, cold_start_users, holdout_split
 from privaudit.defenses.base import ClientData
 from privaudit.defenses.noise import DEFAULT_SCALES
 from privaudit.metrics import ranking_metrics_at_k_factored
 from privaudit.models import mvmf
 from privaudit.params import Param
-from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup
+from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup, utility_specs_of
 from privaudit.registry import register_protocol
+from privaudit.schema import GRAD_ROWS, ITEMS, RATINGS, MessageSchema, PayloadField, ProtocolSchema, n_attributes
 
 #: Config keys the protocol fills in itself (ignored if passed in).
 DERIVED_KEYS = ("n_items", "n_users", "attribute_names", "rating_min", "rating_max", "rating_step", "defenses", "seed")
@@ -129,6 +129,31 @@ def ranking_utility(
     return {f"{prefix}{key}@{k}": float(res[key]) for key in keys}
 
 
+#: The messages a transcript of this protocol holds (checked before any attack reads one).
+SCHEMA = ProtocolSchema(
+    config_keys=("K", "n_items", "attribute_names", "alpha", "lam", "update", "unrated", "rating_min", "rating_max"),
+    dims={"m": "n_items", "K": "K", "p": n_attributes},
+    messages=(
+        MessageSchema(
+            "private",
+            "client",
+            "self",
+            (ITEMS, RATINGS, PayloadField("attributes", "float", ("p",), value_range=(0.0, 1.0))),
+        ),
+        MessageSchema(
+            "state",
+            "server",
+            "self",
+            (PayloadField("V", "float", ("m", "K")), PayloadField("P", "float", ("p", "K"))),
+            required=True,
+        ),
+        MessageSchema("grad_V", "client", "server", GRAD_ROWS, upload=True, required=True),
+        MessageSchema("grad_P", "client", "server", (PayloadField("values", "float", ("p", "K")),), upload=True),
+        MessageSchema("grad_V_item", "item-server", "server", (PayloadField("values", "float", ("m", "K")),)),
+    ),
+)
+
+
 @register_protocol("fedmvmf")
 class FedMVMF(Protocol):
     """Federated MVMF with clients, an FL server and an item server (module docstring)."""
@@ -136,7 +161,8 @@ class FedMVMF(Protocol):
     description = (
         "Federated multi-view matrix factorization (FedMVMF, PrivMVMF paper §3): SemiALS/SGD x ObsOnly/InclUnc"
     )
-    schema = transcript_schema.FEDMVMF  # declared message kinds, checked before any attack
+    schema = SCHEMA  # declared message kinds, checked before any attack
+    utility_specs = utility_specs_of("ndcg@10", "precision@10", "recall@10", "f1@10")
     default_attack = "mvmf-analytic"
     derived_keys = DERIVED_KEYS
     #: what ``privaudit attack --protocol fedmvmf`` sweeps when no defense, noise or sweep is named:

@@ -91,15 +91,15 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from privaudit import schema as transcript_schema
 from privaudit.data.splits import LOO_TIES
 from privaudit.defenses.base import LOCAL_TRAINING, ROUND_CHECK, Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import hit_ratio_at_k, ndcg_at_k_loo
 from privaudit.models import ncf
 from privaudit.params import Param
-from privaudit.protocols.base import Protocol, RunResult, RunSetup
+from privaudit.protocols.base import Protocol, RunResult, RunSetup, utility_specs_of
 from privaudit.registry import register_protocol
+from privaudit.schema import ITEMS, MessageSchema, PayloadField, ProtocolSchema
 
 DERIVED_KEYS = ("n_items", "n_users", "defenses", "seed")
 AGGREGATIONS = ("mf-fedavg", "fedavg", "simpleavg")
@@ -175,12 +175,54 @@ def ncf_utility(
     return {f"hr@{k}": hit_ratio_at_k(scores, target, k), f"ndcg@{k}": ndcg_at_k_loo(scores, target, k)}
 
 
+#: The messages a transcript of this protocol holds (checked before any attack reads one).
+SCHEMA = ProtocolSchema(
+    config_keys=("D", "model", "layers", "n_items", "n_users", "aggregation", "selection"),
+    dims={"m": "n_items", "n": "n_users"},
+    messages=(
+        MessageSchema(
+            "private",
+            "client",
+            "self",
+            (
+                PayloadField("items", "int", ("@r",), ids="m", unique=True),
+                PayloadField("test_item", "int", (1,), ids="m"),
+            ),
+        ),
+        MessageSchema("cohort", "server", "self", (PayloadField("clients", "int", ("@k",), ids="n", unique=True),)),
+        MessageSchema(
+            "state",
+            "server",
+            "self",
+            (PayloadField("items", "float", ("m", "D_total")), PayloadField("network", "float", ("n_weights",))),
+        ),
+        MessageSchema(
+            "item_update",
+            "client",
+            "server",
+            (ITEMS, PayloadField("values", "float", ("@r", "D_total"))),
+            upload=True,
+            required=True,
+        ),
+        MessageSchema(
+            "net_update",
+            "client",
+            "server",
+            (PayloadField("delta", "float", ("n_weights",)), PayloadField("n_instances", "float", (1,))),
+            upload=True,
+        ),
+        MessageSchema("aggregate", "server", "self", (PayloadField("counts", "int", ("m",)),)),
+    ),
+)
+
+
 @register_protocol("fedncf")
 class FedNCF(Protocol):
     """Federated GMF / MLP / NeuMF with MF-FedAvg, FedAvg or SimpleAvg (module docstring)."""
 
     description = "Federated neural collaborative filtering (FedNCF, FedNCF paper): GMF/MLP/NeuMF, MF-FedAvg"
-    schema = transcript_schema.FEDNCF  # declared message kinds, checked before any attack
+    schema = SCHEMA  # declared message kinds, checked before any attack
+    utility_specs = utility_specs_of("hr@10", "ndcg@10")
     default_attack = "ncf-update-leak"
     requires_extras = ("ncf",)  # torch (errors.check_extras)
     main_utility = "hr@10"  # the paper's headline metric (Tables 5, 6)

@@ -59,14 +59,14 @@ import numpy as np
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
-from privaudit import schema as transcript_schema
 from privaudit.data import zip_silos
 from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import map_at_k, mean_rank, rmse
 from privaudit.params import Param
-from privaudit.protocols.base import Protocol, RunResult, RunSetup
+from privaudit.protocols.base import Protocol, RunResult, RunSetup, utility_specs_of
 from privaudit.registry import register_protocol
+from privaudit.schema import GROUP_PRIVATE, MessageSchema, PayloadField, ProtocolSchema
 
 __all__ = [
     "FedProto",
@@ -210,10 +210,33 @@ def recommendation_metrics(
     }
 
 
+#: The messages a transcript of this protocol holds (checked before any attack reads one).
+SCHEMA = ProtocolSchema(
+    config_keys=("k", "latent_dim", "n_items", "rating_min", "rating_max", "prototypes"),
+    dims={"m": "n_items", "K": "latent_dim", "users": lambda c, d: d["users"]},
+    messages=(
+        MessageSchema("private", "client", "self", GROUP_PRIVATE),
+        MessageSchema(
+            "prototypes",
+            "client",
+            "server",
+            (PayloadField("prototypes", "float", ("@k", "m")),),
+            upload=True,
+            required=True,
+        ),
+        MessageSchema(
+            "state", "server", "self", (PayloadField("P", "float", (None, "m")), PayloadField("V", "float", ("m", "K")))
+        ),
+        MessageSchema("model", "server", "client", (PayloadField("V", "float", ("m", "K")),)),
+    ),
+)
+
+
 @register_protocol("fedproto")
 class FedProto(Protocol):
     description = "Cross-silo federated NMF from k (DP) prototypes per silo, two rounds"
-    schema = transcript_schema.FEDPROTO  # declared message kinds, checked before any attack
+    schema = SCHEMA  # declared message kinds, checked before any attack
+    utility_specs = utility_specs_of("map@10", "rmse", "mean_rank")
     default_attack = "proto-membership"
     derived_keys = DERIVED_KEYS
     # the dense eq. 1 (unrated = 0) ranks items but predicts ratings shrunk towards 0 (RMSE ~3 on

@@ -75,14 +75,14 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from privaudit import schema as transcript_schema
 from privaudit.data.splits import kfold_ratings
 from privaudit.defenses.base import CLIENT_DATA, ClientData, Defense
 from privaudit.errors import PrivauditError
 from privaudit.models import pmf
 from privaudit.params import Param
-from privaudit.protocols.base import Protocol, RunResult, RunSetup
+from privaudit.protocols.base import Protocol, RunResult, RunSetup, utility_specs_of
 from privaudit.registry import register_protocol
+from privaudit.schema import GRAD_ROWS, ITEMS, RATINGS, MessageSchema, PayloadField, ProtocolSchema
 
 MODELS = ("pmf-batch", "pmf-sgd", "svdpp-sgd")
 DERIVED_KEYS = (
@@ -127,12 +127,31 @@ def hf_settings(defenses: Sequence[Defense]) -> tuple[str | None, int, int]:
     return None, 0, 0
 
 
+#: The messages a transcript of this protocol holds (checked before any attack reads one).
+SCHEMA = ProtocolSchema(
+    config_keys=("d", "model", "n_items", "n_users", "rating_min", "rating_max", "federated"),
+    dims={"m": "n_items", "K": "d"},
+    messages=(
+        MessageSchema("private", "client", "self", (ITEMS, RATINGS)),
+        MessageSchema(
+            "state",
+            "server",
+            "self",
+            (PayloadField("V", "float", ("m", "K")), PayloadField("W", "float", ("m", "K"), optional=True)),
+        ),
+        MessageSchema("grad_V", "client", "server", GRAD_ROWS, upload=True, required=True),
+        MessageSchema("grad_W", "client", "server", GRAD_ROWS, upload=True),
+    ),
+)
+
+
 @register_protocol("fedrec")
 class FedRec(Protocol):
     """Federated PMF(B), PMF(S), SVD++(S) with user-average / hybrid filling (module docstring)."""
 
     description = "FedRec (FedRec paper): federated PMF batch/stochastic and SVD++ with UA/HF virtual ratings"
-    schema = transcript_schema.FEDREC  # declared message kinds, checked before any attack
+    schema = SCHEMA  # declared message kinds, checked before any attack
+    utility_specs = utility_specs_of("rmse", "mae")
     default_attack = "fedrec-rated-items"
     derived_keys = DERIVED_KEYS
     #: ``privaudit attack --protocol fedrec`` without a defense: user-average filling over rho

@@ -61,13 +61,13 @@ from typing import Any
 
 import numpy as np
 
-from privaudit import schema as transcript_schema
 from privaudit.data import holdout_split, random_groups
 from privaudit.metrics import mean_ci95
 from privaudit.models.cnmf import CNMF, block_columns, observed
 from privaudit.params import Param
-from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup
+from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup, utility_specs_of
 from privaudit.registry import register_protocol
+from privaudit.schema import GROUP_PRIVATE, MessageSchema, PayloadField, ProtocolSchema
 
 __all__ = ["FedSPLIT", "cnmf_from_config"]
 
@@ -103,10 +103,60 @@ def _group_rmse(group: np.ndarray, err2: np.ndarray, n_groups: int) -> np.ndarra
         return np.sqrt(sums / counts)
 
 
+#: The messages a transcript of this protocol holds (checked before any attack reads one).
+SCHEMA = ProtocolSchema(
+    config_keys=("K", "k", "n_items", "rating_min", "rating_max", "global_mean"),
+    dims={"m": "n_items", "users": lambda c, d: d["users"]},
+    messages=(
+        MessageSchema("private", "client", "self", GROUP_PRIVATE),
+        MessageSchema(
+            "mean",
+            "client",
+            "server",
+            (PayloadField("sum", "float", ()), PayloadField("count", "number", ())),
+            upload=True,
+        ),
+        MessageSchema("global_mean", "server", "client", (PayloadField("mu", "float", ()),)),
+        MessageSchema(
+            "H",
+            "client",
+            "server",
+            (PayloadField("H_T", "float", ("m", "@k")), PayloadField("b_H", "float", ("m",))),
+            upload=True,
+            required=True,
+        ),
+        MessageSchema(
+            "state",
+            "server",
+            "self",
+            (
+                PayloadField("X", "float", ("m", "@c")),
+                PayloadField("W_global", "float", ("m", "K_joint")),
+                PayloadField("H_global", "float", ("K_joint", "@c")),
+                PayloadField("b_H_global", "float", ("m",)),
+                PayloadField("mu_global", "float", ()),
+                PayloadField("offsets", "int", (None,)),
+            ),
+        ),
+        MessageSchema(
+            "M",
+            "server",
+            "client",
+            (
+                PayloadField("M", "float", ("K_joint", "@k")),
+                PayloadField("W_global", "float", ("m", "K_joint")),
+                PayloadField("b_H_global", "float", ("m",)),
+            ),
+        ),
+    ),
+)
+
+
 @register_protocol("fedsplit")
 class FedSPLIT(Protocol):
     description = "One-shot federated NMF: local CNMF per group, joint NMF of the item factors, distillation"
-    schema = transcript_schema.FEDSPLIT  # declared message kinds, checked before any attack
+    schema = SCHEMA  # declared message kinds, checked before any attack
+    utility_specs = utility_specs_of("rmse")
     default_attack = "fedsplit-inference"
     derived_keys = DERIVED_KEYS
     attacker = "server"

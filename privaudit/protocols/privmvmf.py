@@ -39,7 +39,6 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from privaudit import schema as transcript_schema
 from privaudit.defenses.base import CLIENT_DATA, Defense
 from privaudit.params import parse_spec
 from privaudit.protocols.fedmvmf import FedMVMF
@@ -76,7 +75,7 @@ class PrivMVMF(FedMVMF):
     """FedMVMF (SemiALS) with Paillier-encrypted uploads, decrypting clients and unrated-item sampling."""
 
     description = "PrivMVMF (PrivMVMF paper §5): FedMVMF SemiALS + paillier encryption + unrated-item sampling"
-    schema = transcript_schema.PRIVMVMF  # declared message kinds, checked before any attack
+    schema = FedMVMF.schema  # FedMVMF's messages (paillier's key and sum messages are the defense's)
     default_attack = "mvmf-aggregate"
     # 2 epochs (FedMVMF: 40) and 10 users by default keep a 2048-bit run under a minute;
     # the paper's setting: --set epochs=40 and --users N (an estimate is printed above 2 minutes)

@@ -14,6 +14,7 @@ from typing import Any
 from privaudit.errors import PrivauditError
 from privaudit.protocols.base import Protocol
 from privaudit.registry import register_protocol
+from privaudit.schema import ProtocolSchema
 
 #: Largest ``n_items`` a recorded transcript may declare (attacks allocate per-item arrays per client).
 MAX_RECORDED_ITEMS = 2**20
@@ -96,9 +97,11 @@ class RecordedFlower(Protocol):
     default_attack = "generic-trained-items"
     #: transcripts come from a recorder, never from :meth:`run` (so the protocol has no parameters)
     recorded = True
+    #: a recording holds no utility metric (the app's own evaluation is not part of the transcript)
+    utility_specs: dict = {}
 
     @classmethod
-    def schema_for(cls, transcript: Any) -> Any:
+    def schema_for(cls, transcript: Any) -> ProtocolSchema:
         """The schema of a recorded transcript, built from the schema map in its public config.
 
         The public config is checked first (:func:`check_recorded_config`), then every kind
@@ -109,7 +112,7 @@ class RecordedFlower(Protocol):
         numbers (apps name their own records). Message meta is type-checked.
         """
         from privaudit.integrations.schema_map import SchemaMap
-        from privaudit.schema import MessageSchema, PayloadField, ProtocolSchema
+        from privaudit.schema import MessageSchema, PayloadField
 
         config = transcript.config or {}
         check_recorded_config(config)

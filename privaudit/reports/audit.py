@@ -220,7 +220,7 @@ def _glossary(audit: Mapping[str, Any]) -> list[tuple[str, str]]:
         )
     utility = rs.audit_utility(audit)
     if utility:
-        items.append((f"utility: {utility}", rs.utility_spec(utility).description + "."))
+        items.append((f"utility: {utility}", rs.utility_spec(utility, audit.get("utility_specs")).description + "."))
     items += [
         (
             "advantage",

@@ -558,7 +558,7 @@ def glossary(results: Mapping[str, Any]) -> list[tuple[str, str]]:
         items.append((m, f"{d} Unit: {spec.unit or 'none'}; {direction}."))
     utility = figures.utility_metric(results)
     if utility:
-        spec = rs.utility_spec(utility)
+        spec = rs.utility_spec(utility, results.get("utility_specs"))
         items.append(
             (
                 f"utility: {utility}",

@@ -32,6 +32,13 @@ class UploadedItems(Attack):
         "victims": MetricSpec(True, False, "clients", "clients attacked"),
     }
 
+    def applicable(self, view: View) -> tuple[bool, str]:
+        """The base rule (``grad_V`` uploads present in plaintext), then a round to read."""
+        ok, reason = super().applicable(view)
+        if ok and not view.select("grad_V", round=self.config["round"]):
+            return False, f"no grad_V uploads in round {self.config['round']}"
+        return ok, reason
+
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         victims = {}
         for m in view.select("grad_V", round=self.config["round"]):
@@ -57,6 +64,6 @@ class UploadedItems(Attack):
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
         """Without the uploads the best guess is the majority, "unrated": accuracy 1 - density."""
         m = int(transcript.config["n_items"])
-        clients = [p for p in transcript.parties if p.startswith("client:")]
+        clients = transcript.clients()
         rated = sum(len(transcript.private(p).get("items", ())) for p in clients)
         return {"accuracy": 1.0 - rated / (m * len(clients)) if clients and m else float("nan"), "victims": 0.0}

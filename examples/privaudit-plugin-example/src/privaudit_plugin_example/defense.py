@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from privaudit.defenses.base import UPLOAD, ChannelContext, Defense, UploadBatch
+from privaudit.defenses.base import ANY, UPLOAD, ChannelContext, Defense, UploadBatch
 from privaudit.params import Param
 
 
@@ -19,6 +19,8 @@ class Quantize(Defense):
     strength = "step"
     default_grid = (0.0, 0.5)
     capabilities = frozenset({UPLOAD})
+    #: every float of every upload (an audit sweeps it on any protocol with uploads)
+    acts_on = ((ANY, ANY),)
 
     def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
         step = self.config["step"]
