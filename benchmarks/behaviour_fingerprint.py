@@ -68,11 +68,14 @@ def _clean(value):
 
 def protocol_runs(names) -> dict:
     from privaudit.experiment import run_transcript
+    from privaudit.params import parse_spec
 
     out = {}
     for name in names:
         protocol, defenses, sets, users = RUNS[name]
-        result = run_transcript(protocol, defenses, sets, "synthetic", users, 0)
+        specs = [{"name": n, **p} for n, p in (parse_spec(d, "--defense") for d in defenses)]
+        config = dict(s.split("=", 1) for s in sets)
+        result = run_transcript(protocol=protocol, defenses=specs, protocol_config=config, users=users)
         out[name] = {
             "utility": _clean(result.utility),
             "transcript_sha256": transcript_hash(result.transcript),

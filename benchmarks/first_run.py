@@ -84,7 +84,10 @@ def reference(protocol: str, metric: str) -> tuple[float, str]:
     from privaudit.experiment import run_transcript
 
     name, sets, users = REFERENCES[protocol]
-    vals = [run_transcript(name, sets=sets, users=users, seed=s).utility[metric] for s in range(3)]
+    config = dict(s.split("=", 1) for s in sets)
+    vals = [
+        run_transcript(protocol=name, protocol_config=config, users=users, seed=s).utility[metric] for s in range(3)
+    ]
     note = f"{name} {' '.join('--set ' + x for x in sets)}".strip() + (f" --users {users}" if users else "")
     if protocol == "fedncf":
         note += f"; popularity {popularity_hr():.3f}"
@@ -100,7 +103,7 @@ def fedproto_rmse() -> tuple[float, float]:
 
     ours, mean = [], []
     for seed in range(3):
-        r = run_transcript("fedproto", seed=seed)
+        r = run_transcript(protocol="fedproto", seed=seed)
         train, test = r.model["train"], r.model["test"].tocoo()
         ours.append(r.utility["rmse"])
         mean.append(float(np.sqrt(np.mean((test.data - train.data.mean()) ** 2))))

@@ -133,13 +133,12 @@ def run(reps: int, seeds: int, users: int, bits: int) -> list[tuple[str, dict[st
         registry._register("protocol", "dummy-proto")(protocol)
         hits = {"verdict": 0, "record CP": 0, "old rule": 0}
         t0 = time.perf_counter()
-        spec = defense + ("".join(f":{k}={v}" for k, v in params.items()) if params else "")
         for rep in range(reps):
             res = ex.build_experiment(
-                "dummy-proto",
-                defenses=[spec],
-                sweep=f"{defense}.scale={grid}",
-                sets=[f"p={bits}", "rounds=1"],
+                protocol="dummy-proto",
+                defenses=[{"name": defense, **(params or {})}],
+                sweep=ex.Sweep(defense, "scale", tuple(float(v) for v in str(grid).split(","))),
+                protocol_config={"p": bits, "rounds": 1},
                 seeds=seeds,
                 seed=1000 * rep,
             ).run(data)

@@ -1,6 +1,9 @@
 """Command-line front end: parsing and printing only; the work happens in the library.
 
-Subcommands register themselves in :data:`COMMANDS` through :func:`command`; each gets an
+The ``list``, ``describe``, ``inspect``, ``run`` and ``attack`` subcommands live here, ``report``,
+``audit`` and ``record`` in :mod:`privaudit.cli_audit`, what they share in
+:mod:`privaudit._cli_common`. Subcommands register themselves in ``COMMANDS`` through
+``command``; each gets an
 ``add_arguments(parser)`` and a ``handler(args) -> int``. A user mistake raises
 :class:`~privaudit.errors.PrivauditError` (or an argparse error) and ends as one line on
 stderr with exit code 2.
@@ -10,85 +13,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from collections.abc import Callable
-from pathlib import Path
 
-from privaudit import __version__
+from privaudit import (
+    __version__,
+    cli_audit,  # noqa: F401 - registers report, audit and record
+)
+from privaudit._cli_common import (
+    COMMANDS,
+    _check_extras,
+    _check_writable,
+    _data_args,
+    _dataset,
+    _default_report_dir,
+    _force_arg,
+    _human_bytes,
+    _margin,
+    _margin_arg,
+    _max_bytes_arg,
+    _Parser,
+    _say,
+    _warn_short_key_specs,
+    _warn_short_keys,
+    command,
+)
 from privaudit.errors import PrivauditError, missing_dependency
-
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage mistake as one line (exit code 2)."""
-
-    def error(self, message: str):  # noqa: D102 - argparse API
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def command(name: str, help: str):
-    """Register ``handler`` as subcommand ``name``; ``add_arguments`` is attached later."""
-
-    def decorator(add_arguments: Callable[[argparse.ArgumentParser], None]):
-        def bind(handler: Callable[[argparse.Namespace], int]):
-            COMMANDS[name] = (help, add_arguments, handler)
-            return handler
-
-        return bind
-
-    return decorator
-
-
-def _byte_size(text: str) -> int:
-    """``--max-bytes`` value: an integer number of bytes, optionally with K, M, G or T (binary)."""
-    units = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = t[-1:] if t[-1:] in units else ""
-    number = t[: len(t) - len(unit)]
-    if not number.isdigit() or int(number) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive byte count like 512M or 2G, got {text!r}")
-    return int(number) * units[unit]
-
-
-def _max_bytes_arg(p: argparse.ArgumentParser) -> None:
-    """The one ``--max-bytes`` option of every command that loads a transcript."""
-    p.add_argument(
-        "--max-bytes",
-        type=_byte_size,
-        default=None,
-        metavar="N[K|M|G]",
-        help="byte budget for loading a transcript: members' total uncompressed size; member count and manifest "
-        "limits scale with it (default 512M)",
-    )
-
-
-def _say(text: object, file=None) -> None:
-    """Print ``text`` line by line with every control character escaped (:mod:`privaudit._escape`):
-    names from files (metrics, defenses, attacks, reasons) never act on the terminal."""
-    from privaudit._escape import printable
-
-    print("\n".join(printable(line) for line in str(text).split("\n")), file=file)
-
-
-def _human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
-def _next_free(path: Path, folder: bool = False) -> Path:
-    """The first of ``path-2``, ``path-3``, ... (a file's: before its suffix) that does not exist."""
-    for n in range(2, 10_000):
-        keep = path.suffix and not folder
-        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}") if keep else Path(f"{path}-{n}")
-        if not candidate.exists():
-            return candidate
-    return path  # pragma: no cover - ten thousand reruns
-
 
 # ---------------------------------------------------------------------------------------- list
 
@@ -223,99 +172,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-# ------------------------------------------------------------------------ run / attack / report
-
-
-_DATA_HELP = (
-    "dataset: synthetic (default, 200 users x 300 items), a sized synthetic dataset "
-    "synthetic:PRESET or synthetic:users=N,items=M,density=D[,k=K,min_ratings=R,seed=S] "
-    "(presets ml-100k-size, ml-1m-size: 6,040 x 3,706, 1.0 M ratings, ml-10m-size: 69,878 x 10,677, "
-    "~10 M ratings), or a MovieLens folder / ratings CSV (user,item,rating[,timestamp])"
-)
-
-
-def _data_value(value: str) -> str:
-    """``--data``: a synthetic spec is checked while parsing (one line, exit 2, before any compute)."""
-    if value.strip().lower().startswith("synthetic:"):
-        from privaudit.data.synthetic import parse_spec
-
-        try:
-            parse_spec(value)
-        except PrivauditError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return value
-
-
-def _data_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--defense", action="append", default=[], metavar="NAME[:k=v,...]", help="activate a defense (repeatable)"
-    )
-    p.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)"
-    )
-    _dataset_args(p)
-
-
-def _dataset_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default="synthetic", type=_data_value, metavar="synthetic[:SPEC]|PATH", help=_DATA_HELP)
-    p.add_argument(
-        "--rating-scale",
-        metavar="MIN,MAX[,STEP]",
-        help="rating scale of --data PATH (a CSV's default: 1,5,1); ratings off it are refused",
-    )
-    p.add_argument(
-        "--users", type=int, default=None, metavar="N", help="subsample N users (seeded; at most the dataset's users)"
-    )
-
-
-def _force_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--force", action="store_true", help="replace an existing output (transcript file or report folder)")
-
-
-# ------------------------------------------------------------------ checks made before any work
-
-
-def _dataset(args: argparse.Namespace):
-    """``--data`` as given, or the dataset loaded with its declared ``--rating-scale``."""
-    scale = getattr(args, "rating_scale", None)
-    synthetic = str(args.data).strip().lower().startswith("synthetic")
-    if not synthetic and not Path(args.data).expanduser().exists():
-        raise PrivauditError(f"{args.data}: no such file or folder")
-    if scale is None:
-        return args.data
-    if synthetic:
-        raise PrivauditError(
-            "--rating-scale applies to --data PATH (a MovieLens folder or a ratings CSV), not synthetic data"
-        )
-    from privaudit.data import load_dataset
-
-    return load_dataset(args.data, rating_scale=scale)
-
-
-class _Scheduler:
-    name = "--scheduler"
-    requires_extras = ("dask",)
-
-
-def _check_extras(protocol: str | None, attack: str | None = None, defenses=(), attacks=(), scheduler=None) -> None:
-    """Refuse a plan whose protocol, attack, defenses or ``--scheduler`` need an extra that is
-    not installed."""
-    from privaudit import registry
-    from privaudit.errors import check_extras
-    from privaudit.params import parse_spec
-
-    classes = [_Scheduler] if scheduler else []
-    if protocol:
-        protocol_cls = registry.get("protocol", protocol)
-        classes.append(protocol_cls)
-        name = parse_spec(attack, "--attack")[0] if attack else protocol_cls.default_attack
-        if name and not attacks:
-            classes.append(registry.get("attack", name))
-    classes += [registry.get("attack", a) for a in attacks or ()]
-    classes += [registry.get("defense", parse_spec(d, "--defense")[0]) for d in defenses or ()]
-    check_extras(classes)
-
-
 def _protocol_defaults(args: argparse.Namespace) -> str | None:
     """Fill in what ``attack --protocol P`` runs when no defense, noise or sweep is named: the
     protocol's ``default_defense_specs`` / ``default_sweep_spec`` (unless the attack sweeps a
@@ -357,7 +213,7 @@ def _print_estimate(args: argparse.Namespace, seeds: int) -> None:
     protocol_cls = registry.get("protocol", args.protocol)
     if protocol_cls.estimate_seconds.__func__ is Protocol.estimate_seconds.__func__:
         return  # declares no estimate: cheap (loading the data to estimate would cost more)
-    from privaudit.experiment import parse_assignments
+    from privaudit.plan import parse_assignments
 
     points = len(str(args.sweep).partition("=")[2].split(",")) if getattr(args, "sweep", None) else 1
     if getattr(args, "noise", None):
@@ -416,88 +272,6 @@ def _reference_line(results) -> str | None:
     return f"utility {metric} at each point: {shown} (reference, {label}: {ref:.3g})"
 
 
-def _data_tag(data: object, users: int | None) -> str:
-    """Dataset part of a default output name: ``synthetic``, the file or folder name, ``-uN``."""
-    import re
-    from pathlib import Path
-
-    text = str(data).strip()
-    if not text.lower().startswith("synthetic"):
-        path = Path(text.rstrip("/\\"))
-        text = path.stem if path.suffix.lower() in (".csv", ".tsv", ".txt", ".dat") else path.name
-    tag = re.sub(r"[^A-Za-z0-9._=-]+", "-", text).strip("-.") or "data"
-    return tag + (f"-u{users}" if users is not None else "")
-
-
-def _default_report_dir(args: argparse.Namespace) -> str:
-    """``privaudit-report/<protocol>-<sweep>-<dataset>/`` (``<transcript file>-transcript``)."""
-    from pathlib import Path
-
-    if getattr(args, "transcript", None):
-        return str(Path("privaudit-report") / f"{Path(args.transcript).stem}-transcript")
-    if getattr(args, "noise", None):
-        label = f"{args.noise}.scale"
-    elif getattr(args, "sweep", None):
-        label = str(args.sweep).partition("=")[0].strip() or "sweep"
-    else:
-        label = "audit" if args.command == "audit" else "default"
-    return str(Path("privaudit-report") / f"{args.protocol}-{label}-{_data_tag(args.data, args.users)}")
-
-
-def _check_writable(path, force: bool, what: str, folder: bool) -> None:
-    """One-line refusal of an output that cannot be written, or exists without ``--force``.
-
-    A report folder (``folder``) may be new (its missing parents are created); a file needs
-    an existing folder.
-    """
-    import os
-    from pathlib import Path
-
-    path = Path(path)
-    if path.is_symlink():
-        raise PrivauditError(f"{path}: is a symbolic link; privaudit does not write through links (remove it)")
-    if folder:
-        if path.exists() and not path.is_dir():
-            raise PrivauditError(f"{path}: exists and is not a folder (give another {what})")
-        if path.is_dir() and any(path.iterdir()) and not force:
-            raise PrivauditError(
-                f"{path}/ already exists; pass --force to replace it or choose another {what} "
-                f"(e.g. {what.split()[0]} {_next_free(path, folder=True)})"
-            )
-        parent = path
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise PrivauditError(f"{path}: cannot create the report folder ({parent} is not a writable folder)")
-        return
-    parent = path.parent
-    if not parent.is_dir():
-        raise PrivauditError(f"{path}: the folder {parent} does not exist")
-    if path.is_dir():
-        raise PrivauditError(f"{path}: is a folder (give a file name for {what})")
-    if path.exists() and not path.is_file():
-        raise PrivauditError(f"{path}: exists and is not a regular file; privaudit replaces only regular files")
-    if path.exists() and not force:
-        raise PrivauditError(f"{path} already exists; pass --force to replace it or write -o {_next_free(path)}")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise PrivauditError(f"{path}: not writable")
-
-
-def _warn_short_keys(defenses) -> None:
-    """``warning: ...`` on stderr for every defense with a short key (``(class, params)`` pairs)."""
-    for cls, params in defenses:
-        line = getattr(cls(**params), "short_key_warning", None)  # defenses are cheap to build (keys are lazy)
-        if line:
-            print(f"warning: {line}", file=sys.stderr)
-
-
-def _warn_short_key_specs(specs) -> None:
-    from privaudit import registry
-    from privaudit.params import parse_spec
-
-    _warn_short_keys([(registry.get("defense", n), p) for n, p in (parse_spec(s, "--defense") for s in specs or ())])
-
-
 def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocol", required=True, help="protocol name (see privaudit list)")
     _data_args(p)
@@ -510,6 +284,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 @command("run", "run a protocol once and write its transcript (.ptx)")(_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
     from privaudit.experiment import run_transcript
+    from privaudit.plan import parse_assignments
 
     _check_writable(args.output, args.force, "-o FILE", folder=False)
     _check_extras(args.protocol, None, args.defense)
@@ -517,7 +292,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.sweep = args.noise = None
     _print_estimate(args, 1)
     data = _dataset(args)
-    result = run_transcript(args.protocol, args.defense, args.set, data, args.users, args.seed)
+    result = run_transcript(
+        protocol=args.protocol,
+        defenses=_defense_specs(args.defense),
+        protocol_config=parse_assignments(args.set),
+        data=data,
+        users=args.users,
+        seed=args.seed,
+    )
     path = result.transcript.save(args.output, include_private=not args.no_private)
     print(f"transcript written to {path} ({len(result.transcript)} messages)")
     for k, v in result.utility.items():
@@ -562,27 +344,11 @@ _SIMULATION_ONLY = ("noise", "scales", "defense", "sweep", "set", "users", "seed
 _PLAN_FIELDS = ("protocol", "transcript", "attack", "noise", "scales", "defense", "sweep", "set", "users", "seeds")
 
 
-def _margin_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--margin",
-        type=float,
-        default=None,
-        metavar="M",
-        help="verdict margin: share of the gap between the baseline and a perfect attack (default 0.05)",
-    )
-
-
-def _margin(value: float) -> float:
-    if not (0.0 < value < 1.0):
-        raise PrivauditError(f"--margin must lie strictly between 0 and 1, got {value:g}")
-    return float(value)
-
-
 @command("attack", "attack a simulated protocol (sweeping a defense) or a transcript; write a report")(_attack_args)
 def cmd_attack(args: argparse.Namespace) -> int:
-    from privaudit import experiment, reports
+    from privaudit import reports
     from privaudit import results as rs
-    from privaudit.plan import load_plan, plan_to_toml
+    from privaudit.plan import plan_to_toml
 
     margin = None if args.margin is None else _margin(args.margin)  # checked before any compute
     defaults_note = None
@@ -593,71 +359,13 @@ def cmd_attack(args: argparse.Namespace) -> int:
         _check_writable(args.out, args.force, "--out DIR", folder=True)
     plan = None
     if args.config:
-        given = [f"--{k}" for k in _PLAN_FIELDS if getattr(args, k) not in (None, [], False)]
-        given += ["--data"] if args.data != "synthetic" else []
-        given += ["--seed"] if args.seed != 0 else []
-        if given:
-            raise PrivauditError(f"--config cannot be combined with {', '.join(given)} (edit the plan instead)")
-        plan = load_plan(args.config, jobs=args.jobs, scheduler=args.scheduler)
-        if not args.out:
-            from privaudit.reports.render import default_out_dir
-
-            sweep = plan.sweep.label if plan.sweep is not None else None
-            args.out = str(default_out_dir({"protocol": plan.protocol_cls.name, "sweep": sweep}))
-        _check_writable(args.out, args.force, "--out DIR", folder=True)
-        _warn_short_keys(plan.defenses)
-        results = experiment.run_plan(plan)
+        plan, results = _attack_config(args)
     elif args.transcript:
-        given = [f"--{k}" for k in _SIMULATION_ONLY if getattr(args, k) not in (None, [], False)]
-        if args.protocol or args.data != "synthetic":
-            given += ["--protocol"] if args.protocol else []
-            given += ["--data"] if args.data != "synthetic" else []
-        if given:
-            raise PrivauditError(f"--transcript cannot be combined with {', '.join(given)}")
-        from privaudit import transcript as tr
-
-        recorded = tr.load_validated(
-            args.transcript, **({} if args.max_bytes is None else {"max_bytes": args.max_bytes})
-        )
-        if not recorded.has_private:  # no ground truth: run the attack, write what it recovered
-            from privaudit.integrations.recorded import reconstruct
-
-            out, name = reconstruct(recorded, args.attack, args.out or "privaudit-report/transcript-unscored")
-            print(
-                f"note: {args.transcript} holds no private messages: nothing to score {name} against; "
-                f"reconstruction written to {out}/reconstruction.json"
-            )
+        results = _attack_recorded(args)
+        if results is None:
             return 0
-        results = experiment.attack_transcript(recorded, args.attack)
     else:
-        if not args.protocol:
-            raise PrivauditError("give --protocol P (or --transcript FILE)")
-        if args.max_bytes is not None:
-            raise PrivauditError("--max-bytes applies to --transcript only")
-        _check_extras(
-            args.protocol, args.attack, args.defense + ([args.noise] if args.noise else []), scheduler=args.scheduler
-        )
-        exp = experiment.build_experiment(
-            args.protocol,
-            args.attack,
-            args.noise,
-            args.scales,
-            args.defense,
-            args.sweep,
-            args.set,
-            _dataset(args),
-            args.users,
-            experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds,
-            args.seed,
-            experiment.default_jobs() if args.jobs is None else args.jobs,
-            scheduler=args.scheduler,
-        )
-        plan = exp.plan()  # names resolved and everything validated before any compute
-        _warn_short_keys(plan.defenses)
-        if defaults_note:
-            print(defaults_note)
-        _print_estimate(args, experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds)
-        results = experiment.run_plan(plan)
+        plan, results = _attack_simulated(args, defaults_note)
     if margin is not None:
         results["margin"] = margin
         results["verdicts"] = rs.experiment_verdicts(results)
@@ -671,245 +379,121 @@ def cmd_attack(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", metavar="DIR", help="report folder holding results.json")
-    p.add_argument(
-        "--force", action="store_true", help="replace the rendered files (report.md, report.html, CSV, figures)"
-    )
+def _attack_spec(text: str | None) -> dict | None:
+    """``--attack NAME[:k=v,...]`` as the API's ``{"name": NAME, **params}`` (None: the default)."""
+    from privaudit.params import parse_spec
+
+    if not text:
+        return None
+    name, params = parse_spec(text, "--attack")
+    return {"name": name, **params}
 
 
-#: What ``privaudit report`` renders; any of them present means a re-render replaces it.
-RENDERED = ("report.md", "report.html", "results.csv")
+def _defense_specs(texts) -> list[dict]:
+    """``--defense NAME[:k=v,...]`` options as ``{"name": NAME, **params}`` mappings."""
+    from privaudit.params import parse_spec
+
+    return [{"name": n, **p} for n, p in (parse_spec(d, "--defense") for d in texts or ())]
 
 
-@command("report", "re-render a report folder (CSV, figures, Markdown, HTML) from its results.json")(_report_args)
-def cmd_report(args: argparse.Namespace) -> int:
-    from privaudit import reports
+def _sweep_spec(args: argparse.Namespace) -> dict:
+    """``--sweep T.P=V1,...`` or ``--noise KIND [--scales L]`` as ``build_experiment`` keywords."""
+    from privaudit.plan import parse_sweep, parse_values
 
-    folder = Path(os.path.expanduser(args.dir))
-    folder = folder if folder.is_dir() else folder.parent
-    present = [name for name in RENDERED if os.path.lexists(folder / name)]
-    if present and not args.force:
-        raise PrivauditError(f"{folder}/ already holds {', '.join(present)}: re-render with --force to replace them")
-    out = reports.rerender(args.dir)
-    _say(reports.format_table(reports.read_results(out)))
-    _say(f"report re-rendered in {out}/")
-    return 0
-
-
-# --------------------------------------------------------------------------------------- audit
+    if args.scales is not None and not args.noise:
+        raise PrivauditError("--scales needs --noise KIND (e.g. --noise laplace --scales 0,0.1,1)")
+    if args.noise and args.sweep:
+        raise PrivauditError("use either --noise or --sweep, not both")
+    if args.noise:
+        scales = parse_values(args.scales, "--scales") if args.scales is not None else None
+        return {"noise": args.noise, "scales": scales}
+    return {"sweep": parse_sweep(args.sweep) if args.sweep else None}
 
 
-def _audit_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--protocol", help="protocol to audit (see the list below)")
-    p.add_argument(
-        "--transcript", metavar="FILE", help="audit one recorded transcript: every attack that reads it, no simulation"
-    )
-    _dataset_args(p)
-    p.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)"
-    )
-    p.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds per point (default 2)")
-    p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
-    p.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel runs (default: all cores)")
-    p.add_argument(
-        "--scheduler", metavar="ADDRESS|local:N", help="run on a Dask cluster (scheduler address, or local:N workers)"
-    )
-    p.add_argument("--attack", action="append", default=None, metavar="NAME", help="only these attacks (repeatable)")
-    p.add_argument("--defense", action="append", default=None, metavar="NAME", help="only these defenses (repeatable)")
-    p.add_argument(
-        "-o", "--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-audit-<dataset>/)"
-    )
-    _force_arg(p)
-    _max_bytes_arg(p)
-    p.add_argument("--config", metavar="FILE.toml", help="rerun the plan.toml an audit folder records")
-    _margin_arg(p)
-    format_help = p.format_help
+def _attack_config(args: argparse.Namespace):
+    """``attack --config plan.toml``: the recorded plan, rerun (the plan and its results)."""
+    from privaudit import experiment
+    from privaudit.plan import load_plan
 
-    def with_protocols() -> str:  # listed only when help is printed (the registry loads lazily)
-        from privaudit import registry
+    given = [f"--{k}" for k in _PLAN_FIELDS if getattr(args, k) not in (None, [], False)]
+    given += ["--data"] if args.data != "synthetic" else []
+    given += ["--seed"] if args.seed != 0 else []
+    if given:
+        raise PrivauditError(f"--config cannot be combined with {', '.join(given)} (edit the plan instead)")
+    plan = load_plan(args.config, jobs=args.jobs, scheduler=args.scheduler)
+    if not args.out:
+        from privaudit.reports.render import default_out_dir
 
-        p.epilog = "protocols: " + ", ".join(registry.available("protocol"))
-        return format_help()
-
-    p.format_help = with_protocols
+        sweep = plan.sweep.label if plan.sweep is not None else None
+        args.out = str(default_out_dir({"protocol": plan.protocol_cls.name, "sweep": sweep}))
+    _check_writable(args.out, args.force, "--out DIR", folder=True)
+    _warn_short_keys(plan.defenses)
+    return plan, experiment.run_plan(plan)
 
 
-@command(
-    "audit",
-    "every applicable attack against every applicable defense's grid (audit.json + audit.html); "
-    "with --transcript FILE every attack that reads it (audit.json + audit.txt)",
-)(_audit_args)
-def cmd_audit(args: argparse.Namespace) -> int:
-    from privaudit import audit as au
-    from privaudit.plan import audit_to_toml, check_bounds, load_audit_fields, parse_assignments
-    from privaudit.runner import default_jobs
+def _attack_recorded(args: argparse.Namespace):
+    """``attack --transcript FILE``: the results, or None when the file holds no ground truth
+    (the reconstruction is written instead)."""
+    from privaudit import experiment
+    from privaudit import transcript as tr
 
-    if args.transcript:
-        return _audit_transcript(args)
+    given = [f"--{k}" for k in _SIMULATION_ONLY if getattr(args, k) not in (None, [], False)]
+    given += ["--protocol"] if args.protocol else []
+    given += ["--data"] if args.data != "synthetic" else []
+    if given:
+        raise PrivauditError(f"--transcript cannot be combined with {', '.join(given)}")
+    recorded = tr.load_validated(args.transcript, **({} if args.max_bytes is None else {"max_bytes": args.max_bytes}))
+    if not recorded.has_private:  # no ground truth: run the attack, write what it recovered
+        from privaudit.integrations.recorded import reconstruct
+
+        out, name = reconstruct(recorded, args.attack, args.out or "privaudit-report/transcript-unscored")
+        print(
+            f"note: {args.transcript} holds no private messages: nothing to score {name} against; "
+            f"reconstruction written to {out}/reconstruction.json"
+        )
+        return None
+    return experiment.attack_transcript(recorded, _attack_spec(args.attack))
+
+
+def _attack_simulated(args: argparse.Namespace, defaults_note: str | None):
+    """``attack --protocol P``: the plan (every name and value checked first) and its results."""
+    from privaudit import experiment
+    from privaudit.plan import parse_assignments
+
+    if not args.protocol:
+        raise PrivauditError("give --protocol P (or --transcript FILE)")
     if args.max_bytes is not None:
         raise PrivauditError("--max-bytes applies to --transcript only")
-    if args.config:
-        given = [
-            f"--{k}" for k in ("protocol", "users", "seeds", "attack", "defense") if getattr(args, k) not in (None, [])
-        ]
-        given += ["--data"] if args.data != "synthetic" else []
-        given += ["--seed"] if args.seed != 0 else []
-        given += ["--set"] if args.set else []
-        if given:
-            raise PrivauditError(f"--config cannot be combined with {', '.join(given)} (edit the plan instead)")
-        fields = load_audit_fields(args.config)
-        if args.jobs is not None:
-            fields["jobs"] = args.jobs
-        if args.scheduler is not None:
-            fields["scheduler"] = args.scheduler
-        check_bounds(jobs=fields.get("jobs"))
-        args.out = args.out or str(au.default_out_dir(fields["protocol"]))
-        _check_writable(args.out, args.force, "--out DIR", folder=True)
-        spec = au.Audit(**fields)
-    else:
-        if not args.protocol:
-            raise PrivauditError("give --protocol P (or --transcript FILE, or --config DIR/plan.toml)")
-        args.out = args.out or _default_report_dir(args)
-        _check_writable(args.out, args.force, "--out DIR", folder=True)
-        _check_extras(args.protocol, None, args.defense or (), args.attack or (), scheduler=args.scheduler)
-        check_bounds(args.seeds, args.jobs, args.users)
-        spec = au.Audit(
-            protocol=args.protocol,
-            data=_dataset(args),
-            users=args.users,
-            sets=parse_assignments(args.set),
-            seeds=au.DEFAULT_AUDIT_SEEDS if args.seeds is None else args.seeds,
-            seed=args.seed,
-            jobs=default_jobs() if args.jobs is None else args.jobs,
-            scheduler=args.scheduler,
-            attacks=args.attack,
-            defenses=args.defense,
-        )
-    margin = None if args.margin is None else _margin(args.margin)  # checked before any compute
-    result = au.run_audit(spec)
-    if margin is not None:
-        from privaudit import results as rs
-
-        result["margin"] = margin
-        result["matrix"], result["verdicts"] = rs.audit_matrix(result), rs.audit_verdicts(result)
-    out = au.write_audit(result, args.out, plan_toml=audit_to_toml(spec))
-    _say(au.format_matrix(result))
-    for a in result["attacks"]:
-        if not a.get("applies"):
-            _say(f"note: {a['name']} does not apply to the undefended {result['protocol']} view: {a.get('reason')}")
-    errors = sorted({r["error"] for r in result["runs"] if "error" in r})
-    for e in errors:
-        _say(f"warning: a run failed: {e}", file=sys.stderr)
-    _say(f"audit written to {out}/ ({result['timing']['total_seconds']:.1f} s)")
-    return 0
-
-
-def _audit_transcript(args: argparse.Namespace) -> int:
-    """``privaudit audit --transcript FILE``: every attack that reads the transcript, one row each."""
-    from privaudit.integrations import recorded
-
-    given = ("protocol", "users", "seeds", "scheduler", "defense")
-    simulation = [f"--{k}" for k in given if getattr(args, k) not in (None, [])]
-    simulation += ["--set"] if args.set else []
-    simulation += ["--data"] if args.data != "synthetic" else []
-    if simulation:
-        raise PrivauditError(f"--transcript cannot be combined with {', '.join(simulation)}")
-    from privaudit.results import PROTECTION_MARGIN
-
-    margin = PROTECTION_MARGIN if args.margin is None else _margin(args.margin)
-    args.out = args.out or "privaudit-report/transcript-audit"
-    _check_writable(args.out, args.force, "--out DIR", folder=True)
-    result = recorded.audit_transcript(args.transcript, args.attack, max_bytes=args.max_bytes, margin=margin)
-    out = recorded.write_audit(result, args.out)
-    _say(recorded.format_audit(result))
-    for d in result["defenses"]:
-        _say(f"defense: {', '.join(f'{k}={v}' for k, v in d.items())}")
-    if not result["private_included"]:
-        print("note: the transcript holds no private messages: nothing to score against")
-    _say(f"audit written to {out}/")
-    return 0
-
-
-# --------------------------------------------------------------------------------------- record
-
-
-def _record_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--flower",
-        required=True,
-        metavar="APP_DIR",
-        help="Flower app folder (pyproject.toml with [tool.flwr.app] and [tool.privaudit])",
+    _check_extras(
+        args.protocol, args.attack, args.defense + ([args.noise] if args.noise else []), scheduler=args.scheduler
     )
-    p.add_argument("--clients", type=int, default=5, metavar="N", help="simulated nodes (default 5)")
-    p.add_argument("--rounds", type=int, default=None, metavar="R", help="server rounds (the app's num-server-rounds)")
-    p.add_argument(
-        "--run-config",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override an app run-config value (repeatable)",
+    seeds = experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds
+    exp = experiment.build_experiment(
+        protocol=args.protocol,
+        attack=_attack_spec(args.attack),
+        defenses=_defense_specs(args.defense),
+        **_sweep_spec(args),
+        protocol_config=parse_assignments(args.set),
+        data=_dataset(args),
+        users=args.users,
+        seeds=seeds,
+        seed=args.seed,
+        jobs=experiment.default_jobs() if args.jobs is None else args.jobs,
+        scheduler=args.scheduler,
     )
-    p.add_argument(
-        "--cpus-per-client",
-        type=float,
-        default=2.0,
-        metavar="C",
-        help="CPUs Ray reserves per client run (default 2, Flower's; worker processes = CPUs / C)",
-    )
-    p.add_argument("-o", "--output", required=True, metavar="FILE.ptx", help="transcript file to write")
-    p.add_argument(
-        "--no-private",
-        action="store_true",
-        help="no ground-truth Mod on the clients (the transcript then has no private messages)",
-    )
-    _force_arg(p)
-    p.epilog = _RECORD_WARNING
-
-
-_RECORD_WARNING = (
-    "WARNING: recording executes the app's own Python code (its ServerApp, ClientApp and the "
-    "[tool.privaudit] hooks) with your privileges, in Flower's simulation engine: record only apps you trust. "
-    "Ctrl-C stops the run and every Ray process it started."
-)
-
-
-@command(
-    "record",
-    "run a Flower app (its own code: trusted apps only) in Flower's simulation engine with privaudit's recorder; "
-    "write its transcript",
-)(_record_args)
-def cmd_record(args: argparse.Namespace) -> int:
-    from privaudit._escape import printable
-    from privaudit.integrations import flower
-
-    _check_writable(args.output, args.force, "-o FILE", folder=False)
-    app = flower.load_app(args.flower)
-    overrides = flower.parse_overrides(args.run_config, app.config)
-    print(f"recording {args.clients} simulated clients of {printable(app.name)} (Ctrl-C stops it) ...", flush=True)
-    summary = flower.record_to_file(
-        args.flower,
-        args.output,
-        clients=args.clients,
-        rounds=args.rounds,
-        run_config=overrides,
-        private=not args.no_private,
-        cpus_per_client=args.cpus_per_client,
-    )
-    defenses = ", ".join(str(d) for d in summary["defenses"]) or "none"
-    print(
-        printable(
-            f"transcript written to {args.output} ({summary['messages']} messages, {args.clients} clients, "
-            f"{summary['seconds']:.1f} s of simulation; Flower defenses: {defenses})"
-        )
-    )
-    if summary["errors"]:
-        first = printable(summary["first_error"])
-        print(f"warning: {summary['errors']} client replies were errors (first: {first})", file=sys.stderr)
-    return 0
+    plan = exp.plan()  # names resolved and everything validated before any compute
+    _warn_short_keys(plan.defenses)
+    if defaults_note:
+        print(defaults_note)
+    _print_estimate(args, seeds)
+    return plan, experiment.run_plan(plan)
 
 
 # ---------------------------------------------------------------------------------------- main
+
+
+#: The order ``privaudit --help`` lists the subcommands in.
+ORDER = ("list", "describe", "inspect", "run", "attack", "report", "audit", "record")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -919,7 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"privaudit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name, (help_text, add_arguments, _) in COMMANDS.items():
+    order = [n for n in ORDER if n in COMMANDS] + [n for n in COMMANDS if n not in ORDER]
+    for name in order:
+        help_text, add_arguments, _ = COMMANDS[name]
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_arguments(p)
     return parser

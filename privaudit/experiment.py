@@ -14,8 +14,9 @@ and returns the results as a JSON-able dict (the ``results.json`` schema, docume
 ``docs/results-schema.md``). NaN metrics are kept as ``float('nan')`` here and written as
 ``null`` by :func:`privaudit.reports.write_report`.
 
-Names are looked up once: :func:`build_experiment` parses the command-line strings into an
-:class:`Experiment`, :func:`privaudit.plan.resolve` turns it into a :class:`~privaudit.plan.Plan`
+Names are looked up once: :func:`build_experiment` takes objects (names, classes, instances,
+``{"name": ..., **params}``; the command line parses its ``NAME:k=v`` strings into those) and
+gives an :class:`Experiment`, :func:`privaudit.plan.resolve` turns it into a :class:`~privaudit.plan.Plan`
 (classes, validated parameters, grid, seeds, backend) and :func:`run_plan` executes the plan
 through :mod:`privaudit.runner` without consulting the registry again.
 
@@ -46,7 +47,7 @@ a terminal and nothing is printed when stderr is not a TTY.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,14 +57,10 @@ import numpy as np
 from privaudit import __version__, registry
 from privaudit import results as rs
 from privaudit.errors import PrivauditError
-from privaudit.params import parse_spec
 from privaudit.plan import (
     DEFAULT_SEEDS,
     Plan,
     Sweep,
-    parse_assignments,
-    parse_sweep,
-    parse_values,
     resolve,
 )
 from privaudit.results import accuracy_metrics, main_utility, summarize_points
@@ -97,9 +94,7 @@ __all__ = [
     "load_data",
     "subsample_users",
     "point_streams",
-    "parse_sweep",
-    "parse_assignments",
-    "parse_values",
+    "component",
     "summarize_points",
     "accuracy_metrics",
     "main_utility",
@@ -171,14 +166,37 @@ class Experiment:
         return run_experiment(self, dataset=dataset)
 
 
+#: What names an attack or a defense in the Python API: its registered name, its class, an
+#: instance (its parameters are taken), or ``{"name": NAME, **params}``.
+Component = Any
+
+
+def component(value: Component, kind: str) -> tuple[str, dict[str, Any]]:
+    """``(name, params)`` of an attack or defense given as a name, a registered class, an
+    instance (its ``config``) or a ``{"name": ..., **params}`` mapping; one line otherwise."""
+    if isinstance(value, str):
+        return value, {}
+    if isinstance(value, type):
+        return str(getattr(value, "name", "") or value.__name__), {}
+    if isinstance(value, Mapping):
+        if not isinstance(value.get("name"), str):
+            raise PrivauditError(f"{kind}: a mapping needs 'name' (got keys {', '.join(map(str, value)) or 'none'})")
+        return value["name"], {k: v for k, v in value.items() if k != "name"}
+    config = getattr(value, "config", None)
+    if isinstance(getattr(value, "name", None), str) and isinstance(config, Mapping):
+        return value.name, dict(config)
+    raise PrivauditError(f"{kind}: expected a name, a class, an instance or {{'name': ...}}, got {value!r}")
+
+
 def build_experiment(
-    protocol: str,
-    attack: str | None = None,
-    noise: str | None = None,
-    scales: str | Sequence[float] | None = None,
-    defenses: Sequence[str] = (),
-    sweep: str | None = None,
-    sets: Sequence[str] = (),
+    *,
+    protocol: str | type,
+    attack: Component | None = None,
+    defenses: Sequence[Component] = (),
+    sweep: Sweep | None = None,
+    noise: Component | None = None,
+    scales: Sequence[float] | None = None,
+    protocol_config: Mapping[str, Any] | None = None,
     data: Any = "synthetic",
     users: int | None = None,
     seeds: int = 1,
@@ -187,51 +205,56 @@ def build_experiment(
     progress: bool | None = None,
     scheduler: str | None = None,
 ) -> Experiment:
-    """An :class:`Experiment` from command-line strings.
+    """An :class:`Experiment` from objects (keyword arguments only).
 
-    ``attack`` is ``NAME[:k=v,...]``; ``noise`` a noise defense with a ``scale`` parameter
-    (``--noise laplace [--scales L]`` = ``--defense laplace --sweep laplace.scale=L``, the
-    default scales being the defense's ``default_grid``); ``defenses`` are ``NAME[:k=v,...]``;
-    ``sweep`` ``TARGET.PARAM=V1,...``; ``sets`` ``KEY=VALUE`` protocol config overrides.
+    Parameters
+    ----------
+    protocol : str or Protocol subclass
+    attack : name, Attack subclass or instance, ``{"name": ..., **params}``, optional
+        Default: the protocol's ``default_attack``.
+    defenses : sequence of the same forms (Defense), in upload order
+    sweep : Sweep, optional
+        ``Sweep(target, param, values)``: target ``"attack"``, ``"protocol"`` or a defense name.
+    noise : a noise defense with a ``scale`` parameter, optional
+        Shorthand for that defense swept over ``scales`` (floats; default its ``default_grid``),
+        reported as a noise sweep; not combined with ``sweep``.
+    protocol_config : mapping, optional
+        Protocol parameter values.
+    data, users, seeds, seed, jobs, progress, scheduler
+        As :class:`Experiment`.
     """
-    registry.get("protocol", protocol)
-    attack_name, attack_params = (None, {})
-    if attack:
-        attack_name, attack_params = parse_spec(attack, "--attack")
-    defense_list = [parse_spec(d, "--defense") for d in defenses or ()]
-    parsed_sweep = parse_sweep(sweep) if sweep else None
-    is_noise = False
-    if scales is not None and not noise:
-        raise PrivauditError("--scales needs --noise KIND (e.g. --noise laplace --scales 0,0.1,1)")
-    if noise:
-        if parsed_sweep is not None:
-            raise PrivauditError("use either --noise or --sweep, not both")
-        cls = registry.get("defense", noise)
-        if "scale" not in getattr(cls, "params", {}):
-            raise PrivauditError(f"--noise needs a noise defense with a 'scale' parameter; {noise!r} has none")
-        if scales is None:
-            values = tuple(repr(float(v)) for v in cls.default_grid)
-        elif isinstance(scales, str):
-            values = tuple(parse_values(scales, "--scales"))
-        else:
-            values = tuple(scales)
-        if noise not in [name for name, _ in defense_list]:
-            defense_list.append((noise, {}))
-        parsed_sweep = Sweep(noise, "scale", values)
-        is_noise = True
+    protocol_name = protocol if isinstance(protocol, str) else component(protocol, "protocol")[0]
+    registry.get("protocol", protocol_name)
+    attack_name, attack_params = component(attack, "attack") if attack is not None else (None, {})
+    defense_list = [component(d, "defense") for d in defenses or ()]
+    if sweep is not None and not isinstance(sweep, Sweep):
+        raise PrivauditError(f"sweep: expected a Sweep(target, param, values), got {sweep!r}")
+    if scales is not None and noise is None:
+        raise PrivauditError("scales need a noise defense (noise=...)")
+    if noise is not None:
+        if sweep is not None:
+            raise PrivauditError("use either noise= or sweep=, not both")
+        noise_name, noise_params = component(noise, "noise")
+        cls = registry.get("defense", noise_name)
+        if "scale" not in cls.declared:
+            raise PrivauditError(f"--noise needs a noise defense with a 'scale' parameter; {noise_name!r} has none")
+        values = tuple(cls.default_grid if scales is None else scales)
+        if noise_name not in [name for name, _ in defense_list]:
+            defense_list.append((noise_name, noise_params))
+        sweep = Sweep(noise_name, "scale", values)
     return Experiment(
-        protocol=protocol,
+        protocol=protocol_name,
         attack=attack_name,
         attack_params=dict(attack_params),
         defenses=defense_list,
-        sweep=parsed_sweep,
-        protocol_config=parse_assignments(sets),
+        sweep=sweep,
+        protocol_config=dict(protocol_config or {}),
         data=data,
         users=users,
         seeds=seeds,
         seed=seed,
         jobs=jobs,
-        noise=is_noise,
+        noise=noise is not None,
         progress=progress,
         scheduler=scheduler,
     )
@@ -460,9 +483,10 @@ def assemble(
 
 
 def run_transcript(
-    protocol: str,
-    defenses: Sequence[str] = (),
-    sets: Sequence[str] = (),
+    *,
+    protocol: str | type,
+    defenses: Sequence[Component] = (),
+    protocol_config: Mapping[str, Any] | None = None,
     data: Any = "synthetic",
     users: int | None = None,
     seed: int = 0,
@@ -470,10 +494,20 @@ def run_transcript(
 ) -> Any:
     """Run ``protocol`` once, as point (``seed``, 0) of an experiment; the :class:`RunResult`.
 
-    ``privaudit run`` writes its transcript; attacking that file with
+    The arguments are those of :func:`build_experiment` (keyword only); ``dataset`` replaces
+    ``data`` when given. ``privaudit run`` writes the transcript; attacking that file with
     :func:`attack_transcript` reproduces the in-memory scores of the same point.
     """
-    exp = build_experiment(protocol, defenses=defenses, sets=sets, data=data, users=users, seeds=1, seed=seed, jobs=1)
+    exp = build_experiment(
+        protocol=protocol,
+        defenses=defenses,
+        protocol_config=protocol_config,
+        data=data,
+        users=users,
+        seeds=1,
+        seed=seed,
+        jobs=1,
+    )
     plan = _run_plan_of(exp)
     if dataset is None:
         dataset = load_data(data)
@@ -508,7 +542,8 @@ def _run_plan_of(exp: Experiment) -> Plan:
 
 def attack_transcript(
     transcript: Any,
-    attack: str | None = None,
+    attack: Component | None = None,
+    *,
     progress: bool | None = None,
     max_bytes: int | None = None,
 ) -> dict[str, Any]:
@@ -519,8 +554,9 @@ def attack_transcript(
     before the attack sees it; ``max_bytes`` is the loading budget (default
     :data:`~privaudit.transcript.DEFAULT_MAX_BYTES`).
 
-    ``attack`` is ``NAME[:k=v,...]``; default: the protocol's ``default_attack``. The attack's
-    random stream is that of point (``transcript.seed``, 0) of an experiment.
+    ``attack`` is a name, an Attack class or instance, or ``{"name": ..., **params}``; default:
+    the protocol's ``default_attack``. The attack's random stream is that of point
+    (``transcript.seed``, 0) of an experiment.
     """
     from privaudit import transcript as tr
     from privaudit.plan import _resolve_attack
@@ -533,7 +569,7 @@ def attack_transcript(
         transcript = tr.load(path, **({} if max_bytes is None else {"max_bytes": max_bytes}))
     protocol_cls = registry.get("protocol", transcript.protocol)
     validate_transcript(transcript)
-    name, params = parse_spec(attack, "--attack") if attack else (None, {})
+    name, params = component(attack, "attack") if attack is not None else (None, {})
     attack_cls = _resolve_attack(protocol_cls, name)
     attack_params = attack_cls(**params).config
     if not transcript.has_private:

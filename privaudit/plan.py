@@ -281,6 +281,7 @@ def _resolve_sweep(
 
 
 def resolve(
+    *,
     protocol: str,
     attack: str | None = None,
     attack_params: Mapping[str, Any] | None = None,
@@ -299,65 +300,43 @@ def resolve(
     """Look every name up once, validate every parameter and every grid point; the :class:`Plan`.
 
     The fields are those of :class:`~privaudit.experiment.Experiment` (names, parameter
-    overrides as strings or values).
+    overrides as strings or values; keyword arguments only).
     """
-    from types import SimpleNamespace
-
     from privaudit.runner import check_run_settings
 
-    experiment = SimpleNamespace(
-        protocol=protocol,
-        attack=attack,
-        attack_params=dict(attack_params or {}),
-        defenses=[(n, dict(p)) for n, p in defenses],
-        sweep=sweep,
-        protocol_config=dict(protocol_config or {}),
-        data=data,
-        users=users,
-        seeds=seeds,
-        seed=seed,
-        jobs=jobs,
-        noise=noise,
-        progress=progress,
-        scheduler=scheduler,
-    )
-    points = len(experiment.sweep.values) if experiment.sweep is not None else None
-    check_bounds(experiment.seeds, experiment.jobs, experiment.users, points)
-    check_run_settings(experiment.seeds, experiment.seed, experiment.jobs)
-    if experiment.users is not None and int(experiment.users) < 1:
-        raise PrivauditError(f"--users must be at least 1, got {experiment.users}")
-    protocol_cls = registry.get("protocol", experiment.protocol)
-    attack_cls = _resolve_attack(protocol_cls, experiment.attack)
-    defense_specs: list[tuple[type, dict]] = []
-    for name, params in experiment.defenses:
-        defense_specs.append((registry.get("defense", name), dict(params)))
-    if experiment.sweep is not None and experiment.sweep.target not in ("attack", "protocol"):
-        if experiment.sweep.target not in [cls.name for cls, _ in defense_specs]:
+    check_bounds(seeds, jobs, users, len(sweep.values) if sweep is not None else None)
+    check_run_settings(seeds, seed, jobs)
+    if users is not None and int(users) < 1:
+        raise PrivauditError(f"--users must be at least 1, got {users}")
+    protocol_cls = registry.get("protocol", protocol)
+    attack_cls = _resolve_attack(protocol_cls, attack)
+    defense_specs = [(registry.get("defense", name), dict(params)) for name, params in defenses]
+    if sweep is not None and sweep.target not in ("attack", "protocol"):
+        if sweep.target not in [cls.name for cls, _ in defense_specs]:
             # a defense named only by the sweep is activated with its defaults
-            defense_specs.append((registry.get("defense", experiment.sweep.target), {}))
-    sweep = _resolve_sweep(experiment.sweep, experiment.attack_params, protocol_cls, attack_cls, defense_specs)
-    config = protocol_cls.resolve_config(experiment.protocol_config)
-    attack_params = attack_cls(**experiment.attack_params).config
-    defenses = [cls(**params) for cls, params in defense_specs]
-    protocol_cls.check_defenses(protocol_cls.name, defenses)
-    noise = bool(
-        experiment.noise
-        or (sweep is not None and sweep.param == "scale" and sweep.target not in ("attack", "protocol"))
-    )
+            defense_specs.append((registry.get("defense", sweep.target), {}))
+    attack_params = dict(attack_params or {})
+    sweep = _resolve_sweep(sweep, attack_params, protocol_cls, attack_cls, defense_specs)
+    config = protocol_cls.resolve_config(dict(protocol_config or {}))
+    attack_params = attack_cls(**attack_params).config
+    built = [cls(**params) for cls, params in defense_specs]
+    protocol_cls.check_defenses(protocol_cls.name, built)
     plan = Plan(
         protocol_cls=protocol_cls,
         attack_cls=attack_cls,
         config=config,
         attack_params=attack_params,
-        defenses=[(type(d), dict(d.config)) for d in defenses],
+        defenses=[(type(d), dict(d.config)) for d in built],
         sweep=sweep,
-        seeds=list(range(int(experiment.seed), int(experiment.seed) + int(experiment.seeds))),
-        jobs=int(experiment.jobs),
-        scheduler=experiment.scheduler,
-        data=experiment.data,
-        users=None if experiment.users is None else int(experiment.users),
-        noise=noise,
-        progress=experiment.progress,
+        seeds=list(range(int(seed), int(seed) + int(seeds))),
+        jobs=int(jobs),
+        scheduler=scheduler,
+        data=data,
+        users=None if users is None else int(users),
+        noise=bool(
+            noise or (sweep is not None and sweep.param == "scale" and sweep.target not in ("attack", "protocol"))
+        ),
+        progress=progress,
     )
     for _ in plan.grid():  # validates every grid point up front
         pass

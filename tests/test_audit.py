@@ -118,7 +118,7 @@ def test_dask_cluster_reproduces_local_numbers(dummy_registry, ds):
         remote = au.run_audit(
             au.Audit("dummy-proto", seeds=2, defenses=["dummy-noise"], scheduler=cluster.scheduler_address), dataset=ds
         )
-        exp = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1,10", seeds=2)
+        exp = ex.build_experiment(protocol="dummy-proto", noise="dummy-noise", scales=(0, 1, 10), seeds=2)
         sweep_dask = ex.run_experiment(
             ex.Experiment(**{**exp.__dict__, "scheduler": cluster.scheduler_address}), dataset=ds
         )
@@ -133,7 +133,7 @@ def test_experiment_results_json_deterministic(dummy_registry, ds, tmp_path):
     from privaudit import reports
 
     for name in ("a", "b"):
-        exp = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1", seeds=2)
+        exp = ex.build_experiment(protocol="dummy-proto", noise="dummy-noise", scales=(0, 1), seeds=2)
         reports.write_report(ex.run_experiment(exp, dataset=ds), tmp_path / name)
     a, b = (json.loads((tmp_path / n / "results.json").read_text()) for n in ("a", "b"))
     assert strip_timings(a) == strip_timings(b)

@@ -89,7 +89,7 @@ def test_audit_and_report_html_render_in_chromium(tmp_path):
     audit = au.run_audit(au.Audit("dummy-proto", seeds=2, defenses=["dummy-noise", "dp-laplace"], jobs=1), dataset=ds)
     out = au.write_audit(audit, tmp_path / "audit")
     _check_page(chrome, tmp_path, out / "audit.html", n_figures=3 * 2 + 1)  # pairs and one ROC
-    res = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1,10", seeds=2).run(ds)
+    res = ex.build_experiment(protocol="dummy-proto", noise="dummy-noise", scales=(0, 1, 10), seeds=2).run(ds)
     rep = reports.write_report(res, tmp_path / "report")
     # the accuracy figure, the accuracy-vs-epsilon figure (the noise records an epsilon) and the ROC
     assert (rep / "accuracy_vs_noise_epsilon.svg").exists()
@@ -153,7 +153,7 @@ def test_xss_payload_in_results_json_never_executes(tmp_path):
     from privaudit.cli import main
 
     ds = tiny_dataset(20)
-    res = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1", seeds=2).run(ds)
+    res = ex.build_experiment(protocol="dummy-proto", noise="dummy-noise", scales=(0, 1), seeds=2).run(ds)
     rep = reports.write_report(res, tmp_path / "report")
     data = json.loads((rep / "results.json").read_text())
     poisoned = _poison(data)

@@ -178,6 +178,20 @@ def test_report_rerenders(capsys, tmp_path, csv_data):
         (["attack", "--protocol", "dummy-proto", "--data", "/nonexistent/ml"], "no such file or folder"),
         (["attack", "--protocol", "dummy-proto", "--seeds", "0"], "--seeds must be at least 1"),
         (["attack", "--protocol", "dummy-proto", "--scales", "0,1"], "--scales needs --noise"),
+        (
+            ["attack", "--protocol", "dummy-proto", "--noise", "dummy-noise", "--sweep", "protocol.p=1"],
+            "either --noise",
+        ),
+        (["attack", "--protocol", "dummy-proto", "--defense", "dummy-noise:scale"], "expected key=value"),
+        (["attack", "--protocol", "dummy-proto", "--sweep", "dummy-noise.scale=1,,2"], "comma-separated list"),
+        (
+            ["attack", "--protocol", "dummy-proto", "--sweep", "dummy-noise.scale=0,-1"],
+            "scale must be a number >= 0, got -1.0",
+        ),
+        (
+            ["attack", "--protocol", "dummy-proto", "--noise", "dummy-noise", "--scales", "0,a"],
+            "scale must be a number",
+        ),
         (["attack", "--transcript", "/nonexistent.ptx"], "no such transcript file"),
         (["attack", "--transcript", "x.ptx", "--noise", "laplace"], "cannot be combined with --noise"),
         (["attack"], "give --protocol P (or --transcript FILE)"),

@@ -132,13 +132,13 @@ def test_server_factorize_with_fewer_prototypes_than_latent_dims():
 
 
 def test_experiment_sweeps_epsilon_through_the_defense():
-    from privaudit.experiment import build_experiment
+    from privaudit.experiment import Sweep, build_experiment
 
     exp = build_experiment(
-        "fedproto",
-        defenses=["dp-prototypes:trials=1,swap_iters=3"],
-        sweep="dp-prototypes.epsilon=0.5",
-        sets=["latent_dim=4", "max_iter=50"],
+        protocol="fedproto",
+        defenses=[{"name": "dp-prototypes", "trials": 1, "swap_iters": 3}],
+        sweep=Sweep("dp-prototypes", "epsilon", (0.5,)),
+        protocol_config={"latent_dim": 4, "max_iter": 50},
         users=80,
     )
     res = exp.run()

@@ -261,7 +261,7 @@ def test_missing_extra_in_a_worker_process(tmp_path, without_torch) -> None:
     code = (
         "from privaudit import experiment\n"
         "from privaudit.errors import MissingDependencyError\n"
-        "exp = experiment.build_experiment('fedncf', seeds=2, jobs=2, users=20)\n"
+        "exp = experiment.build_experiment(protocol='fedncf', seeds=2, jobs=2, users=20)\n"
         "try:\n"
         "    experiment.run_experiment(exp)\n"
         "except MissingDependencyError as e:\n"

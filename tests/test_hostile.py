@@ -329,7 +329,7 @@ def base_ptx(tmp_path_factory) -> Path:
     from privaudit.experiment import run_transcript
 
     folder = tmp_path_factory.mktemp("base")
-    result = run_transcript("fedmvmf", (), ("epochs=2",), "synthetic", 12, 0)
+    result = run_transcript(protocol="fedmvmf", protocol_config={"epochs": 2}, users=12)
     return result.transcript.save(folder / "base.ptx")
 
 
@@ -748,7 +748,7 @@ def _main(argv: list[str], capsys) -> tuple[int, str, str]:
 def _plan_text() -> str:
     from privaudit.plan import plan_to_toml, resolve
 
-    return plan_to_toml(resolve("fedmvmf", seeds=1, jobs=1))
+    return plan_to_toml(resolve(protocol="fedmvmf", seeds=1, jobs=1))
 
 
 def _with(text: str, table: str, line: str) -> str:

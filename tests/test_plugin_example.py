@@ -78,7 +78,7 @@ def test_plugin_classes_behave(plugin_path):
         q = get("defense", "quantize")(step=0.5)
         batch = UploadBatch(0, "grad_V", ["client:0"], [{"items": np.array([1, 2]), "values": np.array([0.26, -0.74])}])
         out = q.on_upload(batch, None).payloads[0]
-        t = run_transcript("fedmvmf", [], [], "synthetic", None, 0).transcript
+        t = run_transcript(protocol="fedmvmf").transcript
         attack = get("attack", "uploaded-items")()
         outcome = attack.evaluate(t, np.random.default_rng(0))
         n_rated = sum(len(t.private(p)["items"]) for p in t.clients())

@@ -39,7 +39,7 @@ def noise_results():
     for (kind, name), cls in DUMMIES.items():
         registry._register(kind, name)(cls)
     try:
-        exp = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,0.01,0.1,1,10", seeds=3)
+        exp = ex.build_experiment(protocol="dummy-proto", noise="dummy-noise", scales=(0, 0.01, 0.1, 1, 10), seeds=3)
         yield exp.run(tiny_dataset(30))
     finally:
         for kind, name in DUMMIES:
@@ -212,13 +212,13 @@ def test_protocol_declares_its_main_utility():
 @pytest.mark.usefixtures("dummy_registry")
 def test_single_point_and_categorical_reports(tmp_path):
     ds = tiny_dataset(20)
-    single = ex.build_experiment("dummy-proto", seeds=2).run(ds)
+    single = ex.build_experiment(protocol="dummy-proto", seeds=2).run(ds)
     out = reports.write_report(single, tmp_path / "single")
     assert (out / "accuracy.svg").exists() and (out / "accuracy.png").exists()
-    cat = ex.build_experiment("dummy-proto", sweep="protocol.p=2,3", seeds=1).run(ds)
+    cat = ex.build_experiment(protocol="dummy-proto", sweep=ex.Sweep("protocol", "p", (2, 3)), seeds=1).run(ds)
     out = reports.write_report(cat, tmp_path / "cat")
     assert (out / "accuracy_vs_p.svg").exists()
-    enc = ex.build_experiment("dummy-proto", defenses=["dummy-encrypt"], seeds=1).run(ds)
+    enc = ex.build_experiment(protocol="dummy-proto", defenses=["dummy-encrypt"], seeds=1).run(ds)
     out = reports.write_report(enc, tmp_path / "enc")
     assert "did not apply" in (out / "report.html").read_text()
 

@@ -59,7 +59,7 @@ def test_default_transcript_round_trips(protocol, tmp_path, capsys):
     assert main(["run", "--protocol", protocol, "--users", str(users), "-o", str(path)]) == 0
     assert f"transcript written to {path}" in capsys.readouterr().out
 
-    memory = experiment.run_transcript(protocol, users=users).transcript
+    memory = experiment.run_transcript(protocol=protocol, users=users).transcript
     loaded = tr.load(path)
     assert (loaded.protocol, loaded.seed, loaded.config) == (memory.protocol, memory.seed, memory.config)
     assert len(loaded) == len(memory)

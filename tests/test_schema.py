@@ -16,6 +16,8 @@ from privaudit import _safejson, schema
 from privaudit._escape import printable
 from privaudit.errors import TranscriptError
 from privaudit.experiment import run_transcript
+from privaudit.params import parse_spec
+from privaudit.plan import parse_assignments
 from privaudit.transcript import Transcript, load
 
 # (protocol, defenses, config): small runs; every defense that changes what is sent
@@ -46,7 +48,10 @@ SIMULATED = [
 
 @pytest.mark.parametrize("protocol,defenses,sets", SIMULATED, ids=lambda v: ",".join(v) if isinstance(v, list) else v)
 def test_simulated_transcripts_validate(tmp_path, protocol, defenses, sets):
-    t = run_transcript(protocol, defenses, sets, "synthetic", 10, 0).transcript
+    specs = [{"name": n, **p} for n, p in (parse_spec(d, "--defense") for d in defenses)]
+    t = run_transcript(
+        protocol=protocol, defenses=specs, protocol_config=parse_assignments(sets), data="synthetic", users=10
+    ).transcript
     schema.validate(t)
     again = load(t.save(tmp_path / "t.ptx"))
     schema.validate(again)
@@ -59,7 +64,9 @@ def test_csv_data_without_attributes_validates(tmp_path):
 
     data = write_csv(tmp_path / "r.csv", 30)
     for protocol, sets in (("fedmvmf", ["epochs=2"]), ("fedrec", []), ("fedsplit", [])):
-        schema.validate(run_transcript(protocol, [], sets, data, None, 0).transcript)
+        schema.validate(
+            run_transcript(protocol=protocol, protocol_config=parse_assignments(sets), data=data).transcript
+        )
 
 
 def _fedmvmf() -> Transcript:
@@ -201,7 +208,7 @@ def test_max_bytes_option_refuses_bad_sizes(capsys, value):
 
 
 def test_max_bytes_units():
-    from privaudit.cli import _byte_size
+    from privaudit._cli_common import _byte_size
 
     sizes = [_byte_size(v) for v in ("512", "2K", "512M", "4G", "1GiB", "3mb")]
     assert sizes == [512, 2048, 512 * 2**20, 4 * 2**30, 2**30, 3 * 2**20]

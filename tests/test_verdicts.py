@@ -56,7 +56,9 @@ def echo():
 
 
 def test_points_carry_both_baselines_advantage_and_roc(big):
-    res = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1", seeds=2, sets=["p=8"]).run(big)
+    res = ex.build_experiment(
+        protocol="dummy-proto", noise="dummy-noise", scales=(0, 1), seeds=2, protocol_config={"p": 8}
+    ).run(big)
     p = res["points"][0]
     assert p["baseline_random"] == {"accuracy": 0.5} and p["baseline_prior"] == {"accuracy": 0.5}
     assert p["advantage"]["accuracy"] == pytest.approx(p["attack_metrics"]["accuracy"] - 0.5)
@@ -70,9 +72,9 @@ def test_points_carry_both_baselines_advantage_and_roc(big):
 
 
 def test_undeclared_metrics_use_the_explicit_fallback(big):
-    res = ex.build_experiment("dummy-proto", attack="dummy-aux-attack", sweep="attack.aux_fraction=0,1", seeds=1).run(
-        big
-    )
+    res = ex.build_experiment(
+        protocol="dummy-proto", attack="dummy-aux-attack", sweep=ex.Sweep("attack", "aux_fraction", (0, 1)), seeds=1
+    ).run(big)
     assert res["metric_specs"]["accuracy"] == rs.spec_to_dict(rs.FALLBACK_SPEC, declared=False)
     assert res["figure_metrics"] == ["accuracy"]  # "victims" (200) is not in [0, 1]: not plotted
     assert "not a defense strength" in res["verdicts"][0]["sentence"]
@@ -157,7 +159,9 @@ def test_weighted_auc_matches_sklearn_and_groups_resample_victims():
 
 
 def test_points_carry_a_bootstrap_of_every_victim_table_metric(big):
-    res = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="1", seeds=1, sets=["p=8"]).run(big)
+    res = ex.build_experiment(
+        protocol="dummy-proto", noise="dummy-noise", scales=(1,), seeds=1, protocol_config={"p": 8}
+    ).run(big)
     p = res["points"][0]
     b = p["bootstrap"]["accuracy"]
     assert b["n"] == 200 and b["over"] == "victims" and b["attack"] == pytest.approx(p["attack_metrics"]["accuracy"])
@@ -323,7 +327,9 @@ def test_canary_audit_text_and_display(big):
 
 
 def test_noise_sweep_is_protected_only_after_a_leak(big):
-    res = ex.build_experiment("dummy-proto", noise="dummy-noise", scales="0,1,1000", seeds=2, sets=["p=32"]).run(big)
+    res = ex.build_experiment(
+        protocol="dummy-proto", noise="dummy-noise", scales=(0, 1, 1000), seeds=2, protocol_config={"p": 32}
+    ).run(big)
     v = res["verdicts"][0]
     rows = {r["value"]: r for r in v["rows"]}
     assert rows[0.0]["verdict"] == "leaks" and rows[1.0]["verdict"] == "leaks"
@@ -338,12 +344,12 @@ def test_noise_sweep_is_protected_only_after_a_leak(big):
 
 def test_majority_echo_attack_is_never_protected(big, echo):
     res = ex.build_experiment(
-        "dummy-proto",
+        protocol="dummy-proto",
         attack=echo,
-        sweep="dummy-dp.epsilon=1,0.01",
+        sweep=ex.Sweep("dummy-dp", "epsilon", (1, 0.01)),
         defenses=["dummy-dp"],
         seeds=1,
-        sets=["p=8", "bias=0.8"],
+        protocol_config={"p": 8, "bias": 0.8},
     ).run(big)
     v = res["verdicts"][0]
     assert v["reference_row"]["verdict"] == "no evidence of leakage"  # no defense: never protected

@@ -1,0 +1,262 @@
+"""The ``report``, ``audit`` and ``record`` subcommands (registered in the command table of
+:mod:`privaudit._cli_common`; :mod:`privaudit.cli` builds the parser)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from privaudit._cli_common import (
+    _check_extras,
+    _check_writable,
+    _dataset,
+    _dataset_args,
+    _default_report_dir,
+    _force_arg,
+    _margin,
+    _margin_arg,
+    _max_bytes_arg,
+    _say,
+    command,
+)
+from privaudit.errors import PrivauditError
+
+
+def _report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", metavar="DIR", help="report folder holding results.json")
+    p.add_argument(
+        "--force", action="store_true", help="replace the rendered files (report.md, report.html, CSV, figures)"
+    )
+
+
+#: What ``privaudit report`` renders; any of them present means a re-render replaces it.
+RENDERED = ("report.md", "report.html", "results.csv")
+
+
+@command("report", "re-render a report folder (CSV, figures, Markdown, HTML) from its results.json")(_report_args)
+def cmd_report(args: argparse.Namespace) -> int:
+    from privaudit import reports
+
+    folder = Path(os.path.expanduser(args.dir))
+    folder = folder if folder.is_dir() else folder.parent
+    present = [name for name in RENDERED if os.path.lexists(folder / name)]
+    if present and not args.force:
+        raise PrivauditError(f"{folder}/ already holds {', '.join(present)}: re-render with --force to replace them")
+    out = reports.rerender(args.dir)
+    _say(reports.format_table(reports.read_results(out)))
+    _say(f"report re-rendered in {out}/")
+    return 0
+
+
+# --------------------------------------------------------------------------------------- audit
+
+
+def _audit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--protocol", help="protocol to audit (see the list below)")
+    p.add_argument(
+        "--transcript", metavar="FILE", help="audit one recorded transcript: every attack that reads it, no simulation"
+    )
+    _dataset_args(p)
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)"
+    )
+    p.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds per point (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel runs (default: all cores)")
+    p.add_argument(
+        "--scheduler", metavar="ADDRESS|local:N", help="run on a Dask cluster (scheduler address, or local:N workers)"
+    )
+    p.add_argument("--attack", action="append", default=None, metavar="NAME", help="only these attacks (repeatable)")
+    p.add_argument("--defense", action="append", default=None, metavar="NAME", help="only these defenses (repeatable)")
+    p.add_argument(
+        "-o", "--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-audit-<dataset>/)"
+    )
+    _force_arg(p)
+    _max_bytes_arg(p)
+    p.add_argument("--config", metavar="FILE.toml", help="rerun the plan.toml an audit folder records")
+    _margin_arg(p)
+    format_help = p.format_help
+
+    def with_protocols() -> str:  # listed only when help is printed (the registry loads lazily)
+        from privaudit import registry
+
+        p.epilog = "protocols: " + ", ".join(registry.available("protocol"))
+        return format_help()
+
+    p.format_help = with_protocols
+
+
+@command(
+    "audit",
+    "every applicable attack against every applicable defense's grid (audit.json + audit.html); "
+    "with --transcript FILE every attack that reads it (audit.json + audit.txt)",
+)(_audit_args)
+def cmd_audit(args: argparse.Namespace) -> int:
+    from privaudit import audit as au
+    from privaudit.plan import audit_to_toml, check_bounds, load_audit_fields, parse_assignments
+    from privaudit.runner import default_jobs
+
+    if args.transcript:
+        return _audit_transcript(args)
+    if args.max_bytes is not None:
+        raise PrivauditError("--max-bytes applies to --transcript only")
+    if args.config:
+        given = [
+            f"--{k}" for k in ("protocol", "users", "seeds", "attack", "defense") if getattr(args, k) not in (None, [])
+        ]
+        given += ["--data"] if args.data != "synthetic" else []
+        given += ["--seed"] if args.seed != 0 else []
+        given += ["--set"] if args.set else []
+        if given:
+            raise PrivauditError(f"--config cannot be combined with {', '.join(given)} (edit the plan instead)")
+        fields = load_audit_fields(args.config)
+        if args.jobs is not None:
+            fields["jobs"] = args.jobs
+        if args.scheduler is not None:
+            fields["scheduler"] = args.scheduler
+        check_bounds(jobs=fields.get("jobs"))
+        args.out = args.out or str(au.default_out_dir(fields["protocol"]))
+        _check_writable(args.out, args.force, "--out DIR", folder=True)
+        spec = au.Audit(**fields)
+    else:
+        if not args.protocol:
+            raise PrivauditError("give --protocol P (or --transcript FILE, or --config DIR/plan.toml)")
+        args.out = args.out or _default_report_dir(args)
+        _check_writable(args.out, args.force, "--out DIR", folder=True)
+        _check_extras(args.protocol, None, args.defense or (), args.attack or (), scheduler=args.scheduler)
+        check_bounds(args.seeds, args.jobs, args.users)
+        spec = au.Audit(
+            protocol=args.protocol,
+            data=_dataset(args),
+            users=args.users,
+            sets=parse_assignments(args.set),
+            seeds=au.DEFAULT_AUDIT_SEEDS if args.seeds is None else args.seeds,
+            seed=args.seed,
+            jobs=default_jobs() if args.jobs is None else args.jobs,
+            scheduler=args.scheduler,
+            attacks=args.attack,
+            defenses=args.defense,
+        )
+    margin = None if args.margin is None else _margin(args.margin)  # checked before any compute
+    result = au.run_audit(spec)
+    if margin is not None:
+        from privaudit import results as rs
+
+        result["margin"] = margin
+        result["matrix"], result["verdicts"] = rs.audit_matrix(result), rs.audit_verdicts(result)
+    out = au.write_audit(result, args.out, plan_toml=audit_to_toml(spec))
+    _say(au.format_matrix(result))
+    for a in result["attacks"]:
+        if not a.get("applies"):
+            _say(f"note: {a['name']} does not apply to the undefended {result['protocol']} view: {a.get('reason')}")
+    errors = sorted({r["error"] for r in result["runs"] if "error" in r})
+    for e in errors:
+        _say(f"warning: a run failed: {e}", file=sys.stderr)
+    _say(f"audit written to {out}/ ({result['timing']['total_seconds']:.1f} s)")
+    return 0
+
+
+def _audit_transcript(args: argparse.Namespace) -> int:
+    """``privaudit audit --transcript FILE``: every attack that reads the transcript, one row each."""
+    from privaudit.integrations import recorded
+
+    given = ("protocol", "users", "seeds", "scheduler", "defense")
+    simulation = [f"--{k}" for k in given if getattr(args, k) not in (None, [])]
+    simulation += ["--set"] if args.set else []
+    simulation += ["--data"] if args.data != "synthetic" else []
+    if simulation:
+        raise PrivauditError(f"--transcript cannot be combined with {', '.join(simulation)}")
+    from privaudit.results import PROTECTION_MARGIN
+
+    margin = PROTECTION_MARGIN if args.margin is None else _margin(args.margin)
+    args.out = args.out or "privaudit-report/transcript-audit"
+    _check_writable(args.out, args.force, "--out DIR", folder=True)
+    result = recorded.audit_transcript(args.transcript, args.attack, max_bytes=args.max_bytes, margin=margin)
+    out = recorded.write_audit(result, args.out)
+    _say(recorded.format_audit(result))
+    for d in result["defenses"]:
+        _say(f"defense: {', '.join(f'{k}={v}' for k, v in d.items())}")
+    if not result["private_included"]:
+        print("note: the transcript holds no private messages: nothing to score against")
+    _say(f"audit written to {out}/")
+    return 0
+
+
+# --------------------------------------------------------------------------------------- record
+
+
+def _record_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--flower",
+        required=True,
+        metavar="APP_DIR",
+        help="Flower app folder (pyproject.toml with [tool.flwr.app] and [tool.privaudit])",
+    )
+    p.add_argument("--clients", type=int, default=5, metavar="N", help="simulated nodes (default 5)")
+    p.add_argument("--rounds", type=int, default=None, metavar="R", help="server rounds (the app's num-server-rounds)")
+    p.add_argument(
+        "--run-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an app run-config value (repeatable)",
+    )
+    p.add_argument(
+        "--cpus-per-client",
+        type=float,
+        default=2.0,
+        metavar="C",
+        help="CPUs Ray reserves per client run (default 2, Flower's; worker processes = CPUs / C)",
+    )
+    p.add_argument("-o", "--output", required=True, metavar="FILE.ptx", help="transcript file to write")
+    p.add_argument(
+        "--no-private",
+        action="store_true",
+        help="no ground-truth Mod on the clients (the transcript then has no private messages)",
+    )
+    _force_arg(p)
+    p.epilog = _RECORD_WARNING
+
+
+_RECORD_WARNING = (
+    "WARNING: recording executes the app's own Python code (its ServerApp, ClientApp and the "
+    "[tool.privaudit] hooks) with your privileges, in Flower's simulation engine: record only apps you trust. "
+    "Ctrl-C stops the run and every Ray process it started."
+)
+
+
+@command(
+    "record",
+    "run a Flower app (its own code: trusted apps only) in Flower's simulation engine with privaudit's recorder; "
+    "write its transcript",
+)(_record_args)
+def cmd_record(args: argparse.Namespace) -> int:
+    from privaudit._escape import printable
+    from privaudit.integrations import flower
+
+    _check_writable(args.output, args.force, "-o FILE", folder=False)
+    app = flower.load_app(args.flower)
+    overrides = flower.parse_overrides(args.run_config, app.config)
+    print(f"recording {args.clients} simulated clients of {printable(app.name)} (Ctrl-C stops it) ...", flush=True)
+    summary = flower.record_to_file(
+        args.flower,
+        args.output,
+        clients=args.clients,
+        rounds=args.rounds,
+        run_config=overrides,
+        private=not args.no_private,
+        cpus_per_client=args.cpus_per_client,
+    )
+    defenses = ", ".join(str(d) for d in summary["defenses"]) or "none"
+    print(
+        printable(
+            f"transcript written to {args.output} ({summary['messages']} messages, {args.clients} clients, "
+            f"{summary['seconds']:.1f} s of simulation; Flower defenses: {defenses})"
+        )
+    )
+    if summary["errors"]:
+        first = printable(summary["first_error"])
+        print(f"warning: {summary['errors']} client replies were errors (first: {first})", file=sys.stderr)
+    return 0
