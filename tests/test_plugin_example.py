@@ -129,3 +129,39 @@ def test_attack_command_runs_the_plugin(plugin_path, tmp_path):
         metrics = point.get("attack_metrics", point.get("metrics"))
         assert metrics["accuracy"] == 1.0  # rounding values hides no item id
         assert metrics["victims"] == 180.0
+
+
+def test_plugin_protocol_declares_everything_and_runs_with_its_defaults(plugin_path, tmp_path):
+    """``item-means``: its schema, utility specs (rmse lower-is-better), defaults and estimate
+    are declared; ``privaudit attack --protocol item-means`` alone runs its default sweep."""
+    proc = _run(plugin_path, "-m", "privaudit", "describe", "item-means")
+    assert proc.returncode == 0, proc.stderr
+    for line in (
+        "protocol item-means: federated item means",
+        "  default attack: uploaded-items",
+        "  messages: private, grad_V, state",
+        "  utility metrics: rmse (lower is better), coverage (higher is better)",
+        "  default sweep: quantize.step=0,0.5,1",
+        "  default users: 50",
+    ):
+        assert line in proc.stdout, proc.stdout
+    out = tmp_path / "report"
+    proc = _run(
+        plugin_path, "-m", "privaudit", "attack", "--protocol", "item-means", "--seeds", "2", "--jobs", "1", "--quiet",
+        "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "item-means defaults: 50 users" in proc.stdout and "--sweep quantize.step=0,0.5,1" in proc.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert results["utility_metric"] == "rmse" and results["utility_specs"]["rmse"]["higher_is_better"] is False
+    assert [p["value"] for p in results["points"]] == [0.0, 0.0, 0.5, 0.5, 1.0, 1.0]
+    for point in results["points"]:  # uploads name exactly the trained items: far above the majority prior
+        assert point["attack_metrics"]["accuracy"] == 1.0 > point["baseline_prior"]["accuracy"] > 0.5
+    # coarser rounding of the residuals makes the item means worse: the utility cost is positive
+    rmse = {p["value"]: p["utility"]["rmse"] for p in results["points"] if p["seed"] == 0}
+    assert rmse[1.0] > rmse[0.0]
+    # the audit sweeps sampling here (the protocol passes client data through the channel) but
+    # not dp-sgd (no item_update / net_update payload)
+    code = "from privaudit import audit; s, k = audit.applicable_defenses('item-means'); print([c.name for c in s])"
+    proc = _run(plugin_path, "-c", code)
+    assert "sampling" in proc.stdout and "quantize" in proc.stdout and "dp-sgd" not in proc.stdout

@@ -1,6 +1,7 @@
-"""A worked privaudit plugin: the ``quantize`` defense and the ``uploaded-items`` attack."""
+"""A worked privaudit plugin: the ``item-means`` protocol, the ``quantize`` defense and the ``uploaded-items`` attack."""
 
 from privaudit_plugin_example.attack import UploadedItems
 from privaudit_plugin_example.defense import Quantize
+from privaudit_plugin_example.protocol import ItemMeans
 
-__all__ = ["Quantize", "UploadedItems"]
+__all__ = ["ItemMeans", "Quantize", "UploadedItems"]

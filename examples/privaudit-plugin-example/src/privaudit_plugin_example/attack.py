@@ -21,7 +21,7 @@ class UploadedItems(Attack):
 
     description = "server: a client rated the items whose grad_V rows it uploads (plugin example)"
     party = "server"
-    protocols = ("fedmvmf", "privmvmf")
+    protocols = ("fedmvmf", "privmvmf", "item-means")
     requires = ("grad_V",)
     primary_metric = "accuracy"
     parameters = (Param("round", 0, "the recorded round whose uploads are read", ge=0),)
