@@ -319,14 +319,14 @@ def header_of(plan: Plan) -> dict[str, Any]:
         "defenses": [{"name": cls.name, **params} for cls, params in plan.defenses],
         "defense_strengths": {
             cls.name: {
-                "strength": getattr(cls, "strength", None),
+                "strength": cls.strength,
                 "description": registry.describe(cls),
-                "help": (getattr(cls, "param_help", {}) or {}).get(getattr(cls, "strength", None) or "", ""),
+                "help": cls.param_help.get(cls.strength or "", ""),
             }
             for cls, _ in plan.defenses
         },
         "seeds": list(plan.seeds),
-        "primary_metric": getattr(plan.attack_cls, "primary_metric", None),
+        "primary_metric": plan.attack_cls.primary_metric,
         "utility_metric_declared": plan.protocol_cls.main_utility,
         "utility_specs": {k: rs.spec_to_dict(s) for k, s in plan.protocol_cls.utility_specs.items()},
         "attack_description": registry.describe(plan.attack_cls),
@@ -599,7 +599,7 @@ def attack_transcript(
         "noise": False,
         "defenses": list(transcript.config.get("defenses", []) or []),
         "seeds": [transcript.seed],
-        "primary_metric": getattr(attack_cls, "primary_metric", None),
+        "primary_metric": attack_cls.primary_metric,
         "utility_metric_declared": protocol_cls.main_utility,
         "utility_specs": {k: rs.spec_to_dict(s) for k, s in protocol_cls.utility_specs.items()},
         "_attack_cls": attack_cls,

@@ -224,11 +224,11 @@ class Plan:
 
 
 def _resolve_attack(protocol_cls: type, attack: str | None) -> type:
-    name = attack or getattr(protocol_cls, "default_attack", None)
+    name = attack or protocol_cls.default_attack
     if not name:
         raise PrivauditError(f"protocol {protocol_cls.name!r} has no default attack; name one with --attack")
     attack_cls = registry.get("attack", name)
-    targets = tuple(getattr(attack_cls, "protocols", ()) or ())
+    targets = tuple(attack_cls.protocols)
     if targets and protocol_cls.name not in targets:
         raise PrivauditError(
             f"attack {name!r} does not apply to protocol {protocol_cls.name!r} (it reads: {', '.join(targets)})"
@@ -245,13 +245,12 @@ def _resolve_sweep(
 ) -> Sweep | None:
     """The sweep with values coerced to the parameter's type (default sweeps applied)."""
     if sweep is None:
-        default = getattr(attack_cls, "default_sweep", None)
+        default = attack_cls.default_sweep
         if default and default[0] not in attack_params:
             sweep = Sweep("attack", str(default[0]), tuple(default[1]))
         else:
             for cls, params in defense_specs:
-                strength = getattr(cls, "strength", None)
-                grid = tuple(getattr(cls, "default_grid", ()) or ())
+                strength, grid = cls.strength, tuple(cls.default_grid)
                 if strength and grid and strength not in params:
                     sweep = Sweep(cls.name, strength, grid)
                     break

@@ -165,26 +165,26 @@ def summary(kind: str, cls: Any) -> dict[str, Any]:
             "default users": cls.default_users,
         }
     elif kind == "attack":
-        sweep = getattr(cls, "default_sweep", None)
+        sweep = cls.default_sweep
         facts = {
-            "party": getattr(cls, "party", None),
-            "threat": getattr(cls, "threat", None),
+            "party": cls.party,
+            "threat": cls.threat,
             "deviations": ", ".join(getattr(cls, "deviations", ()) or ()) or None,
-            "protocols": ", ".join(getattr(cls, "protocols", ()) or ()) or "any",
-            "requires": ", ".join(getattr(cls, "requires", ()) or ()) or "nothing",
-            "primary metric": getattr(cls, "primary_metric", None),
+            "protocols": ", ".join(cls.protocols) or "any",
+            "requires": ", ".join(cls.requires) or "nothing",
+            "primary metric": cls.primary_metric,
             "default sweep": f"{sweep[0]} = {', '.join(map(str, sweep[1]))}" if sweep else None,
         }
     elif kind == "defense":
-        applies = getattr(cls, "applies_to", None)
-        grid = tuple(getattr(cls, "default_grid", ()) or ())
+        applies = cls.applies_to
+        grid = tuple(cls.default_grid)
         facts = {
-            "strength": getattr(cls, "strength", None),
+            "strength": cls.strength,
             "default grid": ", ".join(map(str, grid)) if grid else None,
             "applies to": ", ".join(applies) if applies else "any protocol",
             "acts on": ", ".join(f"{k}.{f}" for k, f in cls.acts_on) or "no declared payload (joins no audit)",
-            "capabilities": ", ".join(sorted(getattr(cls, "capabilities", ()) or ())) or None,
-            "privacy claim": getattr(cls, "privacy_claim", None),
+            "capabilities": ", ".join(sorted(cls.capabilities)) or None,
+            "privacy claim": cls.privacy_claim,
         }
     return {
         "kind": kind,
