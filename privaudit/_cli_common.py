@@ -158,7 +158,7 @@ class _Scheduler:
     requires_extras = ("dask",)
 
 
-def _check_extras(protocol: str | None, attack: str | None = None, defenses=(), attacks=(), scheduler=None) -> None:
+def _check_extras(protocol: str | None, attack: str | None = None, defenses=(), *, attacks=(), scheduler=None) -> None:
     """Refuse a plan whose protocol, attack, defenses or ``--scheduler`` need an extra that is
     not installed."""
     from privaudit import registry

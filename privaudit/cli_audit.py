@@ -125,7 +125,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             raise PrivauditError("give --protocol P (or --transcript FILE, or --config DIR/plan.toml)")
         args.out = args.out or _default_report_dir(args)
         _check_writable(args.out, args.force, "--out DIR", folder=True)
-        _check_extras(args.protocol, None, args.defense or (), args.attack or (), scheduler=args.scheduler)
+        _check_extras(args.protocol, None, args.defense or (), attacks=args.attack or (), scheduler=args.scheduler)
         check_bounds(args.seeds, args.jobs, args.users)
         spec = au.Audit(
             protocol=args.protocol,

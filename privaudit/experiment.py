@@ -415,6 +415,7 @@ def assemble(
     dataset_summary: dict,
     points: list[dict],
     seconds: float,
+    *,
     source: Any = None,
     users: int | None = None,
 ) -> dict[str, Any]:

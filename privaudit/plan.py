@@ -52,7 +52,7 @@ _LOCAL_SCHEDULER = re.compile(r"local:\d{1,4}")
 
 
 def check_bounds(
-    seeds: Any = None, jobs: Any = None, users: Any = None, points: int | None = None, where: str = ""
+    seeds: Any = None, jobs: Any = None, users: Any = None, *, points: int | None = None, where: str = ""
 ) -> None:
     """One-line refusal of a number of seeds, jobs, users or sweep points above its cap."""
     prefix = f"{where}: " if where else ""
@@ -303,7 +303,7 @@ def resolve(
     """
     from privaudit.runner import check_run_settings
 
-    check_bounds(seeds, jobs, users, len(sweep.values) if sweep is not None else None)
+    check_bounds(seeds, jobs, users, points=len(sweep.values) if sweep is not None else None)
     check_run_settings(seeds, seed, jobs)
     if users is not None and int(users) < 1:
         raise PrivauditError(f"--users must be at least 1, got {users}")

@@ -72,6 +72,7 @@ class Channel:
         kind: str,
         senders: Sequence[str],
         payloads: Sequence[Mapping[str, np.ndarray]],
+        *,
         receiver: str = "server",
         record: bool = True,
         noisy_keys: tuple[str, ...] | None = None,
