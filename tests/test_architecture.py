@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 # ------------------------------------------------------------------------------- seams
 
@@ -130,6 +131,14 @@ def test_every_protocol_declares_schema_utility_specs_and_defaults():
     assert protocols["fedsplit"].utility_specs["rmse"].higher_is_better is False
     assert protocols["fedproto"].utility_specs["mean_rank"].higher_is_better is False
     assert protocols["privmvmf"].estimate_seconds(10, {}, ()) > 0
+    # a defense's utility cost follows the declared direction: rmse up by 0.2 costs +0.2
+    from privaudit import results as rs
+
+    declared = {"rmse": rs.spec_to_dict(protocols["fedrec"].utility_specs["rmse"])}
+    before, after = {"0": 1.0, "1": 1.1}, {"0": 1.2, "1": 1.3}
+    assert rs.utility_cost_interval(before, after, "rmse", declared)["cost"] == pytest.approx(0.2)
+    assert rs.utility_cost_interval(before, after, "rmse")["cost"] == pytest.approx(-0.2)  # undeclared: higher assumed
+    assert "not declared" in rs.utility_spec("rmse").description
     assert protocols["fedmvmf"].estimate_seconds(10, {}, ()) is None
 
 
