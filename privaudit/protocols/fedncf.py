@@ -43,8 +43,15 @@ Malicious server (``server``, default ``honest``; docs/malicious-server.md): aft
 ``deviation_start`` regular rounds the server runs ``deviation_rounds`` rounds of its plan around
 a ``target``: ``sybil`` -- the cohort is the target, ``sybils`` clients the server runs (they
 upload zeros through the channel) and honest cover clients; ``inconsistent`` -- an honest
-cohort in which every member but the target gets :meth:`FedNCF.crafted_model`. The deviation
-is recorded on the round's ``state`` message (meta ``deviation``, ``target``, ``sybils``).
+cohort in which every member but the target gets :meth:`FedNCF.crafted_model`; ``saturate`` --
+an honest cohort (the target and others re-drawn every round) in which every member gets the
+same :meth:`FedNCF.saturated_model` (item rows 0 or kept, ``predict.bias`` -``craft_bias``), so
+that only positives' rows move (docs/active-manipulation.md); the server applies the item
+aggregate to its own item table and keeps its network. The deviation is recorded on the round's
+``state`` message (meta ``deviation``, ``target``, ``sybils``, ``crafted``; the payload stays the
+server's own global model). Defenses with the ``download`` capability
+(:mod:`privaudit.defenses.feature_bounds`) see each model a member receives (payload ``items``
+and ``bias``) and may change it before the member trains.
 Defenses with the ``round-check`` capability (:mod:`privaudit.defenses.consistency`) see each
 member's received model and whether it is a verified (non-sybil) client before it uploads; an
 aborted round uploads nothing (its ``aggregate`` has ``k`` 0 and meta ``aborted``).
