@@ -69,6 +69,7 @@ DEVIATIONS = {
     "sybils": "add clients it runs to a cohort, up to the attack's declared count",
     "inconsistent-models": "send each cohort member its own model",
     "craft-items": "send item embeddings of its choosing",
+    "craft-network": "send network weights of its choosing (e.g. a saturating prediction bias)",
 }
 
 

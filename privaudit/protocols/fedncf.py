@@ -43,8 +43,15 @@ Malicious server (``server``, default ``honest``; docs/malicious-server.md): aft
 ``deviation_start`` regular rounds the server runs ``deviation_rounds`` rounds of its plan around
 a ``target``: ``sybil`` -- the cohort is the target, ``sybils`` clients the server runs (they
 upload zeros through the channel) and honest cover clients; ``inconsistent`` -- an honest
-cohort in which every member but the target gets :meth:`FedNCF.crafted_model`. The deviation
-is recorded on the round's ``state`` message (meta ``deviation``, ``target``, ``sybils``).
+cohort in which every member but the target gets :meth:`FedNCF.crafted_model`; ``saturate`` --
+an honest cohort (the target and others re-drawn every round) in which every member gets the
+same :meth:`FedNCF.saturated_model` (item rows 0 or kept, ``predict.bias`` -``craft_bias``), so
+that only positives' rows move (docs/active-manipulation.md); the server applies the item
+aggregate to its own item table and keeps its network. The deviation is recorded on the round's
+``state`` message (meta ``deviation``, ``target``, ``sybils``, ``crafted``; the payload stays the
+server's own global model). Defenses with the ``download`` capability
+(:mod:`privaudit.defenses.feature_bounds`) see each model a member receives (payload ``items``
+and ``bias``) and may change it before the member trains.
 Defenses with the ``round-check`` capability (:mod:`privaudit.defenses.consistency`) see each
 member's received model and whether it is a verified (non-sybil) client before it uploads; an
 aborted round uploads nothing (its ``aggregate`` has ``k`` 0 and meta ``aborted``).
@@ -84,6 +91,7 @@ latest timestamp (415 of ML-100K's 943 users) are broken at random (``loo_ties``
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -92,7 +100,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from privaudit.data.splits import LOO_TIES
-from privaudit.defenses.base import LOCAL_TRAINING, ROUND_CHECK, Defense
+from privaudit.defenses.base import DOWNLOAD, LOCAL_TRAINING, ROUND_CHECK, Defense
 from privaudit.errors import PrivauditError
 from privaudit.metrics import hit_ratio_at_k, ndcg_at_k_loo
 from privaudit.models import ncf
@@ -103,7 +111,7 @@ from privaudit.schema import ITEMS, MessageSchema, PayloadField, ProtocolSchema
 
 DERIVED_KEYS = ("n_items", "n_users", "defenses", "seed")
 AGGREGATIONS = ("mf-fedavg", "fedavg", "simpleavg")
-SERVER_PLANS = ("honest", "sybil", "inconsistent")
+SERVER_PLANS = ("honest", "sybil", "inconsistent", "saturate")
 
 
 #: FedNCF's independent random streams, in SeedSequence spawn order (``split`` was added last,
@@ -305,7 +313,8 @@ class FedNCF(Protocol):
             "server",
             "honest",
             "honest, or a malicious server's plan for the first deviation_rounds rounds: sybil (the target's "
-            "cohort filled with sybils uploading zeros) or inconsistent (the other members get a crafted model)",
+            "cohort filled with sybils uploading zeros), inconsistent (the other members get a crafted model) or "
+            "saturate (every member gets a model whose scores are saturated at 0: negatives' rows stay still)",
             choices=SERVER_PLANS,
         ),
         Param("deviation_rounds", 4, "malicious server: rounds it deviates in", ge=1),
@@ -316,6 +325,13 @@ class FedNCF(Protocol):
             ge=0,
         ),
         Param("sybils", -1, "server=sybil: sybil clients per cohort (-1: clients_per_round - 1)", ge=0, also=(-1,)),
+        Param(
+            "craft_items",
+            "zero",
+            "server=saturate: the item rows sent, zero (every row 0) or keep (the global rows)",
+            choices=("zero", "keep"),
+        ),
+        Param("craft_bias", 50.0, "server=saturate: the prediction bias sent is -craft_bias", gt=0),
     )
 
     @classmethod
@@ -396,6 +412,19 @@ class FedNCF(Protocol):
                 out[k][...] = -1.0
         return np.zeros_like(items), out
 
+    @staticmethod
+    def saturated_model(
+        items: np.ndarray, net: dict[str, np.ndarray], craft_items: str, bias: float
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The model a ``saturate`` server sends every cohort member: item rows 0 (``craft_items``
+        zero) or the global ones (keep), and ``predict.bias`` = -``bias``. Every score is then
+        about -bias, sigmoid(score) ~ 0: a sampled negative's BCE gradient (sigmoid(s) - 0) ds/dq
+        is ~e^-bias, far below Adam's epsilon, so its row stays (all but) still, while a
+        positive's, (sigmoid(s) - 1) ds/dq ~ -ds/dq, moves its row a full Adam step."""
+        out = {k: np.array(v, copy=True) for k, v in net.items()}
+        out["predict.bias"][...] = -float(bias)
+        return (np.zeros_like(items) if craft_items == "zero" else np.array(items, copy=True)), out
+
     # ------------------------------------------------------------------ run
     def run(
         self,
@@ -418,6 +447,14 @@ class FedNCF(Protocol):
 
     def simulate(self, setup: RunSetup) -> RunResult:
         """The run's steps under :meth:`run` (torch present, one thread)."""
+        run = self._prepare(setup)
+        for r, cohort in enumerate(run.cohorts):
+            self._round(run, r, cohort)
+        return self._finish(run)
+
+    # ------------------------------------------------------------------ the run's parts
+    def _prepare(self, setup: RunSetup) -> _Run:
+        """Split, schedule (with the server's plan), transcript, initial model of one run."""
         cfg, dataset, defenses, seed = setup.config, setup.dataset, setup.defenses, setup.seed
         sched_rng, init_rng, train_rng, channel_rng, eval_rng, split_rng = rng_streams(seed).values()
         arch, D, layers = cfg["model"], cfg["D"], list(cfg["layers"])
@@ -431,19 +468,16 @@ class FedNCF(Protocol):
             raise PrivauditError("protocol 'fedncf': no user has a training interaction after the leave-one-out split")
         eval_users, cand = eval_candidates(pos, test_item, m, cfg["eval_negatives"], eval_rng)
         cohorts, target = self.schedule(cfg, eligible, sched_rng)
-        plan = None
+        plan, start = None, 0
         if cfg["server"] != "honest":
             plan = self.deviation_plan(cfg, eligible, sched_rng)
             start = min(cfg["deviation_start"], len(cohorts))
             cohorts = cohorts[:start] + plan["cohorts"] + cohorts[start:]
             cohorts = cohorts[: cfg["max_rounds"]] if cfg["max_rounds"] >= 0 else cohorts
             target = plan["target"]
-        guards = [d for d in defenses if ROUND_CHECK in d.capabilities]
         dp_defenses = [d for d in defenses if LOCAL_TRAINING in d.capabilities]
         if len(dp_defenses) > 1:
             raise PrivauditError("protocol 'fedncf': at most one local-training defense (dp-sgd)")
-        dp = dp_defenses[0] if dp_defenses else None
-
         parties = ["server"] + [f"client:{u}" for u in range(n)]
         private = {
             f"client:{u}": {
@@ -455,169 +489,203 @@ class FedNCF(Protocol):
         transcript, channel = self.start(
             setup, parties, private, channel_rng, n_items=m, n_users=n, target=target, seed=seed
         )
-
         net = ncf.init_network(arch, D, layers, init_rng)
         items = ncf.init_embeddings(m, Dt, init_rng, cfg["init_std"])
         users = ncf.init_embeddings(n, Dt, init_rng, cfg["init_std"])
         if self.user_vectors is not None:  # a canary audit's crafted clients (privaudit.canary); else None
             users[np.asarray(self.user_vectors[0])] = np.asarray(self.user_vectors[1], dtype=np.float32)
-        adam = None
-        if cfg["client_optimizer"] == "persistent":  # per-client Adam moments (n x m x Dtot for the rows)
-            adam = {"step": np.zeros(n, dtype=np.int64)}
-            for mk in ("m", "v"):
-                adam[f"{mk}_user"] = np.zeros((n, Dt), dtype=np.float32)
-                adam[f"{mk}_item"] = np.zeros((n, m, Dt), dtype=np.float32)
-                adam[f"{mk}_net"] = {k: np.zeros((n,) + v.shape, dtype=np.float32) for k, v in net.items()}
         per_global = max(1, -(-len(eligible) // min(cfg["clients_per_round"], len(eligible))))
-        offset = 2 * cfg["manipulated_rounds"] if cfg["selection"] == "adversarial" else 0
-        participation = np.zeros(n, dtype=np.int64)
-        hr_hist: list[float] = []
-        ndcg_hist: list[float] = []
-        k = cfg["top_k"]
-        t_train = 0.0
-        for r, cohort in enumerate(cohorts):
-            record = cfg["record_rounds"] < 0 or r < cfg["record_rounds"]
-            net_flat = ncf.flatten_network(net, arch, D, layers)
-            deviation = plan is not None and start <= r < start + len(plan["cohorts"])
-            sybils = plan["sybils"] if deviation else np.zeros(0, dtype=np.int64)
-            is_sybil = np.isin(cohort, sybils)
-            crafted = self.crafted_model(items, net, arch) if deviation and cfg["server"] == "inconsistent" else None
+        return _Run(
+            cfg=cfg,
+            data=_ClientData(pos, excl, n_pos, m),
+            cohorts=cohorts,
+            target=target,
+            plan=plan,
+            start=start,
+            guards=[d for d in defenses if ROUND_CHECK in d.capabilities],
+            bounds=[d for d in defenses if DOWNLOAD in d.capabilities],
+            dp=dp_defenses[0] if dp_defenses else None,
+            transcript=transcript,
+            channel=channel,
+            net=net,
+            items=items,
+            users=users,
+            adam=_init_adam(n, m, Dt, net) if cfg["client_optimizer"] == "persistent" else None,
+            train_rng=train_rng,
+            eval_users=eval_users,
+            cand=cand,
+            per_global=per_global,
+            offset=2 * cfg["manipulated_rounds"] if cfg["selection"] == "adversarial" else 0,
+            participation=np.zeros(n, dtype=np.int64),
+        )
+
+    def _round(self, run: _Run, r: int, cohort: np.ndarray) -> None:
+        """One aggregation round: the models sent, the members' checks, uploads, aggregate, update."""
+        cfg = run.cfg
+        record = cfg["record_rounds"] < 0 or r < cfg["record_rounds"]
+        net_flat = ncf.flatten_network(run.net, *run.arch)
+        deviation = run.plan is not None and run.start <= r < run.start + len(run.plan["cohorts"])
+        sybils = run.plan["sybils"] if deviation else np.zeros(0, dtype=np.int64)
+        is_sybil = np.isin(cohort, sybils)
+        plan = cfg["server"] if deviation else "honest"
+        crafted = None
+        if plan == "inconsistent":
+            crafted = self.crafted_model(run.items, run.net, cfg["model"])
+        elif plan == "saturate":
+            crafted = self.saturated_model(run.items, run.net, cfg["craft_items"], cfg["craft_bias"])
+        if record:
+            self._record_start(run, r, cohort, plan, is_sybil, net_flat)
+        abort = self._check_round(run, r, cohort, plan, crafted, is_sybil, net_flat) if run.guards else None
+        if abort:
             if record:
-                transcript.add(r, "server", "server", "cohort", {"clients": cohort}, {"k": int(len(cohort))})
-                state_meta = None
-                if deviation:  # the server's own record of its deviation
-                    state_meta = {"deviation": cfg["server"], "target": target, "sybils": cohort[is_sybil].tolist()}
-                    if crafted is not None:
-                        state_meta["crafted"] = "item rows 0, predict.weight 0, dead ReLUs: sent to all but the target"
-                state = {"items": items.astype(np.float64), "network": net_flat}
-                transcript.add(r, "server", "server", "state", state, state_meta)
-            abort = None
-            if guards:  # countermeasures: every member checks the round before uploading
-                sent = _model_bytes(items, net_flat)
-                received = [sent] * len(cohort)
-                if crafted is not None:
-                    other = _model_bytes(crafted[0], ncf.flatten_network(crafted[1], arch, D, layers))
-                    received = [sent if u == target else other for u in cohort]
-                for d in guards:
-                    abort = abort or d.abort_reason(r, [f"client:{u}" for u in cohort], received, ~is_sybil)
-            if abort:
-                if record:
-                    zero = np.zeros(m, dtype=np.int64)
-                    transcript.add(r, "server", "server", "aggregate", {"counts": zero}, {"k": 0, "aborted": abort})
-                continue
-            t0 = time.perf_counter()
-            args = (pos, excl, n_pos)
-            if crafted is not None:  # the target trains the true model, the others the crafted one
-                mine = cohort == target
-                up_t = self._local_round(cfg, cohort[mine], *args, items, users, net, dp, train_rng, m, adam)
-                c_items, c_net = crafted
-                up_o = self._local_round(cfg, cohort[~mine], *args, c_items, users, c_net, dp, train_rng, m, adam)
-                uploads = _merge_uploads(mine, up_t, up_o)
-            elif is_sybil.any():  # sybils upload zeros (no rows, zero weights, no instances)
-                up_h = self._local_round(cfg, cohort[~is_sybil], *args, items, users, net, dp, train_rng, m, adam)
-                zero = {
-                    "item_payloads": [{"items": np.zeros(0, dtype=np.int64), "values": np.zeros((0, Dt))}],
-                    "net_payloads": [{"delta": np.zeros_like(net_flat), "n_instances": np.zeros(1)}],
-                }
-                zeros = {k: v * int(is_sybil.sum()) for k, v in zero.items()}
-                uploads = _merge_uploads(~is_sybil, up_h, zeros)
-            else:
-                uploads = self._local_round(cfg, cohort, *args, items, users, net, dp, train_rng, m, adam)
-            t_train += time.perf_counter() - t0
-            participation[cohort] += 1
-            senders = [f"client:{u}" for u in cohort]
-            b_items = channel.send(
-                r, "item_update", senders, uploads["item_payloads"], record=record, meta={"n_rows": m}
+                zero = np.zeros(run.data.m, dtype=np.int64)
+                run.transcript.add(r, "server", "server", "aggregate", {"counts": zero}, {"k": 0, "aborted": abort})
+            return
+        t0 = time.perf_counter()
+        uploads = self._uploads(run, cohort, plan, crafted, is_sybil, net_flat)
+        run.t_train += time.perf_counter() - t0
+        run.participation[cohort] += 1
+        senders = [f"client:{u}" for u in cohort]
+        m = run.data.m
+        b_items = run.channel.send(
+            r, "item_update", senders, uploads["item_payloads"], record=record, meta={"n_rows": m}
+        )
+        b_net = run.channel.send(r, "net_update", senders, uploads["net_payloads"], record=record)
+        s_items = run.channel.sum(b_items, rows=m)
+        s_net = run.channel.sum(b_net)
+        counts = np.asarray(s_items["counts"], dtype=np.int64)
+        kk = len(b_items.senders)
+        if record:
+            run.transcript.add(r, "server", "server", "aggregate", {"counts": counts}, {"k": int(kk)})
+        if kk == 0:
+            return
+        self._apply_aggregate(run, s_items, s_net, counts, kk, net_flat, keep_network=plan == "saturate")
+        done = r + 1 - run.offset  # regular rounds done (neither adversarial nor deviation rounds)
+        if run.plan is not None:
+            done -= min(max(r + 1 - run.start, 0), len(run.plan["cohorts"]))
+        if deviation:
+            return
+        if cfg["eval_every"] > 0 and done > 0 and done % (run.per_global * cfg["eval_every"]) == 0:
+            util = ncf_utility(*run.arch, {"net": run.net, "users": run.users, "items": run.items}, *run.eval_set)
+            run.hr_hist.append(util[f"hr@{cfg['top_k']}"])
+            run.ndcg_hist.append(util[f"ndcg@{cfg['top_k']}"])
+
+    @staticmethod
+    def _record_start(run: _Run, r: int, cohort: np.ndarray, plan: str, is_sybil: np.ndarray, net_flat) -> None:
+        """The round's ``cohort`` and ``state`` messages (the server's record of a deviation on ``state``)."""
+        run.transcript.add(r, "server", "server", "cohort", {"clients": cohort}, {"k": int(len(cohort))})
+        state_meta = None
+        if plan != "honest":  # the server's own record of its deviation
+            state_meta = {"deviation": plan, "target": run.target, "sybils": cohort[is_sybil].tolist()}
+            if plan == "inconsistent":
+                state_meta["crafted"] = "item rows 0, predict.weight 0, dead ReLUs: sent to all but the target"
+            elif plan == "saturate":
+                state_meta["crafted"] = (
+                    f"item rows {'0' if run.cfg['craft_items'] == 'zero' else 'kept'}, "
+                    f"predict.bias -{run.cfg['craft_bias']:g}: sent to every member"
+                )
+        state = {"items": run.items.astype(np.float64), "network": net_flat}
+        run.transcript.add(r, "server", "server", "state", state, state_meta)
+
+    @staticmethod
+    def _check_round(run, r, cohort, plan, crafted, is_sybil, net_flat) -> str | None:
+        """The first abort reason of the ``round-check`` defenses (each member's received model)."""
+        sent = _model_bytes(run.items, net_flat)
+        received = [sent] * len(cohort)
+        if crafted is not None:
+            other = _model_bytes(crafted[0], ncf.flatten_network(crafted[1], *run.arch))
+            received = (
+                [sent if u == run.target else other for u in cohort]
+                if plan == "inconsistent"
+                else [other] * len(cohort)
             )
-            b_net = channel.send(r, "net_update", senders, uploads["net_payloads"], record=record)
-            s_items = channel.sum(b_items, rows=m)
-            s_net = channel.sum(b_net)
-            counts = np.asarray(s_items["counts"], dtype=np.int64)
-            kk = len(b_items.senders)
-            n_total = float(np.asarray(s_net["n_instances"]).ravel()[0])
-            if record:
-                transcript.add(r, "server", "server", "aggregate", {"counts": counts}, {"k": int(kk)})
-            if kk == 0:
-                continue
-            vals = np.asarray(s_items["values"], dtype=np.float64)
-            agg = cfg["aggregation"]
-            if agg == "mf-fedavg":
-                upd = counts > 0
-                items[upd] += (vals[upd] / counts[upd, None]).astype(np.float32)
-                net_flat = net_flat + np.asarray(s_net["delta"]) / max(n_total, 1.0)
-            elif agg == "fedavg":
-                items += (vals / max(n_total, 1.0)).astype(np.float32)
-                net_flat = net_flat + np.asarray(s_net["delta"]) / max(n_total, 1.0)
-            else:
-                items += (vals / kk).astype(np.float32)
-                net_flat = net_flat + np.asarray(s_net["delta"]) / kk
-            net = ncf.unflatten_network(net_flat, arch, D, layers)
-            done = r + 1 - offset  # regular rounds done (neither adversarial nor deviation rounds)
-            if plan is not None:
-                done -= min(max(r + 1 - start, 0), len(plan["cohorts"]))
-            if deviation:
-                continue
-            if cfg["eval_every"] > 0 and done > 0 and done % (per_global * cfg["eval_every"]) == 0:
-                util = ncf_utility(arch, D, layers, {"net": net, "users": users, "items": items}, eval_users, cand, k)
-                hr_hist.append(util[f"hr@{k}"])
-                ndcg_hist.append(util[f"ndcg@{k}"])
+        abort = None
+        for d in run.guards:
+            abort = abort or d.abort_reason(r, [f"client:{u}" for u in cohort], received, ~is_sybil)
+        return abort
+
+    def _uploads(self, run, cohort, plan, crafted, is_sybil, net_flat) -> dict[str, list]:
+        """The plaintext uploads of every member, in cohort order (sybils upload zeros)."""
+        if plan == "inconsistent":  # the target trains the true model, the others the crafted one
+            mine = cohort == run.target
+            up_t = self._local_round(run, cohort[mine], *self._received(run, run.items, run.net))
+            up_o = self._local_round(run, cohort[~mine], *self._received(run, *crafted))
+            return _merge_uploads(mine, up_t, up_o)
+        if is_sybil.any():  # sybils upload zeros (no rows, zero weights, no instances)
+            up_h = self._local_round(run, cohort[~is_sybil], *self._received(run, run.items, run.net))
+            zero = {
+                "item_payloads": [{"items": np.zeros(0, dtype=np.int64), "values": np.zeros((0, run.items.shape[1]))}],
+                "net_payloads": [{"delta": np.zeros_like(net_flat), "n_instances": np.zeros(1)}],
+            }
+            zeros = {k: v * int(is_sybil.sum()) for k, v in zero.items()}
+            return _merge_uploads(~is_sybil, up_h, zeros)
+        sent = crafted if plan == "saturate" else (run.items, run.net)
+        return self._local_round(run, cohort, *self._received(run, *sent))
+
+    @staticmethod
+    def _received(run: _Run, items: np.ndarray, net: dict[str, np.ndarray]) -> tuple[np.ndarray, dict]:
+        """The model a member trains on: the one sent, through every ``download`` defense
+        (:mod:`privaudit.defenses.feature_bounds`) as payload ``items`` (m x Dtot) and ``bias`` (1,)."""
+        if not run.bounds:
+            return items, net
+        got = run.channel.download({"items": items, "bias": np.asarray(net["predict.bias"])})
+        net = {**net, "predict.bias": np.asarray(got["bias"], dtype=net["predict.bias"].dtype)}
+        return np.asarray(got["items"], dtype=items.dtype), net
+
+    @staticmethod
+    def _apply_aggregate(run, s_items, s_net, counts, kk, net_flat, keep_network=False) -> None:
+        """The server's update of the global item table and network by ``aggregation`` (module
+        docstring); ``keep_network``: the network's aggregate is dropped (a saturation round's)."""
+        vals = np.asarray(s_items["values"], dtype=np.float64)
+        n_total = float(np.asarray(s_net["n_instances"]).ravel()[0])
+        agg = run.cfg["aggregation"]
+        if agg == "mf-fedavg":
+            upd = counts > 0
+            run.items[upd] += (vals[upd] / counts[upd, None]).astype(np.float32)
+            net_flat = net_flat + np.asarray(s_net["delta"]) / max(n_total, 1.0)
+        elif agg == "fedavg":
+            run.items += (vals / max(n_total, 1.0)).astype(np.float32)
+            net_flat = net_flat + np.asarray(s_net["delta"]) / max(n_total, 1.0)
+        else:
+            run.items += (vals / kk).astype(np.float32)
+            net_flat = net_flat + np.asarray(s_net["delta"]) / kk
+        if not keep_network:
+            run.net = ncf.unflatten_network(net_flat, *run.arch)
+
+    def _finish(self, run: _Run) -> RunResult:
+        """Model, final utility (and DP-SGD's epsilon) of the run."""
+        cfg = run.cfg
         model = {
-            "items": items,
-            "net": net,
-            "users": users,
-            "hr_history": hr_hist,
-            "ndcg_history": ndcg_hist,
-            "rounds": len(cohorts),
+            "items": run.items,
+            "net": run.net,
+            "users": run.users,
+            "hr_history": run.hr_hist,
+            "ndcg_history": run.ndcg_hist,
+            "rounds": len(run.cohorts),
         }
-        utility = ncf_utility(arch, D, layers, model, eval_users, cand, k)
-        utility["rounds"] = float(len(cohorts))
-        utility["train_seconds_per_round"] = t_train / max(len(cohorts), 1)
-        if dp is not None:
-            dp.account(n_pos, participation, cfg["batch_size"], cfg["local_epochs"], cfg["negatives"])
-            spent = dp.spent_by_clients()
+        utility = ncf_utility(*run.arch, model, *run.eval_set)
+        utility["rounds"] = float(len(run.cohorts))
+        utility["train_seconds_per_round"] = run.t_train / max(len(run.cohorts), 1)
+        if run.dp is not None:
+            d = run.data
+            run.dp.account(d.n_pos, run.participation, cfg["batch_size"], cfg["local_epochs"], cfg["negatives"])
+            spent = run.dp.spent_by_clients()
             utility["epsilon"] = spent["epsilon"]
             utility["delta"] = spent["delta"]
-        return RunResult(transcript, model, utility)
+        return RunResult(run.transcript, model, utility)
 
     # ------------------------------------------------------------------ one round of local work
-    def _local_round(
-        self,
-        cfg: Mapping[str, Any],
-        cohort: np.ndarray,
-        pos: sp.csr_matrix,
-        excl: sp.csr_matrix,
-        n_pos: np.ndarray,
-        items: np.ndarray,
-        users: np.ndarray,
-        net: dict[str, np.ndarray],
-        dp: Any,
-        rng: np.random.Generator,
-        m: int,
-        adam: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """Negative sampling, batched local training and the plaintext uploads of one cohort.
+    def _local_round(self, run: _Run, cohort: np.ndarray, items: np.ndarray, net: dict[str, np.ndarray]) -> dict:
+        """Negative sampling, batched local training and the plaintext uploads of one cohort
+        trained on ``items`` and ``net``.
 
-        Updates ``users`` (the clients' private vectors) and ``adam`` (persistent per-client Adam
-        state, or None) in place.
+        Updates ``run.users`` (the clients' private vectors) and ``run.adam`` (persistent
+        per-client Adam state, or None) in place.
         """
-        arch, D, layers = cfg["model"], cfg["D"], list(cfg["layers"])
-        C = len(cohort)
-        npos = n_pos[cohort]
-        nneg = cfg["negatives"] * npos
-        n_inst = npos + nneg
-        neg_all = (
-            ncf.sample_negatives(np.repeat(cohort, nneg), excl, m, rng) if nneg.sum() else np.zeros(0, dtype=np.int64)
-        )
-        neg_split = np.split(neg_all, np.cumsum(nneg)[:-1])
-        pos_lists = [pos.indices[pos.indptr[u] : pos.indptr[u + 1]].astype(np.int64) for u in cohort]
-        inst_items = [np.concatenate([p, q]) for p, q in zip(pos_lists, neg_split)]
-        if dp is not None:  # DP noise touches every row: the whole item table is local
-            local = [np.arange(m, dtype=np.int64) for _ in range(C)]
-        else:
-            local = [np.unique(x) for x in inst_items]
-        L = max(len(x) for x in local)
-        N = int(n_inst.max())
-        Dt = items.shape[1]
+        cfg, rng, dp = run.cfg, run.train_rng, run.dp
+        local, inst_items, n_inst, npos = _instances(cfg, cohort, run.data, dp is not None, rng)
+        C, Dt = len(cohort), items.shape[1]
+        L, N = max(len(x) for x in local), int(n_inst.max())
         item_rows = np.zeros((C, L, Dt), dtype=np.float32)
         inst_item = np.zeros((C, N), dtype=np.int64)
         inst_label = np.zeros((C, N), dtype=np.float32)
@@ -625,16 +693,7 @@ class FedNCF(Protocol):
             item_rows[c, : len(local[c])] = items[local[c]]
             inst_item[c, : n_inst[c]] = np.searchsorted(local[c], inst_items[c])
             inst_label[c, : npos[c]] = 1.0
-        state = None
-        if adam is not None:
-            state = {"step": adam["step"][cohort]}
-            for mk in ("m", "v"):
-                state[f"{mk}_user"] = adam[f"{mk}_user"][cohort]
-                state[f"{mk}_net"] = {k: v[cohort] for k, v in adam[f"{mk}_net"].items()}
-                it = np.zeros((C, L, Dt), dtype=np.float32)
-                for c in range(C):
-                    it[c, : len(local[c])] = adam[f"{mk}_item"][cohort[c], local[c]]
-                state[f"{mk}_item"] = it
+        state = _adam_slice(run.adam, cohort, local, L, Dt) if run.adam is not None else None
         index, valid = ncf.make_batches(n_inst, cfg["local_epochs"], cfg["batch_size"], rng)
         local_dp = dp.local_training() if dp is not None else None
         settings = ncf.LocalTrainingSettings(
@@ -643,42 +702,134 @@ class FedNCF(Protocol):
             dp=(local_dp.noise_multiplier, local_dp.clip) if local_dp is not None else None,
             noise_seed=int(rng.integers(2**63)),
         )
-        data = ncf.CohortData(
-            item_rows,
-            users[cohort],
-            inst_item,
-            inst_label,
-            n_inst,
-            index,
-            valid,
-            np.array([len(x) for x in local]),
-            state,
-        )
+        lens = np.array([len(x) for x in local])
+        data = ncf.CohortData(item_rows, run.users[cohort], inst_item, inst_label, n_inst, index, valid, lens, state)
+        arch, D, layers = run.arch
         out = ncf.train_cohort(ncf.Architecture(arch, D, tuple(layers)), net, data, settings)
-        users[cohort] = out["users"]
-        if adam is not None:
-            new = out["adam_state"]
-            adam["step"][cohort] = new["step"]
-            for mk in ("m", "v"):
-                adam[f"{mk}_user"][cohort] = new[f"{mk}_user"]
-                for k in adam[f"{mk}_net"]:
-                    adam[f"{mk}_net"][k][cohort] = new[f"{mk}_net"][k]
-                for c in range(C):
-                    adam[f"{mk}_item"][cohort[c], local[c]] = new[f"{mk}_item"][c, : len(local[c])]
-        agg = cfg["aggregation"]
-        net_flat = ncf.flatten_network(net, arch, D, layers)
-        item_payloads, net_payloads = [], []
-        for c in range(C):
-            w_item = float(n_inst[c]) if agg == "fedavg" else 1.0
-            w_net = 1.0 if agg == "simpleavg" else float(n_inst[c])
-            Lc = len(local[c])
-            delta = out["items"][c, :Lc].astype(np.float64) - item_rows[c, :Lc].astype(np.float64)
-            item_payloads.append({"items": local[c], "values": w_item * delta})
-            new_flat = np.concatenate(
-                [out["net"][k][c].astype(np.float64).ravel() for k in ncf.network_shapes(arch, D, layers)]
-            )
-            net_payloads.append({"delta": w_net * (new_flat - net_flat), "n_instances": np.array([float(n_inst[c])])})
-        return {"item_payloads": item_payloads, "net_payloads": net_payloads}
+        run.users[cohort] = out["users"]
+        if run.adam is not None:
+            _adam_store(run.adam, out["adam_state"], cohort, local)
+        return _payloads(cfg, run.arch, local, n_inst, item_rows, out, ncf.flatten_network(net, *run.arch))
+
+
+@dataclasses.dataclass
+class _ClientData:
+    """The clients' training data: positives (n x m CSR), excluded items (positives and the
+    held-out item, for negative sampling), positives per client, number of items."""
+
+    pos: sp.csr_matrix
+    excl: sp.csr_matrix
+    n_pos: np.ndarray
+    m: int
+
+
+@dataclasses.dataclass
+class _Run:
+    """The state of one FedNCF run that its rounds update (:meth:`FedNCF.simulate`)."""
+
+    cfg: Mapping[str, Any]
+    data: _ClientData
+    cohorts: list[np.ndarray]
+    target: int
+    plan: dict[str, Any] | None  # FedNCF.deviation_plan, or None for an honest server
+    start: int  # the first deviation round
+    guards: list[Defense]  # round-check defenses
+    bounds: list[Defense]  # download defenses
+    dp: Any
+    transcript: Any
+    channel: Any
+    net: dict[str, np.ndarray]
+    items: np.ndarray
+    users: np.ndarray
+    adam: dict[str, Any] | None  # persistent per-client Adam state
+    train_rng: np.random.Generator
+    eval_users: np.ndarray
+    cand: np.ndarray
+    per_global: int  # aggregation rounds per global round
+    offset: int  # adversarial-selection rounds before the regular ones
+    participation: np.ndarray  # rounds each client took part in
+    hr_hist: list[float] = dataclasses.field(default_factory=list)
+    ndcg_hist: list[float] = dataclasses.field(default_factory=list)
+    t_train: float = 0.0
+
+    @property
+    def arch(self) -> tuple[str, int, list[int]]:
+        return self.cfg["model"], self.cfg["D"], list(self.cfg["layers"])
+
+    @property
+    def eval_set(self) -> tuple[np.ndarray, np.ndarray, int]:
+        return self.eval_users, self.cand, self.cfg["top_k"]
+
+
+def _init_adam(n: int, m: int, Dt: int, net: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Zero per-client Adam moments (n x m x Dtot for the item rows) and step counts."""
+    adam: dict[str, Any] = {"step": np.zeros(n, dtype=np.int64)}
+    for mk in ("m", "v"):
+        adam[f"{mk}_user"] = np.zeros((n, Dt), dtype=np.float32)
+        adam[f"{mk}_item"] = np.zeros((n, m, Dt), dtype=np.float32)
+        adam[f"{mk}_net"] = {k: np.zeros((n,) + v.shape, dtype=np.float32) for k, v in net.items()}
+    return adam
+
+
+def _instances(cfg: Mapping[str, Any], cohort: np.ndarray, data: _ClientData, all_rows: bool, rng) -> tuple:
+    """Each member's local rows (sorted ids; every row with ``all_rows``), training instances
+    (positives then sampled negatives), instance counts and positive counts."""
+    npos = data.n_pos[cohort]
+    nneg = cfg["negatives"] * npos
+    n_inst = npos + nneg
+    neg_all = (
+        ncf.sample_negatives(np.repeat(cohort, nneg), data.excl, data.m, rng)
+        if nneg.sum()
+        else np.zeros(0, dtype=np.int64)
+    )
+    neg_split = np.split(neg_all, np.cumsum(nneg)[:-1])
+    pos = data.pos
+    pos_lists = [pos.indices[pos.indptr[u] : pos.indptr[u + 1]].astype(np.int64) for u in cohort]
+    inst_items = [np.concatenate([p, q]) for p, q in zip(pos_lists, neg_split)]
+    if all_rows:  # DP noise touches every row: the whole item table is local
+        local = [np.arange(data.m, dtype=np.int64) for _ in range(len(cohort))]
+    else:
+        local = [np.unique(x) for x in inst_items]
+    return local, inst_items, n_inst, npos
+
+
+def _adam_slice(adam: dict[str, Any], cohort: np.ndarray, local: list[np.ndarray], L: int, Dt: int) -> dict:
+    """The cohort's persistent Adam state, item moments gathered to its local rows (C x L x Dtot)."""
+    state: dict[str, Any] = {"step": adam["step"][cohort]}
+    for mk in ("m", "v"):
+        state[f"{mk}_user"] = adam[f"{mk}_user"][cohort]
+        state[f"{mk}_net"] = {k: v[cohort] for k, v in adam[f"{mk}_net"].items()}
+        it = np.zeros((len(cohort), L, Dt), dtype=np.float32)
+        for c in range(len(cohort)):
+            it[c, : len(local[c])] = adam[f"{mk}_item"][cohort[c], local[c]]
+        state[f"{mk}_item"] = it
+    return state
+
+
+def _adam_store(adam: dict[str, Any], new: dict[str, Any], cohort: np.ndarray, local: list[np.ndarray]) -> None:
+    """Write the cohort's Adam state after local training back into ``adam``."""
+    adam["step"][cohort] = new["step"]
+    for mk in ("m", "v"):
+        adam[f"{mk}_user"][cohort] = new[f"{mk}_user"]
+        for k in adam[f"{mk}_net"]:
+            adam[f"{mk}_net"][k][cohort] = new[f"{mk}_net"][k]
+        for c in range(len(cohort)):
+            adam[f"{mk}_item"][cohort[c], local[c]] = new[f"{mk}_item"][c, : len(local[c])]
+
+
+def _payloads(cfg, arch, local, n_inst, item_rows, out, net_flat) -> dict[str, list]:
+    """``item_update`` and ``net_update`` payloads of every member, weighted by ``aggregation``."""
+    agg = cfg["aggregation"]
+    item_payloads, net_payloads = [], []
+    for c in range(len(local)):
+        w_item = float(n_inst[c]) if agg == "fedavg" else 1.0
+        w_net = 1.0 if agg == "simpleavg" else float(n_inst[c])
+        Lc = len(local[c])
+        delta = out["items"][c, :Lc].astype(np.float64) - item_rows[c, :Lc].astype(np.float64)
+        item_payloads.append({"items": local[c], "values": w_item * delta})
+        new_flat = np.concatenate([out["net"][k][c].astype(np.float64).ravel() for k in ncf.network_shapes(*arch)])
+        net_payloads.append({"delta": w_net * (new_flat - net_flat), "n_instances": np.array([float(n_inst[c])])})
+    return {"item_payloads": item_payloads, "net_payloads": net_payloads}
 
 
 def _model_bytes(items: np.ndarray, net_flat: np.ndarray) -> bytes:
