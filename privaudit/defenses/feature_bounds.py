@@ -40,6 +40,7 @@ class FeatureBounds(Defense):
     )
     capabilities = frozenset({DOWNLOAD})
     applies_to = ("fedncf",)
+    acts_on = (("state", "items"), ("state", "network"))  # the model the clients receive (the bias is in network)
     parameters = (
         Param("max_norm", -1.0, "L2 norm bound on every received item row (-1: no bound)", gt=0, also=(-1.0,)),
         Param("max_bias", 5.0, "bound on the absolute received prediction bias (-1: no bound)", gt=0, also=(-1.0,)),
