@@ -144,6 +144,85 @@ def grid_scale(
     return t
 
 
+def _implied_svdpp(recs: list[dict], lam: float, fallback: np.ndarray) -> tuple[list, list]:
+    """SVD++: per client, (implied ratings, residuals) of its uploaded items; a singular system
+    marks the client in ``fallback`` (in place)."""
+    implied_all, resid_all = [], []
+    for j, rec in enumerate(recs):
+        try:
+            r_, res_ = _svdpp_implied(rec, lam) if not fallback[j] else _nan_pair(rec)
+        except np.linalg.LinAlgError:
+            fallback[j] = True
+            r_, res_ = _nan_pair(rec)
+        implied_all.append(r_)
+        resid_all.append(res_)
+    return implied_all, resid_all
+
+
+def _implied_walk(recs: list[dict], lam: float, lr_t: float, fallback: np.ndarray) -> tuple[list, list]:
+    """PMF(S): the clients' walks solved exactly from consecutive uploads (NaN for the fallback clients)."""
+    ok = np.flatnonzero(~fallback)
+    try:
+        sub_i, sub_r = _sgd_walk_implied([recs[j] for j in ok], lam, lr_t)
+    except np.linalg.LinAlgError:
+        fallback[:] = True
+        sub_i, sub_r = [], []
+    implied_all = [_nan_pair(rec)[0] for rec in recs]
+    resid_all = [_nan_pair(rec)[1] for rec in recs]
+    for j, r_, res_ in zip(ok, sub_i, sub_r):
+        implied_all[j], resid_all[j] = r_, res_
+    return implied_all, resid_all
+
+
+def _implied_rank1(
+    recs: list[dict], lam: float, grid: np.ndarray, tol: float, fallback: np.ndarray
+) -> tuple[list, list]:
+    """Rank-1 approximation: each client's top direction of its penalty-free upload, the scale that
+    puts the implied ratings on the grid (:func:`grid_scale`), then implied ratings and residuals."""
+    cs, as_, owner = [], [], []
+    for j, rec in enumerate(recs):
+        V = rec["V"]
+        items = rec["items"]
+        E = rec["values"] - lam * V[items]
+        dvec = None
+        if len(items) and not fallback[j]:
+            try:
+                dvec = _top_direction(E)
+            except np.linalg.LinAlgError:
+                fallback[j] = True
+        owner.append(np.full(len(items), j, np.int64))
+        if dvec is None:
+            cs.append(np.zeros(len(items)))
+            as_.append(np.zeros(len(items)))
+            continue
+        cs.append(V[items] @ dvec)
+        as_.append(E @ dvec)
+    c = np.concatenate(cs)
+    a = np.concatenate(as_)
+    own = np.concatenate(owner)
+    t = grid_scale(c, a, own, len(recs), grid, tol)
+    t[fallback] = np.nan
+    tt = t[own]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        implied = tt * c - a / tt
+        resid = a / tt
+    bounds = np.r_[0, np.cumsum([len(x) for x in cs])]
+    implied_all = [implied[bounds[j] : bounds[j + 1]] for j in range(len(recs))]
+    resid_all = [resid[bounds[j] : bounds[j + 1]] for j in range(len(recs))]
+    return implied_all, resid_all
+
+
+def _upload_counts(uploads: dict, rounds: list) -> dict[int, dict[int, int]]:
+    """Per user, how many recorded rounds uploaded each item."""
+    seen: dict[int, dict[int, int]] = {}
+    for r in rounds:
+        for rec in uploads[r]:
+            cnt = seen.setdefault(rec["user"], {})
+            for it in rec["items"].tolist():
+                cnt[it] = cnt.get(it, 0) + 1
+    return seen
+
+
 @register_attack("fedrec-rated-items")
 class FedRecRatedItems(Attack):
     """Tell real from virtual uploaded items of FedRec clients from the gradient geometry (module docstring)."""
@@ -208,68 +287,14 @@ class FedRecRatedItems(Attack):
 
         n_rec = len(recs)
         fallback = np.array([not _finite(rec, svd) for rec in recs], dtype=bool)
-        implied_all, resid_all = [], []
         if svd:
-            for j, rec in enumerate(recs):
-                try:
-                    r_, res_ = _svdpp_implied(rec, lam) if not fallback[j] else _nan_pair(rec)
-                except np.linalg.LinAlgError:
-                    fallback[j] = True
-                    r_, res_ = _nan_pair(rec)
-                implied_all.append(r_)
-                resid_all.append(res_)
+            implied_all, resid_all = _implied_svdpp(recs, lam, fallback)
         elif sequential:
             lr_t = float(cfg["lr_used"]) * float(cfg.get("decay", 0.9)) ** rnd
-            ok = np.flatnonzero(~fallback)
-            try:
-                sub_i, sub_r = _sgd_walk_implied([recs[j] for j in ok], lam, lr_t)
-            except np.linalg.LinAlgError:
-                fallback[:] = True
-                sub_i, sub_r = [], []
-            implied_all = [_nan_pair(rec)[0] for rec in recs]
-            resid_all = [_nan_pair(rec)[1] for rec in recs]
-            for j, r_, res_ in zip(ok, sub_i, sub_r):
-                implied_all[j], resid_all[j] = r_, res_
+            implied_all, resid_all = _implied_walk(recs, lam, lr_t, fallback)
         else:
-            cs, as_, owner = [], [], []
-            for j, rec in enumerate(recs):
-                V = rec["V"]
-                items = rec["items"]
-                E = rec["values"] - lam * V[items]
-                dvec = None
-                if len(items) and not fallback[j]:
-                    try:
-                        dvec = _top_direction(E)
-                    except np.linalg.LinAlgError:
-                        fallback[j] = True
-                if dvec is None:
-                    cs.append(np.zeros(len(items)))
-                    as_.append(np.zeros(len(items)))
-                    owner.append(np.full(len(items), j, np.int64))
-                    continue
-                cs.append(V[items] @ dvec)
-                as_.append(E @ dvec)
-                owner.append(np.full(len(items), j, np.int64))
-            c = np.concatenate(cs)
-            a = np.concatenate(as_)
-            own = np.concatenate(owner)
-            t = grid_scale(c, a, own, n_rec, grid, float(self.config["tol"]))
-            t[fallback] = np.nan
-            tt = t[own]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                implied = tt * c - a / tt
-                resid = a / tt
-            bounds = np.r_[0, np.cumsum([len(x) for x in cs])]
-            implied_all = [implied[bounds[j] : bounds[j + 1]] for j in range(n_rec)]
-            resid_all = [resid[bounds[j] : bounds[j + 1]] for j in range(n_rec)]
-
-        seen: dict[int, dict[int, int]] = {}
-        if self.config["intersection"]:
-            for r in rounds:
-                for rec in uploads[r]:
-                    cnt = seen.setdefault(rec["user"], {})
-                    for it in rec["items"].tolist():
-                        cnt[it] = cnt.get(it, 0) + 1
+            implied_all, resid_all = _implied_rank1(recs, lam, grid, float(self.config["tol"]), fallback)
+        seen = _upload_counts(uploads, rounds) if self.config["intersection"] else {}
         victims: dict[str, dict[str, np.ndarray]] = {}
         for j, (rec, implied, resid) in enumerate(zip(recs, implied_all, resid_all)):
             score, rated, rating = self.score_items(implied, resid, grid)
