@@ -64,6 +64,7 @@ toolkit; ``packing=False`` is one value per ciphertext as in the paper.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -86,6 +87,44 @@ TEST_KEY_LENGTH = 512
 def _int_bytes(value: int) -> np.ndarray:
     raw = int(value).to_bytes(max(1, (int(value).bit_length() + 7) // 8), "big")
     return np.frombuffer(raw, dtype=np.uint8).copy()
+
+
+@dataclass(frozen=True)
+class _KeySum:
+    """One encrypted payload key being summed: its uploaded ``shape`` (indexed: (rows, *inner)),
+    whether uploads are row-indexed, and the packing ``layout``."""
+
+    key: str
+    shape: tuple
+    indexed: bool
+    layout: Any
+
+    @property
+    def field(self) -> str:
+        return "ciphertexts" if self.key == "values" else f"{self.key}_ciphertexts"
+
+    @property
+    def inner(self) -> tuple:
+        return tuple(self.shape[1:]) if self.indexed else ()
+
+    @property
+    def length(self) -> int:
+        return int(np.prod(self.inner)) if self.indexed else int(np.prod(self.shape))
+
+    @property
+    def width(self) -> int:
+        return self.layout.ciphertext_bytes
+
+
+@dataclass
+class _CohortSum:
+    """A cohort's ciphertext sums: ``sums`` (len(uniq) * n_ct,) per row ``uniq`` and
+    ciphertext index, with how many clients uploaded each row (``counts``)."""
+
+    uniq: np.ndarray
+    counts: np.ndarray
+    sums: list
+    n_ct: int
 
 
 @register_defense("paillier")
@@ -307,114 +346,103 @@ class PaillierDefense(Defense):
             return None
         if not batch.payloads:
             return {}
-        n = self._public.n
-        nsq = self._public.nsquare
         layout = self.layout(int(batch.meta["max_summands"]))
-        width = layout.ciphertext_bytes
-        keys = list(batch.meta["encrypted_keys"])
         shapes = batch.meta["shapes"]
         indexed = "items" in batch.payloads[0]
         if indexed and rows is None:
             raise ValueError("rows is required to sum row-indexed uploads")
-        record = batch.recorded
-        tr = channel.transcript
         result: dict[str, np.ndarray] = {}
         if indexed:
             all_items = np.concatenate([np.asarray(p["items"], dtype=np.int64) for p in batch.payloads])
             result["counts"] = np.bincount(all_items, minlength=rows).astype(np.int64)
-        for key in keys:
-            name = "ciphertexts" if key == "values" else f"{key}_ciphertexts"
-            inner = tuple(shapes[key][1:]) if indexed else ()
-            length = int(np.prod(inner)) if indexed else int(np.prod(shapes[key]))
+        for key in batch.meta["encrypted_keys"]:
+            ks = _KeySum(key, tuple(shapes[key]), indexed, layout)
             total = None
             for ci, members in enumerate(self._cohorts(len(batch.senders))):
-                payloads = [batch.payloads[i] for i in members]
-                # ---- server: add ciphertexts per (row, ciphertext index)
-                t0 = self.clock()
-                cts = [np.asarray(p[name], dtype=np.uint8) for p in payloads]
-                n_ct = cts[0].shape[1]
-                if indexed:
-                    items = np.concatenate([np.asarray(p["items"], dtype=np.int64) for p in payloads])
-                    uniq, inv = np.unique(items, return_inverse=True)
-                    counts = np.bincount(inv, minlength=len(uniq))
-                else:
-                    uniq = np.zeros(1, dtype=np.int64)
-                    inv = np.zeros(len(payloads), dtype=np.int64)
-                    counts = np.array([len(payloads)], dtype=np.int64)
-                flat = pk.to_ints(np.concatenate(cts, axis=0))
-                groups = (inv[:, None] * n_ct + np.arange(n_ct)[None, :]).ravel()
-                sums = pk.add_grouped(flat, groups, len(uniq) * n_ct, nsq)
-                self._tick(batch.round, "aggregate", self.clock() - t0)
-                self._count(batch.round, "aggregated", len(flat))
-                # ---- decryptors: each gets a round-robin share of the rows
-                share_values = []
-                slowest = 0.0
-                for k, party in enumerate(self.decryptor_ids):
-                    mine = np.arange(k, len(uniq), self.config["decryptors"])
-                    if len(mine) == 0:
-                        continue
-                    my_cts = [sums[r * n_ct + j] for r in mine for j in range(n_ct)]
-                    if record:
-                        payload = {"ciphertexts": pk.from_ints(my_cts, width).reshape(len(mine), n_ct, width)}
-                        payload["items" if indexed else "index"] = uniq[mine] if indexed else mine
-                        tr.add(
-                            batch.round,
-                            batch.receiver,
-                            party,
-                            "ciphertext_sum",
-                            payload,
-                            {"of_kind": batch.kind, "key": key, "cohort": ci, "encrypted": True, "scheme": "paillier"},
-                        )
-                    t0 = self.clock()
-                    plain = pk.decrypt(n, self._secret.p, self._secret.q, my_cts, self.config["jobs"])
-                    try:
-                        q = pk.decode_sums(plain, counts[mine], layout, length, n)
-                    except ValueError as exc:
-                        raise PrivauditError(f"defense 'paillier': {exc}") from None
-                    values = pk.dequantize(q, layout.precision)
-                    dt = self.clock() - t0
-                    slowest = max(slowest, dt)
-                    self._tick(batch.round, "decrypt_total", dt)
-                    self._count(batch.round, "decrypted", len(my_cts))
-                    share_values.append((mine, values))
-                    if record:
-                        if indexed:
-                            out = {
-                                "items": uniq[mine],
-                                "counts": counts[mine].astype(np.int64),
-                                "values": values.reshape((len(mine),) + inner),
-                            }
-                        else:
-                            out = {"index": mine, "values": values.reshape(tuple(shapes[key]))}
-                        tr.add(
-                            batch.round,
-                            party,
-                            batch.receiver,
-                            "plaintext_sum",
-                            out,
-                            {
-                                "of_kind": batch.kind,
-                                "key": key,
-                                "cohort": ci,
-                                "members": [batch.senders[i] for i in members],
-                            },
-                        )
-                self._tick(batch.round, "decrypt", slowest)
-                # ---- server: assemble the cohort's plaintext sum, add to the total
-                cohort_sum = np.zeros((len(uniq), length))
-                for mine, values in share_values:
-                    cohort_sum[mine] = values
+                cs = self._add_ciphertexts(batch, members, ks)
+                cohort_sum = self._decrypt_cohort(batch, channel, ks, cs, ci, members)
+                # ---- server: add the cohort's plaintext sum to the total
                 if indexed:
                     if total is None:
-                        total = np.zeros((rows, length))
-                    total[uniq] += cohort_sum
+                        total = np.zeros((rows, ks.length))
+                    total[cs.uniq] += cohort_sum
                 else:
                     total = cohort_sum[0] if total is None else total + cohort_sum[0]
-            if indexed:
-                result[key] = total.reshape((rows,) + inner)
-            else:
-                result[key] = total.reshape(tuple(shapes[key]))
+            result[key] = total.reshape(((rows,) + ks.inner) if indexed else ks.shape)
         return result
+
+    def _add_ciphertexts(self, batch: UploadBatch, members: list[int], ks: _KeySum) -> _CohortSum:
+        """Server: the cohort's ciphertexts added per (row, ciphertext index)."""
+        payloads = [batch.payloads[i] for i in members]
+        t0 = self.clock()
+        cts = [np.asarray(p[ks.field], dtype=np.uint8) for p in payloads]
+        n_ct = cts[0].shape[1]
+        if ks.indexed:
+            items = np.concatenate([np.asarray(p["items"], dtype=np.int64) for p in payloads])
+            uniq, inv = np.unique(items, return_inverse=True)
+            counts = np.bincount(inv, minlength=len(uniq))
+        else:
+            uniq = np.zeros(1, dtype=np.int64)
+            inv = np.zeros(len(payloads), dtype=np.int64)
+            counts = np.array([len(payloads)], dtype=np.int64)
+        flat = pk.to_ints(np.concatenate(cts, axis=0))
+        groups = (inv[:, None] * n_ct + np.arange(n_ct)[None, :]).ravel()
+        sums = pk.add_grouped(flat, groups, len(uniq) * n_ct, self._public.nsquare)
+        self._tick(batch.round, "aggregate", self.clock() - t0)
+        self._count(batch.round, "aggregated", len(flat))
+        return _CohortSum(uniq, counts, sums, n_ct)
+
+    def _decrypt_cohort(
+        self, batch: UploadBatch, channel: ChannelContext, ks: _KeySum, cs: _CohortSum, ci: int, members: list[int]
+    ) -> np.ndarray:
+        """Decryptors: each decrypts a round-robin share of the cohort's rows -> (rows, length) sums."""
+        cohort_sum = np.zeros((len(cs.uniq), ks.length))
+        slowest = 0.0
+        for k, party in enumerate(self.decryptor_ids):
+            mine = np.arange(k, len(cs.uniq), self.config["decryptors"])
+            if len(mine) == 0:
+                continue
+            my_cts = [cs.sums[r * cs.n_ct + j] for r in mine for j in range(cs.n_ct)]
+            if batch.recorded:
+                payload = {"ciphertexts": pk.from_ints(my_cts, ks.width).reshape(len(mine), cs.n_ct, ks.width)}
+                payload["items" if ks.indexed else "index"] = cs.uniq[mine] if ks.indexed else mine
+                meta = {"of_kind": batch.kind, "key": ks.key, "cohort": ci, "encrypted": True, "scheme": "paillier"}
+                channel.transcript.add(batch.round, batch.receiver, party, "ciphertext_sum", payload, meta)
+            t0 = self.clock()
+            values = self._decrypt_values(my_cts, cs.counts[mine], ks)
+            dt = self.clock() - t0
+            slowest = max(slowest, dt)
+            self._tick(batch.round, "decrypt_total", dt)
+            self._count(batch.round, "decrypted", len(my_cts))
+            cohort_sum[mine] = values
+            if batch.recorded:
+                if ks.indexed:
+                    out = {
+                        "items": cs.uniq[mine],
+                        "counts": cs.counts[mine].astype(np.int64),
+                        "values": values.reshape((len(mine),) + ks.inner),
+                    }
+                else:
+                    out = {"index": mine, "values": values.reshape(ks.shape)}
+                meta = {
+                    "of_kind": batch.kind,
+                    "key": ks.key,
+                    "cohort": ci,
+                    "members": [batch.senders[i] for i in members],
+                }
+                channel.transcript.add(batch.round, party, batch.receiver, "plaintext_sum", out, meta)
+        self._tick(batch.round, "decrypt", slowest)
+        return cohort_sum
+
+    def _decrypt_values(self, cts: list, counts: np.ndarray, ks: _KeySum) -> np.ndarray:
+        """Decrypt summed ciphertexts and decode them into (rows, length) float sums."""
+        n = self._public.n
+        plain = pk.decrypt(n, self._secret.p, self._secret.q, cts, self.config["jobs"])
+        try:
+            q = pk.decode_sums(plain, counts, ks.layout, ks.length, n)
+        except ValueError as exc:
+            raise PrivauditError(f"defense 'paillier': {exc}") from None
+        return pk.dequantize(q, ks.layout.precision)
 
     def reset_timings(self) -> None:
         self.timings.clear()

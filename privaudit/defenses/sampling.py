@@ -507,6 +507,54 @@ class SamplingDefense(Defense):
         return add_virtual(data, sampled, values, weight)
 
 
+#: Rankings an observer of the uploaded item sets may use (:func:`item_set_guess`).
+GUESS_STRATEGIES = ("uniform", "popularity", "rarity", "counts", "cooccurrence", "lowrank", "lowrank_centered")
+
+
+def _upload_matrix(sets: list[np.ndarray], m: int) -> sp.csr_matrix:
+    """The (n_users, m) 0/1 indicator of the uploaded item sets."""
+    lens = np.array([len(x) for x in sets])
+    return sp.csr_matrix(
+        (np.ones(int(lens.sum())), (np.repeat(np.arange(len(sets)), lens), np.concatenate(sets) if sets else [])),
+        shape=(len(sets), m),
+    )
+
+
+def _cooccurrence_scorer(S: sp.csr_matrix):
+    """score(u, items): the lift of each item with the user's other uploaded items in the other
+    users' sets (dense (m, m) co-upload counts)."""
+    C = (S.T @ S).toarray()
+    c = np.diag(C).copy()
+    inv = np.where(c > 1, 1.0 / np.maximum(c - 1, 1), 0.0)  # 1 / c_-u for an item in u's set
+    SA = S.multiply(inv[None, :]).tocsr()
+    AC = np.asarray(SA @ C)  # AC[u, j] = sum_{l in set_u} C[l, j] / c_-u[l]
+    rowsum = np.asarray(SA.sum(axis=1)).ravel()
+
+    def score_of(u, items):
+        # remove l = j and user u's own co-upload (C_-u[l, j] = C[l, j] - 1 for l, j in set_u)
+        num = AC[u, items] - c[items] * inv[items] - (rowsum[u] - inv[items])
+        return num * inv[items]
+
+    return score_of
+
+
+def _lowrank_scorer(S: sp.csr_matrix, rank: int, centered: bool):
+    """score(u, items) from the rank-``rank`` truncated SVD of the upload indicator ``S``
+    (``centered``: of its residual after the independence term, dense)."""
+    r = min(int(rank), min(S.shape) - 1)
+    if not centered:
+        from scipy.sparse.linalg import svds
+
+        U, s, Vt = svds(S, k=r, random_state=0)
+    else:
+        dense = S.toarray()
+        dense -= np.outer(dense.sum(1), dense.sum(0)) / max(dense.sum(), 1.0)
+        U, s, Vt = np.linalg.svd(dense, full_matrices=False)
+        U, s, Vt = U[:, :r], s[:r], Vt[:r]
+    US = U * s[None, :]
+    return lambda u, items: US[u] @ Vt[:, items]
+
+
 def item_set_guess(
     item_sets: list[np.ndarray],
     rated_sets: list[np.ndarray],
@@ -547,9 +595,8 @@ def item_set_guess(
     dict with ``precision`` (fraction of guessed items that are rated, averaged over users),
     ``chance`` (= 1 / (1 + rho)) and ``users``.
     """
-    strategies = ("uniform", "popularity", "rarity", "counts", "cooccurrence", "lowrank", "lowrank_centered")
-    if strategy not in strategies:
-        raise ValueError(f"strategy must be one of {', '.join(strategies)}")
+    if strategy not in GUESS_STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(GUESS_STRATEGIES)}")
     sets = [np.asarray(x, dtype=np.int64) for x in item_sets]
     m = int(max((int(x.max()) for x in sets if len(x)), default=-1)) + 1
     if item_counts is not None:
@@ -566,41 +613,9 @@ def item_set_guess(
         cnt = np.asarray(item_counts, dtype=np.float64)
         score_of = lambda u, items: cnt[items]  # noqa: E731
     elif strategy == "cooccurrence":
-        lens = np.array([len(x) for x in sets])
-        S = sp.csr_matrix(
-            (np.ones(int(lens.sum())), (np.repeat(np.arange(len(sets)), lens), np.concatenate(sets) if sets else [])),
-            shape=(len(sets), m),
-        )
-        C = (S.T @ S).toarray()
-        c = np.diag(C).copy()
-        inv = np.where(c > 1, 1.0 / np.maximum(c - 1, 1), 0.0)  # 1 / c_-u for an item in u's set
-        SA = S.multiply(inv[None, :]).tocsr()
-        AC = np.asarray(SA @ C)  # AC[u, j] = sum_{l in set_u} C[l, j] / c_-u[l]
-        rowsum = np.asarray(SA.sum(axis=1)).ravel()
-
-        def score_of(u, items):
-            # remove l = j and user u's own co-upload (C_-u[l, j] = C[l, j] - 1 for l, j in set_u)
-            num = AC[u, items] - c[items] * inv[items] - (rowsum[u] - inv[items])
-            return num * inv[items]
-
+        score_of = _cooccurrence_scorer(_upload_matrix(sets, m))
     elif strategy in ("lowrank", "lowrank_centered"):
-        lens = np.array([len(x) for x in sets])
-        S = sp.csr_matrix(
-            (np.ones(int(lens.sum())), (np.repeat(np.arange(len(sets)), lens), np.concatenate(sets) if sets else [])),
-            shape=(len(sets), m),
-        )
-        r = min(int(rank), min(S.shape) - 1)
-        if strategy == "lowrank":
-            from scipy.sparse.linalg import svds
-
-            U, s, Vt = svds(S, k=r, random_state=0)
-        else:
-            dense = S.toarray()
-            dense -= np.outer(dense.sum(1), dense.sum(0)) / max(dense.sum(), 1.0)
-            U, s, Vt = np.linalg.svd(dense, full_matrices=False)
-            U, s, Vt = U[:, :r], s[:r], Vt[:r]
-        US = U * s[None, :]
-        score_of = lambda u, items: US[u] @ Vt[:, items]  # noqa: E731
+        score_of = _lowrank_scorer(_upload_matrix(sets, m), rank, centered=strategy == "lowrank_centered")
 
     precisions = []
     for u, (items, rated) in enumerate(zip(sets, rated_sets)):

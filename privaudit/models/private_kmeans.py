@@ -244,6 +244,38 @@ def _pack_bits(bits: np.ndarray) -> np.ndarray:
     return packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
 
 
+def _nonempty_children(
+    pair_cube: np.ndarray, keys: np.ndarray, bits: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The non-empty children (unique (cube, code) of the (cube, point) pairs): per pair its
+    child, per child its point count, parent cube and (p,) side bits."""
+    if not pair_cube.size:
+        p = bits.shape[1]
+        return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros((0, p), dtype=bool)
+    order = np.lexsort((keys, pair_cube))
+    c_sorted, k_sorted = pair_cube[order], keys[order]
+    new = np.r_[True, (c_sorted[1:] != c_sorted[:-1]) | (k_sorted[1:] != k_sorted[:-1])]
+    child_of_pair = np.empty(pair_cube.size, dtype=np.int64)
+    child_of_pair[order] = np.cumsum(new) - 1
+    first = order[new]
+    return child_of_pair, np.bincount(child_of_pair), pair_cube[first], bits[first]
+
+
+def _empty_children(
+    rng: np.random.Generator, child_parent: np.ndarray, n_cubes: int, p: int, f0: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Empty children kept: Binomial(2^p - nonempty, f(0)) per active cube (Poisson beyond int64),
+    at uniform positions -> (parent cube, (p,) side bits) per kept empty child."""
+    n_children = 2.0**p
+    nonempty = np.bincount(child_parent, minlength=n_cubes).astype(np.float64)
+    if n_children <= 2.0**62:
+        n_empty = rng.binomial((n_children - nonempty).astype(np.int64), f0)
+    else:
+        n_empty = rng.poisson((n_children - nonempty) * f0)
+    e_parent = np.repeat(np.arange(n_cubes), n_empty)
+    return e_parent, rng.random((e_parent.size, p)) < 0.5
+
+
 def private_partition(
     Y: np.ndarray,
     lows: np.ndarray,
@@ -269,7 +301,6 @@ def private_partition(
     gamma = 20.0 / eps_prime * math.log(max(n_eff, 1) / float(delta))
     max_depth = int(math.floor(log_term))
     f0 = float(inclusion_probability(0, eps_prime, gamma))
-    n_children = 2.0**p
 
     cube_low = np.asarray(lows, dtype=np.float64).copy()  # active cubes
     cube_side = float(side)
@@ -285,31 +316,9 @@ def private_partition(
         mid = cube_low + half
         bits = Y[pair_point] >= mid[pair_cube]
         keys = _pack_bits(bits) if bits.size else np.zeros(0, dtype=np.uint64)
-        # non-empty children: unique (cube, code)
-        if pair_cube.size:
-            order = np.lexsort((keys, pair_cube))
-            c_sorted, k_sorted = pair_cube[order], keys[order]
-            new = np.r_[True, (c_sorted[1:] != c_sorted[:-1]) | (k_sorted[1:] != k_sorted[:-1])]
-            child_of_pair = np.empty(pair_cube.size, dtype=np.int64)
-            child_of_pair[order] = np.cumsum(new) - 1
-            first = order[new]
-            counts = np.bincount(child_of_pair)
-            child_parent = pair_cube[first]
-            child_bits = bits[first]
-        else:
-            child_of_pair = np.zeros(0, dtype=np.int64)
-            counts = np.zeros(0)
-            child_parent = np.zeros(0, dtype=np.int64)
-            child_bits = np.zeros((0, p), dtype=bool)
+        child_of_pair, counts, child_parent, child_bits = _nonempty_children(pair_cube, keys, bits)
         keep = rng.random(counts.size) < inclusion_probability(counts, eps_prime, gamma)
-        # empty children: Binomial(2^p - nonempty, f(0)) per active cube, uniform positions
-        nonempty = np.bincount(child_parent, minlength=cube_low.shape[0]).astype(np.float64)
-        if n_children <= 2.0**62:
-            n_empty = rng.binomial((n_children - nonempty).astype(np.int64), f0)
-        else:
-            n_empty = rng.poisson((n_children - nonempty) * f0)
-        e_parent = np.repeat(np.arange(cube_low.shape[0]), n_empty)
-        e_bits = rng.random((e_parent.size, p)) < 0.5
+        e_parent, e_bits = _empty_children(rng, child_parent, cube_low.shape[0], p, f0)
         added_total += int(keep.sum()) + int(e_parent.size)
         kept_index = -np.ones(counts.size, dtype=np.int64)
         kept_index[keep] = np.arange(int(keep.sum()))
