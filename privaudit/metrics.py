@@ -102,7 +102,7 @@ def _check_k(k: Any) -> int:
 
 
 def _stats():
-    """``scipy.stats``, imported on first use (it adds about 0.6 s to every command's start)."""
+    """``scipy.stats``, imported on first use (importing it slows every command's start)."""
     from scipy import stats
 
     return stats

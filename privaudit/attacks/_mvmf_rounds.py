@@ -124,7 +124,7 @@ def top_eigvec(G: np.ndarray, iters: int = 8, tol: float = 1e-13) -> tuple[np.nd
     ``|G x - lambda x| / (2 lambda - trace G)`` (the gap to the second eigenvalue is at least
     ``lambda_1 - (trace - lambda_1)``) is below ``tol``; the remaining matrices (noisy uploads
     with a small spectral gap) go to ``numpy.linalg.eigh``. Same vectors as ``eigh`` up to sign
-    and floating tolerance, ~10x cheaper for the noise-free rank-1 case.
+    and floating tolerance; most of the cost is saved in the noise-free rank-1 case.
     """
     n, K = G.shape[0], G.shape[1]
     if n == 0:

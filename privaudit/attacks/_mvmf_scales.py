@@ -80,12 +80,13 @@ def regression_tau(R: Round, virt: np.ndarray, w: np.ndarray) -> tuple[np.ndarra
 
 
 def pair_tau(
-    fv: FlatFedMVMFView, R1: Round, R2: Round, eta: float, alpha: float, lam: float, K: int
+    fv: FlatFedMVMFView, R1: Round, R2: Round, model: UpdateModel
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """SGD, ObsOnly: (users, tau1, tau2) from two consecutive rounds (module docstring).
+    """SGD, ObsOnly: (users, tau1, tau2) from two consecutive rounds (docs/mvmf-analytic.md).
 
     Only clients present in both rounds with the same item set are solved.
     """
+    eta, alpha, lam = model.eta, model.alpha, model.lam
     common, i1, i2 = np.intersect1d(R1.users, R2.users, return_indices=True)
     if not len(common):
         return common, np.empty(0), np.empty(0)
@@ -303,7 +304,7 @@ def _pair_scales(fv: FlatFedMVMFView, stats: list[Round], model: UpdateModel) ->
     est: list[list[np.ndarray]] = [[] for _ in stats]
     for k in range(len(stats) - 1):
         s1, s2 = stats[k], stats[k + 1]
-        users, t1, t2 = pair_tau(fv, s1, s2, model.eta, model.alpha, model.lam, model.K)
+        users, t1, t2 = pair_tau(fv, s1, s2, model)
         for s, tt, kk in ((s1, t1, k), (s2, t2, k + 1)):
             full = np.full(len(s.users), np.nan)
             full[np.searchsorted(s.users, users)] = np.sqrt(np.abs(tt))

@@ -132,7 +132,7 @@ class MVMFAnalytic(MVMFAttack):
     # ------------------------------------------------------------------ public API
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         # The work is batches of tiny (K x K, K x L) products: BLAS threads only add overhead,
-        # and on a busy machine their spinning multiplied the attack's time by >10 (measured).
+        # and on a busy machine their spinning dominates the attack's time.
         try:
             from threadpoolctl import threadpool_limits  # installed with scikit-learn
         except ImportError:  # pragma: no cover

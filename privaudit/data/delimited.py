@@ -152,7 +152,7 @@ def parse_numeric(lines: list[str], sep: str, nfields: int, int_cols: Sequence[i
     expected = len(lines) * nfields
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        try:  # integer parsing is ~10x faster than float parsing
+        try:  # integer parsing is much faster than float parsing
             flat = np.fromstring(body, dtype=np.int64, sep=" ")
         except (ValueError, DeprecationWarning):
             flat = None

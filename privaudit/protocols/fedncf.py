@@ -67,15 +67,13 @@ vector P is then the set of rows trained that round). The paper gives no batch s
 used (``batch_size``). Each client starts every round with a fresh Adam state (default;
 ``client_optimizer=persistent`` keeps each client's Adam moments and step count across rounds --
 the paper does not say which; on ML-100K it made no difference to FedGMF's HR@10, while FedMLP
-reaches the paper's HR@10 only with ``persistent``: 0.42-0.45 against 0.33-0.36 over 100 global
-rounds, docs/reproduction.md).
+reaches the paper's HR@10 only with ``persistent``, docs/reproduction.md).
 The paper does not give the initial scale of the user and item embeddings (only "Xavier" for the
 network weights, §4.2): ``init_std`` (default 0.1) sets it. It decides whether FedGMF learns on
 ML-100K: at the NCF reference code's 0.01 (and at Xavier's ~0.035 for these tables) HR@10 stalls
-within a few global rounds, below the popularity ranker (0.36 against 0.39; 0.28 on the old
-highest-item-id split); at 0.1 it starts near 0.1 as in the paper's Fig. 5 and
-reaches HR@10 0.61 after the paper's 400 global rounds (paper 0.59; docs/reproduction.md, "Why
-FedGMF plateaued"). The authors' later federated recommender code (vperifan/FedPOIRec) draws
+within a few global rounds, below the popularity ranker; at 0.1 it starts near 0.1 as in the
+paper's Fig. 5 and reaches the paper's HR@10 after its 400 global rounds (docs/reproduction.md,
+"Why FedGMF plateaued"). The authors' later federated recommender code (vperifan/FedPOIRec) draws
 embeddings from N(0, (1/D)^2), 0.083 for D = 12, the same order. ``user_lr`` (default: ``lr``) is
 a diagnostic key, not in the paper. Leave-one-out: a user's latest rating is held out; ties at the
 latest timestamp (415 of ML-100K's 943 users) are broken at random (``loo_ties``; see

@@ -23,7 +23,7 @@ MAX_DEPTH = 64
 
 
 #: Most JSON values, points and metric names per point a results.json or audit.json may hold
-#: (rendering grows with points x metrics; a 289 KB file of 20,000 metric names took minutes).
+#: (rendering grows with points x metrics, so a small file can ask for a very large report).
 MAX_RESULTS_VALUES = 4_000_000
 
 

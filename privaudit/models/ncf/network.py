@@ -42,7 +42,7 @@ class single_thread:
     """Context manager running torch on one intra-op thread (restored on exit).
 
     The per-step tensors of a cohort are small (C x B x Dtot); on a shared 2-core machine torch's
-    intra-op threads only contend (measured 15x slower under load), so training uses one thread.
+    intra-op threads only contend, so training uses one thread.
     """
 
     def __enter__(self):
