@@ -1,52 +1,12 @@
 """Attack ``fedrec-rated-items``: which uploaded items did a FedRec client really rate?
 
-The server of FedRec (FedRec paper §3) sees, for each client u, eq.-8 gradients for the items
-I_u ∪ I'_u (real and virtual). Subtracting the public ``lam V_i`` leaves
-``e_i = (p_u.V_i - r_ui) p_u`` (derivation below):
-
-* **PMF** (p_u = U_u): every row is a multiple of U_u, so with d the top right singular vector
-  of the stacked rows, U_u = t d, ``a_i = e_i.d`` and ``c_i = d.V_i`` the implied rating of
-  item i is ``r_i(t) = t c_i - a_i / t`` — known up to one scalar t per user. Real ratings lie
-  on the public rating grid, so for every real item and the grid value g it holds, t solves
-  ``c_i t^2 - g t - a_i = 0``. The attack collects the roots of every (item, grid value) of a
-  user and takes the densest cluster (in sign x log|t|) as t: every real item votes for the
-  true t, virtual items (user average, eq. 5, or local prediction, eq. 6) almost never do.
-* **SVD++** (p_u = U_u + x_ui with the implicit term x_ui = |N_u\\{i}|^-1/2 sum_{j != i} W_j,
-  computable by the server because N_u = the uploaded items and W is its own): rows are
-  ``e_i ∥ U_u + x_ui``, so U_u is the least-squares point closest to all lines
-  ``{c e_i - x_ui}``: ``U_u = -(sum_i M_i)^-1 sum_i M_i x_ui``, ``M_i = I - ê_i ê_i^T`` — exact,
-  no scale left; then ``r_i = p_ui.V_i - e_i.p_ui / |p_ui|^2``.
-
-Each uploaded item gets the score ``1 - 2 dist(r_i, grid)`` (1 = exactly on the grid, i.e.
-looks real), ties broken by the size of the implied residual |r_i - p.V_i| (HF virtual
-residuals are near zero); the decision "rated" is ``dist <= grid_tol``. With
-``intersection=true`` the number of recorded rounds in which the item was uploaded is added
-(the paper resamples I'_u every iteration, Algorithm 2 line 1, so real items recur).
-
-Stochastic style: U_u moves along the client's walk (Algorithm 5), so the rows are not rank
-one. **PMF(S)** (``sequential=true``): the uploads come in walk order and each row
-``e_k = res_k U_k`` gives U_k = s_k ê_k up to a scalar; the step
-``U_k = (1 - lr lam) U_{k-1} - lr (U_{k-1}.V_k - r_k) V_k`` (lr = lr_used x decay^round, public)
-is linear homogeneous in (s_k, s_{k-1}, r_k): the null vector of the d x 3 matrix
-``[ê_k, -(1 - lr lam) ê_{k-1} + lr (ê_{k-1}.V_k) V_k, -lr V_k]`` gives them up to one factor,
-fixed by ``|e_k| = res_k s_k`` with ``res_k = s_k (ê_k.V_k) - r_k`` and the sign r_k > 0 —
-exact for every walked item (the first one from the next pair's s_{k-1}). **SVD++(S)** uses
-the constant-U solution above (its error shrinks with the decayed learning rate, i.e. in late
-rounds) — departure: no exact sequential solver for SVD++.
-
-Robustness: a client whose uploads (or the server state they were computed against) contain
-NaN/inf, or whose geometry makes a linear-algebra routine fail, gets the baseline guess
-(every uploaded item "rated", score 0.5) instead of crashing the attack; their number is
-``meta["fallback_users"]``.
-
-Metrics: ``accuracy``, ``precision``, ``recall`` of the "rated" decision, ``auc`` of the
-score (:func:`privaudit.metrics.auc`), ``rating_accuracy`` (rounded implied rating equals the
-true rating, over the real items) — computed over every uploaded (user, item) pair of the
-attacked round. Baseline: the item-set guess "everything uploaded is rated" (accuracy and
-precision = the real share ≈ 1/(1+rho), recall 1), AUC 0.5, rating accuracy 1/|grid|.
-Prior-only baseline: :meth:`FedRecRatedItems.prior_baseline` (popularity and majorities of the
-other clients, strategies chosen on held-out clients); per-client parts in
-:meth:`FedRecRatedItems.victim_table`.
+The FedRec server sees each client's gradients for its real and virtual items. Every PMF row
+is a multiple of the client's user vector, so each item's implied rating is known up to one
+scalar per user; real ratings lie on the public rating grid, virtual ones almost never do, so
+the scale that puts most items on the grid decides (SVD++: the user vector is solved exactly;
+PMF(S): the client's walk is solved from consecutive uploads). Each item is scored by its
+distance to the grid. Derivations, robustness, metrics and baselines:
+``docs/fedrec-rated-items.md``.
 """
 
 from __future__ import annotations
