@@ -183,7 +183,7 @@ def _mean(rows, key, **match):
     return (float(np.mean(vals)), float(np.std(vals))) if vals else (float("nan"), float("nan"))
 
 
-def main():
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", default="all", choices=["ml", "poisson", "all"])
     ap.add_argument("--seeds", type=int, default=2)
@@ -212,7 +212,84 @@ def main():
     ap.add_argument("--poisson-eps", type=float, nargs="+", default=[0.01, 0.1, 1.0, 10.0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "figures"))
     ap.add_argument("--json", default=None, help="also write the raw results to this JSON file")
-    args = ap.parse_args()
+    return ap
+
+
+def _report_ml(args, rows: list[dict], attack_rows: list[dict], out: Path, plt) -> None:
+    """Markdown tables of the ML-100K part and the membership-AUC figure."""
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    print(
+        f"\n### ML-100K by {args.silos} silos, k={args.k}, s={args.s}, trials={args.trials or 'default'}, {args.seeds} seeds (mean rank / MAP@10 / RMSE)\n"
+    )
+    print("| method | " + " | ".join(f"ell={d} rank | MAP@10 | RMSE" for d in args.dims) + " |")
+    print("|---|" + "---|---|---|" * len(args.dims))
+    for mth in methods:
+        cells = []
+        for d in args.dims:
+            cells += [f"{_mean(rows, key, method=mth, ell=d)[0]:.3f}" for key in ("mean_rank", "map@10", "rmse")]
+        print(f"| {mth} | " + " | ".join(cells) + " |")
+    print("\n### proto-membership on the ML-100K prototypes (mean over seeds)\n")
+    print("| prototypes | AUC | AUC pooled | advantage |")
+    print("|---|---|---|---|")
+    for kind, eps in dict.fromkeys((r["kind"], r["epsilon"]) for r in attack_rows):
+        m = {k: _mean(attack_rows, k, kind=kind, epsilon=eps)[0] for k in ("auc", "auc_pooled", "advantage")}
+        print(
+            f"| {kind}{'' if eps is None else f' eps={eps:g}'} | {m['auc']:.3f} | {m['auc_pooled']:.3f} | {m['advantage']:.3f} |"
+        )
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    e = args.eps
+    a = [_mean(attack_rows, "auc", kind="dp", epsilon=x) for x in e]
+    ax.errorbar(e, [v[0] for v in a], yerr=[v[1] for v in a], marker="o", label="dp prototypes")
+    for kind, style in (("random", "--"), ("exact", ":")):
+        ax.axhline(
+            _mean(attack_rows, "auc", kind=kind)[0],
+            ls=style,
+            color="C1" if kind == "random" else "C2",
+            label=f"{kind} prototypes",
+        )
+    ax.axhline(0.5, color="grey", lw=0.8, label="baseline 0.5")
+    ax.set_xscale("log")
+    ax.set_xlabel("epsilon")
+    ax.set_ylabel("membership AUC")
+    ax.set_title(f"proto-membership, ML-100K ZIP silos, k={args.k}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "fedproto_membership.png", dpi=120)
+
+
+def _report_poisson(args, rows: list[dict], out: Path, plt) -> None:
+    """Markdown table of the synthetic Poisson part and its RMSE figure."""
+    print(
+        f"\n### Synthetic Poisson {args.poisson_users}x{args.poisson_items}, rank {args.poisson_rank}, ell={args.poisson_dim}, 10 silos: reconstruction RMSE\n"
+    )
+    print("| k | MF | MF+k-means | MF+k-random | " + " | ".join(f"dp eps={e:g}" for e in args.poisson_eps) + " |")
+    print("|---|" + "---|" * (3 + len(args.poisson_eps)))
+    for k in args.ks:
+        cells = [_mean(rows, "rmse", k=k, method=mth)[0] for mth in ("MF", "MF+exact", "MF+random")]
+        cells += [_mean(rows, "rmse", k=k, method="MF+dp", epsilon=e)[0] for e in args.poisson_eps]
+        print(f"| {k} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for i, k in enumerate(args.ks):
+        ax.plot(
+            args.poisson_eps,
+            [_mean(rows, "rmse", k=k, method="MF+dp", epsilon=e)[0] for e in args.poisson_eps],
+            marker="o",
+            color=f"C{i}",
+            label=f"dp prototypes k={k}",
+        )
+        ax.axhline(_mean(rows, "rmse", k=k, method="MF+exact")[0], ls=":", color=f"C{i}", label=f"k-means k={k}")
+    ax.axhline(_mean(rows, "rmse", method="MF")[0], color="k", lw=0.8, label="MF (centralised)")
+    ax.set_xscale("log")
+    ax.set_xlabel("epsilon")
+    ax.set_ylabel("reconstruction RMSE")
+    ax.set_title("Synthetic Poisson (scaled down), Fig. 4c/d")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "fedproto_poisson.png", dpi=120)
+
+
+def main():
+    args = _parser().parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.json:
@@ -226,74 +303,11 @@ def main():
     if args.part in ("ml", "all"):
         rows, attack_rows = part_ml(args)
         results["ml"], results["ml_attack"] = rows, attack_rows
-        methods = list(dict.fromkeys(r["method"] for r in rows))
-        print(
-            f"\n### ML-100K by {args.silos} silos, k={args.k}, s={args.s}, trials={args.trials or 'default'}, {args.seeds} seeds (mean rank / MAP@10 / RMSE)\n"
-        )
-        print("| method | " + " | ".join(f"ell={d} rank | MAP@10 | RMSE" for d in args.dims) + " |")
-        print("|---|" + "---|---|---|" * len(args.dims))
-        for mth in methods:
-            cells = []
-            for d in args.dims:
-                cells += [f"{_mean(rows, key, method=mth, ell=d)[0]:.3f}" for key in ("mean_rank", "map@10", "rmse")]
-            print(f"| {mth} | " + " | ".join(cells) + " |")
-        print("\n### proto-membership on the ML-100K prototypes (mean over seeds)\n")
-        print("| prototypes | AUC | AUC pooled | advantage |")
-        print("|---|---|---|---|")
-        for kind, eps in dict.fromkeys((r["kind"], r["epsilon"]) for r in attack_rows):
-            m = {k: _mean(attack_rows, k, kind=kind, epsilon=eps)[0] for k in ("auc", "auc_pooled", "advantage")}
-            print(
-                f"| {kind}{'' if eps is None else f' eps={eps:g}'} | {m['auc']:.3f} | {m['auc_pooled']:.3f} | {m['advantage']:.3f} |"
-            )
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        e = args.eps
-        a = [_mean(attack_rows, "auc", kind="dp", epsilon=x) for x in e]
-        ax.errorbar(e, [v[0] for v in a], yerr=[v[1] for v in a], marker="o", label="dp prototypes")
-        for kind, style in (("random", "--"), ("exact", ":")):
-            ax.axhline(
-                _mean(attack_rows, "auc", kind=kind)[0],
-                ls=style,
-                color="C1" if kind == "random" else "C2",
-                label=f"{kind} prototypes",
-            )
-        ax.axhline(0.5, color="grey", lw=0.8, label="baseline 0.5")
-        ax.set_xscale("log")
-        ax.set_xlabel("epsilon")
-        ax.set_ylabel("membership AUC")
-        ax.set_title(f"proto-membership, ML-100K ZIP silos, k={args.k}")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "fedproto_membership.png", dpi=120)
+        _report_ml(args, rows, attack_rows, out, plt)
     if args.part in ("poisson", "all"):
         rows = part_poisson(args)
         results["poisson"] = rows
-        print(
-            f"\n### Synthetic Poisson {args.poisson_users}x{args.poisson_items}, rank {args.poisson_rank}, ell={args.poisson_dim}, 10 silos: reconstruction RMSE\n"
-        )
-        print("| k | MF | MF+k-means | MF+k-random | " + " | ".join(f"dp eps={e:g}" for e in args.poisson_eps) + " |")
-        print("|---|" + "---|" * (3 + len(args.poisson_eps)))
-        for k in args.ks:
-            cells = [_mean(rows, "rmse", k=k, method=mth)[0] for mth in ("MF", "MF+exact", "MF+random")]
-            cells += [_mean(rows, "rmse", k=k, method="MF+dp", epsilon=e)[0] for e in args.poisson_eps]
-            print(f"| {k} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        for i, k in enumerate(args.ks):
-            ax.plot(
-                args.poisson_eps,
-                [_mean(rows, "rmse", k=k, method="MF+dp", epsilon=e)[0] for e in args.poisson_eps],
-                marker="o",
-                color=f"C{i}",
-                label=f"dp prototypes k={k}",
-            )
-            ax.axhline(_mean(rows, "rmse", k=k, method="MF+exact")[0], ls=":", color=f"C{i}", label=f"k-means k={k}")
-        ax.axhline(_mean(rows, "rmse", method="MF")[0], color="k", lw=0.8, label="MF (centralised)")
-        ax.set_xscale("log")
-        ax.set_xlabel("epsilon")
-        ax.set_ylabel("reconstruction RMSE")
-        ax.set_title("Synthetic Poisson (scaled down), Fig. 4c/d")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "fedproto_poisson.png", dpi=120)
+        _report_poisson(args, rows, out, plt)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=float))
 

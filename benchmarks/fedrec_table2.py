@@ -107,8 +107,8 @@ def load_cache(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def render(cache: Path, fig: Path) -> str:
-    rows = load_cache(cache)
+def _table2(rows: list[dict]) -> str:
+    """Table 2 (rho = 0): MAE and RMSE per model and framework, then MD and STDR against the paper."""
     lines = [
         "### Table 2 (ML-100K, rho = 0)",
         "",
@@ -156,7 +156,12 @@ def render(cache: Path, fig: Path) -> str:
                 mdrows.append(
                     f"| {model} | {metric.upper()} | {','.join(map(str, common))} | {md:.3f}% | {stdr:.2f}% | {md < stdr} | {pmd:.2f}% | {pst:.2f}% |"
                 )
-    out = "\n".join(lines + mdrows)
+    return "\n".join(lines + mdrows)
+
+
+def _rho_table(rows: list[dict], fig: Path) -> str:
+    """RMSE and the attack against rho (federated), with its figure; "" without rho runs."""
+    out = ""
     rho_rows = [r for r in rows if r["rho"] > 0]
     base = {(r["model"], r["fold"]): r for r in rows if r["rho"] == 0 and r["federated"]}
     if rho_rows:
@@ -202,6 +207,11 @@ def render(cache: Path, fig: Path) -> str:
         shown = fig.relative_to(ROOT) if fig.resolve().is_relative_to(ROOT) else fig.name
         out += f"\nFigure: `{shown}`\n"
     return out
+
+
+def render(cache: Path, fig: Path) -> str:
+    rows = load_cache(cache)
+    return _table2(rows) + _rho_table(rows, fig)
 
 
 def _figure(series, rho0, fig: Path) -> None:

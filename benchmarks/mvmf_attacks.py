@@ -89,7 +89,7 @@ def restrict(recon: Reconstruction, victims) -> Reconstruction:
     )
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="MovieLens folder or CSV (default: ML-100K)")
     ap.add_argument(
@@ -113,60 +113,46 @@ def main(argv=None) -> int:
         default=3,
         help="runs of the analytic attack per transcript; median wall/CPU time reported",
     )
-    args = ap.parse_args(argv)
+    return ap
 
-    if not Path(args.data).exists():
-        print(f"dataset not found: {args.data}", file=sys.stderr)
-        return 2
-    dataset = load_dataset(args.data)
-    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    scales = [float(s) for s in args.scales.split(",")]
-    analytic_cls = registry.get("attack", "mvmf-analytic")
-    nonlinear_cls = None if args.no_nonlinear else registry.available("attack").get("mvmf-nonlinear")
-    if nonlinear_cls is None and not args.no_nonlinear:
-        print("mvmf-nonlinear is not registered: analytic attack only")
+
+def _measure(args, dataset, scenario: str, scale: float, analytic_cls, nonlinear_cls, first: bool) -> dict:
+    """One transcript: both attacks' victims, wall and CPU time and accuracies."""
+    tic = time.perf_counter()
+    tr = transcript_for(dataset, scenario, scale, args.seed, args.epochs)
+    gen = time.perf_counter() - tic
+    if first:
+        keys = ("K", "alpha", "lam", "w", "eta", "epochs", "record_rounds", "lr", "init_scale")
+        print("protocol config:", {k: tr.config.get(k) for k in keys})
     score = analytic_cls().score
-    print(f"dataset: {dataset.summary()}; nonlinear victims per transcript: {args.users}")
+    rec_a, t_a, c_a = timed_run(analytic_cls(), tr, args.seed, args.repeats)
+    row = {
+        "scenario": scenario,
+        "scale": scale,
+        "n_a": len(rec_a.victims),
+        "t_a": t_a,
+        "c_a": c_a,
+        "acc_a": score(rec_a, tr),
+        "gen": gen,
+        "rounds_a": rec_a.meta.get("rounds"),
+    }  # [first] when the first-round shortcut decided everything
+    if nonlinear_cls is not None:
+        users = args.users_inclunc if scenario.endswith("inclunc") else args.users
+        rec_n, t_n, c_n = timed_run(nonlinear_cls(users=users), tr, args.seed)
+        row.update(
+            n_n=len(rec_n.victims),
+            t_n=t_n,
+            c_n=c_n,
+            acc_n=score(rec_n, tr),
+            acc_a_same=score(restrict(rec_a, rec_n.victims), tr),
+        )
+    return row
 
-    rows = []
-    for scenario in scenarios:
-        for scale in [0.0] if args.no_sweep else scales:
-            tic = time.perf_counter()
-            tr = transcript_for(dataset, scenario, scale, args.seed, args.epochs)
-            gen = time.perf_counter() - tic
-            if not rows:
-                keys = ("K", "alpha", "lam", "w", "eta", "epochs", "record_rounds", "lr", "init_scale")
-                print("protocol config:", {k: tr.config.get(k) for k in keys})
-            rec_a, t_a, c_a = timed_run(analytic_cls(), tr, args.seed, args.repeats)
-            n_a = len(rec_a.victims)
-            m_a = score(rec_a, tr)
-            row = {
-                "scenario": scenario,
-                "scale": scale,
-                "n_a": n_a,
-                "t_a": t_a,
-                "c_a": c_a,
-                "acc_a": m_a,
-                "gen": gen,
-                "rounds_a": rec_a.meta.get("rounds"),
-            }  # [first] when the first-round shortcut decided everything
-            if nonlinear_cls is not None:
-                users = args.users_inclunc if scenario.endswith("inclunc") else args.users
-                rec_n, t_n, c_n = timed_run(nonlinear_cls(users=users), tr, args.seed)
-                row.update(
-                    n_n=len(rec_n.victims),
-                    t_n=t_n,
-                    c_n=c_n,
-                    acc_n=score(rec_n, tr),
-                    acc_a_same=score(restrict(rec_a, rec_n.victims), tr),
-                )
-            rows.append(row)
-            _print_row(row)
-            sys.stdout.flush()
 
+def _print_speed(rows: list[dict], repeats: int) -> None:
     print(
         "\n== speed (noise-free; Attack.run; users/second by wall clock and by CPU time of this process;"
-        f" analytic: median of {args.repeats} runs) =="
+        f" analytic: median of {repeats} runs) =="
     )
     print(
         f"{'scenario':18s} {'analytic u/s':>13s} {'(cpu)':>9s} {'nonlinear u/s':>14s} {'(cpu)':>8s} {'ratio':>7s} {'ratio(cpu)':>10s}"
@@ -195,22 +181,45 @@ def main(argv=None) -> int:
             )
         print(line)
 
+
+def _print_sweep(rows: list[dict]) -> None:
+    print("\n== Laplace noise sweep: rating / attribute accuracy (same victims; analytic on all users in brackets) ==")
+    print(
+        f"{'scenario':18s} {'b':>7s}  {'analytic r':>10s} {'nonlin r':>9s}  {'analytic x':>10s} {'nonlin x':>9s}   [analytic all users r / x]"
+    )
+    for r in rows:
+        a = r.get("acc_a_same", r["acc_a"])
+        n = r.get("acc_n")
+        nr = f"{n['rating_accuracy']:9.4f}" if n else f"{'-':>9s}"
+        nx = f"{n['attribute_accuracy']:9.4f}" if n else f"{'-':>9s}"
+        print(
+            f"{r['scenario']:18s} {r['scale']:7g}  {a['rating_accuracy']:10.4f} {nr}  {a['attribute_accuracy']:10.4f} {nx}"
+            f"   [{r['acc_a']['rating_accuracy']:.4f} / {r['acc_a']['attribute_accuracy']:.4f}]"
+        )
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if not Path(args.data).exists():
+        print(f"dataset not found: {args.data}", file=sys.stderr)
+        return 2
+    dataset = load_dataset(args.data)
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    scales = [float(s) for s in args.scales.split(",")]
+    analytic_cls = registry.get("attack", "mvmf-analytic")
+    nonlinear_cls = None if args.no_nonlinear else registry.available("attack").get("mvmf-nonlinear")
+    if nonlinear_cls is None and not args.no_nonlinear:
+        print("mvmf-nonlinear is not registered: analytic attack only")
+    print(f"dataset: {dataset.summary()}; nonlinear victims per transcript: {args.users}")
+    rows = []
+    for scenario in scenarios:
+        for scale in [0.0] if args.no_sweep else scales:
+            rows.append(_measure(args, dataset, scenario, scale, analytic_cls, nonlinear_cls, first=not rows))
+            _print_row(rows[-1])
+            sys.stdout.flush()
+    _print_speed(rows, args.repeats)
     if not args.no_sweep:
-        print(
-            "\n== Laplace noise sweep: rating / attribute accuracy (same victims; analytic on all users in brackets) =="
-        )
-        print(
-            f"{'scenario':18s} {'b':>7s}  {'analytic r':>10s} {'nonlin r':>9s}  {'analytic x':>10s} {'nonlin x':>9s}   [analytic all users r / x]"
-        )
-        for r in rows:
-            a = r.get("acc_a_same", r["acc_a"])
-            n = r.get("acc_n")
-            nr = f"{n['rating_accuracy']:9.4f}" if n else f"{'-':>9s}"
-            nx = f"{n['attribute_accuracy']:9.4f}" if n else f"{'-':>9s}"
-            print(
-                f"{r['scenario']:18s} {r['scale']:7g}  {a['rating_accuracy']:10.4f} {nr}  {a['attribute_accuracy']:10.4f} {nx}"
-                f"   [{r['acc_a']['rating_accuracy']:.4f} / {r['acc_a']['attribute_accuracy']:.4f}]"
-            )
+        _print_sweep(rows)
     return 0
 
 

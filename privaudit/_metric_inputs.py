@@ -45,7 +45,7 @@ def _paired(a: Any, b: Any, name_a: str, name_b: str) -> tuple[np.ndarray, np.nd
 
 
 def _stats():
-    """``scipy.stats``, imported on first use (it adds about 0.6 s to every command's start)."""
+    """``scipy.stats``, imported on first use (importing it slows every command's start)."""
     from scipy import stats
 
     return stats

@@ -377,7 +377,7 @@ def _write_archive(fh: Any, transcript: Transcript, messages: list[Message], inc
                 counter += 1
                 target: str | zipfile.ZipInfo = member
                 if arr.dtype.kind in "fc" and arr.size >= _STORED_MIN_FLOATS:
-                    # float payloads (gradients, factors) deflate by ~3 %: stored, not compressed
+                    # float payloads (gradients, factors) barely deflate: stored, not compressed
                     target = zipfile.ZipInfo(member, date_time=time.localtime()[:6])
                     target.compress_type = zipfile.ZIP_STORED
                     target.external_attr = 0o600 << 16  # as ZipFile.open gives a member opened by name
@@ -550,7 +550,7 @@ def _shape_list(value: Any) -> list[int] | None:
 def _npy_header(fh: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     """``(shape, fortran_order, dtype)`` of a ``.npy`` stream at its start; leaves it at the data.
 
-    The canonical header numpy writes is parsed by a strict pattern (about 10x faster than
+    The canonical header numpy writes is parsed by a strict pattern (much faster than
     numpy's ``ast``-based parser, which matters for transcripts of 10^5 members); any other
     header, up to :data:`_MAX_NPY_HEADER` bytes, is handed to numpy's parser. Raises
     ``ValueError`` (or ``EOFError``) for a malformed one.

@@ -224,12 +224,12 @@ def test_shortcut_declines_when_one_upload_is_off(small, unrated):
 
 
 def test_grad_V_dots_same_from_memory_and_from_disk(small, tmp_path, monkeypatch):
-    from privaudit.attacks import _mvmf
+    from privaudit.attacks import _mvmf, _mvmf_view
     from privaudit.models import mvmf as mvmf_math
 
     tr = _run(small, "semials", "obsonly")
     monkeypatch.setattr(mvmf_math, "_BLOCK", 64)  # several blocks even on small data
-    monkeypatch.setattr(_mvmf, "_DOT_ROWS", 100)
+    monkeypatch.setattr(_mvmf_view, "_DOT_ROWS", 100)
     loaded = load(tr.save(tmp_path / "run.ptx"))
     rng = np.random.default_rng(1)
     results = []

@@ -1,52 +1,12 @@
 """Attack ``fedrec-rated-items``: which uploaded items did a FedRec client really rate?
 
-The server of FedRec (FedRec paper §3) sees, for each client u, eq.-8 gradients for the items
-I_u ∪ I'_u (real and virtual). Subtracting the public ``lam V_i`` leaves
-``e_i = (p_u.V_i - r_ui) p_u`` (derivation below):
-
-* **PMF** (p_u = U_u): every row is a multiple of U_u, so with d the top right singular vector
-  of the stacked rows, U_u = t d, ``a_i = e_i.d`` and ``c_i = d.V_i`` the implied rating of
-  item i is ``r_i(t) = t c_i - a_i / t`` — known up to one scalar t per user. Real ratings lie
-  on the public rating grid, so for every real item and the grid value g it holds, t solves
-  ``c_i t^2 - g t - a_i = 0``. The attack collects the roots of every (item, grid value) of a
-  user and takes the densest cluster (in sign x log|t|) as t: every real item votes for the
-  true t, virtual items (user average, eq. 5, or local prediction, eq. 6) almost never do.
-* **SVD++** (p_u = U_u + x_ui with the implicit term x_ui = |N_u\\{i}|^-1/2 sum_{j != i} W_j,
-  computable by the server because N_u = the uploaded items and W is its own): rows are
-  ``e_i ∥ U_u + x_ui``, so U_u is the least-squares point closest to all lines
-  ``{c e_i - x_ui}``: ``U_u = -(sum_i M_i)^-1 sum_i M_i x_ui``, ``M_i = I - ê_i ê_i^T`` — exact,
-  no scale left; then ``r_i = p_ui.V_i - e_i.p_ui / |p_ui|^2``.
-
-Each uploaded item gets the score ``1 - 2 dist(r_i, grid)`` (1 = exactly on the grid, i.e.
-looks real), ties broken by the size of the implied residual |r_i - p.V_i| (HF virtual
-residuals are near zero); the decision "rated" is ``dist <= grid_tol``. With
-``intersection=true`` the number of recorded rounds in which the item was uploaded is added
-(the paper resamples I'_u every iteration, Algorithm 2 line 1, so real items recur).
-
-Stochastic style: U_u moves along the client's walk (Algorithm 5), so the rows are not rank
-one. **PMF(S)** (``sequential=true``): the uploads come in walk order and each row
-``e_k = res_k U_k`` gives U_k = s_k ê_k up to a scalar; the step
-``U_k = (1 - lr lam) U_{k-1} - lr (U_{k-1}.V_k - r_k) V_k`` (lr = lr_used x decay^round, public)
-is linear homogeneous in (s_k, s_{k-1}, r_k): the null vector of the d x 3 matrix
-``[ê_k, -(1 - lr lam) ê_{k-1} + lr (ê_{k-1}.V_k) V_k, -lr V_k]`` gives them up to one factor,
-fixed by ``|e_k| = res_k s_k`` with ``res_k = s_k (ê_k.V_k) - r_k`` and the sign r_k > 0 —
-exact for every walked item (the first one from the next pair's s_{k-1}). **SVD++(S)** uses
-the constant-U solution above (its error shrinks with the decayed learning rate, i.e. in late
-rounds) — departure: no exact sequential solver for SVD++.
-
-Robustness: a client whose uploads (or the server state they were computed against) contain
-NaN/inf, or whose geometry makes a linear-algebra routine fail, gets the baseline guess
-(every uploaded item "rated", score 0.5) instead of crashing the attack; their number is
-``meta["fallback_users"]``.
-
-Metrics: ``accuracy``, ``precision``, ``recall`` of the "rated" decision, ``auc`` of the
-score (:func:`privaudit.metrics.auc`), ``rating_accuracy`` (rounded implied rating equals the
-true rating, over the real items) — computed over every uploaded (user, item) pair of the
-attacked round. Baseline: the item-set guess "everything uploaded is rated" (accuracy and
-precision = the real share ≈ 1/(1+rho), recall 1), AUC 0.5, rating accuracy 1/|grid|.
-Prior-only baseline: :meth:`FedRecRatedItems.prior_baseline` (popularity and majorities of the
-other clients, strategies chosen on held-out clients); per-client parts in
-:meth:`FedRecRatedItems.victim_table`.
+The FedRec server sees each client's gradients for its real and virtual items. Every PMF row
+is a multiple of the client's user vector, so each item's implied rating is known up to one
+scalar per user; real ratings lie on the public rating grid, virtual ones almost never do, so
+the scale that puts most items on the grid decides (SVD++: the user vector is solved exactly;
+PMF(S): the client's walk is solved from consecutive uploads). Each item is scored by its
+distance to the grid. Derivations, robustness, metrics and baselines:
+``docs/fedrec-rated-items.md``.
 """
 
 from __future__ import annotations
@@ -144,6 +104,85 @@ def grid_scale(
     return t
 
 
+def _implied_svdpp(recs: list[dict], lam: float, fallback: np.ndarray) -> tuple[list, list]:
+    """SVD++: per client, (implied ratings, residuals) of its uploaded items; a singular system
+    marks the client in ``fallback`` (in place)."""
+    implied_all, resid_all = [], []
+    for j, rec in enumerate(recs):
+        try:
+            r_, res_ = _svdpp_implied(rec, lam) if not fallback[j] else _nan_pair(rec)
+        except np.linalg.LinAlgError:
+            fallback[j] = True
+            r_, res_ = _nan_pair(rec)
+        implied_all.append(r_)
+        resid_all.append(res_)
+    return implied_all, resid_all
+
+
+def _implied_walk(recs: list[dict], lam: float, lr_t: float, fallback: np.ndarray) -> tuple[list, list]:
+    """PMF(S): the clients' walks solved exactly from consecutive uploads (NaN for the fallback clients)."""
+    ok = np.flatnonzero(~fallback)
+    try:
+        sub_i, sub_r = _sgd_walk_implied([recs[j] for j in ok], lam, lr_t)
+    except np.linalg.LinAlgError:
+        fallback[:] = True
+        sub_i, sub_r = [], []
+    implied_all = [_nan_pair(rec)[0] for rec in recs]
+    resid_all = [_nan_pair(rec)[1] for rec in recs]
+    for j, r_, res_ in zip(ok, sub_i, sub_r):
+        implied_all[j], resid_all[j] = r_, res_
+    return implied_all, resid_all
+
+
+def _implied_rank1(
+    recs: list[dict], lam: float, grid: np.ndarray, tol: float, fallback: np.ndarray
+) -> tuple[list, list]:
+    """Rank-1 approximation: each client's top direction of its penalty-free upload, the scale that
+    puts the implied ratings on the grid (:func:`grid_scale`), then implied ratings and residuals."""
+    cs, as_, owner = [], [], []
+    for j, rec in enumerate(recs):
+        V = rec["V"]
+        items = rec["items"]
+        E = rec["values"] - lam * V[items]
+        dvec = None
+        if len(items) and not fallback[j]:
+            try:
+                dvec = _top_direction(E)
+            except np.linalg.LinAlgError:
+                fallback[j] = True
+        owner.append(np.full(len(items), j, np.int64))
+        if dvec is None:
+            cs.append(np.zeros(len(items)))
+            as_.append(np.zeros(len(items)))
+            continue
+        cs.append(V[items] @ dvec)
+        as_.append(E @ dvec)
+    c = np.concatenate(cs)
+    a = np.concatenate(as_)
+    own = np.concatenate(owner)
+    t = grid_scale(c, a, own, len(recs), grid, tol)
+    t[fallback] = np.nan
+    tt = t[own]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        implied = tt * c - a / tt
+        resid = a / tt
+    bounds = np.r_[0, np.cumsum([len(x) for x in cs])]
+    implied_all = [implied[bounds[j] : bounds[j + 1]] for j in range(len(recs))]
+    resid_all = [resid[bounds[j] : bounds[j + 1]] for j in range(len(recs))]
+    return implied_all, resid_all
+
+
+def _upload_counts(uploads: dict, rounds: list) -> dict[int, dict[int, int]]:
+    """Per user, how many recorded rounds uploaded each item."""
+    seen: dict[int, dict[int, int]] = {}
+    for r in rounds:
+        for rec in uploads[r]:
+            cnt = seen.setdefault(rec["user"], {})
+            for it in rec["items"].tolist():
+                cnt[it] = cnt.get(it, 0) + 1
+    return seen
+
+
 @register_attack("fedrec-rated-items")
 class FedRecRatedItems(Attack):
     """Tell real from virtual uploaded items of FedRec clients from the gradient geometry (module docstring)."""
@@ -211,68 +250,14 @@ class FedRecRatedItems(Attack):
 
         n_rec = len(recs)
         fallback = np.array([not _finite(rec, svd) for rec in recs], dtype=bool)
-        implied_all, resid_all = [], []
         if svd:
-            for j, rec in enumerate(recs):
-                try:
-                    r_, res_ = _svdpp_implied(rec, lam) if not fallback[j] else _nan_pair(rec)
-                except np.linalg.LinAlgError:
-                    fallback[j] = True
-                    r_, res_ = _nan_pair(rec)
-                implied_all.append(r_)
-                resid_all.append(res_)
+            implied_all, resid_all = _implied_svdpp(recs, lam, fallback)
         elif sequential:
             lr_t = float(cfg["lr_used"]) * float(cfg.get("decay", 0.9)) ** rnd
-            ok = np.flatnonzero(~fallback)
-            try:
-                sub_i, sub_r = _sgd_walk_implied([recs[j] for j in ok], lam, lr_t)
-            except np.linalg.LinAlgError:
-                fallback[:] = True
-                sub_i, sub_r = [], []
-            implied_all = [_nan_pair(rec)[0] for rec in recs]
-            resid_all = [_nan_pair(rec)[1] for rec in recs]
-            for j, r_, res_ in zip(ok, sub_i, sub_r):
-                implied_all[j], resid_all[j] = r_, res_
+            implied_all, resid_all = _implied_walk(recs, lam, lr_t, fallback)
         else:
-            cs, as_, owner = [], [], []
-            for j, rec in enumerate(recs):
-                V = rec["V"]
-                items = rec["items"]
-                E = rec["values"] - lam * V[items]
-                dvec = None
-                if len(items) and not fallback[j]:
-                    try:
-                        dvec = _top_direction(E)
-                    except np.linalg.LinAlgError:
-                        fallback[j] = True
-                if dvec is None:
-                    cs.append(np.zeros(len(items)))
-                    as_.append(np.zeros(len(items)))
-                    owner.append(np.full(len(items), j, np.int64))
-                    continue
-                cs.append(V[items] @ dvec)
-                as_.append(E @ dvec)
-                owner.append(np.full(len(items), j, np.int64))
-            c = np.concatenate(cs)
-            a = np.concatenate(as_)
-            own = np.concatenate(owner)
-            t = grid_scale(c, a, own, n_rec, grid, float(self.config["tol"]))
-            t[fallback] = np.nan
-            tt = t[own]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                implied = tt * c - a / tt
-                resid = a / tt
-            bounds = np.r_[0, np.cumsum([len(x) for x in cs])]
-            implied_all = [implied[bounds[j] : bounds[j + 1]] for j in range(n_rec)]
-            resid_all = [resid[bounds[j] : bounds[j + 1]] for j in range(n_rec)]
-
-        seen: dict[int, dict[int, int]] = {}
-        if self.config["intersection"]:
-            for r in rounds:
-                for rec in uploads[r]:
-                    cnt = seen.setdefault(rec["user"], {})
-                    for it in rec["items"].tolist():
-                        cnt[it] = cnt.get(it, 0) + 1
+            implied_all, resid_all = _implied_rank1(recs, lam, grid, float(self.config["tol"]), fallback)
+        seen = _upload_counts(uploads, rounds) if self.config["intersection"] else {}
         victims: dict[str, dict[str, np.ndarray]] = {}
         for j, (rec, implied, resid) in enumerate(zip(recs, implied_all, resid_all)):
             score, rated, rating = self.score_items(implied, resid, grid)

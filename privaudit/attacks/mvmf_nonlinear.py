@@ -61,9 +61,8 @@ system is solved ``solves`` times for different k (drawn without replacement) an
 random items i*; each solution is clipped to the value domains, the clipped solutions are
 averaged and rounded (PrivMVMF paper §6.2 "Robustness Check": SemiALS "for each k", so the default
 is K solves; SGD "from a randomly chosen set of items" of unstated size, default also K, each with
-its own k; noise-free 1). On ML-100K, SGD ObsOnly at Laplace b = 0.1 reaches rating accuracy 0.39
-with 5 solves and 0.68 with 20 (docs/reproduction.md). A solve that raises, returns
-non-finite values or ends with a larger residual than its start is counted in
+its own k; noise-free 1); more solves recover more under noise (docs/reproduction.md). A solve
+that raises, returns non-finite values or ends with a larger residual than its start is counted in
 ``meta["failed_solves"]`` and replaced by the clipped initial guess; a victim is never dropped.
 
 Departures: the equation scaling, the preconditioning of the Jacobian-free methods (param
@@ -96,8 +95,8 @@ NOISE_DEFENSES = ("laplace", "gaussian", "dp-gaussian", "dp-laplace")
 
 #: Per-scenario default solver, (update, unrated) -> method: the best of the five by rating +
 #: attribute accuracy (ties: fewer failed/unconverged solves) on a 40-user ML-100K sample, current
-#: FedMVMF defaults, noise-free (benchmarks/mvmf_solver_selection.py, docs/reproduction.md
-#: "mvmf-nonlinear": hybr 1.000/1.000, 1.000/1.000, 0.970/0.995, 0.994/0.998).
+#: FedMVMF defaults, noise-free (benchmarks/mvmf_solver_selection.py; the accuracies are in
+#: docs/reproduction.md, "mvmf-nonlinear").
 DEFAULT_METHOD = {
     ("semials", "obsonly"): "hybr",
     ("semials", "inclunc"): "hybr",

@@ -14,22 +14,21 @@ raw ids. User attributes are one-hot blocks: 7 age groups, gender, occupation, r
 ZIP digit ``region=0``..``region=9`` plus ``region=unknown``), so each row sums to 4. Item
 features are the genre flags. Every malformed input raises :class:`DataError` with one line
 naming the file and the 1-based line number. Parsing is plain Python/numpy (no pandas, no
-pickle); ML-100K loads in well under a second.
+pickle; the reader is :mod:`privaudit.data.delimited`).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import warnings
 from collections.abc import Sequence
-from operator import methodcaller
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from privaudit.data.dataset import RatingsDataset, build_csr, sort_coo
+from privaudit.data.delimited import Table, read_lines, read_table
 from privaudit.errors import DataError
 
 __all__ = ["CSV_COLUMNS", "CSV_DEFAULT_SCALE", "ML1M_AGES", "ML1M_OCCUPATIONS", "load_dataset", "parse_rating_scale"]
@@ -95,216 +94,6 @@ ML100K_GENRES: list[str] = [
 
 N_AGE_GROUPS = 7
 REGION_NAMES = [f"region={d}" for d in range(10)] + ["region=unknown"]
-_SEP_NAMES = {"\t": "tab", "::": "'::'", "|": "'|'", ",": "comma", ";": "semicolon"}
-
-
-# ---------------------------------------------------------------------------- low-level parsing
-_INT_LIMIT = 2.0**53  # integers above this are not exact in float64
-
-
-class _Table:
-    """Parsed rows of a delimited text file with a fixed number of fields per row.
-
-    Either ``flat`` (all str fields, row-major: field ``j`` of row ``k`` is
-    ``flat[k * nfields + j]``) or ``numeric`` (an (n, nfields) int64/float64 array of an
-    all-numeric file, parsed in one vectorized pass) holds the data; ``line_no[k]`` is the
-    1-based line of row ``k``. A flat list of strings (rather than one list per row) keeps
-    parsing fast: str objects are not tracked by the cyclic garbage collector.
-    """
-
-    def __init__(
-        self,
-        path: Path,
-        line_no: np.ndarray,
-        nfields: int,
-        flat: list[str] | None = None,
-        numeric: np.ndarray | None = None,
-    ):
-        self.path = path
-        self.line_no = line_no
-        self.nfields = nfields
-        self.flat = flat
-        self.numeric = numeric
-
-    def __len__(self) -> int:
-        return int(self.line_no.size)
-
-    def error(self, k: int, msg: str) -> DataError:
-        return DataError(f"{self.path} line {int(self.line_no[k])}: {msg}")
-
-    def field(self, k: int, j: int) -> str:
-        """Text of field ``j`` on row ``k`` (for messages)."""
-        if self.flat is not None:
-            return self.flat[k * self.nfields + j].strip()
-        return str(self.numeric[k, j]) if self.numeric.dtype.kind == "i" else f"{self.numeric[k, j]:.15g}"
-
-    def column(self, j: int) -> list[str]:
-        if self.flat is None:
-            return [self.field(k, j) for k in range(len(self))]
-        return self.flat[j :: self.nfields]
-
-    def row(self, k: int) -> list[str]:
-        """All fields of row ``k``."""
-        return [self.field(k, j) for j in range(self.nfields)]
-
-    def ints(self, j: int, what: str) -> np.ndarray:
-        """Column ``j`` as int64 (one-line DataError at the first bad value)."""
-        if self.numeric is not None:  # integrality checked when parsed
-            return self.numeric[:, j].astype(np.int64)
-        col = self.column(j)
-        try:
-            return np.fromiter(map(int, col), dtype=np.int64, count=len(col))
-        except (ValueError, OverflowError):
-            for k, v in enumerate(col):
-                try:
-                    if not -(2**63) <= int(v) < 2**63:
-                        raise ValueError
-                except ValueError:
-                    raise self.error(k, f"{what} {v.strip()!r} is not an integer") from None
-            raise  # pragma: no cover
-
-    def floats(self, j: int, what: str) -> np.ndarray:
-        """Column ``j`` as finite float64 (one-line DataError at the first bad value)."""
-        if self.numeric is not None:  # finiteness checked when parsed
-            return self.numeric[:, j].astype(np.float64)
-        col = self.column(j)
-        try:
-            out = np.fromiter(map(float, col), dtype=np.float64, count=len(col))
-        except ValueError:
-            for k, v in enumerate(col):
-                try:
-                    float(v)
-                except ValueError:
-                    raise self.error(k, f"{what} {v.strip()!r} is not a number") from None
-            raise  # pragma: no cover
-        bad = np.flatnonzero(~np.isfinite(out))
-        if bad.size:
-            raise self.error(bad[0], f"{what} {col[bad[0]].strip()!r} is not a finite number")
-        return out
-
-    def timestamps(self, j: int) -> np.ndarray:
-        """Column ``j`` as int64 unix times (integers, or whole-valued floats)."""
-        try:
-            return self.ints(j, "timestamp")
-        except DataError:
-            vals = self.floats(j, "timestamp")
-            frac = np.flatnonzero((vals != np.floor(vals)) | (np.abs(vals) >= _INT_LIMIT))
-            if frac.size:
-                raise self.error(frac[0], f"timestamp {self.field(frac[0], j)!r} is not a whole number") from None
-            return vals.astype(np.int64)
-
-
-def _read_lines(path: Path, encoding: str) -> list[str]:
-    """Lines of a text file (BOM stripped); DataError if missing, unreadable or badly encoded."""
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        text = raw.decode(encoding)
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise DataError(f"{path} line {line}: not valid {encoding} text") from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    return text.splitlines()
-
-
-def _parse_numeric(lines: list[str], sep: str, nfields: int, int_cols: Sequence[int]) -> np.ndarray | None:
-    """Vectorized parse of all-numeric lines with exactly ``nfields`` fields each.
-
-    Returns the (n, nfields) int64 (all integers) or float64 array, or None when anything is
-    unusual (empty or space-padded fields, non-numbers, non-finite values, non-integral ids):
-    the caller then falls back to the per-line parser, which reports the exact line.
-    """
-    body = "\n".join(lines)
-    other_space = set(" \t\r\x0b\x0c") - set(sep)
-    if (
-        any(c in body for c in other_space)
-        or sep + sep in body
-        or ("\n" + sep) in body
-        or (sep + "\n") in body
-        or body.startswith(sep)
-        or body.endswith(sep)
-    ):
-        return None
-    if sep != "\t":
-        body = body.replace(sep, " ")
-    expected = len(lines) * nfields
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        try:  # integer parsing is ~10x faster than float parsing
-            flat = np.fromstring(body, dtype=np.int64, sep=" ")
-        except (ValueError, DeprecationWarning):
-            flat = None
-        if flat is not None:
-            info = np.iinfo(np.int64)
-            if flat.size != expected or (flat == info.max).any() or (flat == info.min).any():
-                return None
-            return flat.reshape(len(lines), nfields)
-        try:
-            flat = np.fromstring(body, dtype=np.float64, sep=" ")
-        except (ValueError, DeprecationWarning):
-            return None
-    if flat.size != expected or not np.isfinite(flat).all():
-        return None
-    out = flat.reshape(len(lines), nfields)
-    ints = out[:, [j for j in int_cols if j < nfields]]
-    if (ints != np.floor(ints)).any() or (np.abs(ints) >= _INT_LIMIT).any():
-        return None
-    return out
-
-
-def _read_table(
-    path: Path,
-    sep: str,
-    nfields: int | Sequence[int],
-    *,
-    encoding: str = "utf-8",
-    skip_header: bool = False,
-    int_cols: Sequence[int] | None = None,
-) -> _Table:
-    """Split every non-blank line of ``path`` on ``sep`` and check the field count.
-
-    Args:
-        nfields: allowed field count(s); all rows must have the same count.
-        skip_header: drop the first non-blank line.
-        int_cols: if given, the file is expected to be all-numeric with these integer columns
-            and is parsed with a fast vectorized path (falling back to per-line parsing).
-    """
-    lines = _read_lines(path, encoding)
-    allowed = np.array([nfields] if isinstance(nfields, int) else list(nfields), dtype=np.int64)
-    numbered = np.arange(1, len(lines) + 1)
-    sizes = np.fromiter(map(methodcaller("count", sep), lines), dtype=np.int64, count=len(lines)) + 1
-    odd = np.flatnonzero(~np.isin(sizes, allowed))
-    blank = [k for k in odd if not lines[k].strip()]
-    first = next((k for k, line in enumerate(lines) if line.strip()), None) if skip_header else None
-    if first is not None:
-        blank.append(first)
-    if blank:
-        keep = np.setdiff1d(numbered - 1, blank)
-        lines = [lines[k] for k in keep]
-        numbered, sizes = keep + 1, sizes[keep]
-        odd = np.flatnonzero(~np.isin(sizes, allowed))
-    if odd.size:
-        k = int(odd[0])
-        want = " or ".join(str(a) for a in allowed)
-        raise DataError(
-            f"{path} line {numbered[k]}: expected {want} {_SEP_NAMES.get(sep, repr(sep))}-separated "
-            f"fields, got {sizes[k]}"
-        )
-    nf = int(sizes[0]) if lines else int(allowed[0])
-    mixed = np.flatnonzero(sizes != nf)
-    if mixed.size:
-        k = int(mixed[0])
-        raise DataError(f"{path} line {numbered[k]}: expected {nf} fields like line {numbered[0]}, got {sizes[k]}")
-    if int_cols is not None and lines:
-        numeric = _parse_numeric(lines, sep, nf, int_cols)
-        if numeric is not None:
-            return _Table(path, numbered, nf, numeric=numeric)
-    return _Table(path, numbered, nf, flat=sep.join(lines).split(sep) if lines else [])
 
 
 class _Ratings(NamedTuple):
@@ -319,7 +108,7 @@ class _Ratings(NamedTuple):
 
 
 def _ratings_from_table(
-    table: _Table,
+    table: Table,
     user_col: np.ndarray,
     item_col: np.ndarray,
     *,
@@ -365,7 +154,7 @@ def _index_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return unique, inverse.astype(np.int64).ravel()
 
 
-def _ids(table: _Table, j: int) -> np.ndarray:
+def _ids(table: Table, j: int) -> np.ndarray:
     """Id column: int64 when every id is an integer, else stripped str."""
     if table.numeric is not None:
         return table.ints(j, "id")
@@ -376,7 +165,7 @@ def _ids(table: _Table, j: int) -> np.ndarray:
         return np.array([c.strip() for c in col], dtype=str)
 
 
-def _lookup(raw_ids: np.ndarray, wanted: np.ndarray, table: _Table, what: str, src: str) -> np.ndarray:
+def _lookup(raw_ids: np.ndarray, wanted: np.ndarray, table: Table, what: str, src: str) -> np.ndarray:
     """Row positions in ``table`` (whose ids are ``raw_ids``) of every id in ``wanted``."""
     order = np.argsort(raw_ids, kind="stable")
     sorted_ids = raw_ids[order]
@@ -495,7 +284,7 @@ def _assemble(
 # ---------------------------------------------------------------------------- ML-100K
 def _load_ml100k(folder: Path, scale: tuple[float, float, float] | None = None) -> RatingsDataset:
     scale = (1.0, 5.0, 1.0) if scale is None else scale
-    data = _read_table(folder / "u.data", "\t", 4, int_cols=(0, 1, 3))
+    data = read_table(folder / "u.data", "\t", 4, int_cols=(0, 1, 3))
     user_col, item_col = data.ints(0, "user id"), data.ints(1, "item id")
     r = _ratings_from_table(data, user_col, item_col, scale=scale)
     ts = data.timestamps(3)
@@ -503,14 +292,14 @@ def _load_ml100k(folder: Path, scale: tuple[float, float, float] | None = None) 
 
     attributes, attr_names, regions = None, [], None
     if (folder / "u.user").exists():
-        users = _read_table(folder / "u.user", "|", 5, encoding="latin-1")
+        users = read_table(folder / "u.user", "|", 5, encoding="latin-1")
         uid = users.ints(0, "user id")
         ages = users.ints(1, "age")
         if ages.size and ages.min() < 0:
             k = int(np.argmin(ages))
             raise users.error(k, f"age {ages[k]} is negative")
         if (folder / "u.occupation").exists():
-            occ_names = [line.strip() for line in _read_lines(folder / "u.occupation", "latin-1") if line.strip()]
+            occ_names = [line.strip() for line in read_lines(folder / "u.occupation", "latin-1") if line.strip()]
         else:
             occ_names = sorted({o.strip() for o in users.column(3)})
         occ_index = {o: j for j, o in enumerate(occ_names)}
@@ -534,13 +323,13 @@ def _load_ml100k(folder: Path, scale: tuple[float, float, float] | None = None) 
     features, feat_names = None, []
     if (folder / "u.item").exists():
         if (folder / "u.genre").exists():
-            gtab = _read_table(folder / "u.genre", "|", 2, encoding="latin-1")
+            gtab = read_table(folder / "u.genre", "|", 2, encoding="latin-1")
             gidx = gtab.ints(1, "genre index")
             genre_names = [gtab.field(k, 0) for k in np.argsort(gidx, kind="stable")]
         else:
             genre_names = list(ML100K_GENRES)
         q = len(genre_names)
-        items = _read_table(folder / "u.item", "|", 5 + q, encoding="latin-1")
+        items = read_table(folder / "u.item", "|", 5 + q, encoding="latin-1")
         iid = items.ints(0, "item id")
         flags = np.array(items.flat, dtype=str).reshape(len(items), 5 + q)[:, 5:]
         ok = (flags == "0") | (flags == "1")
@@ -560,7 +349,7 @@ def _load_ml100k(folder: Path, scale: tuple[float, float, float] | None = None) 
 # ---------------------------------------------------------------------------- ML-1M
 def _load_ml1m(folder: Path, scale: tuple[float, float, float] | None = None) -> RatingsDataset:
     scale = (1.0, 5.0, 1.0) if scale is None else scale
-    data = _read_table(folder / "ratings.dat", "::", 4, encoding="latin-1", int_cols=(0, 1, 3))
+    data = read_table(folder / "ratings.dat", "::", 4, encoding="latin-1", int_cols=(0, 1, 3))
     user_col, item_col = data.ints(0, "user id"), data.ints(1, "movie id")
     r = _ratings_from_table(data, user_col, item_col, scale=scale)
     ts = data.timestamps(3)
@@ -568,7 +357,7 @@ def _load_ml1m(folder: Path, scale: tuple[float, float, float] | None = None) ->
 
     attributes, attr_names, regions = None, [], None
     if (folder / "users.dat").exists():
-        users = _read_table(folder / "users.dat", "::", 5, encoding="latin-1")
+        users = read_table(folder / "users.dat", "::", 5, encoding="latin-1")
         uid = users.ints(0, "user id")
         genders = [g.strip() for g in users.column(1)]
         age_raw = users.ints(2, "age code")
@@ -594,7 +383,7 @@ def _load_ml1m(folder: Path, scale: tuple[float, float, float] | None = None) ->
 
     features, feat_names = None, []
     if (folder / "movies.dat").exists():
-        movies = _read_table(folder / "movies.dat", "::", 3, encoding="latin-1")
+        movies = read_table(folder / "movies.dat", "::", 3, encoding="latin-1")
         mid = movies.ints(0, "movie id")
         pos = _lookup(mid, r.item_ids, movies, "movie", src)
         features, feat_names = _genres_from_strings([movies.field(k, 2) for k in pos])
@@ -618,7 +407,7 @@ def _load_latest(folder: Path, scale: tuple[float, float, float] | None = None) 
     scale = (0.5, 5.0, 0.5) if scale is None else scale
     path = folder / "ratings.csv"
     head = _first_line(path)
-    data = _read_table(path, ",", 4, skip_header=_has_header(head.split(",")), int_cols=(0, 1, 3))
+    data = read_table(path, ",", 4, skip_header=_has_header(head.split(",")), int_cols=(0, 1, 3))
     user_col, item_col = data.ints(0, "userId"), data.ints(1, "movieId")
     r = _ratings_from_table(data, user_col, item_col, scale=scale)
     ts = data.timestamps(3)
@@ -626,7 +415,7 @@ def _load_latest(folder: Path, scale: tuple[float, float, float] | None = None) 
     features, feat_names = None, []
     movies_path = folder / "movies.csv"
     if movies_path.exists():
-        text = "\n".join(_read_lines(movies_path, "utf-8"))
+        text = "\n".join(read_lines(movies_path, "utf-8"))
         reader = csv.reader(io.StringIO(text))
         records: list[list[str]] = []
         numbers: list[int] = []
@@ -646,7 +435,7 @@ def _load_latest(folder: Path, scale: tuple[float, float, float] | None = None) 
                     f"(movieId,title,genres), got {len(record)}"
                 )
         flat = [f for record in records for f in record]
-        movies = _Table(movies_path, np.array(numbers, dtype=np.int64), 3, flat=flat)
+        movies = Table(movies_path, np.array(numbers, dtype=np.int64), 3, flat=flat)
         mid = movies.ints(0, "movieId")
         pos = _lookup(mid, r.item_ids, movies, "movie", "ratings.csv")
         features, feat_names = _genres_from_strings([movies.field(k, 2) for k in pos])
@@ -785,7 +574,7 @@ def _load_csv(path: Path, scale: tuple[float, float, float] | None = None) -> Ra
     if cols is None:
         cols = {"user": 0, "item": 1, "rating": 2, "timestamp": 3}
     int_cols = tuple(cols[c] for c in ("user", "item", "timestamp") if c in cols)
-    data = _read_table(path, sep, nfields, skip_header=header, int_cols=int_cols)
+    data = read_table(path, sep, nfields, skip_header=header, int_cols=int_cols)
     if len(data) == 0:
         raise DataError(f"{path}: no ratings (expected lines user,item,rating[,timestamp])")
     user_col, item_col = _ids(data, cols["user"]), _ids(data, cols["item"])

@@ -7,8 +7,8 @@ Pure functions over (noise multiplier, rounds, delta); the defenses (``dp-laplac
 - **pld**: the privacy loss distribution accountant (Koskela et al.; Doroshenko et al., "Connect
   the Dots", PETS 2022), ``dp_accounting.pld.PLDAccountant`` with the Laplace or Gaussian
   mechanism self-composed ``rounds`` times. Its discretization is pessimistic, so the epsilon
-  is an upper bound; ``value_discretization_interval`` 1e-2 (library default 1e-4) keeps one
-  call below a second at 4,000 total epsilon and moves the result by < 1 %.
+  is an upper bound; ``value_discretization_interval`` 1e-2 (library default 1e-4) keeps a
+  call fast at large total epsilon and moves the result by < 1 % (docs/verdicts.md).
 
 :func:`calibrate` inverts either accountant with :func:`scipy.optimize.brentq`: the per-round
 noise that spends a target total epsilon over the run.

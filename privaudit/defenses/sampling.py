@@ -1,51 +1,12 @@
 """Defense ``sampling``: every client adds random unrated items to what it trains on and uploads.
 
-Each client u with rated items I_u draws ``k_u = round(rho * |I_u|)`` items S_u uniformly
-without replacement among its unrated items (capped at their number; round half up) and
-uploads gradients for I_u ∪ S_u, so an observer of the item sets alone cannot tell a rated
-item from a sampled one beyond chance |I_u| / (|I_u| + k_u) ≈ 1 / (1 + rho)
-(PrivMVMF paper §5, the paragraph after eq. 36; FedRec paper §4 for FedRec).
-
-Fillings of the virtual entries (what the client trains on):
-
-- ``weight`` (PrivMVMF, PrivMVMF paper eq. 36): rating 0 with confidence ``c_ui = w``;
-- ``ua`` (FedRec user-average filling): rating = the user's mean real rating, confidence 1;
-- ``hf`` (FedRec hybrid filling): as ``ua`` at the start; the FedRec protocol replaces the
-  virtual ratings by its local predictions after round ``t_predict`` (public config carried
-  here: ``t_predict``, ``t_local``).
-
-Vectorized: one pass over all users (random keys for every (user, item) pair, rated pairs
-excluded, per-row selection of the k_u smallest keys), chunked by users for large catalogs.
-``distribution="popularity"`` (an extension, not in the papers) samples unrated items with
-probability proportional to ``popularity_floor + (number of users who rated them)`` (Gumbel
-top-k = successive sampling without replacement), so that sampled items look like rated ones
-to an observer who ranks uploaded items by popularity; the uniform default is the papers'.
-
-``distribution="matched"`` (an extension, :func:`sample_matched`) closes the gap for observers
-that see only item ids and counts. The server's posterior that an uploaded item j is rated is
-n_j / (n_j + s_j) (n_j raters, s_j samplers); it is 1 / (1 + rho) for every item iff
-s_j = rho n_j, i.e. non-raters sample j with probability ~ rho n_j / (N - n_j) (the
-popularity *odds*). Clients are grouped by activity |I_u| (quantiles, ``matched_groups``; the
-server sees |I_u ∪ S_u| anyway) and, per group, item weights w_j are fitted by iterative
-proportional fitting so that the expected samplers sum_u min(1, lambda_u w_j) = rho n_jb, each
-client's lambda_u set locally so that it draws exactly round(rho |I_u|) items (systematic
-sampling, exact inclusion probabilities). Items with n_jb > N_b / (1 + rho) cannot be matched
-(``capped``: every non-rater of the group samples them; their posterior n_jb / N_b stays above
-1 / (1 + rho)) — at rho = 1 on ML-100K they are few, at rho = 2, 3 they dominate what a
-popularity-ranking server still learns (docs/reproduction.md).
-
-Where the counts come from in a deployment: the per-group rating counts n_jb are an aggregate
-of the clients' item-indicator vectors, computed under the same Paillier sum and decryptors
-before training (each client encrypts its 0/1 vector in its group's block); each fitting round
-needs one more aggregate, the per-item sums of the clients' inclusion probabilities. They
-reveal only aggregate per-item (per-group) counts, never one client's items. Here the defense
-computes the same aggregates from the clients' data passed to :meth:`on_client_data` (a
-documented public-statistics input; no extra protocol rounds are simulated or recorded).
-What matched sampling does not hide: the items' co-occurrence structure — a server that runs
-collaborative filtering on the uploaded sets (``item_set_guess(..., "lowrank")``) still beats
-chance, because sampled items do not follow the user's tastes.
-
-:func:`item_set_guess` measures what the item sets leak (tests, docs/reproduction.md).
+Each client u with rated items I_u draws ``k_u = round(rho * |I_u|)`` unrated items S_u and
+uploads gradients for I_u ∪ S_u, so that an observer of the item sets alone picks a rated item
+with chance about 1 / (1 + rho) (PrivMVMF paper §5; FedRec paper §4). The virtual entries are
+filled as PrivMVMF (rating 0, weight w) or FedRec (user average, hybrid) do. Items are drawn
+uniformly (the papers'), by popularity, or ``matched`` to the items' rating counts
+(:func:`sample_matched`); :func:`item_set_guess` measures what the item sets still leak. The
+matched-sampling derivation and what it does not hide: ``docs/sampling.md``.
 """
 
 from __future__ import annotations
@@ -508,6 +469,54 @@ class SamplingDefense(Defense):
         return add_virtual(data, sampled, values, weight)
 
 
+#: Rankings an observer of the uploaded item sets may use (:func:`item_set_guess`).
+GUESS_STRATEGIES = ("uniform", "popularity", "rarity", "counts", "cooccurrence", "lowrank", "lowrank_centered")
+
+
+def _upload_matrix(sets: list[np.ndarray], m: int) -> sp.csr_matrix:
+    """The (n_users, m) 0/1 indicator of the uploaded item sets."""
+    lens = np.array([len(x) for x in sets])
+    return sp.csr_matrix(
+        (np.ones(int(lens.sum())), (np.repeat(np.arange(len(sets)), lens), np.concatenate(sets) if sets else [])),
+        shape=(len(sets), m),
+    )
+
+
+def _cooccurrence_scorer(S: sp.csr_matrix):
+    """score(u, items): the lift of each item with the user's other uploaded items in the other
+    users' sets (dense (m, m) co-upload counts)."""
+    C = (S.T @ S).toarray()
+    c = np.diag(C).copy()
+    inv = np.where(c > 1, 1.0 / np.maximum(c - 1, 1), 0.0)  # 1 / c_-u for an item in u's set
+    SA = S.multiply(inv[None, :]).tocsr()
+    AC = np.asarray(SA @ C)  # AC[u, j] = sum_{l in set_u} C[l, j] / c_-u[l]
+    rowsum = np.asarray(SA.sum(axis=1)).ravel()
+
+    def score_of(u, items):
+        # remove l = j and user u's own co-upload (C_-u[l, j] = C[l, j] - 1 for l, j in set_u)
+        num = AC[u, items] - c[items] * inv[items] - (rowsum[u] - inv[items])
+        return num * inv[items]
+
+    return score_of
+
+
+def _lowrank_scorer(S: sp.csr_matrix, rank: int, centered: bool):
+    """score(u, items) from the rank-``rank`` truncated SVD of the upload indicator ``S``
+    (``centered``: of its residual after the independence term, dense)."""
+    r = min(int(rank), min(S.shape) - 1)
+    if not centered:
+        from scipy.sparse.linalg import svds
+
+        U, s, Vt = svds(S, k=r, random_state=0)
+    else:
+        dense = S.toarray()
+        dense -= np.outer(dense.sum(1), dense.sum(0)) / max(dense.sum(), 1.0)
+        U, s, Vt = np.linalg.svd(dense, full_matrices=False)
+        U, s, Vt = U[:, :r], s[:r], Vt[:r]
+    US = U * s[None, :]
+    return lambda u, items: US[u] @ Vt[:, items]
+
+
 def item_set_guess(
     item_sets: list[np.ndarray],
     rated_sets: list[np.ndarray],
@@ -548,9 +557,8 @@ def item_set_guess(
     dict with ``precision`` (fraction of guessed items that are rated, averaged over users),
     ``chance`` (= 1 / (1 + rho)) and ``users``.
     """
-    strategies = ("uniform", "popularity", "rarity", "counts", "cooccurrence", "lowrank", "lowrank_centered")
-    if strategy not in strategies:
-        raise ValueError(f"strategy must be one of {', '.join(strategies)}")
+    if strategy not in GUESS_STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(GUESS_STRATEGIES)}")
     sets = [np.asarray(x, dtype=np.int64) for x in item_sets]
     m = int(max((int(x.max()) for x in sets if len(x)), default=-1)) + 1
     if item_counts is not None:
@@ -567,41 +575,9 @@ def item_set_guess(
         cnt = np.asarray(item_counts, dtype=np.float64)
         score_of = lambda u, items: cnt[items]  # noqa: E731
     elif strategy == "cooccurrence":
-        lens = np.array([len(x) for x in sets])
-        S = sp.csr_matrix(
-            (np.ones(int(lens.sum())), (np.repeat(np.arange(len(sets)), lens), np.concatenate(sets) if sets else [])),
-            shape=(len(sets), m),
-        )
-        C = (S.T @ S).toarray()
-        c = np.diag(C).copy()
-        inv = np.where(c > 1, 1.0 / np.maximum(c - 1, 1), 0.0)  # 1 / c_-u for an item in u's set
-        SA = S.multiply(inv[None, :]).tocsr()
-        AC = np.asarray(SA @ C)  # AC[u, j] = sum_{l in set_u} C[l, j] / c_-u[l]
-        rowsum = np.asarray(SA.sum(axis=1)).ravel()
-
-        def score_of(u, items):
-            # remove l = j and user u's own co-upload (C_-u[l, j] = C[l, j] - 1 for l, j in set_u)
-            num = AC[u, items] - c[items] * inv[items] - (rowsum[u] - inv[items])
-            return num * inv[items]
-
+        score_of = _cooccurrence_scorer(_upload_matrix(sets, m))
     elif strategy in ("lowrank", "lowrank_centered"):
-        lens = np.array([len(x) for x in sets])
-        S = sp.csr_matrix(
-            (np.ones(int(lens.sum())), (np.repeat(np.arange(len(sets)), lens), np.concatenate(sets) if sets else [])),
-            shape=(len(sets), m),
-        )
-        r = min(int(rank), min(S.shape) - 1)
-        if strategy == "lowrank":
-            from scipy.sparse.linalg import svds
-
-            U, s, Vt = svds(S, k=r, random_state=0)
-        else:
-            dense = S.toarray()
-            dense -= np.outer(dense.sum(1), dense.sum(0)) / max(dense.sum(), 1.0)
-            U, s, Vt = np.linalg.svd(dense, full_matrices=False)
-            U, s, Vt = U[:, :r], s[:r], Vt[:r]
-        US = U * s[None, :]
-        score_of = lambda u, items: US[u] @ Vt[:, items]  # noqa: E731
+        score_of = _lowrank_scorer(_upload_matrix(sets, m), rank, centered=strategy == "lowrank_centered")
 
     precisions = []
     for u, (items, rated) in enumerate(zip(sets, rated_sets)):

@@ -1,99 +1,12 @@
 """Differentially private prototypes: private k-means of Balcan et al. (2017) with the sparse
-recovery of DP-prototypes paper (Algorithms 2-6).
+recovery of DP-prototypes paper (Algorithms 2-6), pure epsilon-DP per silo.
 
-Pipeline of :func:`private_prototypes` on a silo's data X (n rows x m items, every row clipped
-to ``||x||_inf <= Lambda`` and ``||x||_0 <= s`` — both public):
-
-1. trials T = ceil(2 ln(1/delta)) (Algorithm 2 line 1; ``trials`` overrides); per trial:
-2. JL projection Y = X G^T / sqrt(p), G ~ N(0, 1)^{p x m}, p = ceil(8 ln n~) (line 3; n~ is
-   the noisy silo size of step 5, used for every n below); rows of Y are clipped to the
-   public norm Lambda_Y = Lambda sqrt(s) (a per-record map, so it costs no privacy);
-3. ``candidate`` (Algorithm 5): T_c = ceil(25 k ln(n/delta)) shifted grids
-   Q_v = [-Lambda_Y, Lambda_Y]^p + v, v ~ U([-Lambda_Y, Lambda_Y]^p), each refined by
-   ``private_partition`` (Algorithm 4) with budget eps_cand / T_c; all grids run at once;
-4. ``localswap`` (Algorithm 6): k centres from the candidates by T_s single swaps, each drawn by
-   the exponential mechanism with exponent -eps_ls (L(Z') - L(Z)) / (8 Lambda_Y^2 (T_s + 1)),
-   then one of the visited Z^(t) by the exponential mechanism on L(Z^(t)) (same scale; the
-   paper prints a "+" sign in line 8, a typo — lower loss must be likelier);
-5. partition of Y by nearest centre, and ``sparse_recovery`` (Algorithm 3) per cluster j on
-   its sum S_j (m,): support I = top-s of S_j + Gumbel(s Lambda / eps_sup) (Durfee & Rogers
-   2019: the one-shot Gumbel top-s equals s sequential exponential mechanisms with eps_sup / s
-   each; the utility S_ji is monotone under adding/removing a row, sensitivity Lambda, so no
-   factor 2); values S_ji + Laplace(s Lambda / eps_val) on I, 0 elsewhere; divided by the
-   public normaliser c = max(n~, k) / k (n~ = n + Laplace(1 / eps_count), the silo's noisy
-   size) and clipped to [0, Lambda] (post-processing). In mean units the noise is
-   s Lambda / (eps c) — half the paper's 2 s Lambda / (eps n_j) for an average-size cluster;
-6. one trial's prototypes by the exponential mechanism on the clustering loss (eq. 3) on X,
-   probability proportional to exp(-eps_sel L(Z^(t)) / (8 Lambda^2 s)) (sensitivity of L: one
-   record adds at most max ||x - z||^2 <= 4 Lambda^2 s; the paper's 24 Lambda^2 is the same
-   rule with eps_sel = eps / 3).
-
-Neighbouring data sets: one row added or removed (unbounded DP); replacing a row is two such
-steps, so the mechanism is 2 eps-DP under replace-one neighbours.
-
-What "n" is in Algorithm 3
---------------------------
-Algorithm 3's ``mu = 1/n sum_{i=1}^n x_i`` and ``Lap(2 Lambda s / (eps n))`` read with the
-paper's notation (X in R^{m x n}, n items) would make n the item count (1682 on ML-100K), which
-shrinks the noise 20-800x but is not a DP bound (the sensitivity of a cluster mean is set by
-the cluster size, not the dimension). The authors' public code (``recover_sparse`` in
-``mriberodiaz/federatedRecsys``) uses n = the number of rows of the cluster, and the scale
-4 side s / (eps n) — twice the paper's. We keep the cluster reading, on sums with a privatised
-normaliser: the former implementation (like the paper) divided by the exact n_j inside the
-noise scale, so the scale itself depended on the private partition, which no neighbouring
-argument covers (one replaced row changes two n_j); the candidates also had to be pulled into
-the Lambda_Y ball for localswap's 8 Lambda_Y^2 scale to be a valid sensitivity, and the
-structural parameters (JL dimension p = 8 ln n, grids T_c, depth, eps', gamma) now use the noisy
-silo size n~ instead of the private n (they change the output distribution with n).
-
-Budget split and why the whole is epsilon-DP (Theorem 3.1)
------------------------------------------------------------
-:func:`budget_split` — eps_count = eps / 20 once for the noisy silo size (sensitivity 1);
-eps_sel = (eps - eps_count) / 3 when T > 1 (0 with a single trial: nothing to choose), the
-rest eps_r = eps - eps_count - eps_sel is spread evenly over the T trials (sequential
-composition), eps_t = eps_r / T; inside a trial (sequential composition again):
-
-- candidate eps_t / 8 (the paper's eps / (8T)): T_c grids with eps_t / (8 T_c) each
-  (sequential); in one grid a record lies in exactly one cube per level, so it changes one
-  inclusion probability f(count) per level, by a factor <= exp(eps') (f is the Laplace
-  threshold test P(count + Lap(1/eps') >= gamma)); the depth is capped at
-  D = floor(max(1, 2 ln n)) levels with eps' = eps_grid / max(1, 2 ln n), so D eps' <= eps_grid.
-  (The paper loops "while a <= n"; the cap is what makes its eps' = eps / (2 log n) a valid
-  split.) Empty children of a cube (2^p of them, never enumerated) are added with probability
-  f(0): their number is drawn Binomial(2^p - nonempty, f(0)) (Poisson for 2^p > 2^62) and their
-  positions uniformly, so the output distribution is the algorithm's, not a data-dependent
-  shortcut.
-- localswap eps_t / 8 (the paper's eps / (8T)): T_s + 1 exponential mechanisms with
-  eps_t / (8 (T_s + 1)) each; candidates and data both lie in the Lambda_Y ball, so one row
-  moves any loss difference by at most 4 Lambda_Y^2.
-- sparse recovery 3 eps_t / 4: support 3 eps_t / 8 (Gumbel top-s), values 3 eps_t / 8
-  (Laplace). A row lies in exactly one cluster, so by parallel composition all k cost the
-  same as one.
-
-Total: eps_count + eps_sel + T (eps_t/8 + eps_t/8 + 3 eps_t/4) = eps, pure epsilon-DP (delta
-only sets T, T_c, gamma — utility knobs of Balcan et al.'s analysis).
-
-Departures (also in docs/reproduction.md): the paper hands sparse recovery the whole eps per
-trial (its proof invokes parallel composition for the prototypes but never adds the
-candidate/localswap/selection costs); we give it 3/4 of the trial's share so the total is eps.
-Sums and a noisy silo size replace the exact cluster sizes (above). The localswap length T_s
-defaults to ``swap_iters`` = 100 rather than n / delta (more steps only shrink each step's
-budget eps_ls / (T_s + 1); the walk is uniform either way at these scales). The authors'
-public code draws the support with explicit sequential exponential-mechanism draws and uses
-T = 1; :func:`sequential_exponential` is that reference draw (tests show it equals the Gumbel
-top-s in distribution, so it is not offered as an option); T = 1 is available through
-``trials``.
-
-What to expect: gamma = 20 ln(n/delta) / eps' is a row count (eps' ~ 1e-6 for silos of ~100
-rows, k = 50: gamma ~ 1e8 rows), so no child cube passes the threshold and the candidates are
-the T_c grid centres, i.e. uniform points of the cube; localswap with budgets ~1e-3 per step is
-close to a uniform walk. The prototypes are then noisy sparse means of a (nearly) random
-partition of the silo, and they carry signal only when a cluster's sum beats the noise:
-S_ji ~ n_j mu_i against s Lambda / eps_val, i.e. n_j >~ s Lambda / (eps_val mu_i) rows per
-cluster (docs/reproduction.md, FedProto, quantifies this for ML-100K).
-
-All randomness comes from the simulation ``numpy.random.Generator`` passed in (DP noise, not
-cryptographic material).
+:func:`private_prototypes` projects a silo's clipped rows (JL), draws candidate centres from
+private partitions of shifted grids, picks k of them by localswap, and releases noisy sparse
+sums of the clusters over a noisy silo size; :func:`budget_split` divides epsilon so that the
+whole composes to epsilon. The pipeline, the budget proof, the reading of "n" in Algorithm 3
+and the departures from the paper are in ``docs/private-kmeans.md``. All randomness comes from
+the simulation ``numpy.random.Generator`` passed in (DP noise, not cryptographic material).
 """
 
 from __future__ import annotations
@@ -244,6 +157,38 @@ def _pack_bits(bits: np.ndarray) -> np.ndarray:
     return packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
 
 
+def _nonempty_children(
+    pair_cube: np.ndarray, keys: np.ndarray, bits: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The non-empty children (unique (cube, code) of the (cube, point) pairs): per pair its
+    child, per child its point count, parent cube and (p,) side bits."""
+    if not pair_cube.size:
+        p = bits.shape[1]
+        return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros((0, p), dtype=bool)
+    order = np.lexsort((keys, pair_cube))
+    c_sorted, k_sorted = pair_cube[order], keys[order]
+    new = np.r_[True, (c_sorted[1:] != c_sorted[:-1]) | (k_sorted[1:] != k_sorted[:-1])]
+    child_of_pair = np.empty(pair_cube.size, dtype=np.int64)
+    child_of_pair[order] = np.cumsum(new) - 1
+    first = order[new]
+    return child_of_pair, np.bincount(child_of_pair), pair_cube[first], bits[first]
+
+
+def _empty_children(
+    rng: np.random.Generator, child_parent: np.ndarray, n_cubes: int, p: int, f0: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Empty children kept: Binomial(2^p - nonempty, f(0)) per active cube (Poisson beyond int64),
+    at uniform positions -> (parent cube, (p,) side bits) per kept empty child."""
+    n_children = 2.0**p
+    nonempty = np.bincount(child_parent, minlength=n_cubes).astype(np.float64)
+    if n_children <= 2.0**62:
+        n_empty = rng.binomial((n_children - nonempty).astype(np.int64), f0)
+    else:
+        n_empty = rng.poisson((n_children - nonempty) * f0)
+    e_parent = np.repeat(np.arange(n_cubes), n_empty)
+    return e_parent, rng.random((e_parent.size, p)) < 0.5
+
+
 def private_partition(
     Y: np.ndarray,
     lows: np.ndarray,
@@ -269,7 +214,6 @@ def private_partition(
     gamma = 20.0 / eps_prime * math.log(max(n_eff, 1) / float(delta))
     max_depth = int(math.floor(log_term))
     f0 = float(inclusion_probability(0, eps_prime, gamma))
-    n_children = 2.0**p
 
     cube_low = np.asarray(lows, dtype=np.float64).copy()  # active cubes
     cube_side = float(side)
@@ -285,31 +229,9 @@ def private_partition(
         mid = cube_low + half
         bits = Y[pair_point] >= mid[pair_cube]
         keys = _pack_bits(bits) if bits.size else np.zeros(0, dtype=np.uint64)
-        # non-empty children: unique (cube, code)
-        if pair_cube.size:
-            order = np.lexsort((keys, pair_cube))
-            c_sorted, k_sorted = pair_cube[order], keys[order]
-            new = np.r_[True, (c_sorted[1:] != c_sorted[:-1]) | (k_sorted[1:] != k_sorted[:-1])]
-            child_of_pair = np.empty(pair_cube.size, dtype=np.int64)
-            child_of_pair[order] = np.cumsum(new) - 1
-            first = order[new]
-            counts = np.bincount(child_of_pair)
-            child_parent = pair_cube[first]
-            child_bits = bits[first]
-        else:
-            child_of_pair = np.zeros(0, dtype=np.int64)
-            counts = np.zeros(0)
-            child_parent = np.zeros(0, dtype=np.int64)
-            child_bits = np.zeros((0, p), dtype=bool)
+        child_of_pair, counts, child_parent, child_bits = _nonempty_children(pair_cube, keys, bits)
         keep = rng.random(counts.size) < inclusion_probability(counts, eps_prime, gamma)
-        # empty children: Binomial(2^p - nonempty, f(0)) per active cube, uniform positions
-        nonempty = np.bincount(child_parent, minlength=cube_low.shape[0]).astype(np.float64)
-        if n_children <= 2.0**62:
-            n_empty = rng.binomial((n_children - nonempty).astype(np.int64), f0)
-        else:
-            n_empty = rng.poisson((n_children - nonempty) * f0)
-        e_parent = np.repeat(np.arange(cube_low.shape[0]), n_empty)
-        e_bits = rng.random((e_parent.size, p)) < 0.5
+        e_parent, e_bits = _empty_children(rng, child_parent, cube_low.shape[0], p, f0)
         added_total += int(keep.sum()) + int(e_parent.size)
         kept_index = -np.ones(counts.size, dtype=np.int64)
         kept_index[keep] = np.arange(int(keep.sum()))

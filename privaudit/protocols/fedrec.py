@@ -47,10 +47,9 @@ Departures (stated because they change numbers):
   U_u step, eq. 7 and Algorithm 3's local steps; the server's V_i step, eq. 9) is clipped to
   Euclidean norm ``max_step`` (default 1.0). The paper's lr 0.8 is unstable once
   lr |U_u|^2 > 2 for an item with few raters, which happens on small data (60 synthetic
-  users diverged to NaN) before the 0.9 decay brings lr down. On ML-100K fold 0 it binds on
-  2619 of ~262,000 row steps (early iterations; the largest unclipped step has norm 3.5) and
-  moves the test RMSE by +0.00006 (``utility["clipped_steps"]``; ``max_step=0`` runs the paper's
-  algorithm unguarded, docs/reproduction.md). Non-finite factors after
+  users diverged to NaN) before the 0.9 decay brings lr down. On ML-100K it binds on a few early
+  row steps and barely moves the test RMSE (``utility["clipped_steps"]`` counts them; ``max_step=0``
+  runs the paper's algorithm unguarded; figures in docs/reproduction.md). Non-finite factors after
   any iteration (e.g. a user-set lr too large for the stochastic models) raise a one-line
   :class:`PrivauditError` naming the iteration instead of returning NaN.
 

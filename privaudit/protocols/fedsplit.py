@@ -536,7 +536,7 @@ def _joint_nmf(X: np.ndarray, K: int, max_iter: int, random_state: int = 0) -> t
     from threadpoolctl import threadpool_limits
 
     nmf = NMF(n_components=K, init="nndsvd", solver="mu", max_iter=int(max_iter), random_state=random_state)
-    # small dense products: one BLAS thread (multi-threaded BLAS is 10-40x slower on a busy machine)
+    # small dense products: one BLAS thread (multi-threaded BLAS only contends on a busy machine)
     with warnings.catch_warnings(), threadpool_limits(limits=1, user_api="blas"):
         warnings.simplefilter("ignore", UserWarning)
         try:

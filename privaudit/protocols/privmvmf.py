@@ -17,19 +17,16 @@ values of rho and the key length were lost in extraction; rho = 1 and 2048 bits 
 toolkit's defaults. Departure: the default Paillier obfuscator is Damgård–Jurik–Nielsen's
 ``h_s^r`` with a short random exponent (same ciphertexts and decryption as Paillier's ``r^n``;
 security under DCR plus the short-exponent assumption, see :mod:`privaudit.defenses.paillier`),
-about 10x faster to encrypt at 2048 bits; ``--defense paillier`` gives the paper's ``r^n``.
+much faster to encrypt (docs/scale.md, "Fast Paillier"); ``--defense paillier`` gives the paper's ``r^n``.
 What the server sees, and so every attack result, does not depend on the obfuscator.
 
 Departure: the default ``sampling`` draws unrated items with ``distribution=matched`` (item j
-sampled by ~rho x its raters within each activity group), not uniformly as in the paper.
-Measured on ML-100K, all users, rho = 1 (docs/reproduction.md, "Sampling: what the item sets
-leak"): with uniform sampling a server that ranks each client's uploaded items by how many
-clients uploaded them (the item ids are in the clear) picks rated items with precision 0.781
-instead of the paper's 1/(1+rho) = 0.5; with matched sampling every item-only observer is within
-0.02 of 0.5 (popularity 0.512, rarity 0.488, true counts 0.513) and collaborative filtering on
-the sets drops from 0.854 to 0.588. Cost, FedMVMF defaults, NDCG@10: existing users 0.256 -> 0.274 (better), cold-start users
-0.331 -> 0.301, cold-start items 0.160 -> 0.131. Matched sampling needs the per-item rating
-counts as an aggregate (one extra Paillier sum before training, see
+sampled by ~rho x its raters within each activity group), not uniformly as in the paper: with
+uniform sampling a server that ranks each client's uploaded items by how many clients uploaded
+them (the item ids are in the clear) picks rated items far above the paper's 1/(1+rho); with
+matched sampling item-only observers stay near it, at a small NDCG@10 cost for cold-start users
+and items (figures: docs/reproduction.md, "Sampling: what the item sets leak"). Matched sampling
+needs the per-item rating counts as an aggregate (one extra Paillier sum before training, see
 :mod:`privaudit.defenses.sampling`); ``--defense sampling`` gives the paper's uniform sampling.
 """
 
@@ -77,7 +74,7 @@ class PrivMVMF(FedMVMF):
     description = "PrivMVMF (PrivMVMF paper §5): FedMVMF SemiALS + paillier encryption + unrated-item sampling"
     schema = FedMVMF.schema  # FedMVMF's messages (paillier's key and sum messages are the defense's)
     default_attack = "mvmf-aggregate"
-    # 2 epochs (FedMVMF: 40) and 10 users by default keep a 2048-bit run under a minute;
+    # 2 epochs (FedMVMF: 40) and 10 users by default keep a 2048-bit run short;
     # the paper's setting: --set epochs=40 and --users N (an estimate is printed above 2 minutes)
     parameters = tuple(dataclasses.replace(p, default=2) if p.name == "epochs" else p for p in FedMVMF.parameters)
     default_users: int | None = 10
@@ -85,8 +82,8 @@ class PrivMVMF(FedMVMF):
     default_sweep_spec: str | None = "sampling.rho=0,1"
 
     #: CPU seconds per user, epoch and uploaded item list (1 + rho) with a 2048-bit key, by
-    #: obfuscator, measured on the synthetic data (K = 20, 10 users, 2 epochs: 4.97 s and
-    #: 0.77 s per epoch); the cost grows about with the cube of the key length
+    #: obfuscator (calibration: docs/scale.md, "PrivMVMF run-time estimate"); the cost grows
+    #: about with the cube of the key length
     SECONDS_PER_USER_EPOCH = {"standard": 0.25, "djn": 0.04}
 
     @classmethod

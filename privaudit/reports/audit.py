@@ -17,10 +17,9 @@ from privaudit import results as rs
 from privaudit._escape import printable
 from privaudit.errors import PrivauditError
 from privaudit.reports import figures
-from privaudit.reports.render import (
+from privaudit.reports.files import Staged, dumps_json
+from privaudit.reports.markup import (
     Cell,
-    Staged,
-    dumps_json,
     html_config,
     html_figure,
     html_glossary,

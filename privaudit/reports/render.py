@@ -16,19 +16,36 @@ import html
 import io
 import json
 import math
-import os
 import re
-import stat
-import tempfile
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from privaudit import _safejson
 from privaudit import results as rs
 from privaudit.errors import PrivauditError
 from privaudit.reports import figures
+from privaudit.reports.files import (  # noqa: F401  (write_file_from, check_folder: re-exported for the recorders)
+    MAX_METRICS,
+    MAX_POINTS,
+    Staged,
+    check_folder,
+    dumps_json,
+    load_json,
+    write_file_from,
+    write_json,
+    write_text_file,
+)
+from privaudit.reports.markup import (
+    html_config,
+    html_figure,
+    html_glossary,
+    html_page,
+    html_table,
+    html_verdicts,
+    md_escape,
+    md_table,
+    plain_table,
+)
 from privaudit.results import fmt, fmt_pm, fmt_value, jsonable, num
 
 RESULTS_JSON = "results.json"
@@ -37,138 +54,8 @@ REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
 PLAN_TOML = "plan.toml"
 
-#: Largest results.json read (bytes) and deepest nesting accepted.
-MAX_RESULTS_BYTES = 256 * 1024 * 1024
-MAX_DEPTH = 64
-#: Most JSON values, points and metric names per point a results.json or audit.json may hold
-#: (rendering grows with points x metrics; a 289 KB file of 20,000 metric names took minutes).
-MAX_RESULTS_VALUES = 4_000_000
-MAX_POINTS = 20_000
-MAX_METRICS = 500
-
 
 # ------------------------------------------------------------------------------ files
-
-
-def check_target(path: Path) -> None:
-    """Refuse an output path that is a symbolic link or exists as anything but a regular file."""
-    path = Path(path)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise PrivauditError(f"{path}: cannot be written ({exc.strerror or exc})") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise PrivauditError(f"{path}: is a symbolic link; privaudit does not write through links (remove it)")
-    if not stat.S_ISREG(st.st_mode):
-        raise PrivauditError(f"{path}: exists and is not a regular file; privaudit replaces only regular files")
-
-
-def check_folder(folder: Path) -> None:
-    """Refuse an output folder that is a symbolic link or not a folder."""
-    folder = Path(folder)
-    if folder.is_symlink():
-        raise PrivauditError(f"{folder}: is a symbolic link; privaudit does not write through links (remove it)")
-    if folder.exists() and not folder.is_dir():
-        raise PrivauditError(f"{folder}: exists and is not a folder")
-
-
-class Staged:
-    """Files written under temporary names, renamed into place by :meth:`commit` (in the order
-    staged), removed by :meth:`discard`; an existing file is never removed on failure.
-
-    Temporary files are created by :func:`tempfile.mkstemp` (``O_EXCL``, unpredictable names)
-    inside the target folder; a final name that is a symbolic link or not a regular file is
-    refused before anything is renamed (``os.replace`` itself never follows a link).
-    """
-
-    def __init__(self, folder: Path):
-        self.folder = Path(folder)
-        self.items: list[tuple[Path, Path]] = []
-
-    def path(self, name: str) -> Path:
-        """A new, empty temporary file for ``name`` (same folder, so the rename is atomic)."""
-        final = self.folder / name
-        check_folder(self.folder)
-        check_target(final)
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=f".tmp{final.suffix}", dir=self.folder)
-        except OSError as exc:
-            raise PrivauditError(f"{final}: cannot be written ({exc.strerror or exc})") from None
-        os.close(fd)
-        self.items.append((Path(tmp), final))
-        return Path(tmp)
-
-    def text(self, name: str, text: str) -> Path:
-        tmp = self.path(name)
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        return self.folder / name
-
-    def commit(self) -> list[Path]:
-        for _, final in self.items:  # every target checked before the first rename
-            check_target(final)
-        for tmp, final in self.items:
-            os.replace(tmp, final)
-        return [final for _, final in self.items]
-
-    def discard(self) -> None:
-        for tmp, _ in self.items:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
-
-
-def write_text_file(path: Path | str, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically and safely (see :class:`Staged`)."""
-    path = Path(path)
-    staged = Staged(path.parent)
-    try:
-        staged.text(path.name, text)
-        staged.commit()
-    except BaseException:
-        staged.discard()
-        raise
-    return path
-
-
-def write_file_from(source: Path | str, path: Path | str) -> Path:
-    """Copy the file ``source`` to ``path`` atomically and safely (see :class:`Staged`)."""
-    import shutil
-
-    path = Path(path)
-    staged = Staged(path.parent)
-    try:
-        tmp = staged.path(path.name)
-        with open(source, "rb") as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        staged.commit()
-    except BaseException:
-        staged.discard()
-        raise
-    return path
-
-
-def dumps_json(data: Mapping[str, Any]) -> str:
-    """Strict JSON text of ``data`` (NaN -> null), keys in insertion order."""
-    return json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n"
-
-
-def write_json(data: Mapping[str, Any], path: Path) -> Path:
-    """Write ``data`` as strict JSON, atomically (a temporary file renamed into place)."""
-    return write_text_file(path, dumps_json(data))
-
-
-def load_json(path: Path, what: str) -> Any:
-    """Parse a JSON file with a size cap and a depth cap (:mod:`privaudit._safejson`; one-line errors)."""
-    try:  # bounded: size and nesting depth checked before parsing (no RecursionError on hostile files)
-        return _safejson.load_file(
-            path, max_bytes=MAX_RESULTS_BYTES, max_depth=MAX_DEPTH, max_values=MAX_RESULTS_VALUES
-        )
-    except _safejson.JSONLimitError as exc:
-        raise PrivauditError(f"{path}: not a valid {what} ({exc})") from None
 
 
 def read_results(path: Path) -> dict[str, Any]:
@@ -223,103 +110,6 @@ def read_results(path: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ escaping
-
-
-def md_escape(text: Any) -> str:
-    """Text safe inside a Markdown paragraph or table cell: HTML escaped (``<`` ``>`` ``&``),
-    emphasis, code, link brackets and pipes backslash-escaped, newlines and control characters
-    turned into spaces."""
-    s = "".join(" " if (ord(c) < 32 or 127 <= ord(c) < 160) else c for c in str(text))
-    s = html.escape(s, quote=False)
-    return re.sub(r"([\\`*_\[\]|~])", r"\\\1", s)
-
-
-def md_code_block(text: str, lang: str = "") -> str:
-    """A fenced code block whose fence is longer than any backtick run in ``text``."""
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return f"{fence}{lang}\n{text}\n{fence}"
-
-
-@dataclass
-class Cell:
-    """A structured table cell: lines of text (each escaped when rendered), an optional
-    background colour (``#rrggbb`` only) and a CSS class from a fixed set."""
-
-    lines: list[tuple[str, str]] = field(default_factory=list)  # (text, style: "b", "small", "")
-    background: str | None = None
-    kind: str = ""
-
-    def add(self, text: Any, style: str = "") -> Cell:
-        self.lines.append((str(text), style))
-        return self
-
-    def plain(self) -> str:
-        return " / ".join(t for t, _ in self.lines)
-
-
-_SAFE_COLOUR = re.compile(r"^#[0-9a-fA-F]{6}$")
-_CELL_KINDS = {"", "cell", "verdict-leaks", "verdict-protected", "verdict-not-adapted", "verdict-na", "violation"}
-
-
-def html_cell(value: Any) -> str:
-    """The escaped inner HTML of a table cell built from data (a string or a :class:`Cell`)."""
-    if not isinstance(value, Cell):
-        return html.escape(str(value))
-    parts = []
-    for text, style in value.lines:
-        t = html.escape(text)
-        parts.append(f"<b>{t}</b>" if style == "b" else (f"<small>{t}</small>" if style == "small" else t))
-    inner = "<br>".join(parts)
-    style = (
-        f' style="background:{value.background}"' if value.background and _SAFE_COLOUR.match(value.background) else ""
-    )
-    kind = value.kind if value.kind in _CELL_KINDS else ""
-    cls = f' class="{kind}"' if kind else ""
-    return f"<div{cls}{style}>{inner}</div>" if (style or cls) else inner
-
-
-def html_table(header: Sequence[Any], rows: Iterable[Sequence[Any]], left: int = 1, cls: str = "") -> str:
-    """An HTML table; every header and cell escaped (:func:`html_cell`)."""
-
-    def cell(tag: str, j: int, value: Any) -> str:
-        c = ' class="l"' if j < left else ""
-        return f"<{tag}{c}>{html_cell(value)}</{tag}>"
-
-    klass = f' class="{html.escape(cls)}"' if cls else ""
-    out = [f"<table{klass}>", "<tr>" + "".join(cell("th", j, h) for j, h in enumerate(header)) + "</tr>"]
-    for r in rows:
-        out.append("<tr>" + "".join(cell("td", j, c) for j, c in enumerate(r)) + "</tr>")
-    out.append("</table>")
-    return "\n".join(out)
-
-
-def md_table(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:
-    """A Markdown table; every cell escaped (:func:`md_escape`)."""
-
-    def text(v: Any) -> str:
-        return md_escape(v.plain() if isinstance(v, Cell) else v)
-
-    out = ["| " + " | ".join(text(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(text(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
-
-
-def plain_table(header: Sequence[Any], rows: Sequence[Sequence[Any]], left: int = 1) -> str:
-    """An aligned plain-text table (control characters removed)."""
-
-    def text(v: Any) -> str:
-        s = v.plain() if isinstance(v, Cell) else str(v)
-        return "".join(c if c.isprintable() else " " for c in s)
-
-    h = [text(x) for x in header]
-    body = [[text(c) for c in r] for r in rows]
-    widths = [max([len(h[j])] + [len(r[j]) for r in body]) for j in range(len(h))]
-    just = lambda j, c, w: c.ljust(w) if j < left else c.rjust(w)  # noqa: E731
-    lines = ["  ".join(just(j, c, w) for j, (c, w) in enumerate(zip(h, widths)))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(just(j, c, w) for j, (c, w) in enumerate(zip(r, widths))) for r in body]
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------ tables
@@ -534,109 +324,119 @@ def _plain(text: Any) -> str:
 # ------------------------------------------------------------------------------ glossary
 
 
-def glossary(results: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(term, definition) of every metric shown, the baselines, the advantage, the verdicts,
-    the swept strength's unit and the epsilons."""
-    specs = results.get("metric_specs") or {}
+#: Glossary entry of a metric its attack does not declare.
+UNDECLARED_TERM = (
+    "not declared by the attack: assumed higher = stronger attack; plotted when every value lies in [0, 1]."
+)
+
+#: Terms every report defines; ``{margin}`` and ``{no_power}`` are filled from the results.
+FIXED_TERMS = (
+    (
+        "prior",
+        "the prior-only baseline: the best guess of an attacker with the same prior knowledge but without "
+        "the victims' messages, scored like the attack.",
+    ),
+    ("random", "the uniform random guess over each value's domain."),
+    (
+        "advantage",
+        "attack metric minus the stronger of the prior and random baselines (in the metric's direction), "
+        "with its bounds: a cluster bootstrap over victims pooled over seeds, Holm-corrected over the "
+        "grid's points and metrics (family-wise 5 %).",
+    ),
+    (
+        "verdict",
+        "leaks: the lower bound is above 0 on some privacy metric (named when not the primary one); "
+        "protected: every metric's upper bound is below the margin "
+        "({margin} of the gap between the baseline and a perfect attack) and "
+        "the attack leaks at a weaker strength or without defense; no evidence of leakage: under the "
+        "margin without such a control ({no_power}); attack below prior: upper bound below 0 (never "
+        "protection); inconclusive: neither, or no per-victim scores.",
+    ),
+)
+
+#: Terms of runs whose points record a DP defense's privacy loss.
+EPSILON_TERMS = (
+    (
+        "ε total over the run",
+        "the privacy loss the DP defense claims over all rounds, from its "
+        "accountant, for the unit named in the column header.",
+    ),
+    (
+        "empirical ε",
+        "95 % lower bound on ε from the attack's per-record true and false positives "
+        "(Clopper-Pearson); above the claimed ε it is a DP violation.",
+    ),
+)
+
+#: Term of runs whose points hold per-record decisions.
+ROC_TERM = (
+    "AUC, TPR at FPR",
+    "area under the ROC curve of the attack's per-record decisions and its true "
+    "positive rate at 1 % and 0.1 % false positives (n/a: too few negatives).",
+)
+
+#: What the swept value is: a noise scale, or by sweep target (else: a defense's parameter).
+NOISE_UNIT = "scale b of the added noise, in the uploaded values' units (0 = no noise)"
+SWEEP_UNITS = {
+    "attack": "the attack parameter varied",
+    "protocol": "the protocol setting varied",
+}
+
+
+def _metric_term(name: str, d: Any) -> tuple[str, str]:
+    """Glossary entry of attack metric ``name`` from its recorded spec ``d``."""
+    if not (d or {}).get("declared", False):
+        return name, UNDECLARED_TERM
+    spec = rs.spec_from_dict(d)
+    text = (spec.description or "(no description declared)").rstrip(".") + "."
+    if not spec.plotted and spec.unit in ("count", "seconds"):
+        direction = "describes the run, not the attack's success"
+    else:
+        direction = "higher = stronger attack" if spec.higher_is_better else "lower = stronger attack"
+    return name, f"{text} Unit: {spec.unit or 'none'}; {direction}."
+
+
+def _strength_terms(results: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Entries of the swept value and of every other defense strength of the run."""
     items = []
-    for m in rs.ordered_keys(results.get("points") or [], "attack_metrics"):
-        spec = rs.spec_from_dict(specs.get(m))
-        if not (specs.get(m) or {}).get("declared", False):
-            items.append(
-                (
-                    m,
-                    "not declared by the attack: assumed higher = stronger attack; plotted when every "
-                    "value lies in [0, 1].",
-                )
-            )
-            continue
-        d = (spec.description or "(no description declared)").rstrip(".") + "."
-        if not spec.plotted and spec.unit in ("count", "seconds"):
-            direction = "describes the run, not the attack's success"
-        else:
-            direction = "higher = stronger attack" if spec.higher_is_better else "lower = stronger attack"
-        items.append((m, f"{d} Unit: {spec.unit or 'none'}; {direction}."))
-    utility = figures.utility_metric(results)
-    if utility:
-        spec = rs.utility_spec(utility, results.get("utility_specs"))
-        items.append(
-            (
-                f"utility: {utility}",
-                f"{spec.description} (the protocol's model quality; "
-                f"{'higher' if spec.higher_is_better else 'lower'} is better).",
-            )
-        )
-    items += [
-        (
-            "prior",
-            "the prior-only baseline: the best guess of an attacker with the same prior knowledge but without "
-            "the victims' messages, scored like the attack.",
-        ),
-        ("random", "the uniform random guess over each value's domain."),
-        (
-            "advantage",
-            "attack metric minus the stronger of the prior and random baselines (in the metric's direction), "
-            "with its bounds: a cluster bootstrap over victims pooled over seeds, Holm-corrected over the "
-            "grid's points and metrics (family-wise 5 %).",
-        ),
-        (
-            "verdict",
-            "leaks: the lower bound is above 0 on some privacy metric (named when not the primary one); "
-            "protected: every metric's upper bound is below the margin "
-            f"({fmt_value(rs.verdict_margin(results))} of the gap between the baseline and a perfect attack) and "
-            "the attack leaks at a weaker strength or without defense; no evidence of leakage: under the "
-            f"margin without such a control ({rs.NO_POWER}); attack below prior: upper bound below 0 (never "
-            "protection); inconclusive: neither, or no per-victim scores.",
-        ),
-    ]
     sweep = results.get("sweep")
+    strengths = results.get("defense_strengths") or {}
     if sweep:
         target, _, param = str(sweep).partition(".")
-        info = (results.get("defense_strengths") or {}).get(target) or {}
+        info = (strengths.get(target) if isinstance(strengths, Mapping) else None) or {}
         helptext = str(info.get("help") or "") if isinstance(info, Mapping) else ""
         unit = (
-            "scale b of the added noise, in the uploaded values' units (0 = no noise)"
+            NOISE_UNIT
             if results.get("noise")
-            else (
-                "the attack parameter varied"
-                if target == "attack"
-                else (
-                    "the protocol setting varied"
-                    if target == "protocol"
-                    else f"the {param} parameter of defense {target}"
-                )
-            )
+            else SWEEP_UNITS.get(target, f"the {param} parameter of defense {target}")
         )
         items.append((str(sweep), unit + (f"; {helptext}" if helptext else "") + "."))
-    strengths = results.get("defense_strengths") or {}
     for name, info in strengths.items() if isinstance(strengths, Mapping) else ():
         if not isinstance(info, Mapping) or not info.get("strength") or f"{name}.{info['strength']}" == sweep:
             continue
         text = str(info.get("help") or info.get("description") or "")
         items.append((f"{name}.{info['strength']}", f"strength of defense {name}: {text}".rstrip(": ") + "."))
-    if any(p.get("privacy") for p in results.get("points") or []):
-        items.append(
-            (
-                "ε total over the run",
-                "the privacy loss the DP defense claims over all rounds, from its "
-                "accountant, for the unit named in the column header.",
-            )
-        )
-        items.append(
-            (
-                "empirical ε",
-                "95 % lower bound on ε from the attack's per-record true and false positives "
-                "(Clopper-Pearson); above the claimed ε it is a DP violation.",
-            )
-        )
-    if any(p.get("roc") for p in results.get("points") or []):
-        items.append(
-            (
-                "AUC, TPR at FPR",
-                "area under the ROC curve of the attack's per-record decisions and its true "
-                "positive rate at 1 % and 0.1 % false positives (n/a: too few negatives).",
-            )
-        )
+    return items
+
+
+def glossary(results: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(term, definition) of every metric shown, the baselines, the advantage, the verdicts,
+    the swept strength's unit and the epsilons."""
+    specs = results.get("metric_specs") or {}
+    points = results.get("points") or []
+    items = [_metric_term(m, specs.get(m)) for m in rs.ordered_keys(points, "attack_metrics")]
+    utility = figures.utility_metric(results)
+    if utility:
+        spec = rs.utility_spec(utility, results.get("utility_specs"))
+        better = "higher" if spec.higher_is_better else "lower"
+        items.append((f"utility: {utility}", f"{spec.description} (the protocol's model quality; {better} is better)."))
+    fill = {"margin": fmt_value(rs.verdict_margin(results)), "no_power": rs.NO_POWER}
+    items += [(term, text.format(**fill)) for term, text in FIXED_TERMS]
+    items += _strength_terms(results)
+    if any(p.get("privacy") for p in points):
+        items += EPSILON_TERMS
+    if any(p.get("roc") for p in points):
+        items.append(ROC_TERM)
     return items
 
 
@@ -805,80 +605,6 @@ def render_markdown(results: Mapping[str, Any], figure_stem: str, extra_figures:
 
 
 # ------------------------------------------------------------------------------ HTML
-
-HTML_STYLE = """
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;
-margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
-h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.6em 0;font-size:.85em;max-width:100%;table-layout:auto}
-th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right;overflow-wrap:anywhere;word-break:break-word}
-th{background:#f3f3f3}
-td.l,th.l{text-align:left}
-figure.pa-figure{margin:1em 0;display:block;max-width:820px}figure.pa-figure svg{width:100%;height:auto;display:block}
-figcaption{font-size:.85em;color:#555}
-pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.85em;white-space:pre-wrap;overflow-wrap:anywhere}
-dl.cfg{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}dl.cfg dt{font-weight:600}
-dl.cfg dd{margin:0;overflow-wrap:anywhere}
-.note{background:#fff6e0;border-left:4px solid #e0a000;padding:.4em .8em}
-.verdict{background:#eef4ff;border-left:4px solid #3060c0;padding:.5em .9em;margin:.5em 0}
-.verdict-not-adapted{background:repeating-linear-gradient(45deg,#fff3c4,#fff3c4 6px,#f4e3a0 6px,#f4e3a0 12px)}
-.verdict-na{background:#eeeeee}.violation{outline:2px solid #b00000}
-dl.glossary dt{font-weight:600;margin-top:.3em}dl.glossary dd{margin-left:1.2em}
-"""
-
-#: Writes each figure's rendered size and each table's width into data attributes (checked by
-#: the browser test).
-HTML_SIZE_SCRIPT = """
-(function(){function mark(){var figs=document.querySelectorAll('figure.pa-figure');
-for(var i=0;i<figs.length;i++){var r=figs[i].getBoundingClientRect();var s=figs[i].querySelector('svg');
-var rs=s?s.getBoundingClientRect():{width:0,height:0};figs[i].setAttribute('data-width',Math.round(r.width));
-figs[i].setAttribute('data-height',Math.round(r.height));figs[i].setAttribute('data-svg-width',Math.round(rs.width));
-figs[i].setAttribute('data-svg-height',Math.round(rs.height));}
-var tables=document.querySelectorAll('table');var wide=0;var page=document.body.clientWidth;
-for(var j=0;j<tables.length;j++){var w=Math.ceil(tables[j].getBoundingClientRect().width);
-tables[j].setAttribute('data-width',w);if(w>page||tables[j].scrollWidth>tables[j].clientWidth+1){wide++;}}
-document.body.setAttribute('data-tables',tables.length);document.body.setAttribute('data-wide-tables',wide);
-document.body.setAttribute('data-page-width',page);
-document.body.setAttribute('data-figures',figs.length);document.body.setAttribute('data-rendered','1');}
-if(document.readyState==='loading'){document.addEventListener('DOMContentLoaded',mark);}else{mark();}})();
-"""
-
-
-def html_page(title: str, body: str) -> str:
-    """A self-contained HTML page (inline style and script, no external references)."""
-    return (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{html.escape(title)}</title>\n<style>{HTML_STYLE}</style>\n</head>\n<body>\n"
-        f"{body}\n<script>{HTML_SIZE_SCRIPT}</script>\n</body>\n</html>\n"
-    )
-
-
-def html_figure(svg_markup: str, caption: str, fig_id: str) -> str:
-    """A figure around an SVG matplotlib drew (its text is drawn as paths; see figures.inline_svg)."""
-    return (
-        f'<figure class="pa-figure" id="{html.escape(fig_id)}">\n{svg_markup}\n'
-        f"<figcaption>{html.escape(caption)}</figcaption>\n</figure>"
-    )
-
-
-def html_config(items: Sequence[tuple[str, str]]) -> str:
-    return (
-        '<dl class="cfg">' + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items) + "</dl>"
-    )
-
-
-def html_glossary(items: Sequence[tuple[str, str]]) -> str:
-    return (
-        '<dl class="glossary">'
-        + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items)
-        + "</dl>"
-    )
-
-
-def html_verdicts(verdicts: Sequence[Mapping[str, Any]]) -> str:
-    return "".join(
-        f'<p class="verdict"><b>Verdict.</b> {html.escape(str(v.get("sentence", "")))}</p>' for v in verdicts
-    )
 
 
 def render_html(

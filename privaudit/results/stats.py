@@ -1,0 +1,489 @@
+"""The statistical tests behind a verdict: advantages over the stronger baseline, cluster-bootstrap
+standard errors that resample victims, one-sided tests with Holm's correction over a grid's
+points and metrics, and the per-value rows they decide."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from privaudit.results.numbers import num
+from privaudit.results.specs import Decisions, MetricSpec, VictimTable, harmonic_mean, spec_from_dict, spec_perfect
+from privaudit.results.summary import group_by_value, mean_ci95, value_key
+
+#: Default verdict margin: an attack whose advantage has an upper bound below this share of the
+#: gap between its baseline and a perfect attack (:func:`spec_perfect`) does not leak materially.
+PROTECTION_MARGIN = 0.05
+
+
+#: Family-wise error rate of the verdicts of one experiment (or of one attack in an audit).
+ALPHA = 0.05
+
+
+#: Cluster-bootstrap replicates per point and their fixed random stream (results are reproducible).
+BOOTSTRAP_REPLICATES = 1000
+
+
+BOOTSTRAP_SEED = 0xB0075
+
+
+#: Fewest victims (or decision clusters) a bootstrap interval is computed from.
+MIN_VICTIMS = 5
+
+
+#: Verdicts of one (attack, strength).
+CELL_VERDICTS = (
+    "leaks",
+    "protected",
+    "no evidence of leakage",
+    "inconclusive",
+    "attack below prior",
+    "not applicable",
+)
+
+
+def stronger_baseline(prior: Any, random: Any, spec: MetricSpec) -> tuple[float, str]:
+    """(value, "prior" | "random") of the stronger of the two baselines for ``spec``'s direction
+    (a missing prior falls back to the random guess)."""
+    p, r = num(prior), num(random)
+    if math.isnan(p):
+        return r, "random"
+    if math.isnan(r):
+        return p, "prior"
+    if spec.higher_is_better:
+        return (p, "prior") if p >= r else (r, "random")
+    return (p, "prior") if p <= r else (r, "random")
+
+
+def advantage(metric: Any, baseline: Any, spec: MetricSpec) -> float:
+    """Attack advantage over ``baseline`` (positive = the attack learns more than the guess)."""
+    m, b = num(metric), num(baseline)
+    return (m - b) if spec.higher_is_better else (b - m)
+
+
+def point_random_baseline(point: Mapping[str, Any]) -> dict[str, Any]:
+    """A point's random-guess baseline (``baseline_random``; ``baseline`` in older files)."""
+    return point.get("baseline_random", point.get("baseline")) or {}
+
+
+def point_advantages(point: Mapping[str, Any], specs: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
+    """({metric: advantage over the stronger baseline}, {metric: "prior" | "random"}) of a point,
+    for every attack metric that has a baseline."""
+    metrics = point.get("attack_metrics") or {}
+    random = point_random_baseline(point)
+    prior = point.get("baseline_prior") or {}
+    adv, against = {}, {}
+    for m, v in metrics.items():
+        if m not in random and m not in prior:
+            continue
+        spec = spec_from_dict(specs.get(m))
+        base, which = stronger_baseline(prior.get(m), random.get(m), spec)
+        adv[m] = advantage(v, base, spec)
+        against[m] = which
+    return adv, against
+
+
+def add_advantages(results: dict[str, Any]) -> None:
+    """Add ``advantage`` and ``advantage_against`` to every point (and reference point)."""
+    specs = results.get("metric_specs") or {}
+    for p in list(results.get("points") or []) + list(results.get("reference") or []):
+        p["advantage"], p["advantage_against"] = point_advantages(p, specs)
+
+
+def privacy_metrics(points: Sequence[Mapping[str, Any]], specs: Mapping[str, Any]) -> list[str]:
+    """The metrics a verdict tests: every attack metric with a baseline whose spec is plotted
+    (counts and sizes are not privacy metrics) and tested (not one half of a trade-off), in
+    order of first appearance."""
+    out = []
+    for p in points:
+        random, prior = point_random_baseline(p), p.get("baseline_prior") or {}
+        for m in p.get("attack_metrics") or {}:
+            if m in out or (m not in random and m not in prior):
+                continue
+            d = specs.get(m)
+            if isinstance(d, Mapping) and not (d.get("plotted", True) and d.get("tested", True)):
+                continue
+            out.append(m)
+    return out
+
+
+def bootstrap_counts(n: int, replicates: int, rng: np.random.Generator) -> np.ndarray:
+    """(replicates, n) int matrix: how often each of ``n`` clusters is drawn in each resample
+    of ``n`` clusters with replacement (a multinomial count per row)."""
+    return rng.multinomial(int(n), np.full(int(n), 1.0 / int(n)), size=int(replicates))
+
+
+def table_replicates(table: VictimTable, metric: str, which: str, counts: np.ndarray) -> np.ndarray:
+    """(replicates,) values of ``metric`` (``which`` in {"attack", "prior"}) over the victim
+    resamples ``counts`` (replicates, n_victims); NaN where a resample has no weight."""
+    if metric in table.harmonic:
+        a, b = (table_replicates(table, m, which, counts) for m in table.harmonic[metric])
+        return harmonic_mean(a, b)
+    num_ = counts @ getattr(table, which)[metric]
+    den = counts @ table.weight[metric]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        v = np.where(den > 0, num_ / np.where(den > 0, den, 1.0), np.nan)
+    return np.sqrt(np.maximum(v, 0.0)) if metric in table.root else v
+
+
+def weighted_auc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """ROC AUC of ``scores`` (n,) against bool ``labels`` (n,) with record weights ``weights``
+    (replicates, n), ties counted one half -> (replicates,); NaN without weight in a class."""
+    order = np.argsort(scores, kind="mergesort")
+    s, y, w = scores[order], labels[order], weights[:, order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])  # tie blocks of equal scores
+    pos = np.add.reduceat(w * y, starts, axis=1)
+    neg = np.add.reduceat(w * ~y, starts, axis=1)
+    below = np.cumsum(neg, axis=1) - neg  # negative weight strictly below each block
+    total = pos.sum(axis=1) * neg.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, (pos * (below + 0.5 * neg)).sum(axis=1) / total, np.nan)
+
+
+def decision_replicates(decisions: Decisions, rng: np.random.Generator, replicates: int) -> tuple[np.ndarray, str]:
+    """(replicates,) bootstrap AUCs of ``decisions`` resampling its victims (``groups``), or its
+    records when ``groups`` is None -> (values, "victims" | "records")."""
+    if decisions.groups is not None:
+        _, cluster = np.unique(decisions.groups, return_inverse=True)
+        over = "victims"
+    else:
+        cluster, over = np.arange(decisions.scores.size), "records"
+    n = int(cluster.max()) + 1 if cluster.size else 0
+    counts = bootstrap_counts(n, replicates, rng).astype(float)
+    out = np.empty(int(replicates))
+    step = max(1, 2_000_000 // max(1, cluster.size))  # bounded memory: (step, n_records) weights
+    for i in range(0, int(replicates), step):
+        out[i : i + step] = weighted_auc(decisions.scores, decisions.labels, counts[i : i + step][:, cluster])
+    return out, over
+
+
+def _se(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(np.std(finite, ddof=1)) if finite.size >= 2 else math.nan
+
+
+def point_bootstrap(
+    metrics: Mapping[str, Any],
+    table: VictimTable | None,
+    decisions: Mapping[str, Decisions] | None = None,
+    replicates: int = BOOTSTRAP_REPLICATES,
+    seed: int = BOOTSTRAP_SEED,
+) -> dict[str, dict[str, Any]]:
+    """Cluster-bootstrap summary of one point, per metric: ``{"attack", "prior", "se",
+    "se_vs_prior", "n", "over"}`` -- the metric and its prior-only guess over all victims, the
+    bootstrap standard errors of the metric and of (metric - prior) over ``replicates``
+    resamples of the victims, the number of victims ``n``, ``over`` = "victims" (or "records"
+    for decisions without victim ids). Metrics of ``table``, and every attack metric equal to
+    the ROC AUC of a decision set (resampled by its ``groups``). Metrics without either, or
+    with fewer than :data:`MIN_VICTIMS` victims, have no entry (no valid interval)."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, dict[str, Any]] = {}
+    if table is not None and len(table.victims) >= MIN_VICTIMS:
+        counts = bootstrap_counts(len(table.victims), replicates, rng).astype(float)
+        for m in [*table.attack, *table.harmonic]:
+            att = table_replicates(table, m, "attack", counts)
+            entry = {"attack": table.value(m), "prior": None, "se": _se(att), "se_vs_prior": None}
+            if all(part in table.prior for part in table.harmonic.get(m, (m,))):
+                entry["prior"] = table.value(m, "prior")
+                entry["se_vs_prior"] = _se(att - table_replicates(table, m, "prior", counts))
+            out[m] = {**entry, "n": len(table.victims), "over": "victims"}
+    for d in (decisions or {}).values():
+        if not isinstance(d, Decisions) or d.labels.all() or not d.labels.any():
+            continue
+        full = float(weighted_auc(d.scores, d.labels, np.ones((1, d.scores.size)))[0])
+        names = [m for m, v in metrics.items() if m not in out and abs(num(v) - full) <= 1e-9]
+        if not names:
+            continue
+        n = int(np.unique(d.groups).size) if d.groups is not None else int(d.scores.size)
+        if n < MIN_VICTIMS:
+            continue
+        reps, over = decision_replicates(d, rng, replicates)
+        for m in names:
+            out[m] = {"attack": full, "prior": None, "se": _se(reps), "se_vs_prior": None, "n": n, "over": over}
+    return out
+
+
+def _norm_sf(z: float) -> float:
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def _norm_isf(p: float) -> float:
+    return NormalDist().inv_cdf(1.0 - p)
+
+
+def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> tuple[list[bool], list[float]]:
+    """Holm's step-down test of ``pvalues`` at family-wise level ``alpha`` -> (rejected, the
+    level each p-value was compared with: alpha / (m - rank) up to the first acceptance, then
+    alpha / m). NaN p-values are never rejected and do not count in m."""
+    idx = [i for i, p in enumerate(pvalues) if math.isfinite(num(p))]
+    m = len(idx)
+    rejected = [False] * len(pvalues)
+    levels = [alpha / m if m else alpha] * len(pvalues)
+    going = True
+    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
+        if going:
+            levels[i] = alpha / (m - rank)
+            rejected[i] = going = pvalues[i] <= levels[i]
+        else:
+            levels[i] = alpha / m
+    return rejected, levels
+
+
+def _stronger(points: Sequence[Mapping[str, Any]], metric: str, spec: MetricSpec) -> tuple[list[float], set[str]]:
+    bases, against = [], set()
+    for p in points:
+        base, which = stronger_baseline(
+            (p.get("baseline_prior") or {}).get(metric), point_random_baseline(p).get(metric), spec
+        )
+        bases.append(base)
+        against.add(which)
+    return bases, against
+
+
+def metric_test(
+    points: Sequence[Mapping[str, Any]], metric: str, spec: MetricSpec, margin: float = PROTECTION_MARGIN
+) -> dict[str, Any]:
+    """The advantage of ``metric`` over the stronger baseline at one grid value, pooled over the
+    seeds' ``points``: ``advantage`` (seed mean), ``se`` (mean of the seeds' cluster-bootstrap
+    standard errors: an upper bound on the standard error of the mean however the seeds
+    correlate; NaN when a seed has no bootstrap), ``p`` (one-sided normal p-value of advantage
+    <= 0), ``threshold`` (the margin in the metric's unit: ``margin`` times the gap between the
+    baseline and a perfect attack, or ``margin`` itself without a perfect value), ``n`` and
+    ``over`` (victims resampled), ``against``, ``seeds``. Against the prior-only baseline the
+    standard error is that of the paired difference (metric - prior on the same resamples); a
+    bootstrap without the prior's replicates (a decision set's AUC) gives no interval there."""
+    bases, against = _stronger(points, metric, spec)
+    advs, ses, ns, overs = [], [], [], set()
+    for p, base in zip(points, bases):
+        which = stronger_baseline(
+            (p.get("baseline_prior") or {}).get(metric), point_random_baseline(p).get(metric), spec
+        )[1]
+        b = (p.get("bootstrap") or {}).get(metric)
+        value = (p.get("attack_metrics") or {}).get(metric)
+        se = math.nan
+        if isinstance(b, Mapping):
+            value = b.get("attack", value)
+            if which == "random":
+                se = num(b.get("se"))  # the random guess is a constant
+            elif b.get("prior") is not None:
+                base = num(b["prior"])
+                se = num(b.get("se_vs_prior"))
+            # else: a data-dependent prior without paired replicates: no valid interval
+            ns.append(int(num(b.get("n"))) if math.isfinite(num(b.get("n"))) else 0)
+            overs.add(str(b.get("over", "victims")))
+        advs.append(advantage(value, base, spec))
+        ses.append(se)
+    out: dict[str, Any] = {
+        "metric": metric,
+        "advantage": math.nan,
+        "se": math.nan,
+        "p": math.nan,
+        "threshold": math.nan,
+        "n": min(ns) if ns else 0,
+        "over": "records" if "records" in overs else "victims",
+        "against": "prior" if against == {"prior"} else ("random" if against == {"random"} else "mixed"),
+        "seeds": len(points),
+    }
+    pairs = list(zip(advs, ses))
+    if not pairs or not all(math.isfinite(a) for a, _ in pairs):
+        return out
+    out["advantage"] = float(np.mean([a for a, _ in pairs]))
+    finite_bases = [b for b in bases if math.isfinite(num(b))]
+    perfect = spec_perfect(spec)
+    if perfect is not None and finite_bases:
+        gap = abs(perfect - float(np.mean(finite_bases)))
+        out["gap"] = gap
+        out["threshold"] = margin * gap
+        if gap <= 1e-12:  # the baseline is already perfect: no attack can beat it, nothing to test
+            out["ceiling"] = True
+            return out
+    else:
+        out["threshold"] = margin
+    if all(math.isfinite(s) for _, s in pairs):
+        se = float(np.mean([s for _, s in pairs]))
+        out["se"] = se
+        if se > 0:
+            out["p"] = _norm_sf(out["advantage"] / se)
+        else:
+            out["p"] = 0.0 if out["advantage"] > 0 else 1.0
+    return out
+
+
+def decide_tests(tests: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
+    """Holm over ``tests`` (in place): each gets ``level``, ``low`` (one-sided lower bound at its
+    Holm level), ``high`` (one-sided upper bound at alpha / m), ``family`` (m) and ``status``:
+    "leaks" (Holm rejects advantage <= 0), "below prior" (high < 0), "under margin"
+    (high < threshold), "inconclusive", "no interval" (no per-victim scores) or "at ceiling"
+    (the baseline is already a perfect attack: not tested, not counted in m)."""
+    rejected, levels = holm([t["p"] for t in tests], alpha)
+    m = sum(1 for t in tests if math.isfinite(num(t["p"])))
+    for t, rej, level in zip(tests, rejected, levels):
+        t["family"] = m
+        t["level"] = level
+        if t.get("ceiling"):
+            t["low"] = t["high"] = math.nan
+            t["status"] = "at ceiling"
+            continue
+        if not math.isfinite(num(t["p"])):
+            t["low"] = t["high"] = math.nan
+            t["status"] = "no interval"
+            continue
+        se = t["se"]
+        t["low"] = t["advantage"] - _norm_isf(level) * se
+        t["high"] = t["advantage"] + _norm_isf(alpha / m) * se
+        if rej:
+            t["status"] = "leaks"
+        elif t["high"] < 0:
+            t["status"] = "below prior"
+        elif t["high"] < t["threshold"]:
+            t["status"] = "under margin"
+        else:
+            t["status"] = "inconclusive"
+
+
+def row_verdict(tests: Mapping[str, Mapping[str, Any]], supported: bool, defended: bool, control: bool) -> str:
+    """Verdict of one grid value from its metrics' decided tests: "leaks" on any metric, else
+    "attack below prior" on any, else "protected" when every metric is under the margin, the
+    value is defended and the same attack leaks at a weaker value or without defense
+    (``control``), "no evidence of leakage" without that control, else "inconclusive"."""
+    if not supported or not tests:
+        return "not applicable"
+    status = [t["status"] for t in tests.values() if t["status"] != "at ceiling"]
+    if "leaks" in status:
+        return "leaks"
+    if "no interval" in status:
+        return "inconclusive"
+    if "below prior" in status:
+        return "attack below prior"
+    if not status:  # every baseline is already a perfect attack
+        return "no evidence of leakage"
+    if all(s == "under margin" for s in status):
+        return "protected" if defended and control else "no evidence of leakage"
+    return "inconclusive"
+
+
+def classify(interval: Mapping[str, Any], supported: bool = True, defended: bool = False, control: bool = False) -> str:
+    """Verdict of a single decided test (:func:`decide_tests`) as one grid value's only metric."""
+    return row_verdict({"m": interval}, supported, defended, control)
+
+
+def _claimed_epsilon(privacy: Mapping[str, Any] | None) -> float:
+    """Total claimed epsilon over the DP defenses of a point (sum; NaN without one)."""
+    eps = [num((v or {}).get("epsilon")) for v in (privacy or {}).values() if isinstance(v, Mapping)]
+    eps = [e for e in eps if math.isfinite(e)]
+    return float(sum(eps)) if eps else math.nan
+
+
+def empirical_summary(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Largest empirical epsilon lower bound over the points' decisions against the claimed
+    total epsilon: {"epsilon_lb", "claimed", "violation", "decision"} (in-sample: shown, never
+    a verdict)."""
+    best = {"epsilon_lb": math.nan, "claimed": math.nan, "violation": False, "decision": None}
+    for p in points:
+        claimed = _claimed_epsilon(p.get("privacy"))
+        if math.isfinite(claimed):
+            best["claimed"] = claimed if math.isnan(best["claimed"]) else max(best["claimed"], claimed)
+        for name, e in (p.get("empirical_epsilon") or {}).items():
+            lb = num((e or {}).get("epsilon_lb"))
+            if math.isfinite(lb) and (math.isnan(best["epsilon_lb"]) or lb > best["epsilon_lb"]):
+                best["epsilon_lb"], best["decision"] = lb, name
+            if (e or {}).get("violation"):
+                best["violation"] = True
+    return best
+
+
+def _canary(points: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The canary audit of the value's points with the largest ε_lb (None without one)."""
+    audits = [p["canary_audit"] for p in points if isinstance(p.get("canary_audit"), Mapping)]
+    return max(
+        audits,
+        key=lambda c: num(c.get("epsilon_lb")) if math.isfinite(num(c.get("epsilon_lb"))) else -math.inf,
+        default=None,
+    )
+
+
+def strength_rows(
+    points: Sequence[Mapping[str, Any]],
+    metrics: Sequence[str],
+    specs: Mapping[str, Any],
+    utility: str | None,
+    margin: float = PROTECTION_MARGIN,
+) -> list[dict[str, Any]]:
+    """Per swept value (in order), undecided: the :func:`metric_test` of every metric in
+    ``metrics`` under ``tests``, the utility mean (and per seed), the claimed and empirical
+    epsilons and the canary audit. :func:`decide_rows` then tests them and gives verdicts."""
+    order, groups = group_by_value(points)
+    rows = []
+    for v in order:
+        group = groups[value_key(v)]
+        ok = [p for p in group if p.get("supported", True)]
+        tests = {m: metric_test(ok, m, spec_from_dict(specs.get(m)), margin) for m in metrics} if ok else {}
+        emp = empirical_summary(group)
+        u = mean_ci95([(p.get("utility") or {}).get(utility) for p in group]) if utility else (math.nan, math.nan)
+        rows.append(
+            {
+                "value": v,
+                "supported": bool(ok),
+                "tests": tests,
+                "utility": u[0],
+                "utility_ci95": u[1],
+                "utility_by_seed": {
+                    str(p.get("seed")): num((p.get("utility") or {}).get(utility)) for p in group if utility
+                },
+                "epsilon": emp["claimed"],
+                "epsilon_lb": emp["epsilon_lb"],
+                "dp_violation": emp["violation"],
+                "canary": _canary(group),
+            }
+        )
+    return rows
+
+
+def bound_text(t: Mapping[str, Any]) -> str:
+    if not math.isfinite(num(t.get("se"))):
+        return "no per-victim scores: no interval"
+    seeds = f"{t['seeds']} seed{'s' if t['seeds'] != 1 else ''}"
+    fallback = ", records resampled as if independent: no victim ids" if t.get("over") == "records" else ""
+    return (
+        f"cluster bootstrap over {t['n']} {t.get('over', 'victims')}, {seeds}{fallback}; Holm over {t['family']} tests"
+    )
+
+
+def decide_rows(
+    series: Sequence[Sequence[dict[str, Any]]],
+    primary: str | None,
+    defended: Sequence[Sequence[bool]],
+    control: Sequence[bool],
+    alpha: float = ALPHA,
+) -> None:
+    """Test every metric of every row of ``series`` as one Holm family and give each row its
+    ``verdict`` (in place). ``defended[i][j]``: row j of series i ran with a defense;
+    ``control[i]``: series i has a positive control before its first row (e.g. the attack leaks
+    without defense). Rows are ordered weakest first, so an earlier leak is a positive control
+    for a later row. Each row also gets the ``advantage``, ``advantage_low``,
+    ``advantage_high``, ``bound`` and ``against`` of ``primary`` (the first metric if absent)
+    and ``leak_metrics`` (metrics that leak, smallest p first)."""
+    decide_tests([t for rows in series for row in rows for t in row["tests"].values()], alpha)
+    for rows, flags, ctrl in zip(series, defended, control):
+        leaked = bool(ctrl)
+        for row, flag in zip(rows, flags):
+            tests = row["tests"]
+            row["defended"] = bool(flag)
+            row["control"] = leaked
+            row["verdict"] = row_verdict(tests, row["supported"], bool(flag), leaked)
+            leaks = sorted((t for t in tests.values() if t["status"] == "leaks"), key=lambda t: t["p"])
+            row["leak_metrics"] = [t["metric"] for t in leaks]
+            t = tests.get(primary) if primary in tests else next(iter(tests.values()), None)
+            if t is None:
+                row.update(advantage=math.nan, advantage_low=math.nan, advantage_high=math.nan, against=None)
+                row["bound"] = "the attack did not run"
+            else:
+                row.update(
+                    advantage=t["advantage"], advantage_low=t["low"], advantage_high=t["high"], against=t["against"]
+                )
+                row["bound"] = bound_text(t)
+            leaked = leaked or row["verdict"] == "leaks"
