@@ -69,6 +69,7 @@ DEVIATIONS = {
     "sybils": "add clients it runs to a cohort, up to the attack's declared count",
     "inconsistent-models": "send each cohort member its own model",
     "craft-items": "send item embeddings of its choosing",
+    "isolated-decryption": "have a decrypting client decrypt one client's ciphertexts as if they were a sum",
 }
 
 
