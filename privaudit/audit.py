@@ -8,7 +8,9 @@ protocol:
   (:meth:`Attack.applicable` on the undefended server view: its ``requires`` message kinds in
   plaintext), never by a hand-written table;
 - **defenses**: every registered defense whose ``applies_to`` is None or names the protocol
-  and that has a ``strength`` with a ``default_grid``; each is run at every grid value;
+  and that has a ``strength`` with a ``default_grid``; each is run at every grid value (a
+  defense without a grid, e.g. a consistency check, runs as one cell when named in
+  ``defenses``);
 - for every (defense, grid value, seed) — plus the undefended run per seed — the protocol runs
   once and *every* attack is evaluated on that transcript (``attack.evaluate``: metrics,
   baselines), with the protocol's utility, the defense's ``privacy_spent`` and timings.
@@ -137,19 +139,34 @@ def deviation_noun(cls: type) -> str:
     return next((DEVIATION_NOUNS[d] for d in DEVIATION_NOUNS if d in declared), ", ".join(declared) or "deviation")
 
 
-def applicable_defenses(protocol: str, include_hiding: bool = False) -> tuple[list[type], list[tuple[str, str]]]:
+def defense_grid(cls: type) -> tuple:
+    """The values a defense is swept at: its ``default_grid``, or ``(None,)`` (one cell with
+    its defaults) for a defense without a strength."""
+    return tuple(cls.default_grid) if getattr(cls, "strength", None) else (None,)
+
+
+def _defense_params(cls: type, value: Any) -> dict[str, Any]:
+    return {cls.strength: value} if getattr(cls, "strength", None) else {}
+
+
+def applicable_defenses(
+    protocol: str, include_hiding: bool = False, selected: Sequence[str] = ()
+) -> tuple[list[type], list[tuple[str, str]]]:
     """(defenses to sweep, [(name, why skipped)]) for ``protocol``.
 
     Defenses that hide per-client plaintext (``hides_plaintext()``: encryption, secure
     aggregation) are skipped unless ``include_hiding``: plaintext attacks score their baseline
     against them by construction, and their cryptography makes every run slow (secure
-    aggregation on 200 FedMVMF clients: minutes per epoch)."""
+    aggregation on 200 FedMVMF clients: minutes per epoch). A defense without a strength grid
+    is skipped unless ``selected`` names it (then it is one cell, :func:`defense_grid`)."""
     swept, skipped = [], []
     for name, cls in registry.available("defense").items():
         applies = getattr(cls, "applies_to", None)
         if applies is not None and protocol not in applies:
             skipped.append((name, f"applies only to {', '.join(applies)}"))
-        elif not getattr(cls, "strength", None) or not tuple(getattr(cls, "default_grid", ()) or ()):
+        elif name not in selected and (
+            not getattr(cls, "strength", None) or not tuple(getattr(cls, "default_grid", ()) or ())
+        ):
             skipped.append((name, "no strength grid to sweep"))
         elif not include_hiding and _hides_plaintext(cls):
             skipped.append((name, "hides per-client plaintext (cryptographic, slow): add it with --defense " + name))
@@ -361,7 +378,9 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
         attacks = [a for a in attacks if attack_threat(a) == audit.threat]
         if not attacks:
             raise PrivauditError(f"no selected {audit.threat} attack reads {protocol_cls.name!r} transcripts")
-    defenses, skipped = applicable_defenses(protocol_cls.name, include_hiding=audit.defenses is not None)
+    defenses, skipped = applicable_defenses(
+        protocol_cls.name, include_hiding=audit.defenses is not None, selected=tuple(audit.defenses or ())
+    )
     if audit.defenses is not None:
         for name in audit.defenses:
             registry.get("defense", name)
@@ -380,8 +399,8 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
             plan = attack_plan(a)
             plans.setdefault(repr(sorted(plan.items())), (plan, []))[1].append((a.name, a))
     for cls in defenses:
-        for value in cls.default_grid:
-            cls(**{cls.strength: value})  # validates
+        for value in defense_grid(cls):
+            cls(**_defense_params(cls, value))  # validates
     if honest:
         runs += _runs(protocol_cls, config, defenses, seeds, honest, audit.canaries, None)
     for plan, named in plans.values():
@@ -421,7 +440,7 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
                 "name": d.name,
                 "description": registry.describe(d),
                 "strength": d.strength,
-                "grid": list(d.default_grid),
+                "grid": list(defense_grid(d)),
                 "params": dict(d.params),
             }
             for d in defenses
@@ -456,7 +475,7 @@ def _runs(
         for seed in seeds
     ]
     for d_index, cls in enumerate(defenses, start=1):
-        grid = list(enumerate(cls.default_grid))
+        grid = list(enumerate(defense_grid(cls)))
         for v_index, value in grid if plan is None else grid[-1:]:
             for seed in seeds:
                 runs.append(
@@ -465,7 +484,7 @@ def _runs(
                         config,
                         d_index,
                         cls,
-                        {cls.strength: value},
+                        _defense_params(cls, value),
                         v_index,
                         value,
                         seed,
@@ -605,7 +624,10 @@ def decide(out: dict[str, Any]) -> None:
     info = {a["name"]: a for a in out.get("attacks") or []}
     for cell in out["matrix"]:
         cell["threat"] = info[cell["attack"]].get("threat", HONEST)
+    gridless = [d["name"] for d in out.get("defenses") or [] if not d.get("strength")]
     for v in out["verdicts"]:
+        for name in gridless:  # results names a cell "<defense>.<strength> = <value>"
+            v["sentence"] = v["sentence"].replace(f"{name}.None = -", name).replace(f"{name}.None", name)
         a = info[v["attack"]]
         v["threat"] = a.get("threat", HONEST)
         if v["threat"] == MALICIOUS:
@@ -618,6 +640,8 @@ def _column_label(out: Mapping[str, Any], defense: str | None) -> tuple[str, Any
         return "no defense", None
     d = next(x for x in out.get("defenses") or [] if x["name"] == defense)
     value = d["grid"][-1] if d.get("grid") else None
+    if not d.get("strength"):
+        return str(defense), value
     return f"{defense} ({d['strength']} = {rs.fmt_value(value)})", value
 
 

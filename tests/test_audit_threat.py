@@ -195,3 +195,21 @@ def test_threat_selection_errors_and_cli(threat_registry, ds, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["audit", "--protocol", "dummy-threat", "--threat", "evil"])
     assert exc.value.code == 2
+
+
+def test_a_defense_without_grid_is_one_cell_when_named(threat_registry, ds, tmp_path):
+    """dummy-encrypt hides every upload from an honest server; the peeking server still reads the target."""
+    spec = au.Audit("dummy-threat", seeds=2, defenses=["dummy-encrypt"], jobs=1, sets={"p": 16})
+    a = au.run_audit(spec, dataset=ds)
+    assert a["defenses"][0]["strength"] is None and a["defenses"][0]["grid"] == [None]
+    honest = [r for r in a["runs"] if r["defense"] == "dummy-encrypt" and r["threat"] == "honest-but-curious"]
+    assert len(honest) == 2 and all(r["attacks"]["dummy-sign"]["supported"] is False for r in honest)
+    assert a["threat_verdicts"][1]["sentence"] == (
+        "dummy-encrypt: protected against an honest-but-curious server (no attack applies under it); leaks to a "
+        "malicious server (dummy-peek, 1 round of model inconsistency, 0 sybils)."
+    )
+    out = au.write_audit(a, tmp_path / "audit")
+    assert "dummy-encrypt.None" not in (out / "audit.html").read_text()
+    assert "dummy-encrypt.None" not in report.format_matrix(a)
+    # unnamed, it is skipped as before
+    assert dict(au.applicable_defenses("dummy-threat")[1])["dummy-encrypt"] == "no strength grid to sweep"

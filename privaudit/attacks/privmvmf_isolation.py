@@ -19,7 +19,8 @@ Metrics: the MVMF accuracies of the target (``rating_accuracy``, primary; ``rate
 items it decides rated against the target's training ratings, ``rounds_used`` (isolated
 decryptions read) and ``sybils`` (0). Baselines: the uniform guess (precision = the target's share
 of rated items among its uploads, recall 1/2) and the prior library's message-free guesses for the
-target (:class:`privaudit.attacks._mvmf.PriorTable`). Per-record decisions: rated versus virtual
+target (:class:`privaudit.attacks._mvmf.PriorTable`; for the rated set, the uploads it deems most
+likely rated, as many as the public ``rho`` of ``sampling`` implies). Per-record decisions: rated versus virtual
 per uploaded item. With ``model-consistency`` the decryptors refuse a sum that is not a posted
 cohort's; no isolated decryption exists and the attack does not apply.
 """
@@ -50,6 +51,14 @@ def _f1(p: float, r: float) -> float:
 def _target(transcript_or_view: Any) -> str | None:
     target = int((transcript_or_view.config or {}).get("target", -1))
     return f"client:{target}" if target >= 0 else None
+
+
+def _rho(config: dict[str, Any]) -> float:
+    """The public ``rho`` of the run's ``sampling`` defense (0 without one)."""
+    for d in config.get("defenses", []) or []:
+        if isinstance(d, dict) and d.get("name") == "sampling":
+            return float(d.get("rho", 0.0) or 0.0)
+    return 0.0
 
 
 def _rated_prf(items: np.ndarray, decided: np.ndarray, truth_items: np.ndarray) -> tuple[float, float]:
@@ -159,7 +168,11 @@ class PrivMVMFIsolatedDecryption(MVMFAggregate):
             out[m] = float(table.hits[m][k]) / w if w > 0 else nan
         items = table.items[table.offsets[k] : table.offsets[k + 1]]
         rows = np.full(len(items), k, dtype=np.int64)
-        decided = np.argmax(table.predictive("rated_detection_accuracy", rows, items), axis=1) == 1
+        p_rated = table.predictive("rated_detection_accuracy", rows, items)[:, 1]
+        # the set guess: the uploads most likely rated, as many as sampling's public rho implies
+        n_rated = int(round(len(items) / (1.0 + _rho(transcript.config))))
+        decided = np.zeros(len(items), dtype=bool)
+        decided[np.argsort(-p_rated, kind="stable")[:n_rated]] = True
         p, r = _rated_prf(items, decided, transcript.private(party).get("items", np.empty(0)))
         out.update(precision=p, recall=r, f1=_f1(p, r))
         return out

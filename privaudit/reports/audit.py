@@ -154,6 +154,8 @@ def roc_figure(audit: Mapping[str, Any], attack: str):
 
 
 def _strength(audit: Mapping[str, Any], d: Mapping[str, Any]) -> str:
+    if not d.get("strength"):  # a defense without a grid (one cell, its defaults)
+        return str(d["name"])
     return rs.strength_label(
         d["name"], d["strength"], [r.get("privacy") for r in audit.get("runs") or [] if r.get("defense") == d["name"]]
     )
@@ -211,6 +213,9 @@ def _glossary(audit: Mapping[str, Any]) -> list[tuple[str, str]]:
             )
         )
     for d in audit.get("defenses") or []:
+        if not d.get("strength"):
+            items.append((str(d["name"]), "no strength (one cell, its defaults): " + str(d.get("description") or "")))
+            continue
         items.append(
             (
                 f"{d['name']}.{d['strength']}",
@@ -312,7 +317,10 @@ def _config_rows(audit: Mapping[str, Any]) -> list[tuple[str, str]]:
         return " (" + ", ".join(f"{k}={v}" for k, v in p.items()) + ")" if p else ""
 
     grids = [
-        f"{d['name']} ({d['strength']} in {', '.join(fmt_value(v) for v in d['grid'])})" for d in audit["defenses"]
+        f"{d['name']} ({d['strength']} in {', '.join(fmt_value(v) for v in d['grid'])})"
+        if d.get("strength")
+        else f"{d['name']} (no strength: one cell)"
+        for d in audit["defenses"]
     ]
     skipped = [f"{s['name']} ({s['reason']})" for s in audit.get("skipped_defenses", [])]
     return [
@@ -345,9 +353,7 @@ def _matrix_intro(audit: Mapping[str, Any]) -> str:
 
 
 def _matrix_table(audit: Mapping[str, Any]) -> str:
-    header = ["attack (metric)", "no defense"] + [
-        f"{_strength(audit, d)} = {fmt_value(d['grid'][-1])}" for d in audit["defenses"]
-    ]
+    header = ["attack (metric)", "no defense"] + [_column(audit, d) for d in audit["defenses"]]
     rows = []
     for a in audit["attacks"]:
         first = Cell().add(a["name"]).add(a["primary_metric"], "small").add(_threat_of(a), "small")
@@ -359,6 +365,13 @@ def _matrix_table(audit: Mapping[str, Any]) -> str:
             row.append(_cell(audit, cell, dname is not None))
         rows.append(row)
     return html_table(header, rows, cls="matrix")
+
+
+def _column(audit: Mapping[str, Any], d: Mapping[str, Any]) -> str:
+    """A matrix column's header: the defense's strength at its strongest value (or its name)."""
+    if not d.get("strength"):
+        return str(d["name"])
+    return f"{_strength(audit, d)} = {fmt_value(d['grid'][-1])}"
 
 
 def _threat_rows(threat: list[Mapping[str, Any]]) -> list[list[str]]:
@@ -444,7 +457,10 @@ def _esc(text: str) -> str:
 
 def format_matrix(audit: Mapping[str, Any]) -> str:
     """The verdict sentences and the matrix as plain text (what the CLI prints)."""
-    cols = ["no defense"] + [f"{d['name']}.{d['strength']}={fmt_value(d['grid'][-1])}" for d in audit["defenses"]]
+    cols = ["no defense"] + [
+        f"{d['name']}.{d['strength']}={fmt_value(d['grid'][-1])}" if d.get("strength") else str(d["name"])
+        for d in audit["defenses"]
+    ]
     header = ["attack (advantage, verdict)"] + cols
     rows = []
     for a in audit["attacks"]:
