@@ -687,7 +687,8 @@ def _threat_part(out: Mapping[str, Any], threat: str, defense: str | None, value
     leaking = [a for a in applying if verdicts.get(a["name"]) == "leaks"]
     if leaking:
         names = [_deviation_text(out, a, defense, value) if threat == MALICIOUS else a["name"] for a in leaking]
-        return f"leaks to {server} ({'; '.join(names)})"
+        stopped = [f"{n} ({v})" for n, v in sorted(verdicts.items()) if v in ("protected", "not applicable")]
+        return f"leaks to {server} ({'; '.join(names)})" + (f"; stopped: {', '.join(stopped)}" if stopped else "")
     if verdicts and all(v in ("protected", "not applicable") for v in verdicts.values()):
         na = all(v == "not applicable" for v in verdicts.values())
         return f"protected against {server}" + (" (no attack applies under it)" if na and defense else "")

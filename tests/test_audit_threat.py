@@ -153,6 +153,14 @@ def test_cells_and_verdicts_name_the_threat_model(threat_registry, ds):
     ]:
         cell[("dummy-sign", "dummy-noise")]["verdict"] = verdict
         assert au.threat_verdicts(a)[1]["honest-but-curious"] == text
+    # an attack the defense stops is named beside the ones that still leak
+    sign = next(x for x in a["attacks"] if x["name"] == "dummy-sign")
+    a["attacks"].append({**sign, "name": "dummy-sign-2"})
+    a["matrix"].append({**cell[("dummy-sign", "dummy-noise")], "attack": "dummy-sign-2", "verdict": "leaks"})
+    cell[("dummy-sign", "dummy-noise")]["verdict"] = "not applicable"
+    assert au.threat_verdicts(a)[1]["honest-but-curious"] == (
+        "leaks to an honest-but-curious server (dummy-sign-2); stopped: dummy-sign (not applicable)"
+    )
     peek = next(v for v in a["verdicts"] if v["attack"] == "dummy-peek")
     assert peek["threat"] == "malicious" and peek["sentence"].startswith("Malicious server (server=peek): dummy-peek")
     text = report.format_matrix(a)
