@@ -43,8 +43,8 @@ cluster bootstrap (:func:`_pool_targets`). Nothing malicious runs when no select
 protocol is malicious. Every run, attack, matrix cell and verdict records its ``threat``;
 ``threat_verdicts`` holds one sentence per matrix column naming both threat models
 (:func:`threat_verdicts`), e.g. "secagg (dropout = 0.3): protected against an
-honest-but-curious server; leaks to a malicious server (ncf-model-inconsistency, 1 round of
-model inconsistency, 0 sybils)".
+honest-but-curious server (no attack applies under it); leaks to a malicious server
+(ncf-model-inconsistency, 1 round of model inconsistency, 0 sybils)".
 
 Every DP cell (a defense whose ``privacy_spent`` reports an epsilon) of a protocol with a canary
 kit also runs once more on a canary-augmented dataset (:mod:`privaudit.canary`: randomized
@@ -707,7 +707,8 @@ def threat_verdicts(out: Mapping[str, Any]) -> list[dict[str, Any]]:
         label, value = _column_label(out, defense)
         parts = {t: _threat_part(out, t, defense, value) for t in (HONEST, MALICIOUS)}
         parts = {t: p for t, p in parts.items() if p is not None}
-        rows.append({"defense": defense, "value": value, **parts, "sentence": f"{label}: {'; '.join(parts.values())}."})
+        sentence = f"{label}: {'; '.join(parts.values())}."
+        rows.append({"defense": defense, "value": value, "column": label, **parts, "sentence": sentence})
     return rows
 
 

@@ -375,8 +375,9 @@ def _column(audit: Mapping[str, Any], d: Mapping[str, Any]) -> str:
 
 
 def _threat_rows(threat: list[Mapping[str, Any]]) -> list[list[str]]:
-    column = [str(v.get("sentence", "")).split(":", 1)[0] for v in threat]
-    return [[c, str(v.get("honest-but-curious", "-")), str(v.get("malicious", "-"))] for c, v in zip(column, threat)]
+    return [
+        [str(v.get("column", "")), str(v.get("honest-but-curious", "-")), str(v.get("malicious", "-"))] for v in threat
+    ]
 
 
 def _pair_sections(audit: Mapping[str, Any]) -> list[tuple[str, str, str]]:
