@@ -470,8 +470,23 @@ def _runs(
     malicious (undefended and each defense's strongest value, with ``plan`` set)."""
     threat = HONEST if plan is None else MALICIOUS
     extra = {"threat": threat, "plan": dict(plan or {})}
+    own = canaries if plan is None else 0  # malicious runs: no canary run (the DP claim is the honest runs')
     runs = [
-        _Run(protocol_cls, config, 0, None, {}, 0, None, seed, named, None, protocol_cls.name, **extra)
+        _Run(
+            protocol_cls,
+            config,
+            0,
+            None,
+            {},
+            0,
+            None,
+            seed,
+            named,
+            None,
+            protocol_cls.name,
+            None if plan is None else 0,
+            **extra,
+        )
         for seed in seeds
     ]
     for d_index, cls in enumerate(defenses, start=1):
@@ -491,7 +506,7 @@ def _runs(
                         named,
                         cls.name,
                         protocol_cls.name,
-                        canaries,
+                        own,
                         **extra,
                     )
                 )

@@ -196,3 +196,4 @@ def test_audit_plans_each_malicious_attack_on_its_server_plan():
         )
         assert len(mine) == 15 and {r.seed for r in mine} == set(range(5))
         assert all(r.config["server"] == plan and len(r.attacks) == 1 for r in mine)
+        assert all(r.canaries == 0 for r in mine)  # no canary run: the DP claim is checked on the honest runs
