@@ -8,7 +8,9 @@ protocol:
   (:meth:`Attack.applicable` on the undefended server view: its ``requires`` message kinds in
   plaintext), never by a hand-written table;
 - **defenses**: every registered defense whose ``applies_to`` is None or names the protocol
-  and that has a ``strength`` with a ``default_grid``; each is run at every grid value;
+  and that has a ``strength`` with a ``default_grid``; each is run at every grid value (a
+  defense without a grid, e.g. a consistency check, runs as one cell when named in
+  ``defenses``);
 - for every (defense, grid value, seed) — plus the undefended run per seed — the protocol runs
   once and *every* attack is evaluated on that transcript (``attack.evaluate``: metrics,
   baselines), with the protocol's utility, the defense's ``privacy_spent`` and timings.
@@ -26,6 +28,23 @@ each defense's strongest grid value (the last one: grids run from weakest to str
 verdict per cell (a test over every declared metric: :data:`privaudit.results.CELL_VERDICTS`), the utility
 cost there, the claimed total epsilon and the empirical epsilon lower bound. ``audit.json``
 holds everything; :mod:`privaudit.reports.audit` renders ``audit.html`` from it.
+
+Threat axis (``threat``: ``honest-but-curious``, ``malicious`` or ``both``, default both). An
+attack declares its threat model (:attr:`Attack.threat`). The runs above are the honest
+server's and evaluate the honest-but-curious attacks only. A ``malicious`` attack also declares
+the protocol settings its deviation needs (``plan``: a dict, or a string naming the protocol's
+``server`` plan) and its ``deviations``; for each distinct plan the protocol runs again with the plan set,
+undefended and at each swept defense's strongest grid value (the cells of the matrix; not the
+whole grid, to keep the audit's cost), and only the attacks of that plan are evaluated there.
+A malicious run attacks one target, so these cells run at least
+:data:`privaudit.results.MIN_VICTIMS` seeds (the honest runs' seeds first), the fewest victims
+an advantage interval is computed from; the seeds' targets of a cell are pooled into one
+cluster bootstrap (:func:`_pool_targets`). Nothing malicious runs when no selected attack of the
+protocol is malicious. Every run, attack, matrix cell and verdict records its ``threat``;
+``threat_verdicts`` holds one sentence per matrix column naming both threat models
+(:func:`threat_verdicts`), e.g. "secagg (dropout = 0.3): protected against an
+honest-but-curious server (no attack applies under it); leaks to a malicious server
+(ncf-model-inconsistency, 1 round of model inconsistency, 0 sybils)".
 
 Every DP cell (a defense whose ``privacy_spent`` reports an epsilon) of a protocol with a canary
 kit also runs once more on a canary-augmented dataset (:mod:`privaudit.canary`: randomized
@@ -56,6 +75,20 @@ from privaudit.runner import scheduler_context
 AUDIT_JSON = "audit.json"
 AUDIT_HTML = "audit.html"
 DEFAULT_AUDIT_SEEDS = 2
+HONEST = "honest-but-curious"
+MALICIOUS = "malicious"
+#: values of :attr:`Audit.threat`
+THREATS = (HONEST, MALICIOUS, "both")
+#: how a verdict names a deviation (keys of :data:`privaudit.attacks.malicious_fedncf.DEVIATIONS`),
+#: in order of preference when an attack declares several
+DEVIATION_NOUNS = {
+    "inconsistent-models": "model inconsistency",
+    "isolated-decryption": "isolated decryption",
+    "sybils": "sybil cohorts",
+    "craft-items": "crafted items",
+    "craft-network": "crafted network weights",
+    "choose-cohorts": "chosen cohorts",
+}
 
 __all__ = [
     "Audit",
@@ -67,6 +100,10 @@ __all__ = [
     "pair_series",
     "scheduler_context",
     "default_out_dir",
+    "attack_threat",
+    "attack_plan",
+    "threat_verdicts",
+    "THREATS",
 ]
 
 
@@ -83,13 +120,46 @@ def applicable_attacks(protocol: str) -> list[type]:
     return out
 
 
-def applicable_defenses(protocol: str, include_hiding: bool = False) -> tuple[list[type], list[tuple[str, str]]]:
+def attack_threat(cls: type) -> str:
+    """An attack's declared threat model (:data:`HONEST` unless it declares ``malicious``)."""
+    return MALICIOUS if getattr(cls, "threat", HONEST) == MALICIOUS else HONEST
+
+
+def attack_plan(cls: type) -> dict[str, Any]:
+    """The protocol settings a malicious attack's deviation needs: its ``plan`` (a dict, or a
+    string naming the protocol's ``server`` plan); empty for an honest-but-curious attack."""
+    plan = getattr(cls, "plan", None)
+    if attack_threat(cls) != MALICIOUS or not plan:
+        return {}
+    return dict(plan) if isinstance(plan, Mapping) else {"server": str(plan)}
+
+
+def deviation_noun(cls: type) -> str:
+    """How a verdict names what a malicious attack's server does (:data:`DEVIATION_NOUNS`)."""
+    declared = tuple(getattr(cls, "deviations", ()) or ())
+    return next((DEVIATION_NOUNS[d] for d in DEVIATION_NOUNS if d in declared), ", ".join(declared) or "deviation")
+
+
+def defense_grid(cls: type) -> tuple:
+    """The values a defense is swept at: its ``default_grid``, or ``(None,)`` (one cell with
+    its defaults) for a defense without a strength."""
+    return tuple(cls.default_grid) if getattr(cls, "strength", None) else (None,)
+
+
+def _defense_params(cls: type, value: Any) -> dict[str, Any]:
+    return {cls.strength: value} if getattr(cls, "strength", None) else {}
+
+
+def applicable_defenses(
+    protocol: str, include_hiding: bool = False, selected: Sequence[str] = ()
+) -> tuple[list[type], list[tuple[str, str]]]:
     """(defenses to sweep, [(name, why skipped)]) for ``protocol``.
 
     Defenses that hide per-client plaintext (``hides_plaintext()``: encryption, secure
     aggregation) are skipped unless ``include_hiding``: plaintext attacks score their baseline
     against them by construction, and their cryptography makes every run slow (secure
-    aggregation on 200 FedMVMF clients: minutes per epoch)."""
+    aggregation on 200 FedMVMF clients: minutes per epoch). A defense without a strength grid
+    is skipped unless ``selected`` names it (then it is one cell, :func:`defense_grid`)."""
     swept, skipped = [], []
     schema = registry.get("protocol", protocol).schema
     for name, cls in registry.available("defense").items():
@@ -99,7 +169,9 @@ def applicable_defenses(protocol: str, include_hiding: bool = False) -> tuple[li
         elif schema is not None and not cls.acts_on_schema(schema):
             acts = ", ".join(f"{k}.{f}" for k, f in cls.acts_on) or "none declared"
             skipped.append((name, f"changes no payload of a {protocol} message (acts on: {acts})"))
-        elif not getattr(cls, "strength", None) or not tuple(getattr(cls, "default_grid", ()) or ()):
+        elif name not in selected and (
+            not getattr(cls, "strength", None) or not tuple(getattr(cls, "default_grid", ()) or ())
+        ):
             skipped.append((name, "no strength grid to sweep"))
         elif not include_hiding and _hides_plaintext(cls):
             skipped.append((name, "hides per-client plaintext (cryptographic, slow): add it with --defense " + name))
@@ -134,6 +206,13 @@ class _Run:
     defense_name: str | None = None
     protocol_name: str = ""
     canaries: int | None = None  # per DP cell's canary run (None: the kit's default, 0: no run)
+    threat: str = HONEST
+    plan: dict[str, Any] = field(default_factory=dict)  # the malicious server's protocol settings
+
+    @property
+    def group_key(self) -> tuple[int, str]:
+        """Runs of one seed and server plan share their undefended protocol run (:func:`_is_undefended`)."""
+        return self.seed, repr(sorted(self.plan.items()))
 
 
 def _is_undefended(cls: type | None, params: Mapping[str, Any]) -> bool:
@@ -174,7 +253,10 @@ def _execute(run: _Run, dataset: Any, keep: dict | None = None, shared: Any = No
         "defense": run.defense_name,
         "value": run.value,
         "seed": run.seed,
+        "threat": run.threat,
     }
+    if run.plan:
+        out["plan"] = dict(run.plan)
     task.names = [run.protocol_name, "", run.defense_name or ""]  # resolved in the main process
     for attack_name, attack_cls in run.attacks:
         if not getattr(attack_cls, "name", ""):
@@ -261,6 +343,9 @@ class Audit:
     canaries : int | None
         Canaries of the extra canary run of every DP cell (None: the protocol's canary kit's
         default; 0: no canary runs).
+    threat : str
+        ``honest-but-curious``, ``malicious`` or ``both`` (:data:`THREATS`): which attacks run
+        (the malicious ones on runs with their plan set; module docstring).
     """
 
     protocol: str
@@ -275,6 +360,7 @@ class Audit:
     defenses: Sequence[str] | None = None
     progress: bool | None = None
     canaries: int | None = None
+    threat: str = "both"
 
 
 def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
@@ -291,7 +377,15 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
             raise PrivauditError(f"attack(s) {', '.join(missing)} do not read {protocol_cls.name!r} transcripts")
     if not attacks:
         raise PrivauditError(f"no registered attack reads {protocol_cls.name!r} transcripts")
-    defenses, skipped = applicable_defenses(protocol_cls.name, include_hiding=audit.defenses is not None)
+    if audit.threat not in THREATS:
+        raise PrivauditError(f"threat must be one of {', '.join(THREATS)}, got {audit.threat!r}")
+    if audit.threat != "both":
+        attacks = [a for a in attacks if attack_threat(a) == audit.threat]
+        if not attacks:
+            raise PrivauditError(f"no selected {audit.threat} attack reads {protocol_cls.name!r} transcripts")
+    defenses, skipped = applicable_defenses(
+        protocol_cls.name, include_hiding=audit.defenses is not None, selected=tuple(audit.defenses or ())
+    )
     if audit.defenses is not None:
         for name in audit.defenses:
             registry.get("defense", name)
@@ -303,29 +397,27 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
         defenses = [d for d in defenses if d.name in wanted]
     seeds = list(range(int(audit.seed), int(audit.seed) + int(audit.seeds)))
     runs: list[_Run] = []
-    named = [(a.name, a) for a in attacks]
-    for seed in seeds:
-        runs.append(_Run(protocol_cls, config, 0, None, {}, 0, None, seed, named, None, protocol_cls.name))
-    for d_index, cls in enumerate(defenses, start=1):
-        for v_index, value in enumerate(cls.default_grid):
-            cls(**{cls.strength: value})  # validates
-            for seed in seeds:
-                runs.append(
-                    _Run(
-                        protocol_cls,
-                        config,
-                        d_index,
-                        cls,
-                        {cls.strength: value},
-                        v_index,
-                        value,
-                        seed,
-                        named,
-                        cls.name,
-                        protocol_cls.name,
-                        audit.canaries,
-                    )
-                )
+    honest = [(a.name, a) for a in attacks if attack_threat(a) == HONEST]
+    plans: dict[str, tuple[dict[str, Any], list[tuple[str, type]]]] = {}
+    for a in attacks:
+        if attack_threat(a) == MALICIOUS:
+            plan = attack_plan(a)
+            plans.setdefault(repr(sorted(plan.items())), (plan, []))[1].append((a.name, a))
+    for cls in defenses:
+        for value in defense_grid(cls):
+            cls(**_defense_params(cls, value))  # validates
+    if honest:
+        runs += _runs(protocol_cls, config, defenses, seeds, honest, audit.canaries, None)
+    for plan, named in plans.values():
+        try:
+            planned = protocol_cls.resolve_config({**dict(audit.sets), **plan})
+        except PrivauditError as exc:
+            names = ", ".join(n for n, _ in named)
+            raise PrivauditError(f"the malicious server's plan of {names} ({_plan_text(plan)}): {exc}") from None
+        # one target per malicious run: at least MIN_VICTIMS seeds (the fewest victims an
+        # advantage interval is computed from), the honest runs' seeds first
+        more = list(range(seeds[0], seeds[0] + max(len(seeds), rs.MIN_VICTIMS)))
+        runs += _runs(protocol_cls, planned, defenses, more, named, audit.canaries, plan)
     header = {
         "privaudit_version": __version__,
         "protocol": protocol_cls.name,
@@ -339,6 +431,12 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
                 "requires": list(getattr(a, "requires", ()) or ()),
                 "primary_metric": getattr(a, "primary_metric", "accuracy"),
                 "audit_params": dict(getattr(a, "audit_params", {}) or {}),
+                "threat": attack_threat(a),
+                **(
+                    {"plan": attack_plan(a), "deviations": list(a.deviations), "deviation": deviation_noun(a)}
+                    if attack_threat(a) == MALICIOUS
+                    else {}
+                ),
             }
             for a in attacks
         ],
@@ -347,17 +445,78 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
                 "name": d.name,
                 "description": registry.describe(d),
                 "strength": d.strength,
-                "grid": list(d.default_grid),
+                "grid": list(defense_grid(d)),
                 "params": dict(d.params),
             }
             for d in defenses
         ],
         "skipped_defenses": [{"name": n, "reason": r} for n, r in skipped],
+        "threat": audit.threat,
         "utility_metric_declared": protocol_cls.main_utility,
         "utility_specs": {k: rs.spec_to_dict(s) for k, s in protocol_cls.utility_specs.items()},
         "_attack_classes": {a.name: a for a in attacks},
     }
     return runs, header
+
+
+def _plan_text(plan: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in plan.items())
+
+
+def _runs(
+    protocol_cls: type,
+    config: dict[str, Any],
+    defenses: list[type],
+    seeds: list[int],
+    named: list[tuple[str, type]],
+    canaries: int | None,
+    plan: dict[str, Any] | None,
+) -> list[_Run]:
+    """The runs of one server: honest (``plan`` None: undefended and every grid value) or
+    malicious (undefended and each defense's strongest value, with ``plan`` set)."""
+    threat = HONEST if plan is None else MALICIOUS
+    extra = {"threat": threat, "plan": dict(plan or {})}
+    own = canaries if plan is None else 0  # malicious runs: no canary run (the DP claim is the honest runs')
+    runs = [
+        _Run(
+            protocol_cls,
+            config,
+            0,
+            None,
+            {},
+            0,
+            None,
+            seed,
+            named,
+            None,
+            protocol_cls.name,
+            None if plan is None else 0,
+            **extra,
+        )
+        for seed in seeds
+    ]
+    for d_index, cls in enumerate(defenses, start=1):
+        grid = list(enumerate(defense_grid(cls)))
+        for v_index, value in grid if plan is None else grid[-1:]:
+            for seed in seeds:
+                runs.append(
+                    _Run(
+                        protocol_cls,
+                        config,
+                        d_index,
+                        cls,
+                        _defense_params(cls, value),
+                        v_index,
+                        value,
+                        seed,
+                        named,
+                        cls.name,
+                        protocol_cls.name,
+                        own,
+                        **extra,
+                    )
+                )
+    return runs
 
 
 def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
@@ -375,15 +534,15 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
     # a run whose defense leaves the undefended run unchanged shares that run's protocol run
     # (same seed), in the same task; its attacks are still evaluated with its own streams
     groups: list[list[int]] = []
-    first: dict[int, list[int]] = {}
+    first: dict[tuple[int, str], list[int]] = {}
     for i, r in enumerate(runs):
         if r.defense_cls is None:
-            first[r.seed] = [i]
-            groups.append(first[r.seed])
+            first[r.group_key] = [i]
+            groups.append(first[r.group_key])
     for i, r in enumerate(runs):
         if r.defense_cls is not None:
-            if _is_undefended(r.defense_cls, r.defense_params) and r.seed in first:
-                first[r.seed].append(i)
+            if _is_undefended(r.defense_cls, r.defense_params) and r.group_key in first:
+                first[r.group_key].append(i)
             else:
                 groups.append([i])
     with scheduler_context(audit.scheduler) as backend:
@@ -419,9 +578,9 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
     if declared_utility:
         out["utility_metric"] = declared_utility
     out["utility_metric"] = rs.audit_utility(out)
+    _pool_targets(out)
     _mark_applicability(out)
-    out["matrix"] = build_matrix(out)
-    out["verdicts"] = rs.audit_verdicts(out)
+    decide(out)
     out["timing"] = {
         "total_seconds": time.perf_counter() - t0,
         "load_seconds": load_seconds,
@@ -432,11 +591,42 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
     return out
 
 
+def _pool_targets(out: dict[str, Any]) -> None:
+    """One target per malicious run: a run's own bootstrap has too few victims
+    (:data:`privaudit.results.MIN_VICTIMS`), so the seeds' targets of one cell are the victims
+    of a cluster bootstrap (the seed-mean advantage's standard error, paired with the prior),
+    written into each run's ``bootstrap`` (in place; runs with a bootstrap of their own are kept)."""
+    cells: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in out["runs"]:
+        if r.get("threat") != MALICIOUS:
+            continue
+        for name, scored in (r.get("attacks") or {}).items():
+            if scored.get("supported") and not scored.get("bootstrap"):
+                cells.setdefault((name, str(r.get("defense")), repr(r.get("value"))), []).append(scored)
+    for group in cells.values():
+        n = len(group)
+        if n < rs.MIN_VICTIMS:
+            continue
+        rng = np.random.default_rng(rs.BOOTSTRAP_SEED)
+        counts = rs.bootstrap_counts(n, rs.BOOTSTRAP_REPLICATES, rng).astype(float) / n
+        for metric in group[0].get("attack_metrics") or {}:
+            att = np.array([rs.num((s.get("attack_metrics") or {}).get(metric)) for s in group])
+            pri = np.array([rs.num((s.get("baseline_prior") or {}).get(metric)) for s in group])
+            if not (np.isfinite(att).all() and np.isfinite(pri).all()):
+                continue
+            se, se_vs = float(np.std(counts @ att, ddof=1)), float(np.std(counts @ (att - pri), ddof=1))
+            for s, a, p in zip(group, att, pri):
+                entry = {"attack": float(a), "prior": float(p), "se": se, "se_vs_prior": se_vs, "n": n}
+                s.setdefault("bootstrap", {})[metric] = {**entry, "over": "victims"}
+
+
 def _mark_applicability(out: dict[str, Any]) -> None:
     """An attack applies when it ran on the undefended view (its declared needs were met)."""
     for a in out["attacks"]:
         undefended = [
-            r["attacks"].get(a["name"], {}) for r in out["runs"] if r.get("defense") is None and "attacks" in r
+            r["attacks"][a["name"]]
+            for r in out["runs"]
+            if r.get("defense") is None and a["name"] in (r.get("attacks") or {})
         ]
         supported = [s.get("supported", False) for s in undefended if "error" not in s]
         a["applies"] = bool(supported) and all(supported)
@@ -445,6 +635,102 @@ def _mark_applicability(out: dict[str, Any]) -> None:
         if errors:  # the attack crashed (a bug or a degenerate run), reported as such
             a["errors"] = errors
             a["reason"] = "; ".join(filter(None, [a["reason"], "failed: " + "; ".join(errors)]))
+
+
+def decide(out: dict[str, Any]) -> None:
+    """The matrix, the per-attack verdicts and the threat verdicts of an audit dict (in place),
+    each cell and verdict with the ``threat`` of its attack."""
+    out["matrix"] = build_matrix(out)
+    out["verdicts"] = rs.audit_verdicts(out)
+    info = {a["name"]: a for a in out.get("attacks") or []}
+    for cell in out["matrix"]:
+        cell["threat"] = info[cell["attack"]].get("threat", HONEST)
+    gridless = [d["name"] for d in out.get("defenses") or [] if not d.get("strength")]
+    for v in out["verdicts"]:
+        for name in gridless:  # results names a cell "<defense>.<strength> = <value>"
+            v["sentence"] = v["sentence"].replace(f"{name}.None = -", name).replace(f"{name}.None", name)
+        a = info[v["attack"]]
+        v["threat"] = a.get("threat", HONEST)
+        if v["threat"] == MALICIOUS:
+            v["sentence"] = f"Malicious server ({_plan_text(a.get('plan') or {})}): {v['sentence']}"
+    out["threat_verdicts"] = threat_verdicts(out)
+
+
+def _column_label(out: Mapping[str, Any], defense: str | None) -> tuple[str, Any]:
+    if defense is None:
+        return "no defense", None
+    d = next(x for x in out.get("defenses") or [] if x["name"] == defense)
+    value = d["grid"][-1] if d.get("grid") else None
+    if not d.get("strength"):
+        return str(defense), value
+    return f"{defense} ({d['strength']} = {rs.fmt_value(value)})", value
+
+
+def _deviation_text(out: Mapping[str, Any], a: Mapping[str, Any], defense: str | None, value: Any) -> str:
+    """ "<attack>, N round(s) of <deviation>, S sybil(s)" from the attack's ``rounds_used`` and
+    ``sybils`` (seed means) in the cell's malicious runs."""
+    metrics = [
+        (r.get("attacks") or {}).get(a["name"], {}).get("attack_metrics") or {}
+        for r in out.get("runs") or []
+        if r.get("threat") == MALICIOUS and r.get("defense") == defense and r.get("value") == value
+    ]
+
+    def mean(key: str) -> float:
+        vals = [rs.num(m.get(key)) for m in metrics if m.get(key) is not None]
+        vals = [v for v in vals if np.isfinite(v)]
+        return float(np.mean(vals)) if vals else float("nan")
+
+    def count(x: float, noun: str) -> str:
+        if not np.isfinite(x):
+            return f"? {noun}s"
+        text = f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+        return f"{text} {noun}" + ("" if text == "1" else "s")
+
+    rounds, sybils = mean("rounds_used"), mean("sybils")
+    return f"{a['name']}, {count(rounds, 'round')} of {a.get('deviation', 'deviation')}, {count(sybils, 'sybil')}"
+
+
+def _threat_part(out: Mapping[str, Any], threat: str, defense: str | None, value: Any) -> str | None:
+    """What one column says about one threat model (None when none of its attacks is audited)."""
+    attacks = [a for a in out.get("attacks") or [] if a.get("threat", HONEST) == threat]
+    if not attacks:
+        return None
+    server = "an honest-but-curious server" if threat == HONEST else "a malicious server"
+    applying = [a for a in attacks if a.get("applies")]
+    if not applying:
+        return f"no {threat} attack applies"
+    cells = {
+        c["attack"]: c
+        for c in out.get("matrix") or []
+        if c["defense"] == defense and c["attack"] in {a["name"] for a in applying}
+    }
+    verdicts = {name: c.get("verdict", "not applicable") for name, c in cells.items()}
+    leaking = [a for a in applying if verdicts.get(a["name"]) == "leaks"]
+    if leaking:
+        names = [_deviation_text(out, a, defense, value) if threat == MALICIOUS else a["name"] for a in leaking]
+        stopped = [f"{n} ({v})" for n, v in sorted(verdicts.items()) if v in ("protected", "not applicable")]
+        return f"leaks to {server} ({'; '.join(names)})" + (f"; stopped: {', '.join(stopped)}" if stopped else "")
+    if verdicts and all(v in ("protected", "not applicable") for v in verdicts.values()):
+        na = all(v == "not applicable" for v in verdicts.values())
+        return f"protected against {server}" + (" (no attack applies under it)" if na and defense else "")
+    shown = "; ".join(f"{n}: {v}" for n, v in sorted(verdicts.items()))
+    return f"not shown to leak to {server} ({shown})"
+
+
+def threat_verdicts(out: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per matrix column (no defense, then each defense at its strongest value): the verdict
+    under each audited threat model and one sentence naming them (module docstring); empty
+    when no malicious attack is audited (the per-attack verdicts say it all)."""
+    if not any(a.get("threat") == MALICIOUS for a in out.get("attacks") or []):
+        return []
+    rows = []
+    for defense in [None] + [d["name"] for d in out.get("defenses") or []]:
+        label, value = _column_label(out, defense)
+        parts = {t: _threat_part(out, t, defense, value) for t in (HONEST, MALICIOUS)}
+        parts = {t: p for t, p in parts.items() if p is not None}
+        sentence = f"{label}: {'; '.join(parts.values())}."
+        rows.append({"defense": defense, "value": value, "column": label, **parts, "sentence": sentence})
+    return rows
 
 
 def default_out_dir(protocol: str) -> Path:

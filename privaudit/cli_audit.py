@@ -71,6 +71,12 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attack", action="append", default=None, metavar="NAME", help="only these attacks (repeatable)")
     p.add_argument("--defense", action="append", default=None, metavar="NAME", help="only these defenses (repeatable)")
     p.add_argument(
+        "--threat",
+        choices=("honest-but-curious", "malicious", "both"),
+        default=None,
+        help="the server's threat model(s): malicious attacks run with their plan set (default both)",
+    )
+    p.add_argument(
         "-o", "--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-audit-<dataset>/)"
     )
     _force_arg(p)
@@ -104,7 +110,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise PrivauditError("--max-bytes applies to --transcript only")
     if args.config:
         given = [
-            f"--{k}" for k in ("protocol", "users", "seeds", "attack", "defense") if getattr(args, k) not in (None, [])
+            f"--{k}"
+            for k in ("protocol", "users", "seeds", "attack", "defense", "threat")
+            if getattr(args, k) not in (None, [])
         ]
         given += ["--data"] if args.data != "synthetic" else []
         given += ["--seed"] if args.seed != 0 else []
@@ -138,14 +146,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
             scheduler=args.scheduler,
             attacks=args.attack,
             defenses=args.defense,
+            threat=args.threat or "both",
         )
     margin = None if args.margin is None else _margin(args.margin)  # checked before any compute
     result = au.run_audit(spec)
     if margin is not None:
-        from privaudit import results as rs
-
         result["margin"] = margin
-        result["matrix"], result["verdicts"] = rs.audit_matrix(result), rs.audit_verdicts(result)
+        au.decide(result)
     out = au.write_audit(result, args.out, plan_toml=audit_to_toml(spec))
     _say(au.format_matrix(result))
     for a in result["attacks"]:

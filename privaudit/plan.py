@@ -531,6 +531,7 @@ def audit_to_toml(audit: Any) -> str:
         "scheduler": _recorded_scheduler(audit.scheduler),
         "attacks": list(audit.attacks) if audit.attacks is not None else None,
         "defenses": list(audit.defenses) if audit.defenses is not None else None,
+        "threat": getattr(audit, "threat", "both"),
     }
     if data is None:
         lines.append("# the data was an in-memory dataset: give `data` before rerunning")
@@ -549,7 +550,7 @@ def load_audit_fields(path: Path | str) -> dict[str, Any]:
     if unknown:
         raise PrivauditError(f"{path}: unknown table(s) {', '.join(unknown)}")
     a = _table(doc, "audit", path)
-    allowed = {"protocol", "data", "users", "seeds", "seed", "jobs", "scheduler", "attacks", "defenses"}
+    allowed = {"protocol", "data", "users", "seeds", "seed", "jobs", "scheduler", "attacks", "defenses", "threat"}
     if set(a) - allowed:
         raise PrivauditError(f"{path}: unknown key(s) in [audit]: {', '.join(sorted(set(a) - allowed))}")
     for key in ("protocol", "data"):
@@ -561,6 +562,8 @@ def load_audit_fields(path: Path | str) -> dict[str, Any]:
     for key in ("attacks", "defenses"):
         if key in a and not (isinstance(a[key], list) and all(isinstance(x, str) for x in a[key])):
             raise PrivauditError(f"{path}: [audit] {key} must be a list of names")
+    if a.get("threat", "both") not in ("honest-but-curious", "malicious", "both"):
+        raise PrivauditError(f'{path}: [audit] threat must be "honest-but-curious", "malicious" or "both"')
     check_plan_scheduler(a.get("scheduler"), path)
     check_bounds(a.get("seeds"), a.get("jobs"), a.get("users"), where=str(path))
     fields = {k: v for k, v in a.items()}

@@ -145,7 +145,7 @@ def test_experiment_results_json_deterministic(dummy_registry, ds, tmp_path):
     [
         ({"protocol": "nope"}, "unknown protocol 'nope'"),
         ({"defenses": ["nope"]}, "unknown defense 'nope'"),
-        ({"defenses": ["dummy-encrypt"]}, "cannot be swept"),
+        ({"defenses": ["dp-prototypes"]}, "cannot be swept"),  # applies only to fedproto
         ({"attacks": ["mvmf-analytic"]}, "do not read 'dummy-proto'"),
         ({"seeds": 0}, "--seeds must be at least 1"),
         ({"scheduler": "local:x", "defenses": ["dummy-noise"]}, "expected local:N"),

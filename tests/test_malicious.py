@@ -174,3 +174,26 @@ def test_threat_models_are_declared():
 def test_malicious_plan_config_errors(cfg, message):
     with pytest.raises(PrivauditError, match=message):
         FedNCF.resolve_config(cfg)
+
+
+def test_audit_plans_each_malicious_attack_on_its_server_plan():
+    from privaudit import audit as au
+
+    runs, header = au._plan(au.Audit("fedncf", seeds=2, defenses=["secagg", "model-consistency"]))
+    info = {a["name"]: a for a in header["attacks"]}
+    assert info["ncf-model-inconsistency"]["plan"] == {"server": "inconsistent"}
+    assert info["ncf-sybil-isolation"]["deviation"] == "sybil cohorts"
+    assert info["ncf-update-leak"]["threat"] == "honest-but-curious"
+    honest = [r for r in runs if r.threat == "honest-but-curious"]
+    # secagg's 4 dropout values and model-consistency's one cell, plus the undefended run, per seed
+    assert len(honest) == 2 * (1 + 4 + 1) and all(r.config["server"] == "honest" for r in honest)
+    assert all(not any(a.threat == "malicious" for _, a in r.attacks) for r in honest)
+    for plan in ("sybil", "inconsistent"):
+        mine = [r for r in runs if r.plan == {"server": plan}]
+        # undefended, secagg at dropout 0.3 and model-consistency, 5 seeds each (one target per run)
+        assert sorted({(r.defense_name, r.value) for r in mine}, key=str) == sorted(
+            {(None, None), ("secagg", 0.3), ("model-consistency", None)}, key=str
+        )
+        assert len(mine) == 15 and {r.seed for r in mine} == set(range(5))
+        assert all(r.config["server"] == plan and len(r.attacks) == 1 for r in mine)
+        assert all(r.canaries == 0 for r in mine)  # no canary run: the DP claim is checked on the honest runs

@@ -39,7 +39,9 @@ def runs(data):
 def test_registered_alias_adds_defenses():
     assert get("protocol", "privmvmf") is PrivMVMF
     # FedMVMF's config; only the epochs differ (2: a first run with a 2048-bit key stays under a minute)
-    assert PrivMVMF.default_config == {**get("protocol", "fedmvmf").default_config, "epochs": 2}
+    # plus the malicious server's plan (default honest; tests/test_malicious_privmvmf.py)
+    plan = {"server": "honest", "deviation_rounds": 1, "deviation_start": 0, "target": -1}
+    assert PrivMVMF.default_config == {**get("protocol", "fedmvmf").default_config, "epochs": 2, **plan}
     assert PrivMVMF.default_config["update"] == "semials"
     defs = privmvmf_defenses([], 0.25)
     assert [d.name for d in defs] == ["sampling", "paillier"]

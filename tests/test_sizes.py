@@ -20,7 +20,6 @@ ALLOWED_FUNCTIONS = {
     ("integrations/flower.py", "record_to_file"),  # columnar
     ("models/pmf.py", "sgd_chunk"),  # perf
     ("protocols/fedrec.py", "FedRec.simulate"),  # dask
-    ("reports/audit.py", "render_html"),  # threat
     ("transcript.py", "load"),  # columnar
 }
 #: Modules other helpers own this round (same rule).

@@ -70,6 +70,7 @@ DEVIATIONS = {
     "inconsistent-models": "send each cohort member its own model",
     "craft-items": "send item embeddings of its choosing",
     "craft-network": "send network weights of its choosing (e.g. a saturating prediction bias)",
+    "isolated-decryption": "have a decrypting client decrypt one client's ciphertexts as if they were a sum",
 }
 
 
@@ -92,6 +93,7 @@ class _Isolation(OneTarget):
         "k": MetricSpec(True, False, "count", "mean cohort size of the deviation rounds"),
     }
     default_sweep = ("rounds", (1, 2, 3, 4))
+    audit_params = {"rounds": 1}  # the audit reports what one deviation round leaks
     parameters = (
         Param("rounds", -1, "deviation rounds to read (-1: all usable in the view)", ge=1, also=(-1,)),
         Param(

@@ -250,6 +250,11 @@ class MVMFAggregate(MVMFAttack):
         return True, ""
 
     # ------------------------------------------------------------------ cohorts from a view
+    def _reads(self, m: Message) -> bool:
+        """Whether a ``plaintext_sum`` is one of the protocol's cohort sums (label >= 0; a
+        malicious server's own requests are labelled -1, :mod:`privaudit.protocols.privmvmf`)."""
+        return int(m.meta.get("cohort", 0)) >= 0
+
     def _cohorts(self, view: View) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray], list[_Cohort]]:
         V, P = server_states(view)
         rounds = sorted(set(V) & set(P))
@@ -263,7 +268,7 @@ class MVMFAggregate(MVMFAttack):
                     items_by[(m.round, m.sender)] = np.asarray(m.payload["items"], dtype=np.int64)
             groups: dict[tuple[int, int], dict[str, Any]] = {}
             for m in view.select("plaintext_sum"):
-                if m.round not in rounds:
+                if m.round not in rounds or not self._reads(m):
                     continue
                 g = groups.setdefault(
                     (m.round, int(m.meta.get("cohort", 0))), {"members": m.meta.get("members", []), "V": [], "P": []}

@@ -8,7 +8,14 @@ Two checks the clients run before they upload (capability ``round-check``):
 
 ``model-consistency``: every member posts a digest (``digest``, SHA-256 by default) of the model it received to a
 public bulletin (or an all-to-all exchange) and the round aborts, with no upload, unless all
-digests agree. The server learns nothing from an aborted round.
+digests agree. The server learns nothing from an aborted round. Under PrivMVMF (Paillier
+aggregation, decrypting clients) the same bulletin carries each cohort's member list (committed
+by the server before the round) and a digest of every member's ciphertexts; a decryptor
+decrypts a ``ciphertext_sum`` only when it is the homomorphic sum of the ciphertexts of every
+member of one posted cohort (it recomputes the product from the posted ciphertexts, one modular
+multiplication per ciphertext, as the server did). A server asking for the decryption of one
+client's ciphertexts alone (``privmvmf`` ``server=isolate``) is refused
+(:meth:`ModelConsistency.check_decryption`).
 
 ``verified-cohort``: the round aborts unless at least ``min_clients`` members are verified
 clients (enrolled through an identity the server cannot forge, e.g. a device attestation);
@@ -37,10 +44,14 @@ DIGESTS = ("sha256", "sha3_256", "blake2b")
 class ModelConsistency(Defense):
     """Clients compare digests of the model they received and abort the round if they differ."""
 
-    description = "Clients compare digests of the received model on a bulletin; differing models abort the round"
+    description = (
+        "Clients compare digests of the received model on a bulletin; differing models abort the round "
+        "(PrivMVMF: decryptors decrypt only posted cohorts' sums)"
+    )
     capabilities = frozenset({ROUND_CHECK})
-    applies_to = ("fedncf",)
-    acts_on = (("item_update", "*"), ("net_update", "*"))  # a round's uploads, withheld on abort
+    applies_to = ("fedncf", "privmvmf")
+    #: fedncf: a round's uploads, withheld on abort; privmvmf: the encrypted uploads whose sums decryptors check
+    acts_on = (("item_update", "*"), ("net_update", "*"), ("grad_V", "*"), ("grad_P", "*"))
     parameters = (Param("digest", "sha256", "hash of the received model posted to the bulletin", choices=DIGESTS),)
 
     def abort_reason(self, round: int, members: list[str], models: list[bytes], verified: Any) -> str | None:
@@ -53,6 +64,15 @@ class ModelConsistency(Defense):
         if distinct > 1:
             return f"model-consistency: {distinct} different model digests among {len(members)} members"
         return None
+
+    def check_decryption(self, round: int, kind: str, members: list[str], cohorts: list[list[str]]) -> str | None:
+        """A decryptor's check of a requested sum over ``members`` against the ``cohorts`` posted
+        to the bulletin for the round's ``kind`` uploads: None (decrypt) when the members are
+        exactly one posted cohort, else the reason it refuses."""
+        wanted = sorted(members)
+        if any(sorted(c) == wanted for c in cohorts):
+            return None
+        return f"model-consistency: a {kind} sum over {len(members)} member(s) is no posted cohort's (round {round})"
 
 
 @register_defense("verified-cohort")

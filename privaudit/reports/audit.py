@@ -153,6 +153,8 @@ def roc_figure(audit: Mapping[str, Any], attack: str):
 
 
 def _strength(audit: Mapping[str, Any], d: Mapping[str, Any]) -> str:
+    if not d.get("strength"):  # a defense without a grid (one cell, its defaults)
+        return str(d["name"])
     return rs.strength_label(
         d["name"], d["strength"], [r.get("privacy") for r in audit.get("runs") or [] if r.get("defense") == d["name"]]
     )
@@ -210,6 +212,9 @@ def _glossary(audit: Mapping[str, Any]) -> list[tuple[str, str]]:
             )
         )
     for d in audit.get("defenses") or []:
+        if not d.get("strength"):
+            items.append((str(d["name"]), "no strength (one cell, its defaults): " + str(d.get("description") or "")))
+            continue
         items.append(
             (
                 f"{d['name']}.{d['strength']}",
@@ -237,6 +242,12 @@ def _glossary(audit: Mapping[str, Any]) -> list[tuple[str, str]]:
             "(also without per-victim scores); not applicable.",
         ),
         (
+            "threat model",
+            "honest-but-curious server: it follows the protocol and reads what it receives; malicious server: it "
+            "deviates as the attack declares (its plan: sybils, inconsistent models, isolated decryptions), on runs "
+            "of their own with the same seeds. The threat-model sentences name, per column, the verdict under each.",
+        ),
+        (
             "ε total",
             "the claimed privacy loss over the whole run (the DP defense's accountant), for the unit in the "
             "table header.",
@@ -253,158 +264,31 @@ def _glossary(audit: Mapping[str, Any]) -> list[tuple[str, str]]:
 def render_html(audit: Mapping[str, Any]) -> str:
     """The self-contained ``audit.html`` (inline SVG figures, inline style, escaped cells)."""
     title = f"privaudit audit: {audit['protocol']}"
-    utility = rs.audit_utility(audit)
-    parts = [f"<h1>{_esc(title)}</h1>", html_verdicts(audit.get("verdicts") or [])]
-    ds = audit.get("dataset") or {}
-    timing = audit.get("timing") or {}
-    parts.append(
-        html_config(
-            [
-                ("protocol", str(audit["protocol"])),
-                ("dataset", ", ".join(f"{k}={v}" for k, v in ds.items())),
-                ("seeds", ", ".join(str(s) for s in audit.get("seeds", []))),
-                (
-                    "attacks",
-                    ", ".join(
-                        a["name"]
-                        + (
-                            " (" + ", ".join(f"{k}={v}" for k, v in a["audit_params"].items()) + ")"
-                            if a.get("audit_params")
-                            else ""
-                        )
-                        for a in audit["attacks"]
-                    ),
-                ),
-                (
-                    "defenses",
-                    ", ".join(
-                        f"{d['name']} ({d['strength']} in {', '.join(fmt_value(v) for v in d['grid'])})"
-                        for d in audit["defenses"]
-                    )
-                    or "none",
-                ),
-                (
-                    "not swept",
-                    ", ".join(f"{s['name']} ({s['reason']})" for s in audit.get("skipped_defenses", [])) or "none",
-                ),
-                (
-                    "runs",
-                    f"{timing.get('runs', len(audit['runs']))} protocol runs, {fmt(timing.get('total_seconds'), 1)} s "
-                    f"({timing.get('backend', '')})",
-                ),
-                ("privaudit", str(audit.get("privaudit_version"))),
-            ]
-        )
-    )
-    parts.append("<h2>What leaks: attack advantage by defense</h2>")
-    parts.append(
-        "<p>Each cell: advantage of the attack's primary metric over the stronger of its prior-only and random-guess "
-        "baselines (seed mean; ≤ the upper 95 % bound) with no defense and at each defense's strongest grid value, "
-        f"its verdict, the utility cost there ({_esc(str(utility))} lost), the claimed ε total over the run and the "
-        "empirical ε lower bound. Green: protected; amber to red: leaks (red: advantage ≥ 0.5); hatched: attack not "
-        "adapted (it scores below its baseline, which is not protection).</p>"
-    )
-    header = ["attack (metric)", "no defense"] + [
-        f"{_strength(audit, d)} = {fmt_value(d['grid'][-1])}" for d in audit["defenses"]
+    threat = audit.get("threat_verdicts") or []
+    parts = [
+        f"<h1>{_esc(title)}</h1>",
+        html_verdicts(threat),
+        html_verdicts(audit.get("verdicts") or []),
+        html_config(_config_rows(audit)),
+        "<h2>What leaks: attack advantage by defense</h2>",
+        _matrix_intro(audit),
+        _matrix_table(audit),
     ]
-    rows = []
-    for a in audit["attacks"]:
-        first = Cell().add(a["name"]).add(a["primary_metric"], "small")
-        if not a.get("applies"):
-            first.add(f"does not apply: {a.get('reason', '')}", "small")
-        row: list[Any] = [first]
-        for dname in [None] + [d["name"] for d in audit["defenses"]]:
-            cell = next((c for c in audit["matrix"] if c["attack"] == a["name"] and c["defense"] == dname), None)
-            row.append(_cell(audit, cell, dname is not None))
-        rows.append(row)
-    parts.append(html_table(header, rows, cls="matrix"))
+    if threat:
+        parts.append("<h2>Threat models</h2>")
+        parts.append(html_table(["column", "honest-but-curious server", "malicious server"], _threat_rows(threat)))
     parts.append("<h2>Attack metric versus defense strength</h2>")
-    k = 0
-    for a in audit["attacks"]:
-        for d in audit["defenses"]:
-            series = [s for s in rs.audit_series(audit, a["name"], d["name"]) if "mean" in s]
-            if not series:
-                continue
-            fig = pair_figure(audit, a["name"], d["name"])
-            parts.append(
-                html_figure(
-                    _svg_of(fig),
-                    f"{a['name']} against {d['name']}: {a['primary_metric']} (95 % band "
-                    "over seeds), prior (dash-dot) and random (dashed) baselines, undefended dotted "
-                    "red; utility on the right axis.",
-                    f"fig-{k}",
-                )
-            )
-            k += 1
-            eps_head = rs.privacy_label([r.get("privacy") for r in audit["runs"] if r.get("defense") == d["name"]])
-            prow = [
-                [
-                    fmt_value(s["value"]),
-                    fmt(s["mean"]),
-                    fmt(s.get("baseline_prior")),
-                    fmt(s.get("baseline_random")),
-                    rs.fmt_advantage(s["advantage"], s.get("advantage_high"), s.get("advantage_low")),
-                    rs.verdict_label(s) + (f"; {rs.canary_text(s.get('canary'))}" if s.get("canary") else ""),
-                    fmt(s.get("utility"), 4),
-                    fmt(s.get("epsilon"), 2) if math.isfinite(num(s.get("epsilon"))) else "-",
-                    (fmt(s.get("epsilon_lb"), 2) + (" VIOLATION" if s.get("dp_violation") else ""))
-                    if math.isfinite(num(s.get("epsilon_lb")))
-                    else "-",
-                ]
-                for s in series
-            ]
-            parts.append(
-                html_table(
-                    [
-                        _strength(audit, d),
-                        a["primary_metric"],
-                        "prior",
-                        "random",
-                        "advantage",
-                        "verdict",
-                        f"utility: {utility}",
-                        eps_head,
-                        "empirical ε (95 % lower bound)",
-                    ],
-                    prow,
-                )
-            )
-    for a in audit["attacks"]:
-        fig = roc_figure(audit, a["name"])
-        if fig is not None:
-            parts.append(
-                html_figure(
-                    _svg_of(fig),
-                    f"ROC of {a['name']}'s per-record decisions (log-log; first seed), "
-                    "undefended and at each defense's strongest value.",
-                    f"fig-{k}",
-                )
-            )
-            k += 1
+    figs = _pair_sections(audit) + _roc_sections(audit)
+    parts += [html_figure(svg, caption, f"fig-{k}") + table for k, (svg, caption, table) in enumerate(figs)]
     parts.append("<h2>Glossary</h2>")
     parts.append(html_glossary(_glossary(audit)))
     parts.append("<h2>Configuration</h2>")
     parts.append("<pre>" + _esc(json.dumps(rs.jsonable(audit.get("protocol_config", {})), indent=2)) + "</pre>")
     parts.append("<h2>Dataset</h2>")
-    parts.append(html_table(["key", "value"], [[str(k), str(v)] for k, v in ds.items()]))
+    parts.append(html_table(["key", "value"], [[str(k), str(v)] for k, v in (audit.get("dataset") or {}).items()]))
     parts.append("<h2>Timing</h2>")
-    trow = []
-    for r in audit["runs"]:
-        secs = num(r.get("protocol_seconds")) + sum(
-            num(s.get("seconds"))
-            for s in (r.get("attacks") or {}).values()
-            if isinstance(s, Mapping) and "seconds" in s
-        )
-        trow.append(
-            [
-                str(r.get("defense") or "none"),
-                fmt_value(r.get("value")),
-                str(r.get("seed")),
-                fmt(r.get("protocol_seconds"), 2),
-                fmt(secs, 2),
-            ]
-        )
-    parts.append(html_table(["defense", "value", "seed", "protocol s", "protocol + attacks s"], trow))
+    parts.append(_timing_table(audit))
+    timing = audit.get("timing") or {}
     parts.append(
         f"<p>Generated by privaudit {_esc(str(audit.get('privaudit_version')))}; total "
         f"{fmt(timing.get('total_seconds'), 1)} s.</p>"
@@ -415,6 +299,156 @@ def render_html(audit: Mapping[str, Any]) -> str:
     )
 
 
+def _threat_of(a: Mapping[str, Any]) -> str:
+    """How the report names an attack's threat model (with the malicious server's plan)."""
+    if a.get("threat") != "malicious":
+        return "honest-but-curious server"
+    plan = ", ".join(f"{k}={v}" for k, v in (a.get("plan") or {}).items())
+    return f"malicious server ({plan}; {a.get('deviation', 'deviation')})"
+
+
+def _config_rows(audit: Mapping[str, Any]) -> list[tuple[str, str]]:
+    ds = audit.get("dataset") or {}
+    timing = audit.get("timing") or {}
+
+    def params(a: Mapping[str, Any]) -> str:
+        p = a.get("audit_params") or {}
+        return " (" + ", ".join(f"{k}={v}" for k, v in p.items()) + ")" if p else ""
+
+    grids = [
+        f"{d['name']} ({d['strength']} in {', '.join(fmt_value(v) for v in d['grid'])})"
+        if d.get("strength")
+        else f"{d['name']} (no strength: one cell)"
+        for d in audit["defenses"]
+    ]
+    skipped = [f"{s['name']} ({s['reason']})" for s in audit.get("skipped_defenses", [])]
+    return [
+        ("protocol", str(audit["protocol"])),
+        ("dataset", ", ".join(f"{k}={v}" for k, v in ds.items())),
+        ("seeds", ", ".join(str(s) for s in audit.get("seeds", []))),
+        ("threat models", str(audit.get("threat", "honest-but-curious"))),
+        ("attacks", ", ".join(a["name"] + params(a) for a in audit["attacks"])),
+        ("defenses", ", ".join(grids) or "none"),
+        ("not swept", ", ".join(skipped) or "none"),
+        (
+            "runs",
+            f"{timing.get('runs', len(audit['runs']))} protocol runs, {fmt(timing.get('total_seconds'), 1)} s "
+            f"({timing.get('backend', '')})",
+        ),
+        ("privaudit", str(audit.get("privaudit_version"))),
+    ]
+
+
+def _matrix_intro(audit: Mapping[str, Any]) -> str:
+    utility = rs.audit_utility(audit)
+    return (
+        "<p>Each cell: advantage of the attack's primary metric over the stronger of its prior-only and random-guess "
+        "baselines (seed mean; ≤ the upper 95 % bound) with no defense and at each defense's strongest grid value, "
+        f"its verdict, the utility cost there ({_esc(str(utility))} lost), the claimed ε total over the run and the "
+        "empirical ε lower bound. Green: protected; amber to red: leaks (red: advantage ≥ 0.5); hatched: attack not "
+        "adapted (it scores below its baseline, which is not protection). A malicious server's attacks are evaluated "
+        "on runs with their plan set (at least 5 seeds: one target per run).</p>"
+    )
+
+
+def _matrix_table(audit: Mapping[str, Any]) -> str:
+    header = ["attack (metric)", "no defense"] + [_column(audit, d) for d in audit["defenses"]]
+    rows = []
+    for a in audit["attacks"]:
+        first = Cell().add(a["name"]).add(a["primary_metric"], "small").add(_threat_of(a), "small")
+        if not a.get("applies"):
+            first.add(f"does not apply: {a.get('reason', '')}", "small")
+        row: list[Any] = [first]
+        for dname in [None] + [d["name"] for d in audit["defenses"]]:
+            cell = next((c for c in audit["matrix"] if c["attack"] == a["name"] and c["defense"] == dname), None)
+            row.append(_cell(audit, cell, dname is not None))
+        rows.append(row)
+    return html_table(header, rows, cls="matrix")
+
+
+def _column(audit: Mapping[str, Any], d: Mapping[str, Any]) -> str:
+    """A matrix column's header: the defense's strength at its strongest value (or its name)."""
+    if not d.get("strength"):
+        return str(d["name"])
+    return f"{_strength(audit, d)} = {fmt_value(d['grid'][-1])}"
+
+
+def _threat_rows(threat: list[Mapping[str, Any]]) -> list[list[str]]:
+    return [
+        [str(v.get("column", "")), str(v.get("honest-but-curious", "-")), str(v.get("malicious", "-"))] for v in threat
+    ]
+
+
+def _pair_sections(audit: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(svg, caption, table) of every (attack, defense) pair with results."""
+    utility = rs.audit_utility(audit)
+    out = []
+    for a in audit["attacks"]:
+        for d in audit["defenses"]:
+            series = [s for s in rs.audit_series(audit, a["name"], d["name"]) if "mean" in s]
+            if not series:
+                continue
+            caption = (
+                f"{a['name']} against {d['name']}: {a['primary_metric']} (95 % band over seeds), prior (dash-dot) "
+                "and random (dashed) baselines, undefended dotted red; utility on the right axis."
+            )
+            eps_head = rs.privacy_label([r.get("privacy") for r in audit["runs"] if r.get("defense") == d["name"]])
+            header = [_strength(audit, d), a["primary_metric"], "prior", "random", "advantage", "verdict"]
+            header += [f"utility: {utility}", eps_head, "empirical ε (95 % lower bound)"]
+            table = html_table(header, [_series_row(s) for s in series])
+            out.append((_svg_of(pair_figure(audit, a["name"], d["name"])), caption, table))
+    return out
+
+
+def _series_row(s: Mapping[str, Any]) -> list[str]:
+    lb = num(s.get("epsilon_lb"))
+    return [
+        fmt_value(s["value"]),
+        fmt(s["mean"]),
+        fmt(s.get("baseline_prior")),
+        fmt(s.get("baseline_random")),
+        rs.fmt_advantage(s["advantage"], s.get("advantage_high"), s.get("advantage_low")),
+        rs.verdict_label(s) + (f"; {rs.canary_text(s.get('canary'))}" if s.get("canary") else ""),
+        fmt(s.get("utility"), 4),
+        fmt(s.get("epsilon"), 2) if math.isfinite(num(s.get("epsilon"))) else "-",
+        (fmt(lb, 2) + (" VIOLATION" if s.get("dp_violation") else "")) if math.isfinite(lb) else "-",
+    ]
+
+
+def _roc_sections(audit: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    out = []
+    for a in audit["attacks"]:
+        fig = roc_figure(audit, a["name"])
+        if fig is not None:
+            caption = (
+                f"ROC of {a['name']}'s per-record decisions (log-log; first seed), "
+                "undefended and at each defense's strongest value."
+            )
+            out.append((_svg_of(fig), caption, ""))
+    return out
+
+
+def _timing_table(audit: Mapping[str, Any]) -> str:
+    rows = []
+    for r in audit["runs"]:
+        attacks = (r.get("attacks") or {}).values()
+        secs = num(r.get("protocol_seconds")) + sum(
+            num(s.get("seconds")) for s in attacks if isinstance(s, Mapping) and "seconds" in s
+        )
+        plan = ", ".join(f"{k}={v}" for k, v in (r.get("plan") or {}).items())
+        rows.append(
+            [
+                str(r.get("defense") or "none"),
+                fmt_value(r.get("value")),
+                str(r.get("seed")),
+                str(r.get("threat", "honest-but-curious")) + (f" ({plan})" if plan else ""),
+                fmt(r.get("protocol_seconds"), 2),
+                fmt(secs, 2),
+            ]
+        )
+    return html_table(["defense", "value", "seed", "server", "protocol s", "protocol + attacks s"], rows)
+
+
 def _esc(text: str) -> str:
     import html
 
@@ -423,11 +457,15 @@ def _esc(text: str) -> str:
 
 def format_matrix(audit: Mapping[str, Any]) -> str:
     """The verdict sentences and the matrix as plain text (what the CLI prints)."""
-    cols = ["no defense"] + [f"{d['name']}.{d['strength']}={fmt_value(d['grid'][-1])}" for d in audit["defenses"]]
+    cols = ["no defense"] + [
+        f"{d['name']}.{d['strength']}={fmt_value(d['grid'][-1])}" if d.get("strength") else str(d["name"])
+        for d in audit["defenses"]
+    ]
     header = ["attack (advantage, verdict)"] + cols
     rows = []
     for a in audit["attacks"]:
-        row = [a["name"] + ("" if a.get("applies") else " (n/a)")]
+        mark = " [malicious]" if a.get("threat") == "malicious" else ""
+        row = [a["name"] + mark + ("" if a.get("applies") else " (n/a)")]
         for dname in [None] + [d["name"] for d in audit["defenses"]]:
             cell = next((c for c in audit["matrix"] if c["attack"] == a["name"] and c["defense"] == dname), None)
             if cell is None:
@@ -460,7 +498,8 @@ def format_matrix(audit: Mapping[str, Any]) -> str:
         noise = " (noise)" if cell is not None and cell.get("utility_cost_within_noise") else ""
         urow.append("-" if cell is None else fmt(cell.get("utility_cost"), 4) + noise)
     rows.append(urow)
-    lines = [f"verdict: {printable(v.get('sentence', ''))}" for v in audit.get("verdicts") or []]
+    lines = [f"threat: {printable(v.get('sentence', ''))}" for v in audit.get("threat_verdicts") or []]
+    lines += [f"verdict: {printable(v.get('sentence', ''))}" for v in audit.get("verdicts") or []]
     lines.append(plain_table(header, rows, left=1))
     return "\n".join(lines)
 

@@ -1,0 +1,223 @@
+"""The audit's threat axis: malicious attacks run on protocol runs with their plan set, each cell
+and verdict names its threat model, ``--threat`` selects them (dummy protocol; fast)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import re
+
+import numpy as np
+import pytest
+
+from privaudit import audit as au
+from privaudit import registry
+from privaudit.attacks.base import Reconstruction
+from privaudit.cli import main
+from privaudit.errors import PrivauditError
+from privaudit.params import Param
+from privaudit.reports import audit as report
+from privaudit.results import MetricSpec
+from tests.dummies import DummyAttack, DummyProtocol, tiny_dataset
+from tests.test_audit import strip_timings
+
+
+class PeekProtocol(DummyProtocol):
+    """The dummy protocol with a malicious server plan: ``server=peek`` lets the target's
+    (client:0's) uploads through every defense (as a crafted model would make them readable)."""
+
+    parameters = DummyProtocol.parameters + (
+        Param(
+            "server", "honest", "honest or peek (client:0's uploads bypass the defenses)", choices=("honest", "peek")
+        ),
+    )
+
+    def simulate(self, setup):
+        if setup.config["server"] == "honest":
+            return super().simulate(setup)
+        result = super().simulate(setup)
+        clear = {"values": 2 * result.model[0] - 1.0}  # the target's upload as it was before the defenses
+        for r in range(setup.config["rounds"]):
+            result.transcript.add(r, "client:0", "server", "upload", clear, {"peeked": True})
+        return result
+
+
+class PeekAttack(DummyAttack):
+    """Reads the target's peeked uploads (threat malicious)."""
+
+    description = "test attack: reads the peeked target"
+    protocols = ("dummy-threat",)
+    threat = "malicious"
+    plan = {"server": "peek"}
+    deviations = ("inconsistent-models",)
+    metric_specs = {
+        **DummyAttack.metric_specs,
+        "rounds_used": MetricSpec(True, False, "count", "deviation rounds read"),
+        "sybils": MetricSpec(False, False, "count", "sybils used"),
+    }
+
+    def applicable(self, view):
+        if view.config.get("server") != "peek":
+            return False, "the server followed the protocol"
+        return True, ""
+
+    def run(self, view, knowledge, rng):
+        (m,) = [m for m in view.select("upload") if m.meta.get("peeked") and m.round == 0]
+        values = np.asarray(m.payload["values"])
+        return Reconstruction(self.name, self.party, {"client:0": {"bits": (values > 0).astype(float)}})
+
+    def score(self, recon, transcript):
+        return {**super().score(recon, transcript), "rounds_used": 1.0, "sybils": 0.0}
+
+
+class HonestAttack(DummyAttack):
+    protocols = ("dummy-threat",)
+
+
+REG = {
+    ("protocol", "dummy-threat"): PeekProtocol,
+    ("attack", "dummy-peek"): PeekAttack,
+    ("attack", "dummy-sign"): HonestAttack,
+}
+
+
+@pytest.fixture
+def threat_registry(dummy_registry):
+    for (kind, name), cls in REG.items():
+        registry._register(kind, name)(cls)
+    try:
+        yield
+    finally:
+        for kind, name in REG:
+            registry.unregister(kind, name)
+
+
+@pytest.fixture
+def ds():
+    return tiny_dataset(30, n_items=12)
+
+
+def _audit(ds, threat="both", seeds=2):
+    spec = au.Audit("dummy-threat", seeds=seeds, defenses=["dummy-noise"], jobs=1, sets={"p": 16}, threat=threat)
+    return au.run_audit(spec, dataset=ds)
+
+
+def _strip(runs):
+    return strip_timings([{k: v for k, v in r.items() if not re.search("seconds|traceback", k)} for r in runs])
+
+
+def test_malicious_attacks_run_on_their_plan_and_the_honest_runs_are_unchanged(threat_registry, ds):
+    both = _audit(ds)
+    honest = [r for r in both["runs"] if r["threat"] == "honest-but-curious"]
+    malicious = [r for r in both["runs"] if r["threat"] == "malicious"]
+    grid = len(registry.get("defense", "dummy-noise").default_grid)
+    assert len(honest) == 2 * (1 + grid) and all(set(r["attacks"]) == {"dummy-sign"} for r in honest)
+    # undefended and the strongest dummy-noise value, at least 5 seeds (one target per run)
+    assert [(r["defense"], r["value"], r["seed"]) for r in malicious] == [(None, None, s) for s in range(5)] + [
+        ("dummy-noise", 10.0, s) for s in range(5)
+    ]
+    assert all(r["plan"] == {"server": "peek"} and set(r["attacks"]) == {"dummy-peek"} for r in malicious)
+    hbc = _audit(ds, threat="honest-but-curious")
+    assert _strip(hbc["runs"]) == _strip(honest)  # the honest runs do not depend on the threat axis
+    only = _audit(ds, threat="malicious")
+    assert {r["threat"] for r in only["runs"]} == {"malicious"} and [a["name"] for a in only["attacks"]] == [
+        "dummy-peek"
+    ]
+
+
+def test_cells_and_verdicts_name_the_threat_model(threat_registry, ds):
+    a = _audit(ds)
+    info = {x["name"]: x for x in a["attacks"]}
+    assert info["dummy-peek"]["threat"] == "malicious" and info["dummy-peek"]["plan"] == {"server": "peek"}
+    assert info["dummy-peek"]["deviation"] == "model inconsistency" and info["dummy-sign"]["threat"] == (
+        "honest-but-curious"
+    )
+    cell = {(c["attack"], c["defense"]): c for c in a["matrix"]}
+    assert cell[("dummy-peek", "dummy-noise")]["threat"] == "malicious"
+    assert cell[("dummy-peek", "dummy-noise")]["verdict"] == "leaks"
+    assert cell[("dummy-peek", "dummy-noise")]["advantage"] == pytest.approx(0.5)  # 1.0 against the prior 0.5
+    # Laplace noise of scale 10 on +-1 uploads of 16 bits x 30 clients still leaks the signs
+    assert cell[("dummy-sign", "dummy-noise")]["verdict"] == "leaks"
+    (none, noise) = a["threat_verdicts"]
+    assert noise["sentence"] == (
+        "dummy-noise (scale = 10): leaks to an honest-but-curious server (dummy-sign); leaks to a malicious "
+        "server (dummy-peek, 1 round of model inconsistency, 0 sybils)."
+    )
+    assert none["honest-but-curious"] == "leaks to an honest-but-curious server (dummy-sign)"
+    # the wording of the other verdicts (a defense that hides the uploads: the attack does not apply)
+    for verdict, text in [
+        ("not applicable", "protected against an honest-but-curious server (no attack applies under it)"),
+        ("protected", "protected against an honest-but-curious server"),
+        ("inconclusive", "not shown to leak to an honest-but-curious server (dummy-sign: inconclusive)"),
+    ]:
+        cell[("dummy-sign", "dummy-noise")]["verdict"] = verdict
+        assert au.threat_verdicts(a)[1]["honest-but-curious"] == text
+    # an attack the defense stops is named beside the ones that still leak
+    sign = next(x for x in a["attacks"] if x["name"] == "dummy-sign")
+    a["attacks"].append({**sign, "name": "dummy-sign-2"})
+    a["matrix"].append({**cell[("dummy-sign", "dummy-noise")], "attack": "dummy-sign-2", "verdict": "leaks"})
+    cell[("dummy-sign", "dummy-noise")]["verdict"] = "not applicable"
+    assert au.threat_verdicts(a)[1]["honest-but-curious"] == (
+        "leaks to an honest-but-curious server (dummy-sign-2); stopped: dummy-sign (not applicable)"
+    )
+    peek = next(v for v in a["verdicts"] if v["attack"] == "dummy-peek")
+    assert peek["threat"] == "malicious" and peek["sentence"].startswith("Malicious server (server=peek): dummy-peek")
+    text = report.format_matrix(a)
+    assert (
+        "threat: dummy-noise (scale = 10): leaks to an honest-but-curious" in text and "dummy-peek [malicious]" in text
+    )
+
+
+def test_audit_html_renders_the_threat_axis_escaped(threat_registry, ds, tmp_path):
+    a = _audit(ds)
+    a["threat_verdicts"][0]["malicious"] = "<script>x</script>"
+    out = au.write_audit(a, tmp_path / "audit")
+    html = (out / "audit.html").read_text()
+    assert "Threat models" in html and "&lt;script&gt;x&lt;/script&gt;" in html and "<script>x" not in html
+    assert "leaks to a malicious server (dummy-peek, 1 round of model inconsistency, 0 sybils)" in html
+    assert "malicious server (server=peek; model inconsistency)" in html
+    data = json.loads((out / "audit.json").read_text())
+    assert {c["threat"] for c in data["matrix"]} == {"honest-but-curious", "malicious"}
+    tree = ast.parse(inspect.getsource(report.render_html))
+    (fn,) = tree.body
+    assert fn.end_lineno - fn.lineno + 1 <= 80
+
+
+def test_threat_selection_errors_and_cli(threat_registry, ds, tmp_path, capsys):
+    with pytest.raises(PrivauditError, match="threat must be one of"):
+        _audit(ds, threat="evil")
+    with pytest.raises(PrivauditError, match="no selected malicious attack"):
+        au.run_audit(au.Audit("dummy-proto", seeds=2, jobs=1, threat="malicious"), dataset=ds)
+    csv = tmp_path / "d.csv"
+    csv.write_text("user,item,rating\n" + "".join(f"{u},{i},{1 + (u + i) % 5}\n" for u in range(20) for i in range(6)))
+    out = tmp_path / "rep"
+    code = main(
+        ["audit", "--protocol", "dummy-threat", "--data", str(csv), "--defense", "dummy-noise", "--seeds", "2"]
+        + ["--jobs", "1", "--threat", "malicious", "-o", str(out)]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "threat: no defense: leaks to a malicious server (dummy-peek, 1 round of model inconsistency" in printed
+    assert '"threat" = "malicious"' in (out / "plan.toml").read_text()
+    with pytest.raises(SystemExit) as exc:
+        main(["audit", "--protocol", "dummy-threat", "--threat", "evil"])
+    assert exc.value.code == 2
+
+
+def test_a_defense_without_grid_is_one_cell_when_named(threat_registry, ds, tmp_path):
+    """dummy-encrypt hides every upload from an honest server; the peeking server still reads the target."""
+    spec = au.Audit("dummy-threat", seeds=2, defenses=["dummy-encrypt"], jobs=1, sets={"p": 16})
+    a = au.run_audit(spec, dataset=ds)
+    assert a["defenses"][0]["strength"] is None and a["defenses"][0]["grid"] == [None]
+    honest = [r for r in a["runs"] if r["defense"] == "dummy-encrypt" and r["threat"] == "honest-but-curious"]
+    assert len(honest) == 2 and all(r["attacks"]["dummy-sign"]["supported"] is False for r in honest)
+    assert a["threat_verdicts"][1]["sentence"] == (
+        "dummy-encrypt: protected against an honest-but-curious server (no attack applies under it); leaks to a "
+        "malicious server (dummy-peek, 1 round of model inconsistency, 0 sybils)."
+    )
+    out = au.write_audit(a, tmp_path / "audit")
+    assert "dummy-encrypt.None" not in (out / "audit.html").read_text()
+    assert "dummy-encrypt.None" not in report.format_matrix(a)
+    # unnamed, it is skipped as before
+    assert dict(au.applicable_defenses("dummy-threat")[1])["dummy-encrypt"] == "no strength grid to sweep"
