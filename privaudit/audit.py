@@ -604,20 +604,7 @@ def _pool_targets(out: dict[str, Any]) -> None:
             if scored.get("supported") and not scored.get("bootstrap"):
                 cells.setdefault((name, str(r.get("defense")), repr(r.get("value"))), []).append(scored)
     for group in cells.values():
-        n = len(group)
-        if n < rs.MIN_VICTIMS:
-            continue
-        rng = np.random.default_rng(rs.BOOTSTRAP_SEED)
-        counts = rs.bootstrap_counts(n, rs.BOOTSTRAP_REPLICATES, rng).astype(float) / n
-        for metric in group[0].get("attack_metrics") or {}:
-            att = np.array([rs.num((s.get("attack_metrics") or {}).get(metric)) for s in group])
-            pri = np.array([rs.num((s.get("baseline_prior") or {}).get(metric)) for s in group])
-            if not (np.isfinite(att).all() and np.isfinite(pri).all()):
-                continue
-            se, se_vs = float(np.std(counts @ att, ddof=1)), float(np.std(counts @ (att - pri), ddof=1))
-            for s, a, p in zip(group, att, pri):
-                entry = {"attack": float(a), "prior": float(p), "se": se, "se_vs_prior": se_vs, "n": n}
-                s.setdefault("bootstrap", {})[metric] = {**entry, "over": "victims"}
+        rs.pool_targets(group)
 
 
 def _mark_applicability(out: dict[str, Any]) -> None:

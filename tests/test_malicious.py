@@ -197,3 +197,24 @@ def test_audit_plans_each_malicious_attack_on_its_server_plan():
         assert len(mine) == 15 and {r.seed for r in mine} == set(range(5))
         assert all(r.config["server"] == plan and len(r.attacks) == 1 for r in mine)
         assert all(r.canaries == 0 for r in mine)  # no canary run: the DP claim is checked on the honest runs
+
+
+def test_attack_pools_the_seeds_targets_into_one_tested_verdict(ds):
+    """``privaudit attack`` on a malicious plan: one target per run, so a run alone has no
+    interval; five seeds' targets are pooled into one cluster bootstrap and the verdict is a test
+    (two seeds: too few victims, inconclusive)."""
+    from privaudit import experiment as ex
+
+    def verdict(seeds: int) -> dict:
+        exp = ex.build_experiment(
+            protocol="fedncf",
+            attack={"name": "ncf-model-inconsistency", "rounds": 1},
+            protocol_config={"server": "inconsistent"},
+            seeds=seeds,
+        )
+        return exp.run(ds)["verdicts"][0]
+
+    pooled = verdict(5)
+    assert "leaks" in pooled["sentence"] and "over 5 victims" in pooled["sentence"]
+    assert pooled["rows"][0]["tests"]["f1"]["low"] > 0.3  # F1 1.0 against a popularity prior near 0.4
+    assert "inconclusive" in verdict(2)["sentence"]

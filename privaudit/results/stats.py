@@ -207,6 +207,28 @@ def point_bootstrap(
     return out
 
 
+def pool_targets(group: Sequence[dict[str, Any]], replicates: int = BOOTSTRAP_REPLICATES) -> None:
+    """Pool runs of one attack at one grid value that each score a single target (a malicious
+    server attacks one client per run: too few victims for a run's own bootstrap) into one
+    cluster bootstrap over their targets, written into each scored dict's ``bootstrap`` (in
+    place): the per-run value and prior, and the standard errors of the targets' mean and of its
+    paired difference to the prior. Fewer than :data:`MIN_VICTIMS` runs, or a metric without a
+    finite value and prior in every run: nothing is written (no valid interval)."""
+    n = len(group)
+    if n < MIN_VICTIMS:
+        return
+    counts = bootstrap_counts(n, replicates, np.random.default_rng(BOOTSTRAP_SEED)).astype(float) / n
+    for metric in group[0].get("attack_metrics") or {}:
+        att = np.array([num((s.get("attack_metrics") or {}).get(metric)) for s in group])
+        pri = np.array([num((s.get("baseline_prior") or {}).get(metric)) for s in group])
+        if not (np.isfinite(att).all() and np.isfinite(pri).all()):
+            continue
+        se, se_vs = float(np.std(counts @ att, ddof=1)), float(np.std(counts @ (att - pri), ddof=1))
+        for s, a, b in zip(group, att, pri):
+            entry = {"attack": float(a), "prior": float(b), "se": se, "se_vs_prior": se_vs, "n": n, "over": "victims"}
+            s.setdefault("bootstrap", {})[metric] = entry
+
+
 def _norm_sf(z: float) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
