@@ -26,13 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._generic import changed_items, client_uploads, n_items, scored_victims, truth_items
+from privaudit.attacks._generic import changed_items, client_uploads, n_items
 from privaudit.attacks.base import Reconstruction
 from privaudit.attacks.generic_trained_items import GenericTrainedItems
 from privaudit.attacks.ncf_interaction_inference import upload_scores
 from privaudit.params import Param
 from privaudit.registry import register_attack
-from privaudit.results import Decisions
 from privaudit.transcript import Transcript, View
 
 
@@ -40,6 +39,8 @@ from privaudit.transcript import Transcript, View
 class GenericInteractionInference(GenericTrainedItems):
     """Split each recorded upload's changed item rows into positives and sampled negatives."""
 
+    #: per (client, item): (mean cosine + 1) / 2 over the rounds read, 0 for rows never changed
+    decision = ("positive", "positive item")
     description = (
         "recorded implicit-feedback runs with sampled negatives: the sign of each changed row along the "
         "upload's main direction tells positives from negatives (Yuan et al., WWW 2023)"
@@ -85,26 +86,6 @@ class GenericInteractionInference(GenericTrainedItems):
             score = total[ids] / max(r, 1)
             victims[party] = {"items": ids[score > 0], "seen_items": ids, "seen_share": (score + 1.0) / 2.0}
         return Reconstruction(self.name, self.party, victims, meta={"clients": len(victims), "negatives": negatives})
-
-    def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
-        """Per (client, item): (mean cosine + 1) / 2 over the rounds read (0 for rows never
-        changed); groups = the client."""
-        m = n_items(transcript)
-        scores, labels = [], []
-        for p in scored_victims(transcript, reconstruction.victims):
-            rec = reconstruction.victims[p]
-            sc = np.zeros(m)
-            keep = rec["seen_items"] < m
-            sc[rec["seen_items"][keep]] = rec["seen_share"][keep]
-            lab = np.zeros(m, dtype=bool)
-            t = truth_items(transcript, p)
-            lab[t[t < m]] = True
-            scores.append(sc)
-            labels.append(lab)
-        if not scores:
-            return {}
-        groups = np.repeat(np.arange(len(scores)), m)
-        return {"positive": Decisions(np.concatenate(scores), np.concatenate(labels), "positive item", groups=groups)}
 
 
 def _upload_cosines(up: Any, negatives: int, m: int) -> tuple[np.ndarray, np.ndarray]:

@@ -142,9 +142,13 @@ class GenericTrainedItems(Attack):
             {k: prior[k] for k in ("precision", "recall", "f1")},
         )
 
+    #: name and positive label of the per-(client, item) decision set
+    decision = ("trained", "trained item")
+
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
-        """Per (client, item): the share of the client's uploads in which the item's row
-        changed; groups = the client."""
+        """Per (client, item): the reconstruction's ``seen_share`` (here the share of the
+        client's uploads in which the item's row changed; 0 for rows never changed); groups =
+        the client."""
         m = n_items(transcript)
         scores, labels = [], []
         for p in scored_victims(transcript, reconstruction.victims):
@@ -160,4 +164,5 @@ class GenericTrainedItems(Attack):
         if not scores:
             return {}
         groups = np.repeat(np.arange(len(scores)), m)
-        return {"trained": Decisions(np.concatenate(scores), np.concatenate(labels), "trained item", groups=groups)}
+        key, label = self.decision
+        return {key: Decisions(np.concatenate(scores), np.concatenate(labels), label, groups=groups)}
