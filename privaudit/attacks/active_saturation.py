@@ -143,11 +143,9 @@ class NCFActiveSaturation(_Isolation):
         ok, reason = super(_Isolation, self).applicable(view)
         if not ok:
             return ok, reason
-        if view.config.get("server", "honest") != self.plan:
-            return False, (
-                f"the server followed plan {view.config.get('server', 'honest')!r}; "
-                f"this attack needs protocol server={self.plan}"
-            )
+        mismatch = self.plan_mismatch(view)
+        if mismatch:
+            return False, mismatch
         source, read, _ = self._readings(view)
         if not read:
             _, _, _, aborted = self._rounds(view)

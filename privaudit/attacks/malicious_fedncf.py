@@ -115,15 +115,20 @@ class _Isolation(OneTarget):
         usable = [r for r in dev if r + 1 in states and r in aggs and not (aggs[r].meta or {}).get("aborted")]
         return states, aggs, usable, aborted
 
+    def plan_mismatch(self, view: View) -> str:
+        """Why the view's server did not follow this attack's plan ("" when it did)."""
+        followed = view.config.get("server", "honest")
+        if followed == self.plan:
+            return ""
+        return f"the server followed plan {followed!r}; this attack needs protocol server={self.plan}"
+
     def applicable(self, view: View) -> tuple[bool, str]:
         ok, reason = super().applicable(view)
         if not ok:
             return ok, reason
-        if view.config.get("server", "honest") != self.plan:
-            return False, (
-                f"the server followed plan {view.config.get('server', 'honest')!r}; "
-                f"this attack needs protocol server={self.plan}"
-            )
+        mismatch = self.plan_mismatch(view)
+        if mismatch:
+            return False, mismatch
         _, _, usable, aborted = self._rounds(view)
         if not usable:
             if aborted:
