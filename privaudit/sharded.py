@@ -1,0 +1,426 @@
+"""One protocol run over a Dask cluster: the clients' blocks on the workers, shards on disk.
+
+A sharded run (``privaudit run --scheduler local:N|tcp://HOST:PORT -o DIR``) cuts the clients
+into the blocks of :mod:`privaudit.protocols.blocks` and gives each Dask worker consecutive whole
+blocks, held by a Dask actor. Every round the server broadcasts its state to the actors; each
+computes its blocks' client updates with the same per-block functions as the single-process run,
+writes its recorded uploads as one transcript shard per (block, round) through
+:meth:`Transcript.save`, and returns the blocks' partial sums; the server adds them in block
+order and takes its step. Per-client random draws come from the seed and the block index, so
+the run equals the single-process run at the same seed (arrays, utility, attack metrics).
+
+Output directory: ``manifest.json``, ``server.ptx`` (the run's header and the servers'
+messages), ``c<block>-private.ptx`` (the block's private messages) and ``c<block>-r<round>.ptx``
+(its uploads of one recorded round). :func:`load` checks the manifest and every shard and
+returns the transcript in the single-process message order.
+
+Supported: FedMVMF (every setting) and FedRec's ``pmf-batch`` model, without defenses (a
+defense draws its noise in client order over a whole round, which a partition would change).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privaudit import _safejson
+from privaudit.errors import MissingDependencyError, PrivauditError, TranscriptError
+from privaudit.protocols.base import Channel, RunResult, RunSetup
+from privaudit.protocols.blocks import CLIENT_BLOCK, Accumulator, MVMFBlock, block_ranges, mvmf_block_round
+from privaudit.transcript import DEFAULT_MAX_BYTES, Transcript
+from privaudit.transcript import load as load_transcript
+
+__all__ = ["MANIFEST", "SUPPORTED", "dask_client", "load", "parse_scheduler", "read_manifest", "run_sharded"]
+
+MANIFEST = "manifest.json"
+FORMAT = "privaudit-sharded-run"
+VERSION = 1
+#: protocols a sharded run supports
+SUPPORTED = ("fedmvmf",)
+_MANIFEST_MAX_BYTES = 64 * 1024**2
+_MAX_BLOCKS = 1 << 20
+_SHARD_NAME = re.compile(r"c(\d{6})-(private|r(\d{6}))\.ptx")
+_LOCAL = re.compile(r"local(?::(\d{1,4}))?")
+_ADDRESS = re.compile(
+    r"(tcp|tls)://([A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]):(\d{1,5})"
+)
+
+
+# ------------------------------------------------------------------------- the cluster
+
+
+def parse_scheduler(text: str) -> tuple[str, Any]:
+    """``("local", N)`` for ``local[:N]`` (1 <= N <= 256; default 2) or ``("address", text)`` for
+    ``tcp://HOST:PORT`` / ``tls://HOST:PORT``; anything else raises a one-line PrivauditError."""
+    value = str(text).strip()
+    local = _LOCAL.fullmatch(value)
+    if local:
+        workers = int(local.group(1) or 2)
+        if not 1 <= workers <= 256:
+            raise PrivauditError(f"--scheduler: local:N needs 1 <= N <= 256, got {workers}")
+        return "local", workers
+    address = _ADDRESS.fullmatch(value)
+    if address and 1 <= int(address.group(3)) <= 65535:
+        return "address", value
+    raise PrivauditError(f"--scheduler: expected local:N or tcp://HOST:PORT (port 1-65535), got {str(text)[:80]!r}")
+
+
+@contextmanager
+def dask_client(scheduler: str) -> Iterator[Any]:
+    """A ``dask.distributed.Client``: a LocalCluster of N single-threaded worker processes
+    (``local:N``) or a connection to a running scheduler (10 s timeout; one-line error)."""
+    how, value = parse_scheduler(scheduler)
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:  # pragma: no cover - dask is a declared extra
+        raise MissingDependencyError("dask[distributed]", "dask") from None
+    cluster = None
+    if how == "local":
+        cluster = LocalCluster(n_workers=value, threads_per_worker=1, processes=True, dashboard_address=None)
+        client = Client(cluster)
+    else:
+        try:
+            client = Client(value, timeout="10s")
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise PrivauditError(f"--scheduler: cannot connect to Dask scheduler {value!r} ({exc})") from None
+    try:
+        yield client
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+# ------------------------------------------------------------------------- the workers
+
+
+def _shard_header(header: Mapping[str, Any], parties: list[str]) -> Transcript:
+    return Transcript(header["protocol"], dict(header["config"]), header["seed"], dict(header["dataset"]), parties)
+
+
+def _block_name(index: int, round: int | None) -> str:
+    return f"c{index:06d}-private.ptx" if round is None else f"c{index:06d}-r{round:06d}.ptx"
+
+
+class MVMFShard:
+    """A Dask actor holding consecutive FedMVMF client blocks (their data and u_u).
+
+    ``spec``: ``blocks`` (list of ``(index, lo, ratings, weights, X, train_users)``), ``settings``
+    (:class:`MVMFSettings`), ``seed``, ``init_scale``, ``out`` (the run's directory), ``header``
+    (protocol, config, seed, dataset of the run) and ``private`` (write the private shards).
+    """
+
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        self.st, self.out, self.header = spec["settings"], Path(spec["out"]), spec["header"]
+        self.blocks: list[MVMFBlock] = []
+        self.indices: list[int] = []
+        for index, lo, R, W, X, train_users in spec["blocks"]:
+            self.blocks.append(MVMFBlock.initial(index, lo, R, W, X, self.st.K, spec["seed"], spec["init_scale"]))
+            self.indices.append(index)
+            if spec["private"]:
+                self._write_private(index, lo, R, X, train_users)
+
+    def _senders(self, block: MVMFBlock) -> list[str]:
+        return [f"client:{u}" for u in range(block.lo, block.lo + block.ratings.shape[0])]
+
+    def _write_private(self, index: int, lo: int, R: Any, X: np.ndarray, train_users: np.ndarray) -> None:
+        from privaudit.protocols.fedmvmf import _private_messages
+
+        senders = [f"client:{lo + u}" for u in range(R.shape[0])]
+        shard = _shard_header(self.header, ["server", *senders])
+        for party, payload, meta in _private_messages(senders, R, X, train_users):
+            shard.add(0, party, party, "private", payload, meta)
+        shard.save(self.out / _block_name(index, None))
+
+    def round(self, t: int, V: np.ndarray, P: np.ndarray, record: bool) -> list[tuple[int, Any, Any, float]]:
+        """One epoch of every block: ``(block index, sum_V, sum_P, loss part)`` per block; the
+        recorded uploads are written to ``c<block>-r<t>.ptx``."""
+        out = []
+        for index, block in zip(self.indices, self.blocks):
+            part = mvmf_block_round(block, V, P, self.st, record)
+            if record:
+                senders = self._senders(block)
+                shard = _shard_header(self.header, ["server", *senders])
+                Channel([], shard, np.random.default_rng(0)).send_round(
+                    t, senders, [("grad_V", part.grad_V), ("grad_P", part.grad_P)], record=True
+                )
+                shard.save(self.out / _block_name(index, t))
+                part.grad_V = part.grad_P = None
+            out.append((index, part.sum_V, part.sum_P, part.loss))
+        return out
+
+    def users(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.concatenate([b.U for b in self.blocks]), np.concatenate([b.U_init for b in self.blocks])
+
+    def memory(self) -> int:
+        """This worker process's resident memory in bytes (peak on Linux: ``ru_maxrss``)."""
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class ShardedClients:
+    """The server's side of a sharded FedMVMF run: the actors, one epoch at a time."""
+
+    def __init__(self, actors: list[Any], n_blocks: int) -> None:
+        self.actors, self.n_blocks = actors, n_blocks
+
+    def round(self, t: int, V: np.ndarray, P: np.ndarray, record: bool) -> tuple[np.ndarray, np.ndarray, float]:
+        futures = [a.round(t, V, P, record) for a in self.actors]
+        parts = sorted((p for f in futures for p in f.result()), key=lambda p: p[0])
+        if [p[0] for p in parts] != list(range(self.n_blocks)):
+            raise RuntimeError("a sharded round did not return every block once")
+        total = Accumulator()
+        for _, sum_V, sum_P, loss in parts:
+            total.add(sum_V, sum_P, loss)
+        sum_V, sum_P, loss = total.values
+        return sum_V, sum_P, loss
+
+    def users(self) -> tuple[np.ndarray, np.ndarray]:
+        got = [a.users().result() for a in self.actors]
+        return np.concatenate([u for u, _ in got]), np.concatenate([u0 for _, u0 in got])
+
+    def memory(self) -> list[int]:
+        return [a.memory().result() for a in self.actors]
+
+
+def _assign(n_blocks: int, n_workers: int) -> list[list[int]]:
+    """Consecutive blocks per worker, as even as possible (no empty worker unless blocks run out)."""
+    bounds = np.linspace(0, n_blocks, min(n_workers, n_blocks) + 1).round().astype(int)
+    return [list(range(a, b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+@dataclass
+class ShardedRun:
+    """What :func:`run_sharded` returns: the run's result (its transcript holds the servers'
+    messages only), the output directory and the peak memory of each worker (bytes)."""
+
+    result: RunResult
+    out: Path
+    worker_peak: list[int]
+
+
+def run_sharded(
+    protocol: str,
+    dataset: Any,
+    config: Mapping[str, Any] | None,
+    seed: int,
+    client: Any,
+    out: str | Path,
+    include_private: bool = True,
+    block_size: int = CLIENT_BLOCK,
+) -> ShardedRun:
+    """Run ``protocol`` on ``dataset`` with its client blocks on ``client``'s workers; the shards
+    go to the existing empty directory ``out`` (on a filesystem every worker can write)."""
+    from privaudit.protocols.fedmvmf import FedMVMF
+
+    if protocol not in SUPPORTED:
+        raise PrivauditError(f"--scheduler runs {', '.join(SUPPORTED)} sharded, not {protocol!r}")
+    out = Path(out)
+    proto = FedMVMF()
+    cfg = proto.resolve_config(config)
+    run = proto.open_run(RunSetup(cfg, dataset, [], int(seed)), private=False)
+    header = {k: getattr(run.transcript, k) for k in ("protocol", "config", "seed", "dataset")}
+    ranges = block_ranges(run.ratings.shape[0], block_size)
+    workers = sorted(client.scheduler_info()["workers"])
+    if not workers:
+        raise PrivauditError("--scheduler: the Dask cluster has no workers")
+    actors = []
+    R, W, X, users = run.ratings, run.weights, run.views.X_train, run.split["train_users"]
+    for address, chunk in zip(workers, _assign(len(ranges), len(workers))):
+        blocks = [
+            (
+                b,
+                ranges[b][0],
+                R[slice(*ranges[b])],
+                W[slice(*ranges[b])],
+                X[slice(*ranges[b])],
+                users[slice(*ranges[b])],
+            )
+            for b in chunk
+        ]
+        spec = {"blocks": blocks, "settings": run.st, "seed": int(seed), "init_scale": float(cfg["init_scale"])}
+        spec.update(out=str(out.resolve()), header=header, private=include_private)
+        [data] = client.scatter([spec], workers=[address], direct=True)
+        actors.append(client.submit(MVMFShard, data, actor=True, workers=[address]).result())
+        del blocks, spec, data
+    run.ratings = run.weights = None  # the workers hold the clients' data now
+    clients = ShardedClients(actors, len(ranges))
+    result = proto.train(run, clients)
+    result.transcript.save(out / "server.ptx")
+    rounds = sorted({m.round for m in result.transcript.messages})
+    _write_manifest(out, protocol, ranges, rounds, include_private, block_size)
+    return ShardedRun(result, out, clients.memory())
+
+
+# ------------------------------------------------------------------------- the directory
+
+
+def _write_manifest(out: Path, protocol: str, ranges, rounds: list[int], private: bool, block_size: int) -> None:
+    blocks = [
+        {
+            "lo": lo,
+            "hi": hi,
+            "private": _block_name(b, None) if private else None,
+            "rounds": [_block_name(b, r) for r in rounds],
+        }
+        for b, (lo, hi) in enumerate(ranges)
+    ]
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "protocol": protocol,
+        "clients": ranges[-1][1] if ranges else 0,
+        "block_size": block_size,
+        "server": "server.ptx",
+        "rounds": rounds,
+        "blocks": blocks,
+    }
+    tmp = out / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, out / MANIFEST)
+
+
+def _fail(path: Path, text: str) -> TranscriptError:
+    return TranscriptError(f"{path}: {text}")
+
+
+def _int(value: Any, lo: int, hi: int, what: str, path: Path) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise _fail(path, f"{what} must be an integer in {lo}..{hi}, got {str(value)[:40]!r}")
+    return value
+
+
+def _member(folder: Path, name: Any, pattern: re.Pattern, path: Path) -> Path:
+    """``folder/name`` for a plain file name matching ``pattern`` that is a regular file inside
+    ``folder`` (no separators, no links)."""
+    if not isinstance(name, str) or not pattern.fullmatch(name):
+        raise _fail(path, f"shard file name {str(name)[:60]!r} is not of the form the manifest allows")
+    target = folder / name
+    if target.is_symlink() or not target.is_file():
+        raise _fail(path, f"shard {name} is missing or not a regular file")
+    if target.resolve().parent != folder.resolve():
+        raise _fail(path, f"shard {name} is outside the run's directory")
+    return target
+
+
+def read_manifest(folder: str | Path) -> dict[str, Any]:
+    """The checked manifest of a sharded run's directory: format, version, contiguous blocks
+    covering the clients, file names confined to the directory and present. Raises a one-line
+    :class:`TranscriptError` otherwise."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not folder.is_dir() or path.is_symlink() or not path.is_file():
+        raise _fail(folder, f"not a sharded run (no {MANIFEST})")
+    try:
+        doc = _safejson.load_file(path, max_bytes=_MANIFEST_MAX_BYTES, max_depth=8)
+    except (ValueError, OSError) as exc:
+        raise _fail(path, f"unreadable manifest ({str(exc)[:120]})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise _fail(path, f"not a {FORMAT} manifest")
+    if doc.get("version") != VERSION:
+        raise _fail(
+            path, f"manifest version {str(doc.get('version'))[:20]!r} is not supported (this privaudit reads {VERSION})"
+        )
+    if doc.get("protocol") not in SUPPORTED:
+        raise _fail(path, f"protocol {str(doc.get('protocol'))[:40]!r} is not one a sharded run supports")
+    clients = _int(doc.get("clients"), 0, 10**9, "clients", path)
+    size = _int(doc.get("block_size"), 1, 10**9, "block_size", path)
+    rounds = doc.get("rounds")
+    if not isinstance(rounds, list) or len(rounds) > 1_000_000:
+        raise _fail(path, "rounds must be a list")
+    rounds = [_int(r, 0, 10**9, "a round", path) for r in rounds]
+    if rounds != sorted(set(rounds)):
+        raise _fail(path, "rounds must be strictly increasing")
+    blocks = doc.get("blocks")
+    if not isinstance(blocks, list) or len(blocks) > _MAX_BLOCKS or len(blocks) != -(-clients // size):
+        raise _fail(path, f"blocks must list ceil(clients / block_size) = {-(-clients // size)} blocks")
+    checked, lo = [], 0
+    for b, block in enumerate(blocks):
+        if not isinstance(block, dict) or set(block) != {"lo", "hi", "private", "rounds"}:
+            raise _fail(path, f"block {b} must have exactly lo, hi, private and rounds")
+        if block["lo"] != lo or _int(block["hi"], lo + 1, min(lo + size, clients), f"block {b} hi", path) is None:
+            raise _fail(path, f"block {b} must start at client {lo}")
+        names = block["rounds"]
+        if not isinstance(names, list) or names != [_block_name(b, r) for r in rounds]:
+            raise _fail(path, f"block {b} must list its shard of every round, named c{b:06d}-rNNNNNN.ptx")
+        private = block["private"]
+        if private is not None and private != _block_name(b, None):
+            raise _fail(path, f"block {b}: its private shard must be named {_block_name(b, None)}")
+        files = [_member(folder, n, _SHARD_NAME, path) for n in names]
+        checked.append(
+            {
+                "lo": lo,
+                "hi": block["hi"],
+                "private": private and _member(folder, private, _SHARD_NAME, path),
+                "rounds": files,
+            }
+        )
+        lo = block["hi"]
+    server = _member(folder, doc.get("server"), re.compile(r"server\.ptx"), path)
+    return {"protocol": doc["protocol"], "clients": clients, "rounds": rounds, "blocks": checked, "server": server}
+
+
+def _check_shard(
+    shard: Transcript, server: Transcript, lo: int, hi: int, kinds: set[str], round: int | None, path: Path
+) -> None:
+    if (shard.protocol, shard.config, shard.seed) != (server.protocol, server.config, server.seed):
+        raise _fail(path, "the shard belongs to another run (protocol, config or seed differ from server.ptx)")
+    for m in shard.messages:
+        sender = m.sender
+        if not sender.startswith("client:") or not sender[7:].isdigit() or not lo <= int(sender[7:]) < hi:
+            raise _fail(path, f"message {m.seq}: sender {sender[:40]!r} is not a client of this block ({lo}..{hi - 1})")
+        if m.kind not in kinds or (round is not None and m.round != round):
+            raise _fail(path, f"message {m.seq}: {m.kind[:40]!r} of round {m.round} does not belong in this shard")
+
+
+def load(folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
+    """The transcript of a sharded run's directory, in the single-process run's message order:
+    the private messages, then per round the server's ``state``, every block's uploads (one kind
+    after the other) and the remaining servers' messages. ``max_bytes`` bounds each file."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    server = load_transcript(manifest["server"], max_bytes=max_bytes)
+    merged = Transcript(server.protocol, dict(server.config), server.seed, dict(server.dataset), list(server.parties))
+    for block in manifest["blocks"]:
+        if block["private"]:
+            shard = load_transcript(block["private"], max_bytes=max_bytes)
+            _check_shard(shard, server, block["lo"], block["hi"], {"private"}, 0, block["private"])
+            for m in shard.messages:
+                merged.add(m.round, m.sender, m.receiver, m.kind, m.payload, m.meta)
+    by_round: dict[int, list] = {}
+    for m in server.messages:
+        by_round.setdefault(m.round, []).append(m)
+    for j, r in enumerate(manifest["rounds"]):
+        own = by_round.pop(r, [])
+        for m in own:
+            if m.sender == "server":
+                merged.add(m.round, m.sender, m.receiver, m.kind, m.payload, m.meta)
+        shards = []
+        for block in manifest["blocks"]:
+            shard = load_transcript(block["rounds"][j], max_bytes=max_bytes)
+            _check_shard(shard, server, block["lo"], block["hi"], _UPLOADS[manifest["protocol"]], r, block["rounds"][j])
+            shards.append(shard)
+        for kind in _UPLOADS_ORDER[manifest["protocol"]]:
+            for shard in shards:
+                for m in shard.messages:
+                    if m.kind == kind:
+                        merged.add(m.round, m.sender, m.receiver, m.kind, m.payload, m.meta)
+        for m in own:
+            if m.sender != "server":
+                merged.add(m.round, m.sender, m.receiver, m.kind, m.payload, m.meta)
+    if by_round:
+        raise _fail(manifest["server"], f"messages of rounds {sorted(by_round)[:5]} that the manifest does not list")
+    return merged
+
+
+_UPLOADS_ORDER: dict[str, Sequence[str]] = {"fedmvmf": ("grad_V", "grad_P")}
+_UPLOADS = {k: set(v) for k, v in _UPLOADS_ORDER.items()}
