@@ -500,6 +500,11 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     p.add_argument("-o", "--output", required=True, metavar="FILE.ptx", help="transcript file to write")
     p.add_argument("--no-private", action="store_true", help="leave out the clients' private messages (shareable)")
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS|local:N",
+        help="run the clients on a Dask cluster; -o is then a folder of shards (fedmvmf, no defenses)",
+    )
     _force_arg(p)
 
 
@@ -507,6 +512,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from privaudit.experiment import run_transcript
 
+    if args.scheduler is not None:  # one protocol run over a Dask cluster: privaudit.sharded
+        from privaudit.sharded import cmd_run
+
+        return cmd_run(args)
     _check_writable(args.output, args.force, "-o FILE", folder=False)
     _check_extras(args.protocol, None, args.defense)
     _warn_short_key_specs(args.defense)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from privaudit import _safejson
+from privaudit._escape import printable
 from privaudit.errors import MissingDependencyError, PrivauditError, TranscriptError
 from privaudit.protocols.base import Channel, RunResult, RunSetup
 from privaudit.protocols.blocks import CLIENT_BLOCK, Accumulator, MVMFBlock, block_ranges, mvmf_block_round
@@ -216,7 +217,7 @@ def run_sharded(
     client: Any,
     out: str | Path,
     include_private: bool = True,
-    block_size: int = CLIENT_BLOCK,
+    block_size: int | None = None,
 ) -> ShardedRun:
     """Run ``protocol`` on ``dataset`` with its client blocks on ``client``'s workers; the shards
     go to the existing empty directory ``out`` (on a filesystem every worker can write)."""
@@ -229,6 +230,7 @@ def run_sharded(
     cfg = proto.resolve_config(config)
     run = proto.open_run(RunSetup(cfg, dataset, [], int(seed)), private=False)
     header = {k: getattr(run.transcript, k) for k in ("protocol", "config", "seed", "dataset")}
+    block_size = CLIENT_BLOCK if block_size is None else int(block_size)
     ranges = block_ranges(run.ratings.shape[0], block_size)
     workers = sorted(client.scheduler_info()["workers"])
     if not workers:
@@ -289,13 +291,17 @@ def _write_manifest(out: Path, protocol: str, ranges, rounds: list[int], private
     os.replace(tmp, out / MANIFEST)
 
 
+def _short(value: Any) -> str:
+    return printable(repr(value)[:60])
+
+
 def _fail(path: Path, text: str) -> TranscriptError:
     return TranscriptError(f"{path}: {text}")
 
 
 def _int(value: Any, lo: int, hi: int, what: str, path: Path) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise _fail(path, f"{what} must be an integer in {lo}..{hi}, got {str(value)[:40]!r}")
+        raise _fail(path, f"{what} must be an integer in {lo}..{hi}, got {_short(value)}")
     return value
 
 
@@ -303,7 +309,7 @@ def _member(folder: Path, name: Any, pattern: re.Pattern, path: Path) -> Path:
     """``folder/name`` for a plain file name matching ``pattern`` that is a regular file inside
     ``folder`` (no separators, no links)."""
     if not isinstance(name, str) or not pattern.fullmatch(name):
-        raise _fail(path, f"shard file name {str(name)[:60]!r} is not of the form the manifest allows")
+        raise _fail(path, f"shard file name {_short(name)} is not of the form the manifest allows")
     target = folder / name
     if target.is_symlink() or not target.is_file():
         raise _fail(path, f"shard {name} is missing or not a regular file")
@@ -328,10 +334,10 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
         raise _fail(path, f"not a {FORMAT} manifest")
     if doc.get("version") != VERSION:
         raise _fail(
-            path, f"manifest version {str(doc.get('version'))[:20]!r} is not supported (this privaudit reads {VERSION})"
+            path, f"manifest version {_short(doc.get('version'))} is not supported (this privaudit reads {VERSION})"
         )
     if doc.get("protocol") not in SUPPORTED:
-        raise _fail(path, f"protocol {str(doc.get('protocol'))[:40]!r} is not one a sharded run supports")
+        raise _fail(path, f"protocol {_short(doc.get('protocol'))} is not one a sharded run supports")
     clients = _int(doc.get("clients"), 0, 10**9, "clients", path)
     size = _int(doc.get("block_size"), 1, 10**9, "block_size", path)
     rounds = doc.get("rounds")
@@ -347,8 +353,12 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
     for b, block in enumerate(blocks):
         if not isinstance(block, dict) or set(block) != {"lo", "hi", "private", "rounds"}:
             raise _fail(path, f"block {b} must have exactly lo, hi, private and rounds")
-        if block["lo"] != lo or _int(block["hi"], lo + 1, min(lo + size, clients), f"block {b} hi", path) is None:
-            raise _fail(path, f"block {b} must start at client {lo}")
+        hi = min(lo + size, clients)
+        if (
+            _int(block["lo"], 0, clients, f"block {b} lo", path) != lo
+            or _int(block["hi"], 0, clients, f"block {b} hi", path) != hi
+        ):
+            raise _fail(path, f"block {b} must hold clients {lo}..{hi - 1} (lo {lo}, hi {hi})")
         names = block["rounds"]
         if not isinstance(names, list) or names != [_block_name(b, r) for r in rounds]:
             raise _fail(path, f"block {b} must list its shard of every round, named c{b:06d}-rNNNNNN.ptx")
@@ -364,7 +374,7 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
                 "rounds": files,
             }
         )
-        lo = block["hi"]
+        lo = hi
     server = _member(folder, doc.get("server"), re.compile(r"server\.ptx"), path)
     return {"protocol": doc["protocol"], "clients": clients, "rounds": rounds, "blocks": checked, "server": server}
 
@@ -424,3 +434,59 @@ def load(folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
 
 _UPLOADS_ORDER: dict[str, Sequence[str]] = {"fedmvmf": ("grad_V", "grad_P")}
 _UPLOADS = {k: set(v) for k, v in _UPLOADS_ORDER.items()}
+
+
+# ------------------------------------------------------------------------- command line
+
+
+def _prepare_output(folder: Path, force: bool) -> None:
+    """``-o DIR`` of a sharded run: a new or empty folder; with ``force`` an earlier sharded run's
+    files in it are removed (nothing else is touched)."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise PrivauditError(f"{folder}: exists and is not a folder (a sharded run writes a folder of shards)")
+    if folder.is_dir():
+        entries = list(folder.iterdir())
+        ours = [p for p in entries if p.name in (MANIFEST, "server.ptx") or _SHARD_NAME.fullmatch(p.name)]
+        if entries and not force:
+            raise PrivauditError(
+                f"{folder}/ is not empty; pass --force to replace a sharded run there or choose another -o DIR"
+            )
+        if len(ours) != len(entries):
+            raise PrivauditError(f"{folder}/ holds files that are not a sharded run's; choose another -o DIR")
+        for p in ours:
+            if p.is_file() and not p.is_symlink():
+                p.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+
+
+def cmd_run(args: Any) -> int:
+    """``privaudit run --scheduler ...``: checks the address, the protocol, the defenses and the
+    output folder, connects, then builds the dataset and runs sharded."""
+    from privaudit.cli import _dataset
+    from privaudit.experiment import _run_plan_of, build_experiment, load_data, subsample_users
+
+    parse_scheduler(args.scheduler)
+    if args.protocol not in SUPPORTED:
+        raise PrivauditError(f"--scheduler runs {', '.join(SUPPORTED)} sharded, not {args.protocol!r}")
+    if args.defense:
+        raise PrivauditError(
+            "--scheduler runs a protocol without defenses (a defense's noise is drawn over a whole round)"
+        )
+    exp = build_experiment(
+        args.protocol, sets=args.set, data=args.data, users=args.users, seeds=1, seed=args.seed, jobs=1
+    )
+    plan = _run_plan_of(exp)
+    out = Path(args.output)
+    _prepare_output(out, args.force)
+    with dask_client(args.scheduler) as client:
+        dataset = subsample_users(load_data(_dataset(args)), args.users, args.seed)
+        done = run_sharded(args.protocol, dataset, plan.config, args.seed, client, out, not args.no_private)
+    n_files = sum(1 for _ in out.iterdir())
+    print(f"sharded run written to {out}/ ({n_files} files; workers' peak memory {_mib(done.worker_peak)} MiB)")
+    for k, v in done.result.utility.items():
+        print(f"  {k:<20} {v:.4f}" if isinstance(v, float) else f"  {k:<20} {v}")
+    return 0
+
+
+def _mib(values: Sequence[int]) -> str:
+    return ", ".join(f"{v / 1024**2:.0f}" for v in values)

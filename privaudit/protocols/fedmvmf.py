@@ -338,9 +338,10 @@ class MVMFRun:
     ratings: sp.csr_matrix
     weights: sp.csr_matrix
 
-    def client_blocks(self, seed: int, size: int = CLIENT_BLOCK) -> list[MVMFBlock]:
-        """The clients in blocks (:func:`~privaudit.protocols.blocks.block_ranges`), u_u initialised."""
+    def client_blocks(self, seed: int, size: int | None = None) -> list[MVMFBlock]:
+        """The clients in blocks of ``size`` (default :data:`CLIENT_BLOCK`), u_u initialised."""
         R, W, X = self.ratings, self.weights, self.views.X_train
+        size = CLIENT_BLOCK if size is None else size
         scale = float(self.cfg["init_scale"])
         return [
             MVMFBlock.initial(b, lo, R[lo:hi], W[lo:hi], X[lo:hi], self.st.K, seed, scale)
