@@ -26,7 +26,9 @@ def test_presets_have_movielens_shapes_and_rating_counts():
     assert parse_spec("synthetic:ml-10m-size")["n_users"] == 69878
     assert parse_spec("synthetic:ml-10m-size")["n_items"] == 10677
     # expected ratings = users x items x density: 1.007 M and 10.0 M
-    for name, target in (("ml-1m-size", 1.0e6), ("ml-10m-size", 1.0e7)):
+    assert parse_spec("synthetic:netflix-size")["n_users"] == 480189
+    assert parse_spec("synthetic:netflix-size")["n_items"] == 17770
+    for name, target in (("ml-1m-size", 1.0e6), ("ml-10m-size", 1.0e7), ("netflix-size", 1.0048e8)):
         p = PRESETS[name]
         assert abs(p["n_users"] * p["n_items"] * p["density"] / target - 1) < 0.01
     ds = load_dataset("synthetic:ml-100k-size")
