@@ -39,7 +39,16 @@ from privaudit.protocols.blocks import CLIENT_BLOCK, Accumulator, MVMFBlock, blo
 from privaudit.transcript import DEFAULT_MAX_BYTES, Transcript
 from privaudit.transcript import load as load_transcript
 
-__all__ = ["MANIFEST", "SUPPORTED", "dask_client", "load", "parse_scheduler", "read_manifest", "run_sharded"]
+__all__ = [
+    "MANIFEST",
+    "SUPPORTED",
+    "attack_shards",
+    "dask_client",
+    "load",
+    "parse_scheduler",
+    "read_manifest",
+    "run_sharded",
+]
 
 MANIFEST = "manifest.json"
 FORMAT = "privaudit-sharded-run"
@@ -392,44 +401,140 @@ def _check_shard(
             raise _fail(path, f"message {m.seq}: {m.kind[:40]!r} of round {m.round} does not belong in this shard")
 
 
-def load(folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
+def load(folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, blocks: Sequence[int] | None = None) -> Transcript:
     """The transcript of a sharded run's directory, in the single-process run's message order:
     the private messages, then per round the server's ``state``, every block's uploads (one kind
-    after the other) and the remaining servers' messages. ``max_bytes`` bounds each file."""
+    after the other) and the remaining servers' messages. ``max_bytes`` bounds each file;
+    ``blocks``: only these blocks' clients (their messages; the header is the whole run's)."""
     folder = Path(folder)
     manifest = read_manifest(folder)
+    chosen = manifest["blocks"] if blocks is None else [manifest["blocks"][b] for b in blocks]
     server = load_transcript(manifest["server"], max_bytes=max_bytes)
     merged = Transcript(server.protocol, dict(server.config), server.seed, dict(server.dataset), list(server.parties))
-    for block in manifest["blocks"]:
+
+    def add(messages: Any) -> None:
+        for m in messages:
+            merged.add(m.round, m.sender, m.receiver, m.kind, m.payload, m.meta)
+
+    for block in chosen:
         if block["private"]:
             shard = load_transcript(block["private"], max_bytes=max_bytes)
             _check_shard(shard, server, block["lo"], block["hi"], {"private"}, 0, block["private"])
-            for m in shard.messages:
-                merged.add(m.round, m.sender, m.receiver, m.kind, m.payload, m.meta)
+            add(shard.messages)
     by_round: dict[int, list] = {}
     for m in server.messages:
         by_round.setdefault(m.round, []).append(m)
     for j, r in enumerate(manifest["rounds"]):
         own = by_round.pop(r, [])
-        for m in own:
-            if m.sender == "server":
-                merged.add(m.round, m.sender, m.receiver, m.kind, m.payload, m.meta)
+        add(m for m in own if m.sender == "server")
         shards = []
-        for block in manifest["blocks"]:
+        for block in chosen:
             shard = load_transcript(block["rounds"][j], max_bytes=max_bytes)
             _check_shard(shard, server, block["lo"], block["hi"], _UPLOADS[manifest["protocol"]], r, block["rounds"][j])
             shards.append(shard)
         for kind in _UPLOADS_ORDER[manifest["protocol"]]:
             for shard in shards:
-                for m in shard.messages:
-                    if m.kind == kind:
-                        merged.add(m.round, m.sender, m.receiver, m.kind, m.payload, m.meta)
-        for m in own:
-            if m.sender != "server":
-                merged.add(m.round, m.sender, m.receiver, m.kind, m.payload, m.meta)
+                add(m for m in shard.messages if m.kind == kind)
+        del shards
+        add(m for m in own if m.sender != "server")
     if by_round:
         raise _fail(manifest["server"], f"messages of rounds {sorted(by_round)[:5]} that the manifest does not list")
     return merged
+
+
+# ------------------------------------------------------------------------- attacks per shard
+
+
+def _attack_blocks(folder: str, blocks: list[int], attack: str, max_bytes: int) -> dict[str, Any]:
+    """On a worker: the attack on each block's transcript (:func:`load` of that block), scored per
+    victim (:func:`privaudit.attacks._mvmf.victim_scores`); the sums and the truth histograms."""
+    from privaudit import registry
+    from privaudit.attacks._mvmf import victim_scores
+
+    out: dict[str, Any] = {"victims": 0, "hits": {}, "weight": {}, "ratings": {}, "attributes": {}}
+    for b in blocks:
+        transcript = load(folder, max_bytes, blocks=[b])
+        att = registry.get("attack", attack)()
+        rng = np.random.default_rng(0)
+        recon = att.run(transcript.view(att.party), att.prior_knowledge(transcript, rng), rng)
+        if not recon.supported:
+            raise PrivauditError(f"attack {attack!r} does not apply to this run: {recon.reason}")
+        victims, weight, hits = victim_scores(recon, transcript)
+        out["victims"] += len(victims)
+        for metric in weight:
+            out["hits"][metric] = out["hits"].get(metric, 0.0) + float(hits[metric].sum())
+            out["weight"][metric] = out["weight"].get(metric, 0.0) + float(weight[metric].sum())
+        _histograms(transcript, out)
+    return out
+
+
+def _histograms(transcript: Transcript, out: dict[str, Any]) -> None:
+    """Counts of the true values the majority baselines need: every uploaded item's true rating
+    (0 = unrated) over the first upload of each client, and every attribute dummy."""
+    from privaudit.attacks._mvmf import _truth, private_payloads
+
+    private = private_payloads(transcript)
+    seen: set[str] = set()
+    for m in transcript.select("grad_V"):
+        if m.sender not in seen and "items" in m.payload:
+            seen.add(m.sender)
+            values, counts = np.unique(_truth(private, m.sender, m.payload["items"]), return_counts=True)
+            for v, c in zip(values.tolist(), counts.tolist()):
+                out["ratings"][v] = out["ratings"].get(v, 0) + c
+    for payload in private.values():
+        values, counts = np.unique(np.asarray(payload.get("attributes", []), dtype=np.float64), return_counts=True)
+        for v, c in zip(values.tolist(), counts.tolist()):
+            out["attributes"][v] = out["attributes"].get(v, 0) + c
+
+
+def attack_shards(
+    folder: str | Path, client: Any, attack: str = "mvmf-analytic", max_bytes: int = DEFAULT_MAX_BYTES
+) -> dict[str, Any]:
+    """A per-victim FedMVMF attack on a sharded run, block by block on ``client``'s workers (each
+    worker reads its blocks' shards): the metrics of :func:`privaudit.attacks._mvmf.score_reconstruction`
+    (hits and weights summed over the blocks), and the uniform and majority-value baselines of
+    :func:`privaudit.attacks._mvmf.baselines` from the merged histograms of true values.
+
+    Equal to the attack on the merged transcript when each victim's reconstruction depends on its
+    own messages only (without noise); under noise the attack's population prior is the block's.
+    """
+    from privaudit import registry
+    from privaudit.attacks._mvmf import MVMFAttack, rating_domain
+    from privaudit.metrics import uniform_guess_accuracy
+
+    if not issubclass(registry.get("attack", attack), MVMFAttack):
+        raise PrivauditError(f"attack {attack!r}: a sharded run is attacked per shard by the FedMVMF attacks only")
+    folder = Path(folder).resolve()
+    manifest = read_manifest(folder)
+    workers = sorted(client.scheduler_info()["workers"])
+    futures = [
+        client.submit(_attack_blocks, str(folder), chunk, attack, max_bytes, workers=[w], pure=False)
+        for w, chunk in zip(workers, _assign(len(manifest["blocks"]), len(workers)))
+    ]
+    parts = client.gather(futures)
+    hits = {m: sum(p["hits"].get(m, 0.0) for p in parts) for m in parts[0]["hits"]}
+    weight = {m: sum(p["weight"].get(m, 0.0) for p in parts) for m in parts[0]["weight"]}
+    metrics = {m: hits[m] / weight[m] if weight[m] > 0 else float("nan") for m in hits}
+    metrics["victims"] = float(sum(p["victims"] for p in parts))
+    config = load_transcript(manifest["server"], max_bytes=max_bytes).config
+    lo, hi = rating_domain(config)
+    step = float(config.get("rating_step", 1.0) or 1.0)
+    baseline = {
+        "rating_accuracy": uniform_guess_accuracy(int(round((hi - lo) / step)) + 1),
+        "attribute_accuracy": uniform_guess_accuracy(2),
+        "rating_accuracy_majority": _majority(parts, "ratings"),
+        "attribute_accuracy_majority": _majority(parts, "attributes"),
+    }
+    return {"attack": attack, "metrics": metrics, "baseline": baseline, "blocks": len(manifest["blocks"])}
+
+
+def _majority(parts: list[dict[str, Any]], key: str) -> float:
+    counts: dict[float, int] = {}
+    for p in parts:
+        for v, c in p[key].items():
+            counts[v] = counts.get(v, 0) + c
+    total = sum(counts.values())
+    return max(counts.values()) / total if total else float("nan")
 
 
 _UPLOADS_ORDER: dict[str, Sequence[str]] = {"fedmvmf": ("grad_V", "grad_P")}

@@ -74,6 +74,11 @@ def test_fedmvmf_two_workers_equal_single_process(client, data, settings, tmp_pa
     b = attack_transcript(merged)["points"][0]
     assert a["attack_metrics"] == b["attack_metrics"] and a["baseline_prior"] == b["baseline_prior"]
     assert a["attack_metrics"]["rating_accuracy"] > a["baseline_prior"]["rating_accuracy"] + 0.05
+    # the same attack per shard on the workers, its per-victim sums merged
+    per_shard = sharded.attack_shards(tmp_path, client)
+    assert per_shard["blocks"] == 7
+    assert per_shard["metrics"] == {k: a["attack_metrics"][k] for k in per_shard["metrics"]}
+    assert per_shard["baseline"] == {k: a["baseline_random"][k] for k in per_shard["baseline"]}
 
 
 def test_block_partials_are_the_whole_sum(data):
