@@ -36,7 +36,7 @@ from privaudit._escape import printable
 from privaudit.errors import MissingDependencyError, PrivauditError, TranscriptError
 from privaudit.protocols.base import Channel, RunResult, RunSetup
 from privaudit.protocols.blocks import CLIENT_BLOCK, Accumulator, MVMFBlock, block_ranges, mvmf_block_round
-from privaudit.transcript import DEFAULT_MAX_BYTES, Transcript
+from privaudit.transcript import CLIENT_PREFIX, DEFAULT_MAX_BYTES, Transcript, is_client
 from privaudit.transcript import load as load_transcript
 
 __all__ = [
@@ -238,6 +238,7 @@ def run_sharded(
     proto = FedMVMF()
     cfg = proto.resolve_config(config)
     run = proto.open_run(RunSetup(cfg, dataset, [], int(seed)), private=False)
+    del dataset  # the split holds what the server needs; a caller that lets go of it saves its memory
     header = {k: getattr(run.transcript, k) for k in ("protocol", "config", "seed", "dataset")}
     block_size = CLIENT_BLOCK if block_size is None else int(block_size)
     ranges = block_ranges(run.ratings.shape[0], block_size)
@@ -266,7 +267,13 @@ def run_sharded(
     run.ratings = run.weights = None  # the workers hold the clients' data now
     clients = ShardedClients(actors, len(ranges))
     result = proto.train(run, clients)
-    result.transcript.save(out / "server.ptx")
+    server = result.transcript
+    # the servers' file names the servers only (a file's JSON is bounded by its members; the
+    # manifest's ``clients`` gives the client parties back to :func:`load`)
+    own = [p for p in server.parties if not is_client(p)]
+    Transcript(server.protocol, server.config, server.seed, server.dataset, own, server.messages).save(
+        out / "server.ptx"
+    )
     rounds = sorted({m.round for m in result.transcript.messages})
     _write_manifest(out, protocol, ranges, rounds, include_private, block_size)
     return ShardedRun(result, out, clients.memory())
@@ -410,7 +417,10 @@ def load(folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, blocks: Sequenc
     manifest = read_manifest(folder)
     chosen = manifest["blocks"] if blocks is None else [manifest["blocks"][b] for b in blocks]
     server = load_transcript(manifest["server"], max_bytes=max_bytes)
-    merged = Transcript(server.protocol, dict(server.config), server.seed, dict(server.dataset), list(server.parties))
+    if any(is_client(p) for p in server.parties):
+        raise _fail(manifest["server"], "server.ptx must not list client parties (the manifest counts them)")
+    parties = [*server.parties, *(f"{CLIENT_PREFIX}{u}" for u in range(manifest["clients"]))]
+    merged = Transcript(server.protocol, dict(server.config), server.seed, dict(server.dataset), parties)
 
     def add(messages: Any) -> None:
         for m in messages:
