@@ -503,7 +503,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scheduler",
         metavar="ADDRESS|local:N",
-        help="run the clients on a Dask cluster; -o is then a folder of shards (fedmvmf, no defenses)",
+        help="run the clients on a Dask cluster; -o is then a folder of shards (fedmvmf, fedrec pmf-batch; no defenses)",
     )
     _force_arg(p)
 

@@ -35,7 +35,14 @@ from privaudit import _safejson
 from privaudit._escape import printable
 from privaudit.errors import MissingDependencyError, PrivauditError, TranscriptError
 from privaudit.protocols.base import Channel, RunResult, RunSetup
-from privaudit.protocols.blocks import CLIENT_BLOCK, Accumulator, MVMFBlock, block_ranges, mvmf_block_round
+from privaudit.protocols.blocks import (
+    CLIENT_BLOCK,
+    Accumulator,
+    MVMFBlock,
+    block_ranges,
+    entries_block,
+    mvmf_block_round,
+)
 from privaudit.transcript import CLIENT_PREFIX, DEFAULT_MAX_BYTES, Transcript, is_client
 from privaudit.transcript import load as load_transcript
 
@@ -54,7 +61,7 @@ MANIFEST = "manifest.json"
 FORMAT = "privaudit-sharded-run"
 VERSION = 1
 #: protocols a sharded run supports
-SUPPORTED = ("fedmvmf",)
+SUPPORTED = ("fedmvmf", "fedrec")
 _MANIFEST_MAX_BYTES = 64 * 1024**2
 _MAX_BLOCKS = 1 << 20
 _SHARD_NAME = re.compile(r"c(\d{6})-(private|r(\d{6}))\.ptx")
@@ -184,14 +191,7 @@ class ShardedClients:
         self.actors, self.n_blocks = actors, n_blocks
 
     def round(self, t: int, V: np.ndarray, P: np.ndarray, record: bool) -> tuple[np.ndarray, np.ndarray, float]:
-        futures = [a.round(t, V, P, record) for a in self.actors]
-        parts = sorted((p for f in futures for p in f.result()), key=lambda p: p[0])
-        if [p[0] for p in parts] != list(range(self.n_blocks)):
-            raise RuntimeError("a sharded round did not return every block once")
-        total = Accumulator()
-        for _, sum_V, sum_P, loss in parts:
-            total.add(sum_V, sum_P, loss)
-        sum_V, sum_P, loss = total.values
+        sum_V, sum_P, loss = _folded([a.round(t, V, P, record) for a in self.actors], self.n_blocks)
         return sum_V, sum_P, loss
 
     def users(self) -> tuple[np.ndarray, np.ndarray]:
@@ -200,6 +200,170 @@ class ShardedClients:
 
     def memory(self) -> list[int]:
         return [a.memory().result() for a in self.actors]
+
+
+class PMFShard:
+    """A Dask actor holding consecutive FedRec client blocks (pmf-batch): their entries, U rows
+    and test entries. ``spec``: ``blocks`` (list of ``(index, lo, entries, U, test rows, test
+    cols, test ratings)``), ``settings`` (FedRecSettings), ``out``, ``header``, ``private``."""
+
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        self.st, self.out, self.header = spec["settings"], Path(spec["out"]), spec["header"]
+        self.blocks = list(spec["blocks"])
+        for index, lo, E, *_ in self.blocks if spec["private"] else ():
+            senders = [f"client:{lo + u}" for u in range(E.shape[0])]
+            shard = _shard_header(self.header, ["server", *senders])
+            for u, party in enumerate(senders):
+                a, b = E.indptr[u], E.indptr[u + 1]
+                shard.add(
+                    0, party, party, "private", {"items": E.cols[a:b].astype(np.int64), "ratings": E.vals[a:b].copy()}
+                )
+            shard.save(self.out / _block_name(index, None))
+
+    def round(self, t: int, V: np.ndarray, lr: float, record: bool) -> list[tuple[int, Any, Any, float]]:
+        """One batch iteration of every block: ``(index, total, counts, clipped)`` per block; the
+        recorded uploads go to ``c<block>-r<t>.ptx``."""
+        from privaudit.protocols.blocks import pmf_block_round
+
+        out = []
+        for j, (index, lo, E, U, *tests) in enumerate(self.blocks):
+            part = pmf_block_round(U, E, V, self.st.lam, lr, self.st.max_step, record)
+            self.blocks[j] = (index, lo, E, part.U, *tests)
+            if record:
+                senders = [f"client:{lo + u}" for u in range(E.shape[0])]
+                shard = _shard_header(self.header, ["server", *senders])
+                Channel([], shard, np.random.default_rng(0)).send(t, "grad_V", senders, part.payloads, record=True)
+                shard.save(self.out / _block_name(index, t))
+            out.append((index, part.total, part.counts, float(part.clipped)))
+        return out
+
+    def tests(self, V: np.ndarray) -> list[tuple[int, float, float, bool]]:
+        """Per block: its test error sums (:func:`error_sums`) and whether its U is finite."""
+        from privaudit.models import pmf
+        from privaudit.protocols.blocks import error_sums
+
+        st = self.st
+        out = []
+        for index, _lo, _E, U, rows, cols, vals in self.blocks:
+            sq, ab = error_sums(pmf.predict(U, V, rows, cols), vals, st.rating_min, st.rating_max, st.clip)
+            out.append((index, sq, ab, bool(np.isfinite(U).all())))
+        return out
+
+    def users(self) -> np.ndarray:
+        return np.concatenate([b[3] for b in self.blocks])
+
+    def memory(self) -> int:
+        return MVMFShard.memory(self)
+
+
+def _fedrec_sharded(
+    dataset: Any, config: Mapping[str, Any] | None, seed: int, client: Any, out: Path, private: bool, block_size: int
+) -> tuple[RunResult, Any]:
+    """FedRec pmf-batch over the workers: the single-process loop (:meth:`FedRec.simulate`) with
+    the blocks' iteration (:func:`pmf_block_round`) and test errors on the workers."""
+    import time
+
+    from privaudit.models import pmf
+    from privaudit.protocols import fedrec
+
+    proto = fedrec.FedRec()
+    cfg = proto.resolve_config(config)
+    if cfg["model"] != "pmf-batch" or not cfg["federated"]:
+        raise PrivauditError(
+            "--scheduler runs fedrec's federated pmf-batch model only (the stochastic ones walk clients in turn)"
+        )
+    setup = RunSetup(cfg, dataset, [], int(seed))
+    split_rng, init_rng, _, _ = setup.streams(4)
+    st = fedrec.FedRecSettings.of(cfg, [])
+    fold = fedrec._Fold.of(dataset, cfg, split_rng)
+    transcript = proto.open_transcript(cfg, dataset, [], int(seed), ["server"], **fold.public(), **st.public())
+    del dataset
+    f = fedrec._Factors.initial(init_rng, fold.R_train.shape, st)
+    entries = [pmf.Entries.from_csr(fold.R_train)]
+    ranges = block_ranges(fold.R_train.shape[0], block_size)
+    header = {k: getattr(transcript, k) for k in ("protocol", "config", "seed", "dataset")}
+    settings = _PMFSettings(st.lam, st.max_step, fold.rmin, fold.rmax, st.clip)
+
+    def block(b: int) -> tuple:
+        lo, hi = ranges[b]
+        return (b, lo, entries_block(entries[0], lo, hi), f.U[lo:hi].copy(), *fold.block_tests(lo, hi))
+
+    actors = _start(
+        client,
+        PMFShard,
+        len(ranges),
+        block,
+        {"settings": settings, "out": str(out.resolve()), "header": header, "private": private},
+    )
+    entries.clear()
+    rmse, mae, seconds = [], [], 0.0
+    clipped = 0
+    for t in range(st.T):
+        tic = time.perf_counter()
+        record = t in st.recorded
+        if record:
+            transcript.add(t, "server", "server", "state", {"V": f.V.copy()})
+        total = _folded([a.round(t, f.V, st.lr, record) for a in actors], len(ranges))
+        grad, counts, k = total if total else (np.zeros_like(f.V), np.zeros(len(f.V)), 0.0)
+        stepV, k2 = pmf.clip_rows(st.lr * pmf.item_average(grad, counts), st.max_step)
+        f.V = f.V - stepV
+        clipped += int(k) + k2
+        st.lr *= st.decay
+        seconds += time.perf_counter() - tic
+        parts = sorted((p for a in actors for p in a.tests(f.V).result()), key=lambda p: p[0])
+        f.U = f.U if all(p[3] for p in parts) else np.full_like(f.U, np.nan)
+        f.check(t, st)
+        r_, m_ = fedrec.rmse_mae([(p[1], p[2]) for p in parts], len(fold.test_vals))
+        rmse.append(r_)
+        mae.append(m_)
+    f.U = np.concatenate([a.users().result() for a in actors])
+    utility = {"rmse": rmse[-1], "mae": mae[-1], "iteration_seconds": seconds / st.T, "clipped_steps": clipped}
+    model = {
+        "U": f.U,
+        "V": f.V,
+        "W": None,
+        "train": fold.R_train,
+        "test": fold.test,
+        "test_rmse": np.asarray(rmse),
+        "test_mae": np.asarray(mae),
+        "lam": st.lam,
+    }
+    transcript.parties = ["server", *fold.senders]
+    return RunResult(transcript, model, utility), actors
+
+
+@dataclass(frozen=True)
+class _PMFSettings:
+    lam: float
+    max_step: float
+    rating_min: float
+    rating_max: float
+    clip: bool
+
+
+def _folded(futures: list[Any], n_blocks: int) -> list:
+    """The blocks' partials from the actors' futures, added in block order."""
+    parts = sorted((p for f in futures for p in f.result()), key=lambda p: p[0])
+    if [p[0] for p in parts] != list(range(n_blocks)):
+        raise RuntimeError("a sharded round did not return every block once")
+    total = Accumulator()
+    for _, *values in parts:
+        total.add(*values)
+    return total.values
+
+
+def _start(client: Any, cls: type, n_blocks: int, block: Any, common: Mapping[str, Any]) -> list[Any]:
+    """One actor of ``cls`` per worker, holding consecutive blocks (``block(b)`` builds block b's data)."""
+    workers = sorted(client.scheduler_info()["workers"])
+    if not workers:
+        raise PrivauditError("--scheduler: the Dask cluster has no workers")
+    actors = []
+    for address, chunk in zip(workers, _assign(n_blocks, len(workers))):
+        spec = {"blocks": [block(b) for b in chunk], **common}
+        [data] = client.scatter([spec], workers=[address], direct=True)
+        actors.append(client.submit(cls, data, actor=True, workers=[address]).result())
+        del spec, data
+    return actors
 
 
 def _assign(n_blocks: int, n_workers: int) -> list[list[int]]:
@@ -230,43 +394,15 @@ def run_sharded(
 ) -> ShardedRun:
     """Run ``protocol`` on ``dataset`` with its client blocks on ``client``'s workers; the shards
     go to the existing empty directory ``out`` (on a filesystem every worker can write)."""
-    from privaudit.protocols.fedmvmf import FedMVMF
-
     if protocol not in SUPPORTED:
         raise PrivauditError(f"--scheduler runs {', '.join(SUPPORTED)} sharded, not {protocol!r}")
     out = Path(out)
-    proto = FedMVMF()
-    cfg = proto.resolve_config(config)
-    run = proto.open_run(RunSetup(cfg, dataset, [], int(seed)), private=False)
-    del dataset  # the split holds what the server needs; a caller that lets go of it saves its memory
-    header = {k: getattr(run.transcript, k) for k in ("protocol", "config", "seed", "dataset")}
     block_size = CLIENT_BLOCK if block_size is None else int(block_size)
-    ranges = block_ranges(run.ratings.shape[0], block_size)
-    workers = sorted(client.scheduler_info()["workers"])
-    if not workers:
-        raise PrivauditError("--scheduler: the Dask cluster has no workers")
-    actors = []
-    R, W, X, users = run.ratings, run.weights, run.views.X_train, run.split["train_users"]
-    for address, chunk in zip(workers, _assign(len(ranges), len(workers))):
-        blocks = [
-            (
-                b,
-                ranges[b][0],
-                R[slice(*ranges[b])],
-                W[slice(*ranges[b])],
-                X[slice(*ranges[b])],
-                users[slice(*ranges[b])],
-            )
-            for b in chunk
-        ]
-        spec = {"blocks": blocks, "settings": run.st, "seed": int(seed), "init_scale": float(cfg["init_scale"])}
-        spec.update(out=str(out.resolve()), header=header, private=include_private)
-        [data] = client.scatter([spec], workers=[address], direct=True)
-        actors.append(client.submit(MVMFShard, data, actor=True, workers=[address]).result())
-        del blocks, spec, data
-    run.ratings = run.weights = None  # the workers hold the clients' data now
-    clients = ShardedClients(actors, len(ranges))
-    result = proto.train(run, clients)
+    if protocol == "fedmvmf":
+        result, actors = _fedmvmf_sharded(dataset, config, seed, client, out, include_private, block_size)
+    else:
+        result, actors = _fedrec_sharded(dataset, config, seed, client, out, include_private, block_size)
+    del dataset
     server = result.transcript
     # the servers' file names the servers only (a file's JSON is bounded by its members; the
     # manifest's ``clients`` gives the client parties back to :func:`load`)
@@ -274,9 +410,35 @@ def run_sharded(
     Transcript(server.protocol, server.config, server.seed, server.dataset, own, server.messages).save(
         out / "server.ptx"
     )
-    rounds = sorted({m.round for m in result.transcript.messages})
-    _write_manifest(out, protocol, ranges, rounds, include_private, block_size)
-    return ShardedRun(result, out, clients.memory())
+    n = len(server.parties) - len(own)
+    rounds = sorted({m.round for m in server.messages})
+    _write_manifest(out, protocol, block_ranges(n, block_size), rounds, include_private, block_size)
+    return ShardedRun(result, out, [a.memory().result() for a in actors])
+
+
+def _fedmvmf_sharded(
+    dataset: Any, config: Mapping[str, Any] | None, seed: int, client: Any, out: Path, private: bool, block_size: int
+) -> tuple[RunResult, Any]:
+    """FedMVMF over the workers: :meth:`FedMVMF.train` with :class:`ShardedClients`."""
+    from privaudit.protocols.fedmvmf import FedMVMF
+
+    proto = FedMVMF()
+    cfg = proto.resolve_config(config)
+    run = proto.open_run(RunSetup(cfg, dataset, [], int(seed)), private=False)
+    del dataset  # the split holds what the server needs; a caller that lets go of it saves its memory
+    header = {k: getattr(run.transcript, k) for k in ("protocol", "config", "seed", "dataset")}
+    ranges = block_ranges(run.ratings.shape[0], block_size)
+    X, users = run.views.X_train, run.split["train_users"]
+
+    def block(b: int) -> tuple:
+        part = slice(*ranges[b])
+        return (b, ranges[b][0], run.ratings[part], run.weights[part], X[part], users[part])
+
+    common = {"settings": run.st, "seed": int(seed), "init_scale": float(cfg["init_scale"])}
+    common.update(out=str(out.resolve()), header=header, private=private)
+    actors = _start(client, MVMFShard, len(ranges), block, common)
+    run.ratings = run.weights = None  # the workers hold the clients' data now
+    return proto.train(run, ShardedClients(actors, len(ranges))), actors
 
 
 # ------------------------------------------------------------------------- the directory
@@ -547,7 +709,7 @@ def _majority(parts: list[dict[str, Any]], key: str) -> float:
     return max(counts.values()) / total if total else float("nan")
 
 
-_UPLOADS_ORDER: dict[str, Sequence[str]] = {"fedmvmf": ("grad_V", "grad_P")}
+_UPLOADS_ORDER: dict[str, Sequence[str]] = {"fedmvmf": ("grad_V", "grad_P"), "fedrec": ("grad_V",)}
 _UPLOADS = {k: set(v) for k, v in _UPLOADS_ORDER.items()}
 
 

@@ -81,6 +81,26 @@ def test_fedmvmf_two_workers_equal_single_process(client, data, settings, tmp_pa
     assert per_shard["baseline"] == {k: a["baseline_random"][k] for k in per_shard["baseline"]}
 
 
+def test_fedrec_pmf_batch_two_workers_equal_single_process(client, data, tmp_path, monkeypatch):
+    from privaudit.protocols import fedrec
+
+    cfg = {"T": 4, "record_rounds": [0, -1], "d": 5}
+    monkeypatch.setattr(fedrec, "CLIENT_BLOCK", BLOCK)
+    single = fedrec.FedRec().run(data, cfg, rng=8)
+    done = sharded.run_sharded("fedrec", data, cfg, 8, client, tmp_path, block_size=BLOCK)
+    merged = sharded.load(tmp_path)
+    _same_transcript(single.transcript, merged)
+    assert {m.kind for m in merged.messages} == {"private", "state", "grad_V"}
+    for key in ("U", "V", "test_rmse", "test_mae"):
+        assert np.array_equal(single.model[key], done.result.model[key]), key
+    utility = {k: v for k, v in single.utility.items() if k != "iteration_seconds"}
+    assert utility == {k: v for k, v in done.result.utility.items() if k != "iteration_seconds"}
+    a = attack_transcript(single.transcript)["points"][0]
+    np.testing.assert_equal(a["attack_metrics"], attack_transcript(merged)["points"][0]["attack_metrics"])
+    with pytest.raises(PrivauditError, match="pmf-batch model only"):
+        sharded.run_sharded("fedrec", data, {"model": "pmf-sgd"}, 8, client, tmp_path / "x")
+
+
 def test_block_partials_are_the_whole_sum(data):
     """The per-block sums and loss parts folded over blocks equal the all-clients formulas."""
     run = fedmvmf.FedMVMF().open_run(
@@ -239,7 +259,7 @@ def test_unreachable_scheduler_and_unsupported_runs(capsys, tmp_path, monkeypatc
         capsys, ["run", "--protocol", "fedmvmf", "--scheduler", "tcp://127.0.0.1:9", "-o", out], "cannot connect"
     )
     _one_line_error(
-        capsys, ["run", "--protocol", "fedncf", "--scheduler", "local:1", "-o", out], "runs fedmvmf sharded"
+        capsys, ["run", "--protocol", "fedncf", "--scheduler", "local:1", "-o", out], "fedrec sharded, not 'fedncf'"
     )
     argv = ["run", "--protocol", "fedmvmf", "--defense", "laplace:scale=1", "--scheduler", "local:1", "-o", out]
     _one_line_error(capsys, argv, "without defenses")

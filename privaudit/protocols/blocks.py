@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from privaudit.models import mvmf
+from privaudit.models import mvmf, pmf
 
 __all__ = [
     "CLIENT_BLOCK",
@@ -25,6 +25,10 @@ __all__ = [
     "MVMFSettings",
     "client_loss",
     "server_loss",
+    "entries_block",
+    "error_sums",
+    "pmf_block_round",
+    "PMFBlockRound",
     "MVMFBlock",
     "MVMFBlockRound",
     "block_ranges",
@@ -197,3 +201,54 @@ def client_loss(U, V, P, R: sp.csr_matrix, W: sp.csr_matrix, X, st: MVMFSettings
 def server_loss(V, P, Q, Y, st: MVMFSettings) -> float:
     """The servers' terms of J: ``alpha ||Y - V Q^T||^2 + lam (||V||^2 + ||P||^2 + ||Q||^2)``."""
     return st.alpha * float(np.sum((Y - V @ Q.T) ** 2)) + st.lam * float(np.sum(V**2) + np.sum(P**2) + np.sum(Q**2))
+
+
+# ---------------------------------------------------------------------------------- FedRec
+
+
+def entries_block(E: pmf.Entries, lo: int, hi: int) -> pmf.Entries:
+    """The entries of clients ``lo..hi-1`` of ``E`` (rows renumbered from 0)."""
+    a, b = int(E.indptr[lo]), int(E.indptr[hi])
+    return pmf.Entries(
+        E.rows[a:b] - lo, E.cols[a:b], E.vals[a:b], E.virtual[a:b], E.indptr[lo : hi + 1] - a, (hi - lo, E.shape[1])
+    )
+
+
+@dataclass
+class PMFBlockRound:
+    """One block's batch iteration: its new ``U`` rows, the sum of its eq.-8 uploads scattered by
+    item (``total`` m x d), its uploads per item (``counts``), its clipped U steps, the payloads."""
+
+    U: np.ndarray
+    total: np.ndarray
+    counts: np.ndarray
+    clipped: int
+    payloads: list[dict[str, np.ndarray]] | None
+
+
+def pmf_block_round(
+    U: np.ndarray, E: pmf.Entries, V: np.ndarray, lam: float, lr: float, max_step: float, uploads: bool
+) -> PMFBlockRound:
+    """FedRec Algorithm 2 for one block: U_u steps with eq. 7 (clipped to ``max_step``), then the
+    eq.-8 gradient of every entry with the new U_u; (``uploads``) one payload per client."""
+    m = V.shape[0]
+    has = E.counts > 0
+    U = U.copy()
+    step, clipped = pmf.clip_rows(lr * pmf.batch_user_gradient(U, V, E, lam)[has], max_step)
+    U[has] -= step
+    G = pmf.grad_V_entries(U, V, E, lam)
+    total = np.zeros((m, V.shape[1]))
+    pmf.scatter_rows(total, E.cols, G, -1.0)
+    counts = np.bincount(E.cols, minlength=m).astype(np.float64)
+    payloads = None
+    if uploads:
+        ip = E.indptr
+        payloads = [{"items": E.cols[ip[u] : ip[u + 1]], "values": G[ip[u] : ip[u + 1]]} for u in range(E.shape[0])]
+    return PMFBlockRound(U, total, counts, clipped, payloads)
+
+
+def error_sums(pred: np.ndarray, truth: np.ndarray, lo: float, hi: float, clip: bool) -> tuple[float, float]:
+    """``(sum (p - r)^2, sum |p - r|)`` of one block's test entries (predictions clipped to
+    ``lo..hi`` when ``clip``); :func:`fold` them in block order for RMSE and MAE."""
+    err = (np.clip(pred, lo, hi) if clip else pred) - truth
+    return float(np.sum(err**2)), float(np.sum(np.abs(err)))
