@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes (default 2)")
     p.add_argument("--epochs", type=int, default=2, help="FedMVMF epochs (default 2, both recorded)")
     p.add_argument("--K", type=int, default=20, help="latent dimension (default 20)")
+    p.add_argument("--block", type=int, default=None, help="clients per block (default 4096)")
     p.add_argument("--out", required=True, help="folder for the shards (emptied first; removed with --clean)")
     p.add_argument("--clean", action="store_true", help="remove the shards at the end")
     p.add_argument("--min-available", type=float, default=4.0, help="stop under this many GiB available")
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True)
     watch = Watch(args.min_available)
     watch.start()
-    res: dict = {"data": args.data, "workers": args.workers, "epochs": args.epochs, "K": args.K, "stages": {}}
+    res: dict = {"data": args.data, "workers": args.workers, "epochs": args.epochs, "K": args.K, "block": args.block}
+    res["stages"] = {}
     t_all = time.perf_counter()
 
     def stage(name: str, t0: float) -> None:
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         stage("cluster", t0)
         t0 = time.perf_counter()
         cfg = {"epochs": args.epochs, "record_rounds": args.epochs, "K": args.K}
-        done = sharded.run_sharded("fedmvmf", holder.pop(), cfg, 0, client, out)
+        done = sharded.run_sharded("fedmvmf", holder.pop(), cfg, 0, client, out, block_size=args.block)
         res["utility"] = {k: v for k, v in done.result.utility.items() if isinstance(v, float)}
         res["clients"] = int(done.result.model["U"].shape[0])
         del done
