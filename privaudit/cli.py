@@ -621,9 +621,10 @@ def cmd_attack(args: argparse.Namespace) -> int:
             raise PrivauditError(f"--transcript cannot be combined with {', '.join(given)}")
         from privaudit import transcript as tr
 
-        recorded = tr.load_validated(
-            args.transcript, **({} if args.max_bytes is None else {"max_bytes": args.max_bytes})
-        )
+        load = tr.load_validated
+        if Path(args.transcript).is_dir():  # a sharded run's folder (privaudit run --scheduler)
+            from privaudit.sharded import load_validated as load
+        recorded = load(args.transcript, **({} if args.max_bytes is None else {"max_bytes": args.max_bytes}))
         if not recorded.has_private:  # no ground truth: run the attack, write what it recovered
             from privaudit.integrations.recorded import reconstruct
 

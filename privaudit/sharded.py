@@ -52,6 +52,7 @@ __all__ = [
     "attack_shards",
     "dask_client",
     "load",
+    "load_validated",
     "parse_scheduler",
     "read_manifest",
     "run_sharded",
@@ -611,6 +612,16 @@ def load(folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, blocks: Sequenc
         add(m for m in own if m.sender != "server")
     if by_round:
         raise _fail(manifest["server"], f"messages of rounds {sorted(by_round)[:5]} that the manifest does not list")
+    return merged
+
+
+def load_validated(folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
+    """:func:`load` then :func:`privaudit.schema.validate` (what ``privaudit attack --transcript
+    DIR`` reads a sharded run's folder through)."""
+    from privaudit.schema import validate
+
+    merged = load(folder, max_bytes=max_bytes)
+    validate(merged)
     return merged
 
 

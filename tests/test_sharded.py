@@ -278,5 +278,13 @@ def test_cli_sharded_run_equals_cli_run(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "sharded run written to" in out and "ndcg@10" in out
     _same_transcript(load(tmp_path / "one.ptx"), sharded.load(tmp_path / "dir"))
+    # privaudit attack --transcript reads the folder like the file
+    for name in ("one.ptx", "dir"):
+        assert (
+            main(["attack", "--transcript", str(tmp_path / name), "--out", str(tmp_path / f"rep-{name}"), "--quiet"])
+            == 0
+        )
+    points = [json.loads((tmp_path / f"rep-{n}" / "results.json").read_text())["points"][0] for n in ("one.ptx", "dir")]
+    assert points[0]["attack_metrics"] == points[1]["attack_metrics"] and points[0]["attack_metrics"]["victims"] > 0
     with pytest.raises(PrivauditError, match="not empty"):
         sharded._prepare_output(tmp_path / "dir", force=False)
