@@ -51,6 +51,7 @@ _MU = 2.9  # global mean before the selection effect (rated items skew towards l
 _T0 = 946684800  # 2000-01-01 UTC
 _DAY = 86400
 _BLOCK = 1 << 20  # entries per block where a per-rating temporary would be (ratings x k)
+_EXACT_CELLS = 1 << 31  # users x items up to which items are drawn by the exact Gumbel top-c
 
 
 def _categorical(rng: np.random.Generator, U: np.ndarray, prior: np.ndarray, strength: float) -> np.ndarray:
@@ -166,6 +167,8 @@ def _pick_items(
     """Each user's ``counts[u]`` items (int32, best first) by a Gumbel top-c of log popularity plus
     preference, over row chunks of at most ~2 M cells (never a users x items matrix)."""
     (n, k), m = U.shape, V.shape[0]
+    if n * m > _EXACT_CELLS:
+        return _pick_candidates(rng, U, V, log_pop, counts)
     chunk = max(1, 2_000_000 // m)
     cols = np.empty(int(counts.sum()), dtype=np.int32)
     at = 0
@@ -181,6 +184,39 @@ def _pick_items(
         picked = top[np.arange(c.max()) < c[:, None]]
         cols[at : at + picked.size] = picked
         at += picked.size
+    return cols
+
+
+def _pick_candidates(
+    rng: np.random.Generator, U: np.ndarray, V: np.ndarray, log_pop: np.ndarray, counts: np.ndarray
+) -> np.ndarray:
+    """Above :data:`_EXACT_CELLS` users x items: each user's items are the ``c_u`` best distinct
+    ones of ``2 c_u`` candidates drawn by popularity (with replacement), ranked by the same
+    preference plus Gumbel noise (cost O(ratings); close to the exact Gumbel top-c); a user with
+    fewer distinct candidates than ``c_u`` gets the exact draw over all items."""
+    (n, k), m = U.shape, V.shape[0]
+    cdf = np.cumsum(np.exp(log_pop - log_pop.max()))
+    offsets = np.concatenate(([0], np.cumsum(counts)))
+    cols = np.empty(int(offsets[-1]), dtype=np.int32)
+    lo = 0
+    while lo < n:
+        hi = min(n, max(lo + 1, int(np.searchsorted(offsets, offsets[lo] + (1 << 21), side="right")) - 1))
+        users = np.repeat(np.arange(hi - lo), 2 * counts[lo:hi])  # chunk-local user ids
+        items = np.minimum(np.searchsorted(cdf, rng.random(users.size) * cdf[-1], side="right"), m - 1)
+        keys = np.einsum("ij,ij->i", U[lo + users], V[items]) * (0.5 / np.sqrt(k))
+        keys -= np.log(rng.standard_exponential(users.size))
+        order = np.argsort(users * 128.0 + (40.0 - np.clip(keys, -80.0, 40.0)))  # by user, best key first
+        _, first = np.unique(users[order] * np.int64(m) + items[order], return_index=True)
+        kept = order[np.sort(first)]  # each distinct (user, item) once, by user, best key first
+        u = users[kept]
+        rank = np.arange(u.size) - np.searchsorted(u, np.arange(hi - lo))[u]
+        short = np.bincount(u, minlength=hi - lo) < counts[lo:hi]
+        take = (rank < counts[lo + u]) & ~short[u]
+        cols[offsets[lo + u[take]] + rank[take]] = items[kept[take]]
+        for user in lo + np.flatnonzero(short):  # the exact draw for a user the candidates do not cover
+            key = U[user] @ V.T * (0.5 / np.sqrt(k)) + log_pop - np.log(rng.standard_exponential(m))
+            cols[offsets[user] : offsets[user + 1]] = np.argsort(-key)[: counts[user]]
+        lo = hi
     return cols
 
 
