@@ -57,10 +57,28 @@ class Watch(threading.Thread):
         self.min_available = min_available * GIB
         self.lowest_available = _available()
         self.stop = False
+        self.out: Path | None = None
+
+    def progress(self) -> str:
+        if self.out is None or not self.out.is_dir():
+            return ""
+        files = list(self.out.iterdir())
+        return f"{len(files)} shard files, {sum(f.stat().st_size for f in files if f.is_file()) / GIB:.2f} GiB"
 
     def run(self) -> None:
         me = os.getpid()
+        t0 = last = time.perf_counter()
         while not self.stop:
+            if (
+                time.perf_counter() - last >= 60
+            ):  # a progress line a minute (a long run stopped early still says something)
+                last = time.perf_counter()
+                print(
+                    f"  [{last - t0:.0f} s] RSS now: server {_rss(me) / GIB:.2f} GiB, workers "
+                    f"{', '.join(f'{_rss(p) / GIB:.2f}' for p in self.pids) or '-'}; peak of the sum "
+                    f"{self.peak['sum'] / GIB:.2f} GiB; available {_available() / GIB:.1f} GiB; {self.progress()}",
+                    flush=True,
+                )
             driver = _rss(me)
             workers = {pid: _rss(pid) for pid in self.pids}
             self.peak["driver"] = max(self.peak["driver"], driver)
@@ -101,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     watch = Watch(args.min_available)
+    watch.out = out
     watch.start()
+    print(f"server process {os.getpid()}", flush=True)
     res: dict = {"data": args.data, "workers": args.workers, "epochs": args.epochs, "K": args.K, "block": args.block}
     res["stages"] = {}
     t_all = time.perf_counter()
@@ -120,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with sharded.dask_client(f"local:{args.workers}") as client:
         watch.pids = sorted(client.run(os.getpid).values())
+        print(f"worker processes {watch.pids}", flush=True)
         stage("cluster", t0)
         t0 = time.perf_counter()
         cfg = {"epochs": args.epochs, "record_rounds": args.epochs, "K": args.K}
