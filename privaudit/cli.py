@@ -515,7 +515,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.scheduler is not None:  # one protocol run over a Dask cluster: privaudit.sharded
         from privaudit.sharded import cmd_run
 
-        return cmd_run(args)
+        return cmd_run(args, _dataset)
     _check_writable(args.output, args.force, "-o FILE", folder=False)
     _check_extras(args.protocol, None, args.defense)
     _warn_short_key_specs(args.defense)

@@ -179,10 +179,14 @@ class MVMFShard:
         return np.concatenate([b.U for b in self.blocks]), np.concatenate([b.U_init for b in self.blocks])
 
     def memory(self) -> int:
-        """This worker process's resident memory in bytes (peak on Linux: ``ru_maxrss``)."""
-        import resource
+        return _peak_rss()
 
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+def _peak_rss() -> int:
+    """This process's peak resident memory in bytes (``ru_maxrss``)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 class ShardedClients:
@@ -198,9 +202,6 @@ class ShardedClients:
     def users(self) -> tuple[np.ndarray, np.ndarray]:
         got = [a.users().result() for a in self.actors]
         return np.concatenate([u for u, _ in got]), np.concatenate([u0 for _, u0 in got])
-
-    def memory(self) -> list[int]:
-        return [a.memory().result() for a in self.actors]
 
 
 class PMFShard:
@@ -254,7 +255,7 @@ class PMFShard:
         return np.concatenate([b[3] for b in self.blocks])
 
     def memory(self) -> int:
-        return MVMFShard.memory(self)
+        return _peak_rss()
 
 
 def _fedrec_sharded(
@@ -565,7 +566,8 @@ def _check_shard(
         raise _fail(path, "the shard belongs to another run (protocol, config or seed differ from server.ptx)")
     for m in shard.messages:
         sender = m.sender
-        if not sender.startswith("client:") or not sender[7:].isdigit() or not lo <= int(sender[7:]) < hi:
+        index = sender[len(CLIENT_PREFIX) :]
+        if not is_client(sender) or not index.isdigit() or len(index) > 10 or not lo <= int(index) < hi:
             raise _fail(path, f"message {m.seq}: sender {sender[:40]!r} is not a client of this block ({lo}..{hi - 1})")
         if m.kind not in kinds or (round is not None and m.round != round):
             raise _fail(path, f"message {m.seq}: {m.kind[:40]!r} of round {m.round} does not belong in this shard")
@@ -747,10 +749,10 @@ def _prepare_output(folder: Path, force: bool) -> None:
     folder.mkdir(parents=True, exist_ok=True)
 
 
-def cmd_run(args: Any) -> int:
+def cmd_run(args: Any, dataset_of: Any) -> int:
     """``privaudit run --scheduler ...``: checks the address, the protocol, the defenses and the
-    output folder, connects, then builds the dataset and runs sharded."""
-    from privaudit.cli import _dataset
+    output folder, connects, then builds the dataset (``dataset_of(args)``: ``--data`` and
+    ``--rating-scale`` as the command line reads them) and runs sharded."""
     from privaudit.experiment import _run_plan_of, build_experiment, load_data, subsample_users
 
     parse_scheduler(args.scheduler)
@@ -767,7 +769,7 @@ def cmd_run(args: Any) -> int:
     out = Path(args.output)
     _prepare_output(out, args.force)
     with dask_client(args.scheduler) as client:
-        dataset = subsample_users(load_data(_dataset(args)), args.users, args.seed)
+        dataset = subsample_users(load_data(dataset_of(args)), args.users, args.seed)
         done = run_sharded(args.protocol, dataset, plan.config, args.seed, client, out, not args.no_private)
     n_files = sum(1 for _ in out.iterdir())
     print(f"sharded run written to {out}/ ({n_files} files; workers' peak memory {_mib(done.worker_peak)} MiB)")
