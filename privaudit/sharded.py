@@ -207,7 +207,8 @@ class ShardedClients:
 class PMFShard:
     """A Dask actor holding consecutive FedRec client blocks (pmf-batch): their entries, U rows
     and test entries. ``spec``: ``blocks`` (list of ``(index, lo, entries, U, test rows, test
-    cols, test ratings)``), ``settings`` (FedRecSettings), ``out``, ``header``, ``private``."""
+    cols, test ratings)``), ``settings`` (lam, max_step, rating range, clip), ``out``, ``header``,
+    ``private``."""
 
     def __init__(self, spec: Mapping[str, Any]) -> None:
         self.st, self.out, self.header = spec["settings"], Path(spec["out"]), spec["header"]
