@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from privaudit import (
     __version__,
@@ -278,6 +279,11 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     p.add_argument("-o", "--output", required=True, metavar="FILE.ptx", help="transcript file to write")
     p.add_argument("--no-private", action="store_true", help="leave out the clients' private messages (shareable)")
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS|local:N",
+        help="run the clients on a Dask cluster; -o is then a folder of shards (fedmvmf, fedrec pmf-batch; no defenses)",
+    )
     _force_arg(p)
 
 
@@ -286,6 +292,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from privaudit.experiment import run_transcript
     from privaudit.plan import parse_assignments
 
+    if args.scheduler is not None:  # one protocol run over a Dask cluster: privaudit.sharded
+        from privaudit.sharded import cmd_run
+
+        return cmd_run(args, _dataset)
     _check_writable(args.output, args.force, "-o FILE", folder=False)
     _check_extras(args.protocol, None, args.defense)
     _warn_short_key_specs(args.defense)
@@ -442,7 +452,10 @@ def _attack_recorded(args: argparse.Namespace):
     given += ["--data"] if args.data != "synthetic" else []
     if given:
         raise PrivauditError(f"--transcript cannot be combined with {', '.join(given)}")
-    recorded = tr.load_validated(args.transcript, **({} if args.max_bytes is None else {"max_bytes": args.max_bytes}))
+    load = tr.load_validated
+    if Path(args.transcript).is_dir():  # a sharded run's folder (privaudit run --scheduler)
+        from privaudit.sharded import load_validated as load
+    recorded = load(args.transcript, **({} if args.max_bytes is None else {"max_bytes": args.max_bytes}))
     if not recorded.has_private:  # no ground truth: run the attack, write what it recovered
         from privaudit.integrations.recorded import reconstruct
 

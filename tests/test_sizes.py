@@ -16,10 +16,8 @@ MAX_MODULE_LINES = 800
 ALLOWED_FUNCTIONS = {
     ("attacks/mvmf_nonlinear.py", "MVMFNonlinear.run"),  # perf
     ("audit.py", "_plan"),  # threat
-    ("data/synthetic.py", "synthetic"),  # dask
     ("integrations/flower.py", "record_to_file"),  # columnar
     ("models/pmf.py", "sgd_chunk"),  # perf
-    ("protocols/fedrec.py", "FedRec.simulate"),  # dask
     ("transcript.py", "load"),  # columnar
 }
 #: Modules other helpers own this round (same rule).

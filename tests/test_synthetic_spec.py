@@ -26,7 +26,9 @@ def test_presets_have_movielens_shapes_and_rating_counts():
     assert parse_spec("synthetic:ml-10m-size")["n_users"] == 69878
     assert parse_spec("synthetic:ml-10m-size")["n_items"] == 10677
     # expected ratings = users x items x density: 1.007 M and 10.0 M
-    for name, target in (("ml-1m-size", 1.0e6), ("ml-10m-size", 1.0e7)):
+    assert parse_spec("synthetic:netflix-size")["n_users"] == 480189
+    assert parse_spec("synthetic:netflix-size")["n_items"] == 17770
+    for name, target in (("ml-1m-size", 1.0e6), ("ml-10m-size", 1.0e7), ("netflix-size", 1.0048e8)):
         p = PRESETS[name]
         assert abs(p["n_users"] * p["n_items"] * p["density"] / target - 1) < 0.01
     ds = load_dataset("synthetic:ml-100k-size")
@@ -101,3 +103,23 @@ def test_scale_benchmark_runs_and_prints_every_stage():
     for stage in ("dataset", "protocol", "of which utility", "save", "load", "attack", "scoring"):
         assert any(line.strip().startswith(f"{stage} ") for line in out.splitlines())
     assert "rating_accuracy 1.0000" in out and "attribute_accuracy 1.0000" in out  # the attack is exact
+
+
+def test_candidate_item_draw_of_large_sizes_matches_the_exact_draw(monkeypatch):
+    """Above 2^31 users x items (netflix-size) items come from popularity-drawn candidates: the same
+    per-user counts, distinct items, and ratings and popularity close to the exact Gumbel top-c."""
+    import importlib
+
+    module = importlib.import_module("privaudit.data.synthetic")
+    exact = synthetic(n_users=2000, n_items=800, density=0.05, seed=6)
+    monkeypatch.setattr(module, "_EXACT_CELLS", 0)
+    fast = synthetic(n_users=2000, n_items=800, density=0.05, seed=6)
+    a, b = exact.ratings, fast.ratings
+    np.testing.assert_array_equal(a.indptr, b.indptr)
+    assert all(
+        len(np.unique(b.indices[b.indptr[u] : b.indptr[u + 1]])) == b.indptr[u + 1] - b.indptr[u] for u in range(2000)
+    )
+    assert abs(a.data.mean() - b.data.mean()) < 0.2
+    pop_a, pop_b = np.bincount(a.indices, minlength=800), np.bincount(b.indices, minlength=800)
+    assert np.corrcoef(pop_a, pop_b)[0, 1] > 0.95
+    np.testing.assert_array_equal(exact.user_attributes, fast.user_attributes)

@@ -51,6 +51,7 @@ _MU = 2.9  # global mean before the selection effect (rated items skew towards l
 _T0 = 946684800  # 2000-01-01 UTC
 _DAY = 86400
 _BLOCK = 1 << 20  # entries per block where a per-rating temporary would be (ratings x k)
+_EXACT_CELLS = 1 << 31  # users x items up to which items are drawn by the exact Gumbel top-c
 
 
 def _categorical(rng: np.random.Generator, U: np.ndarray, prior: np.ndarray, strength: float) -> np.ndarray:
@@ -91,51 +92,86 @@ def synthetic(
     if not 0 < density <= 1:
         raise DataError(f"synthetic: density must be in (0, 1], got {density}")
     rng = np.random.default_rng(seed)
-
-    # latent model and biases
+    # latent model and biases, then the users' attributes and the items' genres that follow them
     U = rng.normal(size=(n, k))
     V = rng.normal(size=(m, k))
     b_user = rng.normal(0.0, 0.35, size=n)
     b_item = rng.normal(0.0, 0.45, size=m)
+    attributes, names, user_region = _user_attributes(rng, U)
+    genres = _genres(rng, V)
+    # popularity: Zipf-like weights, ranks correlated with item bias
+    rank = np.empty(m, dtype=np.int64)
+    rank[np.argsort(-(b_item + rng.normal(0.0, 0.45, size=m)))] = np.arange(m)
+    log_pop = -0.9 * np.log1p(rank)
+    # number of ratings per user, then which items (every entry's user in ``rows``, sorted)
+    extra_mean = max(density * m - min_ratings, 0.0)
+    extra = rng.lognormal(np.log(extra_mean) - 0.5, 1.0, size=n) if extra_mean > 0 else np.zeros(n)
+    counts = np.clip(min_ratings + np.rint(extra).astype(np.int64), max(min_ratings, 1), m)
+    del extra
+    cols = _pick_items(rng, U, V, log_pop, counts)
+    rows = np.repeat(np.arange(n, dtype=np.int64 if n > 2**31 - 1 else np.int32), counts)
+    values = _ratings(rng, U, V, b_user, b_item, rows, cols)
+    ts = _timestamps(rng, rows, counts)
+    shape = (n, m)
+    order = np.argsort(rows.astype(np.int64) * m + cols)  # row-major; the (row, col) pairs are distinct
+    ratings = build_csr(rows, cols, values, shape, order=order)
+    del values
+    return RatingsDataset(
+        name="synthetic",
+        ratings=ratings,
+        user_attributes=attributes,
+        attribute_names=names,
+        item_features=genres,
+        feature_names=[f"genre={g}" for g in _GENRES],
+        user_ids=np.arange(1, n + 1, dtype=np.int64),
+        item_ids=np.arange(1, m + 1, dtype=np.int64),
+        timestamps=build_csr(rows, cols, ts, shape, dtype=np.int64, order=order),
+        user_region=user_region,
+        rating_min=1.0,
+        rating_max=5.0,
+        rating_step=1.0,
+    )
 
-    # user attributes correlated with U
+
+def _user_attributes(rng: np.random.Generator, U: np.ndarray) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Four one-hot blocks correlated with ``U`` (n x 25), their names and the region code (-1..9)."""
+    n = U.shape[0]
     blocks = [
         ("age", _AGE_GROUPS, _categorical(rng, U, _AGE_PRIOR, 2.0)),
         ("gender", _GENDERS, _categorical(rng, U, _GENDER_PRIOR, 2.5)),
         ("occupation", _OCCUPATIONS, _categorical(rng, U, _OCCUPATION_PRIOR, 2.0)),
         ("region", _REGIONS, _categorical(rng, U, _REGION_PRIOR, 2.0)),
     ]
-    p = sum(len(cats) for _, cats, _ in blocks)
-    attributes = np.zeros((n, p))
+    attributes = np.zeros((n, sum(len(cats) for _, cats, _ in blocks)))
     names: list[str] = []
-    offset = 0
     for group, cats, codes in blocks:
-        attributes[np.arange(n), offset + codes] = 1.0
+        attributes[np.arange(n), len(names) + codes] = 1.0
         names += [f"{group}={c}" for c in cats]
-        offset += len(cats)
     region_codes = blocks[3][2]
-    user_region = np.where(region_codes == 10, -1, region_codes).astype(np.int64)
+    return attributes, names, np.where(region_codes == 10, -1, region_codes).astype(np.int64)
 
-    # item genres correlated with V
-    G = len(_GENRES)
-    C = rng.normal(size=(k, G)) * (2.0 / np.sqrt(k))
+
+def _genres(rng: np.random.Generator, V: np.ndarray) -> np.ndarray:
+    """Multi-hot genres (m x 10): a logit linear in ``v_i`` plus logistic noise, at least the likeliest."""
+    m, k = V.shape
+    C = rng.normal(size=(k, len(_GENRES))) * (2.0 / np.sqrt(k))
     g_logits = V @ C - 1.5
-    genres = (g_logits + rng.logistic(size=(m, G)) > 0).astype(np.float64)
+    genres = (g_logits + rng.logistic(size=(m, len(_GENRES))) > 0).astype(np.float64)
     genres[np.arange(m), np.argmax(g_logits, axis=1)] = 1.0
+    return genres
 
-    # popularity: Zipf-like weights, ranks correlated with item bias
-    rank = np.empty(m, dtype=np.int64)
-    rank[np.argsort(-(b_item + rng.normal(0.0, 0.45, size=m)))] = np.arange(m)
-    log_pop = -0.9 * np.log1p(rank)
 
-    # number of ratings per user
-    extra_mean = max(density * m - min_ratings, 0.0)
-    extra = rng.lognormal(np.log(extra_mean) - 0.5, 1.0, size=n) if extra_mean > 0 else np.zeros(n)
-    counts = np.clip(min_ratings + np.rint(extra).astype(np.int64), max(min_ratings, 1), m)
-
-    # which items: Gumbel top-c_u of log popularity + preference (row chunks bound memory)
+def _pick_items(
+    rng: np.random.Generator, U: np.ndarray, V: np.ndarray, log_pop: np.ndarray, counts: np.ndarray
+) -> np.ndarray:
+    """Each user's ``counts[u]`` items (int32, best first) by a Gumbel top-c of log popularity plus
+    preference, over row chunks of at most ~2 M cells (never a users x items matrix)."""
+    (n, k), m = U.shape, V.shape[0]
+    if n * m > _EXACT_CELLS:
+        return _pick_candidates(rng, U, V, log_pop, counts)
     chunk = max(1, 2_000_000 // m)
-    picked = []
+    cols = np.empty(int(counts.sum()), dtype=np.int32)
+    at = 0
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
         keys = U[lo:hi] @ V.T
@@ -145,22 +181,66 @@ def synthetic(
         c = counts[lo:hi]
         top = np.argpartition(-keys, int(c.max()) - 1, axis=1)[:, : c.max()]
         top = np.take_along_axis(top, np.argsort(-np.take_along_axis(keys, top, 1), axis=1), 1)
-        picked.append(top[np.arange(c.max()) < c[:, None]])
-    rows = np.repeat(np.arange(n), counts)
-    cols = np.concatenate(picked).astype(np.int64)
+        picked = top[np.arange(c.max()) < c[:, None]]
+        cols[at : at + picked.size] = picked
+        at += picked.size
+    return cols
 
-    # ratings (the affinity in blocks of entries: no (ratings x k) temporaries)
-    affinity = np.empty(rows.size)
-    for lo in range(0, rows.size, _BLOCK):
+
+def _pick_candidates(
+    rng: np.random.Generator, U: np.ndarray, V: np.ndarray, log_pop: np.ndarray, counts: np.ndarray
+) -> np.ndarray:
+    """Above :data:`_EXACT_CELLS` users x items: each user's items are the ``c_u`` best distinct
+    ones of ``2 c_u`` candidates drawn by popularity (with replacement), ranked by the same
+    preference plus Gumbel noise (cost O(ratings); close to the exact Gumbel top-c); a user with
+    fewer distinct candidates than ``c_u`` gets the exact draw over all items."""
+    (n, k), m = U.shape, V.shape[0]
+    cdf = np.cumsum(np.exp(log_pop - log_pop.max()))
+    offsets = np.concatenate(([0], np.cumsum(counts)))
+    cols = np.empty(int(offsets[-1]), dtype=np.int32)
+    lo = 0
+    while lo < n:
+        hi = min(n, max(lo + 1, int(np.searchsorted(offsets, offsets[lo] + (1 << 21), side="right")) - 1))
+        users = np.repeat(np.arange(hi - lo), 2 * counts[lo:hi])  # chunk-local user ids
+        items = np.minimum(np.searchsorted(cdf, rng.random(users.size) * cdf[-1], side="right"), m - 1)
+        keys = np.einsum("ij,ij->i", U[lo + users], V[items]) * (0.5 / np.sqrt(k))
+        keys -= np.log(rng.standard_exponential(users.size))
+        order = np.argsort(users * 128.0 + (40.0 - np.clip(keys, -80.0, 40.0)))  # by user, best key first
+        _, first = np.unique(users[order] * np.int64(m) + items[order], return_index=True)
+        kept = order[np.sort(first)]  # each distinct (user, item) once, by user, best key first
+        u = users[kept]
+        rank = np.arange(u.size) - np.searchsorted(u, np.arange(hi - lo))[u]
+        short = np.bincount(u, minlength=hi - lo) < counts[lo:hi]
+        take = (rank < counts[lo + u]) & ~short[u]
+        cols[offsets[lo + u[take]] + rank[take]] = items[kept[take]]
+        for user in lo + np.flatnonzero(short):  # the exact draw for a user the candidates do not cover
+            key = U[user] @ V.T * (0.5 / np.sqrt(k)) + log_pop - np.log(rng.standard_exponential(m))
+            cols[offsets[user] : offsets[user + 1]] = np.argsort(-key)[: counts[user]]
+        lo = hi
+    return cols
+
+
+def _ratings(rng, U, V, b_user, b_item, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``clip(rint(2.9 + b_u + b_i + 0.75 u.v / sqrt(k) + N(0, 0.7^2)), 1, 5)`` per entry, in blocks
+    of entries (the noise is drawn block after block: the same stream as one draw)."""
+    k = U.shape[1]
+    values = np.empty(rows.size)
+    blocks = range(0, rows.size, _BLOCK)
+    for lo in blocks:
         r, c = rows[lo : lo + _BLOCK], cols[lo : lo + _BLOCK]
-        affinity[lo : lo + _BLOCK] = np.einsum("ij,ij->i", U[r], V[c])
-    affinity /= np.sqrt(k)
-    mean = _MU + b_user[rows] + b_item[cols] + 0.75 * affinity
-    del affinity
-    values = np.clip(np.rint(mean + rng.normal(0.0, 0.7, size=rows.size)), 1.0, 5.0)
-    del mean
+        affinity = np.einsum("ij,ij->i", U[r], V[c])
+        affinity /= np.sqrt(k)
+        values[lo : lo + _BLOCK] = _MU + b_user[r] + b_item[c] + 0.75 * affinity
+    for lo in blocks:
+        part = values[lo : lo + _BLOCK]
+        np.clip(np.rint(part + rng.normal(0.0, 0.7, size=part.size)), 1.0, 5.0, out=part)
+    return values
 
-    # timestamps: random order within each user, exponential gaps from a per-user start
+
+def _timestamps(rng: np.random.Generator, rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per user: a start in 2000-2004, then its entries in a random order with exponential gaps
+    (mean 3 days). int64 seconds per entry."""
+    n = counts.size
     start = _T0 + rng.integers(0, 4 * 365 * _DAY, size=n)
     position = np.lexsort((rng.random(rows.size), rows))  # random order inside each user block
     gaps = np.empty(rows.size)
@@ -169,24 +249,10 @@ def synthetic(
     cum = np.empty(rows.size)
     cum[position] = np.cumsum(gaps[position])
     first = cum[position[seg_start]] - gaps[position[seg_start]]
-    ts = (start[rows] + cum - first[rows]).astype(np.int64)
-
-    shape = (n, m)
-    return RatingsDataset(
-        name="synthetic",
-        ratings=build_csr(rows, cols, values, shape),
-        user_attributes=attributes,
-        attribute_names=names,
-        item_features=genres,
-        feature_names=[f"genre={g}" for g in _GENRES],
-        user_ids=np.arange(1, n + 1, dtype=np.int64),
-        item_ids=np.arange(1, m + 1, dtype=np.int64),
-        timestamps=build_csr(rows, cols, ts, shape, dtype=np.int64),
-        user_region=user_region,
-        rating_min=1.0,
-        rating_max=5.0,
-        rating_step=1.0,
-    )
+    del gaps
+    cum += start[rows]
+    cum -= first[rows]
+    return cum.astype(np.int64)
 
 
 #: Named sizes for ``synthetic:<preset>``: MovieLens shapes, density giving about the same ratings.
@@ -194,6 +260,7 @@ PRESETS: dict[str, dict[str, float | int]] = {
     "ml-100k-size": {"n_users": 943, "n_items": 1682, "density": 0.063},  # ~100,000 ratings
     "ml-1m-size": {"n_users": 6040, "n_items": 3706, "density": 0.045},  # ~1.0 M ratings
     "ml-10m-size": {"n_users": 69878, "n_items": 10677, "density": 0.0134},  # ~10 M ratings
+    "netflix-size": {"n_users": 480189, "n_items": 17770, "density": 0.011776},  # ~100 M ratings (Netflix Prize)
 }
 _SPEC_KEYS = {
     "users": "n_users",

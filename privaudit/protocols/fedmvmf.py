@@ -70,6 +70,15 @@ from privaudit.metrics import ranking_metrics_at_k_factored
 from privaudit.models import mvmf
 from privaudit.params import Param
 from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup, utility_specs_of
+from privaudit.protocols.blocks import (
+    CLIENT_BLOCK,
+    Accumulator,
+    MVMFBlock,
+    MVMFSettings,
+    block_ranges,
+    mvmf_block_round,
+    server_loss,
+)
 from privaudit.registry import register_protocol
 from privaudit.schema import GRAD_ROWS, ITEMS, RATINGS, MessageSchema, PayloadField, ProtocolSchema, n_attributes
 
@@ -210,19 +219,25 @@ class FedMVMF(Protocol):
         (cold-start factors), the index arrays of the split, ``train``/``test`` (CSR, train users x
         train items) and ``loss`` (J after each epoch, eq. 3).
         """
+        run = self.open_run(setup, private=True)
+        return self.train(run, LocalClients(run, run.client_blocks(setup.seed)))
+
+    def open_run(self, setup: RunSetup, private: bool) -> MVMFRun:
+        """The split, the transcript (with the clients' ``private`` messages if ``private``), the
+        channel, the clients' data after the ``client-data`` defenses and the servers' state."""
         cfg, dataset = setup.config, setup.dataset
         split_rng, init_rng, channel_rng = setup.streams(3)
-        st = MVMFSettings.from_config(cfg)
         split = split_fedmvmf(
             dataset, cfg["test_fraction"], cfg["cold_user_fraction"], cfg["cold_item_fraction"], split_rng
         )
         views = _Views.of(dataset, split)
         n, m = views.R_train.shape
         senders = [f"client:{u}" for u in range(n)]
+        messages = _private_messages(senders, views.R_train, views.X_train, split["train_users"]) if private else []
         transcript, channel = self.start(
             setup,
             ["server", "item-server", *senders],
-            _private_messages(senders, views.R_train, views.X_train, split["train_users"]),
+            messages,
             channel_rng,
             n_items=int(m),
             n_users=int(n),
@@ -232,19 +247,27 @@ class FedMVMF(Protocol):
             rating_step=float(dataset.rating_step),
         )
         ratings, weights = _client_data(channel, views.R_train)
-        state = _State.initial(init_rng, n, m, views.X_train.shape[1], views.Y_train.shape[1], st.K, cfg)
-        U_init = state.U.copy()
+        st = MVMFSettings.from_config(cfg)
+        state = _State.initial(init_rng, m, views.X_train.shape[1], views.Y_train.shape[1], st.K, cfg)
+        return MVMFRun(cfg, st, split, views, senders, transcript, channel, state, ratings, weights)
+
+    def train(self, run: MVMFRun, clients: Any) -> RunResult:
+        """The epochs with ``clients`` (:class:`LocalClients` or a sharded run's workers), then the
+        utility; ``clients.users()`` gives the final and initial u (n x K each)."""
+        cfg = run.cfg
         losses: list[float] = []
         seconds = 0.0
         for t in range(cfg["epochs"]):
             tic = time.perf_counter()
-            losses.append(self._epoch(t, state, st, cfg, channel, transcript, senders, ratings, weights, views))
+            losses.append(_epoch(run, clients, t))
             seconds += time.perf_counter() - tic
-        utility = _evaluate(state, st, cfg, views, split)
+        U, U_init = clients.users()
+        utility = _evaluate(U, run.state, run.st, cfg, run.views, run.split)
         utility["train_loss"] = float(losses[-1])
         utility["epoch_seconds"] = seconds / cfg["epochs"]
+        split, state = run.split, run.state
         model = {
-            "U": state.U,
+            "U": U,
             "V": state.V,
             "P": state.P,
             "Q": state.Q,
@@ -256,83 +279,31 @@ class FedMVMF(Protocol):
             "cold_users": split["cold_users"],
             "train_items": split["train_items"],
             "cold_items": split["cold_items"],
-            "train": views.R_train,
+            "train": run.views.R_train,
             "test": split["test"],
         }
-        return RunResult(transcript, model, utility)
-
-    @staticmethod
-    def _epoch(
-        t: int,
-        state: _State,
-        st: MVMFSettings,
-        cfg: Mapping[str, Any],
-        channel: Channel,
-        transcript: Any,
-        senders: list[str],
-        ratings: sp.csr_matrix,
-        weights: sp.csr_matrix,
-        views: _Views,
-    ) -> float:
-        """One epoch: the server's broadcast, the clients' uploads and their sum, the item
-        server's step, then the FL server's Adam step on V and P. Returns the loss J (eq. 3)."""
-        record_rounds = cfg["record_rounds"]
-        record = record_rounds < 0 or t < record_rounds
-        if record:
-            transcript.add(t, "server", "server", "state", {"V": state.V, "P": state.P})
-        sent = channel.download({"V": state.V, "P": state.P})
-        V_sent, P_sent = sent["V"], sent["P"]
-        sum_V, sum_P = _client_round(
-            t, state, st, channel, senders, ratings, weights, views.X_train, V_sent, P_sent, record
-        )
-        g_item = _item_server_step(state, st, views.Y_train)
-        if record:
-            transcript.add(t, "item-server", "server", "grad_V_item", {"values": g_item})
-        loss = mvmf.loss(
-            state.U,
-            V_sent,
-            P_sent,
-            state.Q,
-            ratings,
-            weights,
-            views.X_train,
-            views.Y_train,
-            st.alpha,
-            st.lam,
-            st.w,
-            st.unrated,
-        )
-        lam, V, P = st.lam, state.V, state.P
-        new = state.server_adam.step(
-            {"V": V, "P": P}, {"V": sum_V + g_item + 2.0 * lam * V, "P": sum_P + 2.0 * lam * P}
-        )
-        state.V, state.P = new["V"], new["P"]
-        return loss
+        return RunResult(run.transcript, model, utility)
 
 
-@dataclass(frozen=True)
-class MVMFSettings:
-    """The training hyperparameters of FedMVMF (from the config)."""
-
-    K: int
-    alpha: float
-    lam: float
-    w: float
-    eta: float
-    update: str
-    unrated: str
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> MVMFSettings:
-        return cls(
-            cfg["K"],
-            float(cfg["alpha"]),
-            float(cfg["lam"]),
-            float(cfg["w"]),
-            float(cfg["eta"]),
-            cfg["update"],
-            cfg["unrated"],
-        )
+def _epoch(run: MVMFRun, clients: Any, t: int) -> float:
+    """One epoch: the server's broadcast, the clients' updates and upload sums, the item
+    server's step, then the FL server's Adam step on V and P. Returns the loss J (eq. 3)."""
+    state, st, transcript = run.state, run.st, run.transcript
+    record_rounds = run.cfg["record_rounds"]
+    record = record_rounds < 0 or t < record_rounds
+    if record:
+        transcript.add(t, "server", "server", "state", {"V": state.V, "P": state.P})
+    sent = run.channel.download({"V": state.V, "P": state.P})
+    V_sent, P_sent = sent["V"], sent["P"]
+    sum_V, sum_P, loss = clients.round(t, V_sent, P_sent, record)
+    g_item = _item_server_step(state, st, run.views.Y_train)
+    if record:
+        transcript.add(t, "item-server", "server", "grad_V_item", {"values": g_item})
+    loss += server_loss(V_sent, P_sent, state.Q, run.views.Y_train, st)
+    lam, V, P = st.lam, state.V, state.P
+    new = state.server_adam.step({"V": V, "P": P}, {"V": sum_V + g_item + 2.0 * lam * V, "P": sum_P + 2.0 * lam * P})
+    state.V, state.P = new["V"], new["P"]
+    return loss
 
 
 @dataclass(frozen=True)
@@ -360,9 +331,9 @@ class _Views:
 
 @dataclass
 class _State:
-    """The model during training: clients' U, the server's V, P, the item server's Q, the optimizers."""
+    """The servers' model during training: V, P (FL server), Q (item server), their optimizers.
+    The clients' u_u live in their blocks (:class:`~privaudit.protocols.blocks.MVMFBlock`)."""
 
-    U: np.ndarray
     V: np.ndarray
     P: np.ndarray
     Q: np.ndarray
@@ -370,14 +341,73 @@ class _State:
     item_adam: Any
 
     @classmethod
-    def initial(
-        cls, rng: np.random.Generator, n: int, m: int, p: int, q: int, K: int, cfg: Mapping[str, Any]
-    ) -> _State:
+    def initial(cls, rng: np.random.Generator, m: int, p: int, q: int, K: int, cfg: Mapping[str, Any]) -> _State:
         V = rng.normal(0.0, cfg["init_scale"], (m, K))
         P = rng.normal(0.0, cfg["init_scale"], (p, K))
         Q = rng.normal(0.0, cfg["init_scale"], (q, K))
-        U = rng.normal(0.0, cfg["init_scale"], (n, K))
-        return cls(U, V, P, Q, mvmf.Adam(lr=cfg["lr"]), mvmf.Adam(lr=cfg["lr"]))
+        return cls(V, P, Q, mvmf.Adam(lr=cfg["lr"]), mvmf.Adam(lr=cfg["lr"]))
+
+
+@dataclass
+class MVMFRun:
+    """One FedMVMF run as the servers hold it: config, split, views, transcript, channel, the
+    servers' state, and the clients' training data after the ``client-data`` defenses."""
+
+    cfg: Mapping[str, Any]
+    st: MVMFSettings
+    split: dict[str, Any]
+    views: _Views
+    senders: list[str]
+    transcript: Any
+    channel: Channel
+    state: _State
+    ratings: sp.csr_matrix
+    weights: sp.csr_matrix
+
+    def client_blocks(self, seed: int, size: int | None = None) -> list[MVMFBlock]:
+        """The clients in blocks of ``size`` (default :data:`CLIENT_BLOCK`), u_u initialised."""
+        R, W, X = self.ratings, self.weights, self.views.X_train
+        size = CLIENT_BLOCK if size is None else size
+        scale = float(self.cfg["init_scale"])
+        return [
+            MVMFBlock.initial(b, lo, R[lo:hi], W[lo:hi], X[lo:hi], self.st.K, seed, scale)
+            for b, (lo, hi) in enumerate(block_ranges(R.shape[0], size))
+        ]
+
+
+class LocalClients:
+    """Every client block in this process: one epoch is :func:`mvmf_block_round` per block; the
+    uploads go through the channel when recorded or defended."""
+
+    def __init__(self, run: MVMFRun, blocks: list[MVMFBlock]) -> None:
+        self.run, self.blocks = run, blocks
+
+    def round(self, t: int, V: np.ndarray, P: np.ndarray, record: bool) -> tuple[np.ndarray, np.ndarray, float]:
+        """(sum_V m x K, sum_P p x K, the clients' loss part) as the server receives them."""
+        channel, st = self.run.channel, self.run.st
+        uploads = record or bool(channel.defenses)
+        total, grad_V, grad_P = Accumulator(), [], []
+        for block in self.blocks:
+            part = mvmf_block_round(block, V, P, st, uploads)
+            total.add(part.sum_V, part.sum_P, part.loss)
+            if uploads:
+                grad_V += part.grad_V
+                grad_P += part.grad_P
+        sum_V, sum_P, loss = total.values
+        if uploads:
+            # one round's messages together, so that a DP defense clips each client's grad_V and grad_P jointly
+            sent_V, sent_P = channel.send_round(
+                t, self.run.senders, [("grad_V", grad_V), ("grad_P", grad_P)], record=record
+            )
+            del grad_V, grad_P
+            if channel.defenses:
+                sum_V = _summed(channel.sum(sent_V, rows=V.shape[0]), V.shape)
+                sum_P = _summed(channel.sum(sent_P), P.shape)
+        return sum_V, sum_P, loss
+
+    def users(self) -> tuple[np.ndarray, np.ndarray]:
+        """The clients' final and initial u (n x K each)."""
+        return np.concatenate([b.U for b in self.blocks]), np.concatenate([b.U_init for b in self.blocks])
 
 
 def _private_messages(
@@ -407,56 +437,6 @@ def _client_data(channel: Channel, R_train: sp.csr_matrix) -> tuple[sp.csr_matri
     return ratings, weights
 
 
-def _client_round(
-    t: int,
-    state: _State,
-    st: MVMFSettings,
-    channel: Channel,
-    senders: list[str],
-    ratings: sp.csr_matrix,
-    weights: sp.csr_matrix,
-    X_train: np.ndarray,
-    V_sent: np.ndarray,
-    P_sent: np.ndarray,
-    record: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The clients update u_u and upload grad_V and grad_P; the receiver's sums (m x K, p x K)."""
-    n, m = ratings.shape
-    K, p = st.K, P_sent.shape[0]
-    A, b = mvmf.normal_equations(V_sent, P_sent, X_train, ratings, weights, st.alpha, st.lam, st.w, st.unrated)
-    state.U = mvmf.solve_users(A, b) if st.update == "semials" else mvmf.sgd_users(state.U, A, b, st.eta)
-    U = state.U
-    if not channel.defenses and not record:
-        # nothing observes this round: the server's plain sum, computed without
-        # materializing per-client payloads (equal to plain_sum up to rounding)
-        return mvmf.summed_uploads(U, V_sent, P_sent, X_train, ratings, weights, st.alpha, st.w, st.unrated)
-    indptr = ratings.indptr
-    if st.unrated == "obsonly":
-        entry_rows = np.repeat(np.arange(n), np.diff(indptr))
-        entry_items = ratings.indices.astype(np.int64)
-        coef = mvmf.entry_coefficients(U, V_sent, ratings, weights)
-        rows = mvmf.grad_V_rows(coef, U, entry_rows)
-        payloads = [
-            {"items": entry_items[indptr[u] : indptr[u + 1]], "values": rows[indptr[u] : indptr[u + 1]]}
-            for u in range(n)
-        ]
-    else:
-        all_items = np.arange(m, dtype=np.int64)
-        coef = mvmf.dense_coefficients(U, V_sent, ratings, weights, st.w)
-        rows = mvmf.grad_V_rows(coef, U)
-        payloads = [{"items": all_items, "values": rows[u]} for u in range(n)]
-    gP = mvmf.grad_P(U, P_sent, X_train, st.alpha)
-    # one round's messages together, so that a DP defense clips each client's grad_V and grad_P jointly
-    sent_V, sent_P = channel.send_round(
-        t, senders, [("grad_V", payloads), ("grad_P", [{"values": gP[u]} for u in range(n)])], record=record
-    )
-    del payloads, rows
-    sum_V = _summed(channel.sum(sent_V, rows=m), (m, K))
-    del sent_V
-    sum_P = _summed(channel.sum(sent_P), (p, K))
-    return sum_V, sum_P
-
-
 def _item_server_step(state: _State, st: MVMFSettings, Y_train: np.ndarray) -> np.ndarray:
     """The item server updates Q (closed form or Adam) and returns its grad_V term (m x K)."""
     if st.update == "semials":
@@ -469,14 +449,14 @@ def _item_server_step(state: _State, st: MVMFSettings, Y_train: np.ndarray) -> n
 
 
 def _evaluate(
-    state: _State, st: MVMFSettings, cfg: Mapping[str, Any], views: _Views, split: Mapping[str, Any]
+    U: np.ndarray, state: _State, st: MVMFSettings, cfg: Mapping[str, Any], views: _Views, split: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Ranking utility of existing users, cold-start users and cold-start items (the cold-start
     factors are returned under ``_U_cold`` / ``_V_cold``)."""
     k, thr = cfg["top_k"], float(cfg["relevance_threshold"])
     U_cold = mvmf.cold_start_users(state.P, views.X_cold, st.alpha, st.lam)
     V_cold = mvmf.cold_start_items(state.Q, views.Y_cold, st.alpha, st.lam)
-    U, V = state.U, state.V
+    V = state.V
     utility: dict[str, Any] = {}
     utility.update(ranking_utility(U, V, split["test"], thr, k, exclude=views.R_train.astype(bool)))
     utility.update(ranking_utility(U_cold, V, split["cold_user_ratings"], thr, k, prefix="cold_user_"))

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -79,7 +80,16 @@ from privaudit.defenses.base import CLIENT_DATA, ClientData, Defense
 from privaudit.errors import PrivauditError
 from privaudit.models import pmf
 from privaudit.params import Param
-from privaudit.protocols.base import Protocol, RunResult, RunSetup, utility_specs_of
+from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup, utility_specs_of
+from privaudit.protocols.blocks import (
+    CLIENT_BLOCK,
+    Accumulator,
+    block_ranges,
+    entries_block,
+    error_sums,
+    fold,
+    pmf_block_round,
+)
 from privaudit.registry import register_protocol
 from privaudit.schema import GRAD_ROWS, ITEMS, RATINGS, MessageSchema, PayloadField, ProtocolSchema
 
@@ -215,188 +225,301 @@ class FedRec(Protocol):
         (CSR n x m), ``test_rmse``/``test_mae`` per iteration (arrays of length T).
         ``utility``: ``rmse``, ``mae`` (test fold, real ratings), ``iteration_seconds``.
         """
-        cfg, dataset, defenses = setup.config, setup.dataset, setup.defenses
         split_rng, init_rng, order_rng, channel_rng = setup.streams(4)
-        model_name = cfg["model"]
-        batch = model_name == "pmf-batch"
-        svd = model_name == "svdpp-sgd"
-        federated = bool(cfg["federated"])
-        d, T = int(cfg["d"]), int(cfg["T"])
-        lam = float(DEFAULT_LAM[model_name] if cfg["lam"] is None else cfg["lam"])
-        lr = float(DEFAULT_LR[model_name] if cfg["lr"] is None else cfg["lr"])
-        filling, t_predict, t_local = hf_settings(defenses)
-        chunk = int(DEFAULT_CHUNK[model_name] if cfg["chunk_users"] is None else cfg["chunk_users"])
-        max_step = float(cfg["max_step"] or 0.0)
-        clipped = 0
-
-        folds = list(kfold_ratings(dataset, int(cfg["n_folds"]), split_rng))
-        train_ds, test_ds = folds[int(cfg["fold"])]
-        R_train = sp.csr_matrix(train_ds.ratings, dtype=np.float64)
-        R_train.sort_indices()
-        R_test = sp.csr_matrix(test_ds.ratings, dtype=np.float64).tocoo()
-        n, m = R_train.shape
-        rmin, rmax = float(dataset.rating_min), float(dataset.rating_max)
-
-        senders = [f"client:{u}" for u in range(n)]
-        private = {
-            party: {
-                "items": R_train.indices[R_train.indptr[u] : R_train.indptr[u + 1]].astype(np.int64),
-                "ratings": R_train.data[R_train.indptr[u] : R_train.indptr[u + 1]].copy(),
-            }
-            for u, party in enumerate(senders)
-        }
+        st = FedRecSettings.of(setup.config, setup.defenses)
+        fold = _Fold.of(setup.dataset, setup.config, split_rng)
         transcript, channel = self.start(
-            setup,
-            ["server", *senders],
-            private,
-            channel_rng,
-            n_items=int(m),
-            n_users=int(n),
-            rating_min=rmin,
-            rating_max=rmax,
-            rating_step=float(dataset.rating_step),
-            lr_used=lr,
-            lam_used=lam,
-            chunk_used=chunk,
+            setup, ["server", *fold.senders], fold.private(), channel_rng, **fold.public(), **st.public()
         )
-
-        scale = float(DEFAULT_INIT[model_name] if cfg["init_scale"] is None else cfg["init_scale"])
-        U = pmf.init_factors(init_rng, (n, d), scale)
-        V = pmf.init_factors(init_rng, (m, d), scale)
-        W = pmf.init_factors(init_rng, (m, d), scale) if svd else None
-        recorded = self.recorded_rounds(cfg)
-        test_rows, test_cols, test_vals = R_test.row.astype(np.int64), R_test.col.astype(np.int64), R_test.data
-        real_implicit = R_train if svd else None
-        hist_rmse, hist_mae = [], []
-        seconds = 0.0
-        E = None
-
-        for t in range(T):
+        f = _Factors.initial(init_rng, fold.R_train.shape, st)
+        run = _Iteration(st, fold, channel, order_rng)
+        rmse, mae, seconds, clipped, E = [], [], 0.0, 0, None
+        for t in range(st.T):
             tic = time.perf_counter()
-            record = t in recorded
-            if E is None or cfg["resample"]:
-                data = channel.client_data(ClientData.from_ratings(R_train))
+            if E is None or st.resample:
+                data = channel.client_data(ClientData.from_ratings(fold.R_train))
                 E = pmf.Entries.from_csr(data.ratings, data.virtual)
-            has_virtual = bool(E.virtual.any())
-            if filling == "hf" and has_virtual:
-                offset = None
-                if svd:
-                    S, cnt = pmf.implicit_sum(W, E.matrix(np.ones(len(E.rows))))
-                    offset = S / np.sqrt(np.maximum(cnt, 1))[:, None]
-                U = _local_steps(U, V, E, lam, lr, t_local, offset, max_step if batch else 0.0)
-                if t >= t_predict:
-                    vi = np.flatnonzero(E.virtual)
-                    imp = E.matrix(np.ones(len(E.rows))) if svd else None
-                    E.vals[vi] = pmf.predict(U, V, E.rows[vi], E.cols[vi], W, imp, exclude_self=True)
-            if batch:
-                U, V, k = self._batch_iteration(U, V, E, lam, lr, federated, channel, senders, t, record, max_step)
-                clipped += k
-            else:
-                self._sgd_iteration(U, V, W, E, lam, lr, federated, channel, senders, t, record, order_rng, chunk)
-            lr *= float(cfg["decay"])
+            clipped += run.step(t, f, E)
+            st.lr *= st.decay
             seconds += time.perf_counter() - tic
-            if not (np.isfinite(U).all() and np.isfinite(V).all() and (W is None or np.isfinite(W).all())):
-                raise PrivauditError(
-                    f"protocol 'fedrec': {model_name} training diverged at iteration {t} (non-finite factors); "
-                    f"lower lr (used {lr / float(cfg['decay']):.3g} at that iteration) or set max_step"
-                )
-            pred = self._predict(U, V, W, real_implicit, test_rows, test_cols, rmin, rmax, cfg["clip"])
-            r_, m_ = pmf.rmse_mae(pred, test_vals)
-            hist_rmse.append(r_)
-            hist_mae.append(m_)
-
-        utility = {
-            "rmse": hist_rmse[-1],
-            "mae": hist_mae[-1],
-            "iteration_seconds": seconds / T,
-            "clipped_steps": clipped,
-        }
+            f.check(t, st)
+            r_, m_ = fold.test_errors(f, st.clip)
+            rmse.append(r_)
+            mae.append(m_)
+        utility = {"rmse": rmse[-1], "mae": mae[-1], "iteration_seconds": seconds / st.T, "clipped_steps": clipped}
         model = {
-            "U": U,
-            "V": V,
-            "W": W,
-            "train": R_train,
-            "test": sp.csr_matrix(test_ds.ratings),
-            "test_rmse": np.asarray(hist_rmse),
-            "test_mae": np.asarray(hist_mae),
-            "lam": lam,
+            "U": f.U,
+            "V": f.V,
+            "W": f.W,
+            "train": fold.R_train,
+            "test": fold.test,
+            "test_rmse": np.asarray(rmse),
+            "test_mae": np.asarray(mae),
+            "lam": st.lam,
         }
         return RunResult(transcript, model, utility)
 
-    # ------------------------------------------------------------------ pieces
-    @staticmethod
-    def _predict(U, V, W, implicit, rows, cols, rmin, rmax, clip) -> np.ndarray:
-        pred = pmf.predict(U, V, rows, cols, W, implicit, exclude_self=False)
-        return np.clip(pred, rmin, rmax) if clip else pred
 
-    @staticmethod
-    def _batch_iteration(U, V, E, lam, lr, federated, channel, senders, t, record, max_step=0.0):
-        """One iteration of Algorithms 1-2; returns (U, V, number of clipped row steps)."""
-        if not federated:
-            return pmf.batch_centralized_step(U, V, E, lam, lr, max_step)
-        m, d = V.shape
-        if record:
-            channel.transcript.add(t, "server", "server", "state", {"V": V.copy()})
-        Vs = channel.download({"V": V})["V"]
-        has = E.counts > 0
-        U = U.copy()
-        stepU, k1 = pmf.clip_rows(lr * pmf.batch_user_gradient(U, Vs, E, lam)[has], max_step)
-        U[has] -= stepU  # Algorithm 2 lines 3-4 (eq. 7)
-        G = pmf.grad_V_entries(U, Vs, E, lam)  # eq. 8, with the updated U_u
-        if not channel.defenses and not record:
-            total = np.zeros((m, d))
-            pmf.scatter_rows(total, E.cols, G, -1.0)
-            counts = np.bincount(E.cols, minlength=m)
-        else:
-            ip = E.indptr
-            payloads = [
-                {"items": E.cols[ip[u] : ip[u + 1]], "values": G[ip[u] : ip[u + 1]]} for u in range(len(senders))
-            ]
-            sent = channel.send(t, "grad_V", senders, payloads, record=record)
+@dataclass
+class FedRecSettings:
+    """The resolved hyperparameters of a FedRec run (``lr`` decays in place every iteration)."""
+
+    model: str
+    federated: bool
+    d: int
+    T: int
+    lam: float
+    lr: float
+    decay: float
+    init_scale: float
+    chunk: int
+    max_step: float
+    resample: bool
+    clip: bool
+    recorded: frozenset[int]
+    filling: str | None
+    t_predict: int
+    t_local: int
+
+    @property
+    def batch(self) -> bool:
+        return self.model == "pmf-batch"
+
+    @property
+    def svd(self) -> bool:
+        return self.model == "svdpp-sgd"
+
+    @classmethod
+    def of(cls, cfg: Mapping[str, Any], defenses: Sequence[Defense]) -> FedRecSettings:
+        model = cfg["model"]
+
+        def given(key: str, defaults: Mapping[str, Any]) -> Any:
+            return defaults[model] if cfg[key] is None else cfg[key]
+
+        filling, t_predict, t_local = hf_settings(defenses)
+        return cls(
+            model,
+            bool(cfg["federated"]),
+            int(cfg["d"]),
+            int(cfg["T"]),
+            float(given("lam", DEFAULT_LAM)),
+            float(given("lr", DEFAULT_LR)),
+            float(cfg["decay"]),
+            float(given("init_scale", DEFAULT_INIT)),
+            int(given("chunk_users", DEFAULT_CHUNK)),
+            float(cfg["max_step"] or 0.0),
+            bool(cfg["resample"]),
+            bool(cfg["clip"]),
+            frozenset(FedRec.recorded_rounds(cfg)),
+            filling,
+            t_predict,
+            t_local,
+        )
+
+    def public(self) -> dict[str, Any]:
+        """The derived values a transcript records (``lr_used``, ``lam_used``, ``chunk_used``)."""
+        return {"lr_used": self.lr, "lam_used": self.lam, "chunk_used": self.chunk}
+
+
+@dataclass
+class _Fold:
+    """The training ratings (CSR n x m) and the test entries of one fold, with the rating range."""
+
+    R_train: sp.csr_matrix
+    test: sp.csr_matrix
+    test_rows: np.ndarray
+    test_cols: np.ndarray
+    test_vals: np.ndarray
+    rmin: float
+    rmax: float
+    rating_step: float
+
+    @classmethod
+    def of(cls, dataset: Any, cfg: Mapping[str, Any], rng: np.random.Generator) -> _Fold:
+        folds = list(kfold_ratings(dataset, int(cfg["n_folds"]), rng))
+        train_ds, test_ds = folds[int(cfg["fold"])]
+        R_train = sp.csr_matrix(train_ds.ratings, dtype=np.float64)
+        R_train.sort_indices()
+        coo = sp.csr_matrix(test_ds.ratings, dtype=np.float64).tocoo()
+        rows, cols = coo.row.astype(np.int64), coo.col.astype(np.int64)
+        scale = (float(dataset.rating_min), float(dataset.rating_max), float(dataset.rating_step))
+        return cls(R_train, sp.csr_matrix(test_ds.ratings), rows, cols, coo.data, *scale)
+
+    @property
+    def senders(self) -> list[str]:
+        return [f"client:{u}" for u in range(self.R_train.shape[0])]
+
+    def private(self) -> dict[str, dict[str, np.ndarray]]:
+        """Ground truth: each client's real training items (int64 sorted) and ratings."""
+        R, out = self.R_train, {}
+        for u, party in enumerate(self.senders):
+            lo, hi = R.indptr[u], R.indptr[u + 1]
+            out[party] = {"items": R.indices[lo:hi].astype(np.int64), "ratings": R.data[lo:hi].copy()}
+        return out
+
+    def public(self) -> dict[str, Any]:
+        n, m = self.R_train.shape
+        return {
+            "n_items": int(m),
+            "n_users": int(n),
+            "rating_min": self.rmin,
+            "rating_max": self.rmax,
+            "rating_step": self.rating_step,
+        }
+
+    def test_errors(self, f: _Factors, clip: bool) -> tuple[float, float]:
+        """(RMSE, MAE) of the test entries; the error sums are added per client block in block
+        order (:func:`~privaudit.protocols.blocks.error_sums`), as a sharded run's workers do."""
+        implicit = self.R_train if f.W is not None else None
+        pred = pmf.predict(f.U, f.V, self.test_rows, self.test_cols, f.W, implicit, exclude_self=False)
+        cuts = np.searchsorted(self.test_rows, [lo for lo, _ in block_ranges(self.R_train.shape[0], CLIENT_BLOCK)])
+        parts = [
+            error_sums(p, r, self.rmin, self.rmax, clip)
+            for p, r in zip(np.split(pred, cuts[1:]), np.split(self.test_vals, cuts[1:]))
+        ]
+        return rmse_mae(parts, len(pred))
+
+    def block_tests(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows (from 0), columns and ratings of the test entries of clients ``lo..hi-1``."""
+        a, b = np.searchsorted(self.test_rows, [lo, hi])
+        return self.test_rows[a:b] - lo, self.test_cols[a:b], self.test_vals[a:b]
+
+
+def rmse_mae(parts: Sequence[tuple[float, float]], n: int) -> tuple[float, float]:
+    """RMSE and MAE from the blocks' error sums (folded in block order) over ``n`` test entries."""
+    sq, ab = fold(parts) if parts else (0.0, 0.0)
+    return float(np.sqrt(sq / max(n, 1))), float(ab / max(n, 1))
+
+
+@dataclass
+class _Factors:
+    """U (n x d, the clients'), V (m x d) and W (m x d, SVD++) of a FedRec run."""
+
+    U: np.ndarray
+    V: np.ndarray
+    W: np.ndarray | None
+
+    @classmethod
+    def initial(cls, rng: np.random.Generator, shape: tuple[int, int], st: FedRecSettings) -> _Factors:
+        """U, V then W from ``rng``, uniform on (-init_scale/2, init_scale/2). U is one draw for
+        all clients (the documented reproductions' order); a sharded run draws it the same way
+        and hands each worker its blocks' rows."""
+        n, m = shape
+        U = pmf.init_factors(rng, (n, st.d), st.init_scale)
+        V = pmf.init_factors(rng, (m, st.d), st.init_scale)
+        W = pmf.init_factors(rng, (m, st.d), st.init_scale) if st.svd else None
+        return cls(U, V, W)
+
+    def check(self, t: int, st: FedRecSettings) -> None:
+        """A one-line error when training diverged (non-finite factors) at iteration ``t``."""
+        if not (
+            np.isfinite(self.U).all() and np.isfinite(self.V).all() and (self.W is None or np.isfinite(self.W).all())
+        ):
+            raise PrivauditError(
+                f"protocol 'fedrec': {st.model} training diverged at iteration {t} (non-finite factors); "
+                f"lower lr (used {st.lr / st.decay:.3g} at that iteration) or set max_step"
+            )
+
+
+@dataclass
+class _Iteration:
+    """One iteration of the chosen model (HF's local steps first), updating the factors in place."""
+
+    st: FedRecSettings
+    fold: _Fold
+    channel: Channel
+    order_rng: np.random.Generator
+
+    def step(self, t: int, f: _Factors, E: pmf.Entries) -> int:
+        """Returns the number of clipped row steps."""
+        st = self.st
+        if st.filling == "hf" and bool(E.virtual.any()):
+            _hybrid_filling(t, f, E, st)
+        if not st.batch:
+            _sgd_iteration(t, f, E, st, self.channel, self.order_rng)
+            return 0
+        if not st.federated:
+            f.U, f.V, k = pmf.batch_centralized_step(f.U, f.V, E, st.lam, st.lr, st.max_step)
+            return k
+        return _batch_iteration(t, f, E, st, self.channel)
+
+
+def _hybrid_filling(t: int, f: _Factors, E: pmf.Entries, st: FedRecSettings) -> None:
+    """Algorithm 3: ``t_local`` local steps on U, then (from ``t_predict`` on) the virtual ratings
+    replaced by the local predictions (eq. 6)."""
+    offset = None
+    if st.svd:
+        S, cnt = pmf.implicit_sum(f.W, E.matrix(np.ones(len(E.rows))))
+        offset = S / np.sqrt(np.maximum(cnt, 1))[:, None]
+    f.U = _local_steps(f.U, f.V, E, st.lam, st.lr, st.t_local, offset, st.max_step if st.batch else 0.0)
+    if t >= st.t_predict:
+        vi = np.flatnonzero(E.virtual)
+        imp = E.matrix(np.ones(len(E.rows))) if st.svd else None
+        E.vals[vi] = pmf.predict(f.U, f.V, E.rows[vi], E.cols[vi], f.W, imp, exclude_self=True)
+
+
+def _batch_iteration(t: int, f: _Factors, E: pmf.Entries, st: FedRecSettings, channel: Channel) -> int:
+    """One federated iteration of Algorithms 1-2: every block of clients steps U_u (eq. 7) and
+    computes its uploads (eq. 8, :func:`~privaudit.protocols.blocks.pmf_block_round`); the server
+    averages per item (eq. 9) and steps V. Returns the clipped row steps."""
+    m = f.V.shape[0]
+    if t in st.recorded:
+        channel.transcript.add(t, "server", "server", "state", {"V": f.V.copy()})
+    Vs = channel.download({"V": f.V})["V"]
+    uploads = t in st.recorded or bool(channel.defenses)
+    total, payloads, U = Accumulator(), [], np.empty_like(f.U)
+    for lo, hi in block_ranges(E.shape[0], CLIENT_BLOCK):
+        part = pmf_block_round(f.U[lo:hi], entries_block(E, lo, hi), Vs, st.lam, st.lr, st.max_step, uploads)
+        U[lo:hi] = part.U
+        total.add(part.total, part.counts, part.clipped)
+        payloads += part.payloads or []
+    f.U = U
+    grad, counts, clipped = total.values if total.values else (np.zeros_like(f.V), np.zeros(m), 0.0)
+    if uploads:
+        sent = channel.send(t, "grad_V", [f"client:{u}" for u in range(E.shape[0])], payloads, record=t in st.recorded)
+        if channel.defenses:
             agg = channel.sum(sent, rows=m)
-            total = np.asarray(agg.get("values", np.zeros((m, d))), dtype=np.float64).reshape(m, d)
+            grad = np.asarray(agg.get("values", np.zeros_like(f.V)), dtype=np.float64).reshape(f.V.shape)
             counts = np.asarray(agg.get("counts", np.bincount(E.cols, minlength=m)))
-        stepV, k2 = pmf.clip_rows(lr * pmf.item_average(total, counts), max_step)
-        return U, V - stepV, k1 + k2  # eq. 9, Algorithm 1 line 8
+    stepV, k2 = pmf.clip_rows(st.lr * pmf.item_average(grad, counts), st.max_step)
+    f.V = f.V - stepV  # eq. 9, Algorithm 1 line 8
+    return int(clipped) + k2
 
-    @staticmethod
-    def _sgd_iteration(U, V, W, E, lam, lr, federated, channel, senders, t, record, order_rng, chunk_users):
-        """One iteration of Algorithm 4 (in place on U, V, W)."""
-        m, d = V.shape
-        order, _ = pmf.entry_order(E, order_rng)
-        for c, chunk in enumerate(pmf.user_chunks(E.counts, chunk_users, order_rng)):
-            users, lengths, P = pmf.padded_chunk(E, order, chunk)
-            Uc = U[users]
-            if not federated:
-                out = pmf.sgd_chunk(Uc, V, E, P, lengths, lam, lr, W, federated=False)
-                U[users] = Uc
-                if W is not None:
-                    valid = P >= 0
-                    pmf.scatter_rows(W, E.cols[P[valid]], out["grad_W"][valid], lr)
-                continue
-            if record:
-                state = {"V": V.copy()}
-                if W is not None:
-                    state["W"] = W.copy()
-                channel.transcript.add(t, "server", "server", "state", state, {"chunk": c})
-            down = channel.download({"V": V} if W is None else {"V": V, "W": W})
-            out = pmf.sgd_chunk(Uc, down["V"], E, P, lengths, lam, lr, down.get("W"), federated=True)
+
+def _sgd_iteration(t: int, f: _Factors, E: pmf.Entries, st: FedRecSettings, channel: Channel, order_rng) -> None:
+    """One iteration of Algorithm 4 (in place on U, V, W)."""
+    U, V, W, lr = f.U, f.V, f.W, st.lr
+    m, d = V.shape
+    order, _ = pmf.entry_order(E, order_rng)
+    for c, chunk in enumerate(pmf.user_chunks(E.counts, st.chunk, order_rng)):
+        users, lengths, P = pmf.padded_chunk(E, order, chunk)
+        Uc = U[users]
+        valid = P >= 0
+        if not st.federated:
+            out = pmf.sgd_chunk(Uc, V, E, P, lengths, st.lam, lr, W, federated=False)
             U[users] = Uc
-            valid = P >= 0
-            walk_items = E.cols[np.where(valid, P, 0)]
-            for kind, key, target in (("grad_V", "grad_V", V), ("grad_W", "grad_W", W)):
-                if key not in out:
-                    continue
-                G = out[key]
-                if not channel.defenses and not record:
-                    pmf.scatter_rows(target, walk_items[valid], G[valid], lr)
-                    continue
-                payloads = [
-                    {"items": walk_items[b, : lengths[b]], "values": G[b, : lengths[b]]} for b in range(len(users))
-                ]
-                sent = channel.send(t, kind, [senders[u] for u in users], payloads, record=record, meta={"chunk": c})
-                agg = channel.sum(sent, rows=m)
-                target -= lr * np.asarray(agg.get("values", np.zeros((m, d))), dtype=np.float64).reshape(m, d)
+            if W is not None:
+                pmf.scatter_rows(W, E.cols[P[valid]], out["grad_W"][valid], lr)
+            continue
+        record = t in st.recorded
+        if record:
+            state = {"V": V.copy()} if W is None else {"V": V.copy(), "W": W.copy()}
+            channel.transcript.add(t, "server", "server", "state", state, {"chunk": c})
+        down = channel.download({"V": V} if W is None else {"V": V, "W": W})
+        out = pmf.sgd_chunk(Uc, down["V"], E, P, lengths, st.lam, lr, down.get("W"), federated=True)
+        U[users] = Uc
+        walk_items = E.cols[np.where(valid, P, 0)]
+        for kind, target in (("grad_V", V), ("grad_W", W)):
+            if kind not in out:
+                continue
+            G = out[kind]
+            if not channel.defenses and not record:
+                pmf.scatter_rows(target, walk_items[valid], G[valid], lr)
+                continue
+            payloads = [{"items": walk_items[b, : lengths[b]], "values": G[b, : lengths[b]]} for b in range(len(users))]
+            sent = channel.send(t, kind, [f"client:{u}" for u in users], payloads, record=record, meta={"chunk": c})
+            agg = channel.sum(sent, rows=m)
+            target -= lr * np.asarray(agg.get("values", np.zeros((m, d))), dtype=np.float64).reshape(m, d)
 
 
 def _local_steps(U, V, E, lam, lr, steps, offset=None, max_step=0.0):
