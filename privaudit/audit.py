@@ -363,28 +363,32 @@ class Audit:
     threat: str = "both"
 
 
-def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
-    protocol_cls = registry.get("protocol", audit.protocol)
-    config = protocol_cls.resolve_config(audit.sets)
-    runner.check_run_settings(audit.seeds, audit.seed, audit.jobs)
-    attacks = applicable_attacks(protocol_cls.name)
+def _selected_attacks(audit: Audit, protocol: str) -> list[type]:
+    """The attacks an audit runs: those reading ``protocol``, narrowed to ``audit.attacks`` and
+    to ``audit.threat``; a name that is unknown or reads another protocol is an error."""
+    attacks = applicable_attacks(protocol)
     if audit.attacks:
         for name in audit.attacks:
             registry.get("attack", name)
         attacks = [a for a in attacks if a.name in set(audit.attacks)]
         missing = sorted(set(audit.attacks) - {a.name for a in attacks})
         if missing:
-            raise PrivauditError(f"attack(s) {', '.join(missing)} do not read {protocol_cls.name!r} transcripts")
+            raise PrivauditError(f"attack(s) {', '.join(missing)} do not read {protocol!r} transcripts")
     if not attacks:
-        raise PrivauditError(f"no registered attack reads {protocol_cls.name!r} transcripts")
+        raise PrivauditError(f"no registered attack reads {protocol!r} transcripts")
     if audit.threat not in THREATS:
         raise PrivauditError(f"threat must be one of {', '.join(THREATS)}, got {audit.threat!r}")
     if audit.threat != "both":
         attacks = [a for a in attacks if attack_threat(a) == audit.threat]
         if not attacks:
-            raise PrivauditError(f"no selected {audit.threat} attack reads {protocol_cls.name!r} transcripts")
+            raise PrivauditError(f"no selected {audit.threat} attack reads {protocol!r} transcripts")
+    return attacks
+
+
+def _selected_defenses(audit: Audit, protocol: str) -> tuple[list[type], list[tuple[str, str]]]:
+    """The defenses an audit sweeps (every grid value validated) and the skipped ones with why."""
     defenses, skipped = applicable_defenses(
-        protocol_cls.name, include_hiding=audit.defenses is not None, selected=tuple(audit.defenses or ())
+        protocol, include_hiding=audit.defenses is not None, selected=tuple(audit.defenses or ())
     )
     if audit.defenses is not None:
         for name in audit.defenses:
@@ -392,9 +396,21 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
         wanted = set(audit.defenses)
         missing = sorted(wanted - {d.name for d in defenses})
         if missing:
-            raise PrivauditError(f"defense(s) {', '.join(missing)} cannot be swept on {protocol_cls.name!r}")
+            raise PrivauditError(f"defense(s) {', '.join(missing)} cannot be swept on {protocol!r}")
         skipped += [(d.name, "not selected") for d in defenses if d.name not in wanted]
         defenses = [d for d in defenses if d.name in wanted]
+    for cls in defenses:
+        for value in defense_grid(cls):
+            cls(**_defense_params(cls, value))  # validates
+    return defenses, skipped
+
+
+def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
+    protocol_cls = registry.get("protocol", audit.protocol)
+    config = protocol_cls.resolve_config(audit.sets)
+    runner.check_run_settings(audit.seeds, audit.seed, audit.jobs)
+    attacks = _selected_attacks(audit, protocol_cls.name)
+    defenses, skipped = _selected_defenses(audit, protocol_cls.name)
     seeds = list(range(int(audit.seed), int(audit.seed) + int(audit.seeds)))
     runs: list[_Run] = []
     honest = [(a.name, a) for a in attacks if attack_threat(a) == HONEST]
@@ -403,9 +419,6 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
         if attack_threat(a) == MALICIOUS:
             plan = attack_plan(a)
             plans.setdefault(repr(sorted(plan.items())), (plan, []))[1].append((a.name, a))
-    for cls in defenses:
-        for value in defense_grid(cls):
-            cls(**_defense_params(cls, value))  # validates
     if honest:
         runs += _runs(protocol_cls, config, defenses, seeds, honest, audit.canaries, None)
     for plan, named in plans.values():
@@ -418,28 +431,25 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
         # advantage interval is computed from), the honest runs' seeds first
         more = list(range(seeds[0], seeds[0] + max(len(seeds), rs.MIN_VICTIMS)))
         runs += _runs(protocol_cls, planned, defenses, more, named, audit.canaries, plan)
-    header = {
+    return runs, _header(audit, protocol_cls, config, seeds, attacks, defenses, skipped)
+
+
+def _header(
+    audit: Audit,
+    protocol_cls: type,
+    config: dict[str, Any],
+    seeds: list[int],
+    attacks: list[type],
+    defenses: list[type],
+    skipped: list[tuple[str, str]],
+) -> dict[str, Any]:
+    """The audit dict's header: protocol, config, seeds, the attacks and defenses it runs."""
+    return {
         "privaudit_version": __version__,
         "protocol": protocol_cls.name,
         "protocol_config": config,
         "seeds": seeds,
-        "attacks": [
-            {
-                "name": a.name,
-                "description": registry.describe(a),
-                "party": getattr(a, "party", "server"),
-                "requires": list(getattr(a, "requires", ()) or ()),
-                "primary_metric": getattr(a, "primary_metric", "accuracy"),
-                "audit_params": dict(getattr(a, "audit_params", {}) or {}),
-                "threat": attack_threat(a),
-                **(
-                    {"plan": attack_plan(a), "deviations": list(a.deviations), "deviation": deviation_noun(a)}
-                    if attack_threat(a) == MALICIOUS
-                    else {}
-                ),
-            }
-            for a in attacks
-        ],
+        "attacks": [_attack_entry(a) for a in attacks],
         "defenses": [
             {
                 "name": d.name,
@@ -456,7 +466,21 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
         "utility_specs": {k: rs.spec_to_dict(s) for k, s in protocol_cls.utility_specs.items()},
         "_attack_classes": {a.name: a for a in attacks},
     }
-    return runs, header
+
+
+def _attack_entry(a: type) -> dict[str, Any]:
+    entry = {
+        "name": a.name,
+        "description": registry.describe(a),
+        "party": getattr(a, "party", "server"),
+        "requires": list(getattr(a, "requires", ()) or ()),
+        "primary_metric": getattr(a, "primary_metric", "accuracy"),
+        "audit_params": dict(getattr(a, "audit_params", {}) or {}),
+        "threat": attack_threat(a),
+    }
+    if attack_threat(a) == MALICIOUS:
+        entry.update(plan=attack_plan(a), deviations=list(a.deviations), deviation=deviation_noun(a))
+    return entry
 
 
 def _plan_text(plan: Mapping[str, Any]) -> str:

@@ -15,7 +15,6 @@ MAX_MODULE_LINES = 800
 #: the merge (path relative to privaudit/, then the function's qualified name).
 ALLOWED_FUNCTIONS = {
     ("attacks/mvmf_nonlinear.py", "MVMFNonlinear.run"),  # perf
-    ("audit.py", "_plan"),  # threat
     ("integrations/flower.py", "record_to_file"),  # columnar
     ("models/pmf.py", "sgd_chunk"),  # perf
     ("transcript.py", "load"),  # columnar
