@@ -173,6 +173,7 @@ class FedMVMF(Protocol):
         Param("cold_item_fraction", 0.1, "fraction of items held out as cold-start items", ge=0, lt=1),
         Param("relevance_threshold", 4.0, "a test rating >= this is relevant (utility)"),
         Param("top_k", 10, "length of the recommendation lists (utility)", ge=1),
+        Param("track_loss", False, "compute the training loss J after every epoch (model['loss']), not the last only"),
     )
 
     # ------------------------------------------------------------------ run
@@ -182,7 +183,7 @@ class FedMVMF(Protocol):
         ``model``: dict with ``U`` (n x K, training users), ``V`` (m_train x K), ``P`` (p x K),
         ``Q`` (q x K), ``U_init`` (the clients' initial u, used by SGD), ``U_cold`` / ``V_cold``
         (cold-start factors), the index arrays of the split, ``train``/``test`` (CSR, train users x
-        train items) and ``loss`` (J after each epoch, eq. 3).
+        train items) and ``loss`` (J of eq. 3 after each epoch with ``track_loss``, else after the last).
         """
         cfg, dataset = setup.config, setup.dataset
         split_rng, init_rng, channel_rng = setup.streams(3)
@@ -212,7 +213,9 @@ class FedMVMF(Protocol):
         seconds = 0.0
         for t in range(cfg["epochs"]):
             tic = time.perf_counter()
-            losses.append(self._epoch(t, state, st, cfg, channel, transcript, senders, ratings, weights, views))
+            want = cfg["track_loss"] or t == cfg["epochs"] - 1
+            loss = self._epoch(t, state, st, cfg, channel, transcript, senders, ratings, weights, views, want)
+            losses += [loss] if want else []
             seconds += time.perf_counter() - tic
         utility = _evaluate(state, st, cfg, views, split)
         utility["train_loss"] = float(losses[-1])
@@ -247,9 +250,11 @@ class FedMVMF(Protocol):
         ratings: sp.csr_matrix,
         weights: sp.csr_matrix,
         views: _Views,
+        with_loss: bool = True,
     ) -> float:
         """One epoch: the server's broadcast, the clients' uploads and their sum, the item
-        server's step, then the FL server's Adam step on V and P. Returns the loss J (eq. 3)."""
+        server's step, then the FL server's Adam step on V and P. Returns the loss J (eq. 3)
+        (NaN without ``with_loss``)."""
         record_rounds = cfg["record_rounds"]
         record = record_rounds < 0 or t < record_rounds
         if record:
@@ -262,20 +267,12 @@ class FedMVMF(Protocol):
         g_item = _item_server_step(state, st, views.Y_train)
         if record:
             transcript.add(t, "item-server", "server", "grad_V_item", {"values": g_item})
-        loss = mvmf.loss(
-            state.U,
-            V_sent,
-            P_sent,
-            state.Q,
-            ratings,
-            weights,
-            views.X_train,
-            views.Y_train,
-            st.alpha,
-            st.lam,
-            st.w,
-            st.unrated,
-        )
+        loss = float("nan")
+        if with_loss:
+            X, Y = views.X_train, views.Y_train
+            loss = mvmf.loss(
+                state.U, V_sent, P_sent, state.Q, ratings, weights, X, Y, st.alpha, st.lam, st.w, st.unrated
+            )
         lam, V, P = st.lam, state.V, state.P
         new = state.server_adam.step(
             {"V": V, "P": P}, {"V": sum_V + g_item + 2.0 * lam * V, "P": sum_P + 2.0 * lam * P}
