@@ -24,6 +24,7 @@ def main() -> None:
     ap.add_argument("--data", default="synthetic")
     ap.add_argument("--users", type=int, default=None)
     ap.add_argument("--seeds", type=int, default=audit.DEFAULT_AUDIT_SEEDS)
+    ap.add_argument("--log", default=None, help="append the running per-stage totals (JSON lines) here")
     args = ap.parse_args()
 
     cpu: dict[str, float] = collections.defaultdict(float)
@@ -39,6 +40,9 @@ def main() -> None:
             cpu[key] += time.process_time() - t
             wall[key] += time.perf_counter() - w
             count[key] += 1
+            if args.log:  # the running totals, so that an interrupted measurement still tells
+                with open(args.log, "a") as f:
+                    f.write(json.dumps({"stage": key, "cpu": dict(cpu), "calls": dict(count)}) + "\n")
 
     runner.run_protocol = lambda task, data: timed(
         "protocol runs: " + (task.names[2] or "no defense"), run_protocol, task, data
