@@ -66,6 +66,10 @@ with 5 solves and 0.68 with 20 (docs/reproduction.md). A solve that raises, retu
 non-finite values or ends with a larger residual than its start is counted in
 ``meta["failed_solves"]`` and replaced by the clipped initial guess; a victim is never dropped.
 
+SemiALS ObsOnly (c = 1): eliminating r and x leaves ``u_k^2 = -a_k / (2 lam)`` with a known
+vector a (:meth:`UserSystem.exact_root`), so hybr's root is computed in closed form; a system with
+``a_k >= 0`` (no real root; only under noise) still goes to hybr.
+
 Departures: the equation scaling, the preconditioning of the Jacobian-free methods (param
 ``precondition``: solve ``J(z0)^-1 F(z) = 0``, same roots), the reduced formulation and the
 model check are ours. SGD requires the client to upload the same item set in the two epochs used (true
