@@ -24,6 +24,7 @@ def main() -> None:
     ap.add_argument("--data", default="synthetic")
     ap.add_argument("--users", type=int, default=None)
     ap.add_argument("--seeds", type=int, default=audit.DEFAULT_AUDIT_SEEDS)
+    ap.add_argument("--defenses", default=None, help="comma-separated defenses to sweep (default: every one)")
     ap.add_argument("--log", default=None, help="append the running per-stage totals (JSON lines) here")
     args = ap.parse_args()
 
@@ -51,7 +52,10 @@ def main() -> None:
     runner.load_data = lambda data: timed("load data", load_data, data)
     load0 = os.getloadavg()[0]
     t0, w0 = time.process_time(), time.perf_counter()
-    spec = audit.Audit(protocol=args.protocol, data=args.data, users=args.users, seeds=args.seeds, jobs=1)
+    defenses = args.defenses.split(",") if args.defenses else None
+    spec = audit.Audit(
+        protocol=args.protocol, data=args.data, users=args.users, seeds=args.seeds, jobs=1, defenses=defenses
+    )
     result = audit.run_audit(spec)
     total = time.process_time() - t0
     total_wall = time.perf_counter() - w0
