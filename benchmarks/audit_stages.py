@@ -50,6 +50,8 @@ def main() -> None:
     )
     runner.evaluate_attack = lambda cls, *a, **k: timed(f"attack {cls.name}", evaluate_attack, cls, *a, **k)
     runner.load_data = lambda data: timed("load data", load_data, data)
+    canary_audit = audit._canary_audit
+    audit._canary_audit = lambda *a: timed("canary runs (DP cells)", canary_audit, *a)
     load0 = os.getloadavg()[0]
     t0, w0 = time.process_time(), time.perf_counter()
     defenses = args.defenses.split(",") if args.defenses else None
