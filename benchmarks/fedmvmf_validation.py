@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         if key not in cache:
             tic = time.perf_counter()
             res = FedMVMF().run(
-                val, {**point, "update": scenario[0], "unrated": scenario[1], "record_rounds": 0}, rng=1
+                val,
+                {**point, "update": scenario[0], "unrated": scenario[1], "record_rounds": 0, "track_loss": True},
+                rng=1,
             )
             util = {k: v for k, v in res.utility.items() if k.endswith("ndcg@10")}
             util["seconds"] = time.perf_counter() - tic

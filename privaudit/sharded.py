@@ -158,12 +158,14 @@ class MVMFShard:
             shard.add(0, party, party, "private", payload, meta)
         shard.save(self.out / _block_name(index, None))
 
-    def round(self, t: int, V: np.ndarray, P: np.ndarray, record: bool) -> list[tuple[int, Any, Any, float]]:
+    def round(
+        self, t: int, V: np.ndarray, P: np.ndarray, record: bool, with_loss: bool = True
+    ) -> list[tuple[int, Any, Any, float]]:
         """One epoch of every block: ``(block index, sum_V, sum_P, loss part)`` per block; the
         recorded uploads are written to ``c<block>-r<t>.ptx``."""
         out = []
         for index, block in zip(self.indices, self.blocks):
-            part = mvmf_block_round(block, V, P, self.st, record)
+            part = mvmf_block_round(block, V, P, self.st, record, with_loss)
             if record:
                 senders = self._senders(block)
                 shard = _shard_header(self.header, ["server", *senders])
@@ -195,8 +197,10 @@ class ShardedClients:
     def __init__(self, actors: list[Any], n_blocks: int) -> None:
         self.actors, self.n_blocks = actors, n_blocks
 
-    def round(self, t: int, V: np.ndarray, P: np.ndarray, record: bool) -> tuple[np.ndarray, np.ndarray, float]:
-        sum_V, sum_P, loss = _folded([a.round(t, V, P, record) for a in self.actors], self.n_blocks)
+    def round(
+        self, t: int, V: np.ndarray, P: np.ndarray, record: bool, with_loss: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        sum_V, sum_P, loss = _folded([a.round(t, V, P, record, with_loss) for a in self.actors], self.n_blocks)
         return sum_V, sum_P, loss
 
     def users(self) -> tuple[np.ndarray, np.ndarray]:

@@ -185,7 +185,9 @@ def test_semials_solves_normal_equations(runs, scenario):
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_training_loss_decreases(small, scenario):
-    res = FedMVMF().run(small, {"update": scenario[0], "unrated": scenario[1], "record_rounds": 0}, rng=1)
+    res = FedMVMF().run(
+        small, {"update": scenario[0], "unrated": scenario[1], "record_rounds": 0, "track_loss": True}, rng=1
+    )
     loss = res.model["loss"]
     assert loss[-1] < 0.8 * loss[0]
     assert loss[-1] < loss[: len(loss) // 2].min()

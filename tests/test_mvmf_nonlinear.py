@@ -107,6 +107,57 @@ def test_noise_lowers_accuracy_but_beats_baseline(small, clean_runs):
     assert m["attribute_accuracy"] > base["attribute_accuracy_majority"], (m, base)
 
 
+def _setting_of(fv, scenario=("semials", "obsonly")):
+    cfg = fv.config
+    args = (scenario[0], scenario[1] == "inclunc", cfg["alpha"], cfg["lam"], cfg["w"], cfg["eta"], 0.0, 5.0, 3.0)
+    return Setting(fv.V[0], fv.P[0], fv.V[1], fv.P[1], *args, "hybr", 1, 200, 1e-9)
+
+
+def _scipy_hybr(system):
+    """scipy's hybr from the attack's initial guess (the oracle), mirrored to a non-negative rating sum."""
+    from scipy.optimize import root
+
+    res = root(system.fun, system.initial_guess(), jac=system.jac, method="hybr", options={"xtol": 1e-12})
+    z = res.x if np.sum(system.split(res.x)[0]) >= 0 else -res.x
+    return z, res.success
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.3])
+def test_exact_root_is_scipy_hybr_root(small, clean_runs, noise):
+    """SemiALS ObsOnly: the closed-form root is the root scipy's hybr converges to, and when it
+    has none (a_k >= 0, only under noise) hybr does not converge either."""
+    tr = clean_runs["semials", "obsonly"]
+    if noise:
+        tr = FedMVMF().run(small, {"epochs": 2}, [LaplaceNoise(scale=noise)], rng=0).transcript
+    fv = _mvmf.parse_view(tr.view("server"))
+    st = _setting_of(fv)
+    roots = none = 0
+    for party in sorted(fv.clients)[:12]:
+        up = fv.clients[party]
+        victim = Victim(party, up.items[0], up.grad_V[0], up.grad_P[0])
+        for k in range(0, fv.P[0].shape[1], 2):
+            system = UserSystem(st, victim, k)
+            exact = system.exact_root()
+            z, converged = _scipy_hybr(system)
+            if exact is None:
+                none += 1
+                assert not converged
+                continue
+            roots += 1
+            assert converged
+            assert np.abs(system.fun(exact)).max() < 1e-9
+            np.testing.assert_allclose(exact, z, rtol=1e-6, atol=1e-8)
+    assert roots > 0 and (none > 0) == bool(noise), (roots, none)
+
+
+def test_exact_root_only_for_semials_obsonly(clean_runs):
+    for scenario in SCENARIOS[1:]:
+        fv = _mvmf.parse_view(clean_runs[scenario].view("server"))
+        up = fv.clients["client:0"]
+        victim = Victim("client:0", up.items[0], up.grad_V[0], up.grad_P[0], up.grad_V[1])
+        assert UserSystem(_setting_of(fv, scenario), victim, k=1).exact_root() is None
+
+
 def test_results_do_not_depend_on_jobs(clean_runs):
     from joblib import parallel_config
 

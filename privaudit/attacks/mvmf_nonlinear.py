@@ -65,6 +65,10 @@ its own k; noise-free 1); more solves recover more under noise (docs/reproductio
 that raises, returns non-finite values or ends with a larger residual than its start is counted in
 ``meta["failed_solves"]`` and replaced by the clipped initial guess; a victim is never dropped.
 
+SemiALS ObsOnly (c = 1): eliminating r and x leaves ``u_k^2 = -a_k / (2 lam)`` with a known
+vector a (:meth:`UserSystem.exact_root`), so hybr's root is computed in closed form; a system with
+``a_k >= 0`` (no real root; only under noise) still goes to hybr.
+
 Departures: the equation scaling, the preconditioning of the Jacobian-free methods (param
 ``precondition``: solve ``J(z0)^-1 F(z) = 0``, same roots), the reduced formulation and the
 model check are ours. SGD requires the client to upload the same item set in the two epochs used (true
@@ -224,6 +228,31 @@ class UserSystem:
         b = self.Vs.T @ np.full(self.n, mid) + st.alpha * self.P.T @ x0
         u0 = np.linalg.solve(A, b)
         return np.concatenate([r0, x0, u0])
+
+    def exact_root(self) -> np.ndarray | None:
+        """The root of a SemiALS ObsOnly system in closed form; None in the other scenarios or
+        when it has no real root.
+
+        With c = 1 the item and attribute equations give ``r = Vs u - g / (2 u_k)`` and
+        ``x = P u - h / (2 alpha u_k)``; the update equations then read ``a / (2 u_k) + lam u = 0``
+        with ``a = Vs^T g + P^T h`` (K,), so ``u_k^2 = -a_k / (2 lam)`` (real iff ``a_k < 0``) and
+        ``u = -a / (2 lam u_k)``. Of the mirror pair ``+-z`` the one with a non-negative rating
+        sum, as :func:`solve_system` keeps.
+        """
+        st = self.st
+        if st.weighted or self.sgd or not st.alpha > 0:
+            return None
+        a = self.Vs.T @ self.g + self.P.T @ self.h
+        if not a[self.k] < 0:
+            return None
+        uk = float(np.sqrt(-a[self.k] / (2.0 * st.lam)))
+        u = -a / (2.0 * st.lam * uk)
+        r = self.Vs @ u - self.g / (2.0 * uk)
+        x = self.P @ u - self.h / (2.0 * st.alpha * uk)
+        z = np.concatenate([r, x, u])
+        if not np.all(np.isfinite(z)):
+            return None
+        return -z if np.sum(r) < 0 else z
 
     def _u2(self, r, x, u, c):
         st = self.st
@@ -392,12 +421,18 @@ def solve_system(
     system (its diagonal carries the unknown sign of u_k); with ``precondition`` they solve
     the equivalent system ``J(z0)^-1 F(z) = 0`` (same roots; Jacobian I at the start).
 
+    ``hybr`` on a SemiALS ObsOnly system with a real root returns that root
+    (:meth:`UserSystem.exact_root`) without iterating: hybr converges to it (or its mirror).
+
     Returns ``(z, ok, converged)``: ``ok`` is False when the solver failed outright (exception,
     non-finite result, residual above the start) and ``z`` is then the initial guess.
     """
     from scipy.linalg import lu_factor, lu_solve
     from scipy.optimize import root
 
+    exact = system.exact_root() if method == "hybr" else None
+    if exact is not None:
+        return exact, True, True
     z0 = system.initial_guess()
     f0 = float(np.linalg.norm(system.fun(z0)))
     try:
@@ -487,6 +522,51 @@ def _attack_chunk(
     return [attack_victim(st, v, s) for v, s in zip(victims, seeds)]
 
 
+def _victims(fv: Any, r1: int, r2: int | None) -> tuple[list[Victim], int]:
+    """The clients with uploads in round ``r1`` (and, SGD, the same items in ``r2``), in client
+    order, and the number skipped."""
+    victims: list[Victim] = []
+    skipped = 0
+    for party in sorted(fv.clients, key=_mvmf.client_sort_key):
+        up = fv.clients[party]
+        if r1 not in up.rounds:
+            skipped += 1
+            continue
+        a = up.rounds.index(r1)
+        v = Victim(party, up.items[a], up.grad_V[a], up.grad_P[a])
+        if r2 is not None:
+            if r2 not in up.rounds:
+                skipped += 1
+                continue
+            b = up.rounds.index(r2)
+            order = np.argsort(up.items[b])
+            pos = np.searchsorted(up.items[b][order], v.items)
+            pos = np.minimum(pos, len(order) - 1)
+            if len(up.items[b]) != len(v.items) or not np.array_equal(up.items[b][order][pos], v.items):
+                skipped += 1
+                continue
+            v.g2 = up.grad_V[b][order][pos]
+        if len(v.items) == 0:
+            skipped += 1
+            continue
+        victims.append(v)
+    return victims, skipped
+
+
+def _solve_victims(
+    st: Setting, victims: list[Victim], seeds: list[int], jobs: int, chunk: int
+) -> list[tuple[np.ndarray, np.ndarray, int, int]]:
+    """:func:`attack_victim` of every victim, in chunks of ``chunk`` over ``jobs`` joblib workers."""
+    batches = [(victims[i : i + chunk], seeds[i : i + chunk]) for i in range(0, len(victims), chunk)]
+    if jobs == 1 or len(batches) <= 1:
+        outs = [_attack_chunk(st, vs, ss) for vs, ss in batches]
+    else:
+        from joblib import Parallel, delayed
+
+        outs = Parallel(n_jobs=jobs)(delayed(_attack_chunk)(st, vs, ss) for vs, ss in batches)
+    return [o for out in outs for o in out]
+
+
 @register_attack("mvmf-nonlinear")
 class MVMFNonlinear(_mvmf.MVMFAttack):
     """The paper's nonlinear-system reconstruction attack (PrivMVMF paper §4, §6.2)."""
@@ -544,26 +624,11 @@ class MVMFNonlinear(_mvmf.MVMFAttack):
         method = self.config["method"]
         return DEFAULT_METHOD.get(scenario(config), "hybr") if method == "auto" else method
 
-    def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
-        t0 = time.perf_counter()
-        fv = _mvmf.parse_view(view)
+    def _setting(self, fv: Any, r1: int, r2: int | None, update: str, noisy: bool, method: str, solves: int) -> Setting:
+        """The public knowledge of rounds ``r1`` (and ``r2``, SGD) and this attack's solver settings."""
         cfg = fv.config
-        update, unrated = scenario(cfg)
-        rounds = fv.rounds
-        if not rounds:
-            return self.unsupported("the server's view holds no round with both state and uploads")
-        r1 = rounds[0]
-        r2 = next((r for r in rounds if r > r1), None)
-        if update == "sgd" and r2 is None:
-            return self.unsupported("the SGD attack needs two recorded epochs (state and uploads of both)")
         lo, hi = _mvmf.rating_domain(cfg)
-        noisy = is_noisy(cfg)
-        method = self.resolved_method(cfg)
-        # PrivMVMF paper §6.2 Robustness Check: SemiALS "for each k" (all K coordinates), SGD "a
-        # randomly chosen set of items" (size not given; K here too); noise-free one solve (plus
-        # model-check retries)
-        solves = self.config["solves"] or (fv.P[r1].shape[1] if noisy else 1)
-        st = Setting(
+        return Setting(
             V1=fv.V[r1],
             P1=fv.P[r1],
             V2=fv.V.get(r2) if r2 is not None else None,
@@ -578,67 +643,52 @@ class MVMFNonlinear(_mvmf.MVMFAttack):
             hi=hi,
             smooth=float(self.config["smooth"]),
             method=method,
-            solves=int(solves),
+            solves=solves,
             maxiter=int(self.config["maxiter"]),
             tol=float(self.config["tol"]),
             noisy=noisy,
             retries=int(self.config["retries"]),
             precondition=bool(self.config["precondition"]),
         )
-        victims: list[Victim] = []
-        skipped = 0
-        for party in sorted(fv.clients, key=_mvmf.client_sort_key):
-            up = fv.clients[party]
-            if r1 not in up.rounds:
-                skipped += 1
-                continue
-            a = up.rounds.index(r1)
-            v = Victim(party, up.items[a], up.grad_V[a], up.grad_P[a])
-            if update == "sgd":
-                if r2 not in up.rounds:
-                    skipped += 1
-                    continue
-                b = up.rounds.index(r2)
-                order = np.argsort(up.items[b])
-                pos = np.searchsorted(up.items[b][order], v.items)
-                pos = np.minimum(pos, len(order) - 1)
-                if len(up.items[b]) != len(v.items) or not np.array_equal(up.items[b][order][pos], v.items):
-                    skipped += 1
-                    continue
-                v.g2 = up.grad_V[b][order][pos]
-            if len(v.items) == 0:
-                skipped += 1
-                continue
-            victims.append(v)
+
+    def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
+        t0 = time.perf_counter()
+        fv = _mvmf.parse_view(view)
+        cfg = fv.config
+        update, unrated = scenario(cfg)
+        rounds = fv.rounds
+        if not rounds:
+            return self.unsupported("the server's view holds no round with both state and uploads")
+        r1 = rounds[0]
+        r2 = next((r for r in rounds if r > r1), None)
+        if update == "sgd" and r2 is None:
+            return self.unsupported("the SGD attack needs two recorded epochs (state and uploads of both)")
+        noisy = is_noisy(cfg)
+        method = self.resolved_method(cfg)
+        # PrivMVMF paper §6.2 Robustness Check: SemiALS "for each k" (all K coordinates), SGD "a
+        # randomly chosen set of items" (size not given; K here too); noise-free one solve (plus
+        # model-check retries)
+        solves = self.config["solves"] or (fv.P[r1].shape[1] if noisy else 1)
+        st = self._setting(fv, r1, r2, update, noisy, method, int(solves))
+        victims, skipped = _victims(fv, r1, r2 if update == "sgd" else None)
         form = self.config["formulation"]
         if form == "auto":
             form = "reduced" if st.weighted and victims and max(len(v.items) for v in victims) > 200 else "full"
         st.reduced = form == "reduced" and st.weighted
+        available = len(victims)
         users = self.config["users"]
         if users is not None and users < len(victims):
             pick = np.sort(rng.choice(len(victims), size=users, replace=False))
             victims = [victims[i] for i in pick]
         seeds = [int(s) for s in rng.integers(0, 2**63 - 1, size=len(victims))]
-        chunk = int(self.config["chunk"])
-        batches = [(victims[i : i + chunk], seeds[i : i + chunk]) for i in range(0, len(victims), chunk)]
-        jobs = int(self.config["jobs"])
-        if jobs == 1 or len(batches) <= 1:
-            outs = [_attack_chunk(st, vs, ss) for vs, ss in batches]
-        else:
-            from joblib import Parallel, delayed
-
-            outs = Parallel(n_jobs=jobs)(delayed(_attack_chunk)(st, vs, ss) for vs, ss in batches)
+        outs = _solve_victims(st, victims, seeds, int(self.config["jobs"]), int(self.config["chunk"]))
         recon: dict[str, dict[str, np.ndarray]] = {}
-        failed = unconverged = 0
-        for (vs, _), out in zip(batches, outs):
-            for v, (r, x, f, u) in zip(vs, out):
-                recon[v.party] = {
-                    "items": v.items.copy(),
-                    "ratings": _mvmf.round_ratings(r, cfg),
-                    "attributes": _mvmf.round_attributes(x),
-                }
-                failed += f
-                unconverged += u
+        for v, (r, x, _, _) in zip(victims, outs):
+            recon[v.party] = {
+                "items": v.items.copy(),
+                "ratings": _mvmf.round_ratings(r, cfg),
+                "attributes": _mvmf.round_attributes(x),
+            }
         meta = {
             "method": method,
             "formulation": "reduced" if st.reduced else "full",
@@ -647,9 +697,10 @@ class MVMFNonlinear(_mvmf.MVMFAttack):
             "solves_per_victim": int(solves),
             "noisy": bool(noisy),
             "victims": len(recon),
+            "victims_available": available,
             "skipped_clients": skipped,
-            "failed_solves": int(failed),
-            "unconverged_solves": int(unconverged),
+            "failed_solves": int(sum(o[2] for o in outs)),
+            "unconverged_solves": int(sum(o[3] for o in outs)),
             "smooth": float(self.config["smooth"]) if st.weighted else None,
             "seconds": time.perf_counter() - t0,
         }

@@ -285,67 +285,89 @@ def sgd_chunk(
     walked item j, with e_ui the residual of entry i (federated: after the U step, as eq. 8).
     """
     B, L = P.shape
-    d = V.shape[1]
     valid, items, r = _walk(E, P)
     act = active_counts(lengths, L)
-    svd = W is not None
-    vdot = np.vecdot
     # position-major (L x B ...) so that the running walks of step k are a contiguous prefix
     itT = np.ascontiguousarray(items.T)
     rT = np.ascontiguousarray(r.T)
     vT = valid.T
-    if svd:
-        WT = W[itT] * vT[..., None]
-        S = WT.sum(axis=0)
-        norm = 1.0 / np.sqrt(np.maximum(lengths - 1.0, 1.0))
-        EXTRA = (S[None, :, :] - WT) * norm[None, :, None]  # implicit term of eq. 2, self excluded
-    decay = 1.0 - lr * lam
+    implicit = _Implicit.of(W, itT, vT, lengths) if W is not None else None
     if federated:
-        VT = V[itT]
-        X = vdot(EXTRA, VT) if svd else np.zeros((L, B))
-        VV = vdot(VT, VT)
-        Uh = np.zeros((L, B, d))  # U_u after the step of entry k
-        E2 = np.zeros((L, B))  # residual after the step (eq. 8)
-        for k in range(L):
-            a = int(act[k])
-            u = Uc[:a]
-            v = VT[k, :a]
-            uv = vdot(u, v)
-            e = uv + (X[k, :a] - rT[k, :a])
-            u *= decay
-            u -= (lr * e)[:, None] * v
-            Uh[k, :a] = u
-            E2[k, :a] = decay * uv - lr * e * VV[k, :a] + X[k, :a] - rT[k, :a]
-        Ph = Uh + EXTRA if svd else Uh
-        G = (E2[..., None] * Ph + lam * VT) * vT[..., None]
-        out = {"grad_V": G.transpose(1, 0, 2)}
-        if svd:
-            own = E2[..., None] * VT * vT[..., None]
-            acc = own.sum(axis=0)
-            gw = ((acc[None, :, :] - own) * norm[None, :, None] + lam * WT) * vT[..., None]
-            out["grad_W"] = gw.transpose(1, 0, 2)
-        return out
-    own = np.zeros((L, B, d)) if svd else None
+        return _federated_walk(Uc, V, itT, rT, vT, act, lam, lr, implicit)
+    own = _central_walk(Uc, V, itT, rT, act, lam, lr, implicit)
+    return {} if implicit is None else {"grad_W": implicit.grad_W(own, lam, vT)}
+
+
+@dataclass
+class _Implicit:
+    """SVD++'s implicit terms of a chunk (position-major, L x B ...): the walked rows ``WT`` of W
+    (0 on padding), ``EXTRA`` = |N_u\\{i}|^-1/2 sum_{j in N_u\\{i}} W_j per entry, ``norm`` (B,)."""
+
+    WT: np.ndarray
+    EXTRA: np.ndarray
+    norm: np.ndarray
+
+    @classmethod
+    def of(cls, W: np.ndarray, itT: np.ndarray, vT: np.ndarray, lengths: np.ndarray) -> _Implicit:
+        WT = W[itT] * vT[..., None]
+        norm = 1.0 / np.sqrt(np.maximum(lengths - 1.0, 1.0))
+        return cls(WT, (WT.sum(axis=0)[None, :, :] - WT) * norm[None, :, None], norm)
+
+    def grad_W(self, own: np.ndarray, lam: float, vT: np.ndarray) -> np.ndarray:
+        """``grad_W`` (B x L x d) from the per-entry ``e_ui V_i`` (L x B x d)."""
+        acc = own.sum(axis=0)
+        gw = ((acc[None, :, :] - own) * self.norm[None, :, None] + lam * self.WT) * vT[..., None]
+        return gw.transpose(1, 0, 2)
+
+
+def _federated_walk(Uc, V, itT, rT, vT, act, lam, lr, implicit) -> dict[str, np.ndarray]:
+    """Algorithm 5's walk on the downloaded V: U steps, then eq. 8's grad_V (and grad_W)."""
+    L, B = itT.shape
+    vdot = np.vecdot
+    decay = 1.0 - lr * lam
+    VT = V[itT]
+    X = vdot(implicit.EXTRA, VT) if implicit is not None else np.zeros((L, B))
+    VV = vdot(VT, VT)
+    Uh = np.zeros((L, B, V.shape[1]))  # U_u after the step of entry k
+    E2 = np.zeros((L, B))  # residual after the step (eq. 8)
+    for k in range(L):
+        a = int(act[k])
+        u = Uc[:a]
+        v = VT[k, :a]
+        uv = vdot(u, v)
+        e = uv + (X[k, :a] - rT[k, :a])
+        u *= decay
+        u -= (lr * e)[:, None] * v
+        Uh[k, :a] = u
+        E2[k, :a] = decay * uv - lr * e * VV[k, :a] + X[k, :a] - rT[k, :a]
+    Ph = Uh + implicit.EXTRA if implicit is not None else Uh
+    G = (E2[..., None] * Ph + lam * VT) * vT[..., None]
+    out = {"grad_V": G.transpose(1, 0, 2)}
+    if implicit is not None:
+        out["grad_W"] = implicit.grad_W(E2[..., None] * VT * vT[..., None], lam, vT)
+    return out
+
+
+def _central_walk(Uc, V, itT, rT, act, lam, lr, implicit) -> np.ndarray | None:
+    """Centralized SGD: U and V updated after every step; returns SVD++'s ``e_ui V_i`` (L x B x d)."""
+    L, B = itT.shape
+    decay = 1.0 - lr * lam
+    own = np.zeros((L, B, V.shape[1])) if implicit is not None else None
     for k in range(L):
         a = int(act[k])
         u = Uc[:a]
         it = itT[k, :a]
         v = V[it]
-        p = u + EXTRA[k, :a] if svd else u
-        e = vdot(p, v) - rT[k, :a]
+        p = u + implicit.EXTRA[k, :a] if implicit is not None else u
+        e = np.vecdot(p, v) - rT[k, :a]
         gv = e[:, None] * p
         gv += lam * v
         u *= decay
         u -= (lr * e)[:, None] * v
         np.subtract.at(V, it, lr * gv)
-        if svd:
+        if own is not None:
             np.multiply(e[:, None], v, out=own[k, :a])
-    out = {}
-    if svd:
-        acc = own.sum(axis=0)
-        gw = ((acc[None, :, :] - own) * norm[None, :, None] + lam * WT) * vT[..., None]
-        out["grad_W"] = gw.transpose(1, 0, 2)
-    return out
+    return own
 
 
 def scatter_rows(target: np.ndarray, items: np.ndarray, rows: np.ndarray, scale: float) -> None:

@@ -154,16 +154,19 @@ class MVMFBlockRound:
     grad_P: list[dict[str, np.ndarray]] | None = None
 
 
-def mvmf_block_round(block: MVMFBlock, V: np.ndarray, P: np.ndarray, st: MVMFSettings, uploads: bool) -> MVMFBlockRound:
+def mvmf_block_round(
+    block: MVMFBlock, V: np.ndarray, P: np.ndarray, st: MVMFSettings, uploads: bool, with_loss: bool = True
+) -> MVMFBlockRound:
     """One epoch of a block's clients: update u_u (SemiALS or SGD, eq. 8-10) from the V, P they
-    received, then their upload sums, loss part and (``uploads``) per-client ``grad_V``/``grad_P``."""
+    received, then their upload sums, loss part (NaN without ``with_loss``) and (``uploads``)
+    per-client ``grad_V``/``grad_P``."""
     R, W, X = block.ratings, block.weights, block.X
     A, b = mvmf.normal_equations(V, P, X, R, W, st.alpha, st.lam, st.w, st.unrated)
     block.U = mvmf.solve_users(A, b) if st.update == "semials" else mvmf.sgd_users(block.U, A, b, st.eta)
     del A, b
     U = block.U
     sum_V, sum_P = mvmf.summed_uploads(U, V, P, X, R, W, st.alpha, st.w, st.unrated)
-    out = MVMFBlockRound(sum_V, sum_P, client_loss(U, V, P, R, W, X, st))
+    out = MVMFBlockRound(sum_V, sum_P, client_loss(U, V, P, R, W, X, st) if with_loss else float("nan"))
     if uploads:
         out.grad_V, out.grad_P = _mvmf_uploads(U, V, P, R, W, X, st)
     return out

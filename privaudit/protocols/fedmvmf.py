@@ -208,6 +208,7 @@ class FedMVMF(Protocol):
         Param("cold_item_fraction", 0.1, "fraction of items held out as cold-start items", ge=0, lt=1),
         Param("relevance_threshold", 4.0, "a test rating >= this is relevant (utility)"),
         Param("top_k", 10, "length of the recommendation lists (utility)", ge=1),
+        Param("track_loss", False, "compute the training loss J after every epoch (model['loss']), not the last only"),
     )
 
     # ------------------------------------------------------------------ run
@@ -217,7 +218,7 @@ class FedMVMF(Protocol):
         ``model``: dict with ``U`` (n x K, training users), ``V`` (m_train x K), ``P`` (p x K),
         ``Q`` (q x K), ``U_init`` (the clients' initial u, used by SGD), ``U_cold`` / ``V_cold``
         (cold-start factors), the index arrays of the split, ``train``/``test`` (CSR, train users x
-        train items) and ``loss`` (J after each epoch, eq. 3).
+        train items) and ``loss`` (J of eq. 3 after each epoch with ``track_loss``, else after the last).
         """
         run = self.open_run(setup, private=True)
         return self.train(run, LocalClients(run, run.client_blocks(setup.seed)))
@@ -259,7 +260,9 @@ class FedMVMF(Protocol):
         seconds = 0.0
         for t in range(cfg["epochs"]):
             tic = time.perf_counter()
-            losses.append(_epoch(run, clients, t))
+            want = cfg["track_loss"] or t == cfg["epochs"] - 1  # J costs a pass over the ratings
+            loss = _epoch(run, clients, t, want)
+            losses += [loss] if want else []
             seconds += time.perf_counter() - tic
         U, U_init = clients.users()
         utility = _evaluate(U, run.state, run.st, cfg, run.views, run.split)
@@ -285,9 +288,10 @@ class FedMVMF(Protocol):
         return RunResult(run.transcript, model, utility)
 
 
-def _epoch(run: MVMFRun, clients: Any, t: int) -> float:
+def _epoch(run: MVMFRun, clients: Any, t: int, with_loss: bool = True) -> float:
     """One epoch: the server's broadcast, the clients' updates and upload sums, the item
-    server's step, then the FL server's Adam step on V and P. Returns the loss J (eq. 3)."""
+    server's step, then the FL server's Adam step on V and P. Returns the loss J (eq. 3), NaN
+    without ``with_loss``."""
     state, st, transcript = run.state, run.st, run.transcript
     record_rounds = run.cfg["record_rounds"]
     record = record_rounds < 0 or t < record_rounds
@@ -295,11 +299,12 @@ def _epoch(run: MVMFRun, clients: Any, t: int) -> float:
         transcript.add(t, "server", "server", "state", {"V": state.V, "P": state.P})
     sent = run.channel.download({"V": state.V, "P": state.P})
     V_sent, P_sent = sent["V"], sent["P"]
-    sum_V, sum_P, loss = clients.round(t, V_sent, P_sent, record)
+    sum_V, sum_P, loss = clients.round(t, V_sent, P_sent, record, with_loss)
     g_item = _item_server_step(state, st, run.views.Y_train)
     if record:
         transcript.add(t, "item-server", "server", "grad_V_item", {"values": g_item})
-    loss += server_loss(V_sent, P_sent, state.Q, run.views.Y_train, st)
+    if with_loss:
+        loss += server_loss(V_sent, P_sent, state.Q, run.views.Y_train, st)
     lam, V, P = st.lam, state.V, state.P
     new = state.server_adam.step({"V": V, "P": P}, {"V": sum_V + g_item + 2.0 * lam * V, "P": sum_P + 2.0 * lam * P})
     state.V, state.P = new["V"], new["P"]
@@ -382,13 +387,15 @@ class LocalClients:
     def __init__(self, run: MVMFRun, blocks: list[MVMFBlock]) -> None:
         self.run, self.blocks = run, blocks
 
-    def round(self, t: int, V: np.ndarray, P: np.ndarray, record: bool) -> tuple[np.ndarray, np.ndarray, float]:
+    def round(
+        self, t: int, V: np.ndarray, P: np.ndarray, record: bool, with_loss: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, float]:
         """(sum_V m x K, sum_P p x K, the clients' loss part) as the server receives them."""
         channel, st = self.run.channel, self.run.st
         uploads = record or bool(channel.defenses)
         total, grad_V, grad_P = Accumulator(), [], []
         for block in self.blocks:
-            part = mvmf_block_round(block, V, P, st, uploads)
+            part = mvmf_block_round(block, V, P, st, uploads, with_loss)
             total.add(part.sum_V, part.sum_P, part.loss)
             if uploads:
                 grad_V += part.grad_V
