@@ -506,6 +506,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 @command("run", "run a protocol once and write its transcript (.ptx)")(_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
     from privaudit.experiment import run_transcript
+    from privaudit.transcript_io import streaming
 
     _check_writable(args.output, args.force, "-o FILE", folder=False)
     _check_extras(args.protocol, None, args.defense)
@@ -513,8 +514,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.sweep = args.noise = None
     _print_estimate(args, 1)
     data = _dataset(args)
-    result = run_transcript(args.protocol, args.defense, args.set, data, args.users, args.seed)
-    path = result.transcript.save(args.output, include_private=not args.no_private)
+    with streaming(args.output, include_private=not args.no_private) as stream:  # rounds written as they end
+        result = run_transcript(args.protocol, args.defense, args.set, data, args.users, args.seed)
+        path = stream.finish(result.transcript)
     print(f"transcript written to {path} ({len(result.transcript)} messages)")
     for k, v in result.utility.items():
         print(f"  {k:<20} {v:.4f}" if isinstance(v, float) else f"  {k:<20} {v}")

@@ -226,7 +226,8 @@ def duplicated(path: Path, out: Path) -> None:
     """Append a second copy of the private ratings of client:0 (changed) to a valid transcript."""
     with zipfile.ZipFile(path) as zf:
         m = json.loads(zf.read("manifest.json"))
-        member = next(msg["payload"]["ratings"] for msg in m["messages"] if msg["kind"] == "private")
+        ref = next(msg["payload"]["ratings"] for msg in m["messages"] if msg["kind"] == "private")
+        member = ref if isinstance(ref, str) else m["columns"][ref[0]]["data"]  # format 1 or 2
         ratings = np.load(io.BytesIO(zf.read(member)))
     out.write_bytes(path.read_bytes())
     with warnings.catch_warnings(), zipfile.ZipFile(out, "a") as zf:

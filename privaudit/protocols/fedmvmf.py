@@ -137,6 +137,7 @@ class FedMVMF(Protocol):
         "Federated multi-view matrix factorization (FedMVMF, PrivMVMF paper §3): SemiALS/SGD x ObsOnly/InclUnc"
     )
     schema = transcript_schema.FEDMVMF  # declared message kinds, checked before any attack
+    streams_transcript = True  # `run -o` writes each recorded round as it ends
     default_attack = "mvmf-analytic"
     derived_keys = DERIVED_KEYS
     #: what ``privaudit attack --protocol fedmvmf`` sweeps when no defense, noise or sweep is named:
