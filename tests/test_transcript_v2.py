@@ -59,6 +59,11 @@ def _same(a: Transcript, b: Transcript) -> None:
             assert np.array_equal(u, v), name
 
 
+def _uploads(t: Transcript) -> list[tuple[int, int]]:
+    """(position, client) of every grad_V message with a meta (all but the empty last one)."""
+    return [(i, int(m.sender.split(":")[1])) for i, m in enumerate(t.messages) if m.meta]
+
+
 def _manifest(path: Path) -> dict:
     with zipfile.ZipFile(path) as zf:
         return json.loads(zf.read("manifest.json"))
@@ -77,11 +82,13 @@ def test_version2_round_trip_equals_version1(tmp_path):
     _same(load(v1), load(v2))
     m = _manifest(v2)
     assert m["version"] == 2
-    # one column per (kind, round, field, dtype, trailing shape): members = 2 x columns + manifest
+    # one column per (kind, round, field, dtype, trailing shape): 3 members each (data, offsets,
+    # owners), plus the message table and the manifest
     keys = {(c["kind"], c["round"], c["field"]) for c in m["columns"]}
     assert len(keys) == len(m["columns"]) == 12
+    assert m["messages"] == len(t) == 11 and m["meta"] == [[i, {"masked": c % 2 == 1}] for i, c in _uploads(t)]
     with zipfile.ZipFile(v2) as zf, zipfile.ZipFile(v1) as zf1:
-        assert len(zf.namelist()) == 2 * len(m["columns"]) + 1 == 25
+        assert len(zf.namelist()) == 3 * len(m["columns"]) + 2 == 38
         assert len(zf1.namelist()) == 1 + sum(len(x.payload) for x in t.messages) == 21
     # the 0-d payload comes back 0-d, the empty upload empty
     back = load(v2)
@@ -185,3 +192,20 @@ def test_unsupported_version_is_named():
         transcript_io.save(_fixture(), "never.ptx", version=3)
     with pytest.raises(TranscriptError, match="no such transcript file"):
         load("never.ptx")
+
+
+def test_column_bytes_are_written_in_order_with_back_to_back_slices_uncopied():
+    from privaudit.transcript_io.v2 import _batches
+
+    rng = np.random.default_rng(0)
+    buf = rng.normal(size=(1000, 4))
+    arrays = [buf[0:3], buf[3:10], buf[10:10], buf[10:500], np.ones((2, 4)), buf[600:1000], buf[::2][:5]]
+    arrays.append(rng.normal(size=(20000, 4)))
+    want = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
+    for small, limit in ((65536, 16 * 2**20), (100, 200), (1, 1)):
+        pieces = list(_batches(arrays, small, limit))
+        assert b"".join(p.tobytes() for p in pieces) == want
+    # slices 0:3, 3:10, 10:500 of one buffer are one view of it (no copy), and so is 600:1000
+    pieces = list(_batches(arrays, small=1024))
+    assert [p.nbytes for p in pieces] == [500 * 32, 2 * 32, 400 * 32, 5 * 32, 20000 * 32]
+    assert np.shares_memory(pieces[0], buf) and np.shares_memory(pieces[2], buf)

@@ -639,16 +639,10 @@ def record_to_file(
     """
     import json
     import signal
-    import subprocess
 
     from privaudit.reports.render import write_file_from
 
-    if not 2 <= clients <= MAX_CLIENTS:
-        raise PrivauditError(f"--clients must be in [2, {MAX_CLIENTS}], got {clients}")
-    if rounds is not None and not 1 <= rounds <= MAX_ROUNDS:
-        raise PrivauditError(f"--rounds must be in [1, {MAX_ROUNDS}], got {rounds}")
-    if not MIN_CPUS_PER_CLIENT <= cpus_per_client <= 1024:
-        raise PrivauditError(f"--cpus-per-client must be in [{MIN_CPUS_PER_CLIENT}, 1024], got {cpus_per_client}")
+    _check_record_args(clients, rounds, cpus_per_client)
     load_app(app_dir)
     require_flwr()
     scratch = Path(tempfile.mkdtemp(prefix="pa-", dir=_short_temp_root()))
@@ -662,40 +656,13 @@ def record_to_file(
         "scratch": str(scratch),
     }
     (scratch / "job.json").write_text(json.dumps(job))
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["RAY_TMPDIR"] = str(scratch / "r")
 
     def stop(signum: int, _frame: Any) -> None:
         raise _Stopped(signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    proc = None
     try:
-        code = "from privaudit.integrations.flower import _child_main; _child_main()"
-        with open(scratch / "log.txt", "wb") as log:  # Flower's and Ray's output; shown if the run fails
-            proc = subprocess.Popen(
-                [sys.executable, "-c", code, str(scratch / "job.json"), str(os.getpid())],
-                env=env,
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                returncode = proc.wait()
-            except BaseException:
-                _stop_child(proc)
-                raise
-        result_path = scratch / "result.json"
-        if not result_path.is_file():
-            tail = (scratch / "log.txt").read_bytes()[-4000:].decode(errors="replace")
-            sys.stderr.write(tail if tail.endswith("\n") or not tail else tail + "\n")
-            raise PrivauditError(f"the recording failed (its process exited with code {returncode}; its log is above)")
-        result = json.loads(result_path.read_text())
-        if "error" in result:
-            raise PrivauditError(result["error"])
+        result = _run_child(scratch)
         write_file_from(scratch / "out.ptx", Path(output))
         return result
     except _Stopped as stopped:
@@ -704,6 +671,51 @@ def record_to_file(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _check_record_args(clients: int, rounds: int | None, cpus_per_client: float) -> None:
+    if not 2 <= clients <= MAX_CLIENTS:
+        raise PrivauditError(f"--clients must be in [2, {MAX_CLIENTS}], got {clients}")
+    if rounds is not None and not 1 <= rounds <= MAX_ROUNDS:
+        raise PrivauditError(f"--rounds must be in [1, {MAX_ROUNDS}], got {rounds}")
+    if not MIN_CPUS_PER_CLIENT <= cpus_per_client <= 1024:
+        raise PrivauditError(f"--cpus-per-client must be in [{MIN_CPUS_PER_CLIENT}, 1024], got {cpus_per_client}")
+
+
+def _run_child(scratch: Path) -> dict[str, Any]:
+    """Run the recording child on ``scratch/job.json`` and return its ``result.json`` (its log
+    and a one-line error when it failed)."""
+    import json
+    import subprocess
+
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["RAY_TMPDIR"] = str(scratch / "r")
+    code = "from privaudit.integrations.flower import _child_main; _child_main()"
+    with open(scratch / "log.txt", "wb") as log:  # Flower's and Ray's output; shown if the run fails
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(scratch / "job.json"), str(os.getpid())],
+            env=env,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            returncode = proc.wait()
+        except BaseException:
+            _stop_child(proc)
+            raise
+    result_path = scratch / "result.json"
+    if not result_path.is_file():
+        tail = (scratch / "log.txt").read_bytes()[-4000:].decode(errors="replace")
+        sys.stderr.write(tail if tail.endswith("\n") or not tail else tail + "\n")
+        raise PrivauditError(f"the recording failed (its process exited with code {returncode}; its log is above)")
+    result = json.loads(result_path.read_text())
+    if "error" in result:
+        raise PrivauditError(result["error"])
+    return result
 
 
 def _watch_parent(parent: int, scratch: Path) -> None:

@@ -2,11 +2,15 @@
 
 The payload arrays of every message of one ``(kind, round, field)`` that share a dtype and a
 trailing shape are concatenated along their first axis into one ``.npy`` member
-(``columns/<c>.npy``, shape ``(rows, *trailing)``), with an int64 offsets member
-(``columns/<c>.offsets.npy``, ``n + 1`` entries for ``n`` messages: message ``k``'s rows are
-``offsets[k]:offsets[k+1]``). A 0-d payload is one row of a ``scalar`` column. The manifest lists
-each column (``kind``, ``round``, ``field``, ``dtype``, trailing ``shape``, ``rows``, ``messages``,
-``scalar``, ``stored``, member names) and, per message, each payload as ``[column, slot, rows]``.
+(``columns/<c>.npy``, shape ``(rows, *trailing)``), with two int64 members: the offsets
+(``columns/<c>.offsets.npy``, ``n + 1`` entries for ``n`` messages: slot ``k``'s rows are
+``offsets[k]:offsets[k+1]``) and the owners (``columns/<c>.owners.npy``: slot ``k`` belongs to
+message ``owners[k]``). A 0-d payload is one row of a ``scalar`` column. The messages themselves
+are one int64 table (``messages.npy``, one row ``seq, round, sender, receiver, kind`` per message,
+the last three indexing the manifest's ``names``); the manifest holds the header, ``names``, the
+non-empty ``meta`` of messages as ``[index, meta]`` pairs and the column table (``kind``,
+``round``, ``field``, ``dtype``, trailing ``shape``, ``rows``, ``messages``, ``scalar``,
+``stored``, member names). Loading costs O(columns) reads plus one slice per payload.
 
 Columns of 1 MiB or more and float columns of 1,024 elements or more are stored uncompressed and
 memory-mapped read-only on load (the payloads are views: loading touches no payload data); the
@@ -20,6 +24,7 @@ import json
 import os
 import time
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -37,8 +42,8 @@ from privaudit.transcript_io._safe import (
     _shape_list,
     _simple_dtype,
     commit_temp,
+    jsonable,
     member_data_offset,
-    message_fields,
     npy_header_bytes,
     open_temp,
 )
@@ -52,34 +57,79 @@ CHUNK_BYTES = 256 * 1024**2  # a streamed column this large is written at once, 
 class _Column:
     """A column being gathered: the arrays of one (kind, round, field, dtype, trailing shape)."""
 
-    __slots__ = ("arrays", "dtype", "field", "index", "kind", "nbytes", "owners", "round", "rows", "scalar", "trailing")
+    __slots__ = ("arrays", "dtype", "field", "kind", "nbytes", "owners", "round", "rows", "scalar", "trailing")
 
     def __init__(self, kind: str, rnd: int, name: str, arr: np.ndarray) -> None:
         self.kind, self.round, self.field = kind, rnd, name
         self.dtype, self.scalar = arr.dtype, arr.ndim == 0
         self.trailing = () if self.scalar else tuple(arr.shape[1:])
         self.arrays: list[np.ndarray] = []
-        self.owners: list[Message] = []
+        self.owners: list[int] = []  # message positions
         self.rows = self.nbytes = 0
-        self.index = -1
-
-    def add(self, arr: np.ndarray, owner: Message) -> tuple[int, int]:
-        """Append one message's array; its ``(slot, rows)``."""
-        rows = 1 if self.scalar else arr.shape[0]
-        self.arrays.append(arr)
-        self.owners.append(owner)
-        self.rows += rows
-        self.nbytes += arr.nbytes
-        return len(self.arrays) - 1, rows
 
     @property
     def stored(self) -> bool:
         floats = self.dtype.kind in "fc" and self.nbytes // self.dtype.itemsize >= STORED_MIN_FLOATS
         return floats or self.nbytes >= STORED_MIN_BYTES
 
+    def row_counts(self) -> list[int]:
+        return [1] * len(self.arrays) if self.scalar else [a.shape[0] for a in self.arrays]
 
-def _key(kind: str, rnd: int, name: str, arr: np.ndarray) -> tuple:
-    return (kind, rnd, name, arr.dtype.str, arr.ndim == 0, tuple(arr.shape[1:]))
+
+def _owner(arr: np.ndarray) -> np.ndarray:
+    """The array at the root of ``arr``'s chain of views."""
+    while isinstance(arr.base, np.ndarray):
+        arr = arr.base
+    return arr
+
+
+def _pieces(arrays: list[np.ndarray]) -> Iterator[np.ndarray]:
+    """The arrays as flat bytes in order; arrays lying back to back in one C-ordered buffer (a
+    protocol's per-client slices of one round's array) come out as one view of it, uncopied."""
+    run: list | None = None  # [owner, first byte, end byte] of a back-to-back run
+
+    def view(r: list) -> np.ndarray:
+        return r[0].reshape(-1).view(np.uint8)[r[1] : r[2]]
+
+    for arr in arrays:
+        flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        if not flat.nbytes:
+            continue
+        owner = _owner(flat)
+        if not owner.flags.c_contiguous:
+            if run is not None:
+                yield view(run)
+                run = None
+            yield flat
+            continue
+        start = flat.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
+        if run is not None and run[0] is owner and run[2] == start:
+            run[2] += flat.nbytes
+            continue
+        if run is not None:
+            yield view(run)
+        run = [owner, start, start + flat.nbytes]
+    if run is not None:
+        yield view(run)
+
+
+def _batches(arrays: list[np.ndarray], small: int = 65536, limit: int = 16 * 1024**2) -> Iterator[np.ndarray]:
+    """The column's bytes in few writes: pieces of ``small`` bytes or more as they are, smaller
+    ones joined in copies of up to ``limit`` bytes."""
+    group: list[np.ndarray] = []
+    size = 0
+    for piece in _pieces(arrays):
+        if piece.nbytes >= small or size + piece.nbytes > limit:
+            if group:
+                yield np.concatenate(group)
+                group, size = [], 0
+            if piece.nbytes >= small:
+                yield piece
+                continue
+        group.append(piece)
+        size += piece.nbytes
+    if group:
+        yield np.concatenate(group)
 
 
 class TranscriptWriter:
@@ -108,8 +158,12 @@ class TranscriptWriter:
         self._zf = zipfile.ZipFile(self._fh, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1, allowZip64=True)
         self._pending: dict[tuple, _Column] = {}
         self._columns: list[dict[str, Any]] = []
-        self._records: list[tuple[Message, dict[str, tuple[_Column, int, int]]]] = []
+        self._names: dict[str, int] = {}
+        self._table: list[tuple[int, int, int, int, int]] = []  # seq, round, sender, receiver, kind
+        self._messages: list[Message] = []  # kept only while their columns are pending (streaming)
+        self._meta: list[tuple[int, int, dict]] = []
         self._round: int | None = None
+        self._first = 0  # table position of self._messages[0]
         self._last_seq = -1
         self.closed = False
 
@@ -126,19 +180,28 @@ class TranscriptWriter:
         if self.stream and self._round is not None and m.round != self._round:
             self.end_round()
         self._round = m.round
-        refs = {}
+        position = len(self._table)
+        names = self._names
+        sender = names.setdefault(m.sender, len(names))
+        receiver = names.setdefault(m.receiver, len(names))
+        self._table.append((m.seq, m.round, sender, receiver, names.setdefault(m.kind, len(names))))
+        if m.meta:
+            self._meta.append((position, m.seq, m.meta))  # made JSON at close: a run may still add to it
+        if self.stream:
+            self._messages.append(m)
         for name, value in m.payload.items():
-            arr = np.asarray(value)
+            arr = value if type(value) is np.ndarray else np.asarray(value)
             if arr.dtype.hasobject:
                 raise TypeError(f"message {m.seq} payload {name!r} is an object array")
-            key = _key(m.kind, m.round, name, arr)
+            key = (m.kind, m.round, name, arr.dtype.str, arr.ndim == 0, arr.shape[1:])
             col = self._pending.get(key)
             if col is None:
                 col = self._pending[key] = _Column(m.kind, m.round, name, arr)
-            refs[name] = (col, *col.add(arr, m))
+            col.arrays.append(arr)
+            col.owners.append(position)
+            col.nbytes += arr.nbytes
             if self.stream and col.nbytes >= self.chunk_bytes:
                 self._flush(self._pending.pop(key))
-        self._records.append((m, refs))
 
     def add(
         self,
@@ -159,28 +222,37 @@ class TranscriptWriter:
         for col in list(self._pending.values()):
             self._flush(col)
         self._pending.clear()
+        self._messages = []  # positions before this point are no longer referenced by a pending column
+        self._first = len(self._table)
 
     # -------------------------------------------------------------- columns
-    def _flush(self, col: _Column) -> None:
-        col.index = index = len(self._columns)
-        data_name, offsets_name = f"columns/{index}.npy", f"columns/{index}.offsets.npy"
-        shape = (col.rows, *col.trailing)
-        header = npy_header_bytes(col.dtype, shape)
-        stored = col.stored
-        target: str | zipfile.ZipInfo = data_name
+    def _write(self, name: str, header: bytes, chunks: Iterator[np.ndarray], nbytes: int, stored: bool) -> None:
+        target: str | zipfile.ZipInfo = name
         if stored:
-            target = zipfile.ZipInfo(data_name, date_time=time.localtime()[:6])
+            target = zipfile.ZipInfo(name, date_time=time.localtime()[:6])
             target.compress_type = zipfile.ZIP_STORED
             target.external_attr = 0o600 << 16  # as ZipFile.open gives a member opened by name
-        with self._zf.open(target, "w", force_zip64=len(header) + col.nbytes > 2**31) as out:
+        with self._zf.open(target, "w", force_zip64=len(header) + nbytes > 2**31) as out:
             out.write(header)
-            for arr in col.arrays:
-                out.write(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
-        info = self._zf.getinfo(data_name)
+            for chunk in chunks:
+                out.write(chunk)
+
+    def _small(self, name: str, arr: np.ndarray) -> None:
+        self._write(
+            name, npy_header_bytes(arr.dtype, arr.shape), iter([arr.reshape(-1).view(np.uint8)]), arr.nbytes, False
+        )
+
+    def _flush(self, col: _Column) -> None:
+        index = len(self._columns)
+        data_name = f"columns/{index}.npy"
+        shape = (sum(col.row_counts()), *col.trailing)
+        header = npy_header_bytes(col.dtype, shape)
+        stored = col.stored
+        self._write(data_name, header, _batches(col.arrays), col.nbytes, stored)
         offsets = np.zeros(len(col.arrays) + 1, dtype=np.int64)
-        np.cumsum([1 if col.scalar else a.shape[0] for a in col.arrays], out=offsets[1:])
-        with self._zf.open(offsets_name, "w") as out:
-            np.lib.format.write_array(out, offsets, allow_pickle=False)
+        np.cumsum(col.row_counts(), out=offsets[1:])
+        self._small(f"columns/{index}.offsets.npy", offsets)
+        self._small(f"columns/{index}.owners.npy", np.asarray(col.owners, dtype=np.int64))
         self._columns.append(
             {
                 "kind": col.kind,
@@ -189,44 +261,52 @@ class TranscriptWriter:
                 "dtype": col.dtype.str,
                 "shape": list(col.trailing),
                 "scalar": col.scalar,
-                "rows": int(col.rows),
+                "rows": int(shape[0]),
                 "messages": len(col.arrays),
                 "stored": stored,
                 "data": data_name,
-                "offsets": offsets_name,
+                "offsets": f"columns/{index}.offsets.npy",
+                "owners": f"columns/{index}.owners.npy",
             }
         )
         if self.stream and stored and col.nbytes:
-            self._remap(col, info, len(header), offsets)
+            self._remap(col, self._zf.getinfo(data_name), len(header), shape, offsets)
         col.arrays, col.owners = [], []
 
-    def _remap(self, col: _Column, info: zipfile.ZipInfo, header_len: int, offsets: np.ndarray) -> None:
+    def _remap(self, col: _Column, info: zipfile.ZipInfo, header_len: int, shape: tuple, offsets: np.ndarray) -> None:
         """Point the column's messages at their rows in the file being written (read-only maps)."""
         self._fh.flush()
         fd = self._fh.fileno()
         start = member_data_offset(self._tmp, fd, info, os.fstat(fd).st_size) + header_len
-        data = np.memmap(self._tmp, dtype=col.dtype, mode="r", offset=start, shape=(col.rows, *col.trailing))
-        data = data.view(np.ndarray)
-        for k, m in enumerate(col.owners):
-            view = data[offsets[k] : offsets[k + 1]]
+        data = np.memmap(self._tmp, dtype=col.dtype, mode="r", offset=start, shape=shape).view(np.ndarray)
+        first = self._first
+        for k, position in enumerate(col.owners):
+            m = self._messages[position - first]
             if m.payload.get(col.field) is col.arrays[k]:
+                view = data[offsets[k] : offsets[k + 1]]
                 m.payload[col.field] = view.reshape(()) if col.scalar else view
 
     # -------------------------------------------------------------- closing
     def close(self, transcript: Transcript) -> Path:
-        """Write the remaining columns and the manifest (header fields from ``transcript``:
-        protocol, config, seed, dataset, parties) and move the file into place."""
+        """Write the remaining columns, the message table and the manifest (header fields from
+        ``transcript``: protocol, config, seed, dataset, parties) and move the file into place."""
         if self.closed:
             raise ValueError("the transcript writer is closed")
         try:
             self.end_round()
+            table = np.asarray(self._table, dtype=np.int64).reshape(-1, 5)
+            self._small("messages.npy", table)
             header = v1.header_record(transcript, VERSION, self.include_private)
-            header["private_included"] = any(m.kind == "private" for m, _ in self._records)
-            messages = [
-                v1.message_record(m, {name: [col.index, slot, rows] for name, (col, slot, rows) in refs.items()})
-                for m, refs in self._records
-            ]
-            manifest = header | {"columns": self._columns, "messages": messages}
+            header["private_included"] = "private" in self._names and bool(
+                (table[:, 4] == self._names["private"]).any()
+            )
+            manifest = header | {
+                "names": list(self._names),
+                "messages": len(self._table),
+                "table": "messages.npy",
+                "meta": [[i, jsonable(meta, f"message {seq} meta")] for i, seq, meta in self._meta],
+                "columns": self._columns,
+            }
             self._zf.writestr("manifest.json", json.dumps(manifest, separators=(",", ":")))
             self._zf.close()
             commit_temp(self._tmp, self._fh, self.path)
@@ -286,6 +366,7 @@ class _Spec:
     stored: bool
     data: str
     offsets: str
+    owners: str
 
 
 _SPEC_TYPES = {
@@ -298,6 +379,7 @@ _SPEC_TYPES = {
     "stored": bool,
     "data": str,
     "offsets": str,
+    "owners": str,
 }
 
 
@@ -316,14 +398,14 @@ def _spec(path: Path, c: int, raw: Any, infos: dict[str, zipfile.ZipInfo], used:
         raise _fail(where, "invalid shape in the manifest")
     if raw["rows"] < 0 or raw["messages"] < 0:
         raise _fail(where, "rows and messages must not be negative")
-    for key in ("data", "offsets"):
+    for key in ("data", "offsets", "owners"):
         member = _safe_member(raw[key], where)
         if member not in infos or member == "manifest.json":
             raise _fail(where, f"{key} member {member!r} is missing from the archive")
         if member in used:
-            raise _fail(where, f"member {member!r} is used by two columns")
+            raise _fail(where, f"member {member!r} is used twice")
         used.add(member)
-    keys = ("kind", "round", "field", "scalar", "rows", "messages", "stored", "data", "offsets")
+    keys = ("kind", "round", "field", "scalar", "rows", "messages", "stored", "data", "offsets", "owners")
     return _Spec(dtype=dtype, trailing=list(trailing), **{k: raw[k] for k in keys})
 
 
@@ -336,13 +418,38 @@ def _check_offsets(path: Path, c: int, spec: _Spec, offsets: np.ndarray) -> None
     steps = np.diff(offsets)
     if steps.size and steps.min() < 0:
         k = int(np.argmax(steps < 0))
-        raise _fail(where, f"offsets are not monotone (slot {k}: {int(offsets[k])} then {int(offsets[k + 1])})")
+        raise _fail(
+            where,
+            f"offsets are not monotone (slot {k}: {int(offsets[k])} then {int(offsets[k + 1])}: overlapping rows)",
+        )
     if offsets[-1] > spec.rows:
         raise _fail(where, f"offsets run to row {int(offsets[-1])}, out of range of the column's {spec.rows} rows")
     if offsets[-1] != spec.rows:
         raise _fail(where, f"offsets end at row {int(offsets[-1])} but the manifest says the column has {spec.rows}")
     if spec.scalar and steps.size and (steps != 1).any():
         raise _fail(where, "a scalar column holds one row per message")
+
+
+def _check_owners(path: Path, c: int, spec: _Spec, owners: np.ndarray, table: np.ndarray, names: list) -> None:
+    """Each slot belongs to a message of the column's kind and round, in message order."""
+    where = f"{path}: column {c} (member {spec.owners!r})"
+    if owners.size and (owners.min() < 0 or owners.max() >= len(table)):
+        bad = int(owners.min() if owners.min() < 0 else owners.max())
+        raise _fail(where, f"message {bad} is out of range of the {len(table)} messages")
+    steps = np.diff(owners)
+    if steps.size and steps.min() <= 0:
+        k = int(np.argmax(steps <= 0))
+        raise _fail(where, f"owners do not increase (slot {k + 1}: message {int(owners[k + 1])}; overlapping payloads)")
+    rows = table[owners]
+    kind_id = names.index(spec.kind) if spec.kind in names else -1
+    wrong = (rows[:, 4] != kind_id) | (rows[:, 1] != spec.round)
+    if wrong.any():
+        i = int(owners[int(np.argmax(wrong))])
+        raise _fail(
+            where,
+            f"message {i} ({names[table[i, 4]]}, round {int(table[i, 1])}) is not of the column's "
+            f"{spec.kind}/{spec.round}/{spec.field}",
+        )
 
 
 def _mapped(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: dict, budget: int) -> np.ndarray:
@@ -378,72 +485,95 @@ def _column(path: Path, zf: zipfile.ZipFile, c: int, spec: _Spec, infos: dict, b
     return arr
 
 
-def _read_columns(path: Path, zf: zipfile.ZipFile, infos: dict, manifest: dict, max_bytes: int) -> list:
-    """``[(spec, data, offsets)]`` of every column, each checked; every member must belong to one."""
-    raw_columns = manifest.get("columns")
-    if not isinstance(raw_columns, list):
-        raise _fail(f"{path}: manifest", "field 'columns' is missing or has the wrong type")
-    used: set[str] = set()
-    out = []
-    budget = max_bytes
-    for c, raw in enumerate(raw_columns):
-        spec = _spec(path, c, raw, infos, used)
-        offsets = _read_npy(path, zf, infos[spec.offsets], {"dtype": "<i8", "shape": [spec.messages + 1]}, budget)
-        budget -= offsets.nbytes
-        _check_offsets(path, c, spec, offsets)
-        data = _column(path, zf, c, spec, infos, budget)
-        budget -= data.nbytes
-        out.append((spec, data, offsets))
-    stray = sorted(set(infos) - used - {"manifest.json"})
-    if stray:
-        raise _fail(path, f"member {stray[0]!r} belongs to no column of the manifest ({len(stray)} such members)")
+class _Budget:
+    """The bytes of ``max_bytes`` not yet read into memory."""
+
+    def __init__(self, total: int) -> None:
+        self.left = total
+
+    def read(self, path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: dict) -> np.ndarray:
+        arr = _read_npy(path, zf, info, expected, self.left)
+        self.left -= arr.nbytes
+        return arr
+
+
+def _read_table(path: Path, zf: zipfile.ZipFile, infos: dict, manifest: dict, budget: _Budget) -> tuple:
+    """``(table, names)``: the message table (n x 5 int64: seq, round, sender, receiver, kind), checked."""
+    where = f"{path}: manifest"
+    names, n, member = manifest.get("names"), manifest.get("messages"), manifest.get("table")
+    if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+        raise _fail(where, "'names' must be a list of strings")
+    if type(n) is not int or n < 0:
+        raise _fail(where, "'messages' must be a non-negative integer (the number of messages)")
+    if not isinstance(member, str) or _safe_member(member, where) not in infos or member == "manifest.json":
+        raise _fail(where, f"message table {member!r} is missing from the archive")
+    table = budget.read(path, zf, infos[member], {"dtype": "<i8", "shape": [n, 5]})
+    if (n and table[:, 0].min() < 0) or (n > 1 and np.diff(table[:, 0]).min() <= 0):
+        raise _fail(f"{path}: member {member!r}", "seq must be non-negative and increase")
+    ids = table[:, 2:]
+    if ids.size and (ids.min() < 0 or ids.max() >= len(names)):
+        raise _fail(f"{path}: member {member!r}", f"a name index is out of range of the {len(names)} names")
+    return table, names
+
+
+def _read_meta(path: Path, manifest: dict, n: int) -> dict[int, dict]:
+    raw = manifest.get("meta", [])
+    where = f"{path}: manifest"
+    if not isinstance(raw, list):
+        raise _fail(where, "'meta' must be a list of [message, object] pairs")
+    out: dict[int, dict] = {}
+    last = -1
+    for pair in raw:
+        if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and isinstance(pair[1], dict)):
+            raise _fail(where, "'meta' must be a list of [message, object] pairs")
+        if not last < pair[0] < n:
+            raise _fail(where, f"meta of message {pair[0]} is out of order or out of range")
+        last = pair[0]
+        out[last] = pair[1]
     return out
 
 
-def _payload(mwhere: str, refs: dict, m_kind: str, m_round: int, columns: list, next_slot: list) -> dict:
-    payload = {}
-    for name, ref in refs.items():
-        if not (isinstance(ref, list) and len(ref) == 3 and all(type(v) is int for v in ref)):
-            raise _fail(mwhere, f"payload {name!r} must be [column, slot, rows]")
-        c, slot, rows = ref
-        if not 0 <= c < len(columns):
-            raise _fail(mwhere, f"payload {name!r} points at missing column {c}")
-        spec, data, offsets = columns[c]
-        if (spec.kind, spec.round, spec.field) != (m_kind, m_round, name):
-            raise _fail(mwhere, f"payload {name!r} points at column {c} of {spec.kind}/{spec.round}/{spec.field}")
-        if slot != next_slot[c]:
-            problem = "overlaps an earlier message's" if 0 <= slot < next_slot[c] else "is out of order or out of range"
-            raise _fail(mwhere, f"payload {name!r}: slot {slot} of column {c} {problem} (next is {next_slot[c]})")
-        if slot >= spec.messages:
-            raise _fail(mwhere, f"payload {name!r}: slot {slot} is past column {c}'s {spec.messages} messages")
-        next_slot[c] += 1
-        lo, hi = int(offsets[slot]), int(offsets[slot + 1])
-        if hi - lo != rows:
-            raise _fail(mwhere, f"payload {name!r}: the manifest says {rows} rows, column {c}'s offsets give {hi - lo}")
-        payload[name] = data[lo:hi].reshape(()) if spec.scalar else data[lo:hi]
-    return payload
+def _read_columns(path: Path, zf: zipfile.ZipFile, infos: dict, manifest: dict, max_bytes: int) -> tuple:
+    """``(table, names, [(spec, data, offsets, owners)])``, each checked; every member must be used."""
+    budget = _Budget(max_bytes)
+    table, names = _read_table(path, zf, infos, manifest, budget)
+    raw_columns = manifest.get("columns")
+    if not isinstance(raw_columns, list):
+        raise _fail(f"{path}: manifest", "field 'columns' is missing or has the wrong type")
+    used: set[str] = {"manifest.json", manifest["table"]}
+    out = []
+    for c, raw in enumerate(raw_columns):
+        spec = _spec(path, c, raw, infos, used)
+        offsets = budget.read(path, zf, infos[spec.offsets], {"dtype": "<i8", "shape": [spec.messages + 1]})
+        _check_offsets(path, c, spec, offsets)
+        owners = budget.read(path, zf, infos[spec.owners], {"dtype": "<i8", "shape": [spec.messages]})
+        _check_owners(path, c, spec, owners, table, names)
+        data = _column(path, zf, c, spec, infos, budget.left)
+        budget.left -= data.nbytes  # memory-mapped columns count too: the budget bounds what loading can touch
+        out.append((spec, data, offsets, owners))
+    stray = sorted(set(infos) - used)
+    if stray:
+        raise _fail(path, f"member {stray[0]!r} belongs to no column of the manifest ({len(stray)} such members)")
+    return table, names, out
 
 
 def read(path: Path, zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo], manifest: dict, max_bytes: int) -> list:
-    """The messages of a version-2 manifest; payloads are views of the columns."""
-    columns = _read_columns(path, zf, infos, manifest, max_bytes)
-    raw_messages = manifest.get("messages")
-    if not isinstance(raw_messages, list):
-        raise _fail(f"{path}: manifest", "field 'messages' is missing or has the wrong type")
-    next_slot = [0] * len(columns)
-    messages = []
-    last_seq = -1
-    for i, raw in enumerate(raw_messages):
-        mwhere = f"{path}: message {i}"
-        seq, rnd, sender, receiver, kind, refs, meta = message_fields(raw, mwhere, last_seq)
-        last_seq = seq
-        messages.append(
-            Message(seq, rnd, sender, receiver, kind, _payload(mwhere, refs, kind, rnd, columns, next_slot), meta)
-        )
-    for c, (spec, _, _) in enumerate(columns):
-        if next_slot[c] != spec.messages:
-            raise _fail(path, f"column {c} holds {spec.messages} messages but the manifest uses {next_slot[c]}")
-    return messages
+    """The messages of a version-2 archive; payloads are views of the columns."""
+    table, names, columns = _read_columns(path, zf, infos, manifest, max_bytes)
+    meta = _read_meta(path, manifest, len(table))
+    payloads: list[dict[str, np.ndarray]] = [{} for _ in range(len(table))]
+    for c, (spec, data, offsets, owners) in enumerate(columns):
+        name, bounds = spec.field, offsets.tolist()
+        for k, i in enumerate(owners.tolist()):
+            p = payloads[i]
+            if name in p:
+                raise _fail(path, f"message {i} gets payload {name!r} twice (column {c} and an earlier one)")
+            view = data[bounds[k] : bounds[k + 1]]
+            p[name] = view.reshape(()) if spec.scalar else view
+    return [
+        Message(seq, rnd, names[s], names[r], names[k], payloads[i], meta.get(i, {}))
+        for i, (seq, rnd, s, r, k) in enumerate(table.tolist())
+    ]
 
 
 __all__ = ["TranscriptWriter", "VERSION", "read", "save"]
