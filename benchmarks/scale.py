@@ -143,6 +143,18 @@ def _copy(src: Path, dst: Path) -> None:
         os.close(fd)
 
 
+def _warm_up(seed: int) -> None:
+    """The whole pipeline once on 40 users, so that no stage below pays for imports."""
+    from privaudit.data import load_dataset
+    from privaudit.protocols.fedmvmf import FedMVMF
+
+    ds = load_dataset(f"synthetic:users=40,seed={seed}")
+    transcript = FedMVMF().run(ds, {"epochs": 2, "record_rounds": 2}, rng=seed).transcript
+    attack, recon = _attack(transcript, seed)
+    attack.score(recon, transcript)
+    attack.baseline(transcript)
+
+
 def one(size: str, seed: int, rounds: int) -> dict:
     """Run every stage at one size in this process; a JSON-able dict."""
     import zipfile
@@ -152,6 +164,7 @@ def one(size: str, seed: int, rounds: int) -> dict:
 
     res: dict = {"size": size, "stages": {}, "first_touch": first_touch()}
     st = res["stages"]
+    _warm_up(seed)
     with Stage(st, "dataset"):
         ds = load_dataset(f"synthetic:{SIZES[size]},seed={seed}")
     res["ratings"] = int(ds.n_ratings)
