@@ -209,3 +209,43 @@ def test_column_bytes_are_written_in_order_with_back_to_back_slices_uncopied():
     pieces = list(_batches(arrays, small=1024))
     assert [p.nbytes for p in pieces] == [500 * 32, 2 * 32, 400 * 32, 5 * 32, 20000 * 32]
     assert np.shares_memory(pieces[0], buf) and np.shares_memory(pieces[2], buf)
+
+
+class _Array:
+    def __init__(self, a):
+        self.a = a
+
+    def numpy(self):
+        return self.a
+
+
+class _Msg:
+    """The parts of a Flower message the recorder reads (no flwr needed)."""
+
+    def __init__(self, node: int, group: str, arrays: dict, direction: str):
+        from types import SimpleNamespace
+
+        self.metadata = SimpleNamespace(dst_node_id=node, src_node_id=node, message_type="train", group_id=group)
+        self.content = SimpleNamespace(
+            array_records={"arrays": {k: _Array(v) for k, v in arrays.items()}}, config_records={}, metric_records={}
+        )
+
+    def has_error(self):
+        return False
+
+
+def test_flower_recorder_spills_each_recorded_round_to_a_streaming_writer(tmp_path):
+    from privaudit.integrations.flower import FlowerRecorder
+    from privaudit.integrations.schema_map import SchemaMap
+
+    rec = FlowerRecorder(SchemaMap.auto_map(), tmp_path)
+    rec.spill = TranscriptWriter(tmp_path / "rounds.ptx", stream=True)
+    rng = np.random.default_rng(0)
+    sent = {r: rng.normal(size=(300, 8)) for r in (1, 2)}  # 2,400 floats: a stored column
+    for r in (1, 2):
+        rec.record([_Msg(n, str(r), {"0": sent[r]}, "down") for n in (11, 12)], "down")
+    first = rec.events[0].payload["arrays/0"]
+    assert not first.flags.writeable and np.array_equal(first, sent[1])  # round 1 is a view of the file
+    assert rec.events[-1].payload["arrays/0"].flags.writeable  # round 2 is still pending
+    rec.spill.abort()
+    assert os.listdir(tmp_path) == [] and np.array_equal(first, sent[1])  # the view outlives the file

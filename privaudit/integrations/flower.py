@@ -43,6 +43,7 @@ from privaudit.integrations._flower_dp import client_reported
 from privaudit.integrations._sidechannel import merge_defenses, merge_private, write_private
 from privaudit.integrations.schema_map import SchemaMap
 from privaudit.transcript import Transcript
+from privaudit.transcript_io import TranscriptWriter
 
 __all__ = [
     "PROTOCOL",
@@ -151,6 +152,9 @@ class FlowerRecorder:
         How the app's record names become privaudit kinds and payload names.
     run_dir : path
         Folder of the run's side channel (the clients' ``private`` files).
+    spill : TranscriptWriter, optional
+        A streaming writer each event is appended to as it is recorded: once a round is written,
+        its payloads are read-only views of that file, so a long run does not hold every round.
     """
 
     schema: SchemaMap
@@ -159,6 +163,7 @@ class FlowerRecorder:
     nodes: set[int] = field(default_factory=set)
     run_config: dict[str, Any] = field(default_factory=dict)
     public: dict[str, Any] = field(default_factory=dict)
+    spill: Any = None
     _round: int = 0
 
     def start(self, run_config: dict[str, Any], public: dict[str, Any]) -> None:
@@ -189,6 +194,9 @@ class FlowerRecorder:
             if values:
                 meta["entries"] = values
             self.events.append(_Event(direction, node, self._round, kind, payload, meta))
+            if self.spill is not None and payload and all(a.dtype.kind in "biufc" for a in payload.values()):
+                # the same dict: once its round is written, its arrays become views of the file
+                self.spill.add(self._round, f"node:{node}", direction, kind, payload)
 
     def transcript(self, *, app: str = "", seed: int | None = None, defenses: list[dict] | None = None) -> Transcript:
         """The transcript of everything recorded (private messages merged from ``run_dir``)."""
@@ -473,6 +481,7 @@ def _simulate(
     client_app = _attr(app, app.clientapp)
     rec = FlowerRecorder(app.schema, path)
     if recorder:
+        rec.spill = TranscriptWriter(path / "recorded-rounds.ptx", stream=True)
         public = _attr(app, app.public_info) if app.public_info else None
         server_app = fg.recording_server_app(server_app, rec, public)
         if private and app.private_data:
@@ -497,7 +506,7 @@ def _simulate(
     os.environ["PYTHONPATH"] = os.pathsep.join([str(app.root)] + ([old_path] if old_path else []))
     if recorder:
         os.environ[SIMULATION_DIR_ENV] = str(path)
-    try:
+    try:  # a failed run drops the spill file (a finished one is dropped once converted)
         result = _run_simulation(
             num_supernodes=clients,
             exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
@@ -509,6 +518,10 @@ def _simulate(
             run=run,
             is_app=True,
         )
+    except BaseException:
+        if rec.spill is not None:
+            rec.spill.abort()
+        raise
     finally:
         os.environ.pop(SIMULATION_DIR_ENV, None)
         if old_path is None:
@@ -522,6 +535,7 @@ def _simulate(
         seed = int(seed) if isinstance(seed, int) and 0 <= seed < 2**63 else None
         transcript = rec.transcript(app=app.name, seed=seed, defenses=_defenses(rec))
         transcript.config["simulation"] = {"clients": clients, "seconds": round(seconds, 3)}
+        rec.spill.abort()  # the scratch file goes; the views of it stay valid until released
     return Recording(transcript, result.context, seconds, path)
 
 

@@ -212,8 +212,10 @@ class TranscriptWriter:
         payload: dict[str, np.ndarray] | None = None,
         meta: dict[str, Any] | None = None,
     ) -> Message:
-        """Add a message built here (``seq`` = the next one) and return it."""
-        m = Message(self._last_seq + 1, int(round), sender, receiver, kind, dict(payload or {}), dict(meta or {}))
+        """Add a message built here (``seq`` = the next one) and return it. A ``payload`` dict is
+        kept, not copied: a streaming writer replaces its written arrays with views of the file."""
+        payload = payload if isinstance(payload, dict) else dict(payload or {})
+        m = Message(self._last_seq + 1, int(round), sender, receiver, kind, payload, dict(meta or {}))
         self.append(m)
         return m
 
