@@ -86,29 +86,29 @@ def _owner(arr: np.ndarray) -> np.ndarray:
 def _pieces(arrays: list[np.ndarray]) -> Iterator[np.ndarray]:
     """The arrays as flat bytes in order; arrays lying back to back in one C-ordered buffer (a
     protocol's per-client slices of one round's array) come out as one view of it, uncopied."""
-    run: list | None = None  # [owner, first byte, end byte] of a back-to-back run
+    run: list | None = None  # [owner, owner's address, first byte, end byte] of a back-to-back run
 
     def view(r: list) -> np.ndarray:
-        return r[0].reshape(-1).view(np.uint8)[r[1] : r[2]]
+        return r[0].reshape(-1).view(np.uint8)[r[2] - r[1] : r[3] - r[1]]
 
     for arr in arrays:
+        if not arr.nbytes:
+            continue
+        if run is not None and arr.base is run[0] and arr.flags.c_contiguous:  # the common case, fast
+            addr = arr.__array_interface__["data"][0]
+            if addr == run[3]:
+                run[3] += arr.nbytes
+                continue
         flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-        if not flat.nbytes:
-            continue
         owner = _owner(flat)
-        if not owner.flags.c_contiguous:
-            if run is not None:
-                yield view(run)
-                run = None
-            yield flat
-            continue
-        start = flat.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
-        if run is not None and run[0] is owner and run[2] == start:
-            run[2] += flat.nbytes
-            continue
         if run is not None:
             yield view(run)
-        run = [owner, start, start + flat.nbytes]
+            run = None
+        if not owner.flags.c_contiguous:
+            yield flat
+            continue
+        start = flat.__array_interface__["data"][0]
+        run = [owner, owner.__array_interface__["data"][0], start, start + flat.nbytes]
     if run is not None:
         yield view(run)
 
@@ -193,7 +193,7 @@ class TranscriptWriter:
             arr = value if type(value) is np.ndarray else np.asarray(value)
             if arr.dtype.hasobject:
                 raise TypeError(f"message {m.seq} payload {name!r} is an object array")
-            key = (m.kind, m.round, name, arr.dtype.str, arr.ndim == 0, arr.shape[1:])
+            key = (m.kind, m.round, name, arr.dtype, arr.ndim == 0, arr.shape[1:])
             col = self._pending.get(key)
             if col is None:
                 col = self._pending[key] = _Column(m.kind, m.round, name, arr)
