@@ -506,7 +506,7 @@ def _simulate(
     os.environ["PYTHONPATH"] = os.pathsep.join([str(app.root)] + ([old_path] if old_path else []))
     if recorder:
         os.environ[SIMULATION_DIR_ENV] = str(path)
-    try:  # a failed run drops the spill file (a finished one is dropped once converted)
+    try:
         result = _run_simulation(
             num_supernodes=clients,
             exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
@@ -518,11 +518,9 @@ def _simulate(
             run=run,
             is_app=True,
         )
-    except BaseException:
-        if rec.spill is not None:
-            rec.spill.abort()
-        raise
     finally:
+        if rec.spill is not None:  # drop the scratch file: the views of its rounds stay valid
+            rec.spill.abort()
         os.environ.pop(SIMULATION_DIR_ENV, None)
         if old_path is None:
             os.environ.pop("PYTHONPATH", None)
@@ -535,7 +533,6 @@ def _simulate(
         seed = int(seed) if isinstance(seed, int) and 0 <= seed < 2**63 else None
         transcript = rec.transcript(app=app.name, seed=seed, defenses=_defenses(rec))
         transcript.config["simulation"] = {"clients": clients, "seconds": round(seconds, 3)}
-        rec.spill.abort()  # the scratch file goes; the views of it stay valid until released
     return Recording(transcript, result.context, seconds, path)
 
 
