@@ -57,7 +57,7 @@ CHUNK_BYTES = 256 * 1024**2  # a streamed column this large is written at once, 
 class _Column:
     """A column being gathered: the arrays of one (kind, round, field, dtype, trailing shape)."""
 
-    __slots__ = ("arrays", "dtype", "field", "kind", "nbytes", "owners", "round", "rows", "scalar", "trailing")
+    __slots__ = ("arrays", "dtype", "field", "kind", "nbytes", "owners", "round", "scalar", "trailing")
 
     def __init__(self, kind: str, rnd: int, name: str, arr: np.ndarray) -> None:
         self.kind, self.round, self.field = kind, rnd, name
@@ -65,7 +65,7 @@ class _Column:
         self.trailing = () if self.scalar else tuple(arr.shape[1:])
         self.arrays: list[np.ndarray] = []
         self.owners: list[int] = []  # message positions
-        self.rows = self.nbytes = 0
+        self.nbytes = 0
 
     @property
     def stored(self) -> bool:
