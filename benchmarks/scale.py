@@ -8,9 +8,13 @@ fresh subprocess so that peak memory is its own) the stages are:
   rounds the attack needs), including its utility evaluation, reported apart as ``of which
   utility`` (``fedmvmf.ranking_utility``, wrapped with a timer: it ranks every training item
   for every user, so it costs users x items, not ratings);
-- save / load: the transcript to and from a ``.ptx`` file in a temporary folder;
-- attack: ``mvmf-analytic`` on the server's view of the loaded transcript (view, prior
-  knowledge, run);
+- attack in memory: ``mvmf-analytic`` on the server's view of the protocol's transcript (view,
+  prior knowledge, run), after a warm-up of the whole pipeline on 40 users (imports);
+- save / load: the transcript to and from a ``.ptx`` file (format 2) in a temporary folder
+  (``SCALE_TMP`` chooses another), and its member count;
+- cp: ``cp --reflink=never`` of that file to the same folder, then an fsync of the copy (the
+  save fsyncs too); its CPU is cp's own (user + system);
+- attack: the same attack on the loaded transcript (memory-mapped payloads);
 - scoring: ``score`` and the random/majority ``baseline`` against the clients' private data.
 
 Each stage reports wall seconds, process CPU seconds, microseconds of wall time per rating,
@@ -18,7 +22,13 @@ and peak resident memory (sampled every 5 ms from ``/proc/self/statm``; the stag
 minus the resident size when it started is printed as ``+MiB``). Then the per-rating cost
 ratio of every stage between consecutive sizes (1.0 = linear in the ratings), and the targets:
 ML-1M-sized fedmvmf + attack + scoring under 5 s wall; 10M: protocol + attack + scoring under
-60 s wall and the whole run under 8 GiB peak.
+60 s wall and the whole run under 8 GiB peak; per size, save and load against cp + fsync (each
+<= 2x), the members (< 1,000) and the attack from the file against in memory (<= 1.5x).
+
+``--stream-rss SIZES`` instead runs fedmvmf and writes its transcript twice per size, each in a
+fresh process: kept in memory then saved, and streamed (``transcript_io.streaming``, as
+``privaudit run -o`` does); it prints each one's wall time and peak RSS. ``--rounds N`` sets the
+recorded rounds of every run.
 
 With ``--repeat N`` every size runs N times (each in a fresh subprocess) and each stage
 reports its fastest run (wall; its CPU beside it), as ``timeit`` does; the pipeline totals
@@ -27,7 +37,8 @@ long this machine takes to touch fresh memory (256 MiB, twice): on a virtual mac
 guest memory is backed lazily by the host, the first touch of memory can cost far more than
 the work done on it, and the first run of a size pays it.
 
-    python benchmarks/scale.py [--sizes 100k,1m,10m] [--seed 0] [--repeat 1]
+    python benchmarks/scale.py [--sizes 100k,1m,10m] [--seed 0] [--repeat 1] [--rounds 2]
+    python benchmarks/scale.py --stream-rss 1m [--rounds 5]
 """
 
 from __future__ import annotations
@@ -157,6 +168,7 @@ def _warm_up(seed: int) -> None:
 
 def one(size: str, seed: int, rounds: int) -> dict:
     """Run every stage at one size in this process; a JSON-able dict."""
+    import resource
     import zipfile
 
     from privaudit.data import load_dataset
@@ -182,8 +194,11 @@ def one(size: str, seed: int, rounds: int) -> dict:
         res["file_bytes"] = path.stat().st_size
         with zipfile.ZipFile(path) as zf:
             res["members"] = len(zf.infolist())
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         with Stage(st, "cp"):
             _copy(path, Path(tmp) / "copy.ptx")
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        st["cp"]["cpu"] += after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime  # cp's own
         os.unlink(Path(tmp) / "copy.ptx")
         del transcript
         with Stage(st, "load"):
