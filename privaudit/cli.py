@@ -291,6 +291,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from privaudit.experiment import run_transcript
     from privaudit.plan import parse_assignments
+    from privaudit.transcript_io import streaming
 
     if args.scheduler is not None:  # one protocol run over a Dask cluster: privaudit.sharded
         from privaudit.sharded import cmd_run
@@ -302,15 +303,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.sweep = args.noise = None
     _print_estimate(args, 1)
     data = _dataset(args)
-    result = run_transcript(
-        protocol=args.protocol,
-        defenses=_defense_specs(args.defense),
-        protocol_config=parse_assignments(args.set),
-        data=data,
-        users=args.users,
-        seed=args.seed,
-    )
-    path = result.transcript.save(args.output, include_private=not args.no_private)
+    with streaming(args.output, include_private=not args.no_private) as stream:  # rounds written as they end
+        result = run_transcript(
+            protocol=args.protocol,
+            defenses=_defense_specs(args.defense),
+            protocol_config=parse_assignments(args.set),
+            data=data,
+            users=args.users,
+            seed=args.seed,
+        )
+        path = stream.finish(result.transcript)
     print(f"transcript written to {path} ({len(result.transcript)} messages)")
     for k, v in result.utility.items():
         print(f"  {k:<20} {v:.4f}" if isinstance(v, float) else f"  {k:<20} {v}")

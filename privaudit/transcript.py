@@ -6,35 +6,15 @@ the public configuration every party knows. A party's own knowledge is a message
 :meth:`Transcript.view` returns a :class:`View` holding only the messages that party received;
 attacks get a view, never the transcript.
 
-File format (version 1, suffix ``.ptx``): a ZIP archive with ``manifest.json`` and one ``.npy``
-member per array under ``arrays/``. The manifest lists protocol, config, seed, dataset summary,
-parties and messages (payload name -> member path), and an ``arrays`` table (member path ->
-``{"dtype", "shape"}``) so that a member contradicting the manifest is detected before it is
-read. Transcripts written by other tools may omit that table; their arrays are then checked
-only for safety (plain numeric dtype, size within the budget).
-
-Loading never unpickles and treats the file as hostile: memory is bounded by ``max_bytes``
-(members are inflated chunk by chunk into arrays preallocated from their headers; the member
-count and the manifest's size, depth and value count have limits derived from it), and every
-malformed archive is refused with a one-line :class:`~privaudit.errors.TranscriptError` naming
-the member (docs/transcript-format.md, "Validation and limits"). Whether the content fits the
-protocol is checked separately, by :func:`privaudit.schema.validate`.
+Files (suffix ``.ptx``) are written and read by :mod:`privaudit.transcript_io`: format version 2
+stores the payloads of each (kind, round, field) as one column with an offsets array, version 1
+(still read) one member per array; loading treats the file as hostile and refuses anything
+malformed with a one-line :class:`~privaudit.errors.TranscriptError` (docs/transcript-format.md).
+Whether the content fits the protocol is checked separately, by :func:`privaudit.schema.validate`.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import math
-import os
-import posixpath
-import re
-import secrets
-import stat
-import struct
-import time
-import zipfile
-import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -43,12 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from privaudit import _safejson
 from privaudit._escape import printable
 from privaudit.errors import TranscriptError
 
 FORMAT_NAME = "privaudit-transcript"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # written by save(); versions 1 and 2 are read
 DEFAULT_MAX_BYTES = 512 * 1024**2  # byte budget of a loaded archive (uncompressed): 512 MiB; --max-bytes
 
 __all__ = [
@@ -208,6 +187,7 @@ class _MessageLog:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_index", None)  # rebuilt on first query after unpickling
+        state.pop("_sink", None)  # an open file stays with the process that writes it
         return state
 
     def __iter__(self) -> Iterator[Message]:
@@ -283,7 +263,20 @@ class Transcript(_MessageLog):
         msg = Message(len(self.messages), int(round), sender, receiver, kind, arrays, dict(meta or {}))
         self.messages.append(msg)
         index.append(msg)
+        sink = self.__dict__.get("_sink")
+        if sink is not None:
+            sink.append(msg)
         return msg
+
+    def stream_into(self, writer: Any) -> None:
+        """Send every message added from now on to ``writer`` (a streaming
+        :class:`~privaudit.transcript_io.TranscriptWriter`; None stops). Once a round is written,
+        its stored payloads become read-only views of the file, so the finished rounds' arrays
+        leave memory; :func:`privaudit.transcript_io.streaming` sets this up for a protocol run."""
+        if writer is None:
+            self.__dict__.pop("_sink", None)
+        else:
+            self.__dict__["_sink"] = writer
 
     def view(self, party: str) -> View:
         """The messages ``party`` received (its own knowledge included) and the public config."""
@@ -335,377 +328,24 @@ class Transcript(_MessageLog):
 
 
 # --------------------------------------------------------------------------------------
-# writing
-
-
-def _jsonable(value: Any, where: str) -> Any:
-    """Check (and normalise numpy scalars in) a config/meta value for JSON."""
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return float(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if isinstance(value, np.ndarray):
-        return [_jsonable(v, where) for v in value.tolist()]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v, where) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v, where) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    raise TypeError(f"{where}: {type(value).__name__} is not JSON-able")
-
-
-#: float arrays of at least this many elements are stored uncompressed (smaller ones, e.g. a
-#: client's ratings on a 1-5 grid, still deflate well)
-_STORED_MIN_FLOATS = 1024
-
-
-def _write_archive(fh: Any, transcript: Transcript, messages: list[Message], include_private: bool) -> None:
-    manifest_messages = []
-    arrays_table: dict[str, dict[str, Any]] = {}
-    counter = 0
-    with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1, allowZip64=True) as zf:
-        for m in messages:
-            payload_refs = {}
-            for name, arr in m.payload.items():
-                arr = np.asarray(arr)
-                if arr.dtype.hasobject:
-                    raise TypeError(f"message {m.seq} payload {name!r} is an object array")
-                member = f"arrays/{counter}.npy"
-                counter += 1
-                target: str | zipfile.ZipInfo = member
-                if arr.dtype.kind in "fc" and arr.size >= _STORED_MIN_FLOATS:
-                    # float payloads (gradients, factors) barely deflate: stored, not compressed
-                    target = zipfile.ZipInfo(member, date_time=time.localtime()[:6])
-                    target.compress_type = zipfile.ZIP_STORED
-                    target.external_attr = 0o600 << 16  # as ZipFile.open gives a member opened by name
-                with zf.open(target, "w", force_zip64=arr.nbytes > 2**31) as out:
-                    np.lib.format.write_array(out, arr, allow_pickle=False)
-                payload_refs[name] = member
-                arrays_table[member] = {"dtype": arr.dtype.str, "shape": list(arr.shape)}
-            manifest_messages.append(
-                {
-                    "seq": int(m.seq),
-                    "round": int(m.round),
-                    "sender": m.sender,
-                    "receiver": m.receiver,
-                    "kind": m.kind,
-                    "payload": payload_refs,
-                    "meta": _jsonable(m.meta, f"message {m.seq} meta"),
-                }
-            )
-        manifest = {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            "protocol": transcript.protocol,
-            "config": _jsonable(transcript.config, "config"),
-            "seed": transcript.seed,
-            "dataset": _jsonable(transcript.dataset, "dataset"),
-            "parties": list(transcript.parties),
-            "private_included": bool(include_private and transcript.has_private),
-            "messages": manifest_messages,
-            "arrays": arrays_table,
-        }
-        zf.writestr("manifest.json", json.dumps(manifest, separators=(",", ":")))
+# files: privaudit.transcript_io (formats 1 and 2, the hostile-input checks, streaming writes)
 
 
 def save(transcript: Transcript, path: str | Path, include_private: bool = True) -> Path:
-    """Write ``transcript`` as a ``.ptx`` v1 archive and return the path.
+    """Write ``transcript`` as a ``.ptx`` archive (format version 2, columnar) and return the path.
 
-    Arrays are streamed into the archive one at a time (never the whole archive in memory).
     The archive is written under a temporary name in the target folder and renamed into place
     (``os.replace``), so a reader never sees half a file and a failed save leaves the file
     already at ``path`` untouched. With ``include_private=False`` the ``private`` messages are
     left out, which makes a transcript that can be shared without the clients' raw data.
     """
-    path = Path(path)
-    messages = [m for m in transcript.messages if include_private or m.kind != "private"]
-    folder = path.parent
-    tmp = folder / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    except OSError as exc:
-        raise TranscriptError(printable(f"{path}: cannot write the transcript ({exc.strerror or exc})")) from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            _write_archive(fh, transcript, messages, include_private)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise TranscriptError(printable(f"{path}: cannot write the transcript ({exc.strerror or exc})")) from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    from privaudit import transcript_io
 
-
-# --------------------------------------------------------------------------------------
-# reading
-#
-# Every limit below is checked before the memory it guards is allocated: the central
-# directory's size before zipfile parses it, the sum of the members' declared sizes before any
-# member is read, the manifest's size/depth/containers before json.loads, and each array's size
-# (from its .npy header, which must agree with the member's declared size) before it is
-# allocated. Members are inflated in 1 MiB chunks straight into the preallocated array; zipfile
-# stops at the declared size and checks the CRC, so a member can never inflate past its budget.
-
-_CHUNK = 1 << 20
-_MAX_NDIM = 32
-_MAX_NPY_HEADER = 10_000  # bytes: numpy's own limit for parsing a header safely
-#: the header numpy's writer produces: matched directly (any other form goes to numpy's parser)
-_NPY_HEADER = re.compile(
-    r"\{'descr': '([<>|][a-z]\d{1,2})', 'fortran_order': (False|True), 'shape': \(([\d, ]*)\), \} *\n"
-)
-_NPY_SHAPE = re.compile(r"(?:\d+, )*\d+,?|")
-_MANIFEST_DEPTH = 64
-_ZIP_ERRORS = (
-    zipfile.BadZipFile,
-    zipfile.LargeZipFile,
-    zlib.error,
-    OSError,
-    EOFError,
-    ValueError,
-    struct.error,
-    OverflowError,
-    IndexError,
-    KeyError,
-    NotImplementedError,
-    RuntimeError,
-)
-
-
-def _limits(max_bytes: int, n_members: int) -> dict[str, int]:
-    """Limits derived from the byte budget and the archive's member count (documented in
-    docs/transcript-format.md, "Validation and limits")."""
-    return {
-        "members": max(1024, max_bytes // 4096),
-        "central_directory": max(1024, max_bytes // 4096) * 160,
-        "manifest_bytes": min(max(max_bytes // 32, 64 * 1024), 1024**2 + 2048 * n_members),
-        "manifest_containers": 4096 + 32 * n_members,
-        "manifest_values": 16384 + 256 * n_members,
-    }
-
-
-def _fail(path: Any, text: str) -> TranscriptError:
-    return TranscriptError(printable(f"{path}: {text}"))
-
-
-def _describe_zip_error(exc: BaseException) -> str:
-    if isinstance(exc, zlib.error):
-        return f"corrupt deflate data ({exc})"
-    if isinstance(exc, EOFError):
-        return "truncated (the compressed data ends early)"
-    if isinstance(exc, zipfile.BadZipFile):
-        return f"corrupt ({exc})"
-    return f"unreadable ({type(exc).__name__}: {exc})"
-
-
-def _safe_member(name: Any, where: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise _fail(where, "member name must be a non-empty string")
-    if name.startswith(("/", "\\")) or "\\" in name or (len(name) > 1 and name[1] == ":"):
-        raise _fail(where, f"absolute member path {name!r} refused")
-    parts = name.split("/")
-    if ".." in parts or posixpath.normpath(name) != name:
-        raise _fail(where, f"member path {name!r} refused (path traversal)")
-    return name
-
-
-def _check_info(path: Path, info: zipfile.ZipInfo) -> None:
-    """Refuse member flags zipfile would trip over later (or silently honour)."""
-    name = info.filename
-    if info.flag_bits & 0x1:
-        raise _fail(path, f"member {name!r} is encrypted (not supported)")
-    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        raise _fail(path, f"member {name!r} uses compression method {info.compress_type} (only stored and deflate)")
-    if info.create_system == 3 and stat.S_ISLNK(info.external_attr >> 16):
-        raise _fail(path, f"member {name!r} is a symbolic link (refused)")
-
-
-def _simple_dtype(value: Any) -> np.dtype | None:
-    """A plain numeric dtype (bool, int, uint, float, complex) from a dtype string, else None."""
-    if not isinstance(value, str) or len(value) > 16:
-        return None
-    try:
-        dtype = np.dtype(value)
-    except Exception:  # noqa: BLE001 - any malformed dtype string is refused the same way
-        return None
-    if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None or dtype.itemsize == 0:
-        return None
-    return dtype
-
-
-def _shape_list(value: Any) -> list[int] | None:
-    if not isinstance(value, list) or len(value) > _MAX_NDIM:
-        return None
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
-        return None
-    return value
-
-
-def _npy_header(fh: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
-    """``(shape, fortran_order, dtype)`` of a ``.npy`` stream at its start; leaves it at the data.
-
-    The canonical header numpy writes is parsed by a strict pattern (much faster than
-    numpy's ``ast``-based parser, which matters for transcripts of 10^5 members); any other
-    header, up to :data:`_MAX_NPY_HEADER` bytes, is handed to numpy's parser. Raises
-    ``ValueError`` (or ``EOFError``) for a malformed one.
-    """
-    version = np.lib.format.read_magic(fh)
-    if version not in ((1, 0), (2, 0), (3, 0)):
-        raise ValueError(f"unsupported .npy version {version}")
-    size = 2 if version == (1, 0) else 4
-    raw_len = fh.read(size)
-    if len(raw_len) != size:
-        raise EOFError("truncated .npy header length")
-    header_len = int.from_bytes(raw_len, "little")
-    if header_len > _MAX_NPY_HEADER:
-        raise ValueError(f"header of {header_len} bytes (more than {_MAX_NPY_HEADER})")
-    header = fh.read(header_len)
-    if len(header) != header_len:
-        raise EOFError("truncated .npy header")
-    text = header.decode("utf8" if version == (3, 0) else "latin1")
-    m = _NPY_HEADER.fullmatch(text)
-    if m and _NPY_SHAPE.fullmatch(m.group(3)):
-        shape = tuple(int(d) for d in m.group(3).replace(",", " ").split())
-        return shape, m.group(2) == "True", np.dtype(m.group(1))
-    stream = io.BytesIO(raw_len + header)  # numpy's parser reads from the length on
-    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    return read(stream, max_header_size=_MAX_NPY_HEADER)
-
-
-def _read_npy(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: dict | None, budget: int) -> np.ndarray:
-    """Parse one ``.npy`` member safely: header checks before any data is read, then the data
-    inflated chunk by chunk into an array preallocated from the header."""
-    name = info.filename
-    where = f"member {name!r}"
-    try:
-        fh = zf.open(info)
-    except _ZIP_ERRORS as exc:
-        raise _fail(path, f"{where}: {_describe_zip_error(exc)}") from None
-    with fh:
-        try:
-            shape, fortran, dtype = _npy_header(fh)
-        except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-            raise _fail(path, f"{where}: {_describe_zip_error(exc)}") from None
-        except Exception as exc:  # noqa: BLE001 - numpy parses the header with ast; any failure is a bad header
-            raise _fail(path, f"{where}: not a valid .npy member ({type(exc).__name__}: {exc})") from None
-        if dtype.hasobject:
-            raise _fail(path, f"{where}: object arrays are refused (a pickle is never loaded)")
-        if _simple_dtype(dtype.str) != dtype:
-            raise _fail(path, f"{where}: dtype {dtype} refused (only plain bool/int/uint/float/complex arrays)")
-        if len(shape) > _MAX_NDIM or any(d < 0 for d in shape):
-            raise _fail(path, f"{where}: invalid shape {shape}")
-        if expected is not None and (np.dtype(expected["dtype"]) != dtype or expected["shape"] != list(shape)):
-            raise _fail(
-                path,
-                f"{where}: array is {dtype.str} {list(shape)} but the manifest says "
-                f"{expected['dtype']} {expected['shape']}",
-            )
-        count = math.prod(shape)
-        nbytes = count * dtype.itemsize
-        header_len = fh.tell()
-        if info.file_size != header_len + nbytes:
-            raise _fail(path, f"{where}: member holds {info.file_size - header_len} data bytes, header needs {nbytes}")
-        if nbytes > budget:
-            raise _fail(path, f"{where}: {nbytes} bytes exceed the remaining budget of {budget} bytes (--max-bytes)")
-        # np.zeros maps fresh zero pages; all-zero chunks are skipped so they never become resident
-        arr = np.zeros(count, dtype=dtype)
-        raw = arr.view(np.uint8)
-        chunk = bytearray(min(_CHUNK, max(nbytes, 1)))
-        chunk_view = memoryview(chunk)
-        chunk_arr = np.frombuffer(chunk, dtype=np.uint8)
-        got = 0
-        try:
-            while got < nbytes:
-                n = fh.readinto(chunk_view[: min(len(chunk), nbytes - got)])
-                if not n:
-                    raise _fail(path, f"{where}: truncated array data")
-                if chunk_arr[:n].any():
-                    raw[got : got + n] = chunk_arr[:n]
-                got += n
-            if fh.read(1):  # reaching the end also makes zipfile check the CRC
-                raise _fail(path, f"{where}: data beyond the array")
-        except TranscriptError:
-            raise
-        except _ZIP_ERRORS as exc:
-            raise _fail(path, f"{where}: {_describe_zip_error(exc)}") from None
-    return arr.reshape(shape[::-1]).T if fortran else arr.reshape(shape)
-
-
-def _require(obj: Mapping, key: str, types: type | tuple, where: str) -> Any:
-    if key not in obj:
-        raise _fail(where, f"missing field {key!r}")
-    value = obj[key]
-    if not isinstance(value, types) or (isinstance(value, bool) and types is int):
-        raise _fail(where, f"field {key!r} has the wrong type")
-    return value
-
-
-def _open_archive(path: Path, max_bytes: int) -> zipfile.ZipFile:
-    """Open the ZIP after checking that it is a regular file and its central directory's declared
-    size and entry count (a FIFO or a device such as /dev/zero is refused before it is opened)."""
-    try:
-        regular = stat.S_ISREG(os.stat(path).st_mode)
-    except OSError as exc:
-        raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
-    if not regular:
-        raise _fail(path, "not a regular file (a transcript is a .ptx file)")
-    try:
-        with open(path, "rb") as fh:
-            endrec = zipfile._EndRecData(fh)  # the same end record zipfile itself reads
-    except OSError as exc:
-        raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
-    except _ZIP_ERRORS:
-        endrec = None  # zipfile below reports the problem
-    if endrec:
-        limits = _limits(max_bytes, 0)
-        entries, cd_size = int(endrec[zipfile._ECD_ENTRIES_TOTAL]), int(endrec[zipfile._ECD_SIZE])
-        if entries > limits["members"] or cd_size > limits["central_directory"]:
-            raise _fail(
-                path,
-                f"the archive declares {entries} members in a {cd_size}-byte directory; the limit is "
-                f"{limits['members']} members (raise --max-bytes for larger transcripts)",
-            )
-    try:
-        return zipfile.ZipFile(path, "r")
-    except _ZIP_ERRORS as exc:
-        raise _fail(path, f"not a transcript archive ({_describe_zip_error(exc)})") from None
-
-
-def _read_manifest(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, limits: dict[str, int]) -> dict:
-    if info.file_size > limits["manifest_bytes"]:
-        raise _fail(
-            path,
-            f"manifest.json declares {info.file_size} bytes, more than the limit of {limits['manifest_bytes']} "
-            f"for an archive of {limits['n_members']} members",
-        )
-    try:
-        with zf.open(info) as fh:
-            data = fh.read(limits["manifest_bytes"] + 1)
-    except _ZIP_ERRORS as exc:
-        raise _fail(path, f"member 'manifest.json': {_describe_zip_error(exc)}") from None
-    try:
-        manifest = _safejson.loads(
-            data,
-            max_bytes=limits["manifest_bytes"],
-            max_depth=_MANIFEST_DEPTH,
-            max_containers=limits["manifest_containers"],
-            max_values=limits["manifest_values"],
-        )
-    except _safejson.JSONLimitError as exc:
-        raise _fail(path, f"manifest.json: {exc}") from None
-    if not isinstance(manifest, dict):
-        raise _fail(path, "manifest.json must hold an object")
-    return manifest
+    return transcript_io.save(transcript, path, include_private=include_private)
 
 
 def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
-    """Read a ``.ptx`` transcript, refusing anything malformed or unsafe.
+    """Read a ``.ptx`` transcript (format version 1 or 2), refusing anything malformed or unsafe.
 
     Parameters
     ----------
@@ -713,7 +353,8 @@ def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
     max_bytes : int
         Byte budget: the members' total uncompressed size must not exceed it; the member count,
         the central directory and the manifest get limits derived from it (see
-        docs/transcript-format.md). Peak memory is about ``max_bytes`` plus the interpreter.
+        docs/transcript-format.md). Peak memory is at most about ``max_bytes`` plus the
+        interpreter; stored columns of a version-2 file are memory-mapped, not read.
 
     Raises
     ------
@@ -721,106 +362,14 @@ def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
         One line naming the member and the problem: not a ZIP, a corrupt, truncated, encrypted,
         symlinked, duplicated or unsupported-compression member, no/invalid/oversized/too deeply
         nested manifest, unknown format or version, a member name with ``..`` or an absolute
-        path, a message pointing at a missing member, a member that is not a plain numeric
-        ``.npy`` array, a shape or dtype that contradicts the manifest, or an archive larger
+        path, a message pointing at a missing member or column, a member that is not a plain
+        numeric ``.npy`` array, a shape or dtype that contradicts the manifest, offsets that are
+        negative, not monotone, out of range or disagree with the manifest, or an archive larger
         than ``max_bytes`` uncompressed. Control characters in the message are escaped.
     """
-    path = Path(path)
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
-        raise TranscriptError(f"max_bytes must be a positive integer, got {max_bytes!r}")
-    if not path.exists():
-        raise _fail(path, "no such transcript file")
-    if path.is_dir():
-        raise _fail(path, "is a directory, not a transcript file")
-    zf = _open_archive(path, max_bytes)
-    with zf:
-        infos: dict[str, zipfile.ZipInfo] = {}
-        total = 0
-        for info in zf.infolist():
-            if info.is_dir() and info.file_size == 0:
-                continue
-            _safe_member(info.filename, str(path))
-            if info.filename in infos:
-                raise _fail(path, f"member {info.filename!r} appears twice in the archive (ambiguous; refused)")
-            _check_info(path, info)
-            infos[info.filename] = info
-            total += info.file_size
-        limits = _limits(max_bytes, len(infos))
-        limits["n_members"] = len(infos)
-        if len(infos) > limits["members"]:
-            raise _fail(path, f"{len(infos)} members, more than the limit of {limits['members']} (--max-bytes)")
-        if total > max_bytes:
-            raise _fail(
-                path,
-                f"uncompressed size {total} bytes exceeds the limit of {max_bytes} bytes (raise it with --max-bytes)",
-            )
-        if "manifest.json" not in infos:
-            raise _fail(path, "no manifest.json (not a privaudit transcript)")
-        manifest = _read_manifest(path, zf, infos["manifest.json"], limits)
-        if manifest.get("format") != FORMAT_NAME:
-            raise _fail(path, f"unknown format {manifest.get('format')!r} (expected {FORMAT_NAME!r})")
-        version = manifest.get("version")
-        if type(version) is not int or version != FORMAT_VERSION:  # 1.0 and true are not the integer 1
-            raise _fail(
-                path,
-                f"unsupported transcript version {version!r} (this privaudit reads version {FORMAT_VERSION})",
-            )
-        where = f"{path}: manifest"
-        protocol = _require(manifest, "protocol", str, where)
-        config = manifest.get("config", {})
-        dataset = manifest.get("dataset", {})
-        parties = manifest.get("parties", [])
-        if not isinstance(config, dict) or not isinstance(dataset, dict):
-            raise _fail(where, "config and dataset must be objects")
-        if not isinstance(parties, list) or not all(isinstance(p, str) for p in parties):
-            raise _fail(where, "parties must be a list of strings")
-        seed = manifest.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
-            raise _fail(where, "seed must be an integer in [0, 2**63) or null")
-        arrays_table = manifest.get("arrays")
-        if arrays_table is not None and not isinstance(arrays_table, dict):
-            raise _fail(where, "'arrays' must be an object")
-        raw_messages = _require(manifest, "messages", list, where)
-        messages = []
-        cache: dict[str, np.ndarray] = {}
-        budget = max_bytes
-        last_seq = -1
-        for i, raw in enumerate(raw_messages):
-            mwhere = f"{path}: message {i}"
-            if not isinstance(raw, dict):
-                raise _fail(mwhere, "must be an object")
-            seq = _require(raw, "seq", int, mwhere)
-            rnd = _require(raw, "round", int, mwhere)
-            sender = _require(raw, "sender", str, mwhere)
-            receiver = _require(raw, "receiver", str, mwhere)
-            kind = _require(raw, "kind", str, mwhere)
-            if seq <= last_seq:
-                raise _fail(mwhere, f"seq {seq} does not increase (previous {last_seq})")
-            last_seq = seq
-            refs = raw.get("payload", {})
-            meta = raw.get("meta", {})
-            if not isinstance(refs, dict) or not isinstance(meta, dict):
-                raise _fail(mwhere, "payload and meta must be objects")
-            payload = {}
-            for name, member in refs.items():
-                _safe_member(member, mwhere)
-                if member not in infos or member == "manifest.json":
-                    raise _fail(mwhere, f"payload {name!r} points at missing array {member!r}")
-                if member not in cache:
-                    expected = None
-                    if arrays_table is not None:
-                        expected = arrays_table.get(member)
-                        if not isinstance(expected, dict):
-                            raise _fail(mwhere, f"array {member!r} is not described in the manifest")
-                        if _simple_dtype(expected.get("dtype")) is None:
-                            raise _fail(mwhere, f"array {member!r} has an invalid dtype in the manifest")
-                        if _shape_list(expected.get("shape")) is None:
-                            raise _fail(mwhere, f"array {member!r} has an invalid shape in the manifest")
-                    cache[member] = _read_npy(path, zf, infos[member], expected, budget)
-                    budget -= cache[member].nbytes
-                payload[name] = cache[member]
-            messages.append(Message(seq, rnd, sender, receiver, kind, payload, meta))
-    return Transcript(protocol, config, seed, dataset, parties, messages)
+    from privaudit import transcript_io
+
+    return transcript_io.load(path, max_bytes=max_bytes)
 
 
 def load_validated(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:

@@ -226,12 +226,118 @@ def duplicated(path: Path, out: Path) -> None:
     """Append a second copy of the private ratings of client:0 (changed) to a valid transcript."""
     with zipfile.ZipFile(path) as zf:
         m = json.loads(zf.read("manifest.json"))
-        member = next(msg["payload"]["ratings"] for msg in m["messages"] if msg["kind"] == "private")
+        if m["version"] == 1:
+            member = next(msg["payload"]["ratings"] for msg in m["messages"] if msg["kind"] == "private")
+        else:  # the column of every client's private ratings
+            member = next(c["data"] for c in m["columns"] if (c["kind"], c["field"]) == ("private", "ratings"))
         ratings = np.load(io.BytesIO(zf.read(member)))
     out.write_bytes(path.read_bytes())
     with warnings.catch_warnings(), zipfile.ZipFile(out, "a") as zf:
         warnings.simplefilter("ignore")
         zf.writestr(member, npy_bytes(np.clip(6.0 - ratings, 1.0, 5.0)))
+
+
+# ------------------------------------------------------------------------- format 2 (columnar)
+
+
+def v2_parts(tmp: Path) -> tuple[dict, dict[str, tuple[bytes, int]]]:
+    """A valid version-2 file as (manifest, member -> (bytes, compression)): messages 0 and 1
+    upload ids (column 0, 5 rows) and rows (column 1, 5 x 4, offsets [0, 3, 5], owners [0, 1]),
+    message 2 a stored 300 x 4 state (column 2)."""
+    t = tr.Transcript("fedmvmf", parties=["server", "client:0", "client:1"])
+    t.add(0, "client:0", "server", "grad_V", {"items": np.arange(3), "values": np.ones((3, 4))})
+    t.add(0, "client:1", "server", "grad_V", {"items": np.arange(2), "values": np.ones((2, 4))})
+    t.add(0, "server", "server", "state", {"V": np.ones((300, 4))})
+    with zipfile.ZipFile(t.save(tmp / "v2.ptx")) as zf:
+        members = {i.filename: (zf.read(i), i.compress_type) for i in zf.infolist()}
+    m = json.loads(members.pop("manifest.json")[0])
+    assert [c["stored"] for c in m["columns"]] == [False, False, True]
+    return m, members
+
+
+def v2_archive(m: dict, members: dict[str, tuple[bytes, int]]) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as zf:
+        zf.writestr("manifest.json", json.dumps(m), compress_type=zipfile.ZIP_DEFLATED)
+        for name, (data, method) in members.items():
+            zf.writestr(name, data, compress_type=method)
+    return out.getvalue()
+
+
+def v2_case(tmp: Path, edit) -> bytes:
+    """The valid version-2 file after ``edit(manifest, members)`` (in place)."""
+    m, members = v2_parts(tmp)
+    edit(m, members)
+    return v2_archive(m, members)
+
+
+def _offsets(values: list[int]):
+    def edit(m, members):
+        members[m["columns"][1]["offsets"]] = (npy_bytes(np.array(values, dtype=np.int64)), zipfile.ZIP_DEFLATED)
+
+    return edit
+
+
+def _owners(values: list[int]):
+    def edit(m, members):
+        members[m["columns"][1]["owners"]] = (npy_bytes(np.array(values, dtype=np.int64)), zipfile.ZIP_DEFLATED)
+
+    return edit
+
+
+def _table(row: int, col: int, value: int):
+    def edit(m, members):
+        table = np.load(io.BytesIO(members["messages.npy"][0]))
+        table[row, col] = value
+        members["messages.npy"] = (npy_bytes(table), zipfile.ZIP_DEFLATED)
+
+    return edit
+
+
+def _column_field(c: int, key: str, value):
+    def edit(m, members):
+        m["columns"][c][key] = value
+
+    return edit
+
+
+def _deflated_state(m, members):
+    name = m["columns"][2]["data"]
+    members[name] = (members[name][0], zipfile.ZIP_DEFLATED)
+
+
+def _many_members(m, members):
+    for k in range(1100):
+        members[f"columns/x{k}.npy"] = (b"", zipfile.ZIP_STORED)
+
+
+V2_CASES = {  # name: (edit, extra inspect arguments, expected text)
+    "v2 offsets out of range": (_offsets([0, 3, 9]), [], "out of range of the column's 5 rows"),
+    "v2 offsets not monotone (overlapping rows)": (_offsets([0, 6, 5]), [], "not monotone (slot 1: 6 then 5"),
+    "v2 negative offset": (_offsets([-1, 3, 5]), [], "negative offset -1"),
+    "v2 overlapping payloads": (_owners([1, 1]), [], "owners do not increase (slot 1: message 1; overlapping"),
+    "v2 owner out of range": (_owners([0, 7]), [], "message 7 is out of range of the 3 messages"),
+    "v2 owner of another kind": (_owners([0, 2]), [], "message 2 (state, round 0) is not of the column's grad_V"),
+    "v2 column rows disagree with the offsets": (_column_field(1, "rows", 6), [], "the manifest says the column has 6"),
+    "v2 message count disagrees": (
+        _column_field(1, "messages", 3),
+        [],
+        "array is <i8 [3] but the manifest says <i8 [4]",
+    ),
+    "v2 dtype mismatch": (_column_field(1, "dtype", "<f4"), [], "but the manifest says <f4 [5, 4]"),
+    "v2 trailing shape mismatch": (_column_field(1, "shape", [5]), [], "but the manifest says <f8 [5, 5]"),
+    "v2 seq not increasing": (_table(1, 0, 0), [], "seq must be non-negative and increase"),
+    "v2 name index out of range": (_table(0, 2, 99), [], "a name index is out of range"),
+    "v2 column member missing": (lambda m, mem: mem.pop("columns/1.npy"), [], "'columns/1.npy' is missing"),
+    "v2 memmap of a compressed member": (_deflated_state, [], "compressed but column 2 says stored"),
+    "v2 member outside the columns": (
+        lambda m, mem: mem.update({"columns/9.npy": (npy_bytes(np.ones(2)), 8)}),
+        [],
+        "'columns/9.npy' belongs to no column",
+    ),
+    "v2 member count over the bound": (_many_members, ["--max-bytes", "1M"], "the limit is 1024 members"),
+    "v2 budget counts the columns": (lambda m, mem: None, ["--max-bytes", "8K"], "exceeds the limit of 8192 bytes"),
+}
 
 
 # ------------------------------------------------------------------------------ schema cases
@@ -417,6 +523,9 @@ def outcomes(tmp_path_factory, base_ptx) -> dict:
     ]
     for name, data, expect in cases:
         inspect_case(name, data, expect)
+    for name, (edit, extra_args, expect) in V2_CASES.items():
+        inspect_case(name, v2_case(root, edit), expect)
+        jobs[name][0].extend(extra_args)
 
     dup = root / "duplicate_in_attack"
     dup.mkdir()
@@ -478,6 +587,7 @@ def _cases() -> list[str]:
         "version 1.0",
         "version true",
         "duplicate member (attack)",
+        *V2_CASES,
         *SCHEMA_CASES,
         "report on deeply nested results.json",
     ]

@@ -9,7 +9,13 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "privaudit"
 
 #: Edges allowed to close a cycle (none: defenses annotate with ChannelContext, not Channel).
-KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
+#: Edges left out of the cycle check, each with its reason.
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = {
+    # Transcript.save/load (and transcript.save/load/load_validated) hand over to the file layer
+    # at call time (a function-level import); the model never needs it to import, and the file
+    # layer builds the model's objects. One component in two modules (model vs I/O).
+    ("privaudit.transcript", "privaudit.transcript_io"),
+}
 
 
 def _module_name(path: Path) -> str:

@@ -43,6 +43,7 @@ from privaudit.integrations._flower_dp import client_reported
 from privaudit.integrations._sidechannel import merge_defenses, merge_private, write_private
 from privaudit.integrations.schema_map import SchemaMap
 from privaudit.transcript import Transcript
+from privaudit.transcript_io import TranscriptWriter
 
 __all__ = [
     "PROTOCOL",
@@ -151,6 +152,9 @@ class FlowerRecorder:
         How the app's record names become privaudit kinds and payload names.
     run_dir : path
         Folder of the run's side channel (the clients' ``private`` files).
+    spill : TranscriptWriter, optional
+        A streaming writer each event is appended to as it is recorded: once a round is written,
+        its payloads are read-only views of that file, so a long run does not hold every round.
     """
 
     schema: SchemaMap
@@ -159,6 +163,7 @@ class FlowerRecorder:
     nodes: set[int] = field(default_factory=set)
     run_config: dict[str, Any] = field(default_factory=dict)
     public: dict[str, Any] = field(default_factory=dict)
+    spill: Any = None
     _round: int = 0
 
     def start(self, run_config: dict[str, Any], public: dict[str, Any]) -> None:
@@ -189,6 +194,9 @@ class FlowerRecorder:
             if values:
                 meta["entries"] = values
             self.events.append(_Event(direction, node, self._round, kind, payload, meta))
+            if self.spill is not None and payload and all(a.dtype.kind in "biufc" for a in payload.values()):
+                # the same dict: once its round is written, its arrays become views of the file
+                self.spill.add(self._round, f"node:{node}", direction, kind, payload)
 
     def transcript(self, *, app: str = "", seed: int | None = None, defenses: list[dict] | None = None) -> Transcript:
         """The transcript of everything recorded (private messages merged from ``run_dir``)."""
@@ -473,6 +481,7 @@ def _simulate(
     client_app = _attr(app, app.clientapp)
     rec = FlowerRecorder(app.schema, path)
     if recorder:
+        rec.spill = TranscriptWriter(path / "recorded-rounds.ptx", stream=True)
         public = _attr(app, app.public_info) if app.public_info else None
         server_app = fg.recording_server_app(server_app, rec, public)
         if private and app.private_data:
@@ -510,6 +519,8 @@ def _simulate(
             is_app=True,
         )
     finally:
+        if rec.spill is not None:  # drop the scratch file: the views of its rounds stay valid
+            rec.spill.abort()
         os.environ.pop(SIMULATION_DIR_ENV, None)
         if old_path is None:
             os.environ.pop("PYTHONPATH", None)
@@ -639,16 +650,10 @@ def record_to_file(
     """
     import json
     import signal
-    import subprocess
 
     from privaudit.reports.render import write_file_from
 
-    if not 2 <= clients <= MAX_CLIENTS:
-        raise PrivauditError(f"--clients must be in [2, {MAX_CLIENTS}], got {clients}")
-    if rounds is not None and not 1 <= rounds <= MAX_ROUNDS:
-        raise PrivauditError(f"--rounds must be in [1, {MAX_ROUNDS}], got {rounds}")
-    if not MIN_CPUS_PER_CLIENT <= cpus_per_client <= 1024:
-        raise PrivauditError(f"--cpus-per-client must be in [{MIN_CPUS_PER_CLIENT}, 1024], got {cpus_per_client}")
+    _check_record_args(clients, rounds, cpus_per_client)
     load_app(app_dir)
     require_flwr()
     scratch = Path(tempfile.mkdtemp(prefix="pa-", dir=_short_temp_root()))
@@ -662,40 +667,13 @@ def record_to_file(
         "scratch": str(scratch),
     }
     (scratch / "job.json").write_text(json.dumps(job))
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["RAY_TMPDIR"] = str(scratch / "r")
 
     def stop(signum: int, _frame: Any) -> None:
         raise _Stopped(signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    proc = None
     try:
-        code = "from privaudit.integrations.flower import _child_main; _child_main()"
-        with open(scratch / "log.txt", "wb") as log:  # Flower's and Ray's output; shown if the run fails
-            proc = subprocess.Popen(
-                [sys.executable, "-c", code, str(scratch / "job.json"), str(os.getpid())],
-                env=env,
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                returncode = proc.wait()
-            except BaseException:
-                _stop_child(proc)
-                raise
-        result_path = scratch / "result.json"
-        if not result_path.is_file():
-            tail = (scratch / "log.txt").read_bytes()[-4000:].decode(errors="replace")
-            sys.stderr.write(tail if tail.endswith("\n") or not tail else tail + "\n")
-            raise PrivauditError(f"the recording failed (its process exited with code {returncode}; its log is above)")
-        result = json.loads(result_path.read_text())
-        if "error" in result:
-            raise PrivauditError(result["error"])
+        result = _run_child(scratch)
         write_file_from(scratch / "out.ptx", Path(output))
         return result
     except _Stopped as stopped:
@@ -704,6 +682,51 @@ def record_to_file(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _check_record_args(clients: int, rounds: int | None, cpus_per_client: float) -> None:
+    if not 2 <= clients <= MAX_CLIENTS:
+        raise PrivauditError(f"--clients must be in [2, {MAX_CLIENTS}], got {clients}")
+    if rounds is not None and not 1 <= rounds <= MAX_ROUNDS:
+        raise PrivauditError(f"--rounds must be in [1, {MAX_ROUNDS}], got {rounds}")
+    if not MIN_CPUS_PER_CLIENT <= cpus_per_client <= 1024:
+        raise PrivauditError(f"--cpus-per-client must be in [{MIN_CPUS_PER_CLIENT}, 1024], got {cpus_per_client}")
+
+
+def _run_child(scratch: Path) -> dict[str, Any]:
+    """Run the recording child on ``scratch/job.json`` and return its ``result.json`` (its log
+    and a one-line error when it failed)."""
+    import json
+    import subprocess
+
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["RAY_TMPDIR"] = str(scratch / "r")
+    code = "from privaudit.integrations.flower import _child_main; _child_main()"
+    with open(scratch / "log.txt", "wb") as log:  # Flower's and Ray's output; shown if the run fails
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(scratch / "job.json"), str(os.getpid())],
+            env=env,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            returncode = proc.wait()
+        except BaseException:
+            _stop_child(proc)
+            raise
+    result_path = scratch / "result.json"
+    if not result_path.is_file():
+        tail = (scratch / "log.txt").read_bytes()[-4000:].decode(errors="replace")
+        sys.stderr.write(tail if tail.endswith("\n") or not tail else tail + "\n")
+        raise PrivauditError(f"the recording failed (its process exited with code {returncode}; its log is above)")
+    result = json.loads(result_path.read_text())
+    if "error" in result:
+        raise PrivauditError(result["error"])
+    return result
 
 
 def _watch_parent(parent: int, scratch: Path) -> None:

@@ -22,6 +22,7 @@ from privaudit.params import Param, declare_on, public_values, resolve_declared
 from privaudit.results import MetricSpec
 from privaudit.schema import ProtocolSchema
 from privaudit.transcript import Transcript
+from privaudit.transcript_io import claim_stream
 
 
 @dataclass
@@ -320,6 +321,9 @@ class Protocol:
     #: recorded in the transcript's public config and ignored when passed back in, so the
     #: config of a transcript can be handed to another run.
     derived_keys: tuple[str, ...] = ()
+    #: Whether a run may write its transcript while it runs (:func:`privaudit.transcript_io.streaming`):
+    #: true for protocols that never read their own transcript's payloads back during the run.
+    streams_transcript: bool = False
 
     @classmethod
     def estimate_seconds(cls, n_users: int, sets: Mapping[str, Any], defenses: Sequence[str] = ()) -> float | None:
@@ -370,9 +374,12 @@ class Protocol:
         then the active defenses (:func:`public_defenses`); the dataset is recorded by its
         ``summary()``."""
         recorded = {**public_values(self.declared, config), **public, "defenses": public_defenses(defenses)}
-        return Transcript(
+        transcript = Transcript(
             protocol=self.name, config=recorded, seed=seed, dataset=dataset.summary(), parties=list(parties)
         )
+        if self.streams_transcript:  # inside transcript_io.streaming(): written round by round
+            claim_stream(transcript)
+        return transcript
 
     @classmethod
     def config_fail(cls, msg: str) -> None:

@@ -172,6 +172,7 @@ class FedMVMF(Protocol):
     )
     schema = SCHEMA  # declared message kinds, checked before any attack
     utility_specs = utility_specs_of("ndcg@10", "precision@10", "recall@10", "f1@10")
+    streams_transcript = True  # `run -o` writes each recorded round as it ends
     default_attack = "mvmf-analytic"
     derived_keys = DERIVED_KEYS
     #: what ``privaudit attack --protocol fedmvmf`` sweeps when no defense, noise or sweep is named:

@@ -1,0 +1,119 @@
+"""Reading and writing transcript files (``.ptx``): format versions 1 and 2, streaming writes.
+
+:func:`save` writes version 2 (columnar, :mod:`privaudit.transcript_io.v2`) unless asked for
+version 1 (one member per array, :mod:`privaudit.transcript_io.v1`); :func:`load` reads both,
+treating the file as hostile (:mod:`privaudit.transcript_io._safe`). :func:`streaming` lets a
+protocol run write its transcript while it runs (:class:`TranscriptWriter`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from privaudit.transcript import DEFAULT_MAX_BYTES, Transcript
+from privaudit.transcript_io import v1, v2
+from privaudit.transcript_io._safe import (
+    _open_archive,
+    _read_manifest,
+    atomic_file,
+    check_path,
+    list_members,
+    read_header,
+)
+from privaudit.transcript_io.v2 import TranscriptWriter
+
+FORMAT_VERSION = v2.VERSION
+READS = (v1.VERSION, v2.VERSION)
+
+__all__ = ["FORMAT_VERSION", "READS", "TranscriptWriter", "claim_stream", "load", "save", "streaming"]
+
+
+def save(transcript: Transcript, path: str | Path, include_private: bool = True, version: int = FORMAT_VERSION) -> Path:
+    """Write ``transcript`` to ``path`` (atomically: temporary file, then rename); the path."""
+    path = Path(path)
+    if version == v1.VERSION:
+        messages = [m for m in transcript.messages if include_private or m.kind != "private"]
+        with atomic_file(path) as fh:
+            v1.write(fh, transcript, messages, include_private)
+        return path
+    if version != v2.VERSION:
+        raise ValueError(f"privaudit writes transcript versions {READS}, not {version!r}")
+    return v2.save(transcript, path, include_private)
+
+
+def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
+    """Read a version-1 or version-2 ``.ptx`` file, refusing anything malformed or unsafe
+    (:func:`privaudit.transcript.load` documents the checks)."""
+    path = Path(path)
+    check_path(path, max_bytes)
+    zf = _open_archive(path, max_bytes)
+    with zf:
+        infos, limits = list_members(path, zf, max_bytes)
+        manifest = _read_manifest(path, zf, infos["manifest.json"], limits)
+        header = read_header(path, manifest, READS)
+        reader = v1.read if header["version"] == v1.VERSION else v2.read
+        messages = reader(path, zf, infos, manifest, max_bytes)
+    return Transcript(
+        header["protocol"], header["config"], header["seed"], header["dataset"], header["parties"], messages
+    )
+
+
+# ------------------------------------------------------------------------------ streaming
+
+_STREAM: ContextVar[_Stream | None] = ContextVar("privaudit_transcript_stream", default=None)
+
+
+class _Stream:
+    """The file a protocol run streams its transcript into (see :func:`streaming`)."""
+
+    def __init__(self, path: Path, include_private: bool, chunk_bytes: int) -> None:
+        self.path, self.include_private, self.chunk_bytes = path, include_private, chunk_bytes
+        self.writer: TranscriptWriter | None = None
+        self.transcript: Transcript | None = None
+
+    def attach(self, transcript: Transcript) -> None:
+        self.writer = TranscriptWriter(
+            self.path, include_private=self.include_private, stream=True, chunk_bytes=self.chunk_bytes
+        )
+        self.transcript = transcript
+        transcript.stream_into(self.writer)
+
+    def finish(self, transcript: Transcript) -> Path:
+        """Close the streamed file if ``transcript`` is the one that streamed, else save it."""
+        if self.writer is not None and transcript is self.transcript:
+            transcript.stream_into(None)
+            return self.writer.close(transcript)
+        return save(transcript, self.path, include_private=self.include_private)
+
+
+@contextmanager
+def streaming(path: str | Path, include_private: bool = True, chunk_bytes: int = v2.CHUNK_BYTES) -> Iterator[_Stream]:
+    """Within this block, the first transcript a protocol opens (:func:`claim_stream`) writes its
+    messages to ``path`` round by round; ``stream.finish(result.transcript)`` completes the file
+    (or, for a protocol that did not stream, saves the transcript there). On an error the
+    partial file is removed."""
+    stream = _Stream(Path(path), include_private, chunk_bytes)
+    token = _STREAM.set(stream)
+    try:
+        yield stream
+    except BaseException:
+        if stream.writer is not None and not stream.writer.closed:
+            stream.writer.abort()
+        raise
+    finally:
+        _STREAM.reset(token)
+        if stream.writer is not None and not stream.writer.closed:
+            stream.writer.abort()  # the block ended without finish(): no half file is left
+
+
+def claim_stream(transcript: Transcript) -> bool:
+    """Attach ``transcript`` to the open :func:`streaming` block, if any has no transcript yet."""
+    stream: Any = _STREAM.get()
+    if stream is None or stream.writer is not None:
+        return False
+    stream.attach(transcript)
+    return True

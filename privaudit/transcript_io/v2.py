@@ -1,0 +1,581 @@
+"""Transcript format version 2 (columnar): one member per (kind, round, field) column.
+
+The payload arrays of every message of one ``(kind, round, field)`` that share a dtype and a
+trailing shape are concatenated along their first axis into one ``.npy`` member
+(``columns/<c>.npy``, shape ``(rows, *trailing)``), with two int64 members: the offsets
+(``columns/<c>.offsets.npy``, ``n + 1`` entries for ``n`` messages: slot ``k``'s rows are
+``offsets[k]:offsets[k+1]``) and the owners (``columns/<c>.owners.npy``: slot ``k`` belongs to
+message ``owners[k]``). A 0-d payload is one row of a ``scalar`` column. The messages themselves
+are one int64 table (``messages.npy``, one row ``seq, round, sender, receiver, kind`` per message,
+the last three indexing the manifest's ``names``); the manifest holds the header, ``names``, the
+non-empty ``meta`` of messages as ``[index, meta]`` pairs and the column table (``kind``,
+``round``, ``field``, ``dtype``, trailing ``shape``, ``rows``, ``messages``, ``scalar``,
+``stored``, member names). Loading costs O(columns) reads plus one slice per payload.
+
+Columns of 1 MiB or more and float columns of 1,024 elements or more are stored uncompressed and
+memory-mapped read-only on load (the payloads are views: loading touches no payload data); the
+others are deflated and inflated on load under the byte budget. :class:`TranscriptWriter` writes
+columns as they complete, so a protocol run can stream its rounds to disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from privaudit.transcript import Message, Transcript
+from privaudit.transcript_io import v1
+from privaudit.transcript_io._safe import (
+    _fail,
+    _open_npy,
+    _read_npy,
+    _safe_member,
+    _shape_list,
+    _simple_dtype,
+    commit_temp,
+    jsonable,
+    member_data_offset,
+    npy_header_bytes,
+    open_temp,
+)
+
+VERSION = 2
+STORED_MIN_BYTES = 1 << 20  # a column this large is stored (memory-mapped on load) whatever its dtype
+STORED_MIN_FLOATS = 1024  # float columns barely deflate: stored from this many elements
+CHUNK_BYTES = 256 * 1024**2  # a streamed column this large is written at once, as a part of its column
+
+
+class _Column:
+    """A column being gathered: the arrays of one (kind, round, field, dtype, trailing shape)."""
+
+    __slots__ = ("arrays", "dtype", "field", "kind", "nbytes", "owners", "round", "scalar", "trailing")
+
+    def __init__(self, kind: str, rnd: int, name: str, arr: np.ndarray) -> None:
+        self.kind, self.round, self.field = kind, rnd, name
+        self.dtype, self.scalar = arr.dtype, arr.ndim == 0
+        self.trailing = () if self.scalar else tuple(arr.shape[1:])
+        self.arrays: list[np.ndarray] = []
+        self.owners: list[int] = []  # message positions
+        self.nbytes = 0
+
+    @property
+    def stored(self) -> bool:
+        floats = self.dtype.kind in "fc" and self.nbytes // self.dtype.itemsize >= STORED_MIN_FLOATS
+        return floats or self.nbytes >= STORED_MIN_BYTES
+
+    def row_counts(self) -> list[int]:
+        return [1] * len(self.arrays) if self.scalar else [a.shape[0] for a in self.arrays]
+
+
+def _owner(arr: np.ndarray) -> np.ndarray:
+    """The array at the root of ``arr``'s chain of views."""
+    while isinstance(arr.base, np.ndarray):
+        arr = arr.base
+    return arr
+
+
+def _pieces(arrays: list[np.ndarray]) -> Iterator[np.ndarray]:
+    """The arrays as flat bytes in order; arrays lying back to back in one C-ordered buffer (a
+    protocol's per-client slices of one round's array) come out as one view of it, uncopied."""
+    run: list | None = None  # [owner, owner's address, first byte, end byte] of a back-to-back run
+
+    def view(r: list) -> np.ndarray:
+        return r[0].reshape(-1).view(np.uint8)[r[2] - r[1] : r[3] - r[1]]
+
+    for arr in arrays:
+        if not arr.nbytes:
+            continue
+        if run is not None and arr.base is run[0] and arr.flags.c_contiguous:  # the common case, fast
+            addr = arr.__array_interface__["data"][0]
+            if addr == run[3]:
+                run[3] += arr.nbytes
+                continue
+        flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        owner = _owner(flat)
+        if run is not None:
+            yield view(run)
+            run = None
+        if not owner.flags.c_contiguous:
+            yield flat
+            continue
+        start = flat.__array_interface__["data"][0]
+        run = [owner, owner.__array_interface__["data"][0], start, start + flat.nbytes]
+    if run is not None:
+        yield view(run)
+
+
+def _batches(arrays: list[np.ndarray], small: int = 65536, limit: int = 16 * 1024**2) -> Iterator[np.ndarray]:
+    """The column's bytes in few writes: pieces of ``small`` bytes or more as they are, smaller
+    ones joined in copies of up to ``limit`` bytes."""
+    group: list[np.ndarray] = []
+    size = 0
+    for piece in _pieces(arrays):
+        if piece.nbytes >= small or size + piece.nbytes > limit:
+            if group:
+                yield np.concatenate(group)
+                group, size = [], 0
+            if piece.nbytes >= small:
+                yield piece
+                continue
+        group.append(piece)
+        size += piece.nbytes
+    if group:
+        yield np.concatenate(group)
+
+
+class TranscriptWriter:
+    """Writes a version-2 ``.ptx`` file message by message (a context manager).
+
+    Parameters
+    ----------
+    path : the file to write; it appears (atomically, by rename) when :meth:`close` succeeds.
+    include_private : bool
+        Whether ``private`` messages are written.
+    stream : bool
+        Write each round's columns when a message of another round arrives (and a column reaching
+        ``chunk_bytes`` at once), then point the written messages' stored payloads at the file
+        (read-only memory maps), so that the arrays of finished rounds need not stay in memory.
+        Without it every column is written by :meth:`close` (fewest members).
+    chunk_bytes : int
+        Size at which a streamed column is written before its round ends.
+    """
+
+    def __init__(
+        self, path: str | Path, *, include_private: bool = True, stream: bool = False, chunk_bytes: int = CHUNK_BYTES
+    ) -> None:
+        self.path = Path(path)
+        self.include_private, self.stream, self.chunk_bytes = include_private, stream, chunk_bytes
+        self._tmp, self._fh = open_temp(self.path)
+        self._zf = zipfile.ZipFile(self._fh, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1, allowZip64=True)
+        self._pending: dict[tuple, _Column] = {}
+        self._columns: list[dict[str, Any]] = []
+        self._names: dict[str, int] = {}
+        self._table: list[tuple[int, int, int, int, int]] = []  # seq, round, sender, receiver, kind
+        self._messages: list[Message] = []  # kept only while their columns are pending (streaming)
+        self._meta: list[tuple[int, int, dict]] = []
+        self._round: int | None = None
+        self._first = 0  # table position of self._messages[0]
+        self._last_seq = -1
+        self.closed = False
+
+    # -------------------------------------------------------------- messages
+    def append(self, m: Message) -> None:
+        """Add one message (its ``seq`` must increase); its payload arrays must not change later."""
+        if self.closed:
+            raise ValueError("the transcript writer is closed")
+        if m.seq <= self._last_seq:
+            raise ValueError(f"message seq {m.seq} does not increase (previous {self._last_seq})")
+        self._last_seq = m.seq
+        if m.kind == "private" and not self.include_private:
+            return
+        if self.stream and self._round is not None and m.round != self._round:
+            self.end_round()
+        self._round = m.round
+        position = len(self._table)
+        names = self._names
+        sender = names.setdefault(m.sender, len(names))
+        receiver = names.setdefault(m.receiver, len(names))
+        self._table.append((m.seq, m.round, sender, receiver, names.setdefault(m.kind, len(names))))
+        if m.meta:
+            self._meta.append((position, m.seq, m.meta))  # made JSON at close: a run may still add to it
+        if self.stream:
+            self._messages.append(m)
+        for name, value in m.payload.items():
+            arr = value if type(value) is np.ndarray else np.asarray(value)
+            if arr.dtype.hasobject:
+                raise TypeError(f"message {m.seq} payload {name!r} is an object array")
+            key = (m.kind, m.round, name, arr.dtype, arr.ndim == 0, arr.shape[1:])
+            col = self._pending.get(key)
+            if col is None:
+                col = self._pending[key] = _Column(m.kind, m.round, name, arr)
+            col.arrays.append(arr)
+            col.owners.append(position)
+            col.nbytes += arr.nbytes
+            if self.stream and col.nbytes >= self.chunk_bytes:
+                self._flush(self._pending.pop(key))
+
+    def add(
+        self,
+        round: int,
+        sender: str,
+        receiver: str,
+        kind: str,
+        payload: dict[str, np.ndarray] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Message:
+        """Add a message built here (``seq`` = the next one) and return it. A ``payload`` dict is
+        kept, not copied: a streaming writer replaces its written arrays with views of the file."""
+        payload = payload if isinstance(payload, dict) else dict(payload or {})
+        m = Message(self._last_seq + 1, int(round), sender, receiver, kind, payload, dict(meta or {}))
+        self.append(m)
+        return m
+
+    def end_round(self) -> None:
+        """Write every column gathered so far."""
+        for col in list(self._pending.values()):
+            self._flush(col)
+        self._pending.clear()
+        self._messages = []  # positions before this point are no longer referenced by a pending column
+        self._first = len(self._table)
+
+    # -------------------------------------------------------------- columns
+    def _write(self, name: str, header: bytes, chunks: Iterator[np.ndarray], nbytes: int, stored: bool) -> None:
+        target: str | zipfile.ZipInfo = name
+        if stored:
+            target = zipfile.ZipInfo(name, date_time=time.localtime()[:6])
+            target.compress_type = zipfile.ZIP_STORED
+            target.external_attr = 0o600 << 16  # as ZipFile.open gives a member opened by name
+        with self._zf.open(target, "w", force_zip64=len(header) + nbytes > 2**31) as out:
+            out.write(header)
+            for chunk in chunks:
+                out.write(chunk)
+
+    def _small(self, name: str, arr: np.ndarray) -> None:
+        self._write(
+            name, npy_header_bytes(arr.dtype, arr.shape), iter([arr.reshape(-1).view(np.uint8)]), arr.nbytes, False
+        )
+
+    def _flush(self, col: _Column) -> None:
+        index = len(self._columns)
+        data_name = f"columns/{index}.npy"
+        shape = (sum(col.row_counts()), *col.trailing)
+        header = npy_header_bytes(col.dtype, shape)
+        stored = col.stored
+        self._write(data_name, header, _batches(col.arrays), col.nbytes, stored)
+        offsets = np.zeros(len(col.arrays) + 1, dtype=np.int64)
+        np.cumsum(col.row_counts(), out=offsets[1:])
+        self._small(f"columns/{index}.offsets.npy", offsets)
+        self._small(f"columns/{index}.owners.npy", np.asarray(col.owners, dtype=np.int64))
+        self._columns.append(
+            {
+                "kind": col.kind,
+                "round": int(col.round),
+                "field": col.field,
+                "dtype": col.dtype.str,
+                "shape": list(col.trailing),
+                "scalar": col.scalar,
+                "rows": int(shape[0]),
+                "messages": len(col.arrays),
+                "stored": stored,
+                "data": data_name,
+                "offsets": f"columns/{index}.offsets.npy",
+                "owners": f"columns/{index}.owners.npy",
+            }
+        )
+        if self.stream and stored and col.nbytes:
+            self._remap(col, self._zf.getinfo(data_name), len(header), shape, offsets)
+        col.arrays, col.owners = [], []
+
+    def _remap(self, col: _Column, info: zipfile.ZipInfo, header_len: int, shape: tuple, offsets: np.ndarray) -> None:
+        """Point the column's messages at their rows in the file being written (read-only maps)."""
+        self._fh.flush()
+        fd = self._fh.fileno()
+        start = member_data_offset(self._tmp, fd, info, os.fstat(fd).st_size) + header_len
+        data = np.memmap(self._tmp, dtype=col.dtype, mode="r", offset=start, shape=shape).view(np.ndarray)
+        first = self._first
+        for k, position in enumerate(col.owners):
+            m = self._messages[position - first]
+            if m.payload.get(col.field) is col.arrays[k]:
+                view = data[offsets[k] : offsets[k + 1]]
+                m.payload[col.field] = view.reshape(()) if col.scalar else view
+
+    # -------------------------------------------------------------- closing
+    def close(self, transcript: Transcript) -> Path:
+        """Write the remaining columns, the message table and the manifest (header fields from
+        ``transcript``: protocol, config, seed, dataset, parties) and move the file into place."""
+        if self.closed:
+            raise ValueError("the transcript writer is closed")
+        try:
+            self.end_round()
+            table = np.asarray(self._table, dtype=np.int64).reshape(-1, 5)
+            self._small("messages.npy", table)
+            header = v1.header_record(transcript, VERSION, self.include_private)
+            header["private_included"] = "private" in self._names and bool(
+                (table[:, 4] == self._names["private"]).any()
+            )
+            manifest = header | {
+                "names": list(self._names),
+                "messages": len(self._table),
+                "table": "messages.npy",
+                "meta": [[i, jsonable(meta, f"message {seq} meta")] for i, seq, meta in self._meta],
+                "columns": self._columns,
+            }
+            self._zf.writestr("manifest.json", json.dumps(manifest, separators=(",", ":")))
+            self._zf.close()
+            commit_temp(self._tmp, self._fh, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        self.closed = True
+        return self.path
+
+    def abort(self) -> None:
+        """Drop the file being written (the file already at ``path`` is left untouched)."""
+        self.closed = True
+        try:
+            self._zf.close()
+        except Exception:  # noqa: BLE001, S110 - the archive is being thrown away
+            pass
+        self._fh.close()
+        self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> TranscriptWriter:
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc_type is not None and not self.closed:
+            self.abort()
+        elif not self.closed:
+            raise ValueError("close(transcript) the writer before leaving its block (it holds no header)")
+
+
+def save(transcript: Transcript, path: Path, include_private: bool) -> Path:
+    """Write ``transcript`` as a version-2 archive (every column written at the end)."""
+    writer = TranscriptWriter(path, include_private=include_private)
+    try:
+        for m in transcript.messages:
+            writer.append(m)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.close(transcript)
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+@dataclass
+class _Spec:
+    """One column of the manifest, checked against the archive."""
+
+    kind: str
+    round: int
+    field: str
+    dtype: np.dtype
+    trailing: list[int]
+    scalar: bool
+    rows: int
+    messages: int
+    stored: bool
+    data: str
+    offsets: str
+    owners: str
+
+
+_SPEC_TYPES = {
+    "kind": str,
+    "round": int,
+    "field": str,
+    "rows": int,
+    "messages": int,
+    "scalar": bool,
+    "stored": bool,
+    "data": str,
+    "offsets": str,
+    "owners": str,
+}
+
+
+def _spec(path: Path, c: int, raw: Any, infos: dict[str, zipfile.ZipInfo], used: set[str]) -> _Spec:
+    where = f"{path}: column {c}"
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be an object")
+    for key, types in _SPEC_TYPES.items():
+        value = raw.get(key)
+        if not isinstance(value, types) or (types is int and isinstance(value, bool)):
+            raise _fail(where, f"field {key!r} is missing or has the wrong type")
+    dtype, trailing = _simple_dtype(raw.get("dtype")), _shape_list(raw.get("shape"))
+    if dtype is None:
+        raise _fail(where, "invalid dtype in the manifest")
+    if trailing is None or (raw["scalar"] and trailing):
+        raise _fail(where, "invalid shape in the manifest")
+    if raw["rows"] < 0 or raw["messages"] < 0:
+        raise _fail(where, "rows and messages must not be negative")
+    for key in ("data", "offsets", "owners"):
+        member = _safe_member(raw[key], where)
+        if member not in infos or member == "manifest.json":
+            raise _fail(where, f"{key} member {member!r} is missing from the archive")
+        if member in used:
+            raise _fail(where, f"member {member!r} is used twice")
+        used.add(member)
+    keys = ("kind", "round", "field", "scalar", "rows", "messages", "stored", "data", "offsets", "owners")
+    return _Spec(dtype=dtype, trailing=list(trailing), **{k: raw[k] for k in keys})
+
+
+def _check_offsets(path: Path, c: int, spec: _Spec, offsets: np.ndarray) -> None:
+    where = f"{path}: column {c} (member {spec.offsets!r})"
+    if offsets.size and offsets.min() < 0:
+        raise _fail(where, f"negative offset {int(offsets.min())}")
+    if offsets[0] != 0:
+        raise _fail(where, f"offsets start at {int(offsets[0])}, not 0")
+    steps = np.diff(offsets)
+    if steps.size and steps.min() < 0:
+        k = int(np.argmax(steps < 0))
+        raise _fail(
+            where,
+            f"offsets are not monotone (slot {k}: {int(offsets[k])} then {int(offsets[k + 1])}: overlapping rows)",
+        )
+    if offsets[-1] > spec.rows:
+        raise _fail(where, f"offsets run to row {int(offsets[-1])}, out of range of the column's {spec.rows} rows")
+    if offsets[-1] != spec.rows:
+        raise _fail(where, f"offsets end at row {int(offsets[-1])} but the manifest says the column has {spec.rows}")
+    if spec.scalar and steps.size and (steps != 1).any():
+        raise _fail(where, "a scalar column holds one row per message")
+
+
+def _check_owners(path: Path, c: int, spec: _Spec, owners: np.ndarray, table: np.ndarray, names: list) -> None:
+    """Each slot belongs to a message of the column's kind and round, in message order."""
+    where = f"{path}: column {c} (member {spec.owners!r})"
+    if owners.size and (owners.min() < 0 or owners.max() >= len(table)):
+        bad = int(owners.min() if owners.min() < 0 else owners.max())
+        raise _fail(where, f"message {bad} is out of range of the {len(table)} messages")
+    steps = np.diff(owners)
+    if steps.size and steps.min() <= 0:
+        k = int(np.argmax(steps <= 0))
+        raise _fail(where, f"owners do not increase (slot {k + 1}: message {int(owners[k + 1])}; overlapping payloads)")
+    rows = table[owners]
+    kind_id = names.index(spec.kind) if spec.kind in names else -1
+    wrong = (rows[:, 4] != kind_id) | (rows[:, 1] != spec.round)
+    if wrong.any():
+        i = int(owners[int(np.argmax(wrong))])
+        raise _fail(
+            where,
+            f"message {i} ({names[table[i, 4]]}, round {int(table[i, 1])}) is not of the column's "
+            f"{spec.kind}/{spec.round}/{spec.field}",
+        )
+
+
+def _mapped(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: dict, budget: int) -> np.ndarray:
+    """A stored member as a read-only memory map (header checked first); read into memory when
+    the file cannot be mapped."""
+    fh, shape, fortran, dtype, header_len = _open_npy(path, zf, info, expected, budget)
+    fh.close()
+    if fortran and len(shape) > 1:
+        raise _fail(path, f"member {info.filename!r}: a column must be C-ordered")
+    if not info.file_size - header_len:
+        return np.zeros(shape, dtype)
+    try:
+        with open(path, "rb") as raw:
+            fd = raw.fileno()
+            start = member_data_offset(path, fd, info, os.fstat(fd).st_size) + header_len
+        return np.memmap(path, dtype=dtype, mode="r", offset=start, shape=shape).view(np.ndarray)
+    except (OSError, ValueError):  # a file that cannot be mapped (a pipe-backed FUSE file, ...): read it
+        return _read_npy(path, zf, info, expected, budget)
+
+
+def _column(path: Path, zf: zipfile.ZipFile, c: int, spec: _Spec, infos: dict, budget: int) -> np.ndarray:
+    info = infos[spec.data]
+    is_stored = info.compress_type == zipfile.ZIP_STORED
+    if spec.stored and not is_stored:
+        raise _fail(path, f"member {spec.data!r} is compressed but column {c} says stored (never memory-mapped)")
+    if is_stored and not spec.stored:
+        raise _fail(path, f"member {spec.data!r} is stored but column {c} says compressed")
+    expected = {"dtype": spec.dtype.str, "shape": [spec.rows, *spec.trailing]}
+    if spec.stored:
+        return _mapped(path, zf, info, expected, budget)
+    arr = _read_npy(path, zf, info, expected, budget)
+    arr.setflags(write=False)
+    return arr
+
+
+class _Budget:
+    """The bytes of ``max_bytes`` not yet read into memory."""
+
+    def __init__(self, total: int) -> None:
+        self.left = total
+
+    def read(self, path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: dict) -> np.ndarray:
+        arr = _read_npy(path, zf, info, expected, self.left)
+        self.left -= arr.nbytes
+        return arr
+
+
+def _read_table(path: Path, zf: zipfile.ZipFile, infos: dict, manifest: dict, budget: _Budget) -> tuple:
+    """``(table, names)``: the message table (n x 5 int64: seq, round, sender, receiver, kind), checked."""
+    where = f"{path}: manifest"
+    names, n, member = manifest.get("names"), manifest.get("messages"), manifest.get("table")
+    if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+        raise _fail(where, "'names' must be a list of strings")
+    if type(n) is not int or n < 0:
+        raise _fail(where, "'messages' must be a non-negative integer (the number of messages)")
+    if not isinstance(member, str) or _safe_member(member, where) not in infos or member == "manifest.json":
+        raise _fail(where, f"message table {member!r} is missing from the archive")
+    table = budget.read(path, zf, infos[member], {"dtype": "<i8", "shape": [n, 5]})
+    if (n and table[:, 0].min() < 0) or (n > 1 and np.diff(table[:, 0]).min() <= 0):
+        raise _fail(f"{path}: member {member!r}", "seq must be non-negative and increase")
+    ids = table[:, 2:]
+    if ids.size and (ids.min() < 0 or ids.max() >= len(names)):
+        raise _fail(f"{path}: member {member!r}", f"a name index is out of range of the {len(names)} names")
+    return table, names
+
+
+def _read_meta(path: Path, manifest: dict, n: int) -> dict[int, dict]:
+    raw = manifest.get("meta", [])
+    where = f"{path}: manifest"
+    if not isinstance(raw, list):
+        raise _fail(where, "'meta' must be a list of [message, object] pairs")
+    out: dict[int, dict] = {}
+    last = -1
+    for pair in raw:
+        if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and isinstance(pair[1], dict)):
+            raise _fail(where, "'meta' must be a list of [message, object] pairs")
+        if not last < pair[0] < n:
+            raise _fail(where, f"meta of message {pair[0]} is out of order or out of range")
+        last = pair[0]
+        out[last] = pair[1]
+    return out
+
+
+def _read_columns(path: Path, zf: zipfile.ZipFile, infos: dict, manifest: dict, max_bytes: int) -> tuple:
+    """``(table, names, [(spec, data, offsets, owners)])``, each checked; every member must be used."""
+    budget = _Budget(max_bytes)
+    table, names = _read_table(path, zf, infos, manifest, budget)
+    raw_columns = manifest.get("columns")
+    if not isinstance(raw_columns, list):
+        raise _fail(f"{path}: manifest", "field 'columns' is missing or has the wrong type")
+    used: set[str] = {"manifest.json", manifest["table"]}
+    out = []
+    for c, raw in enumerate(raw_columns):
+        spec = _spec(path, c, raw, infos, used)
+        offsets = budget.read(path, zf, infos[spec.offsets], {"dtype": "<i8", "shape": [spec.messages + 1]})
+        _check_offsets(path, c, spec, offsets)
+        owners = budget.read(path, zf, infos[spec.owners], {"dtype": "<i8", "shape": [spec.messages]})
+        _check_owners(path, c, spec, owners, table, names)
+        data = _column(path, zf, c, spec, infos, budget.left)
+        budget.left -= data.nbytes  # memory-mapped columns count too: the budget bounds what loading can touch
+        out.append((spec, data, offsets, owners))
+    stray = sorted(set(infos) - used)
+    if stray:
+        raise _fail(path, f"member {stray[0]!r} belongs to no column of the manifest ({len(stray)} such members)")
+    return table, names, out
+
+
+def read(path: Path, zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo], manifest: dict, max_bytes: int) -> list:
+    """The messages of a version-2 archive; payloads are views of the columns."""
+    table, names, columns = _read_columns(path, zf, infos, manifest, max_bytes)
+    meta = _read_meta(path, manifest, len(table))
+    payloads: list[dict[str, np.ndarray]] = [{} for _ in range(len(table))]
+    for c, (spec, data, offsets, owners) in enumerate(columns):
+        name, bounds = spec.field, offsets.tolist()
+        for k, i in enumerate(owners.tolist()):
+            p = payloads[i]
+            if name in p:
+                raise _fail(path, f"message {i} gets payload {name!r} twice (column {c} and an earlier one)")
+            view = data[bounds[k] : bounds[k + 1]]
+            p[name] = view.reshape(()) if spec.scalar else view
+    return [
+        Message(seq, rnd, names[s], names[r], names[k], payloads[i], meta.get(i, {}))
+        for i, (seq, rnd, s, r, k) in enumerate(table.tolist())
+    ]
+
+
+__all__ = ["TranscriptWriter", "VERSION", "read", "save"]
