@@ -151,6 +151,12 @@ class FlowerModelInconsistency(OneTarget):
                 "the secure sum hides each upload"
             )
         if not isolating:
+            errors = [m for m in view.select("flower.error") if m.round in inconsistent]
+            if errors:
+                return False, (
+                    f"rounds {inconsistent} sent inconsistent models, but the clients aborted them "
+                    f"({len(errors)} error replies, e.g. {str(errors[0].meta.get('error', ''))[:160]!r}): no aggregate"
+                )
             return False, (
                 f"rounds {inconsistent} sent inconsistent models, but none left exactly one client with a "
                 "non-neutral model and a recorded aggregate (state of='aggregate')"

@@ -1,7 +1,9 @@
 """ClientApp of the SecAgg+ GMF-MF app: the stock honest client under Flower's ``secaggplus_mod``.
 
 Each round it trains on the model (V, h) it was sent and uploads the dense deltas (V' - V,
-h' - h) with weight 1 through SecAgg+; the user vector u stays on the node.
+h' - h) with weight 1 through SecAgg+; the user vector u stays on the node. With the run config
+``consistency-bulletin`` set to a folder, the clients also run privaudit's model-consistency
+Mod (``privaudit.integrations.flower_consistency``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,18 @@ from flwr.compat.common import recorddict_compat as compat
 
 from secagg_mal_mf.task import dataset_of, init_user, local_train, user_split
 
-app = ClientApp(mods=[secaggplus_mod])
+
+def consistency_when_configured(msg: Message, ctx: Context, call_next):
+    """privaudit's model-consistency Mod when the run config names a bulletin folder (default: off)."""
+    folder = str(ctx.run_config.get("consistency-bulletin", ""))
+    if not folder:
+        return call_next(msg, ctx)
+    from privaudit.integrations.flower_consistency import model_consistency_mod
+
+    return model_consistency_mod(folder)(msg, ctx, call_next)
+
+
+app = ClientApp(mods=[consistency_when_configured, secaggplus_mod])
 
 
 @app.train()
