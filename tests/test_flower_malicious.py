@@ -157,3 +157,31 @@ def test_recorded_malicious_server_app(tmp_path):
     checked = record(APP, clients=4, rounds=2, run_config=overrides).transcript
     aborted = _evaluate(checked)
     assert not aborted.reconstruction.supported and "aborted" in aborted.reconstruction.reason
+
+
+@pytest.mark.parametrize(
+    "edit, reason",
+    [
+        (lambda agg: agg.payload.update(V=agg.payload["V"][:, :-1]), "readable aggregate"),
+        (lambda agg: agg.payload.update(V=np.full_like(agg.payload["V"], np.nan)), "readable aggregate"),
+        (lambda agg: agg.payload.pop("V"), "readable aggregate"),
+        (lambda agg: agg.meta.update(n="many"), ""),  # an invalid count falls back to the receivers
+    ],
+)
+def test_a_malformed_aggregate_is_refused_in_one_line(edit, reason):
+    t = _run()
+    agg = next(m for m in t.messages if m.kind == "state" and m.meta.get("of") == "aggregate")
+    edit(agg)
+    out = _evaluate(t)
+    if reason:
+        assert not out.reconstruction.supported and reason in out.reconstruction.reason
+        assert "\n" not in out.reconstruction.reason
+    else:
+        assert out.metrics["precision"] == 1.0 and out.metrics["recall"] == 1.0
+
+
+def test_a_wrong_item_count_is_refused():
+    t = _run()
+    t.config["n_items"] = 10**6
+    out = _evaluate(t)
+    assert not out.reconstruction.supported and "n_items" in out.reconstruction.reason

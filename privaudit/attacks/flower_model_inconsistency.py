@@ -89,18 +89,44 @@ def sent_by_round(view: View) -> dict[int, dict[str, dict[str, np.ndarray]]]:
     return out
 
 
+def aggregates(view: View) -> dict[int, Any]:
+    """round -> the server's ``state`` message ``of = "aggregate"`` (the secure sum it obtained)."""
+    return {m.round: m for m in view.select("state") if (m.meta or {}).get("of") == "aggregate"}
+
+
+def _readable(agg: Any, sent: dict[str, np.ndarray]) -> bool:
+    """Whether an aggregate's ``V`` is a finite float matrix of the shape of the sent ``V``."""
+    V, D = sent.get("V"), agg.payload.get("V")
+    if not isinstance(V, np.ndarray) or not isinstance(D, np.ndarray) or V.ndim != 2 or D.shape != V.shape:
+        return False
+    return D.dtype.kind == "f" and bool(np.all(np.isfinite(D))) and bool(np.all(np.isfinite(V)))
+
+
 def isolating_rounds(view: View) -> tuple[list[int], list[tuple[int, str]]]:
-    """(inconsistent rounds, [(round, target)] of the isolating ones that have an aggregate)."""
-    aggs = {m.round for m in view.select("state") if (m.meta or {}).get("of") == "aggregate"}
+    """(inconsistent rounds, [(round, target)] of the isolating ones whose aggregate is readable)."""
+    aggs = aggregates(view)
     inconsistent, isolating = [], []
     for rnd, sent in sorted(sent_by_round(view).items()):
         if len({_digest(p) for p in sent.values()}) < 2:
             continue
         inconsistent.append(rnd)
         live = [party for party, p in sent.items() if not _neutral(p)]
-        if len(live) == 1 and rnd in aggs:
+        if len(live) == 1 and rnd in aggs and _readable(aggs[rnd], sent[live[0]]):
             isolating.append((rnd, live[0]))
     return inconsistent, isolating
+
+
+def _number(x: Any) -> float | None:
+    """``x`` as a finite float, None when it is not a finite real number."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not np.isfinite(x):
+        return None
+    return float(x)
+
+
+def _uploads(agg: Any, receivers: int) -> int:
+    """The number of uploads summed (the aggregate's ``n``; the receivers when absent or invalid)."""
+    n = (agg.meta or {}).get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= receivers else receivers
 
 
 @register_attack("flower-model-inconsistency")
@@ -159,8 +185,12 @@ class FlowerModelInconsistency(OneTarget):
                 )
             return False, (
                 f"rounds {inconsistent} sent inconsistent models, but none left exactly one client with a "
-                "non-neutral model and a recorded aggregate (state of='aggregate')"
+                "non-neutral model and a readable aggregate (state of='aggregate' with a finite V of the model's shape)"
             )
+        rows = sent_by_round(view)[isolating[0][0]][isolating[0][1]]["V"].shape[0]
+        m = view.config.get("n_items", rows)
+        if m != rows:
+            return False, f"the public n_items ({m!r}) differs from the {rows} rows of the model sent"
         return True, ""
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
@@ -170,19 +200,18 @@ class FlowerModelInconsistency(OneTarget):
         if self.rounds != -1:
             read = read[: self.rounds]
         sent = sent_by_round(view)
-        aggs = {m.round: m for m in view.select("state") if (m.meta or {}).get("of") == "aggregate"}
-        m_items = int(view.config.get("n_items", 0)) or next(iter(sent[read[0]].values()))["V"].shape[0]
+        aggs = aggregates(view)
+        m_items = sent[read[0]][target]["V"].shape[0]
         step = _step(view.config)
         votes = np.zeros(m_items)
         strength = np.zeros(m_items)
         ratings = np.full(m_items, np.nan)
         cfg = view.config
-        steps = cfg.get("local_steps", 1)
-        lr, lam = cfg.get("lr"), cfg.get("lam", 0.0)
-        decodable = steps == 1 and isinstance(lr, (int, float)) and lr > 0
+        lr, lam = _number(cfg.get("lr")), _number(cfg.get("lam", 0.0))
+        decodable = cfg.get("local_steps", 1) == 1 and lr is not None and lr > 0 and lam is not None and lam >= 0
         for r in read:
             agg = aggs[r]
-            n = int((agg.meta or {}).get("n", len(sent[r])))
+            n = _uploads(agg, len(sent[r]))
             D = np.asarray(agg.payload["V"], dtype=np.float64)  # the others' deltas are 0: D is the target's
             norm = np.abs(D).max(axis=1)
             rows = np.flatnonzero(norm > self.noise * n * step)
@@ -190,7 +219,7 @@ class FlowerModelInconsistency(OneTarget):
             strength += norm
             if decodable and rows.size >= 2 and np.all(np.isnan(ratings[rows])):
                 V = np.asarray(sent[r][target]["V"], dtype=np.float64)
-                hp = LocalSteps(float(lr), float(lam or 0.0), 1)
+                hp = LocalSteps(lr, lam, 1)
                 y, *_ = decode(hp.change(V[rows], D[rows]), V[rows], grid_of(cfg), hp)
                 ratings[rows] = y
         score = votes / len(read) + strength / (len(read) * (strength.max() or 1.0) * 1e3)  # ties by row size
