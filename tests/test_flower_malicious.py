@@ -185,3 +185,21 @@ def test_a_wrong_item_count_is_refused():
     t.config["n_items"] = 10**6
     out = _evaluate(t)
     assert not out.reconstruction.supported and "n_items" in out.reconstruction.reason
+
+
+def test_the_transcript_audit_keeps_the_threat_axis_asked_for(tmp_path, capsys):
+    from privaudit.cli import main
+
+    t = _run()
+    from privaudit.integrations.flower import load_app
+
+    t.config["schema_map"] = load_app(APP).schema.to_dict()  # as the recorder writes it
+    ptx = t.save(tmp_path / "mal.ptx")
+    assert main(["audit", "--transcript", str(ptx), "--threat", "malicious", "--out", str(tmp_path / "m")]) == 0
+    rows = capsys.readouterr().out
+    assert "flower-model-inconsistency" in rows and "generic-trained-items" not in rows
+    assert (
+        main(["audit", "--transcript", str(ptx), "--threat", "honest-but-curious", "--out", str(tmp_path / "h")]) == 0
+    )
+    rows = capsys.readouterr().out
+    assert "flower-model-inconsistency" not in rows and "generic-trained-items" in rows
