@@ -126,15 +126,21 @@ def test_the_consistency_mod_refuses_to_unmask_on_different_models(tmp_path):
         calls.append(ctx.node_id)
         return msg
 
+    def node(k):
+        return SimpleNamespace(node_id=k)
+
     V = np.arange(6.0).reshape(3, 2)
-    for node, model in ((1, V), (2, V)):
-        mod(_message("collect_masked_vectors", model), SimpleNamespace(node_id=node), call_next)
-    mod(_message("unmask", None), SimpleNamespace(node_id=1), call_next)  # same digests: passes
+    for k in (1, 2):
+        mod(_message("collect_masked_vectors", V), node(k), call_next)
+    mod(_message("unmask", None), node(1), call_next)  # same digests: passes
     assert calls == [1, 2, 1]
-    mod(_message("collect_masked_vectors", np.zeros_like(V)), SimpleNamespace(node_id=3), call_next)
-    with pytest.raises(RuntimeError, match="2 different models"):
-        mod(_message("unmask", None), SimpleNamespace(node_id=1), call_next)
-    mod(_message("unmask", None, group="2"), SimpleNamespace(node_id=1), call_next)  # another round: nothing posted
+    # a third client given another model, under another group id (the server's to choose)
+    mod(_message("collect_masked_vectors", np.zeros_like(V), group="1b"), node(3), call_next)
+    with pytest.raises(RuntimeError, match="1 of 2 other clients received another model"):
+        mod(_message("unmask", None), node(1), call_next)
+    # the next round: node 1 alone has posted a second digest, nothing to compare yet
+    mod(_message("collect_masked_vectors", V, group="2"), node(1), call_next)
+    mod(_message("unmask", None, group="2"), node(1), call_next)
     assert calls[-1] == 1
 
 
