@@ -181,6 +181,11 @@ def _audit_transcript(args: argparse.Namespace) -> int:
     args.out = args.out or "privaudit-report/transcript-audit"
     _check_writable(args.out, args.force, "--out DIR", folder=True)
     result = recorded.audit_transcript(args.transcript, args.attack, max_bytes=args.max_bytes, margin=margin)
+    if args.threat not in (None, "both"):  # a recording's threat is its server app's: keep that axis's rows
+        from privaudit import registry
+
+        threat = {r["attack"]: getattr(registry.get("attack", r["attack"]), "threat", "") for r in result["rows"]}
+        result["rows"] = [r for r in result["rows"] if threat[r["attack"]] == args.threat]
     out = recorded.write_audit(result, args.out)
     _say(recorded.format_audit(result))
     for d in result["defenses"]:

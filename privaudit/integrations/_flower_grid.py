@@ -58,6 +58,10 @@ class RecordingGrid(Grid):
         self._recorder.record(replies, "up")
         return replies
 
+    def record_state(self, server_round: int, kind: str, arrays: dict, meta: dict | None = None) -> None:
+        """Let the ServerApp log what it computed (e.g. the secure ``aggregate``) as a server state."""
+        self._recorder.server_state(server_round, kind, arrays, meta)
+
 
 def recording_server_app(app: ServerApp, recorder: Any, public_info: Callable | None = None) -> ServerApp:
     """A ServerApp running ``app`` on a :class:`RecordingGrid` (compat and ``main`` apps alike)."""

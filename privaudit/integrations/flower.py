@@ -198,6 +198,13 @@ class FlowerRecorder:
                 # the same dict: once its round is written, its arrays become views of the file
                 self.spill.add(self._round, f"node:{node}", direction, kind, payload)
 
+    def server_state(self, server_round: int, kind: str, arrays: dict, meta: dict | None = None) -> None:
+        """A server ``state`` message (``meta.of`` = ``kind``) the ServerApp logs in Flower round
+        ``server_round`` (arrays copied as float64)."""
+        payload = {str(k): np.array(v, dtype=np.float64) for k, v in arrays.items()}
+        rnd = int(server_round) - self.schema.round_base
+        self.events.append(_Event("state", 0, rnd, "state", payload, {**(meta or {}), "of": str(kind)}))
+
     def transcript(self, *, app: str = "", seed: int | None = None, defenses: list[dict] | None = None) -> Transcript:
         """The transcript of everything recorded (private messages merged from ``run_dir``)."""
         private = merge_private(self.run_dir)
@@ -232,6 +239,9 @@ class FlowerRecorder:
     def _add_events(self, t: Transcript, party: dict[int, str], events: list[_Event]) -> None:
         sent: dict[tuple, Any] = {}
         for ev in events:
+            if ev.direction == "state":
+                t.add(ev.round, "server", "server", ev.kind, ev.payload, ev.meta)
+                continue
             if ev.direction == "up":
                 t.add(ev.round, party[ev.node], "server", ev.kind, ev.payload, ev.meta)
                 continue

@@ -1,0 +1,1 @@
+"""GMF-style matrix factorization under Flower's SecAgg+, with a malicious-server plan."""
