@@ -239,11 +239,9 @@ class FlowerRecorder:
     def _add_events(self, t: Transcript, party: dict[int, str], events: list[_Event]) -> None:
         sent: dict[tuple, Any] = {}
         for ev in events:
-            if ev.direction == "state":
-                t.add(ev.round, "server", "server", ev.kind, ev.payload, ev.meta)
-                continue
-            if ev.direction == "up":
-                t.add(ev.round, party[ev.node], "server", ev.kind, ev.payload, ev.meta)
+            if ev.direction in ("state", "up"):  # a ServerApp's own state, or a client's upload
+                sender = "server" if ev.direction == "state" else party[ev.node]
+                t.add(ev.round, sender, "server", ev.kind, ev.payload, ev.meta)
                 continue
             digest = hashlib.sha256()
             for name in sorted(ev.payload):
