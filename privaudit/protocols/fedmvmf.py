@@ -253,6 +253,11 @@ class FedMVMF(Protocol):
         state = _State.initial(init_rng, m, views.X_train.shape[1], views.Y_train.shape[1], st.K, cfg)
         return MVMFRun(cfg, st, split, views, senders, transcript, channel, state, ratings, weights)
 
+    def epoch(self, run: MVMFRun, clients: Any, t: int, with_loss: bool = True) -> float:
+        """One epoch (:func:`_epoch`): the step a subclass may wrap (PrivMVMF tags the ``state``
+        message of a malicious server's deviation round)."""
+        return _epoch(run, clients, t, with_loss)
+
     def train(self, run: MVMFRun, clients: Any) -> RunResult:
         """The epochs with ``clients`` (:class:`LocalClients` or a sharded run's workers), then the
         utility; ``clients.users()`` gives the final and initial u (n x K each)."""
@@ -262,7 +267,7 @@ class FedMVMF(Protocol):
         for t in range(cfg["epochs"]):
             tic = time.perf_counter()
             want = cfg["track_loss"] or t == cfg["epochs"] - 1  # J costs a pass over the ratings
-            loss = _epoch(run, clients, t, want)
+            loss = self.epoch(run, clients, t, want)
             losses += [loss] if want else []
             seconds += time.perf_counter() - tic
         U, U_init = clients.users()

@@ -170,12 +170,12 @@ class PrivMVMF(FedMVMF):
         rounds = range(start, start + int(cfg["deviation_rounds"]))
         return transcript, IsolatingServer(channel.defenses, transcript, channel.rng, target, rounds)
 
-    @staticmethod
-    def _epoch(t: int, state: Any, st: Any, cfg: Mapping[str, Any], channel: Channel, transcript: Any, *rest: Any):
+    def epoch(self, run: Any, clients: Any, t: int, with_loss: bool = True) -> float:
         """FedMVMF's epoch; in a deviation round the server's ``state`` message records the deviation."""
+        channel = run.channel
         if isinstance(channel, IsolatingServer) and t in channel.rounds:
-            transcript = _Tagged(transcript, channel.deviation, ("state",))
-        return FedMVMF._epoch(t, state, st, cfg, channel, transcript, *rest)
+            run = dataclasses.replace(run, transcript=_Tagged(run.transcript, channel.deviation, ("state",)))
+        return super().epoch(run, clients, t, with_loss)
 
 
 class _Tagged:
