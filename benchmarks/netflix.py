@@ -159,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     res["peak_gib"] = {
         "sum": round(watch.peak["sum"] / GIB, 2),
         "driver": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB, 2),
-        "workers": [round(v / GIB, 2) for v in sorted(worker_maxrss.values())],
+        # sampled from /proc: a worker's ru_maxrss starts at its parent's at fork (the server's)
+        "workers": [round(v / GIB, 2) for v in sorted(watch.peak["workers"].values())],
+        "workers_maxrss": [round(v / GIB, 2) for v in sorted(worker_maxrss.values())],
     }
     res["lowest_available_gib"] = round(watch.lowest_available / GIB, 1)
     res["load_average"] = os.getloadavg()
