@@ -410,14 +410,6 @@ def run_experiment(experiment: Experiment, dataset: Any = None) -> dict[str, Any
     return run_plan(experiment.plan(), dataset=dataset)
 
 
-def summary_groups(points: list[dict]) -> list[list[dict]]:
-    """``points`` grouped by their swept value (one group per grid value, every seed)."""
-    groups: dict[str, list[dict]] = {}
-    for p in points:
-        groups.setdefault(repr(p.get("value")), []).append(p)
-    return list(groups.values())
-
-
 def assemble(
     header: dict,
     dataset_summary: dict,
@@ -441,7 +433,7 @@ def assemble(
     reference = [p for p in points if p.get("reference")]
     points = [p for p in points if not p.get("reference")]
     if getattr(attack_cls, "threat", "") == "malicious":  # one target per run: pool the seeds' targets
-        for group in (reference, *summary_groups(points)):
+        for group in (reference, *rs.group_by_value(points)[1].values()):
             rs.pool_targets([p for p in group if p.get("supported") and not p.get("bootstrap")])
     results = {
         "privaudit_version": header["privaudit_version"],
