@@ -82,13 +82,16 @@ class PrivMVMFIsolatedDecryption(MVMFAggregate):
     threat = "malicious"
     #: the protocol settings the deviation needs (the audit runs the protocol with them)
     plan = {"server": PLAN}
-    #: what the server does (a key of :data:`DEVIATIONS`) and how a verdict names it
+    #: what the server does (a key of :data:`DEVIATIONS`; the audit names it from there)
     deviations = ("isolated-decryption",)
-    deviation_label = "isolated decryption"
     metric_specs = {
         **MVMF_METRIC_SPECS,
-        "precision": MetricSpec(True, True, "fraction", "share of the items decided rated that the target rated"),
-        "recall": MetricSpec(True, True, "fraction", "share of the target's rated training items decided rated"),
+        "precision": MetricSpec(
+            True, True, "fraction", "share of the items decided rated that the target rated", tested=False
+        ),
+        "recall": MetricSpec(
+            True, True, "fraction", "share of the target's rated training items decided rated", tested=False
+        ),
         "f1": MetricSpec(True, True, "fraction", "harmonic mean of precision and recall"),
         "rounds_used": MetricSpec(True, False, "count", "isolated decryptions (deviation rounds) the attack read"),
         "sybils": MetricSpec(False, False, "count", "sybil clients the server ran (none)"),
