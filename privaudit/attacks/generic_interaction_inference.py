@@ -91,9 +91,8 @@ class GenericInteractionInference(GenericTrainedItems):
 def _upload_cosines(up: Any, negatives: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     """(changed item ids, their signed cosine in [-1, 1]) of one upload; without the sent model
     (no deltas) every uploaded row scores 0 (undecided)."""
-    items = changed_items(up)
-    if up.delta is None or items.size == 0:
+    if up.delta is None:
+        items = changed_items(up)
         return items, np.zeros(items.size)
-    order = np.argsort(up.items, kind="stable")
-    pos = order[np.searchsorted(up.items[order], items)]
-    return items, upload_scores(up.delta[pos], negatives, m)
+    moved = np.any(up.delta != 0, axis=1)
+    return up.items[moved], upload_scores(up.delta[moved], negatives, m)
