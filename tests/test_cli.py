@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from privaudit import registry
@@ -330,3 +332,20 @@ def test_data_path_is_checked_before_any_work_and_tilde_expands(tmp_path, monkey
     captured = capsys.readouterr()
     assert captured.out == ""  # no defaults line before the error
     assert captured.err.strip().endswith("missing.csv: no such file or folder")
+
+
+def test_recorded_audit_json_is_strict_json(tmp_path):
+    """A transcript audit's audit.json holds no Infinity/NaN (not JSON) and takes numpy scalars."""
+    from privaudit.integrations import recorded
+
+    row = {"attack": "a", "metric": "f1", "metrics": {"f1": np.float64(0.5)}, "verdict": "inconclusive"}
+    result = {"rows": [row], "victims": math.inf, "flags": np.array([True, False]), "ok": np.bool_(True)}
+    out = recorded.write_audit(result, tmp_path / "rep")
+
+    def refuse(name):
+        raise AssertionError(f"non-JSON constant {name}")
+
+    doc = json.loads((out / "audit.json").read_text(), parse_constant=refuse)
+    assert doc["victims"] is None and doc["flags"] == [True, False] and doc["ok"] is True
+    assert doc["rows"][0]["metrics"]["f1"] == 0.5
+    assert "0.500" in (out / "audit.txt").read_text()

@@ -31,6 +31,7 @@ from privaudit.results import (
     decide_rows,
     declared_specs,
     floats,
+    jsonable,
     point_bootstrap,
     privacy_metrics,
     strength_rows,
@@ -194,20 +195,6 @@ def format_audit(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return None if math.isnan(float(x)) else float(x)
-    return x
-
-
 def _folder(out: str | Path) -> Path:
     """The output folder, created; a symbolic link or a non-folder is refused."""
     from privaudit.reports.render import check_folder
@@ -227,7 +214,7 @@ def write_audit(result: dict[str, Any], out: str | Path) -> Path:
 
     out = _folder(out)
     write_text_file(out / "audit.txt", format_audit(result) + "\n")
-    write_text_file(out / "audit.json", json.dumps(_jsonable(result), indent=2))
+    write_text_file(out / "audit.json", json.dumps(jsonable(result), indent=2))
     return out
 
 
@@ -256,8 +243,8 @@ def reconstruct(transcript: Transcript | str | Path, attack: str | None, out: st
         "reason": recon.reason,
         "scored": False,
         "note": "the transcript holds no private messages: nothing to score against",
-        "victims": _jsonable(recon.victims),
-        "meta": _jsonable(recon.meta),
+        "victims": jsonable(recon.victims),
+        "meta": jsonable(recon.meta),
     }
     from privaudit.reports.render import write_text_file
 
