@@ -67,6 +67,7 @@ import numpy as np
 
 from privaudit import __version__, canary, registry, runner
 from privaudit import results as rs
+from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
 from privaudit.results import audit_matrix as build_matrix
 from privaudit.results import audit_series as pair_series
@@ -543,6 +544,18 @@ def _runs(
     return runs
 
 
+def _cost_rank(run: _Run) -> int:
+    """0 for a run that may add a canary run (a defense that accounts privacy and a canary kit), 1 for another defended run, 2 for the
+    undefended ones: the order in which the audit hands its runs to the workers, so that with
+    few workers the costliest runs do not end up alone at the end (the longest-first rule)."""
+    if run.defense_cls is None:
+        return 2
+    accounts = getattr(run.defense_cls, "privacy_spent", None) is not Defense.privacy_spent
+    if accounts and run.canaries != 0 and canary.canary_kit(run.protocol_name, run.defense_name) is not None:
+        return 0
+    return 1
+
+
 def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
     """Run ``audit`` -> the ``audit.json`` dict."""
     runs, header = _plan(audit)
@@ -569,6 +582,7 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
                 first[r.group_key].append(i)
             else:
                 groups.append([i])
+    groups.sort(key=lambda g: _cost_rank(runs[g[0]]))  # longest first: no long run left for the end
     with scheduler_context(audit.scheduler) as backend:
         jobs = -1 if audit.scheduler is not None else int(audit.jobs)
         parallel = audit.scheduler is not None or (jobs != 1 and len(groups) > 1)

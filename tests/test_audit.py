@@ -245,3 +245,13 @@ def test_dp_laplace_upload_clipping_and_validation():
         with pytest.raises(PrivauditError):
             DPLaplace(**bad)
     assert DPLaplace.strength == "epsilon" and DPLaplace.default_grid[0] > DPLaplace.default_grid[-1]
+
+
+def test_runs_with_a_canary_run_are_handed_out_first():
+    """The DP cells (one extra canary run each) go to the workers first, the undefended runs last."""
+    runs, _ = au._plan(au.Audit(protocol="fedmvmf", seeds=1))
+    ranks = {(r.defense_name, au._cost_rank(r)) for r in runs}
+    assert ("dp-gaussian", 0) in ranks and ("dp-laplace", 0) in ranks
+    assert ("laplace", 1) in ranks and ("sampling", 1) in ranks and (None, 2) in ranks
+    no_canaries, _ = au._plan(au.Audit(protocol="fedmvmf", seeds=1, canaries=0))
+    assert {au._cost_rank(r) for r in no_canaries if r.defense_cls is not None} == {1}
