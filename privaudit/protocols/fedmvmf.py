@@ -405,7 +405,8 @@ class LocalClients:
         uploads = record or bool(channel.defenses)
         total, grad_V, grad_P = Accumulator(), [], []
         for block in self.blocks:
-            part = mvmf_block_round(block, V, P, st, uploads, with_loss)
+            # with defenses the server sums what the channel returns: the plaintext sums are not needed
+            part = mvmf_block_round(block, V, P, st, uploads, with_loss, sums=not channel.defenses)
             total.add(part.sum_V, part.sum_P, part.loss)
             if uploads:
                 grad_V += part.grad_V
