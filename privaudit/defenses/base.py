@@ -122,7 +122,20 @@ class UploadBatch:
         """Names of the entries of ``payload`` that count as uploaded floats."""
         if self.noisy_keys is not None:
             return [k for k in self.noisy_keys if k in payload]
-        return [k for k, v in payload.items() if np.issubdtype(np.asarray(v).dtype, np.floating)]
+        return [k for k, v in payload.items() if (v.dtype.kind == "f" if type(v) is np.ndarray else _is_float(v))]
+
+
+#: dtype -> whether it is a floating-point dtype (``np.issubdtype`` once per dtype, not per entry)
+_FLOAT_DTYPES: dict[np.dtype, bool] = {}
+
+
+def _is_float(value: Any) -> bool:
+    """Whether ``value`` (anything ``np.asarray`` takes) has a floating-point dtype (kind ``f``)."""
+    dtype = value.dtype if isinstance(value, np.ndarray) else np.asarray(value).dtype
+    known = _FLOAT_DTYPES.get(dtype)
+    if known is None:
+        known = _FLOAT_DTYPES[dtype] = bool(np.issubdtype(dtype, np.floating))
+    return known
 
 
 #: Capabilities a defense declares (:attr:`Defense.capabilities`): which seams of a protocol it uses.

@@ -119,6 +119,79 @@ def _rows_of(a: np.ndarray) -> int:
     return 0 if a.size == 0 else (1 if a.ndim <= 1 else int(a.shape[0]))
 
 
+def segment_sums(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Sums of consecutive segments of ``values`` (1-D) of lengths ``sizes``, (len(sizes),), each
+    bit for bit ``np.sum`` of that segment alone: numpy sums pairwise within one reduction (so
+    ``np.add.reduceat`` rounds differently); segments of one common length are reduced as the rows
+    of a 2-D view (same rounding), others one by one."""
+    n = len(sizes)
+    if n == 0:
+        return np.zeros(0)
+    if int(sizes[0]) > 0 and bool(np.all(sizes == sizes[0])):
+        return values.reshape(n, int(sizes[0])).sum(axis=1)
+    ends = np.cumsum(sizes).tolist()
+    return np.array([values[e - k : e].sum() for k, e in zip(sizes.tolist(), ends)], dtype=np.float64)
+
+
+@dataclasses.dataclass
+class JointClip:
+    """Every float entry of a round's batches clipped jointly per sender (``clip_per="user"``), as
+    one float64 concatenation ``flat`` in (batch, payload, key) order -- the order of the noise
+    draw -- with the entries' ``slots`` (batch, payload, key), ``shapes`` and ``sizes``.
+
+    Same numbers as :meth:`ClippedNoise.clip` (the per-sender loop): every entry's norm part is
+    ``np.sum`` of that entry, summed over the sender's entries in slot order, one factor
+    min(1, C / norm) per sender."""
+
+    batches: list[UploadBatch]
+    slots: list[tuple[int, int, str]]
+    shapes: list[tuple[int, ...]]
+    sizes: np.ndarray
+    flat: np.ndarray
+    releases: dict[str, int]
+
+    @classmethod
+    def of(cls, batches: list[UploadBatch], keys: list[list[list[str]]], clip: float, ord: int) -> JointClip:
+        """``keys[i][j]``: the float keys of payload j of batch i."""
+        slots, arrays, unit_of, spans = [], [], [], []
+        units: dict[str, int] = {}
+        for i, b in enumerate(batches):
+            start = len(arrays)
+            for j, (sender, p) in enumerate(zip(b.senders, b.payloads)):
+                if keys[i][j]:
+                    unit = units.setdefault(sender, len(units))
+                for k in keys[i][j]:
+                    slots.append((i, j, k))
+                    arrays.append(np.asarray(p[k], dtype=np.float64))
+                    unit_of.append(unit)
+            spans.append((start, len(arrays)))
+        sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+        flat = np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.zeros(0)
+        ends = np.cumsum(sizes)
+        sums = np.zeros(len(arrays))
+        for lo, hi in spans:  # per batch: its entries usually share one size (one 2-D reduction)
+            if hi > lo:
+                part = flat[ends[lo] - sizes[lo] : ends[hi - 1]]
+                sums[lo:hi] = segment_sums(np.abs(part) if ord == 1 else part * part, sizes[lo:hi])
+        owner = np.asarray(unit_of, dtype=np.int64)
+        totals = np.zeros(len(units))
+        np.add.at(totals, owner, sums)  # in slot order, like the per-sender Python sum
+        if ord != 1:
+            totals = np.sqrt(totals)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            factor = np.where(totals > 0, np.minimum(1.0, clip / totals), 1.0)
+        flat *= np.repeat(factor[owner], sizes)
+        return cls(batches, slots, [a.shape for a in arrays], sizes, flat, dict.fromkeys(units, 1))
+
+    def payloads(self) -> list[UploadBatch]:
+        """The batches with every clipped entry (plus whatever was added to ``flat``) in place."""
+        out = [[dict(p) for p in b.payloads] for b in self.batches]
+        ends = np.cumsum(self.sizes).tolist()
+        for (i, j, k), shape, size, end in zip(self.slots, self.shapes, self.sizes.tolist(), ends):
+            out[i][j][k] = self.flat[end - size : end].reshape(shape)
+        return [dataclasses.replace(b, payloads=p) for b, p in zip(self.batches, out)]
+
+
 class ClippedNoise(Defense):
     """Shared machinery of the clip-then-noise DP defenses (subclasses: norm, noise, accounting)."""
 
@@ -277,14 +350,24 @@ class ClippedNoise(Defense):
             if n_items is None:
                 raise PrivauditError(f"defense {self.name!r}: dense=true needs the protocol's public n_items")
             batches = [self.dense_items(b, n_items) for b in batches]
-        self._note_items(batches, n_items)
-        batches, releases = self.clip(batches)
+        keys = [[b.float_keys(p) for p in b.payloads] for b in batches]
+        self._note_items(batches, keys, n_items)
+        joint = None
+        if self.config["clip_per"] == "user":  # batched: one factor per sender
+            joint = JointClip.of(batches, keys, float(self.config["clip"]), self.clip_ord)
+            releases = joint.releases
+        else:
+            batches, releases = self.clip(batches)
         self._count(batches[0].round, releases)
         if self.config.get("target_epsilon") and self._max_releases > 1:
             raise PrivauditError(
                 f"defense {self.name!r}: a client made {self._max_releases} separately noised releases in "
                 f"one round (the protocol sends its messages separately); target_epsilon assumes one"
             )
+        if joint is not None:
+            if joint.flat.size:  # one draw over every float in (batch, payload, key) order
+                joint.flat += self.draw(channel.rng, joint.flat.size)
+            return joint.payloads()
         slots = [(i, j, k) for i, b in enumerate(batches) for j, p in enumerate(b.payloads) for k in b.float_keys(p)]
         total = sum(np.asarray(batches[i].payloads[j][k]).size for i, j, k in slots)
         if total == 0:
@@ -304,15 +387,18 @@ class ClippedNoise(Defense):
         n = (getattr(transcript, "config", None) or {}).get("n_items")
         return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
-    def _note_items(self, batches: list[UploadBatch], n_items: int | None) -> None:
+    def _note_items(self, batches: list[UploadBatch], keys: list[list[list[str]]], n_items: int | None) -> None:
         """Remember whether any item-row upload revealed a proper subset of the items, and the
-        entries other than item ids that go out without noise (e.g. integer counts)."""
-        for b in batches:
-            for p in b.payloads:
-                if not self._sparse_items and "items" in p and (n_items is None or len(p["items"]) != n_items):
-                    self._sparse_items = True
-                noised = set(b.float_keys(p))
-                self._unnoised.update(f"{b.kind}.{k}" for k in p if k != "items" and k not in noised)
+        entries other than item ids that go out without noise (e.g. integer counts);
+        ``keys[i][j]``: the float keys of payload j of batch i."""
+        for b, noised_keys in zip(batches, keys):
+            if not self._sparse_items:
+                self._sparse_items = any(
+                    "items" in p and (n_items is None or len(p["items"]) != n_items) for p in b.payloads
+                )
+            kinds = {(tuple(p), tuple(noised)) for p, noised in zip(b.payloads, noised_keys)}
+            for names, noised in kinds:  # one per payload layout, not per payload
+                self._unnoised.update(f"{b.kind}.{k}" for k in names if k != "items" and k not in noised)
 
     def _count(self, round: int, releases: dict[str, int]) -> None:
         """Add one call's releases to its round (several calls of a round add up)."""

@@ -8,8 +8,7 @@ entries such as ``items`` are never touched) gets i.i.d. noise:
 * ``gaussian``: N(0, sigma^2) with sigma = ``scale``.
 
 Noise comes from the channel's simulation generator (``channel.rng``); all floats of a batch
-are concatenated, drawn in one call and split back, so the cost is one vectorized draw per
-batch. The noisy uploads are what the server receives and what the transcript records. These
+are concatenated (float64), get one vectorized draw and are split back (views of one array). The noisy uploads are what the server receives and what the transcript records. These
 are not differential-privacy mechanisms (no clipping, no accounting): see ``dp-gaussian``.
 """
 
@@ -44,26 +43,20 @@ class _AdditiveNoise(Defense):
         scale = self.config["scale"]
         if scale == 0.0 or not batch.payloads:
             return batch
-        slots: list[tuple[int, str, np.ndarray]] = []
-        keys_of: dict[tuple, list[str]] = {}  # float_keys per payload signature (names, dtypes)
-        for j, payload in enumerate(batch.payloads):
-            arrays = {k: np.asarray(v) for k, v in payload.items()}
-            signature = tuple((k, a.dtype) for k, a in arrays.items())
-            keys = keys_of.get(signature)
-            if keys is None:
-                keys = keys_of[signature] = batch.float_keys(arrays)
-            slots.extend((j, key, arrays[key]) for key in keys)
-        total = sum(a.size for _, _, a in slots)
+        slots = [(j, key) for j, p in enumerate(batch.payloads) for key in batch.float_keys(p)]
+        arrays = [np.asarray(batch.payloads[j][key]) for j, key in slots]
+        sizes = [a.size for a in arrays]
+        total = sum(sizes)
         if total == 0:
             return batch
-        noise = self.draw(channel.rng, total)
+        # every float in (payload, key) order, as float64, plus one draw: entry by entry the same sums
+        flat = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.float64, copy=False)
+        flat += self.draw(channel.rng, total)
         payloads = [dict(p) for p in batch.payloads]
-        offset = 0
-        for j, key, arr in slots:
-            end = offset + arr.size
-            chunk = noise[offset:end].reshape(arr.shape)
-            offset = end
-            payloads[j][key] = (arr + chunk) if arr.dtype == np.float64 else arr.astype(np.float64) + chunk
+        end = 0
+        for (j, key), arr, size in zip(slots, arrays, sizes):
+            end += size
+            payloads[j][key] = flat[end - size : end].reshape(arr.shape)
         return dataclasses.replace(batch, payloads=payloads)
 
 

@@ -170,7 +170,7 @@ def plain_sum(
         # payloads whose row ids are strictly increasing (the convention): add them one by one,
         # which sums every row in payload order like the scatter below (identical result) and
         # avoids concatenating all values (much faster for large uploads)
-        unique_rows = all(len(i) < 2 or bool(np.all(i[1:] > i[:-1])) for i in indices)
+        unique_rows = _increasing_within(index, [len(i) for i in indices])
         for key in payloads[0]:
             if key == index_key:
                 continue
@@ -200,6 +200,17 @@ def plain_sum(
     for key in payloads[0]:
         out[key] = np.sum([np.asarray(p[key]) for p in payloads], axis=0)
     return out
+
+
+def _increasing_within(index: np.ndarray, lengths: list[int]) -> bool:
+    """Whether every one of the consecutive runs of ``index`` of ``lengths`` is strictly increasing."""
+    if len(index) < 2:
+        return True
+    up = index[1:] > index[:-1]
+    starts = np.cumsum(lengths)[:-1]  # a run's first entry need not exceed the previous run's last
+    starts = starts[(starts > 0) & (starts < len(index))]
+    up[starts - 1] = True
+    return bool(np.all(up))
 
 
 def resolve_seed(rng: np.random.Generator | int | None) -> int:

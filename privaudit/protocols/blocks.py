@@ -145,27 +145,33 @@ class MVMFBlock:
 @dataclass
 class MVMFBlockRound:
     """What one block returns in one epoch: the sums of its uploads (``sum_V`` m x K, ``sum_P``
-    p x K), its clients' part of the loss J, and (when asked) the uploads themselves."""
+    p x K; 0.0 when not asked), its clients' part of the loss J, and (when asked) the uploads."""
 
-    sum_V: np.ndarray
-    sum_P: np.ndarray
+    sum_V: np.ndarray | float
+    sum_P: np.ndarray | float
     loss: float
     grad_V: list[dict[str, np.ndarray]] | None = None
     grad_P: list[dict[str, np.ndarray]] | None = None
 
 
 def mvmf_block_round(
-    block: MVMFBlock, V: np.ndarray, P: np.ndarray, st: MVMFSettings, uploads: bool, with_loss: bool = True
+    block: MVMFBlock,
+    V: np.ndarray,
+    P: np.ndarray,
+    st: MVMFSettings,
+    uploads: bool,
+    with_loss: bool = True,
+    sums: bool = True,
 ) -> MVMFBlockRound:
     """One epoch of a block's clients: update u_u (SemiALS or SGD, eq. 8-10) from the V, P they
-    received, then their upload sums, loss part (NaN without ``with_loss``) and (``uploads``)
-    per-client ``grad_V``/``grad_P``."""
+    received, then their upload sums (0.0 without ``sums``: the caller sums what the defenses
+    return), loss part (NaN without ``with_loss``) and (``uploads``) per-client ``grad_V``/``grad_P``."""
     R, W, X = block.ratings, block.weights, block.X
     A, b = mvmf.normal_equations(V, P, X, R, W, st.alpha, st.lam, st.w, st.unrated)
     block.U = mvmf.solve_users(A, b) if st.update == "semials" else mvmf.sgd_users(block.U, A, b, st.eta)
     del A, b
     U = block.U
-    sum_V, sum_P = mvmf.summed_uploads(U, V, P, X, R, W, st.alpha, st.w, st.unrated)
+    sum_V, sum_P = mvmf.summed_uploads(U, V, P, X, R, W, st.alpha, st.w, st.unrated) if sums else (0.0, 0.0)
     out = MVMFBlockRound(sum_V, sum_P, client_loss(U, V, P, R, W, X, st) if with_loss else float("nan"))
     if uploads:
         out.grad_V, out.grad_P = _mvmf_uploads(U, V, P, R, W, X, st)

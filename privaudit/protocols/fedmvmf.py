@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from threadpoolctl import threadpool_limits
 
 from privaudit.data.splits import cold_start_items, cold_start_users, holdout_split
 from privaudit.defenses.base import ClientData
@@ -221,8 +222,11 @@ class FedMVMF(Protocol):
         (cold-start factors), the index arrays of the split, ``train``/``test`` (CSR, train users x
         train items) and ``loss`` (J of eq. 3 after each epoch with ``track_loss``, else after the last).
         """
-        run = self.open_run(setup, private=True)
-        return self.train(run, LocalClients(run, run.client_blocks(setup.seed)))
+        # one BLAS thread: the products are thin (K columns) and the solves K x K, so a second
+        # thread only adds its synchronisation (the numbers do not depend on the thread count)
+        with threadpool_limits(limits=1, user_api="blas"):
+            run = self.open_run(setup, private=True)
+            return self.train(run, LocalClients(run, run.client_blocks(setup.seed)))
 
     def open_run(self, setup: RunSetup, private: bool) -> MVMFRun:
         """The split, the transcript (with the clients' ``private`` messages if ``private``), the
@@ -401,7 +405,8 @@ class LocalClients:
         uploads = record or bool(channel.defenses)
         total, grad_V, grad_P = Accumulator(), [], []
         for block in self.blocks:
-            part = mvmf_block_round(block, V, P, st, uploads, with_loss)
+            # with defenses the server sums what the channel returns: the plaintext sums are not needed
+            part = mvmf_block_round(block, V, P, st, uploads, with_loss, sums=not channel.defenses)
             total.add(part.sum_V, part.sum_P, part.loss)
             if uploads:
                 grad_V += part.grad_V
