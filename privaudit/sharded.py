@@ -44,7 +44,7 @@ from privaudit.protocols.blocks import (
     entries_block,
     mvmf_block_round,
 )
-from privaudit.transcript import CLIENT_PREFIX, DEFAULT_MAX_BYTES, Transcript, is_client
+from privaudit.transcript import CLIENT_PREFIX, DEFAULT_MAX_BYTES, Message, Transcript, is_client
 from privaudit.transcript import load as load_transcript
 from privaudit.transcript_io import TranscriptWriter
 
@@ -607,10 +607,11 @@ def load(folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, blocks: Sequenc
         raise _fail(manifest["server"], "server.ptx must not list client parties (the manifest counts them)")
     parties = [*server.parties, *(f"{CLIENT_PREFIX}{u}" for u in range(manifest["clients"]))]
     merged = Transcript(server.protocol, dict(server.config), server.seed, dict(server.dataset), parties)
+    out = merged.messages
 
-    def add(messages: Any) -> None:
+    def add(messages: Any) -> None:  # renumbered in merged order (the loaded messages are not shared)
         for m in messages:
-            merged.add(m.round, m.sender, m.receiver, m.kind, m.payload, m.meta)
+            out.append(Message(len(out), m.round, m.sender, m.receiver, m.kind, m.payload, m.meta))
 
     for block in chosen:
         if block["private"]:
