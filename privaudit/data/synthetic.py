@@ -206,8 +206,8 @@ def _pick_candidates(
         keys = np.einsum("ij,ij->i", np.repeat(U[lo:hi], 2 * counts[lo:hi], axis=0), V[items]) * (0.5 / np.sqrt(k))
         keys -= np.log(rng.standard_exponential(users.size))
         order = np.argsort(users * 128.0 + (40.0 - np.clip(keys, -80.0, 40.0)))  # by user, best key first
-        _, first = np.unique(users[order] * np.int64(m) + items[order], return_index=True)
-        kept = order[np.sort(first)]  # each distinct (user, item) once, by user, best key first
+        kept = order[_first_of_each(users[order] * np.int64(m) + items[order])]
+        # each distinct (user, item) once, by user, best key first
         u = users[kept]
         rank = np.arange(u.size) - np.searchsorted(u, np.arange(hi - lo))[u]
         short = np.bincount(u, minlength=hi - lo) < counts[lo:hi]
@@ -218,6 +218,20 @@ def _pick_candidates(
             cols[offsets[user] : offsets[user + 1]] = np.argsort(-key)[: counts[user]]
         lo = hi
     return cols
+
+
+def _first_of_each(values: np.ndarray) -> np.ndarray:
+    """Ascending positions of the first occurrence of each distinct value of ``values`` (>= 0):
+    ``np.sort(np.unique(values, return_index=True)[1])``, by one plain sort of value x size +
+    position when that fits in int64."""
+    size = np.int64(values.size)
+    if not size or int(values.max()) >= (2**63 - 1) // int(size) - 1:
+        return np.sort(np.unique(values, return_index=True)[1])
+    packed = np.sort(values * size + np.arange(size))
+    value = packed // size
+    new = np.ones(values.size, dtype=bool)
+    new[1:] = value[1:] != value[:-1]
+    return np.sort(packed[new] - value[new] * size)
 
 
 class _InverseCDF:
@@ -268,15 +282,20 @@ def _timestamps(rng: np.random.Generator, rows: np.ndarray, counts: np.ndarray) 
     """Per user: a start in 2000-2004, then its entries in a random order with exponential gaps
     (mean 3 days). int64 seconds per entry.
 
-    ``rows`` is sorted, so the gaps drawn in the order ``position`` (random inside each user's
-    segment) have their running sums in draw order; one scatter puts them back."""
+    ``rows`` is sorted, so the order ``lexsort((random, rows))`` only permutes inside each user's
+    segment: it is found on chunks of whole users, and the gaps drawn in that order have their
+    running sums in draw order, put back by one scatter."""
     n = counts.size
     start = _T0 + rng.integers(0, 4 * 365 * _DAY, size=n)
-    # lexsort((random, rows)) in two cheaper sorts (the same order unless two draws of a user tie)
-    position = np.argsort(rng.random(rows.size))
-    position = position[np.argsort(rows[position], kind="stable")]
-    gaps = rng.exponential(3.0 * _DAY, size=rows.size)  # in draw order
+    key = rng.random(rows.size)
     seg_start = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    position = np.empty(rows.size, dtype=np.int64)
+    edges = [*seg_start[np.unique(np.searchsorted(seg_start, np.arange(0, rows.size, _BLOCK)))], rows.size]
+    for lo, hi in zip(edges[:-1], edges[1:]):  # the lexsort by an argsort then a stable pass, per chunk
+        part = np.argsort(key[lo:hi])  # (the same order unless two draws of a user tie)
+        position[lo:hi] = lo + part[np.argsort(rows[lo:hi][part], kind="stable")]
+    del key
+    gaps = rng.exponential(3.0 * _DAY, size=rows.size)  # in draw order
     cum = np.cumsum(gaps)
     first = cum[seg_start] - gaps[seg_start]
     del gaps
