@@ -1,8 +1,8 @@
 """Netflix size on one machine: a sharded FedMVMF run, its shards on disk, the attack per shard.
 
-    PYTHONPATH=. python benchmarks/netflix.py --data synthetic:netflix-size --workers 4 --out /tmp/nf
+    PYTHONPATH=. python benchmarks/netflix.py --data synthetic:netflix-size --workers 2 --out /tmp/nf
 
-Stages (wall seconds each): the dataset (built in this process, the server's), a LocalCluster of
+Stages (wall seconds and CPU seconds of the server and the workers, user + system, each): the dataset (built in this process, the server's), a LocalCluster of
 ``--workers`` single-threaded worker processes, the protocol (``privaudit.sharded.run_sharded``:
 the clients' blocks on the workers, every recorded upload written as a shard), and the attack
 (``privaudit.sharded.attack_shards``: mvmf-analytic block by block on the workers). Memory: every
@@ -109,7 +109,12 @@ class Watch(threading.Thread):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default="synthetic:netflix-size", help="dataset spec (default synthetic:netflix-size)")
-    p.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes (default 2)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="LocalCluster worker processes (default 2: one per core of a 2-core machine)",
+    )
     p.add_argument("--epochs", type=int, default=2, help="FedMVMF epochs (default 2, both recorded)")
     p.add_argument("--K", type=int, default=20, help="latent dimension (default 20)")
     p.add_argument("--block", type=int, default=None, help="clients per block (default 4096)")
