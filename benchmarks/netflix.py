@@ -1,8 +1,8 @@
 """Netflix size on one machine: a sharded FedMVMF run, its shards on disk, the attack per shard.
 
-    PYTHONPATH=. python benchmarks/netflix.py --data synthetic:netflix-size --workers 4 --out /tmp/nf
+    PYTHONPATH=. python benchmarks/netflix.py --data synthetic:netflix-size --workers 2 --out /tmp/nf
 
-Stages (wall seconds each): the dataset (built in this process, the server's), a LocalCluster of
+Stages (wall seconds and CPU seconds of the server and the workers, user + system, each): the dataset (built in this process, the server's), a LocalCluster of
 ``--workers`` single-threaded worker processes, the protocol (``privaudit.sharded.run_sharded``:
 the clients' blocks on the workers, every recorded upload written as a shard), and the attack
 (``privaudit.sharded.attack_shards``: mvmf-analytic block by block on the workers). Memory: every
@@ -37,6 +37,12 @@ def _rss(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of the calling process (all its threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _available() -> int:
@@ -103,7 +109,12 @@ class Watch(threading.Thread):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default="synthetic:netflix-size", help="dataset spec (default synthetic:netflix-size)")
-    p.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes (default 2)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="LocalCluster worker processes (default 2: one per core of a 2-core machine)",
+    )
     p.add_argument("--epochs", type=int, default=2, help="FedMVMF epochs (default 2, both recorded)")
     p.add_argument("--K", type=int, default=20, help="latent dimension (default 20)")
     p.add_argument("--block", type=int, default=None, help="clients per block (default 4096)")
@@ -123,14 +134,23 @@ def main(argv: list[str] | None = None) -> int:
     watch.start()
     print(f"server process {os.getpid()}", flush=True)
     res: dict = {"data": args.data, "workers": args.workers, "epochs": args.epochs, "K": args.K, "block": args.block}
-    res["stages"] = {}
+    res["stages"], res["cpu"] = {}, {}
     t_all = time.perf_counter()
+    cpu_at = [time.process_time()]  # CPU seconds of the server and its workers so far
+    workers_cpu: dict = {}
 
     def stage(name: str, t0: float) -> None:
         res["stages"][name] = round(time.perf_counter() - t0, 2)
+        total = time.process_time() + sum(workers_cpu.values())
+        res["cpu"][name], cpu_at[0] = round(total - cpu_at[0], 2), total
         print(
-            f"{name}: {res['stages'][name]:.1f} s (sum RSS peak so far {watch.peak['sum'] / GIB:.2f} GiB)", flush=True
+            f"{name}: {res['stages'][name]:.1f} s, {res['cpu'][name]:.1f} CPU s "
+            f"(sum RSS peak so far {watch.peak['sum'] / GIB:.2f} GiB; load {os.getloadavg()[0]:.1f})",
+            flush=True,
         )
+
+    def sample(client) -> None:  # each worker's user + system seconds so far
+        workers_cpu.update(client.run(_cpu_seconds))
 
     t0 = time.perf_counter()
     holder = [load_dataset(args.data)]
@@ -141,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     with sharded.dask_client(f"local:{args.workers}") as client:
         watch.pids = sorted(client.run(os.getpid).values())
         print(f"worker processes {watch.pids}", flush=True)
+        sample(client)
         stage("cluster", t0)
         t0 = time.perf_counter()
         cfg = {"epochs": args.epochs, "record_rounds": args.epochs, "K": args.K}
@@ -148,12 +169,15 @@ def main(argv: list[str] | None = None) -> int:
         res["utility"] = {k: v for k, v in done.result.utility.items() if isinstance(v, float)}
         res["clients"] = int(done.result.model["U"].shape[0])
         del done
+        sample(client)
         stage("protocol", t0)
         t0 = time.perf_counter()
         res["attack"] = sharded.attack_shards(out, client, max_bytes=64 * GIB)
+        sample(client)
         stage("attack", t0)
         worker_maxrss = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     res["stages"]["total"] = round(time.perf_counter() - t_all, 2)
+    res["cpu"]["total"] = round(sum(v for k, v in res["cpu"].items()), 2)
     watch.stop = True
     res["shards"] = {"files": sum(1 for _ in out.iterdir()), "bytes": sum(f.stat().st_size for f in out.iterdir())}
     res["peak_gib"] = {
@@ -169,13 +193,15 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(out, ignore_errors=True)
     print(json.dumps(res, indent=1))
     s, pk = res["stages"], res["peak_gib"]
+    c = res["cpu"]
     print(
-        "\n| ratings | workers | dataset s | cluster s | protocol s | attack s | total s | peak RSS (sum) GiB |"
-        " server GiB | per worker GiB | shards GiB (files) |"
+        "\n| ratings | workers | dataset s (CPU) | protocol s (CPU) | attack s (CPU) | total s (CPU) |"
+        " peak RSS (sum) GiB | server GiB | per worker GiB | shards GiB (files) |"
     )
     print(
-        f"| {res['ratings']:,} | {args.workers} | {s['dataset']:.0f} | {s['cluster']:.0f} | {s['protocol']:.0f} | "
-        f"{s['attack']:.0f} | {s['total']:.0f} | {pk['sum']:.2f} | {pk['driver']:.2f} | "
+        f"| {res['ratings']:,} | {args.workers} | {s['dataset']:.0f} ({c['dataset']:.0f}) | "
+        f"{s['protocol']:.0f} ({c['protocol']:.0f}) | {s['attack']:.0f} ({c['attack']:.0f}) | "
+        f"{s['total']:.0f} ({c['total']:.0f}) | {pk['sum']:.2f} | {pk['driver']:.2f} | "
         f"{', '.join(f'{w:.2f}' for w in pk['workers'])} | {res['shards']['bytes'] / GIB:.2f} ({res['shards']['files']}) |"
     )
     return 0

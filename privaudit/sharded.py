@@ -33,8 +33,9 @@ import numpy as np
 
 from privaudit import _safejson
 from privaudit._escape import printable
+from privaudit._shard_scores import histograms, majority
 from privaudit.errors import MissingDependencyError, PrivauditError, TranscriptError
-from privaudit.protocols.base import Channel, RunResult, RunSetup
+from privaudit.protocols.base import RunResult, RunSetup
 from privaudit.protocols.blocks import (
     CLIENT_BLOCK,
     Accumulator,
@@ -43,8 +44,9 @@ from privaudit.protocols.blocks import (
     entries_block,
     mvmf_block_round,
 )
-from privaudit.transcript import CLIENT_PREFIX, DEFAULT_MAX_BYTES, Transcript, is_client
+from privaudit.transcript import CLIENT_PREFIX, DEFAULT_MAX_BYTES, Message, Transcript, is_client
 from privaudit.transcript import load as load_transcript
+from privaudit.transcript_io import TranscriptWriter
 
 __all__ = [
     "MANIFEST",
@@ -124,6 +126,25 @@ def _shard_header(header: Mapping[str, Any], parties: list[str]) -> Transcript:
     return Transcript(header["protocol"], dict(header["config"]), header["seed"], dict(header["dataset"]), parties)
 
 
+def _write_shard(
+    path: Path, header: Mapping[str, Any], senders: list[str], uploads: list, round: int, metas: list | None = None
+) -> None:
+    """A shard straight through a :class:`TranscriptWriter`: per ``(kind, payloads)`` of
+    ``uploads`` one message per sender (to the server; a ``private`` one to the sender itself),
+    the file :meth:`Channel.send_round` into a :class:`Transcript` and its ``save`` write
+    without defenses, without the transcript's per-message copies and indexes."""
+    writer = TranscriptWriter(path)
+    try:
+        for kind, payloads in uploads:
+            for u, (sender, payload) in enumerate(zip(senders, payloads, strict=True)):
+                receiver = sender if kind == "private" else "server"
+                writer.add(round, sender, receiver, kind, payload, metas[u] if metas else None)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close(_shard_header(header, ["server", *senders]))
+
+
 def _block_name(index: int, round: int | None) -> str:
     return f"c{index:06d}-private.ptx" if round is None else f"c{index:06d}-r{round:06d}.ptx"
 
@@ -150,13 +171,16 @@ class MVMFShard:
         return [f"client:{u}" for u in range(block.lo, block.lo + block.ratings.shape[0])]
 
     def _write_private(self, index: int, lo: int, R: Any, X: np.ndarray, train_users: np.ndarray) -> None:
-        from privaudit.protocols.fedmvmf import _private_messages
-
+        """The block's ``private`` messages (the single-process run's: items, ratings, attributes,
+        meta ``dataset_user``); each field's payloads are back-to-back rows of one array."""
         senders = [f"client:{lo + u}" for u in range(R.shape[0])]
-        shard = _shard_header(self.header, ["server", *senders])
-        for party, payload, meta in _private_messages(senders, R, X, train_users):
-            shard.add(0, party, party, "private", payload, meta)
-        shard.save(self.out / _block_name(index, None))
+        ip, items, ratings, X = R.indptr, R.indices.astype(np.int64), R.data.copy(), np.ascontiguousarray(X)
+        payloads = [
+            {"items": items[ip[u] : ip[u + 1]], "ratings": ratings[ip[u] : ip[u + 1]], "attributes": X[u]}
+            for u in range(len(senders))
+        ]
+        metas = [{"dataset_user": int(train_users[u])} for u in range(len(senders))]
+        _write_shard(self.out / _block_name(index, None), self.header, senders, [("private", payloads)], 0, metas)
 
     def round(
         self, t: int, V: np.ndarray, P: np.ndarray, record: bool, with_loss: bool = True
@@ -167,12 +191,8 @@ class MVMFShard:
         for index, block in zip(self.indices, self.blocks):
             part = mvmf_block_round(block, V, P, self.st, record, with_loss)
             if record:
-                senders = self._senders(block)
-                shard = _shard_header(self.header, ["server", *senders])
-                Channel([], shard, np.random.default_rng(0)).send_round(
-                    t, senders, [("grad_V", part.grad_V), ("grad_P", part.grad_P)], record=True
-                )
-                shard.save(self.out / _block_name(index, t))
+                uploads = [("grad_V", part.grad_V), ("grad_P", part.grad_P)]
+                _write_shard(self.out / _block_name(index, t), self.header, self._senders(block), uploads, t)
                 part.grad_V = part.grad_P = None
             out.append((index, part.sum_V, part.sum_P, part.loss))
         return out
@@ -219,13 +239,11 @@ class PMFShard:
         self.blocks = list(spec["blocks"])
         for index, lo, E, *_ in self.blocks if spec["private"] else ():
             senders = [f"client:{lo + u}" for u in range(E.shape[0])]
-            shard = _shard_header(self.header, ["server", *senders])
-            for u, party in enumerate(senders):
-                a, b = E.indptr[u], E.indptr[u + 1]
-                shard.add(
-                    0, party, party, "private", {"items": E.cols[a:b].astype(np.int64), "ratings": E.vals[a:b].copy()}
-                )
-            shard.save(self.out / _block_name(index, None))
+            ip, items, ratings = E.indptr, E.cols.astype(np.int64), E.vals.copy()
+            payloads = [
+                {"items": items[ip[u] : ip[u + 1]], "ratings": ratings[ip[u] : ip[u + 1]]} for u in range(len(senders))
+            ]
+            _write_shard(self.out / _block_name(index, None), self.header, senders, [("private", payloads)], 0)
 
     def round(self, t: int, V: np.ndarray, lr: float, record: bool) -> list[tuple[int, Any, Any, float]]:
         """One batch iteration of every block: ``(index, total, counts, clipped)`` per block; the
@@ -238,9 +256,7 @@ class PMFShard:
             self.blocks[j] = (index, lo, E, part.U, *tests)
             if record:
                 senders = [f"client:{lo + u}" for u in range(E.shape[0])]
-                shard = _shard_header(self.header, ["server", *senders])
-                Channel([], shard, np.random.default_rng(0)).send(t, "grad_V", senders, part.payloads, record=True)
-                shard.save(self.out / _block_name(index, t))
+                _write_shard(self.out / _block_name(index, t), self.header, senders, [("grad_V", part.payloads)], t)
             out.append((index, part.total, part.counts, float(part.clipped)))
         return out
 
@@ -591,10 +607,11 @@ def load(folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, blocks: Sequenc
         raise _fail(manifest["server"], "server.ptx must not list client parties (the manifest counts them)")
     parties = [*server.parties, *(f"{CLIENT_PREFIX}{u}" for u in range(manifest["clients"]))]
     merged = Transcript(server.protocol, dict(server.config), server.seed, dict(server.dataset), parties)
+    out = merged.messages
 
-    def add(messages: Any) -> None:
+    def add(messages: Any) -> None:  # renumbered in merged order (the loaded messages are not shared)
         for m in messages:
-            merged.add(m.round, m.sender, m.receiver, m.kind, m.payload, m.meta)
+            out.append(Message(len(out), m.round, m.sender, m.receiver, m.kind, m.payload, m.meta))
 
     for block in chosen:
         if block["private"]:
@@ -654,27 +671,8 @@ def _attack_blocks(folder: str, blocks: list[int], attack: str, max_bytes: int) 
         for metric in weight:
             out["hits"][metric] = out["hits"].get(metric, 0.0) + float(hits[metric].sum())
             out["weight"][metric] = out["weight"].get(metric, 0.0) + float(weight[metric].sum())
-        _histograms(transcript, out)
+        histograms(transcript, out)
     return out
-
-
-def _histograms(transcript: Transcript, out: dict[str, Any]) -> None:
-    """Counts of the true values the majority baselines need: every uploaded item's true rating
-    (0 = unrated) over the first upload of each client, and every attribute dummy."""
-    from privaudit.attacks._mvmf import private_payloads, true_ratings
-
-    private = private_payloads(transcript)
-    seen: set[str] = set()
-    for m in transcript.select("grad_V"):
-        if m.sender not in seen and "items" in m.payload:
-            seen.add(m.sender)
-            values, counts = np.unique(true_ratings(private, m.sender, m.payload["items"]), return_counts=True)
-            for v, c in zip(values.tolist(), counts.tolist()):
-                out["ratings"][v] = out["ratings"].get(v, 0) + c
-    for payload in private.values():
-        values, counts = np.unique(np.asarray(payload.get("attributes", []), dtype=np.float64), return_counts=True)
-        for v, c in zip(values.tolist(), counts.tolist()):
-            out["attributes"][v] = out["attributes"].get(v, 0) + c
 
 
 def attack_shards(
@@ -712,19 +710,10 @@ def attack_shards(
     baseline = {
         "rating_accuracy": uniform_guess_accuracy(int(round((hi - lo) / step)) + 1),
         "attribute_accuracy": uniform_guess_accuracy(2),
-        "rating_accuracy_majority": _majority(parts, "ratings"),
-        "attribute_accuracy_majority": _majority(parts, "attributes"),
+        "rating_accuracy_majority": majority(parts, "ratings"),
+        "attribute_accuracy_majority": majority(parts, "attributes"),
     }
     return {"attack": attack, "metrics": metrics, "baseline": baseline, "blocks": len(manifest["blocks"])}
-
-
-def _majority(parts: list[dict[str, Any]], key: str) -> float:
-    counts: dict[float, int] = {}
-    for p in parts:
-        for v, c in p[key].items():
-            counts[v] = counts.get(v, 0) + c
-    total = sum(counts.values())
-    return max(counts.values()) / total if total else float("nan")
 
 
 _UPLOADS_ORDER: dict[str, Sequence[str]] = {"fedmvmf": ("grad_V", "grad_P"), "fedrec": ("grad_V",)}

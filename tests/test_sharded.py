@@ -288,3 +288,22 @@ def test_cli_sharded_run_equals_cli_run(capsys, tmp_path):
     assert points[0]["attack_metrics"] == points[1]["attack_metrics"] and points[0]["attack_metrics"]["victims"] > 0
     with pytest.raises(PrivauditError, match="not empty"):
         sharded._prepare_output(tmp_path / "dir", force=False)
+
+
+def test_true_values_equal_true_ratings_client_by_client():
+    from privaudit._shard_scores import true_values
+    from privaudit.attacks._mvmf import true_ratings
+
+    rng = np.random.default_rng(3)
+    items, rated, ratings, private = [], [], [], {}
+    for c in range(40):
+        own = rng.choice(50, size=int(rng.integers(0, 12)), replace=False)
+        private[f"client:{c}"] = {"items": own, "ratings": rng.integers(1, 6, own.size).astype(float)}
+        rated.append(own)
+        ratings.append(private[f"client:{c}"]["ratings"])
+        items.append(rng.choice(60, size=int(rng.integers(0, 20)), replace=False) if c % 3 else np.arange(60))
+    expected = np.concatenate([true_ratings(private, f"client:{c}", items[c]) for c in range(40)])
+    got = true_values(items, rated, ratings)
+    assert np.array_equal(got, expected) and (got > 0).sum() > 50 and (got == 0).sum() > 50
+    with pytest.raises(PrivauditError, match="non-negative"):
+        true_values([np.array([-1])], [np.array([2])], [np.array([3.0])])

@@ -123,3 +123,37 @@ def test_candidate_item_draw_of_large_sizes_matches_the_exact_draw(monkeypatch):
     pop_a, pop_b = np.bincount(a.indices, minlength=800), np.bincount(b.indices, minlength=800)
     assert np.corrcoef(pop_a, pop_b)[0, 1] > 0.95
     np.testing.assert_array_equal(exact.user_attributes, fast.user_attributes)
+
+
+def test_fast_draw_pieces_equal_their_reference_computations():
+    """The generator's faster pieces give the reference ones' values bit for bit (the data of
+    every size depend on them)."""
+    import importlib
+
+    syn = importlib.import_module("privaudit.data.synthetic")  # the module (the package exports the function)
+    rng = np.random.default_rng(4)
+    # inverse-CDF draw by guide table == searchsorted, also on the bucket edges and flat runs
+    weights = np.exp(-0.9 * np.log1p(rng.permutation(500)))
+    weights[100:140] = 1e-12
+    cdf = np.cumsum(weights)
+    u = np.concatenate([rng.random(200_000), np.arange(2001) / 2000, [0.0, np.nextafter(1.0, 0)]])
+    expected = np.searchsorted(cdf, u * cdf[-1], side="right")
+    assert np.array_equal(syn._InverseCDF(cdf)(u), expected) and expected.max() == cdf.size  # u = 1 too
+    # first occurrences == np.unique's return_index, sorted
+    for values in (rng.integers(0, 30, 5000), rng.integers(0, 2**40, 1000), np.array([7]), np.array([3, 3, 3])):
+        assert np.array_equal(syn._first_of_each(values), np.sort(np.unique(values, return_index=True)[1]))
+    # timestamps == the former lexsort-based computation (chunks of whole users: > _BLOCK entries)
+    counts = rng.integers(1, 400, size=9000)
+    rows = np.repeat(np.arange(counts.size, dtype=np.int32), counts)
+    assert rows.size > syn._BLOCK
+    a, b = np.random.default_rng(9), np.random.default_rng(9)
+    start = syn._T0 + a.integers(0, 4 * 365 * syn._DAY, size=counts.size)
+    position = np.lexsort((a.random(rows.size), rows))
+    gaps = np.empty(rows.size)
+    gaps[position] = a.exponential(3.0 * syn._DAY, size=rows.size)
+    seg = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    cum = np.empty(rows.size)
+    cum[position] = np.cumsum(gaps[position])
+    first = cum[position[seg]] - gaps[position[seg]]
+    reference = (cum + start[rows] - first[rows]).astype(np.int64)
+    assert np.array_equal(syn._timestamps(b, rows, counts), reference)

@@ -195,19 +195,19 @@ def _pick_candidates(
     preference plus Gumbel noise (cost O(ratings); close to the exact Gumbel top-c); a user with
     fewer distinct candidates than ``c_u`` gets the exact draw over all items."""
     (n, k), m = U.shape, V.shape[0]
-    cdf = np.cumsum(np.exp(log_pop - log_pop.max()))
+    draw = _InverseCDF(np.cumsum(np.exp(log_pop - log_pop.max())))
     offsets = np.concatenate(([0], np.cumsum(counts)))
     cols = np.empty(int(offsets[-1]), dtype=np.int32)
     lo = 0
     while lo < n:
         hi = min(n, max(lo + 1, int(np.searchsorted(offsets, offsets[lo] + (1 << 21), side="right")) - 1))
         users = np.repeat(np.arange(hi - lo), 2 * counts[lo:hi])  # chunk-local user ids
-        items = np.minimum(np.searchsorted(cdf, rng.random(users.size) * cdf[-1], side="right"), m - 1)
-        keys = np.einsum("ij,ij->i", U[lo + users], V[items]) * (0.5 / np.sqrt(k))
+        items = np.minimum(draw(rng.random(users.size)), m - 1)
+        keys = np.einsum("ij,ij->i", np.repeat(U[lo:hi], 2 * counts[lo:hi], axis=0), V[items]) * (0.5 / np.sqrt(k))
         keys -= np.log(rng.standard_exponential(users.size))
         order = np.argsort(users * 128.0 + (40.0 - np.clip(keys, -80.0, 40.0)))  # by user, best key first
-        _, first = np.unique(users[order] * np.int64(m) + items[order], return_index=True)
-        kept = order[np.sort(first)]  # each distinct (user, item) once, by user, best key first
+        kept = order[_first_of_each(users[order] * np.int64(m) + items[order])]
+        # each distinct (user, item) once, by user, best key first
         u = users[kept]
         rank = np.arange(u.size) - np.searchsorted(u, np.arange(hi - lo))[u]
         short = np.bincount(u, minlength=hi - lo) < counts[lo:hi]
@@ -218,6 +218,47 @@ def _pick_candidates(
             cols[offsets[user] : offsets[user + 1]] = np.argsort(-key)[: counts[user]]
         lo = hi
     return cols
+
+
+def _first_of_each(values: np.ndarray) -> np.ndarray:
+    """Ascending positions of the first occurrence of each distinct value of ``values`` (>= 0):
+    ``np.sort(np.unique(values, return_index=True)[1])``, by one plain sort of value x size +
+    position when that fits in int64."""
+    size = np.int64(values.size)
+    if not size or int(values.max()) >= (2**63 - 1) // int(size) - 1:
+        return np.sort(np.unique(values, return_index=True)[1])
+    packed = np.sort(values * size + np.arange(size))
+    value = packed // size
+    new = np.ones(values.size, dtype=bool)
+    new[1:] = value[1:] != value[:-1]
+    return np.sort(packed[new] - value[new] * size)
+
+
+class _InverseCDF:
+    """``searchsorted(cdf, u * cdf[-1], side="right")`` for uniforms ``u``, bit for bit, in O(1)
+    per draw: a guide table of ``4 m`` equal-mass buckets gives a start index, then a few
+    vectorized unit steps reach the first ``i`` with ``cdf[i] > x``."""
+
+    def __init__(self, cdf: np.ndarray) -> None:
+        self.cdf, self.total = cdf, cdf[-1]
+        self.buckets = 4 * cdf.size
+        self.guide = np.searchsorted(cdf, np.arange(self.buckets + 1) * (self.total / self.buckets), side="right")
+        self.padded = np.append(cdf, np.inf)
+
+    def __call__(self, u: np.ndarray) -> np.ndarray:
+        x = u * self.total
+        at = self.guide[np.minimum((x * (self.buckets / self.total)).astype(np.int64), self.buckets - 1)]
+        while True:  # up while cdf[at] <= x
+            up = self.padded[at] <= x
+            if not up.any():
+                break
+            at += up
+        while True:  # down while cdf[at - 1] > x (a bucket edge rounded above x)
+            down = (at > 0) & (self.cdf[np.maximum(at - 1, 0)] > x)
+            if not down.any():
+                break
+            at -= down
+        return at
 
 
 def _ratings(rng, U, V, b_user, b_item, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -239,20 +280,30 @@ def _ratings(rng, U, V, b_user, b_item, rows: np.ndarray, cols: np.ndarray) -> n
 
 def _timestamps(rng: np.random.Generator, rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Per user: a start in 2000-2004, then its entries in a random order with exponential gaps
-    (mean 3 days). int64 seconds per entry."""
+    (mean 3 days). int64 seconds per entry.
+
+    ``rows`` is sorted, so the order ``lexsort((random, rows))`` only permutes inside each user's
+    segment: it is found on chunks of whole users, and the gaps drawn in that order have their
+    running sums in draw order, put back by one scatter."""
     n = counts.size
     start = _T0 + rng.integers(0, 4 * 365 * _DAY, size=n)
-    position = np.lexsort((rng.random(rows.size), rows))  # random order inside each user block
-    gaps = np.empty(rows.size)
-    gaps[position] = rng.exponential(3.0 * _DAY, size=rows.size)
+    key = rng.random(rows.size)
     seg_start = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    cum = np.empty(rows.size)
-    cum[position] = np.cumsum(gaps[position])
-    first = cum[position[seg_start]] - gaps[position[seg_start]]
+    position = np.empty(rows.size, dtype=np.int64)
+    edges = [*seg_start[np.unique(np.searchsorted(seg_start, np.arange(0, rows.size, _BLOCK)))], rows.size]
+    for lo, hi in zip(edges[:-1], edges[1:]):  # the lexsort by an argsort then a stable pass, per chunk
+        part = np.argsort(key[lo:hi])  # (the same order unless two draws of a user tie)
+        position[lo:hi] = lo + part[np.argsort(rows[lo:hi][part], kind="stable")]
+    del key
+    gaps = rng.exponential(3.0 * _DAY, size=rows.size)  # in draw order
+    cum = np.cumsum(gaps)
+    first = cum[seg_start] - gaps[seg_start]
     del gaps
-    cum += start[rows]
+    cum += start[rows]  # the draw order keeps the user segments in place
     cum -= first[rows]
-    return cum.astype(np.int64)
+    out = np.empty(rows.size, dtype=np.int64)
+    out[position] = cum
+    return out
 
 
 #: Named sizes for ``synthetic:<preset>``: MovieLens shapes, density giving about the same ratings.
