@@ -298,3 +298,40 @@ def test_joint_clip_is_decoded_with_a_scale_per_user():
     out = MVMFAnalytic().evaluate(strong, np.random.default_rng(0))
     for m in ("rating_accuracy", "attribute_accuracy"):
         assert abs(out.metrics[m] - out.baseline_prior[m]) <= 0.01, m
+
+
+def test_clip_scales_computed_once_for_analytic_and_aggregate(monkeypatch):
+    """Under a joint clip (dp-gaussian) mvmf-analytic and the mvmf-analytic inside mvmf-aggregate
+    decode the same evidence: clip_scales runs once for both, and every reconstruction is the one
+    computed without the cache (the uncached function on every call)."""
+    from privaudit.attacks import _mvmf_decode
+
+    ds = synthetic()
+    proto = registry.get("protocol", "fedmvmf")()
+    tr = proto.run(ds, {}, [registry.get("defense", "dp-gaussian")(noise_multiplier=0.5)], 0).transcript
+    aggregate = registry.get("attack", "mvmf-aggregate")
+    calls = []
+    uncached = _mvmf_decode.clip_scales_uncached
+
+    def counted(*args):
+        calls.append(1)
+        return uncached(*args)
+
+    def recons():
+        _mvmf_decode._CLIP_CACHE.clear()
+        a = MVMFAnalytic().evaluate(tr, np.random.default_rng(0)).reconstruction
+        b = aggregate().evaluate(tr, np.random.default_rng(1)).reconstruction
+        return a, b
+
+    monkeypatch.setattr(_mvmf_decode, "clip_scales_uncached", counted)
+    cached = recons()
+    assert len(calls) == 1
+    assert "clip_scale_median" in cached[0].meta and "clip_scale_median" in cached[1].meta["inner"]
+    monkeypatch.setattr(_mvmf_decode, "_CLIP_CACHE_SIZE", 0)  # every call computes
+    fresh = recons()
+    assert len(calls) == 3
+    for new, old in zip(cached, fresh):
+        assert new.victims.keys() == old.victims.keys()
+        for party, rec in old.victims.items():
+            for key, arr in rec.items():
+                assert np.array_equal(new.victims[party][key], arr), (party, key)

@@ -4,8 +4,10 @@ population or EM-fitted prior, with the likelihood inflation chosen by marginal 
 
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -333,7 +335,55 @@ CLIP_BETAS = tuple(float(b) for b in np.geomspace(1e-3, 1.0, 31))
 CLIP_KAPPAS = (1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
 
 
+#: clip_scales results by the digest of their inputs (the last few): mvmf-analytic and the
+#: mvmf-analytic inside mvmf-aggregate decode the same evidence of one run (unaggregated uploads)
+_CLIP_CACHE: OrderedDict[bytes, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+_CLIP_CACHE_SIZE = 4
+
+
+def _digest(*parts: Any) -> bytes:
+    """A digest of arrays (dtype, shape and bytes) and other values (their repr)."""
+    h = hashlib.blake2b(digest_size=20)
+    for part in parts:
+        if isinstance(part, np.ndarray):
+            a = np.ascontiguousarray(part)
+            h.update(repr((a.dtype.str, a.shape)).encode())
+            h.update(a.view(np.uint8).reshape(-1) if a.size else b"")
+        else:
+            h.update(repr(part).encode())
+        h.update(b"\x00")
+    return h.digest()
+
+
 def clip_scales(
+    ev: Evidence,
+    st: DecodeSettings,
+    seg: np.ndarray,
+    joint: np.ndarray,
+    names: Any,
+    shares: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`clip_scales_uncached`, computed once for equal inputs (a digest of every argument;
+    a small cache of the last results, returned as copies)."""
+    key = _digest(
+        *(getattr(ev, f.name) for f in fields(ev)),
+        *(getattr(st, f.name) for f in fields(st)),
+        seg,
+        joint,
+        names,
+        shares,
+    )
+    out = _CLIP_CACHE.get(key)
+    if out is None:
+        out = clip_scales_uncached(ev, st, seg, joint, names, shares)
+    _CLIP_CACHE[key] = out
+    _CLIP_CACHE.move_to_end(key)
+    while len(_CLIP_CACHE) > _CLIP_CACHE_SIZE:
+        _CLIP_CACHE.popitem(last=False)
+    return out[0].copy(), out[1].copy()
+
+
+def clip_scales_uncached(
     ev: Evidence,
     st: DecodeSettings,
     seg: np.ndarray,
