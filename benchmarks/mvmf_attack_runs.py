@@ -5,7 +5,8 @@ does it; the transcript is cached as a pickle under ``--cache`` so that repeated
 attack the same uploads), every requested attack is evaluated as the audit does
 (``runner.evaluate_attack`` with the audit's attack parameters and random stream). Prints one JSON
 line per (run, attack): CPU seconds (``time.process_time``) and the attack's metrics. Extra
-attack parameters: ``--param name=value`` (applied to every attack that declares it)::
+attack parameters: ``--param name=value`` (applied to every attack that declares it); ``--profile
+out.prof``: a cProfile (CPU timer) of the attacks alone::
 
     PYTHONPATH=. python benchmarks/mvmf_attack_runs.py ../shared/data/ml-100k laplace=1 gaussian=1 \\
         dp-gaussian=3 dp-laplace=3 --attacks mvmf-nonlinear --cache /tmp/nl
@@ -14,6 +15,7 @@ attack parameters: ``--param name=value`` (applied to every attack that declares
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import pickle
@@ -46,6 +48,7 @@ def main() -> None:
     ap.add_argument("--attacks", default="mvmf-nonlinear,mvmf-aggregate,mvmf-analytic")
     ap.add_argument("--param", action="append", default=[])
     ap.add_argument("--cache", default=None)
+    ap.add_argument("--profile", default=None, help="write a cProfile (CPU timer) of the attacks here")
     args = ap.parse_args()
     extra = {}
     for p in args.param:
@@ -54,6 +57,7 @@ def main() -> None:
     spec = audit.Audit(protocol="fedmvmf", data=args.data, jobs=1)
     runs, _ = audit._plan(spec)
     ds = runner.subsample_users(runner.load_data(args.data), None, 0)
+    prof = cProfile.Profile(time.process_time) if args.profile else None
     for want in args.runs:
         name, _, value = want.partition("=")
         run = next(
@@ -71,12 +75,18 @@ def main() -> None:
             params.update({k: v for k, v in extra.items() if k in declared})
             rng = np.random.default_rng(np.random.SeedSequence([run.seed, run.defense_index, run.value_index, index]))
             t = time.process_time()
+            if prof is not None:
+                prof.enable()
             out, _ = runner.evaluate_attack(cls, params, transcript, rng)
+            if prof is not None:
+                prof.disable()
             cpu = time.process_time() - t
             metrics = {k: round(v, 6) for k, v in out["attack_metrics"].items() if isinstance(v, float)}
             print(
                 json.dumps({"run": want, "attack": attack_name, "cpu_s": round(cpu, 2), "metrics": metrics}), flush=True
             )
+    if prof is not None:
+        prof.dump_stats(args.profile)
 
 
 if __name__ == "__main__":
