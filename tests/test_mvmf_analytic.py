@@ -300,15 +300,51 @@ def test_joint_clip_is_decoded_with_a_scale_per_user():
         assert abs(out.metrics[m] - out.baseline_prior[m]) <= 0.01, m
 
 
-def test_clip_scales_computed_once_for_analytic_and_aggregate(monkeypatch):
+@pytest.fixture(scope="module")
+def dp_gaussian_run():
+    proto = registry.get("protocol", "fedmvmf")()
+    return proto.run(synthetic(), {}, [registry.get("defense", "dp-gaussian")(noise_multiplier=0.5)], 0).transcript
+
+
+def _same_victims(new, old):
+    assert new.victims.keys() == old.victims.keys()
+    for party, rec in old.victims.items():
+        for key, arr in rec.items():
+            assert np.array_equal(new.victims[party][key], arr), (party, key)
+
+
+def test_logsumexp_rows_is_scipy_bit_for_bit(dp_gaussian_run, monkeypatch):
+    """The row-wise logsumexp of the clip-scale search equals scipy's (the oracle) bit for bit,
+    ties and large magnitudes included, and the joint-clip decode is unchanged with scipy's."""
+    from scipy.special import logsumexp
+
+    from privaudit.attacks import _mvmf_decode
+
+    rng = np.random.default_rng(0)
+    for shape in [(20000, 5), (7, 1), (500, 6), (0, 3)]:
+        a = rng.normal(size=shape) * 40.0
+        a[::5] = np.round(a[::5])  # ties with the maximum
+        a[::9] = -3.0
+        a[::13] *= 1e6
+        assert np.array_equal(_mvmf_decode.logsumexp_rows(a), logsumexp(a, axis=1)), shape
+    inf = np.array([[0.0, -np.inf], [-np.inf, -np.inf]])
+    np.testing.assert_array_equal(_mvmf_decode.logsumexp_rows(inf), logsumexp(inf, axis=1))
+    _mvmf_decode._CLIP_CACHE.clear()
+    fast = MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0)).reconstruction
+    monkeypatch.setattr(_mvmf_decode, "logsumexp_rows", lambda a: logsumexp(a, axis=1))
+    _mvmf_decode._CLIP_CACHE.clear()
+    slow = MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0)).reconstruction
+    assert "clip_scale_median" in fast.meta
+    _same_victims(fast, slow)
+
+
+def test_clip_scales_computed_once_for_analytic_and_aggregate(dp_gaussian_run, monkeypatch):
     """Under a joint clip (dp-gaussian) mvmf-analytic and the mvmf-analytic inside mvmf-aggregate
     decode the same evidence: clip_scales runs once for both, and every reconstruction is the one
     computed without the cache (the uncached function on every call)."""
     from privaudit.attacks import _mvmf_decode
 
-    ds = synthetic()
-    proto = registry.get("protocol", "fedmvmf")()
-    tr = proto.run(ds, {}, [registry.get("defense", "dp-gaussian")(noise_multiplier=0.5)], 0).transcript
+    tr = dp_gaussian_run
     aggregate = registry.get("attack", "mvmf-aggregate")
     calls = []
     uncached = _mvmf_decode.clip_scales_uncached
@@ -331,7 +367,4 @@ def test_clip_scales_computed_once_for_analytic_and_aggregate(monkeypatch):
     fresh = recons()
     assert len(calls) == 3
     for new, old in zip(cached, fresh):
-        assert new.victims.keys() == old.victims.keys()
-        for party, rec in old.victims.items():
-            for key, arr in rec.items():
-                assert np.array_equal(new.victims[party][key], arr), (party, key)
+        _same_victims(new, old)

@@ -355,6 +355,23 @@ def _digest(*parts: Any) -> bytes:
     return h.digest()
 
 
+def logsumexp_rows(a: np.ndarray) -> np.ndarray:
+    """``scipy.special.logsumexp(a, axis=1)`` of a finite real 2-D array (N, H) -> (N,), by the
+    same operations in the same order (maximum, its ties counted and left out of the shifted sum,
+    ``log1p(s / m) + log(m) + max``), without scipy's generic-array overhead; falls back to scipy
+    when ``a`` is empty or not finite."""
+    if a.ndim != 2 or a.size == 0 or not np.isfinite(a).all():
+        return logsumexp(a, axis=1)
+    a_max = np.max(a, axis=1, keepdims=True)
+    mask = a == a_max
+    e = np.exp(a - a_max)
+    e[mask] = 0.0
+    m = np.sum(mask, axis=1, keepdims=True, dtype=a.dtype)
+    s = np.sum(e, axis=1, keepdims=True, dtype=e.dtype)
+    s = np.where(s == 0, s, s / m)
+    return (np.log1p(s) + np.log(m) + a_max)[:, 0]
+
+
 def clip_scales(
     ev: Evidence,
     st: DecodeSettings,
@@ -409,11 +426,11 @@ def clip_scales_uncached(
         ll = rating_loglik(ev, st, have, beta)
         blocks = attribute_loglik(names, ev, have_x, np.full(n, beta)) if block_lp else []
         for kappa in CLIP_KAPPAS:
-            E = np.bincount(sh, weights=logsumexp(ll / kappa + lp, axis=1), minlength=n)
+            E = np.bincount(sh, weights=logsumexp_rows(ll / kappa + lp), minlength=n)
             E -= 0.5 * math.log(kappa) * counts
             for (cols, llx, _), lpx in zip(blocks, block_lp):
                 if len(llx):
-                    E[have_x] += logsumexp(llx / kappa + lpx, axis=1)
+                    E[have_x] += logsumexp_rows(llx / kappa + lpx)
                     E[have_x] -= 0.5 * math.log(kappa) * len(cols) * ev.XC[have_x]
             better = E > best
             best[better], beta_u[better], kappa_u[better] = E[better], beta, kappa
