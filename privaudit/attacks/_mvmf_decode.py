@@ -359,15 +359,33 @@ def logsumexp_rows(a: np.ndarray) -> np.ndarray:
     """``scipy.special.logsumexp(a, axis=1)`` of a finite real 2-D array (N, H) -> (N,), by the
     same operations in the same order (maximum, its ties counted and left out of the shifted sum,
     ``log1p(s / m) + log(m) + max``), without scipy's generic-array overhead; falls back to scipy
-    when ``a`` is empty or not finite."""
+    when ``a`` is empty or not finite.
+
+    Rows of fewer than 8 values are reduced column by column (N-long operations instead of N
+    short reductions): the maximum and the tie count exactly, the sum left to right, which is
+    numpy's own order for rows that short (bit-identical; tested against scipy)."""
     if a.ndim != 2 or a.size == 0 or not np.isfinite(a).all():
         return logsumexp(a, axis=1)
-    a_max = np.max(a, axis=1, keepdims=True)
-    mask = a == a_max
+    H = a.shape[1]
+    if H >= 8:
+        a_max = np.max(a, axis=1, keepdims=True)
+    else:
+        a_max = a[:, :1].copy()
+        for h in range(1, H):
+            np.maximum(a_max, a[:, h : h + 1], out=a_max)
+    keep = a != a_max
     e = np.exp(a - a_max)
-    e[mask] = 0.0
-    m = np.sum(mask, axis=1, keepdims=True, dtype=a.dtype)
-    s = np.sum(e, axis=1, keepdims=True, dtype=e.dtype)
+    e *= keep  # the maxima leave the sum (scipy sets them to -inf: exp gives 0)
+    if H >= 8:
+        m = np.sum(~keep, axis=1, keepdims=True, dtype=a.dtype)
+        s = np.sum(e, axis=1, keepdims=True, dtype=e.dtype)
+    else:
+        m = np.full((len(a), 1), float(H))
+        s = e[:, :1].copy()
+        for h in range(H):
+            m -= keep[:, h : h + 1]
+            if h:
+                s += e[:, h : h + 1]
     s = np.where(s == 0, s, s / m)
     return (np.log1p(s) + np.log(m) + a_max)[:, 0]
 
