@@ -368,3 +368,43 @@ def test_clip_scales_computed_once_for_analytic_and_aggregate(dp_gaussian_run, m
     assert len(calls) == 3
     for new, old in zip(cached, fresh):
         _same_victims(new, old)
+
+
+def test_prior_table_and_baselines_once_per_transcript(dp_gaussian_run, monkeypatch):
+    """The prior library and the random/majority baselines are computed once per transcript for
+    the three MVMF attacks, equal to the uncached computation; a transcript that grew (a message
+    appended) is computed afresh."""
+    from privaudit.attacks import _mvmf, _mvmf_prior
+
+    tr = dp_gaussian_run
+    calls = []
+    build = _mvmf_prior.prior_table.uncached
+
+    def counted(transcript):
+        calls.append(1)
+        return build(transcript)
+
+    memo = _mvmf_prior.per_transcript(counted)
+    monkeypatch.setattr(_mvmf_prior, "prior_table", memo)
+    monkeypatch.setattr(_mvmf, "prior_table", memo)
+    outs = [
+        registry.get("attack", name)(**({"users": 10} if name == "mvmf-nonlinear" else {})).evaluate(
+            tr, np.random.default_rng(0)
+        )
+        for name in ("mvmf-aggregate", "mvmf-analytic", "mvmf-nonlinear")
+    ]
+    assert len(calls) == 1
+    fresh = build(tr)
+    table = memo(tr)
+    for m in fresh.hits:
+        assert np.array_equal(table.hits[m], fresh.hits[m]) and np.array_equal(table.weight[m], fresh.weight[m])
+    expected = _mvmf_prior.prior_baselines(tr, fresh)
+    for out in outs:
+        for m, v in expected.items():
+            assert out.baseline_prior[m] == v or (np.isnan(v) and np.isnan(out.baseline_prior[m])), m
+        assert out.baseline == _mvmf._baselines.uncached(tr)
+    assert _mvmf.baselines(tr) is not _mvmf.baselines(tr)  # copies of the memo's dict
+    tr.add(10**6, "server", "server", "note", {})
+    memo(tr)
+    assert len(calls) == 2
+    tr.messages.pop()  # leave the module fixture as it was

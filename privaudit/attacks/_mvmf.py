@@ -34,6 +34,7 @@ from privaudit.attacks._mvmf_view import (
     missing_config,
     parse_view,
     parse_view_flat,
+    per_transcript,
     private_payloads,
     rating_domain,
     ratio,
@@ -138,7 +139,13 @@ def baselines(transcript: Transcript) -> dict[str, float]:
     The uniform guess draws from the value domain: the rating grid (with 0 added when unrated
     items are uploaded too, InclUnc or sampling) and {0, 1} for dummies. The majority guess
     always answers the most frequent true value (computed over all victims' uploaded items).
+    Computed once per transcript (:func:`per_transcript`); a copy is returned.
     """
+    return dict(_baselines(transcript))
+
+
+@per_transcript
+def _baselines(transcript: Transcript) -> dict[str, float]:
     cfg = transcript.config
     lo, hi = rating_domain(cfg)
     step = float(cfg.get("rating_step", 1.0) or 1.0)
