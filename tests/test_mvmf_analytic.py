@@ -408,3 +408,26 @@ def test_prior_table_and_baselines_once_per_transcript(dp_gaussian_run, monkeypa
     memo(tr)
     assert len(calls) == 2
     tr.messages.pop()  # leave the module fixture as it was
+
+
+def test_victim_scores_once_per_evaluation(dp_gaussian_run, monkeypatch):
+    """score() and victim_table() of one evaluation share one victim_scores; the metrics and the
+    table equal the ones computed from scratch."""
+    from privaudit.attacks import _mvmf
+
+    calls = []
+    plain = _mvmf.victim_scores
+
+    def counted(recon, transcript):
+        calls.append(1)
+        return plain(recon, transcript)
+
+    monkeypatch.setattr(_mvmf, "victim_scores", counted)
+    out = MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0))
+    assert len(calls) == 1
+    monkeypatch.setattr(_mvmf, "victim_scores", plain)
+    assert out.metrics == _mvmf.score_reconstruction(out.reconstruction, dp_gaussian_run)
+    victims, weight, hits = plain(out.reconstruction, dp_gaussian_run)
+    assert out.victims.victims == victims
+    for m in out.victims.weight:
+        assert np.array_equal(out.victims.weight[m], weight[m]) and np.array_equal(out.victims.attack[m], hits[m])
