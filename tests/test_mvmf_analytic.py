@@ -431,3 +431,23 @@ def test_victim_scores_once_per_evaluation(dp_gaussian_run, monkeypatch):
     assert out.victims.victims == victims
     for m in out.victims.weight:
         assert np.array_equal(out.victims.weight[m], weight[m]) and np.array_equal(out.victims.attack[m], hits[m])
+
+
+@pytest.mark.parametrize("defended", [False, True])
+def test_aggregate_single_member_cohorts_pass_uploads_through(small, dp_gaussian_run, defended, monkeypatch):
+    """mvmf-aggregate with one-member cohorts (plain views, cohort_size 1) takes each upload as
+    its sum directly: the reconstruction and diagnostics equal the general path's (per-item sums
+    of one member) exactly."""
+    from privaudit.attacks import mvmf_aggregate
+
+    tr = dp_gaussian_run if defended else _run(small, "semials", "obsonly")
+    attack = registry.get("attack", "mvmf-aggregate")
+    fast = attack().evaluate(tr, np.random.default_rng(0))
+    monkeypatch.setattr(mvmf_aggregate, "_single_upload", lambda co, up, r: False)
+    slow = attack().evaluate(tr, np.random.default_rng(0))
+    assert fast.reconstruction.supported and fast.reconstruction.meta["mean_cohort_size"] == 1.0
+    _same_victims(fast.reconstruction, slow.reconstruction)
+    assert fast.metrics == slow.metrics
+    drop = ("seconds",)
+    inner = {k: v for k, v in fast.reconstruction.meta["inner"].items() if k not in drop}
+    assert inner == {k: v for k, v in slow.reconstruction.meta["inner"].items() if k not in drop}
