@@ -306,6 +306,16 @@ def dp_gaussian_run():
     return proto.run(synthetic(), {}, [registry.get("defense", "dp-gaussian")(noise_multiplier=0.5)], 0).transcript
 
 
+class _NoStore(dict):
+    """A result cache that keeps nothing."""
+
+    def __setitem__(self, key, value):
+        pass
+
+    def move_to_end(self, key):
+        pass
+
+
 def _same_victims(new, old):
     assert new.victims.keys() == old.victims.keys()
     for party, rec in old.victims.items():
@@ -342,7 +352,7 @@ def test_clip_scales_computed_once_for_analytic_and_aggregate(dp_gaussian_run, m
     """Under a joint clip (dp-gaussian) mvmf-analytic and the mvmf-analytic inside mvmf-aggregate
     decode the same evidence: clip_scales runs once for both, and every reconstruction is the one
     computed without the cache (the uncached function on every call)."""
-    from privaudit.attacks import _mvmf_decode
+    from privaudit.attacks import _mvmf_decode, mvmf_analytic
 
     tr = dp_gaussian_run
     aggregate = registry.get("attack", "mvmf-aggregate")
@@ -352,6 +362,8 @@ def test_clip_scales_computed_once_for_analytic_and_aggregate(dp_gaussian_run, m
     def counted(*args):
         calls.append(1)
         return uncached(*args)
+
+    monkeypatch.setattr(mvmf_analytic, "_RESULTS", _NoStore())  # every analytic run decodes
 
     def recons():
         _mvmf_decode._CLIP_CACHE.clear()
@@ -438,8 +450,9 @@ def test_aggregate_single_member_cohorts_pass_uploads_through(small, dp_gaussian
     """mvmf-aggregate with one-member cohorts (plain views, cohort_size 1) takes each upload as
     its sum directly: the reconstruction and diagnostics equal the general path's (per-item sums
     of one member) exactly."""
-    from privaudit.attacks import mvmf_aggregate
+    from privaudit.attacks import mvmf_aggregate, mvmf_analytic
 
+    monkeypatch.setattr(mvmf_analytic, "_RESULTS", _NoStore())  # every analytic run decodes
     tr = dp_gaussian_run if defended else _run(small, "semials", "obsonly")
     attack = registry.get("attack", "mvmf-aggregate")
     fast = attack().evaluate(tr, np.random.default_rng(0))
@@ -451,3 +464,36 @@ def test_aggregate_single_member_cohorts_pass_uploads_through(small, dp_gaussian
     drop = ("seconds",)
     inner = {k: v for k, v in fast.reconstruction.meta["inner"].items() if k not in drop}
     assert inner == {k: v for k, v in slow.reconstruction.meta["inner"].items() if k not in drop}
+
+
+def test_aggregate_reuses_the_analytic_reconstruction_of_the_same_uploads(dp_gaussian_run, monkeypatch):
+    """mvmf-analytic then mvmf-aggregate (one-member cohorts) on one run: the inner mvmf-analytic
+    reads the same uploads and takes the stored reconstruction (one decode), equal to decoding
+    again; another transcript with the same uploads (a different population prior) decodes."""
+    import copy
+
+    from privaudit.attacks import mvmf_analytic
+
+    decodes = []
+    plain = MVMFAnalytic._decode_view
+
+    def counted(self, fv, tic):
+        decodes.append(1)
+        return plain(self, fv, tic)
+
+    monkeypatch.setattr(MVMFAnalytic, "_decode_view", counted)
+    monkeypatch.setattr(mvmf_analytic, "_RESULTS", mvmf_analytic.OrderedDict())
+    aggregate = registry.get("attack", "mvmf-aggregate")
+    first = MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0))
+    inner = aggregate().evaluate(dp_gaussian_run, np.random.default_rng(0))
+    assert len(decodes) == 1
+    monkeypatch.setattr(mvmf_analytic, "_RESULTS", _NoStore())
+    again = aggregate().evaluate(dp_gaussian_run, np.random.default_rng(0))
+    assert len(decodes) == 2
+    _same_victims(inner.reconstruction, again.reconstruction)
+    _same_victims(first.reconstruction, again.reconstruction)
+    assert inner.metrics == again.metrics == first.metrics
+    monkeypatch.setattr(mvmf_analytic, "_RESULTS", mvmf_analytic.OrderedDict())
+    MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0))
+    MVMFAnalytic().evaluate(copy.copy(dp_gaussian_run), np.random.default_rng(0))
+    assert len(decodes) == 4

@@ -341,7 +341,7 @@ _CLIP_CACHE: OrderedDict[bytes, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 _CLIP_CACHE_SIZE = 4
 
 
-def _digest(*parts: Any) -> bytes:
+def inputs_digest(*parts: Any) -> bytes:
     """A digest of arrays (dtype, shape and bytes) and other values (their repr)."""
     h = hashlib.blake2b(digest_size=20)
     for part in parts:
@@ -400,7 +400,7 @@ def clip_scales(
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`clip_scales_uncached`, computed once for equal inputs (a digest of every argument;
     a small cache of the last results, returned as copies)."""
-    key = _digest(
+    key = inputs_digest(
         *(getattr(ev, f.name) for f in fields(ev)),
         *(getattr(st, f.name) for f in fields(st)),
         seg,
