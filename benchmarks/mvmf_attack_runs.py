@@ -1,7 +1,7 @@
 """CPU seconds and metrics of the three FedMVMF attacks on seed-0 runs of the ML-100K audit.
 
 For each chosen run of ``privaudit audit --protocol fedmvmf`` (seed 0, protocol run as the audit
-does it; the transcript is cached as a pickle under ``--cache`` so that repeated measurements
+does it; the transcript is cached as a ``.ptx`` file under ``--cache`` so that repeated measurements
 attack the same uploads), every requested attack is evaluated as the audit does
 (``runner.evaluate_attack`` with the audit's attack parameters and random stream). Prints one JSON
 line per (run, attack): CPU seconds (``time.process_time``) and the attack's metrics. Extra
@@ -18,26 +18,24 @@ import argparse
 import cProfile
 import json
 import os
-import pickle
 import time
 
 import numpy as np
 
 from privaudit import audit, runner
+from privaudit import transcript as transcript_module
 
 
 def _transcript(run, ds, cache: str | None, key: str):
-    path = os.path.join(cache, f"{key}.pkl") if cache else None
+    path = os.path.join(cache, f"{key}.ptx") if cache else None
     if path and os.path.exists(path):
-        with open(path, "rb") as fh:
-            return pickle.load(fh)
+        return transcript_module.load(path)
     specs = [(run.defense_cls, dict(run.defense_params))] if run.defense_cls is not None else []
     task = runner.Task(run.protocol_cls, run.config, specs, object, run.seed)
     task.names = [run.protocol_name, "", run.defense_name or ""]
     transcript = runner.run_protocol(task, ds)[0].transcript
     if path:
-        with open(path, "wb") as fh:
-            pickle.dump(transcript, fh)
+        transcript.save(path)
     return transcript
 
 

@@ -194,6 +194,42 @@ def test_least_squares_point_is_scipy_least_squares_of_reduced_system(small):
     assert checked > 10 and roots > 10, (checked, roots)
 
 
+def test_least_squares_points_enter_only_victims_without_a_root(small):
+    """Under noise a victim's average is over its systems' roots; its least-squares points stand in
+    only when none of its K systems has a real root (the place hybr's unconverged stop had)."""
+    import dataclasses
+
+    from privaudit.attacks.mvmf_nonlinear import EXACT_FIT, attack_victim
+
+    tr = FedMVMF().run(small, {"epochs": 2}, [LaplaceNoise(scale=0.3)], rng=0).transcript
+    fv = _mvmf.parse_view(tr.view("server"))
+    K = fv.P[0].shape[1]
+    st = dataclasses.replace(_setting_of(fv), solves=K, noisy=True)
+    mixed = 0
+    for seed, party in enumerate(sorted(fv.clients)[:12]):
+        up = fv.clients[party]
+        victim = Victim(party, up.items[0], up.grad_V[0], up.grad_P[0])
+        rng = np.random.default_rng(seed)
+        coords = rng.permutation(K)
+        points, is_root = [], []
+        for i in range(K):
+            rng.integers(len(victim.items))  # the SGD item draw the attack makes too
+            system = UserSystem(st, victim, int(coords[i]))
+            root = system.exact_root()
+            z = root if root is not None else system.least_squares_point()
+            points.append((system.misfit(z, victim), system.split(z)))
+            is_root.append(root is not None)
+        mixed += 0 < sum(is_root) < K
+        chosen = [p for p, ok in zip(points, is_root) if ok] if any(is_root) else points
+        best = min(f for f, _ in chosen)
+        keep = [zs for f, zs in chosen if f <= max(2 * best, EXACT_FIT)]
+        r, x, failed, unconverged = attack_victim(st, victim, seed)
+        np.testing.assert_allclose(r, np.mean([np.clip(zs[0], st.lo, st.hi) for zs in keep], axis=0), atol=1e-12)
+        np.testing.assert_allclose(x, np.mean([np.clip(zs[1], 0.0, 1.0) for zs in keep], axis=0), atol=1e-12)
+        assert failed == 0 and unconverged == K - sum(is_root)
+    assert mixed > 0
+
+
 def test_exact_root_only_for_semials_obsonly(clean_runs):
     for scenario in SCENARIOS[1:]:
         fv = _mvmf.parse_view(clean_runs[scenario].view("server"))
