@@ -298,3 +298,202 @@ def test_joint_clip_is_decoded_with_a_scale_per_user():
     out = MVMFAnalytic().evaluate(strong, np.random.default_rng(0))
     for m in ("rating_accuracy", "attribute_accuracy"):
         assert abs(out.metrics[m] - out.baseline_prior[m]) <= 0.01, m
+
+
+@pytest.fixture(scope="module")
+def dp_gaussian_run():
+    proto = registry.get("protocol", "fedmvmf")()
+    return proto.run(synthetic(), {}, [registry.get("defense", "dp-gaussian")(noise_multiplier=0.5)], 0).transcript
+
+
+class _NoStore(dict):
+    """A result cache that keeps nothing."""
+
+    def __setitem__(self, key, value):
+        pass
+
+    def move_to_end(self, key):
+        pass
+
+
+def _same_victims(new, old):
+    assert new.victims.keys() == old.victims.keys()
+    for party, rec in old.victims.items():
+        for key, arr in rec.items():
+            assert np.array_equal(new.victims[party][key], arr), (party, key)
+
+
+def test_logsumexp_rows_is_scipy_bit_for_bit(dp_gaussian_run, monkeypatch):
+    """The row-wise logsumexp of the clip-scale search equals scipy's (the oracle) bit for bit,
+    ties and large magnitudes included, and the joint-clip decode is unchanged with scipy's."""
+    from scipy.special import logsumexp
+
+    from privaudit.attacks import _mvmf_decode
+
+    rng = np.random.default_rng(0)
+    for shape in [(20000, 5), (7, 1), (500, 6), (0, 3)] + [(3000, h) for h in range(2, 12)]:
+        a = rng.normal(size=shape) * 40.0
+        a[::5] = np.round(a[::5])  # ties with the maximum
+        a[::9] = -3.0
+        a[::13] *= 1e6
+        assert np.array_equal(_mvmf_decode.logsumexp_rows(a), logsumexp(a, axis=1)), shape
+    inf = np.array([[0.0, -np.inf], [-np.inf, -np.inf]])
+    np.testing.assert_array_equal(_mvmf_decode.logsumexp_rows(inf), logsumexp(inf, axis=1))
+    _mvmf_decode._CLIP_CACHE.clear()
+    fast = MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0)).reconstruction
+    monkeypatch.setattr(_mvmf_decode, "logsumexp_rows", lambda a: logsumexp(a, axis=1))
+    _mvmf_decode._CLIP_CACHE.clear()
+    slow = MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0)).reconstruction
+    assert "clip_scale_median" in fast.meta
+    _same_victims(fast, slow)
+
+
+def test_clip_scales_computed_once_for_analytic_and_aggregate(dp_gaussian_run, monkeypatch):
+    """Under a joint clip (dp-gaussian) mvmf-analytic and the mvmf-analytic inside mvmf-aggregate
+    decode the same evidence: clip_scales runs once for both, and every reconstruction is the one
+    computed without the cache (the uncached function on every call)."""
+    from privaudit.attacks import _mvmf_decode, mvmf_analytic
+
+    tr = dp_gaussian_run
+    aggregate = registry.get("attack", "mvmf-aggregate")
+    calls = []
+    uncached = _mvmf_decode.clip_scales_uncached
+
+    def counted(*args):
+        calls.append(1)
+        return uncached(*args)
+
+    monkeypatch.setattr(mvmf_analytic, "_RESULTS", _NoStore())  # every analytic run decodes
+
+    def recons():
+        _mvmf_decode._CLIP_CACHE.clear()
+        a = MVMFAnalytic().evaluate(tr, np.random.default_rng(0)).reconstruction
+        b = aggregate().evaluate(tr, np.random.default_rng(1)).reconstruction
+        return a, b
+
+    monkeypatch.setattr(_mvmf_decode, "clip_scales_uncached", counted)
+    cached = recons()
+    assert len(calls) == 1
+    assert "clip_scale_median" in cached[0].meta and "clip_scale_median" in cached[1].meta["inner"]
+    monkeypatch.setattr(_mvmf_decode, "_CLIP_CACHE_SIZE", 0)  # every call computes
+    fresh = recons()
+    assert len(calls) == 3
+    for new, old in zip(cached, fresh):
+        _same_victims(new, old)
+
+
+def test_prior_table_and_baselines_once_per_transcript(dp_gaussian_run, monkeypatch):
+    """The prior library and the random/majority baselines are computed once per transcript for
+    the three MVMF attacks, equal to the uncached computation; a transcript that grew (a message
+    appended) is computed afresh."""
+    from privaudit.attacks import _mvmf, _mvmf_prior
+
+    tr = dp_gaussian_run
+    calls = []
+    build = _mvmf_prior.prior_table.uncached
+
+    def counted(transcript):
+        calls.append(1)
+        return build(transcript)
+
+    memo = _mvmf_prior.per_transcript(counted)
+    monkeypatch.setattr(_mvmf_prior, "prior_table", memo)
+    monkeypatch.setattr(_mvmf, "prior_table", memo)
+    outs = [
+        registry.get("attack", name)(**({"users": 10} if name == "mvmf-nonlinear" else {})).evaluate(
+            tr, np.random.default_rng(0)
+        )
+        for name in ("mvmf-aggregate", "mvmf-analytic", "mvmf-nonlinear")
+    ]
+    assert len(calls) == 1
+    fresh = build(tr)
+    table = memo(tr)
+    for m in fresh.hits:
+        assert np.array_equal(table.hits[m], fresh.hits[m]) and np.array_equal(table.weight[m], fresh.weight[m])
+    expected = _mvmf_prior.prior_baselines(tr, fresh)
+    for out in outs:
+        for m, v in expected.items():
+            assert out.baseline_prior[m] == v or (np.isnan(v) and np.isnan(out.baseline_prior[m])), m
+        assert out.baseline == _mvmf._baselines.uncached(tr)
+    assert _mvmf.baselines(tr) is not _mvmf.baselines(tr)  # copies of the memo's dict
+    tr.add(10**6, "server", "server", "note", {})
+    memo(tr)
+    assert len(calls) == 2
+    tr.messages.pop()  # leave the module fixture as it was
+
+
+def test_victim_scores_once_per_evaluation(dp_gaussian_run, monkeypatch):
+    """score() and victim_table() of one evaluation share one victim_scores; the metrics and the
+    table equal the ones computed from scratch."""
+    from privaudit.attacks import _mvmf
+
+    calls = []
+    plain = _mvmf.victim_scores
+
+    def counted(recon, transcript):
+        calls.append(1)
+        return plain(recon, transcript)
+
+    monkeypatch.setattr(_mvmf, "victim_scores", counted)
+    out = MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0))
+    assert len(calls) == 1
+    monkeypatch.setattr(_mvmf, "victim_scores", plain)
+    assert out.metrics == _mvmf.score_reconstruction(out.reconstruction, dp_gaussian_run)
+    victims, weight, hits = plain(out.reconstruction, dp_gaussian_run)
+    assert out.victims.victims == victims
+    for m in out.victims.weight:
+        assert np.array_equal(out.victims.weight[m], weight[m]) and np.array_equal(out.victims.attack[m], hits[m])
+
+
+@pytest.mark.parametrize("defended", [False, True])
+def test_aggregate_single_member_cohorts_pass_uploads_through(small, dp_gaussian_run, defended, monkeypatch):
+    """mvmf-aggregate with one-member cohorts (plain views, cohort_size 1) takes each upload as
+    its sum directly: the reconstruction and diagnostics equal the general path's (per-item sums
+    of one member) exactly."""
+    from privaudit.attacks import mvmf_aggregate, mvmf_analytic
+
+    monkeypatch.setattr(mvmf_analytic, "_RESULTS", _NoStore())  # every analytic run decodes
+    tr = dp_gaussian_run if defended else _run(small, "semials", "obsonly")
+    attack = registry.get("attack", "mvmf-aggregate")
+    fast = attack().evaluate(tr, np.random.default_rng(0))
+    monkeypatch.setattr(mvmf_aggregate, "_single_upload", lambda co, up, r: False)
+    slow = attack().evaluate(tr, np.random.default_rng(0))
+    assert fast.reconstruction.supported and fast.reconstruction.meta["mean_cohort_size"] == 1.0
+    _same_victims(fast.reconstruction, slow.reconstruction)
+    assert fast.metrics == slow.metrics
+    drop = ("seconds",)
+    inner = {k: v for k, v in fast.reconstruction.meta["inner"].items() if k not in drop}
+    assert inner == {k: v for k, v in slow.reconstruction.meta["inner"].items() if k not in drop}
+
+
+def test_aggregate_reuses_the_analytic_reconstruction_of_the_same_uploads(dp_gaussian_run, monkeypatch):
+    """mvmf-analytic then mvmf-aggregate (one-member cohorts) on one run: the inner mvmf-analytic
+    reads the same uploads and takes the stored reconstruction (one decode), equal to decoding
+    again; another transcript with the same uploads (a different population prior) decodes."""
+    import copy
+
+    from privaudit.attacks import mvmf_analytic
+
+    decodes = []
+    plain = MVMFAnalytic._decode_view
+
+    def counted(self, fv, tic):
+        decodes.append(1)
+        return plain(self, fv, tic)
+
+    monkeypatch.setattr(MVMFAnalytic, "_decode_view", counted)
+    monkeypatch.setattr(mvmf_analytic, "_RESULTS", mvmf_analytic.OrderedDict())
+    aggregate = registry.get("attack", "mvmf-aggregate")
+    first = MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0))
+    inner = aggregate().evaluate(dp_gaussian_run, np.random.default_rng(0))
+    assert len(decodes) == 1
+    monkeypatch.setattr(mvmf_analytic, "_RESULTS", _NoStore())
+    again = aggregate().evaluate(dp_gaussian_run, np.random.default_rng(0))
+    assert len(decodes) == 2
+    _same_victims(inner.reconstruction, again.reconstruction)
+    _same_victims(first.reconstruction, again.reconstruction)
+    assert inner.metrics == again.metrics == first.metrics
+    monkeypatch.setattr(mvmf_analytic, "_RESULTS", mvmf_analytic.OrderedDict())
+    MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0))
+    MVMFAnalytic().evaluate(copy.copy(dp_gaussian_run), np.random.default_rng(0))
+    assert len(decodes) == 4

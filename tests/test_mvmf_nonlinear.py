@@ -150,6 +150,86 @@ def test_exact_root_is_scipy_hybr_root(small, clean_runs, noise):
     assert roots > 0 and (none > 0) == bool(noise), (roots, none)
 
 
+def test_least_squares_point_is_scipy_least_squares_of_reduced_system(small):
+    """SemiALS ObsOnly without a real root (a_k > 0, under noise): the closed-form point minimises
+    the reduced residual ``a / (2 u_k) + lam u`` as scipy's least_squares (the oracle) does, r and
+    x solve their equations exactly, and systems with a root keep the closed-form root."""
+    from scipy.optimize import least_squares
+
+    from privaudit.attacks.mvmf_nonlinear import solve_system
+
+    tr = FedMVMF().run(small, {"epochs": 2}, [LaplaceNoise(scale=0.3)], rng=0).transcript
+    fv = _mvmf.parse_view(tr.view("server"))
+    st = _setting_of(fv)
+    checked = roots = 0
+    for party in sorted(fv.clients)[:6]:
+        up = fv.clients[party]
+        victim = Victim(party, up.items[0], up.grad_V[0], up.grad_P[0])
+        for k in range(fv.P[0].shape[1]):
+            system = UserSystem(st, victim, k)
+            a = system.reduced_update()
+            z_ls, ok, conv = solve_system(system, "hybr")
+            z_hybr, _, _ = solve_system(system, "hybr", no_root="hybr")
+            if a[k] < 0:
+                roots += 1
+                assert conv and np.array_equal(z_ls, system.exact_root()) and np.array_equal(z_ls, z_hybr)
+                continue
+            checked += 1
+            assert ok and not conv
+            r, x, u = system.split(z_ls)
+            oracle = least_squares(
+                lambda v, a=a, k=k: a / (2 * v[k]) + st.lam * v,
+                system.split(system.initial_guess())[2],
+                xtol=1e-15,
+                ftol=1e-15,
+                gtol=1e-15,
+            )
+            oracle_u = oracle.x if np.sign(oracle.x[k]) == np.sign(u[k]) else -oracle.x
+            np.testing.assert_allclose(u, oracle_u, rtol=1e-6, atol=1e-6)
+            assert np.linalg.norm(a / (2 * u[k]) + st.lam * u) <= np.sqrt(2 * oracle.cost) * (1 + 1e-12)
+            # item and attribute equations hold exactly at the point (only the update block is off)
+            f = system.fun(z_ls)
+            assert np.abs(f[: system.n + system.p]).max() < 1e-9
+            assert np.sum(r) >= 0 and not np.array_equal(z_ls, z_hybr)
+    assert checked > 10 and roots > 10, (checked, roots)
+
+
+def test_least_squares_points_enter_only_victims_without_a_root(small):
+    """Under noise a victim's average is over its systems' roots; its least-squares points stand in
+    only when none of its K systems has a real root (the place hybr's unconverged stop had)."""
+    import dataclasses
+
+    from privaudit.attacks.mvmf_nonlinear import EXACT_FIT, attack_victim
+
+    tr = FedMVMF().run(small, {"epochs": 2}, [LaplaceNoise(scale=0.3)], rng=0).transcript
+    fv = _mvmf.parse_view(tr.view("server"))
+    K = fv.P[0].shape[1]
+    st = dataclasses.replace(_setting_of(fv), solves=K, noisy=True)
+    mixed = 0
+    for seed, party in enumerate(sorted(fv.clients)[:12]):
+        up = fv.clients[party]
+        victim = Victim(party, up.items[0], up.grad_V[0], up.grad_P[0])
+        rng = np.random.default_rng(seed)
+        coords = rng.permutation(K)
+        points, is_root = [], []
+        for i in range(K):
+            rng.integers(len(victim.items))  # the SGD item draw the attack makes too
+            system = UserSystem(st, victim, int(coords[i]))
+            root = system.exact_root()
+            z = root if root is not None else system.least_squares_point()
+            points.append((system.misfit(z, victim), system.split(z)))
+            is_root.append(root is not None)
+        mixed += 0 < sum(is_root) < K
+        chosen = [p for p, ok in zip(points, is_root) if ok] if any(is_root) else points
+        best = min(f for f, _ in chosen)
+        keep = [zs for f, zs in chosen if f <= max(2 * best, EXACT_FIT)]
+        r, x, failed, unconverged = attack_victim(st, victim, seed)
+        np.testing.assert_allclose(r, np.mean([np.clip(zs[0], st.lo, st.hi) for zs in keep], axis=0), atol=1e-12)
+        np.testing.assert_allclose(x, np.mean([np.clip(zs[1], 0.0, 1.0) for zs in keep], axis=0), atol=1e-12)
+        assert failed == 0 and unconverged == K - sum(is_root)
+    assert mixed > 0
+
+
 def test_exact_root_only_for_semials_obsonly(clean_runs):
     for scenario in SCENARIOS[1:]:
         fv = _mvmf.parse_view(clean_runs[scenario].view("server"))

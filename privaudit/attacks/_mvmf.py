@@ -34,6 +34,7 @@ from privaudit.attacks._mvmf_view import (
     missing_config,
     parse_view,
     parse_view_flat,
+    per_transcript,
     private_payloads,
     rating_domain,
     ratio,
@@ -116,14 +117,17 @@ def victim_scores(recon: Reconstruction, transcript: Transcript) -> tuple[list[s
     return victims, weight, hits
 
 
-def score_reconstruction(recon: Reconstruction, transcript: Transcript) -> dict[str, float]:
+def score_reconstruction(
+    recon: Reconstruction, transcript: Transcript, scores: tuple[list[str], dict, dict] | None = None
+) -> dict[str, float]:
     """Rating and attribute accuracy (PrivMVMF paper eq. 43) over all attacked victims.
 
     Each victim's reconstruction holds ``items`` (the uploaded item ids it guessed),
     ``ratings`` (rounded guesses, 0 = unrated) and ``attributes`` (rounded dummies); the
-    accuracies are the sums of :func:`victim_scores` over the victims.
+    accuracies are the sums of :func:`victim_scores` over the victims (``scores``: its result
+    when the caller has it).
     """
-    victims, weight, hits = victim_scores(recon, transcript)
+    victims, weight, hits = victim_scores(recon, transcript) if scores is None else scores
     order = ("rating_accuracy", "attribute_accuracy", "rated_rating_accuracy", "rated_detection_accuracy")
     out = {m: ratio(hits[m], weight[m]) for m in order}
     out["victims"] = float(len(victims))
@@ -138,7 +142,13 @@ def baselines(transcript: Transcript) -> dict[str, float]:
     The uniform guess draws from the value domain: the rating grid (with 0 added when unrated
     items are uploaded too, InclUnc or sampling) and {0, 1} for dummies. The majority guess
     always answers the most frequent true value (computed over all victims' uploaded items).
+    Computed once per transcript (:func:`per_transcript`); a copy is returned.
     """
+    return dict(_baselines(transcript))
+
+
+@per_transcript
+def _baselines(transcript: Transcript) -> dict[str, float]:
     cfg = transcript.config
     lo, hi = rating_domain(cfg)
     step = float(cfg.get("rating_step", 1.0) or 1.0)
@@ -234,7 +244,17 @@ class MVMFAttack(Attack):
         return super().applicable(view)  # the base rule: every kind of ``requires``, in plaintext
 
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
-        return score_reconstruction(reconstruction, transcript)
+        return score_reconstruction(reconstruction, transcript, self._victim_scores(reconstruction, transcript))
+
+    def _victim_scores(self, reconstruction: Reconstruction, transcript: Transcript) -> tuple[list[str], dict, dict]:
+        """:func:`victim_scores`, kept for the last (reconstruction, transcript) pair: :meth:`score`
+        and :meth:`victim_table` of one evaluation share it (read only)."""
+        last = self.__dict__.get("_last_scores")
+        if last is not None and last[0] is reconstruction and last[1] is transcript:
+            return last[2]
+        out = victim_scores(reconstruction, transcript)
+        self.__dict__["_last_scores"] = (reconstruction, transcript, out)
+        return out
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         return baselines(transcript)
@@ -262,7 +282,7 @@ class MVMFAttack(Attack):
         them (``prior_baseline`` covers every client). None when a victim is not a client the
         prior covers.
         """
-        victims, weight, hits = victim_scores(reconstruction, transcript)
+        victims, weight, hits = self._victim_scores(reconstruction, transcript)
         table = self._prior_table(transcript, knowledge)
         where = {p: k for k, p in enumerate(table.victims)}
         if not victims or any(p not in where for p in victims):

@@ -11,7 +11,15 @@ from typing import Any
 import numpy as np
 
 from privaudit.attacks._generic import cross_fit
-from privaudit.attacks._mvmf_view import TINY, client_sort_key, private_payloads, rating_domain, ratio, true_ratings
+from privaudit.attacks._mvmf_view import (
+    TINY,
+    client_sort_key,
+    per_transcript,
+    private_payloads,
+    rating_domain,
+    ratio,
+    true_ratings,
+)
 from privaudit.transcript import Transcript
 
 #: message-free strategies of the prior library, per metric, in order of preference on ties
@@ -177,6 +185,7 @@ def _value_grid(config: dict[str, Any], truth: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([grid, truth])) if truth.size else grid
 
 
+@per_transcript
 def prior_table(transcript: Transcript) -> PriorTable:
     """The prior library: message-free strategies scored per victim, each metric's strategy
     chosen on held-out victims (:func:`privaudit.attacks._generic.cross_fit`: victims at even
@@ -196,7 +205,7 @@ def prior_table(transcript: Transcript) -> PriorTable:
 
     The statistics come from the truth in hindsight (an attacker with the population's
     published marginals does no better with a message-free guess); only the victim's own
-    values are left out.
+    values are left out. Computed once per transcript (:func:`per_transcript`).
     """
     parties, offsets, items, truth = _uploads(transcript)
     private = private_payloads(transcript)

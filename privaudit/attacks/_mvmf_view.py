@@ -13,8 +13,10 @@ can be attacked:
 from __future__ import annotations
 
 import functools
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -371,6 +373,35 @@ def round_ratings(values: np.ndarray, config: dict[str, Any]) -> np.ndarray:
 def round_attributes(values: np.ndarray) -> np.ndarray:
     """Clip dummies to [0, 1] and round."""
     return np.round(np.clip(np.nan_to_num(values, nan=0.0), 0.0, 1.0))
+
+
+_T = TypeVar("_T")
+
+
+def per_transcript(fn: Callable[[Transcript], _T]) -> Callable[[Transcript], _T]:
+    """``fn(transcript)`` computed once per transcript object: the attacks evaluated on one run
+    (mvmf-aggregate, mvmf-analytic, mvmf-nonlinear in an audit) share it. The result is kept for
+    the last two transcripts while they are alive and unchanged (same message count and last
+    message, as the transcript's own index checks); callers must not modify it."""
+    memo: dict[int, tuple[Any, int, Any, Any]] = {}
+
+    @functools.wraps(fn)
+    def cached(transcript: Transcript) -> _T:
+        msgs = transcript.messages
+        last = msgs[-1] if msgs else None
+        hit = memo.get(id(transcript))
+        if hit is not None and hit[0]() is transcript and hit[1] == len(msgs) and hit[2] is last:
+            return hit[3]
+        out = fn(transcript)
+        for key in [k for k, v in memo.items() if v[0]() is None]:
+            del memo[key]
+        while len(memo) >= 2:
+            del memo[next(iter(memo))]
+        memo[id(transcript)] = (weakref.ref(transcript), len(msgs), last, out)
+        return out
+
+    cached.uncached = fn  # type: ignore[attr-defined]
+    return cached
 
 
 def private_payloads(transcript: Transcript) -> dict[str, dict[str, np.ndarray]]:

@@ -75,8 +75,9 @@ from privaudit.transcript import Message, View
 class _Cohort:
     """One cohort's sums in one round.
 
-    members : list[str]; items : dict party -> int64 item ids; GV : dict item -> (K,) sum;
-    GP : (p x K) sum; single : dict party -> (grad_V rows, grad_P) when the sum is one upload.
+    members : list[str]; items : dict party -> int64 item ids; gv_items, gv_values : (L,) item ids
+    and (L x K) sums; gp : (p x K) sum; single : the member's grad_V rows in its item order when the
+    cohort is one upload with distinct items (the sums are that upload; gv_* are then unset).
     """
 
     def __init__(self, round: int, members: list[str]):
@@ -86,6 +87,7 @@ class _Cohort:
         self.gv_items: np.ndarray | None = None
         self.gv_values: np.ndarray | None = None
         self.gp: np.ndarray | None = None
+        self.single: np.ndarray | None = None
 
 
 def separate(cohort: _Cohort, K: int) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, float]]:
@@ -97,17 +99,21 @@ def separate(cohort: _Cohort, K: int) -> tuple[dict[str, dict[str, np.ndarray]],
     """
     members = cohort.members
     c = len(members)
-    GV = {int(i): v for i, v in zip(cohort.gv_items, cohort.gv_values)}
     if c == 1:  # the sum is the upload
         u = members[0]
         items = np.asarray(cohort.items[u], dtype=np.int64)
-        rows = np.stack([GV[int(i)] for i in items]) if len(items) else np.zeros((0, K))
+        if cohort.single is not None:
+            rows = cohort.single
+        else:
+            GV = {int(i): v for i, v in zip(cohort.gv_items, cohort.gv_values)}
+            rows = np.stack([GV[int(i)] for i in items]) if len(items) else np.zeros((0, K))
         return {u: {"items": items, "grad_V": rows, "grad_P": cohort.gp}}, {
             "members": 1.0,
             "with_direction": 1.0,
             "separable_items": 1.0,
             "grad_P_separable": 1.0,
         }
+    GV = {int(i): v for i, v in zip(cohort.gv_items, cohort.gv_values)}
     owners: dict[int, list[int]] = defaultdict(list)
     for k, u in enumerate(members):
         for i in np.asarray(cohort.items[u], dtype=np.int64).tolist():
@@ -160,6 +166,20 @@ def separate(cohort: _Cohort, K: int) -> tuple[dict[str, dict[str, np.ndarray]],
         "grad_P_separable": float(gp_ok),
     }
     return out, diag
+
+
+def _single_upload(co: _Cohort, up: Any, r: int) -> bool:
+    """Fill the one-member cohort ``co`` of round ``r`` straight from the member's upload ``up``
+    (its sums are that upload: the same rows, in its item order). False, leaving ``co`` as it was,
+    when the upload holds no item or repeats one (the general path sums repeated rows)."""
+    j = up.rounds.index(r)
+    items = np.asarray(up.items[j], dtype=np.int64)
+    if not len(items) or len(np.unique(items)) != len(items):
+        return False
+    co.items[co.members[0]] = up.items[j]
+    co.single = np.array(up.grad_V[j])
+    co.gp = up.grad_P[j].copy()
+    return True
 
 
 def _prior_guesses(
@@ -299,6 +319,9 @@ class MVMFAggregate(MVMFAttack):
             for s in range(0, len(parties), size):
                 members = parties[s : s + size]
                 co = _Cohort(r, members)
+                if len(members) == 1 and _single_upload(co, fv.clients[members[0]], r):
+                    cohorts.append(co)
+                    continue
                 acc: dict[int, np.ndarray] = {}
                 gp = None
                 for u in members:

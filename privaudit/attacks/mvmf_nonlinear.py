@@ -65,11 +65,21 @@ its own k; noise-free 1); more solves recover more under noise (docs/reproductio
 that raises, returns non-finite values or ends with a larger residual than its start is counted in
 ``meta["failed_solves"]`` and replaced by the clipped initial guess; a victim is never dropped.
 
-SemiALS ObsOnly (c = 1): eliminating r and x leaves ``u_k^2 = -a_k / (2 lam)`` with a known
-vector a (:meth:`UserSystem.exact_root`), so hybr's root is computed in closed form; a system with
-``a_k >= 0`` (no real root; only under noise) still goes to hybr.
+SemiALS ObsOnly (c = 1): eliminating r and x leaves K equations ``a / (2 u_k) + lam u = 0`` with a
+known vector a, so ``u_k^2 = -a_k / (2 lam)`` (:meth:`UserSystem.exact_root`) and hybr's root is
+computed in closed form. A system with ``a_k > 0`` has no real root (only under noise; 27-51 % of
+the systems on the noisy runs of the ML-100K audit); its estimate is the least-squares point of
+the reduced system, ``|u_k| = sqrt(a_k / (2 lam))``, ``u_j = -a_j / (2 lam u_k)`` for j != k
+(:meth:`UserSystem.least_squares_point`; param ``no_root="hybr"``: iterate hybr on the full
+system instead, as before). hybr stops unconverged there, near u_k = 0 with a misfit far above
+the roots', so the model check dropped those solves whenever a root existed. The least-squares
+point fits about as well as a root, but averaged with the roots it lowered rating accuracy on
+the noisy ML-100K audit runs (docs/scale.md), so it stands in the same place as hybr's stop did:
+a victim's least-squares points are averaged only when none of its systems has a real root
+(counted in ``meta["unconverged_solves"]``).
 
-Departures: the equation scaling, the preconditioning of the Jacobian-free methods (param
+Departures: the least-squares point of the reduced system for SemiALS ObsOnly systems without a
+real root (the paper does not say what its solver returns there), the equation scaling, the preconditioning of the Jacobian-free methods (param
 ``precondition``: solve ``J(z0)^-1 F(z) = 0``, same roots), the reduced formulation and the
 model check are ours. SGD requires the client to upload the same item set in the two epochs used (true
 for ObsOnly and InclUnc; not for re-drawn sampling, which PrivMVMF only pairs with SemiALS).
@@ -180,6 +190,7 @@ class Setting:
     retries: int = 2
     precondition: bool = True
     reduced: bool = False
+    no_root: str = "least-squares"
 
 
 class UserSystem:
@@ -229,24 +240,52 @@ class UserSystem:
         u0 = np.linalg.solve(A, b)
         return np.concatenate([r0, x0, u0])
 
-    def exact_root(self) -> np.ndarray | None:
-        """The root of a SemiALS ObsOnly system in closed form; None in the other scenarios or
-        when it has no real root.
+    def reduced_update(self) -> np.ndarray | None:
+        """``a = Vs^T g + P^T h`` (K,) of a SemiALS ObsOnly system, None in the other scenarios.
 
         With c = 1 the item and attribute equations give ``r = Vs u - g / (2 u_k)`` and
-        ``x = P u - h / (2 alpha u_k)``; the update equations then read ``a / (2 u_k) + lam u = 0``
-        with ``a = Vs^T g + P^T h`` (K,), so ``u_k^2 = -a_k / (2 lam)`` (real iff ``a_k < 0``) and
-        ``u = -a / (2 lam u_k)``. Of the mirror pair ``+-z`` the one with a non-negative rating
-        sum, as :func:`solve_system` keeps.
+        ``x = P u - h / (2 alpha u_k)``; the update equations then read ``a / (2 u_k) + lam u = 0``.
         """
         st = self.st
         if st.weighted or self.sgd or not st.alpha > 0:
             return None
-        a = self.Vs.T @ self.g + self.P.T @ self.h
-        if not a[self.k] < 0:
+        return self.Vs.T @ self.g + self.P.T @ self.h
+
+    def exact_root(self) -> np.ndarray | None:
+        """The root of a SemiALS ObsOnly system in closed form; None in the other scenarios or
+        when it has no real root.
+
+        The reduced system ``a / (2 u_k) + lam u = 0`` (:meth:`reduced_update`) gives
+        ``u_k^2 = -a_k / (2 lam)`` (real iff ``a_k < 0``) and ``u = -a / (2 lam u_k)``. Of the
+        mirror pair ``+-z`` the one with a non-negative rating sum, as :func:`solve_system` keeps.
+        """
+        a = self.reduced_update()
+        if a is None or not a[self.k] < 0:
             return None
-        uk = float(np.sqrt(-a[self.k] / (2.0 * st.lam)))
-        u = -a / (2.0 * st.lam * uk)
+        uk = float(np.sqrt(-a[self.k] / (2.0 * self.st.lam)))
+        return self._from_u(-a / (2.0 * self.st.lam * uk), uk)
+
+    def least_squares_point(self) -> np.ndarray | None:
+        """The least-squares point of the reduced SemiALS ObsOnly system when it has no real root
+        (``a_k > 0``); None otherwise (a root exists, another scenario, or ``a_k = 0``).
+
+        Component k's residual ``a_k / (2 u_k) + lam u_k`` is at least ``sqrt(2 lam a_k)`` in
+        absolute value, attained at ``|u_k| = sqrt(a_k / (2 lam))``; every other component is then
+        solved exactly by ``u_j = -a_j / (2 lam u_k)``. r and x follow from their (exact) equations;
+        of the mirror pair the one with a non-negative rating sum.
+        """
+        a = self.reduced_update()
+        if a is None or not a[self.k] > 0 or not self.st.lam > 0:
+            return None
+        uk = float(np.sqrt(a[self.k] / (2.0 * self.st.lam)))
+        u = -a / (2.0 * self.st.lam * uk)
+        u[self.k] = uk
+        return self._from_u(u, uk)
+
+    def _from_u(self, u: np.ndarray, uk: float) -> np.ndarray | None:
+        """``z = [r, x, u]`` with r and x from the item and attribute equations at u (c = 1,
+        ``uk = u[k]``); the mirror with a non-negative rating sum; None if not finite."""
+        st = self.st
         r = self.Vs @ u - self.g / (2.0 * uk)
         x = self.P @ u - self.h / (2.0 * st.alpha * uk)
         z = np.concatenate([r, x, u])
@@ -412,7 +451,12 @@ def _root_options(method: str, maxiter: int, tol: float) -> dict[str, Any]:
 
 
 def solve_system(
-    system: UserSystem, method: str, maxiter: int = 200, tol: float = 1e-8, precondition: bool = True
+    system: UserSystem,
+    method: str,
+    maxiter: int = 200,
+    tol: float = 1e-8,
+    precondition: bool = True,
+    no_root: str = "least-squares",
 ) -> tuple[np.ndarray, bool, bool]:
     """Solve one user system from its initial guess with ``scipy.optimize.root``.
 
@@ -423,6 +467,9 @@ def solve_system(
 
     ``hybr`` on a SemiALS ObsOnly system with a real root returns that root
     (:meth:`UserSystem.exact_root`) without iterating: hybr converges to it (or its mirror).
+    Without a real root (``a_k > 0``), ``no_root="least-squares"`` returns the least-squares
+    point of the reduced system (:meth:`UserSystem.least_squares_point`, counted as not
+    converged); ``no_root="hybr"`` iterates hybr on the full system, where it stops unconverged.
 
     Returns ``(z, ok, converged)``: ``ok`` is False when the solver failed outright (exception,
     non-finite result, residual above the start) and ``z`` is then the initial guess.
@@ -433,6 +480,9 @@ def solve_system(
     exact = system.exact_root() if method == "hybr" else None
     if exact is not None:
         return exact, True, True
+    closest = system.least_squares_point() if method == "hybr" and no_root == "least-squares" else None
+    if closest is not None:
+        return closest, True, False
     z0 = system.initial_guess()
     f0 = float(np.linalg.norm(system.fun(z0)))
     try:
@@ -485,7 +535,8 @@ def attack_victim(st: Setting, victim: Victim, seed: int) -> tuple[np.ndarray, n
     ``st.solves`` systems (random coordinate k, SGD: random item i*) are solved; noise-free,
     up to ``st.retries`` more are tried while none reproduces all uploads (relative misfit
     <= EXACT_FIT). Solutions whose misfit on *all* uploads exceeds twice the best one (another
-    branch of the system) are dropped; the rest are clipped and averaged.
+    branch of the system) are dropped; the rest are clipped and averaged. Least-squares points of
+    systems without a real root are averaged only when no system of the victim has a root.
 
     Returns ``(ratings, attributes, failed, unconverged)`` (clipped averages, not yet rounded).
     """
@@ -496,6 +547,7 @@ def attack_victim(st: Setting, victim: Victim, seed: int) -> tuple[np.ndarray, n
     sols: list[tuple[float, np.ndarray, np.ndarray]] = []
     failed = unconverged = 0
     attempts = 0
+    lsq = st.method == "hybr" and st.no_root == "least-squares"
     while attempts < st.solves or (
         not st.noisy and attempts < st.solves + st.retries and min(s[0] for s in sols) > EXACT_FIT
     ):
@@ -503,12 +555,16 @@ def attack_victim(st: Setting, victim: Victim, seed: int) -> tuple[np.ndarray, n
         attempts += 1
         istar = int(rng.integers(n)) if n else 0
         system = (ReducedSystem if st.reduced else UserSystem)(st, victim, k, istar)
-        z, ok, conv = solve_system(system, st.method, st.maxiter, st.tol, st.precondition)
+        z, ok, conv = solve_system(system, st.method, st.maxiter, st.tol, st.precondition, st.no_root)
         failed += not ok
         unconverged += ok and not conv
         r, x, _ = system.split(z)
         fit = system.misfit(z, victim) if ok else float("inf")
-        sols.append((fit, np.clip(r, st.lo, st.hi), np.clip(x, 0.0, 1.0)))
+        # a least-squares point (SemiALS ObsOnly without a real root) is a fallback, not a root
+        fallback = lsq and ok and not conv and system.reduced_update() is not None
+        sols.append((fit, np.clip(r, st.lo, st.hi), np.clip(x, 0.0, 1.0), fallback))
+    if not all(s[3] for s in sols):
+        sols = [s for s in sols if not s[3]]  # least-squares points only when no system has a root
     best = min(s[0] for s in sols)
     keep = [s for s in sols if s[0] <= max(2.0 * best, EXACT_FIT)] if np.isfinite(best) else sols
     r = np.mean([s[1] for s in keep], axis=0)
@@ -606,6 +662,13 @@ class MVMFNonlinear(_mvmf.MVMFAttack):
             choices=("auto", "full", "reduced"),
         ),
         Param("chunk", 16, "victims per joblib task", ge=1),
+        Param(
+            "no_root",
+            "least-squares",
+            "SemiALS ObsOnly with hybr, a system without a real root (under noise): least-squares = "
+            "the least-squares point of the reduced system in closed form; hybr = iterate hybr on the full system",
+            choices=("least-squares", "hybr"),
+        ),
     )
 
     def applicable(self, view: View) -> tuple[bool, str]:
@@ -649,6 +712,7 @@ class MVMFNonlinear(_mvmf.MVMFAttack):
             noisy=noisy,
             retries=int(self.config["retries"]),
             precondition=bool(self.config["precondition"]),
+            no_root=str(self.config["no_root"]),
         )
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
