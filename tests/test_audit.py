@@ -248,10 +248,14 @@ def test_dp_laplace_upload_clipping_and_validation():
 
 
 def test_runs_with_a_canary_run_are_handed_out_first():
-    """The DP cells (one extra canary run each) go to the workers first, the undefended runs last."""
+    """The DP cells' runs with a canary run go to the workers first, the undefended runs last."""
     runs, _ = au._plan(au.Audit(protocol="fedmvmf", seeds=1))
     ranks = {(r.defense_name, au._cost_rank(r)) for r in runs}
     assert ("dp-gaussian", 0) in ranks and ("dp-laplace", 0) in ranks
     assert ("laplace", 1) in ranks and ("sampling", 1) in ranks and (None, 2) in ranks
+    two, _ = au._plan(au.Audit(protocol="fedmvmf", seeds=2))  # one canary run per DP cell, at its first seed
+    dp = [r for r in two if r.defense_name in ("dp-gaussian", "dp-laplace")]
+    assert {(r.seed, au._cost_rank(r)) for r in dp} == {(0, 0), (1, 1)}
+    assert all(r.canaries == 0 for r in dp if r.seed == 1) and all(r.canaries != 0 for r in dp if r.seed == 0)
     no_canaries, _ = au._plan(au.Audit(protocol="fedmvmf", seeds=1, canaries=0))
     assert {au._cost_rank(r) for r in no_canaries if r.defense_cls is not None} == {1}
