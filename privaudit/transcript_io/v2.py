@@ -24,11 +24,13 @@ import json
 import os
 import time
 import zipfile
+import zlib
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -83,10 +85,34 @@ def _owner(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
+def _address(arr: np.ndarray) -> int:
+    return arr.__array_interface__["data"][0]
+
+
+def _flat(arr: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+
+
+def _run(first: np.ndarray, second: np.ndarray) -> list | None:
+    """``[owner, owner's address, first byte, end byte]`` if ``second`` follows ``first`` back to
+    back in their common C-ordered owner, else None."""
+    owner = _owner(first)
+    if not owner.flags.c_contiguous or _owner(second) is not owner:
+        return None
+    start = _address(first)
+    if _address(second) != start + first.nbytes:
+        return None
+    return [owner, _address(owner), start, start + first.nbytes + second.nbytes]
+
+
 def _pieces(arrays: list[np.ndarray]) -> Iterator[np.ndarray]:
     """The arrays as flat bytes in order; arrays lying back to back in one C-ordered buffer (a
-    protocol's per-client slices of one round's array) come out as one view of it, uncopied."""
+    protocol's per-client slices of one round's array) come out as one view of it, uncopied.
+
+    An array's address is looked up only when it shares its base with the previous array, so
+    arrays that own their data cost no lookup."""
     run: list | None = None  # [owner, owner's address, first byte, end byte] of a back-to-back run
+    pending: np.ndarray | None = None  # a C-ordered view that may start a run with the next array
 
     def view(r: list) -> np.ndarray:
         return r[0].reshape(-1).view(np.uint8)[r[2] - r[1] : r[3] - r[1]]
@@ -94,23 +120,29 @@ def _pieces(arrays: list[np.ndarray]) -> Iterator[np.ndarray]:
     for arr in arrays:
         if not arr.nbytes:
             continue
-        if run is not None and arr.base is run[0] and arr.flags.c_contiguous:  # the common case, fast
-            addr = arr.__array_interface__["data"][0]
-            if addr == run[3]:
+        base, contiguous = arr.base, arr.flags.c_contiguous
+        if run is not None:
+            if base is run[0] and contiguous and _address(arr) == run[3]:
                 run[3] += arr.nbytes
                 continue
-        flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-        owner = _owner(flat)
-        if run is not None:
             yield view(run)
             run = None
-        if not owner.flags.c_contiguous:
-            yield flat
-            continue
-        start = flat.__array_interface__["data"][0]
-        run = [owner, owner.__array_interface__["data"][0], start, start + flat.nbytes]
+        elif pending is not None:
+            if base is pending.base and contiguous:
+                run = _run(pending, arr)
+            if run is not None:
+                pending = None
+                continue
+            yield _flat(pending)
+            pending = None
+        if contiguous and isinstance(base, np.ndarray):
+            pending = arr
+        else:
+            yield _flat(arr)
     if run is not None:
         yield view(run)
+    if pending is not None:
+        yield _flat(pending)
 
 
 def _batches(arrays: list[np.ndarray], small: int = 65536, limit: int = 16 * 1024**2) -> Iterator[np.ndarray]:
@@ -130,6 +162,67 @@ def _batches(arrays: list[np.ndarray], small: int = 65536, limit: int = 16 * 102
         size += piece.nbytes
     if group:
         yield np.concatenate(group)
+
+
+class _Sink:
+    """Writes a stored member's bytes to ``fh`` while a worker thread computes their CRC-32
+    (zlib releases the GIL), so the checksum costs no time beside the write.
+
+    Pieces of ``direct`` bytes or more are written as they are; smaller ones are first copied
+    into one of two reused buffers of ``size`` bytes (a buffer is refilled only once its CRC is
+    done), so that no write is small and no copy allocates fresh memory.
+    """
+
+    def __init__(self, fh: BinaryIO, pool: ThreadPoolExecutor, crc: int, direct: int = 1 << 20, size: int = 8 << 20):
+        self.fh, self.pool, self.crc, self.direct, self.size = fh, pool, crc, direct, size
+        self.buffers: list[np.ndarray] = []
+        self.busy: list[Future | None] = [None, None]
+        self.turn = 0
+        self.last: Future | None = None
+        self.written = 0
+
+    def _checksum(self, chunk: np.ndarray) -> None:
+        self.crc = zlib.crc32(chunk, self.crc)  # the single worker runs these in submission order
+
+    def _out(self, chunk: np.ndarray) -> Future:
+        self.last = self.pool.submit(self._checksum, chunk)
+        self.fh.write(chunk)
+        self.written += chunk.nbytes
+        return self.last
+
+    def _join(self, group: list[np.ndarray], fill: int) -> None:
+        if len(group) == 1:
+            self._out(group[0])
+            return
+        if not self.buffers:
+            self.buffers = [np.empty(self.size, np.uint8), np.empty(self.size, np.uint8)]
+        turn, self.turn = self.turn, 1 - self.turn
+        if self.busy[turn] is not None:
+            self.busy[turn].result()
+        buf = self.buffers[turn][:fill]
+        np.concatenate(group, out=buf)
+        self.busy[turn] = self._out(buf)
+
+    def write(self, pieces: Iterator[np.ndarray]) -> tuple[int, int]:
+        """Write every piece; ``(bytes written, CRC-32 of the member so far)``."""
+        group: list[np.ndarray] = []
+        fill = 0
+        for piece in pieces:
+            n = piece.nbytes
+            if n >= self.direct or fill + n > self.size:
+                if group:
+                    self._join(group, fill)
+                    group, fill = [], 0
+                if n >= self.direct:
+                    self._out(piece)
+                    continue
+            group.append(piece)
+            fill += n
+        if group:
+            self._join(group, fill)
+        if self.last is not None:
+            self.last.result()
+        return self.written, self.crc
 
 
 class TranscriptWriter:
@@ -228,7 +321,7 @@ class TranscriptWriter:
         self._first = len(self._table)
 
     # -------------------------------------------------------------- columns
-    def _write(self, name: str, header: bytes, chunks: Iterator[np.ndarray], nbytes: int, stored: bool) -> None:
+    def _write(self, name: str, header: bytes, arrays: list[np.ndarray], nbytes: int, stored: bool) -> None:
         target: str | zipfile.ZipInfo = name
         if stored:
             target = zipfile.ZipInfo(name, date_time=time.localtime()[:6])
@@ -236,13 +329,18 @@ class TranscriptWriter:
             target.external_attr = 0o600 << 16  # as ZipFile.open gives a member opened by name
         with self._zf.open(target, "w", force_zip64=len(header) + nbytes > 2**31) as out:
             out.write(header)
-            for chunk in chunks:
+            if stored and nbytes and isinstance(getattr(out, "_crc", None), int) and hasattr(out, "_file_size"):
+                # CPython's member writer: the data bypasses it (written straight to the file, its
+                # CRC in a thread), then its size and CRC are set as its own writes would have
+                with ThreadPoolExecutor(1) as pool:
+                    written, out._crc = _Sink(self._fh, pool, out._crc).write(_pieces(arrays))
+                out._file_size += written
+                return
+            for chunk in _batches(arrays):
                 out.write(chunk)
 
     def _small(self, name: str, arr: np.ndarray) -> None:
-        self._write(
-            name, npy_header_bytes(arr.dtype, arr.shape), iter([arr.reshape(-1).view(np.uint8)]), arr.nbytes, False
-        )
+        self._write(name, npy_header_bytes(arr.dtype, arr.shape), [arr], arr.nbytes, False)
 
     def _flush(self, col: _Column) -> None:
         index = len(self._columns)
@@ -250,7 +348,7 @@ class TranscriptWriter:
         shape = (sum(col.row_counts()), *col.trailing)
         header = npy_header_bytes(col.dtype, shape)
         stored = col.stored
-        self._write(data_name, header, _batches(col.arrays), col.nbytes, stored)
+        self._write(data_name, header, col.arrays, col.nbytes, stored)
         offsets = np.zeros(len(col.arrays) + 1, dtype=np.int64)
         np.cumsum(col.row_counts(), out=offsets[1:])
         self._small(f"columns/{index}.offsets.npy", offsets)
