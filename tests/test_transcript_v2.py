@@ -215,23 +215,24 @@ def test_column_bytes_are_written_in_order_with_back_to_back_slices_uncopied():
 
 
 def test_sink_writes_every_byte_in_order_with_zlib_crc(tmp_path):
-    """Small pieces joined in the two reused buffers, large ones written as they are; the CRC
+    """Small arrays joined in the two reused buffers, large ones written as they are; the CRC
     computed in the worker thread is zlib's over the whole stream, from the given start value."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from privaudit.transcript_io.v2 import _pieces, _Sink
+    from privaudit.transcript_io.v2 import _Sink
 
     rng = np.random.default_rng(1)
     buf = rng.normal(size=(3000, 4))
-    arrays = [rng.normal(size=(int(n), 4)) for n in rng.integers(0, 40, size=300)]
-    arrays[10:10] = [buf[0:5], buf[5:2000], buf[2000:2001], buf[::3]]  # a run, then a strided copy
-    arrays.append(np.array(7.0))  # a 0-d array
-    want = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
-    for direct, size in ((1 << 20, 8 << 20), (4096, 1000), (64, 64), (1, 1)):
-        with open(tmp_path / "out.bin", "wb") as fh, ThreadPoolExecutor(1) as pool:
-            written, crc = _Sink(fh, pool, 12345, direct=direct, size=size).write(_pieces(arrays))
-        assert (tmp_path / "out.bin").read_bytes() == want
-        assert written == len(want) and crc == zlib.crc32(want, 12345)
+    rows = [rng.normal(size=(int(n), 4)) for n in rng.integers(0, 40, size=300)]
+    rows[10:10] = [buf[0:5], buf[5:2000], buf[2000:2001], buf[::3], np.asfortranarray(buf[:7])]
+    scalars = [np.array(float(v)) for v in rng.normal(size=50)]  # a column of 0-d payloads
+    for arrays in (rows, scalars):
+        want = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
+        for direct, size in ((1 << 20, 8 << 20), (4096, 1000), (64, 64), (1, 1)):
+            with open(tmp_path / "out.bin", "wb") as fh, ThreadPoolExecutor(1) as pool:
+                written, crc = _Sink(fh, pool, 12345, direct=direct, size=size).write(arrays)
+            assert (tmp_path / "out.bin").read_bytes() == want
+            assert written == len(want) and crc == zlib.crc32(want, 12345)
 
 
 def test_stored_members_carry_their_crc(tmp_path):

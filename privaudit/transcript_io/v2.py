@@ -165,12 +165,13 @@ def _batches(arrays: list[np.ndarray], small: int = 65536, limit: int = 16 * 102
 
 
 class _Sink:
-    """Writes a stored member's bytes to ``fh`` while a worker thread computes their CRC-32
+    """Writes a stored column's bytes to ``fh`` while a worker thread computes their CRC-32
     (zlib releases the GIL), so the checksum costs no time beside the write.
 
-    Pieces of ``direct`` bytes or more are written as they are; smaller ones are first copied
-    into one of two reused buffers of ``size`` bytes (a buffer is refilled only once its CRC is
-    done), so that no write is small and no copy allocates fresh memory.
+    Arrays of ``direct`` bytes or more are written as they are; smaller ones are copied, by one
+    ``np.concatenate`` per batch, into one of two reused buffers of ``size`` bytes (a buffer is
+    refilled only once its CRC is done), so that no write is small, no copy allocates fresh
+    memory and no array costs more than a size check in Python.
     """
 
     def __init__(self, fh: BinaryIO, pool: ThreadPoolExecutor, crc: int, direct: int = 1 << 20, size: int = 8 << 20):
@@ -184,15 +185,14 @@ class _Sink:
     def _checksum(self, chunk: np.ndarray) -> None:
         self.crc = zlib.crc32(chunk, self.crc)  # the single worker runs these in submission order
 
-    def _out(self, chunk: np.ndarray) -> Future:
+    def _out(self, chunk: np.ndarray) -> None:
         self.last = self.pool.submit(self._checksum, chunk)
         self.fh.write(chunk)
         self.written += chunk.nbytes
-        return self.last
 
     def _join(self, group: list[np.ndarray], fill: int) -> None:
         if len(group) == 1:
-            self._out(group[0])
+            self._out(_flat(group[0]))
             return
         if not self.buffers:
             self.buffers = [np.empty(self.size, np.uint8), np.empty(self.size, np.uint8)]
@@ -200,23 +200,30 @@ class _Sink:
         if self.busy[turn] is not None:
             self.busy[turn].result()
         buf = self.buffers[turn][:fill]
-        np.concatenate(group, out=buf)
-        self.busy[turn] = self._out(buf)
+        first = group[0]
+        if first.ndim:
+            np.concatenate(group, out=buf.view(first.dtype).reshape(-1, *first.shape[1:]))
+        else:
+            np.stack(group, out=buf.view(first.dtype))
+        self._out(buf)
+        self.busy[turn] = self.last
 
-    def write(self, pieces: Iterator[np.ndarray]) -> tuple[int, int]:
-        """Write every piece; ``(bytes written, CRC-32 of the member so far)``."""
+    def write(self, arrays: list[np.ndarray]) -> tuple[int, int]:
+        """Write the arrays (one dtype and trailing shape, as a column's) in order, C-ordered;
+        ``(bytes written, CRC-32 of the member so far)``."""
         group: list[np.ndarray] = []
         fill = 0
-        for piece in pieces:
-            n = piece.nbytes
-            if n >= self.direct or fill + n > self.size:
+        direct, size = self.direct, self.size
+        for arr in arrays:
+            n = arr.nbytes
+            if n >= direct or fill + n > size:
                 if group:
                     self._join(group, fill)
                     group, fill = [], 0
-                if n >= self.direct:
-                    self._out(piece)
+                if n >= direct:
+                    self._out(_flat(arr))
                     continue
-            group.append(piece)
+            group.append(arr)
             fill += n
         if group:
             self._join(group, fill)
@@ -265,36 +272,40 @@ class TranscriptWriter:
         """Add one message (its ``seq`` must increase); its payload arrays must not change later."""
         if self.closed:
             raise ValueError("the transcript writer is closed")
-        if m.seq <= self._last_seq:
-            raise ValueError(f"message seq {m.seq} does not increase (previous {self._last_seq})")
-        self._last_seq = m.seq
-        if m.kind == "private" and not self.include_private:
+        seq, rnd, kind = m.seq, m.round, m.kind
+        if seq <= self._last_seq:
+            raise ValueError(f"message seq {seq} does not increase (previous {self._last_seq})")
+        self._last_seq = seq
+        if kind == "private" and not self.include_private:
             return
-        if self.stream and self._round is not None and m.round != self._round:
+        stream = self.stream
+        if stream and self._round is not None and rnd != self._round:
             self.end_round()
-        self._round = m.round
+        self._round = rnd
         position = len(self._table)
         names = self._names
         sender = names.setdefault(m.sender, len(names))
         receiver = names.setdefault(m.receiver, len(names))
-        self._table.append((m.seq, m.round, sender, receiver, names.setdefault(m.kind, len(names))))
+        self._table.append((seq, rnd, sender, receiver, names.setdefault(kind, len(names))))
         if m.meta:
-            self._meta.append((position, m.seq, m.meta))  # made JSON at close: a run may still add to it
-        if self.stream:
+            self._meta.append((position, seq, m.meta))  # made JSON at close: a run may still add to it
+        if stream:
             self._messages.append(m)
+        pending = self._pending
         for name, value in m.payload.items():
             arr = value if type(value) is np.ndarray else np.asarray(value)
-            if arr.dtype.hasobject:
-                raise TypeError(f"message {m.seq} payload {name!r} is an object array")
-            key = (m.kind, m.round, name, arr.dtype, arr.ndim == 0, arr.shape[1:])
-            col = self._pending.get(key)
+            dtype, shape = arr.dtype, arr.shape
+            if dtype.hasobject:
+                raise TypeError(f"message {seq} payload {name!r} is an object array")
+            key = (kind, rnd, name, dtype, shape[1:] if shape else None)  # None: a 0-d payload
+            col = pending.get(key)
             if col is None:
-                col = self._pending[key] = _Column(m.kind, m.round, name, arr)
+                col = pending[key] = _Column(kind, rnd, name, arr)
             col.arrays.append(arr)
             col.owners.append(position)
             col.nbytes += arr.nbytes
-            if self.stream and col.nbytes >= self.chunk_bytes:
-                self._flush(self._pending.pop(key))
+            if stream and col.nbytes >= self.chunk_bytes:
+                self._flush(pending.pop(key))
 
     def add(
         self,
@@ -333,7 +344,7 @@ class TranscriptWriter:
                 # CPython's member writer: the data bypasses it (written straight to the file, its
                 # CRC in a thread), then its size and CRC are set as its own writes would have
                 with ThreadPoolExecutor(1) as pool:
-                    written, out._crc = _Sink(self._fh, pool, out._crc).write(_pieces(arrays))
+                    written, out._crc = _Sink(self._fh, pool, out._crc).write(arrays)
                 out._file_size += written
                 return
             for chunk in _batches(arrays):
@@ -657,8 +668,9 @@ def _read_columns(path: Path, zf: zipfile.ZipFile, infos: dict, manifest: dict, 
     return table, names, out
 
 
-def read(path: Path, zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo], manifest: dict, max_bytes: int) -> list:
-    """The messages of a version-2 archive; payloads are views of the columns."""
+def read(path: Path, zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo], manifest: dict, max_bytes: int) -> tuple:
+    """``(messages, codes, names)``: the messages of a version-2 archive (payloads are views of
+    the columns), and their sender, receiver and kind as positions in ``names`` (n x 3)."""
     table, names, columns = _read_columns(path, zf, infos, manifest, max_bytes)
     meta = _read_meta(path, manifest, len(table))
     payloads: list[dict[str, np.ndarray]] = [{} for _ in range(len(table))]
@@ -670,10 +682,11 @@ def read(path: Path, zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo], man
                 raise _fail(path, f"message {i} gets payload {name!r} twice (column {c} and an earlier one)")
             view = data[bounds[k] : bounds[k + 1]]
             p[name] = view.reshape(()) if spec.scalar else view
-    return [
+    messages = [
         Message(seq, rnd, names[s], names[r], names[k], payloads[i], meta.get(i, {}))
         for i, (seq, rnd, s, r, k) in enumerate(table.tolist())
     ]
+    return messages, table[:, 2:], names
 
 
 __all__ = ["TranscriptWriter", "VERSION", "read", "save"]
