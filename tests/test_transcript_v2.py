@@ -215,8 +215,9 @@ def test_column_bytes_are_written_in_order_with_back_to_back_slices_uncopied():
 
 
 def test_sink_writes_every_byte_in_order_with_zlib_crc(tmp_path):
-    """Small arrays joined in the two reused buffers, large ones written as they are; the CRC
-    computed in the worker thread is zlib's over the whole stream, from the given start value."""
+    """Every byte in order in batches of any size (non-C-ordered arrays copied first, behind a
+    header the buffered file still held); the CRC computed in the worker thread is zlib's over
+    the whole stream, from the given start value; the file's position follows."""
     from concurrent.futures import ThreadPoolExecutor
 
     from privaudit.transcript_io.v2 import _Sink
@@ -228,11 +229,27 @@ def test_sink_writes_every_byte_in_order_with_zlib_crc(tmp_path):
     scalars = [np.array(float(v)) for v in rng.normal(size=50)]  # a column of 0-d payloads
     for arrays in (rows, scalars):
         want = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
-        for direct, size in ((1 << 20, 8 << 20), (4096, 1000), (64, 64), (1, 1)):
-            with open(tmp_path / "out.bin", "wb") as fh, ThreadPoolExecutor(1) as pool:
-                written, crc = _Sink(fh, pool, 12345, direct=direct, size=size).write(arrays)
-            assert (tmp_path / "out.bin").read_bytes() == want
+        for iov, batch_bytes in ((1024, 64 << 20), (7, 1000), (1, 64), (3, 1)):
+            with open(tmp_path / "out.bin", "w+b") as fh, ThreadPoolExecutor(1) as pool:
+                fh.write(b"head")
+                written, crc = _Sink(fh, pool, 12345, iov=iov, batch_bytes=batch_bytes).write(arrays)
+                assert fh.tell() == 4 + len(want)
+                fh.write(b"tail")
+            assert (tmp_path / "out.bin").read_bytes() == b"head" + want + b"tail"
             assert written == len(want) and crc == zlib.crc32(want, 12345)
+
+
+def test_writev_all_finishes_partial_writes(tmp_path, monkeypatch):
+    """A write the kernel cuts short (a signal, a 2 GiB single call) resumes where it stopped."""
+    from privaudit.transcript_io import v2
+
+    real = os.writev
+    monkeypatch.setattr(os, "writev", lambda fd, bufs: real(fd, [bytes(memoryview(bufs[0]).cast("B"))[:5]]))
+    arrays = [np.arange(4.0), np.zeros(0), np.arange(3, dtype=np.int64).reshape(3, 1), np.array(2.5)]
+    want = b"".join(a.tobytes() for a in arrays)
+    with open(tmp_path / "out.bin", "wb") as fh:
+        v2._writev_all(fh.fileno(), arrays, len(want))
+    assert (tmp_path / "out.bin").read_bytes() == want
 
 
 def test_stored_members_carry_their_crc(tmp_path):

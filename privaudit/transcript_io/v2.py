@@ -164,72 +164,69 @@ def _batches(arrays: list[np.ndarray], small: int = 65536, limit: int = 16 * 102
         yield np.concatenate(group)
 
 
-class _Sink:
-    """Writes a stored column's bytes to ``fh`` while a worker thread computes their CRC-32
-    (zlib releases the GIL), so the checksum costs no time beside the write.
+IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
 
-    Arrays of ``direct`` bytes or more are written as they are; smaller ones are copied, by one
-    ``np.concatenate`` per batch, into one of two reused buffers of ``size`` bytes (a buffer is
-    refilled only once its CRC is done), so that no write is small, no copy allocates fresh
-    memory and no array costs more than a size check in Python.
+
+def _writev_all(fd: int, bufs: list[np.ndarray], total: int) -> None:
+    """``os.writev`` until every byte of ``bufs`` (C-ordered arrays, ``total`` bytes) is written."""
+    while total:
+        done = os.writev(fd, bufs)
+        if done <= 0:
+            raise OSError(f"writev wrote {done} of {total} bytes")
+        total -= done
+        k = 0
+        while k < len(bufs) and done >= bufs[k].nbytes:
+            done -= bufs[k].nbytes
+            k += 1
+        bufs = [bufs[k].reshape(-1).view(np.uint8)[done:], *bufs[k + 1 :]] if total else []
+
+
+class _Sink:
+    """Writes a stored column's arrays to the file with ``os.writev`` (the kernel gathers them
+    from the payloads themselves: no copy, no per-array work in Python beyond a flag check),
+    while a worker thread computes their CRC-32 (zlib releases the GIL on large buffers), so
+    the checksum costs no time beside the write.
+
+    Arrays go out in batches of at most ``iov`` arrays and about ``batch_bytes`` bytes; the
+    buffered file ``fh`` is flushed before and re-synchronised (``seek``) after.
     """
 
-    def __init__(self, fh: BinaryIO, pool: ThreadPoolExecutor, crc: int, direct: int = 1 << 20, size: int = 8 << 20):
-        self.fh, self.pool, self.crc, self.direct, self.size = fh, pool, crc, direct, size
-        self.buffers: list[np.ndarray] = []
-        self.busy: list[Future | None] = [None, None]
-        self.turn = 0
-        self.last: Future | None = None
-        self.written = 0
+    def __init__(
+        self, fh: BinaryIO, pool: ThreadPoolExecutor, crc: int, iov: int = IOV_MAX, batch_bytes: int = 64 << 20
+    ):
+        self.fh, self.pool, self.crc, self.iov, self.batch_bytes = fh, pool, crc, iov, batch_bytes
 
-    def _checksum(self, chunk: np.ndarray) -> None:
-        self.crc = zlib.crc32(chunk, self.crc)  # the single worker runs these in submission order
-
-    def _out(self, chunk: np.ndarray) -> None:
-        self.last = self.pool.submit(self._checksum, chunk)
-        self.fh.write(chunk)
-        self.written += chunk.nbytes
-
-    def _join(self, group: list[np.ndarray], fill: int) -> None:
-        if len(group) == 1:
-            self._out(_flat(group[0]))
-            return
-        if not self.buffers:
-            self.buffers = [np.empty(self.size, np.uint8), np.empty(self.size, np.uint8)]
-        turn, self.turn = self.turn, 1 - self.turn
-        if self.busy[turn] is not None:
-            self.busy[turn].result()
-        buf = self.buffers[turn][:fill]
-        first = group[0]
-        if first.ndim:
-            np.concatenate(group, out=buf.view(first.dtype).reshape(-1, *first.shape[1:]))
-        else:
-            np.stack(group, out=buf.view(first.dtype))
-        self._out(buf)
-        self.busy[turn] = self.last
+    def _checksum(self, batch: list[np.ndarray]) -> None:
+        crc = self.crc  # the single worker runs these in submission order
+        for arr in batch:
+            crc = zlib.crc32(arr, crc)
+        self.crc = crc
 
     def write(self, arrays: list[np.ndarray]) -> tuple[int, int]:
-        """Write the arrays (one dtype and trailing shape, as a column's) in order, C-ordered;
-        ``(bytes written, CRC-32 of the member so far)``."""
-        group: list[np.ndarray] = []
-        fill = 0
-        direct, size = self.direct, self.size
+        """Write the arrays in order, C-ordered; ``(bytes written, CRC-32 of the member so far)``."""
+        self.fh.flush()
+        fd = self.fh.fileno()
+        batch: list[np.ndarray] = []
+        size = written = 0
+        last: Future | None = None
         for arr in arrays:
-            n = arr.nbytes
-            if n >= direct or fill + n > size:
-                if group:
-                    self._join(group, fill)
-                    group, fill = [], 0
-                if n >= direct:
-                    self._out(_flat(arr))
-                    continue
-            group.append(arr)
-            fill += n
-        if group:
-            self._join(group, fill)
-        if self.last is not None:
-            self.last.result()
-        return self.written, self.crc
+            if not arr.flags.c_contiguous:
+                arr = np.ascontiguousarray(arr)
+            batch.append(arr)
+            size += arr.nbytes
+            if len(batch) >= self.iov or size >= self.batch_bytes:
+                last = self.pool.submit(self._checksum, batch)
+                _writev_all(fd, batch, size)
+                written += size
+                batch, size = [], 0
+        if batch:
+            last = self.pool.submit(self._checksum, batch)
+            _writev_all(fd, batch, size)
+            written += size
+        if last is not None:
+            last.result()
+        self.fh.seek(os.lseek(fd, 0, os.SEEK_CUR))  # the buffered file's idea of its position
+        return written, self.crc
 
 
 class TranscriptWriter:
@@ -340,7 +337,8 @@ class TranscriptWriter:
             target.external_attr = 0o600 << 16  # as ZipFile.open gives a member opened by name
         with self._zf.open(target, "w", force_zip64=len(header) + nbytes > 2**31) as out:
             out.write(header)
-            if stored and nbytes and isinstance(getattr(out, "_crc", None), int) and hasattr(out, "_file_size"):
+            fast = hasattr(os, "writev") and isinstance(getattr(out, "_crc", None), int)
+            if stored and nbytes and fast and hasattr(out, "_file_size"):
                 # CPython's member writer: the data bypasses it (written straight to the file, its
                 # CRC in a thread), then its size and CRC are set as its own writes would have
                 with ThreadPoolExecutor(1) as pool:
