@@ -87,6 +87,21 @@ class Message:
         return int(sum(a.nbytes for a in self.payload.values()))
 
 
+def _groups(keys: np.ndarray, positions: np.ndarray) -> list[tuple[int, list[int]]]:
+    """``(key, positions with that key in increasing order)`` per distinct key, in order of
+    each key's first position (``positions`` increasing)."""
+    if not keys.size:
+        return []
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    ends = np.append(starts[1:], ordered.size).tolist()
+    flat = positions[order].tolist()
+    first_seen = np.argsort(positions[order[starts]], kind="stable").tolist()
+    begin, key = starts.tolist(), ordered[starts].tolist()
+    return [(key[g], flat[begin[g] : ends[g]]) for g in first_seen]
+
+
 class _Index:
     """Positions of messages by kind, sender, receiver and (party, kind); built once per log.
 
@@ -119,6 +134,26 @@ class _Index:
             self.private.setdefault(m.sender, []).append(pos)
         self.n = pos + 1
         self.last = m
+
+    @classmethod
+    def from_codes(cls, messages: list[Message], codes: np.ndarray, names: list[str]) -> _Index:
+        """The index of ``messages`` whose sender, receiver and kind are ``names[codes[i, 0:3]]``
+        (``codes``: n x 3 integers, ``names`` distinct), grouped by numpy sorts instead of one
+        :meth:`append` per message; the same lists, keys in order of first appearance."""
+        idx = cls([])
+        n, m = len(messages), len(names)
+        pos = np.arange(n)
+        s, r, k = (np.asarray(codes[:, j], dtype=np.int64) for j in range(3))
+        idx.by_kind = {names[c]: p for c, p in _groups(k, pos)}
+        idx.by_sender = {names[c]: p for c, p in _groups(s, pos)}
+        idx.by_receiver = {names[c]: p for c, p in _groups(r, pos)}
+        idx.by_sender_kind = {(names[c // m], names[c % m]): p for c, p in _groups(s * m + k, pos)}
+        idx.by_receiver_kind = {(names[c // m], names[c % m]): p for c, p in _groups(r * m + k, pos)}
+        if "private" in names:
+            own = (k == names.index("private")) & (s == r)
+            idx.private = {names[c]: p for c, p in _groups(s[own], pos[own])}
+        idx.n, idx.last = n, messages[-1] if n else None
+        return idx
 
     def candidates(self, kind: str | None, sender: str | None, receiver: str | None) -> list[int] | None:
         """The shortest position list matching the given fields (None: no field given)."""
@@ -153,6 +188,14 @@ class _MessageLog:
             idx = _Index(msgs)
             self.__dict__["_index"] = idx
         return idx
+
+    def index_from_codes(self, codes: np.ndarray, names: list[str]) -> None:
+        """Build the query index now from the messages' name codes (``codes``: n x 3 integers,
+        sender, receiver and kind as positions in ``names``, which must be distinct), as a
+        columnar file's reader has them, instead of from the messages on the first query."""
+        if len(set(names)) != len(names) or codes.shape != (len(self.messages), 3):
+            raise ValueError("the codes must be one (sender, receiver, kind) row per message of distinct names")
+        self.__dict__["_index"] = _Index.from_codes(self.messages, codes, names)
 
     def select(
         self,

@@ -106,3 +106,19 @@ def test_loaded_and_unpickled_transcripts_answer_the_same(tmp_path):
         for party in PARTIES:
             assert [m.seq for m in other.view(party).messages] == [m.seq for m in t.view(party).messages]
             assert sorted(other.private(party)) == sorted(t.private(party))
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_a_loaded_index_is_built_from_the_message_table_as_messages_would_build_it(tmp_path, seed):
+    from privaudit.transcript import _Index
+
+    t = _random_transcript(seed, n=300)
+    back = load(save(t, tmp_path / "t.ptx"))
+    built = back.__dict__["_index"]  # set by the loader, before any query
+    oracle = _Index(back.messages)  # one append per message
+    for name in ("by_kind", "by_sender", "by_receiver", "by_sender_kind", "by_receiver_kind", "private"):
+        got, want = getattr(built, name), getattr(oracle, name)
+        assert list(got.items()) == list(want.items()), name  # same lists, keys in the same order
+    assert (built.n, built.last) == (oracle.n, oracle.last) and back._messages_index() is built
+    with pytest.raises(ValueError, match="distinct names"):
+        back.index_from_codes(np.zeros((len(back), 3), dtype=np.int64), ["a", "a"])

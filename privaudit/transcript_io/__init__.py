@@ -8,6 +8,7 @@ protocol run write its transcript while it runs (:class:`TranscriptWriter`).
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -42,7 +43,8 @@ def save(transcript: Transcript, path: str | Path, include_private: bool = True,
         return path
     if version != v2.VERSION:
         raise ValueError(f"privaudit writes transcript versions {READS}, not {version!r}")
-    return v2.save(transcript, path, include_private)
+    with _collector_paused():
+        return v2.save(transcript, path, include_private)
 
 
 def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
@@ -51,15 +53,33 @@ def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
     path = Path(path)
     check_path(path, max_bytes)
     zf = _open_archive(path, max_bytes)
-    with zf:
+    with zf, _collector_paused():
         infos, limits = list_members(path, zf, max_bytes)
         manifest = _read_manifest(path, zf, infos["manifest.json"], limits)
         header = read_header(path, manifest, READS)
-        reader = v1.read if header["version"] == v1.VERSION else v2.read
-        messages = reader(path, zf, infos, manifest, max_bytes)
-    return Transcript(
-        header["protocol"], header["config"], header["seed"], header["dataset"], header["parties"], messages
-    )
+        codes = None
+        if header["version"] == v1.VERSION:
+            messages = v1.read(path, zf, infos, manifest, max_bytes)
+        else:
+            messages, codes, names = v2.read(path, zf, infos, manifest, max_bytes)
+        t = Transcript(*(header[k] for k in ("protocol", "config", "seed", "dataset", "parties")), messages)
+        if codes is not None and len(set(names)) == len(names):
+            t.index_from_codes(codes, names)  # from the message table: no pass over the messages
+    return t
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector: loading creates millions of acyclic objects
+    (messages, payload dicts, views, index lists), each batch of which would otherwise make the
+    collector walk every live object again."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 # ------------------------------------------------------------------------------ streaming

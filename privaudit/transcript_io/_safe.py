@@ -414,8 +414,13 @@ def check_path(path: Path, max_bytes: int) -> None:
 # writing
 
 
+_PLAIN = (str, int, float, bool, type(None))
+
+
 def jsonable(value: Any, where: str) -> Any:
     """Check (and normalise numpy scalars in) a config/meta value for JSON."""
+    if type(value) is dict and all(type(k) is str and type(v) in _PLAIN for k, v in value.items()):
+        return value  # the common flat meta (``{"dataset_user": 3}``): nothing to normalise
     if isinstance(value, (np.integer,)):
         return int(value)
     if isinstance(value, (np.floating,)):

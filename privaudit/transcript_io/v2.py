@@ -24,11 +24,13 @@ import json
 import os
 import time
 import zipfile
+import zlib
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -83,10 +85,34 @@ def _owner(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
+def _address(arr: np.ndarray) -> int:
+    return arr.__array_interface__["data"][0]
+
+
+def _flat(arr: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+
+
+def _run(first: np.ndarray, second: np.ndarray) -> list | None:
+    """``[owner, owner's address, first byte, end byte]`` if ``second`` follows ``first`` back to
+    back in their common C-ordered owner, else None."""
+    owner = _owner(first)
+    if not owner.flags.c_contiguous or _owner(second) is not owner:
+        return None
+    start = _address(first)
+    if _address(second) != start + first.nbytes:
+        return None
+    return [owner, _address(owner), start, start + first.nbytes + second.nbytes]
+
+
 def _pieces(arrays: list[np.ndarray]) -> Iterator[np.ndarray]:
     """The arrays as flat bytes in order; arrays lying back to back in one C-ordered buffer (a
-    protocol's per-client slices of one round's array) come out as one view of it, uncopied."""
+    protocol's per-client slices of one round's array) come out as one view of it, uncopied.
+
+    An array's address is looked up only when it shares its base with the previous array, so
+    arrays that own their data cost no lookup."""
     run: list | None = None  # [owner, owner's address, first byte, end byte] of a back-to-back run
+    pending: np.ndarray | None = None  # a C-ordered view that may start a run with the next array
 
     def view(r: list) -> np.ndarray:
         return r[0].reshape(-1).view(np.uint8)[r[2] - r[1] : r[3] - r[1]]
@@ -94,23 +120,29 @@ def _pieces(arrays: list[np.ndarray]) -> Iterator[np.ndarray]:
     for arr in arrays:
         if not arr.nbytes:
             continue
-        if run is not None and arr.base is run[0] and arr.flags.c_contiguous:  # the common case, fast
-            addr = arr.__array_interface__["data"][0]
-            if addr == run[3]:
+        base, contiguous = arr.base, arr.flags.c_contiguous
+        if run is not None:
+            if base is run[0] and contiguous and _address(arr) == run[3]:
                 run[3] += arr.nbytes
                 continue
-        flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-        owner = _owner(flat)
-        if run is not None:
             yield view(run)
             run = None
-        if not owner.flags.c_contiguous:
-            yield flat
-            continue
-        start = flat.__array_interface__["data"][0]
-        run = [owner, owner.__array_interface__["data"][0], start, start + flat.nbytes]
+        elif pending is not None:
+            if base is pending.base and contiguous:
+                run = _run(pending, arr)
+            if run is not None:
+                pending = None
+                continue
+            yield _flat(pending)
+            pending = None
+        if contiguous and isinstance(base, np.ndarray):
+            pending = arr
+        else:
+            yield _flat(arr)
     if run is not None:
         yield view(run)
+    if pending is not None:
+        yield _flat(pending)
 
 
 def _batches(arrays: list[np.ndarray], small: int = 65536, limit: int = 16 * 1024**2) -> Iterator[np.ndarray]:
@@ -130,6 +162,71 @@ def _batches(arrays: list[np.ndarray], small: int = 65536, limit: int = 16 * 102
         size += piece.nbytes
     if group:
         yield np.concatenate(group)
+
+
+IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
+
+
+def _writev_all(fd: int, bufs: list[np.ndarray], total: int) -> None:
+    """``os.writev`` until every byte of ``bufs`` (C-ordered arrays, ``total`` bytes) is written."""
+    while total:
+        done = os.writev(fd, bufs)
+        if done <= 0:
+            raise OSError(f"writev wrote {done} of {total} bytes")
+        total -= done
+        k = 0
+        while k < len(bufs) and done >= bufs[k].nbytes:
+            done -= bufs[k].nbytes
+            k += 1
+        bufs = [bufs[k].reshape(-1).view(np.uint8)[done:], *bufs[k + 1 :]] if total else []
+
+
+class _Sink:
+    """Writes a stored column's arrays to the file with ``os.writev`` (the kernel gathers them
+    from the payloads themselves: no copy, no per-array work in Python beyond a flag check),
+    while a worker thread computes their CRC-32 (zlib releases the GIL on large buffers), so
+    the checksum costs no time beside the write.
+
+    Arrays go out in batches of at most ``iov`` arrays and about ``batch_bytes`` bytes; the
+    buffered file ``fh`` is flushed before and re-synchronised (``seek``) after.
+    """
+
+    def __init__(
+        self, fh: BinaryIO, pool: ThreadPoolExecutor, crc: int, iov: int = IOV_MAX, batch_bytes: int = 64 << 20
+    ):
+        self.fh, self.pool, self.crc, self.iov, self.batch_bytes = fh, pool, crc, iov, batch_bytes
+
+    def _checksum(self, batch: list[np.ndarray]) -> None:
+        crc = self.crc  # the single worker runs these in submission order
+        for arr in batch:
+            crc = zlib.crc32(arr, crc)
+        self.crc = crc
+
+    def write(self, arrays: list[np.ndarray]) -> tuple[int, int]:
+        """Write the arrays in order, C-ordered; ``(bytes written, CRC-32 of the member so far)``."""
+        self.fh.flush()
+        fd = self.fh.fileno()
+        batch: list[np.ndarray] = []
+        size = written = 0
+        last: Future | None = None
+        for arr in arrays:
+            if not arr.flags.c_contiguous:
+                arr = np.ascontiguousarray(arr)
+            batch.append(arr)
+            size += arr.nbytes
+            if len(batch) >= self.iov or size >= self.batch_bytes:
+                last = self.pool.submit(self._checksum, batch)
+                _writev_all(fd, batch, size)
+                written += size
+                batch, size = [], 0
+        if batch:
+            last = self.pool.submit(self._checksum, batch)
+            _writev_all(fd, batch, size)
+            written += size
+        if last is not None:
+            last.result()
+        self.fh.seek(os.lseek(fd, 0, os.SEEK_CUR))  # the buffered file's idea of its position
+        return written, self.crc
 
 
 class TranscriptWriter:
@@ -172,36 +269,40 @@ class TranscriptWriter:
         """Add one message (its ``seq`` must increase); its payload arrays must not change later."""
         if self.closed:
             raise ValueError("the transcript writer is closed")
-        if m.seq <= self._last_seq:
-            raise ValueError(f"message seq {m.seq} does not increase (previous {self._last_seq})")
-        self._last_seq = m.seq
-        if m.kind == "private" and not self.include_private:
+        seq, rnd, kind = m.seq, m.round, m.kind
+        if seq <= self._last_seq:
+            raise ValueError(f"message seq {seq} does not increase (previous {self._last_seq})")
+        self._last_seq = seq
+        if kind == "private" and not self.include_private:
             return
-        if self.stream and self._round is not None and m.round != self._round:
+        stream = self.stream
+        if stream and self._round is not None and rnd != self._round:
             self.end_round()
-        self._round = m.round
+        self._round = rnd
         position = len(self._table)
         names = self._names
         sender = names.setdefault(m.sender, len(names))
         receiver = names.setdefault(m.receiver, len(names))
-        self._table.append((m.seq, m.round, sender, receiver, names.setdefault(m.kind, len(names))))
+        self._table.append((seq, rnd, sender, receiver, names.setdefault(kind, len(names))))
         if m.meta:
-            self._meta.append((position, m.seq, m.meta))  # made JSON at close: a run may still add to it
-        if self.stream:
+            self._meta.append((position, seq, m.meta))  # made JSON at close: a run may still add to it
+        if stream:
             self._messages.append(m)
+        pending = self._pending
         for name, value in m.payload.items():
             arr = value if type(value) is np.ndarray else np.asarray(value)
-            if arr.dtype.hasobject:
-                raise TypeError(f"message {m.seq} payload {name!r} is an object array")
-            key = (m.kind, m.round, name, arr.dtype, arr.ndim == 0, arr.shape[1:])
-            col = self._pending.get(key)
+            dtype, shape = arr.dtype, arr.shape
+            if dtype.hasobject:
+                raise TypeError(f"message {seq} payload {name!r} is an object array")
+            key = (kind, rnd, name, dtype, shape[1:] if shape else None)  # None: a 0-d payload
+            col = pending.get(key)
             if col is None:
-                col = self._pending[key] = _Column(m.kind, m.round, name, arr)
+                col = pending[key] = _Column(kind, rnd, name, arr)
             col.arrays.append(arr)
             col.owners.append(position)
             col.nbytes += arr.nbytes
-            if self.stream and col.nbytes >= self.chunk_bytes:
-                self._flush(self._pending.pop(key))
+            if stream and col.nbytes >= self.chunk_bytes:
+                self._flush(pending.pop(key))
 
     def add(
         self,
@@ -228,7 +329,7 @@ class TranscriptWriter:
         self._first = len(self._table)
 
     # -------------------------------------------------------------- columns
-    def _write(self, name: str, header: bytes, chunks: Iterator[np.ndarray], nbytes: int, stored: bool) -> None:
+    def _write(self, name: str, header: bytes, arrays: list[np.ndarray], nbytes: int, stored: bool) -> None:
         target: str | zipfile.ZipInfo = name
         if stored:
             target = zipfile.ZipInfo(name, date_time=time.localtime()[:6])
@@ -236,13 +337,19 @@ class TranscriptWriter:
             target.external_attr = 0o600 << 16  # as ZipFile.open gives a member opened by name
         with self._zf.open(target, "w", force_zip64=len(header) + nbytes > 2**31) as out:
             out.write(header)
-            for chunk in chunks:
+            fast = hasattr(os, "writev") and isinstance(getattr(out, "_crc", None), int)
+            if stored and nbytes and fast and hasattr(out, "_file_size"):
+                # CPython's member writer: the data bypasses it (written straight to the file, its
+                # CRC in a thread), then its size and CRC are set as its own writes would have
+                with ThreadPoolExecutor(1) as pool:
+                    written, out._crc = _Sink(self._fh, pool, out._crc).write(arrays)
+                out._file_size += written
+                return
+            for chunk in _batches(arrays):
                 out.write(chunk)
 
     def _small(self, name: str, arr: np.ndarray) -> None:
-        self._write(
-            name, npy_header_bytes(arr.dtype, arr.shape), iter([arr.reshape(-1).view(np.uint8)]), arr.nbytes, False
-        )
+        self._write(name, npy_header_bytes(arr.dtype, arr.shape), [arr], arr.nbytes, False)
 
     def _flush(self, col: _Column) -> None:
         index = len(self._columns)
@@ -250,7 +357,7 @@ class TranscriptWriter:
         shape = (sum(col.row_counts()), *col.trailing)
         header = npy_header_bytes(col.dtype, shape)
         stored = col.stored
-        self._write(data_name, header, _batches(col.arrays), col.nbytes, stored)
+        self._write(data_name, header, col.arrays, col.nbytes, stored)
         offsets = np.zeros(len(col.arrays) + 1, dtype=np.int64)
         np.cumsum(col.row_counts(), out=offsets[1:])
         self._small(f"columns/{index}.offsets.npy", offsets)
@@ -559,8 +666,9 @@ def _read_columns(path: Path, zf: zipfile.ZipFile, infos: dict, manifest: dict, 
     return table, names, out
 
 
-def read(path: Path, zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo], manifest: dict, max_bytes: int) -> list:
-    """The messages of a version-2 archive; payloads are views of the columns."""
+def read(path: Path, zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo], manifest: dict, max_bytes: int) -> tuple:
+    """``(messages, codes, names)``: the messages of a version-2 archive (payloads are views of
+    the columns), and their sender, receiver and kind as positions in ``names`` (n x 3)."""
     table, names, columns = _read_columns(path, zf, infos, manifest, max_bytes)
     meta = _read_meta(path, manifest, len(table))
     payloads: list[dict[str, np.ndarray]] = [{} for _ in range(len(table))]
@@ -572,10 +680,11 @@ def read(path: Path, zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo], man
                 raise _fail(path, f"message {i} gets payload {name!r} twice (column {c} and an earlier one)")
             view = data[bounds[k] : bounds[k + 1]]
             p[name] = view.reshape(()) if spec.scalar else view
-    return [
+    messages = [
         Message(seq, rnd, names[s], names[r], names[k], payloads[i], meta.get(i, {}))
         for i, (seq, rnd, s, r, k) in enumerate(table.tolist())
     ]
+    return messages, table[:, 2:], names
 
 
 __all__ = ["TranscriptWriter", "VERSION", "read", "save"]
