@@ -497,3 +497,24 @@ def test_aggregate_reuses_the_analytic_reconstruction_of_the_same_uploads(dp_gau
     MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0))
     MVMFAnalytic().evaluate(copy.copy(dp_gaussian_run), np.random.default_rng(0))
     assert len(decodes) == 4
+
+
+def test_large_inputs_are_not_digested(dp_gaussian_run, monkeypatch):
+    """Above DIGEST_MAX_BYTES neither cache hashes its inputs (hashing would cost more than the
+    repeat it saves): every run decodes and computes clip_scales, with the same reconstruction."""
+    from privaudit.attacks import _mvmf_decode, mvmf_analytic
+
+    _mvmf_decode._CLIP_CACHE.clear()
+    monkeypatch.setattr(mvmf_analytic, "_RESULTS", mvmf_analytic.OrderedDict())
+    cached = MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0)).reconstruction
+    digests, clips = [], []
+    digest, uncached = _mvmf_decode.inputs_digest, _mvmf_decode.clip_scales_uncached
+    monkeypatch.setattr(_mvmf_decode, "inputs_digest", lambda *a: digests.append(1) or digest(*a))
+    monkeypatch.setattr(mvmf_analytic, "inputs_digest", lambda *a: digests.append(1) or digest(*a))
+    monkeypatch.setattr(_mvmf_decode, "clip_scales_uncached", lambda *a: clips.append(1) or uncached(*a))
+    for module in (_mvmf_decode, mvmf_analytic):
+        monkeypatch.setattr(module, "DIGEST_MAX_BYTES", 0)
+    for _ in range(2):
+        big = MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0)).reconstruction
+        _same_victims(big, cached)
+    assert digests == [] and len(clips) == 2

@@ -341,6 +341,11 @@ _CLIP_CACHE: OrderedDict[bytes, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 _CLIP_CACHE_SIZE = 4
 
 
+#: inputs above this many bytes are not digested for the caches below (hashing them costs more
+#: than the repeat it saves: the caches serve audits, which attack many small runs twice)
+DIGEST_MAX_BYTES = 256 * 2**20
+
+
 def inputs_digest(*parts: Any) -> bytes:
     """A digest of arrays (dtype, shape and bytes) and other values (their repr)."""
     h = hashlib.blake2b(digest_size=20)
@@ -399,7 +404,11 @@ def clip_scales(
     shares: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`clip_scales_uncached`, computed once for equal inputs (a digest of every argument;
-    a small cache of the last results, returned as copies)."""
+    a small cache of the last results, returned as copies; inputs over :data:`DIGEST_MAX_BYTES`
+    are computed every time)."""
+    arrays = [getattr(ev, f.name) for f in fields(ev)] + [seg, joint, shares]
+    if sum(a.nbytes for a in arrays if isinstance(a, np.ndarray)) > DIGEST_MAX_BYTES:
+        return clip_scales_uncached(ev, st, seg, joint, names, shares)
     key = inputs_digest(
         *(getattr(ev, f.name) for f in fields(ev)),
         *(getattr(st, f.name) for f in fields(st)),

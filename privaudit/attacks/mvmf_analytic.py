@@ -34,6 +34,7 @@ from privaudit.attacks._mvmf import (
 )
 from privaudit.attacks._mvmf_clipped import Clipping, clipping_of, rated_log_odds
 from privaudit.attacks._mvmf_decode import (
+    DIGEST_MAX_BYTES,
     DecodeSettings,
     accumulate,
     clip_scales,
@@ -97,6 +98,12 @@ def _update_model(cfg: dict) -> tuple[UpdateModel, list[dict]]:
         grid=np.arange(lo, hi + step / 2, step),
     )
     return model, sampling
+
+
+def _upload_bytes(fv: FlatFedMVMFView) -> int:
+    """Bytes of the uploaded grad_V rows of every round (from the offsets: nothing concatenated)."""
+    K = next(iter(fv.V.values())).shape[1] if fv.V else 0
+    return sum(int(R.offsets[-1]) if len(R.offsets) else 0 for R in fv.rounds) * K * 8
 
 
 def _pooled_noise(stats: list[Round], K: int) -> float:
@@ -164,6 +171,8 @@ class MVMFAnalytic(MVMFAttack):
         fv = parse_view_flat(view)
         if not fv.rounds:
             return self.unsupported("the view holds no client uploads with the server state of their round")
+        if _upload_bytes(fv) > DIGEST_MAX_BYTES:  # digesting would cost more than a repeat saves
+            return self._decode_view(fv, tic)
         key = self._inputs_digest(fv)
         owner = self._population._transcript if self._population is not None else None
         hit = _RESULTS.get(key)
