@@ -15,6 +15,8 @@ import json
 import sys
 import time
 
+from protocol_sample import WANTED  # this script's folder is on sys.path
+
 from privaudit import audit, runner
 
 cpu = collections.defaultdict(float)
@@ -42,15 +44,7 @@ def evaluate_attack(cls, params, transcript, rng, privacy=None):
 runner.run_protocol, runner.evaluate_attack = run_protocol, evaluate_attack
 spec = audit.Audit(protocol="fedmvmf", data=sys.argv[2], jobs=1)
 runs, header = audit._plan(spec)
-wanted = {
-    (None, None),
-    ("laplace", 1.0),
-    ("gaussian", 1.0),
-    ("dp-gaussian", 3.0),
-    ("dp-laplace", 3.0),
-    ("sampling", 1),
-    ("sampling", 3),
-}
+wanted = set(WANTED)  # the runs benchmarks/protocol_sample.py times too
 picked = [r for r in runs if r.seed == 0 and (r.defense_name, r.value) in wanted]
 pr = cProfile.Profile(time.process_time)
 pr.enable()
