@@ -518,7 +518,8 @@ def scheduler_context(scheduler: str | None) -> Iterator[str | None]:
             raise PrivauditError(f"--scheduler: expected local:N with N workers, got {scheduler!r}") from None
         if workers < 1:
             raise PrivauditError(f"--scheduler: local:N needs N >= 1, got {workers}")
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+        # the dashboard on a free port: a second cluster never clashes over the default 8787
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0")
         client = Client(cluster)
         what = f"dask local cluster ({workers} workers)"
     else:

@@ -104,7 +104,8 @@ def dask_client(scheduler: str) -> Iterator[Any]:
         raise MissingDependencyError("dask[distributed]", "dask") from None
     cluster = None
     if how == "local":
-        cluster = LocalCluster(n_workers=value, threads_per_worker=1, processes=True, dashboard_address=None)
+        # the dashboard on a free port: a second cluster never clashes over the default 8787
+        cluster = LocalCluster(n_workers=value, threads_per_worker=1, processes=True, dashboard_address=":0")
         client = Client(cluster)
     else:
         try:
