@@ -46,9 +46,10 @@ from typing import Any
 
 import numpy as np
 
+from privaudit.attack_metrics import f1_score, set_precision_recall
 from privaudit.attacks.base import Reconstruction
 from privaudit.attacks.malicious_fedncf import _Isolation
-from privaudit.attacks.ncf_update_leak import _f1, _prf, client_truth
+from privaudit.attacks.ncf_update_leak import client_truth
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import MetricSpec
@@ -184,8 +185,10 @@ class NCFActiveSaturation(_Isolation):
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
         out = super().score(reconstruction, transcript)
         ((party, _),) = reconstruction.victims.items()
-        hp, hr = _prf(np.asarray(reconstruction.meta["honest_items"], dtype=np.int64), client_truth(transcript, party))
-        return {**out, "honest_precision": hp, "honest_f1": _f1(hp, hr)}
+        hp, hr = set_precision_recall(
+            np.asarray(reconstruction.meta["honest_items"], dtype=np.int64), client_truth(transcript, party)
+        )
+        return {**out, "honest_precision": hp, "honest_f1": f1_score(hp, hr)}
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         out = super().baseline(transcript)

@@ -35,13 +35,12 @@ from typing import Any
 
 import numpy as np
 
+from privaudit.attack_metrics import f1_score, set_precision_recall
 from privaudit.attacks.base import Reconstruction
 from privaudit.attacks.generic_mf_ratings import LocalSteps, decode, grid_of, snap
 from privaudit.attacks.ncf_update_leak import (
     PRF_SPECS,
     OneTarget,
-    _f1,
-    _prf,
     client_truth,
     guess_baseline,
     target_prior,
@@ -234,11 +233,11 @@ class FlowerModelInconsistency(OneTarget):
 
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
         ((party, rec),) = reconstruction.victims.items()
-        p, r = _prf(rec["items"], client_truth(transcript, party))
+        p, r = set_precision_recall(rec["items"], client_truth(transcript, party))
         return {
             "precision": p,
             "recall": r,
-            "f1": _f1(p, r),
+            "f1": f1_score(p, r),
             "rating_accuracy": _rating_accuracy(transcript, party, rec["items"], rec["ratings"]),
             "rounds_used": float(reconstruction.meta["rounds_used"]),
             "sybils": 0.0,
@@ -289,7 +288,14 @@ class FlowerModelInconsistency(OneTarget):
         else:
             acc = nan
         p, r = prior
-        return {"precision": p, "recall": r, "f1": _f1(p, r), "rating_accuracy": acc, "rounds_used": 0.0, "sybils": 0.0}
+        return {
+            "precision": p,
+            "recall": r,
+            "f1": f1_score(p, r),
+            "rating_accuracy": acc,
+            "rounds_used": 0.0,
+            "sybils": 0.0,
+        }
 
 
 def _rating_accuracy(transcript: Transcript, party: str, items: np.ndarray, ratings: np.ndarray) -> float:

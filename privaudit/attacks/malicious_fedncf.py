@@ -48,12 +48,11 @@ from typing import Any
 
 import numpy as np
 
+from privaudit.attack_metrics import f1_score, set_precision_recall
 from privaudit.attacks.base import Reconstruction
 from privaudit.attacks.ncf_update_leak import (
     PRF_SPECS,
     OneTarget,
-    _f1,
-    _prf,
     client_truth,
     guess_baseline,
     target_prior,
@@ -174,12 +173,12 @@ class _Isolation(OneTarget):
 
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
         ((party, rec),) = reconstruction.victims.items()
-        p, r = _prf(rec["items"], client_truth(transcript, party))
+        p, r = set_precision_recall(rec["items"], client_truth(transcript, party))
         meta = reconstruction.meta
         return {
             "precision": p,
             "recall": r,
-            "f1": _f1(p, r),
+            "f1": f1_score(p, r),
             "rounds_used": float(meta["rounds_used"]),
             "sybils": float(meta["sybils"]),
             "k": float(meta["k"]),
@@ -209,7 +208,7 @@ class _Isolation(OneTarget):
         if prior is None:
             return {"precision": nan, "recall": nan, "f1": nan, "rounds_used": 0.0, "sybils": 0.0, "k": nan}
         p, r = prior
-        return {"precision": p, "recall": r, "f1": _f1(p, r), "rounds_used": 0.0, "sybils": 0.0, "k": nan}
+        return {"precision": p, "recall": r, "f1": f1_score(p, r), "rounds_used": 0.0, "sybils": 0.0, "k": nan}
 
 
 @register_attack("ncf-sybil-isolation")

@@ -39,9 +39,10 @@ from typing import Any
 
 import numpy as np
 
+from privaudit.attack_metrics import f1_score, set_precision_recall
 from privaudit.attacks._generic import cross_fit
 from privaudit.attacks.base import Attack, Reconstruction
-from privaudit.attacks.ncf_update_leak import PRF_SPECS, _f1, _prf, client_truth, guess_baseline, popularity_strategies
+from privaudit.attacks.ncf_update_leak import PRF_SPECS, client_truth, guess_baseline, popularity_strategies
 from privaudit.models import ncf
 from privaudit.params import Param
 from privaudit.registry import register_attack
@@ -201,7 +202,7 @@ class NCFInteractionInference(Attack):
         ps, rs, has = [], [], []
         for party in names:
             truth = client_truth(transcript, party)
-            p, r = _prf(reconstruction.victims[party]["items"], truth)
+            p, r = set_precision_recall(reconstruction.victims[party]["items"], truth)
             ps.append(p)
             rs.append(0.0 if truth.size == 0 else r)
             has.append(float(truth.size > 0))
@@ -213,7 +214,7 @@ class NCFInteractionInference(Attack):
         n = len(parts["victims"])
         p = float(parts["precision"].mean()) if n else nan
         r = float(parts["recall"].sum() / parts["has"].sum()) if parts["has"].sum() else nan
-        return {"precision": p, "recall": r, "f1": _f1(p, r) if n else nan, "victims": float(n)}
+        return {"precision": p, "recall": r, "f1": f1_score(p, r) if n else nan, "victims": float(n)}
 
     def _parties(self, transcript: Transcript) -> list[str]:
         return sorted({m.sender for m in transcript.select("item_update")})
@@ -240,7 +241,7 @@ class NCFInteractionInference(Attack):
         prior = self._prior_parts(parties, transcript)
         p = float(prior["precision"].mean())
         r = float(prior["recall"].sum() / prior["has"].sum()) if prior["has"].sum() else nan
-        return {"precision": p, "recall": r, "f1": _f1(p, r), "victims": float(len(parties))}
+        return {"precision": p, "recall": r, "f1": f1_score(p, r), "victims": float(len(parties))}
 
     def decisions(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Decisions]:
         """One record per (attacked client, item): its combined score; groups = client index."""

@@ -27,12 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from privaudit.attack_metrics import f1_score, set_precision_recall
 from privaudit.attacks.base import Reconstruction
 from privaudit.attacks.ncf_update_leak import (
     PRF_SPECS,
     OneTarget,
-    _f1,
-    _prf,
     client_truth,
     guess_baseline,
     target_prior,
@@ -109,11 +108,11 @@ class NCFKAnonLinking(OneTarget):
 
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
         ((party, rec),) = reconstruction.victims.items()
-        p, r = _prf(rec["items"], client_truth(transcript, party))
+        p, r = set_precision_recall(rec["items"], client_truth(transcript, party))
         return {
             "precision": p,
             "recall": r,
-            "f1": _f1(p, r),
+            "f1": f1_score(p, r),
             "pairs": float(reconstruction.meta["pairs"]),
             "k": float(reconstruction.meta["k"]),
         }
@@ -138,4 +137,4 @@ class NCFKAnonLinking(OneTarget):
             nan = float("nan")
             return {"precision": nan, "recall": nan, "f1": nan, "pairs": 0.0, "k": nan}
         p, r = prior
-        return {"precision": p, "recall": r, "f1": _f1(p, r), "pairs": 0.0, "k": float("nan")}
+        return {"precision": p, "recall": r, "f1": f1_score(p, r), "pairs": 0.0, "k": float("nan")}

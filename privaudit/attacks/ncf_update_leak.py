@@ -25,17 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from privaudit.attack_metrics import f1_score, set_precision_recall
 from privaudit.attacks._generic import cross_fit, ratio
 from privaudit.attacks.base import Attack, Reconstruction
-from privaudit.metrics import f1_score, set_precision_recall
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
-
-#: set precision/recall and F1 (:mod:`privaudit.metrics`), under the names the NCF attacks import
-_prf = set_precision_recall
-_f1 = f1_score
 
 
 def client_truth(transcript: Transcript, party: str) -> np.ndarray:
@@ -47,7 +43,7 @@ def guess_baseline(transcript: Transcript, parties: list[str]) -> dict[str, floa
     m = int(transcript.config.get("n_items", 0)) or 1
     ps = [client_truth(transcript, p).size / m for p in parties]
     p = float(np.mean(ps)) if ps else float("nan")
-    return {"precision": p, "recall": 0.5, "f1": _f1(p, 0.5)}
+    return {"precision": p, "recall": 0.5, "f1": f1_score(p, 0.5)}
 
 
 def popularity_strategies(
@@ -84,11 +80,11 @@ def popularity_strategies(
             ("popularity top-k, own k", truth.size),
             ("popularity top-k, median k", int(np.median(others)) if others else 0),
         ):
-            p, r = _prf(order[: max(k, 0)], truth)
+            p, r = set_precision_recall(order[: max(k, 0)], truth)
             row = out.setdefault(name, {"precision": [], "recall": [], "f1": [], "scored": []})
             row["precision"].append(p)
             row["recall"].append(0.0 if np.isnan(r) else r)
-            row["f1"].append(0.0 if np.isnan(r) else _f1(p, r))
+            row["f1"].append(0.0 if np.isnan(r) else f1_score(p, r))
             row["scored"].append(float(truth.size > 0))
     return {name: {k: np.asarray(v, dtype=float) for k, v in row.items()} for name, row in out.items()}
 
@@ -108,7 +104,7 @@ def target_table(transcript: Transcript, party: str, items: np.ndarray, prior: t
     harmonic mean). One victim: a bootstrap over victims has nothing to resample, the table
     only carries the numbers."""
     truth = client_truth(transcript, party)
-    p, r = _prf(items, truth)
+    p, r = set_precision_recall(items, truth)
     scored = float(truth.size > 0)
     return VictimTable(
         [party],
@@ -256,7 +252,7 @@ class NCFUpdateLeak(Attack):
         for i, (party, rec) in enumerate(reconstruction.victims.items()):
             truth = client_truth(transcript, party)
             for key in keys[party]:
-                p, r = _prf(rec[key], truth)
+                p, r = set_precision_recall(rec[key], truth)
                 num[self._metric(key, "precision")][i] = p
                 num[self._metric(key, "recall")][i] = 0.0 if np.isnan(r) else r
         return list(keys), weight, num
@@ -279,7 +275,7 @@ class NCFUpdateLeak(Attack):
     def _values(self, weight: dict[str, np.ndarray], num: dict[str, np.ndarray]) -> dict[str, float]:
         out = {name: ratio(num[name], weight[name]) for name in weight}
         scored = bool(weight["precision"].sum())
-        out["f1"] = _f1(out["precision"], out["recall"]) if scored else float("nan")
+        out["f1"] = f1_score(out["precision"], out["recall"]) if scored else float("nan")
         out["victims"] = float(weight["precision"].sum())
         return out
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from privaudit.attack_metrics import f1_score, set_precision_recall
 from privaudit.attacks._mvmf import MVMF_METRIC_SPECS, baselines, true_ratings
 from privaudit.attacks.mvmf_aggregate import MVMFAggregate
 from privaudit.params import Param
@@ -42,10 +43,6 @@ from privaudit.transcript import Message, Transcript, View
 PLAN = "isolate"
 ISOLATED_COHORT = -1
 _EXTRA = ("precision", "recall", "f1", "rounds_used", "sybils")
-
-
-def _f1(p: float, r: float) -> float:
-    return 2 * p * r / (p + r) if p + r > 0 else 0.0
 
 
 def _target(transcript_or_view: Any) -> str | None:
@@ -62,12 +59,9 @@ def _rho(config: dict[str, Any]) -> float:
 
 
 def _rated_prf(items: np.ndarray, decided: np.ndarray, truth_items: np.ndarray) -> tuple[float, float]:
-    """(precision, recall) of the items ``decided`` rated among ``items`` against the rated
-    items ``truth_items``."""
-    pred = set(np.asarray(items)[np.asarray(decided, dtype=bool)].tolist())
-    real = set(np.asarray(truth_items).tolist())
-    hit = len(pred & real)
-    return (hit / len(pred) if pred else 0.0), (hit / len(real) if real else float("nan"))
+    """(precision, recall) of the items ``decided`` rated among ``items`` (unique ids) against the
+    rated items ``truth_items``."""
+    return set_precision_recall(np.asarray(items)[np.asarray(decided, dtype=bool)], truth_items)
 
 
 @register_attack("privmvmf-isolated-decryption")
@@ -137,7 +131,7 @@ class PrivMVMFIsolatedDecryption(MVMFAggregate):
         items = np.asarray(guess["items"], dtype=np.int64)
         decided = np.asarray(guess.get("rated", np.asarray(guess["ratings"]) > 0), dtype=bool)
         p, r = _rated_prf(items, decided, transcript.private(party).get("items", np.empty(0)))
-        out.update(precision=p, recall=r, f1=_f1(p, r))
+        out.update(precision=p, recall=r, f1=f1_score(p, r))
         out.update(rounds_used=float(reconstruction.meta["rounds_used"]), sybils=0.0)
         return out
 
@@ -152,7 +146,7 @@ class PrivMVMFIsolatedDecryption(MVMFAggregate):
         party = _target(transcript)
         items = self._uploaded(transcript, party) if party else np.empty(0, np.int64)
         share = float(np.mean(true_ratings(transcript, party, items) > 0)) if len(items) else float("nan")
-        out.update(precision=share, recall=0.5, f1=_f1(share, 0.5), rounds_used=0.0, sybils=0.0)
+        out.update(precision=share, recall=0.5, f1=f1_score(share, 0.5), rounds_used=0.0, sybils=0.0)
         return out
 
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
@@ -177,5 +171,5 @@ class PrivMVMFIsolatedDecryption(MVMFAggregate):
         decided = np.zeros(len(items), dtype=bool)
         decided[np.argsort(-p_rated, kind="stable")[:n_rated]] = True
         p, r = _rated_prf(items, decided, transcript.private(party).get("items", np.empty(0)))
-        out.update(precision=p, recall=r, f1=_f1(p, r))
+        out.update(precision=p, recall=r, f1=f1_score(p, r))
         return out
