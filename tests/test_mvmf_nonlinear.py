@@ -29,6 +29,21 @@ def clean_runs(small):
     }
 
 
+@pytest.fixture(scope="module")
+def noisy_view(small):
+    """The server's parsed view of a SemiALS ObsOnly run under Laplace noise (b = 0.3): a mix of
+    systems with and without a real root."""
+    tr = FedMVMF().run(small, {"epochs": 2}, [LaplaceNoise(scale=0.3)], rng=0).transcript
+    return _mvmf.parse_view(tr.view("server"))
+
+
+def _victims(fv, n):
+    """The first ``n`` clients of ``fv`` (sorted) as victims of their first recorded round."""
+    for party in sorted(fv.clients)[:n]:
+        up = fv.clients[party]
+        yield Victim(party, up.items[0], up.grad_V[0], up.grad_P[0])
+
+
 def test_registered_and_declared():
     cls = get("attack", "mvmf-nonlinear")
     assert cls is MVMFNonlinear
@@ -122,19 +137,14 @@ def _scipy_hybr(system):
     return z, res.success
 
 
-@pytest.mark.parametrize("noise", [0.0, 0.3])
-def test_exact_root_is_scipy_hybr_root(small, clean_runs, noise):
+@pytest.mark.parametrize("noise", [False, True])
+def test_exact_root_is_scipy_hybr_root(clean_runs, noisy_view, noise):
     """SemiALS ObsOnly: the closed-form root is the root scipy's hybr converges to, and when it
     has none (a_k >= 0, only under noise) hybr does not converge either."""
-    tr = clean_runs["semials", "obsonly"]
-    if noise:
-        tr = FedMVMF().run(small, {"epochs": 2}, [LaplaceNoise(scale=noise)], rng=0).transcript
-    fv = _mvmf.parse_view(tr.view("server"))
+    fv = noisy_view if noise else _mvmf.parse_view(clean_runs["semials", "obsonly"].view("server"))
     st = _setting_of(fv)
     roots = none = 0
-    for party in sorted(fv.clients)[:12]:
-        up = fv.clients[party]
-        victim = Victim(party, up.items[0], up.grad_V[0], up.grad_P[0])
+    for victim in _victims(fv, 12):
         for k in range(0, fv.P[0].shape[1], 2):
             system = UserSystem(st, victim, k)
             exact = system.exact_root()
@@ -150,7 +160,7 @@ def test_exact_root_is_scipy_hybr_root(small, clean_runs, noise):
     assert roots > 0 and (none > 0) == bool(noise), (roots, none)
 
 
-def test_least_squares_point_is_scipy_least_squares_of_reduced_system(small):
+def test_least_squares_point_is_scipy_least_squares_of_reduced_system(noisy_view):
     """SemiALS ObsOnly without a real root (a_k > 0, under noise): the closed-form point minimises
     the reduced residual ``a / (2 u_k) + lam u`` as scipy's least_squares (the oracle) does, r and
     x solve their equations exactly, and systems with a root keep the closed-form root."""
@@ -158,13 +168,10 @@ def test_least_squares_point_is_scipy_least_squares_of_reduced_system(small):
 
     from privaudit.attacks.mvmf_nonlinear import solve_system
 
-    tr = FedMVMF().run(small, {"epochs": 2}, [LaplaceNoise(scale=0.3)], rng=0).transcript
-    fv = _mvmf.parse_view(tr.view("server"))
+    fv = noisy_view
     st = _setting_of(fv)
     checked = roots = 0
-    for party in sorted(fv.clients)[:6]:
-        up = fv.clients[party]
-        victim = Victim(party, up.items[0], up.grad_V[0], up.grad_P[0])
+    for victim in _victims(fv, 6):
         for k in range(fv.P[0].shape[1]):
             system = UserSystem(st, victim, k)
             a = system.reduced_update()
@@ -194,21 +201,18 @@ def test_least_squares_point_is_scipy_least_squares_of_reduced_system(small):
     assert checked > 10 and roots > 10, (checked, roots)
 
 
-def test_least_squares_points_enter_only_victims_without_a_root(small):
+def test_least_squares_points_enter_only_victims_without_a_root(noisy_view):
     """Under noise a victim's average is over its systems' roots; its least-squares points stand in
     only when none of its K systems has a real root (the place hybr's unconverged stop had)."""
     import dataclasses
 
     from privaudit.attacks.mvmf_nonlinear import EXACT_FIT, attack_victim
 
-    tr = FedMVMF().run(small, {"epochs": 2}, [LaplaceNoise(scale=0.3)], rng=0).transcript
-    fv = _mvmf.parse_view(tr.view("server"))
+    fv = noisy_view
     K = fv.P[0].shape[1]
     st = dataclasses.replace(_setting_of(fv), solves=K, noisy=True)
     mixed = 0
-    for seed, party in enumerate(sorted(fv.clients)[:12]):
-        up = fv.clients[party]
-        victim = Victim(party, up.items[0], up.grad_V[0], up.grad_P[0])
+    for seed, victim in enumerate(_victims(fv, 12)):
         rng = np.random.default_rng(seed)
         coords = rng.permutation(K)
         points, is_root = [], []
