@@ -107,6 +107,12 @@ def dask_client(scheduler: str) -> Iterator[Any]:
         # the dashboard on a free port: a second cluster never clashes over the default 8787
         cluster = LocalCluster(n_workers=value, threads_per_worker=1, processes=True, dashboard_address=":0")
         client = Client(cluster)
+        try:
+            client.wait_for_workers(value, timeout="60s")
+        except TimeoutError:
+            client.close()
+            cluster.close()
+            raise PrivauditError(f"--scheduler local:{value}: the workers did not start within 60 s") from None
     else:
         try:
             client = Client(value, timeout="10s")
@@ -376,9 +382,17 @@ def _folded(futures: list[Any], n_blocks: int) -> list:
     return total.values
 
 
+def _workers(client: Any) -> list[str]:
+    """The addresses of the cluster's workers, asked of the scheduler now.
+
+    ``client.scheduler_info()`` is not used: the client's periodic refresh may replace its cache
+    with one that lists no workers between the fetch and the read (seen in CI)."""
+    return sorted(client.nthreads())
+
+
 def _start(client: Any, cls: type, n_blocks: int, block: Any, common: Mapping[str, Any]) -> list[Any]:
     """One actor of ``cls`` per worker, holding consecutive blocks (``block(b)`` builds block b's data)."""
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = _workers(client)
     if not workers:
         raise PrivauditError("--scheduler: the Dask cluster has no workers")
     actors = []
@@ -695,7 +709,7 @@ def attack_shards(
         raise PrivauditError(f"attack {attack!r}: a sharded run is attacked per shard by the FedMVMF attacks only")
     folder = Path(folder).resolve()
     manifest = read_manifest(folder)
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = _workers(client)
     futures = [
         client.submit(_attack_blocks, str(folder), chunk, attack, max_bytes, workers=[w], pure=False)
         for w, chunk in zip(workers, _assign(len(manifest["blocks"]), len(workers)))

@@ -62,7 +62,7 @@ def test_fedmvmf_two_workers_equal_single_process(client, data, settings, tmp_pa
     monkeypatch.setattr(fedmvmf, "CLIENT_BLOCK", BLOCK)
     single = fedmvmf.FedMVMF().run(data, cfg, rng=11)
     done = sharded.run_sharded("fedmvmf", data, cfg, 11, client, tmp_path, block_size=BLOCK)
-    assert len(client.scheduler_info()["workers"]) == 2 and len(done.worker_peak) == 2
+    assert len(client.nthreads()) == 2 and len(done.worker_peak) == 2
     merged = sharded.load(tmp_path)
     _same_transcript(single.transcript, merged)
     for key in ("U", "V", "P", "Q", "U_init", "U_cold", "V_cold", "loss"):
