@@ -125,6 +125,71 @@ class UploadBatch:
         return [k for k, v in payload.items() if (v.dtype.kind == "f" if type(v) is np.ndarray else _is_float(v))]
 
 
+@dataclass
+class PackedBatch:
+    """An :class:`UploadBatch` held as one array per payload entry instead of one dict per sender.
+
+    Payload j's entry ``key`` is rows ``bounds[j]:bounds[j + 1]`` of ``arrays[key]`` when
+    ``bounds`` is given (ragged uploads such as ``items``/``values`` item rows), else
+    ``arrays[key][j]`` (one equally shaped array per sender). Same messages, same order and the
+    same floats as the unpacked batch (:meth:`payloads`); protocols build it to spare a Python
+    object per client, and only defenses that implement the packed hooks ever see one.
+
+    Attributes
+    ----------
+    round, kind, senders, receiver, noisy_keys, meta, recorded
+        As in :class:`UploadBatch`.
+    arrays : dict[str, numpy.ndarray]
+        Every sender's entry ``key``, concatenated (ragged) or stacked along axis 0.
+    bounds : numpy.ndarray (len(senders) + 1,), int64, or None
+        Row offsets of the senders' entries in every array (ragged); None when stacked.
+    """
+
+    round: int
+    kind: str
+    senders: list[str]
+    arrays: dict[str, np.ndarray]
+    bounds: np.ndarray | None = None
+    receiver: str = "server"
+    noisy_keys: tuple[str, ...] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    recorded: bool = True
+
+    def float_keys(self) -> list[str]:
+        """Names of the entries that count as uploaded floats (as :meth:`UploadBatch.float_keys`)."""
+        if self.noisy_keys is not None:
+            return [k for k in self.noisy_keys if k in self.arrays]
+        return [k for k, v in self.arrays.items() if v.dtype.kind == "f"]
+
+    def entry_sizes(self, key: str) -> np.ndarray:
+        """Floats of every sender's entry ``key``, (len(senders),) int64."""
+        a = self.arrays[key]
+        if self.bounds is None:
+            return np.full(len(self.senders), a[0].size if len(a) else 0, dtype=np.int64)
+        return np.diff(self.bounds) * (a[0].size if len(a) else 0)
+
+    def payloads(self) -> list[dict[str, np.ndarray]]:
+        """One dict per sender, its entries views of :attr:`arrays`."""
+        keys = list(self.arrays)
+        if self.bounds is None:
+            return [{k: self.arrays[k][j] for k in keys} for j in range(len(self.senders))]
+        b = self.bounds.tolist()
+        return [{k: self.arrays[k][b[j] : b[j + 1]] for k in keys} for j in range(len(self.senders))]
+
+    def unpacked(self) -> UploadBatch:
+        """The same batch as an :class:`UploadBatch`."""
+        return UploadBatch(
+            self.round,
+            self.kind,
+            list(self.senders),
+            self.payloads(),
+            self.receiver,
+            self.noisy_keys,
+            dict(self.meta),
+            self.recorded,
+        )
+
+
 #: dtype -> whether it is a floating-point dtype (``np.issubdtype`` once per dtype, not per entry)
 _FLOAT_DTYPES: dict[np.dtype, bool] = {}
 
@@ -252,6 +317,21 @@ class Defense(Configurable):
         """Transform all the batches of one round together (same senders, in the protocol's
         order); default: each through :meth:`on_upload`."""
         return [self.on_upload(b, channel) for b in batches]
+
+    def packs(self, batches: list[PackedBatch]) -> bool:
+        """Whether this defense takes ``batches`` packed (:meth:`on_upload_packed` /
+        :meth:`on_round_packed` give the same numbers as the unpacked hooks). Default: only a
+        defense that changes no upload and computes no sum."""
+        return all(getattr(type(self), h) is getattr(Defense, h) for h in ("on_upload", "on_round", "aggregate"))
+
+    def on_upload_packed(self, batch: PackedBatch, channel: ChannelContext) -> PackedBatch:
+        """:meth:`on_upload` of a packed batch (called only when :meth:`packs`; default: unchanged)."""
+        return batch
+
+    def on_round_packed(self, batches: list[PackedBatch], channel: ChannelContext) -> list[PackedBatch]:
+        """:meth:`on_round` of packed batches (called only when :meth:`packs`; default: each
+        through :meth:`on_upload_packed`)."""
+        return [self.on_upload_packed(b, channel) for b in batches]
 
     def aggregate(self, batch: UploadBatch, channel: ChannelContext, rows: int | None) -> dict[str, np.ndarray] | None:
         """Sum ``batch`` at the receiver, or ``None`` to leave it to the next defense / plain sum."""

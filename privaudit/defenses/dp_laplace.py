@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from privaudit.defenses import accounting
-from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
+from privaudit.defenses.base import ChannelContext, Defense, PackedBatch, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_defense
@@ -335,16 +335,78 @@ class ClippedNoise(Defense):
     def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
         return self.on_round([batch], channel)[0]
 
-    def on_round(self, batches: list[UploadBatch], channel: ChannelContext) -> list[UploadBatch]:
-        """Clip (jointly per client under ``clip_per="user"``), count the releases, add noise."""
+    def _begin_round(self, channel: ChannelContext) -> None:
+        """Calibrate a target epsilon once; a new transcript starts a new run's release counts."""
         if self.config.get("target_epsilon"):
             self._calibrate_from(channel)
-        batches = [b for b in batches]
-        if not any(b.payloads for b in batches):
-            return batches
         run = id(getattr(channel, "transcript", None))
         if run != self._run:
             self._start_run(run)
+
+    def _counted(self, round: int, releases: dict[str, int]) -> None:
+        """Count one round's releases; target_epsilon's one-release-per-round assumption checked."""
+        self._count(round, releases)
+        if self.config.get("target_epsilon") and self._max_releases > 1:
+            raise PrivauditError(
+                f"defense {self.name!r}: a client made {self._max_releases} separately noised releases in "
+                f"one round (the protocol sends its messages separately); target_epsilon assumes one"
+            )
+
+    def packs(self, batches: list[PackedBatch]) -> bool:
+        """Packed under ``clip_per="user"`` without ``dense``, one float entry per batch (the
+        only layouts whose (batch, payload, key) float order is the arrays' order)."""
+        return (
+            self.config["clip_per"] == "user"
+            and not self.config["dense"]
+            and all(len(b.float_keys()) <= 1 for b in batches)
+        )
+
+    def on_round_packed(self, batches: list[PackedBatch], channel: ChannelContext) -> list[PackedBatch]:
+        """:meth:`on_round` of packed batches: the same clip factors, releases and noise."""
+        self._begin_round(channel)
+        if not any(b.senders for b in batches):
+            return batches
+        n_items = self._n_items(channel)
+        for b in batches:
+            if not self._sparse_items and "items" in b.arrays and len(b.senders):
+                lengths = np.diff(b.bounds) if b.bounds is not None else np.asarray(b.arrays["items"].shape[1:2])
+                self._sparse_items = n_items is None or bool(np.any(lengths != n_items))
+            noised = b.float_keys()
+            self._unnoised.update(f"{b.kind}.{k}" for k in b.arrays if k != "items" and k not in noised)
+        units: dict[str, int] = {}
+        parts = []  # (batch, key, owner, sizes, clipped float64 copy)
+        for b in batches:
+            for key in b.float_keys():
+                owner = np.fromiter((units.setdefault(s, len(units)) for s in b.senders), np.int64, len(b.senders))
+                parts.append((b, key, owner, b.entry_sizes(key), b.arrays[key].astype(np.float64)))
+        totals = np.zeros(len(units))
+        for _, _, owner, sizes, values in parts:  # each sender's entries in slot order, as JointClip
+            flat = values.reshape(-1)
+            np.add.at(totals, owner, segment_sums(np.abs(flat) if self.clip_ord == 1 else flat * flat, sizes))
+        if self.clip_ord != 1:
+            totals = np.sqrt(totals)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            factor = np.where(totals > 0, np.minimum(1.0, float(self.config["clip"]) / totals), 1.0)
+        self._counted(batches[0].round, dict.fromkeys(units, 1))
+        total = sum(values.size for *_, values in parts)
+        noise = self.draw(channel.rng, total) if total else None  # one draw in (batch, payload, key) order
+        out, start = [], 0
+        for b, key, owner, sizes, values in parts:
+            flat = values.reshape(-1)
+            flat *= np.repeat(factor[owner], sizes)
+            if flat.size:
+                flat += noise[start : start + flat.size]
+                start += flat.size
+            out.append((b, key, values))
+        done = {id(b): dataclasses.replace(b, arrays={**b.arrays, key: values}) for b, key, values in out}
+        return [done.get(id(b), b) for b in batches]
+
+    def on_round(self, batches: list[UploadBatch], channel: ChannelContext) -> list[UploadBatch]:
+        """Clip (jointly per client under ``clip_per="user"``), count the releases, add noise."""
+        self._begin_round(channel)
+        batches = [b for b in batches]
+        if not any(b.payloads for b in batches):
+            return batches
         n_items = self._n_items(channel)
         if self.config["dense"] and any("items" in p for b in batches for p in b.payloads):
             if n_items is None:
@@ -358,12 +420,7 @@ class ClippedNoise(Defense):
             releases = joint.releases
         else:
             batches, releases = self.clip(batches)
-        self._count(batches[0].round, releases)
-        if self.config.get("target_epsilon") and self._max_releases > 1:
-            raise PrivauditError(
-                f"defense {self.name!r}: a client made {self._max_releases} separately noised releases in "
-                f"one round (the protocol sends its messages separately); target_epsilon assumes one"
-            )
+        self._counted(batches[0].round, releases)
         if joint is not None:
             if joint.flat.size:  # one draw over every float in (batch, payload, key) order
                 joint.flat += self.draw(channel.rng, joint.flat.size)

@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 
-from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
+from privaudit.defenses.base import ChannelContext, Defense, PackedBatch, UploadBatch
 from privaudit.params import Param
 from privaudit.registry import register_defense
 
@@ -58,6 +58,21 @@ class _AdditiveNoise(Defense):
             end += size
             payloads[j][key] = flat[end - size : end].reshape(arr.shape)
         return dataclasses.replace(batch, payloads=payloads)
+
+    def packs(self, batches: list[PackedBatch]) -> bool:
+        """Packed when every batch has at most one float entry (then its floats in (payload,
+        key) order are that entry's array in order, and the draw lands where it does unpacked)."""
+        return all(len(b.float_keys()) <= 1 for b in batches)
+
+    def on_upload_packed(self, batch: PackedBatch, channel: ChannelContext) -> PackedBatch:
+        scale = self.config["scale"]
+        keys = batch.float_keys()
+        if scale == 0.0 or not batch.senders or not keys or batch.arrays[keys[0]].size == 0:
+            return batch
+        values = batch.arrays[keys[0]]
+        noisy = values.astype(np.float64)  # a copy: the clients' plaintext stays as it was
+        noisy += self.draw(channel.rng, noisy.size).reshape(noisy.shape)
+        return dataclasses.replace(batch, arrays={**batch.arrays, keys[0]: noisy})
 
 
 @register_defense("laplace")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.defenses.base import Defense, UploadBatch
+from privaudit.defenses.base import Defense, PackedBatch, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.params import Param, declare_on, public_values, resolve_declared
 from privaudit.results import MetricSpec
@@ -132,7 +132,32 @@ class Channel:
                     self.transcript.add(round, sender, batch.receiver, batch.kind, payload, batch.meta)
         return batches
 
-    def sum(self, batch: UploadBatch, rows: int | None = None, index_key: str = "items") -> dict[str, np.ndarray]:
+    def send_round_packed(self, round: int, batches: list[PackedBatch], *, record: bool = True) -> list[Any]:
+        """:meth:`send_round` of packed batches (one per message kind, same senders in the same
+        order): packed through the defenses when every one :meth:`~Defense.packs` them, else
+        unpacked first. Returns what the receiver sees (:class:`PackedBatch` or
+        :class:`UploadBatch`; :meth:`sum` takes either); same numbers and transcript either way."""
+        if not all(d.packs(batches) for d in self.defenses):
+            return self.send_round(round, batches[0].senders, [(b.kind, b.payloads()) for b in batches], record=record)
+        for b in batches:
+            b.recorded = bool(record)
+        if any(type(d).on_round is not Defense.on_round for d in self.defenses):
+            for defense in self.defenses:
+                batches = defense.on_round_packed(batches, self)
+        else:  # as send_round: every defense on one batch, then the next batch
+            for j, batch in enumerate(batches):
+                for defense in self.defenses:
+                    batch = defense.on_upload_packed(batch, self)
+                batches[j] = batch
+        if record:
+            for batch in batches:
+                for sender, payload in zip(batch.senders, batch.payloads()):
+                    self.transcript.add(round, sender, batch.receiver, batch.kind, payload, batch.meta)
+        return batches
+
+    def sum(
+        self, batch: UploadBatch | PackedBatch, rows: int | None = None, index_key: str = "items"
+    ) -> dict[str, np.ndarray]:
         """The receiver's aggregate of ``batch`` as plaintext.
 
         For payloads with ``index_key`` (item-row uploads), entries are summed into ``rows``
@@ -140,6 +165,8 @@ class Channel:
         entries are summed elementwise. Defenses that hide plaintext (encryption, secure
         aggregation) compute the sum themselves in :meth:`Defense.aggregate`.
         """
+        if isinstance(batch, PackedBatch):  # only defenses that compute no sum pack
+            return packed_sum(batch, rows, index_key)
         for defense in reversed(self.defenses):
             result = defense.aggregate(batch, self, rows)
             if result is not None:
@@ -199,6 +226,46 @@ def plain_sum(
         return out
     for key in payloads[0]:
         out[key] = np.sum([np.asarray(p[key]) for p in payloads], axis=0)
+    return out
+
+
+def packed_sum(batch: PackedBatch, rows: int | None, index_key: str = "items") -> dict[str, np.ndarray]:
+    """:func:`plain_sum` of a packed batch, bit for bit: every row's entries added in sender order."""
+    if not batch.senders:
+        return {}
+    arrays = batch.arrays
+    if batch.bounds is None and index_key not in arrays:
+        # np.sum of the stacked entries over axis 0, as plain_sum's np.sum of the list
+        return {k: np.sum(np.ascontiguousarray(v), axis=0) for k, v in arrays.items()}
+    if batch.bounds is None or index_key not in arrays:
+        return plain_sum(batch.payloads(), rows, index_key)
+    if rows is None:
+        raise ValueError("rows is required to sum row-indexed uploads")
+    index = np.asarray(arrays[index_key], dtype=np.int64)
+    out: dict[str, np.ndarray] = {"counts": np.bincount(index, minlength=rows).astype(np.int64)}
+    lengths = np.diff(batch.bounds)
+    # as plain_sum: sender by sender when each adds distinct rows and sends many, else bincount
+    by_sender = len(lengths) <= max(64, len(index) // 16) and _increasing_within(index, lengths.tolist())
+    bounds = batch.bounds.tolist()
+    for key, values in arrays.items():
+        if key == index_key:
+            continue
+        if values.ndim > 2 or values.dtype.kind not in "biuf":
+            return plain_sum(batch.payloads(), rows, index_key)
+        total = np.zeros((rows,) + values.shape[1:], dtype=np.result_type(values.dtype, np.float64))
+        if by_sender:
+            full = np.arange(rows)
+            for lo, hi in zip(bounds[:-1], bounds[1:]):
+                idx = index[lo:hi]
+                if hi - lo == rows and np.array_equal(idx, full):
+                    total += values[lo:hi]
+                else:
+                    total[idx] += values[lo:hi]
+        else:  # bincount adds in input order from 0.0: the same rounding as sender by sender
+            flat = values.reshape(len(index), -1)
+            for j in range(flat.shape[1]):
+                total.reshape(rows, -1)[:, j] = np.bincount(index, weights=flat[:, j], minlength=rows)
+        out[key] = total
     return out
 
 

@@ -152,6 +152,32 @@ class MVMFBlockRound:
     loss: float
     grad_V: list[dict[str, np.ndarray]] | None = None
     grad_P: list[dict[str, np.ndarray]] | None = None
+    packed: MVMFUploads | None = None
+
+
+@dataclass
+class MVMFUploads:
+    """A block's uploads packed: client u's ``grad_V`` is ``items``/``values`` rows
+    ``indptr[u]:indptr[u + 1]`` (len x K), its ``grad_P`` is ``grad_P[u]`` (p x K)."""
+
+    items: np.ndarray
+    values: np.ndarray
+    indptr: np.ndarray
+    grad_P: np.ndarray
+
+    @staticmethod
+    def concatenate(parts: list[MVMFUploads]) -> MVMFUploads:
+        """The blocks' uploads in block order, as one."""
+        if len(parts) == 1:
+            return parts[0]
+        starts = np.cumsum([0] + [len(p.items) for p in parts[:-1]])
+        indptr = np.concatenate([[0]] + [p.indptr[1:] + s for p, s in zip(parts, starts)]).astype(np.int64)
+        return MVMFUploads(
+            np.concatenate([p.items for p in parts]),
+            np.concatenate([p.values for p in parts]),
+            indptr,
+            np.concatenate([p.grad_P for p in parts]),
+        )
 
 
 def mvmf_block_round(
@@ -162,10 +188,12 @@ def mvmf_block_round(
     uploads: bool,
     with_loss: bool = True,
     sums: bool = True,
+    packed: bool = False,
 ) -> MVMFBlockRound:
     """One epoch of a block's clients: update u_u (SemiALS or SGD, eq. 8-10) from the V, P they
     received, then their upload sums (0.0 without ``sums``: the caller sums what the defenses
-    return), loss part (NaN without ``with_loss``) and (``uploads``) per-client ``grad_V``/``grad_P``."""
+    return), loss part (NaN without ``with_loss``) and (``uploads``) per-client ``grad_V``/``grad_P``
+    (``packed``: as one :class:`MVMFUploads`)."""
     R, W, X = block.ratings, block.weights, block.X
     A, b = mvmf.normal_equations(V, P, X, R, W, st.alpha, st.lam, st.w, st.unrated)
     block.U = mvmf.solve_users(A, b) if st.update == "semials" else mvmf.sgd_users(block.U, A, b, st.eta)
@@ -173,28 +201,39 @@ def mvmf_block_round(
     U = block.U
     sum_V, sum_P = mvmf.summed_uploads(U, V, P, X, R, W, st.alpha, st.w, st.unrated) if sums else (0.0, 0.0)
     out = MVMFBlockRound(sum_V, sum_P, client_loss(U, V, P, R, W, X, st) if with_loss else float("nan"))
-    if uploads:
+    if uploads and packed:
+        out.packed = mvmf_uploads(U, V, P, R, W, X, st)
+    elif uploads:
         out.grad_V, out.grad_P = _mvmf_uploads(U, V, P, R, W, X, st)
     return out
 
 
+def mvmf_uploads(U, V, P, R, W, X, st: MVMFSettings) -> MVMFUploads:
+    """Every client's ``grad_V`` (eq. 7: its rated items' rows under ObsOnly, all m rows under
+    InclUnc) and ``grad_P`` (eq. 5), packed."""
+    n, m = R.shape
+    if st.unrated == "obsonly":
+        entry_rows = np.repeat(np.arange(n), np.diff(R.indptr))
+        rows = mvmf.grad_V_rows(mvmf.entry_coefficients(U, V, R, W), U, entry_rows)
+        items, indptr = R.indices.astype(np.int64), np.asarray(R.indptr, dtype=np.int64)
+    else:
+        rows = mvmf.grad_V_rows(mvmf.dense_coefficients(U, V, R, W, st.w), U).reshape(n * m, -1)
+        items, indptr = np.tile(np.arange(m, dtype=np.int64), n), np.arange(n + 1, dtype=np.int64) * m
+    return MVMFUploads(items, rows, indptr, mvmf.grad_P(U, P, X, st.alpha))
+
+
 def _mvmf_uploads(U, V, P, R, W, X, st: MVMFSettings) -> tuple[list[dict], list[dict]]:
     """Per-client payloads: ``grad_V`` (``items``, ``values`` len x K; eq. 7) and ``grad_P`` (p x K; eq. 5)."""
-    n, m = R.shape
-    indptr = R.indptr
+    up = mvmf_uploads(U, V, P, R, W, X, st)
+    ip, m = up.indptr.tolist(), R.shape[1]
     if st.unrated == "obsonly":
-        entry_rows = np.repeat(np.arange(n), np.diff(indptr))
-        items = R.indices.astype(np.int64)
-        rows = mvmf.grad_V_rows(mvmf.entry_coefficients(U, V, R, W), U, entry_rows)
         grad_V = [
-            {"items": items[indptr[u] : indptr[u + 1]], "values": rows[indptr[u] : indptr[u + 1]]} for u in range(n)
+            {"items": up.items[ip[u] : ip[u + 1]], "values": up.values[ip[u] : ip[u + 1]]} for u in range(len(ip) - 1)
         ]
     else:
-        all_items = np.arange(m, dtype=np.int64)
-        rows = mvmf.grad_V_rows(mvmf.dense_coefficients(U, V, R, W, st.w), U)
-        grad_V = [{"items": all_items, "values": rows[u]} for u in range(n)]
-    gP = mvmf.grad_P(U, P, X, st.alpha)
-    return grad_V, [{"values": gP[u]} for u in range(n)]
+        all_items = up.items[:m]
+        grad_V = [{"items": all_items, "values": up.values[ip[u] : ip[u + 1]]} for u in range(len(ip) - 1)]
+    return grad_V, [{"values": g} for g in up.grad_P]
 
 
 def client_loss(U, V, P, R: sp.csr_matrix, W: sp.csr_matrix, X, st: MVMFSettings) -> float:

@@ -65,7 +65,7 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 from privaudit.data.splits import cold_start_items, cold_start_users, holdout_split
-from privaudit.defenses.base import ClientData
+from privaudit.defenses.base import ClientData, PackedBatch
 from privaudit.defenses.noise import DEFAULT_SCALES
 from privaudit.metrics import ranking_metrics_at_k_factored
 from privaudit.models import mvmf
@@ -76,6 +76,7 @@ from privaudit.protocols.blocks import (
     Accumulator,
     MVMFBlock,
     MVMFSettings,
+    MVMFUploads,
     block_ranges,
     mvmf_block_round,
     server_loss,
@@ -403,21 +404,27 @@ class LocalClients:
         """(sum_V m x K, sum_P p x K, the clients' loss part) as the server receives them."""
         channel, st = self.run.channel, self.run.st
         uploads = record or bool(channel.defenses)
-        total, grad_V, grad_P = Accumulator(), [], []
+        total, packed = Accumulator(), []
         for block in self.blocks:
             # with defenses the server sums what the channel returns: the plaintext sums are not needed
-            part = mvmf_block_round(block, V, P, st, uploads, with_loss, sums=not channel.defenses)
+            part = mvmf_block_round(block, V, P, st, uploads, with_loss, sums=not channel.defenses, packed=True)
             total.add(part.sum_V, part.sum_P, part.loss)
             if uploads:
-                grad_V += part.grad_V
-                grad_P += part.grad_P
+                packed.append(part.packed)
         sum_V, sum_P, loss = total.values
         if uploads:
+            up, senders = MVMFUploads.concatenate(packed), self.run.senders
+            del packed
             # one round's messages together, so that a DP defense clips each client's grad_V and grad_P jointly
-            sent_V, sent_P = channel.send_round(
-                t, self.run.senders, [("grad_V", grad_V), ("grad_P", grad_P)], record=record
+            sent_V, sent_P = channel.send_round_packed(
+                t,
+                [
+                    PackedBatch(t, "grad_V", senders, {"items": up.items, "values": up.values}, up.indptr),
+                    PackedBatch(t, "grad_P", senders, {"values": up.grad_P}),
+                ],
+                record=record,
             )
-            del grad_V, grad_P
+            del up
             if channel.defenses:
                 sum_V = _summed(channel.sum(sent_V, rows=V.shape[0]), V.shape)
                 sum_P = _summed(channel.sum(sent_P), P.shape)

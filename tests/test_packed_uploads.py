@@ -1,0 +1,169 @@
+"""Packed uploads (:class:`~privaudit.defenses.base.PackedBatch`): FedMVMF hands a round's
+uploads to the channel as one array per entry; the defenses that take them packed (noise, DP
+under ``clip_per="user"``, client-data-only defenses) give what the per-client path gives, bit
+for bit: same transcript, model and utility; the packed sum equals the plain sum."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from privaudit import registry
+from privaudit.data.synthetic import synthetic
+from privaudit.defenses.base import PackedBatch, UploadBatch
+from privaudit.defenses.dp_gaussian import DPGaussian
+from privaudit.defenses.dp_laplace import DPLaplace
+from privaudit.protocols import fedmvmf
+from privaudit.protocols.base import Channel, packed_sum, plain_sum
+
+
+@pytest.fixture(scope="module")
+def data():
+    return synthetic(n_users=120, n_items=70, min_ratings=5, density=0.08, seed=3)
+
+
+def _digest(result) -> str:
+    h = hashlib.sha256()
+    for m in result.transcript.messages:
+        h.update(f"{m.seq}|{m.round}|{m.sender}|{m.receiver}|{m.kind}|{sorted(m.meta.items())}".encode())
+        for k in sorted(m.payload):
+            h.update(k.encode() + str(m.payload[k].dtype).encode() + str(m.payload[k].shape).encode())
+            h.update(np.ascontiguousarray(m.payload[k]).tobytes())
+    for k in ("U", "V", "P", "Q"):
+        h.update(np.ascontiguousarray(result.model[k]).tobytes())
+    h.update(repr(sorted((k, v) for k, v in result.utility.items() if k != "epoch_seconds")).encode())
+    return h.hexdigest()
+
+
+DEFENSES = [
+    (None, {}),
+    ("laplace", {"scale": 0.5}),
+    ("gaussian", {"scale": 0.5}),
+    ("dp-laplace", {"epsilon": 3.0}),
+    ("dp-gaussian", {"noise_multiplier": 1.0}),
+    ("dp-laplace", {"target_epsilon": 5.0}),
+    ("dp-gaussian", {"noise_multiplier": 1.0, "clip_per": "upload"}),  # declines: unpacked
+    ("sampling", {}),
+]
+SETTINGS = [{"update": "semials", "unrated": "obsonly"}, {"update": "sgd", "unrated": "inclunc", "eta": 0.01}]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=["semials-obsonly", "sgd-inclunc"])
+@pytest.mark.parametrize("name, params", DEFENSES, ids=lambda v: v if isinstance(v, str) else None)
+def test_fedmvmf_packed_equals_per_client_path(data, name, params, settings, monkeypatch):
+    cfg = {"epochs": 3, "record_rounds": 2, "K": 4, **settings}
+
+    def run():
+        defenses = [registry.get("defense", name)(**params)] if name else []
+        return fedmvmf.FedMVMF().run(data, cfg, rng=7, defenses=defenses)
+
+    unpacked_calls = []
+    send_round = Channel.send_round
+    monkeypatch.setattr(
+        Channel, "send_round", lambda self, *a, **k: unpacked_calls.append(1) or send_round(self, *a, **k)
+    )
+    packed = run()
+    declines = name == "dp-gaussian" and "clip_per" in params
+    assert bool(unpacked_calls) == declines  # the others took the packed path all the way
+
+    def per_client(self, round, batches, record=True):
+        return send_round(self, round, batches[0].senders, [(b.kind, b.payloads()) for b in batches], record=record)
+
+    monkeypatch.setattr(Channel, "send_round_packed", per_client)
+    assert _digest(packed) == _digest(run())
+    assert packed.transcript.config == run().transcript.config  # the public record (calibrated epsilon too)
+
+
+def _packed_round(rng: np.random.Generator, n: int, m: int = 30, K: int = 4, p: int = 3) -> list[PackedBatch]:
+    """A round of ragged grad_V (random item subsets, some empty) and stacked grad_P, heavy-tailed
+    values so that some senders clip and some do not."""
+    senders = [f"client:{u}" for u in range(n)]
+    items, lengths = [], []
+    scales = np.where(rng.random(n) < 0.3, 1e-7, 10 ** rng.uniform(-1, 1, n))
+    for _ in range(n):
+        k = int(rng.integers(0, m))
+        items.append(np.sort(rng.choice(m, size=k, replace=False)))
+        lengths.append(k)
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    values = rng.standard_cauchy((int(bounds[-1]), K)) * np.repeat(scales, lengths)[:, None]
+    grad_p = rng.standard_cauchy((n, p, K)) * scales[:, None, None]
+    return [
+        PackedBatch(0, "grad_V", senders, {"items": np.concatenate(items).astype(np.int64), "values": values}, bounds),
+        PackedBatch(0, "grad_P", senders, {"values": grad_p}),
+    ]
+
+
+class _Channel:
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.transcript = type("T", (), {"config": {"n_items": 30}})()
+
+
+@pytest.mark.parametrize("cls", [DPLaplace, DPGaussian])
+@pytest.mark.parametrize("seed", range(3))
+def test_dp_on_round_packed_equals_on_round(cls, seed):
+    batches = _packed_round(np.random.default_rng(seed), n=50)
+    a, b = cls(clip=0.5), cls(clip=0.5)
+    assert a.packs(batches)
+    got = a.on_round_packed(batches, _Channel(3))
+    want = b.on_round([x.unpacked() for x in batches], _Channel(3))
+    for g, w in zip(got, want):
+        for gp, wp in zip(g.payloads(), w.payloads):
+            assert gp.keys() == wp.keys()
+            for k in gp:
+                np.testing.assert_array_equal(gp[k], wp[k], strict=True)
+    assert a.claim(1) == b.claim(1)
+    for x in batches:  # the clients' plaintext is not touched
+        assert not any(np.shares_memory(x.arrays["values"], g.arrays["values"]) for g in got)
+
+
+def test_packs_declines_layouts_it_cannot_order():
+    batches = _packed_round(np.random.default_rng(0), n=5)
+    assert not DPLaplace(clip=1.0, clip_per="row").packs(batches)
+    assert not DPLaplace(clip=1.0, dense=True).packs(batches)
+    two = [PackedBatch(0, "x", ["client:0"], {"a": np.zeros((1, 2)), "b": np.ones((1, 2))})]
+    assert not DPLaplace(clip=1.0).packs(two) and not registry.get("defense", "laplace")(scale=1.0).packs(two)
+    assert registry.get("defense", "sampling")().packs(batches)  # changes client data only
+    assert not registry.get("defense", "secagg")().packs(batches)  # sums itself
+
+
+@pytest.mark.parametrize("per_sender", [2, 25])
+@pytest.mark.parametrize("repeats", [False, True])
+def test_packed_sum_equals_plain_sum(per_sender, repeats):
+    """Both branches (sender by sender; bincount) of the packed sum against plain_sum of the
+    unpacked payloads, bit for bit; row ids repeated inside a sender force bincount."""
+    rng = np.random.default_rng(per_sender + repeats)
+    n, m, K = 80, 40, 3
+    lengths = rng.integers(0, per_sender + 1, n)
+    items = [
+        rng.integers(0, m, k) if repeats else np.sort(rng.choice(m, size=min(int(k), m), replace=False))
+        for k in lengths
+    ]
+    bounds = np.concatenate([[0], np.cumsum([len(i) for i in items])]).astype(np.int64)
+    values = rng.normal(size=(int(bounds[-1]), K)) * 1e3
+    batch = PackedBatch(
+        0, "grad_V", [f"client:{u}" for u in range(n)], {"items": np.concatenate(items), "values": values}, bounds
+    )
+    got, want = packed_sum(batch, m), plain_sum(batch.unpacked().payloads, m)
+    assert got.keys() == want.keys()
+    for k in got:
+        np.testing.assert_array_equal(got[k], want[k], strict=True)
+    stacked = PackedBatch(0, "grad_P", batch.senders, {"values": rng.normal(size=(n, 2, K))})
+    np.testing.assert_array_equal(
+        packed_sum(stacked, None)["values"], plain_sum(stacked.unpacked().payloads, None)["values"]
+    )
+
+
+def test_unpacked_batch_is_the_same_messages():
+    batches = _packed_round(np.random.default_rng(1), n=6)
+    u = batches[0].unpacked()
+    assert isinstance(u, UploadBatch) and u.senders == batches[0].senders and len(u.payloads) == 6
+    for j, p in enumerate(u.payloads):
+        lo, hi = batches[0].bounds[j], batches[0].bounds[j + 1]
+        np.testing.assert_array_equal(p["values"], batches[0].arrays["values"][lo:hi])
+    np.testing.assert_array_equal(batches[1].unpacked().payloads[4]["values"], batches[1].arrays["values"][4])
+    assert batches[0].entry_sizes("values").tolist() == [
+        (hi - lo) * 4 for lo, hi in zip(batches[0].bounds[:-1], batches[0].bounds[1:])
+    ]
