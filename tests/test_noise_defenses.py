@@ -133,3 +133,22 @@ def test_send_round_equals_one_send_per_kind_for_per_batch_defenses(cls):
         for p, q in zip(x.payloads, y.payloads):
             np.testing.assert_array_equal(p["values"], q["values"])
     assert [(m.kind, m.sender) for m in a.transcript.messages] == [(m.kind, m.sender) for m in b.transcript.messages]
+
+
+def test_laplace_noise_is_laplace():
+    """The exponential-times-random-sign sampler against the Laplace law (scipy as the oracle)
+    and against numpy's own Laplace sampler: KS tests, moments, a fair sign."""
+    from scipy import stats
+
+    from privaudit.defenses.noise import laplace_noise
+
+    b = 0.7
+    x = laplace_noise(np.random.default_rng(11), 200_000, b)
+    assert x.dtype == np.float64 and x.shape == (200_000,)
+    assert stats.kstest(x, stats.laplace(scale=b).cdf).pvalue > 1e-3
+    ref = np.random.default_rng(12).laplace(0.0, b, 200_000)
+    assert stats.ks_2samp(x, ref).pvalue > 1e-3
+    assert abs(x.mean()) < 5 * b * np.sqrt(2 / 200_000)
+    assert np.std(x) == pytest.approx(np.sqrt(2) * b, rel=0.01)
+    assert abs((x < 0).mean() - 0.5) < 5 * 0.5 / np.sqrt(200_000)
+    assert laplace_noise(np.random.default_rng(1), 0, b).shape == (0,)

@@ -63,6 +63,7 @@ import numpy as np
 
 from privaudit.defenses import accounting
 from privaudit.defenses.base import ChannelContext, Defense, PackedBatch, UploadBatch
+from privaudit.defenses.noise import laplace_noise
 from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_defense
@@ -552,7 +553,7 @@ class DPLaplace(ClippedNoise):
         return {"noise_scale": self.noise_scale}
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        return rng.laplace(0.0, self.noise_scale, size)
+        return laplace_noise(rng, size, self.noise_scale)
 
     def total_epsilon(self, value: float, rounds: int) -> float:
         return accounting.laplace_epsilon(value, rounds, self.config["delta"])

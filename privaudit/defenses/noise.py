@@ -28,6 +28,18 @@ from privaudit.registry import register_defense
 DEFAULT_SCALES = (0.0, 0.1, 0.5, 1.0, 2.0, 4.0)
 
 
+def laplace_noise(rng: np.random.Generator, size: int, scale: float) -> np.ndarray:
+    """``size`` i.i.d. Laplace(0, ``scale``) draws (float64): a standard exponential with a fair
+    random sign, the sign of a uniformly random byte (128 of its 256 values are negative).
+
+    Exactly Laplace in distribution, and about three times cheaper than ``rng.laplace`` (one
+    exponential and one byte per draw, no logarithm)."""
+    noise = rng.standard_exponential(size)
+    np.copysign(noise, np.frombuffer(rng.bytes(size), dtype=np.int8), out=noise)
+    noise *= scale
+    return noise
+
+
 class _AdditiveNoise(Defense):
     """Base of the i.i.d. additive noise defenses; subclasses implement :meth:`draw`."""
 
@@ -82,11 +94,7 @@ class LaplaceNoise(_AdditiveNoise):
     description = "i.i.d. Laplace(0, scale) noise on every float a client uploads"
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        # E1 - E2 of two standard exponentials is Laplace(0, 1); cheaper than rng.laplace
-        noise = rng.standard_exponential(size)
-        noise -= rng.standard_exponential(size)
-        noise *= self.config["scale"]
-        return noise
+        return laplace_noise(rng, size, self.config["scale"])
 
 
 @register_defense("gaussian")
