@@ -132,8 +132,9 @@ def test_packs_declines_layouts_it_cannot_order():
 @pytest.mark.parametrize("per_sender", [2, 25])
 @pytest.mark.parametrize("repeats", [False, True])
 def test_packed_sum_equals_plain_sum(per_sender, repeats):
-    """Both branches (sender by sender; bincount) of the packed sum against plain_sum of the
-    unpacked payloads, bit for bit; row ids repeated inside a sender force bincount."""
+    """The packed sum (one sparse selector product) against plain_sum of the unpacked payloads,
+    bit for bit (signed zeros too), with distinct and with repeated row ids inside a sender, few
+    and many rows per sender, float64 and float32 values."""
     rng = np.random.default_rng(per_sender + repeats)
     n, m, K = 80, 40, 3
     lengths = rng.integers(0, per_sender + 1, n)
@@ -143,6 +144,9 @@ def test_packed_sum_equals_plain_sum(per_sender, repeats):
     ]
     bounds = np.concatenate([[0], np.cumsum([len(i) for i in items])]).astype(np.int64)
     values = rng.normal(size=(int(bounds[-1]), K)) * 1e3
+    values[::7] = -0.0
+    if per_sender == 2:
+        values = values.astype(np.float32)
     batch = PackedBatch(
         0, "grad_V", [f"client:{u}" for u in range(n)], {"items": np.concatenate(items), "values": values}, bounds
     )
@@ -150,6 +154,7 @@ def test_packed_sum_equals_plain_sum(per_sender, repeats):
     assert got.keys() == want.keys()
     for k in got:
         np.testing.assert_array_equal(got[k], want[k], strict=True)
+        assert np.array_equal(np.signbit(got[k]), np.signbit(want[k]))
     stacked = PackedBatch(0, "grad_P", batch.senders, {"values": rng.normal(size=(n, 2, K))})
     np.testing.assert_array_equal(
         packed_sum(stacked, None)["values"], plain_sum(stacked.unpacked().payloads, None)["values"]

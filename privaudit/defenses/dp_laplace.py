@@ -392,9 +392,11 @@ class ClippedNoise(Defense):
         total = sum(values.size for *_, values in parts)
         noise = self.draw(channel.rng, total) if total else None  # one draw in (batch, payload, key) order
         out, start = [], 0
-        for b, key, owner, sizes, values in parts:
+        for b, key, owner, _, values in parts:
+            # each sender's factor on its rows (the same product per float as JointClip's)
+            per_row = factor[owner] if b.bounds is None else np.repeat(factor[owner], np.diff(b.bounds))
+            values *= per_row.reshape((-1,) + (1,) * (values.ndim - 1))
             flat = values.reshape(-1)
-            flat *= np.repeat(factor[owner], sizes)
             if flat.size:
                 flat += noise[start : start + flat.size]
                 start += flat.size

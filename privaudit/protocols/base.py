@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from privaudit.defenses.base import Defense, PackedBatch, UploadBatch
 from privaudit.errors import PrivauditError
@@ -243,28 +244,18 @@ def packed_sum(batch: PackedBatch, rows: int | None, index_key: str = "items") -
         raise ValueError("rows is required to sum row-indexed uploads")
     index = np.asarray(arrays[index_key], dtype=np.int64)
     out: dict[str, np.ndarray] = {"counts": np.bincount(index, minlength=rows).astype(np.int64)}
-    lengths = np.diff(batch.bounds)
-    # as plain_sum: sender by sender when each adds distinct rows and sends many, else bincount
-    by_sender = len(lengths) <= max(64, len(index) // 16) and _increasing_within(index, lengths.tolist())
-    bounds = batch.bounds.tolist()
+    # selector S (rows x entries), one 1.0 per entry in its row: S @ values adds every row's
+    # entries in entry (= sender) order to 0.0, exactly plain_sum's rounding, in one C loop
+    select = None
     for key, values in arrays.items():
         if key == index_key:
             continue
         if values.ndim > 2 or values.dtype.kind not in "biuf":
             return plain_sum(batch.payloads(), rows, index_key)
-        total = np.zeros((rows,) + values.shape[1:], dtype=np.result_type(values.dtype, np.float64))
-        if by_sender:
-            full = np.arange(rows)
-            for lo, hi in zip(bounds[:-1], bounds[1:]):
-                idx = index[lo:hi]
-                if hi - lo == rows and np.array_equal(idx, full):
-                    total += values[lo:hi]
-                else:
-                    total[idx] += values[lo:hi]
-        else:  # bincount adds in input order from 0.0: the same rounding as sender by sender
-            flat = values.reshape(len(index), -1)
-            for j in range(flat.shape[1]):
-                total.reshape(rows, -1)[:, j] = np.bincount(index, weights=flat[:, j], minlength=rows)
+        if select is None:
+            select = sp.csc_matrix((np.ones(len(index)), index, np.arange(len(index) + 1)), shape=(rows, len(index)))
+        total = np.asarray(select @ values.reshape(len(index), -1), dtype=np.float64)
+        total = total.reshape((rows,) + values.shape[1:])
         out[key] = total
     return out
 
