@@ -1,7 +1,9 @@
 """Packed uploads (:class:`~privaudit.defenses.base.PackedBatch`): FedMVMF hands a round's
 uploads to the channel as one array per entry; the defenses that take them packed (noise, DP
 under ``clip_per="user"``, client-data-only defenses) give what the per-client path gives, bit
-for bit: same transcript, model and utility; the packed sum equals the plain sum."""
+for bit: same transcript, model and utility; the packed sum equals the plain sum. An unrecorded
+round is only summed (:meth:`Channel.sum_round_packed`): its noise is drawn on the sums, equal in
+law to the per-sender noise summed (KS tests here), the clip and release counts unchanged."""
 
 from __future__ import annotations
 
@@ -59,6 +61,8 @@ def test_fedmvmf_packed_equals_per_client_path(data, name, params, settings, mon
         defenses = [registry.get("defense", name)(**params)] if name else []
         return fedmvmf.FedMVMF().run(data, cfg, rng=7, defenses=defenses)
 
+    # every round sent (none only summed), so that the packed and per-client paths draw alike
+    monkeypatch.setattr(Channel, "sum_round_packed", lambda self, *a, **k: None)
     unpacked_calls = []
     send_round = Channel.send_round
     monkeypatch.setattr(
@@ -172,3 +176,81 @@ def test_unpacked_batch_is_the_same_messages():
     assert batches[0].entry_sizes("values").tolist() == [
         (hi - lo) * 4 for lo, hi in zip(batches[0].bounds[:-1], batches[0].bounds[1:])
     ]
+
+
+def _small_round(seed: int) -> list[PackedBatch]:
+    """Three senders, fixed uploads: rows 0 and 2 of grad_V sent by two, row 1 by one, row 3 by none."""
+    rng = np.random.default_rng(seed)
+    items = np.array([0, 2, 0, 1, 2], dtype=np.int64)
+    bounds = np.array([0, 2, 3, 5], dtype=np.int64)
+    values = rng.normal(size=(5, 2)) * 3
+    return [
+        PackedBatch(0, "grad_V", ["client:0", "client:1", "client:2"], {"items": items, "values": values}, bounds),
+        PackedBatch(0, "grad_P", ["client:0", "client:1", "client:2"], {"values": rng.normal(size=(3, 2, 2))}),
+    ]
+
+
+NOISES = [
+    ("laplace", {"scale": 0.8}),
+    ("gaussian", {"scale": 0.8}),
+    ("dp-laplace", {"epsilon": 2.0, "clip": 1.0}),
+    ("dp-gaussian", {"noise_multiplier": 0.7, "clip": 1.0}),
+]
+
+
+@pytest.mark.parametrize("name, params", NOISES, ids=[n for n, _ in NOISES])
+def test_summed_round_is_per_sender_noise_summed_in_law(name, params):
+    """The receiver's sums of an unrecorded round against sending every upload and summing,
+    2,000 rounds each: every element's two samples agree (KS, p > 1e-3), the noise-free part
+    (the clipped plaintext sum) is the same, and an untouched row gets no noise."""
+    from scipy import stats
+
+    transcript = type("T", (), {"config": {"n_items": 4}, "add": lambda *a, **k: None})()
+    summed, sent = [], []
+    for rep in range(2000):
+        defense = registry.get("defense", name)(**params)
+        ch = Channel([defense], transcript, np.random.default_rng(rep))
+        s = ch.sum_round_packed(0, _small_round(1), [4, None])
+        summed.append(np.concatenate([s[0]["values"].ravel(), s[1]["values"].ravel()]))
+        defense = registry.get("defense", name)(**params)
+        ch = Channel([defense], transcript, np.random.default_rng(10_000 + rep))
+        b = ch.send_round_packed(0, _small_round(1), record=False)
+        sent.append(np.concatenate([ch.sum(b[0], rows=4)["values"].ravel(), ch.sum(b[1])["values"].ravel()]))
+    summed, sent = np.array(summed), np.array(sent)
+    assert np.all(summed[:, 6:8] == 0) and np.all(sent[:, 6:8] == 0)  # row 3: nobody sent it
+    for j in [0, 1, 2, 3, 4, 5, 8, 9, 10, 11]:
+        assert stats.ks_2samp(summed[:, j], sent[:, j]).pvalue > 1e-3, j
+    se = np.sqrt((summed.var(axis=0) + sent.var(axis=0)) / len(sent)) + 1e-12
+    assert np.all(np.abs(summed.mean(axis=0) - sent.mean(axis=0)) < 5 * se)  # same plaintext sum
+    assert np.allclose(summed.std(axis=0), sent.std(axis=0), rtol=0.1)
+
+
+def test_summed_round_without_noise_is_the_plain_sum(data):
+    """A defense that adds no noise (sampling): summing an unrecorded round is bit for bit the
+    send-then-sum path (same transcript, model and utility)."""
+    cfg = {"epochs": 4, "record_rounds": 1, "K": 4}
+    a = fedmvmf.FedMVMF().run(data, cfg, rng=3, defenses=[registry.get("defense", "sampling")()])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Channel, "sum_round_packed", lambda self, *a, **k: None)
+        b = fedmvmf.FedMVMF().run(data, cfg, rng=3, defenses=[registry.get("defense", "sampling")()])
+    assert _digest(a) == _digest(b)
+
+
+@pytest.mark.parametrize("name, params", NOISES[2:], ids=[n for n, _ in NOISES[2:]])
+def test_summed_rounds_count_every_release(data, name, params):
+    """A DP run whose unrecorded rounds are only summed states the same releases, epsilon and
+    public record as one that sends every round."""
+    cfg = {"epochs": 4, "record_rounds": 1, "K": 4}
+    a = fedmvmf.FedMVMF().run(data, cfg, rng=3, defenses=[registry.get("defense", name)(**params)])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Channel, "sum_round_packed", lambda self, *a, **k: None)
+        defense = registry.get("defense", name)(**params)
+        b = fedmvmf.FedMVMF().run(data, cfg, rng=3, defenses=[defense])
+    assert a.transcript.config == b.transcript.config
+    da, db = a.transcript.config["defenses"][0], b.transcript.config["defenses"][0]
+    assert da == db
+    from privaudit import runner
+
+    pa = runner.defense_privacy([registry.get("defense", name)(**params)], a.transcript, None)
+    pb = runner.defense_privacy([registry.get("defense", name)(**params)], b.transcript, None)
+    assert pa == pb and pa

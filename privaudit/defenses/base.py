@@ -333,6 +333,17 @@ class Defense(Configurable):
         through :meth:`on_upload_packed`)."""
         return [self.on_upload_packed(b, channel) for b in batches]
 
+    def on_round_summed(self, batches: list[PackedBatch], channel: ChannelContext) -> list[PackedBatch]:
+        """An unrecorded round that the receiver only sums (called only when :meth:`packs`):
+        :meth:`on_round_packed` without the i.i.d. noise, which :meth:`summed_noise` then adds
+        to the sums. Default: :meth:`on_round_packed` (a defense that adds no noise)."""
+        return self.on_round_packed(batches, channel)
+
+    def summed_noise(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray | None:
+        """The sum of this defense's i.i.d. noise over ``counts`` senders, elementwise (float64,
+        the shape of ``counts``): equal in law to summing each sender's own draw. None: no noise."""
+        return None
+
     def aggregate(self, batch: UploadBatch, channel: ChannelContext, rows: int | None) -> dict[str, np.ndarray] | None:
         """Sum ``batch`` at the receiver, or ``None`` to leave it to the next defense / plain sum."""
         return None

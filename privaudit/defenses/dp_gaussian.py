@@ -28,6 +28,7 @@ import numpy as np
 
 from privaudit.defenses import accounting
 from privaudit.defenses.dp_laplace import CLAIM, CLIP_PER_PARAM, DENSE_PARAM, ClippedNoise
+from privaudit.defenses.noise import gaussian_sums
 from privaudit.params import Param
 from privaudit.registry import register_defense
 
@@ -72,6 +73,9 @@ class DPGaussian(ClippedNoise):
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return rng.normal(0.0, self.noise_std, size)
+
+    def summed_noise(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray | None:
+        return gaussian_sums(rng, counts, self.noise_std)
 
     def total_epsilon(self, value: float, rounds: int) -> float:
         return accounting.gaussian_epsilon(value, rounds, self.config["delta"])

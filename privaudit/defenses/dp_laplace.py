@@ -63,7 +63,7 @@ import numpy as np
 
 from privaudit.defenses import accounting
 from privaudit.defenses.base import ChannelContext, Defense, PackedBatch, UploadBatch
-from privaudit.defenses.noise import laplace_noise
+from privaudit.defenses.noise import laplace_noise, laplace_sums
 from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_defense
@@ -362,7 +362,13 @@ class ClippedNoise(Defense):
             and all(len(b.float_keys()) <= 1 for b in batches)
         )
 
-    def on_round_packed(self, batches: list[PackedBatch], channel: ChannelContext) -> list[PackedBatch]:
+    def on_round_summed(self, batches: list[PackedBatch], channel: ChannelContext) -> list[PackedBatch]:
+        """The clip and the release count of :meth:`on_round_packed`; the noise goes onto the sums."""
+        return self.on_round_packed(batches, channel, noise=False)
+
+    def on_round_packed(
+        self, batches: list[PackedBatch], channel: ChannelContext, noise: bool = True
+    ) -> list[PackedBatch]:
         """:meth:`on_round` of packed batches: the same clip factors, releases and noise."""
         self._begin_round(channel)
         if not any(b.senders for b in batches):
@@ -389,16 +395,16 @@ class ClippedNoise(Defense):
         with np.errstate(divide="ignore", invalid="ignore"):
             factor = np.where(totals > 0, np.minimum(1.0, float(self.config["clip"]) / totals), 1.0)
         self._counted(batches[0].round, dict.fromkeys(units, 1))
-        total = sum(values.size for *_, values in parts)
-        noise = self.draw(channel.rng, total) if total else None  # one draw in (batch, payload, key) order
+        total = sum(values.size for *_, values in parts) if noise else 0
+        draws = self.draw(channel.rng, total) if total else None  # one draw in (batch, payload, key) order
         out, start = [], 0
         for b, key, owner, _, values in parts:
             # each sender's factor on its rows (the same product per float as JointClip's)
             per_row = factor[owner] if b.bounds is None else np.repeat(factor[owner], np.diff(b.bounds))
             values *= per_row.reshape((-1,) + (1,) * (values.ndim - 1))
             flat = values.reshape(-1)
-            if flat.size:
-                flat += noise[start : start + flat.size]
+            if flat.size and draws is not None:
+                flat += draws[start : start + flat.size]
                 start += flat.size
             out.append((b, key, values))
         done = {id(b): dataclasses.replace(b, arrays={**b.arrays, key: values}) for b, key, values in out}
@@ -556,6 +562,9 @@ class DPLaplace(ClippedNoise):
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return laplace_noise(rng, size, self.noise_scale)
+
+    def summed_noise(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray | None:
+        return laplace_sums(rng, counts, self.noise_scale)
 
     def total_epsilon(self, value: float, rounds: int) -> float:
         return accounting.laplace_epsilon(value, rounds, self.config["delta"])

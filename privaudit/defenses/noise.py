@@ -40,6 +40,23 @@ def laplace_noise(rng: np.random.Generator, size: int, scale: float) -> np.ndarr
     return noise
 
 
+def laplace_sums(rng: np.random.Generator, counts: np.ndarray, scale: float) -> np.ndarray:
+    """Sums of ``counts`` i.i.d. Laplace(0, ``scale``) draws, elementwise: ``scale (G1 - G2)`` with
+    G1, G2 ~ Gamma(counts, 1) (a Laplace draw is the difference of two standard exponentials, and
+    the sum of c of those is Gamma(c)); 0 where the count is 0."""
+    c = np.asarray(counts, dtype=np.float64)
+    out = rng.standard_gamma(c)
+    out -= rng.standard_gamma(c)
+    out *= scale
+    return out
+
+
+def gaussian_sums(rng: np.random.Generator, counts: np.ndarray, std: float) -> np.ndarray:
+    """Sums of ``counts`` i.i.d. N(0, ``std``^2) draws, elementwise: N(0, counts std^2)."""
+    c = np.asarray(counts, dtype=np.float64)
+    return rng.standard_normal(c.shape) * (std * np.sqrt(c))
+
+
 class _AdditiveNoise(Defense):
     """Base of the i.i.d. additive noise defenses; subclasses implement :meth:`draw`."""
 
@@ -76,6 +93,9 @@ class _AdditiveNoise(Defense):
         key) order are that entry's array in order, and the draw lands where it does unpacked)."""
         return all(len(b.float_keys()) <= 1 for b in batches)
 
+    def on_round_summed(self, batches: list[PackedBatch], channel: ChannelContext) -> list[PackedBatch]:
+        return batches  # the noise goes onto the sums (summed_noise)
+
     def on_upload_packed(self, batch: PackedBatch, channel: ChannelContext) -> PackedBatch:
         scale = self.config["scale"]
         keys = batch.float_keys()
@@ -96,6 +116,9 @@ class LaplaceNoise(_AdditiveNoise):
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return laplace_noise(rng, size, self.config["scale"])
 
+    def summed_noise(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray | None:
+        return laplace_sums(rng, counts, self.config["scale"]) if self.config["scale"] else None
+
 
 @register_defense("gaussian")
 class GaussianNoise(_AdditiveNoise):
@@ -105,3 +128,6 @@ class GaussianNoise(_AdditiveNoise):
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return rng.normal(0.0, self.config["scale"], size)
+
+    def summed_noise(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray | None:
+        return gaussian_sums(rng, counts, self.config["scale"]) if self.config["scale"] else None

@@ -156,6 +156,38 @@ class Channel:
                     self.transcript.add(round, sender, batch.receiver, batch.kind, payload, batch.meta)
         return batches
 
+    def sum_round_packed(
+        self, round: int, batches: list[PackedBatch], rows: Sequence[int | None], index_key: str = "items"
+    ) -> list[dict[str, np.ndarray]] | None:
+        """The receiver's sums (as :meth:`sum`) of an unrecorded round, one per batch (``rows``:
+        each batch's row count), when every defense takes the batches packed; None otherwise
+        (then send and sum). The defenses' i.i.d. noise is drawn on the sums, as the sum over
+        each element's senders (:meth:`Defense.summed_noise`): the same law as per-sender noise
+        summed, without a draw per uploaded float. Nothing is recorded."""
+        if not all(d.packs(batches) for d in self.defenses):
+            return None
+        for b in batches:
+            b.recorded = False
+        for defense in self.defenses:
+            batches = defense.on_round_summed(batches, self)
+        out = []
+        for batch, n_rows in zip(batches, rows):
+            total = packed_sum(batch, n_rows, index_key)
+            for key in batch.float_keys():
+                if key not in total:
+                    continue
+                if index_key in batch.arrays and batch.bounds is not None:
+                    per_row = total["counts"].astype(np.float64)  # senders that sent each row
+                else:
+                    per_row = np.full(total[key].shape[:1], float(len(batch.senders)))
+                counts = np.broadcast_to(per_row.reshape((-1,) + (1,) * (total[key].ndim - 1)), total[key].shape)
+                for defense in self.defenses:
+                    noise = defense.summed_noise(self.rng, counts)
+                    if noise is not None:
+                        total[key] = total[key] + noise
+            out.append(total)
+        return out
+
     def sum(
         self, batch: UploadBatch | PackedBatch, rows: int | None = None, index_key: str = "items"
     ) -> dict[str, np.ndarray]:

@@ -416,15 +416,17 @@ class LocalClients:
             up, senders = MVMFUploads.concatenate(packed), self.run.senders
             del packed
             # one round's messages together, so that a DP defense clips each client's grad_V and grad_P jointly
-            sent_V, sent_P = channel.send_round_packed(
-                t,
-                [
-                    PackedBatch(t, "grad_V", senders, {"items": up.items, "values": up.values}, up.indptr),
-                    PackedBatch(t, "grad_P", senders, {"values": up.grad_P}),
-                ],
-                record=record,
-            )
+            batches = [
+                PackedBatch(t, "grad_V", senders, {"items": up.items, "values": up.values}, up.indptr),
+                PackedBatch(t, "grad_P", senders, {"values": up.grad_P}),
+            ]
             del up
+            if not record:  # only the server's sums are needed: the defenses' noise drawn on them
+                sums = channel.sum_round_packed(t, batches, [V.shape[0], None])
+                if sums is not None:
+                    return _summed(sums[0], V.shape), _summed(sums[1], P.shape), loss
+            sent_V, sent_P = channel.send_round_packed(t, batches, record=record)
+            del batches
             if channel.defenses:
                 sum_V = _summed(channel.sum(sent_V, rows=V.shape[0]), V.shape)
                 sum_P = _summed(channel.sum(sent_P), P.shape)
