@@ -13,6 +13,12 @@ calls, for every active defense in order,
 - :meth:`Defense.aggregate` when the receiver sums a batch (homomorphic or masked sums),
 - :meth:`Defense.on_download` on what the server sends back.
 
+Optional, for speed: a defense whose :meth:`Defense.packs` accepts a round's
+:class:`PackedBatch` es (one array per entry, as FedMVMF sends them) gets them through
+:meth:`Defense.on_upload_packed` / :meth:`Defense.on_round_packed` with the same numbers, and in
+a round that is only summed through :meth:`Defense.on_round_summed` plus
+:meth:`Defense.summed_noise` (its i.i.d. noise drawn on the sums, same law).
+
 What the receiver sees after the defenses is exactly what the transcript records for it.
 """
 

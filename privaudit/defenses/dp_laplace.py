@@ -49,7 +49,9 @@ public ``epochs``/``rounds``/``global_rounds``/``n_rounds`` at the first upload;
 value is written into this defense's entry of the public config (what an attacker knows),
 which also carries the noise scale.
 
-Noise is drawn from the channel's simulation generator in one vectorized draw per call.
+Noise is drawn from the channel's simulation generator in one vectorized draw per call; in a
+round that is not recorded and only summed, on the sums (the sum over each element's senders,
+same law), after the same clip and release count.
 ``default_grid`` runs from the weakest to the strongest protection (large to small epsilon).
 """
 

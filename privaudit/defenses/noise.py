@@ -7,9 +7,12 @@ entries such as ``items`` are never touched) gets i.i.d. noise:
 * ``laplace``: Laplace(0, b) with b = ``scale`` (standard deviation sqrt(2) b);
 * ``gaussian``: N(0, sigma^2) with sigma = ``scale``.
 
-Noise comes from the channel's simulation generator (``channel.rng``); all floats of a batch
-are concatenated (float64), get one vectorized draw and are split back (views of one array). The noisy uploads are what the server receives and what the transcript records. These
-are not differential-privacy mechanisms (no clipping, no accounting): see ``dp-gaussian``.
+Noise comes from the channel's simulation generator (``channel.rng``), one vectorized draw per
+batch. The noisy uploads are what the server receives and what the transcript records. A round
+the transcript does not record and the server only sums gets the noise on its sums instead, the
+sum over each element's senders drawn at once (:func:`laplace_sums`, :func:`gaussian_sums`):
+the same law, without a draw per uploaded float. These are not differential-privacy
+mechanisms (no clipping, no accounting): see ``dp-gaussian``.
 """
 
 from __future__ import annotations
