@@ -35,8 +35,8 @@ def laplace_noise(rng: np.random.Generator, size: int, scale: float) -> np.ndarr
     """``size`` i.i.d. Laplace(0, ``scale``) draws (float64): a standard exponential with a fair
     random sign, the sign of a uniformly random byte (128 of its 256 values are negative).
 
-    Exactly Laplace in distribution, and about three times cheaper than ``rng.laplace`` (one
-    exponential and one byte per draw, no logarithm)."""
+    Exactly Laplace in distribution, and cheaper than ``rng.laplace`` (one exponential and one
+    byte per draw, no logarithm; measured in docs/scale.md)."""
     noise = rng.standard_exponential(size)
     np.copysign(noise, np.frombuffer(rng.bytes(size), dtype=np.int8), out=noise)
     noise *= scale
