@@ -119,19 +119,31 @@ class Channel:
         ]
         if any(len(b.payloads) != len(b.senders) for b in batches):
             raise ValueError("one payload per sender is required")
+        batches = self._through_defenses(batches, packed=False)
+        if record:
+            self._record(round, batches)
+        return batches
+
+    def _through_defenses(self, batches: list[Any], packed: bool) -> list[Any]:
+        """A round's batches through every defense: all batches at once when one defense
+        overrides ``on_round`` (a DP clip), else as :meth:`send` does, every defense on one
+        batch, then the next batch (the packed hooks when ``packed``)."""
         if any(type(d).on_round is not Defense.on_round for d in self.defenses):
             for defense in self.defenses:
-                batches = defense.on_round(batches, self)
-        else:  # the order of send(): every defense on one batch, then the next batch
-            for j, batch in enumerate(batches):
-                for defense in self.defenses:
-                    batch = defense.on_upload(batch, self)
-                batches[j] = batch
-        if record:
-            for batch in batches:
-                for sender, payload in zip(batch.senders, batch.payloads):
-                    self.transcript.add(round, sender, batch.receiver, batch.kind, payload, batch.meta)
+                batches = defense.on_round_packed(batches, self) if packed else defense.on_round(batches, self)
+            return batches
+        for j, batch in enumerate(batches):
+            for defense in self.defenses:
+                batch = defense.on_upload_packed(batch, self) if packed else defense.on_upload(batch, self)
+            batches[j] = batch
         return batches
+
+    def _record(self, round: int, batches: list[Any]) -> None:
+        """One message per sender of every batch, as the receiver sees it."""
+        for batch in batches:
+            payloads = batch.payloads() if isinstance(batch, PackedBatch) else batch.payloads
+            for sender, payload in zip(batch.senders, payloads):
+                self.transcript.add(round, sender, batch.receiver, batch.kind, payload, batch.meta)
 
     def send_round_packed(self, round: int, batches: list[PackedBatch], *, record: bool = True) -> list[Any]:
         """:meth:`send_round` of packed batches (one per message kind, same senders in the same
@@ -142,18 +154,9 @@ class Channel:
             return self.send_round(round, batches[0].senders, [(b.kind, b.payloads()) for b in batches], record=record)
         for b in batches:
             b.recorded = bool(record)
-        if any(type(d).on_round is not Defense.on_round for d in self.defenses):
-            for defense in self.defenses:
-                batches = defense.on_round_packed(batches, self)
-        else:  # as send_round: every defense on one batch, then the next batch
-            for j, batch in enumerate(batches):
-                for defense in self.defenses:
-                    batch = defense.on_upload_packed(batch, self)
-                batches[j] = batch
+        batches = self._through_defenses(list(batches), packed=True)
         if record:
-            for batch in batches:
-                for sender, payload in zip(batch.senders, batch.payloads()):
-                    self.transcript.add(round, sender, batch.receiver, batch.kind, payload, batch.meta)
+            self._record(round, batches)
         return batches
 
     def sum_round_packed(
