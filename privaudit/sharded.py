@@ -198,9 +198,10 @@ class MVMFShard:
         for index, block in zip(self.indices, self.blocks):
             part = mvmf_block_round(block, V, P, self.st, record, with_loss)
             if record:
-                uploads = [("grad_V", part.grad_V), ("grad_P", part.grad_P)]
-                _write_shard(self.out / _block_name(index, t), self.header, self._senders(block), uploads, t)
-                part.grad_V = part.grad_P = None
+                senders = self._senders(block)
+                uploads = [(b.kind, b.payloads()) for b in part.uploads.batches(t, senders)]
+                _write_shard(self.out / _block_name(index, t), self.header, senders, uploads, t)
+                part.uploads = None
             out.append((index, part.sum_V, part.sum_P, part.loss))
         return out
 

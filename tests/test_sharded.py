@@ -112,10 +112,11 @@ def test_block_partials_are_the_whole_sum(data):
     total = Accumulator()
     for b in blocks:
         part = fedmvmf.mvmf_block_round(b, V, P, st, uploads=True)
+        grad_V, grad_P = (x.payloads() for x in part.uploads.batches(0, [f"client:{u}" for u in range(b.U.shape[0])]))
         got_V = np.zeros_like(V)
-        for payload in part.grad_V:
+        for payload in grad_V:
             got_V[payload["items"]] += payload["values"]
-        assert np.allclose(got_V, part.sum_V) and np.allclose(sum(p["values"] for p in part.grad_P), part.sum_P)
+        assert np.allclose(got_V, part.sum_V) and np.allclose(sum(p["values"] for p in grad_P), part.sum_P)
         total.add(part.sum_V, part.sum_P, part.loss)
     ref = fedmvmf.mvmf_block_round(whole, V, P, st, uploads=False)
     assert np.allclose(total.values[0], ref.sum_V) and np.allclose(total.values[1], ref.sum_P)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from privaudit.defenses.base import PackedBatch
 from privaudit.models import mvmf, pmf
 
 __all__ = [
@@ -150,9 +151,7 @@ class MVMFBlockRound:
     sum_V: np.ndarray | float
     sum_P: np.ndarray | float
     loss: float
-    grad_V: list[dict[str, np.ndarray]] | None = None
-    grad_P: list[dict[str, np.ndarray]] | None = None
-    packed: MVMFUploads | None = None
+    uploads: MVMFUploads | None = None
 
 
 @dataclass
@@ -164,6 +163,13 @@ class MVMFUploads:
     values: np.ndarray
     indptr: np.ndarray
     grad_P: np.ndarray
+
+    def batches(self, round: int, senders: list[str]) -> list[PackedBatch]:
+        """The round's two messages of every client (``senders``, in block order), packed."""
+        return [
+            PackedBatch(round, "grad_V", senders, {"items": self.items, "values": self.values}, self.indptr),
+            PackedBatch(round, "grad_P", senders, {"values": self.grad_P}),
+        ]
 
     @staticmethod
     def concatenate(parts: list[MVMFUploads]) -> MVMFUploads:
@@ -188,12 +194,11 @@ def mvmf_block_round(
     uploads: bool,
     with_loss: bool = True,
     sums: bool = True,
-    packed: bool = False,
 ) -> MVMFBlockRound:
     """One epoch of a block's clients: update u_u (SemiALS or SGD, eq. 8-10) from the V, P they
     received, then their upload sums (0.0 without ``sums``: the caller sums what the defenses
-    return), loss part (NaN without ``with_loss``) and (``uploads``) per-client ``grad_V``/``grad_P``
-    (``packed``: as one :class:`MVMFUploads`)."""
+    return), loss part (NaN without ``with_loss``) and (``uploads``) the clients' ``grad_V``/``grad_P``
+    as one :class:`MVMFUploads`."""
     R, W, X = block.ratings, block.weights, block.X
     A, b = mvmf.normal_equations(V, P, X, R, W, st.alpha, st.lam, st.w, st.unrated)
     block.U = mvmf.solve_users(A, b) if st.update == "semials" else mvmf.sgd_users(block.U, A, b, st.eta)
@@ -201,10 +206,8 @@ def mvmf_block_round(
     U = block.U
     sum_V, sum_P = mvmf.summed_uploads(U, V, P, X, R, W, st.alpha, st.w, st.unrated) if sums else (0.0, 0.0)
     out = MVMFBlockRound(sum_V, sum_P, client_loss(U, V, P, R, W, X, st) if with_loss else float("nan"))
-    if uploads and packed:
-        out.packed = mvmf_uploads(U, V, P, R, W, X, st)
-    elif uploads:
-        out.grad_V, out.grad_P = _mvmf_uploads(U, V, P, R, W, X, st)
+    if uploads:
+        out.uploads = mvmf_uploads(U, V, P, R, W, X, st)
     return out
 
 
@@ -220,20 +223,6 @@ def mvmf_uploads(U, V, P, R, W, X, st: MVMFSettings) -> MVMFUploads:
         rows = mvmf.grad_V_rows(mvmf.dense_coefficients(U, V, R, W, st.w), U).reshape(n * m, -1)
         items, indptr = np.tile(np.arange(m, dtype=np.int64), n), np.arange(n + 1, dtype=np.int64) * m
     return MVMFUploads(items, rows, indptr, mvmf.grad_P(U, P, X, st.alpha))
-
-
-def _mvmf_uploads(U, V, P, R, W, X, st: MVMFSettings) -> tuple[list[dict], list[dict]]:
-    """Per-client payloads: ``grad_V`` (``items``, ``values`` len x K; eq. 7) and ``grad_P`` (p x K; eq. 5)."""
-    up = mvmf_uploads(U, V, P, R, W, X, st)
-    ip, m = up.indptr.tolist(), R.shape[1]
-    if st.unrated == "obsonly":
-        grad_V = [
-            {"items": up.items[ip[u] : ip[u + 1]], "values": up.values[ip[u] : ip[u + 1]]} for u in range(len(ip) - 1)
-        ]
-    else:
-        all_items = up.items[:m]
-        grad_V = [{"items": all_items, "values": up.values[ip[u] : ip[u + 1]]} for u in range(len(ip) - 1)]
-    return grad_V, [{"values": g} for g in up.grad_P]
 
 
 def client_loss(U, V, P, R: sp.csr_matrix, W: sp.csr_matrix, X, st: MVMFSettings) -> float:

@@ -65,7 +65,7 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 from privaudit.data.splits import cold_start_items, cold_start_users, holdout_split
-from privaudit.defenses.base import ClientData, PackedBatch
+from privaudit.defenses.base import ClientData
 from privaudit.defenses.noise import DEFAULT_SCALES
 from privaudit.metrics import ranking_metrics_at_k_factored
 from privaudit.models import mvmf
@@ -407,20 +407,15 @@ class LocalClients:
         total, packed = Accumulator(), []
         for block in self.blocks:
             # with defenses the server sums what the channel returns: the plaintext sums are not needed
-            part = mvmf_block_round(block, V, P, st, uploads, with_loss, sums=not channel.defenses, packed=True)
+            part = mvmf_block_round(block, V, P, st, uploads, with_loss, sums=not channel.defenses)
             total.add(part.sum_V, part.sum_P, part.loss)
             if uploads:
-                packed.append(part.packed)
+                packed.append(part.uploads)
         sum_V, sum_P, loss = total.values
         if uploads:
-            up, senders = MVMFUploads.concatenate(packed), self.run.senders
-            del packed
             # one round's messages together, so that a DP defense clips each client's grad_V and grad_P jointly
-            batches = [
-                PackedBatch(t, "grad_V", senders, {"items": up.items, "values": up.values}, up.indptr),
-                PackedBatch(t, "grad_P", senders, {"values": up.grad_P}),
-            ]
-            del up
+            batches = MVMFUploads.concatenate(packed).batches(t, self.run.senders)
+            del packed
             if not record:  # only the server's sums are needed: the defenses' noise drawn on them
                 sums = channel.sum_round_packed(t, batches, [V.shape[0], None])
                 if sums is not None:
