@@ -377,11 +377,11 @@ class ClippedNoise(Defense):
             return batches
         n_items = self._n_items(channel)
         for b in batches:
-            if not self._sparse_items and "items" in b.arrays and len(b.senders):
-                lengths = np.diff(b.bounds) if b.bounds is not None else np.asarray(b.arrays["items"].shape[1:2])
-                self._sparse_items = n_items is None or bool(np.any(lengths != n_items))
-            noised = b.float_keys()
-            self._unnoised.update(f"{b.kind}.{k}" for k in b.arrays if k != "items" and k not in noised)
+            if "items" not in b.arrays:
+                lengths: Any = ()
+            else:
+                lengths = np.diff(b.bounds) if b.bounds is not None else [b.arrays["items"][0].size] * len(b.senders)
+            self._note_batch(b.kind, {(tuple(b.arrays), tuple(b.float_keys()))}, lengths, n_items)
         units: dict[str, int] = {}
         parts = []  # (batch, key, owner, sizes, clipped float64 copy)
         for b in batches:
@@ -460,13 +460,16 @@ class ClippedNoise(Defense):
         entries other than item ids that go out without noise (e.g. integer counts);
         ``keys[i][j]``: the float keys of payload j of batch i."""
         for b, noised_keys in zip(batches, keys):
-            if not self._sparse_items:
-                self._sparse_items = any(
-                    "items" in p and (n_items is None or len(p["items"]) != n_items) for p in b.payloads
-                )
-            kinds = {(tuple(p), tuple(noised)) for p, noised in zip(b.payloads, noised_keys)}
-            for names, noised in kinds:  # one per payload layout, not per payload
-                self._unnoised.update(f"{b.kind}.{k}" for k in names if k != "items" and k not in noised)
+            layouts = {(tuple(p), tuple(noised)) for p, noised in zip(b.payloads, noised_keys)}
+            self._note_batch(b.kind, layouts, (len(p["items"]) for p in b.payloads if "items" in p), n_items)
+
+    def _note_batch(self, kind: str, layouts: set, item_counts: Any, n_items: int | None) -> None:
+        """:meth:`_note_items` of one batch: ``layouts`` its payloads' distinct (entry names,
+        noised names), ``item_counts`` the length of every ``items`` entry it holds."""
+        if not self._sparse_items:
+            self._sparse_items = any(n_items is None or int(n) != n_items for n in item_counts)
+        for names, noised in layouts:  # one per payload layout, not per payload
+            self._unnoised.update(f"{kind}.{k}" for k in names if k != "items" and k not in noised)
 
     def _count(self, round: int, releases: dict[str, int]) -> None:
         """Add one call's releases to its round (several calls of a round add up)."""
