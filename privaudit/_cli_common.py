@@ -272,3 +272,33 @@ def _margin(value: float) -> float:
     if not (0.0 < value < 1.0):
         raise PrivauditError(f"--margin must lie strictly between 0 and 1, got {value:g}")
     return float(value)
+
+
+def _fail_on_arg(p: argparse.ArgumentParser, allowed: tuple[str, ...], help_text: str) -> None:
+    """``--fail-on A[,B...]`` (repeatable): exit code 1 when the run meets a named condition."""
+    from privaudit.gate import fail_on_type
+
+    p.add_argument(
+        "--fail-on",
+        action="append",
+        type=fail_on_type(allowed),
+        default=None,
+        metavar="|".join(allowed),
+        help=help_text,
+    )
+
+
+def _gate(doc, kind: str, fail_on) -> int:
+    """Apply ``--fail-on`` to a written audit or results dict: one stderr line per failing cell
+    and exit code 1, else a stdout line saying what was gated and 0 (``docs/ci.md``)."""
+    from privaudit.gate import gate_lines, named
+
+    conditions = named(fail_on)
+    if not conditions:
+        return 0
+    lines, summary = gate_lines(doc, kind, conditions)
+    for line in lines:
+        _say(f"privaudit: fail: {line}", file=sys.stderr)
+    if not lines:
+        _say(summary)
+    return 1 if lines else 0

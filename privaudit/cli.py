@@ -27,7 +27,9 @@ from privaudit._cli_common import (
     _data_args,
     _dataset,
     _default_report_dir,
+    _fail_on_arg,
     _force_arg,
+    _gate,
     _human_bytes,
     _margin,
     _margin_arg,
@@ -39,6 +41,7 @@ from privaudit._cli_common import (
     command,
 )
 from privaudit.errors import PrivauditError, missing_dependency
+from privaudit.gate import FAIL_ON
 
 # ---------------------------------------------------------------------------------------- list
 
@@ -349,9 +352,14 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config", metavar="FILE.toml", help="run the plan of a plan.toml (every report folder records one)"
     )
+    _fail_on_arg(p, FAIL_ON, FAIL_ON_HELP)
     p.epilog = "Parameters of a protocol, attack or defense (defaults, accepted values): privaudit describe NAME"
 
 
+FAIL_ON_HELP = (
+    "exit code 1 when a defended point (every point when none is defended) meets a condition: leaks, "
+    "inconclusive; dp-violation: any point or DP claim (comma-separated or repeated; docs/ci.md)"
+)
 _SIMULATION_ONLY = ("noise", "scales", "defense", "sweep", "set", "users", "seeds", "scheduler", "rating_scale")
 _PLAN_FIELDS = ("protocol", "transcript", "attack", "noise", "scales", "defense", "sweep", "set", "users", "seeds")
 
@@ -375,7 +383,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
     elif args.transcript:
         results = _attack_recorded(args)
         if results is None:
-            return 0
+            return _unscored_gate(args)
     else:
         plan, results = _attack_simulated(args, defaults_note)
     if margin is not None:
@@ -388,6 +396,20 @@ def cmd_attack(args: argparse.Namespace) -> int:
         if line:
             _say(line)
     _say(f"report written to {out}/")
+    return _gate(results, "results", args.fail_on)
+
+
+def _unscored_gate(args: argparse.Namespace) -> int:
+    """``--fail-on`` on a transcript without private messages: nothing was judged; that is a
+    failure only of ``inconclusive``."""
+    from privaudit.gate import named
+
+    conditions = named(args.fail_on)
+    if "inconclusive" in conditions:
+        _say(f"privaudit: fail: {args.transcript}: inconclusive: unscored (no private messages)", file=sys.stderr)
+        return 1
+    if conditions:
+        _say(f"fail-on {','.join(conditions)}: nothing judged ({args.transcript} holds no private messages)")
     return 0
 
 
@@ -508,7 +530,7 @@ def _attack_simulated(args: argparse.Namespace, defaults_note: str | None):
 
 
 #: The order ``privaudit --help`` lists the subcommands in.
-ORDER = ("list", "describe", "inspect", "run", "attack", "report", "audit", "record")
+ORDER = ("list", "describe", "inspect", "run", "attack", "report", "audit", "record", "compare")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,12 +9,15 @@ import sys
 from pathlib import Path
 
 from privaudit._cli_common import (
+    _byte_size,
     _check_extras,
     _check_writable,
     _dataset,
     _dataset_args,
     _default_report_dir,
+    _fail_on_arg,
     _force_arg,
+    _gate,
     _margin,
     _margin_arg,
     _max_bytes_arg,
@@ -22,6 +25,13 @@ from privaudit._cli_common import (
     command,
 )
 from privaudit.errors import PrivauditError
+from privaudit.gate import FAIL_ON
+
+FAIL_ON_HELP = (
+    "exit code 1 when a defended cell (every cell when none is defended; every row of a transcript) meets a "
+    "condition: leaks, inconclusive; dp-violation: any cell, canary run or DP claim (comma-separated or "
+    "repeated; docs/ci.md)"
+)
 
 
 def _report_args(p: argparse.ArgumentParser) -> None:
@@ -83,6 +93,7 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     _max_bytes_arg(p)
     p.add_argument("--config", metavar="FILE.toml", help="rerun the plan.toml an audit folder records")
     _margin_arg(p)
+    _fail_on_arg(p, FAIL_ON, FAIL_ON_HELP)
     format_help = p.format_help
 
     def with_protocols() -> str:  # listed only when help is printed (the registry loads lazily)
@@ -162,7 +173,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     for e in errors:
         _say(f"warning: a run failed: {e}", file=sys.stderr)
     _say(f"audit written to {out}/ ({result['timing']['total_seconds']:.1f} s)")
-    return 0
+    return _gate(result, "audit", args.fail_on)
 
 
 def _audit_transcript(args: argparse.Namespace) -> int:
@@ -193,7 +204,7 @@ def _audit_transcript(args: argparse.Namespace) -> int:
     if not result["private_included"]:
         print("note: the transcript holds no private messages: nothing to score against")
     _say(f"audit written to {out}/")
-    return 0
+    return _gate(result, "audit", args.fail_on)
 
 
 # --------------------------------------------------------------------------------------- record
@@ -272,3 +283,49 @@ def cmd_record(args: argparse.Namespace) -> int:
         first = printable(summary["first_error"])
         print(f"warning: {summary['errors']} client replies were errors (first: {first})", file=sys.stderr)
     return 0
+
+
+# ------------------------------------------------------------------------------------- compare
+
+
+def _compare_args(p: argparse.ArgumentParser) -> None:
+    from privaudit.compare import COMPARE_FAIL_ON
+
+    p.add_argument("old", metavar="OLD", help="an audit.json or results.json (e.g. from the last release)")
+    p.add_argument("new", metavar="NEW", help="a file of the same kind (e.g. from this commit)")
+    _fail_on_arg(
+        p,
+        COMPARE_FAIL_ON,
+        "exit code 1 when: changed (a verdict label differs), new-leaks (a defended cell leaks in NEW, not in OLD), "
+        "new-dp-violations (a DP violation only NEW has), or leaks, dp-violation, inconclusive in NEW "
+        "(comma-separated or repeated; docs/ci.md)",
+    )
+    p.add_argument(
+        "--max-bytes",
+        type=_byte_size,
+        default=None,
+        metavar="N[K|M|G]",
+        help="largest file read (default 256M)",
+    )
+
+
+@command(
+    "compare",
+    "compare two audit.json (or results.json) files: changed verdicts, largest metric moves, new DP violations",
+)(_compare_args)
+def cmd_compare(args: argparse.Namespace) -> int:
+    from privaudit.compare import compare_files
+    from privaudit.gate import named
+
+    comparison = compare_files(args.old, args.new, max_bytes=args.max_bytes)
+    for line in comparison.lines():
+        _say(line)
+    conditions = named(args.fail_on)
+    if not conditions:
+        return 0
+    failures = comparison.failures(conditions)
+    for line in failures:
+        _say(f"privaudit: fail: {line}", file=sys.stderr)
+    if not failures:
+        _say(f"fail-on {','.join(conditions)}: not met")
+    return 1 if failures else 0

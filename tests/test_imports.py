@@ -132,6 +132,7 @@ def test_layers_import_in_one_direction():
                 "privaudit.errors",
                 "privaudit._safejson",
                 "privaudit._escape",
+                "privaudit.report_schema",  # the writers stamp schema_version (a leaf: _safejson, errors)
             }
             | reports
         ), m

@@ -25,6 +25,7 @@ from privaudit import registry
 from privaudit._escape import printable
 from privaudit.errors import PrivauditError
 from privaudit.params import parse_spec
+from privaudit.report_schema import stamped
 from privaudit.results import MIN_VICTIMS as RESULTS_MIN_VICTIMS
 from privaudit.results import (
     PROTECTION_MARGIN,
@@ -214,7 +215,8 @@ def write_audit(result: dict[str, Any], out: str | Path) -> Path:
 
     out = _folder(out)
     write_text_file(out / "audit.txt", format_audit(result) + "\n")
-    write_text_file(out / "audit.json", json.dumps(jsonable(result), indent=2))
+    doc = stamped(result, "audit")  # schema_version and privaudit_version first
+    write_text_file(out / "audit.json", json.dumps(jsonable(doc), indent=2, allow_nan=False))
     return out
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from privaudit import results as rs
 from privaudit._escape import printable
 from privaudit.errors import PrivauditError
+from privaudit.report_schema import stamped
 from privaudit.reports import figures
 from privaudit.reports.files import Staged, dumps_json
 from privaudit.reports.markup import (
@@ -512,7 +513,7 @@ def write_audit_report(audit: Mapping[str, Any], out: Path, plan_toml: str | Non
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise PrivauditError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from None
-    text = dumps_json(audit)
+    text = dumps_json(stamped(audit, "audit"))  # schema_version and privaudit_version first
     staged = Staged(out)
     try:
         staged.text(AUDIT_HTML, render_html(json.loads(text)))

@@ -23,6 +23,7 @@ from typing import Any
 
 from privaudit import results as rs
 from privaudit.errors import PrivauditError
+from privaudit.report_schema import stamped
 from privaudit.reports import figures
 from privaudit.reports.files import (  # noqa: F401  (write_file_from, check_folder: re-exported for the recorders)
     MAX_METRICS,
@@ -737,7 +738,7 @@ def write_report(results: Mapping[str, Any], out_dir: Path | str | None = None, 
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise PrivauditError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from None
-    text = dumps_json(results)
+    text = dumps_json(stamped(results, "results"))  # schema_version and privaudit_version first
     # render from the JSON round trip so that a later `privaudit report` is identical
     data = json.loads(text)
     staged = Staged(out)
