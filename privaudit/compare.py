@@ -112,12 +112,14 @@ def _dp_map(doc: Mapping[str, Any], kind: str) -> dict[str, str]:
 
 
 def _labels(verdicts: Any) -> list[Any]:
-    keep = ("attack", "defense", "strength", "threat", "dp_violation", "sentence")
+    keep = ("attack", "defense", "strength", "threat", "dp_violation")  # not the sentence: it holds numbers
     return [{k: v.get(k) for k in keep} for v in verdicts or [] if isinstance(v, Mapping)]
 
 
 def _writer(doc: Mapping[str, Any], kind: str) -> str:
-    return f"{kind}.json, schema {doc.get('schema_version')}, written by privaudit {doc.get('privaudit_version')}"
+    version = doc.get("schema_version")
+    schema = f"schema {version}" if version is not None else "no schema_version (written before versioned schemas)"
+    return f"{kind}.json, {schema}, written by privaudit {doc.get('privaudit_version')}"
 
 
 class Comparison:
@@ -132,7 +134,7 @@ class Comparison:
             (new_cells[k], old_cells[k])
             for k in new_cells
             if k in old_cells
-            and (old_cells[k].label or old_cells[k].verdict) != (new_cells[k].label or new_cells[k].verdict)
+            and old_cells[k].verdict != new_cells[k].verdict  # the verdict, not the order of its metrics
         ]
         self.only_old = [old_cells[k] for k in old_cells if k not in new_cells]
         self.only_new = [new_cells[k] for k in new_cells if k not in old_cells]
@@ -165,7 +167,7 @@ class Comparison:
         out += [f"only in NEW: {c.name} ({c.label or c.verdict})" for c in self.only_new]
         out.append(
             f"cells: {self.cells}; verdict labels changed: {len(self.changed)}; "
-            f"verdict sentences the same: {self.same_verdicts}"
+            f"summary verdicts the same (defense, strength, DP flag per attack): {self.same_verdicts}"
         )
         if self.moves:
             out.append("largest moves of a seed-mean primary metric (OLD -> NEW):")
@@ -180,19 +182,26 @@ class Comparison:
         return out
 
     def failures(self, conditions: Sequence[str]) -> list[str]:
-        out = []
+        """One line per failing cell: every condition it meets, with why."""
+        out: dict[str, list[str]] = {}
         if "changed" in conditions:
-            out += [f"{n.name}: changed: {o.label or o.verdict} -> {n.label or n.verdict}" for n, o in self.changed]
-            out += [f"{c.name}: changed: only in OLD" for c in self.only_old]
-            out += [f"{c.name}: changed: only in NEW" for c in self.only_new]
+            for n, o in self.changed:
+                out.setdefault(n.name, []).append(f"changed: {o.label or o.verdict} -> {n.label or n.verdict}")
+            for c in self.only_old:
+                out.setdefault(c.name, []).append("changed: only in OLD")
+            for c in self.only_new:
+                out.setdefault(c.name, []).append("changed: only in NEW")
         if "new-leaks" in conditions:
-            out += [f"{c.name}: new-leaks: {c.shown()}" for c in self.new_leaks]
+            for c in self.new_leaks:
+                out.setdefault(c.name, []).append(f"new-leaks: {c.shown()}")
         if "new-dp-violations" in conditions:
-            out += [f"{k}: new-dp-violations: {v}" for k, v in self.new_dp.items()]
+            for k, v in self.new_dp.items():
+                out.setdefault(k, []).append(f"new-dp-violations: {v}")
         single = [c for c in conditions if c in gate.FAIL_ON]
-        if single:
-            out += gate.failures(self.new, self.kind, single)
-        return out
+        for name, why in gate.failure_map(self.new, self.kind, single).items() if single else ():
+            mine = out.setdefault(name, [])
+            mine.extend(w for w in why if not any(m.endswith(w) for m in mine))
+        return [f"{name}: {'; '.join(why)}" for name, why in out.items()]
 
 
 def _show(x: float) -> str:

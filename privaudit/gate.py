@@ -28,7 +28,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FAIL_ON", "Cell", "cells", "dp_findings", "failures", "fail_on_type", "gate_lines", "named", "value_text"]
+__all__ = [
+    "FAIL_ON",
+    "Cell",
+    "cells",
+    "dp_findings",
+    "failures",
+    "fail_on_type",
+    "failure_map",
+    "gate_lines",
+    "named",
+    "value_text",
+]
 
 #: conditions of ``attack``/``audit --fail-on``
 FAIL_ON = ("leaks", "dp-violation", "inconclusive")
@@ -269,9 +280,9 @@ def dp_findings(doc: Mapping[str, Any], kind: str) -> dict[str, str]:
     return out
 
 
-def failures(doc: Mapping[str, Any], kind: str, conditions: Sequence[str]) -> list[str]:
-    """One line per failing cell (or DP finding): ``<cell>: <verdict or condition>: <why>``."""
-    lines = []
+def failure_map(doc: Mapping[str, Any], kind: str, conditions: Sequence[str]) -> dict[str, list[str]]:
+    """Failing cell (or DP finding) name -> why it fails each named condition, in file order."""
+    out: dict[str, list[str]] = {}
     found_dp = False  # a DP violation found in a cell or a run makes a verdict's flag redundant
     for c in cells(doc, kind):
         why = []
@@ -284,15 +295,20 @@ def failures(doc: Mapping[str, Any], kind: str, conditions: Sequence[str]) -> li
             why.append("dp-violation: " + "; ".join(c.dp))
             found_dp = True
         if why:
-            lines.append(f"{c.name}: {'; '.join(why)}")
+            out.setdefault(c.name, []).extend(why)
     if "dp-violation" in conditions:
         findings = dp_findings(doc, kind)
         found_dp = found_dp or any(" (canary run, " in name for name in findings)
         for name, why in findings.items():
             if name.startswith("verdict of ") and found_dp:
                 continue  # a cell or a canary run already names it
-            lines.append(f"{name}: dp-violation: {why}")
-    return lines
+            out.setdefault(name, []).append(f"dp-violation: {why}")
+    return out
+
+
+def failures(doc: Mapping[str, Any], kind: str, conditions: Sequence[str]) -> list[str]:
+    """One line per failing cell (or DP finding): ``<cell>: <verdict or condition>: <why>``."""
+    return [f"{name}: {'; '.join(why)}" for name, why in failure_map(doc, kind, conditions).items()]
 
 
 def gate_lines(doc: Mapping[str, Any], kind: str, conditions: Sequence[str]) -> tuple[list[str], str]:

@@ -149,8 +149,9 @@ def load(path: str | Path, *, max_bytes: int = MAX_BYTES, legacy: bool = False) 
         raise PrivauditError(f"{path}: neither an audit.json (matrix or rows) nor a results.json (points)")
     version = doc.get("schema_version")
     if version is None and legacy:
-        doc = stamped(doc, kind)
-    elif version is None:
+        validate(stamped(doc, kind), kind, str(path))
+        return doc, kind
+    if version is None:
         writer = doc.get("privaudit_version")
         by = f" (written by privaudit {writer!s:.40})" if writer is not None else ""
         raise PrivauditError(

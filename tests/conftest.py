@@ -47,3 +47,36 @@ def no_compute(monkeypatch):
         for name in ("parallel_map", "run_protocol"):
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, boom)
+
+
+#: file name -> schema kind of what privaudit's writers stage (privaudit.report_schema)
+_SCHEMA_KINDS = {"audit.json": "audit", "results.json": "results"}
+
+
+@pytest.fixture(autouse=True)
+def _written_reports_validate(monkeypatch):
+    """Every ``audit.json`` and ``results.json`` a test writes in this process (privaudit's
+    writers all commit through ``Staged``) validates against its versioned schema
+    (``privaudit/schemas``): checked as it is written (a test may corrupt it afterwards on
+    purpose), reported when the test ends with the file and the first error."""
+    import json
+
+    from privaudit import report_schema
+    from privaudit.reports import files
+
+    problems = []
+    commit = files.Staged.commit
+
+    def validating_commit(self):
+        finals = commit(self)
+        for path in finals:
+            if path.name in _SCHEMA_KINDS:
+                kind = _SCHEMA_KINDS[path.name]
+                found = report_schema.problem(json.loads(path.read_text(encoding="utf-8")), kind)
+                if found is not None:
+                    problems.append(f"{path} does not validate against the {kind} schema: {found}")
+        return finals
+
+    monkeypatch.setattr(files.Staged, "commit", validating_commit)
+    yield problems
+    assert not problems, problems[0]

@@ -13,10 +13,12 @@ import pytest
 from privaudit import experiment as ex
 from privaudit import reports
 from privaudit.errors import PrivauditError
+from privaudit.report_schema import stamped
 from privaudit.reports import figures, render
 from tests.dummies import tiny_dataset
 
 SCHEMA = [
+    "schema_version",  # privaudit.report_schema.RESULTS_SCHEMA_VERSION
     "privaudit_version",
     "protocol",
     "protocol_config",
@@ -87,7 +89,7 @@ def test_report_folder_schema_and_files(noise_results, tmp_path):
 
 
 def test_nan_is_written_as_null(noise_results, tmp_path):
-    res = json.loads(json.dumps(render.jsonable(noise_results)))
+    res = json.loads(json.dumps(render.jsonable(stamped(noise_results, "results"))))
     res["points"][0]["attack_metrics"]["accuracy"] = float("nan")
     path = render.write_json(res, tmp_path / "results.json")
     text = path.read_text()
