@@ -1271,3 +1271,101 @@ def test_record_help_says_the_app_code_runs(capsys):
     assert "--force" in out
     doc = (ROOT / "docs" / "flower.md").read_text()
     assert "Warning: recording executes the app's own code." in doc
+
+
+# ------------------------------------------------------------------ cigate: privaudit compare
+
+
+def _compare_refuses(capsys, old, new, fragment, *extra):
+    from privaudit.cli import main
+
+    try:
+        code = main(["compare", str(old), str(new), *extra])
+    except SystemExit as exc:  # argparse usage errors exit directly
+        code = exc.code
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert err.count("\n") == 1 and "Traceback" not in err and fragment in err, err
+    return err
+
+
+@pytest.fixture
+def valid_audit(tmp_path):
+    """A small audit.json that validates (the same shape as tests/test_gate.py's)."""
+    from privaudit.report_schema import stamped
+
+    doc = {
+        "protocol": "p",
+        "protocol_config": {},
+        "seeds": [0],
+        "attacks": [{"name": "a", "primary_metric": "m", "applies": True}],
+        "defenses": [],
+        "dataset": {},
+        "runs": [],
+        "matrix": [
+            {
+                "attack": "a",
+                "defense": None,
+                "value": None,
+                "metric": "m",
+                "verdict": "leaks",
+                "advantage": 0.3,
+                "dp_violation": False,
+            }
+        ],  # fmt: skip
+        "verdicts": [],
+    }
+    path = tmp_path / "ok.json"
+    path.write_text(json.dumps(stamped(doc, "audit")))
+    return path
+
+
+def test_compare_refuses_hostile_files_in_one_line(tmp_path, capsys, valid_audit):
+    ok = valid_audit
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    _compare_refuses(capsys, deep, ok, "nested 100000 levels deep, more than the limit of 64")
+    deep_obj = tmp_path / "deep_obj.json"
+    deep_obj.write_text('{"matrix": ' + '{"a": ' * 80 + "1" + "}" * 80 + "}")
+    _compare_refuses(capsys, ok, deep_obj, "more than the limit of 64")
+    for name, text, fragment in (
+        ("list.json", "[1, 2, 3]", "expected a JSON object"),
+        ("string.json", '"audit"', "expected a JSON object"),
+        ("broken.json", '{"matrix": [', "not valid JSON"),
+        ("binary.json", "\udcff", "not UTF-8"),
+        ("other.json", '{"hello": 1}', "neither an audit.json"),
+        ("nan.json", '{"matrix": [], "schema_version": NaN}', "schema version"),
+    ):
+        path = tmp_path / name
+        path.write_bytes(text.encode("utf-8", "surrogateescape"))
+        _compare_refuses(capsys, ok, path, fragment)
+    doc = json.loads(ok.read_text())
+    for version in (2, "1", True, None):
+        bad = dict(doc, schema_version=version)
+        if version is None:
+            del bad["schema_version"]
+        path = tmp_path / f"v{version}.json"
+        path.write_text(json.dumps(bad))
+        fragment = "has no schema_version" if version is None else "this privaudit reads version 1"
+        _compare_refuses(capsys, path, ok, fragment)
+    wrong = dict(doc, matrix=[{"attack": "a", "verdict": 3}])  # validates nowhere: one line naming where
+    (tmp_path / "wrong.json").write_text(json.dumps(wrong))
+    _compare_refuses(capsys, ok, tmp_path / "wrong.json", "not a valid audit.json (schema 1) at /matrix/0")
+    _compare_refuses(capsys, ok, tmp_path / "missing.json", "missing.json: no such file")
+    (tmp_path / "folder").mkdir()
+    _compare_refuses(capsys, tmp_path / "folder", ok, "is a folder")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_compare_never_blocks_on_a_fifo_or_reads_a_huge_file(tmp_path, capsys, valid_audit):
+    fifo = tmp_path / "audit.json"
+    os.mkfifo(fifo)  # nobody writes: a blocking read would hang the test
+    _compare_refuses(capsys, valid_audit, fifo, "not a regular file")
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as fh:  # sparse: 300 MiB on paper, nothing on disk
+        fh.truncate(300 * 1024**2)
+    _compare_refuses(capsys, huge, valid_audit, "more than the limit of 268435456")
+    padded = tmp_path / "padded.json"
+    padded.write_text(valid_audit.read_text() + " " * 5000)
+    _compare_refuses(capsys, padded, valid_audit, "more than the limit of 4096", "--max-bytes", "4K")
+    _compare_refuses(capsys, valid_audit, valid_audit, "--max-bytes", "--max-bytes", "-1")
