@@ -309,3 +309,47 @@ def test_compare_prints_changes_moves_and_gates(tmp_path, capsys):
     res = _write(tmp_path / "r.json", report_schema.stamped({"points": []}, "results"))
     assert main(["compare", str(a), str(res)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------- docs/ci.md
+
+
+def _ci_steps() -> list[dict]:
+    yaml = pytest.importorskip("yaml")  # PyYAML comes with flwr (the test extra)
+    text = (ROOT / "docs" / "ci.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    job = yaml.safe_load(block)
+    (steps,) = [j["steps"] for j in job["jobs"].values()]
+    return [s for s in steps if "run" in s]
+
+
+def test_ci_job_of_docs_ci_md_installs_records_and_audits():
+    runs = [s["run"] for s in _ci_steps()]
+    assert runs[0] == 'python -m pip install ".[flower]"'
+    assert runs[1].startswith("privaudit record --flower examples/flower-plain-mf ")
+    assert runs[2].startswith("privaudit audit --transcript run.ptx ") and "--fail-on leaks,dp-violation" in runs[2]
+
+
+@pytest.mark.slow  # a Flower recording: about 40 s on a loaded 2-core machine
+def test_ci_job_of_docs_ci_md_runs(tmp_path):
+    """The job's commands, in order, in a scratch folder holding the repository's examples: all but
+    the install step (this environment has privaudit already). The reference app ships no
+    defense, so the audit step fails the build (exit 1) naming the leaking attacks."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    codes, outputs = [], []
+    for step in _ci_steps()[1:]:
+        command = step["run"].replace("privaudit ", f"{sys.executable} -m privaudit ", 1)
+        proc = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        codes.append(proc.returncode)
+        outputs.append(proc)
+    assert codes == [0, 1], [p.stderr[-2000:] for p in outputs]
+    failures = outputs[1].stderr.strip().splitlines()
+    assert any(line.startswith("privaudit: fail: generic-trained-items: leaks (f1)") for line in failures), failures
+    assert all(line.startswith("privaudit: fail: ") for line in failures) and "Traceback" not in outputs[1].stderr
+    doc, kind = report_schema.load(tmp_path / "privacy-audit" / "audit.json")
+    assert kind == "audit" and doc["schema_version"] == report_schema.AUDIT_SCHEMA_VERSION
