@@ -338,7 +338,13 @@ def test_recorded_audit_json_is_strict_json(tmp_path):
     """A transcript audit's audit.json holds no Infinity/NaN (not JSON) and takes numpy scalars."""
     from privaudit.integrations import recorded
 
-    row = {"attack": "a", "metric": "f1", "metrics": {"f1": np.float64(0.5)}, "verdict": "inconclusive", "applies": True}
+    row = {
+        "attack": "a",
+        "metric": "f1",
+        "metrics": {"f1": np.float64(0.5)},
+        "verdict": "inconclusive",
+        "applies": True,
+    }
     result = {"protocol": "p", "defenses": [], "private_included": True, "rows": [row]}  # the audit schema's core
     result.update(victims=math.inf, flags=np.array([True, False]), ok=np.bool_(True))
     out = recorded.write_audit(result, tmp_path / "rep")
