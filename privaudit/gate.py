@@ -14,8 +14,8 @@ them would fail every defended deployment. When a run has no defended cell (an a
 defense applies, a sweep of an attack or protocol parameter, one transcript) every cell is gated.
 
 Conditions (:data:`FAIL_ON`): ``leaks`` (a gated cell's verdict is "leaks"), ``inconclusive``
-(a gated cell's verdict is "inconclusive", or a transcript row is "unscored" or has too few
-victims to judge), ``dp-violation`` (any cell, gated or not, whose ``dp_violation`` is true or
+(a gated cell's verdict is "inconclusive", a transcript row is "unscored" or has too few
+victims to judge, or a run or attack of the cell failed), ``dp-violation`` (any cell, gated or not, whose ``dp_violation`` is true or
 whose canary audit bounds epsilon above the claim, any run's canary audit doing so, or any entry
 of the top-level ``dp_claims`` list with ``holds: false``).
 """
@@ -103,6 +103,7 @@ class Cell:
     high: float = math.nan
     dp: list[str] = field(default_factory=list)
     label: str = ""
+    errors: list[str] = field(default_factory=list)
 
     @property
     def leaks(self) -> bool:
@@ -111,7 +112,8 @@ class Cell:
     @property
     def inconclusive(self) -> bool:
         v = self.verdict
-        return v.startswith("inconclusive") or v == "unscored" or v.startswith("too few victims")
+        failed = bool(self.errors)  # a run or an attack that crashed shows nothing either way
+        return failed or v.startswith("inconclusive") or v == "unscored" or v.startswith("too few victims")
 
     def shown(self) -> str:
         """The verdict with the advantage interval, as a failure line shows it."""
@@ -204,6 +206,7 @@ def _audit_cells(doc: Mapping[str, Any]) -> list[Cell]:
                 high=_num(c.get("advantage_high")),
                 dp=_matrix_dp(doc, c),
                 label=str(c.get("verdict_label") or c.get("verdict")),
+                errors=[str(e) for e in c.get("errors") or []],
             )
         )
     return out
@@ -289,7 +292,7 @@ def failure_map(doc: Mapping[str, Any], kind: str, conditions: Sequence[str]) ->
         if "leaks" in conditions and c.gated and c.leaks:
             why.append(c.shown())  # "leaks (metrics), advantage x [low, high]"
         if "inconclusive" in conditions and c.gated and c.inconclusive:
-            shown = c.shown()
+            shown = c.shown() + (f" (failed: {'; '.join(c.errors)[:200]})" if c.errors else "")
             why.append(shown if shown.startswith("inconclusive") else f"inconclusive: {shown}")
         if "dp-violation" in conditions and c.dp:
             why.append("dp-violation: " + "; ".join(c.dp))

@@ -125,6 +125,10 @@ def test_gate_skips_the_undefended_control_and_names_each_failing_cell():
     assert gate.failures(doc, "audit", ("leaks", "inconclusive")) == [
         "a1 x noise scale=4: leaks (accuracy), advantage 0.02 [0.01, 0.03]"
     ]
+    doc["matrix"][1]["errors"] = ["ValueError: boom"]  # a crashed run shows nothing either way
+    assert gate.failures(doc, "audit", ("inconclusive",)) == [
+        "a1 x dp epsilon=1: inconclusive: protected, advantage 0 [-0.01, 0.01] (failed: ValueError: boom)"
+    ]
     # without a defended cell, the undefended ones are what the run tests
     alone = {**doc, "matrix": doc["matrix"][:1], "defenses": []}
     assert gate.failures(alone, "audit", ("leaks",)) == ["a1 x no defense: leaks, advantage 0.4 [0.39, 0.41]"]
