@@ -84,6 +84,7 @@ def _fmt(x: Any) -> str:
 
 
 def value_text(v: Any) -> str:
+    """A grid value as a cell's name shows it (``4.0`` as ``4``)."""
     if isinstance(v, float) and v.is_integer():
         return f"{v:g}"
     return str(v)
