@@ -382,11 +382,13 @@ def cmd_attack(args: argparse.Namespace) -> int:
         results["margin"] = margin
         results["verdicts"] = rs.experiment_verdicts(results)
     out = reports.write_report(results, args.out, plan_toml=plan_to_toml(plan) if plan is not None else None)
-    if not args.quiet:
-        _say(reports.format_table(results))
+    if not args.quiet:  # every line within reports.CONSOLE_WIDTH columns; the full table is in report.md
+        from privaudit.reports.render import wrap_lines
+
+        _say(reports.format_console(results, report=str(out)))
         line = _reference_line(results)
         if line:
-            _say(line)
+            _say("\n".join(wrap_lines(line)))
     _say(f"report written to {out}/")
     return 0
 
@@ -499,7 +501,9 @@ def _attack_simulated(args: argparse.Namespace, defaults_note: str | None):
     plan = exp.plan()  # names resolved and everything validated before any compute
     _warn_short_keys(plan.defenses)
     if defaults_note:
-        print(defaults_note)
+        from privaudit.reports.render import wrap_lines
+
+        _say("\n".join(wrap_lines(defaults_note)))
     _print_estimate(args, seeds)
     return plan, experiment.run_plan(plan)
 

@@ -45,7 +45,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if present and not args.force:
         raise PrivauditError(f"{folder}/ already holds {', '.join(present)}: re-render with --force to replace them")
     out = reports.rerender(args.dir)
-    _say(reports.format_table(reports.read_results(out)))
+    _say(reports.format_console(reports.read_results(out), report=str(out)))
     _say(f"report re-rendered in {out}/")
     return 0
 
