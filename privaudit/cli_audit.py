@@ -149,6 +149,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             threat=args.threat or "both",
         )
     margin = None if args.margin is None else _margin(args.margin)  # checked before any compute
+    _say_audit_estimate(spec)
     result = au.run_audit(spec)
     if margin is not None:
         result["margin"] = margin
@@ -165,6 +166,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say_audit_estimate(spec) -> None:
+    """One line (wrapped at 100 columns) with the calibrated time of an audit expected to take
+    over a minute and how to shorten it (:mod:`privaudit.estimate`); a data error stops here."""
+    from privaudit import estimate
+    from privaudit.reports.render import wrap_lines
+    from privaudit.runner import load_data, subsample_users
+
+    dataset = subsample_users(load_data(spec.data), spec.users, spec.seed)
+    est = estimate.audit_estimate(spec, dataset)
+    if est is not None and est.seconds > estimate.ANNOUNCE_ABOVE:
+        print("\n".join(wrap_lines(est.line(f"a {spec.protocol} audit"))), flush=True)
+
+
 def _audit_transcript(args: argparse.Namespace) -> int:
     """``privaudit audit --transcript FILE``: every attack that reads the transcript, one row each."""
     from privaudit.integrations import recorded
@@ -178,7 +192,7 @@ def _audit_transcript(args: argparse.Namespace) -> int:
     from privaudit.results import PROTECTION_MARGIN
 
     margin = PROTECTION_MARGIN if args.margin is None else _margin(args.margin)
-    args.out = args.out or "privaudit-report/transcript-audit"
+    args.out = args.out or str(Path("privaudit-report") / f"{Path(args.transcript).stem or 'transcript'}-audit")
     _check_writable(args.out, args.force, "--out DIR", folder=True)
     result = recorded.audit_transcript(args.transcript, args.attack, max_bytes=args.max_bytes, margin=margin)
     if args.threat not in (None, "both"):  # a recording's threat is its server app's: keep that axis's rows

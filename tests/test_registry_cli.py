@@ -137,3 +137,6 @@ def test_list_marks_the_extras_a_plugin_needs(capsys, monkeypatch):
     assert fedncf.endswith("[needs privaudit[ncf]: not installed]")
     fedmvmf = next(line for line in lines if line.split()[:2] == ["protocol", "fedmvmf"])
     assert "needs" not in fedmvmf
+    monkeypatch.setattr(errors, "extra_installed", lambda extra: True)  # torch installed: no tag at all
+    assert main(["list"]) == 0
+    assert "needs privaudit" not in capsys.readouterr().out
