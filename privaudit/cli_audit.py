@@ -156,6 +156,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
         au.decide(result)
     out = au.write_audit(result, args.out, plan_toml=audit_to_toml(spec))
     _say(au.format_matrix(result))
+    from privaudit.reports.headlines import audit_sentence_lines
+
+    for line in audit_sentence_lines(result):  # a defense the matrix reads protected, named
+        _say(line)
     for a in result["attacks"]:
         if not a.get("applies"):
             _say(f"note: {a['name']} does not apply to the undefended {result['protocol']} view: {a.get('reason')}")

@@ -66,12 +66,15 @@ def _edits(a: str, b: str) -> int:
 
 def did_you_mean(name: str, choices: Iterable[str], distance: int = 2) -> str:
     """``"; did you mean `epochs`?"`` for the choices (ranked by :mod:`difflib`) within
-    ``distance`` edits of ``name`` (case-insensitive); "" when none is that close."""
+    ``distance`` edits of ``name`` (case-insensitive; at most half of ``name``'s length, so a
+    one-letter typo is only matched up to case); "" when none is that close."""
     import difflib
 
     lowered = {str(c).lower(): str(c) for c in choices}
-    ranked = difflib.get_close_matches(str(name).lower(), list(lowered), n=len(lowered), cutoff=0.0)
-    close = [lowered[c] for c in ranked if _edits(str(name).lower(), c) <= distance][:3]
+    key = str(name).lower()
+    limit = min(distance, len(key) // 2)
+    ranked = difflib.get_close_matches(key, list(lowered), n=len(lowered), cutoff=0.0)
+    close = [lowered[c] for c in ranked if _edits(key, c) <= limit][:3]
     return "; did you mean " + " or ".join(f"`{c}`" for c in close) + "?" if close else ""
 
 

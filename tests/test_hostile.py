@@ -1300,7 +1300,8 @@ def test_did_you_mean_is_within_two_edits():
     assert did_you_mean("epoch", ["epochs", "eta", "K"]) == "; did you mean `epochs`?"
     assert did_you_mean("EPOCSH", ["epochs"]) == "; did you mean `epochs`?"  # a swap: two edits
     assert did_you_mean("epxxxs", ["epochs"]) == ""  # three edits
-    assert did_you_mean("lr", ["lr", "lam"]) == "; did you mean `lr` or `lam`?"
+    assert did_you_mean("lamda", ["lam", "lambda", "alpha"]) == "; did you mean `lambda` or `lam`?"
+    assert did_you_mean("b", ["a"]) == "" and did_you_mean("k", ["K", "lam"]) == "; did you mean `K`?"  # short names
 
 
 def test_a_data_error_comes_before_any_banner(tmp_path, capsys):

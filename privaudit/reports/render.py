@@ -304,6 +304,19 @@ def wrap_lines(text: Any, width: int = CONSOLE_WIDTH, first: str = "", indent: s
     return out
 
 
+def _explained(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The verdicts with :mod:`privaudit.reports.headlines`' clauses beneath each sentence (a
+    second layer: which point is quoted and why, the headline's metric there, why a defense the
+    protocol defeats does not help)."""
+    from privaudit.reports import headlines
+
+    return [
+        {**v, "sentence": headlines.explained_sentence(v, results)}
+        for v in results.get("verdicts") or []
+        if isinstance(v, Mapping)
+    ]
+
+
 def verdict_lines(verdict: Mapping[str, Any], width: int = CONSOLE_WIDTH) -> list[str]:
     """A verdict's sentence for the terminal: ``verdict: `` and its first layer, the layers
     beneath (``\n`` in the sentence, or a separate ``detail`` entry) indented, all within
@@ -420,7 +433,7 @@ def format_console(results: Mapping[str, Any], width: int = CONSOLE_WIDTH, repor
     (:func:`console_rows`), the ROC summary and notes; the full table is :func:`format_table`
     and ``report.md`` (``report``: the folder named in the pointer line)."""
     lines: list[str] = []
-    for v in results.get("verdicts") or []:
+    for v in _explained(results):
         lines += verdict_lines(v, width)
     lines.append(fit_table(*console_rows(results), width=width, left=1))
     roc = roc_rows(results)
@@ -729,7 +742,7 @@ def render_markdown(results: Mapping[str, Any], figure_stem: str, extra_figures:
     header, rows = table_rows(results)
     lines = [f"# privaudit report: {md_escape(results.get('attack'))} against {md_escape(results.get('protocol'))}", ""]
     lines += [f"> **Warning.** {md_escape(w)}\n" for w in key_warnings(results)]
-    for v in results.get("verdicts") or []:
+    for v in _explained(results):
         lines += [f"**Verdict.** {md_escape(v.get('sentence', ''))}", ""]
     lines += [f"- **{md_escape(k)}**: {md_escape(v)}" for k, v in _config_items(results)]
     lines += ["", "## Attack accuracy and utility", ""]
@@ -781,7 +794,7 @@ def render_html(
     parts = [
         f"<h1>{html.escape(title)}</h1>",
         *(f'<p class="note"><strong>Warning.</strong> {html.escape(w)}</p>' for w in key_warnings(results)),
-        html_verdicts(results.get("verdicts") or []),
+        html_verdicts(_explained(results)),
         html_config(_config_items(results)),
     ]
     parts.append("<h2>Attack accuracy and utility</h2>")
