@@ -62,6 +62,7 @@ def test_check_sees_a_changed_figure_and_update_rewrites_it(fresh, tmp_path):
     )
     bad = fr.check_docs(figures, root=tmp_path)
     assert bad == [f"README.md: fedmvmf.last_attack quotes {off!r}, a fresh run gives {quoted!r}"]
+    assert fr.check_docs(figures, root=tmp_path, words_only=True) == []  # --update-docs: numbers only
     near = f"{float(quoted) + 0.001:.3f}"  # within it
     readme.write_text(readme.read_text(encoding="utf-8").replace(f"-->{off}<", f"-->{near}<"), encoding="utf-8")
     assert fr.check_docs(figures, root=tmp_path) == []
@@ -74,6 +75,7 @@ def test_check_sees_a_changed_figure_and_update_rewrites_it(fresh, tmp_path):
         ),
         encoding="utf-8",
     )
-    assert [line.split(" quotes ")[0] for line in fr.check_docs(figures, root=tmp_path)] == [
-        "README.md: fedmvmf.verdict"
-    ]
+    for words_only in (False, True):  # --update-docs names the reworded span
+        assert [line.split(" quotes ")[0] for line in fr.check_docs(figures, root=tmp_path, words_only=words_only)] == [
+            "README.md: fedmvmf.verdict"
+        ]
