@@ -4,8 +4,8 @@ The CLI runs the same plan once on a small sample of users (:data:`CALIBRATION_U
 one swept value; for an audit every cell), times it, and scales the time linearly to the run's
 users, seeds and points, divided by the processes that run at once. Above :data:`ANNOUNCE_ABOVE`
 seconds it prints one line with the estimate and how to make it shorter (``--seeds 1``,
-``--users N``, ``--jobs``). The calibration run is also the first check that the data, the
-protocol config and the defenses run at all: an error there stops the command before the work.
+``--users N``, ``--jobs``). A plan that cannot run on so few users (a cohort rule, clients per
+round) gets no estimate: the calibration is best effort and never stops the command.
 
 The estimate is rough by design (a protocol's cost is not exactly linear in users, nor a
 machine's load constant); the runner's progress line refines it once the first runs finish.
@@ -69,9 +69,17 @@ def _calibrate(run, users: int, runs_of, at_once: int) -> tuple[float, float, in
     first (warming up imports and caches); when even that time scaled linearly to ``users`` and
     to every run (``runs_of()``, ``at_once`` at a time: an overestimate) stays under
     :data:`ANNOUNCE_ABOVE`, it stops there. Otherwise it runs at all of them and at the third
-    again; the per-user slope is taken from the last two."""
+    again; the per-user slope is taken from the last two. None too when a calibration run fails
+    (the plan may need more users than the sample has)."""
     cal = min(users, CALIBRATION_USERS)
     small = max(2, cal // 3) if cal > 2 else cal
+    try:
+        return _measure(run, users, runs_of, at_once, cal, small)
+    except Exception:  # noqa: BLE001 - best effort: a plan that cannot run on few users has no estimate
+        return None
+
+
+def _measure(run, users: int, runs_of, at_once: int, cal: int, small: int) -> tuple[float, float, int] | None:
     first = _timed(run, small)
     if first * max(1.0, users / small) * math.ceil(runs_of() / max(1, at_once)) < ANNOUNCE_ABOVE:
         return None

@@ -420,3 +420,15 @@ def test_estimate_printed_before_a_long_run(tmp_path, capsys, monkeypatch) -> No
         ]
     )
     assert "estimated time: ~4 min (1 run of privmvmf with 12 users)" in started[2]
+
+
+def test_a_plan_that_cannot_run_on_few_users_gets_no_estimate(monkeypatch) -> None:
+    from privaudit import estimate
+    from privaudit.errors import PrivauditError
+
+    def refuse(plan, *a, **k):
+        raise PrivauditError("a cohort needs 20 clients")
+
+    monkeypatch.setattr(experiment, "run_plan", refuse)
+    plan = experiment.build_experiment(protocol="fedmvmf", noise="laplace", seeds=3).plan()
+    assert estimate.experiment_estimate(plan, experiment.load_data("synthetic")) is None
