@@ -101,3 +101,18 @@ def test_audit_names_every_defense_its_matrix_reads_protected():
     ]
     audit["verdicts"][0]["sentence"] += " dp-laplace protects at 0.3."  # named already: no clause
     assert headlines.audit_clauses(audit) == []
+
+
+def test_fit_table_wraps_dotted_headers_and_cuts_text_before_numbers():
+    from privaudit.reports.render import fit_table
+
+    header = ["attack.aux_fraction", "relative_error", "prior", "advantage [bounds]", "verdict", "utility: rmse"]
+    rows = [
+        ["0.05", "0.059 ± 0.005", "0.094", "-0.011 [-0.015, -0.006]", "leaks (relative_error_unknown)", "1.045 ± 0.036"]
+    ] * 3
+    lines = fit_table(header, rows, width=100).splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert lines[0].startswith("attack.") and lines[1].startswith("aux_fraction")  # wrapped after the dot
+    assert "-0.011 [-0.015, -0.006]" in lines[-1] and "1.045 ± 0.036" in lines[-1]  # numbers whole
+    narrow = fit_table(header, rows, width=80).splitlines()
+    assert max(len(line) for line in narrow) <= 80 and "…" in narrow[-1]

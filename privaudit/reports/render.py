@@ -332,6 +332,8 @@ def _short_verdict(row: Mapping[str, Any]) -> str:
     """A row's verdict in a few words: the label with its one leaking metric named, or the
     number of them, DP flags from the canary audit; the full label is in the report."""
     label = rs.verdict_label(row)
+    if label.startswith("inconclusive ("):  # the reason is in the report
+        label = "inconclusive"
     leak = list(row.get("leak_metrics") or [])
     if str(row.get("verdict")) == "leaks" and len(leak) > 1:
         label = f"leaks ({len(leak)} metrics)"
@@ -387,17 +389,38 @@ def console_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]
     return header, rows
 
 
+def _header_tokens(text: str) -> list[str]:
+    """A header's pieces it may wrap between: words, and a dotted name after each dot
+    (``attack.`` / ``aux_fraction``)."""
+    return [t for word in text.split() for t in re.findall(r"[^.]+\.?|\.", word)]
+
+
+def _wrap_header(text: str, width: int) -> list[str]:
+    lines: list[str] = []
+    for token in _header_tokens(text):
+        glue = "" if lines and lines[-1].endswith(".") else " "
+        if lines and len(lines[-1]) + len(glue) + len(token) <= width:
+            lines[-1] += glue + token
+        else:
+            lines.append(token)
+    return lines or [""]
+
+
+def _numeric(cells: Sequence[str]) -> bool:
+    return all(not re.search(r"[A-Za-z]", c) for c in cells)
+
+
 def fit_table(header: Sequence[Any], rows: Sequence[Sequence[Any]], width: int = CONSOLE_WIDTH, left: int = 1) -> str:
     """An aligned plain-text table no line of which is wider than ``width``: header names wrap
-    over several lines (bottom-aligned) down to their column's widest cell, then the widest
-    columns are cut with "…" until the table fits (the report holds every cell in full)."""
-    import textwrap
-
+    over several lines (bottom-aligned; between words and after the dots of a dotted name) down
+    to their column's widest cell, then the widest text columns, and only then numeric ones, are
+    cut with "…" until the table fits (the report holds every cell in full)."""
     head = [_plain(h) for h in header]
     body = [[_plain(c) for c in r] for r in rows]
     n = len(head)
     cells = [max([len(r[j]) for r in body] + [1]) for j in range(n)]
     widths = [max(cells[j], len(head[j])) for j in range(n)]
+    numeric = [_numeric([r[j] for r in body]) for j in range(n)]
 
     def total() -> int:
         return sum(widths) + 2 * (n - 1)
@@ -406,18 +429,20 @@ def fit_table(header: Sequence[Any], rows: Sequence[Sequence[Any]], width: int =
     for j in sorted(range(n), key=lambda j: len(head[j]) - cells[j], reverse=True):
         if total() <= width:
             break
-        widths[j] = max(cells[j], 6, max((len(w) for w in head[j].split()), default=1))
-    # 2. the widest columns cut
-    while total() > width:
-        j = max(range(n), key=lambda j: widths[j])
-        if widths[j] <= 6:
-            break
-        widths[j] = max(6, widths[j] - (total() - width))
+        widths[j] = max(cells[j], 6, max((len(t) for t in _header_tokens(head[j])), default=1))
+    # 2. the widest text columns cut, then (if still needed) the widest numeric ones
+    for numbers in (False, True):
+        while total() > width:
+            pool = [j for j in range(n) if numeric[j] == numbers and widths[j] > 6]
+            if not pool:
+                break
+            j = max(pool, key=lambda j: widths[j])
+            widths[j] = max(6, widths[j] - (total() - width))
 
     def cut(text: str, w: int) -> str:
         return text if len(text) <= w else text[: w - 1] + "…"
 
-    wrapped = [textwrap.wrap(h, widths[j], break_on_hyphens=False) or [""] for j, h in enumerate(head)]
+    wrapped = [_wrap_header(h, widths[j]) for j, h in enumerate(head)]
     depth = max(len(w) for w in wrapped)
     wrapped = [[""] * (depth - len(w)) + w for w in wrapped]
     just = lambda j, c: c.ljust(widths[j]) if j < left else c.rjust(widths[j])  # noqa: E731
