@@ -8,7 +8,8 @@ next to model utility.
 The names used by the README's Python example are exported here (imported on first use, so
 ``import privaudit`` stays light): :func:`load_dataset`, :func:`synthetic`,
 :class:`RatingsDataset`, :class:`Transcript`, :func:`get_protocol`, :func:`get_attack`,
-:func:`get_defense`, :func:`build_experiment`, :func:`run_experiment`.
+:func:`get_defense`, :class:`Sweep`, :func:`build_experiment`, :func:`run_experiment` and
+:func:`write_report` (the report folder ``privaudit attack`` writes).
 """
 
 __version__ = "0.1.0"
@@ -20,6 +21,7 @@ __all__ = [
     "MissingDependencyError",
     "PrivauditError",
     "RatingsDataset",
+    "Sweep",
     "Transcript",
     "__version__",
     "build_experiment",
@@ -29,12 +31,14 @@ __all__ = [
     "load_dataset",
     "run_experiment",
     "synthetic",
+    "write_report",
 ]
 
 _LAZY = {
     "load_dataset": ("privaudit.data", "load_dataset"),
     "synthetic": ("privaudit.data", "synthetic"),
     "RatingsDataset": ("privaudit.data", "RatingsDataset"),
+    "Sweep": ("privaudit.plan", "Sweep"),
     "Transcript": ("privaudit.transcript", "Transcript"),
     "build_experiment": ("privaudit.experiment", "build_experiment"),
     "run_experiment": ("privaudit.experiment", "run_experiment"),
@@ -60,6 +64,30 @@ def get_defense(name: str) -> type:
     from privaudit import registry
 
     return registry.get("defense", name)
+
+
+def write_report(results, out_dir=None, *, experiment=None, force: bool = False):
+    """Write the report folder ``privaudit attack`` writes for the same run: ``results.json``,
+    ``results.csv``, the figures, ``report.md``, ``report.html`` and, given the ``experiment``
+    (from :func:`build_experiment`) that produced ``results``, its ``plan.toml``; the folder
+    (a :class:`pathlib.Path`).
+
+    ``out_dir`` defaults to the CLI's ``privaudit-report/<protocol>-<sweep>-<dataset>/``. A folder
+    that already holds files is refused (``PrivauditError``) unless ``force=True``, as on the CLI.
+
+    >>> exp = privaudit.build_experiment(protocol="fedmvmf", noise="laplace", seeds=1, jobs=1)
+    >>> privaudit.write_report(exp.run(), "report", experiment=exp)  # doctest: +SKIP
+    """
+    from pathlib import Path
+
+    from privaudit.plan import plan_to_toml
+    from privaudit.reports import render
+
+    out = Path(out_dir) if out_dir is not None else render.default_out_dir(results)
+    if not force and out.is_dir() and any(out.iterdir()):
+        raise PrivauditError(f"{out}: the folder is not empty; pass force=True to replace its report")
+    plan_toml = plan_to_toml(experiment.plan()) if experiment is not None else None
+    return render.write_report(results, out, plan_toml=plan_toml)
 
 
 def __getattr__(name: str):

@@ -74,9 +74,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     else:
         width = max((len(r["name"]) for r in rows), default=4)
         for r in rows:
-            needs = "".join(
-                f" [needs privaudit[{e}]{': not installed' if e in r['missing'] else ''}]" for e in r["extras"]
-            )
+            needs = "".join(f" [needs privaudit[{e}]: not installed]" for e in r["missing"])  # installed: no tag
             _say(f"{r['kind']:<9} {r['name']:<{width}}  {r['description']}{needs}")
     for err in registry.plugin_errors():
         print(f"warning: plugin failed to load: {err}", file=sys.stderr)
@@ -390,11 +388,13 @@ def cmd_attack(args: argparse.Namespace) -> int:
         results["margin"] = margin
         results["verdicts"] = rs.experiment_verdicts(results)
     out = reports.write_report(results, args.out, plan_toml=plan_to_toml(plan) if plan is not None else None)
-    if not args.quiet:
-        _say(reports.format_table(results))
+    if not args.quiet:  # every line within reports.CONSOLE_WIDTH columns; the full table is in report.md
+        from privaudit.reports.render import wrap_lines
+
+        _say(reports.format_console(results, report=str(out)))
         line = _reference_line(results)
         if line:
-            _say(line)
+            _say("\n".join(wrap_lines(line)))
     _say(f"report written to {out}/")
     return _gate(results, "results", args.fail_on)
 
@@ -483,7 +483,9 @@ def _attack_recorded(args: argparse.Namespace):
     if not recorded.has_private:  # no ground truth: run the attack, write what it recovered
         from privaudit.integrations.recorded import reconstruct
 
-        out, name = reconstruct(recorded, args.attack, args.out or "privaudit-report/transcript-unscored")
+        out, name = reconstruct(
+            recorded, args.attack, args.out or str(Path("privaudit-report") / f"{Path(args.transcript).stem}-unscored")
+        )
         print(
             f"note: {args.transcript} holds no private messages: nothing to score {name} against; "
             f"reconstruction written to {out}/reconstruction.json"
@@ -520,10 +522,27 @@ def _attack_simulated(args: argparse.Namespace, defaults_note: str | None):
     )
     plan = exp.plan()  # names resolved and everything validated before any compute
     _warn_short_keys(plan.defenses)
+    from privaudit.reports.render import wrap_lines
+    from privaudit.runner import subsample_users
+
+    dataset = experiment.load_data(plan.data)  # a data error (or too many --users) stops here,
+    sampled = subsample_users(dataset, plan.users, plan.seed)  # before any banner
     if defaults_note:
-        print(defaults_note)
-    _print_estimate(args, seeds)
-    return plan, experiment.run_plan(plan)
+        _say("\n".join(wrap_lines(defaults_note)))
+    _say_estimate(plan, sampled, plan.protocol_cls.name)
+    return plan, experiment.run_plan(plan, dataset=dataset)
+
+
+def _say_estimate(plan, dataset, what: str) -> None:
+    """One line (wrapped at 100 columns) with the calibrated time of a sweep expected to take
+    over a minute and how to shorten it (:mod:`privaudit.estimate`); ``dataset``: the plan's
+    data, loaded and subsampled to its users."""
+    from privaudit import estimate
+    from privaudit.reports.render import wrap_lines
+
+    est = estimate.experiment_estimate(plan, dataset)
+    if est is not None and est.seconds > estimate.ANNOUNCE_ABOVE:
+        print("\n".join(wrap_lines(est.line(what))), flush=True)
 
 
 # ---------------------------------------------------------------------------------------- main

@@ -55,7 +55,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if present and not args.force:
         raise PrivauditError(f"{folder}/ already holds {', '.join(present)}: re-render with --force to replace them")
     out = reports.rerender(args.dir)
-    _say(reports.format_table(reports.read_results(out)))
+    _say(reports.format_console(reports.read_results(out), report=str(out)))
     _say(f"report re-rendered in {out}/")
     return 0
 
@@ -160,12 +160,17 @@ def cmd_audit(args: argparse.Namespace) -> int:
             threat=args.threat or "both",
         )
     margin = None if args.margin is None else _margin(args.margin)  # checked before any compute
+    _say_audit_estimate(spec)
     result = au.run_audit(spec)
     if margin is not None:
         result["margin"] = margin
         au.decide(result)
     out = au.write_audit(result, args.out, plan_toml=audit_to_toml(spec))
     _say(au.format_matrix(result))
+    from privaudit.reports.headlines import audit_sentence_lines
+
+    for line in audit_sentence_lines(result):  # a defense the matrix reads protected, named
+        _say(line)
     for a in result["attacks"]:
         if not a.get("applies"):
             _say(f"note: {a['name']} does not apply to the undefended {result['protocol']} view: {a.get('reason')}")
@@ -174,6 +179,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
         _say(f"warning: a run failed: {e}", file=sys.stderr)
     _say(f"audit written to {out}/ ({result['timing']['total_seconds']:.1f} s)")
     return _gate(result, "audit", args.fail_on)
+
+
+def _say_audit_estimate(spec) -> None:
+    """One line (wrapped at 100 columns) with the calibrated time of an audit expected to take
+    over a minute and how to shorten it (:mod:`privaudit.estimate`); a data error stops here."""
+    from privaudit import estimate
+    from privaudit.reports.render import wrap_lines
+    from privaudit.runner import load_data, subsample_users
+
+    dataset = subsample_users(load_data(spec.data), spec.users, spec.seed)
+    est = estimate.audit_estimate(spec, dataset)
+    if est is not None and est.seconds > estimate.ANNOUNCE_ABOVE:
+        print("\n".join(wrap_lines(est.line(f"a {spec.protocol} audit"))), flush=True)
 
 
 def _audit_transcript(args: argparse.Namespace) -> int:
@@ -189,7 +207,7 @@ def _audit_transcript(args: argparse.Namespace) -> int:
     from privaudit.results import PROTECTION_MARGIN
 
     margin = PROTECTION_MARGIN if args.margin is None else _margin(args.margin)
-    args.out = args.out or "privaudit-report/transcript-audit"
+    args.out = args.out or str(Path("privaudit-report") / f"{Path(args.transcript).stem or 'transcript'}-audit")
     _check_writable(args.out, args.force, "--out DIR", folder=True)
     result = recorded.audit_transcript(args.transcript, args.attack, max_bytes=args.max_bytes, margin=margin)
     if args.threat not in (None, "both"):  # a recording's threat is its server app's: keep that axis's rows

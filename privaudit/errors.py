@@ -54,6 +54,30 @@ def _installed(module: str) -> bool:
         return False
 
 
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance (insertions, deletions, substitutions)."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def did_you_mean(name: str, choices: Iterable[str], distance: int = 2) -> str:
+    """``"; did you mean `epochs`?"`` for the choices (ranked by :mod:`difflib`) within
+    ``distance`` edits of ``name`` (case-insensitive; at most half of ``name``'s length, so a
+    one-letter typo is only matched up to case); "" when none is that close."""
+    import difflib
+
+    lowered = {str(c).lower(): str(c) for c in choices}
+    key = str(name).lower()
+    limit = min(distance, len(key) // 2)
+    ranked = difflib.get_close_matches(key, list(lowered), n=len(lowered), cutoff=0.0)
+    close = [lowered[c] for c in ranked if _edits(key, c) <= limit][:3]
+    return "; did you mean " + " or ".join(f"`{c}`" for c in close) + "?" if close else ""
+
+
 def extra_installed(extra: str) -> bool:
     """Whether every module of the optional extra ``extra`` is importable (none is imported)."""
     return all(_installed(module) for module in EXTRA_MODULES.get(extra, ()))

@@ -61,6 +61,7 @@ from privaudit.plan import (
     DEFAULT_SEEDS,
     Plan,
     Sweep,
+    parse_sweep,
     resolve,
 )
 from privaudit.results import accuracy_metrics, main_utility, summarize_points
@@ -213,8 +214,9 @@ def build_experiment(
     attack : name, Attack subclass or instance, ``{"name": ..., **params}``, optional
         Default: the protocol's ``default_attack``.
     defenses : sequence of the same forms (Defense), in upload order
-    sweep : Sweep, optional
-        ``Sweep(target, param, values)``: target ``"attack"``, ``"protocol"`` or a defense name.
+    sweep : Sweep or str, optional
+        ``privaudit.Sweep(target, param, values)``: target ``"attack"``, ``"protocol"`` or a
+        defense name; or the CLI's text ``"laplace.scale=0,1"``.
     noise : a noise defense with a ``scale`` parameter, optional
         Shorthand for that defense swept over ``scales`` (floats; default its ``default_grid``),
         reported as a noise sweep; not combined with ``sweep``.
@@ -227,8 +229,12 @@ def build_experiment(
     registry.get("protocol", protocol_name)
     attack_name, attack_params = component(attack, "attack") if attack is not None else (None, {})
     defense_list = [component(d, "defense") for d in defenses or ()]
+    if isinstance(sweep, str):  # the CLI's --sweep text
+        sweep = parse_sweep(sweep)
     if sweep is not None and not isinstance(sweep, Sweep):
-        raise PrivauditError(f"sweep: expected a Sweep(target, param, values), got {sweep!r}")
+        raise PrivauditError(
+            f"sweep: expected privaudit.Sweep(target, param, values) or 'TARGET.PARAM=V1,V2,...', got {sweep!r}"
+        )
     if scales is not None and noise is None:
         raise PrivauditError("scales need a noise defense (noise=...)")
     if noise is not None:

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from privaudit.errors import PrivauditError
+from privaudit.errors import PrivauditError, did_you_mean
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -319,7 +319,8 @@ def resolve_declared(declared: Mapping[str, Param], overrides: Mapping[str, Any]
     unknown = [k for k in overrides if k not in declared]
     if unknown:
         known = ", ".join(declared) or "none"
-        raise PrivauditError(f"{owner}: unknown parameter {unknown[0]!r} (known: {known})")
+        hint = did_you_mean(unknown[0], declared)
+        raise PrivauditError(f"{owner}: unknown parameter {unknown[0]!r}{hint} (known: {known})")
     out = {}
     for name, p in declared.items():
         if name in overrides:

@@ -376,7 +376,7 @@ def _data_source(data: Any) -> str:
     if data is None or (isinstance(data, str) and data.strip().lower() == "synthetic"):
         return "synthetic"
     if isinstance(data, (str, Path)):
-        return str(Path(data).resolve())
+        return str(data)  # as given (a rerun reads it from where the command ran, like --data)
     raise PrivauditError("this plan ran on an in-memory dataset, which plan.toml cannot record")
 
 

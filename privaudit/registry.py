@@ -19,7 +19,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
-from privaudit.errors import PrivauditError
+from privaudit.errors import PrivauditError, did_you_mean
 
 KINDS = ("protocol", "attack", "defense")
 _PACKAGES = {"protocol": "privaudit.protocols", "attack": "privaudit.attacks", "defense": "privaudit.defenses"}
@@ -112,7 +112,7 @@ def get(kind: str, name: str) -> type:
     classes = available(kind)
     if name not in classes:
         choices = ", ".join(classes) or "none"
-        raise PrivauditError(f"unknown {kind} {name!r} (available: {choices})")
+        raise PrivauditError(f"unknown {kind} {name!r}{did_you_mean(name, classes)} (available: {choices})")
     return classes[name]
 
 

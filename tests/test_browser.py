@@ -73,6 +73,9 @@ def _check_page(chrome: str, tmp_path, page, n_figures: int) -> None:
         sizes = {k: int(v) for k, v in re.findall(r'data-(width|height|svg-width|svg-height)="(\d+)"', tag)}
         assert set(sizes) == {"width", "height", "svg-width", "svg-height"}, tag
         assert sizes["svg-width"] > 300 and sizes["svg-height"] > 150, tag
+        assert sizes["width"] > 0 and sizes["height"] > 0, tag  # laid out on the page, not collapsed
+    if page.name == "report.html":  # every figure the folder holds is shown
+        assert len(list(page.parent.glob("*.svg"))) == len(list(page.parent.glob("*.png"))) == n_figures
     shot = tmp_path / (page.stem + ".png")
     res = _run(chrome, tmp_path, page, f"--screenshot={shot}")
     assert res.returncode == 0 and shot.exists(), res.stderr[-2000:]

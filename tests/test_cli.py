@@ -59,9 +59,15 @@ def test_attack_noise_writes_report_and_prints_table(capsys, tmp_path, csv_data)
     assert captured.err == ""  # no progress bar when stderr is not a terminal
     lines = captured.out.splitlines()
     assert lines[0].startswith("verdict: dummy-attack (accuracy): ")  # the verdict sentence comes first
-    assert lines[1].split()[0] == "dummy-noise.scale"
-    assert lines[3].split()[:2] == ["0", "1.000"]
+    head = next(i for i, line in enumerate(lines) if line.startswith("dummy-noise.scale"))
+    assert all(line.startswith("  ") for line in lines[1:head])  # the sentence wrapped beneath
+    assert lines[head].split() == ["dummy-noise.scale", "accuracy", "prior", "advantage", "[bounds]", "verdict"] + [
+        "utility:",
+        "ndcg@10",
+    ]
+    assert lines[head + 2].split()[:3] == ["0", "1.000", "0.500"]
     assert lines[-1] == f"report written to {out}/"
+    assert max(len(line) for line in lines) <= 100  # the first screen fits 100 columns
     data = json.loads((out / "results.json").read_text())
     assert data["dataset"]["users"] == 24 and data["dataset"]["source"] == csv_data
     assert len(data["points"]) == 6 and data["seeds"] == [0, 1]
@@ -301,7 +307,9 @@ def test_fedmvmf_noise_command_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # quiet when piped
     assert proc.stdout.splitlines()[0].startswith("verdict: mvmf-analytic (rating_accuracy): ")
-    assert proc.stdout.splitlines()[1].split()[:2] == ["laplace.scale", "rating_accuracy"]
+    lines = proc.stdout.splitlines()
+    assert any(line.split()[:2] == ["laplace.scale", "rating_accuracy"] for line in lines)
+    assert max(len(line) for line in lines) <= 100  # the first screen fits 100 columns
     names = sorted(p.name for p in out.iterdir())
     assert names == [
         "accuracy_vs_noise.png",

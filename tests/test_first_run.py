@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -369,34 +370,39 @@ def test_from_triples_refuses_ratings_off_a_declared_scale() -> None:
             RatingsDataset.from_triples([1, 2], [1, 1], [4.0, bad], rating_min=1, rating_max=5, rating_step=1)
 
 
+@pytest.mark.usefixtures("dummy_registry")
 def test_estimate_printed_before_a_long_run(tmp_path, capsys, monkeypatch) -> None:
-    started = []
+    """The estimate is calibrated on this machine (short runs of the same plan on fewer users),
+    printed before the first run of the sweep, with how to shorten it; not a constant."""
+    from privaudit import estimate
 
-    def stop(*a, **k):
+    started = []
+    real = experiment.run_plan
+
+    def stop(plan=None, *a, **k):
+        if getattr(plan, "progress", None) is False and len(plan.seeds) == 1:  # the calibration runs
+            return real(plan, *a, **k)
         started.append(capsys.readouterr().out)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(experiment, "run_experiment", stop)
     monkeypatch.setattr(experiment, "run_plan", stop)
+    monkeypatch.setattr(experiment, "run_experiment", stop)
     monkeypatch.setattr(experiment, "run_transcript", stop)
-    # PrivMVMF with a 2048-bit key and DJN obfuscators (its default): ~0.04 CPU s per user, epoch and
-    # (1 + rho) -> 50 x 40 x 2 x 0.04 s per run, 6 runs on 2 jobs
-    main(
-        [
-            "attack",
-            "--protocol",
-            "privmvmf",
-            "--users",
-            "50",
-            "--set",
-            "epochs=40",
-            "--jobs",
-            "2",
-            "--out",
-            str(tmp_path / "a"),
-        ]
+    monkeypatch.setattr(estimate, "ANNOUNCE_ABOVE", 5.0)  # a 0.3 s protocol run stands for a slow one
+    csv = str(tmp_path / "r.csv")
+    (tmp_path / "r.csv").write_text(
+        "\n".join(f"{u},{i},{1 + (u + i) % 5}" for u in range(24) for i in range(0, 12, 2)) + "\n"
     )
-    assert "estimated time: ~8 min (6 runs of privmvmf with 50 users)" in started[0]
+    argv = ["attack", "--protocol", "dummy-proto", "--set", "delay=0.3", "--data", csv, "--jobs", "1"]
+    main([*argv, "--noise", "dummy-noise", "--scales", "0,1,2,3,4,5,6,7", "--out", str(tmp_path / "a")])
+    line = " ".join(started[0].split())
+    found = re.search(r"estimated time on this machine: ~(\d+) s for 24 runs of dummy-proto with 24 users", line)
+    assert found and 6 <= int(found.group(1)) <= 60, line  # 24 runs of >= 0.3 s, one at a time
+    assert re.search(r"from a 24-user run: \d+\.\d s\); shorter: --seeds 1 \(~\d+ s\)", line), line
+    assert "--jobs N runs N at a time (now 1)" in line
+    assert max(len(x) for x in started[0].splitlines()) <= 100
+    main([*argv, "--seeds", "1", "--out", str(tmp_path / "b")])  # one run: no estimate
+    assert "estimated time" not in started[1]
     # Paillier's own r^n obfuscators: ~0.25 CPU s per user, epoch and (1 + rho) -> 12 x 40 x 2 x 0.25 s
     main(
         [
@@ -413,6 +419,16 @@ def test_estimate_printed_before_a_long_run(tmp_path, capsys, monkeypatch) -> No
             str(tmp_path / "t.ptx"),
         ]
     )
-    assert "estimated time: ~4 min (1 run of privmvmf with 12 users)" in started[1]
-    main(["attack", "--protocol", "privmvmf", "--out", str(tmp_path / "b")])  # the default: 10 users, 2 epochs
-    assert "privmvmf defaults: 10 users" in started[2] and "estimated time" not in started[2]
+    assert "estimated time: ~4 min (1 run of privmvmf with 12 users)" in started[2]
+
+
+def test_a_plan_that_cannot_run_on_few_users_gets_no_estimate(monkeypatch) -> None:
+    from privaudit import estimate
+    from privaudit.errors import PrivauditError
+
+    def refuse(plan, *a, **k):
+        raise PrivauditError("a cohort needs 20 clients")
+
+    monkeypatch.setattr(experiment, "run_plan", refuse)
+    plan = experiment.build_experiment(protocol="fedmvmf", noise="laplace", seeds=3).plan()
+    assert estimate.experiment_estimate(plan, experiment.load_data("synthetic")) is None

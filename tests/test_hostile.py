@@ -991,7 +991,7 @@ def test_force_is_needed_with_or_without_out(tmp_path, capsys, monkeypatch, base
     folders = [
         (["attack", "--config", "plan.toml"], default_out_dir({"protocol": "fedmvmf", "sweep": sweep})),
         (["audit", "--config", "audit.toml"], Path("privaudit-report/fedmvmf-audit")),
-        (["audit", "--transcript", str(base_ptx)], Path("privaudit-report/transcript-audit")),
+        (["audit", "--transcript", str(base_ptx)], Path(f"privaudit-report/{Path(base_ptx).stem}-audit")),
     ]
     (tmp_path / "audit.toml").write_text('[audit]\nprotocol = "fedmvmf"\ndata = "synthetic"\nseeds = 1\n')
     for argv, folder in folders:
@@ -1369,3 +1369,66 @@ def test_compare_never_blocks_on_a_fifo_or_reads_a_huge_file(tmp_path, capsys, v
     padded.write_text(valid_audit.read_text() + " " * 5000)
     _compare_refuses(capsys, padded, valid_audit, "more than the limit of 4096", "--max-bytes", "4K")
     _compare_refuses(capsys, valid_audit, valid_audit, "--max-bytes", "--max-bytes", "-1")
+
+
+# ------------------------------------------------------------------ branch looks: typos, data errors, paths
+
+
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [
+        (["attack", "--protocol", "fedmvmf", "--set", "epoch=3"], "unknown parameter 'epoch'; did you mean `epochs`?"),
+        (["attack", "--protocol", "fedmvfm"], "unknown protocol 'fedmvfm'; did you mean `fedmvmf`?"),
+        (["attack", "--protocol", "fedmvmf", "--noise", "laplce"], "unknown defense 'laplce'; did you mean `laplace`?"),
+        (
+            ["attack", "--protocol", "fedmvmf", "--set", "xyzzy=3"],
+            "unknown parameter 'xyzzy' (known: K, ",
+        ),  # none close
+    ],
+)
+def test_typos_name_the_closest_valid_name(argv, expect, capsys, tmp_path):
+    rc, out, err = _main([*argv, "--out", str(tmp_path / "r")], capsys)
+    _assert_refused({"rc": rc, "err": err}, expect)
+    assert out == "" and not (tmp_path / "r").exists()
+
+
+def test_did_you_mean_is_within_two_edits():
+    from privaudit.errors import did_you_mean
+
+    assert did_you_mean("epoch", ["epochs", "eta", "K"]) == "; did you mean `epochs`?"
+    assert did_you_mean("EPOCSH", ["epochs"]) == "; did you mean `epochs`?"  # a swap: two edits
+    assert did_you_mean("epxxxs", ["epochs"]) == ""  # three edits
+    assert did_you_mean("lamda", ["lam", "lambda", "alpha"]) == "; did you mean `lambda` or `lam`?"
+    assert did_you_mean("b", ["a"]) == "" and did_you_mean("k", ["K", "lam"]) == "; did you mean `K`?"  # short names
+
+
+def test_a_data_error_comes_before_any_banner(tmp_path, capsys):
+    bad = tmp_path / "r.csv"
+    bad.write_text("user,item,rating\n1,2,4\n1,3,nine\n")
+    rc, out, err = _main(["attack", "--protocol", "fedmvmf", "--data", str(bad), "--out", str(tmp_path / "r")], capsys)
+    _assert_refused({"rc": rc, "err": err}, "r.csv")
+    assert out == ""  # no "fedmvmf defaults:" line before the error
+    rc, out, err = _main(["attack", "--protocol", "fedmvmf", "--users", "5000", "--out", str(tmp_path / "s")], capsys)
+    _assert_refused({"rc": rc, "err": err}, "5000")
+    assert out == ""
+
+
+@pytest.mark.usefixtures("dummy_registry")
+def test_plan_records_the_data_path_as_given(tmp_path, capsys, monkeypatch):
+    from tests.dummies import write_csv
+
+    monkeypatch.chdir(tmp_path)
+    write_csv(tmp_path / "ratings.csv", 24)
+    argv = ["attack", "--protocol", "dummy-proto", "--data", "ratings.csv", "--seeds", "1", "--jobs", "1"]
+    rc, _, err = _main([*argv, "--out", "aud"], capsys)
+    assert rc == 0, err
+    assert '"data" = "ratings.csv"' in (tmp_path / "aud" / "plan.toml").read_text()
+    assert str(tmp_path) not in (tmp_path / "aud" / "plan.toml").read_text()
+
+
+def test_transcript_audit_folder_is_named_after_the_transcript(tmp_path, capsys, monkeypatch, base_ptx):
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = _main(["audit", "--transcript", str(base_ptx)], capsys)
+    assert rc == 0, err
+    assert (tmp_path / "privaudit-report" / f"{base_ptx.stem}-audit" / "audit.json").is_file()
+    assert f"privaudit-report/{base_ptx.stem}-audit/" in out

@@ -34,13 +34,18 @@ def test_readme_python_example_runs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     ndcg = float(re.search(r"NDCG@10 ([0-9.]+)", out).group(1))
-    acc, guess = map(float, re.search(r"rating accuracy ([0-9.]+) random guess ([0-9.]+)", out).groups())
+    acc, prior, guess = map(
+        float, re.search(r"rating accuracy ([0-9.]+) prior-only guess ([0-9.]+) random guess ([0-9.]+)", out).groups()
+    )
+    assert guess < prior < acc  # the prior-only guess beats the random one; the attack beats both
     # a trained model (well above a random ranking's NDCG@10 on 300 items) and an attack far above
     # the random guess of 1 in 5 ratings under Laplace noise of scale 1
     assert ndcg > 0.15
     assert guess == 0.2 and acc > 0.6
     assert "same score from the file: True" in out
     assert (tmp_path / "fedmvmf.ptx").is_file()
+    assert re.search(r"^mvmf-analytic \(rating_accuracy\): ", out, flags=re.M)  # the sweep's verdict
+    assert {"report.html", "results.json", "plan.toml"} <= {p.name for p in (tmp_path / "report").iterdir()}
 
 
 def test_exported_names() -> None:
@@ -56,6 +61,8 @@ def test_exported_names() -> None:
         "get_defense",
         "build_experiment",
         "run_experiment",
+        "write_report",
+        "Sweep",
         "PrivauditError",
     ):
         assert name in privaudit.__all__ and getattr(privaudit, name) is not None

@@ -78,7 +78,9 @@ def test_params_coercion_and_errors():
     }
     with pytest.raises(PrivauditError, match="x: K must be an integer, got 'ten'"):
         resolve_declared(declared, {"K": "ten"}, "x")
-    with pytest.raises(PrivauditError, match=r"x: unknown parameter 'k' \(known: K, lam, on, mode\)"):
+    with pytest.raises(
+        PrivauditError, match=r"x: unknown parameter 'k'; did you mean `K`\? \(known: K, lam, on, mode\)"
+    ):
         resolve_declared(declared, {"k": "1"}, "x")
     assert parse_spec("laplace:scale=0.1,clip=2", "--defense") == ("laplace", {"scale": "0.1", "clip": "2"})
     with pytest.raises(PrivauditError, match="expected key=value"):
@@ -137,3 +139,6 @@ def test_list_marks_the_extras_a_plugin_needs(capsys, monkeypatch):
     assert fedncf.endswith("[needs privaudit[ncf]: not installed]")
     fedmvmf = next(line for line in lines if line.split()[:2] == ["protocol", "fedmvmf"])
     assert "needs" not in fedmvmf
+    monkeypatch.setattr(errors, "extra_installed", lambda extra: True)  # torch installed: no tag at all
+    assert main(["list"]) == 0
+    assert "needs privaudit" not in capsys.readouterr().out

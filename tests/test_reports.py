@@ -333,3 +333,19 @@ def test_glossary_states_each_metric_direction_and_run_descriptors():
     assert terms["error"] == "mean error. Unit: rating; lower = stronger attack."
     assert terms["victims"] == "clients attacked. Unit: count; describes the run, not the attack's success."
     assert terms["odd"].startswith("not declared by the attack")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_report_files_take_their_mode_from_the_umask(noise_results, tmp_path, umask):
+    """Not mkstemp's 0600: a report shared on a machine is readable as the user's other files."""
+    import os
+    import stat
+
+    old = os.umask(umask)
+    try:
+        out = reports.write_report(noise_results, tmp_path / "rep")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert set(modes.values()) == {0o666 & ~umask}, modes
+    assert {"results.json", "report.html", "accuracy_vs_noise.svg"} <= set(modes)

@@ -21,12 +21,15 @@ Figure content (docs/results-schema.md):
   Non-numeric values are placed at equal spacing with their labels. A single point
   (no sweep) is drawn as bars with the baselines as dashed ticks;
 - legends sit below the axes, outside the data; labels taken from a results file are drawn
-  literally (no mathtext);
+  literally (no mathtext: ``text.parse_math`` is off), so log axes get plain tick labels
+  ("0.001", "0.01", "1": :class:`PlainLogFormatter`, set by :func:`plain_tick_labels`) instead
+  of matplotlib's mathtext ``$\\mathdefault{10^{-3}}$``;
 - per attack with per-record decisions, a log-log ROC figure (:func:`make_roc_figure`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import warnings
@@ -63,6 +66,47 @@ _PALETTE = (
     "#bcbd22",
     "#7f7f7f",
 )
+
+
+@functools.cache
+def _log_formatter_class():  # matplotlib is imported on first use only
+    import matplotlib.ticker
+
+    class PlainLogFormatter(matplotlib.ticker.LogFormatter):
+        """matplotlib's log-axis formatter (same choice of labelled ticks) writing plain numbers:
+        "0.001", "10", "1e-05"; never mathtext, which ``text.parse_math = False`` would show raw."""
+
+        def _num_to_string(self, x, vmin, vmax):
+            return f"{x:g}" if 1e-4 <= abs(x) < 1e5 else f"{x:.0e}"
+
+    return PlainLogFormatter
+
+
+def plain_tick_labels(fig) -> None:
+    """Replace every log/symlog tick formatter of ``fig``'s axes (mathtext labels) by a
+    :class:`PlainLogFormatter` with the same labelling rules. Called by the figure makers and
+    again before saving; explicit tick labels (``set_xticklabels``) are left alone."""
+    import matplotlib.ticker
+
+    plain = _log_formatter_class()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            transform = axis.get_transform()
+            base, linthresh = float(getattr(transform, "base", 10.0)), getattr(transform, "linthresh", None)
+            for get, put in (
+                (axis.get_major_formatter, axis.set_major_formatter),
+                (axis.get_minor_formatter, axis.set_minor_formatter),
+            ):
+                old = get()
+                if isinstance(old, matplotlib.ticker.LogFormatter) and not isinstance(old, plain):
+                    put(
+                        plain(
+                            base=base,
+                            labelOnlyBase=old.labelOnlyBase,
+                            minor_thresholds=old.minor_thresholds,
+                            linthresh=linthresh,
+                        )
+                    )
 
 
 def figure_stem(results: Mapping[str, Any]) -> str:
@@ -220,6 +264,7 @@ def make_figure(results: Mapping[str, Any]):
             fig.suptitle(_title(results), fontsize=RC["axes.titlesize"])
         with warnings.catch_warnings():  # very long labels (from a results file): saved with a tight bbox anyway
             warnings.simplefilter("ignore", UserWarning)
+            plain_tick_labels(fig)
             fig.tight_layout()
     return fig
 
@@ -351,6 +396,7 @@ def save_figure(fig, stem: Path) -> list[Path]:
 
     stem = Path(stem)
     png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
+    plain_tick_labels(fig)
     with matplotlib.rc_context(RC):
         fig.savefig(png, format="png", metadata={"Software": None}, bbox_inches="tight")
         fig.savefig(svg, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
@@ -363,6 +409,7 @@ def save_figure_staged(fig, stem: str, staged) -> str:
     import matplotlib
 
     png, svg = staged.path(stem + ".png"), staged.path(stem + ".svg")
+    plain_tick_labels(fig)
     with matplotlib.rc_context(RC):
         fig.savefig(png, format="png", metadata={"Software": None}, bbox_inches="tight")
         fig.savefig(svg, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
@@ -505,4 +552,5 @@ def make_roc_figure(results: Mapping[str, Any]):
         ax.grid(True, which="major", alpha=0.3, lw=0.5)
         ax.set_title(f"ROC: {results.get('attack')} ({results.get('protocol')})")
         _legend_below(ax, handles, ncol=1)  # saved with bbox_inches="tight": the legend is kept
+        plain_tick_labels(fig)
     return fig

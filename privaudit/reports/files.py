@@ -57,13 +57,22 @@ def check_folder(folder: Path) -> None:
         raise PrivauditError(f"{folder}: exists and is not a folder")
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 class Staged:
     """Files written under temporary names, renamed into place by :meth:`commit` (in the order
     staged), removed by :meth:`discard`; an existing file is never removed on failure.
 
     Temporary files are created by :func:`tempfile.mkstemp` (``O_EXCL``, unpredictable names)
-    inside the target folder; a final name that is a symbolic link or not a regular file is
-    refused before anything is renamed (``os.replace`` itself never follows a link).
+    inside the target folder, then given the mode a plain ``open()`` would (0666 less the
+    umask: a shared report is readable as the user's other files are, not mkstemp's 0600); a
+    final name that is a symbolic link or not a regular file is refused before anything is
+    renamed (``os.replace`` itself never follows a link).
     """
 
     def __init__(self, folder: Path):
@@ -79,7 +88,10 @@ class Staged:
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=f".tmp{final.suffix}", dir=self.folder)
         except OSError as exc:
             raise PrivauditError(f"{final}: cannot be written ({exc.strerror or exc})") from None
-        os.close(fd)
+        try:
+            os.fchmod(fd, 0o666 & ~_umask())
+        finally:
+            os.close(fd)
         self.items.append((Path(tmp), final))
         return Path(tmp)
 

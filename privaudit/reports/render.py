@@ -278,6 +278,205 @@ def format_table(results: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Columns of the terminal: every line the CLI prints before the report path fits this width.
+CONSOLE_WIDTH = 100
+
+
+def wrap_lines(text: Any, width: int = CONSOLE_WIDTH, first: str = "", indent: str = "  ") -> list[str]:
+    """``text`` (one or more ``\n``-separated layers) wrapped at ``width`` columns: the first
+    layer after ``first``, continuation lines and later layers (a verdict's statistics beneath
+    its plain first line) indented by ``indent``. Long tokens are broken, so every line fits
+    whatever the text."""
+    import textwrap
+
+    layers = [_plain(layer) for layer in str(text).split("\n")] or [""]
+    out: list[str] = []
+    for k, layer in enumerate(layers):
+        if not layer.strip() and k:
+            continue
+        head = first if k == 0 else indent
+        out += textwrap.wrap(
+            layer.strip(),
+            width=width,
+            initial_indent=head,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+        ) or [head.rstrip()]
+    return out
+
+
+def _explained(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The verdicts with :mod:`privaudit.reports.headlines`' clauses beneath each sentence (a
+    second layer: which point is quoted and why, the headline's metric there, why a defense the
+    protocol defeats does not help)."""
+    from privaudit.reports import headlines
+
+    return [
+        {**v, "sentence": headlines.explained_sentence(v, results)}
+        for v in results.get("verdicts") or []
+        if isinstance(v, Mapping)
+    ]
+
+
+def verdict_lines(verdict: Mapping[str, Any], width: int = CONSOLE_WIDTH) -> list[str]:
+    """A verdict's sentence for the terminal: ``verdict: `` and its first layer, the layers
+    beneath (``\n`` in the sentence, or a separate ``detail`` entry) indented, all within
+    ``width`` columns."""
+    text = str(verdict.get("sentence", ""))
+    detail = verdict.get("detail")
+    if isinstance(detail, str) and detail.strip() and detail.strip() not in text:
+        text += "\n" + detail
+    return wrap_lines(text, width, first="verdict: ")
+
+
+def _short_verdict(row: Mapping[str, Any]) -> str:
+    """A row's verdict in a few words: the label with its one leaking metric named, or the
+    number of them, DP flags from the canary audit; the full label is in the report."""
+    label = rs.verdict_label(row)
+    if label.startswith("inconclusive ("):  # the reason is in the report
+        label = "inconclusive"
+    leak = list(row.get("leak_metrics") or [])
+    if str(row.get("verdict")) == "leaks" and len(leak) > 1:
+        label = f"leaks ({len(leak)} metrics)"
+    canary = rs.canary_text(row.get("canary")) or ""
+    if row.get("dp_violation") or canary.startswith("DP claim violated"):
+        label += " DP-VIOLATED"
+    elif canary.startswith("DP claim consistent"):
+        label += " DP-ok"
+    return label
+
+
+def console_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The terminal's decision table: the swept value, the attack's primary metric (seed mean ±
+    ci95), its prior-only baseline, the advantage with its bounds, the verdict and the main
+    utility. Every other column (further metrics, random guess, epsilon, seeds) is in the report."""
+    values, index = _summary_index(results)
+    verdicts = results.get("verdicts") or []
+    metrics = figures.figure_metrics(results)
+    primary = str(verdicts[0].get("metric")) if verdicts and verdicts[0].get("metric") else None
+    primary = primary or (metrics[0] if metrics else None)
+    utility = figures.utility_metric(results)
+    vrows = _verdict_rows(results)
+    has = lambda name: any((repr(v), name) in index for v in values)  # noqa: E731
+    header = [_sweep_label(results)]
+    if primary:
+        header.append(primary)
+    base = next((b for b in ("prior", "baseline") if primary and has(f"{b}.{primary}")), None)
+    if base:
+        header.append("prior" if base == "prior" else "random guess")
+    if vrows:
+        header += ["advantage [bounds]", "verdict"]
+    if utility and has(f"utility.{utility}"):
+        header.append(f"utility: {utility}")
+    rows = []
+    for v in values:
+        key = repr(v)
+        row = [fmt_value(v)]
+        if primary:
+            row.append(fmt_pm(*index.get((key, primary), (math.nan, math.nan))))
+        if base:
+            row.append(fmt(index.get((key, f"{base}.{primary}"), (math.nan, math.nan))[0]))
+        if vrows:
+            vr = vrows.get(key)
+            row.append(
+                rs.fmt_advantage(vr.get("advantage"), vr.get("advantage_high"), vr.get("advantage_low"))
+                if vr
+                else "n/a"
+            )
+            row.append(_short_verdict(vr) if vr else "n/a")
+        if utility and has(f"utility.{utility}"):
+            row.append(fmt_pm(*index.get((key, "utility." + utility), (math.nan, math.nan)), digits=3))
+        rows.append(row)
+    return header, rows
+
+
+def _header_tokens(text: str) -> list[str]:
+    """A header's pieces it may wrap between: words, and a dotted name after each dot
+    (``attack.`` / ``aux_fraction``)."""
+    return [t for word in text.split() for t in re.findall(r"[^.]+\.?|\.", word)]
+
+
+def _wrap_header(text: str, width: int) -> list[str]:
+    lines: list[str] = []
+    for token in _header_tokens(text):
+        glue = "" if lines and lines[-1].endswith(".") else " "
+        if lines and len(lines[-1]) + len(glue) + len(token) <= width:
+            lines[-1] += glue + token
+        else:
+            lines.append(token)
+    return lines or [""]
+
+
+def _numeric(cells: Sequence[str]) -> bool:
+    return all(not re.search(r"[A-Za-z]", c) for c in cells)
+
+
+def fit_table(header: Sequence[Any], rows: Sequence[Sequence[Any]], width: int = CONSOLE_WIDTH, left: int = 1) -> str:
+    """An aligned plain-text table no line of which is wider than ``width``: header names wrap
+    over several lines (bottom-aligned; between words and after the dots of a dotted name) down
+    to their column's widest cell, then the widest text columns, and only then numeric ones, are
+    cut with "…" until the table fits (the report holds every cell in full)."""
+    head = [_plain(h) for h in header]
+    body = [[_plain(c) for c in r] for r in rows]
+    n = len(head)
+    cells = [max([len(r[j]) for r in body] + [1]) for j in range(n)]
+    widths = [max(cells[j], len(head[j])) for j in range(n)]
+    numeric = [_numeric([r[j] for r in body]) for j in range(n)]
+
+    def total() -> int:
+        return sum(widths) + 2 * (n - 1)
+
+    # 1. header names over several lines, down to the column's cells (at least 6 columns wide)
+    for j in sorted(range(n), key=lambda j: len(head[j]) - cells[j], reverse=True):
+        if total() <= width:
+            break
+        widths[j] = max(cells[j], 6, max((len(t) for t in _header_tokens(head[j])), default=1))
+    # 2. the widest text columns cut, then (if still needed) the widest numeric ones
+    for numbers in (False, True):
+        while total() > width:
+            pool = [j for j in range(n) if numeric[j] == numbers and widths[j] > 6]
+            if not pool:
+                break
+            j = max(pool, key=lambda j: widths[j])
+            widths[j] = max(6, widths[j] - (total() - width))
+
+    def cut(text: str, w: int) -> str:
+        return text if len(text) <= w else text[: w - 1] + "…"
+
+    wrapped = [_wrap_header(h, widths[j]) for j, h in enumerate(head)]
+    depth = max(len(w) for w in wrapped)
+    wrapped = [[""] * (depth - len(w)) + w for w in wrapped]
+    just = lambda j, c: c.ljust(widths[j]) if j < left else c.rjust(widths[j])  # noqa: E731
+    lines = ["  ".join(just(j, cut(wrapped[j][d], widths[j])) for j in range(n)).rstrip() for d in range(depth)]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(just(j, cut(r[j], widths[j])) for j in range(n)).rstrip() for r in body]
+    return "\n".join(lines)
+
+
+def format_console(results: Mapping[str, Any], width: int = CONSOLE_WIDTH, report: str | None = None) -> str:
+    """What the CLI prints of an experiment, every line within ``width`` columns: the verdict
+    sentences (wrapped, their detail layers indented beneath), the decision table
+    (:func:`console_rows`), the ROC summary and notes; the full table is :func:`format_table`
+    and ``report.md`` (``report``: the folder named in the pointer line)."""
+    lines: list[str] = []
+    for v in _explained(results):
+        lines += verdict_lines(v, width)
+    lines.append(fit_table(*console_rows(results), width=width, left=1))
+    roc = roc_rows(results)
+    if roc:
+        lines += ["", fit_table(*roc, width=width, left=2)]
+    reasons = sorted({str(p.get("reason")) for p in results.get("points") or [] if p.get("reason")})
+    for reason in reasons:
+        lines += wrap_lines(f"the attack did not apply ({reason}); its metrics equal the baseline", width, "note: ")
+    header = console_rows(results)[0]
+    shown = {h.partition(": ")[2] for h in header} | set(header)
+    others = [m for m in figures.figure_metrics(results) if m not in shown]
+    where = f"{report.rstrip('/')}/report.md" if report else "report.md"
+    more = f"the other metrics ({', '.join(others)}), " if others else ""
+    lines += wrap_lines(f"{more}the random guess, ε and seeds per point: the full table in {where}", width, "note: ")
+    return "\n".join(lines)
+
+
 def _compact_columns(
     header: list[str], rows: list[list[Any]]
 ) -> tuple[list[str], list[list[Any]], list[tuple[str, str]]]:
@@ -569,7 +768,7 @@ def render_markdown(results: Mapping[str, Any], figure_stem: str, extra_figures:
     header, rows = table_rows(results)
     lines = [f"# privaudit report: {md_escape(results.get('attack'))} against {md_escape(results.get('protocol'))}", ""]
     lines += [f"> **Warning.** {md_escape(w)}\n" for w in key_warnings(results)]
-    for v in results.get("verdicts") or []:
+    for v in _explained(results):
         lines += [f"**Verdict.** {md_escape(v.get('sentence', ''))}", ""]
     lines += [f"- **{md_escape(k)}**: {md_escape(v)}" for k, v in _config_items(results)]
     lines += ["", "## Attack accuracy and utility", ""]
@@ -621,7 +820,7 @@ def render_html(
     parts = [
         f"<h1>{html.escape(title)}</h1>",
         *(f'<p class="note"><strong>Warning.</strong> {html.escape(w)}</p>' for w in key_warnings(results)),
-        html_verdicts(results.get("verdicts") or []),
+        html_verdicts(_explained(results)),
         html_config(_config_items(results)),
     ]
     parts.append("<h2>Attack accuracy and utility</h2>")
