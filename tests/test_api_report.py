@@ -11,6 +11,7 @@ import pytest
 import privaudit
 from privaudit.cli import main
 from privaudit.errors import PrivauditError
+from privaudit.report_schema import stamped
 from privaudit.reports.files import dumps_json
 from tests.dummies import write_csv
 
@@ -50,7 +51,8 @@ def test_write_report_writes_the_cli_folder(tmp_path, capsys):
     )
     results = exp.run()
     a = json.loads((cli / "results.json").read_text())
-    assert _no_timings(a) == _no_timings(json.loads(dumps_json(results)))  # the same run (NaN written as null)
+    # the same run (NaN written as null), stamped with the schema and privaudit versions when written
+    assert _no_timings(a) == _no_timings(json.loads(dumps_json(stamped(results, "results"))))
     # with the CLI run's timings (the per-point seconds are shown in report.html and results.csv)
     api = privaudit.write_report(_with_timings(results, a), tmp_path / "api", experiment=exp)
     names = sorted(p.name for p in cli.iterdir())
