@@ -37,12 +37,20 @@ def sent_models(view: View) -> dict[tuple[int, str], np.ndarray]:
     return out
 
 
-def client_uploads(view: View) -> dict[str, list[Upload]]:
-    """Every client's ``item_update`` uploads in round order."""
+def canary(config: dict) -> str | None:
+    """The canary client of a recording (``privaudit record --canaries``): not a victim."""
+    c = config.get("canaries")
+    return str(c["party"]) if isinstance(c, dict) and isinstance(c.get("party"), str) else None
+
+
+def client_uploads(view: View, include_canary: bool = False) -> dict[str, list[Upload]]:
+    """Every client's ``item_update`` uploads in round order (the canary client's only with
+    ``include_canary``)."""
     models = sent_models(view)
+    skip = None if include_canary else canary(view.config)
     out: dict[str, list[Upload]] = {}
     for m in view.select("item_update"):
-        if "items" not in m.payload or "values" not in m.payload:
+        if "items" not in m.payload or "values" not in m.payload or m.sender == skip:
             continue
         items = np.asarray(m.payload["items"], dtype=np.int64).ravel()
         values = np.asarray(m.payload["values"], dtype=np.float64).reshape(items.size, -1)
@@ -103,7 +111,10 @@ def missing_note(view: View) -> str:
 def uploaders(transcript: Transcript) -> list[str]:
     """Every client that uploaded item rows, in the clear or masked (the victims of a run)."""
     kinds = ("item_update", "masked_update")
-    return sorted({m.sender for m in transcript.messages if m.kind in kinds and m.receiver == "server"})
+    skip = canary(transcript.config)
+    return sorted(
+        {m.sender for m in transcript.messages if m.kind in kinds and m.receiver == "server" and m.sender != skip}
+    )
 
 
 def scored_victims(transcript: Transcript, parties) -> list[str]:

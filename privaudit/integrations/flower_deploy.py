@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 
 from privaudit.errors import PrivauditError
-from privaudit.integrations._flower_dp import _gaussian_claim, _local_dp, client_reported
+from privaudit.integrations._flower_dp import _gaussian_claim, _local_dp, adaptive_clipping, client_reported
+from privaudit.integrations._flower_mods import calling_client_app, dp_mods, is_dp_mod
 from privaudit.integrations._sidechannel import write_defenses, write_private
 from privaudit.integrations.flower import SIMULATION_DIR_ENV, FlowerRecorder, _defenses, _is_train, require_flwr
 from privaudit.integrations.schema_map import SchemaMap
@@ -102,7 +103,9 @@ def describe(obj: Any, rounds: int = 0, delta: float | None = None) -> list[dict
             out.append(_fixed_clipping(obj, rounds, DEFAULT_DELTA if delta is None else float(delta)))
         elif getattr(obj, "__name__", "") in ("fixedclipping_mod", "adaptiveclipping_mod"):
             out.append({"name": "flower-client-clipping", "mod": obj.__name__, "side": "client"})
-        elif "DifferentialPrivacy" in cls:  # adaptive clipping and future wrappers: named, not accounted
+        elif cls in ("DifferentialPrivacyServerSideAdaptiveClipping", "DifferentialPrivacyClientSideAdaptiveClipping"):
+            out.append(adaptive_clipping(obj, rounds, DEFAULT_DELTA if delta is None else float(delta)))
+        elif "DifferentialPrivacy" in cls:  # future wrappers: named, not accounted
             out.append({"name": "flower-dp", "strategy": cls, "note": "parameters not read by privaudit"})
         obj = getattr(obj, "strategy", None)
     return out
@@ -166,10 +169,13 @@ def client_mod(private_data: Callable[[Any], dict], defenses: Iterable[Any] = ()
     defenses = list(defenses)
 
     def described(context: Any) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         for d in defenses:
             obj = d if _is_flower_dp(d) else d(context)
             out += describe(obj) if obj is not None else []
+        # the stock mods of the ClientApp that runs this mod (ClientApp(mods=[LocalDpMod(...)])), unlisted
+        for obj in dp_mods(calling_client_app()):
+            out += [e for e in describe(obj) if e not in out]
         return out
 
     def mod(message: Any, context: Any, call_next: Callable) -> Any:
@@ -192,10 +198,7 @@ def client_mod(private_data: Callable[[Any], dict], defenses: Iterable[Any] = ()
 
 
 def _is_flower_dp(obj: Any) -> bool:
-    return type(obj).__name__ == "LocalDpMod" or getattr(obj, "__name__", "") in (
-        "fixedclipping_mod",
-        "adaptiveclipping_mod",
-    )
+    return is_dp_mod(obj)
 
 
 # --------------------------------------------------------------------------- server side
@@ -244,11 +247,12 @@ class _DeployRecorder:
     def defenses(self, strategy: Any, delta: float | None) -> list[dict[str, Any]]:
         """SecAgg+ (from the messages), the strategy's DP wrappers, the clients' DP mods."""
         train = [ev for ev in self.rec.events if ev.direction == "up" and _is_train(ev)]
-        rounds_run = len({ev.round for ev in train})
         per_node: dict[int, int] = {}
         for ev in train:
             per_node[ev.node] = per_node.get(ev.node, 0) + 1
-        out = _defenses(self.rec) + describe(strategy, rounds_run, delta)
+        if strategy is not None:  # given to record_run: described instead of the one the Grid saw
+            self.rec.strategy = strategy
+        out = _defenses(self.rec, delta)
         client_rounds = max(per_node.values(), default=0)
         return out + client_reported(self.client_defenses, self.reported, client_rounds)
 
