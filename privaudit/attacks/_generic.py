@@ -43,9 +43,11 @@ def canary(config: dict) -> str | None:
     return str(c["party"]) if isinstance(c, dict) and isinstance(c.get("party"), str) else None
 
 
-def client_uploads(view: View, include_canary: bool = False) -> dict[str, list[Upload]]:
+def client_uploads(view: View, include_canary: bool = False, floor: bool = True) -> dict[str, list[Upload]]:
     """Every client's ``item_update`` uploads in round order (the canary client's only with
-    ``include_canary``)."""
+    ``include_canary``). With ``floor``, an upload that changes every row of the whole matrix
+    keeps only the rows that moved beyond its noise floor (:func:`moved_rows`: a DP mod's noise
+    moves every row)."""
     models = sent_models(view)
     skip = None if include_canary else canary(view.config)
     out: dict[str, list[Upload]] = {}
@@ -60,15 +62,47 @@ def client_uploads(view: View, include_canary: bool = False) -> dict[str, list[U
             delta = values - sent if sent is not None else None
         else:
             delta = values
+        if floor and delta is not None and V is not None and items.size == V.shape[0] >= 8:
+            keep = moved_rows(delta)
+            items, delta, sent = items[keep], delta[keep], (sent[keep] if sent is not None else None)
         out.setdefault(m.sender, []).append(Upload(m.round, items, delta, sent))
     return out
 
 
-def changed_items(up: Upload) -> np.ndarray:
-    """Ids of the rows an upload changed (every uploaded row when the change is unknown)."""
+#: false-positive rate per upload of the noise floor (:func:`moved_rows`), Bonferroni over its rows
+NOISE_LEVEL = 1e-3
+#: the lower quantile of the squared row changes that estimates the noise variance
+_NOISE_QUANTILE = 0.25
+
+
+def moved_rows(delta: np.ndarray, whole: bool = True) -> np.ndarray:
+    """Mask of the rows of an upload's changes (n x K) that moved beyond its noise floor.
+
+    Rows no client trained change only by the noise a DP mod adds (``LocalDpMod``: N(0, s^2) on
+    every entry), so when an upload changes every row of the whole matrix (``whole``) and fewer
+    than a quarter of its rows are exactly unchanged, the noise variance is estimated from the
+    rows: s^2 = the lower quartile of |delta_i|^2 over the chi-square(K) lower quartile (most rows
+    are untrained); a row moved when |delta_i|^2 exceeds s^2 chi2.isf(NOISE_LEVEL / n, K).
+    Otherwise (no noise: untouched rows are exactly 0) every nonzero row moved."""
+    sq = np.sum(np.asarray(delta, dtype=np.float64) ** 2, axis=1)
+    nonzero = sq > 0
+    n, k = delta.shape if delta.ndim == 2 else (sq.size, 1)
+    if not whole or n < 8 or np.mean(~nonzero) >= _NOISE_QUANTILE:
+        return nonzero
+    from scipy.stats import chi2
+
+    var = float(np.quantile(sq, _NOISE_QUANTILE)) / float(chi2.ppf(_NOISE_QUANTILE, k))
+    return sq > var * float(chi2.isf(NOISE_LEVEL / n, k))
+
+
+def changed_items(up: Upload, n_items: int | None = None) -> np.ndarray:
+    """Ids of the rows an upload changed beyond its noise floor (:func:`moved_rows`; every
+    uploaded row when the change is unknown). ``n_items``: the upload covers the whole matrix
+    when it lists that many rows (default: when it lists at least 8 rows and every id below them)."""
     if up.delta is None:
         return np.unique(up.items)
-    return np.unique(up.items[np.any(up.delta != 0, axis=1)])
+    whole = up.items.size == n_items if n_items else (up.items.size >= 8 and up.items.max() + 1 == up.items.size)
+    return np.unique(up.items[moved_rows(up.delta, whole)])
 
 
 def truth_items(transcript: Transcript, party: str) -> np.ndarray:

@@ -175,7 +175,7 @@ def canary_check(transcript: Any, confidence: float = 0.95) -> dict[str, Any] | 
     c = cfg["canaries"]
     bits = np.asarray(msgs[0].payload.get("bits", np.zeros(0)), dtype=np.int64).ravel()
     m = bits.size
-    ups = client_uploads(transcript.view("server"), include_canary=True).get(party, [])
+    ups = client_uploads(transcript.view("server"), include_canary=True, floor=False).get(party, [])
     scores = np.zeros(m)
     rounds = 0
     for up in ups:

@@ -16,7 +16,5 @@ def train(msg: Message, context: Context) -> Message:
     V = msg.content["arrays"].to_numpy_ndarrays()[0]
     items, ratings = user_data(context.run_config, int(context.node_config["partition-id"]))
     V_new = local_train(V, items, ratings, context.run_config)
-    content = RecordDict(
-        {"arrays": ArrayRecord([V_new]), "metrics": MetricRecord({"num-examples": int(items.size)})}
-    )
+    content = RecordDict({"arrays": ArrayRecord([V_new]), "metrics": MetricRecord({"num-examples": int(items.size)})})
     return Message(content, reply_to=msg)
