@@ -10,7 +10,7 @@ receivers, payload ``V``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,15 +25,35 @@ class Upload:
     items: np.ndarray  # (n,) int64
     delta: np.ndarray | None  # (n, K) float64 new - old, None when the sent model is unknown
     sent: np.ndarray | None  # (n, K) rows of the model the client was sent, or None
+    #: other uploaded per-item arrays (e.g. item biases): name -> change of the upload's items (n,)
+    extras: dict = field(default_factory=dict)
 
 
 def sent_models(view: View) -> dict[tuple[int, str], np.ndarray]:
     """(round, client) -> the ``V`` the server sent that client (from its ``state`` messages)."""
-    out: dict[tuple[int, str], np.ndarray] = {}
+    return {key: np.asarray(p["V"], dtype=np.float64) for key, p in sent_payloads(view).items()}
+
+
+def sent_payloads(view: View) -> dict[tuple[int, str], dict[str, np.ndarray]]:
+    """(round, client) -> the whole model payload the server sent that client (``V`` and the rest)."""
+    out: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     for m in view.select("state"):
         if m.meta.get("of") == "model" and "V" in m.payload:
             for party in m.meta.get("to", []):
-                out[(m.round, party)] = np.asarray(m.payload["V"], dtype=np.float64)
+                out[(m.round, party)] = m.payload
+    return out
+
+
+def _per_item_changes(payload: dict, sent: dict | None, m: int, items: np.ndarray) -> dict[str, np.ndarray]:
+    """Changes of the uploaded 1-D float arrays of ``m`` entries (per-item arrays such as item
+    biases) against the same arrays of the model sent, at ``items``."""
+    out: dict[str, np.ndarray] = {}
+    for name, a in payload.items():
+        if name in ("items", "values") or sent is None or name not in sent:
+            continue
+        a, b = np.asarray(a), np.asarray(sent[name])
+        if a.ndim == 1 and a.shape == b.shape == (m,) and a.dtype.kind == "f" and b.dtype.kind == "f":
+            out[name] = (a.astype(np.float64) - b.astype(np.float64))[items]
     return out
 
 
@@ -48,7 +68,8 @@ def client_uploads(view: View, include_canary: bool = False, floor: bool = True)
     ``include_canary``). With ``floor``, an upload that changes every row of the whole matrix
     keeps only the rows that moved beyond its noise floor (:func:`moved_rows`: a DP mod's noise
     moves every row)."""
-    models = sent_models(view)
+    payloads = sent_payloads(view)
+    models = {key: np.asarray(p["V"], dtype=np.float64) for key, p in payloads.items()}
     skip = None if include_canary else canary(view.config)
     out: dict[str, list[Upload]] = {}
     for m in view.select("item_update"):
@@ -65,7 +86,10 @@ def client_uploads(view: View, include_canary: bool = False, floor: bool = True)
         if floor and delta is not None and V is not None and items.size == V.shape[0] >= 8:
             keep = moved_rows(delta)
             items, delta, sent = items[keep], delta[keep], (sent[keep] if sent is not None else None)
-        out.setdefault(m.sender, []).append(Upload(m.round, items, delta, sent))
+        extras = (
+            _per_item_changes(m.payload, payloads.get((m.round, m.sender)), V.shape[0], items) if V is not None else {}
+        )
+        out.setdefault(m.sender, []).append(Upload(m.round, items, delta, sent, extras))
     return out
 
 
