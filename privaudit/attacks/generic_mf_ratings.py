@@ -364,6 +364,7 @@ class GenericMFRatings(Attack):
             grid_res, rank_res, other_res = decoded[0][0], decoded[0][1], decoded[0][4]
             # claimed: exact and unique (the mirrored ratings of the other sign are off the grid)
             claimed = rank_res < self.rank_tol and grid_res < self.grid_tol <= other_res
+            claimed = claimed and not getattr(hp, "fit_mean", False)
             victims[party] = {
                 "items": items,
                 "ratings": snap(raw, grid),
@@ -378,7 +379,8 @@ class GenericMFRatings(Attack):
                 f"the uploads do not decode onto the rating grid (median RMS distance {np.median(residuals):.2f} "
                 f"of a step > {self.max_grid_residual}): the clients do not run the plain-MF steps this attack models"
             )
-        _settle_mirrors(victims, mean, self.grid_tol)
+        if not getattr(hp, "fit_mean", False):  # a mean fitted per client makes every mirror fit: no claims
+            _settle_mirrors(victims, mean, self.grid_tol)
         meta = {"clients": len(victims), **hp.describe(), "global_mean": known}
         return Reconstruction(self.name, self.party, victims, meta=meta)
 
@@ -554,6 +556,26 @@ _MIN_SPREAD = 0.3
 _SEARCH_ROWS = 60
 
 
+#: rows per client of the search with an unknown mean (three unknowns: a smaller search)
+_MEAN_ROWS = 30
+
+
+def _search_with_mean(base: np.ndarray, grid: np.ndarray, step: float) -> tuple[float, float, float, float]:
+    """(cost, 1/kappa, rho, mu) of the grid search with an unknown mean (mu on half rating steps
+    across the rating range; the first ``_MEAN_ROWS`` rows): ``base`` (rows x rho x 1/kappa)
+    holds the decodes without it. Decodes that put every rating on one value (spread below
+    ``_MIN_SPREAD`` steps) are refused."""
+    base = base[:_MEAN_ROWS]
+    flat = base.std(axis=0) < _MIN_SPREAD * step
+    best = (np.inf, 1.0, 0.0, 0.0)
+    for mu in np.arange(grid[0], grid[-1] + step / 4, step / 2):
+        costs = np.where(flat, np.inf, np.mean(_grid_residual(base + mu, grid) ** 2, axis=0))
+        i, j = np.unravel_index(int(np.argmin(costs)), costs.shape)
+        if costs[i, j] < best[0]:
+            best = (float(costs[i, j]), _INV_KAPPA[j], _RHO[i], float(mu))
+    return best
+
+
 @dataclass(frozen=True)
 class EstimatedSteps:
     """Local training whose hyperparameters are not public: only the decay c^T (estimated);
@@ -575,20 +597,18 @@ class EstimatedSteps:
         _, s, vt = np.linalg.svd(D, full_matrices=False)
         rank_res = float(s[1] / s[0]) if s.size > 1 and s[0] > 0 else (0.0 if s.size and s[0] > 0 else 1.0)
         step = float(grid[1] - grid[0]) if grid.size > 1 else 1.0
-        mus = np.arange(grid[0], grid[-1] + step / 4, step / 2) if self.fit_mean else np.zeros(1)
         fits = []
         for d in (vt[0], -vt[0]):
             alpha, beta = D @ d, V @ d
             sub = slice(0, _SEARCH_ROWS)
             base = alpha[sub, None, None] * _INV_KAPPA[None, None, :] - beta[sub, None, None] * _RHO[None, :, None]
             best = (np.inf, 1.0, 0.0, 0.0)
-            # a fit that puts every rating on one grid value is no decode (inv_kappa -> 0, mu on the grid)
-            flat = base.std(axis=0) < _MIN_SPREAD * step if self.fit_mean else np.zeros(base.shape[1:], dtype=bool)
-            for mu in mus:
-                costs = np.where(flat, np.inf, np.mean(_grid_residual(base + mu, grid) ** 2, axis=0))
+            if self.fit_mean:
+                best = _search_with_mean(base, grid, step)
+            else:
+                costs = np.mean(_grid_residual(base, grid) ** 2, axis=0)
                 i, j = np.unravel_index(int(np.argmin(costs)), costs.shape)
-                if costs[i, j] < best[0]:
-                    best = (float(costs[i, j]), _INV_KAPPA[j], _RHO[i], float(mu))
+                best = (float(costs[i, j]), _INV_KAPPA[j], _RHO[i], 0.0)
             _, inv_k, rho, mu = best
             for _ in range(5):  # least squares: alpha = kappa y + kappa rho beta - kappa mu at the snapped y
                 y = snap(alpha * inv_k - rho * beta + mu, grid)
