@@ -120,6 +120,8 @@ def _check_local_dp(e: dict[str, Any]) -> dict[str, Any] | None:
     clip, sens, eps, delta = (_num(e, k) for k in ("clipping_norm", "sensitivity", "epsilon", "delta"))
     if clip is None or sens is None or eps is None or delta is None or not 0 < delta < 1:
         return None
+    if not (clip > 0 and sens >= 0 and eps > 0):  # Flower refuses these (or divides by zero)
+        return None
     rounds = int(_num(e, "rounds") or 1)
     true_sens = 2.0 * clip
     std = sens * math.sqrt(2.0 * math.log(1.25 / delta)) / eps if eps > 0 else math.inf

@@ -166,6 +166,7 @@ def canary_check(transcript: Any, confidence: float = 0.95) -> dict[str, Any] | 
     LocalDpMod's over the canary client's uploads (None without one)."""
     from privaudit.attacks._generic import client_uploads
     from privaudit.canary import canary_bound
+    from privaudit.integrations._flower_dp import check_claims
 
     cfg = transcript.config
     party = canary_party(cfg)
@@ -173,7 +174,12 @@ def canary_check(transcript: Any, confidence: float = 0.95) -> dict[str, Any] | 
     if party is None or not msgs:
         return None
     c = cfg["canaries"]
-    bits = np.asarray(msgs[0].payload.get("bits", np.zeros(0)), dtype=np.int64).ravel()
+    if not all(isinstance(c.get(k), int) and not isinstance(c.get(k), bool) and c[k] >= 0 for k in ("seed", "size")):
+        return None  # a hand-edited config: nothing to check against
+    bits = np.asarray(msgs[0].payload.get("bits", np.zeros(0))).ravel()
+    if bits.dtype.kind not in "iu" or not np.isin(bits, (-1, 1)).all() or not 2 <= bits.size <= c["size"] // 2:
+        return None
+    bits = bits.astype(np.int64)
     m = bits.size
     ups = client_uploads(transcript.view("server"), include_canary=True, floor=False).get(party, [])
     scores = np.zeros(m)
@@ -188,7 +194,11 @@ def canary_check(transcript: Any, confidence: float = 0.95) -> dict[str, Any] | 
         full[up.items] = up.delta
         scores += full.ravel()[coordinates(int(c["seed"]), V.size, m)]
         rounds += 1
-    local = [d for d in cfg.get("defenses", []) if isinstance(d, dict) and d.get("name") == "flower-local-dp"]
+    local = [
+        d
+        for d in cfg.get("defenses", [])
+        if isinstance(d, dict) and d.get("name") == "flower-local-dp" and check_claims([d])
+    ]
     delta = float(local[0]["delta"]) if local else 1e-5
     out = canary_bound(scores, bits, delta=delta, confidence=confidence)
     out["ceiling"] = canary_bound(bits.astype(float), bits, delta=delta, confidence=confidence)["epsilon_lb"]
