@@ -20,7 +20,7 @@ def stock_defenses(
     train : the recorder's train-reply events (``node``, ``round``)
     delta : delta of the fixed-clipping accounting (None: the wrapper's accountant or 1e-5)
     """
-    from privaudit.integrations.flower_deploy import describe
+    from privaudit.integrations._flower_dp import describe
 
     rounds = sorted({ev.round for ev in train})
     per_node: dict[int, int] = {}
