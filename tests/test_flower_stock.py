@@ -283,3 +283,77 @@ def test_plain_fedavg_mf_ratings_from_its_run_config_on_movielens(tmp_path):
     assert out.reconstruction.meta["fit_mean"] is True
     assert out.metrics["accuracy"] > out.baseline_prior["accuracy"] + 0.2
     assert math.isfinite(out.metrics["rmse"])
+
+
+# --------------------------------------------------------------------------- deployment engine
+
+#: the test app's ServerApp with the deployment hook (record_run, strategy not given) and a DP wrapper
+DEPLOY_SERVER = """
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+
+from localdp_mf.task import init_items, public_info
+from privaudit.integrations.flower_deploy import record_run
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    nodes = len(list(grid.get_node_ids()))
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=nodes, min_available_nodes=nodes)
+    strategy = DifferentialPrivacyServerSideFixedClipping(strategy, 0.8, 0.5, nodes)
+    with record_run(grid, context, public_info=public_info) as grid:
+        strategy.start(
+            grid=grid,
+            initial_arrays=ArrayRecord([init_items(context.run_config)]),
+            num_rounds=int(context.run_config["num-server-rounds"]),
+            train_config=ConfigRecord(),
+        )
+"""
+
+
+def test_deployment_hooks_find_the_stock_mod_and_the_strategy_wrapper(tmp_path):
+    """The app with the deployment engine's two hooks (``client_mod(private_data)`` first in its
+    mods, ``record_run`` without the strategy) run in process as SuperNodes run it: the stock
+    LocalDpMod it does not list and the DP wrapper of its strategy are both recorded."""
+    from flwr.app import Context, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    app = _variant(tmp_path, CONSISTENT)
+    pkg = app / "localdp_mf"
+    client = (pkg / "client_app.py").read_text()
+    hook = "from privaudit.integrations.flower_deploy import client_mod\n\nfrom localdp_mf.task import private_data\n\n"
+    client = client.replace("app = ClientApp(mods=[", hook + "app = ClientApp(mods=[client_mod(private_data), ")
+    (pkg / "client_app.py").write_text(client)
+    (pkg / "server_app.py").write_text(DEPLOY_SERVER)
+    for name in [n for n in sys.modules if n == "localdp_mf" or n.startswith("localdp_mf.")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(app))
+    try:
+        from localdp_mf import client_app, server_app
+    finally:
+        sys.path.remove(str(app))
+    out = tmp_path / "deploy.ptx"
+    from privaudit.integrations.flower import load_app
+
+    cfg = {**load_app(app).config, "privaudit-out": str(out)}
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, SUPERLINK_NODE_ID
+    grid = LoopGrid(client_app.app, cfg, 4)
+    server_app.main(
+        grid, Context(run_id=7, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(), run_config=cfg)
+    )
+    t = load(out)
+    names = sorted(d["name"] for d in t.config["defenses"])
+    assert names == ["flower-dp-server-fixed-clipping", "flower-local-dp"], t.config["defenses"]
+    local = next(d for d in t.config["defenses"] if d["name"] == "flower-local-dp")
+    assert local["reported_by_clients"] == 4 and local["rounds"] == 2 and local["sensitivity"] == 2.0
+    fixed = next(d for d in t.config["defenses"] if d["name"] == "flower-dp-server-fixed-clipping")
+    assert fixed["noise_multiplier"] == 0.8 and fixed["rounds"] == 2
+    claims = {c["component"]: c for c in check_claims(t.config["defenses"])}
+    assert (
+        claims["LocalDpMod"]["holds"]
+        and "the server sees every raw upload" in claims["DifferentialPrivacyServerSideFixedClipping"]["reason"]
+    )
