@@ -201,6 +201,8 @@ def canary_check(transcript: Any, confidence: float = 0.95) -> dict[str, Any] | 
     ]
     delta = float(local[0]["delta"]) if local else 1e-5
     out = canary_bound(scores, bits, delta=delta, confidence=confidence)
+    # the ceiling: the bound of a guesser that knew every bit (its guesses on each side are
+    # capped by how many bits of that sign there are)
     out["ceiling"] = canary_bound(bits.astype(float), bits, delta=delta, confidence=confidence)["epsilon_lb"]
     out.update({"rounds": rounds, "delta": delta, "party": party, "claimed_epsilon": None, "delivered_epsilon": None})
     if local and rounds:
