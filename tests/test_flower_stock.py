@@ -142,7 +142,7 @@ def test_a_stock_local_dp_mod_is_recorded_and_its_claim_fails(misconfigured):
     assert "Flower defenses: LocalDpMod (clipping_norm=1, sensitivity=0.0001, epsilon=10, delta=1e-05)" in output
     (entry,) = t.config["defenses"]
     assert entry["name"] == "flower-local-dp" and entry["detected"] == "the ClientApp's mods"
-    assert entry["rounds"] == 2 and entry["mechanism_sensitivity"] == 2.0
+    assert entry["rounds"] == 2 and entry["mechanism_sensitivity"] == 2.0 and entry["reported_by_clients"] == 4
     result = audit_transcript(t, ["generic-trained-items"])  # dp_claims and canaries come with any audit
     (claim,) = result["dp_claims"]
     assert set(claim) == {"component", "claimed_epsilon", "delivered_epsilon", "holds", "reason"}

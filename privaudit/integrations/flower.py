@@ -599,7 +599,13 @@ def _defenses(rec: FlowerRecorder, delta: float | None = None) -> list[dict[str,
     from privaudit.integrations._flower_stock import stock_defenses
 
     out = _secaggplus(rec)
-    train = [ev for ev in rec.events if ev.direction == "up" and _is_train(ev)]
+    canary = None
+    if rec.canary is not None:  # the canary client's replies are not a client's uploads
+        from privaudit.integrations.flower_canary import read_canary
+
+        got = read_canary(rec.run_dir)
+        canary = int(got[0].get("node", -1)) if got is not None else None
+    train = [ev for ev in rec.events if ev.direction == "up" and _is_train(ev) and ev.node != canary]
     per_node: dict[int, int] = {}
     for ev in train:
         per_node[ev.node] = per_node.get(ev.node, 0) + 1
