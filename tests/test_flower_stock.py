@@ -282,7 +282,7 @@ def test_plain_fedavg_mf_ratings_from_its_run_config_on_movielens(tmp_path):
     hidden.config = {**t.config, "flower_run_config": run}
     out = registry.get("attack", "generic-mf-ratings-estimated")().evaluate(hidden, np.random.default_rng(0))
     assert out.reconstruction.meta["fit_mean"] is True
-    assert out.metrics["accuracy"] > out.baseline_prior["accuracy"] + 0.2
+    assert out.metrics["accuracy"] >= 0.9 > out.baseline_prior["accuracy"] + 0.5  # measured 0.972 (prior 0.303)
     assert math.isfinite(out.metrics["rmse"])
 
 

@@ -228,6 +228,49 @@ def known_mean(config: dict, key: str = "") -> float | None:
     return config_value(config, "global_mean", key)[0]
 
 
+def _agree_mirrors(victims: dict[str, dict[str, np.ndarray]], centre: float, grid: np.ndarray) -> None:
+    """With a mean fitted per client both mirrors of each client's ratings fit the grid. The
+    mirrors are chosen together: the assignment maximising the agreement of the clients'
+    deviations from their own mean on the items they share (sum over pairs; every assignment for
+    up to 14 clients, else flips of one client at a time until none helps), oriented as a whole
+    so that more ratings lie above the grid's centre (ratings skew high)."""
+    parties = list(victims)
+    n = len(parties)
+    if n < 2:
+        return
+    dev = []
+    for p in parties:
+        r = victims[p]["ratings"]
+        dev.append(dict(zip(victims[p]["items"].tolist(), (r - r.mean()).tolist())))
+    agree = np.zeros((n, n))
+    for a in range(n):
+        for b in range(a + 1, n):
+            shared = dev[a].keys() & dev[b].keys()
+            agree[a, b] = agree[b, a] = sum(dev[a][i] * dev[b][i] for i in shared)
+    if not agree.any():
+        return
+    if n <= 14:
+        signs = ((np.arange(2 ** (n - 1))[:, None] >> np.arange(n)) & 1) * -2 + 1  # client n-1 fixed at +1
+        best = signs[int(np.argmax(np.einsum("ki,ij,kj->k", signs, agree, signs)))]
+    else:
+        best = np.ones(n)
+        for _ in range(10 * n):
+            gain = -2 * best * (agree @ best)  # change of the objective / 2 when one client flips
+            k = int(np.argmax(gain))
+            if gain[k] <= 0:
+                break
+            best[k] = -best[k]
+    above = sum(
+        float(np.sum(victims[p]["ratings"] > centre) - np.sum(victims[p]["ratings"] < centre)) * best[k]
+        for k, p in enumerate(parties)
+    )
+    best = best if above >= 0 else -best
+    for k, p in enumerate(parties):
+        if best[k] < 0:
+            victims[p]["raw"] = 2 * centre - victims[p]["raw"]
+            victims[p]["ratings"] = snap(victims[p]["raw"], grid)
+
+
 def global_mean(config: dict) -> float:
     """The public global mean the clients centre ratings by (0 when absent)."""
     return known_mean(config) or 0.0
@@ -381,6 +424,8 @@ class GenericMFRatings(Attack):
             )
         if not getattr(hp, "fit_mean", False):  # a mean fitted per client makes every mirror fit: no claims
             _settle_mirrors(victims, mean, self.grid_tol)
+        else:
+            _agree_mirrors(victims, float(grid[0] + grid[-1]) / 2, grid)
         meta = {"clients": len(victims), **hp.describe(), "global_mean": known}
         return Reconstruction(self.name, self.party, victims, meta=meta)
 
