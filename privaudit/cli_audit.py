@@ -219,6 +219,10 @@ def _audit_transcript(args: argparse.Namespace) -> int:
     _say(recorded.format_audit(result))
     for d in result["defenses"]:
         _say(f"defense: {', '.join(f'{k}={v}' for k, v in d.items())}")
+    for c in result.get("dp_claims", []):  # one line each: the claim checked against the mechanism
+        _say(f"dp claim: {c['reason']}")
+    if result.get("canaries"):
+        _say(result["canaries"]["line"])
     if not result["private_included"]:
         print("note: the transcript holds no private messages: nothing to score against")
     _say(f"audit written to {out}/")
@@ -251,6 +255,14 @@ def _record_args(p: argparse.ArgumentParser) -> None:
         metavar="C",
         help="CPUs Ray reserves per client run (default 2, Flower's; worker processes = CPUs / C)",
     )
+    p.add_argument(
+        "--canaries",
+        type=int,
+        default=-1,
+        metavar="M",
+        help="canaries of one more node, a canary client that tests the run's DP (0: none; default: 1000 "
+        "when the ClientApp has a LocalDpMod, else none)",
+    )
     p.add_argument("-o", "--output", required=True, metavar="FILE.ptx", help="transcript file to write")
     p.add_argument(
         "--no-private",
@@ -278,6 +290,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     from privaudit.integrations import flower
 
     _check_writable(args.output, args.force, "-o FILE", folder=False)
+    if not -1 <= args.canaries <= 100_000:
+        raise PrivauditError(f"--canaries must be in [0, 100000] (or -1: the default), got {args.canaries}")
     app = flower.load_app(args.flower)
     overrides = flower.parse_overrides(args.run_config, app.config)
     print(f"recording {args.clients} simulated clients of {printable(app.name)} (Ctrl-C stops it) ...", flush=True)
@@ -289,6 +303,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         run_config=overrides,
         private=not args.no_private,
         cpus_per_client=args.cpus_per_client,
+        canaries=args.canaries,
     )
     defenses = ", ".join(str(d) for d in summary["defenses"]) or "none"
     print(
@@ -297,6 +312,8 @@ def cmd_record(args: argparse.Namespace) -> int:
             f"{summary['seconds']:.1f} s of simulation; Flower defenses: {defenses})"
         )
     )
+    for c in summary.get("dp_claims", []):
+        print(printable(f"dp claim: {c['reason']}"))
     if summary["errors"]:
         first = printable(summary["first_error"])
         print(f"warning: {summary['errors']} client replies were errors (first: {first})", file=sys.stderr)

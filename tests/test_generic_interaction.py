@@ -53,12 +53,24 @@ def test_one_upload_separates_positives_where_the_changed_rows_cannot():
     assert roc.groups is not None and roc.labels.sum() == 12 * 8
 
 
-def test_the_negative_ratio_must_be_known():
-    t = _gmf_like()
+def test_the_negative_ratio_is_estimated_from_the_uploads_without_a_config_key():
+    t = _gmf_like(rounds=3)
     t.config.pop("negatives")
     out = _evaluate("generic-interaction-inference", t)
-    assert not out.reconstruction.supported and "negatives" in out.reconstruction.reason
-    assert _evaluate("generic-interaction-inference", t, negatives=4).metrics["f1"] == 1.0
+    assert out.reconstruction.meta["negatives_from"] == "estimated from the uploads"
+    assert out.reconstruction.meta["negatives"] == 4 and out.metrics["f1"] == 1.0
+    # an app's own name for it in the recorded Flower run config
+    t.config["flower_run_config"] = {"num-negatives": 4}
+    assert (
+        _evaluate("generic-interaction-inference", t).reconstruction.meta["negatives_from"]
+        == "run config 'num-negatives'"
+    )
+    # one upload per client: nothing to estimate it from
+    once = _gmf_like(rounds=1)
+    once.config.pop("negatives")
+    out = _evaluate("generic-interaction-inference", once)
+    assert not out.reconstruction.supported and "no client uploaded twice" in out.reconstruction.reason
+    assert _evaluate("generic-interaction-inference", once, negatives=4).metrics["f1"] == 1.0
 
 
 @pytest.mark.slow

@@ -1432,3 +1432,51 @@ def test_transcript_audit_folder_is_named_after_the_transcript(tmp_path, capsys,
     assert rc == 0, err
     assert (tmp_path / "privaudit-report" / f"{base_ptx.stem}-audit" / "audit.json").is_file()
     assert f"privaudit-report/{base_ptx.stem}-audit/" in out
+
+
+# ---------------------------------------------------------------- flowerdp: DP claims, canaries
+
+
+@pytest.mark.parametrize("value", ["-2", "100001"])
+def test_record_canaries_out_of_range_is_one_line_before_any_run(tmp_path, capsys, value):
+    app = ROOT / "tests" / "flower_apps" / "localdp_mf"
+    code, out, err = _main(["record", "--flower", str(app), "--canaries", value, "-o", str(tmp_path / "r.ptx")], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "--canaries must be in [0, 100000]" in err and not (tmp_path / "r.ptx").exists()
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"name": "flower-local-dp", "clipping_norm": "1", "sensitivity": 1.0, "epsilon": 1.0, "delta": 1e-5},
+        {"name": "flower-local-dp", "clipping_norm": 1.0, "sensitivity": 1.0, "epsilon": 0.0, "delta": 1e-5},
+        {"name": "flower-local-dp", "clipping_norm": 1.0, "sensitivity": float("nan"), "epsilon": 1.0, "delta": 1e-5},
+        {"name": "flower-local-dp", "clipping_norm": -1.0, "sensitivity": 1.0, "epsilon": 1.0, "delta": 1e-5},
+        {"name": "flower-local-dp", "clipping_norm": 1.0, "sensitivity": 1.0, "epsilon": 1.0, "delta": 2.0},
+        {"name": "flower-dp-adaptive-clipping", "noise_multiplier": True, "clipped_count_stddev": 1.0, "rounds": 3},
+        {"name": "flower-dp-server-fixed-clipping", "noise_multiplier": 1.0, "clipping_norm": 1.0},
+    ],
+)
+def test_dp_claims_skip_malformed_recorded_entries(entry):
+    from privaudit.integrations._flower_dp import check_claims
+
+    assert check_claims([entry, None, "text"]) == []
+
+
+@pytest.mark.parametrize(
+    "canaries, bits",
+    [
+        ({"party": "client:0", "size": 40}, np.ones(10, dtype=np.int64)),  # no seed
+        ({"party": "client:0", "seed": 0, "size": 40}, np.full(10, 3, dtype=np.int64)),  # bits not +-1
+        ({"party": "client:0", "seed": 0, "size": 10}, np.ones(10, dtype=np.int64)),  # more bits than size / 2
+        ({"party": "client:0", "seed": 0, "size": 40}, np.ones(10)),  # float bits
+        ({"party": 3, "seed": 0, "size": 40}, np.ones(10, dtype=np.int64)),  # party not a string
+    ],
+)
+def test_canary_check_ignores_a_hand_edited_canary_config(canaries, bits):
+    from privaudit.integrations.flower_canary import canary_check
+    from privaudit.transcript import Transcript
+
+    t = Transcript("flower", config={"canaries": canaries, "n_items": 10}, parties=["server", "client:0"])
+    t.add(0, "client:0", "client:0", "canary_bits", {"bits": bits})
+    assert canary_check(t) is None

@@ -10,7 +10,7 @@ receivers, payload ``V``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,24 +25,55 @@ class Upload:
     items: np.ndarray  # (n,) int64
     delta: np.ndarray | None  # (n, K) float64 new - old, None when the sent model is unknown
     sent: np.ndarray | None  # (n, K) rows of the model the client was sent, or None
+    #: other uploaded per-item arrays (e.g. item biases): name -> change of the upload's items (n,)
+    extras: dict = field(default_factory=dict)
 
 
 def sent_models(view: View) -> dict[tuple[int, str], np.ndarray]:
     """(round, client) -> the ``V`` the server sent that client (from its ``state`` messages)."""
-    out: dict[tuple[int, str], np.ndarray] = {}
+    return {key: np.asarray(p["V"], dtype=np.float64) for key, p in sent_payloads(view).items()}
+
+
+def sent_payloads(view: View) -> dict[tuple[int, str], dict[str, np.ndarray]]:
+    """(round, client) -> the whole model payload the server sent that client (``V`` and the rest)."""
+    out: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     for m in view.select("state"):
         if m.meta.get("of") == "model" and "V" in m.payload:
             for party in m.meta.get("to", []):
-                out[(m.round, party)] = np.asarray(m.payload["V"], dtype=np.float64)
+                out[(m.round, party)] = m.payload
     return out
 
 
-def client_uploads(view: View) -> dict[str, list[Upload]]:
-    """Every client's ``item_update`` uploads in round order."""
-    models = sent_models(view)
+def _per_item_changes(payload: dict, sent: dict | None, m: int, items: np.ndarray) -> dict[str, np.ndarray]:
+    """Changes of the uploaded 1-D float arrays of ``m`` entries (per-item arrays such as item
+    biases) against the same arrays of the model sent, at ``items``."""
+    out: dict[str, np.ndarray] = {}
+    for name, a in payload.items():
+        if name in ("items", "values") or sent is None or name not in sent:
+            continue
+        a, b = np.asarray(a), np.asarray(sent[name])
+        if a.ndim == 1 and a.shape == b.shape == (m,) and a.dtype.kind == "f" and b.dtype.kind == "f":
+            out[name] = (a.astype(np.float64) - b.astype(np.float64))[items]
+    return out
+
+
+def canary(config: dict) -> str | None:
+    """The canary client of a recording (``privaudit record --canaries``): not a victim."""
+    c = config.get("canaries")
+    return str(c["party"]) if isinstance(c, dict) and isinstance(c.get("party"), str) else None
+
+
+def client_uploads(view: View, include_canary: bool = False, floor: bool = True) -> dict[str, list[Upload]]:
+    """Every client's ``item_update`` uploads in round order (the canary client's only with
+    ``include_canary``). With ``floor``, an upload that changes every row of the whole matrix
+    keeps only the rows that moved beyond its noise floor (:func:`moved_rows`: a DP mod's noise
+    moves every row)."""
+    payloads = sent_payloads(view)
+    models = {key: np.asarray(p["V"], dtype=np.float64) for key, p in payloads.items()}
+    skip = None if include_canary else canary(view.config)
     out: dict[str, list[Upload]] = {}
     for m in view.select("item_update"):
-        if "items" not in m.payload or "values" not in m.payload:
+        if "items" not in m.payload or "values" not in m.payload or m.sender == skip:
             continue
         items = np.asarray(m.payload["items"], dtype=np.int64).ravel()
         values = np.asarray(m.payload["values"], dtype=np.float64).reshape(items.size, -1)
@@ -52,15 +83,50 @@ def client_uploads(view: View) -> dict[str, list[Upload]]:
             delta = values - sent if sent is not None else None
         else:
             delta = values
-        out.setdefault(m.sender, []).append(Upload(m.round, items, delta, sent))
+        if floor and delta is not None and V is not None and items.size == V.shape[0] >= 8:
+            keep = moved_rows(delta)
+            items, delta, sent = items[keep], delta[keep], (sent[keep] if sent is not None else None)
+        extras = (
+            _per_item_changes(m.payload, payloads.get((m.round, m.sender)), V.shape[0], items) if V is not None else {}
+        )
+        out.setdefault(m.sender, []).append(Upload(m.round, items, delta, sent, extras))
     return out
 
 
-def changed_items(up: Upload) -> np.ndarray:
-    """Ids of the rows an upload changed (every uploaded row when the change is unknown)."""
+#: false-positive rate per upload of the noise floor (:func:`moved_rows`), Bonferroni over its rows
+NOISE_LEVEL = 1e-3
+#: the lower quantile of the squared row changes that estimates the noise variance
+_NOISE_QUANTILE = 0.25
+
+
+def moved_rows(delta: np.ndarray, whole: bool = True) -> np.ndarray:
+    """Mask of the rows of an upload's changes (n x K) that moved beyond its noise floor.
+
+    Rows no client trained change only by the noise a DP mod adds (``LocalDpMod``: N(0, s^2) on
+    every entry), so when an upload changes every row of the whole matrix (``whole``) and fewer
+    than a quarter of its rows are exactly unchanged, the noise variance is estimated from the
+    rows: s^2 = the lower quartile of |delta_i|^2 over the chi-square(K) lower quartile (most rows
+    are untrained); a row moved when |delta_i|^2 exceeds s^2 chi2.isf(NOISE_LEVEL / n, K).
+    Otherwise (no noise: untouched rows are exactly 0) every nonzero row moved."""
+    sq = np.sum(np.asarray(delta, dtype=np.float64) ** 2, axis=1)
+    nonzero = sq > 0
+    n, k = delta.shape if delta.ndim == 2 else (sq.size, 1)
+    if not whole or n < 8 or np.mean(~nonzero) >= _NOISE_QUANTILE:
+        return nonzero
+    from scipy.stats import chi2
+
+    var = float(np.quantile(sq, _NOISE_QUANTILE)) / float(chi2.ppf(_NOISE_QUANTILE, k))
+    return sq > var * float(chi2.isf(NOISE_LEVEL / n, k))
+
+
+def changed_items(up: Upload, n_items: int | None = None) -> np.ndarray:
+    """Ids of the rows an upload changed beyond its noise floor (:func:`moved_rows`; every
+    uploaded row when the change is unknown). ``n_items``: the upload covers the whole matrix
+    when it lists that many rows (default: when it lists at least 8 rows and every id below them)."""
     if up.delta is None:
         return np.unique(up.items)
-    return np.unique(up.items[np.any(up.delta != 0, axis=1)])
+    whole = up.items.size == n_items if n_items else (up.items.size >= 8 and up.items.max() + 1 == up.items.size)
+    return np.unique(up.items[moved_rows(up.delta, whole)])
 
 
 def truth_items(transcript: Transcript, party: str) -> np.ndarray:
@@ -103,7 +169,10 @@ def missing_note(view: View) -> str:
 def uploaders(transcript: Transcript) -> list[str]:
     """Every client that uploaded item rows, in the clear or masked (the victims of a run)."""
     kinds = ("item_update", "masked_update")
-    return sorted({m.sender for m in transcript.messages if m.kind in kinds and m.receiver == "server"})
+    skip = canary(transcript.config)
+    return sorted(
+        {m.sender for m in transcript.messages if m.kind in kinds and m.receiver == "server" and m.sender != skip}
+    )
 
 
 def scored_victims(transcript: Transcript, parties) -> list[str]:

@@ -122,6 +122,15 @@ def _number(x: Any) -> float | None:
     return float(x)
 
 
+def _secure_sum(view: View) -> bool:
+    """Whether the run aggregates under secure aggregation (a recorded SecAgg defense, masked uploads
+    or a logged secure ``aggregate``)."""
+    names = [str(d.get("name", "")) for d in view.config.get("defenses", []) or [] if isinstance(d, dict)]
+    if any("secagg" in n for n in names):
+        return True
+    return bool(view.select("masked_update")) or bool(aggregates(view))
+
+
 def _uploads(agg: Any, receivers: int) -> int:
     """The number of uploads summed (the aggregate's ``n``; the receivers when absent or invalid)."""
     n = (agg.meta or {}).get("n")
@@ -171,9 +180,14 @@ class FlowerModelInconsistency(OneTarget):
             return False, "the server's view holds no record of the models it sent (no 'model' state)"
         inconsistent, isolating = isolating_rounds(view)
         if not inconsistent:
+            if _secure_sum(view):
+                return False, (
+                    "the server sent every client of each round the same model (consistent models): "
+                    "the secure sum hides each upload"
+                )
             return False, (
-                "the server sent every client of each round the same model (consistent models): "
-                "the secure sum hides each upload"
+                "the run has no secure aggregation (its uploads reach the server in the clear: the other "
+                "attacks read them), and model inconsistency isolates an upload inside a secure sum"
             )
         if not isolating:
             errors = [m for m in view.select("flower.error") if m.round in inconsistent]

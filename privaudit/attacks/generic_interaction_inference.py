@@ -29,10 +29,50 @@ import numpy as np
 from privaudit.attacks._generic import changed_items, client_uploads, n_items
 from privaudit.attacks.base import Reconstruction
 from privaudit.attacks.generic_trained_items import GenericTrainedItems
-from privaudit.attacks.ncf_interaction_inference import upload_scores
+from privaudit.attacks.ncf_interaction_inference import implied_positives, upload_scores
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.transcript import Transcript, View
+
+#: run-config names of the number of sampled negatives per positive, read in this order
+NEGATIVE_KEYS = (
+    "negatives",
+    "num-negatives",
+    "num_negatives",
+    "negative-ratio",
+    "negative_ratio",
+    "neg-ratio",
+    "num-neg",
+    "n-negatives",
+    "negatives-per-positive",
+)
+#: largest estimated negative ratio (rows per positive - 1)
+_MAX_RATIO = 50
+
+
+def estimate_negatives(ups: dict[str, list], m: int) -> int | None:
+    """The negative ratio whose rows per upload match each client's positives, median over the
+    clients with two uploads or more (None when no client has two). A client's k positives are
+    in all of its u uploads; of its L - k negatives per upload about (L - k) ((L - k) / (m - k))^(u-1)
+    recur in all of them by chance, so k solves k + (L - k)^u / (m - k)^(u-1) = the rows changed
+    in every upload."""
+    ratios = []
+    for us in ups.values():
+        sets = [changed_items(u, m) for u in us]
+        if len(sets) < 2:
+            continue
+        common = sets[0]
+        for s in sets[1:]:
+            common = np.intersect1d(common, s, assume_unique=True)
+        if common.size == 0:
+            continue
+        rows, u = float(np.mean([s.size for s in sets])), len(sets)
+        ks = np.arange(1, common.size + 1, dtype=np.float64)
+        rest = np.maximum(rows - ks, 0.0)
+        k = int(ks[np.argmin(np.abs(ks + rest * (rest / np.maximum(m - ks, 1.0)) ** (u - 1) - common.size))])
+        cands = np.arange(0, _MAX_RATIO + 1)
+        ratios.append(int(cands[np.argmin([abs(implied_positives(int(round(rows)), r, m) - k) for r in cands])]))
+    return int(np.median(ratios)) if ratios else None
 
 
 @register_attack("generic-interaction-inference")
@@ -50,26 +90,39 @@ class GenericInteractionInference(GenericTrainedItems):
         Param(
             "negatives",
             -1,
-            "sampled negatives per positive (-1: the recorded run config's 'negatives')",
+            "sampled negatives per positive (-1: the run config's, else estimated from the uploads)",
             ge=0,
             also=(-1,),
         ),
     )
 
-    def _negatives(self, view: View | Transcript) -> int | None:
+    def _negatives(self, view: View | Transcript) -> tuple[int | None, str]:
+        """(the negative ratio, where it comes from): the parameter, the public or Flower run
+        config (:data:`NEGATIVE_KEYS`), or estimated from the uploads (:func:`estimate_negatives`)."""
         if self.negatives >= 0:
-            return int(self.negatives)
-        value = view.config.get("negatives")
-        return int(value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else None
+            return int(self.negatives), "parameter"
+        run = view.config.get("flower_run_config")
+        sources = [("public", view.config)] + ([("run config", run)] if isinstance(run, dict) else [])
+        for where, cfg in sources:
+            for key in NEGATIVE_KEYS:
+                value = cfg.get(key)
+                if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0:
+                    return int(value), f"{where} {key!r}"
+        est = estimate_negatives(client_uploads(view), n_items(view))
+        return est, "estimated from the uploads"
 
     def applicable(self, view: View) -> tuple[bool, str]:
         ok, reason = super().applicable(view)
-        if ok and self._negatives(view) is None:
-            return False, "the run config records no 'negatives' (give the attack parameter negatives=N)"
+        if ok and self._negatives(view)[0] is None:
+            return False, (
+                f"the run config gives no negative ratio (looked for {', '.join(NEGATIVE_KEYS[:3])}, ...) and no "
+                "client uploaded twice to estimate it (give the attack parameter negatives=N)"
+            )
         return ok, reason
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
-        negatives, m = int(self._negatives(view) or 0), n_items(view)
+        found, source = self._negatives(view)
+        negatives, m = int(found or 0), n_items(view)
         victims: dict[str, dict[str, np.ndarray]] = {}
         for party, ups in client_uploads(view).items():
             r = len(ups) if self.rounds == -1 else min(self.rounds, len(ups))
@@ -85,14 +138,27 @@ class GenericInteractionInference(GenericTrainedItems):
             ids = np.flatnonzero(seen[:m])
             score = total[ids] / max(r, 1)
             victims[party] = {"items": ids[score > 0], "seen_items": ids, "seen_share": (score + 1.0) / 2.0}
-        return Reconstruction(self.name, self.party, victims, meta={"clients": len(victims), "negatives": negatives})
+        meta = {"clients": len(victims), "negatives": negatives, "negatives_from": source}
+        return Reconstruction(self.name, self.party, victims, meta=meta)
 
 
 def _upload_cosines(up: Any, negatives: int, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """(changed item ids, their signed cosine in [-1, 1]) of one upload; without the sent model
-    (no deltas) every uploaded row scores 0 (undecided)."""
+    """(changed item ids, their signed score in [-1, 1]) of one upload: the cosine with the
+    upload's main direction, replaced by the oriented sign of a per-item array's change (item
+    biases) where the upload changes one; without the sent model every row scores 0."""
     if up.delta is None:
         items = changed_items(up)
         return items, np.zeros(items.size)
     moved = np.any(up.delta != 0, axis=1)
-    return up.items[moved], upload_scores(up.delta[moved], negatives, m)
+    for change in up.extras.values():
+        moved |= change != 0
+    cos = upload_scores(up.delta[moved], negatives, m) if moved.sum() else np.zeros(0)
+    k = implied_positives(int(moved.sum()), negatives, m)
+    for change in up.extras.values():
+        sign = np.sign(change[moved])
+        if not sign.any():
+            continue
+        if abs(int((sign > 0).sum()) - k) > abs(int((sign < 0).sum()) - k):
+            sign = -sign
+        cos = np.where(sign != 0, sign, cos)
+    return up.items[moved], cos

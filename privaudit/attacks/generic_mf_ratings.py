@@ -129,15 +129,16 @@ def decode(D: np.ndarray, V: np.ndarray, grid: np.ndarray, hp: LocalSteps) -> tu
     return (*_pick_sign(fits), rank_res)
 
 
-def _pick_sign(fits: list[tuple[np.ndarray, float]]) -> tuple[np.ndarray, float, float]:
+def _pick_sign(fits: list[tuple[np.ndarray, float]], centre: float = 0.0) -> tuple[np.ndarray, float, float]:
     """(ratings, grid residual, the other sign's grid residual) of the sign closer to the grid.
 
     (u, y) and (-u, -y) give the same uploads, so when the public mean makes the grid symmetric
     for a client's ratings (mean 3.5 on 1..5 and no rating of 1) both signs fit exactly; the
-    tie goes to the sign with more ratings above the mean (ratings skew high)."""
+    tie goes to the sign with more ratings above the mean (ratings skew high; ``centre``: the
+    middle of the grid when the ratings are absolute, the mean unknown)."""
     (y0, r0), (y1, r1) = fits
     if abs(r0 - r1) <= 1e-9 + 1e-6 * min(r0, r1):
-        first = np.sum(y0 > 0) >= np.sum(y1 > 0)
+        first = np.sum(y0 > centre) >= np.sum(y1 > centre)
     else:
         first = r0 < r1
     return (y0, r0, r1) if first else (y1, r1, r0)
@@ -189,10 +190,101 @@ def _settle_mirrors(victims: dict[str, dict[str, np.ndarray]], mean: float, tol:
             v["raw"], v["ratings"] = 2 * mean - v["raw"], 2 * mean - v["ratings"]
 
 
+#: The names apps give their clients' training hyperparameters in the Flower run config
+#: (``[tool.flwr.app.config]``, recorded as ``flower_run_config``), read in this order after the
+#: privaudit name in the public config (``public-info`` or the schema map's ``public`` table).
+#: The attack parameters ``lr_key``, ``lam_key``, ``steps_key`` and ``mean_key`` name another key.
+HYPER_KEYS: dict[str, tuple[str, ...]] = {
+    "lr": ("lr", "learning-rate", "learning_rate", "learningrate", "local-lr", "client-lr", "eta", "step-size"),
+    "lam": ("lam", "lambda", "l2", "l2-reg", "l2_reg", "weight-decay", "weight_decay", "reg", "regularization"),
+    "local_steps": ("local_steps", "local-steps", "local-epochs", "local_epochs", "epochs", "steps"),
+    "global_mean": ("global_mean", "global-mean", "mean", "mu", "rating-mean"),
+}
+
+
+def config_value(config: dict, name: str, key: str = "") -> tuple[float | None, str]:
+    """(the number the run gives for hyperparameter ``name``, where it was found), (None, "")
+    when absent: ``key`` in the Flower run config when given, else ``name`` in the public
+    config, else the first of :data:`HYPER_KEYS` in the Flower run config."""
+
+    def number(v: Any) -> float | None:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+        return float(v) if ok else None
+
+    run = config.get("flower_run_config")
+    run = run if isinstance(run, dict) else {}
+    if key:
+        return number(run.get(key)), f"run config {key!r}" if number(run.get(key)) is not None else ""
+    if number(config.get(name)) is not None:
+        return number(config.get(name)), f"public {name!r}"
+    for alias in HYPER_KEYS.get(name, ()):
+        if number(run.get(alias)) is not None:
+            return number(run.get(alias)), f"run config {alias!r}"
+    return None, ""
+
+
+def known_mean(config: dict, key: str = "") -> float | None:
+    """The global mean the clients centre ratings by (:func:`config_value`), None when unknown."""
+    return config_value(config, "global_mean", key)[0]
+
+
+def _agree_mirrors(victims: dict[str, dict[str, np.ndarray]], centre: float, grid: np.ndarray) -> None:
+    """With a mean fitted per client both mirrors of each client's ratings fit the grid. The
+    mirrors are chosen together: the assignment maximising the agreement of the clients'
+    deviations from their own mean on the items they share (sum over pairs; every assignment for
+    up to 14 clients, else flips of one client at a time until none helps), oriented as a whole
+    so that more ratings lie above the grid's centre (ratings skew high)."""
+    parties = list(victims)
+    n = len(parties)
+    if n < 2:
+        return
+    dev = []
+    for p in parties:
+        r = victims[p]["ratings"]
+        dev.append(dict(zip(victims[p]["items"].tolist(), (r - r.mean()).tolist())))
+    agree = np.zeros((n, n))
+    for a in range(n):
+        for b in range(a + 1, n):
+            shared = dev[a].keys() & dev[b].keys()
+            agree[a, b] = agree[b, a] = sum(dev[a][i] * dev[b][i] for i in shared)
+    if not agree.any():
+        return
+    if n <= 14:
+        signs = ((np.arange(2 ** (n - 1))[:, None] >> np.arange(n)) & 1) * -2 + 1  # client n-1 fixed at +1
+        best = signs[int(np.argmax(np.einsum("ki,ij,kj->k", signs, agree, signs)))]
+    else:
+        best = np.ones(n)
+        for _ in range(10 * n):
+            gain = -2 * best * (agree @ best)  # change of the objective / 2 when one client flips
+            k = int(np.argmax(gain))
+            if gain[k] <= 0:
+                break
+            best[k] = -best[k]
+    above = sum(
+        float(np.sum(victims[p]["ratings"] > centre) - np.sum(victims[p]["ratings"] < centre)) * best[k]
+        for k, p in enumerate(parties)
+    )
+    best = best if above >= 0 else -best
+    for k, p in enumerate(parties):
+        if best[k] < 0:
+            victims[p]["raw"] = 2 * centre - victims[p]["raw"]
+            victims[p]["ratings"] = snap(victims[p]["raw"], grid)
+
+
 def global_mean(config: dict) -> float:
-    """The public global mean the clients centre ratings by (``global_mean``; 0 when absent)."""
-    mu = config.get("global_mean", 0.0)
-    return float(mu) if isinstance(mu, (int, float)) and not isinstance(mu, bool) else 0.0
+    """The public global mean the clients centre ratings by (0 when absent)."""
+    return known_mean(config) or 0.0
+
+
+def rating_scale_note(config: dict) -> str:
+    """Why a recorded Flower run has no ratings to infer ("" when its public config gives a rating
+    scale, or the transcript is not a Flower recording)."""
+    if ("rating_min" in config and "rating_max" in config) or config.get("recorded_from") != "flower":
+        return ""
+    return (
+        "the app publishes no rating scale (rating_min, rating_max): implicit feedback, "
+        "the clients hold no ratings to infer"
+    )
 
 
 def snap(r: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -221,6 +313,16 @@ class GenericMFRatings(Attack):
             gt=0,
             le=1,
         ),
+        Param("lr_key", "", "the run-config key of the clients' learning rate ('': the documented names)"),
+        Param("lam_key", "", "the run-config key of their L2 weight on item rows ('': the documented names)"),
+        Param("steps_key", "", "the run-config key of their local steps or epochs ('': the documented names)"),
+        Param("mean_key", "", "the run-config key of the global mean they centre by ('': the documented names)"),
+        Param(
+            "max_grid_residual",
+            0.15,
+            "not applicable when the clients' median RMS distance to the rating grid exceeds this (in steps)",
+            gt=0,
+        ),
     )
     metric_specs = {
         "accuracy": MetricSpec(True, True, "fraction", "share of uploaded items whose rating is recovered exactly"),
@@ -231,18 +333,23 @@ class GenericMFRatings(Attack):
     }
 
     def hyper(self, view: View, ups: dict[str, list]) -> tuple[LocalSteps | None, str]:
-        """The clients' local training from the public config (``lr``, ``lam``, ``local_steps``),
-        or (None, why not)."""
+        """The clients' local training (``lr``, ``lam``, ``local_steps``) from the public config or
+        the recorded Flower run config under the names apps use (:data:`HYPER_KEYS`), or (None, why not)."""
         cfg = view.config
-        lr = cfg.get("lr")
-        if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr > 0:
+        lr, _ = config_value(cfg, "lr", self.lr_key)
+        if lr is None or not lr > 0:
+            names = ", ".join(repr(k) for k in ((self.lr_key,) if self.lr_key else HYPER_KEYS["lr"]))
             return None, (
-                "the public config lacks 'lr' (the clients' learning rate; map it in the schema's public "
-                "or give it in public-info; generic-mf-ratings-estimated estimates it)"
+                f"neither the public config nor the Flower run config gives the clients' learning rate "
+                f"(looked for {names}; name the key with lr_key=KEY; generic-mf-ratings-estimated estimates it)"
             )
-        steps = cfg.get("local_steps", 1)
-        steps = int(steps) if isinstance(steps, (int, float)) and not isinstance(steps, bool) and steps >= 1 else 1
-        return LocalSteps(float(lr), float(cfg.get("lam", 0.0) or 0.0), steps), ""
+        lam, _ = config_value(cfg, "lam", self.lam_key)
+        steps, _ = config_value(cfg, "local_steps", self.steps_key)
+        steps = int(steps) if steps is not None and steps >= 1 and float(steps).is_integer() else 1
+        return LocalSteps(float(lr), float(lam or 0.0), steps), ""
+
+    def _mean(self, view: View) -> float | None:
+        return known_mean(view.config, self.mean_key)
 
     def _rank_ratios(self, ups: dict[str, list], hp: Any) -> list[float]:
         """sigma_2/sigma_1 of D for the first usable upload of up to 5 clients."""
@@ -258,6 +365,9 @@ class GenericMFRatings(Attack):
         ok, reason = super().applicable(view)
         if not ok:
             return ok, reason + missing_note(view)
+        implicit = rating_scale_note(view.config)
+        if implicit:
+            return False, implicit
         ups = client_uploads(view)
         if ups and all(u.delta is None for us in ups.values() for u in us):
             return False, "the uploads are item rows but the server's view holds no model it sent (no 'model' state)"
@@ -279,7 +389,8 @@ class GenericMFRatings(Attack):
         if hp is None:
             return self.unsupported(why)
         grid = grid_of(view.config)
-        mean = global_mean(view.config)
+        known = self._mean(view)
+        mean = 0.0 if known is None else known  # unknown: the estimated variant fits it per client
         victims: dict[str, dict[str, np.ndarray]] = {}
         for party, us in ups.items():
             decoded = []
@@ -296,6 +407,7 @@ class GenericMFRatings(Attack):
             grid_res, rank_res, other_res = decoded[0][0], decoded[0][1], decoded[0][4]
             # claimed: exact and unique (the mirrored ratings of the other sign are off the grid)
             claimed = rank_res < self.rank_tol and grid_res < self.grid_tol <= other_res
+            claimed = claimed and not getattr(hp, "fit_mean", False)
             victims[party] = {
                 "items": items,
                 "ratings": snap(raw, grid),
@@ -303,8 +415,18 @@ class GenericMFRatings(Attack):
                 "claimed": np.array([claimed]),
                 "residuals": np.array([rank_res, grid_res, other_res]),
             }
-        _settle_mirrors(victims, mean, self.grid_tol)
-        meta = {"clients": len(victims), **hp.describe()}
+        step = float(grid[1] - grid[0]) if grid.size > 1 else 1.0
+        residuals = [float(v["residuals"][1]) / step for v in victims.values()]
+        if residuals and float(np.median(residuals)) > self.max_grid_residual:
+            return self.unsupported(
+                f"the uploads do not decode onto the rating grid (median RMS distance {np.median(residuals):.2f} "
+                f"of a step > {self.max_grid_residual}): the clients do not run the plain-MF steps this attack models"
+            )
+        if not getattr(hp, "fit_mean", False):  # a mean fitted per client makes every mirror fit: no claims
+            _settle_mirrors(victims, mean, self.grid_tol)
+        else:
+            _agree_mirrors(victims, float(grid[0] + grid[-1]) / 2, grid)
+        meta = {"clients": len(victims), **hp.describe(), "global_mean": known}
         return Reconstruction(self.name, self.party, victims, meta=meta)
 
     @staticmethod
@@ -424,18 +546,26 @@ class GenericMFRatings(Attack):
     def victim_table(
         self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
     ) -> VictimTable | None:
-        """Per client: exact ratings and squared errors over its rated uploaded items
-        (``claimed`` and ``accuracy_claimed`` depend on the attack's claims and are left out)."""
+        """Per client: exact ratings and squared errors over its rated uploaded items, whether it
+        was claimed (the prior claims nobody) and its exact ratings if claimed (the prior's hits on
+        the same clients)."""
         parties, n, hits, sq, _ = self._attack_parts(reconstruction, transcript)
         prior_parties, _, prior = self._prior_parts(transcript)
         if not parties or not prior_parties:
             return None
         idx = np.array([prior_parties.index(p) for p in parties])
+        claimed = np.array([float(reconstruction.victims[p]["claimed"][0]) for p in parties])
+        prior_hits = prior["accuracy"][idx]
         return VictimTable(
             parties,
-            {"accuracy": n, "rmse": n},
-            {"accuracy": hits, "rmse": sq},
-            {m: v[idx] for m, v in prior.items()},
+            {"accuracy": n, "rmse": n, "claimed": np.ones(len(parties)), "accuracy_claimed": n * claimed},
+            {"accuracy": hits, "rmse": sq, "claimed": claimed, "accuracy_claimed": hits * claimed},
+            {
+                "accuracy": prior_hits,
+                "rmse": prior["rmse"][idx],
+                "claimed": np.zeros(len(parties)),
+                "accuracy_claimed": prior_hits * claimed,
+            },
             root=frozenset({"rmse"}),
         )
 
@@ -465,50 +595,80 @@ def _usable(ups: list) -> list:
 
 _INV_KAPPA = np.logspace(-2, 4, 301)
 _RHO = np.linspace(-80.0, 0.0, 161)
+#: with an unknown mean, decodes whose ratings spread less than this (std, in rating steps) are refused
+_MIN_SPREAD = 0.3
 #: rows per client the two-parameter grid search uses (all rows are decoded afterwards)
 _SEARCH_ROWS = 60
 
 
+#: rows per client of the search with an unknown mean (three unknowns: a smaller search)
+_MEAN_ROWS = 30
+
+
+def _search_with_mean(base: np.ndarray, grid: np.ndarray, step: float) -> tuple[float, float, float, float]:
+    """(cost, 1/kappa, rho, mu) of the grid search with an unknown mean (mu on half rating steps
+    across the rating range; the first ``_MEAN_ROWS`` rows): ``base`` (rows x rho x 1/kappa)
+    holds the decodes without it. Decodes that put every rating on one value (spread below
+    ``_MIN_SPREAD`` steps) are refused."""
+    base = base[:_MEAN_ROWS]
+    flat = base.std(axis=0) < _MIN_SPREAD * step
+    best = (np.inf, 1.0, 0.0, 0.0)
+    for mu in np.arange(grid[0], grid[-1] + step / 4, step / 2):
+        costs = np.where(flat, np.inf, np.mean(_grid_residual(base + mu, grid) ** 2, axis=0))
+        i, j = np.unravel_index(int(np.argmin(costs)), costs.shape)
+        if costs[i, j] < best[0]:
+            best = (float(costs[i, j]), _INV_KAPPA[j], _RHO[i], float(mu))
+    return best
+
+
 @dataclass(frozen=True)
 class EstimatedSteps:
-    """Local training whose hyperparameters are not public: only the decay c^T (estimated)."""
+    """Local training whose hyperparameters are not public: only the decay c^T (estimated);
+    with ``fit_mean`` the global mean the clients centre by is unknown too (fitted per client)."""
 
     decay: float
     rank_ratio: float
+    fit_mean: bool = False
 
     def change(self, sent: np.ndarray, delta: np.ndarray) -> np.ndarray:
         return delta + (1.0 - self.decay) * sent
 
     def decode(self, D: np.ndarray, V: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, float, float, float]:
-        """Ratings y = (D.d) / kappa - rho (V.d) with the client's two unknowns (kappa > 0, rho)
-        searched on a grid (on at most ``_SEARCH_ROWS`` rows), then refitted by least squares
-        against the snapped ratings; the sign of d closest to the grid wins."""
+        """Ratings y = (D.d) / kappa - rho (V.d) (+ mu with ``fit_mean``) with the client's unknowns
+        (kappa > 0, rho, mu) searched on a grid (on at most ``_SEARCH_ROWS`` rows; mu on half
+        rating steps), then refitted by least squares against the snapped ratings; the sign of d
+        closest to the grid wins. ``grid``: the rating grid minus the known mean (absolute with
+        ``fit_mean``)."""
         _, s, vt = np.linalg.svd(D, full_matrices=False)
         rank_res = float(s[1] / s[0]) if s.size > 1 and s[0] > 0 else (0.0 if s.size and s[0] > 0 else 1.0)
+        step = float(grid[1] - grid[0]) if grid.size > 1 else 1.0
         fits = []
         for d in (vt[0], -vt[0]):
             alpha, beta = D @ d, V @ d
             sub = slice(0, _SEARCH_ROWS)
-            costs = np.array(
-                [
-                    np.mean(_grid_residual(alpha[sub, None] * _INV_KAPPA - rho * beta[sub, None], grid) ** 2, axis=0)
-                    for rho in _RHO
-                ]
-            )
-            i, j = np.unravel_index(int(np.argmin(costs)), costs.shape)
-            inv_k, rho = _INV_KAPPA[j], _RHO[i]
-            for _ in range(5):  # least squares: alpha = kappa y + kappa rho beta at the snapped y
-                y = snap(alpha * inv_k - rho * beta, grid)
-                (kappa, kr), *_ = np.linalg.lstsq(np.stack([y, beta], axis=1), alpha, rcond=None)
-                if not kappa > 0:
+            base = alpha[sub, None, None] * _INV_KAPPA[None, None, :] - beta[sub, None, None] * _RHO[None, :, None]
+            best = (np.inf, 1.0, 0.0, 0.0)
+            if self.fit_mean:
+                best = _search_with_mean(base, grid, step)
+            else:
+                costs = np.mean(_grid_residual(base, grid) ** 2, axis=0)
+                i, j = np.unravel_index(int(np.argmin(costs)), costs.shape)
+                best = (float(costs[i, j]), _INV_KAPPA[j], _RHO[i], 0.0)
+            _, inv_k, rho, mu = best
+            for _ in range(5):  # least squares: alpha = kappa y + kappa rho beta - kappa mu at the snapped y
+                y = snap(alpha * inv_k - rho * beta + mu, grid)
+                cols = [y, beta] + ([np.ones_like(y)] if self.fit_mean else [])
+                coef, *_ = np.linalg.lstsq(np.stack(cols, axis=1), alpha, rcond=None)
+                if not coef[0] > 0:
                     break
-                inv_k, rho = 1.0 / kappa, kr / kappa
-            y = alpha * inv_k - rho * beta
+                inv_k, rho = 1.0 / coef[0], coef[1] / coef[0]
+                mu = -coef[2] / coef[0] if self.fit_mean else 0.0
+            y = alpha * inv_k - rho * beta + mu
             fits.append((y, float(np.sqrt(np.mean(_grid_residual(y, grid) ** 2)))))
-        return (*_pick_sign(fits), rank_res)
+        return (*_pick_sign(fits, float(grid[0] + grid[-1]) / 2 if self.fit_mean else 0.0), rank_res)
 
     def describe(self) -> dict[str, float]:
-        return {"decay": self.decay, "rank_ratio": self.rank_ratio}
+        return {"decay": self.decay, "rank_ratio": self.rank_ratio, "fit_mean": self.fit_mean}
 
 
 def estimate_decay(ups: dict[str, list], clients: int = 20) -> tuple[float, float]:
@@ -542,7 +702,8 @@ class GenericMFRatingsEstimated(GenericMFRatings):
     description = "plain-MF uploads, training hyperparameters unknown: estimated from the uploads, then decoded"
 
     def hyper(self, view: View, ups: dict[str, list]) -> tuple[EstimatedSteps | None, str]:
-        """The decay c^T estimated from the uploads (never from the public config)."""
+        """The decay c^T estimated from the uploads (never from the public config); the global
+        mean fitted per client when the run gives none (:func:`known_mean`)."""
         if not any(_usable(us) for us in ups.values()):
             return None, "no upload with a known change of at least two rows"
-        return EstimatedSteps(*estimate_decay(ups)), ""
+        return EstimatedSteps(*estimate_decay(ups), fit_mean=self._mean(view) is None), ""

@@ -80,8 +80,9 @@ class GenericTrainedItems(Attack):
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         victims: dict[str, dict[str, np.ndarray]] = {}
+        m = n_items(view)
         for party, ups in client_uploads(view).items():
-            sets = [changed_items(u) for u in ups]
+            sets = [changed_items(u, m) for u in ups]
             r = len(sets) if self.rounds == -1 else min(self.rounds, len(sets))
             pred = sets[0]
             for s in sets[1:r]:

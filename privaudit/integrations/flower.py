@@ -40,6 +40,7 @@ from privaudit import _safejson
 from privaudit.errors import MissingDependencyError, PrivauditError
 from privaudit.integrations import dense
 from privaudit.integrations._flower_dp import client_reported
+from privaudit.integrations._flower_mods import calling_strategy
 from privaudit.integrations._sidechannel import merge_defenses, merge_private, write_private
 from privaudit.integrations.schema_map import SchemaMap
 from privaudit.transcript import Transcript
@@ -164,6 +165,11 @@ class FlowerRecorder:
     run_config: dict[str, Any] = field(default_factory=dict)
     public: dict[str, Any] = field(default_factory=dict)
     spill: Any = None
+    #: the Flower strategy that drives the Grid (found on the first send) and the ClientApp's DP mods
+    strategy: Any = None
+    client_dp: list = field(default_factory=list)
+    #: (seed, clipping norm) of the run's canary client (flower_canary), None without one
+    canary: Any = None
     _round: int = 0
 
     def start(self, run_config: dict[str, Any], public: dict[str, Any]) -> None:
@@ -176,6 +182,8 @@ class FlowerRecorder:
 
     def record(self, messages: Iterable[Any], direction: str) -> None:
         """Record Flower messages travelling ``direction`` ("down": to clients, "up": replies)."""
+        if direction == "down" and self.strategy is None:
+            self.strategy = calling_strategy()
         for msg in messages:
             md = msg.metadata
             node = int(md.dst_node_id if direction == "down" else md.src_node_id)
@@ -229,10 +237,20 @@ class FlowerRecorder:
         dataset = {"name": f"flower:{app}" if app else "flower", "users": len(nodes)}
         if "n_items" in config:
             dataset["items"] = config["n_items"]
+        canary = None
+        if self.canary is not None:
+            from privaudit.integrations.flower_canary import canary_config
+
+            canary = canary_config(self.run_dir, *self.canary)
+            if canary is not None and canary[2] in party:
+                config["canaries"] = {**canary[0], "party": party[canary[2]]}
         t = Transcript(PROTOCOL, config, seed, dataset, ["server"] + [party[n] for n in nodes])
         for n in nodes:
             if n in private:
                 t.add(0, party[n], party[n], "private", private[n])
+        if "canaries" in config:  # the secret bits: a message the server never receives
+            p = config["canaries"]["party"]
+            t.add(0, p, p, "canary_bits", {"bits": canary[1]})
         self._add_events(t, party, events)
         return t
 
@@ -389,6 +407,7 @@ def record(
     run_dir: str | Path | None = None,
     cpus_per_client: float = 2.0,
     ray_temp_dir: str | Path | None = None,
+    canaries: int = 0,
 ) -> Recording:
     """Run a Flower app under Flower's simulation engine with the recorder switched on.
 
@@ -414,6 +433,10 @@ def record(
         processes is the machine's CPUs divided by this.
     ray_temp_dir : path, optional
         Ray's session folder (default: inside a private temporary folder removed afterwards).
+    canaries : int
+        Canaries of one more simulated node, the canary client
+        (:mod:`privaudit.integrations.flower_canary`); 0: none; -1: 1000 when the ClientApp has a
+        ``LocalDpMod``, else none.
 
     Returns
     -------
@@ -445,7 +468,7 @@ def record(
     ray_temp = scratch / "r" if ray_temp_dir is None else Path(ray_temp_dir)
     path.mkdir(parents=True, exist_ok=True)
     try:
-        return _simulate(app, clients, overrides, private, recorder, path, cpus_per_client, ray_temp)
+        return _simulate(app, clients, overrides, private, recorder, path, cpus_per_client, ray_temp, canaries)
     finally:
         _shutdown_ray()
         if scratch is not None:
@@ -473,6 +496,7 @@ def _simulate(
     path: Path,
     cpus: float,
     ray_temp: Path,
+    canaries: int = 0,
 ) -> Recording:
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir
@@ -484,23 +508,35 @@ def _simulate(
     from flwr.supercore.telemetry import EventType
 
     from privaudit.integrations import _flower_grid as fg
+    from privaudit.integrations._flower_mods import dp_mods, with_innermost
 
     server_app = _attr(app, app.serverapp)
     client_app = _attr(app, app.clientapp)
     rec = FlowerRecorder(app.schema, path)
+    rec.client_dp = dp_mods(client_app)  # stock mods: ClientApp(mods=[LocalDpMod(...)])
+    fused = get_fused_config_from_dir(app.root, dict(overrides))
+    n_canaries = _canary_count(canaries, rec.client_dp) if recorder else 0
+    if n_canaries:  # one more node, the canary client, inside the app's own mods
+        from privaudit.integrations import flower_canary as fc
+
+        clips = [float(m.clipping_norm) for m in rec.client_dp if type(m).__name__ == "LocalDpMod"]
+        seed = fused.get("seed")
+        rec.canary = (int(seed) if isinstance(seed, int) and 0 <= seed < 2**63 else 0, min(clips, default=1.0))
+        client_app = with_innermost(client_app, fc.canary_mod(path, clients, n_canaries, rec.canary[1], rec.canary[0]))
     if recorder:
         rec.spill = TranscriptWriter(path / "recorded-rounds.ptx", stream=True)
         public = _attr(app, app.public_info) if app.public_info else None
         server_app = fg.recording_server_app(server_app, rec, public)
         if private and app.private_data:
-            client_app = fg.with_mods(client_app, [fg.private_data_mod(_attr(app, app.private_data), path)])
+            truth = fg.private_data_mod(_attr(app, app.private_data), path)
+            truth = fc.skip_partition(truth, clients) if n_canaries else truth
+            client_app = fg.with_mods(client_app, [truth])
     run_id = int.from_bytes(os.urandom(8), "big") >> 1
     run = Run.create_empty(run_id=run_id)
     run.primary_task_id = int.from_bytes(os.urandom(8), "big") >> 1
     run.override_config = dict(overrides)
     run.federation_id = NOOP_FEDERATION_ID
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
-    fused = get_fused_config_from_dir(app.root, run.override_config)
     context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=fused)
     backend = {
         "client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
@@ -516,7 +552,7 @@ def _simulate(
         os.environ[SIMULATION_DIR_ENV] = str(path)
     try:
         result = _run_simulation(
-            num_supernodes=clients,
+            num_supernodes=clients + (1 if n_canaries else 0),
             exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
             client_app=client_app,
             server_app=server_app,
@@ -547,18 +583,44 @@ def _simulate(
 _STAGE = "secaggplus_configs/stage"
 
 
-def _defenses(rec: FlowerRecorder) -> list[dict[str, Any]]:
+def _canary_count(canaries: int, client_dp: list) -> int:
+    """The canaries of a recording: ``canaries``, or for -1 the default when the ClientApp has a LocalDpMod."""
+    if canaries >= 0:
+        return int(canaries)
+    from privaudit.integrations.flower_canary import DEFAULT_CANARIES
+
+    return DEFAULT_CANARIES if any(type(m).__name__ == "LocalDpMod" for m in client_dp) else 0
+
+
+def _defenses(rec: FlowerRecorder, delta: float | None = None) -> list[dict[str, Any]]:
     """The Flower defenses the recorded messages show were active (public facts of the run),
-    then the DP mods the clients described through the side channel (simulation)."""
+    the DP wrappers of the strategy that drove the Grid, the ClientApp's own DP mods, then the
+    DP mods the clients described through the side channel (simulation)."""
+    from privaudit.integrations._flower_stock import stock_defenses
+
     out = _secaggplus(rec)
+    canary = None
+    if rec.canary is not None:  # the canary client's replies are not a client's uploads
+        from privaudit.integrations.flower_canary import read_canary
+
+        got = read_canary(rec.run_dir)
+        canary = int(got[0].get("node", -1)) if got is not None else None
+    train = [ev for ev in rec.events if ev.direction == "up" and _is_train(ev) and ev.node != canary]
+    per_node: dict[int, int] = {}
+    for ev in train:
+        per_node[ev.node] = per_node.get(ev.node, 0) + 1
+    out += stock_defenses(rec.strategy, rec.client_dp, train, delta)
     entries, reported = merge_defenses(rec.run_dir)
     if entries:
-        train = [ev for ev in rec.events if ev.direction == "up" and _is_train(ev)]
-        per_node: dict[int, int] = {}
-        for ev in train:
-            per_node[ev.node] = per_node.get(ev.node, 0) + 1
-        out += client_reported(entries, reported, max(per_node.values(), default=0))
+        described = client_reported(entries, reported, max(per_node.values(), default=0))
+        out += [e for e in described if not any(_same_mod(e, o) for o in out)]
     return out
+
+
+def _same_mod(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two entries of one client mod (a stock mod also described by the app's privaudit Mod)."""
+    keys = ("name", "mod", "clipping_norm", "sensitivity", "epsilon", "delta")
+    return "mod" in a and all(a.get(k) == b.get(k) for k in keys)
 
 
 def _is_train(ev: Any) -> bool:
@@ -647,6 +709,7 @@ def record_to_file(
     run_config: dict[str, Any] | None = None,
     private: bool = True,
     cpus_per_client: float = 2.0,
+    canaries: int = -1,
 ) -> dict[str, Any]:
     """:func:`record` in a child process that leads its own process group; writes ``output``.
 
@@ -672,6 +735,7 @@ def record_to_file(
         "run_config": dict(run_config or {}),
         "private": bool(private),
         "cpus_per_client": float(cpus_per_client),
+        "canaries": int(canaries),
         "scratch": str(scratch),
     }
     (scratch / "job.json").write_text(json.dumps(job))
@@ -768,6 +832,8 @@ def _child_main() -> None:
     import json
     import signal
 
+    from privaudit.integrations._flower_dp import check_claims, defense_label
+
     job_file, parent = Path(sys.argv[1]), int(sys.argv[2])
     job = json.loads(job_file.read_text())
     scratch = Path(job["scratch"])
@@ -784,13 +850,15 @@ def _child_main() -> None:
             cpus_per_client=job["cpus_per_client"],
             run_dir=scratch / "run",
             ray_temp_dir=scratch / "r",
+            canaries=int(job.get("canaries", 0)),
         )
         rec.transcript.save(scratch / "out.ptx")
         errors = rec.transcript.select("flower.error")
         result = {
             "messages": len(rec.transcript),
             "seconds": rec.seconds,
-            "defenses": [d.get("name") for d in rec.transcript.config.get("defenses", [])],
+            "defenses": [defense_label(d) for d in rec.transcript.config.get("defenses", [])],
+            "dp_claims": check_claims(rec.transcript.config.get("defenses", [])),
             "errors": len(errors),
             "first_error": errors[0].meta.get("error") if errors else None,
         }

@@ -43,12 +43,15 @@ from typing import Any
 import numpy as np
 
 from privaudit.errors import PrivauditError
-from privaudit.integrations._flower_dp import _gaussian_claim, _local_dp, client_reported
+from privaudit.integrations._flower_dp import DEFAULT_DELTA as DEFAULT_DELTA  # re-exported
+from privaudit.integrations._flower_dp import client_reported, describe
+from privaudit.integrations._flower_mods import calling_client_app, dp_mods, is_dp_mod
 from privaudit.integrations._sidechannel import write_defenses, write_private
 from privaudit.integrations.flower import SIMULATION_DIR_ENV, FlowerRecorder, _defenses, _is_train, require_flwr
 from privaudit.integrations.schema_map import SchemaMap
 
 __all__ = [
+    "DEFAULT_DELTA",
     "DEFENSES_RECORD",
     "OUT_KEY",
     "PRIVATE_RECORD",
@@ -64,8 +67,6 @@ OUT_KEY = "privaudit-out"
 PRIVATE_RECORD = "privaudit.private"
 #: Name of the config record carrying a node's DP mods (key ``json``: a JSON list of dicts).
 DEFENSES_RECORD = "privaudit.defenses"
-#: delta of the accounted epsilon when neither the app nor Flower gives one
-DEFAULT_DELTA = 1e-5
 
 
 def recording_path(run_config: Any) -> str:
@@ -75,75 +76,6 @@ def recording_path(run_config: Any) -> str:
 
 
 # --------------------------------------------------------------------------- defenses
-
-
-def describe(obj: Any, rounds: int = 0, delta: float | None = None) -> list[dict[str, Any]]:
-    """The ``defenses`` entries of a Flower DP object (a strategy wrapper chain or a client mod).
-
-    Parameters
-    ----------
-    obj : LocalDpMod, DifferentialPrivacy{Server,Client}SideFixedClipping, strategy, mod or None
-        Strategies are followed through their ``strategy`` attribute (wrappers of wrappers).
-    rounds : int
-        Rounds a client uploaded in (LocalDpMod) or training rounds run (fixed clipping): the
-        accounted epsilon composes that many Gaussian mechanisms (0: no accounting).
-    delta : float, optional
-        delta of the accounted epsilon for fixed clipping (default: the target delta of the
-        strategy's Flower accountant if it has one, else :data:`DEFAULT_DELTA`).
-    """
-    out: list[dict[str, Any]] = []
-    seen = 0
-    while obj is not None and seen < 16:
-        seen += 1
-        cls = type(obj).__name__
-        if cls == "LocalDpMod":
-            out.append(_local_dp(obj, rounds))
-        elif cls in ("DifferentialPrivacyServerSideFixedClipping", "DifferentialPrivacyClientSideFixedClipping"):
-            out.append(_fixed_clipping(obj, rounds, DEFAULT_DELTA if delta is None else float(delta)))
-        elif getattr(obj, "__name__", "") in ("fixedclipping_mod", "adaptiveclipping_mod"):
-            out.append({"name": "flower-client-clipping", "mod": obj.__name__, "side": "client"})
-        elif "DifferentialPrivacy" in cls:  # adaptive clipping and future wrappers: named, not accounted
-            out.append({"name": "flower-dp", "strategy": cls, "note": "parameters not read by privaudit"})
-        obj = getattr(obj, "strategy", None)
-    return out
-
-
-def _fixed_clipping(strategy: Any, rounds: int, delta: float) -> dict[str, Any]:
-    cls = type(strategy).__name__
-    side = "server" if "ServerSide" in cls else "client"
-    z, clip, n = float(strategy.noise_multiplier), float(strategy.clipping_norm), int(strategy.num_sampled_clients)
-    trust = (
-        "the server clips and adds the noise: it sees the raw uploads"
-        if side == "server"
-        else "clients clip, the server adds the noise: it sees the clipped uploads"
-    )
-    entry: dict[str, Any] = {
-        "name": f"flower-dp-{side}-fixed-clipping",
-        "strategy": cls,
-        "side": side,
-        "noise_multiplier": z,
-        "clipping_norm": clip,
-        "num_sampled_clients": n,
-        "noise_std": z * clip / n,
-        "neighbour": "user-level: add or remove one client's whole update (clipped to clipping_norm)",
-        "protects": f"the aggregate (the released model), not the uploads; {trust}",
-        "sampling": "no amplification: every round counted in full",
-    }
-    accountant = getattr(strategy, "accountant", None)
-    if accountant is not None:  # Flower's own accountant: its delta, its epsilon beside ours
-        cfg = accountant.config
-        delta = float(cfg.target_delta)
-        spent = strategy.privacy_spent()
-        entry["flower_accountant"] = {
-            "epsilon": float(spent.epsilon),
-            "delta": float(spent.delta),
-            "releases": int(spent.num_releases),
-            "method": str(spent.accounting_method),
-            "neighbouring": str(getattr(cfg.neighboring_relation, "value", cfg.neighboring_relation)),
-        }
-    if z > 0 and rounds > 0:
-        entry.update(_gaussian_claim(z, rounds, delta))
-    return entry
 
 
 # --------------------------------------------------------------------------- client side
@@ -166,10 +98,13 @@ def client_mod(private_data: Callable[[Any], dict], defenses: Iterable[Any] = ()
     defenses = list(defenses)
 
     def described(context: Any) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         for d in defenses:
             obj = d if _is_flower_dp(d) else d(context)
             out += describe(obj) if obj is not None else []
+        # the stock mods of the ClientApp that runs this mod (ClientApp(mods=[LocalDpMod(...)])), unlisted
+        for obj in dp_mods(calling_client_app()):
+            out += [e for e in describe(obj) if e not in out]
         return out
 
     def mod(message: Any, context: Any, call_next: Callable) -> Any:
@@ -192,10 +127,7 @@ def client_mod(private_data: Callable[[Any], dict], defenses: Iterable[Any] = ()
 
 
 def _is_flower_dp(obj: Any) -> bool:
-    return type(obj).__name__ == "LocalDpMod" or getattr(obj, "__name__", "") in (
-        "fixedclipping_mod",
-        "adaptiveclipping_mod",
-    )
+    return is_dp_mod(obj)
 
 
 # --------------------------------------------------------------------------- server side
@@ -244,11 +176,12 @@ class _DeployRecorder:
     def defenses(self, strategy: Any, delta: float | None) -> list[dict[str, Any]]:
         """SecAgg+ (from the messages), the strategy's DP wrappers, the clients' DP mods."""
         train = [ev for ev in self.rec.events if ev.direction == "up" and _is_train(ev)]
-        rounds_run = len({ev.round for ev in train})
         per_node: dict[int, int] = {}
         for ev in train:
             per_node[ev.node] = per_node.get(ev.node, 0) + 1
-        out = _defenses(self.rec) + describe(strategy, rounds_run, delta)
+        if strategy is not None:  # given to record_run: described instead of the one the Grid saw
+            self.rec.strategy = strategy
+        out = _defenses(self.rec, delta)
         client_rounds = max(per_node.values(), default=0)
         return out + client_reported(self.client_defenses, self.reported, client_rounds)
 

@@ -162,10 +162,17 @@ def audit_transcript(
                 )
         row["seconds"] = time.perf_counter() - t0
         rows.append(row)
+    from privaudit.integrations._flower_dp import check_claims
+    from privaudit.integrations.flower_canary import canary_check
+
     return {
         "protocol": t.protocol,
         "app": t.config.get("app"),
         "defenses": defenses,
+        # every recorded Flower DP mod or wrapper checked against the mechanism it runs
+        "dp_claims": check_claims(defenses if isinstance(defenses, list) else []),
+        # the canary client's one-run epsilon lower bound (privaudit record --canaries), or None
+        "canaries": canary_check(t),
         "private_included": scored,
         "margin": margin,
         "rows": rows,

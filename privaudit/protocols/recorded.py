@@ -142,6 +142,9 @@ class RecordedFlower(Protocol):
         truth_items = PayloadField("items", "int", ("@n",), ids="m", unique=True, optional=True)
         ratings = PayloadField("ratings", "float", ("@n",), value_range=rated, optional=True)
         entries.append(MessageSchema("private", "client", "self", (truth_items, ratings), open_payload=True))
+        # the secret bits of a canary client (privaudit record --canaries): never in the server's view
+        bits = PayloadField("bits", "int", (None,), optional=True)
+        entries.append(MessageSchema("canary_bits", "client", "self", (bits,), open_payload=True))
         return ProtocolSchema(dims={"m": "n_items"}, messages=tuple(entries))
 
     @classmethod

@@ -1,0 +1,1 @@
+"""Federated GMF on implicit feedback (privaudit test app)."""

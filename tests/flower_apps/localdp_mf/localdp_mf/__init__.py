@@ -1,0 +1,1 @@
+"""Federated MF with Flower's stock FedAvg and LocalDpMod (privaudit test app)."""

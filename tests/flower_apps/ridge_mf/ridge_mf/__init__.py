@@ -1,0 +1,1 @@
+"""Plain federated MF with ridge user vectors (privaudit test app)."""
