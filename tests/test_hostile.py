@@ -1278,7 +1278,7 @@ def test_record_help_says_the_app_code_runs(capsys):
 # caps, app hooks
 
 
-_NETLOG_HOOK = '''
+_NETLOG_HOOK = """
 import os, sys
 _LOG = os.environ.get("PRIVAUDIT_TEST_NETLOG")
 if _LOG:
@@ -1295,7 +1295,7 @@ if _LOG:
         except Exception:
             pass
     sys.addaudithook(_hook)
-'''
+"""
 
 
 def _loopback(host) -> bool:
