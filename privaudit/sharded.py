@@ -47,7 +47,7 @@ from privaudit.protocols.blocks import (
 )
 from privaudit.transcript import CLIENT_PREFIX, DEFAULT_MAX_BYTES, Message, Transcript, is_client
 from privaudit.transcript import load as load_transcript
-from privaudit.transcript_io import TranscriptWriter
+from privaudit.transcript_io import TranscriptWriter, declared_size
 
 __all__ = [
     "MANIFEST",
@@ -607,14 +607,50 @@ def _check_shard(
             raise _fail(path, f"message {m.seq}: {m.kind[:40]!r} of round {m.round} does not belong in this shard")
 
 
+#: Bytes a client party costs in a loaded run (its name and index entries), and the fewest bytes
+#: of shard data a client can have (one row of a message table: five int64).
+_PARTY_BYTES = 128
+_MIN_CLIENT_BYTES = 40
+
+
+def _check_budget(manifest: Mapping[str, Any], chosen: list[dict], max_bytes: int) -> None:
+    """One budget for the whole folder, from the shards' central directories before anything is
+    loaded: the declared sizes of the server's and the chosen blocks' shards plus the party list
+    must fit ``max_bytes``, and no block may name more clients than its shards can hold."""
+    server = manifest["server"]
+    total = declared_size(server, max_bytes)
+    for block in chosen:
+        files = [block["private"], *block["rounds"]] if block["private"] else list(block["rounds"])
+        own = sum(declared_size(f, max_bytes) for f in files)
+        clients = block["hi"] - block["lo"]
+        if clients * _MIN_CLIENT_BYTES > own:
+            raise _fail(
+                files[0] if files else server,
+                f"block {block['lo']}..{block['hi'] - 1} names {clients} clients but its shards declare {own} bytes "
+                f"(at least {_MIN_CLIENT_BYTES} per client)",
+            )
+        total += own
+        if total > max_bytes:
+            break
+    total += manifest["clients"] * _PARTY_BYTES
+    if total > max_bytes:
+        raise _fail(
+            server.parent,
+            f"the run's shards and {manifest['clients']} client parties would take more than {max_bytes} bytes "
+            f"(at least {total}; raise it with --max-bytes)",
+        )
+
+
 def load(folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, blocks: Sequence[int] | None = None) -> Transcript:
     """The transcript of a sharded run's directory, in the single-process run's message order:
     the private messages, then per round the server's ``state``, every block's uploads (one kind
-    after the other) and the remaining servers' messages. ``max_bytes`` bounds each file;
+    after the other) and the remaining servers' messages. ``max_bytes`` bounds the whole folder
+    (the declared sizes of the shards read and the client parties, checked before any is loaded);
     ``blocks``: only these blocks' clients (their messages; the header is the whole run's)."""
     folder = Path(folder)
     manifest = read_manifest(folder)
     chosen = manifest["blocks"] if blocks is None else [manifest["blocks"][b] for b in blocks]
+    _check_budget(manifest, chosen, max_bytes)
     server = load_transcript(manifest["server"], max_bytes=max_bytes)
     if any(is_client(p) for p in server.parties):
         raise _fail(manifest["server"], "server.ptx must not list client parties (the manifest counts them)")

@@ -1392,3 +1392,215 @@ def test_record_listens_on_loopback_only_and_reaches_nothing(tmp_path, monkeypat
     remote = [s for s in seen if s[3] and not _loopback(s[3].ip)]
     assert not remote, remote[:5]
     assert not (home / ".flwr").exists() and list(tmp.iterdir()) == []
+
+
+# ------------------------------------------------------------------ frontdoor: budgets per input
+
+
+def _patch_member_sizes(data: bytes, name: str, csize: int | None = None, usize: int | None = None) -> bytes:
+    """``data`` (a ZIP) with the sizes ``name`` declares in its local and central headers replaced."""
+    buf = bytearray(data)
+    raw = name.encode()
+    for sig, csize_at, name_len_at, name_at in ((b"PK\x03\x04", 18, 26, 30), (b"PK\x01\x02", 20, 28, 46)):
+        pos = buf.find(sig)
+        while pos >= 0:
+            n = struct.unpack_from("<H", buf, pos + name_len_at)[0]
+            if bytes(buf[pos + name_at : pos + name_at + n]) == raw:
+                if csize is not None:
+                    struct.pack_into("<I", buf, pos + csize_at, csize)
+                if usize is not None:
+                    struct.pack_into("<I", buf, pos + csize_at + 4, usize)
+            pos = buf.find(sig, pos + 4)
+    return bytes(buf)
+
+
+def _npy_with_rows(npy: bytes, rows: int) -> bytes:
+    """A .npy member's bytes with the header's row count replaced (header length kept)."""
+    head_len = 10 + struct.unpack_from("<H", npy, 8)[0]
+    text = npy[10:head_len].decode("latin1")
+    start, end = text.index("'shape': (") + len("'shape': ("), text.index(")", text.index("'shape': ("))
+    new = (text[:start] + f"{rows}, " + text[start:end].split(",", 1)[1].strip() + text[end:]).rstrip("\n ")
+    new = new + " " * (len(text) - len(new) - 1) + "\n"
+    assert len(new) == len(text)
+    return npy[:10] + new.encode("latin1") + npy[head_len:]
+
+
+def _stored_rows(tmp: Path, rows: int) -> tuple[bytes, str, int]:
+    """The valid version-2 file with its stored column (2) declaring ``rows`` rows of 4 floats
+    (manifest, offsets and the .npy header agree); its data is still 300 rows."""
+    m, members = v2_parts(tmp)
+    col = m["columns"][2]
+    col["rows"] = rows
+    members[col["offsets"]] = (npy_bytes(np.array([0, rows], dtype=np.int64)), zipfile.ZIP_DEFLATED)
+    npy = members[col["data"]][0]
+    patched = _npy_with_rows(npy, rows)
+    members[col["data"]] = (patched, zipfile.ZIP_STORED)
+    header = len(patched) - 300 * 32
+    return v2_archive(m, members), col["data"], header
+
+
+def _declared_39gb(tmp: Path) -> bytes:
+    rows = 3_900_000_000 // 32
+    data, name, header = _stored_rows(tmp, rows)
+    return _patch_member_sizes(data, name, usize=header + rows * 32)
+
+
+def _runs_into_next(tmp: Path) -> bytes:
+    data, name, header = _stored_rows(tmp, 302)  # 64 bytes more than the member holds
+    return _patch_member_sizes(data, name, csize=header + 302 * 32, usize=header + 302 * 32)
+
+
+def _flipped_bit(tmp: Path) -> bytes:
+    m, members = v2_parts(tmp)
+    name = m["columns"][2]["data"]
+    npy = members[name][0]
+    members[name] = (np.arange(1200.0).reshape(300, 4).tobytes(), 0)  # distinctive bytes to find
+    members[name] = (npy[: len(npy) - 9600] + members[name][0], zipfile.ZIP_STORED)
+    data = bytearray(v2_archive(m, members))
+    at = bytes(data).find(np.float64(617.0).tobytes())
+    data[at + 3] ^= 0x10
+    return bytes(data)
+
+
+def _message_table(rows: int) -> bytes:
+    """A version-2 file whose message table declares ``rows`` rows (deflated zeros: ~5 MB)."""
+    head = npy_header("'<i8'", f"({rows}, 5)")
+    chunk = bytes(40 * 1024)
+    times = rows // 1024
+    table = {"name": "messages.npy", "data": repeated_deflate(head, chunk, times), "usize": len(head) + rows * 40}
+    m = {
+        "format": "privaudit-transcript",
+        "version": 2,
+        "protocol": "fedmvmf",
+        "parties": ["server"],
+        "names": ["server", "state"],
+        "messages": rows,
+        "table": "messages.npy",
+        "columns": [],
+        "meta": [],
+    }
+    return raw_zip([entry("manifest.json", json.dumps(m).encode()), table])
+
+
+def _sharded_folder(root: Path, manifest: dict, shards: dict[str, bytes]) -> Path:
+    root.mkdir()
+    server = tr.Transcript("fedmvmf", {"K": 2}, 0, {"name": "synthetic"}, ["server"])
+    server.save(root / "server.ptx")
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    for name, data in shards.items():
+        (root / name).write_bytes(data)
+    return root
+
+
+def _sharded_manifest(clients: int, block_size: int, rounds: list[int], private: bool = False) -> dict:
+    blocks = []
+    for b in range(-(-clients // block_size)):
+        lo, hi = b * block_size, min((b + 1) * block_size, clients)
+        names = [f"c{b:06d}-r{r:06d}.ptx" for r in rounds]
+        blocks.append({"lo": lo, "hi": hi, "private": f"c{b:06d}-private.ptx" if private else None, "rounds": names})
+    return {
+        "format": "privaudit-sharded-run",
+        "version": 1,
+        "protocol": "fedmvmf",
+        "clients": clients,
+        "block_size": block_size,
+        "rounds": rounds,
+        "blocks": blocks,
+        "server": "server.ptx",
+    }
+
+
+def _bomb_shard(mib: int) -> bytes:
+    """A shard whose one member declares ``mib`` MiB (deflated zeros, ~1 KB per MiB on disk)."""
+    n = mib * 2**20 // 8
+    head = npy_header("'<f8'", f"({n},)")
+    member = {"name": "arrays/0.npy", "data": repeated_deflate(head, bytes(1 << 20), mib), "usize": len(head) + n * 8}
+    return raw_zip([entry("manifest.json", manifest({"arrays/0.npy": {"dtype": "<f8", "shape": [n]}})), member])
+
+
+FRONTDOOR_INPUT_CASES = {  # name: (build(tmp) -> (argv, folder), expected text)
+    "sharded: 1e9 clients in a 200-byte manifest": (
+        lambda d: (
+            ["attack", "--transcript", "run"],
+            _sharded_folder(d / "run", _sharded_manifest(10**9, 10**9, []), {}),
+        ),
+        "names 1000000000 clients but its shards declare 0 bytes",
+    ),
+    "sharded: four shards of 480 MiB": (
+        lambda d: (
+            ["attack", "--transcript", "run"],
+            _sharded_folder(
+                d / "run", _sharded_manifest(4, 1, [0]), {f"c{b:06d}-r000000.ptx": _bomb_shard(480) for b in range(4)}
+            ),
+        ),
+        "client parties would take more than 536870912 bytes",
+    ),
+    "v2: message table of 2.5M rows": (
+        lambda d: (["attack", "--transcript", "bad.ptx"], (d / "bad.ptx").write_bytes(_message_table(2_500_000))),
+        "2500000 messages, 0 payloads and 0 columns would take about",
+    ),
+    "v2: 3.9 GB stored column, --max-bytes 4G": (
+        lambda d: (["inspect", "bad.ptx", "--max-bytes", "4G"], (d / "bad.ptx").write_bytes(_declared_39gb(d))),
+        "stored, but declares",
+    ),
+    "v2: stored column runs 64 bytes into the next member": (
+        lambda d: (["attack", "--transcript", "bad.ptx"], (d / "bad.ptx").write_bytes(_runs_into_next(d))),
+        "runs into the next member",
+    ),
+    "v2: stored column with a flipped bit": (
+        lambda d: (["attack", "--transcript", "bad.ptx"], (d / "bad.ptx").write_bytes(_flipped_bit(d))),
+        "Bad CRC-32",
+    ),
+    "attack --scheduler local:100000": (
+        lambda d: (["attack", "--protocol", "fedmvmf", "--scheduler", "local:100000"], None),
+        "local:N needs 1 <= N <= 256, got 100000",
+    ),
+    "audit --scheduler local:1000": (
+        lambda d: (["audit", "--protocol", "fedmvmf", "--scheduler", "local:1000"], None),
+        "local:N needs 1 <= N <= 256, got 1000",
+    ),
+    "plan scheduler local:1000": (
+        lambda d: (
+            ["attack", "--config", "plan.toml"],
+            (d / "plan.toml").write_text('[run]\nprotocol = "fedmvmf"\ndata = "synthetic"\nscheduler = "local:1000"\n'),
+        ),
+        "scheduler: local:N needs 1 <= N <= 256, got 1000",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def frontdoor_input_outcomes(tmp_path_factory) -> dict:
+    import time
+
+    root = tmp_path_factory.mktemp("frontdoor-inputs")
+    jobs = {}
+    for name, (build, _) in FRONTDOOR_INPUT_CASES.items():
+        d = root / _folder(name)
+        d.mkdir()
+        argv, _ = build(d)
+        jobs[name] = (argv, d, sorted(p.name for p in d.iterdir()))
+
+    def timed(argv, d):
+        t0 = time.monotonic()
+        res = _run(argv, d)
+        res["seconds"] = time.monotonic() - t0
+        return res
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(timed, argv, d) for name, (argv, d, _) in jobs.items()}
+    out = {}
+    for name, (_, d, before) in jobs.items():
+        res = futures[name].result()
+        res.update(before=before, after=sorted(p.name for p in d.iterdir()))
+        out[name] = res
+    return out
+
+
+@pytest.mark.parametrize("name", list(FRONTDOOR_INPUT_CASES))
+def test_frontdoor_inputs_are_refused_in_one_line(frontdoor_input_outcomes, name):
+    res = frontdoor_input_outcomes[name]
+    _assert_refused(res, FRONTDOOR_INPUT_CASES[name][1])
+    assert res["rss"] < RSS_LIMIT, res["rss"]
+    assert res["seconds"] < 60, res["seconds"]
+    assert res["after"] == res["before"], "the refused command wrote a file"

@@ -154,51 +154,54 @@ def check_private_data(data: Any, n_items: int | None = None) -> dict[str, np.nd
     :data:`MAX_PRIVATE_BYTES` together; ``items`` (if given) integers in [0, n_items) and as
     many ``ratings`` as ``items``."""
     if not isinstance(data, Mapping):
-        raise PrivauditError(f"private-data returned a {type(data).__name__}, not a dict of arrays")
+        raise PrivauditError(f"returned a {type(data).__name__}, not a dict of arrays")
     if len(data) > _MAX_PRIVATE_FIELDS:
-        raise PrivauditError(f"private-data returned {len(data)} fields (at most {_MAX_PRIVATE_FIELDS})")
+        raise PrivauditError(f"returned {len(data)} fields (at most {_MAX_PRIVATE_FIELDS})")
     out: dict[str, np.ndarray] = {}
     total = 0
     for name, value in data.items():
         if not isinstance(name, str):
-            raise PrivauditError(printable(f"private-data field {name!r}: names must be strings"[:200]))
+            raise PrivauditError(printable(f"field {name!r}: names must be strings"[:200]))
         if isinstance(value, np.ndarray):
             arr = value
         elif isinstance(value, (list, tuple, int, float)) and not isinstance(value, bool):
             size = len(value) if isinstance(value, (list, tuple)) else 1
             if size * 8 > MAX_PRIVATE_BYTES:
-                raise PrivauditError(f"private-data field {name!r} is larger than {MAX_PRIVATE_BYTES} bytes")
+                raise PrivauditError(f"field {name!r} is larger than {MAX_PRIVATE_BYTES} bytes")
             try:
                 arr = np.asarray(value)
             except (ValueError, TypeError) as exc:
-                raise PrivauditError(printable(f"private-data field {name!r}: not an array ({exc})"[:200])) from None
+                raise PrivauditError(printable(f"field {name!r}: not an array ({exc})"[:200])) from None
         else:
-            raise PrivauditError(printable(f"private-data field {name!r} is a {type(value).__name__}, not an array"))
+            raise PrivauditError(printable(f"field {name!r} is a {type(value).__name__}, not an array"))
         if arr.dtype.kind not in "biuf" or arr.dtype.hasobject or arr.ndim > 2:
-            raise PrivauditError(printable(f"private-data field {name!r}: a {arr.dtype} array of {arr.ndim} dims"))
+            raise PrivauditError(printable(f"field {name!r}: a {arr.dtype} array of {arr.ndim} dims"))
         total += arr.nbytes
         if total > MAX_PRIVATE_BYTES:
-            raise PrivauditError(f"private-data of one node is larger than {MAX_PRIVATE_BYTES} bytes")
+            raise PrivauditError(f"returned more than {MAX_PRIVATE_BYTES} bytes for one node")
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            raise PrivauditError(printable(f"private-data field {name!r} holds NaN or infinite values"))
+            raise PrivauditError(printable(f"field {name!r} holds NaN or infinite values"))
         out[name] = arr
     items = out.get("items")
     if items is not None:
         if items.dtype.kind not in "iu" or items.ndim != 1:
-            raise PrivauditError("private-data field 'items' must be a 1-D integer array")
+            raise PrivauditError("field 'items' must be a 1-D integer array")
         if items.size and (items.min() < 0 or (n_items is not None and items.max() >= n_items)):
-            raise PrivauditError(f"private-data field 'items' holds ids outside [0, {n_items})")
+            raise PrivauditError(f"field 'items' holds ids outside [0, {n_items})")
         ratings = out.get("ratings")
         if ratings is not None and ratings.shape != items.shape:
-            raise PrivauditError("private-data fields 'items' and 'ratings' must have the same length")
+            raise PrivauditError("fields 'items' and 'ratings' must have the same length")
     return out
 
 
-def checked_hooks(app: Any, resolve: Callable, run_config: Mapping, private: bool, run_dir: Path) -> tuple:
+def checked_hooks(
+    app: Any, resolve: Callable, run_config: Mapping, private: bool, run_dir: Path, clients: int = 2
+) -> tuple:
     """``(public, loader)`` of an app's hooks, checked before the simulation starts: ``public``
     calls ``public-info`` once, now, and returns its checked object (None without the hook);
     ``loader`` wraps ``private-data`` so that each node's result is checked and an error is kept
-    for :func:`raise_hook_errors` (None without the hook or when ``private`` is False)."""
+    for :func:`raise_hook_errors` (None without the hook or when ``private`` is False); it is
+    called once first, for the first node, so that a wrong hook stops before the simulation."""
     where = f"{app.root}/pyproject.toml"
     public = loader = None
     if app.public_info:
@@ -218,7 +221,23 @@ def checked_hooks(app: Any, resolve: Callable, run_config: Mapping, private: boo
         hook = check_hook(resolve(app, app.private_data), app.private_data, "private-data", where)
         n_items = info.get("n_items") if app.public_info else None
         loader = _CheckedLoader(hook, app.private_data, n_items, str(run_dir))
+        _probe(loader, app.private_data, run_config, clients)
     return public, loader
+
+
+def _probe(loader: Any, ref: str, run_config: Mapping, clients: int) -> None:
+    """Call ``private-data`` once for the first simulated node before the simulation starts
+    (the context Flower's simulation gives it: ``partition-id`` 0 of ``clients``)."""
+    from flwr.app import Context, RecordDict
+
+    node_config = {"partition-id": 0, "num-partitions": int(clients)}
+    context = Context(run_id=0, node_id=0, node_config=node_config, state=RecordDict(), run_config=dict(run_config))
+    try:
+        loader.check(context)
+    except PrivauditError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the app's own code: any failure is one line
+        raise PrivauditError(printable(f"private-data {ref!r} failed: {type(exc).__name__}: {exc}")[:300]) from None
 
 
 class _CheckedLoader:
@@ -228,14 +247,21 @@ class _CheckedLoader:
     def __init__(self, hook: Callable, ref: str, n_items: int | None, run_dir: str) -> None:
         self.hook, self.ref, self.n_items, self.run_dir = hook, ref, n_items, run_dir
 
-    def __call__(self, context: Any) -> dict[str, np.ndarray]:
+    def check(self, context: Any) -> dict[str, np.ndarray]:
+        """The hook's checked result (a one-line PrivauditError naming the hook if it is wrong)."""
         try:
             return check_private_data(self.hook(context), self.n_items)
+        except PrivauditError as exc:
+            raise PrivauditError(printable(f"private-data {self.ref!r}: {exc}")[:300]) from None
+
+    def __call__(self, context: Any) -> dict[str, np.ndarray]:
+        try:
+            return self.check(context)
         except Exception as exc:
             folder = Path(self.run_dir) / "hook-errors"
             folder.mkdir(exist_ok=True)
-            text = str(exc) if isinstance(exc, PrivauditError) else f"{type(exc).__name__}: {exc}"
-            line = printable(f"private-data {self.ref!r}: {text}")[:300]
+            text = str(exc) if isinstance(exc, PrivauditError) else f"{self.ref!r} failed: {type(exc).__name__}: {exc}"
+            line = printable(text if isinstance(exc, PrivauditError) else f"private-data {text}")[:300]
             (folder / f"{os.getpid()}.txt").write_text(line)
             raise
 

@@ -492,7 +492,7 @@ def _simulate(
     client_app = _attr(app, app.clientapp)
     rec = FlowerRecorder(app.schema, path)
     fused = get_fused_config_from_dir(app.root, dict(overrides))
-    public, loader = _isolation.checked_hooks(app, _attr, fused, recorder and private, path)
+    public, loader = _isolation.checked_hooks(app, _attr, fused, recorder and private, path, clients)
     if recorder:
         rec.spill = TranscriptWriter(path / "recorded-rounds.ptx", stream=True)
         server_app = fg.recording_server_app(server_app, rec, public)
