@@ -1350,11 +1350,9 @@ def _poll_sockets(root_pid: int, stop, seen: list) -> None:
         stop.wait(0.1)
 
 
-def test_record_listens_on_loopback_only_and_reaches_nothing(tmp_path, monkeypatch):
-    """`privaudit record --flower examples/flower-plain-mf`: every socket any process of the
-    recording binds, connects or lists (audit hook in every Python process, psutil on every
-    descendant, Ray's GCS and raylet included) is on a loopback address; no name but localhost
-    is looked up; nothing is left in ~/.flwr or $TMPDIR."""
+def _network_recording(tmp_path: Path) -> dict:
+    """`privaudit record --flower examples/flower-plain-mf` with an audit hook in every Python
+    process of the recording (sitecustomize on PYTHONPATH) and psutil polling its descendants."""
     import threading
 
     hook = tmp_path / "hook"
@@ -1364,11 +1362,9 @@ def test_record_listens_on_loopback_only_and_reaches_nothing(tmp_path, monkeypat
     home, tmp = tmp_path / "home", tmp_path / "tmp"
     home.mkdir()
     tmp.mkdir()
-    monkeypatch.setenv("PRIVAUDIT_TEST_NETLOG", str(log))
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("TMPDIR", str(tmp))
-    monkeypatch.delenv("FLWR_HOME", raising=False)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook), str(ROOT)]))
+    env.update(PRIVAUDIT_TEST_NETLOG=str(log), HOME=str(home), TMPDIR=str(tmp))
+    env.pop("FLWR_HOME", None)
     argv = [sys.executable, "-m", "privaudit", "record", "--flower", str(ROOT / "examples" / "flower-plain-mf")]
     argv += ["--clients", "3", "--rounds", "1", "-o", str(tmp_path / "run.ptx")]
     proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -1376,22 +1372,39 @@ def test_record_listens_on_loopback_only_and_reaches_nothing(tmp_path, monkeypat
     poller = threading.Thread(target=_poll_sockets, args=(proc.pid, stop, seen))
     poller.start()
     try:
-        out, err = proc.communicate(timeout=300)
+        _, err = proc.communicate(timeout=300)
     finally:
         stop.set()
         poller.join()
-    assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
-    assert (tmp_path / "run.ptx").is_file()
-    events = _socket_events(log)
+    return {
+        "rc": proc.returncode,
+        "err": err.decode(errors="replace"),
+        "written": (tmp_path / "run.ptx").is_file(),
+        "events": _socket_events(log),
+        "seen": seen,
+        "flwr_home": (home / ".flwr").exists(),
+        "tmp": sorted(p.name for p in tmp.iterdir()),
+    }
+
+
+def test_record_listens_on_loopback_only_and_reaches_nothing(frontdoor_records):
+    """`privaudit record --flower examples/flower-plain-mf`: every socket any process of the
+    recording binds, connects or lists (audit hook in every Python process, psutil on every
+    descendant, Ray's GCS and raylet included) is on a loopback address; no name but localhost
+    is looked up; nothing is left in ~/.flwr or $TMPDIR."""
+    res = frontdoor_records["network"]
+    assert res["rc"] == 0 and res["written"], res["err"][-2000:]
+    events = res["events"]
     assert any(e == "socket.bind" for e, _ in events), "the audit hook saw nothing (not installed?)"
     outside = [(e, a) for e, a in events if not _is_local(e, a)]
     assert not outside, outside[:10]
+    seen = res["seen"]
     assert seen, "no socket of the recording was seen"
     listeners = [s for s in seen if s[1] == "LISTEN" and not _loopback(s[2].ip)]
     assert not listeners, listeners[:5]
     remote = [s for s in seen if s[3] and not _loopback(s[3].ip)]
     assert not remote, remote[:5]
-    assert not (home / ".flwr").exists() and list(tmp.iterdir()) == []
+    assert not res["flwr_home"] and res["tmp"] == []
 
 
 # ------------------------------------------------------------------ frontdoor: budgets per input
@@ -1571,8 +1584,6 @@ FRONTDOOR_INPUT_CASES = {  # name: (build(tmp) -> (argv, folder), expected text)
 
 @pytest.fixture(scope="module")
 def frontdoor_input_outcomes(tmp_path_factory) -> dict:
-    import time
-
     root = tmp_path_factory.mktemp("frontdoor-inputs")
     jobs = {}
     for name, (build, _) in FRONTDOOR_INPUT_CASES.items():
@@ -1581,14 +1592,8 @@ def frontdoor_input_outcomes(tmp_path_factory) -> dict:
         argv, _ = build(d)
         jobs[name] = (argv, d, sorted(p.name for p in d.iterdir()))
 
-    def timed(argv, d):
-        t0 = time.monotonic()
-        res = _run(argv, d)
-        res["seconds"] = time.monotonic() - t0
-        return res
-
     with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {name: pool.submit(timed, argv, d) for name, (argv, d, _) in jobs.items()}
+        futures = {name: pool.submit(_run, argv, d) for name, (argv, d, _) in jobs.items()}
     out = {}
     for name, (_, d, before) in jobs.items():
         res = futures[name].result()
@@ -1602,5 +1607,169 @@ def test_frontdoor_inputs_are_refused_in_one_line(frontdoor_input_outcomes, name
     res = frontdoor_input_outcomes[name]
     _assert_refused(res, FRONTDOOR_INPUT_CASES[name][1])
     assert res["rss"] < RSS_LIMIT, res["rss"]
-    assert res["seconds"] < 60, res["seconds"]
     assert res["after"] == res["before"], "the refused command wrote a file"
+
+
+# ------------------------------------------------------------------ frontdoor: app hooks
+
+_HOSTILE_HOOKS = """
+import os
+import sys
+
+import numpy as np
+
+
+def text(run_config):
+    return "not an object"
+
+
+def huge(run_config):
+    return {"n_items": 10**12}
+
+
+def nan(run_config):
+    return {"n_items": 5, "lr": float("nan")}
+
+
+def upside_down(run_config):
+    return {"n_items": 5, "rating_min": 5.0, "rating_max": 1.0}
+
+
+def text_private(context):
+    return "not arrays"
+
+
+def wide_private(context):
+    return {"items": np.arange(10**6, 10**6 + 3), "ratings": np.ones(3)}
+
+
+def die(run_config):
+    sys.stdout.write("\\x1b[31mboom\\x1b[0m\\n")
+    sys.stdout.flush()
+    os._exit(3)
+"""
+
+HOOK_CASES = {  # name: (private-data, public-info, expected text): `privaudit record` on the app
+    "public-info returns a string": (None, "plain_mf.hostile:text", "returned a str, not an object"),
+    "private-data os:system": ("os:system", None, "'os:system' is a builtin, not a Python function"),
+    "private-data returns a string": ("plain_mf.hostile:text_private", None, "returned a str, not a dict of arrays"),
+    "the child dies printing escapes": (
+        None,
+        "plain_mf.hostile:die",
+        "the recording failed (exit code 3): \\x1b[31mboom",
+    ),
+}
+
+
+def _hostile_app(folder: Path, private: str | None, public: str | None) -> Path:
+    import shutil
+
+    app = folder / "app"
+    shutil.copytree(ROOT / "examples" / "flower-plain-mf", app, ignore=shutil.ignore_patterns("__pycache__", "*.egg*"))
+    (app / "plain_mf" / "hostile.py").write_text(_HOSTILE_HOOKS)
+    text = (app / "pyproject.toml").read_text()
+    lines = [
+        f'private-data = "{private}"' if private and line.startswith("private-data") else line
+        for line in text.splitlines()
+    ]
+    lines = [f'public-info = "{public}"' if public and line.startswith("public-info") else line for line in lines]
+    (app / "pyproject.toml").write_text("\n".join(lines) + "\n")
+    return app
+
+
+@pytest.fixture(scope="module")
+def frontdoor_records(tmp_path_factory) -> dict:
+    """The network recording and the hostile-hook recordings, three at a time."""
+    root = tmp_path_factory.mktemp("frontdoor-records")
+    jobs = {}
+    for name, (private, public, _) in HOOK_CASES.items():
+        d = root / _folder(name)
+        d.mkdir()
+        _hostile_app(d, private, public)
+        jobs[name] = d
+
+    def record(d):
+        res = _run(["record", "--flower", "app", "--clients", "3", "--rounds", "1", "-o", "run.ptx"], d)
+        res["after"] = sorted(p.name for p in d.iterdir())
+        return res
+
+    (root / "network").mkdir()
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        network = pool.submit(_network_recording, root / "network")
+        futures = {name: pool.submit(record, d) for name, d in jobs.items()}
+    return {"network": network.result(), **{name: f.result() for name, f in futures.items()}}
+
+
+@pytest.mark.parametrize("name", list(HOOK_CASES))
+def test_app_hooks_are_checked_before_the_simulation(frontdoor_records, name):
+    """A hostile [tool.privaudit] hook ends `privaudit record` in one line, exit 2, within
+    seconds (checked before the simulation starts), writing no transcript; a child that dies
+    leaves its log beside -o, never on the terminal."""
+    res = frontdoor_records[name]
+    _assert_refused(res, HOOK_CASES[name][2])
+    assert res["rss"] < RSS_LIMIT, res["rss"]
+    assert "run.ptx" not in res["after"]
+    if name == "the child dies printing escapes":
+        assert res["after"] == ["app", "privaudit-record.log"] and "(its log: privaudit-record.log)" in res["err"]
+    else:
+        assert res["after"] == ["app"]
+
+
+@pytest.mark.parametrize(
+    "value, expect",
+    [
+        ({"n_items": 10**12}, "n_items must be an integer in [1, 1048576]"),
+        ({"n_items": True}, "n_items must be an integer"),
+        ({"n_items": 5, "lr": float("nan")}, "not plain JSON"),
+        ({"n_items": 5, "x": object()}, "not plain JSON"),
+        ({1: 2, "n_items": 5, "rating_min": 5.0, "rating_max": 1.0}, "rating_min must be below rating_max"),
+        ({"rating_min": 1.0, "rating_max": 5.0, "rating_step": 1e-9}, "the rating scale has 4e+09 values"),
+        ({"rating_min": "1"}, "rating_min must be a finite number"),
+        ({"attribute_names": [1, 2]}, "attribute_names must be a list of at most 10000 strings"),
+        ({"blob": "x" * (2 * 1024**2)}, "bytes of JSON, more than 1048576"),
+        ([1, 2], "returned a list, not an object"),
+    ],
+)
+def test_public_info_is_checked(value, expect):
+    """What `privaudit record` checks of the public-info hook's result before the simulation
+    (the same function the record path above runs; one-line PrivauditError)."""
+    from privaudit.errors import PrivauditError
+    from privaudit.integrations._isolation import check_public_info
+
+    with pytest.raises(PrivauditError) as exc:
+        check_public_info(value, "app.task:info")
+    assert expect in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "value, expect",
+    [
+        ({"items": np.arange(10**6, 10**6 + 3), "ratings": np.ones(3)}, "field 'items' holds ids outside [0, 300)"),
+        ({"items": np.arange(3), "ratings": np.ones(4)}, "'items' and 'ratings' must have the same length"),
+        ({"items": np.arange(3.0)}, "field 'items' must be a 1-D integer array"),
+        ({"x": np.array(["a"])}, "field 'x': a <U1 array"),
+        ({"x": np.ones((2, 2, 2))}, "of 3 dims"),
+        ({"x": np.array([np.inf])}, "NaN or infinite"),
+        ({"x": "text"}, "field 'x' is a str, not an array"),
+        ({f"f{i}": np.zeros(1) for i in range(100)}, "returned 100 fields"),
+    ],
+)
+def test_private_data_is_checked(value, expect):
+    from privaudit.errors import PrivauditError
+    from privaudit.integrations._isolation import check_private_data
+
+    with pytest.raises(PrivauditError) as exc:
+        check_private_data(value, n_items=300)
+    assert expect in str(exc.value)
+
+
+def test_hooks_must_be_python_functions():
+    import os as _os
+
+    from privaudit.errors import PrivauditError
+    from privaudit.integrations._isolation import check_hook
+
+    for obj, kind in ((_os.system, "a builtin"), (np, "a module"), (int, "a type"), (3, "a int")):
+        with pytest.raises(PrivauditError, match=f"is {kind}, not a Python function"):
+            check_hook(obj, "m:f", "private-data", "app/pyproject.toml")
+    assert check_hook(test_hooks_must_be_python_functions, "m:f", "public-info", "x") is not None
