@@ -1531,6 +1531,12 @@ def _bomb_shard(mib: int) -> bytes:
     return raw_zip([entry("manifest.json", manifest({"arrays/0.npy": {"dtype": "<f8", "shape": [n]}})), member])
 
 
+def _int_attributes(folder: Path, names=7) -> Path:
+    t = recorded_transcript()
+    t.config["attribute_names"] = names
+    return t.save(folder / "bad.ptx")
+
+
 FRONTDOOR_INPUT_CASES = {  # name: (build(tmp) -> (argv, folder), expected text)
     "sharded: 1e9 clients in a 200-byte manifest": (
         lambda d: (
@@ -1563,6 +1569,18 @@ FRONTDOOR_INPUT_CASES = {  # name: (build(tmp) -> (argv, folder), expected text)
     "v2: stored column with a flipped bit": (
         lambda d: (["attack", "--transcript", "bad.ptx"], (d / "bad.ptx").write_bytes(_flipped_bit(d))),
         "Bad CRC-32",
+    ),
+    "recorded: attribute_names an integer (audit)": (
+        lambda d: (["audit", "--transcript", "bad.ptx"], _int_attributes(d)),
+        "config attribute_names must be a list of at most 10000 strings",
+    ),
+    "recorded: attribute_names an integer (attack)": (
+        lambda d: (["attack", "--transcript", "bad.ptx"], _int_attributes(d)),
+        "config attribute_names must be a list of at most 10000 strings",
+    ),
+    "recorded: attribute_names integers (audit)": (
+        lambda d: (["audit", "--transcript", "bad.ptx"], _int_attributes(d, [0, 1, 2])),
+        "config attribute_names must be a list of at most 10000 strings",
     ),
     "attack --scheduler local:100000": (
         lambda d: (["attack", "--protocol", "fedmvmf", "--scheduler", "local:100000"], None),

@@ -120,7 +120,8 @@ def check_public_info(value: Any, ref: str) -> dict[str, Any]:
         raise PrivauditError(printable(f"{where} returned a value that is not plain JSON ({str(exc)[:120]})")) from None
     if len(text) > MAX_PUBLIC_INFO_BYTES:
         raise PrivauditError(f"{where} returned {len(text)} bytes of JSON, more than {MAX_PUBLIC_INFO_BYTES}")
-    from privaudit.protocols.recorded import MAX_RECORDED_ITEMS as MAX_ITEMS  # what a recorded transcript may hold
+    from privaudit.protocols.recorded import MAX_ATTRIBUTES  # what a recorded transcript may hold
+    from privaudit.protocols.recorded import MAX_RECORDED_ITEMS as MAX_ITEMS
 
     info = json.loads(text)  # plain JSON from here on (keys are strings)
     if "n_items" in info:
@@ -143,9 +144,9 @@ def check_public_info(value: Any, ref: str) -> dict[str, Any]:
                 raise PrivauditError(f"{where}: the rating scale has {levels:.3g} values (at most {MAX_RATING_LEVELS})")
     names = info.get("attribute_names")
     if names is not None and (
-        not isinstance(names, list) or len(names) > 10_000 or not all(isinstance(x, str) for x in names)
+        not isinstance(names, list) or len(names) > MAX_ATTRIBUTES or not all(isinstance(x, str) for x in names)
     ):
-        raise PrivauditError(f"{where}: attribute_names must be a list of at most 10000 strings")
+        raise PrivauditError(f"{where}: attribute_names must be a list of at most {MAX_ATTRIBUTES} strings")
     return info
 
 
