@@ -1791,3 +1791,42 @@ def test_hooks_must_be_python_functions():
         with pytest.raises(PrivauditError, match=f"is {kind}, not a Python function"):
             check_hook(obj, "m:f", "private-data", "app/pyproject.toml")
     assert check_hook(test_hooks_must_be_python_functions, "m:f", "public-info", "x") is not None
+
+
+# ------------------------------------------------------------------ frontdoor: mapped data
+
+_TRUNCATE_AFTER_LOAD = """
+import os, sys
+import numpy as np
+from privaudit import transcript as tr
+t = tr.Transcript("p", parties=["server"])
+t.add(0, "server", "server", "state", {"V": np.arange(300000.0).reshape(100000, 3)})
+path = t.save(sys.argv[1])
+back = tr.load(path)
+os.truncate(path, 0)
+print(float(sum(m.payload["V"].sum() for m in back.messages)))
+"""
+
+
+def test_a_file_truncated_after_loading_is_harmless(tmp_path):
+    """A file's stored columns (up to 64 MiB of them) are read on load with their CRCs checked:
+    truncating the file afterwards (which made a memory-mapped column end the process with
+    SIGBUS) changes nothing."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run(
+        [sys.executable, "-c", _TRUNCATE_AFTER_LOAD, str(tmp_path / "t.ptx")], capture_output=True, text=True, env=env
+    )
+    assert res.returncode == 0, (res.returncode, res.stderr[-2000:])
+    assert float(res.stdout) == np.arange(300000.0).sum()
+
+
+def test_inspect_says_which_columns_are_mapped(base_ptx, capsys, monkeypatch):
+    from privaudit.transcript_io import mapped_bytes, v2
+
+    rc, out, _ = _main(["inspect", str(base_ptx)], capsys)
+    assert rc == 0 and "mapped" not in out  # every stored column read, CRC checked
+    monkeypatch.setattr(v2, "COPY_STORED_BYTES", 0)
+    n, size = mapped_bytes(tr.load(base_ptx))
+    assert n >= 1 and size > 0
+    rc, out, _ = _main(["inspect", str(base_ptx)], capsys)
+    assert rc == 0 and f"mapped      {n} stored columns (" in out and "CRCs not checked; do not change the file" in out

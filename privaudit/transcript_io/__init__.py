@@ -37,6 +37,7 @@ __all__ = [
     "claim_stream",
     "declared_size",
     "load",
+    "mapped_bytes",
     "save",
     "streaming",
 ]
@@ -85,6 +86,22 @@ def declared_size(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> int:
     with _open_archive(path, max_bytes) as zf:
         infos, _ = list_members(path, zf, max_bytes)
     return sum(info.file_size for info in infos.values())
+
+
+def mapped_bytes(transcript: Transcript) -> tuple[int, int]:
+    """``(columns, bytes)`` of the memory-mapped stored columns a loaded transcript's payloads
+    view: their CRCs are not checked, and the file must not change while they are in use."""
+    import numpy as np
+
+    seen: dict[int, int] = {}
+    for m in transcript.messages:
+        for arr in m.payload.values():
+            root = arr
+            while isinstance(root, np.ndarray) and not isinstance(root, np.memmap) and root.base is not None:
+                root = root.base
+            if isinstance(root, np.memmap):
+                seen[id(root)] = root.nbytes
+    return len(seen), sum(seen.values())
 
 
 @contextmanager
