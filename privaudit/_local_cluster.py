@@ -49,21 +49,23 @@ def local_cluster(workers: int) -> Iterator[Any]:
     if not 1 <= int(workers) <= MAX_LOCAL_WORKERS:
         raise PrivauditError(f"--scheduler: local:N needs 1 <= N <= {MAX_LOCAL_WORKERS}, got {workers}")
     try:
+        import dask
         from dask.distributed import LocalCluster
     except ImportError:  # pragma: no cover - dask is a declared extra
         raise MissingDependencyError("dask[distributed]", "dask") from None
     scratch = tempfile.mkdtemp(prefix="privaudit-dask-")
     dashboard = os.environ.get(DASHBOARD_ENV) == "1"
     try:
-        cluster = LocalCluster(
-            n_workers=int(workers),
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",  # a free loopback port: clusters never clash over 8787
-            scheduler_kwargs={"dashboard": dashboard},
-            local_directory=scratch,
-        )
+        with dask.config.set({"temporary-directory": scratch}):  # the scheduler's scratch too
+            cluster = LocalCluster(
+                n_workers=int(workers),
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address="127.0.0.1:0",  # a free loopback port: clusters never clash over 8787
+                scheduler_kwargs={"dashboard": dashboard},
+                local_directory=scratch,
+            )
         try:
             yield cluster
         finally:

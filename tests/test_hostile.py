@@ -1740,7 +1740,10 @@ def test_app_hooks_are_checked_before_the_simulation(frontdoor_records, name):
         ({"n_items": True}, "n_items must be an integer"),
         ({"n_items": 5, "lr": float("nan")}, "not plain JSON"),
         ({"n_items": 5, "x": object()}, "not plain JSON"),
-        ({1: 2, "n_items": 5, "rating_min": 5.0, "rating_max": 1.0}, "rating_min must be below rating_max"),
+        ({"n_items": 5, "rating_min": 5.0, "rating_max": 1.0}, "rating_min must be below rating_max"),
+        ({1: 2, "n_items": 5}, "returned a key 1: keys must be strings"),
+        ({"lr": "0.1"}, "lr must be a finite number"),
+        ({"local_steps": 10**9}, "local_steps must be an integer in [1, 1000000]"),
         ({"rating_min": 1.0, "rating_max": 5.0, "rating_step": 1e-9}, "the rating scale has 4e+09 values"),
         ({"rating_min": "1"}, "rating_min must be a finite number"),
         ({"attribute_names": [1, 2]}, "attribute_names must be a list of at most 10000 strings"),
@@ -1830,3 +1833,25 @@ def test_inspect_says_which_columns_are_mapped(base_ptx, capsys, monkeypatch):
     assert n >= 1 and size > 0
     rc, out, _ = _main(["inspect", str(base_ptx)], capsys)
     assert rc == 0 and f"mapped      {n} stored columns (" in out and "CRCs not checked; do not change the file" in out
+
+
+def test_local_clusters_listen_on_loopback_and_leave_no_scratch(tmp_path, monkeypatch):
+    """A local:N Dask cluster (run, attack, audit): scheduler, nannies and workers listen on
+    127.0.0.1 only; dask-scratch-space lives in a private folder removed on close."""
+    import psutil
+
+    from privaudit._local_cluster import local_cluster
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    me = psutil.Process()
+    with local_cluster(1) as cluster:
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+        assert [p.name for p in tmp_path.iterdir()][0].startswith("privaudit-dask-")
+        listening = []
+        for p in [me, *me.children(recursive=True)]:
+            try:
+                listening += [c.laddr.ip for c in p.net_connections(kind="inet") if c.status == "LISTEN"]
+            except psutil.Error:
+                continue
+    assert listening and all(ip in ("127.0.0.1", "::1") for ip in listening), listening
+    assert list(tmp_path.iterdir()) == []

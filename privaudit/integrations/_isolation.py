@@ -107,13 +107,17 @@ def _finite(value: Any) -> bool:
 
 
 def check_public_info(value: Any, ref: str) -> dict[str, Any]:
-    """The ``public-info`` hook's result, checked before the simulation starts: a JSON object of
-    at most :data:`MAX_PUBLIC_INFO_BYTES`, ``n_items`` an integer in [1, 2**20] (the recorded transcripts' cap), a sane
+    """The ``public-info`` hook's result, checked before the simulation starts: a JSON object
+    (string keys) of at most :data:`MAX_PUBLIC_INFO_BYTES`, ``lr``/``lam``/``global_mean``
+    finite numbers and ``local_steps`` an integer in [1, 10**6] when given, ``n_items`` an integer in [1, 2**20] (the recorded transcripts' cap), a sane
     rating scale (finite, min < max, step > 0, at most MAX_RATING_LEVELS values), and
     ``attribute_names`` a list of strings."""
     where = f"public-info {ref!r}"
     if not isinstance(value, dict):
         raise PrivauditError(printable(f"{where} returned a {type(value).__name__}, not an object (a dict)"))
+    bad = next((k for k in value if not isinstance(k, str)), None)
+    if bad is not None:
+        raise PrivauditError(printable(f"{where} returned a key {bad!r}: keys must be strings")[:300])
     try:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -142,6 +146,12 @@ def check_public_info(value: Any, ref: str) -> dict[str, Any]:
             levels = (info["rating_max"] - info["rating_min"]) / step + 1
             if levels > MAX_RATING_LEVELS:
                 raise PrivauditError(f"{where}: the rating scale has {levels:.3g} values (at most {MAX_RATING_LEVELS})")
+    for k in ("lr", "lam", "global_mean"):  # the training recipe the generic attacks read
+        if k in info and not _finite(info[k]):
+            raise PrivauditError(printable(f"{where}: {k} must be a finite number, got {info[k]!r}"[:300]))
+    steps = info.get("local_steps")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= 10**6):
+        raise PrivauditError(printable(f"{where}: local_steps must be an integer in [1, 1000000], got {steps!r}"[:300]))
     names = info.get("attribute_names")
     if names is not None and (
         not isinstance(names, list) or len(names) > MAX_ATTRIBUTES or not all(isinstance(x, str) for x in names)
