@@ -1748,6 +1748,8 @@ def test_app_hooks_are_checked_before_the_simulation(frontdoor_records, name):
         ({"rating_min": "1"}, "rating_min must be a finite number"),
         ({"attribute_names": [1, 2]}, "attribute_names must be a list of at most 10000 strings"),
         ({"blob": "x" * (2 * 1024**2)}, "bytes of JSON, more than 1048576"),
+        ({"matrix": [[0.0] * 8] * (2 * 10**5)}, "returned more than 100000 values"),
+        ({"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[0]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}, "levels of nesting"),
         ([1, 2], "returned a list, not an object"),
     ],
 )

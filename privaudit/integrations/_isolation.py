@@ -106,6 +106,23 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _check_size(value: Any, where: str, limit: int = 100_000, depth: int = 32) -> None:
+    """Refuse a value of more than ``limit`` items or nested deeper than ``depth`` before it is
+    serialized (a 2 x 10^7-row matrix is refused after ``limit`` steps, not after a copy)."""
+    stack, seen = [(value, 0)], 0
+    while stack:
+        item, level = stack.pop()
+        seen += 1
+        if seen > limit or level > depth:
+            raise PrivauditError(f"{where} returned more than {limit} values or {depth} levels of nesting")
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, (list, tuple)):
+            if len(item) > limit:
+                raise PrivauditError(f"{where} returned more than {limit} values or {depth} levels of nesting")
+            stack.extend((v, level + 1) for v in item)
+
+
 def check_public_info(value: Any, ref: str) -> dict[str, Any]:
     """The ``public-info`` hook's result, checked before the simulation starts: a JSON object
     (string keys) of at most :data:`MAX_PUBLIC_INFO_BYTES`, ``lr``/``lam``/``global_mean``
@@ -118,6 +135,7 @@ def check_public_info(value: Any, ref: str) -> dict[str, Any]:
     bad = next((k for k in value if not isinstance(k, str)), None)
     if bad is not None:
         raise PrivauditError(printable(f"{where} returned a key {bad!r}: keys must be strings")[:300])
+    _check_size(value, where)
     try:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
