@@ -1825,6 +1825,39 @@ def test_a_file_truncated_after_loading_is_harmless(tmp_path):
     assert float(res.stdout) == np.arange(300000.0).sum()
 
 
+_TRUNCATE_UNDER_MAPPING = """
+import os, sys
+import numpy as np
+from privaudit import transcript as tr
+from privaudit.transcript_io import v2
+v2.COPY_STORED_BYTES = 0  # every stored column memory-mapped
+t = tr.Transcript("p", parties=["server"])
+t.add(0, "server", "server", "state", {"V": np.arange(3000000.0).reshape(1000000, 3)})
+path = t.save(sys.argv[1])
+back = tr.load(path)
+os.truncate(path, 0)
+print(float(sum(m.payload["V"].sum() for m in back.messages)))
+"""
+
+
+def test_a_file_truncated_under_a_mapping_ends_in_one_line(tmp_path):
+    """A memory-mapped column whose file is truncated while it is read: one line, exit 2 (the
+    SIGBUS handler), not a silent crash with -7."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run(
+        [sys.executable, "-c", _TRUNCATE_UNDER_MAPPING, str(tmp_path / "t.ptx")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    assert res.stderr.splitlines() == [
+        "privaudit: error: a memory-mapped transcript file changed or was truncated while it was read (SIGBUS); "
+        "leave the file unchanged while privaudit reads it"
+    ]
+    assert res.stdout == ""
+
+
 def test_inspect_says_which_columns_are_mapped(base_ptx, capsys, monkeypatch):
     from privaudit.transcript_io import mapped_bytes, v2
 

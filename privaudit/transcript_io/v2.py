@@ -35,7 +35,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from privaudit.transcript import Message, Transcript
-from privaudit.transcript_io import v1
+from privaudit.transcript_io import _sigbus, v1
 from privaudit.transcript_io._safe import (
     _fail,
     _open_npy,
@@ -603,7 +603,9 @@ def _stored(
         return np.zeros(shape, dtype)
     if not copy:
         try:
-            return np.memmap(path, dtype=dtype, mode="r", offset=start + header_len, shape=shape).view(np.ndarray)
+            mapped = np.memmap(path, dtype=dtype, mode="r", offset=start + header_len, shape=shape)
+            _sigbus.install()  # the file truncated under the mapping: one line, exit 2, not a silent crash
+            return mapped.view(np.ndarray)
         except (OSError, ValueError):  # a file that cannot be mapped (a pipe-backed FUSE file, ...): read it
             pass
     try:
