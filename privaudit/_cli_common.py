@@ -165,6 +165,10 @@ def _check_extras(protocol: str | None, attack: str | None = None, defenses=(), 
     from privaudit.errors import check_extras
     from privaudit.params import parse_spec
 
+    if scheduler:  # local:N within the worker cap, before any work
+        from privaudit._local_cluster import local_workers
+
+        local_workers(scheduler)
     classes = [_Scheduler] if scheduler else []
     if protocol:
         protocol_cls = registry.get("protocol", protocol)

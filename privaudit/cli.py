@@ -159,6 +159,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"rounds      {s['rounds'][0]}..{s['rounds'][1]}")
     print(f"messages    {s['messages']}")
     print(f"private     {'included' if s['private_included'] else 'not included'}")
+    from privaudit.transcript_io import mapped_bytes
+
+    n_mapped, mapped = mapped_bytes(t)
+    if n_mapped:  # the first 64 MiB of stored columns are read with their CRCs checked; the rest are mapped
+        print(
+            f"mapped      {n_mapped} stored columns ({_human_bytes(mapped)}): CRCs not checked; do not change the file"
+        )
     defenses = (s["config"] or {}).get("defenses") or []
     if not defenses:
         print("defenses    none recorded")

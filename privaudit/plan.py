@@ -76,6 +76,9 @@ def check_plan_scheduler(value: Any, path: Path | str) -> None:
             f"{path}: the plan names scheduler {value!r}; a plan file cannot choose where privaudit connects "
             "(remove it and give --scheduler ADDRESS on the command line)"
         )
+    from privaudit._local_cluster import local_workers
+
+    local_workers(value, f"{path}: scheduler")  # the same worker cap as --scheduler
 
 
 # ------------------------------------------------------------------------------ parsing

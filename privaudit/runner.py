@@ -499,28 +499,22 @@ def scheduler_context(scheduler: str | None) -> Iterator[str | None]:
         yield None
         return
     try:
-        from dask.distributed import Client, LocalCluster
+        from dask.distributed import Client
     except ImportError:  # pragma: no cover - dask is a declared extra
         from privaudit.errors import MissingDependencyError
 
         raise MissingDependencyError("dask[distributed]", "dask") from None
     import joblib
 
-    cluster = None
+    from privaudit._local_cluster import local_cluster, local_workers
+
+    stack = contextlib.ExitStack()
     text = str(scheduler).strip()
+    workers = local_workers(text)  # local:N capped like `run` (one-line error before any process)
     previous = os.environ.get(PARENT_ENV)
     os.environ[PARENT_ENV] = str(os.getpid())  # local Dask workers watch this process too
-    if text.startswith("local:") or text == "local":
-        n = text.partition(":")[2] or "2"
-        try:
-            workers = int(n)
-        except ValueError:
-            raise PrivauditError(f"--scheduler: expected local:N with N workers, got {scheduler!r}") from None
-        if workers < 1:
-            raise PrivauditError(f"--scheduler: local:N needs N >= 1, got {workers}")
-        # the dashboard on a free port: a second cluster never clashes over the default 8787
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0")
-        client = Client(cluster)
+    if workers is not None:
+        client = Client(stack.enter_context(local_cluster(workers)))  # loopback only, scratch removed
         what = f"dask local cluster ({workers} workers)"
     else:
         try:
@@ -533,6 +527,5 @@ def scheduler_context(scheduler: str | None) -> Iterator[str | None]:
             yield what
     finally:
         client.close()
-        if cluster is not None:
-            cluster.close()
+        stack.close()
         _restore_env(previous)

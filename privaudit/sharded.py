@@ -33,6 +33,7 @@ import numpy as np
 
 from privaudit import _safejson
 from privaudit._escape import printable
+from privaudit._local_cluster import local_cluster, local_workers
 from privaudit._shard_scores import histograms, majority
 from privaudit.errors import MissingDependencyError, PrivauditError, TranscriptError
 from privaudit.protocols.base import RunResult, RunSetup
@@ -46,7 +47,7 @@ from privaudit.protocols.blocks import (
 )
 from privaudit.transcript import CLIENT_PREFIX, DEFAULT_MAX_BYTES, Message, Transcript, is_client
 from privaudit.transcript import load as load_transcript
-from privaudit.transcript_io import TranscriptWriter
+from privaudit.transcript_io import TranscriptWriter, declared_size
 
 __all__ = [
     "MANIFEST",
@@ -68,7 +69,7 @@ SUPPORTED = ("fedmvmf", "fedrec")
 _MANIFEST_MAX_BYTES = 64 * 1024**2
 _MAX_BLOCKS = 1 << 20
 _SHARD_NAME = re.compile(r"c(\d{6})-(private|r(\d{6}))\.ptx")
-_LOCAL = re.compile(r"local(?::(\d{1,4}))?")
+_LOCAL = re.compile(r"local(?::\d{1,12})?")
 _ADDRESS = re.compile(
     r"(tcp|tls)://([A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]):(\d{1,5})"
 )
@@ -78,14 +79,11 @@ _ADDRESS = re.compile(
 
 
 def parse_scheduler(text: str) -> tuple[str, Any]:
-    """``("local", N)`` for ``local[:N]`` (1 <= N <= 256; default 2) or ``("address", text)`` for
+    """``("local", N)`` for ``local[:N]`` (1 <= N <= MAX_LOCAL_WORKERS = 256; default 2) or ``("address", text)`` for
     ``tcp://HOST:PORT`` / ``tls://HOST:PORT``; anything else raises a one-line PrivauditError."""
     value = str(text).strip()
-    local = _LOCAL.fullmatch(value)
-    if local:
-        workers = int(local.group(1) or 2)
-        if not 1 <= workers <= 256:
-            raise PrivauditError(f"--scheduler: local:N needs 1 <= N <= 256, got {workers}")
+    workers = local_workers(value) if _LOCAL.fullmatch(value) else None
+    if workers is not None:
         return "local", workers
     address = _ADDRESS.fullmatch(value)
     if address and 1 <= int(address.group(3)) <= 65535:
@@ -99,31 +97,30 @@ def dask_client(scheduler: str) -> Iterator[Any]:
     (``local:N``) or a connection to a running scheduler (10 s timeout; one-line error)."""
     how, value = parse_scheduler(scheduler)
     try:
-        from dask.distributed import Client, LocalCluster
+        from dask.distributed import Client
     except ImportError:  # pragma: no cover - dask is a declared extra
         raise MissingDependencyError("dask[distributed]", "dask") from None
-    cluster = None
     if how == "local":
-        # the dashboard on a free port: a second cluster never clashes over the default 8787
-        cluster = LocalCluster(n_workers=value, threads_per_worker=1, processes=True, dashboard_address=":0")
-        client = Client(cluster)
-        try:
-            client.wait_for_workers(value, timeout="60s")
-        except TimeoutError:
-            client.close()
-            cluster.close()
-            raise PrivauditError(f"--scheduler local:{value}: the workers did not start within 60 s") from None
-    else:
-        try:
-            client = Client(value, timeout="10s")
-        except (OSError, TimeoutError, ValueError) as exc:
-            raise PrivauditError(f"--scheduler: cannot connect to Dask scheduler {value!r} ({exc})") from None
+        with local_cluster(value) as cluster:  # loopback only, scratch removed (privaudit._local_cluster)
+            client = Client(cluster)
+            try:
+                client.wait_for_workers(value, timeout="60s")
+            except TimeoutError:
+                client.close()
+                raise PrivauditError(f"--scheduler local:{value}: the workers did not start within 60 s") from None
+            try:
+                yield client
+            finally:
+                client.close()
+        return
+    try:
+        client = Client(value, timeout="10s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise PrivauditError(f"--scheduler: cannot connect to Dask scheduler {value!r} ({exc})") from None
     try:
         yield client
     finally:
         client.close()
-        if cluster is not None:
-            cluster.close()
 
 
 # ------------------------------------------------------------------------- the workers
@@ -610,14 +607,50 @@ def _check_shard(
             raise _fail(path, f"message {m.seq}: {m.kind[:40]!r} of round {m.round} does not belong in this shard")
 
 
+#: Bytes a client party costs in a loaded run (its name and index entries), and the fewest bytes
+#: of shard data a client can have (one row of a message table: five int64).
+_PARTY_BYTES = 128
+_MIN_CLIENT_BYTES = 40
+
+
+def _check_budget(manifest: Mapping[str, Any], chosen: list[dict], max_bytes: int) -> None:
+    """One budget for the whole folder, from the shards' central directories before anything is
+    loaded: the declared sizes of the server's and the chosen blocks' shards plus the party list
+    must fit ``max_bytes``, and no block may name more clients than its shards can hold."""
+    server = manifest["server"]
+    total = declared_size(server, max_bytes)
+    for block in chosen:
+        files = [block["private"], *block["rounds"]] if block["private"] else list(block["rounds"])
+        own = sum(declared_size(f, max_bytes) for f in files)
+        clients = block["hi"] - block["lo"]
+        if clients * _MIN_CLIENT_BYTES > own:
+            raise _fail(
+                files[0] if files else server,
+                f"block {block['lo']}..{block['hi'] - 1} names {clients} clients but its shards declare {own} bytes "
+                f"(at least {_MIN_CLIENT_BYTES} per client)",
+            )
+        total += own
+        if total > max_bytes:
+            break
+    total += manifest["clients"] * _PARTY_BYTES
+    if total > max_bytes:
+        raise _fail(
+            server.parent,
+            f"the run's shards and {manifest['clients']} client parties would take more than {max_bytes} bytes "
+            f"(at least {total}; raise it with --max-bytes)",
+        )
+
+
 def load(folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, blocks: Sequence[int] | None = None) -> Transcript:
     """The transcript of a sharded run's directory, in the single-process run's message order:
     the private messages, then per round the server's ``state``, every block's uploads (one kind
-    after the other) and the remaining servers' messages. ``max_bytes`` bounds each file;
+    after the other) and the remaining servers' messages. ``max_bytes`` bounds the whole folder
+    (the declared sizes of the shards read and the client parties, checked before any is loaded);
     ``blocks``: only these blocks' clients (their messages; the header is the whole run's)."""
     folder = Path(folder)
     manifest = read_manifest(folder)
     chosen = manifest["blocks"] if blocks is None else [manifest["blocks"][b] for b in blocks]
+    _check_budget(manifest, chosen, max_bytes)
     server = load_transcript(manifest["server"], max_bytes=max_bytes)
     if any(is_client(p) for p in server.parties):
         raise _fail(manifest["server"], "server.ptx must not list client parties (the manifest counts them)")

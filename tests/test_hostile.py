@@ -1480,3 +1480,622 @@ def test_canary_check_ignores_a_hand_edited_canary_config(canaries, bits):
     t = Transcript("flower", config={"canaries": canaries, "n_items": 10}, parties=["server", "client:0"])
     t.add(0, "client:0", "client:0", "canary_bits", {"bits": bits})
     assert canary_check(t) is None
+
+
+# ======================================================================================
+# frontdoor (issue 39): recording stays on loopback, budgets per input, mapped data, worker
+# caps, app hooks
+
+
+_NETLOG_HOOK = """
+import os, sys
+_LOG = os.environ.get("PRIVAUDIT_TEST_NETLOG")
+if _LOG:
+    def _hook(event, args, _log=_LOG):
+        if event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):
+            addr = args[1] if len(args) > 1 else None
+        elif event == "socket.getaddrinfo":
+            addr = (args[0], args[1])
+        else:
+            return
+        try:
+            with open(_log, "a") as fh:
+                fh.write(f"{event}\\t{addr!r}\\n")
+        except Exception:
+            pass
+    sys.addaudithook(_hook)
+"""
+
+
+def _loopback(host) -> bool:
+    import ipaddress
+
+    if host in (None, "", "localhost") or isinstance(host, bytes):
+        return host not in (None, "")
+    try:
+        ip = ipaddress.ip_address(str(host).strip("[]"))
+    except ValueError:
+        return False
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+def _socket_events(log: Path) -> list[tuple[str, object]]:
+    import ast
+
+    out = []
+    for line in log.read_text().splitlines() if log.exists() else []:
+        event, _, text = line.partition("\t")
+        try:
+            out.append((event, ast.literal_eval(text)))
+        except (ValueError, SyntaxError):
+            out.append((event, text))
+    return out
+
+
+def _is_local(event: str, addr) -> bool:
+    if isinstance(addr, (str, bytes)):  # an AF_UNIX path
+        return True
+    if not isinstance(addr, tuple) or not addr:
+        return False
+    return _loopback(addr[0])
+
+
+def _poll_sockets(root_pid: int, stop, seen: list) -> None:
+    """Every 0.1 s: the TCP/UDP sockets of ``root_pid`` and its descendants (Ray's C++ GCS and
+    raylet included, which no Python audit hook sees)."""
+    import psutil
+
+    while not stop.is_set():
+        try:
+            procs = [psutil.Process(root_pid), *psutil.Process(root_pid).children(recursive=True)]
+        except psutil.Error:
+            procs = []
+        for p in procs:
+            try:
+                for c in p.net_connections(kind="inet"):
+                    seen.append((p.pid, c.status, c.laddr, c.raddr))
+            except psutil.Error:
+                continue
+        stop.wait(0.1)
+
+
+def _network_recording(tmp_path: Path) -> dict:
+    """`privaudit record --flower examples/flower-plain-mf` with an audit hook in every Python
+    process of the recording (sitecustomize on PYTHONPATH) and psutil polling its descendants."""
+    import threading
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_NETLOG_HOOK)
+    log = tmp_path / "net.log"
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    tmp.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook), str(ROOT)]))
+    env.update(PRIVAUDIT_TEST_NETLOG=str(log), HOME=str(home), TMPDIR=str(tmp))
+    env.pop("FLWR_HOME", None)
+    argv = [sys.executable, "-m", "privaudit", "record", "--flower", str(ROOT / "examples" / "flower-plain-mf")]
+    argv += ["--clients", "3", "--rounds", "1", "-o", str(tmp_path / "run.ptx")]
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stop, seen = threading.Event(), []
+    poller = threading.Thread(target=_poll_sockets, args=(proc.pid, stop, seen))
+    poller.start()
+    try:
+        _, err = proc.communicate(timeout=300)
+    finally:
+        stop.set()
+        poller.join()
+    return {
+        "rc": proc.returncode,
+        "err": err.decode(errors="replace"),
+        "written": (tmp_path / "run.ptx").is_file(),
+        "events": _socket_events(log),
+        "seen": seen,
+        "flwr_home": (home / ".flwr").exists(),
+        "tmp": sorted(p.name for p in tmp.iterdir()),
+    }
+
+
+def test_record_listens_on_loopback_only_and_reaches_nothing(frontdoor_records):
+    """`privaudit record --flower examples/flower-plain-mf`: every socket any process of the
+    recording binds, connects or lists (audit hook in every Python process, psutil on every
+    descendant, Ray's GCS and raylet included) is on a loopback address; no name but localhost
+    is looked up; nothing is left in ~/.flwr or $TMPDIR."""
+    res = frontdoor_records["network"]
+    assert res["rc"] == 0 and res["written"], res["err"][-2000:]
+    events = res["events"]
+    assert any(e == "socket.bind" for e, _ in events), "the audit hook saw nothing (not installed?)"
+    outside = [(e, a) for e, a in events if not _is_local(e, a)]
+    assert not outside, outside[:10]
+    seen = res["seen"]
+    assert seen, "no socket of the recording was seen"
+    listeners = [s for s in seen if s[1] == "LISTEN" and not _loopback(s[2].ip)]
+    assert not listeners, listeners[:5]
+    remote = [s for s in seen if s[3] and not _loopback(s[3].ip)]
+    assert not remote, remote[:5]
+    assert not res["flwr_home"] and res["tmp"] == []
+
+
+# ------------------------------------------------------------------ frontdoor: budgets per input
+
+
+def _patch_member_sizes(data: bytes, name: str, csize: int | None = None, usize: int | None = None) -> bytes:
+    """``data`` (a ZIP) with the sizes ``name`` declares in its local and central headers replaced."""
+    buf = bytearray(data)
+    raw = name.encode()
+    for sig, csize_at, name_len_at, name_at in ((b"PK\x03\x04", 18, 26, 30), (b"PK\x01\x02", 20, 28, 46)):
+        pos = buf.find(sig)
+        while pos >= 0:
+            n = struct.unpack_from("<H", buf, pos + name_len_at)[0]
+            if bytes(buf[pos + name_at : pos + name_at + n]) == raw:
+                if csize is not None:
+                    struct.pack_into("<I", buf, pos + csize_at, csize)
+                if usize is not None:
+                    struct.pack_into("<I", buf, pos + csize_at + 4, usize)
+            pos = buf.find(sig, pos + 4)
+    return bytes(buf)
+
+
+def _npy_with_rows(npy: bytes, rows: int) -> bytes:
+    """A .npy member's bytes with the header's row count replaced (header length kept)."""
+    head_len = 10 + struct.unpack_from("<H", npy, 8)[0]
+    text = npy[10:head_len].decode("latin1")
+    start, end = text.index("'shape': (") + len("'shape': ("), text.index(")", text.index("'shape': ("))
+    new = (text[:start] + f"{rows}, " + text[start:end].split(",", 1)[1].strip() + text[end:]).rstrip("\n ")
+    new = new + " " * (len(text) - len(new) - 1) + "\n"
+    assert len(new) == len(text)
+    return npy[:10] + new.encode("latin1") + npy[head_len:]
+
+
+def _stored_rows(tmp: Path, rows: int) -> tuple[bytes, str, int]:
+    """The valid version-2 file with its stored column (2) declaring ``rows`` rows of 4 floats
+    (manifest, offsets and the .npy header agree); its data is still 300 rows."""
+    m, members = v2_parts(tmp)
+    col = m["columns"][2]
+    col["rows"] = rows
+    members[col["offsets"]] = (npy_bytes(np.array([0, rows], dtype=np.int64)), zipfile.ZIP_DEFLATED)
+    npy = members[col["data"]][0]
+    patched = _npy_with_rows(npy, rows)
+    members[col["data"]] = (patched, zipfile.ZIP_STORED)
+    header = len(patched) - 300 * 32
+    return v2_archive(m, members), col["data"], header
+
+
+def _declared_39gb(tmp: Path) -> bytes:
+    rows = 3_900_000_000 // 32
+    data, name, header = _stored_rows(tmp, rows)
+    return _patch_member_sizes(data, name, usize=header + rows * 32)
+
+
+def _runs_into_next(tmp: Path) -> bytes:
+    data, name, header = _stored_rows(tmp, 302)  # 64 bytes more than the member holds
+    return _patch_member_sizes(data, name, csize=header + 302 * 32, usize=header + 302 * 32)
+
+
+def _flipped_bit(tmp: Path) -> bytes:
+    m, members = v2_parts(tmp)
+    name = m["columns"][2]["data"]
+    npy = members[name][0]
+    members[name] = (np.arange(1200.0).reshape(300, 4).tobytes(), 0)  # distinctive bytes to find
+    members[name] = (npy[: len(npy) - 9600] + members[name][0], zipfile.ZIP_STORED)
+    data = bytearray(v2_archive(m, members))
+    at = bytes(data).find(np.float64(617.0).tobytes())
+    data[at + 3] ^= 0x10
+    return bytes(data)
+
+
+def _message_table(rows: int) -> bytes:
+    """A version-2 file whose message table declares ``rows`` rows (deflated zeros: ~5 MB)."""
+    head = npy_header("'<i8'", f"({rows}, 5)")
+    chunk = bytes(40 * 1024)
+    times = rows // 1024
+    table = {"name": "messages.npy", "data": repeated_deflate(head, chunk, times), "usize": len(head) + rows * 40}
+    m = {
+        "format": "privaudit-transcript",
+        "version": 2,
+        "protocol": "fedmvmf",
+        "parties": ["server"],
+        "names": ["server", "state"],
+        "messages": rows,
+        "table": "messages.npy",
+        "columns": [],
+        "meta": [],
+    }
+    return raw_zip([entry("manifest.json", json.dumps(m).encode()), table])
+
+
+def _sharded_folder(root: Path, manifest: dict, shards: dict[str, bytes]) -> Path:
+    root.mkdir()
+    server = tr.Transcript("fedmvmf", {"K": 2}, 0, {"name": "synthetic"}, ["server"])
+    server.save(root / "server.ptx")
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    for name, data in shards.items():
+        (root / name).write_bytes(data)
+    return root
+
+
+def _sharded_manifest(clients: int, block_size: int, rounds: list[int], private: bool = False) -> dict:
+    blocks = []
+    for b in range(-(-clients // block_size)):
+        lo, hi = b * block_size, min((b + 1) * block_size, clients)
+        names = [f"c{b:06d}-r{r:06d}.ptx" for r in rounds]
+        blocks.append({"lo": lo, "hi": hi, "private": f"c{b:06d}-private.ptx" if private else None, "rounds": names})
+    return {
+        "format": "privaudit-sharded-run",
+        "version": 1,
+        "protocol": "fedmvmf",
+        "clients": clients,
+        "block_size": block_size,
+        "rounds": rounds,
+        "blocks": blocks,
+        "server": "server.ptx",
+    }
+
+
+def _bomb_shard(mib: int) -> bytes:
+    """A shard whose one member declares ``mib`` MiB (deflated zeros, ~1 KB per MiB on disk)."""
+    n = mib * 2**20 // 8
+    head = npy_header("'<f8'", f"({n},)")
+    member = {"name": "arrays/0.npy", "data": repeated_deflate(head, bytes(1 << 20), mib), "usize": len(head) + n * 8}
+    return raw_zip([entry("manifest.json", manifest({"arrays/0.npy": {"dtype": "<f8", "shape": [n]}})), member])
+
+
+def _int_attributes(folder: Path, names=7) -> Path:
+    t = recorded_transcript()
+    t.config["attribute_names"] = names
+    return t.save(folder / "bad.ptx")
+
+
+FRONTDOOR_INPUT_CASES = {  # name: (build(tmp) -> (argv, folder), expected text)
+    "sharded: 1e9 clients in a 200-byte manifest": (
+        lambda d: (
+            ["attack", "--transcript", "run"],
+            _sharded_folder(d / "run", _sharded_manifest(10**9, 10**9, []), {}),
+        ),
+        "names 1000000000 clients but its shards declare 0 bytes",
+    ),
+    "sharded: four shards of 480 MiB": (
+        lambda d: (
+            ["attack", "--transcript", "run"],
+            _sharded_folder(
+                d / "run", _sharded_manifest(4, 1, [0]), {f"c{b:06d}-r000000.ptx": _bomb_shard(480) for b in range(4)}
+            ),
+        ),
+        "client parties would take more than 536870912 bytes",
+    ),
+    "v2: message table of 2.5M rows": (
+        lambda d: (["attack", "--transcript", "bad.ptx"], (d / "bad.ptx").write_bytes(_message_table(2_500_000))),
+        "2500000 messages, 0 payloads and 0 columns would take about",
+    ),
+    "v2: 3.9 GB stored column, --max-bytes 4G": (
+        lambda d: (["inspect", "bad.ptx", "--max-bytes", "4G"], (d / "bad.ptx").write_bytes(_declared_39gb(d))),
+        "stored, but declares",
+    ),
+    "v2: stored column runs 64 bytes into the next member": (
+        lambda d: (["attack", "--transcript", "bad.ptx"], (d / "bad.ptx").write_bytes(_runs_into_next(d))),
+        "runs into the next member",
+    ),
+    "v2: stored column with a flipped bit": (
+        lambda d: (["attack", "--transcript", "bad.ptx"], (d / "bad.ptx").write_bytes(_flipped_bit(d))),
+        "Bad CRC-32",
+    ),
+    "recorded: attribute_names an integer (audit)": (
+        lambda d: (["audit", "--transcript", "bad.ptx"], _int_attributes(d)),
+        "config attribute_names must be a list of at most 10000 strings",
+    ),
+    "recorded: attribute_names an integer (attack)": (
+        lambda d: (["attack", "--transcript", "bad.ptx"], _int_attributes(d)),
+        "config attribute_names must be a list of at most 10000 strings",
+    ),
+    "recorded: attribute_names integers (audit)": (
+        lambda d: (["audit", "--transcript", "bad.ptx"], _int_attributes(d, [0, 1, 2])),
+        "config attribute_names must be a list of at most 10000 strings",
+    ),
+    "attack --scheduler local:100000": (
+        lambda d: (["attack", "--protocol", "fedmvmf", "--scheduler", "local:100000"], None),
+        "local:N needs 1 <= N <= 256, got 100000",
+    ),
+    "audit --scheduler local:1000": (
+        lambda d: (["audit", "--protocol", "fedmvmf", "--scheduler", "local:1000"], None),
+        "local:N needs 1 <= N <= 256, got 1000",
+    ),
+    "plan scheduler local:1000": (
+        lambda d: (
+            ["attack", "--config", "plan.toml"],
+            (d / "plan.toml").write_text('[run]\nprotocol = "fedmvmf"\ndata = "synthetic"\nscheduler = "local:1000"\n'),
+        ),
+        "scheduler: local:N needs 1 <= N <= 256, got 1000",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def frontdoor_input_outcomes(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("frontdoor-inputs")
+    jobs = {}
+    for name, (build, _) in FRONTDOOR_INPUT_CASES.items():
+        d = root / _folder(name)
+        d.mkdir()
+        argv, _ = build(d)
+        jobs[name] = (argv, d, sorted(p.name for p in d.iterdir()))
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(_run, argv, d) for name, (argv, d, _) in jobs.items()}
+    out = {}
+    for name, (_, d, before) in jobs.items():
+        res = futures[name].result()
+        res.update(before=before, after=sorted(p.name for p in d.iterdir()))
+        out[name] = res
+    return out
+
+
+@pytest.mark.parametrize("name", list(FRONTDOOR_INPUT_CASES))
+def test_frontdoor_inputs_are_refused_in_one_line(frontdoor_input_outcomes, name):
+    res = frontdoor_input_outcomes[name]
+    _assert_refused(res, FRONTDOOR_INPUT_CASES[name][1])
+    assert res["rss"] < RSS_LIMIT, res["rss"]
+    assert res["after"] == res["before"], "the refused command wrote a file"
+
+
+# ------------------------------------------------------------------ frontdoor: app hooks
+
+_HOSTILE_HOOKS = """
+import os
+import sys
+
+import numpy as np
+
+
+def text(run_config):
+    return "not an object"
+
+
+def huge(run_config):
+    return {"n_items": 10**12}
+
+
+def nan(run_config):
+    return {"n_items": 5, "lr": float("nan")}
+
+
+def upside_down(run_config):
+    return {"n_items": 5, "rating_min": 5.0, "rating_max": 1.0}
+
+
+def text_private(context):
+    return "not arrays"
+
+
+def wide_private(context):
+    return {"items": np.arange(10**6, 10**6 + 3), "ratings": np.ones(3)}
+
+
+def die(run_config):
+    sys.stdout.write("\\x1b[31mboom\\x1b[0m\\n")
+    sys.stdout.flush()
+    os._exit(3)
+"""
+
+HOOK_CASES = {  # name: (private-data, public-info, expected text): `privaudit record` on the app
+    "public-info returns a string": (None, "plain_mf.hostile:text", "returned a str, not an object"),
+    "private-data os:system": ("os:system", None, "'os:system' is a builtin, not a Python function"),
+    "private-data returns a string": ("plain_mf.hostile:text_private", None, "returned a str, not a dict of arrays"),
+    "the child dies printing escapes": (
+        None,
+        "plain_mf.hostile:die",
+        "the recording failed (exit code 3): \\x1b[31mboom",
+    ),
+}
+
+
+def _hostile_app(folder: Path, private: str | None, public: str | None) -> Path:
+    import shutil
+
+    app = folder / "app"
+    shutil.copytree(ROOT / "examples" / "flower-plain-mf", app, ignore=shutil.ignore_patterns("__pycache__", "*.egg*"))
+    (app / "plain_mf" / "hostile.py").write_text(_HOSTILE_HOOKS)
+    text = (app / "pyproject.toml").read_text()
+    lines = [
+        f'private-data = "{private}"' if private and line.startswith("private-data") else line
+        for line in text.splitlines()
+    ]
+    lines = [f'public-info = "{public}"' if public and line.startswith("public-info") else line for line in lines]
+    (app / "pyproject.toml").write_text("\n".join(lines) + "\n")
+    return app
+
+
+@pytest.fixture(scope="module")
+def frontdoor_records(tmp_path_factory) -> dict:
+    """The network recording and the hostile-hook recordings, three at a time."""
+    root = tmp_path_factory.mktemp("frontdoor-records")
+    jobs = {}
+    for name, (private, public, _) in HOOK_CASES.items():
+        d = root / _folder(name)
+        d.mkdir()
+        _hostile_app(d, private, public)
+        jobs[name] = d
+
+    def record(d):
+        res = _run(["record", "--flower", "app", "--clients", "3", "--rounds", "1", "-o", "run.ptx"], d)
+        res["after"] = sorted(p.name for p in d.iterdir())
+        return res
+
+    (root / "network").mkdir()
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        network = pool.submit(_network_recording, root / "network")
+        futures = {name: pool.submit(record, d) for name, d in jobs.items()}
+    return {"network": network.result(), **{name: f.result() for name, f in futures.items()}}
+
+
+@pytest.mark.parametrize("name", list(HOOK_CASES))
+def test_app_hooks_are_checked_before_the_simulation(frontdoor_records, name):
+    """A hostile [tool.privaudit] hook ends `privaudit record` in one line, exit 2, within
+    seconds (checked before the simulation starts), writing no transcript; a child that dies
+    leaves its log beside -o, never on the terminal."""
+    res = frontdoor_records[name]
+    _assert_refused(res, HOOK_CASES[name][2])
+    assert res["rss"] < RSS_LIMIT, res["rss"]
+    assert "run.ptx" not in res["after"]
+    if name == "the child dies printing escapes":
+        assert res["after"] == ["app", "privaudit-record.log"] and "(its log: privaudit-record.log)" in res["err"]
+    else:
+        assert res["after"] == ["app"]
+
+
+@pytest.mark.parametrize(
+    "value, expect",
+    [
+        ({"n_items": 10**12}, "n_items must be an integer in [1, 1048576]"),
+        ({"n_items": True}, "n_items must be an integer"),
+        ({"n_items": 5, "lr": float("nan")}, "not plain JSON"),
+        ({"n_items": 5, "x": object()}, "not plain JSON"),
+        ({"n_items": 5, "rating_min": 5.0, "rating_max": 1.0}, "rating_min must be below rating_max"),
+        ({1: 2, "n_items": 5}, "returned a key 1: keys must be strings"),
+        ({"lr": "0.1"}, "lr must be a finite number"),
+        ({"local_steps": 10**9}, "local_steps must be an integer in [1, 1000000]"),
+        ({"rating_min": 1.0, "rating_max": 5.0, "rating_step": 1e-9}, "the rating scale has 4e+09 values"),
+        ({"rating_min": "1"}, "rating_min must be a finite number"),
+        ({"attribute_names": [1, 2]}, "attribute_names must be a list of at most 10000 strings"),
+        ({"blob": "x" * (2 * 1024**2)}, "bytes of JSON, more than 1048576"),
+        ({"matrix": [[0.0] * 8] * (2 * 10**5)}, "returned more than 100000 values"),
+        ({"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[0]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}, "levels of nesting"),
+        ([1, 2], "returned a list, not an object"),
+    ],
+)
+def test_public_info_is_checked(value, expect):
+    """What `privaudit record` checks of the public-info hook's result before the simulation
+    (the same function the record path above runs; one-line PrivauditError)."""
+    from privaudit.errors import PrivauditError
+    from privaudit.integrations._isolation import check_public_info
+
+    with pytest.raises(PrivauditError) as exc:
+        check_public_info(value, "app.task:info")
+    assert expect in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "value, expect",
+    [
+        ({"items": np.arange(10**6, 10**6 + 3), "ratings": np.ones(3)}, "field 'items' holds ids outside [0, 300)"),
+        ({"items": np.arange(3), "ratings": np.ones(4)}, "'items' and 'ratings' must have the same length"),
+        ({"items": np.arange(3.0)}, "field 'items' must be a 1-D integer array"),
+        ({"x": np.array(["a"])}, "field 'x': a <U1 array"),
+        ({"x": np.ones((2, 2, 2))}, "of 3 dims"),
+        ({"x": np.array([np.inf])}, "NaN or infinite"),
+        ({"x": "text"}, "field 'x' is a str, not an array"),
+        ({f"f{i}": np.zeros(1) for i in range(100)}, "returned 100 fields"),
+    ],
+)
+def test_private_data_is_checked(value, expect):
+    from privaudit.errors import PrivauditError
+    from privaudit.integrations._isolation import check_private_data
+
+    with pytest.raises(PrivauditError) as exc:
+        check_private_data(value, n_items=300)
+    assert expect in str(exc.value)
+
+
+def test_hooks_must_be_python_functions():
+    import os as _os
+
+    from privaudit.errors import PrivauditError
+    from privaudit.integrations._isolation import check_hook
+
+    for obj, kind in ((_os.system, "a builtin"), (np, "a module"), (int, "a type"), (3, "a int")):
+        with pytest.raises(PrivauditError, match=f"is {kind}, not a Python function"):
+            check_hook(obj, "m:f", "private-data", "app/pyproject.toml")
+    assert check_hook(test_hooks_must_be_python_functions, "m:f", "public-info", "x") is not None
+
+
+# ------------------------------------------------------------------ frontdoor: mapped data
+
+_TRUNCATE_AFTER_LOAD = """
+import os, sys
+import numpy as np
+from privaudit import transcript as tr
+t = tr.Transcript("p", parties=["server"])
+t.add(0, "server", "server", "state", {"V": np.arange(300000.0).reshape(100000, 3)})
+path = t.save(sys.argv[1])
+back = tr.load(path)
+os.truncate(path, 0)
+print(float(sum(m.payload["V"].sum() for m in back.messages)))
+"""
+
+
+def test_a_file_truncated_after_loading_is_harmless(tmp_path):
+    """A file's stored columns (up to 64 MiB of them) are read on load with their CRCs checked:
+    truncating the file afterwards (which made a memory-mapped column end the process with
+    SIGBUS) changes nothing."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run(
+        [sys.executable, "-c", _TRUNCATE_AFTER_LOAD, str(tmp_path / "t.ptx")], capture_output=True, text=True, env=env
+    )
+    assert res.returncode == 0, (res.returncode, res.stderr[-2000:])
+    assert float(res.stdout) == np.arange(300000.0).sum()
+
+
+_TRUNCATE_UNDER_MAPPING = """
+import os, sys
+import numpy as np
+from privaudit import transcript as tr
+from privaudit.transcript_io import v2
+v2.COPY_STORED_BYTES = 0  # every stored column memory-mapped
+t = tr.Transcript("p", parties=["server"])
+t.add(0, "server", "server", "state", {"V": np.arange(3000000.0).reshape(1000000, 3)})
+path = t.save(sys.argv[1])
+back = tr.load(path)
+os.truncate(path, 0)
+print(float(sum(m.payload["V"].sum() for m in back.messages)))
+"""
+
+
+def test_a_file_truncated_under_a_mapping_ends_in_one_line(tmp_path):
+    """A memory-mapped column whose file is truncated while it is read: one line, exit 2 (the
+    SIGBUS handler), not a silent crash with -7."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run(
+        [sys.executable, "-c", _TRUNCATE_UNDER_MAPPING, str(tmp_path / "t.ptx")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    assert res.stderr.splitlines() == [
+        "privaudit: error: a memory-mapped transcript file changed or was truncated while it was read (SIGBUS); "
+        "leave the file unchanged while privaudit reads it"
+    ]
+    assert res.stdout == ""
+
+
+def test_inspect_says_which_columns_are_mapped(base_ptx, capsys, monkeypatch):
+    from privaudit.transcript_io import mapped_bytes, v2
+
+    rc, out, _ = _main(["inspect", str(base_ptx)], capsys)
+    assert rc == 0 and "mapped" not in out  # every stored column read, CRC checked
+    monkeypatch.setattr(v2, "COPY_STORED_BYTES", 0)
+    n, size = mapped_bytes(tr.load(base_ptx))
+    assert n >= 1 and size > 0
+    rc, out, _ = _main(["inspect", str(base_ptx)], capsys)
+    assert rc == 0 and f"mapped      {n} stored columns (" in out and "CRCs not checked; do not change the file" in out
+
+
+def test_local_clusters_listen_on_loopback_and_leave_no_scratch(tmp_path, monkeypatch):
+    """A local:N Dask cluster (run, attack, audit): scheduler, nannies and workers listen on
+    127.0.0.1 only; dask-scratch-space lives in a private folder removed on close."""
+    import psutil
+
+    from privaudit._local_cluster import local_cluster
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    me = psutil.Process()
+    with local_cluster(1) as cluster:
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+        assert [p.name for p in tmp_path.iterdir()][0].startswith("privaudit-dask-")
+        listening = []
+        for p in [me, *me.children(recursive=True)]:
+            try:
+                listening += [c.laddr.ip for c in p.net_connections(kind="inet") if c.status == "LISTEN"]
+            except psutil.Error:
+                continue
+    assert listening and all(ip in ("127.0.0.1", "::1") for ip in listening), listening
+    assert list(tmp_path.iterdir()) == []

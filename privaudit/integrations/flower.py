@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from privaudit import _safejson
+from privaudit._escape import printable
 from privaudit.errors import MissingDependencyError, PrivauditError
-from privaudit.integrations import dense
+from privaudit.integrations import _isolation, dense
 from privaudit.integrations._flower_dp import client_reported
 from privaudit.integrations._flower_mods import calling_strategy
 from privaudit.integrations._sidechannel import merge_defenses, merge_private, write_private
@@ -450,6 +451,8 @@ def record(
     if not MIN_CPUS_PER_CLIENT <= cpus_per_client <= 1024:  # Ray starts CPUs / C worker processes
         raise PrivauditError(f"--cpus-per-client must be in [{MIN_CPUS_PER_CLIENT}, 1024], got {cpus_per_client}")
     app = load_app(app_dir)
+    for key, value in _isolation.QUIET_ENV.items():  # before Ray is imported: loopback, no telemetry
+        os.environ.setdefault(key, value)
     require_flwr()
     overrides = dict(run_config or {})
     if rounds is not None:
@@ -515,6 +518,7 @@ def _simulate(
     rec = FlowerRecorder(app.schema, path)
     rec.client_dp = dp_mods(client_app)  # stock mods: ClientApp(mods=[LocalDpMod(...)])
     fused = get_fused_config_from_dir(app.root, dict(overrides))
+    public, loader = _isolation.checked_hooks(app, _attr, fused, recorder and private, path, clients)
     n_canaries = _canary_count(canaries, rec.client_dp) if recorder else 0
     if n_canaries:  # one more node, the canary client, inside the app's own mods
         from privaudit.integrations import flower_canary as fc
@@ -525,10 +529,9 @@ def _simulate(
         client_app = with_innermost(client_app, fc.canary_mod(path, clients, n_canaries, rec.canary[1], rec.canary[0]))
     if recorder:
         rec.spill = TranscriptWriter(path / "recorded-rounds.ptx", stream=True)
-        public = _attr(app, app.public_info) if app.public_info else None
         server_app = fg.recording_server_app(server_app, rec, public)
-        if private and app.private_data:
-            truth = fg.private_data_mod(_attr(app, app.private_data), path)
+        if loader is not None:
+            truth = fg.private_data_mod(loader, path)
             truth = fc.skip_partition(truth, clients) if n_canaries else truth
             client_app = fg.with_mods(client_app, [truth])
     run_id = int.from_bytes(os.urandom(8), "big") >> 1
@@ -541,7 +544,8 @@ def _simulate(
     backend = {
         "client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
         # Ray's session folder (logs, sockets) inside privaudit's private temporary folder
-        "init_args": {"logging_level": "ERROR", "log_to_driver": False, "_temp_dir": str(ray_temp)},
+        # loopback only, no dashboard (privaudit.integrations._isolation)
+        "init_args": _isolation.ray_init_args(ray_temp),
     }
     t0 = time.perf_counter()
     # the simulation's worker processes import the app's modules: put its folder on their path;
@@ -562,6 +566,10 @@ def _simulate(
             run=run,
             is_app=True,
         )
+        _isolation.raise_hook_errors(path)
+    except Exception:
+        _isolation.raise_hook_errors(path)  # a failed private-data hook, rather than what it broke
+        raise
     finally:
         if rec.spill is not None:  # drop the scratch file: the views of its rounds stay valid
             rec.spill.abort()
@@ -745,7 +753,7 @@ def record_to_file(
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        result = _run_child(scratch)
+        result = _run_child(scratch, Path(output).parent)
         write_file_from(scratch / "out.ptx", Path(output))
         return result
     except _Stopped as stopped:
@@ -765,16 +773,16 @@ def _check_record_args(clients: int, rounds: int | None, cpus_per_client: float)
         raise PrivauditError(f"--cpus-per-client must be in [{MIN_CPUS_PER_CLIENT}, 1024], got {cpus_per_client}")
 
 
-def _run_child(scratch: Path) -> dict[str, Any]:
-    """Run the recording child on ``scratch/job.json`` and return its ``result.json`` (its log
-    and a one-line error when it failed)."""
+def _run_child(scratch: Path, log_dir: Path | None = None) -> dict[str, Any]:
+    """Run the recording child on ``scratch/job.json`` and return its ``result.json``; when it
+    failed, a one-line error (its log copied into ``log_dir``)."""
     import json
     import subprocess
 
     package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
+    # loopback only, no telemetry, FLWR_HOME/RAY_TMPDIR/TMPDIR inside scratch (_isolation)
+    env = _isolation.child_env(scratch, os.environ)
     env["PYTHONPATH"] = os.pathsep.join([package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["RAY_TMPDIR"] = str(scratch / "r")
     code = "from privaudit.integrations.flower import _child_main; _child_main()"
     with open(scratch / "log.txt", "wb") as log:  # Flower's and Ray's output; shown if the run fails
         proc = subprocess.Popen(
@@ -792,9 +800,12 @@ def _run_child(scratch: Path) -> dict[str, Any]:
             raise
     result_path = scratch / "result.json"
     if not result_path.is_file():
-        tail = (scratch / "log.txt").read_bytes()[-4000:].decode(errors="replace")
-        sys.stderr.write(tail if tail.endswith("\n") or not tail else tail + "\n")
-        raise PrivauditError(f"the recording failed (its process exited with code {returncode}; its log is above)")
+        line = _isolation.summarize_log(scratch / "log.txt")
+        kept = _isolation.keep_log(scratch / "log.txt", log_dir)
+        raise PrivauditError(
+            f"the recording failed (exit code {returncode}): {line or 'no message'}"
+            + (f" (its log: {printable(kept)})" if kept else "")
+        )
     result = json.loads(result_path.read_text())
     if "error" in result:
         raise PrivauditError(result["error"])

@@ -46,6 +46,7 @@ from privaudit.errors import PrivauditError
 from privaudit.integrations._flower_dp import DEFAULT_DELTA as DEFAULT_DELTA  # re-exported
 from privaudit.integrations._flower_dp import client_reported, describe
 from privaudit.integrations._flower_mods import calling_client_app, dp_mods, is_dp_mod
+from privaudit.integrations._isolation import check_private_data, check_public_info
 from privaudit.integrations._sidechannel import write_defenses, write_private
 from privaudit.integrations.flower import SIMULATION_DIR_ENV, FlowerRecorder, _defenses, _is_train, require_flwr
 from privaudit.integrations.schema_map import SchemaMap
@@ -118,7 +119,7 @@ def client_mod(private_data: Callable[[Any], dict], defenses: Iterable[Any] = ()
             return reply
         from flwr.app import Array, ArrayRecord, ConfigRecord
 
-        data = private_data(context)
+        data = check_private_data(private_data(context))
         reply.content[PRIVATE_RECORD] = ArrayRecord({str(k): Array(np.asarray(v)) for k, v in data.items()})
         reply.content[DEFENSES_RECORD] = ConfigRecord({"json": json.dumps(described(context))})
         return reply
@@ -140,6 +141,7 @@ class _DeployRecorder:
         self.rec = rec
         self.client_defenses: dict[str, dict[str, Any]] = {}
         self.reported: dict[str, set[int]] = {}
+        self.rejected: set[int] = set()  # nodes whose private data failed the checks
 
     def see_nodes(self, nodes: Iterable[int]) -> None:
         self.rec.see_nodes(nodes)
@@ -159,7 +161,12 @@ class _DeployRecorder:
             rec = content[PRIVATE_RECORD]
             arrays = {str(k): np.array(rec[k].numpy(), copy=True) for k in rec}
             del content[PRIVATE_RECORD]
-            write_private(self.rec.run_dir, node, lambda: arrays)
+            try:  # a node's ground truth is input like any other: checked, else left out (and counted)
+                checked = check_private_data(arrays, self.rec.public.get("n_items"))
+            except PrivauditError:
+                self.rejected.add(node)
+            else:
+                write_private(self.rec.run_dir, node, lambda: checked)
         if DEFENSES_RECORD in content:
             text = content[DEFENSES_RECORD].get("json", "[]")
             del content[DEFENSES_RECORD]
@@ -229,7 +236,8 @@ def record_run(
         raise PrivauditError(f"{OUT_KEY}={path!r}: the folder {out.parent} does not exist")
     run_dir = Path(tempfile.mkdtemp(prefix="privaudit-deploy-"))
     rec = FlowerRecorder(schema or SchemaMap.auto_map(), run_dir)
-    rec.start(dict(context.run_config), public_info(context.run_config) if public_info else {})
+    public = check_public_info(public_info(context.run_config), "public_info") if public_info else {}
+    rec.start(dict(context.run_config), public)
     deploy = _DeployRecorder(rec)
     try:
         yield RecordingGrid(grid, deploy)
@@ -243,6 +251,8 @@ def record_run(
                 defenses=deploy.defenses(strategy, delta),
             )
             t.config["deployment"] = {"engine": "flower-deployment", "nodes": len(rec.nodes)}
+            if deploy.rejected:
+                t.config["deployment"]["private_rejected"] = len(deploy.rejected)
             t.save(out)
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)

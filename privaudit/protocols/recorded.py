@@ -20,6 +20,8 @@ from privaudit.schema import ProtocolSchema
 MAX_RECORDED_ITEMS = 2**20
 #: Most points of a rating grid (``(rating_max - rating_min) / rating_step + 1``).
 MAX_RATING_LEVELS = 1000
+#: Most public attribute names (one-hot columns) a recording may declare.
+MAX_ATTRIBUTES = 10_000
 #: Meta keys the attacks read, and their types.
 _META_TYPES = {"to": list, "of": str, "values": str, "masked": bool, "encrypted": bool}
 
@@ -45,7 +47,8 @@ def check_recorded_config(config: Any) -> None:
 
     Requires a ``schema_map`` and an integer ``n_items`` in ``[1, MAX_RECORDED_ITEMS]``; the
     rating grid (``rating_min`` < ``rating_max``, ``rating_step`` > 0) finite with at most
-    ``MAX_RATING_LEVELS`` points; ``defenses`` a list of objects with a string ``name``.
+    ``MAX_RATING_LEVELS`` points; ``attribute_names`` (if given) a list of strings; ``defenses``
+    a list of objects with a string ``name``.
     """
     if not isinstance(config, dict):
         raise _fail("its public config is not an object")
@@ -67,6 +70,9 @@ def check_recorded_config(config: Any) -> None:
         levels = (hi - lo) / (step or 1.0) + 1
         if levels > MAX_RATING_LEVELS:
             raise _fail(f"config rating grid has {levels:.3g} levels, more than {MAX_RATING_LEVELS}")
+    names = config.get("attribute_names", [])
+    if not isinstance(names, list) or len(names) > MAX_ATTRIBUTES or not all(isinstance(x, str) for x in names):
+        raise _fail(f"config attribute_names must be a list of at most {MAX_ATTRIBUTES} strings")
     defenses = config.get("defenses", [])
     if not isinstance(defenses, list) or not all(
         isinstance(d, dict) and isinstance(d.get("name"), str) for d in defenses

@@ -30,7 +30,17 @@ from privaudit.transcript_io.v2 import TranscriptWriter
 FORMAT_VERSION = v2.VERSION
 READS = (v1.VERSION, v2.VERSION)
 
-__all__ = ["FORMAT_VERSION", "READS", "TranscriptWriter", "claim_stream", "load", "save", "streaming"]
+__all__ = [
+    "FORMAT_VERSION",
+    "READS",
+    "TranscriptWriter",
+    "claim_stream",
+    "declared_size",
+    "load",
+    "mapped_bytes",
+    "save",
+    "streaming",
+]
 
 
 def save(transcript: Transcript, path: str | Path, include_private: bool = True, version: int = FORMAT_VERSION) -> Path:
@@ -66,6 +76,32 @@ def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
         if codes is not None and len(set(names)) == len(names):
             t.index_from_codes(codes, names)  # from the message table: no pass over the messages
     return t
+
+
+def declared_size(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> int:
+    """The total uncompressed size a ``.ptx`` file's central directory declares (its members
+    checked as :func:`load` checks them, nothing inflated): what loading it may cost in bytes."""
+    path = Path(path)
+    check_path(path, max_bytes)
+    with _open_archive(path, max_bytes) as zf:
+        infos, _ = list_members(path, zf, max_bytes)
+    return sum(info.file_size for info in infos.values())
+
+
+def mapped_bytes(transcript: Transcript) -> tuple[int, int]:
+    """``(columns, bytes)`` of the memory-mapped stored columns a loaded transcript's payloads
+    view: their CRCs are not checked, and the file must not change while they are in use."""
+    import numpy as np
+
+    seen: dict[int, int] = {}
+    for m in transcript.messages:
+        for arr in m.payload.values():
+            root = arr
+            while isinstance(root, np.ndarray) and not isinstance(root, np.memmap) and root.base is not None:
+                root = root.base
+            if isinstance(root, np.memmap):
+                seen[id(root)] = root.nbytes
+    return len(seen), sum(seen.values())
 
 
 @contextmanager

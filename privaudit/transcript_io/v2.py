@@ -35,7 +35,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from privaudit.transcript import Message, Transcript
-from privaudit.transcript_io import v1
+from privaudit.transcript_io import _sigbus, v1
 from privaudit.transcript_io._safe import (
     _fail,
     _open_npy,
@@ -54,6 +54,15 @@ VERSION = 2
 STORED_MIN_BYTES = 1 << 20  # a column this large is stored (memory-mapped on load) whatever its dtype
 STORED_MIN_FLOATS = 1024  # float columns barely deflate: stored from this many elements
 CHUNK_BYTES = 256 * 1024**2  # a streamed column this large is written at once, as a part of its column
+#: Python objects a loaded message costs (Message, payload and meta dicts, index entries), and a
+#: payload slot (a view and its dict entry), a column (spec, three arrays): counted against
+#: ``max_bytes`` with the members' declared sizes, from the manifest, before anything is built.
+MESSAGE_OBJECT_BYTES = 512
+SLOT_OBJECT_BYTES = 256
+COLUMN_OBJECT_BYTES = 4096
+#: Stored columns are read into memory (CRC checked) while a file's copies stay under this many
+#: bytes; larger ones are memory-mapped (their CRC is not checked: that would read them).
+COPY_STORED_BYTES = 64 * 1024**2
 
 
 class _Column:
@@ -561,25 +570,55 @@ def _check_owners(path: Path, c: int, spec: _Spec, owners: np.ndarray, table: np
         )
 
 
-def _mapped(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: dict, budget: int) -> np.ndarray:
-    """A stored member as a read-only memory map (header checked first); read into memory when
-    the file cannot be mapped."""
+def _next_starts(zf: zipfile.ZipFile) -> dict[int, int]:
+    """Local header offset of each member -> where the next member (or the central directory)
+    starts: the end no member's data may run past."""
+    starts = sorted({i.header_offset for i in zf.infolist()})
+    ends = starts[1:] + [int(getattr(zf, "start_dir", 0)) or 2**63]
+    return dict(zip(starts, ends))
+
+
+def _stored(
+    path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: dict, budget: int, copy: bool, limits: dict
+) -> np.ndarray:
+    """A stored member, its extent checked against the file and its neighbours first: read into
+    memory with its CRC checked when ``copy`` (or when the file cannot be mapped), else a
+    read-only memory map."""
+    where = f"member {info.filename!r}"
     fh, shape, fortran, dtype, header_len = _open_npy(path, zf, info, expected, budget)
     fh.close()
     if fortran and len(shape) > 1:
-        raise _fail(path, f"member {info.filename!r}: a column must be C-ordered")
-    if not info.file_size - header_len:
-        return np.zeros(shape, dtype)
+        raise _fail(path, f"{where}: a column must be C-ordered")
+    if info.compress_size != info.file_size:
+        raise _fail(path, f"{where}: stored, but declares {info.compress_size} bytes in the file for {info.file_size}")
     try:
         with open(path, "rb") as raw:
             fd = raw.fileno()
-            start = member_data_offset(path, fd, info, os.fstat(fd).st_size) + header_len
-        return np.memmap(path, dtype=dtype, mode="r", offset=start, shape=shape).view(np.ndarray)
-    except (OSError, ValueError):  # a file that cannot be mapped (a pipe-backed FUSE file, ...): read it
-        return _read_npy(path, zf, info, expected, budget)
+            start = member_data_offset(path, fd, info, os.fstat(fd).st_size)
+    except OSError as exc:
+        raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
+    if start + info.compress_size > limits.get(info.header_offset, 2**63):
+        raise _fail(path, f"{where}: its declared size runs into the next member (overlapping data)")
+    if not info.file_size - header_len:
+        return np.zeros(shape, dtype)
+    if not copy:
+        try:
+            mapped = np.memmap(path, dtype=dtype, mode="r", offset=start + header_len, shape=shape)
+            _sigbus.install()  # the file truncated under the mapping: one line, exit 2, not a silent crash
+            return mapped.view(np.ndarray)
+        except (OSError, ValueError):  # a file that cannot be mapped (a pipe-backed FUSE file, ...): read it
+            pass
+    try:
+        arr = _read_npy(path, zf, info, expected, budget)
+    except MemoryError:
+        raise _fail(path, f"{where}: not enough memory to read {info.file_size} bytes (lower --max-bytes)") from None
+    arr.setflags(write=False)
+    return arr
 
 
-def _column(path: Path, zf: zipfile.ZipFile, c: int, spec: _Spec, infos: dict, budget: int) -> np.ndarray:
+def _column(
+    path: Path, zf: zipfile.ZipFile, c: int, spec: _Spec, infos: dict, budget: int, copy: bool, limits: dict
+) -> np.ndarray:
     info = infos[spec.data]
     is_stored = info.compress_type == zipfile.ZIP_STORED
     if spec.stored and not is_stored:
@@ -588,7 +627,7 @@ def _column(path: Path, zf: zipfile.ZipFile, c: int, spec: _Spec, infos: dict, b
         raise _fail(path, f"member {spec.data!r} is stored but column {c} says compressed")
     expected = {"dtype": spec.dtype.str, "shape": [spec.rows, *spec.trailing]}
     if spec.stored:
-        return _mapped(path, zf, info, expected, budget)
+        return _stored(path, zf, info, expected, budget, copy, limits)
     arr = _read_npy(path, zf, info, expected, budget)
     arr.setflags(write=False)
     return arr
@@ -644,26 +683,53 @@ def _read_meta(path: Path, manifest: dict, n: int) -> dict[int, dict]:
 
 def _read_columns(path: Path, zf: zipfile.ZipFile, infos: dict, manifest: dict, max_bytes: int) -> tuple:
     """``(table, names, [(spec, data, offsets, owners)])``, each checked; every member must be used."""
-    budget = _Budget(max_bytes)
-    table, names = _read_table(path, zf, infos, manifest, budget)
     raw_columns = manifest.get("columns")
     if not isinstance(raw_columns, list):
         raise _fail(f"{path}: manifest", "field 'columns' is missing or has the wrong type")
+    budget = _Budget(max_bytes - _object_cost(path, infos, manifest, raw_columns, max_bytes))
+    table, names = _read_table(path, zf, infos, manifest, budget)
     used: set[str] = {"manifest.json", manifest["table"]}
     out = []
+    limits = _next_starts(zf)
+    copy_left = COPY_STORED_BYTES
     for c, raw in enumerate(raw_columns):
         spec = _spec(path, c, raw, infos, used)
         offsets = budget.read(path, zf, infos[spec.offsets], {"dtype": "<i8", "shape": [spec.messages + 1]})
         _check_offsets(path, c, spec, offsets)
         owners = budget.read(path, zf, infos[spec.owners], {"dtype": "<i8", "shape": [spec.messages]})
         _check_owners(path, c, spec, owners, table, names)
-        data = _column(path, zf, c, spec, infos, budget.left)
+        copy = infos[spec.data].file_size <= copy_left
+        data = _column(path, zf, c, spec, infos, budget.left, copy, limits)
+        if spec.stored and copy:
+            copy_left -= data.nbytes
         budget.left -= data.nbytes  # memory-mapped columns count too: the budget bounds what loading can touch
         out.append((spec, data, offsets, owners))
     stray = sorted(set(infos) - used)
     if stray:
         raise _fail(path, f"member {stray[0]!r} belongs to no column of the manifest ({len(stray)} such members)")
     return table, names, out
+
+
+def _object_cost(path: Path, infos: dict, manifest: dict, raw_columns: list, max_bytes: int) -> int:
+    """The Python objects loading would build (per message, payload slot and column, from the
+    manifest's counts), refused with the members' declared sizes when over ``max_bytes``."""
+    n = manifest.get("messages")
+    n = n if type(n) is int and n > 0 else 0
+    slots = sum(
+        r["messages"]
+        for r in raw_columns
+        if isinstance(r, dict) and type(r.get("messages")) is int and r["messages"] > 0
+    )
+    cost = n * MESSAGE_OBJECT_BYTES + slots * SLOT_OBJECT_BYTES + len(raw_columns) * COLUMN_OBJECT_BYTES
+    declared = sum(info.file_size for info in infos.values())
+    if declared + cost > max_bytes:
+        raise _fail(
+            path,
+            f"{n} messages, {slots} payloads and {len(raw_columns)} columns would take about {declared + cost} bytes "
+            f"in memory ({declared} declared + {cost} of objects), more than the budget of {max_bytes} bytes "
+            "(raise it with --max-bytes)",
+        )
+    return cost
 
 
 def read(path: Path, zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo], manifest: dict, max_bytes: int) -> tuple:
