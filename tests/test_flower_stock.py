@@ -168,7 +168,24 @@ def test_a_stock_local_dp_mod_is_recorded_and_its_claim_fails(misconfigured):
     assert canary not in {m.sender for m in t.select("private")}
 
 
-def test_the_consistent_local_dp_mod_holds_and_its_canaries_are_within_chance(tmp_path):
+def _gate(t, tmp: Path, capsys) -> tuple[int, str]:
+    """``privaudit audit --transcript FILE --fail-on dp-violation`` on ``t``: exit code and stderr."""
+    from privaudit.cli import main
+
+    t.save(tmp / "run.ptx")
+    capsys.readouterr()
+    argv = ["audit", "--transcript", str(tmp / "run.ptx"), "--attack", "generic-trained-items"]
+    code = main([*argv, "--out", str(tmp / "audit"), "--fail-on", "dp-violation"])
+    return code, capsys.readouterr().err
+
+
+def test_fail_on_dp_violation_flags_the_misconfigured_local_dp_mod(misconfigured, tmp_path, capsys):
+    code, err = _gate(misconfigured[1], tmp_path, capsys)
+    (line,) = err.strip().splitlines()  # one line naming the component and the cause
+    assert code == 1 and "LocalDpMod" in line and "dp-violation" in line and "sensitivity is 2" in line
+
+
+def test_the_consistent_local_dp_mod_holds_and_its_canaries_are_within_chance(tmp_path, capsys):
     t = record_in_process(_variant(tmp_path, CONSISTENT), tmp_path / "run", clients=4, canaries=1000)
     (entry,) = t.config["defenses"]
     assert (entry["sensitivity"], entry["epsilon"]) == (2.0, 0.5)
@@ -180,6 +197,8 @@ def test_the_consistent_local_dp_mod_holds_and_its_canaries_are_within_chance(tm
     c = canary_check(t)
     assert c["rounds"] == 2 and c["epsilon_lb"] < 0.5 and c["epsilon_lb"] <= c["delivered_epsilon"]
     assert "within chance" in c["line"] or c["epsilon_lb"] < 0.5
+    code, err = _gate(t, tmp_path, capsys)
+    assert code == 0 and err == ""  # the consistent claim passes the gate
 
 
 def test_the_same_canaries_are_found_in_process_without_dp(tmp_path):
