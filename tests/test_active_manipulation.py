@@ -68,8 +68,12 @@ def test_secure_aggregate_of_a_small_cohort_leaks_and_the_honest_reading_does_no
 
 
 def test_a_consistent_crafted_model_passes_the_consistency_check(ds):
-    out = _evaluate(_run(ds, [ModelConsistency(), SecAgg()], clients_per_round=2, deviation_rounds=3))
+    check = ModelConsistency(min_cohort=2)
+    out = _evaluate(_run(ds, [check, SecAgg()], clients_per_round=2, deviation_rounds=3))
     assert out.reconstruction.supported and out.metrics["f1"] >= out.baseline_prior["f1"] + 0.4
+    # the default min_cohort (5) aborts the two-member rounds: nothing to read
+    small = _evaluate(_run(ds, [ModelConsistency(), SecAgg()], clients_per_round=2, deviation_rounds=3))
+    assert not small.reconstruction.supported and "fewer than min_cohort 5" in small.reconstruction.reason
 
 
 def test_honest_plan_and_bounds_within_range_leave_the_run_unchanged(ds):

@@ -142,7 +142,7 @@ def test_cells_and_verdicts_name_the_threat_model(threat_registry, ds):
     (none, noise) = a["threat_verdicts"]
     assert noise["sentence"] == (
         "dummy-noise (scale = 10): leaks to an honest-but-curious server (dummy-sign); leaks to a malicious "
-        "server (dummy-peek, 1 round of model inconsistency, 0 sybils)."
+        "server (dummy-peek, 1 round of model inconsistency, 0 sybils; Holm over 1 test of 1 attack)."
     )
     assert none["honest-but-curious"] == "leaks to an honest-but-curious server (dummy-sign)"
     # the wording of the other verdicts (a defense that hides the uploads: the attack does not apply)
@@ -175,7 +175,7 @@ def test_audit_html_renders_the_threat_axis_escaped(threat_registry, ds, tmp_pat
     out = au.write_audit(a, tmp_path / "audit")
     html = (out / "audit.html").read_text()
     assert "Threat models" in html and "&lt;script&gt;x&lt;/script&gt;" in html and "<script>x" not in html
-    assert "leaks to a malicious server (dummy-peek, 1 round of model inconsistency, 0 sybils)" in html
+    assert "leaks to a malicious server (dummy-peek, 1 round of model inconsistency, 0 sybils; Holm" in html
     assert "malicious server (server=peek; model inconsistency)" in html
     data = json.loads((out / "audit.json").read_text())
     assert {c["threat"] for c in data["matrix"]} == {"honest-but-curious", "malicious"}
@@ -214,7 +214,7 @@ def test_a_defense_without_grid_is_one_cell_when_named(threat_registry, ds, tmp_
     assert len(honest) == 2 and all(r["attacks"]["dummy-sign"]["supported"] is False for r in honest)
     assert a["threat_verdicts"][1]["sentence"] == (
         "dummy-encrypt: protected against an honest-but-curious server (no attack applies under it); leaks to a "
-        "malicious server (dummy-peek, 1 round of model inconsistency, 0 sybils)."
+        "malicious server (dummy-peek, 1 round of model inconsistency, 0 sybils; Holm over 1 test of 1 attack)."
     )
     out = au.write_audit(a, tmp_path / "audit")
     assert "dummy-encrypt.None" not in (out / "audit.html").read_text()
