@@ -229,3 +229,65 @@ def test_every_deviation_has_the_noun_a_verdict_names_it_by():
     from privaudit.audit import DEVIATION_NOUNS
 
     assert set(DEVIATION_NOUNS) == set(DEVIATIONS)
+
+
+def _family_audit(tests_by_attack: dict, undefended: dict) -> dict:
+    """An audit dict with two malicious attacks and one gridless defense, for the family verdict."""
+    attacks = [
+        {"name": n, "threat": "malicious", "applies": True, "deviation": "sybil cohorts"} for n in tests_by_attack
+    ]
+    matrix = [{"attack": n, "defense": "guard", "verdict": "inconclusive"} for n in tests_by_attack]
+    return {
+        "attacks": attacks,
+        "defenses": [{"name": "guard", "strength": None, "grid": [None]}],
+        "matrix": matrix,
+        "runs": [],
+        "_tests": {"guard": tests_by_attack, None: undefended},
+    }
+
+
+def _test(advantage: float, se: float, threshold: float = 0.05) -> dict:
+    from statistics import NormalDist
+
+    return {"advantage": advantage, "se": se, "threshold": threshold, "p": 1 - NormalDist().cdf(advantage / se)}
+
+
+def test_malicious_column_is_protected_only_when_every_adaptive_attack_fails(monkeypatch):
+    """Holm over the whole adaptive family: one attack that leaks names the column's craft; all
+    under the margin (with the family leaking undefended) reads protected; otherwise not shown."""
+
+    def series(out, attack, defense):
+        return [{"tests": {"f1": dict(out["_tests"][defense][attack])}}]
+
+    monkeypatch.setattr(au.rs, "audit_series", series)
+    leak = {"a": _test(0.5, 0.05), "b": _test(0.5, 0.05)}
+    # b leaks at p ~ 1e-7 alone; a is under the margin: the column names b only
+    a = _family_audit({"a": _test(0.0, 0.01), "b": _test(0.3, 0.05)}, leak)
+    assert au.threat_verdicts(a)[1]["malicious"] == (
+        "leaks to a malicious server (b, ? rounds of sybil cohorts, ? sybils; Holm over 2 tests of 2 attacks)"
+    )
+    # a p-value of 0.03 rejects alone (0.05) but not at Holm's first level over 2 tests (0.025)
+    a = _family_audit({"a": _test(0.0, 0.01), "b": _test(0.0376, 0.02)}, leak)
+    assert au.malicious_family(a, "guard", a["attacks"])["leaking"] == []
+    assert au.threat_verdicts(a)[1]["malicious"].startswith("not shown to leak to a malicious server")
+    a = _family_audit({"a": _test(0.0, 0.01), "b": _test(0.001, 0.01)}, leak)
+    assert au.threat_verdicts(a)[1]["malicious"] == (
+        "protected against a malicious server (every adaptive attack fails: 2 tests, Holm)"
+    )
+    # no control (the family does not leak undefended): not protection
+    a = _family_audit({"a": _test(0.0, 0.01), "b": _test(0.001, 0.01)}, {"a": _test(0.0, 0.01), "b": _test(0, 1)})
+    assert au.threat_verdicts(a)[1]["malicious"].startswith("not shown to leak")
+
+
+def test_deviation_rounds_are_swept_up_to_the_protocols_rounds():
+    from privaudit.protocols.fedncf import FedNCF
+
+    assert au.round_grid(50) == [1, 4, 16, 50] and au.round_grid(1) == [1] and au.round_grid(4) == [1, 4]
+    cfg = FedNCF.resolve_config({})
+    assert FedNCF.deviation_budget(cfg, 200) == 50 and FedNCF.deviation_budget(cfg, None) is None
+    assert FedNCF.deviation_budget(FedNCF.resolve_config({"max_rounds": 7}), 200) == 7
+    # a plan that fixes deviation_rounds (or --set) is kept; otherwise the server deviates in every round
+    planned, budget = au._planned_config(FedNCF, {}, {"server": "sybil"}, 200)
+    assert budget == 50 and planned["deviation_rounds"] == 50 and planned["record_rounds"] == 51
+    planned, budget = au._planned_config(FedNCF, {"deviation_rounds": 3}, {"server": "sybil"}, 200)
+    assert budget == 3 and planned["record_rounds"] == 50
