@@ -10,7 +10,8 @@ protocol:
 - **defenses**: every registered defense whose ``applies_to`` is None or names the protocol
   and that has a ``strength`` with a ``default_grid``; each is run at every grid value (a
   defense without a grid, e.g. a consistency check, runs as one cell when named in
-  ``defenses``);
+  ``defenses``). A named cell may be a stack, ``a[:k=v]+b[:k=v]`` (:class:`DefenseCell`,
+  :func:`parse_cell`): its members run together, the last one swept;
 - for every (defense, grid value, seed) — plus the undefended run per seed — the protocol runs
   once and *every* attack is evaluated on that transcript (``attack.evaluate``: metrics,
   baselines), with the protocol's utility, the defense's ``privacy_spent`` and timings.
@@ -44,7 +45,16 @@ protocol is malicious. Every run, attack, matrix cell and verdict records its ``
 ``threat_verdicts`` holds one sentence per matrix column naming both threat models
 (:func:`threat_verdicts`), e.g. "secagg (dropout = 0.3): protected against an
 honest-but-curious server (no attack applies under it); leaks to a malicious server
-(ncf-model-inconsistency, 1 round of model inconsistency, 0 sybils)".
+(ncf-model-inconsistency, 1 round of model inconsistency, 0 sybils; Holm over ...)".
+
+Adaptive servers: when a malicious server is audited, a countermeasure stands on the defense it
+protects (its ``protects``, e.g. ``model-consistency`` on ``secagg``), and without named
+defenses the protected defense and each countermeasure on it are cells of their own. A plan's
+runs deviate in every round the protocol allows (its ``deviation_budget``), and each malicious
+attack with a ``rounds`` parameter is read at every value of :func:`round_grid` (one matrix row
+per value, ``<attack>:rounds=<r>``). A column's malicious verdict decides every test of every
+such attack together (Holm, :func:`malicious_family`): "protected" only when all fail and the
+family leaks without the defense; otherwise the sentence names the crafts that still win.
 
 Every DP cell (a defense whose ``privacy_spent`` reports an epsilon) of a protocol with a canary
 kit also runs once more, at the cell's first seed, on a canary-augmented dataset (:mod:`privaudit.canary`: randomized

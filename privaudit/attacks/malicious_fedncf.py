@@ -92,7 +92,8 @@ class _Isolation(OneTarget):
         "k": MetricSpec(True, False, "count", "mean cohort size of the deviation rounds"),
     }
     default_sweep = ("rounds", (1, 2, 3, 4))
-    audit_params = {"rounds": 1}  # the audit reports what one deviation round leaks
+    #: read one deviation round, unless the audit sweeps the rounds (privaudit.audit.round_grid)
+    audit_params = {"rounds": 1}
     parameters = (
         Param("rounds", -1, "deviation rounds to read (-1: all usable in the view)", ge=1, also=(-1,)),
         Param(
