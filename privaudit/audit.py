@@ -451,7 +451,8 @@ class Audit:
     scheduler : str | None
         Dask scheduler address or ``local:N``.
     attacks, defenses : sequence of str | None
-        Restrict to these names (default: every applicable one).
+        Restrict to these names (default: every applicable one). A defense may be a spec with
+        parameters or a stack (``secagg+model-consistency``, :func:`parse_cell`).
     progress : bool | None
     canaries : int | None
         Canaries of the extra canary run of every DP cell (None: the protocol's canary kit's
