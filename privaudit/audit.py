@@ -1017,7 +1017,10 @@ def _malicious_part(
             f"; stopped: {', '.join(stopped)}" if stopped else ""
         )
     if verdicts and all(v == "not applicable" for v in verdicts.values()):
-        return f"protected against {server}" + (" (no attack applies under it)" if defense else "")
+        family_names = ", ".join(sorted({a.get("variant_of", a["name"]) for a in applying}))
+        return f"protected against {server}" + (
+            f" (no attack of the family applies under it: {family_names})" if defense else ""
+        )
     control = defense is not None and bool(malicious_family(out, None, applying)["leaking"])
     if family["failed"] and verdicts and control:
         return f"protected against {server} (every adaptive attack fails: {family['family']} tests, Holm)"

@@ -274,6 +274,14 @@ def test_malicious_column_is_protected_only_when_every_adaptive_attack_fails(mon
     assert au.threat_verdicts(a)[1]["malicious"] == (
         "protected against a malicious server (every adaptive attack fails: 2 tests, Holm)"
     )
+    # every attack of the family stopped (not applicable): protected, naming the family
+    for c in a["matrix"]:
+        c["verdict"] = "not applicable"
+    assert au.threat_verdicts(a)[1]["malicious"] == (
+        "protected against a malicious server (no attack of the family applies under it: a, b)"
+    )
+    for c in a["matrix"]:
+        c["verdict"] = "inconclusive"
     # no control (the family does not leak undefended): not protection
     a = _family_audit({"a": _test(0.0, 0.01), "b": _test(0.001, 0.01)}, {"a": _test(0.0, 0.01), "b": _test(0, 1)})
     assert au.threat_verdicts(a)[1]["malicious"].startswith("not shown to leak")
