@@ -1,8 +1,10 @@
 """ncf-interaction-inference against the popularity prior (and ncf-update-leak) on FedNCF.
 
 Prints one Markdown table row per (dataset, model, defense): the attack's precision, recall and
-F1, the popularity prior's F1, the F1 advantage, AUC and TPR at 1 % and 0.1 % FPR of the
-per-(client, item) decisions, and ncf-update-leak's F1 on the same transcript. Examples::
+F1, the popularity prior's F1, the F1 advantage, the support-only guess's F1 (the uploaded rows
+ranked by popularity) and the advantage over it, AUC and TPR at 1 % and 0.1 % FPR of the
+per-(client, item) decisions over all items and AUC and TPR at 1 % FPR over the uploaded rows
+only, and ncf-update-leak's F1 on the same transcript. Examples::
 
     python benchmarks/ncf_interaction.py                       # synthetic, gmf/mlp/neumf
     python benchmarks/ncf_interaction.py --data ml100k --models gmf --global-rounds 1 --record-rounds 48
@@ -35,9 +37,10 @@ def run(ds, model: str, cfg: dict, defenses: list, rounds: int) -> dict:
     t = res.transcript
     out = get("attack", "ncf-interaction-inference")(rounds=rounds).evaluate(t, np.random.default_rng(0))
     leak = get("attack", "ncf-update-leak")(rounds=rounds).evaluate(t, np.random.default_rng(0))
-    d = out.decisions.get("positive")
+    d, u = out.decisions.get("positive"), out.decisions.get("uploaded")
     roc = roc_summary(d.labels, d.scores) if d is not None else {}
-    return {"hr@10": res.utility["hr@10"], "out": out, "leak": leak, "roc": roc}
+    roc_up = roc_summary(u.labels, u.scores) if u is not None else {}
+    return {"hr@10": res.utility["hr@10"], "out": out, "leak": leak, "roc": roc, "roc_up": roc_up}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,21 +68,24 @@ def main(argv: list[str] | None = None) -> int:
         key, _, value = item.partition("=")
         cfg[key] = json.loads(value)
     print(
-        "| data | model | ldp sigma | HR@10 | precision | recall | F1 | prior F1 | F1 adv. | AUC | TPR@1% | TPR@0.1% "
-        "| update-leak F1 | seconds |"
+        "| data | model | ldp sigma | HR@10 | precision | recall | F1 | prior F1 | F1 adv. | support-only F1 "
+        "| F1 adv. over support | AUC | TPR@1% (all items) | TPR@0.1% (all items) | AUC (uploaded rows) "
+        "| TPR@1% (uploaded rows) | update-leak F1 | seconds |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         for b in (float(x) for x in args.ldp.split(",")):
             defenses = [get("defense", "ldp-interactions")(sigma=b)] if b > 0 else []
             tic = time.perf_counter()
             r = run(ds, model, cfg, defenses, args.rounds)
-            m, p, roc = r["out"].metrics, r["out"].baseline_prior, r["roc"]
+            m, p, roc, up = r["out"].metrics, r["out"].baseline_prior, r["roc"], r["roc_up"]
             nan = math.nan
             print(
                 f"| {args.data} | {model} | {b:g} | {r['hr@10']:.3f} | {m['precision']:.3f} | {m['recall']:.3f} "
-                f"| {m['f1']:.3f} | {p['f1']:.3f} | {m['f1'] - p['f1']:+.3f} | {roc.get('auc', nan):.3f} "
+                f"| {m['f1']:.3f} | {p['f1']:.3f} | {m['f1'] - p['f1']:+.3f} | {m['support_f1']:.3f} "
+                f"| {m['f1_over_support']:+.3f} | {roc.get('auc', nan):.3f} "
                 f"| {roc.get('tpr@0.01', nan):.3f} | {roc.get('tpr@0.001', nan):.3f} "
+                f"| {up.get('auc', nan):.3f} | {up.get('tpr@0.01', nan):.3f} "
                 f"| {r['leak'].metrics['f1']:.3f} | {time.perf_counter() - tic:.0f} |",
                 flush=True,
             )

@@ -177,7 +177,9 @@ def _check_extras(protocol: str | None, attack: str | None = None, defenses=(), 
         if name and not attacks:
             classes.append(registry.get("attack", name))
     classes += [registry.get("attack", a) for a in attacks or ()]
-    classes += [registry.get("defense", parse_spec(d, "--defense")[0]) for d in defenses or ()]
+    # an audit's --defense may be a stack "a+b" (privaudit.audit.parse_cell)
+    members = [m for d in defenses or () for m in str(d).split("+") if m.strip()]
+    classes += [registry.get("defense", parse_spec(m, "--defense")[0]) for m in members]
     check_extras(classes)
 
 

@@ -10,7 +10,8 @@ protocol:
 - **defenses**: every registered defense whose ``applies_to`` is None or names the protocol
   and that has a ``strength`` with a ``default_grid``; each is run at every grid value (a
   defense without a grid, e.g. a consistency check, runs as one cell when named in
-  ``defenses``);
+  ``defenses``). A named cell may be a stack, ``a[:k=v]+b[:k=v]`` (:class:`DefenseCell`,
+  :func:`parse_cell`): its members run together, the last one swept;
 - for every (defense, grid value, seed) — plus the undefended run per seed — the protocol runs
   once and *every* attack is evaluated on that transcript (``attack.evaluate``: metrics,
   baselines), with the protocol's utility, the defense's ``privacy_spent`` and timings.
@@ -44,7 +45,16 @@ protocol is malicious. Every run, attack, matrix cell and verdict records its ``
 ``threat_verdicts`` holds one sentence per matrix column naming both threat models
 (:func:`threat_verdicts`), e.g. "secagg (dropout = 0.3): protected against an
 honest-but-curious server (no attack applies under it); leaks to a malicious server
-(ncf-model-inconsistency, 1 round of model inconsistency, 0 sybils)".
+(ncf-model-inconsistency, 1 round of model inconsistency, 0 sybils; Holm over ...)".
+
+Adaptive servers: when a malicious server is audited, a countermeasure stands on the defense it
+protects (its ``protects``, e.g. ``model-consistency`` on ``secagg``), and without named
+defenses the protected defense and each countermeasure on it are cells of their own. A plan's
+runs deviate in every round the protocol allows (its ``deviation_budget``), and each malicious
+attack with a ``rounds`` parameter is read at every value of :func:`round_grid` (one matrix row
+per value, ``<attack>:rounds=<r>``). A column's malicious verdict decides every test of every
+such attack together (Holm, :func:`malicious_family`): "protected" only when all fail and the
+family leaks without the defense; otherwise the sentence names the crafts that still win.
 
 Every DP cell (a defense whose ``privacy_spent`` reports an epsilon) of a protocol with a canary
 kit also runs once more, at the cell's first seed, on a canary-augmented dataset (:mod:`privaudit.canary`: randomized
@@ -189,6 +199,101 @@ def _hides_plaintext(cls: type) -> bool:
         return False
 
 
+# ------------------------------------------------------------------------------ defense cells
+
+
+@dataclass(frozen=True)
+class DefenseCell:
+    """One column of the audit: a defense, or a stack of defenses that run together.
+
+    Written ``name[:k=v,...]`` and stacked with ``+`` (``secagg+model-consistency``,
+    ``paillier:cohort_size=1+model-consistency``). A countermeasure that declares the defense it
+    protects (``protects``: protocol -> defense, e.g. ``model-consistency`` protects ``secagg``
+    on FedNCF) gets that defense under it when a malicious server is audited (``auto``: the label
+    names it, ``secagg+model-consistency``). The last member is swept over its ``default_grid``
+    when it has a strength that the spec does not fix; every other member keeps the parameters
+    given (or its defaults)."""
+
+    name: str
+    members: tuple[tuple[type, tuple[tuple[str, Any], ...]], ...]
+    swept: bool
+
+    @property
+    def cls(self) -> type:
+        return self.members[-1][0]
+
+    @property
+    def stacked(self) -> bool:
+        return len(self.members) > 1 or bool(self.members[-1][1])
+
+    @property
+    def strength(self) -> str | None:
+        return self.cls.strength if self.swept else None
+
+    @property
+    def grid(self) -> tuple:
+        return defense_grid(self.cls) if self.swept else (None,)
+
+    def specs(self, value: Any) -> list[tuple[type, dict[str, Any]]]:
+        """(class, params) of every member at grid ``value``."""
+        out = [(cls, dict(params)) for cls, params in self.members]
+        if self.swept:
+            out[-1][1].update(_defense_params(self.cls, value))
+        return out
+
+    def entry(self) -> dict[str, Any]:
+        """The cell's entry in ``audit.json``'s ``defenses``."""
+        out = {
+            "name": self.name,
+            "description": " + ".join(registry.describe(cls) for cls, _ in self.members),
+            "strength": self.strength,
+            "grid": list(self.grid),
+            "params": {**dict(self.cls.params), **dict(self.members[-1][1])},
+        }
+        if self.stacked:
+            out["stack"] = [{"name": cls.name, "params": dict(params)} for cls, params in self.members]
+        return out
+
+
+def _member_text(name: str, params: Mapping[str, Any]) -> str:
+    return name + (":" + ",".join(f"{k}={rs.fmt_value(v)}" for k, v in params.items()) if params else "")
+
+
+def parse_cell(spec: str, protocol: str, auto_base: bool = False) -> DefenseCell:
+    """A :class:`DefenseCell` from ``spec`` (``a[:k=v]+b[:k=v]``; parameters coerced and checked;
+    an unknown name or parameter is a :class:`PrivauditError`). ``auto_base``: put under it the
+    defense a member protects on ``protocol`` (``protects``) when the stack lacks it."""
+    from privaudit.params import parse_spec
+
+    parts = [p.strip() for p in str(spec).split("+")]
+    if not all(parts):
+        raise PrivauditError(f"--defense: empty member in the stack {spec!r}")
+    members: list[tuple[type, tuple[tuple[str, Any], ...]]] = []
+    for part in parts:
+        name, raw = parse_spec(part, "--defense")
+        cls = registry.get("defense", name)
+        owner = f"defense {name!r}"
+        unknown = [k for k in raw if k not in cls.declared]
+        if unknown:
+            raise PrivauditError(f"{owner}: unknown parameter {unknown[0]!r} (known: {', '.join(cls.declared)})")
+        params = {k: cls.declared[k].coerce(cls.declared[k].parse(v, owner), owner) for k, v in raw.items()}
+        cls(**params)  # validates the combination
+        members.append((cls, tuple(params.items())))
+    names = [cls.name for cls, _ in members]
+    if len(set(names)) != len(names):
+        raise PrivauditError(f"--defense: a defense appears twice in the stack {spec!r}")
+    if auto_base:
+        for cls, _ in list(members):
+            base = (getattr(cls, "protects", None) or {}).get(protocol)
+            if base and base not in names:
+                members.insert(0, (registry.get("defense", base), ()))
+                names.insert(0, base)
+    last, fixed = members[-1]
+    swept = bool(getattr(last, "strength", None)) and bool(defense_grid(last)) and last.strength not in dict(fixed)
+    label = "+".join(_member_text(cls.name, dict(params)) for cls, params in members)
+    return DefenseCell(label, tuple(members), swept and defense_grid(last) != (None,))
+
+
 # ------------------------------------------------------------------------------ runs
 
 
@@ -210,6 +315,10 @@ class _Run:
     canaries: int | None = None  # per DP cell's canary run (None: the kit's default, 0: no run)
     threat: str = HONEST
     plan: dict[str, Any] = field(default_factory=dict)  # the malicious server's protocol settings
+    #: a stacked cell's every member (class, params at this run's value), in order; empty: the one defense
+    stack: tuple = ()
+    #: attack parameters by registered name (round-sweep variants); default: the class's ``audit_params``
+    attack_params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def group_key(self) -> tuple[int, str]:
@@ -217,10 +326,10 @@ class _Run:
         return self.seed, repr(sorted(self.plan.items()))
 
 
-def _is_undefended(cls: type | None, params: Mapping[str, Any]) -> bool:
+def _is_undefended(cls: type | None, params: Mapping[str, Any], stack: Sequence = ()) -> bool:
     """A noise defense at scale 0 is the undefended run (the convention of noise sweeps): it
     returns every upload unchanged and draws nothing, so only the public config differs."""
-    return cls is not None and getattr(cls, "strength", None) == "scale" and params.get("scale") == 0
+    return not stack and cls is not None and getattr(cls, "strength", None) == "scale" and params.get("scale") == 0
 
 
 def _shared_run(run: _Run, undefended: Any) -> tuple[Any, list[Any]]:
@@ -250,6 +359,8 @@ def _execute(run: _Run, dataset: Any, keep: dict | None = None, shared: Any = No
     """One protocol run and every attack on it; ``shared``: the undefended run's result to
     reuse instead of running (:func:`_is_undefended`); ``keep`` receives this run's result."""
     specs = [(run.defense_cls, dict(run.defense_params))] if run.defense_cls is not None else []
+    if run.stack:
+        specs = [(cls, dict(params)) for cls, params in run.stack]
     task = runner.Task(run.protocol_cls, run.config, specs, object, run.seed)
     out: dict[str, Any] = {
         "defense": run.defense_name,
@@ -293,7 +404,7 @@ def _execute(run: _Run, dataset: Any, keep: dict | None = None, shared: Any = No
     for a_index, (attack_name, attack_cls) in enumerate(run.attacks):
         ss = np.random.SeedSequence([run.seed, run.defense_index, run.value_index, a_index])
         try:
-            params = dict(getattr(attack_cls, "audit_params", {}) or {})
+            params = dict(run.attack_params.get(attack_name, getattr(attack_cls, "audit_params", {})) or {})
             scored, seconds = runner.evaluate_attack(
                 attack_cls, params, result.transcript, np.random.default_rng(ss), privacy
             )
@@ -340,7 +451,8 @@ class Audit:
     scheduler : str | None
         Dask scheduler address or ``local:N``.
     attacks, defenses : sequence of str | None
-        Restrict to these names (default: every applicable one).
+        Restrict to these names (default: every applicable one). A defense may be a spec with
+        parameters or a stack (``secagg+model-consistency``, :func:`parse_cell`).
     progress : bool | None
     canaries : int | None
         Canaries of the extra canary run of every DP cell (None: the protocol's canary kit's
@@ -387,27 +499,66 @@ def _selected_attacks(audit: Audit, protocol: str) -> list[type]:
     return attacks
 
 
-def _selected_defenses(audit: Audit, protocol: str) -> tuple[list[type], list[tuple[str, str]]]:
-    """The defenses an audit sweeps (every grid value validated) and the skipped ones with why."""
+def _selected_defenses(audit: Audit, protocol: str) -> tuple[list[DefenseCell], list[tuple[str, str]]]:
+    """The defense cells an audit sweeps (every grid value validated) and the skipped defenses
+    with why. Named cells may be stacks (:class:`DefenseCell`); when a malicious server is
+    audited every countermeasure stands on the defense it protects (``protects``), and without
+    named defenses the protected defense and each of its countermeasures get a cell of their own."""
+    malicious = audit.threat != HONEST
+    named = [parse_cell(spec, protocol, auto_base=malicious) for spec in audit.defenses or ()]
+    wanted = {cls.name for c in named for cls, _ in c.members}
     defenses, skipped = applicable_defenses(
-        protocol, include_hiding=audit.defenses is not None, selected=tuple(audit.defenses or ())
+        protocol, include_hiding=audit.defenses is not None, selected=tuple(sorted(wanted))
     )
+    allowed = {d.name for d in defenses}
     if audit.defenses is not None:
-        for name in audit.defenses:
-            registry.get("defense", name)
-        wanted = set(audit.defenses)
-        missing = sorted(wanted - {d.name for d in defenses})
-        if missing:
-            raise PrivauditError(f"defense(s) {', '.join(missing)} cannot be swept on {protocol!r}")
+        for cell in named:
+            missing = sorted({cls.name for cls, _ in cell.members} - allowed)
+            if missing:
+                raise PrivauditError(f"defense(s) {', '.join(missing)} cannot be swept on {protocol!r}")
         skipped += [(d.name, "not selected") for d in defenses if d.name not in wanted]
-        defenses = [d for d in defenses if d.name in wanted]
-    for cls in defenses:
-        for value in defense_grid(cls):
-            cls(**_defense_params(cls, value))  # validates
-    return defenses, skipped
+        order = {name: i for i, name in enumerate(registry.available("defense"))}
+        cells = sorted(named, key=lambda c: order.get(c.cls.name, len(order)))  # registry order, as before
+    else:
+        cells = [parse_cell(d.name, protocol, auto_base=malicious) for d in defenses]
+        if malicious:
+            cells += _countermeasure_cells(protocol, {c.name for c in cells})
+    seen: set[str] = set()
+    protocol_cls = registry.get("protocol", protocol)
+    config = protocol_cls.resolve_config(audit.sets)
+    for cell in cells:
+        if cell.name in seen:
+            raise PrivauditError(f"defense {cell.name!r} is named twice")
+        seen.add(cell.name)
+        for value in cell.grid:
+            built = [cls(**params) for cls, params in cell.specs(value)]  # validates each member
+            if cell.stacked:  # the protocol's own checks of the combination (e.g. a refused cohort size)
+                protocol_cls().prepare_defenses(config, built)
+    return cells, skipped
 
 
-def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
+def _countermeasure_cells(protocol: str, have: set[str]) -> list[DefenseCell]:
+    """The malicious axis's default cells: each defense a countermeasure protects on
+    ``protocol`` alone, and each countermeasure on top of it (not already in ``have``)."""
+    out: list[DefenseCell] = []
+    schema = registry.get("protocol", protocol).schema
+    for name, cls in registry.available("defense").items():
+        base = (getattr(cls, "protects", None) or {}).get(protocol)
+        if not base or (cls.applies_to is not None and protocol not in cls.applies_to):
+            continue
+        if schema is not None and not cls.acts_on_schema(schema):
+            continue
+        for spec in (base, name):
+            cell = parse_cell(spec, protocol, auto_base=True)
+            if cell.name not in have:
+                have.add(cell.name)
+                out.append(cell)
+    return out
+
+
+def _plan(audit: Audit, n_users: int | None = None) -> tuple[list[_Run], dict[str, Any]]:
+    """The audit's runs and the header of its ``audit.json``; ``n_users``: the dataset's users
+    (the malicious runs' deviation budget; None before the data is loaded)."""
     protocol_cls = registry.get("protocol", audit.protocol)
     config = protocol_cls.resolve_config(audit.sets)
     runner.check_run_settings(audit.seeds, audit.seed, audit.jobs)
@@ -423,17 +574,28 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
             plans.setdefault(repr(sorted(plan.items())), (plan, []))[1].append((a.name, a))
     if honest:
         runs += _runs(protocol_cls, config, defenses, seeds, honest, audit.canaries, None)
+    entries = [(a.name, a, None) for a in attacks if attack_threat(a) == HONEST]
+    unplanned: dict[str, str] = {}
     for plan, named in plans.values():
         try:
-            planned = protocol_cls.resolve_config({**dict(audit.sets), **plan})
+            planned, budget = _planned_config(protocol_cls, audit.sets, plan, n_users)
         except PrivauditError as exc:
             names = ", ".join(n for n, _ in named)
-            raise PrivauditError(f"the malicious server's plan of {names} ({_plan_text(plan)}): {exc}") from None
+            if audit.attacks:  # named by the user: its plan must fit the protocol's settings
+                raise PrivauditError(f"the malicious server's plan of {names} ({_plan_text(plan)}): {exc}") from None
+            for n, _ in named:  # a craft the settings exclude (e.g. an MLP unit of a GMF model)
+                unplanned[n] = f"its server plan ({_plan_text(plan)}) does not fit the protocol's settings: {exc}"
+            entries += [(n, a, None) for n, a in named]
+            continue
+        variants, params = _variants(named, budget)
+        entries += [(n, a, params.get(n)) for n, a in variants]
         # one target per malicious run: at least MIN_VICTIMS seeds (the fewest victims an
         # advantage interval is computed from), the honest runs' seeds first
         more = list(range(seeds[0], seeds[0] + max(len(seeds), rs.MIN_VICTIMS)))
-        runs += _runs(protocol_cls, planned, defenses, more, named, audit.canaries, plan)
-    return runs, _header(audit, protocol_cls, config, seeds, attacks, defenses, skipped)
+        runs += _runs(protocol_cls, planned, defenses, more, variants, audit.canaries, plan, params)
+    header = _header(audit, protocol_cls, config, seeds, entries, defenses, skipped)
+    header["_unplanned"] = unplanned
+    return runs, header
 
 
 def _header(
@@ -441,8 +603,8 @@ def _header(
     protocol_cls: type,
     config: dict[str, Any],
     seeds: list[int],
-    attacks: list[type],
-    defenses: list[type],
+    attacks: list[tuple[str, type, dict[str, Any] | None]],
+    defenses: list[DefenseCell],
     skipped: list[tuple[str, str]],
 ) -> dict[str, Any]:
     """The audit dict's header: protocol, config, seeds, the attacks and defenses it runs."""
@@ -451,35 +613,28 @@ def _header(
         "protocol": protocol_cls.name,
         "protocol_config": config,
         "seeds": seeds,
-        "attacks": [_attack_entry(a) for a in attacks],
-        "defenses": [
-            {
-                "name": d.name,
-                "description": registry.describe(d),
-                "strength": d.strength,
-                "grid": list(defense_grid(d)),
-                "params": dict(d.params),
-            }
-            for d in defenses
-        ],
+        "attacks": [_attack_entry(a, name, params) for name, a, params in attacks],
+        "defenses": [d.entry() for d in defenses],
         "skipped_defenses": [{"name": n, "reason": r} for n, r in skipped],
         "threat": audit.threat,
         "utility_metric_declared": protocol_cls.main_utility,
         "utility_specs": {k: rs.spec_to_dict(s) for k, s in protocol_cls.utility_specs.items()},
-        "_attack_classes": {a.name: a for a in attacks},
+        "_attack_classes": {name: a for name, a, _ in attacks},
     }
 
 
-def _attack_entry(a: type) -> dict[str, Any]:
+def _attack_entry(a: type, name: str | None = None, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     entry = {
-        "name": a.name,
+        "name": name or a.name,
         "description": registry.describe(a),
         "party": getattr(a, "party", "server"),
         "requires": list(getattr(a, "requires", ()) or ()),
         "primary_metric": getattr(a, "primary_metric", "accuracy"),
-        "audit_params": dict(getattr(a, "audit_params", {}) or {}),
+        "audit_params": dict(params if params is not None else getattr(a, "audit_params", {}) or {}),
         "threat": attack_threat(a),
     }
+    if name and name != a.name:
+        entry["variant_of"] = a.name
     if attack_threat(a) == MALICIOUS:
         entry.update(plan=attack_plan(a), deviations=list(a.deviations), deviation=deviation_noun(a))
     return entry
@@ -492,16 +647,17 @@ def _plan_text(plan: Mapping[str, Any]) -> str:
 def _runs(
     protocol_cls: type,
     config: dict[str, Any],
-    defenses: list[type],
+    defenses: list[DefenseCell],
     seeds: list[int],
     named: list[tuple[str, type]],
     canaries: int | None,
     plan: dict[str, Any] | None,
+    attack_params: dict[str, dict[str, Any]] | None = None,
 ) -> list[_Run]:
     """The runs of one server: honest (``plan`` None: undefended and every grid value) or
-    malicious (undefended and each defense's strongest value, with ``plan`` set)."""
+    malicious (undefended and each defense cell's strongest value, with ``plan`` set)."""
     threat = HONEST if plan is None else MALICIOUS
-    extra = {"threat": threat, "plan": dict(plan or {})}
+    extra = {"threat": threat, "plan": dict(plan or {}), "attack_params": dict(attack_params or {})}
     own = canaries if plan is None else 0  # malicious runs: no canary run (the DP claim is the honest runs')
     runs = [
         _Run(
@@ -521,28 +677,83 @@ def _runs(
         )
         for seed in seeds
     ]
-    for d_index, cls in enumerate(defenses, start=1):
-        grid = list(enumerate(defense_grid(cls)))
+    for d_index, cell in enumerate(defenses, start=1):
+        grid = list(enumerate(cell.grid))
         for v_index, value in grid if plan is None else grid[-1:]:
+            specs = cell.specs(value)
             for seed in seeds:
                 runs.append(
                     _Run(
                         protocol_cls,
                         config,
                         d_index,
-                        cls,
-                        _defense_params(cls, value),
+                        cell.cls,
+                        specs[-1][1],
                         v_index,
                         value,
                         seed,
                         named,
-                        cls.name,
+                        cell.name,
                         protocol_cls.name,
-                        own if seed == seeds[0] else 0,  # one canary run per cell: its own 95 % bound
+                        own if seed == seeds[0] and not cell.stacked else 0,  # one canary run per cell
+                        stack=tuple(specs) if cell.stacked else (),
                         **extra,
                     )
                 )
     return runs
+
+
+def round_grid(budget: int) -> list[int]:
+    """Deviation rounds an attack is read at: 1, 4, 16, ... and ``budget`` (the protocol's rounds)."""
+    out, r = [], 1
+    while r < budget:
+        out.append(r)
+        r *= 4
+    return out + [int(budget)]
+
+
+def _deviation_budget(protocol_cls: type, config: Mapping[str, Any], n_users: int | None) -> int | None:
+    """The most deviation rounds a malicious server of ``protocol_cls`` can run: the protocol's
+    ``deviation_budget`` (e.g. FedNCF: its aggregation rounds), None when it declares none."""
+    budget = getattr(protocol_cls, "deviation_budget", None)
+    if budget is None or "deviation_rounds" not in config:
+        return None
+    out = budget(config, n_users)
+    return int(out) if out else None
+
+
+def _planned_config(
+    protocol_cls: type, sets: Mapping[str, Any], plan: Mapping[str, Any], n_users: int | None
+) -> tuple[dict[str, Any], int | None]:
+    """The protocol config of a malicious plan's runs and its deviation budget: the server
+    deviates in as many rounds as the protocol runs (unless the plan or ``--set`` fixes
+    ``deviation_rounds``), and the recorded rounds cover them."""
+    planned = protocol_cls.resolve_config({**dict(sets), **dict(plan)})
+    if "deviation_rounds" in sets or "deviation_rounds" in plan:
+        return planned, planned.get("deviation_rounds")
+    budget = _deviation_budget(protocol_cls, planned, n_users)
+    if budget is None:
+        return planned, None
+    extra: dict[str, Any] = {"deviation_rounds": budget}
+    record = planned.get("record_rounds")
+    if "record_rounds" not in sets and isinstance(record, int) and record >= 0:
+        extra["record_rounds"] = int(planned.get("deviation_start", 0)) + budget + 1
+    return protocol_cls.resolve_config({**dict(sets), **dict(plan), **extra}), budget
+
+
+def _variants(named: list[tuple[str, type]], budget: int | None) -> tuple[list[tuple[str, type]], dict]:
+    """A malicious attack with a ``rounds`` parameter, read at every value of
+    :func:`round_grid` (one matrix row each, ``<attack>:rounds=<r>``); others as they are."""
+    out, params = [], {}
+    for name, cls in named:
+        if budget is None or "rounds" not in getattr(cls, "declared", {}):
+            out.append((name, cls))
+            continue
+        for r in round_grid(budget):
+            variant = f"{name}:rounds={r}"
+            out.append((variant, cls))
+            params[variant] = {**dict(getattr(cls, "audit_params", {}) or {}), "rounds": r}
+    return out, params
 
 
 def _cost_rank(run: _Run) -> int:
@@ -567,6 +778,7 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
     else:
         source = getattr(dataset, "name", "dataset")
     dataset = runner.subsample_users(dataset, audit.users, audit.seed)
+    runs, header = _plan(audit, int(dataset.n_users))  # the deviation budget needs the number of users
     load_seconds = time.perf_counter() - t0
     t1 = time.perf_counter()
     # a run whose defense leaves the undefended run unchanged shares that run's protocol run
@@ -579,7 +791,7 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
             groups.append(first[r.group_key])
     for i, r in enumerate(runs):
         if r.defense_cls is not None:
-            if _is_undefended(r.defense_cls, r.defense_params) and r.group_key in first:
+            if _is_undefended(r.defense_cls, r.defense_params, r.stack) and r.group_key in first:
                 first[r.group_key].append(i)
             else:
                 groups.append([i])
@@ -604,6 +816,7 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
     run_seconds = time.perf_counter() - t1
     out = dict(header)
     classes = out.pop("_attack_classes")
+    unplanned = out.pop("_unplanned", {})
     declared_utility = out.pop("utility_metric_declared")
     out["dataset"] = dict(dataset.summary(), source=source)
     if audit.users is not None:
@@ -619,6 +832,9 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
     out["utility_metric"] = rs.audit_utility(out)
     _pool_targets(out)
     _mark_applicability(out)
+    for a in out["attacks"]:
+        if a["name"] in unplanned:
+            a["applies"], a["reason"] = False, unplanned[a["name"]]
     decide(out)
     out["timing"] = {
         "total_seconds": time.perf_counter() - t0,
@@ -731,14 +947,83 @@ def _threat_part(out: Mapping[str, Any], threat: str, defense: str | None, value
         if c["defense"] == defense and c["attack"] in {a["name"] for a in applying}
     }
     verdicts = {name: c.get("verdict", "not applicable") for name, c in cells.items()}
+    if threat == MALICIOUS:
+        return _malicious_part(out, applying, verdicts, defense, value)
     leaking = [a for a in applying if verdicts.get(a["name"]) == "leaks"]
     if leaking:
-        names = [_deviation_text(out, a, defense, value) if threat == MALICIOUS else a["name"] for a in leaking]
+        names = [a["name"] for a in leaking]
         stopped = [f"{n} ({v})" for n, v in sorted(verdicts.items()) if v in ("protected", "not applicable")]
         return f"leaks to {server} ({'; '.join(names)})" + (f"; stopped: {', '.join(stopped)}" if stopped else "")
     if verdicts and all(v in ("protected", "not applicable") for v in verdicts.values()):
         na = all(v == "not applicable" for v in verdicts.values())
         return f"protected against {server}" + (" (no attack applies under it)" if na and defense else "")
+    shown = "; ".join(f"{n}: {v}" for n, v in sorted(verdicts.items()))
+    return f"not shown to leak to {server} ({shown})"
+
+
+#: test statuses (:func:`privaudit.results.decide_tests`) of an attack that failed: its upper bound
+#: is below the margin, or its baseline is already perfect (an attack below its prior is not
+#: adapted: never evidence of protection)
+FAILED = ("under margin", "at ceiling")
+
+
+def malicious_family(out: Mapping[str, Any], defense: str | None, attacks: Sequence[Mapping[str, Any]]) -> dict:
+    """The adaptive family of a column: every test of every applicable malicious attack (each
+    deviation-round variant its own member) at the column's strongest value, decided together
+    (Holm over the whole family, :func:`privaudit.results.decide_tests`). ``leaking``: the
+    attacks with a rejected test, strongest (smallest p) first; ``failed``: whether every
+    attack that ran failed on every metric (an attack that did not apply counts as failed);
+    ``family``: the number of tests."""
+    import copy
+
+    tests: list[tuple[str, dict[str, Any]]] = []
+    for a in attacks:
+        series = [r for r in rs.audit_series(out, a["name"], defense) if r.get("tests")]
+        if not series:
+            continue
+        for t in series[-1]["tests"].values():
+            tests.append((a["name"], copy.deepcopy(dict(t))))
+    rs.decide_tests([t for _, t in tests])  # thresholds already hold the audit's margin
+    best: dict[str, float] = {}
+    for name, t in tests:
+        if t.get("status") == "leaks":
+            best[name] = min(best.get(name, 1.0), float(t["p"]))
+    leaking = sorted(best, key=lambda n: best[n])
+    failed = all(t.get("status") in FAILED for _, t in tests)
+    return {"leaking": leaking, "failed": failed, "family": len(tests)}
+
+
+def _malicious_part(
+    out: Mapping[str, Any],
+    applying: list[Mapping[str, Any]],
+    verdicts: Mapping[str, str],
+    defense: str | None,
+    value: Any,
+) -> str:
+    """The malicious column: "protected" only when every adaptive attack fails (Holm over the
+    family, :func:`malicious_family`); otherwise the crafts that still win, strongest first."""
+    server = "a malicious server"
+    family = malicious_family(out, defense, applying)
+    info = {a["name"]: a for a in applying}
+    stopped = [f"{n} ({v})" for n, v in sorted(verdicts.items()) if v in ("protected", "not applicable")]
+    if family["leaking"]:
+        shown: dict[str, str] = {}  # each attack once, at its strongest deviation-round variant
+        for n in family["leaking"]:
+            shown.setdefault(info[n].get("variant_of", n), n)
+        names = [_deviation_text(out, info[n], defense, value) for n in shown.values()]
+        n, k = family["family"], len(applying)
+        held = f"Holm over {n} test{'' if n == 1 else 's'} of {k} attack{'' if k == 1 else 's'}"
+        return f"leaks to {server} ({'; '.join(names)}; {held})" + (
+            f"; stopped: {', '.join(stopped)}" if stopped else ""
+        )
+    if verdicts and all(v == "not applicable" for v in verdicts.values()):
+        family_names = ", ".join(sorted({a.get("variant_of", a["name"]) for a in applying}))
+        return f"protected against {server}" + (
+            f" (no attack of the family applies under it: {family_names})" if defense else ""
+        )
+    control = defense is not None and bool(malicious_family(out, None, applying)["leaking"])
+    if family["failed"] and verdicts and control:
+        return f"protected against {server} (every adaptive attack fails: {family['family']} tests, Holm)"
     shown = "; ".join(f"{n}: {v}" for n, v in sorted(verdicts.items()))
     return f"not shown to leak to {server} ({shown})"
 

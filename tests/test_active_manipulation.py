@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from privaudit import registry  # noqa: E402
-from privaudit.attacks.active_saturation import NCFActiveSaturation  # noqa: E402
+from privaudit.attacks.active_saturation import NCFActiveSaturation, NCFUnitSaturation  # noqa: E402
 from privaudit.attacks.malicious_fedncf import DEVIATIONS  # noqa: E402
 from privaudit.attacks.ncf_update_leak import NCFUpdateLeak  # noqa: E402
 from privaudit.data import synthetic  # noqa: E402
@@ -68,8 +68,12 @@ def test_secure_aggregate_of_a_small_cohort_leaks_and_the_honest_reading_does_no
 
 
 def test_a_consistent_crafted_model_passes_the_consistency_check(ds):
-    out = _evaluate(_run(ds, [ModelConsistency(), SecAgg()], clients_per_round=2, deviation_rounds=3))
+    check = ModelConsistency(min_cohort=2)
+    out = _evaluate(_run(ds, [check, SecAgg()], clients_per_round=2, deviation_rounds=3))
     assert out.reconstruction.supported and out.metrics["f1"] >= out.baseline_prior["f1"] + 0.4
+    # the default min_cohort (5) aborts the two-member rounds: nothing to read
+    small = _evaluate(_run(ds, [ModelConsistency(), SecAgg()], clients_per_round=2, deviation_rounds=3))
+    assert not small.reconstruction.supported and "fewer than min_cohort 5" in small.reconstruction.reason
 
 
 def test_honest_plan_and_bounds_within_range_leave_the_run_unchanged(ds):
@@ -108,6 +112,63 @@ def test_feature_bounds_close_the_saturation_only_through_the_bias(ds, bounds, c
         assert out.metrics["f1"] == out.metrics["honest_f1"] and out.metrics["precision"] < 0.5
     else:  # an item-row bound alone, or a loose bias bound, leaves the rows of negatives still
         assert out.metrics["precision"] == 1.0 and out.metrics["recall"] == 1.0
+
+
+@pytest.mark.parametrize("model", ["mlp", "neumf"])
+def test_an_mlp_unit_saturates_past_the_bias_bound_and_a_score_bound_stops_it(ds, model):
+    """craft_via=mlp-unit leaves predict.bias alone: max_bias and max_norm pass it; max_score
+    (the adaptive server crafts at 0.9 x the public bound) closes it at 15 and not at 20."""
+
+    def read(**bounds):
+        tr = _run(ds, [FeatureBounds(**bounds)], model=model, craft_via="mlp-unit")
+        return NCFUnitSaturation(rounds=1).evaluate(tr, np.random.default_rng(0)), tr
+
+    out, tr = read(max_bias=5.0, max_norm=1.0)
+    assert out.metrics["precision"] == 1.0 and out.metrics["recall"] == 1.0 and out.metrics["honest_f1"] < 0.5
+    (state, *_) = [m for m in tr.messages if m.kind == "state" and (m.meta or {}).get("deviation")]
+    assert "MLP unit 0 of the last layer: weights 0, bias +50, output weight -1" in state.meta["crafted"]
+    closed, tr = read(max_bias=-1.0, max_score=15.0)
+    assert "bias +13.5" in [m for m in tr.messages if m.kind == "state"][0].meta["crafted"]
+    assert closed.metrics["f1"] == closed.metrics["honest_f1"] and closed.metrics["precision"] < 0.5
+    still, _ = read(max_bias=-1.0, max_score=20.0)
+    assert still.metrics["precision"] == 1.0
+
+
+def test_max_score_refuses_a_saturated_model_and_leaves_honest_runs_unchanged(ds):
+    bounds = FeatureBounds(max_score=15.0)
+    assert bounds.refuse_scores(np.array([[-3.0, 14.9]])) is None
+    assert (
+        bounds.refuse_scores(np.array([[-50.0]])) == "feature-bounds: a received model scores 50, beyond max_score 15"
+    )
+    base = {"clients_per_round": 8, "global_rounds": 1, "model": "neumf"}
+    a = FedNCF().run(ds, base, [], rng=0)
+    b = FedNCF().run(ds, base, [bounds], rng=0)  # honest synthetic scores stay below 10
+    np.testing.assert_array_equal(a.model["items"], b.model["items"])
+    with pytest.raises(PrivauditError, match="craft_via=mlp-unit needs an MLP tower"):
+        FedNCF.resolve_config({"server": "saturate", "craft_via": "mlp-unit"})
+
+
+def test_audit_names_the_craft_that_passes_feature_bounds():
+    """The audit's malicious column: the bias saturation's one-round cell reads protected under
+    secagg + feature-bounds, but the MLP-unit saturation over all rounds leaks, so the column
+    names it (tiny NeuMF, 5 seeds)."""
+    from privaudit import audit as au
+
+    spec = au.Audit(
+        "fedncf",
+        seeds=5,
+        jobs=1,
+        threat="malicious",
+        defenses=["feature-bounds:max_bias=5"],
+        attacks=["ncf-unit-saturation"],
+        sets={"clients_per_round": 4, "global_rounds": 1, "model": "neumf"},
+    )
+    out = au.run_audit(spec, dataset=synthetic(n_users=16, n_items=60, seed=3))
+    assert [d["name"] for d in out["defenses"]] == ["secagg+feature-bounds:max_bias=5"]
+    assert [a["name"] for a in out["attacks"]] == [f"ncf-unit-saturation:rounds={r}" for r in (1, 4)]
+    (none, fb) = out["threat_verdicts"]
+    assert fb["malicious"].startswith("leaks to a malicious server (ncf-unit-saturation:rounds=4, 4 rounds")
+    assert "protected" not in fb["malicious"].split(";")[0]
 
 
 def test_declarations(ds):

@@ -142,7 +142,7 @@ def test_cells_and_verdicts_name_the_threat_model(threat_registry, ds):
     (none, noise) = a["threat_verdicts"]
     assert noise["sentence"] == (
         "dummy-noise (scale = 10): leaks to an honest-but-curious server (dummy-sign); leaks to a malicious "
-        "server (dummy-peek, 1 round of model inconsistency, 0 sybils)."
+        "server (dummy-peek, 1 round of model inconsistency, 0 sybils; Holm over 1 test of 1 attack)."
     )
     assert none["honest-but-curious"] == "leaks to an honest-but-curious server (dummy-sign)"
     # the wording of the other verdicts (a defense that hides the uploads: the attack does not apply)
@@ -175,7 +175,7 @@ def test_audit_html_renders_the_threat_axis_escaped(threat_registry, ds, tmp_pat
     out = au.write_audit(a, tmp_path / "audit")
     html = (out / "audit.html").read_text()
     assert "Threat models" in html and "&lt;script&gt;x&lt;/script&gt;" in html and "<script>x" not in html
-    assert "leaks to a malicious server (dummy-peek, 1 round of model inconsistency, 0 sybils)" in html
+    assert "leaks to a malicious server (dummy-peek, 1 round of model inconsistency, 0 sybils; Holm" in html
     assert "malicious server (server=peek; model inconsistency)" in html
     data = json.loads((out / "audit.json").read_text())
     assert {c["threat"] for c in data["matrix"]} == {"honest-but-curious", "malicious"}
@@ -214,7 +214,7 @@ def test_a_defense_without_grid_is_one_cell_when_named(threat_registry, ds, tmp_
     assert len(honest) == 2 and all(r["attacks"]["dummy-sign"]["supported"] is False for r in honest)
     assert a["threat_verdicts"][1]["sentence"] == (
         "dummy-encrypt: protected against an honest-but-curious server (no attack applies under it); leaks to a "
-        "malicious server (dummy-peek, 1 round of model inconsistency, 0 sybils)."
+        "malicious server (dummy-peek, 1 round of model inconsistency, 0 sybils; Holm over 1 test of 1 attack)."
     )
     out = au.write_audit(a, tmp_path / "audit")
     assert "dummy-encrypt.None" not in (out / "audit.html").read_text()
@@ -229,3 +229,73 @@ def test_every_deviation_has_the_noun_a_verdict_names_it_by():
     from privaudit.audit import DEVIATION_NOUNS
 
     assert set(DEVIATION_NOUNS) == set(DEVIATIONS)
+
+
+def _family_audit(tests_by_attack: dict, undefended: dict) -> dict:
+    """An audit dict with two malicious attacks and one gridless defense, for the family verdict."""
+    attacks = [
+        {"name": n, "threat": "malicious", "applies": True, "deviation": "sybil cohorts"} for n in tests_by_attack
+    ]
+    matrix = [{"attack": n, "defense": "guard", "verdict": "inconclusive"} for n in tests_by_attack]
+    return {
+        "attacks": attacks,
+        "defenses": [{"name": "guard", "strength": None, "grid": [None]}],
+        "matrix": matrix,
+        "runs": [],
+        "_tests": {"guard": tests_by_attack, None: undefended},
+    }
+
+
+def _test(advantage: float, se: float, threshold: float = 0.05) -> dict:
+    from statistics import NormalDist
+
+    return {"advantage": advantage, "se": se, "threshold": threshold, "p": 1 - NormalDist().cdf(advantage / se)}
+
+
+def test_malicious_column_is_protected_only_when_every_adaptive_attack_fails(monkeypatch):
+    """Holm over the whole adaptive family: one attack that leaks names the column's craft; all
+    under the margin (with the family leaking undefended) reads protected; otherwise not shown."""
+
+    def series(out, attack, defense):
+        return [{"tests": {"f1": dict(out["_tests"][defense][attack])}}]
+
+    monkeypatch.setattr(au.rs, "audit_series", series)
+    leak = {"a": _test(0.5, 0.05), "b": _test(0.5, 0.05)}
+    # b leaks at p ~ 1e-7 alone; a is under the margin: the column names b only
+    a = _family_audit({"a": _test(0.0, 0.01), "b": _test(0.3, 0.05)}, leak)
+    assert au.threat_verdicts(a)[1]["malicious"] == (
+        "leaks to a malicious server (b, ? rounds of sybil cohorts, ? sybils; Holm over 2 tests of 2 attacks)"
+    )
+    # a p-value of 0.03 rejects alone (0.05) but not at Holm's first level over 2 tests (0.025)
+    a = _family_audit({"a": _test(0.0, 0.01), "b": _test(0.0376, 0.02)}, leak)
+    assert au.malicious_family(a, "guard", a["attacks"])["leaking"] == []
+    assert au.threat_verdicts(a)[1]["malicious"].startswith("not shown to leak to a malicious server")
+    a = _family_audit({"a": _test(0.0, 0.01), "b": _test(0.001, 0.01)}, leak)
+    assert au.threat_verdicts(a)[1]["malicious"] == (
+        "protected against a malicious server (every adaptive attack fails: 2 tests, Holm)"
+    )
+    # every attack of the family stopped (not applicable): protected, naming the family
+    for c in a["matrix"]:
+        c["verdict"] = "not applicable"
+    assert au.threat_verdicts(a)[1]["malicious"] == (
+        "protected against a malicious server (no attack of the family applies under it: a, b)"
+    )
+    for c in a["matrix"]:
+        c["verdict"] = "inconclusive"
+    # no control (the family does not leak undefended): not protection
+    a = _family_audit({"a": _test(0.0, 0.01), "b": _test(0.001, 0.01)}, {"a": _test(0.0, 0.01), "b": _test(0, 1)})
+    assert au.threat_verdicts(a)[1]["malicious"].startswith("not shown to leak")
+
+
+def test_deviation_rounds_are_swept_up_to_the_protocols_rounds():
+    from privaudit.protocols.fedncf import FedNCF
+
+    assert au.round_grid(50) == [1, 4, 16, 50] and au.round_grid(1) == [1] and au.round_grid(4) == [1, 4]
+    cfg = FedNCF.resolve_config({})
+    assert FedNCF.deviation_budget(cfg, 200) == 50 and FedNCF.deviation_budget(cfg, None) is None
+    assert FedNCF.deviation_budget(FedNCF.resolve_config({"max_rounds": 7}), 200) == 7
+    # a plan that fixes deviation_rounds (or --set) is kept; otherwise the server deviates in every round
+    planned, budget = au._planned_config(FedNCF, {}, {"server": "sybil"}, 200)
+    assert budget == 50 and planned["deviation_rounds"] == 50 and planned["record_rounds"] == 51
+    planned, budget = au._planned_config(FedNCF, {"deviation_rounds": 3}, {"server": "sybil"}, 200)
+    assert budget == 3 and planned["record_rounds"] == 50

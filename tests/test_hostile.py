@@ -2099,3 +2099,41 @@ def test_local_clusters_listen_on_loopback_and_leave_no_scratch(tmp_path, monkey
                 continue
     assert listening and all(ip in ("127.0.0.1", "::1") for ip in listening), listening
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- adaptive (issue 38): audit defense stacks
+
+
+@pytest.mark.parametrize(
+    "spec, expect",
+    [
+        ("secagg+", "empty member in the stack"),
+        ("secagg+nope", "nope"),
+        ("secagg+model-consistency:min_cohort=0", "min_cohort"),
+        ("feature-bounds:max_score=abc", "max_score"),
+        ("model-consistency+model-consistency", "appears twice"),
+        ("secagg:dropout=0.1,dropout", "expected key=value"),
+        ("secagg+dp-prototypes", "cannot be swept on 'fedncf'"),
+    ],
+)
+def test_audit_defense_stack_is_refused_in_one_line(spec, expect, tmp_path, capsys, monkeypatch):
+    """A malformed or impossible --defense stack: one line on stderr, exit 2, before any run."""
+    from privaudit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    rc = main(["audit", "--protocol", "fedncf", "--threat", "malicious", "--defense", spec, "-o", "rep"])
+    captured = capsys.readouterr()
+    _assert_refused({"rc": rc, "err": captured.err}, expect)
+    assert not (tmp_path / "rep").exists()
+
+
+def test_privmvmf_singleton_cohorts_are_refused_by_model_consistency(tmp_path, capsys, monkeypatch):
+    """The server posting one-client Paillier cohorts under model-consistency: refused up front."""
+    from privaudit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["audit", "--protocol", "privmvmf", "--threat", "malicious", "--seeds", "5", "-o", "rep"]
+    rc = main(argv + ["--defense", "paillier:cohort_size=1+model-consistency"])
+    captured = capsys.readouterr()
+    _assert_refused({"rc": rc, "err": captured.err}, "refuses posted cohorts of 1 client(s), below min_cohort 5")
+    assert not (tmp_path / "rep").exists()

@@ -93,9 +93,12 @@ def test_intersect_method_needs_more_rounds_than_direction(ds):
 
 @pytest.mark.parametrize("digest", ["sha256", "sha3_256", "blake2b"])
 def test_round_checks_compare_content_and_count_verified_members(digest):
-    check = ModelConsistency(digest=digest)
+    check = ModelConsistency(digest=digest, min_cohort=3)
     same = [bytes(8), bytes(8), bytes(8)]  # equal content, distinct objects
     assert check.abort_reason(0, ["client:0", "client:1", "client:2"], same, np.ones(3, bool)) is None
+    # a consistent cohort below min_cohort aborts (a one-client "cohort" would pass a digest check)
+    small = ModelConsistency(digest=digest).abort_reason(0, ["a", "b"], same[:2], np.ones(2, bool))
+    assert small == "model-consistency: 2 members, fewer than min_cohort 5"
     other = same[:2] + [b"\x01" + bytes(7)]
     assert "2 different model digests among 3" in check.abort_reason(0, ["a", "b", "c"], other, np.ones(3, bool))
     verified = VerifiedCohort(min_clients=2)
@@ -120,11 +123,12 @@ def test_model_consistency_does_not_stop_sybils(ds):
 
 
 def test_verified_cohort_forces_honest_members_into_the_sybil_aggregate(ds):
-    blocked = _run(ds, "sybil", [SecAgg(), VerifiedCohort(min_clients=2)])
+    blocked = _run(ds, "sybil", [SecAgg(), VerifiedCohort(min_clients=2)], sybils=7)
     out = _evaluate(NCFSybilIsolation(), blocked)
     assert not out.reconstruction.supported and "verified-cohort" in out.reconstruction.reason
-    # the server adapts: k - min_clients sybils and honest covers re-drawn every round
-    adapted = _run(ds, "sybil", [SecAgg(), VerifiedCohort(min_clients=4)], rounds=2, sybils=4)
+    # the adaptive server (sybils -1) reads the public min_clients: k - min_clients sybils and
+    # honest covers re-drawn every round
+    adapted = _run(ds, "sybil", [SecAgg(), VerifiedCohort(min_clients=4)], rounds=2)
     one = _evaluate(NCFSybilIsolation(), adapted).metrics
     full = _evaluate(NCFSybilIsolation(), _run(ds, "sybil", [SecAgg()])).metrics
     assert one["sybils"] == 4 and one["precision"] < full["precision"] - 0.3
@@ -179,24 +183,62 @@ def test_malicious_plan_config_errors(cfg, message):
 def test_audit_plans_each_malicious_attack_on_its_server_plan():
     from privaudit import audit as au
 
-    runs, header = au._plan(au.Audit("fedncf", seeds=2, defenses=["secagg", "model-consistency"]))
+    runs, header = au._plan(au.Audit("fedncf", seeds=2, defenses=["secagg", "model-consistency"]), n_users=200)
     info = {a["name"]: a for a in header["attacks"]}
-    assert info["ncf-model-inconsistency"]["plan"] == {"server": "inconsistent"}
-    assert info["ncf-sybil-isolation"]["deviation"] == "sybil cohorts"
+    # each malicious attack with a rounds parameter is read at 1, 4, 16 and all 50 deviation rounds
+    assert info["ncf-model-inconsistency:rounds=1"]["plan"] == {"server": "inconsistent"}
+    assert [n for n in info if n.startswith("ncf-sybil-isolation")] == [
+        f"ncf-sybil-isolation:rounds={r}" for r in (1, 4, 16, 50)
+    ]
+    assert info["ncf-sybil-isolation:rounds=16"]["deviation"] == "sybil cohorts"
+    assert info["ncf-sybil-isolation:rounds=16"]["audit_params"]["rounds"] == 16
     assert info["ncf-update-leak"]["threat"] == "honest-but-curious"
+    # model-consistency stands on the secure aggregation it protects (the threat axis includes a malicious server)
+    assert [d["name"] for d in header["defenses"]] == ["secagg+model-consistency", "secagg"]
+    assert header["defenses"][0]["stack"] == [
+        {"name": "secagg", "params": {}},
+        {"name": "model-consistency", "params": {}},
+    ]
     honest = [r for r in runs if r.threat == "honest-but-curious"]
-    # secagg's 4 dropout values and model-consistency's one cell, plus the undefended run, per seed
+    # secagg's 4 dropout values and the stack's one cell, plus the undefended run, per seed
     assert len(honest) == 2 * (1 + 4 + 1) and all(r.config["server"] == "honest" for r in honest)
     assert all(not any(a.threat == "malicious" for _, a in r.attacks) for r in honest)
     for plan in ("sybil", "inconsistent"):
         mine = [r for r in runs if r.plan == {"server": plan}]
-        # undefended, secagg at dropout 0.3 and model-consistency, 5 seeds each (one target per run)
+        # undefended, secagg at dropout 0.3 and the stack, 5 seeds each (one target per run)
         assert sorted({(r.defense_name, r.value) for r in mine}, key=str) == sorted(
-            {(None, None), ("secagg", 0.3), ("model-consistency", None)}, key=str
+            {(None, None), ("secagg", 0.3), ("secagg+model-consistency", None)}, key=str
         )
         assert len(mine) == 15 and {r.seed for r in mine} == set(range(5))
-        assert all(r.config["server"] == plan and len(r.attacks) == 1 for r in mine)
+        # the server deviates in every round the protocol runs (50), recorded
+        assert all(r.config["deviation_rounds"] == 50 and r.config["record_rounds"] == 51 for r in mine)
+        assert all(r.config["server"] == plan and len(r.attacks) == 4 for r in mine)
         assert all(r.canaries == 0 for r in mine)  # no canary run: the DP claim is checked on the honest runs
+        stacked = [r for r in mine if r.defense_name == "secagg+model-consistency"]
+        assert all([c.name for c, _ in r.stack] == ["secagg", "model-consistency"] for r in stacked)
+
+
+def test_defense_stacks_parse_and_refuse_bad_specs():
+    from privaudit import audit as au
+
+    cell = au.parse_cell("secagg:dropout=0.1+feature-bounds", "fedncf")
+    assert cell.name == "secagg:dropout=0.1+feature-bounds" and cell.swept and cell.strength == "max_bias"
+    assert cell.specs(10.0) == [
+        (registry.get("defense", "secagg"), {"dropout": 0.1}),
+        (registry.get("defense", "feature-bounds"), {"max_bias": 10.0}),
+    ]
+    fixed = au.parse_cell("feature-bounds:max_bias=5,max_score=15", "fedncf", auto_base=True)
+    assert fixed.name == "secagg+feature-bounds:max_bias=5,max_score=15" and not fixed.swept
+    assert au.parse_cell("verified-cohort", "fedncf").name == "verified-cohort"  # no malicious axis: alone
+    for spec, message in [
+        ("secagg+", "empty member"),
+        ("secagg+nope", "unknown defense"),
+        ("secagg:dropout=2", "dropout"),
+        ("feature-bounds:max_scor=3", "unknown parameter 'max_scor'"),
+        ("secagg+secagg", "appears twice"),
+    ]:
+        with pytest.raises(PrivauditError, match=message):
+            au.parse_cell(spec, "fedncf")
 
 
 def test_attack_pools_the_seeds_targets_into_one_tested_verdict(ds):

@@ -108,9 +108,11 @@ def test_model_consistency_closes_the_isolation(runs):
     out = attack.evaluate(runs["isolate_checked"].transcript, np.random.default_rng(0))
     assert not out.reconstruction.supported and out.metrics == out.baseline
     assert not attack.applicable(runs["honest"].transcript.view("server"))[0]  # honest server
-    check = ModelConsistency()
+    check = ModelConsistency(min_cohort=2)
     assert check.check_decryption(0, "grad_V", ["client:1"], [["client:0", "client:1"]]) is not None
     assert check.check_decryption(0, "grad_V", ["client:1", "client:0"], [["client:0", "client:1"]]) is None
+    # a posted cohort of one is still below min_cohort: the decryptor refuses it
+    assert "below min_cohort 2" in check.check_decryption(0, "grad_V", ["client:1"], [["client:1"]])
 
 
 def test_plan_settings_are_checked(data):

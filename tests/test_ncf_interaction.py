@@ -149,3 +149,20 @@ def test_mlp_gradient_directions_beat_the_svd_direction():
         tpr[key] = roc_summary(out.decisions["positive"].labels, out.decisions["positive"].scores)["tpr@0.01"]
     # measured: F1 0.865 -> 0.891, TPR at 1 % FPR 0.83 -> 0.89
     assert grad.metrics["f1"] > svd.metrics["f1"] + 0.01 and tpr["grad"] > tpr["svd"] + 0.03
+
+
+def test_support_only_baseline_and_both_tpr_conventions(run, outcome):
+    """Two leaks, separated: which rows were uploaded (ranked by popularity: the support-only
+    guess) and how they moved (the attack's gain over it); TPR at low FPR over all items (the
+    never-uploaded items are trivial negatives) and over the uploaded rows only."""
+    m, prior = outcome.metrics, outcome.baseline_prior
+    # the uploads hold every positive: ranking them by popularity beats the message-free prior
+    assert m["support_f1"] > prior["f1"] + 0.05 and m["support_precision"] > prior["precision"]
+    assert m["f1_over_support"] == pytest.approx(m["f1"] - m["support_f1"])
+    assert m["f1_over_support"] > 0.2  # the direction of the rows adds to the support
+    every, uploaded = outcome.decisions["positive"], outcome.decisions["uploaded"]
+    assert "all items" in every.positive and "uploaded rows" in uploaded.positive
+    assert uploaded.labels.size < every.labels.size and uploaded.labels.sum() == every.labels.sum()
+    roc_all, roc_up = (roc_summary(d.labels, d.scores) for d in (every, uploaded))
+    assert roc_all["tpr@0.01"] >= roc_up["tpr@0.01"] - 1e-12  # the easy negatives only help
+    assert roc_up["auc"] > 0.9

@@ -38,6 +38,12 @@ size). Baseline: every item with probability 1/2; prior-only: the target's k ite
 the other clients. Decisions: one record per item of the target, score = share of the rounds
 read in which its row moved. Defense: :mod:`privaudit.defenses.feature_bounds` (a bound on the
 received prediction bias closes the saturation; item-row bounds alone do not).
+
+``ncf-unit-saturation`` is the same reading of a server that saturates the logit through one
+last-layer MLP unit instead (``craft_via=mlp-unit``: incoming weights 0, bias +``craft_bias``,
+output weight -1; ``predict.bias`` untouched; models mlp and neumf), which a bound on the
+prediction bias does not see; ``feature-bounds`` ``max_score`` (a bound on the received scores)
+stops both.
 """
 
 from __future__ import annotations
@@ -108,7 +114,7 @@ class NCFActiveSaturation(_Isolation):
     def _readings(self, view: View) -> tuple[str, list[tuple[int, np.ndarray, np.ndarray]], dict]:
         """Source used and per round read: (round, rows moved, rows an honest server sees updated)."""
         states, aggs, usable, _ = self._rounds(view)
-        dev = sorted(r for r, m in states.items() if (m.meta or {}).get("deviation") == self.plan)
+        dev = sorted(r for r, m in states.items() if (m.meta or {}).get("deviation") == self.server_plan)
         target = f"client:{int(states[dev[0]].meta['target'])}" if dev else ""
         ups = self._target_uploads(view, target) if dev else {}
         source = self.source if self.source != "auto" else ("upload" if ups else "aggregate")
@@ -197,3 +203,15 @@ class NCFActiveSaturation(_Isolation):
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
         out = super().prior_baseline(transcript, knowledge)
         return {**out, "honest_precision": out["precision"], "honest_f1": out["f1"]}
+
+
+@register_attack("ncf-unit-saturation")
+class NCFUnitSaturation(NCFActiveSaturation):
+    """FedNCF (MLP, NeuMF): the logit saturated through one last-layer MLP unit, past a bias bound."""
+
+    description = (
+        "FedNCF, malicious server: one MLP unit (weights 0, bias +50, output weight -1) saturates every score; "
+        "predict.bias is untouched, so a bound on it does not see the craft"
+    )
+    plan = {"server": "saturate", "craft_via": "mlp-unit"}
+    deviations = ("choose-cohorts", "craft-network", "craft-items")

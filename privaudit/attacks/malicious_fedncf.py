@@ -92,7 +92,8 @@ class _Isolation(OneTarget):
         "k": MetricSpec(True, False, "count", "mean cohort size of the deviation rounds"),
     }
     default_sweep = ("rounds", (1, 2, 3, 4))
-    audit_params = {"rounds": 1}  # the audit reports what one deviation round leaks
+    #: read one deviation round, unless the audit sweeps the rounds (privaudit.audit.round_grid)
+    audit_params = {"rounds": 1}
     parameters = (
         Param("rounds", -1, "deviation rounds to read (-1: all usable in the view)", ge=1, also=(-1,)),
         Param(
@@ -104,12 +105,17 @@ class _Isolation(OneTarget):
         ),
     )
 
+    @property
+    def server_plan(self) -> str:
+        """The fedncf ``server`` plan this attack reads (``plan`` may hold further settings)."""
+        return str(self.plan["server"]) if isinstance(self.plan, dict) else str(self.plan)
+
     def _rounds(self, view: View) -> tuple[dict, dict, list[int], list[str]]:
         """States and aggregates by round, the usable deviation rounds (aggregate and the next
         state recorded, not aborted) and the clients' abort reasons."""
         states = {m.round: m for m in view.select("state")}
         aggs = {m.round: m for m in view.select("aggregate")}
-        dev = sorted(r for r, m in states.items() if (m.meta or {}).get("deviation") == self.plan)
+        dev = sorted(r for r, m in states.items() if (m.meta or {}).get("deviation") == self.server_plan)
         aborted = [str(aggs[r].meta["aborted"]) for r in dev if r in aggs and (aggs[r].meta or {}).get("aborted")]
         usable = [r for r in dev if r + 1 in states and r in aggs and not (aggs[r].meta or {}).get("aborted")]
         return states, aggs, usable, aborted
@@ -117,9 +123,12 @@ class _Isolation(OneTarget):
     def plan_mismatch(self, view: View) -> str:
         """Why the view's server did not follow this attack's plan ("" when it did)."""
         followed = view.config.get("server", "honest")
-        if followed == self.plan:
+        settings = dict(self.plan) if isinstance(self.plan, dict) else {"server": self.plan}
+        other = {k: view.config.get(k) for k, v in settings.items() if k != "server" and view.config.get(k) != v}
+        if followed == self.server_plan and not other:
             return ""
-        return f"the server followed plan {followed!r}; this attack needs protocol server={self.plan}"
+        wanted = ", ".join(f"{k}={v}" for k, v in settings.items())
+        return f"the server followed plan {followed!r}; this attack needs protocol {wanted}"
 
     def applicable(self, view: View) -> tuple[bool, str]:
         ok, reason = super().applicable(view)

@@ -29,8 +29,14 @@ per-upload scores, -1 in an upload that does not hold it; predicted positives: s
 Metrics (mean over attacked clients, ground truth = the ``private`` training positives):
 ``precision``, ``recall``, ``f1`` (F1 of the two means, as :mod:`.ncf_update_leak`),
 ``victims``. Prior-only guess: the k most popular items (hindsight popularity, k = the median
-number of positives). Decisions: one record per (client, item), score as above (-2 for items
-the client never uploaded), grouped by client.
+number of positives). Two leaks are mixed in the advantage over that prior: which rows a client
+uploaded (its positives are always among them) and how they moved. ``support_precision`` /
+``support_f1`` are the support-only guess (:func:`support_guess`: the uploaded rows ranked by
+popularity, as many as the recipe implies), and ``f1_over_support`` what the direction adds to
+it (reported, not tested). Decisions: ``positive``, one record per (client, item), score as
+above (-2 for items the client never uploaded), grouped by client, so TPR at low FPR counts the
+never-uploaded items (trivially rejected) among the negatives; ``uploaded``, the same records
+restricted to the rows the client uploaded (the TPR at low FPR of the direction alone).
 """
 
 from __future__ import annotations
@@ -65,6 +71,36 @@ def implied_positives(n_rows: int, negatives: int, n_items: int) -> float:
     pool = np.maximum(n_items - k - 1, 1.0)
     rows = k + pool * (1.0 - np.exp(negatives * k * np.log1p(-1.0 / np.maximum(pool, 1.0 + 1e-12))))
     return float(k[int(np.argmin(np.abs(rows - n_rows)))])
+
+
+def support_guess(reconstruction: Reconstruction, transcript: Transcript) -> tuple[float, float]:
+    """(precision, recall) of the support-only guess, averaged as the attack's: each attacked
+    client's uploaded rows ranked by popularity (the other clients' positives, hindsight counts,
+    as the prior), the top k, k the positives its first upload's size implies
+    (:func:`implied_positives`). It reads which rows were uploaded and not how they moved."""
+    names = sorted(reconstruction.victims)
+    if not names:
+        return float("nan"), float("nan")
+    m = int(transcript.config.get("n_items", 0)) or 1
+    truths = {p: client_truth(transcript, p) for p in transcript.clients()}
+    counts = np.zeros(m)
+    for t in truths.values():
+        counts += np.bincount(t[t < m], minlength=m)[:m]
+    ps, rs, has = [], [], []
+    for party in names:
+        v = reconstruction.victims[party]
+        truth = truths.get(party, client_truth(transcript, party))
+        own = np.zeros(m)
+        own[truth[truth < m]] = 1.0
+        up = np.asarray(v.get("uploaded", np.zeros(0)), dtype=np.int64)
+        k = int(round(float(np.asarray(v.get("k", [0]))[0])))
+        guess = up[np.argsort(-(counts - own)[up], kind="stable")[:k]]
+        p, r = set_precision_recall(guess, truth)
+        ps.append(p)
+        rs.append(0.0 if truth.size == 0 else r)
+        has.append(float(truth.size > 0))
+    rec = float(np.sum(rs) / np.sum(has)) if np.sum(has) else float("nan")
+    return float(np.mean(ps)), rec
 
 
 def upload_scores(values: np.ndarray, negatives: int, n_items: int) -> np.ndarray:
@@ -135,7 +171,25 @@ class NCFInteractionInference(Attack):
     protocols = ("fedncf",)
     requires = ("item_update",)
     primary_metric = "f1"
-    metric_specs = {**PRF_SPECS, "victims": MetricSpec(True, False, "count", "clients attacked")}
+    metric_specs = {
+        **PRF_SPECS,
+        "victims": MetricSpec(True, False, "count", "clients attacked"),
+        "support_precision": MetricSpec(
+            True,
+            False,
+            "fraction",
+            "the support-only guess: a client's uploaded rows ranked by popularity, as many as the recipe implies",
+            tested=False,
+        ),
+        "support_f1": MetricSpec(True, False, "fraction", "F1 of the support-only guess", tested=False),
+        "f1_over_support": MetricSpec(
+            True,
+            False,
+            "fraction",
+            "F1 minus the support-only guess's: what the direction of the rows adds to which rows were uploaded",
+            tested=False,
+        ),
+    }
     default_sweep = ("rounds", (1, 2, 4))
     parameters = (
         Param("rounds", 1, "combine the scores of each client's first r recorded uploads (-1: all)", ge=1, also=(-1,)),
@@ -193,7 +247,13 @@ class NCFInteractionInference(Attack):
                 total += sc
                 seen[items] = True
             score = np.where(seen, total / r, ABSENT)
-            victims[party] = {"scores": score, "items": np.flatnonzero(score > 0).astype(np.int64)}
+            first = len(np.asarray(seq[0].payload["items"]))
+            victims[party] = {
+                "scores": score,
+                "items": np.flatnonzero(score > 0).astype(np.int64),
+                "uploaded": np.flatnonzero(seen).astype(np.int64),
+                "k": np.array([implied_positives(first, negatives, m)]),
+            }
         meta = {"clients": len(victims), "rounds": self.rounds, "gradient_uploads": n_gradient}
         return Reconstruction(self.name, self.party, victims, meta=meta)
 
@@ -214,7 +274,18 @@ class NCFInteractionInference(Attack):
         n = len(parts["victims"])
         p = float(parts["precision"].mean()) if n else nan
         r = float(parts["recall"].sum() / parts["has"].sum()) if parts["has"].sum() else nan
-        return {"precision": p, "recall": r, "f1": f1_score(p, r) if n else nan, "victims": float(n)}
+        f1 = f1_score(p, r) if n else nan
+        sp, sr = support_guess(reconstruction, transcript)
+        sf1 = f1_score(sp, sr) if n else nan
+        return {
+            "precision": p,
+            "recall": r,
+            "f1": f1,
+            "victims": float(n),
+            "support_precision": sp,
+            "support_f1": sf1,
+            "f1_over_support": f1 - sf1,
+        }
 
     def _parties(self, transcript: Transcript) -> list[str]:
         return sorted({m.sender for m in transcript.select("item_update")})
@@ -254,7 +325,16 @@ class NCFInteractionInference(Attack):
         if labels.all() or not labels.any():
             return {}
         groups = np.repeat(np.arange(len(names)), m)
-        return {"positive": Decisions(scores, labels, positive="training positive", groups=groups)}
+        out = {"positive": Decisions(scores, labels, positive="training positive, over all items", groups=groups)}
+        uploaded = scores > ABSENT  # the rows the client uploaded: the honest question of direction
+        if labels[uploaded].any() and not labels[uploaded].all():
+            out["uploaded"] = Decisions(
+                scores[uploaded],
+                labels[uploaded],
+                positive="training positive, over the uploaded rows",
+                groups=groups[uploaded],
+            )
+        return out
 
     def victim_table(
         self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]

@@ -17,6 +17,15 @@ multiplication per ciphertext, as the server did). A server asking for the decry
 client's ciphertexts alone (``privmvmf`` ``server=isolate``) is refused
 (:meth:`ModelConsistency.check_decryption`).
 
+Posted cohorts must hold at least ``min_cohort`` members (default 5): a digest check passes on a
+cohort of one, and a server that posts one-client cohorts (``paillier:cohort_size=1``) or
+one-client FedNCF rounds gets each client's upload as the "sum" of a consistent cohort. So a
+FedNCF round of fewer members aborts, a decryptor refuses a sum over fewer members, and a
+PrivMVMF run whose server is configured to post smaller cohorts is refused before it starts
+(:meth:`ModelConsistency.refuse_cohort_size`). The check does not see a cohort's composition:
+sybils the server runs pass it (``verified-cohort`` counts only verified members), and a
+consistent crafted model passes it (``feature-bounds``).
+
 ``verified-cohort``: the round aborts unless at least ``min_clients`` members are verified
 clients (enrolled through an identity the server cannot forge, e.g. a device attestation);
 sybils are not verified. A server that still wants the round must put ``min_clients`` honest
@@ -52,9 +61,21 @@ class ModelConsistency(Defense):
     applies_to = ("fedncf", "privmvmf")
     #: fedncf: a round's uploads, withheld on abort; privmvmf: the encrypted uploads whose sums decryptors check
     acts_on = (("item_update", "*"), ("net_update", "*"), ("grad_V", "*"), ("grad_P", "*"))
-    parameters = (Param("digest", "sha256", "hash of the received model posted to the bulletin", choices=DIGESTS),)
+    parameters = (
+        Param("digest", "sha256", "hash of the received model posted to the bulletin", choices=DIGESTS),
+        Param(
+            "min_cohort",
+            5,
+            "members a posted cohort must hold: smaller FedNCF rounds abort, smaller PrivMVMF sums are not decrypted",
+            ge=1,
+        ),
+    )
+    #: the defense this check protects (the audit stacks it on top by default), per protocol
+    protects = {"fedncf": "secagg"}
 
     def abort_reason(self, round: int, members: list[str], models: list[bytes], verified: Any) -> str | None:
+        if len(members) < self.min_cohort:
+            return f"model-consistency: {len(members)} members, fewer than min_cohort {self.min_cohort}"
         by_object: dict[int, str] = {}  # members handed the same object hash it once
         for model in models:
             if id(model) not in by_object:
@@ -70,9 +91,24 @@ class ModelConsistency(Defense):
         to the bulletin for the round's ``kind`` uploads: None (decrypt) when the members are
         exactly one posted cohort, else the reason it refuses."""
         wanted = sorted(members)
+        if len(wanted) < self.min_cohort:
+            return (
+                f"model-consistency: a {kind} sum over {len(members)} member(s) is below min_cohort "
+                f"{self.min_cohort} (round {round})"
+            )
         if any(sorted(c) == wanted for c in cohorts):
             return None
         return f"model-consistency: a {kind} sum over {len(members)} member(s) is no posted cohort's (round {round})"
+
+    def refuse_cohort_size(self, cohort_size: int) -> str | None:
+        """Why the members refuse a server configured to post cohorts of ``cohort_size`` (> 0)
+        clients (None when it is at least ``min_cohort``)."""
+        if 0 < cohort_size < self.min_cohort:
+            return (
+                f"model-consistency refuses posted cohorts of {cohort_size} client(s), below min_cohort "
+                f"{self.min_cohort}: the decryptors would decrypt single clients' uploads"
+            )
+        return None
 
 
 @register_defense("verified-cohort")
@@ -84,6 +120,7 @@ class VerifiedCohort(Defense):
     applies_to = ("fedncf",)
     acts_on = (("item_update", "*"), ("net_update", "*"))  # a round's uploads, withheld on abort
     parameters = (Param("min_clients", 2, "verified (non-sybil) clients a cohort must hold", ge=1),)
+    protects = {"fedncf": "secagg"}
 
     def abort_reason(self, round: int, members: list[str], models: list[bytes], verified: Any) -> str | None:
         n = int(np.count_nonzero(np.asarray(verified, dtype=bool)))

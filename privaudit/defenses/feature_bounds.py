@@ -17,6 +17,14 @@ bound on item rows alone does not stop it (rows of norm 0 are within any upper b
 ``keep`` variant sends the global rows unchanged). What the bounds cost honest utility is the
 HR@10 lost to clipping rows and bias that honest training would move past them (measured in
 docs/active-manipulation.md).
+
+The bias bound does not bound the score: a server can shift every score through any other
+parameter that reaches the logit (e.g. one last-layer MLP unit with weights 0, bias +50 and
+output weight -1, FedNCF ``craft_via=mlp-unit``). ``max_score`` bounds the score itself: before
+training, each member computes its scores of the rows it is about to train under the model it
+received and refuses the model (the round aborts, as a round check's) when one exceeds
+``max_score``; honest scores stay far below it (docs/malicious-server.md gives the measured
+range and the cost).
 """
 
 from __future__ import annotations
@@ -44,10 +52,30 @@ class FeatureBounds(Defense):
     parameters = (
         Param("max_norm", -1.0, "L2 norm bound on every received item row (-1: no bound)", gt=0, also=(-1.0,)),
         Param("max_bias", 5.0, "bound on the absolute received prediction bias (-1: no bound)", gt=0, also=(-1.0,)),
+        Param(
+            "max_score",
+            -1.0,
+            "a member refuses the received model (the round aborts) when its score of a row it is about to train "
+            "exceeds this in absolute value (-1: no check)",
+            gt=0,
+            also=(-1.0,),
+        ),
     )
+    #: the defense this check protects (the audit stacks it on top by default), per protocol
+    protects = {"fedncf": "secagg"}
     strength = "max_bias"
     #: off, then bounds from far above FedNCF's honest bias (about -1 after 5 global rounds) down to it
     default_grid = (-1.0, 20.0, 10.0, 5.0)
+
+    def refuse_scores(self, scores: np.ndarray) -> str | None:
+        """Why a cohort refuses the model it received, given the members' scores (logits) of the
+        rows they are about to train (None: train). Checked by FedNCF before local training."""
+        if self.max_score <= 0 or scores.size == 0:
+            return None
+        top = float(np.max(np.abs(scores)))
+        if top > self.max_score:
+            return f"feature-bounds: a received model scores {top:.3g}, beyond max_score {self.max_score:g}"
+        return None
 
     def on_download(self, payload: dict[str, np.ndarray], channel: ChannelContext) -> dict[str, np.ndarray]:
         out: dict[str, Any] = dict(payload)

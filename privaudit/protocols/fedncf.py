@@ -332,7 +332,14 @@ class FedNCF(Protocol):
             "malicious server: regular aggregation rounds before the deviation rounds (record_rounds must cover them)",
             ge=0,
         ),
-        Param("sybils", -1, "server=sybil: sybil clients per cohort (-1: clients_per_round - 1)", ge=0, also=(-1,)),
+        Param(
+            "sybils",
+            -1,
+            "server=sybil: sybil clients per cohort (-1: clients_per_round - 1, or clients_per_round - min_clients "
+            "under verified-cohort)",
+            ge=0,
+            also=(-1,),
+        ),
         Param(
             "craft_items",
             "zero",
@@ -340,6 +347,14 @@ class FedNCF(Protocol):
             choices=("zero", "keep"),
         ),
         Param("craft_bias", 50.0, "server=saturate: the prediction bias sent is -craft_bias", gt=0),
+        Param(
+            "craft_via",
+            "bias",
+            "server=saturate: where the logit is saturated: bias (predict.bias -craft_bias) or mlp-unit (one "
+            "last-layer MLP unit with weights 0, bias +craft_bias and output weight -1; predict.bias untouched; "
+            "mlp and neumf only)",
+            choices=("bias", "mlp-unit"),
+        ),
     )
 
     @classmethod
@@ -353,6 +368,19 @@ class FedNCF(Protocol):
                 cls.config_fail(f"server={config['server']} needs clients_per_round >= 2")
             if config["sybils"] > config["clients_per_round"] - 1:
                 cls.config_fail(f"sybils must be at most clients_per_round - 1 = {config['clients_per_round'] - 1}")
+            if config["server"] == "saturate" and config["craft_via"] == "mlp-unit" and config["model"] == "gmf":
+                cls.config_fail("craft_via=mlp-unit needs an MLP tower (model mlp or neumf)")
+
+    @staticmethod
+    def deviation_budget(config: Mapping[str, Any], n_users: int | None) -> int | None:
+        """The most rounds a malicious server can deviate in: the run's aggregation rounds
+        (``global_rounds`` passes, at least one, of ceil(n_users / clients_per_round) cohorts;
+        ``max_rounds`` caps it). None without the number of users."""
+        if not n_users:
+            return None
+        c = max(1, min(int(config["clients_per_round"]), int(n_users)))
+        rounds = max(1, int(config["global_rounds"])) * -(-int(n_users) // c)
+        return min(rounds, int(config["max_rounds"])) if int(config["max_rounds"]) > 0 else rounds
 
     # ------------------------------------------------------------------ schedule
     @staticmethod
@@ -380,13 +408,18 @@ class FedNCF(Protocol):
         return cohorts, target
 
     @staticmethod
-    def deviation_plan(cfg: Mapping[str, Any], eligible: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
+    def deviation_plan(
+        cfg: Mapping[str, Any], eligible: np.ndarray, rng: np.random.Generator, verified: int = 0
+    ) -> dict[str, Any]:
         """A malicious server's rounds (``server`` sybil or inconsistent; run after
         ``deviation_start`` regular rounds): ``cohorts`` (one sorted
         int64 array per deviation round, the target in each), ``target`` and ``sybils`` (int64 ids
         of the clients the server runs; empty for inconsistent). Sybil: a fixed set of ``sybils``
         clients (-1: clients_per_round - 1) plus honest cover clients re-drawn every round to fill
-        the cohort; inconsistent: the target and clients_per_round - 1 others re-drawn every round."""
+        the cohort; inconsistent: the target and clients_per_round - 1 others re-drawn every round.
+        ``verified``: the public minimum of verified members a round needs (``verified-cohort``
+        min_clients): with ``sybils`` -1 the adaptive server runs clients_per_round - ``verified``
+        sybils, so that its rounds are not aborted."""
         c = min(cfg["clients_per_round"], len(eligible))
         target = int(cfg["target"]) if cfg["target"] >= 0 else int(rng.choice(eligible))
         if target not in set(eligible.tolist()):
@@ -394,7 +427,7 @@ class FedNCF(Protocol):
         others = eligible[eligible != target]
         n_syb = 0
         if cfg["server"] == "sybil":
-            n_syb = min(c - 1 if cfg["sybils"] < 0 else int(cfg["sybils"]), len(others))
+            n_syb = min(c - max(1, verified) if cfg["sybils"] < 0 else int(cfg["sybils"]), len(others))
         sybils = np.sort(rng.choice(others, size=n_syb, replace=False)).astype(np.int64)
         honest = others[~np.isin(others, sybils)]
         cohorts = []
@@ -422,15 +455,32 @@ class FedNCF(Protocol):
 
     @staticmethod
     def saturated_model(
-        items: np.ndarray, net: dict[str, np.ndarray], craft_items: str, bias: float
+        items: np.ndarray,
+        net: dict[str, np.ndarray],
+        craft_items: str,
+        bias: float,
+        via: str = "bias",
+        arch: str = "gmf",
+        D: int = 0,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The model a ``saturate`` server sends every cohort member: item rows 0 (``craft_items``
         zero) or the global ones (keep), and ``predict.bias`` = -``bias``. Every score is then
         about -bias, sigmoid(score) ~ 0: a sampled negative's BCE gradient (sigmoid(s) - 0) ds/dq
         is ~e^-bias, far below Adam's epsilon, so its row stays (all but) still, while a
-        positive's, (sigmoid(s) - 1) ds/dq ~ -ds/dq, moves its row a full Adam step."""
+        positive's, (sigmoid(s) - 1) ds/dq ~ -ds/dq, moves its row a full Adam step.
+
+        ``via`` mlp-unit (models mlp and neumf): ``predict.bias`` is left as it is and the last
+        MLP layer's unit 0 gets incoming weights 0 and bias +``bias``, its output weight -1, so
+        the unit outputs ``bias`` on every input and the score is shifted by -``bias`` through a
+        parameter a bound on ``predict.bias`` does not see."""
         out = {k: np.array(v, copy=True) for k, v in net.items()}
-        out["predict.bias"][...] = -float(bias)
+        if via == "mlp-unit":
+            last = max(int(k.split(".")[1]) for k in out if k.startswith("mlp."))
+            out[f"mlp.{last}.weight"][0, :] = 0.0
+            out[f"mlp.{last}.bias"][0] = float(bias)
+            out["predict.weight"][D if arch == "neumf" else 0] = -1.0
+        else:
+            out["predict.bias"][...] = -float(bias)
         return (np.zeros_like(items) if craft_items == "zero" else np.array(items, copy=True)), out
 
     # ------------------------------------------------------------------ run
@@ -478,7 +528,10 @@ class FedNCF(Protocol):
         cohorts, target = self.schedule(cfg, eligible, sched_rng)
         plan, start = None, 0
         if cfg["server"] != "honest":
-            plan = self.deviation_plan(cfg, eligible, sched_rng)
+            verified = max(
+                (int(getattr(d, "min_clients", 0)) for d in defenses if ROUND_CHECK in d.capabilities), default=0
+            )
+            plan = self.deviation_plan(cfg, eligible, sched_rng, verified)
             start = min(cfg["deviation_start"], len(cohorts))
             cohorts = cohorts[:start] + plan["cohorts"] + cohorts[start:]
             cohorts = cohorts[: cfg["max_rounds"]] if cfg["max_rounds"] >= 0 else cohorts
@@ -525,7 +578,17 @@ class FedNCF(Protocol):
             per_global=per_global,
             offset=2 * cfg["manipulated_rounds"] if cfg["selection"] == "adversarial" else 0,
             participation=np.zeros(n, dtype=np.int64),
+            craft_bias=self._craft_bias(cfg, defenses),
         )
+
+    @staticmethod
+    def _craft_bias(cfg: Mapping[str, Any], defenses: Sequence[Defense]) -> float:
+        """The saturation a ``saturate`` server crafts: ``craft_bias``, or just below the public
+        ``max_score`` of a ``download`` defense (feature-bounds), which would refuse more (the
+        adaptive server stays inside the bound it knows)."""
+        bounds = [float(getattr(d, "max_score", -1.0)) for d in defenses if DOWNLOAD in d.capabilities]
+        bounds = [b for b in bounds if b > 0]
+        return min([float(cfg["craft_bias"])] + [0.9 * b for b in bounds])
 
     def _round(self, run: _Run, r: int, cohort: np.ndarray) -> None:
         """One aggregation round: the models sent, the members' checks, uploads, aggregate, update."""
@@ -540,18 +603,23 @@ class FedNCF(Protocol):
         if plan == "inconsistent":
             crafted = self.crafted_model(run.items, run.net, cfg["model"])
         elif plan == "saturate":
-            crafted = self.saturated_model(run.items, run.net, cfg["craft_items"], cfg["craft_bias"])
+            crafted = self.saturated_model(
+                run.items, run.net, cfg["craft_items"], run.craft_bias, cfg["craft_via"], cfg["model"], cfg["D"]
+            )
         if record:
             self._record_start(run, r, cohort, plan, is_sybil, net_flat)
         abort = self._check_round(run, r, cohort, plan, crafted, is_sybil, net_flat) if run.guards else None
+        t0 = time.perf_counter()
+        try:
+            uploads = None if abort else self._uploads(run, cohort, plan, crafted, is_sybil, net_flat)
+        except _Refused as exc:  # a member refused the model it received (feature-bounds max_score)
+            abort = str(exc)
+        run.t_train += time.perf_counter() - t0
         if abort:
             if record:
                 zero = np.zeros(run.data.m, dtype=np.int64)
                 run.transcript.add(r, "server", "server", "aggregate", {"counts": zero}, {"k": 0, "aborted": abort})
             return
-        t0 = time.perf_counter()
-        uploads = self._uploads(run, cohort, plan, crafted, is_sybil, net_flat)
-        run.t_train += time.perf_counter() - t0
         run.participation[cohort] += 1
         senders = [f"client:{u}" for u in cohort]
         m = run.data.m
@@ -588,9 +656,13 @@ class FedNCF(Protocol):
             if plan == "inconsistent":
                 state_meta["crafted"] = "item rows 0, predict.weight 0, dead ReLUs: sent to all but the target"
             elif plan == "saturate":
+                via = (
+                    f"MLP unit 0 of the last layer: weights 0, bias +{run.craft_bias:g}, output weight -1"
+                    if run.cfg["craft_via"] == "mlp-unit"
+                    else f"predict.bias -{run.craft_bias:g}"
+                )
                 state_meta["crafted"] = (
-                    f"item rows {'0' if run.cfg['craft_items'] == 'zero' else 'kept'}, "
-                    f"predict.bias -{run.cfg['craft_bias']:g}: sent to every member"
+                    f"item rows {'0' if run.cfg['craft_items'] == 'zero' else 'kept'}, {via}: sent to every member"
                 )
         state = {"items": run.items.astype(np.float64), "network": net_flat}
         run.transcript.add(r, "server", "server", "state", state, state_meta)
@@ -683,6 +755,23 @@ class FedNCF(Protocol):
         return RunResult(run.transcript, model, utility)
 
     # ------------------------------------------------------------------ one round of local work
+    @staticmethod
+    def _check_scores(run: _Run, cohort: np.ndarray, local: list, items: np.ndarray, net: dict) -> None:
+        """Each member's scores of the rows it is about to train (its positives and sampled
+        negatives) under the model it received, checked by every ``download`` defense with a
+        ``refuse_scores`` (feature-bounds ``max_score``); a refusal aborts the round (:class:`_Refused`).
+        Reads no randomness: a run whose scores stay within the bound is unchanged."""
+        checks = [c for c in (getattr(d, "refuse_scores", None) for d in run.bounds) if c is not None]
+        if not checks or len(cohort) == 0:
+            return
+        L = max(len(x) for x in local)
+        cand = np.stack([np.pad(np.asarray(x, dtype=np.int64), (0, L - len(x)), mode="edge") for x in local])
+        scores = ncf.score(*run.arch, net, run.users[cohort], items, cand)
+        for check in checks:
+            why = check(scores)
+            if why:
+                raise _Refused(why)
+
     def _local_round(self, run: _Run, cohort: np.ndarray, items: np.ndarray, net: dict[str, np.ndarray]) -> dict:
         """Negative sampling, batched local training and the plaintext uploads of one cohort
         trained on ``items`` and ``net``.
@@ -701,6 +790,7 @@ class FedNCF(Protocol):
             item_rows[c, : len(local[c])] = items[local[c]]
             inst_item[c, : n_inst[c]] = np.searchsorted(local[c], inst_items[c])
             inst_label[c, : npos[c]] = 1.0
+        self._check_scores(run, cohort, local, items, net)
         state = _adam_slice(run.adam, cohort, local, L, Dt) if run.adam is not None else None
         index, valid = ncf.make_batches(n_inst, cfg["local_epochs"], cfg["batch_size"], rng)
         local_dp = dp.local_training() if dp is not None else None
@@ -718,6 +808,10 @@ class FedNCF(Protocol):
         if run.adam is not None:
             _adam_store(run.adam, out["adam_state"], cohort, local)
         return _payloads(cfg, run.arch, local, n_inst, item_rows, out, ncf.flatten_network(net, *run.arch))
+
+
+class _Refused(Exception):
+    """A member refused the model it received (a ``download`` defense's ``refuse_scores``): the round aborts."""
 
 
 @dataclasses.dataclass
@@ -745,6 +839,7 @@ class _Run:
     per_global: int  # aggregation rounds per global round
     offset: int  # adversarial-selection rounds before the regular ones
     participation: np.ndarray  # rounds each client took part in
+    craft_bias: float = 0.0  # the saturation a saturate server sends (below a public max_score)
     hr_hist: list[float] = dataclasses.field(default_factory=list)
     ndcg_hist: list[float] = dataclasses.field(default_factory=list)
     t_train: float = 0.0

@@ -89,6 +89,12 @@ def privmvmf_defenses(defenses: Sequence[Defense], w: float) -> list[Defense]:
     out += [d.with_protocol_defaults({"w": w}) for d in defenses]
     if not any(d.hides_plaintext() for d in out):
         out.append(get("defense", "paillier")(obfuscation=DEFAULT_OBFUSCATION))
+    size = max(int((getattr(d, "config", {}) or {}).get("cohort_size", 0) or 0) for d in out if d.hides_plaintext())
+    for d in out:  # a minimum posted cohort (model-consistency min_cohort) refuses smaller cohorts
+        refuse = getattr(d, "refuse_cohort_size", None)
+        why = refuse(size) if refuse is not None else None
+        if why:
+            raise PrivauditError(f"protocol 'privmvmf': {why}")
     return [d for d in out if not d.hides_plaintext()] + [d for d in out if d.hides_plaintext()]
 
 
