@@ -277,7 +277,7 @@ class FedMVMFCanaries:
     replace = True
     #: the DP defenses whose neighbour relation these canaries instantiate
     covers = ("dp-laplace", "dp-gaussian")
-    #: a run whose accounted epsilon is above the ceiling is tested on its first round
+    #: a run whose projected epsilon is above the ceiling is replaced by its first round alone
     first_round = True
 
     def insert(self, dataset: Any, rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:
@@ -328,12 +328,9 @@ class FedMVMFCanaries:
         keep = np.flatnonzero(ok_u & usable[np.asarray(record["group"])])
         return keep, u_pos[keep], np.where(ok_i, i_pos, -1)
 
-    def score(
-        self, result: Any, record: Mapping[str, Any], first_round: bool = False
-    ) -> tuple[np.ndarray, np.ndarray, int]:
-        """(guesser scores, the bits of the canaries scored, rounds observed) of a canary run
-        (``first_round``: the first round's uploads only, whose state does not depend on any
-        bit); the bits are read from ``record`` here, outside the guesser."""
+    def score(self, result: Any, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, int]:
+        """(guesser scores, the bits of the canaries scored, rounds observed) of a canary run;
+        the bits are read from ``record`` here, outside the guesser."""
         keep, clients, items = self.locate(record, result.model)
         scores, rounds = self.scores(
             result.transcript,
@@ -342,7 +339,6 @@ class FedMVMFCanaries:
             np.asarray(record["half"]),
             record["high"],
             record["low"],
-            only_round=0 if first_round else None,
         )
         return scores, record["bits"][keep], rounds
 
@@ -370,11 +366,13 @@ class FedMVMFCanaries:
         owner = np.repeat(np.arange(len(rows)), np.diff(R.indptr))
         grad_rows = coef[:, None] * U[owner]
         gP = mvmf.grad_P(U, P, X, alpha).reshape(len(rows), -1)
-        return [np.concatenate([grad_rows[owner == k].ravel(), gP[k]]) for k in range(len(rows))]
+        parts = np.split(grad_rows, R.indptr[1:-1])
+        return [np.concatenate([part.ravel(), gP[k]]) for k, part in enumerate(parts)]
 
     @staticmethod
     def clipped(x: np.ndarray, K: int, defense: Mapping[str, Any] | None, n_rows: int | None = None) -> np.ndarray:
-        """``x`` (the client's grad_V rows, K floats each, then its grad_P) clipped as the public
+        """``x`` (the client's grad_V rows, K floats each, then its grad_P; or one client per row of a
+        2-D array) clipped as the public
         ``defense`` entry declares: ``clip_per="user"`` (the default) the whole vector jointly,
         ``"upload"`` the first ``n_rows`` K-blocks (the grad_V message) and the rest (grad_P)
         each on its own, ``"row"`` every K-block."""
@@ -385,12 +383,15 @@ class FedMVMFCanaries:
         order = 2 if "gaussian" in str(defense.get("name", "")) or "sgd" in str(defense.get("name", "")) else 1
         clip = float(defense["clip"])
         per = defense.get("clip_per", "user")
+        X = np.atleast_2d(np.asarray(x, dtype=np.float64))  # one client per row
         if per == "row":
-            return clip_rows(x.reshape(-1, K), clip, order).ravel()
-        if per == "upload":
-            cut = K * (x.size // K if n_rows is None else int(n_rows))
-            return np.concatenate([clip_rows(x[:cut], clip, order), clip_rows(x[cut:], clip, order)])
-        return clip_rows(x, clip, order)
+            out = clip_rows(X.reshape(-1, K), clip, order).reshape(X.shape)
+        elif per == "upload":
+            cut = K * (X.shape[1] // K if n_rows is None else int(n_rows))
+            out = np.concatenate([clip_rows(X[:, :cut], clip, order), clip_rows(X[:, cut:], clip, order)], axis=1)
+        else:
+            out = clip_rows(X, clip, order)
+        return out.reshape(np.shape(x))
 
     @classmethod
     def scores(
@@ -426,7 +427,7 @@ class FedMVMFCanaries:
             part = seen.setdefault(msg.round, {}).setdefault(k, {})
             if msg.kind == "grad_V":
                 ids = np.asarray(msg.payload["items"])
-                at = np.flatnonzero(np.isin(ids, list(in_a)))
+                at = np.array([i for i, j in enumerate(ids.tolist()) if j in in_a], dtype=np.int64)
                 order = at[np.argsort(ids[at], kind="stable")]
                 part["ids"] = ids[order]
                 part["grad_V"] = values[order].ravel()
@@ -449,18 +450,26 @@ class FedMVMFCanaries:
                 rows.append({int(j): (low if in_a[int(j)] else high) for j in ids})
             raw = cls.expected(V, P, rows, cfg)
             used += 1
+            by_rows: dict[int, list[int]] = {}
             for n, k in enumerate(ks):
-                parts = got[k]
-                n_rows = parts["ids"].size
-                e1 = cls.clipped(raw[2 * n], K, defense, n_rows)
-                e0 = cls.clipped(raw[2 * n + 1], K, defense, n_rows)
-                x = np.concatenate([parts["grad_V"], parts.get("grad_P", np.full(e1.size - n_rows * K, np.nan))])
+                by_rows.setdefault(int(got[k]["ids"].size), []).append(n)
+            for n_rows, idx in by_rows.items():  # canaries uploading as many rows: one batch
+                e1 = cls.clipped(np.stack([raw[2 * n] for n in idx]), K, defense, n_rows)
+                e0 = cls.clipped(np.stack([raw[2 * n + 1] for n in idx]), K, defense, n_rows)
+                width = e1.shape[1] - n_rows * K
+                x = np.stack(
+                    [
+                        np.concatenate([got[ks[n]]["grad_V"], got[ks[n]].get("grad_P", np.full(width, np.nan))])
+                        for n in idx
+                    ]
+                )
                 ok = ~np.isnan(x)
-                x, e1, e0 = x[ok], e1[ok], e0[ok]
+                x = np.where(ok, x, 0.0)
                 if laplace:
-                    out[k] += float(np.sum(np.abs(x - e0) - np.abs(x - e1)))
+                    llr = np.abs(x - e0) - np.abs(x - e1)
                 else:
-                    out[k] += float(np.dot(x - (e1 + e0) / 2.0, e1 - e0))
+                    llr = (x - (e1 + e0) / 2.0) * (e1 - e0)
+                out[[ks[n] for n in idx]] += np.sum(np.where(ok, llr, 0.0), axis=1)
         return out, used
 
 
@@ -801,6 +810,25 @@ def claimed_privacy(privacy: Mapping[str, Any]) -> tuple[float, float, str] | No
     return eps, delta, neighbour
 
 
+def _projected_epsilon(defenses: Sequence[Any], config: Mapping[str, Any]) -> float | None:
+    """The total epsilon the DP defenses will account over the protocol's public round count,
+    from their own accountant before the run (one release per round: a lower estimate when a
+    client releases more); None when a defense cannot say (no ``total_epsilon``, a calibrated
+    ``target_epsilon``, an unknown round count)."""
+    from privaudit.defenses.accounting import rounds_of
+
+    rounds = rounds_of(dict(config))
+    total = 0.0
+    dp = [d for d in defenses if hasattr(d, "total_epsilon") and getattr(d, "strength", None)]
+    if not dp or rounds <= 0:
+        return None
+    for d in dp:
+        if float(d.config.get("target_epsilon", 0.0) or 0.0) > 0:
+            return None
+        total += float(d.total_epsilon(float(d.config[d.strength]), rounds))
+    return total
+
+
 def round_claim(privacy: Mapping[str, Any]) -> tuple[float, float] | None:
     """(epsilon, delta) of one round of the run's DP defenses (``epsilon_per_round`` summed; a
     Laplace defense's round is pure: delta 0, a Gaussian one's at its ``delta``); None when a
@@ -909,6 +937,13 @@ def canary_audit(
     augmented, record = kit.insert(dataset, rng)
     defenses = [cls(**dict(params)) for cls, params in defense_specs]
     cfg = kit.config(protocol_cls.resolve_config(dict(config)), augmented.n_ratings)
+    tested = "run"
+    projected = _projected_epsilon(defenses, cfg)
+    if getattr(kit, "first_round", False) and projected is not None and projected > ceiling(kit.canaries):
+        # the run's claim is above anything the canaries can show (decided before the run, from
+        # the public config): run and test the first round alone against the per-round claim
+        tested = "first round"
+        cfg = {**cfg, "epochs": 1}
     protocol = kit.protocol(protocol_cls, cfg, record) if hasattr(kit, "protocol") else protocol_cls()
     result = protocol.run(augmented, cfg, defenses, int(seed))
     privacy = runner.defense_privacy(defenses, result.transcript, names)
@@ -919,15 +954,8 @@ def canary_audit(
     relation = claim_relation(privacy)
     halve = bool(kit.replace) and relation == "add/remove"
     scores, bits, rounds = kit.score(result, record)
-    tested = "run"
-    per_round = round_claim(privacy)
-    top = ceiling(len(bits), delta=delta, confidence=confidence, halved=halve)
-    if getattr(kit, "first_round", False) and per_round is not None and eps > top:
-        # the run's claim is above anything len(bits) canaries can show (decided before any bit
-        # is read): test the first round's release against the per-round claim instead
-        tested = "first round"
-        eps, delta = per_round
-        scores, bits, rounds = kit.score(result, record, first_round=True)
+    if tested == "first round" and round_claim(privacy) is not None:
+        eps, delta = round_claim(privacy)  # one round: a Laplace round is pure (delta 0)
     bound = canary_bound(scores, bits, delta=delta, confidence=confidence, replace=halve)
     extra = {}
     if hasattr(kit, "canary_epsilon"):
