@@ -14,6 +14,12 @@ smallest factor flagged in at least 80 % of seeds.
     python benchmarks/canary_power.py --defense dp-gaussian --value 1
     python benchmarks/canary_power.py --protocol fedproto --defense dp-laplace --value 1 --set '{}'
 
+``--grid``: instead, the correct defense at every value of its default grid, one canary run each
+at seed 0 with the protocol's default config (what ``privaudit audit`` runs for each DP cell), with
+its CPU seconds::
+
+    python benchmarks/canary_power.py --grid --defense dp-laplace --data ../shared/data/ml-100k
+
 FedMVMF default setting (the issue's): K = 1, 2 epochs, dp-laplace epsilon 0.25 per round
 (accounted 0.50 at delta 1e-5), dp-gaussian noise multiplier 3 (accounted 2.7).
 """
@@ -60,6 +66,29 @@ def clopper_pearson(k: int, n: int) -> tuple[float, float]:
     return low, high
 
 
+def grid(protocol: type, base: type, args: argparse.Namespace) -> None:
+    """One canary run per default-grid value of ``base`` (correct), seed 0, default config."""
+    data = runner.load_data(args.data)
+    print(f"{args.protocol} on {data.name}, {base.name}, default config, seed 0")
+    print()
+    print("| value | tested | claimed ε | ε_lb | ceiling | canaries kept | guesses (correct) | CPU s |")
+    print("|---|---|---|---|---|---|---|---|")
+    total = 0.0
+    for value in base.default_grid:
+        t = time.process_time()
+        r = canary.canary_audit(
+            protocol, {}, [(base, {base.strength: value})], data, 0, args.canaries, names=[base.name]
+        )
+        cpu = time.process_time() - t
+        total += cpu
+        print(
+            f"| {value:g} | {r.get('tested', 'run')} | {r['epsilon']:.2f} | {r['epsilon_lb']:.2f} | "
+            f"{r['ceiling']:.2f} | {r['canaries']} | {r['guesses']} ({r['correct']}) | {cpu:.1f} |"
+        )
+    print()
+    print(f"canary runs: {total:.1f} CPU s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--protocol", default="fedmvmf")
@@ -69,9 +98,14 @@ def main() -> None:
     ap.add_argument("--factors", default="1,2,3,4,6,10")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--canaries", type=int, default=None, help="default: the kit's")
+    ap.add_argument("--grid", action="store_true", help="the audit's canary runs over the default grid")
+    ap.add_argument("--data", default="synthetic")
     args = ap.parse_args()
     protocol = registry.get("protocol", args.protocol)
     base = registry.get("defense", args.defense)
+    if args.grid:
+        grid(protocol, base, args)
+        return
     value = DEFAULT_VALUE[args.defense] if args.value is None else args.value
     params = {STRENGTH[args.defense]: value}
     config = json.loads(args.set)

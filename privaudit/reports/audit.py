@@ -577,6 +577,8 @@ def _short(text: str, limit: int = ROW_CHARS) -> str:
     if len(text) <= limit:
         return text
     cut = text[: limit - 1].rsplit(" ", 1)[0].rstrip(",;:(")
+    if len(cut) < limit // 2:  # one very long word: cut inside it
+        cut = text[: limit - 1]
     return cut + "…"
 
 
@@ -587,7 +589,7 @@ def verdict_lines(audit: Mapping[str, Any], v: Mapping[str, Any]) -> tuple[str, 
     Switch point: when :mod:`privaudit.results` provides the two layers of an attack verdict
     (plain line, detail line), return its plain line here (cut with :func:`_short`) instead of
     :func:`_plain_verdict`; the detail stays the verdict's ``sentence``."""
-    return _short("verdict: " + _plain_verdict(audit, v)), printable(str(v.get("sentence", "")))
+    return _short(printable("verdict: " + _plain_verdict(audit, v))), printable(str(v.get("sentence", "")))
 
 
 def _plain_verdict(audit: Mapping[str, Any], v: Mapping[str, Any]) -> str:
