@@ -53,6 +53,15 @@ canaries, one run, Steinke et al. NeurIPS 2023); its run entry holds ``canary_au
 "confidence", "rounds_observed", "seconds"}`` (the one-run lower bound beside the accounted
 epsilon) or ``{"error"}``. One run per cell, not one per seed: the largest of several 95 % lower
 bounds would hold at less than 95 %.
+
+"protected" means the mechanism protects (:func:`gate_dp_cells`): a DP cell reads "protected"
+only when, besides the attack's test, its canaries are not all distinguished, their bound is at
+most :data:`WEAK_PRIVACY_EPSILON` and the cell's transcript holds every round the claim covers
+(``rounds_recorded`` of the run); otherwise it reads "no evidence of leakage" with the reasons in
+``dp_gate``, and the attack's verdict is recomputed without that row. Every DP cell has
+``dp_statement`` (the attack test and the canary test in one sentence) and ``dp_violation``
+(the canary bound above the claim it tests, or the attack's decisions' held-out bound above the
+claimed epsilon; ``dp_violation_source`` names which).
 """
 
 from __future__ import annotations

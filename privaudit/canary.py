@@ -16,23 +16,26 @@ The guess counts k are a fixed menu (:data:`GUESS_FRACTIONS`), each scored at
 ``(1 - confidence) / len(menu)`` (a union bound), so that picking the best k costs no validity.
 
 FedMVMF canaries (:class:`FedMVMFCanaries`): ``m`` canary users appended to the dataset, each
-with no attributes and exactly one rating, of one of a few canary items that no real user rated
-(no item features). Its bit picks the rating: the top of the scale (S = +1, "included") or the
-bottom (S = -1). A canary user thus has the same messages and item ids either way (the rated
-item ids are not noised by any value-noising defense, so an add/remove canary would be read off
-them); its one rating is its whole data, so the canary is both one rating and one user, and
-the bit replaces that rating (or user) by another. A mechanism that is (epsilon, delta)-DP for
-adding or removing one rating (user) is (2 epsilon, (1 + e^epsilon) delta)-DP for replacing it
-(group privacy), so the replace bound is halved: ``epsilon_lb`` is on the scale of the
-defense's add/remove epsilon.
+with no attributes and two ratings, of the two canary items of its group (canary items no real
+user rated, no item features). Its bit swaps them: item a at the top of the scale and item b at
+the bottom (S = +1) or the reverse. A canary user thus rates the same item ids either way (the
+rated item ids are not noised by any value-noising defense, so an add/remove canary would be
+read off them); the bit replaces its rating values. That is the relation ``dp-laplace`` and
+``dp-gaussian`` claim (a joint clip of a client's round bounds ANY change of its values by the
+sensitivity 2C), so the bound is compared with their epsilon as it is. :func:`claim_relation`
+reads the relation of a claim; a canary that replaces is halved only against an add/remove
+claim (an (epsilon, delta) add/remove mechanism is (2 epsilon, (1 + e^epsilon) delta) for
+replacing, group privacy). :func:`ceiling` is the largest bound m canaries can give.
 
 The guesser reads only the server's view: the recorded broadcasts (V, P), each canary client's
-uploaded grad_V row of its canary item and its grad_P, and the public defense config. From the
-public state it computes what the canary would upload with either rating (SemiALS, the
+uploaded grad_V rows of its canary items and its grad_P, and the public defense config. From
+the public state it computes what the canary would upload under either bit (SemiALS, the
 protocol's own equations), clips it as the defense declares, and scores the noisy upload by the
 log-likelihood ratio of the two (Laplace: L1, Gaussian: L2), summed over the recorded rounds.
 It is given which clients and items are canaries (the auditor inserted them), never the bits;
-the bits are scored outside it.
+the bits are scored outside it. When the run's claim, projected from the public config before
+the run, is above the ceiling, the canary run is one epoch and is tested against the per-round
+claim (:func:`round_claim`): ``"tested": "first round"``.
 
 FedNCF canaries (:class:`FedNCFCanaries`, ``dp-sgd``, neighbour "instance": one training
 instance replaced, the instance count public): the bit picks which of two canary items is a
@@ -252,22 +255,21 @@ def append_canaries(
 class FedMVMFCanaries:
     """Canary users for FedMVMF (module docstring): insertion, the guesser, the scoring.
 
-    Canary user k rates every one of the ``items`` canary items (no real user rates them): the
-    first half A and the second half B. Its bit picks which half gets the top rating and
-    which the bottom one: S = +1 rates A high and B low, S = -1 the reverse. The canary's
-    rated-item set, and so the item ids of its uploads, is the same either way; only its
-    rating values change. That is the relation the clipped mechanisms state (``dp-laplace`` /
-    ``dp-gaussian``: everything a client sends in a round is clipped jointly, so ANY change of
-    its values moves the release by at most the sensitivity 2C; neighbour "rating": one
-    client's rating values replaced, its item set kept, or "user" with ``dense``): a
-    replacement, so the bound is not halved for them (:func:`claim_relation`).
+    The ``items`` canary items (no real user rates them) form groups of ``per_user``; canary user
+    k rates every item of group k mod (items / per_user), whose first half is A and second half
+    B. Its bit picks which half gets the top rating and which the bottom one: S = +1 rates A high
+    and B low, S = -1 the reverse. The rated-item set, and so the item ids of its uploads, is
+    the same either way; only its rating values change: the relation the clipped mechanisms
+    state (``dp-laplace`` / ``dp-gaussian``: everything a client sends in a round is clipped
+    jointly, so ANY change of its values moves the release by at most the sensitivity 2C;
+    neighbour "rating": one client's rating values replaced, its item set kept, or "user" with
+    ``dense``). A replacement: the bound is not halved for them (:func:`claim_relation`).
 
-    Why halves: with one canary rating, or with every rating moved the same way, SemiALS makes
+    Why a swap of two: with one canary rating, or every rating moved the same way, SemiALS makes
     the upload a multiple of one direction (u grows with the ratings), so both bits clip to
-    nearly the same vector; the swap makes u, and with it every uploaded row, point elsewhere
-    under the two bits, and eight rated items make the raw upload large enough to reach the
-    clip in both: the clipped uploads then lie up to 2C apart, the mechanism's whole
-    sensitivity (``docs/canaries.md``)."""
+    nearly the same vector; the swap moves u, and every uploaded row with it, elsewhere, and two
+    rows keep the difference on few coordinates, where the Laplace likelihood ratio reaches its
+    extremes (``docs/canaries.md``: measured against eight items per canary)."""
 
     canaries: int = MVMF_CANARIES
     items: int = CANARY_ITEMS
@@ -900,6 +902,8 @@ def canary_sentence(audit: Mapping[str, Any] | None) -> str | None:
         ceiling(m, float(audit.get("delta", 0.0) or 0.0), float(audit.get("confidence", 0.95))) if top is None else top
     )
     claimed = f"claimed ε {eps:.2f}" if math.isfinite(eps) else "no claimed ε"
+    if audit.get("tested") == "first round":
+        claimed += " for its first round"
     r, v = int(audit.get("guesses", 0)), int(audit.get("correct", 0))
     if at_ceiling(audit):
         return f"all {m} canaries distinguished: ε_lb at its ceiling {float(top):.2f} ({claimed})"
@@ -922,9 +926,12 @@ def canary_audit(
     names: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """One canary run of ``protocol_cls`` with ``defense_specs`` at ``seed`` and its one-run
-    bound next to the accounted epsilon: ``{"epsilon_lb", "epsilon", "delta", "neighbour",
-    "canaries", "guesses", "correct", "confidence", "rounds_observed"}``, and
-    ``"epsilon_canaries"`` (the canaries' own accounted epsilon) when the kit computes one."""
+    bound next to the claim it tests: ``{"epsilon_lb", "epsilon", "delta", "neighbour",
+    "canaries", "guesses", "correct", "confidence", "rounds_observed", "tested", "relation",
+    "halved", "ceiling"}``, and ``"epsilon_canaries"`` (the canaries' own accounted epsilon) when
+    the kit computes one. ``tested``: "run" (``epsilon``/``delta``: the run's accounted claim) or
+    "first round" (the run's claim projected above the ceiling: a one-epoch canary run against
+    the per-round claim)."""
     from privaudit import runner
 
     defense_name = (names or [""])[0] or (getattr(defense_specs[0][0], "name", None) if defense_specs else None)
