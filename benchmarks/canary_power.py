@@ -13,6 +13,7 @@ smallest factor flagged in at least 80 % of seeds.
     python benchmarks/canary_power.py --defense dp-laplace
     python benchmarks/canary_power.py --defense dp-gaussian --value 1
     python benchmarks/canary_power.py --protocol fedproto --defense dp-laplace --value 1 --set '{}'
+    python benchmarks/canary_power.py --factors 4 --canaries 1000 --items 8 --per-user 8
 
 ``--grid``: instead, the correct defense at every value of its default grid, one canary run each
 at seed 0 with the protocol's default config (what ``privaudit audit`` runs for each DP cell), with
@@ -66,6 +67,23 @@ def clopper_pearson(k: int, n: int) -> tuple[float, float]:
     return low, high
 
 
+def design(items: int | None, per_user: int | None) -> None:
+    """Use a FedMVMF canary design other than the kit's default (for the comparison in
+    docs/canaries.md): ``items`` canary items in groups of ``per_user`` per canary user."""
+    import dataclasses
+
+    default = canary.FedMVMFCanaries()
+    n_items = default.items if items is None else int(items)
+    group = default.per_user if per_user is None else int(per_user)
+
+    @dataclasses.dataclass
+    class Design(canary.FedMVMFCanaries):
+        items: int = n_items
+        per_user: int = group
+
+    canary.KITS["fedmvmf"] = (Design,)
+
+
 def grid(protocol: type, base: type, args: argparse.Namespace) -> None:
     """One canary run per default-grid value of ``base`` (correct), seed 0, default config."""
     data = runner.load_data(args.data)
@@ -98,11 +116,15 @@ def main() -> None:
     ap.add_argument("--factors", default="1,2,3,4,6,10")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--canaries", type=int, default=None, help="default: the kit's")
+    ap.add_argument("--items", type=int, default=None, help="FedMVMF canary items (default: the kit's)")
+    ap.add_argument("--per-user", type=int, default=None, help="FedMVMF canary items per canary user")
     ap.add_argument("--grid", action="store_true", help="the audit's canary runs over the default grid")
     ap.add_argument("--data", default="synthetic")
     args = ap.parse_args()
     protocol = registry.get("protocol", args.protocol)
     base = registry.get("defense", args.defense)
+    if args.items is not None or args.per_user is not None:
+        design(args.items, args.per_user)
     if args.grid:
         grid(protocol, base, args)
         return
