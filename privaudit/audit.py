@@ -879,11 +879,14 @@ def gate_dp_cells(out: dict[str, Any]) -> None:
         if cell.get("verdict") == "protected" and gate["reasons"]:
             cell["verdict"] = GATED_VERDICT
             cell["verdict_label"] = f"{GATED_VERDICT} (mechanism not shown to protect)"
-        sources = [
-            s
-            for s, hit in (("attack decisions", cell.get("dp_violation")), ("canary", gate["canary_violation"]))
-            if hit
-        ]
+        # like the attack's own bound (any grid value of the defense), a canary bound above its
+        # claim at any value of the defense marks the cell
+        canary_hit = any(
+            (dp_gate(out, cell["defense"], r.get("value")) or {}).get("canary_violation")
+            for r in out.get("runs") or []
+            if r.get("defense") == cell["defense"] and isinstance(r.get("canary_audit"), Mapping)
+        )
+        sources = [s for s, hit in (("attack decisions", cell.get("dp_violation")), ("canary", canary_hit)) if hit]
         cell["dp_violation"] = bool(sources)
         cell["dp_violation_source"] = sources
         cell["dp_gate"] = gate["reasons"]

@@ -252,6 +252,17 @@ def test_audit_writes_a_canary_audit_on_every_dp_cell_and_gates_protected(synthe
     assert verdict["strength"] == 3.0 and verdict["dp_gated"] is True
     assert "Not counted as protection at dp-laplace.epsilon = 30: canaries show ε ≥ 1.87" in verdict["sentence"]
 
+    # a canary bound above its claim at any value marks the cell (what --fail-on dp-violation reads)
+    run = next(r for r in audit["runs"] if r.get("defense") == "dp-laplace" and r["value"] == 3.0)
+    run["canary_audit"] = {**run["canary_audit"], "epsilon_lb": 2.0 * run["canary_audit"]["epsilon"]}
+    audit.pop("matrix")
+    au.decide(audit)
+    cell = next(c for c in audit["matrix"] if c["defense"] == "dp-laplace")
+    assert cell["dp_violation"] is True and cell["dp_violation_source"] == ["canary"]
+    assert audit["verdicts"][0]["dp_violation"] is True
+    text = au.format_matrix(audit)
+    assert "DP claim violated: dp-laplace" in text.splitlines()[0] and "DP-VIOLATED" in text
+
 
 def test_claim_read_from_privacy_spent():
     assert canary.claimed_privacy({}) is None

@@ -593,16 +593,17 @@ def verdict_lines(audit: Mapping[str, Any], v: Mapping[str, Any]) -> tuple[str, 
 
 
 def _plain_verdict(audit: Mapping[str, Any], v: Mapping[str, Any]) -> str:
-    """An attack verdict in plain words from its fields (no interval, test or family names)."""
+    """An attack verdict in plain words from its fields (no interval, test or family names); a
+    violated DP claim first, so that the cut to :data:`ROW_CHARS` never hides it."""
     name = f"{v.get('attack', '?')} ({v.get('metric', '?')})"
     cells = [c for c in audit.get("matrix") or [] if c.get("attack") == v.get("attack")]
     base = next((c for c in cells if c.get("defense") is None), {})
     violated = [str(c["defense"]) for c in cells if c.get("dp_violation")]
-    tail = f"; DP claim violated: {', '.join(violated)}" if violated else ""
+    lead = f"{name}: DP claim violated: {', '.join(violated)}; " if violated else f"{name}: "
     if base.get("verdict") == "not applicable":
-        return f"{name}: does not apply here" + tail
+        return lead + "does not apply here"
     if v.get("defense") is None and base.get("verdict") in ("attack below prior", "no evidence of leakage"):
-        return f"{name}: finds nothing even without a defense, so it tests no defense" + tail
+        return lead + "finds nothing even without a defense, so it tests no defense"
     undefended = {
         "leaks": "leaks",
         "inconclusive": "inconclusive undefended",
@@ -614,8 +615,8 @@ def _plain_verdict(audit: Mapping[str, Any], v: Mapping[str, Any]) -> str:
         costs = (
             f", {v.get('utility_metric')} cost {fmt(cost, 3)}" if cost is not None and v.get("utility_metric") else ""
         )
-        return f"{name}: stopped by {v['defense']}{strength}{costs}" + tail
-    return f"{name}: {undefended}; no tested defense is shown to stop it" + tail
+        return lead + f"stopped by {v['defense']}{strength}{costs}"
+    return lead + f"{undefended}; no tested defense is shown to stop it"
 
 
 def write_audit_report(audit: Mapping[str, Any], out: Path, plan_toml: str | None = None) -> Path:
