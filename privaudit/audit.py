@@ -63,6 +63,15 @@ canaries, one run, Steinke et al. NeurIPS 2023); its run entry holds ``canary_au
 "confidence", "rounds_observed", "seconds"}`` (the one-run lower bound beside the accounted
 epsilon) or ``{"error"}``. One run per cell, not one per seed: the largest of several 95 % lower
 bounds would hold at less than 95 %.
+
+"protected" means the mechanism protects (:func:`gate_dp_cells`): a DP cell reads "protected"
+only when, besides the attack's test, its canaries are not all distinguished, their bound is at
+most :data:`WEAK_PRIVACY_EPSILON` and the cell's transcript holds every round the claim covers
+(``rounds_recorded`` of the run); otherwise it reads "no evidence of leakage" with the reasons in
+``dp_gate``, and the attack's verdict is recomputed without that row. Every DP cell has
+``dp_statement`` (the attack test and the canary test in one sentence) and ``dp_violation``
+(the canary bound above the claim it tests, or the attack's decisions' held-out bound above the
+claimed epsilon; ``dp_violation_source`` names which).
 """
 
 from __future__ import annotations
@@ -394,6 +403,7 @@ def _execute(run: _Run, dataset: Any, keep: dict | None = None, shared: Any = No
         # keyed by the registered name (a class's own ``name`` may be unset in a worker process)
         privacy = {run.defense_name: next(iter(privacy.values()))}
         out["privacy"] = privacy
+        out["rounds_recorded"] = _rounds_recorded(result.transcript)
         if (
             run.canaries != 0
             and canary.claimed_privacy(privacy)
@@ -879,11 +889,245 @@ def _mark_applicability(out: dict[str, Any]) -> None:
             a["reason"] = "; ".join(filter(None, [a["reason"], "failed: " + "; ".join(errors)]))
 
 
+# ------------------------------------------------------------------------------ DP cells
+
+#: a DP cell whose canaries give a 95 % lower bound above this epsilon has weak privacy at best
+#: (a canary's bit is guessed at odds above e : 1 somewhere): it never reads "protected"
+WEAK_PRIVACY_EPSILON = 1.0
+#: what a gated DP row or cell reads instead of "protected"
+GATED_VERDICT = "no evidence of leakage"
+
+
+def _rounds_recorded(transcript: Any) -> int:
+    """Rounds of a transcript that hold a client's message (what any attack can read)."""
+    return len({int(m.round) for m in transcript.messages if str(m.sender).startswith("client:")})
+
+
+def _claim_rounds(privacy: Mapping[str, Any] | None) -> int | None:
+    """Rounds a run's DP claim covers (its releases over releases per round), None if unknown."""
+    for v in (privacy or {}).values():
+        if isinstance(v, Mapping) and "epsilon" in v and v.get("releases") and v.get("releases_per_round"):
+            return int(round(float(v["releases"]) / float(v["releases_per_round"])))
+    return None
+
+
+def _dp_runs(out: Mapping[str, Any], defense: str, value: Any) -> list[Mapping[str, Any]]:
+    return [
+        r
+        for r in out.get("runs") or []
+        if r.get("threat", HONEST) == HONEST
+        and r.get("defense") == defense
+        and r.get("value") == value
+        and canary.claimed_privacy(r.get("privacy") or {})
+    ]
+
+
+def dp_gate(out: Mapping[str, Any], defense: str | None, value: Any) -> dict[str, Any] | None:
+    """Why a DP cell (``defense`` at ``value`` with an accounted epsilon) cannot read
+    "protected", with its canary audit: ``{"reasons": [...], "canary", "claim_rounds",
+    "rounds_read", "canary_violation"}``; None when the cell is not a DP cell.
+
+    Reasons: every canary distinguished (the bound at its ceiling says only "at least this");
+    the canary bound above :data:`WEAK_PRIVACY_EPSILON`; the attack's transcripts hold fewer
+    rounds than the claim covers (it cannot have read them: its result says nothing about the
+    rounds it never saw). No planted-signal control is run: without the canaries' and the
+    rounds' evidence nothing else lets the cell read "protected"."""
+    if defense is None:
+        return None
+    runs = _dp_runs(out, defense, value)
+    if not runs:
+        return None
+    audits = [r["canary_audit"] for r in runs if isinstance(r.get("canary_audit"), Mapping)]
+    audits = [a for a in audits if "epsilon_lb" in a]
+    can = max(audits, key=lambda a: float(a["epsilon_lb"]), default=None)
+    reasons = []
+    if can is not None:
+        if canary.at_ceiling(can):
+            reasons.append(canary.canary_sentence(can))
+        elif float(can["epsilon_lb"]) > WEAK_PRIVACY_EPSILON:
+            reasons.append(
+                f"canaries show ε ≥ {float(can['epsilon_lb']):.2f}, above the weak-privacy level {WEAK_PRIVACY_EPSILON:g}"
+            )
+    claim = [c for c in (_claim_rounds(r.get("privacy")) for r in runs) if c]
+    read = [int(r["rounds_recorded"]) for r in runs if r.get("rounds_recorded") is not None]
+    claim_rounds = max(claim) if claim else None
+    rounds_read = min(read) if read else None
+    if claim_rounds and rounds_read is not None and rounds_read < claim_rounds:
+        reasons.append(f"the attack reads {rounds_read} of the {claim_rounds} rounds the claim covers")
+    violated = can is not None and float(can["epsilon_lb"]) > float(can.get("epsilon", np.inf))
+    return {
+        "reasons": reasons,
+        "canary": can,
+        "claim_rounds": claim_rounds,
+        "rounds_read": rounds_read,
+        "canary_violation": bool(violated),
+    }
+
+
+def dp_statement(cell: Mapping[str, Any], gate: Mapping[str, Any]) -> str:
+    """One sentence on a DP cell combining the attack test and the canary test."""
+    verdict = cell.get("verdict")
+    attack = {
+        "leaks": "the attack leaks",
+        "protected": "the attack stays under the margin",
+        GATED_VERDICT: "the attack shows no leak",
+        "inconclusive": "the attack test is inconclusive",
+        "attack below prior": "the attack scores below its prior",
+    }.get(str(verdict), f"the attack: {verdict}")
+    can = gate.get("canary")
+    if can is None:
+        canaries = "no canary audit"
+    else:
+        text = canary.canary_sentence(can)
+        claim = "violated" if gate.get("canary_violation") else "consistent"
+        canaries = f"canaries: {text}, DP claim {claim}"
+    if verdict == "protected":
+        end = "protected"
+    elif verdict == "leaks" or gate.get("canary_violation"):
+        end = "not protected"
+    elif gate["reasons"]:
+        end = "not shown to protect (" + "; ".join(r for r in gate["reasons"] if not r.startswith("all ")) + ")"
+        end = end.replace(" ()", "")
+    else:
+        end = "not shown to protect"
+    return f"{attack}; {canaries}: {end}."
+
+
+def _gate_rows(out: dict[str, Any], attack: str, defense: str) -> tuple[list[dict[str, Any]], bool]:
+    """The decided rows of ``attack`` against ``defense``, every gated "protected" row turned
+    into :data:`GATED_VERDICT` (its ``dp_gate`` reasons attached); whether any row changed."""
+    rows = [r for r in pair_series(out, attack, defense) if "tests" in r]
+    changed = False
+    for row in rows:
+        gate = dp_gate(out, defense, row.get("value"))
+        if gate is None:
+            continue
+        row["dp_gate"] = gate["reasons"]
+        if row.get("verdict") == "protected" and gate["reasons"]:
+            row["verdict"] = GATED_VERDICT
+            row["gated_from"] = "protected"
+            changed = True
+    return rows, changed
+
+
+def _gate_note(parameter: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    """ "Not counted as protection at <parameter> = a, b: <reason>; = c: <reason>." for the gated
+    rows, values sharing their reasons named together."""
+    groups: dict[str, list[str]] = {}
+    for r in rows:
+        groups.setdefault("; ".join(r["dp_gate"]), []).append(rs.fmt_value(r["value"]))
+    parts = [f"{', '.join(values)}: {why}" for why, values in groups.items()]
+    return f"Not counted as protection at {parameter} = " + "; = ".join(parts) + "."
+
+
+def _regated_verdict(out: dict[str, Any], v: dict[str, Any]) -> dict[str, Any]:
+    """An attack's audit verdict recomputed from its gated rows (the rule of
+    :func:`privaudit.results.audit_verdicts`: the cheapest defense that protects at some
+    strength, else none) when a gate changed one of its rows; else ``v`` unchanged."""
+    a = next(x for x in out.get("attacks") or [] if x["name"] == v["attack"])
+    gated = {d["name"]: _gate_rows(out, a["name"], d["name"]) for d in out.get("defenses") or []}
+    if not any(changed for _, changed in gated.values()):
+        return v
+    utility = rs.audit_utility(out)
+    margin = rs.verdict_margin(out)
+    none = pair_series(out, a["name"], None)
+    base = none[0] if none else {}
+    per_defense = []
+    for d in out.get("defenses") or []:
+        rows = gated[d["name"]][0]
+        parameter = f"{d['name']}.{d['strength']}"
+        w = rs.verdict_from_rows(
+            a["name"],
+            a["primary_metric"],
+            parameter,
+            rows,
+            base.get("utility_by_seed") or {},
+            utility,
+            True,
+            margin,
+            out.get("utility_specs"),
+        )
+        gated_rows = [r for r in rows if r.get("gated_from")]
+        if gated_rows:
+            w["sentence"] += " " + _gate_note(parameter, gated_rows)
+        per_defense.append({**w, "defense": d["name"]})
+    stopped = [w for w in per_defense if w["strength"] is not None]
+    if stopped:
+        best = min(stopped, key=lambda w: np.inf if w["utility_cost"] is None else w["utility_cost"])
+        sentence = best["sentence"]
+        others = [w["defense"] for w in per_defense if w["strength"] is None]
+        if others:
+            sentence += f" Not shown to protect at any tested strength of {', '.join(others)}."
+    else:
+        best = {"defense": None, "strength": None, "utility_cost": None}
+        undefended = f"undefended, the attack {rs.row_text(base, margin)}" if base else "no undefended result"
+        sentence = (
+            f"{a['name']} ({a['primary_metric']}): no tested defense strength is shown to protect ({undefended})."
+        )
+        for w in per_defense:
+            rest = w["sentence"].split(": ", 1)[-1]
+            sentence += f" {w['defense']}: {rest}"
+    return {
+        **v,
+        "defense": best["defense"],
+        "strength": best["strength"],
+        "utility_cost": best["utility_cost"],
+        "dp_violation": bool(v.get("dp_violation")) or any(w["dp_violation"] for w in per_defense),
+        "sentence": sentence,
+        "dp_gated": True,
+    }
+
+
+def gate_dp_cells(out: dict[str, Any]) -> None:
+    """ "protected" means the mechanism protects (in place, after the matrix and the verdicts):
+    a DP cell (:func:`dp_gate`) with a reason against it reads :data:`GATED_VERDICT`, every
+    DP cell gets ``dp_gate`` (reasons), ``dp_statement`` (the attack and canary tests in one
+    sentence) and ``dp_violation`` also when its canary bound exceeds the accounted epsilon
+    (``dp_violation_source``: "canary" and/or "attack decisions"); an attack verdict that
+    rested on a gated row is recomputed (:func:`_regated_verdict`)."""
+    threat = {a["name"]: a.get("threat", HONEST) for a in out.get("attacks") or []}
+    for cell in out.get("matrix") or []:
+        if threat.get(cell.get("attack"), HONEST) != HONEST:
+            continue
+        gate = dp_gate(out, cell.get("defense"), cell.get("value"))
+        if gate is None:
+            continue
+        if cell.get("verdict") == "protected" and gate["reasons"]:
+            cell["verdict"] = GATED_VERDICT
+            cell["verdict_label"] = f"{GATED_VERDICT} (mechanism not shown to protect)"
+        # like the attack's own bound (any grid value of the defense), a canary bound above its
+        # claim at any value of the defense marks the cell
+        canary_hit = any(
+            (dp_gate(out, cell["defense"], r.get("value")) or {}).get("canary_violation")
+            for r in out.get("runs") or []
+            if r.get("defense") == cell["defense"] and isinstance(r.get("canary_audit"), Mapping)
+        )
+        sources = [s for s, hit in (("attack decisions", cell.get("dp_violation")), ("canary", canary_hit)) if hit]
+        cell["dp_violation"] = bool(sources)
+        cell["dp_violation_source"] = sources
+        cell["dp_gate"] = gate["reasons"]
+        cell["claim_rounds"] = gate["claim_rounds"]
+        cell["rounds_read"] = gate["rounds_read"]
+        cell["dp_statement"] = dp_statement(cell, gate)
+    for r in out.get("runs") or []:
+        if isinstance(r.get("canary_audit"), Mapping) and r.get("threat", HONEST) == HONEST:
+            gate = dp_gate(out, r.get("defense"), r.get("value")) or {}
+            r["dp_gate"] = {k: gate.get(k) for k in ("reasons", "claim_rounds", "rounds_read")}
+    out["verdicts"] = [
+        _regated_verdict(out, v) if threat.get(v.get("attack"), HONEST) == HONEST and v.get("attack") in threat else v
+        for v in out.get("verdicts") or []
+    ]
+    for v in out["verdicts"]:
+        if any(c.get("dp_violation") for c in out.get("matrix") or [] if c.get("attack") == v.get("attack")):
+            v["dp_violation"] = True
+
+
 def decide(out: dict[str, Any]) -> None:
     """The matrix, the per-attack verdicts and the threat verdicts of an audit dict (in place),
     each cell and verdict with the ``threat`` of its attack."""
     out["matrix"] = build_matrix(out)
     out["verdicts"] = rs.audit_verdicts(out)
+    gate_dp_cells(out)
     info = {a["name"]: a for a in out.get("attacks") or []}
     for cell in out["matrix"]:
         cell["threat"] = info[cell["attack"]].get("threat", HONEST)

@@ -16,23 +16,26 @@ The guess counts k are a fixed menu (:data:`GUESS_FRACTIONS`), each scored at
 ``(1 - confidence) / len(menu)`` (a union bound), so that picking the best k costs no validity.
 
 FedMVMF canaries (:class:`FedMVMFCanaries`): ``m`` canary users appended to the dataset, each
-with no attributes and exactly one rating, of one of a few canary items that no real user rated
-(no item features). Its bit picks the rating: the top of the scale (S = +1, "included") or the
-bottom (S = -1). A canary user thus has the same messages and item ids either way (the rated
-item ids are not noised by any value-noising defense, so an add/remove canary would be read off
-them); its one rating is its whole data, so the canary is both one rating and one user, and
-the bit replaces that rating (or user) by another. A mechanism that is (epsilon, delta)-DP for
-adding or removing one rating (user) is (2 epsilon, (1 + e^epsilon) delta)-DP for replacing it
-(group privacy), so the replace bound is halved: ``epsilon_lb`` is on the scale of the
-defense's add/remove epsilon.
+with no attributes and two ratings, of the two canary items of its group (canary items no real
+user rated, no item features). Its bit swaps them: item a at the top of the scale and item b at
+the bottom (S = +1) or the reverse. A canary user thus rates the same item ids either way (the
+rated item ids are not noised by any value-noising defense, so an add/remove canary would be
+read off them); the bit replaces its rating values. That is the relation ``dp-laplace`` and
+``dp-gaussian`` claim (a joint clip of a client's round bounds ANY change of its values by the
+sensitivity 2C), so the bound is compared with their epsilon as it is. :func:`claim_relation`
+reads the relation of a claim; a canary that replaces is halved only against an add/remove
+claim (an (epsilon, delta) add/remove mechanism is (2 epsilon, (1 + e^epsilon) delta) for
+replacing, group privacy). :func:`ceiling` is the largest bound m canaries can give.
 
 The guesser reads only the server's view: the recorded broadcasts (V, P), each canary client's
-uploaded grad_V row of its canary item and its grad_P, and the public defense config. From the
-public state it computes what the canary would upload with either rating (SemiALS, the
+uploaded grad_V rows of its canary items and its grad_P, and the public defense config. From
+the public state it computes what the canary would upload under either bit (SemiALS, the
 protocol's own equations), clips it as the defense declares, and scores the noisy upload by the
 log-likelihood ratio of the two (Laplace: L1, Gaussian: L2), summed over the recorded rounds.
 It is given which clients and items are canaries (the auditor inserted them), never the bits;
-the bits are scored outside it.
+the bits are scored outside it. When the run's claim, projected from the public config before
+the run, is above the ceiling, the canary run is one epoch (at K = 1, with 10,000 canaries) and is
+tested against the per-round claim (:func:`round_claim`): ``"tested": "first round"``.
 
 FedNCF canaries (:class:`FedNCFCanaries`, ``dp-sgd``, neighbour "instance": one training
 instance replaced, the instance count public): the bit picks which of two canary items is a
@@ -64,7 +67,13 @@ from privaudit.errors import PrivauditError
 GUESS_FRACTIONS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2)
 #: canary users per canary audit run and canary items they share
 DEFAULT_CANARIES = 200
-CANARY_ITEMS = 8
+#: FedMVMF canary users, the canary items they rate (in groups of CANARY_PER_USER: half A, half
+#: B) and the canary items in all: 3,000 two-item canaries flag a 4x-too-small dp-laplace noise
+#: in 9 of 10 seeds where 1,000 eight-item canaries flag it in 7 and 1,000 two-item ones in 6
+#: (benchmarks/canary_power.py, docs/canaries.md)
+MVMF_CANARIES = 3000
+CANARY_PER_USER = 2
+CANARY_ITEMS = 16
 #: the largest epsilon the root search reports (all guesses right among thousands)
 EPSILON_CAP = 50.0
 #: record every round of the canary run when it has at most this many rated entries x epochs
@@ -76,6 +85,10 @@ __all__ = [
     "canary_bound",
     "FedMVMFCanaries",
     "canary_kit",
+    "claim_relation",
+    "ceiling",
+    "at_ceiling",
+    "canary_sentence",
     "canary_audit",
 ]
 
@@ -240,26 +253,65 @@ def append_canaries(
 
 @dataclass
 class FedMVMFCanaries:
-    """Canary users for FedMVMF (module docstring): insertion, the guesser, the scoring."""
+    """Canary users for FedMVMF (module docstring): insertion, the guesser, the scoring.
 
-    canaries: int = DEFAULT_CANARIES
+    The ``items`` canary items (no real user rates them) form groups of ``per_user``; canary user
+    k rates every item of group k mod (items / per_user), whose first half is A and second half
+    B. Its bit picks which half gets the top rating and which the bottom one: S = +1 rates A high
+    and B low, S = -1 the reverse. The rated-item set, and so the item ids of its uploads, is
+    the same either way; only its rating values change: the relation the clipped mechanisms
+    state (``dp-laplace`` / ``dp-gaussian``: everything a client sends in a round is clipped
+    jointly, so ANY change of its values moves the release by at most the sensitivity 2C;
+    neighbour "rating": one client's rating values replaced, its item set kept, or "user" with
+    ``dense``). A replacement: the bound is not halved for them (:func:`claim_relation`).
+
+    Why a swap of two: with one canary rating, or every rating moved the same way, SemiALS makes
+    the upload a multiple of one direction (u grows with the ratings), so both bits clip to
+    nearly the same vector; the swap moves u, and every uploaded row with it, elsewhere, and two
+    rows keep the difference on few coordinates, where the Laplace likelihood ratio reaches its
+    extremes (``docs/canaries.md``: measured against eight items per canary)."""
+
+    canaries: int = MVMF_CANARIES
     items: int = CANARY_ITEMS
-    #: the bit replaces the canary's rating (the bound is halved for an add/remove claim)
+    #: canary items each canary user rates (a group of the canary items: half A, half B)
+    per_user: int = CANARY_PER_USER
+    #: the bit replaces the canary's ratings (a replacement: halved only for an add/remove claim)
     replace = True
+    #: the DP defenses whose neighbour relation these canaries instantiate
+    covers = ("dp-laplace", "dp-gaussian")
+    #: a run whose projected epsilon is above the ceiling is replaced by its first round alone,
+    #: at K = 1 (one float per uploaded row: the canaries' difference on two coordinates) with
+    #: more canaries (one round is cheap): 4x-too-small dp-laplace noise at epsilon 0.3 per round
+    #: is flagged in 9 of 10 seeds with 10,000 canaries, 6 of 10 with 3,000 (docs/canaries.md)
+    first_round = True
+    first_round_canaries: int = 10_000
+
+    @staticmethod
+    def first_round_config(config: Mapping[str, Any]) -> dict[str, Any]:
+        """The config of a first-round canary run: one epoch at K = 1. The per-round claim of a
+        clipped mechanism (sensitivity 2C, whatever the client sends) does not depend on K."""
+        return {**dict(config), "epochs": 1, "K": 1}
 
     def insert(self, dataset: Any, rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:
         """The dataset with ``canaries`` users and ``items`` items appended, and the canary
-        record ``{"users": (m,) dataset indices, "items": (m,) dataset item of each canary,
-        "bits": (m,) bool, "high", "low"}``."""
+        record ``{"users": (m,) dataset indices, "items": (c,) canary items, "half": (c,) bool
+        (True: half A), "bits": (m,) bool, "high", "low"}``."""
         n, n_items = dataset.n_users, dataset.n_items
-        m, c = int(self.canaries), int(self.items)
+        m, c, g = int(self.canaries), int(self.items), int(self.per_user)
+        if g < 2 or g % 2 or c % g:
+            raise PrivauditError(f"FedMVMF canaries: per_user ({g}) must be even, >= 2 and divide items ({c})")
         bits = rng.random(m) < 0.5
         hi, lo = float(dataset.rating_max), float(dataset.rating_min)
+        items = n_items + np.arange(c)
+        half = np.arange(c) % g < g // 2
+        group = np.arange(m) % (c // g)
+        rows = np.repeat(np.arange(m), g)
+        pos = (group[:, None] * g + np.arange(g)[None, :]).ravel()
+        values = np.where(np.repeat(bits, g) == half[pos], hi, lo)
+        augmented = append_canaries(dataset, rows, items[pos], values, np.zeros(m * g, dtype=np.int64), c)
         users = np.arange(n, n + m)
-        items = n_items + np.arange(m) % c
-        rows = np.arange(m)
-        augmented = append_canaries(dataset, rows, items, np.where(bits, hi, lo), np.zeros(m, dtype=np.int64), c)
-        return augmented, {"users": users, "items": items, "bits": bits, "high": hi, "low": lo}
+        record = {"users": users, "items": items, "half": half, "group": group, "bits": bits, "high": hi, "low": lo}
+        return augmented, record
 
     def config(self, config: Mapping[str, Any], n_ratings: int) -> dict[str, Any]:
         """The protocol config of the canary run: every round recorded when that stays small."""
@@ -269,110 +321,167 @@ class FedMVMFCanaries:
         return cfg
 
     def locate(self, record: Mapping[str, Any], model: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(canary positions kept, their client indices, their item indices in the transcript):
-        canaries that the split made cold users, or whose item it made cold, upload nothing
-        and are dropped (the split does not depend on the bits)."""
+        """(canary positions kept, their client indices, the transcript index of every canary
+        item, -1 for a cold one): canaries that the split made cold users upload nothing and
+        are dropped, and so is every canary when the split left no warm item in one of the
+        halves (the split does not depend on the bits)."""
         train_users = np.asarray(model["train_users"])
         train_items = np.asarray(model["train_items"])
         u_pos = np.searchsorted(train_users, record["users"])
         i_pos = np.searchsorted(train_items, record["items"])
         ok_u = (u_pos < train_users.size) & (train_users[np.minimum(u_pos, train_users.size - 1)] == record["users"])
         ok_i = (i_pos < train_items.size) & (train_items[np.minimum(i_pos, train_items.size - 1)] == record["items"])
-        keep = np.flatnonzero(ok_u & ok_i)
-        return keep, u_pos[keep], i_pos[keep]
+        half = np.asarray(record["half"], dtype=bool)
+        g = int(self.per_user)
+        groups = np.arange(half.size) // g
+        usable = np.array(
+            [(ok_i & half)[groups == k].any() and (ok_i & ~half)[groups == k].any() for k in range(half.size // g)]
+        )
+        keep = np.flatnonzero(ok_u & usable[np.asarray(record["group"])])
+        return keep, u_pos[keep], np.where(ok_i, i_pos, -1)
 
     def score(self, result: Any, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, int]:
         """(guesser scores, the bits of the canaries scored, rounds observed) of a canary run;
         the bits are read from ``record`` here, outside the guesser."""
         keep, clients, items = self.locate(record, result.model)
-        scores, rounds = self.scores(result.transcript, clients, items, record["high"], record["low"])
+        scores, rounds = self.scores(
+            result.transcript,
+            clients,
+            items,
+            np.asarray(record["half"]),
+            record["high"],
+            record["low"],
+        )
         return scores, record["bits"][keep], rounds
 
     @staticmethod
-    def expected(V: np.ndarray, P: np.ndarray, items: np.ndarray, values: Sequence[float], cfg: Mapping[str, Any]):
-        """What a canary client with one rating ``value`` of ``item`` uploads under the state
-        (V, P), before any defense (SemiALS): its grad_V row of the item and its grad_P,
-        flattened; ``{(item, value): (K + p K,)}`` for every item and value (one batched solve
-        with the protocol's own equations)."""
+    def expected(V: np.ndarray, P: np.ndarray, rows: Sequence[Mapping[int, float]], cfg: Mapping[str, Any]):
+        """What a client with no attributes and the ratings ``{item: value}`` of each entry of
+        ``rows`` uploads under the state (V, P), before any defense (SemiALS, one batched
+        solve with the protocol's own equations): per entry, its grad_V rows (items in
+        ascending order) and its grad_P, flattened into one vector."""
         from privaudit.models import mvmf
 
-        pairs = [(int(j), float(value)) for j in items for value in values]
-        rows = np.arange(len(pairs))
-        cols = np.array([j for j, _ in pairs])
-        shape = (len(pairs), V.shape[0])
-        R = sp.csr_matrix((np.array([value for _, value in pairs]), (rows, cols)), shape=shape)
-        W = sp.csr_matrix((np.ones(len(pairs)), (rows, cols)), shape=shape)
-        X = np.zeros((len(pairs), P.shape[0]))
+        r_idx = np.concatenate([np.full(len(r), k) for k, r in enumerate(rows)])
+        cols = np.concatenate([np.array(sorted(r), dtype=np.int64) for r in rows])
+        vals = np.concatenate([np.array([r[j] for j in sorted(r)], dtype=np.float64) for r in rows])
+        shape = (len(rows), V.shape[0])
+        R = sp.csr_matrix((vals, (r_idx, cols)), shape=shape)
+        W = sp.csr_matrix((np.ones(vals.size), (r_idx, cols)), shape=shape)
+        R.sort_indices()
+        W.sort_indices()
+        X = np.zeros((len(rows), P.shape[0]))
         alpha = float(cfg["alpha"])
         A, b = mvmf.normal_equations(V, P, X, R, W, alpha, float(cfg["lam"]), float(cfg["w"]), cfg["unrated"])
         U = mvmf.solve_users(A, b)
-        grad_rows = mvmf.entry_coefficients(U, V, R, W)[:, None] * U
-        gP = mvmf.grad_P(U, P, X, alpha).reshape(len(pairs), -1)
-        return {pair: np.concatenate([grad_rows[k], gP[k]]) for k, pair in enumerate(pairs)}
+        coef = mvmf.entry_coefficients(U, V, R, W)
+        owner = np.repeat(np.arange(len(rows)), np.diff(R.indptr))
+        grad_rows = coef[:, None] * U[owner]
+        gP = mvmf.grad_P(U, P, X, alpha).reshape(len(rows), -1)
+        parts = np.split(grad_rows, R.indptr[1:-1])
+        return [np.concatenate([part.ravel(), gP[k]]) for k, part in enumerate(parts)]
 
     @staticmethod
-    def clipped(x: np.ndarray, K: int, defense: Mapping[str, Any] | None) -> np.ndarray:
-        """``x`` (K + p K,) clipped as the public ``defense`` entry declares (row: every K-block
-        to norm ``clip``; upload: the whole vector, the canary's upload being exactly these)."""
+    def clipped(x: np.ndarray, K: int, defense: Mapping[str, Any] | None, n_rows: int | None = None) -> np.ndarray:
+        """``x`` (the client's grad_V rows, K floats each, then its grad_P; or one client per row of a
+        2-D array) clipped as the public
+        ``defense`` entry declares: ``clip_per="user"`` (the default) the whole vector jointly,
+        ``"upload"`` the first ``n_rows`` K-blocks (the grad_V message) and the rest (grad_P)
+        each on its own, ``"row"`` every K-block."""
         if not defense or "clip" not in defense:
             return x
         from privaudit.defenses.dp_laplace import clip_rows
 
         order = 2 if "gaussian" in str(defense.get("name", "")) or "sgd" in str(defense.get("name", "")) else 1
         clip = float(defense["clip"])
-        if defense.get("clip_per") == "upload":
-            return clip_rows(x, clip, order)
-        return clip_rows(x.reshape(-1, K), clip, order).ravel()
+        per = defense.get("clip_per", "user")
+        X = np.atleast_2d(np.asarray(x, dtype=np.float64))  # one client per row
+        if per == "row":
+            out = clip_rows(X.reshape(-1, K), clip, order).reshape(X.shape)
+        elif per == "upload":
+            cut = K * (X.shape[1] // K if n_rows is None else int(n_rows))
+            out = np.concatenate([clip_rows(X[:, :cut], clip, order), clip_rows(X[:, cut:], clip, order)], axis=1)
+        else:
+            out = clip_rows(X, clip, order)
+        return out.reshape(np.shape(x))
 
     @classmethod
     def scores(
-        cls, transcript: Any, clients: np.ndarray, items: np.ndarray, high: float, low: float
+        cls,
+        transcript: Any,
+        clients: np.ndarray,
+        items: np.ndarray,
+        half: np.ndarray,
+        high: float,
+        low: float,
+        only_round: int | None = None,
     ) -> tuple[np.ndarray, int]:
-        """The guesser: per canary client (its index and canary item in the transcript), the
-        log-likelihood ratio of its uploads (its canary item's grad_V row and its grad_P)
-        between the uploads it would make with ``high`` and with ``low``, computed from the
-        recorded V, P and clipped as the public defense config declares, under Laplace noise
-        (L1 distances) or Gaussian noise (L2), summed over the recorded rounds; (scores (m,),
-        rounds used). The noise scale is not needed (it only scales the ratio). Reads only the
-        server's view."""
+        """The guesser: per canary client (its index in the transcript; ``items``: the canary
+        items' transcript indices, -1 if cold; ``half``: which are in half A), the
+        log-likelihood ratio of its uploads (grad_V rows of the canary items it uploaded, and
+        its grad_P) between the uploads it would make with S = +1 and with S = -1, computed
+        from the recorded V, P and clipped as the public defense config declares, under
+        Laplace noise (L1 distances) or Gaussian noise (L2), summed over the recorded rounds;
+        (scores (m,), rounds used). The noise scale is not needed (it only scales the ratio).
+        Reads only the server's view."""
         cfg = transcript.config
         defense = next((d for d in cfg.get("defenses") or [] if isinstance(d, Mapping) and "clip" in d), None)
         laplace = defense is None or "laplace" in str(defense.get("name", ""))
         states = {m.round: m.payload for m in transcript.messages if m.kind == "state"}
         want = {f"client:{c}": k for k, c in enumerate(clients)}
+        in_a = {int(j): bool(h) for j, h in zip(items, half) if j >= 0}
         seen: dict[int, dict[int, dict[str, np.ndarray]]] = {}
         for msg in transcript.messages:
             if msg.kind not in ("grad_V", "grad_P") or msg.sender not in want:
                 continue
             k = want[msg.sender]
             values = np.asarray(msg.payload["values"], dtype=np.float64)
+            part = seen.setdefault(msg.round, {}).setdefault(k, {})
             if msg.kind == "grad_V":
-                at = np.flatnonzero(np.asarray(msg.payload["items"]) == items[k])
-                if not at.size:
-                    continue
-                values = values[at[0]]
-            seen.setdefault(msg.round, {}).setdefault(k, {})[msg.kind] = np.ravel(values)
+                ids = np.asarray(msg.payload["items"])
+                at = np.array([i for i, j in enumerate(ids.tolist()) if j in in_a], dtype=np.int64)
+                order = at[np.argsort(ids[at], kind="stable")]
+                part["ids"] = ids[order]
+                part["grad_V"] = values[order].ravel()
+            else:
+                part["grad_P"] = np.ravel(values)
         out = np.zeros(len(clients))
         used = 0
         for t, got in sorted(seen.items()):
-            if t not in states:
+            if t not in states or (only_round is not None and t != only_round):
                 continue
             V, P = np.asarray(states[t]["V"], dtype=np.float64), np.asarray(states[t]["P"], dtype=np.float64)
             K = V.shape[1]
-            raw = cls.expected(V, P, np.unique(items), (high, low), cfg)
-            expected = {key: cls.clipped(x, K, defense) for key, x in raw.items()}
+            ks = [k for k, parts in got.items() if "grad_V" in parts and parts["ids"].size]
+            if not ks:
+                continue
+            rows = []
+            for k in ks:
+                ids = got[k]["ids"]
+                rows.append({int(j): (high if in_a[int(j)] else low) for j in ids})
+                rows.append({int(j): (low if in_a[int(j)] else high) for j in ids})
+            raw = cls.expected(V, P, rows, cfg)
             used += 1
-            for k, parts in got.items():
-                e1, e0 = expected[int(items[k]), high], expected[int(items[k]), low]
-                x = np.concatenate(
-                    [parts.get("grad_V", np.full(K, np.nan)), parts.get("grad_P", np.full(e1.size - K, np.nan))]
+            by_rows: dict[int, list[int]] = {}
+            for n, k in enumerate(ks):
+                by_rows.setdefault(int(got[k]["ids"].size), []).append(n)
+            for n_rows, idx in by_rows.items():  # canaries uploading as many rows: one batch
+                e1 = cls.clipped(np.stack([raw[2 * n] for n in idx]), K, defense, n_rows)
+                e0 = cls.clipped(np.stack([raw[2 * n + 1] for n in idx]), K, defense, n_rows)
+                width = e1.shape[1] - n_rows * K
+                x = np.stack(
+                    [
+                        np.concatenate([got[ks[n]]["grad_V"], got[ks[n]].get("grad_P", np.full(width, np.nan))])
+                        for n in idx
+                    ]
                 )
                 ok = ~np.isnan(x)
-                x, e1, e0 = x[ok], e1[ok], e0[ok]
+                x = np.where(ok, x, 0.0)
                 if laplace:
-                    out[k] += float(np.sum(np.abs(x - e0) - np.abs(x - e1)))
+                    llr = np.abs(x - e0) - np.abs(x - e1)
                 else:
-                    out[k] += float(np.dot(x - (e1 + e0) / 2.0, e1 - e0))
+                    llr = (x - (e1 + e0) / 2.0) * (e1 - e0)
+                out[[ks[n] for n in idx]] += np.sum(np.where(ok, llr, 0.0), axis=1)
         return out, used
 
 
@@ -713,6 +822,109 @@ def claimed_privacy(privacy: Mapping[str, Any]) -> tuple[float, float, str] | No
     return eps, delta, neighbour
 
 
+def _projected_epsilon(defenses: Sequence[Any], config: Mapping[str, Any]) -> float | None:
+    """The total epsilon the DP defenses will account over the protocol's public round count,
+    from their own accountant before the run (one release per round: a lower estimate when a
+    client releases more); None when a defense cannot say (no ``total_epsilon``, a calibrated
+    ``target_epsilon``, an unknown round count)."""
+    from privaudit.defenses.accounting import rounds_of
+
+    rounds = rounds_of(dict(config))
+    total = 0.0
+    dp = [d for d in defenses if hasattr(d, "total_epsilon") and getattr(d, "strength", None)]
+    if not dp or rounds <= 0:
+        return None
+    for d in dp:
+        if float(d.config.get("target_epsilon", 0.0) or 0.0) > 0:
+            return None
+        total += float(d.total_epsilon(float(d.config[d.strength]), rounds))
+    return total
+
+
+def round_claim(privacy: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(epsilon, delta) of one round of the run's DP defenses (``epsilon_per_round`` summed; a
+    Laplace defense's round is pure: delta 0, a Gaussian one's at its ``delta``); None when a
+    DP defense does not report it."""
+    claims = [v for v in (privacy or {}).values() if isinstance(v, Mapping) and "epsilon" in v]
+    if not claims or any("epsilon_per_round" not in c for c in claims):
+        return None
+    eps = sum(float(c["epsilon_per_round"]) for c in claims)
+    delta = max(0.0 if "noise_scale" in c else float(c.get("delta", 0.0) or 0.0) for c in claims)
+    return eps, delta
+
+
+def claim_relation(privacy: Mapping[str, Any]) -> str:
+    """How the run's DP claim relates neighbouring datasets: "add/remove" when a DP defense
+    says so (its ``relation``, or a ``unit`` naming a unit "added or removed"), else
+    "replace" (dp-laplace, dp-gaussian and dp-sgd state replacement: their sensitivity 2C
+    is the distance between any two clipped inputs). A canary whose bit replaces one unit by
+    another tests a replace claim directly; only an add/remove claim needs the bound halved
+    (group privacy: a replacement is a removal and an addition)."""
+    for v in (privacy or {}).values():
+        if not isinstance(v, Mapping) or "epsilon" not in v:
+            continue
+        stated = str(v.get("relation", "")).lower()
+        unit = str(v.get("unit", "")).lower()
+        if stated in ("add/remove", "add-remove", "addremove") or "added or removed" in unit or "add/remove" in unit:
+            return "add/remove"
+    return "replace"
+
+
+def ceiling(
+    canaries: int,
+    delta: float = 0.0,
+    confidence: float = 0.95,
+    fractions: Sequence[float] = GUESS_FRACTIONS,
+    halved: bool = False,
+) -> float:
+    """The largest bound ``canaries`` canaries can give: every canary guessed right at the
+    largest guess count of the menu (:func:`canary_bound`'s own computation on perfect
+    scores). A bound at its ceiling says only "at least this": the guesser was never wrong."""
+    m = int(canaries)
+    if m < 2:
+        return 0.0
+    bits = np.where(np.arange(m) % 2 == 0, 1, -1)
+    return float(canary_bound(bits.astype(float), bits, delta, confidence, fractions, halved)["epsilon_lb"])
+
+
+def at_ceiling(audit: Mapping[str, Any] | None) -> bool:
+    """A canary audit whose every canary was guessed right (the bound is its ceiling)."""
+    if not isinstance(audit, Mapping) or "epsilon_lb" not in audit:
+        return False
+    m, r, v = int(audit.get("canaries", 0)), int(audit.get("guesses", 0)), int(audit.get("correct", 0))
+    if m >= 2 and r == v == 2 * (m // 2):
+        return True
+    top = audit.get("ceiling")
+    return top is not None and float(audit["epsilon_lb"]) >= float(top) - 1e-9 and float(top) > 0
+
+
+def canary_sentence(audit: Mapping[str, Any] | None) -> str | None:
+    """One plain sentence on a canary audit: "all 176 canaries distinguished: ε_lb at its
+    ceiling 3.64 (claimed ε 33.25)", "all 88 guesses right on 176 canaries: ε_lb 2.90 (...)",
+    "ε_lb 0.89 from 43 of 44 guesses on 176 canaries (ceiling 3.64; claimed ε 8.33)"; None
+    without a usable audit."""
+    if not isinstance(audit, Mapping) or "epsilon_lb" not in audit:
+        return None
+    lb, eps = float(audit["epsilon_lb"]), float(audit.get("epsilon", math.nan))
+    m = int(audit.get("canaries", 0))
+    top = audit.get("ceiling")
+    top = (
+        ceiling(m, float(audit.get("delta", 0.0) or 0.0), float(audit.get("confidence", 0.95))) if top is None else top
+    )
+    claimed = f"claimed ε {eps:.2f}" if math.isfinite(eps) else "no claimed ε"
+    if audit.get("tested") == "first round":
+        claimed += " for its first round"
+    r, v = int(audit.get("guesses", 0)), int(audit.get("correct", 0))
+    if at_ceiling(audit):
+        return f"all {m} canaries distinguished: ε_lb at its ceiling {float(top):.2f} ({claimed})"
+    if r and v == r:
+        return f"all {r} guesses right on {m} canaries: ε_lb {lb:.2f} (ceiling {float(top):.2f}; {claimed})"
+    return (
+        f"ε_lb {lb:.2f} from {int(audit.get('correct', 0))} of {int(audit.get('guesses', 0))} guesses on "
+        f"{m} canaries (ceiling {float(top):.2f}; {claimed})"
+    )
+
+
 def canary_audit(
     protocol_cls: type,
     config: Mapping[str, Any],
@@ -724,21 +936,33 @@ def canary_audit(
     names: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """One canary run of ``protocol_cls`` with ``defense_specs`` at ``seed`` and its one-run
-    bound next to the accounted epsilon: ``{"epsilon_lb", "epsilon", "delta", "neighbour",
-    "canaries", "guesses", "correct", "confidence", "rounds_observed"}``, and
-    ``"epsilon_canaries"`` (the canaries' own accounted epsilon) when the kit computes one."""
+    bound next to the claim it tests: ``{"epsilon_lb", "epsilon", "delta", "neighbour",
+    "canaries", "guesses", "correct", "confidence", "rounds_observed", "tested", "relation",
+    "halved", "ceiling"}``, and ``"epsilon_canaries"`` (the canaries' own accounted epsilon) when
+    the kit computes one. ``tested``: "run" (``epsilon``/``delta``: the run's accounted claim) or
+    "first round" (the run's claim projected above the ceiling: a one-epoch canary run against
+    the per-round claim)."""
     from privaudit import runner
 
     defense_name = (names or [""])[0] or (getattr(defense_specs[0][0], "name", None) if defense_specs else None)
     kit = canary_kit(protocol_cls.name, defense_name or None)
     if kit is None:
         raise PrivauditError(f"no canary audit for protocol {protocol_cls.name!r} with defense {defense_name!r}")
-    if canaries is not None:
-        kit.canaries = int(canaries)
+    defenses = [cls(**dict(params)) for cls, params in defense_specs]
+    base = protocol_cls.resolve_config(dict(config))
+    tested = "run"
+    projected = _projected_epsilon(defenses, base)
+    count = kit.canaries if canaries is None else int(canaries)
+    if getattr(kit, "first_round", False) and projected is not None and projected > ceiling(count):
+        # the run's claim is above anything the canaries can show (decided before the run, from
+        # the public config): a one-round canary run, tested against the per-round claim
+        tested = "first round"
+        base = protocol_cls.resolve_config(kit.first_round_config(base))
+        count = kit.first_round_canaries if canaries is None else count
+    kit.canaries = int(count)
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA7A]))
     augmented, record = kit.insert(dataset, rng)
-    defenses = [cls(**dict(params)) for cls, params in defense_specs]
-    cfg = kit.config(protocol_cls.resolve_config(dict(config)), augmented.n_ratings)
+    cfg = kit.config(base, augmented.n_ratings)
     protocol = kit.protocol(protocol_cls, cfg, record) if hasattr(kit, "protocol") else protocol_cls()
     result = protocol.run(augmented, cfg, defenses, int(seed))
     privacy = runner.defense_privacy(defenses, result.transcript, names)
@@ -746,8 +970,12 @@ def canary_audit(
     if claim is None:
         raise PrivauditError("the canary audit needs a DP defense that reports privacy_spent")
     eps, delta, neighbour = claim
+    relation = claim_relation(privacy)
+    halve = bool(kit.replace) and relation == "add/remove"
     scores, bits, rounds = kit.score(result, record)
-    bound = canary_bound(scores, bits, delta=delta, confidence=confidence, replace=kit.replace)
+    if tested == "first round" and round_claim(privacy) is not None:
+        eps, delta = round_claim(privacy)  # one round: a Laplace round is pure (delta 0)
+    bound = canary_bound(scores, bits, delta=delta, confidence=confidence, replace=halve)
     extra = {}
     if hasattr(kit, "canary_epsilon"):
         own = kit.canary_epsilon(defenses, result, record)
@@ -763,5 +991,9 @@ def canary_audit(
         "correct": int(bound["correct"]),
         "confidence": float(confidence),
         "rounds_observed": int(rounds),
+        "tested": tested,
+        "relation": relation,
+        "halved": halve,
+        "ceiling": ceiling(int(bound["canaries"]), delta=delta, confidence=confidence, halved=halve),
         **extra,
     }

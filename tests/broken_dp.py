@@ -1,19 +1,22 @@
 """A deliberately broken DP defense and an attack whose per-record decisions test it.
 
 ``broken-dp-laplace`` claims what ``dp-laplace`` claims (``epsilon`` per round, same public
-config, same ``privacy_spent``) but adds Laplace noise 10x smaller than that epsilon needs
-(scale C / (10 epsilon)): its true per-round epsilon is 10x the claimed one. An audit must flag
-it from an attack's decisions alone (empirical epsilon lower bound above the claimed epsilon).
+config, same ``privacy_spent``) but adds Laplace noise 10x smaller than that epsilon needs:
+scale 2C / (10 epsilon) against the correct 2C / epsilon (the sensitivity of a joint L1 clip
+to C is 2C). Its true per-round epsilon is 10x the claimed one. An audit must flag it from an
+attack's decisions alone (empirical epsilon lower bound above the claimed epsilon).
 
 Why this protocol and attack: the test needs decisions whose two hypotheses are exactly
 neighbouring inputs of the mechanism, so that the bound can reach the true epsilon. In the
-``dummy-proto`` protocol (tests/dummies.py) with ``p=1``, ``signal=C/2`` and one round, each
-client uploads one float, +C/2 or -C/2 by its secret bit: the two values differ by exactly the
-L1 sensitivity C and are never clipped, so the Laplace mechanism's likelihood ratio between
-them is exactly e^epsilon in the tails. ``dummy-bit-scores`` scores each client by its noisy
-upload (higher = bit 1). With MVMF rows or prototypes the decisions differ by much less than
-the sensitivity (the mechanism protects a whole clipped row or a silo), so their lower bounds
-stay far below the claimed epsilon even for a broken defense.
+``dummy-proto`` protocol (tests/dummies.py) with ``p=1``, ``signal=C`` and one round, each
+client uploads one float, +C or -C by its secret bit: the two values differ by exactly the
+L1 sensitivity 2C and are never clipped, so the Laplace mechanism's likelihood ratio between
+them is exactly e^epsilon in the tails (e^(10 epsilon) for the broken one). With
+``signal=C/2`` they differ by C, half the sensitivity: the ratio is e^(epsilon/2).
+``dummy-bit-scores`` scores each client by its noisy upload (higher = bit 1). With MVMF rows or
+prototypes the decisions differ by much less than the sensitivity (the mechanism protects a
+whole clipped row or a silo), so their lower bounds stay far below the claimed epsilon even for
+a broken defense.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ from tests.dummies import DummyAttack, DummyProtocol
 
 
 class BrokenDPLaplace(DPLaplace):
-    """dp-laplace whose noise is 10x smaller than its claimed epsilon needs."""
+    """dp-laplace whose noise is 10x smaller than its claimed epsilon needs (true epsilon 10x)."""
 
     description = "test defense: claims dp-laplace's epsilon, adds 10x too little noise"
+    #: the true per-round epsilon over the claimed one
+    factor = 10.0
 
     @property
     def noise_scale(self) -> float:
-        return self.config["clip"] / (10.0 * self.config["epsilon"])
+        return self.sensitivity / (self.factor * self.config["epsilon"])
 
 
 class BitScoreAttack(DummyAttack):

@@ -2137,3 +2137,28 @@ def test_privmvmf_singleton_cohorts_are_refused_by_model_consistency(tmp_path, c
     captured = capsys.readouterr()
     _assert_refused({"rc": rc, "err": captured.err}, "refuses posted cohorts of 1 client(s), below min_cohort 5")
     assert not (tmp_path / "rep").exists()
+
+
+# ------------------------------------------------------------------ branch canaries: canary kit and audit rows
+
+
+@pytest.mark.parametrize("per_user, items", [(3, 16), (0, 16), (2, 15), (4, 6)])
+def test_fedmvmf_canary_kit_rejects_a_bad_grouping(per_user, items):
+    from privaudit import canary, runner
+    from privaudit.errors import PrivauditError
+
+    kit = canary.FedMVMFCanaries(canaries=10, items=items, per_user=per_user)
+    with pytest.raises(PrivauditError, match="per_user .* must be even, >= 2 and divide items"):
+        kit.insert(runner.load_data("synthetic"), np.random.default_rng(0))
+
+
+def test_audit_rows_stay_one_short_line_on_hostile_names():
+    """An attack or defense name with newlines, control characters or great length still prints
+    one line of at most 100 characters per attack."""
+    from privaudit.reports.audit import ROW_CHARS, verdict_lines
+
+    for name in ("evil\nname\x1b[31m" + "x" * 300, "e\x1b[2Jvil\nname"):
+        audit = {"attacks": [{"name": name}], "defenses": [], "matrix": [{"attack": name, "verdict": "leaks"}]}
+        line, detail = verdict_lines(audit, {"attack": name, "metric": "m\rn", "defense": None, "sentence": "s\x00"})
+        assert "\n" not in line and "\r" not in line and "\x1b" not in line and len(line) <= ROW_CHARS
+        assert line.startswith("verdict: e") and "\x00" not in detail

@@ -34,7 +34,7 @@ from privaudit.results import fmt, fmt_value, num
 AUDIT_JSON = "audit.json"
 AUDIT_HTML = "audit.html"
 
-__all__ = ["pair_figure", "roc_figure", "render_html", "format_matrix", "write_audit_report"]
+__all__ = ["pair_figure", "roc_figure", "render_html", "format_matrix", "verdict_lines", "write_audit_report"]
 
 #: Cell colours: amber to red for a leak (by advantage), green for protection, hatched pale
 #: yellow for an attack below its prior (never green), grey when the attack does not apply.
@@ -174,9 +174,12 @@ def _cell(audit: Mapping[str, Any], cell: Mapping[str, Any] | None, defended: bo
         c.background = _colour(adv, verdict)
     if defended:
         c.add(f"utility cost {_cost(cell)}", "small")
-        canary = rs.canary_text(cell.get("canary"))
-        if canary:
-            c.add(canary, "b" if canary.startswith("DP claim violated") else "small")
+        if cell.get("dp_statement"):
+            c.add(str(cell["dp_statement"]), "b" if cell.get("dp_violation") else "small")
+        else:
+            canary = rs.canary_text(cell.get("canary"))
+            if canary:
+                c.add(canary, "b" if canary.startswith("DP claim violated") else "small")
         if cell.get("epsilon") is not None and math.isfinite(num(cell.get("epsilon"))):
             c.add(f"ε total {fmt(cell.get('epsilon'), 2)}", "small")
         if cell.get("epsilon_lb") is not None and math.isfinite(num(cell.get("epsilon_lb"))):
@@ -275,6 +278,11 @@ def render_html(audit: Mapping[str, Any]) -> str:
         _matrix_intro(audit),
         _matrix_table(audit),
     ]
+    dp = _dp_rows(audit)
+    if dp:
+        parts.append("<h2>DP claims and canaries</h2>")
+        parts.append(_DP_INTRO)
+        parts.append(html_table(_DP_HEADER, dp))
     if threat:
         parts.append("<h2>Threat models</h2>")
         parts.append(html_table(["column", "honest-but-curious server", "malicious server"], _threat_rows(threat)))
@@ -298,6 +306,60 @@ def render_html(audit: Mapping[str, Any]) -> str:
     return page.replace(
         "</style>", ".matrix td{vertical-align:top;padding:0}.matrix td>div,.matrix td{padding:.35em .5em}</style>", 1
     )
+
+
+_DP_INTRO = (
+    "<p>Every DP cell runs once more on a canary-augmented dataset (randomized canaries, one run: "
+    "Steinke, Nasr and Jagielski, NeurIPS 2023). ε_lb is a 95 % lower bound on the mechanism's ε; above the "
+    "accounted ε the DP claim is violated. A cell reads \u201cprotected\u201d only when its canaries are not all "
+    "distinguished, ε_lb is at most the weak-privacy level and the attack read every round the claim covers; "
+    "otherwise the reasons are listed. \u201ctested\u201d: the whole run against the accounted ε, or (when that "
+    "is above what the canaries can show) the first round against the per-round ε.</p>"
+)
+_DP_HEADER = [
+    "defense",
+    "value",
+    "tested",
+    "claimed ε",
+    "ε_lb (95 %)",
+    "ceiling",
+    "canaries",
+    "guesses (correct)",
+    "rounds read / claimed",
+    "not counted as protection because",
+]
+
+
+def _dp_rows(audit: Mapping[str, Any]) -> list[list[str]]:
+    """One row per DP cell with a canary audit (the cell's first seed)."""
+    rows = []
+    for r in audit.get("runs") or []:
+        c = r.get("canary_audit")
+        if not isinstance(c, Mapping):
+            continue
+        if "error" in c:
+            rows.append(
+                [str(r.get("defense")), fmt_value(r.get("value")), "-", "-", "-", "-", "-", "-", "-", c["error"]]
+            )
+            continue
+        gate = r.get("dp_gate") or {}
+        lb = fmt(c.get("epsilon_lb"), 2) + (" VIOLATED" if num(c.get("epsilon_lb")) > num(c.get("epsilon")) else "")
+        read = f"{gate.get('rounds_read', '-')} / {gate.get('claim_rounds', '-')}"
+        rows.append(
+            [
+                str(r.get("defense")),
+                fmt_value(r.get("value")),
+                str(c.get("tested", "run")),
+                fmt(c.get("epsilon"), 2),
+                lb,
+                fmt(c.get("ceiling"), 2),
+                str(c.get("canaries")),
+                f"{c.get('guesses')} ({c.get('correct')})",
+                read,
+                "; ".join(gate.get("reasons") or []) or "-",
+            ]
+        )
+    return rows
 
 
 def _threat_of(a: Mapping[str, Any]) -> str:
@@ -484,11 +546,11 @@ def format_matrix(audit: Mapping[str, Any]) -> str:
                 if leak and cell.get("metric") not in leak:
                     short += f":{leak[0]}"
                 canary = rs.canary_text(cell.get("canary")) or ""
+                ok = canary.startswith("DP claim consistent") and not cell.get("dp_violation")
                 row.append(
                     f"{fmt(cell.get('advantage'))} {short}"
-                    + (" DP-VIOLATION" if cell.get("dp_violation") else "")
-                    + (" DP-ok" if canary.startswith("DP claim consistent") else "")
-                    + (" DP-VIOLATED" if canary.startswith("DP claim violated") else "")
+                    + (" DP-VIOLATED" if cell.get("dp_violation") or canary.startswith("DP claim violated") else "")
+                    + (" DP-ok" if ok else "")
                 )
         rows.append(row)
     utility = rs.audit_utility(audit)
@@ -499,10 +561,63 @@ def format_matrix(audit: Mapping[str, Any]) -> str:
         noise = " (noise)" if cell is not None and cell.get("utility_cost_within_noise") else ""
         urow.append("-" if cell is None else fmt(cell.get("utility_cost"), 4) + noise)
     rows.append(urow)
-    lines = [f"threat: {printable(v.get('sentence', ''))}" for v in audit.get("threat_verdicts") or []]
-    lines += [f"verdict: {printable(v.get('sentence', ''))}" for v in audit.get("verdicts") or []]
+    lines = [_short(f"threat: {printable(v.get('sentence', ''))}") for v in audit.get("threat_verdicts") or []]
+    lines += [verdict_lines(audit, v)[0] for v in audit.get("verdicts") or []]
     lines.append(plain_table(header, rows, left=1))
+    lines.append("(statistical detail and canary audits: audit.html / audit.json)")
     return "\n".join(lines)
+
+
+#: the longest line an audit row prints in the terminal
+ROW_CHARS = 100
+
+
+def _short(text: str, limit: int = ROW_CHARS) -> str:
+    """``text`` on one line of at most ``limit`` characters (cut at a word, "…" when cut)."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1].rsplit(" ", 1)[0].rstrip(",;:(")
+    if len(cut) < limit // 2:  # one very long word: cut inside it
+        cut = text[: limit - 1]
+    return cut + "…"
+
+
+def verdict_lines(audit: Mapping[str, Any], v: Mapping[str, Any]) -> tuple[str, str]:
+    """(plain first line of at most :data:`ROW_CHARS` characters, the statistical detail) of one
+    attack verdict of an audit: the terminal prints the first, the report both.
+
+    Switch point: when :mod:`privaudit.results` provides the two layers of an attack verdict
+    (plain line, detail line), return its plain line here (cut with :func:`_short`) instead of
+    :func:`_plain_verdict`; the detail stays the verdict's ``sentence``."""
+    return _short(printable("verdict: " + _plain_verdict(audit, v))), printable(str(v.get("sentence", "")))
+
+
+def _plain_verdict(audit: Mapping[str, Any], v: Mapping[str, Any]) -> str:
+    """An attack verdict in plain words from its fields (no interval, test or family names); a
+    violated DP claim first, so that the cut to :data:`ROW_CHARS` never hides it."""
+    name = f"{v.get('attack', '?')} ({v.get('metric', '?')})"
+    cells = [c for c in audit.get("matrix") or [] if c.get("attack") == v.get("attack")]
+    base = next((c for c in cells if c.get("defense") is None), {})
+    violated = [str(c["defense"]) for c in cells if c.get("dp_violation")]
+    lead = f"{name}: DP claim violated: {', '.join(violated)}; " if violated else f"{name}: "
+    if base.get("verdict") == "not applicable":
+        return lead + "does not apply here"
+    if v.get("defense") is None and base.get("verdict") in ("attack below prior", "no evidence of leakage"):
+        return lead + "finds nothing even without a defense, so it tests no defense"
+    undefended = {
+        "leaks": "leaks",
+        "inconclusive": "inconclusive undefended",
+    }.get(str(base.get("verdict")), f"undefended: {base.get('verdict', 'no result')}")
+    if v.get("defense") is not None and v.get("strength") is not None:
+        d = next((x for x in audit.get("defenses") or [] if x["name"] == v["defense"]), {})
+        strength = f" at {d.get('strength')} {fmt_value(v['strength'])} or stronger" if d.get("strength") else ""
+        cost = v.get("utility_cost")
+        costs = (
+            f", {v.get('utility_metric')} cost {fmt(cost, 3)}" if cost is not None and v.get("utility_metric") else ""
+        )
+        return lead + f"stopped by {v['defense']}{strength}{costs}"
+    return lead + f"{undefended}; no tested defense is shown to stop it"
 
 
 def write_audit_report(audit: Mapping[str, Any], out: Path, plan_toml: str | None = None) -> Path:
