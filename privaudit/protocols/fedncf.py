@@ -453,6 +453,13 @@ class FedNCF(Protocol):
     #: (user ids, (len, Dtot) initial vectors) of canary clients, set only by privaudit.canary
     user_vectors: tuple[np.ndarray, np.ndarray] | None = None
 
+    @classmethod
+    def release_count(cls, config: Mapping[str, Any]) -> int | None:
+        """None: how many rounds a client takes part in depends on the cohort draws and on when
+        the run stops, not on the config alone; the accounting counts the recorded rounds
+        (``record_rounds = -1`` records them all)."""
+        return None
+
     def simulate(self, setup: RunSetup) -> RunResult:
         """The run's steps under :meth:`run` (torch present, one thread)."""
         run = self._prepare(setup)
