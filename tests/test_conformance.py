@@ -1,0 +1,194 @@
+"""``privaudit.testing``: every built-in protocol, simulated-protocol attack and defense passes the
+conformance suite on tiny runs, and the suite fails classes that break its rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from privaudit import registry, testing
+from privaudit.attacks.base import Attack
+from privaudit.data import synthetic
+from privaudit.results import MetricSpec
+
+KEY = {"key_length": 256, "insecure_test_key": True}  # PrivMVMF's Paillier key: breakable, tests only
+NCF_DEVIATION = {"clients_per_round": 4, "global_rounds": 0, "deviation_rounds": 2}
+#: tiny configs of the simulated protocols (the recorded "flower" protocol has no simulation)
+CONFIGS = {
+    "fedmvmf": {"epochs": 3},
+    "privmvmf": {"epochs": 2},
+    "fedrec": {"T": 3},
+    "fedsplit": {"n_iter": 5, "server_max_iter": 20},
+    "fedproto": {"max_iter": 20},
+    "fedncf": {"max_rounds": 1},
+}
+#: attack -> (protocol, config of its run)
+ATTACKS = {
+    "mvmf-analytic": ("fedmvmf", CONFIGS["fedmvmf"]),
+    "mvmf-nonlinear": ("fedmvmf", CONFIGS["fedmvmf"]),
+    "mvmf-aggregate": ("fedmvmf", CONFIGS["fedmvmf"]),
+    "fedrec-rated-items": ("fedrec", CONFIGS["fedrec"]),
+    "fedsplit-inference": ("fedsplit", CONFIGS["fedsplit"]),
+    "proto-membership": ("fedproto", CONFIGS["fedproto"]),
+    "ncf-update-leak": ("fedncf", CONFIGS["fedncf"]),
+    "ncf-interaction-inference": ("fedncf", CONFIGS["fedncf"]),
+    "ncf-kanon-linking": ("fedncf", {"max_rounds": 2, "selection": "adversarial"}),
+    "ncf-active-saturation": ("fedncf", {"server": "saturate", **NCF_DEVIATION}),
+    "ncf-model-inconsistency": ("fedncf", {"server": "inconsistent", **NCF_DEVIATION}),
+    "ncf-sybil-isolation": ("fedncf", {"server": "sybil", **NCF_DEVIATION}),
+    "privmvmf-isolated-decryption": ("privmvmf", {"epochs": 2, "server": "isolate"}),
+}
+#: defense -> (protocol, whether every default_grid value runs; False: the defaults once)
+DEFENSES = {
+    "dp-gaussian": ("fedmvmf", True),
+    "dp-laplace": ("fedmvmf", True),
+    "gaussian": ("fedmvmf", False),
+    "laplace": ("fedmvmf", False),
+    "sampling": ("fedmvmf", True),
+    "secagg": ("fedmvmf", False),
+    "paillier": ("privmvmf", False),
+    "dp-prototypes": ("fedproto", False),
+    "dp-sgd": ("fedncf", False),
+    "ldp-interactions": ("fedncf", False),
+    "feature-bounds": ("fedncf", False),
+    "verified-cohort": ("fedncf", False),
+    "model-consistency": ("fedncf", False),
+}
+#: built-in attacks of recorded (Flower) transcripts: checked on recorded runs in test_flower*.py
+RECORDED_ONLY = {
+    "flower-model-inconsistency",
+    "generic-attribute-inference",
+    "generic-interaction-inference",
+    "generic-mf-ratings",
+    "generic-mf-ratings-estimated",
+    "generic-trained-items",
+}
+
+
+def _defenses(protocol: str) -> list:
+    return [registry.get("defense", "paillier")(**KEY)] if protocol == "privmvmf" else []
+
+
+def test_the_tables_cover_every_built_in_class():
+    """A new built-in class must be added here (or to RECORDED_ONLY, with its reason)."""
+    builtin = {
+        k: {n for n, c in registry.available(k).items() if c.__module__.startswith("privaudit.")}
+        for k in registry.KINDS
+    }
+    assert builtin["protocol"] == set(CONFIGS) | {"flower"}
+    assert builtin["attack"] == set(ATTACKS) | RECORDED_ONLY
+    assert builtin["defense"] == set(DEFENSES)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_builtin_protocol_conforms(name):
+    t = testing.check_protocol(registry.get("protocol", name), config=CONFIGS[name], defenses=_defenses(name))
+    assert t.protocol == name and t.messages
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_builtin_attack_conforms(name):
+    protocol, config = ATTACKS[name]
+    out = testing.check_attack(
+        registry.get("attack", name), protocol=protocol, config=config, defenses=_defenses(protocol)
+    )
+    assert out.reconstruction.supported and out.victims is not None  # every built-in gives per-victim scores
+
+
+@pytest.mark.parametrize("name", sorted(DEFENSES))
+def test_builtin_defense_conforms(name):
+    protocol, grid = DEFENSES[name]
+    params = KEY if name == "paillier" else None
+    t = testing.check_defense(
+        registry.get("defense", name), protocol=protocol, config=CONFIGS[protocol], params=params, grid=grid
+    )
+    assert name in {d["name"] for d in t.config["defenses"]}
+
+
+def test_null_transcript_deranges_private_data():
+    ds = synthetic(n_users=12, n_items=30, min_ratings=4, seed=1)
+    t = registry.get("protocol", "fedmvmf")().run(ds, {"epochs": 2}, [], 0).transcript
+    null = testing.null_transcript(t)
+    clients = t.clients()
+    moved = [not np.array_equal(t.private(c)["items"], null.private(c)["items"]) for c in clients]
+    assert all(moved)  # every client scored against another client's data
+    assert len(null.messages) == len(t.messages)
+    assert all(
+        a.sender == b.sender and np.array_equal(a.payload["values"], b.payload["values"])
+        for a, b in zip(t.select("grad_V"), null.select("grad_V"))
+    )  # the uploads are kept
+
+
+class _Cheat(Attack):
+    """Reads the victims' truth from the full transcript (prior_knowledge), so it 'leaks' on any view."""
+
+    description = "a broken attack for the null smoke test"
+    primary_metric = "accuracy"
+    protocols = ("fedmvmf",)
+    requires = ("grad_V",)
+    metric_specs = {"accuracy": MetricSpec(True, True, "fraction", "share of rated items found")}
+
+    def applicable(self, view):
+        return super().applicable(view)
+
+    def prior_knowledge(self, transcript, rng):
+        return {"truth": {c: transcript.private(c)["items"] for c in transcript.clients()}}
+
+    def run(self, view, knowledge, rng):
+        from privaudit.attacks.base import Reconstruction
+
+        return Reconstruction("cheat", "server", {c: {"items": i} for c, i in knowledge["truth"].items()})
+
+    def _table(self, recon, transcript):
+        from privaudit.results import VictimTable
+
+        victims = sorted(recon.victims)
+        hit = [float(np.isin(transcript.private(v)["items"], recon.victims[v]["items"]).sum()) for v in victims]
+        weight = [float(transcript.private(v)["items"].size) for v in victims]
+        rng = np.random.default_rng(0)
+        prior = [float((rng.random(int(w)) < 0.15).sum()) for w in weight]
+        return VictimTable(victims, {"accuracy": weight}, {"accuracy": hit}, {"accuracy": prior})
+
+    def score(self, recon, transcript):
+        return {"accuracy": self._table(recon, transcript).value("accuracy")}
+
+    def baseline(self, transcript):
+        return {"accuracy": 0.15}
+
+    def prior_baseline(self, transcript, knowledge):
+        recon = self.run(None, self.prior_knowledge(transcript, None), None)
+        return {"accuracy": self._table(recon, transcript).value("accuracy", "prior")}
+
+    def victim_table(self, recon, transcript, knowledge):
+        return self._table(recon, transcript)
+
+
+class _BadTable(_Cheat):
+    """Its victim table disagrees with its score."""
+
+    def score(self, recon, transcript):
+        return {"accuracy": 0.5}
+
+
+@pytest.fixture
+def cheats():
+    registry.available("attack")
+    for cls in (_Cheat, _BadTable):
+        registry.adopt("attack", cls.__name__.lower(), cls)
+    yield
+    for cls in (_Cheat, _BadTable):
+        registry.unregister("attack", cls.__name__.lower())
+
+
+def test_the_suite_fails_what_breaks_its_rules(cheats):
+    ds = synthetic(n_users=30, n_items=40, min_ratings=5, seed=2)
+    with pytest.raises(testing.ConformanceError, match=r"_BadTable \(victim table\): attack 'accuracy'"):
+        testing.check_attack(_BadTable, protocol="fedmvmf", config={"epochs": 2}, dataset=ds, null=False)
+    with pytest.raises(testing.ConformanceError, match=r"_Cheat \(null calibration\).*would read 'leaks'"):
+        testing.check_attack(_Cheat, protocol="fedmvmf", config={"epochs": 2}, dataset=ds)
+
+    class Unregistered(_Cheat):
+        pass
+
+    with pytest.raises(testing.ConformanceError, match=r"Unregistered \(registered\): not registered"):
+        testing.check_attack(Unregistered, protocol="fedmvmf", config={"epochs": 2}, dataset=ds)
