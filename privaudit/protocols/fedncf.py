@@ -455,10 +455,20 @@ class FedNCF(Protocol):
 
     @classmethod
     def release_count(cls, config: Mapping[str, Any]) -> int | None:
-        """None: how many rounds a client takes part in depends on the cohort draws and on when
-        the run stops, not on the config alone; the accounting counts the recorded rounds
-        (``record_rounds = -1`` records them all)."""
-        return None
+        """The most aggregation rounds one client can take part in: one per global round (the
+        cohorts of a global round partition the clients), two per manipulated round pair under
+        adversarial selection, one per deviation round of a malicious server; at most
+        ``max_rounds`` when set. None when the config lacks these keys."""
+        try:
+            count = int(config["global_rounds"])
+            if config.get("selection", "random") == "adversarial":
+                count += 2 * int(config["manipulated_rounds"])
+            if config.get("server", "honest") != "honest":
+                count += int(config["deviation_rounds"])
+            limit = int(config.get("max_rounds", -1))
+        except (KeyError, TypeError, ValueError):
+            return None
+        return min(count, limit) if limit >= 0 else count
 
     def simulate(self, setup: RunSetup) -> RunResult:
         """The run's steps under :meth:`run` (torch present, one thread)."""
