@@ -192,3 +192,31 @@ def test_the_suite_fails_what_breaks_its_rules(cheats):
 
     with pytest.raises(testing.ConformanceError, match=r"Unregistered \(registered\): not registered"):
         testing.check_attack(Unregistered, protocol="fedmvmf", config={"epochs": 2}, dataset=ds)
+
+
+@pytest.fixture
+def example_plugin(monkeypatch):
+    """The shipped example, registered under its entry-point names through the registry API."""
+    import importlib
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "examples" / "privaudit-plugin-example" / "src"
+    monkeypatch.syspath_prepend(str(src))
+    module = importlib.import_module("privaudit_plugin_example")
+    names = {("protocol", "item-means"): module.ItemMeans, ("attack", "uploaded-items"): module.UploadedItems}
+    names[("defense", "quantize")] = module.Quantize
+    registry.available("protocol")
+    for (kind, name), cls in names.items():
+        registry.adopt(kind, name, cls)
+    try:
+        yield module
+    finally:
+        for kind, name in names:
+            registry.unregister(kind, name)
+
+
+def test_the_shipped_plugin_example_conforms(example_plugin):
+    testing.check_protocol(example_plugin.ItemMeans)
+    out = testing.check_attack(example_plugin.UploadedItems, protocol="item-means")
+    assert out.metrics["accuracy"] == 1.0 and out.victims.value("accuracy") == 1.0
+    testing.check_defense(example_plugin.Quantize, protocol="item-means")
