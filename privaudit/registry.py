@@ -227,6 +227,7 @@ def summary(kind: str, cls: Any) -> dict[str, Any]:
             "applies to": ", ".join(applies) if applies else "any protocol",
             "acts on": ", ".join(f"{k}.{f}" for k, f in cls.acts_on) or "no declared payload (joins no audit)",
             "capabilities": ", ".join(sorted(cls.capabilities)) or None,
+            "adds to transcripts": _contribution(getattr(cls, "schema_contribution", None)),
             "privacy claim": cls.privacy_claim,
         }
     return {
@@ -236,3 +237,13 @@ def summary(kind: str, cls: Any) -> dict[str, Any]:
         "facts": {k: v for k, v in facts.items() if v is not None},
         "parameters": describe_parameters(declared_of(cls)),
     }
+
+
+def _contribution(declared: Any) -> str | None:
+    """A defense's schema contribution in words (``privaudit describe``), or None if empty."""
+    if declared is None:
+        return None
+    parts = [f"{m.kind} messages" for m in dict.fromkeys(declared.messages)]
+    parts += [f"{kind}.{field} as {dtype}" for (kind, field), dtype in dict(declared.payload_dtypes).items()]
+    parts += [f"{form} uploads" for form in declared.upload_forms]
+    return ", ".join(dict.fromkeys(parts)) or None
