@@ -54,15 +54,16 @@ DEFENSES = {
     "verified-cohort": ("fedncf", False),
     "model-consistency": ("fedncf", False),
 }
-#: built-in attacks of recorded (Flower) transcripts: checked on recorded runs in test_flower*.py
-RECORDED_ONLY = {
-    "flower-model-inconsistency",
-    "generic-attribute-inference",
-    "generic-interaction-inference",
-    "generic-mf-ratings",
-    "generic-mf-ratings-estimated",
-    "generic-trained-items",
+#: attacks of recorded (Flower) transcripts -> their parameters, checked on a recorded FedAvg MF run
+RECORDED = {
+    "generic-attribute-inference": {},
+    "generic-interaction-inference": {"negatives": 1},
+    "generic-mf-ratings": {},
+    "generic-mf-ratings-estimated": {},
+    "generic-trained-items": {},
 }
+#: needs a malicious recording (inconsistent models); tested on one in tests/test_flower_malicious.py
+RECORDED_ONLY = {"flower-model-inconsistency"}
 
 
 def _defenses(protocol: str) -> list:
@@ -76,7 +77,7 @@ def test_the_tables_cover_every_built_in_class():
         for k in registry.KINDS
     }
     assert builtin["protocol"] == set(CONFIGS) | {"flower"}
-    assert builtin["attack"] == set(ATTACKS) | RECORDED_ONLY
+    assert builtin["attack"] == set(ATTACKS) | set(RECORDED) | RECORDED_ONLY
     assert builtin["defense"] == set(DEFENSES)
 
 
@@ -93,6 +94,20 @@ def test_builtin_attack_conforms(name):
         registry.get("attack", name), protocol=protocol, config=config, defenses=_defenses(protocol)
     )
     assert out.reconstruction.supported and out.victims is not None  # every built-in gives per-victim scores
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A recorded run of the plain FedAvg MF Flower app (12 clients, 2 rounds), as the recorder writes it."""
+    from tests.test_flower_dense import simulate
+
+    return simulate(tmp_path_factory.mktemp("recorded"), clients=12, rounds=2)
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_builtin_recorded_attack_conforms(name, recorded):
+    out = testing.check_attack(registry.get("attack", name), transcript=recorded, params=RECORDED[name])
+    assert out.reconstruction.supported and out.victims is not None
 
 
 @pytest.mark.parametrize("name", sorted(DEFENSES))
