@@ -267,7 +267,7 @@ def check_attack(
     import inspect
 
     from privaudit.attacks.base import Attack
-    from privaudit.results import Decisions, MetricSpec, VictimTable
+    from privaudit.results import Decisions, MetricSpec
 
     _need(isinstance(cls, type) and issubclass(cls, Attack), cls, "interface", "not an Attack subclass")
     _need(not inspect.isabstract(cls), cls, "interface", "abstract methods left unimplemented")
@@ -305,33 +305,43 @@ def check_attack(
         "prior-only baseline",
         f"prior_baseline must return {primary!r} and only metrics score returns",
     )
-    table = outcome.victims
-    if table is not None:
-        _need(isinstance(table, VictimTable), cls, "victim table", "victim_table must return a VictimTable")
-        for m in [*table.attack, *table.harmonic]:
-            for which, ref in (("attack", outcome.metrics), ("prior", outcome.baseline_prior)):
-                if which == "prior" and not all(p in table.prior for p in table.harmonic.get(m, (m,))):
-                    continue
-                got, want = table.value(m, which), float(ref.get(m, math.nan))
-                ok = (math.isnan(got) and math.isnan(want)) or math.isclose(
-                    got, want, rel_tol=TABLE_RTOL, abs_tol=1e-12
-                )
-                _need(ok, cls, "victim table", f"{which} {m!r}: table gives {got!r}, the reported value is {want!r}")
+    _check_victim_table(cls, outcome)
     for key, d in (outcome.decisions or {}).items():
         _need(isinstance(d, Decisions), cls, "decisions", f"{key!r} is not a Decisions")
         _need(bool(np.isfinite(d.scores).all()), cls, "decisions", f"{key!r} holds non-finite scores")
     if null:
-        nt = null_transcript(transcript, seed)
-        null_outcome = cls(**dict(params or {})).evaluate(nt, np.random.default_rng(seed))
-        bound = _advantage_bound(cls, null_outcome) if null_outcome.reconstruction.supported else None
-        _need(
-            bound is None or bound[1] <= 0,
-            cls,
-            "null calibration",
-            f"on a view without information about the victims the advantage of {cls.primary_metric!r} is "
-            f"{bound[0] if bound else 0:.4g} with lower bound {bound[1] if bound else 0:.4g} > 0 (would read 'leaks')",
-        )
+        _check_null(cls, transcript, params, seed)
     return outcome
+
+
+def _check_victim_table(cls: type, outcome: Any) -> None:
+    """The victim table, when given, reproduces the metrics and the prior-only values (ratio of sums)."""
+    from privaudit.results import VictimTable
+
+    table = outcome.victims
+    if table is None:
+        return
+    _need(isinstance(table, VictimTable), cls, "victim table", "victim_table must return a VictimTable")
+    for m in [*table.attack, *table.harmonic]:
+        for which, ref in (("attack", outcome.metrics), ("prior", outcome.baseline_prior)):
+            if which == "prior" and not all(p in table.prior for p in table.harmonic.get(m, (m,))):
+                continue
+            got, want = table.value(m, which), float(ref.get(m, math.nan))
+            ok = (math.isnan(got) and math.isnan(want)) or math.isclose(got, want, rel_tol=TABLE_RTOL, abs_tol=1e-12)
+            _need(ok, cls, "victim table", f"{which} {m!r}: table gives {got!r}, the reported value is {want!r}")
+
+
+def _check_null(cls: type, transcript: Any, params: Mapping[str, Any] | None, seed: int) -> None:
+    """The null calibration smoke test (module docstring)."""
+    outcome = cls(**dict(params or {})).evaluate(null_transcript(transcript, seed), np.random.default_rng(seed))
+    bound = _advantage_bound(cls, outcome) if outcome.reconstruction.supported else None
+    _need(
+        bound is None or bound[1] <= 0,
+        cls,
+        "null calibration",
+        f"on a view without information about the victims the advantage of {cls.primary_metric!r} is "
+        f"{bound[0] if bound else 0:.4g} with lower bound {bound[1] if bound else 0:.4g} > 0 (would read 'leaks')",
+    )
 
 
 def check_defense(
