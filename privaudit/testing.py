@@ -25,8 +25,8 @@ numbers, the declared ``main_utility`` among them; ``release_count`` a non-negat
 (or a given ``transcript``) the attack evaluated on the transcript read back from a file gives
 the same metrics as in memory; the uniform-random and the prior-only baselines give the primary metric
 (the prior-only one no metric score does not); a victim table (:meth:`Attack.victim_table`), when given, reproduces
-the metrics and the prior-only values (ratio of sums); decisions hold finite scores and group
-ids per record; and the null calibration smoke test: on the same transcript with the victims'
+the metrics and the prior-only values (ratio of sums) and is required unless
+``victim_table=False`` (without one every verdict reads "inconclusive"); decision scores are finite; and the null calibration smoke test: on the same transcript with the victims'
 private data deranged among them (their uploads then carry no information about the truth they
 are scored against), the primary metric's advantage over the stronger of the two
 message-free guesses has no lower bound above 0, i.e. would not read "leaks".
@@ -259,11 +259,14 @@ def check_attack(
     params: Mapping[str, Any] | None = None,
     seed: int = 0,
     null: bool = True,
+    victim_table: bool = True,
 ) -> Any:
     """Check an :class:`~privaudit.attacks.base.Attack` subclass against a run of ``protocol``
     (a class or registered name; ``config``/``defenses`` for that run) or against a given
     ``transcript``; returns the attack's outcome on it. ``null=False`` skips the null
-    calibration smoke test (for attacks whose truth is not in per-client ``private`` messages)."""
+    calibration smoke test (for attacks whose truth is not in per-client ``private`` messages);
+    ``victim_table=False`` accepts an attack without per-victim scores (its verdicts then read
+    "inconclusive")."""
     import inspect
 
     from privaudit.attacks.base import Attack
@@ -304,6 +307,12 @@ def check_attack(
         cls,
         "prior-only baseline",
         f"prior_baseline must return {primary!r} and only metrics score returns",
+    )
+    _need(
+        outcome.victims is not None or not victim_table,
+        cls,
+        "victim table",
+        "victim_table returned None, so every verdict on this attack reads 'inconclusive (no per-victim scores)'",
     )
     _check_victim_table(cls, outcome)
     for key, d in (outcome.decisions or {}).items():

@@ -185,13 +185,20 @@ class _BadTable(_Cheat):
         return {"accuracy": 0.5}
 
 
+class _NoTable(_Cheat):
+    """Gives no per-victim scores."""
+
+    def victim_table(self, recon, transcript, knowledge):
+        return None
+
+
 @pytest.fixture
 def cheats():
     registry.available("attack")
-    for cls in (_Cheat, _BadTable):
+    for cls in (_Cheat, _BadTable, _NoTable):
         registry.adopt("attack", cls.__name__.lower(), cls)
     yield
-    for cls in (_Cheat, _BadTable):
+    for cls in (_Cheat, _BadTable, _NoTable):
         registry.unregister("attack", cls.__name__.lower())
 
 
@@ -199,6 +206,9 @@ def test_the_suite_fails_what_breaks_its_rules(cheats):
     ds = synthetic(n_users=30, n_items=40, min_ratings=5, seed=2)
     with pytest.raises(testing.ConformanceError, match=r"_BadTable \(victim table\): attack 'accuracy'"):
         testing.check_attack(_BadTable, protocol="fedmvmf", config={"epochs": 2}, dataset=ds, null=False)
+    with pytest.raises(testing.ConformanceError, match=r"_NoTable \(victim table\).*'inconclusive \(no per-victim"):
+        testing.check_attack(_NoTable, protocol="fedmvmf", config={"epochs": 2}, dataset=ds, null=False)
+    testing.check_attack(_NoTable, protocol="fedmvmf", config={"epochs": 2}, dataset=ds, null=False, victim_table=False)
     with pytest.raises(testing.ConformanceError, match=r"_Cheat \(null calibration\).*would read 'leaks'"):
         testing.check_attack(_Cheat, protocol="fedmvmf", config={"epochs": 2}, dataset=ds)
 
