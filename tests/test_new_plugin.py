@@ -188,6 +188,8 @@ def test_file_path_and_sweep_path_accept_the_defense_and_name_the_culprit(tinyre
         protocol="tinyrec", attack="tinyrec-rated", defenses=["pseudo-seed"], seeds=1
     ).run(data)
     assert swept["points"][0]["attack_metrics"]["accuracy"] == 1.0
+    # the victim table gives the verdict its interval: int8 rows hide no item ids
+    assert "the attack leaks on accuracy (lower bound" in str(swept["verdicts"])
     # the protocol's own uploads must not be int8 without the defense: the error names both parts
     bare = tinyrec.TinyRec().run(data, {}, [], 0).transcript
     m = bare.select("grad_V")[0]
