@@ -381,8 +381,7 @@ def _execute(run: _Run, dataset: Any, keep: dict | None = None, shared: Any = No
         out["plan"] = dict(run.plan)
     task.names = [run.protocol_name, "", run.defense_name or ""]  # resolved in the main process
     for attack_name, attack_cls in run.attacks:
-        if not getattr(attack_cls, "name", ""):
-            attack_cls.name = attack_name  # a class re-imported in a worker process
+        registry.adopt("attack", attack_name, attack_cls)  # a class re-imported in a worker process
     try:
         if shared is not None:
             result, defenses = _shared_run(run, shared)

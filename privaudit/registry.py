@@ -7,6 +7,11 @@ built-in. Third-party packages add theirs through entry points in the groups
 ``privaudit.protocols``, ``privaudit.attacks`` and ``privaudit.defenses``; each entry point
 names a class, registered under the entry point's name.
 
+Registering never changes a class: the name a class answers to (``cls.name`` on the base
+classes, :class:`RegisteredName`) is looked up here, so a plugin class need not spell its own
+name and a class re-imported in a worker process is named once it is registered there
+(:func:`adopt`).
+
 Modules that need optional dependencies (torch, opacus) must import them lazily, inside the
 functions that use them, so that registration never requires an extra.
 """
@@ -26,6 +31,8 @@ _PACKAGES = {"protocol": "privaudit.protocols", "attack": "privaudit.attacks", "
 _GROUPS = {"protocol": "privaudit.protocols", "attack": "privaudit.attacks", "defense": "privaudit.defenses"}
 
 _REGISTRY: dict[str, dict[str, type]] = {kind: {} for kind in KINDS}
+#: the reverse index of _REGISTRY: class -> the name it is registered under
+_NAMES: dict[type, str] = {}
 _LOADED = {"builtins": False, "plugins": False}
 _PLUGIN_ERRORS: list[str] = []
 
@@ -34,17 +41,50 @@ T = TypeVar("T", bound=type)
 
 def _register(kind: str, name: str | None = None) -> Callable[[T], T]:
     def decorator(cls: T) -> T:
-        key = name or getattr(cls, "name", None)
+        own = cls.__dict__.get("name")
+        own = own if isinstance(own, str) and own else None
+        key = name or own
         if not key:
             raise TypeError(f"{cls.__name__} needs a 'name' to be registered as a {kind}")
+        if own is not None and own != key:
+            raise ValueError(f"{cls.__name__} declares name {own!r} but is registered as {kind} {key!r}")
         existing = _REGISTRY[kind].get(key)
         if existing is not None and existing is not cls:
             raise ValueError(f"{kind} {key!r} is registered twice ({existing.__module__} and {cls.__module__})")
-        cls.name = key
+        previous = _NAMES.get(cls)
+        if previous is not None and previous != key:
+            raise ValueError(f"{cls.__name__} is registered as {previous!r} already, not also as {key!r}")
         _REGISTRY[kind][key] = cls
+        _NAMES[cls] = key
         return cls
 
     return decorator
+
+
+def adopt(kind: str, name: str, cls: type) -> None:
+    """Register ``cls`` as ``name`` unless it is already (a worker process that received a class
+    registered in the main process, e.g. by a test, names it the same way)."""
+    if name and _REGISTRY[kind].get(name) is not cls:
+        _register(kind, name)(cls)
+
+
+def name_of(cls: type) -> str:
+    """The name ``cls`` (or its nearest registered base class) is registered under; ``""`` when
+    none is. What ``cls.name`` answers on the base classes (:class:`RegisteredName`)."""
+    for klass in cls.__mro__:
+        key = _NAMES.get(klass)
+        if key is not None:
+            return key
+    return ""
+
+
+class RegisteredName:
+    """Descriptor of ``name`` on the Protocol/Attack/Defense base classes: the registered name of
+    the class (:func:`name_of`), read-only for the class; a subclass may still declare
+    ``name = "..."`` itself (then it must be registered under that name)."""
+
+    def __get__(self, obj: Any, owner: type) -> str:
+        return name_of(owner)
 
 
 def register_protocol(name: str | None = None):
@@ -67,7 +107,10 @@ def unregister(kind: str, name: str) -> type | None:
     the class removed, or None."""
     if kind not in _REGISTRY:
         raise ValueError(f"unknown registry kind {kind!r}")
-    return _REGISTRY[kind].pop(name, None)
+    cls = _REGISTRY[kind].pop(name, None)
+    if cls is not None and _NAMES.get(cls) == name:
+        del _NAMES[cls]
+    return cls
 
 
 def _load_builtins() -> None:
@@ -184,6 +227,7 @@ def summary(kind: str, cls: Any) -> dict[str, Any]:
             "applies to": ", ".join(applies) if applies else "any protocol",
             "acts on": ", ".join(f"{k}.{f}" for k, f in cls.acts_on) or "no declared payload (joins no audit)",
             "capabilities": ", ".join(sorted(cls.capabilities)) or None,
+            "adds to transcripts": _contribution(getattr(cls, "schema_contribution", None)),
             "privacy claim": cls.privacy_claim,
         }
     return {
@@ -193,3 +237,13 @@ def summary(kind: str, cls: Any) -> dict[str, Any]:
         "facts": {k: v for k, v in facts.items() if v is not None},
         "parameters": describe_parameters(declared_of(cls)),
     }
+
+
+def _contribution(declared: Any) -> str | None:
+    """A defense's schema contribution in words (``privaudit describe``), or None if empty."""
+    if declared is None:
+        return None
+    parts = [f"{m.kind} messages" for m in dict.fromkeys(declared.messages)]
+    parts += [f"{kind}.{field} as {dtype}" for (kind, field), dtype in dict(declared.payload_dtypes).items()]
+    parts += [f"{form} uploads" for form in declared.upload_forms]
+    return ", ".join(dict.fromkeys(parts)) or None

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from privaudit import registry, schema
+from privaudit.defenses import accounting
 from privaudit.errors import PrivauditError
 from privaudit.results import floats, point_bootstrap
 from privaudit.transcript import is_client
@@ -147,10 +149,10 @@ class Task:
             self.names = [getattr(c, "name", "") or "" for c in self._classes()]
 
     def restore_names(self) -> None:
-        """Give classes re-imported in a worker process their registered names back."""
-        for cls, name in zip(self._classes(), self.names):
-            if name and not getattr(cls, "name", ""):
-                cls.name = name
+        """Register classes re-imported in a worker process under their names (no class is changed)."""
+        kinds = ["protocol", "attack"] + ["defense"] * len(self.defense_specs)
+        for kind, cls, name in zip(kinds, self._classes(), self.names):
+            registry.adopt(kind, name, cls)
 
 
 def run_protocol(task: Task, dataset: Any) -> tuple[Any, list[Any], float]:
@@ -163,7 +165,10 @@ def run_protocol(task: Task, dataset: Any) -> tuple[Any, list[Any], float]:
     # common random numbers: the protocol (and the defenses' noise) draw from the seed alone
     result = task.protocol_cls().run(dataset, dict(task.config), defenses, int(task.seed))
     result.transcript.seed = task.seed
-    return result, defenses, time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    # the check a transcript file gets (privaudit.schema), composed with the defenses' declarations
+    schema.validate(result.transcript)
+    return result, defenses, seconds
 
 
 def evaluate_attack(
@@ -241,27 +246,25 @@ def decision_epsilons(decisions: Mapping[str, Any], claimed: Sequence[Mapping[st
 
 def defense_privacy(defenses: Sequence[Any], transcript: Any, names: Sequence[str] | None = None) -> dict[str, Any]:
     """``privacy_spent`` of every defense that reports one, for the rounds a client took part in:
-    the most distinct rounds any client uploaded in the transcript, or the protocol's public
-    ``epochs``/``rounds``/``global_rounds``/``n_rounds`` when larger (rounds run but not
-    recorded). Keyed by ``names`` when given (the registered names). Numbers become floats;
-    strings (``unit``, ``accountant``) are kept."""
+    the release count the transcript's protocol declares (``Protocol.release_count``, rounds run
+    whether recorded or not), or, when it declares none, the most distinct rounds any client
+    uploaded in the transcript; ``rounds_source`` says which (``"protocol"``/``"recorded"``).
+    Keyed by ``names`` when given (the registered names). Numbers become floats; strings
+    (``unit``, ``accountant``) are kept."""
     rounds_by_client: dict[str, set[int]] = {}
     for m in transcript.messages:
         if m.sender != m.receiver and is_client(m.sender):
             rounds_by_client.setdefault(m.sender, set()).add(m.round)
     rounds = max((len(r) for r in rounds_by_client.values()), default=0)
-    # protocols record only some rounds (e.g. fedmvmf's record_rounds): count the rounds run
-    for key in ("epochs", "rounds", "global_rounds", "n_rounds"):
-        value = (transcript.config or {}).get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > rounds:
-            rounds = value
-            break
+    declared = accounting.declared_releases(transcript.protocol, transcript.config)
+    source = "recorded" if declared is None else "protocol"
+    rounds = rounds if declared is None else max(rounds, declared)
     out: dict[str, Any] = {}
     for k, d in enumerate(defenses):
         spent = d.privacy_spent(rounds)
         if spent:
             name = names[k] if names is not None and k < len(names) and names[k] else d.name
-            entry: dict[str, Any] = {"rounds": rounds}
+            entry: dict[str, Any] = {"rounds": rounds, "rounds_source": source}
             for key, v in spent.items():
                 entry[key] = v if isinstance(v, str) else float(v)
             out[name] = entry

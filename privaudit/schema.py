@@ -14,10 +14,14 @@ or, when the schema does not define it, bound by its first use and then equal in
 ``("@r",)`` for ``items`` and ``("@r", "K")`` for ``values`` means one row per item), or
 ``None`` (any length).
 
-Defenses that replace payloads are admitted only when the transcript's config lists them:
-``secagg`` uploads (meta ``masked``) hold unsigned ring elements instead of floats, ``paillier``
-uploads (meta ``encrypted``) hold ``uint8`` ciphertexts and keep their ids, and paillier adds the
-key, ciphertext-sum and plaintext-sum kinds declared in :data:`DEFENSE_MESSAGES`.
+A defense declares what it adds to the transcripts of the protocols it runs on as a
+:class:`DefenseSchema` (``Defense.schema_contribution``): extra message kinds with their payload
+schemas, payload dtypes it may turn an upload field into (``int8`` quantized rows), and the
+upload forms it produces (meta ``masked``: unsigned ring elements instead of floats, as
+``secagg``; meta ``encrypted``: ``uint8`` ciphertexts with the ids kept, as ``paillier``).
+:func:`validate` composes the protocol's schema with the declarations of the defenses the
+transcript's config lists, and an error names the component whose declaration the message
+breaks (``protocol 'fedmvmf'`` or ``defense 'paillier'``).
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ from typing import Any
 import numpy as np
 
 from privaudit._escape import printable
-from privaudit.errors import TranscriptError
+from privaudit.errors import PrivauditError, TranscriptError
 
 __all__ = [
     "ANY",
-    "DEFENSE_MESSAGES",
+    "MASKED",
+    "ENCRYPTED",
+    "UPLOAD_FORMS",
+    "DefenseSchema",
     "GRAD_ROWS",
     "GROUP_PRIVATE",
     "ITEMS",
@@ -55,7 +62,10 @@ _DTYPES = {
     "uint": "u",
     "uint8": "u",
     "bool": "b",
+    "int8": "i",
 }
+#: dtype classes that fix the item size too (bytes)
+_ITEMSIZE = {"uint8": 1, "int8": 1}
 
 
 @dataclass(frozen=True)
@@ -66,8 +76,9 @@ class PayloadField:
     ----------
     name : str
         Payload key.
-    dtype : {"int", "float", "number", "uint", "uint8", "bool"}
-        Allowed dtype class (``uint8``: exactly unsigned 8-bit, e.g. Paillier ciphertext bytes).
+    dtype : {"int", "float", "number", "uint", "uint8", "int8", "bool"}
+        Allowed dtype class (``uint8``: exactly unsigned 8-bit, e.g. Paillier ciphertext bytes;
+        ``int8``: exactly signed 8-bit, e.g. quantized rows).
     shape : tuple
         One entry per axis: int, dimension name, ``@name`` (per message) or None (any).
     ids : str or None
@@ -133,47 +144,47 @@ class ProtocolSchema:
     messages: tuple[MessageSchema, ...] = ()
 
 
-# Kinds the paillier defense adds (key distribution, sums sent to and from the decryptors) and
-# the key holder's private key material.
-DEFENSE_MESSAGES: dict[str, tuple[MessageSchema, ...]] = {
-    "paillier": (
-        MessageSchema(
-            "private",
-            "client",
-            "self",
-            (PayloadField("paillier_p", "uint8", (None,)), PayloadField("paillier_q", "uint8", (None,))),
-        ),
-        MessageSchema(
-            "public_key",
-            "client",
-            "server",
-            # djn_base: the Damgard-Jurik-Nielsen obfuscator's public base h_s (obfuscation=djn)
-            (PayloadField("n", "uint8", (None,)), PayloadField("djn_base", "uint8", (None,), optional=True)),
-        ),
-        MessageSchema("secret_key", "client", "decryptor"),
-        MessageSchema(
-            "ciphertext_sum",
-            "server",
-            "decryptor",
-            (
-                PayloadField("ciphertexts", "uint8", (None, None, None)),
-                PayloadField("items", "int", ("@r",), ids="m", unique=True, optional=True),
-                PayloadField("index", "int", (None,), optional=True),
-            ),
-        ),
-        MessageSchema(
-            "plaintext_sum",
-            "decryptor",
-            "server",
-            (
-                PayloadField("values", "float", (None, None)),
-                PayloadField("items", "int", ("@r",), ids="m", unique=True, optional=True),
-                PayloadField("counts", "int", ("@r",), optional=True),
-                PayloadField("index", "int", (None,), optional=True),
-            ),
-        ),
-    ),
-}
+#: Upload form of a defense whose uploads hold unsigned ring elements (meta ``masked``).
+MASKED = "masked"
+#: Upload form of a defense whose uploads hold ``uint8`` ciphertexts, ids kept (meta ``encrypted``).
+ENCRYPTED = "encrypted"
+UPLOAD_FORMS = (MASKED, ENCRYPTED)
+
+
+@dataclass(frozen=True)
+class DefenseSchema:
+    """What a defense adds to the transcripts of the protocols it runs on.
+
+    Parameters
+    ----------
+    messages : tuple of MessageSchema
+        Message kinds the defense itself records (key distribution, sums sent to decryptors),
+        or further role pairs / payloads of a protocol kind.
+    payload_dtypes : mapping
+        ``(message kind, payload field) -> dtype class`` (:class:`PayloadField` dtypes): the
+        defense may send that upload field in this dtype instead of the protocol's (e.g.
+        ``{("*", "values"): "int8"}`` for quantized rows); ``"*"`` (:data:`ANY`) for every
+        upload kind. Shape, ids and ranges stay those of the protocol's field.
+    upload_forms : tuple of str
+        :data:`MASKED` and/or :data:`ENCRYPTED`: uploads whose meta carries that flag are
+        checked in that form (ring elements; ciphertext bytes with ids in the clear).
+    """
+
+    messages: tuple[MessageSchema, ...] = ()
+    payload_dtypes: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    upload_forms: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.upload_forms if f not in UPLOAD_FORMS]
+        if unknown:
+            raise TypeError(f"unknown upload form {unknown[0]!r} (known: {', '.join(UPLOAD_FORMS)})")
+        for (kind, name), dtype in dict(self.payload_dtypes).items():
+            if dtype not in _DTYPES:
+                raise TypeError(f"payload dtype {dtype!r} of {kind}.{name} is not one of {', '.join(_DTYPES)}")
+        for m in self.messages:
+            for f in m.fields:
+                if f.dtype not in _DTYPES:
+                    raise TypeError(f"{m.kind}.{f.name}: dtype {f.dtype!r} is not one of {', '.join(_DTYPES)}")
 
 
 #: Wildcard of a payload declaration (``Defense.acts_on``): every upload kind, or every field.
@@ -226,6 +237,24 @@ def _defense_names(config: Mapping) -> set[str]:
     return names
 
 
+def defense_schemas(config: Mapping) -> dict[str, DefenseSchema]:
+    """The :class:`DefenseSchema` declared by every registered defense that ``config`` (a
+    transcript's public config) lists, by name; a name no registered defense has contributes
+    nothing (the transcript's messages then have to fit the protocol's schema alone)."""
+    from privaudit import registry
+
+    out: dict[str, DefenseSchema] = {}
+    for name in sorted(_defense_names(config)):
+        try:
+            cls = registry.get("defense", name)
+        except PrivauditError:
+            continue
+        declared = getattr(cls, "schema_contribution", None)
+        if isinstance(declared, DefenseSchema):
+            out[name] = declared
+    return out
+
+
 def _resolve_dims(schema: ProtocolSchema, config: Mapping, dataset: Mapping, protocol: str) -> dict[str, int]:
     for key in schema.config_keys:
         if key not in config:
@@ -254,22 +283,33 @@ def _bound(value: Any, config: Mapping, what: str) -> float:
 
 
 class _Checker:
-    def __init__(self, schema: ProtocolSchema, transcript: Any):
+    def __init__(self, schema: ProtocolSchema, transcript: Any, defenses: Mapping[str, DefenseSchema] | None = None):
         self.protocol = transcript.protocol
         self.config = transcript.config
         self.dims = _resolve_dims(schema, transcript.config, transcript.dataset, transcript.protocol)
         self.free: dict[str, tuple[int, str]] = {}  # transcript-wide dimensions bound by first use
-        defenses = _defense_names(transcript.config)
-        self.masked_ok = "secagg" in defenses
-        self.encrypted_ok = "paillier" in defenses
-        entries = list(schema.messages)
-        for name in sorted(defenses):
-            entries += DEFENSE_MESSAGES.get(name, ())
-        self.by_kind: dict[str, list[MessageSchema]] = {}
-        for e in entries:
-            self.by_kind.setdefault(e.kind, []).append(e)
+        self.listed = sorted(_defense_names(transcript.config))
+        declared = defense_schemas(transcript.config) if defenses is None else dict(defenses)
+        self.forms: dict[str, list[str]] = {form: [] for form in UPLOAD_FORMS}
+        #: (kind or ANY, field) -> [(dtype class, defense name)] a defense may send instead
+        self.alt_dtypes: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        self.by_kind: dict[str, list[tuple[MessageSchema, str]]] = {}
+        for e in schema.messages:
+            self.by_kind.setdefault(e.kind, []).append((e, f"protocol {self.protocol!r}"))
+        for name, d in sorted(declared.items()):
+            for e in d.messages:
+                self.by_kind.setdefault(e.kind, []).append((e, f"defense {name!r}"))
+            for form in d.upload_forms:
+                self.forms[form].append(name)
+            for key, dtype in dict(d.payload_dtypes).items():
+                self.alt_dtypes.setdefault(tuple(key), []).append((dtype, name))
         self.required = {e.kind for e in schema.messages if e.required}
         self.parties = set(transcript.parties)
+
+    def _alternates(self, e: MessageSchema, name: str) -> list[tuple[str, str]]:
+        if not e.upload:
+            return []
+        return self.alt_dtypes.get((e.kind, name), []) + self.alt_dtypes.get((ANY, name), [])
 
     # -------------------------------------------------------------------------------------
     def _dim(self, entry: Any, local: dict[str, int], length: int, where: str, axis: int) -> None:
@@ -289,12 +329,12 @@ class _Checker:
         if expected != length:
             raise _fail(f"{where}: axis {axis} has length {length}, expected {entry} = {expected}")
 
-    def _field(self, f: PayloadField, arr: Any, local: dict[str, int], where: str) -> None:
+    def _field(self, f: PayloadField, arr: Any, local: dict[str, int], where: str, alternates: Sequence = ()) -> None:
         if not isinstance(arr, np.ndarray):
             raise _fail(f"{where}: not an array")
-        kinds = _DTYPES[f.dtype]
-        if arr.dtype.kind not in kinds or (f.dtype == "uint8" and arr.dtype.itemsize != 1):
-            raise _fail(f"{where}: dtype {arr.dtype} is not {f.dtype}")
+        if not _dtype_is(arr, f.dtype) and not any(_dtype_is(arr, dtype) for dtype, _ in alternates):
+            also = "".join(f" or {dtype} (defense {name!r})" for dtype, name in alternates)
+            raise _fail(f"{where}: dtype {arr.dtype} is not {f.dtype}{also}")
         if arr.ndim != len(f.shape):
             raise _fail(f"{where}: {arr.ndim} axes {list(arr.shape)}, expected {len(f.shape)} {list(f.shape)}")
         for axis, (entry, length) in enumerate(zip(f.shape, arr.shape)):
@@ -317,7 +357,7 @@ class _Checker:
             if float(arr.min()) < lo or float(arr.max()) > hi:
                 raise _fail(f"{where}: values outside [{lo:g}, {hi:g}]")
 
-    def _match(self, e: MessageSchema, m: Any, where: str) -> None:
+    def _match(self, e: MessageSchema, m: Any, where: str, origin: str) -> None:
         fields = {f.name: f for f in e.fields}
         extra = sorted(set(m.payload) - set(fields))
         if extra and e.open_payload:
@@ -329,21 +369,21 @@ class _Checker:
                     f"{where} payload {name!r}",
                 )
         elif extra:
-            raise _fail(f"{where}: payload {extra[0]!r} is not part of a {self.protocol} {m.kind!r} message")
+            raise _fail(f"{where}: payload {extra[0]!r} is not part of a {m.kind!r} message as {origin} declares it")
         missing = [f.name for f in e.fields if not f.optional and f.name not in m.payload]
         if missing:
             raise _fail(f"{where}: payload {missing[0]!r} is missing")
         local: dict[str, int] = {}
         for f in e.fields:  # declaration order: a per-message id bound is bound before it is used
             if f.name in m.payload:
-                self._field(f, m.payload[f.name], local, f"{where} payload {f.name!r}")
+                self._field(f, m.payload[f.name], local, f"{where} payload {f.name!r}", self._alternates(e, f.name))
 
     def _match_masked(self, e: MessageSchema, m: Any, where: str) -> None:
         """secagg uploads: ring elements (unsigned) in the plain layout or the dense (values, P) one."""
         names = {f.name for f in e.fields}
         extra = sorted(set(m.payload) - names - {"P"})
         if extra:
-            raise _fail(f"{where}: masked payload {extra[0]!r} is not part of a {self.protocol} {m.kind!r} message")
+            raise _fail(f"{where}: masked payload {extra[0]!r} is not part of a {self.protocol} {m.kind!r} upload")
         for name, arr in m.payload.items():
             if not isinstance(arr, np.ndarray) or arr.dtype.kind != "u" or arr.ndim > 3:
                 raise _fail(f"{where} payload {name!r}: a masked upload must hold unsigned ring elements")
@@ -382,40 +422,57 @@ class _Checker:
             raise _fail(f"{where}: sender or receiver {m.receiver!r} is not a party of the transcript")
         candidates = self.by_kind.get(m.kind)
         if not candidates:
-            raise _fail(f"{where}: kind {m.kind!r} is not a {self.protocol} message kind (wrong protocol label?)")
+            raise _fail(f"{where}: kind {m.kind!r} is {self._unknown_kind()}")
         roles = [
-            e
-            for e in candidates
+            (e, origin)
+            for e, origin in candidates
             if _role(m.sender) == e.sender
             and (m.receiver == m.sender if e.receiver == "self" else _role(m.receiver) == e.receiver)
         ]
         if not roles:
-            raise _fail(
-                f"{where}: a {self.protocol} {m.kind!r} message does not go from {m.sender!r} to {m.receiver!r}"
-            )
-        masked = bool(m.meta.get("masked")) if isinstance(m.meta, Mapping) else False
-        encrypted = bool(m.meta.get("encrypted")) if isinstance(m.meta, Mapping) else False
+            origins = " / ".join(dict.fromkeys(origin for _, origin in candidates))
+            raise _fail(f"{where}: a {m.kind!r} message of {origins} does not go from {m.sender!r} to {m.receiver!r}")
+        meta = m.meta if isinstance(m.meta, Mapping) else {}
+        form = next((f for f in UPLOAD_FORMS if meta.get(f)), None)
         error = None
-        for e in roles:
+        for e, origin in roles:
             try:
-                if e.upload and masked:
-                    if not self.masked_ok:
-                        raise _fail(f"{where}: masked upload, but the config lists no secagg defense")
-                    self._match_masked(e, m, where)
-                elif e.upload and encrypted:
-                    if not self.encrypted_ok:
-                        raise _fail(f"{where}: encrypted upload, but the config lists no paillier defense")
-                    self._match_encrypted(e, m, where)
+                if e.upload and form is not None:
+                    if not self.forms[form]:
+                        raise _fail(f"{where}: {form} upload, but no defense the config lists declares {form} uploads")
+                    (self._match_masked if form == MASKED else self._match_encrypted)(e, m, where)
                 else:
-                    self._match(e, m, where)
+                    self._match(e, m, where, origin)
                 return
             except TranscriptError as exc:
                 error = error or exc
         raise error
 
+    def _unknown_kind(self) -> str:
+        """Why a kind is unknown, naming the components asked."""
+        if not self.listed:
+            return f"not a {self.protocol} message kind (wrong protocol label?)"
+        from privaudit import registry
 
-def validate(transcript: Any, schema: ProtocolSchema | None = None) -> None:
+        unregistered = [n for n in self.listed if n not in registry.available("defense")]
+        text = f"not a {self.protocol} message kind, nor one a listed defense declares ({', '.join(self.listed)})"
+        if unregistered:
+            text += f"; not registered here: {', '.join(unregistered)}"
+        return text
+
+
+def _dtype_is(arr: np.ndarray, dtype: str) -> bool:
+    size = _ITEMSIZE.get(dtype)
+    return arr.dtype.kind in _DTYPES[dtype] and (size is None or arr.dtype.itemsize == size)
+
+
+def validate(
+    transcript: Any, schema: ProtocolSchema | None = None, defenses: Mapping[str, DefenseSchema] | None = None
+) -> None:
     """Check ``transcript`` against ``schema`` (default: its protocol's declared schema).
+
+    ``defenses`` (name -> :class:`DefenseSchema`) defaults to the declarations of the registered
+    defenses the transcript's config lists (:func:`defense_schemas`).
 
     Raises
     ------
@@ -427,7 +484,7 @@ def validate(transcript: Any, schema: ProtocolSchema | None = None) -> None:
     """
     if schema is None:
         schema = schema_of(transcript.protocol, transcript)
-    checker = _Checker(schema, transcript)
+    checker = _Checker(schema, transcript, defenses)
     seen = set()
     for i, m in enumerate(transcript.messages):
         checker.message(i, m)

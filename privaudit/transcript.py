@@ -227,9 +227,23 @@ class _MessageLog:
         pool = self.messages if kind is None else self.select(kind)
         return sorted({m.round for m in pool})
 
+    def derived(self, name: str) -> dict[Any, Any]:
+        """A dict owned by this transcript for values computed from it under ``name`` (the
+        attacks evaluated on one run share their decodes through it: no module-level cache). It
+        lives as long as the transcript, is emptied when the messages change (count or last
+        message, as the query index checks) and is never pickled or saved."""
+        msgs = self.messages
+        stamp = (len(msgs), msgs[-1] if msgs else None)
+        held = self.__dict__.get("_derived")
+        if held is None or held[0][0] != stamp[0] or held[0][1] is not stamp[1]:
+            held = (stamp, {})
+            self.__dict__["_derived"] = held
+        return held[1].setdefault(name, {})
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_index", None)  # rebuilt on first query after unpickling
+        state.pop("_derived", None)  # values derived in this process stay with it
         state.pop("_sink", None)  # an open file stays with the process that writes it
         return state
 

@@ -26,7 +26,7 @@ from privaudit.defenses.base import Defense, UploadBatch
 from privaudit.params import Param
 from privaudit.protocols.base import Protocol, RunResult
 from privaudit.results import Decisions, MetricSpec, VictimTable
-from privaudit.schema import MessageSchema, PayloadField, ProtocolSchema
+from privaudit.schema import ENCRYPTED, DefenseSchema, MessageSchema, PayloadField, ProtocolSchema
 
 
 def tiny_dataset(n_users: int = 30, n_items: int = 12, seed: int = 0) -> RatingsDataset:
@@ -71,6 +71,10 @@ class DummyProtocol(Protocol):
         ),
     )
 
+    @classmethod
+    def release_count(cls, config):
+        return config.get("rounds")  # every client uploads in every round
+
     def simulate(self, setup):
         config, n = setup.config, setup.dataset.n_users
         if config["delay"]:
@@ -89,8 +93,9 @@ class DummyProtocol(Protocol):
         for r in range(config["rounds"]):
             payloads = [{"values": config["signal"] * (2 * bits[u] - 1)} for u in range(n)]
             batch = channel.send(r, "upload", senders, payloads)
-            got = np.array([p["values"] for p in batch.payloads])
-            err += float(np.mean(np.abs(got - config["signal"] * (2 * bits - 1))))
+            if all("values" in p for p in batch.payloads):  # not encrypted
+                got = np.array([p["values"] for p in batch.payloads])
+                err += float(np.mean(np.abs(got - config["signal"] * (2 * bits - 1))))
         utility = {"ndcg@10": 1.0 / (1.0 + err / config["rounds"]), "rmse": err / config["rounds"]}
         return RunResult(t, bits, utility)
 
@@ -258,8 +263,14 @@ class DummyEncrypt(Defense):
 
     description = "test defense: hides plaintext"
     acts_on = (("upload", "values"),)
+    schema_contribution = DefenseSchema(upload_forms=(ENCRYPTED,))
 
     def on_upload(self, batch, channel):
+        # stand-in ciphertexts: the plaintext's bytes (a test double, not encryption)
+        batch.payloads = [
+            {"ciphertexts": np.frombuffer(np.asarray(p["values"], np.float64).tobytes(), np.uint8).copy()}
+            for p in batch.payloads
+        ]
         batch.meta["encrypted"] = True
         return batch
 

@@ -147,7 +147,7 @@ def test_every_attack_implements_the_abstract_methods():
 
     from privaudit.attacks.base import Attack
 
-    assert Attack.__abstractmethods__ == {"applicable", "run", "score", "prior_baseline"}
+    assert Attack.__abstractmethods__ == {"applicable", "run", "score", "baseline", "prior_baseline"}
     for name, cls in _builtins("attack").items():
         assert not inspect.isabstract(cls), f"{name}: {sorted(cls.__abstractmethods__)}"
         cls()  # instantiates with its declared defaults

@@ -127,7 +127,7 @@ def test_privacy_spent_recorded_per_point(ds):
     ).run(ds)
     p0, p2 = res["points"]
     assert "privacy" not in p0
-    assert p2["privacy"] == {"dummy-noise": {"rounds": 3, "epsilon": 1.5}}
+    assert p2["privacy"] == {"dummy-noise": {"rounds": 3, "rounds_source": "protocol", "epsilon": 1.5}}
 
 
 def test_users_subsample_is_seeded(ds):

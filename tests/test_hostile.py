@@ -2162,3 +2162,101 @@ def test_audit_rows_stay_one_short_line_on_hostile_names():
         line, detail = verdict_lines(audit, {"attack": name, "metric": "m\rn", "defense": None, "sentence": "s\x00"})
         assert "\n" not in line and "\r" not in line and "\x1b" not in line and len(line) <= ROW_CHARS
         assert line.startswith("verdict: e") and "\x00" not in detail
+
+
+# ------------------------------------------------------------------------------ plugins branch
+# Defense schema declarations, composed validation on files, declared release counts.
+
+
+def _fedmvmf_listing(*defenses: str) -> tr.Transcript:
+    """A small FedMVMF run whose public config is made to list ``defenses``."""
+    from privaudit.data import synthetic
+    from privaudit.registry import get
+
+    data = synthetic(n_users=6, n_items=12, min_ratings=3, seed=0)
+    t = get("protocol", "fedmvmf")().run(data, {"epochs": 1, "K": 2}, [], 0).transcript
+    t.config["defenses"] = [{"name": d} for d in defenses]
+    t.parties.append("decryptor:0")
+    return t
+
+
+def _upload(t: tr.Transcript):
+    return t.select("grad_V")[0]
+
+
+HOSTILE_DEFENSE_CASES = {
+    # a paillier kind under a transcript that lists only secagg: no component declares it
+    "foreign defense kind": (
+        ("secagg",),
+        lambda t: t.add(0, "server", "decryptor:0", "ciphertext_sum", {"ciphertexts": np.zeros((1, 1, 4), np.uint8)}),
+        "nor one a listed defense declares (secagg)",
+    ),
+    # a payload the paillier declaration does not hold: the defense is named, not the protocol label
+    "extra payload in a defense kind": (
+        ("paillier",),
+        lambda t: t.add(0, "decryptor:0", "server", "plaintext_sum", {"values": np.ones((1, 2)), "junk": np.ones(1)}),
+        "'junk' is not part of a 'plaintext_sum' message as defense 'paillier' declares it",
+    ),
+    # masked upload without a defense that declares the masked form
+    "masked without secagg": (
+        ("paillier",),
+        lambda t: _upload(t).meta.update(masked=True),
+        "masked upload, but no defense the config lists declares masked uploads",
+    ),
+    # an int8 upload no listed defense declares
+    "int8 rows": (
+        ("dp-laplace",),
+        lambda t: _upload(t).payload.__setitem__("values", _upload(t).payload["values"].astype(np.int8)),
+        "dtype int8 is not float",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_DEFENSE_CASES))
+def test_defense_declarations_refuse_hostile_transcript_files(case, tmp_path):
+    """Through the CLI: one line on stderr naming the component, exit code 2, before any attack."""
+    defenses, mutate, expected = HOSTILE_DEFENSE_CASES[case]
+    t = _fedmvmf_listing(*defenses)
+    mutate(t)
+    path = t.save(tmp_path / "hostile.ptx")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "privaudit", "attack", "--transcript", str(path), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-800:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and expected in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_hostile_declarations_fail_at_class_definition():
+    from privaudit.schema import DefenseSchema, MessageSchema, PayloadField
+
+    with pytest.raises(TypeError, match="unknown upload form 'plain'"):
+        DefenseSchema(upload_forms=("plain",))
+    with pytest.raises(TypeError, match="payload dtype 'int4'"):
+        DefenseSchema(payload_dtypes={("*", "values"): "int4"})
+    with pytest.raises(TypeError, match="k.x: dtype 'complex'"):
+        DefenseSchema(messages=(MessageSchema("k", "client", "server", (PayloadField("x", "complex"),)),))
+
+
+def test_a_hostile_release_count_is_refused():
+    from privaudit import registry
+    from privaudit.defenses import accounting
+    from privaudit.errors import PrivauditError
+    from privaudit.protocols.fedrec import FedRec
+
+    class Liar(FedRec):
+        @classmethod
+        def release_count(cls, config):
+            return -3
+
+    registry.adopt("protocol", "liar-rec", Liar)
+    try:
+        with pytest.raises(PrivauditError, match="release_count must be a non-negative int or None, got -3"):
+            accounting.declared_releases("liar-rec", {})
+    finally:
+        registry.unregister("protocol", "liar-rec")

@@ -308,16 +308,6 @@ def dp_gaussian_run():
     return proto.run(synthetic(), {}, [registry.get("defense", "dp-gaussian")(noise_multiplier=0.5)], 0).transcript
 
 
-class _NoStore(dict):
-    """A result cache that keeps nothing."""
-
-    def __setitem__(self, key, value):
-        pass
-
-    def move_to_end(self, key):
-        pass
-
-
 def _same_victims(new, old):
     assert new.victims.keys() == old.victims.keys()
     for party, rec in old.victims.items():
@@ -341,10 +331,10 @@ def test_logsumexp_rows_is_scipy_bit_for_bit(dp_gaussian_run, monkeypatch):
         assert np.array_equal(_mvmf_decode.logsumexp_rows(a), logsumexp(a, axis=1)), shape
     inf = np.array([[0.0, -np.inf], [-np.inf, -np.inf]])
     np.testing.assert_array_equal(_mvmf_decode.logsumexp_rows(inf), logsumexp(inf, axis=1))
-    _mvmf_decode._CLIP_CACHE.clear()
+    dp_gaussian_run.derived("mvmf clip scales").clear()
     fast = MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0)).reconstruction
     monkeypatch.setattr(_mvmf_decode, "logsumexp_rows", lambda a: logsumexp(a, axis=1))
-    _mvmf_decode._CLIP_CACHE.clear()
+    dp_gaussian_run.derived("mvmf clip scales").clear()
     slow = MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0)).reconstruction
     assert "clip_scale_median" in fast.meta
     _same_victims(fast, slow)
@@ -365,10 +355,11 @@ def test_clip_scales_computed_once_for_analytic_and_aggregate(dp_gaussian_run, m
         calls.append(1)
         return uncached(*args)
 
-    monkeypatch.setattr(mvmf_analytic, "_RESULTS", _NoStore())  # every analytic run decodes
+    monkeypatch.setattr(mvmf_analytic, "RESULTS_KEPT", 0)  # every analytic run decodes
 
     def recons():
-        _mvmf_decode._CLIP_CACHE.clear()
+        tr.derived("mvmf clip scales").clear()
+        tr.derived("mvmf-analytic results").clear()
         a = MVMFAnalytic().evaluate(tr, np.random.default_rng(0)).reconstruction
         b = aggregate().evaluate(tr, np.random.default_rng(1)).reconstruction
         return a, b
@@ -377,7 +368,7 @@ def test_clip_scales_computed_once_for_analytic_and_aggregate(dp_gaussian_run, m
     cached = recons()
     assert len(calls) == 1
     assert "clip_scale_median" in cached[0].meta and "clip_scale_median" in cached[1].meta["inner"]
-    monkeypatch.setattr(_mvmf_decode, "_CLIP_CACHE_SIZE", 0)  # every call computes
+    monkeypatch.setattr(_mvmf_decode, "CLIP_KEPT", 0)  # every call computes
     fresh = recons()
     assert len(calls) == 3
     for new, old in zip(cached, fresh):
@@ -454,8 +445,9 @@ def test_aggregate_single_member_cohorts_pass_uploads_through(small, dp_gaussian
     of one member) exactly."""
     from privaudit.attacks import mvmf_aggregate, mvmf_analytic
 
-    monkeypatch.setattr(mvmf_analytic, "_RESULTS", _NoStore())  # every analytic run decodes
+    monkeypatch.setattr(mvmf_analytic, "RESULTS_KEPT", 0)  # every analytic run decodes
     tr = dp_gaussian_run if defended else _run(small, "semials", "obsonly")
+    tr.derived("mvmf-analytic results").clear()
     attack = registry.get("attack", "mvmf-aggregate")
     fast = attack().evaluate(tr, np.random.default_rng(0))
     monkeypatch.setattr(mvmf_aggregate, "_single_upload", lambda co, up, r: False)
@@ -484,18 +476,20 @@ def test_aggregate_reuses_the_analytic_reconstruction_of_the_same_uploads(dp_gau
         return plain(self, fv, tic)
 
     monkeypatch.setattr(MVMFAnalytic, "_decode_view", counted)
-    monkeypatch.setattr(mvmf_analytic, "_RESULTS", mvmf_analytic.OrderedDict())
+    dp_gaussian_run.derived("mvmf-analytic results").clear()
     aggregate = registry.get("attack", "mvmf-aggregate")
     first = MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0))
     inner = aggregate().evaluate(dp_gaussian_run, np.random.default_rng(0))
     assert len(decodes) == 1
-    monkeypatch.setattr(mvmf_analytic, "_RESULTS", _NoStore())
+    monkeypatch.setattr(mvmf_analytic, "RESULTS_KEPT", 0)
+    dp_gaussian_run.derived("mvmf-analytic results").clear()
     again = aggregate().evaluate(dp_gaussian_run, np.random.default_rng(0))
     assert len(decodes) == 2
     _same_victims(inner.reconstruction, again.reconstruction)
     _same_victims(first.reconstruction, again.reconstruction)
     assert inner.metrics == again.metrics == first.metrics
-    monkeypatch.setattr(mvmf_analytic, "_RESULTS", mvmf_analytic.OrderedDict())
+    monkeypatch.setattr(mvmf_analytic, "RESULTS_KEPT", 2)
+    dp_gaussian_run.derived("mvmf-analytic results").clear()
     MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0))
     MVMFAnalytic().evaluate(copy.copy(dp_gaussian_run), np.random.default_rng(0))
     assert len(decodes) == 4
@@ -506,8 +500,8 @@ def test_large_inputs_are_not_digested(dp_gaussian_run, monkeypatch):
     repeat it saves): every run decodes and computes clip_scales, with the same reconstruction."""
     from privaudit.attacks import _mvmf_decode, mvmf_analytic
 
-    _mvmf_decode._CLIP_CACHE.clear()
-    monkeypatch.setattr(mvmf_analytic, "_RESULTS", mvmf_analytic.OrderedDict())
+    dp_gaussian_run.derived("mvmf clip scales").clear()
+    dp_gaussian_run.derived("mvmf-analytic results").clear()
     cached = MVMFAnalytic().evaluate(dp_gaussian_run, np.random.default_rng(0)).reconstruction
     digests, clips = [], []
     digest, uncached = _mvmf_decode.inputs_digest, _mvmf_decode.clip_scales_uncached

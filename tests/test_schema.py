@@ -113,8 +113,12 @@ def test_hand_built_transcript_validates_and_each_violation_is_named():
         "no 'grad_V' message": lambda t: t.messages.pop(2),
         "does not go from": lambda t: setattr(t.messages[3], "receiver", "client:0"),
         "not a party": lambda t: setattr(t.messages[3], "sender", "client:7"),
-        "masked upload, but the config lists no secagg": lambda t: t.messages[3].meta.update(masked=True),
-        "encrypted upload, but the config lists no paillier": lambda t: t.messages[3].meta.update(encrypted=True),
+        "masked upload, but no defense the config lists declares masked uploads": lambda t: t.messages[3].meta.update(
+            masked=True
+        ),
+        "encrypted upload, but no defense the config lists declares encrypted uploads": lambda t: t.messages[
+            3
+        ].meta.update(encrypted=True),
     }
     for expected, mutate in cases.items():
         t = _fedmvmf()

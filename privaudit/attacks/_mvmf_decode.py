@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import OrderedDict
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -335,10 +334,10 @@ CLIP_BETAS = tuple(float(b) for b in np.geomspace(1e-3, 1.0, 31))
 CLIP_KAPPAS = (1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
 
 
-#: clip_scales results by the digest of their inputs (the last few): mvmf-analytic and the
-#: mvmf-analytic inside mvmf-aggregate decode the same evidence of one run (unaggregated uploads)
-_CLIP_CACHE: OrderedDict[bytes, tuple[np.ndarray, np.ndarray]] = OrderedDict()
-_CLIP_CACHE_SIZE = 4
+#: clip_scales results kept in the cache its caller passes (by the digest of their inputs, the
+#: last few): mvmf-analytic and the mvmf-analytic inside mvmf-aggregate decode the same evidence
+#: of one run (unaggregated uploads) and pass the store of that transcript
+CLIP_KEPT = 4
 
 
 #: inputs above this many bytes are not digested for the caches below (hashing them costs more
@@ -402,12 +401,14 @@ def clip_scales(
     joint: np.ndarray,
     names: Any,
     shares: np.ndarray | None,
+    cache: dict[Any, Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`clip_scales_uncached`, computed once for equal inputs (a digest of every argument;
-    a small cache of the last results, returned as copies; inputs over :data:`DIGEST_MAX_BYTES`
-    are computed every time)."""
+    """:func:`clip_scales_uncached`, computed once for equal inputs kept in ``cache`` (a dict the
+    caller owns, e.g. its transcript's :meth:`~privaudit.transcript.Transcript.derived` store; a
+    digest of every argument -> the last :data:`CLIP_KEPT` results, returned as copies). Without
+    a cache, or for inputs over :data:`DIGEST_MAX_BYTES`, computed every time."""
     arrays = [getattr(ev, f.name) for f in fields(ev)] + [seg, joint, shares]
-    if sum(a.nbytes for a in arrays if isinstance(a, np.ndarray)) > DIGEST_MAX_BYTES:
+    if cache is None or sum(a.nbytes for a in arrays if isinstance(a, np.ndarray)) > DIGEST_MAX_BYTES:
         return clip_scales_uncached(ev, st, seg, joint, names, shares)
     key = inputs_digest(
         *(getattr(ev, f.name) for f in fields(ev)),
@@ -417,13 +418,12 @@ def clip_scales(
         names,
         shares,
     )
-    out = _CLIP_CACHE.get(key)
+    out = cache.pop(key, None)
     if out is None:
         out = clip_scales_uncached(ev, st, seg, joint, names, shares)
-    _CLIP_CACHE[key] = out
-    _CLIP_CACHE.move_to_end(key)
-    while len(_CLIP_CACHE) > _CLIP_CACHE_SIZE:
-        _CLIP_CACHE.popitem(last=False)
+    cache[key] = out  # most recently used last
+    while len(cache) > CLIP_KEPT:
+        del cache[next(iter(cache))]
     return out[0].copy(), out[1].copy()
 
 

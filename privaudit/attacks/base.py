@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from privaudit.params import Configurable
+from privaudit.registry import RegisteredName
 from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
 
@@ -52,8 +53,8 @@ class Reconstruction:
 class Attack(Configurable, metaclass=ABCMeta):
     """Base class of attacks.
 
-    A subclass implements the abstract methods :meth:`applicable`, :meth:`run`, :meth:`score`
-    and :meth:`prior_baseline` (it cannot be instantiated otherwise), and :meth:`baseline`;
+    A subclass implements the abstract methods :meth:`applicable`, :meth:`run`, :meth:`score`,
+    :meth:`baseline` and :meth:`prior_baseline` (it cannot be instantiated otherwise);
     :meth:`prior_knowledge`, :meth:`decisions` and :meth:`victim_table` are optional.
 
     Class attributes
@@ -73,6 +74,8 @@ class Attack(Configurable, metaclass=ABCMeta):
     """
 
     kind_label = "attack"
+    #: the registered name (looked up in the registry; registering never sets it)
+    name = RegisteredName()
     party: str = "server"
     protocols: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
@@ -159,15 +162,16 @@ class Attack(Configurable, metaclass=ABCMeta):
             undefined); :meth:`baseline` and :meth:`prior_baseline` return the same keys.
         """
 
+    @abstractmethod
     def baseline(self, transcript: Transcript) -> dict[str, float]:
-        """The same metrics as :meth:`score` for the uniform random guess over each value domain.
+        """The same metrics as :meth:`score` for the uniform random guess over each value domain
+        (required: an attack that does not apply scores as this guess).
 
         Returns
         -------
         dict[str, float]
             Metric name -> value of the random guess (its expectation where it has one).
         """
-        raise NotImplementedError
 
     @abstractmethod
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import math
 import time
-import weakref
-from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -115,15 +112,11 @@ def _pooled_noise(stats: list[Round], K: int) -> float:
     return max(sigma2, 1e-24 * scale2)
 
 
-#: the last reconstructions by the digest of their inputs (:meth:`MVMFAnalytic._inputs_digest`)
-#: and the transcript of their population prior: mvmf-aggregate's inner mvmf-analytic on
-#: one-member cohorts reads the same uploads as mvmf-analytic on the run (returned as copies of
-#: the per-victim dicts; the arrays are shared, read only)
-_RESULTS: OrderedDict[bytes, tuple[Callable[[], Any], Reconstruction]] = OrderedDict()
-
-
-def _nobody() -> None:
-    return None
+#: reconstructions kept per transcript (:meth:`~privaudit.transcript.Transcript.derived`): the last
+#: ones by the digest of their inputs (:meth:`MVMFAnalytic._inputs_digest`). mvmf-aggregate's
+#: inner mvmf-analytic on one-member cohorts reads the same uploads as mvmf-analytic on the run
+#: (returned as copies of the per-victim dicts; the arrays are shared, read only)
+RESULTS_KEPT = 2
 
 
 @register_attack("mvmf-analytic")
@@ -173,21 +166,28 @@ class MVMFAnalytic(MVMFAttack):
             return self.unsupported("the view holds no client uploads with the server state of their round")
         if _upload_bytes(fv) > DIGEST_MAX_BYTES:  # digesting would cost more than a repeat saves
             return self._decode_view(fv, tic)
+        kept = self._kept("mvmf-analytic results")
+        if kept is None:  # no transcript to keep results with (no population prior)
+            return self._decode_view(fv, tic)
         key = self._inputs_digest(fv)
-        owner = self._population._transcript if self._population is not None else None
-        hit = _RESULTS.get(key)
-        if hit is not None and hit[0]() is owner:
-            _RESULTS.move_to_end(key)
-            victims = {party: dict(rec) for party, rec in hit[1].victims.items()}
+        hit = kept.pop(key, None)
+        if hit is not None:
+            kept[key] = hit  # most recently used last
+            victims = {party: dict(rec) for party, rec in hit.victims.items()}
             return Reconstruction(
-                self.name, self.party, victims, meta=dict(hit[1].meta, seconds=time.perf_counter() - tic)
+                self.name, self.party, victims, meta=dict(hit.meta, seconds=time.perf_counter() - tic)
             )
         out = self._decode_view(fv, tic)
         if out.supported:
-            _RESULTS[key] = (weakref.ref(owner) if owner is not None else _nobody, out)
-            while len(_RESULTS) > 2:
-                _RESULTS.popitem(last=False)
+            kept[key] = out
+            while len(kept) > RESULTS_KEPT:
+                del kept[next(iter(kept))]
         return out
+
+    def _kept(self, name: str) -> dict[Any, Any] | None:
+        """The store ``name`` of the attacked transcript (that of the population prior), or None."""
+        owner = self._population._transcript if self._population is not None else None
+        return owner.derived(name) if owner is not None else None
 
     def _inputs_digest(self, fv: FlatFedMVMFView) -> bytes:
         """A digest of everything :meth:`_decode_view` reads besides the population prior: the
@@ -327,7 +327,7 @@ class MVMFAnalytic(MVMFAttack):
         user_scales = row_scales = None
         if joint_clip and prior is not None and st.prior:
             seg = np.repeat(np.arange(len(parties)), layout.lengths)
-            user_scales = clip_scales(ev, st, seg, prior["joint"], names, shares)
+            user_scales = clip_scales(ev, st, seg, prior["joint"], names, shares, self._kept("mvmf clip scales"))
             row_scales = (user_scales[0][seg], user_scales[1][seg])
         rating_guess, pi, extras, kappa = decode_ratings(ev, st, prior, row_scales)
         attrs, have_x, kappa_x = decode_attributes(names, ev, st, shares, user_scales)

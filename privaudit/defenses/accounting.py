@@ -17,7 +17,8 @@ noise that spends a target total epsilon over the run.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from privaudit.errors import PrivauditError
 
@@ -112,13 +113,21 @@ def calibrate(total: Callable[[float], float], target: float, lo: float, hi: flo
     return math.exp(brentq(f, a, b, xtol=1e-6, rtol=1e-8))
 
 
-def rounds_of(config: dict) -> int:
-    """Rounds a client takes part in, from a protocol's public config (0 if unknown).
+def declared_releases(protocol: str, config: Mapping[str, Any]) -> int | None:
+    """Rounds in which every client releases its uploads in a run of the registered protocol
+    ``protocol`` with public config ``config``, as the protocol declares it
+    (:meth:`~privaudit.protocols.base.Protocol.release_count`); None when the protocol is not
+    registered here or its release count is not fixed by its config (the accounting then counts
+    the rounds recorded in the transcript, and says so)."""
+    from privaudit import registry
 
-    The first positive integer among ``epochs``, ``rounds``, ``global_rounds``, ``n_rounds``.
-    """
-    for key in ("epochs", "rounds", "global_rounds", "n_rounds"):
-        value = (config or {}).get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return 0
+    try:
+        cls = registry.get("protocol", protocol)
+    except PrivauditError:
+        return None
+    count = cls.release_count(config or {})
+    if count is None:
+        return None
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise PrivauditError(f"protocol {protocol!r}: release_count must be a non-negative int or None, got {count!r}")
+    return count

@@ -31,8 +31,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from privaudit.params import Configurable
+from privaudit.registry import RegisteredName
 from privaudit.schema import ANY as ANY  # the wildcard of Defense.acts_on
-from privaudit.schema import ProtocolSchema, holds_payload
+from privaudit.schema import DefenseSchema, ProtocolSchema, holds_payload
 from privaudit.transcript import Transcript
 
 
@@ -269,9 +270,17 @@ class Defense(Configurable):
         for a defense's name; when a class declares none, the hooks it overrides give them.
     privacy_claim : str | None
         The DP guarantee in words (neighbour relation, sensitivity, coverage), for ``describe``.
+    schema_contribution : DefenseSchema
+        What the defense adds to a transcript (:class:`~privaudit.schema.DefenseSchema`): message
+        kinds it records with their payloads, upload fields it sends in another dtype (``int8``),
+        masked/encrypted upload forms. The schema check composes it with the protocol's schema
+        whenever the transcript's config lists the defense, in memory and on files alike; a
+        defense that changes only values declares nothing.
     """
 
     kind_label = "defense"
+    #: the registered name (looked up in the registry; registering never sets it)
+    name = RegisteredName()
     strength: str | None = None
     default_grid: tuple = ()
     applies_to: tuple[str, ...] | None = None
@@ -280,6 +289,7 @@ class Defense(Configurable):
     #: what ``privaudit describe`` states of a DP defense's guarantee: neighbour relation,
     #: sensitivity, what is and is not covered (None: the defense claims no DP guarantee)
     privacy_claim: str | None = None
+    schema_contribution: DefenseSchema = DefenseSchema()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -54,7 +54,7 @@ class DPGaussian(ClippedNoise):
             "> 0: calibrate noise_multiplier so that the total epsilon over the run is this",
             ge=0,
         ),
-        Param("rounds", 0, "rounds of the run for target_epsilon (0: the protocol's public epochs/rounds)", ge=0),
+        Param("rounds", 0, "rounds of the run for target_epsilon (0: the release count the protocol declares)", ge=0),
     )
     strength = "noise_multiplier"
     default_grid = (0.3, 1.0, 3.0, 10.0, 30.0)

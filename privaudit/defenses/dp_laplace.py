@@ -502,7 +502,8 @@ class ClippedNoise(Defense):
         if getattr(self, "_calibrated_rounds", None):
             return
         public = channel.transcript.config
-        rounds = int(self.config.get("rounds") or 0) or accounting.rounds_of(public)
+        declared = accounting.declared_releases(channel.transcript.protocol, public)
+        rounds = int(self.config.get("rounds") or 0) or (declared or 0)
         before = {"name": self.name, **self.public_config()}
         self.calibrate(rounds)
         for entry in public.get("defenses", []) or []:  # the public record an attacker reads
@@ -551,7 +552,7 @@ class DPLaplace(ClippedNoise):
             lt=1,
         ),
         Param("target_epsilon", 0.0, "> 0: calibrate epsilon per round so that the total over the run is this", ge=0),
-        Param("rounds", 0, "rounds of the run for target_epsilon (0: the protocol's public epochs/rounds)", ge=0),
+        Param("rounds", 0, "rounds of the run for target_epsilon (0: the release count the protocol declares)", ge=0),
     )
     strength = "epsilon"
     default_grid = (100.0, 30.0, 10.0, 3.0, 1.0, 0.3)

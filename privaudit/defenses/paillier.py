@@ -22,6 +22,7 @@ from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_defense
+from privaudit.schema import ENCRYPTED, DefenseSchema, MessageSchema, PayloadField
 
 PHASES = ("offline", "encrypt", "aggregate", "decrypt")
 #: smallest modulus accepted outside tests (bits; NIST SP 800-57 deems 2048-bit factoring moduli acceptable)
@@ -116,6 +117,48 @@ class PaillierDefense(Defense):
     strength = None
     acts_on = (("*", "*"),)  # every upload, encrypted
     default_grid = ()
+    #: encrypted uploads, the key holder's key material, the key distribution and the sums sent
+    #: to and from the decryptors
+    schema_contribution = DefenseSchema(
+        messages=(
+            MessageSchema(
+                "private",
+                "client",
+                "self",
+                (PayloadField("paillier_p", "uint8", (None,)), PayloadField("paillier_q", "uint8", (None,))),
+            ),
+            MessageSchema(
+                "public_key",
+                "client",
+                "server",
+                # djn_base: the Damgard-Jurik-Nielsen obfuscator's public base h_s (obfuscation=djn)
+                (PayloadField("n", "uint8", (None,)), PayloadField("djn_base", "uint8", (None,), optional=True)),
+            ),
+            MessageSchema("secret_key", "client", "decryptor"),
+            MessageSchema(
+                "ciphertext_sum",
+                "server",
+                "decryptor",
+                (
+                    PayloadField("ciphertexts", "uint8", (None, None, None)),
+                    PayloadField("items", "int", ("@r",), ids="m", unique=True, optional=True),
+                    PayloadField("index", "int", (None,), optional=True),
+                ),
+            ),
+            MessageSchema(
+                "plaintext_sum",
+                "decryptor",
+                "server",
+                (
+                    PayloadField("values", "float", (None, None)),
+                    PayloadField("items", "int", ("@r",), ids="m", unique=True, optional=True),
+                    PayloadField("counts", "int", ("@r",), optional=True),
+                    PayloadField("index", "int", (None,), optional=True),
+                ),
+            ),
+        ),
+        upload_forms=(ENCRYPTED,),
+    )
 
     @property
     def short_key_warning(self) -> str | None:

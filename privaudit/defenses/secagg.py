@@ -45,6 +45,7 @@ from privaudit.defenses.base import Defense, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_defense
+from privaudit.schema import MASKED, DefenseSchema
 
 
 def _uid(party: str) -> int | None:
@@ -83,6 +84,8 @@ class SecAgg(Defense):
     )
     strength = "dropout"
     acts_on = (("*", "*"),)  # every upload, masked
+    #: uploads hold unsigned ring elements (meta ``masked``) instead of floats
+    schema_contribution = DefenseSchema(upload_forms=(MASKED,))
     default_grid = (0.0, 0.1, 0.2, 0.3)
 
     def validate(self) -> None:

@@ -20,6 +20,7 @@ import scipy.sparse as sp
 from privaudit.defenses.base import Defense, PackedBatch, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.params import Param, declare_on, public_values, resolve_declared
+from privaudit.registry import RegisteredName
 from privaudit.results import MetricSpec
 from privaudit.schema import ProtocolSchema
 from privaudit.transcript import Transcript
@@ -392,7 +393,8 @@ class Protocol:
     ``parameters``.
     """
 
-    name: str = ""
+    #: the registered name (looked up in the registry; registering never sets it)
+    name = RegisteredName()
     description: str = ""
     parameters: tuple[Param, ...] = ()
     declared: dict[str, Param] = {}
@@ -434,6 +436,15 @@ class Protocol:
         """Rough seconds of one run with ``n_users`` users, ``--set`` values ``sets`` and
         ``--defense`` specs ``defenses`` (the CLI prints an estimate above two minutes);
         None (the default): cheap enough not to estimate."""
+        return None
+
+    @classmethod
+    def release_count(cls, config: Mapping[str, Any]) -> int | None:
+        """Rounds in which every client sends its uploads in a run with (public) ``config``,
+        recorded or not: the releases a DP defense's accountant composes (``privacy_spent``) and
+        the rounds ``target_epsilon`` calibrates over. None (the default): not fixed by the
+        config; the accounting then counts the rounds recorded in the transcript and its
+        ``privacy`` entry says ``"rounds_source": "recorded"``."""
         return None
 
     @classmethod

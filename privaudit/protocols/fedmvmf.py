@@ -215,6 +215,12 @@ class FedMVMF(Protocol):
     )
 
     # ------------------------------------------------------------------ run
+    @classmethod
+    def release_count(cls, config: Mapping[str, Any]) -> int | None:
+        """Every client uploads its ``grad_V``/``grad_P`` rows in every epoch: ``epochs``
+        releases (``record_rounds`` records only the first of them)."""
+        return _int_or_none(config.get("epochs"))
+
     def simulate(self, setup: RunSetup) -> RunResult:
         """Train FedMVMF on ``setup.dataset`` (a RatingsDataset) and return transcript, model, utility.
 
@@ -493,3 +499,8 @@ def _summed(total: Mapping[str, np.ndarray], shape: tuple[int, int]) -> np.ndarr
     if values is None:
         return np.zeros(shape)
     return np.asarray(values, dtype=np.float64).reshape(shape)
+
+
+def _int_or_none(value: Any) -> int | None:
+    """``value`` when it is an int (not a bool), else None."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None

@@ -503,6 +503,23 @@ class FedNCF(Protocol):
     #: (user ids, (len, Dtot) initial vectors) of canary clients, set only by privaudit.canary
     user_vectors: tuple[np.ndarray, np.ndarray] | None = None
 
+    @classmethod
+    def release_count(cls, config: Mapping[str, Any]) -> int | None:
+        """The most aggregation rounds one client can take part in: one per global round (the
+        cohorts of a global round partition the clients), two per manipulated round pair under
+        adversarial selection, one per deviation round of a malicious server; at most
+        ``max_rounds`` when set. None when the config lacks these keys."""
+        try:
+            count = int(config["global_rounds"])
+            if config.get("selection", "random") == "adversarial":
+                count += 2 * int(config["manipulated_rounds"])
+            if config.get("server", "honest") != "honest":
+                count += int(config["deviation_rounds"])
+            limit = int(config.get("max_rounds", -1))
+        except (KeyError, TypeError, ValueError):
+            return None
+        return min(count, limit) if limit >= 0 else count
+
     def simulate(self, setup: RunSetup) -> RunResult:
         """The run's steps under :meth:`run` (torch present, one thread)."""
         run = self._prepare(setup)

@@ -300,6 +300,11 @@ class FedProto(Protocol):
         """The defenses with ``dp-prototypes`` added for ``prototypes=dp`` (:meth:`resolve_kind`)."""
         return self.resolve_kind(config["prototypes"], defenses)[1]
 
+    @classmethod
+    def release_count(cls, config: Mapping[str, Any]) -> int | None:
+        """Every silo sends its prototypes once (round 0)."""
+        return 1
+
     def simulate(self, setup: RunSetup) -> RunResult:
         """Run Algorithm 1; ``model``: dict with ``V`` (m x ell), ``U`` (n x ell), ``silos``
         (list of user-index arrays), ``prototypes`` (the server's stacked P), ``kind``."""

@@ -218,6 +218,13 @@ class FedRec(Protocol):
         return {int(r) % T if r < 0 else int(r) for r in config["record_rounds"] if -T <= r < T}
 
     # ------------------------------------------------------------------ run
+    @classmethod
+    def release_count(cls, config: Mapping[str, Any]) -> int | None:
+        """Every client uploads in every iteration: ``T`` releases (``record_rounds`` records
+        only some of them)."""
+        T = config.get("T")
+        return int(T) if isinstance(T, int) and not isinstance(T, bool) else None
+
     def simulate(self, setup: RunSetup) -> RunResult:
         """Train one model on one fold; returns transcript, model and utility.
 

@@ -195,6 +195,12 @@ class FedSPLIT(Protocol):
             if not config[key] * (1 + config[reg]) < 1:
                 fail(f"{key} must be positive with {key} * (1 + {reg}) < 1, got {config[key]!r}")
 
+    @classmethod
+    def release_count(cls, config: Mapping[str, Any]) -> int | None:
+        """Every group sends twice: its rating sum and count (round 0) and its ``H`` factor
+        (round 1)."""
+        return 2
+
     def simulate(self, setup: RunSetup) -> RunResult:
         """Run FedSPLIT on ``setup.dataset`` (a RatingsDataset); see the module docstring.
 

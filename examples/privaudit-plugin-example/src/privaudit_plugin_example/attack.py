@@ -8,7 +8,7 @@ import numpy as np
 
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.params import Param
-from privaudit.results import MetricSpec
+from privaudit.results import MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View
 
 
@@ -46,16 +46,29 @@ class UploadedItems(Attack):
         return Reconstruction(self.name, self.party, victims)
 
     def score(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, float]:
+        table = self._table(reconstruction, transcript)
+        return {"accuracy": table.value("accuracy"), "victims": float(len(reconstruction.victims))}
+
+    def victim_table(
+        self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
+    ) -> VictimTable:
+        """Per victim: its items (the denominator), the pairs the attack and the majority guess
+        get right (the numerators); accuracy over any set of victims is the ratio of the sums."""
+        return self._table(reconstruction, transcript)
+
+    def _table(self, reconstruction: Reconstruction, transcript: Transcript) -> VictimTable:
         m = int(transcript.config["n_items"])
-        hits = total = 0
-        for party, guess in reconstruction.victims.items():
+        victims = sorted(reconstruction.victims)
+        hits, prior = [], []
+        for party in victims:
             truth = np.zeros(m, dtype=bool)
             truth[transcript.private(party)["items"]] = True
             guessed = np.zeros(m, dtype=bool)
-            guessed[guess["items"]] = True
-            hits += int(np.sum(truth == guessed))
-            total += m
-        return {"accuracy": hits / total if total else float("nan"), "victims": float(len(reconstruction.victims))}
+            guessed[reconstruction.victims[party]["items"]] = True
+            hits.append(float(np.sum(truth == guessed)))
+            prior.append(float(m - truth.sum()))  # the majority guess "unrated" for every item
+        weight = [float(m)] * len(victims)
+        return VictimTable(victims, {"accuracy": weight}, {"accuracy": hits}, {"accuracy": prior})
 
     def baseline(self, transcript: Transcript) -> dict[str, float]:
         """A uniform random guess per (client, item): accuracy 1/2."""

@@ -1,0 +1,215 @@
+"""A plugin written from scratch in a temporary folder (not the shipped example): a protocol, an
+attack with per-victim scores and a defense that adds a message kind and an int8 payload. It
+registers through the registry API, passes ``privaudit.testing``, and its transcripts (defense
+on) validate in memory and after a round trip through a file, without touching a core file."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from privaudit import experiment, registry, schema, testing
+from privaudit.errors import TranscriptError
+
+PLUGIN = textwrap.dedent(
+    '''
+    """tinyrec: clients upload centred ratings per rated item; the server keeps item means."""
+
+    import numpy as np
+    import scipy.sparse as sp
+
+    from privaudit.attacks.base import Attack, Reconstruction
+    from privaudit.defenses.base import UPLOAD, Defense
+    from privaudit.params import Param
+    from privaudit.protocols.base import Protocol, RunResult, utility_specs_of
+    from privaudit.results import MetricSpec, VictimTable
+    from privaudit.schema import (
+        GRAD_ROWS, ITEMS, RATINGS, DefenseSchema, MessageSchema, PayloadField, ProtocolSchema,
+    )
+
+
+    class TinyRec(Protocol):
+        """Each round every client uploads rating - item mean for its rated items."""
+
+        description = "tinyrec: item means from per-item residual uploads (test plugin)"
+        parameters = (Param("iterations", 2, "upload rounds (every client uploads in each)", ge=1),)
+        schema = ProtocolSchema(
+            config_keys=("K", "n_items", "rating_min", "rating_max"),
+            dims={"m": "n_items", "K": "K"},
+            messages=(
+                MessageSchema("private", "client", "self", (ITEMS, RATINGS)),
+                MessageSchema("grad_V", "client", "server", GRAD_ROWS, upload=True, required=True),
+            ),
+        )
+        utility_specs = utility_specs_of("rmse")
+        main_utility = "rmse"
+        derived_keys = ("K", "n_items", "rating_min", "rating_max")
+
+        @classmethod
+        def release_count(cls, config):
+            return config.get("iterations")
+
+        def simulate(self, setup):
+            data = setup.dataset
+            R = sp.csr_matrix(data.ratings)
+            senders = [f"client:{u}" for u in range(data.n_users)]
+            rows = [(R.indices[R.indptr[u]:R.indptr[u + 1]].astype(np.int64), R.data[R.indptr[u]:R.indptr[u + 1]])
+                    for u in range(data.n_users)]
+            private = {s: {"items": rows[u][0], "ratings": rows[u][1]} for u, s in enumerate(senders)}
+            public = {"K": 1, "n_items": data.n_items, "rating_min": data.rating_min, "rating_max": data.rating_max}
+            (rng,) = setup.streams(1)
+            transcript, channel = self.start(setup, ["server", *senders], private, rng, **public)
+            means = np.full(data.n_items, float(R.data.mean()))
+            for r in range(setup.config["iterations"]):
+                payloads = [{"items": i, "values": (v - means[i])[:, None]} for i, v in rows]
+                total = channel.sum(channel.send(r, "grad_V", senders, payloads), rows=data.n_items)
+                seen = total["counts"] > 0
+                means[seen] += np.asarray(total["values"], float)[seen, 0] / total["counts"][seen]
+            coo = R.tocoo()
+            rmse = float(np.sqrt(np.mean((means[coo.col] - coo.data) ** 2)))
+            return RunResult(transcript, means, {"rmse": rmse})
+
+
+    class RatedItems(Attack):
+        """The server guesses that a client rated exactly the items it uploads rows for."""
+
+        description = "tinyrec: rated iff uploaded (test plugin)"
+        protocols = ("tinyrec",)
+        requires = ("grad_V",)
+        primary_metric = "accuracy"
+        metric_specs = {"accuracy": MetricSpec(True, True, "fraction", "(client, item) pairs guessed right")}
+
+        def applicable(self, view):
+            return super().applicable(view)
+
+        def run(self, view, knowledge, rng):
+            guess = {}
+            for m in view.select("grad_V", round=0):
+                guess[m.sender] = {"items": np.asarray(m.payload["items"], np.int64)}
+            return Reconstruction(self.name, self.party, guess)
+
+        def _table(self, recon, transcript):
+            m = int(transcript.config["n_items"])
+            victims = sorted(recon.victims)
+            hits, prior = [], []
+            for v in victims:
+                truth = np.zeros(m, bool)
+                truth[transcript.private(v)["items"]] = True
+                guess = np.zeros(m, bool)
+                guess[recon.victims[v]["items"]] = True
+                hits.append(float(np.sum(truth == guess)))
+                prior.append(float(m - truth.sum()))  # the majority guess: nothing rated
+            weight = [float(m)] * len(victims)
+            return VictimTable(victims, {"accuracy": weight}, {"accuracy": hits}, {"accuracy": prior})
+
+        def score(self, recon, transcript):
+            return {"accuracy": self._table(recon, transcript).value("accuracy")}
+
+        def baseline(self, transcript):
+            return {"accuracy": 0.5}
+
+        def prior_baseline(self, transcript, knowledge):
+            clients = transcript.clients()
+            recon = Reconstruction(self.name, self.party, {c: {"items": np.zeros(0, np.int64)} for c in clients})
+            return {"accuracy": self._table(recon, transcript).value("accuracy", "prior")}
+
+        def victim_table(self, recon, transcript, knowledge):
+            return self._table(recon, transcript)
+
+
+    class PseudoSeed(Defense):
+        """Clients quantize their rows to int8 and announce a pseudo-random seed."""
+
+        description = "tinyrec: int8 rows plus a pseudo_seed message (test plugin)"
+        parameters = (Param("step", 0.5, "quantization step of the int8 rows", gt=0),)
+        strength = "step"
+        default_grid = (0.5, 1.0)
+        capabilities = frozenset({UPLOAD})
+        acts_on = (("grad_V", "values"),)
+        schema_contribution = DefenseSchema(
+            messages=(MessageSchema("pseudo_seed", "client", "server", (PayloadField("seed", "uint8", (8,)),)),),
+            payload_dtypes={("grad_V", "values"): "int8"},
+        )
+
+        def on_upload(self, batch, channel):
+            for sender, p in zip(batch.senders, batch.payloads):
+                p["values"] = np.clip(np.round(p["values"] / self.step), -127, 127).astype(np.int8)
+                if batch.recorded:
+                    seed = channel.rng.integers(0, 256, 8).astype(np.uint8)
+                    channel.transcript.add(batch.round, sender, "server", "pseudo_seed", {"seed": seed})
+            return batch
+    '''
+)
+
+
+@pytest.fixture
+def tinyrec(tmp_path, monkeypatch):
+    (tmp_path / "tinyrec_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("tinyrec_plugin")
+    registry.available("protocol")
+    registry.register_protocol("tinyrec")(module.TinyRec)
+    registry.register_attack("tinyrec-rated")(module.RatedItems)
+    registry.register_defense("pseudo-seed")(module.PseudoSeed)
+    try:
+        yield module
+    finally:
+        for kind, name in (("protocol", "tinyrec"), ("attack", "tinyrec-rated"), ("defense", "pseudo-seed")):
+            registry.unregister(kind, name)
+        sys.modules.pop("tinyrec_plugin", None)
+
+
+def test_a_new_plugin_passes_the_conformance_suite(tinyrec):
+    assert tinyrec.TinyRec.name == "tinyrec" and "name" not in vars(tinyrec.TinyRec)  # named, not mutated
+    testing.check_protocol(tinyrec.TinyRec)
+    out = testing.check_attack(tinyrec.RatedItems, protocol="tinyrec")
+    assert out.metrics["accuracy"] == 1.0 and out.victims is not None
+    t = testing.check_defense(tinyrec.PseudoSeed, protocol="tinyrec")
+    kinds = t.kinds()
+    assert kinds["pseudo_seed"] == 40 * 2 and t.select("grad_V")[0].payload["values"].dtype == np.int8
+    # the attack on the defended run, read from a file: the composed schema admits it
+    defended = testing.check_attack(tinyrec.RatedItems, protocol="tinyrec", defenses=[tinyrec.PseudoSeed()])
+    assert defended.metrics["accuracy"] == 1.0  # quantizing values hides no item ids
+
+
+def test_file_path_and_sweep_path_accept_the_defense_and_name_the_culprit(tinyrec, tmp_path):
+    from privaudit.data import synthetic
+
+    data = synthetic(**testing.DATASET)
+    run = tinyrec.TinyRec().run(data, {}, [tinyrec.PseudoSeed()], 0)
+    path = run.transcript.save(tmp_path / "run.ptx")
+    res = experiment.attack_transcript(path, "tinyrec-rated")
+    assert res["points"][0]["supported"] and res["points"][0]["attack_metrics"]["accuracy"] == 1.0
+    swept = experiment.build_experiment(
+        protocol="tinyrec", attack="tinyrec-rated", defenses=["pseudo-seed"], seeds=1
+    ).run(data)
+    assert swept["points"][0]["attack_metrics"]["accuracy"] == 1.0
+    # the victim table gives the verdict its interval: int8 rows hide no item ids
+    assert "the attack leaks on accuracy (lower bound" in str(swept["verdicts"])
+    # the protocol's own uploads must not be int8 without the defense: the error names both parts
+    bare = tinyrec.TinyRec().run(data, {}, [], 0).transcript
+    m = bare.select("grad_V")[0]
+    m.payload["values"] = m.payload["values"].astype(np.int8)
+    with pytest.raises(TranscriptError, match=r"dtype int8 is not float$"):
+        schema.validate(bare)
+    # a defense's message with a wrong payload names the defense, not the protocol label
+    seed = run.transcript.select("pseudo_seed")[0]
+    seed.payload["seed"] = np.zeros(8, np.float64)
+    with pytest.raises(TranscriptError, match=r"'seed': dtype float64 is not uint8"):
+        schema.validate(run.transcript)
+    seed.payload["extra"] = np.zeros(1, np.uint8)
+    with pytest.raises(
+        TranscriptError, match=r"'extra' is not part of a 'pseudo_seed' message as defense 'pseudo-seed'"
+    ):
+        schema.validate(run.transcript)
+    # unregistered, the defense contributes nothing: the kind is unknown and the message says why
+    registry.unregister("defense", "pseudo-seed")
+    try:
+        with pytest.raises(TranscriptError, match=r"nor one a listed defense declares \(pseudo-seed\); not registered"):
+            schema.validate(run.transcript)
+    finally:
+        registry.register_defense("pseudo-seed")(tinyrec.PseudoSeed)
