@@ -177,6 +177,7 @@ def evaluate_attack(
 
     The entry holds ``attack_metrics``, ``baseline_random`` (the uniform random guess),
     ``baseline_prior`` (the prior-only guess; empty when the attack provides none),
+    ``baseline_null`` (the attack's own pipeline on the null view, when it ran),
     ``supported`` (and ``reason``), and for every per-record :class:`~privaudit.results.Decisions`
     its ROC summary under ``roc``; when ``privacy`` records a claimed epsilon (a DP defense), the
     empirical epsilon lower bound of every decision under ``empirical_epsilon``; under
@@ -192,6 +193,8 @@ def evaluate_attack(
         "baseline_prior": floats(getattr(outcome, "baseline_prior", None)),
         "supported": bool(recon.supported),
     }
+    if getattr(outcome, "baseline_null", None):
+        out["baseline_null"] = floats(outcome.baseline_null)
     if not recon.supported:
         out["reason"] = recon.reason
     decisions = getattr(outcome, "decisions", None) or {}

@@ -187,9 +187,15 @@ def point_bootstrap(
         for m in [*table.attack, *table.harmonic]:
             att = table_replicates(table, m, "attack", counts)
             entry = {"attack": table.value(m), "prior": None, "se": _se(att), "se_vs_prior": None}
-            if all(part in table.prior for part in table.harmonic.get(m, (m,))):
+            parts = table.harmonic.get(m, (m,))
+            if all(part in table.prior for part in parts):
                 entry["prior"] = table.value(m, "prior")
                 entry["se_vs_prior"] = _se(att - table_replicates(table, m, "prior", counts))
+            if all(part in table.null for part in parts):
+                entry["null"] = table.value(m, "null")
+                entry["se_vs_null"] = _se(att - table_replicates(table, m, "null", counts))
+            weight = min(float(table.weight[part].sum()) for part in parts)
+            entry["se_floor"] = 1.0 / weight if weight > 0 else math.nan
             out[m] = {**entry, "n": len(table.victims), "over": "victims"}
     for d in (decisions or {}).values():
         if not isinstance(d, Decisions) or d.labels.all() or not d.labels.any():
@@ -203,7 +209,16 @@ def point_bootstrap(
             continue
         reps, over = decision_replicates(d, rng, replicates)
         for m in names:
-            out[m] = {"attack": full, "prior": None, "se": _se(reps), "se_vs_prior": None, "n": n, "over": over}
+            floor = 1.0 / max(1, int(d.labels.sum()) * int((~d.labels).sum())) ** 0.5
+            out[m] = {
+                "attack": full,
+                "prior": None,
+                "se": _se(reps),
+                "se_vs_prior": None,
+                "n": n,
+                "over": over,
+                "se_floor": floor,
+            }
     return out
 
 
@@ -255,69 +270,140 @@ def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> tuple[list[bool], li
     return rejected, levels
 
 
+#: Fewest victims (clusters resampled) behind a "leaks", "protected", "no evidence of leakage"
+#: or "attack below prior": below it a test reads "inconclusive (n victims)" (the normal
+#: approximation of a cluster bootstrap over fewer clusters is not trusted, and a handful of
+#: victims can have zero spread).
+MIN_VERDICT_VICTIMS = 10
+
+
+#: The message-free guesses a point may carry, in the order a tie is broken.
+BASELINES = ("null", "prior", "random")
+
+
+def _candidates(p: Mapping[str, Any], metric: str) -> dict[str, float]:
+    """{"null" | "prior" | "random": value} of the message-free guesses ``p`` carries for ``metric``."""
+    out = {}
+    for which, values in (
+        ("null", p.get("baseline_null") or {}),
+        ("prior", p.get("baseline_prior") or {}),
+        ("random", point_random_baseline(p)),
+    ):
+        v = num(values.get(metric))
+        if math.isfinite(v):
+            out[which] = v
+    return out
+
+
+def _chosen_baseline(points: Sequence[Mapping[str, Any]], metric: str, spec: MetricSpec) -> str | None:
+    """The strongest message-free guess of ``metric`` over the seeds' ``points`` (by its seed mean,
+    among the guesses every point carries): the one an attack must beat."""
+    cands = [_candidates(p, metric) for p in points]
+    common = [w for w in BASELINES if cands and all(w in c for c in cands)]
+    if not common:
+        return None
+    means = {w: float(np.mean([c[w] for c in cands])) for w in common}
+    sign = 1.0 if spec.higher_is_better else -1.0
+    return max(common, key=lambda w: (sign * means[w], -BASELINES.index(w)))
+
+
 def _stronger(points: Sequence[Mapping[str, Any]], metric: str, spec: MetricSpec) -> tuple[list[float], set[str]]:
-    bases, against = [], set()
-    for p in points:
-        base, which = stronger_baseline(
-            (p.get("baseline_prior") or {}).get(metric), point_random_baseline(p).get(metric), spec
-        )
-        bases.append(base)
-        against.add(which)
-    return bases, against
+    which = _chosen_baseline(points, metric, spec)
+    bases = [_candidates(p, metric).get(which, math.nan) if which else math.nan for p in points]
+    return bases, {which} if which else set()
+
+
+def _seed_test(p: Mapping[str, Any], metric: str, which: str, spec: MetricSpec) -> tuple[float, float, float, int, str]:
+    """(advantage, its standard error, SE floor, victims, over) of one seed's point against the
+    baseline ``which``. Against the null arm: the paired victim bootstrap of (attack - null).
+    Against the prior-only guess or the random guess: the victim bootstrap of the difference plus
+    a run-level term, the squared gap between the null arm and that guess on this run (what the
+    decoder gains or loses from its prior alone on this split; absent without a null arm)."""
+    cands = _candidates(p, metric)
+    base = cands.get(which, math.nan)
+    b = (p.get("bootstrap") or {}).get(metric)
+    value = (p.get("attack_metrics") or {}).get(metric)
+    se, floor, n, over = math.nan, 0.0, 0, "victims"
+    if isinstance(b, Mapping):
+        value = b.get("attack", value)
+        n = int(num(b.get("n"))) if math.isfinite(num(b.get("n"))) else 0
+        over = str(b.get("over", "victims"))
+        floor = num(b.get("se_floor")) if math.isfinite(num(b.get("se_floor"))) else 0.0
+        if which == "null":
+            if b.get("null") is not None:
+                base, se = num(b["null"]), num(b.get("se_vs_null"))
+            else:  # an AUC: the null arm is an independent draw of the same size
+                se = math.sqrt(2.0) * num(b.get("se"))
+        elif which == "prior":
+            if b.get("prior") is not None:
+                base, se = num(b["prior"]), num(b.get("se_vs_prior"))
+            # else: a data-dependent prior without paired replicates: no valid interval
+        else:
+            se = num(b.get("se"))  # the random guess is a constant
+        if which != "null" and "null" in cands and math.isfinite(se):
+            gap = cands["null"] - base
+            se = math.sqrt(se * se + gap * gap)
+    return advantage(value, base, spec), se, floor, n, over
+
+
+def combine_seeds(advantages: Sequence[float], ses: Sequence[float]) -> tuple[float, float]:
+    """(mean, standard error) of the seeds' advantages: the within-run variance (the mean of the
+    seeds' squared bootstrap SEs) over S plus a between-run component, the seeds' sample variance
+    beyond that within part (a random-effects estimate, never negative), over S."""
+    a, v = np.asarray(advantages, float), np.asarray(ses, float) ** 2
+    s = a.size
+    within = float(v.mean())
+    between = max(0.0, float(np.var(a, ddof=1)) - within) if s >= 2 else 0.0
+    return float(a.mean()), math.sqrt((within + between) / s)
 
 
 def metric_test(
     points: Sequence[Mapping[str, Any]], metric: str, spec: MetricSpec, margin: float = PROTECTION_MARGIN
 ) -> dict[str, Any]:
-    """The advantage of ``metric`` over the stronger baseline at one grid value, pooled over the
-    seeds' ``points``: ``advantage`` (seed mean), ``se`` (mean of the seeds' cluster-bootstrap
-    standard errors: an upper bound on the standard error of the mean however the seeds
-    correlate; NaN when a seed has no bootstrap), ``p`` (one-sided normal p-value of advantage
-    <= 0), ``threshold`` (the margin in the metric's unit: ``margin`` times the gap between the
-    baseline and a perfect attack, or ``margin`` itself without a perfect value), ``n`` and
-    ``over`` (victims resampled), ``against``, ``seeds``. Against the prior-only baseline the
-    standard error is that of the paired difference (metric - prior on the same resamples); a
-    bootstrap without the prior's replicates (a decision set's AUC) gives no interval there."""
-    bases, against = _stronger(points, metric, spec)
-    advs, ses, ns, overs = [], [], [], set()
-    for p, base in zip(points, bases):
-        which = stronger_baseline(
-            (p.get("baseline_prior") or {}).get(metric), point_random_baseline(p).get(metric), spec
-        )[1]
-        b = (p.get("bootstrap") or {}).get(metric)
-        value = (p.get("attack_metrics") or {}).get(metric)
-        se = math.nan
-        if isinstance(b, Mapping):
-            value = b.get("attack", value)
-            if which == "random":
-                se = num(b.get("se"))  # the random guess is a constant
-            elif b.get("prior") is not None:
-                base = num(b["prior"])
-                se = num(b.get("se_vs_prior"))
-            # else: a data-dependent prior without paired replicates: no valid interval
-            ns.append(int(num(b.get("n"))) if math.isfinite(num(b.get("n"))) else 0)
-            overs.add(str(b.get("over", "victims")))
-        advs.append(advantage(value, base, spec))
-        ses.append(se)
+    """The advantage of ``metric`` over the strongest message-free guess at one grid value, pooled
+    over the seeds' ``points``.
+
+    The guess is the strongest (by seed mean) of the attack's own pipeline on the null view
+    (``baseline_null``), the prior-only library (``baseline_prior``) and the random guess. Per
+    seed, :func:`_seed_test` gives the advantage and its standard error (paired victim bootstrap,
+    with a run-level term against a guess other than the null arm); :func:`combine_seeds` pools
+    the seeds (within- plus between-run variance); the SE is floored at one scored record's worth
+    (``se_floor``: a zero spread is never a certainty).
+
+    Returns ``advantage``, ``se``, ``p`` (one-sided normal p-value of advantage <= 0),
+    ``threshold`` (``margin`` times the gap between the baseline and a perfect attack, or
+    ``margin`` itself without a perfect value), ``n`` (fewest victims of a seed), ``over``,
+    ``against`` ("null", "prior" or "random"), ``seeds``, ``baseline`` (its seed mean).
+    """
+    which = _chosen_baseline(points, metric, spec)
     out: dict[str, Any] = {
         "metric": metric,
         "advantage": math.nan,
         "se": math.nan,
         "p": math.nan,
         "threshold": math.nan,
-        "n": min(ns) if ns else 0,
-        "over": "records" if "records" in overs else "victims",
-        "against": "prior" if against == {"prior"} else ("random" if against == {"random"} else "mixed"),
+        "n": 0,
+        "over": "victims",
+        "against": which or "random",
         "seeds": len(points),
+        "baseline": math.nan,
     }
-    pairs = list(zip(advs, ses))
-    if not pairs or not all(math.isfinite(a) for a, _ in pairs):
+    if which is None:
         return out
-    out["advantage"] = float(np.mean([a for a, _ in pairs]))
-    finite_bases = [b for b in bases if math.isfinite(num(b))]
+    tests = [_seed_test(p, metric, which, spec) for p in points]
+    has_boot = [isinstance((p.get("bootstrap") or {}).get(metric), Mapping) for p in points]
+    ns = [t[3] for t, ok in zip(tests, has_boot) if ok]
+    out["n"] = min(ns) if ns else 0
+    out["over"] = "records" if any(t[4] == "records" for t, ok in zip(tests, has_boot) if ok) else "victims"
+    advs = [t[0] for t in tests]
+    if not tests or not all(math.isfinite(a) for a in advs):
+        return out
+    out["advantage"] = float(np.mean(advs))
+    bases = [_candidates(p, metric).get(which, math.nan) for p in points]
+    out["baseline"] = float(np.mean(bases))
     perfect = spec_perfect(spec)
-    if perfect is not None and finite_bases:
-        gap = abs(perfect - float(np.mean(finite_bases)))
+    if perfect is not None and math.isfinite(out["baseline"]):
+        gap = abs(perfect - out["baseline"])
         out["gap"] = gap
         out["threshold"] = margin * gap
         if gap <= 1e-12:  # the baseline is already perfect: no attack can beat it, nothing to test
@@ -325,13 +411,17 @@ def metric_test(
             return out
     else:
         out["threshold"] = margin
-    if all(math.isfinite(s) for _, s in pairs):
-        se = float(np.mean([s for _, s in pairs]))
+    ses = [t[1] for t in tests]
+    if all(math.isfinite(x) for x in ses):
+        mean, se = combine_seeds(advs, ses)
+        floor = float(np.mean([t[2] for t in tests])) / math.sqrt(len(tests))
+        se = max(se, floor)
         out["se"] = se
+        out["between_seeds"] = len(tests) >= 2
         if se > 0:
             out["p"] = _norm_sf(out["advantage"] / se)
         else:
-            out["p"] = 0.0 if out["advantage"] > 0 else 1.0
+            out["p"] = 0.5
     return out
 
 
@@ -339,7 +429,8 @@ def decide_tests(tests: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
     """Holm over ``tests`` (in place): each gets ``level``, ``low`` (one-sided lower bound at its
     Holm level), ``high`` (one-sided upper bound at alpha / m), ``family`` (m) and ``status``:
     "leaks" (Holm rejects advantage <= 0), "below prior" (high < 0), "under margin"
-    (high < threshold), "inconclusive", "no interval" (no per-victim scores) or "at ceiling"
+    (high < threshold), "inconclusive", "too few victims" (fewer than
+    :data:`MIN_VERDICT_VICTIMS`: never decided), "no interval" (no per-victim scores) or "at ceiling"
     (the baseline is already a perfect attack: not tested, not counted in m)."""
     rejected, levels = holm([t["p"] for t in tests], alpha)
     m = sum(1 for t in tests if math.isfinite(num(t["p"])))
@@ -357,7 +448,9 @@ def decide_tests(tests: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
         se = t["se"]
         t["low"] = t["advantage"] - _norm_isf(level) * se
         t["high"] = t["advantage"] + _norm_isf(alpha / m) * se
-        if rej:
+        if int(num(t.get("n"))) < MIN_VERDICT_VICTIMS:
+            t["status"] = "too few victims"
+        elif rej:
             t["status"] = "leaks"
         elif t["high"] < 0:
             t["status"] = "below prior"
@@ -377,7 +470,7 @@ def row_verdict(tests: Mapping[str, Mapping[str, Any]], supported: bool, defende
     status = [t["status"] for t in tests.values() if t["status"] != "at ceiling"]
     if "leaks" in status:
         return "leaks"
-    if "no interval" in status:
+    if "no interval" in status or "too few victims" in status:
         return "inconclusive"
     if "below prior" in status:
         return "attack below prior"
@@ -465,13 +558,25 @@ def strength_rows(
     return rows
 
 
+#: How each message-free guess is named in sentences.
+BASELINE_NAMES = {
+    "null": "the attack on messages that carry nothing about the victims",
+    "prior": "the best guess without the messages",
+    "random": "the random guess",
+}
+
+
 def bound_text(t: Mapping[str, Any]) -> str:
+    """The interval's method: the bootstrap, the seeds and the run-level term, the Holm family."""
     if not math.isfinite(num(t.get("se"))):
         return "no per-victim scores: no interval"
     seeds = f"{t['seeds']} seed{'s' if t['seeds'] != 1 else ''}"
     fallback = ", records resampled as if independent: no victim ids" if t.get("over") == "records" else ""
+    run = " and between seeds" if t.get("between_seeds") else ""
+    family = t.get("family_name") or "this experiment"
     return (
-        f"cluster bootstrap over {t['n']} {t.get('over', 'victims')}, {seeds}{fallback}; Holm over {t['family']} tests"
+        f"cluster bootstrap over {t['n']} {t.get('over', 'victims')}{run}, {seeds}{fallback}; "
+        f"Holm over {t['family']} tests ({family})"
     )
 
 

@@ -10,7 +10,15 @@ from typing import Any
 import numpy as np
 
 from privaudit.results.numbers import fmt, fmt_interval, fmt_value, num
-from privaudit.results.stats import ALPHA, PROTECTION_MARGIN, bound_text, decide_rows, privacy_metrics, strength_rows
+from privaudit.results.stats import (
+    ALPHA,
+    BASELINE_NAMES,
+    PROTECTION_MARGIN,
+    bound_text,
+    decide_rows,
+    privacy_metrics,
+    strength_rows,
+)
 from privaudit.results.summary import main_utility, utility_cost_interval
 
 #: What a "no evidence" cell means, for sentences and legends.
@@ -76,11 +84,14 @@ def verdict_label(row: Mapping[str, Any]) -> str:
     tests = row.get("tests") or {}
     if verdict == "inconclusive" and any(t.get("status") == "no interval" for t in tests.values()):
         return "inconclusive (no per-victim scores)"
+    few = [int(num(t.get("n"))) for t in tests.values() if t.get("status") == "too few victims"]
+    if verdict == "inconclusive" and few:
+        return f"inconclusive ({min(few)} victims)"
     return verdict
 
 
 def _test_text(t: Mapping[str, Any], name: bool = True) -> str:
-    base = "the prior-only baseline" if t.get("against") == "prior" else "the random guess"
+    base = BASELINE_NAMES.get(str(t.get("against")), "the random guess")
     what = f"{t['metric']}: advantage" if name else "advantage"
     if not math.isfinite(num(t.get("se"))):
         return f"{what} over {base} {fmt(t['advantage'])} (no per-victim scores: no interval)"
@@ -118,7 +129,7 @@ def row_text(row: Mapping[str, Any], margin: float) -> str:
         return f"is held under the margin ({_under_margin_text(row, margin)})"
     if verdict == "not applicable":
         return "does not apply"
-    open_ = [t for t in tests.values() if t["status"] in ("inconclusive", "no interval")]
+    open_ = [t for t in tests.values() if t["status"] in ("inconclusive", "no interval", "too few victims")]
     if not open_:
         return "is not tested (every baseline is already a perfect attack)"
     return "is inconclusive (" + "; ".join(_test_text(t) for t in open_) + ")"
