@@ -203,7 +203,7 @@ def test_leaks_on_any_declared_metric_and_the_sentence_names_it():
     assert rs.verdict_label(row) == "leaks (b)"
     assert "leaks on b (lower bound" in v["sentence"] and "Holm over 2 tests" in v["sentence"]
     # the Holm family is stated once, with its level, inside the interval's bound text
-    assert v["sentence"].count("Holm over") == 1 and "Holm over 2 tests at 0.05)" in v["sentence"]
+    assert v["sentence"].count("Holm over") == 1 and "Holm over 2 tests at 0.05; family: this experiment)" in v["sentence"]
 
 
 def test_protected_needs_every_metric_under_the_margin_and_a_positive_control():
@@ -336,9 +336,17 @@ def test_noise_sweep_is_protected_only_after_a_leak(big):
     rows = {r["value"]: r for r in v["rows"]}
     assert rows[0.0]["verdict"] == "leaks" and rows[1.0]["verdict"] == "leaks"
     t = rows[1000.0]["tests"]["accuracy"]
-    ses = [p["bootstrap"]["accuracy"]["se"] for p in res["points"] if p["value"] == 1000.0]
-    assert t["se"] == pytest.approx(np.mean(ses)) and t["family"] == 3
-    assert t["high"] == pytest.approx(t["advantage"] + Z(0.05 / 3) * t["se"])
+    # the upper bound is the smallest over the message-free guesses (null arm, prior, random),
+    # Bonferroni over them inside Holm's alpha / m; the SE pools within- and between-seed variance
+    arms = t["arms"]
+    assert t["family"] == 3 and set(arms) == {"null", "prior", "random"} and t["against"] in arms
+    assert t["high"] == pytest.approx(min(a + Z(0.05 / (3 * len(arms))) * se for a, se in arms.values()))
+    points = [p for p in res["points"] if p["value"] == 1000.0]
+    advs = [p["attack_metrics"]["accuracy"] - p["baseline_null"]["accuracy"] for p in points]
+    ses = [p["bootstrap"]["accuracy"]["se_vs_null"] for p in points]
+    within = np.mean(np.square(ses))
+    expect = np.sqrt((within + max(0.0, np.var(advs, ddof=1) - within)) / 2)
+    assert arms["null"][0] == pytest.approx(np.mean(advs)) and arms["null"][1] == pytest.approx(expect)
     assert rows[1000.0]["verdict"] == "protected" and v["strength"] == 1000.0
     assert v["sentence"].startswith("dummy-attack (accuracy): protected from dummy-noise.scale = 1000 on")
     assert "ndcg@10" in v["sentence"] and "95 % interval" in v["sentence"]

@@ -277,6 +277,12 @@ def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> tuple[list[bool], li
 MIN_VERDICT_VICTIMS = 10
 
 
+#: The run-level term against the prior-only or random guess is at most this many victim-bootstrap
+#: standard errors (the issue that introduced it measured an across-seed SD of 2.7 mean bootstrap
+#: SEs at the null on FedMVMF; docs/verdicts.md).
+RUN_LEVEL_CAP = 3.0
+
+
 #: The message-free guesses a point may carry, in the order a tie is broken.
 BASELINES = ("null", "prior", "random")
 
@@ -318,7 +324,9 @@ def _seed_test(p: Mapping[str, Any], metric: str, which: str, spec: MetricSpec) 
     baseline ``which``. Against the null arm: the paired victim bootstrap of (attack - null).
     Against the prior-only guess or the random guess: the victim bootstrap of the difference plus
     a run-level term, the squared gap between the null arm and that guess on this run (what the
-    decoder gains or loses from its prior alone on this split; absent without a null arm)."""
+    decoder gains or loses from its prior alone on this split; absent without a null arm), capped at
+    :data:`RUN_LEVEL_CAP` victim-bootstrap SEs (a larger gap is systematic: the decoder's prior is
+    weaker or stronger than the library on every run, not run-level noise)."""
     cands = _candidates(p, metric)
     base = cands.get(which, math.nan)
     b = (p.get("bootstrap") or {}).get(metric)
@@ -341,7 +349,7 @@ def _seed_test(p: Mapping[str, Any], metric: str, which: str, spec: MetricSpec) 
         else:
             se = num(b.get("se"))  # the random guess is a constant
         if which != "null" and "null" in cands and math.isfinite(se):
-            gap = cands["null"] - base
+            gap = min(abs(cands["null"] - base), RUN_LEVEL_CAP * se)
             se = math.sqrt(se * se + gap * gap)
     return advantage(value, base, spec), se, floor, n, over
 
@@ -360,20 +368,21 @@ def combine_seeds(advantages: Sequence[float], ses: Sequence[float]) -> tuple[fl
 def metric_test(
     points: Sequence[Mapping[str, Any]], metric: str, spec: MetricSpec, margin: float = PROTECTION_MARGIN
 ) -> dict[str, Any]:
-    """The advantage of ``metric`` over the strongest message-free guess at one grid value, pooled
-    over the seeds' ``points``.
+    """The advantage of ``metric`` over every message-free guess at one grid value, pooled over
+    the seeds' ``points``.
 
-    The guess is the strongest (by seed mean) of the attack's own pipeline on the null view
-    (``baseline_null``), the prior-only library (``baseline_prior``) and the random guess. Per
-    seed, :func:`_seed_test` gives the advantage and its standard error (paired victim bootstrap,
-    with a run-level term against a guess other than the null arm); :func:`combine_seeds` pools
-    the seeds (within- plus between-run variance); the SE is floored at one scored record's worth
-    (``se_floor``: a zero spread is never a certainty).
+    The guesses are the attack's own pipeline on the null view (``baseline_null``), the
+    prior-only library (``baseline_prior``) and the random guess, those every seed carries. Per
+    guess and seed, :func:`_seed_test` gives the advantage and its standard error (paired victim
+    bootstrap, with a run-level term against a guess other than the null arm); :func:`combine_seeds`
+    pools the seeds (within- plus between-run variance); each SE is floored at one scored
+    record's worth (``se_floor``: a zero spread is never a certainty).
 
-    Returns ``advantage``, ``se``, ``p`` (one-sided normal p-value of advantage <= 0),
-    ``threshold`` (``margin`` times the gap between the baseline and a perfect attack, or
-    ``margin`` itself without a perfect value), ``n`` (fewest victims of a seed), ``over``,
-    ``against`` ("null", "prior" or "random"), ``seeds``, ``baseline`` (its seed mean).
+    Returns ``arms`` ({guess: [advantage, se]}), ``against`` (the strongest guess by seed mean)
+    and its ``advantage``, ``se`` and ``baseline``; ``p`` (the largest one-sided p-value over the
+    guesses: "leaks" must beat every one, an intersection-union test); ``threshold`` (``margin``
+    times the gap between the strongest guess and a perfect attack, or ``margin`` itself without
+    a perfect value); ``n`` (fewest victims of a seed), ``over``, ``seeds``.
     """
     which = _chosen_baseline(points, metric, spec)
     out: dict[str, Any] = {
@@ -387,20 +396,20 @@ def metric_test(
         "against": which or "random",
         "seeds": len(points),
         "baseline": math.nan,
+        "arms": {},
     }
     if which is None:
         return out
-    tests = [_seed_test(p, metric, which, spec) for p in points]
+    common = [w for w in BASELINES if all(w in _candidates(p, metric) for p in points)]
     has_boot = [isinstance((p.get("bootstrap") or {}).get(metric), Mapping) for p in points]
-    ns = [t[3] for t, ok in zip(tests, has_boot) if ok]
+    first = [_seed_test(p, metric, which, spec) for p in points]
+    ns = [t[3] for t, ok in zip(first, has_boot) if ok]
     out["n"] = min(ns) if ns else 0
-    out["over"] = "records" if any(t[4] == "records" for t, ok in zip(tests, has_boot) if ok) else "victims"
-    advs = [t[0] for t in tests]
-    if not tests or not all(math.isfinite(a) for a in advs):
+    out["over"] = "records" if any(t[4] == "records" for t, ok in zip(first, has_boot) if ok) else "victims"
+    if not all(math.isfinite(t[0]) for t in first):
         return out
-    out["advantage"] = float(np.mean(advs))
-    bases = [_candidates(p, metric).get(which, math.nan) for p in points]
-    out["baseline"] = float(np.mean(bases))
+    out["advantage"] = float(np.mean([t[0] for t in first]))
+    out["baseline"] = float(np.mean([_candidates(p, metric)[which] for p in points]))
     perfect = spec_perfect(spec)
     if perfect is not None and math.isfinite(out["baseline"]):
         gap = abs(perfect - out["baseline"])
@@ -411,23 +420,29 @@ def metric_test(
             return out
     else:
         out["threshold"] = margin
-    ses = [t[1] for t in tests]
-    if all(math.isfinite(x) for x in ses):
+    out["between_seeds"] = len(points) >= 2
+    pvalues = []
+    for w in common:
+        tests = first if w == which else [_seed_test(p, metric, w, spec) for p in points]
+        advs, ses = [t[0] for t in tests], [t[1] for t in tests]
+        if not all(math.isfinite(x) for x in advs + ses):
+            if w == which:
+                return out  # no interval against the strongest guess: untested
+            continue
         mean, se = combine_seeds(advs, ses)
-        floor = float(np.mean([t[2] for t in tests])) / math.sqrt(len(tests))
-        se = max(se, floor)
-        out["se"] = se
-        out["between_seeds"] = len(tests) >= 2
-        if se > 0:
-            out["p"] = _norm_sf(out["advantage"] / se)
-        else:
-            out["p"] = 0.5
+        se = max(se, float(np.mean([t[2] for t in tests])) / math.sqrt(len(tests)))
+        out["arms"][w] = [mean, se]
+        pvalues.append(_norm_sf(mean / se) if se > 0 else (0.0 if mean > 0 else 1.0))
+    out["se"] = out["arms"][which][1]
+    out["p"] = max(pvalues)
     return out
 
 
 def decide_tests(tests: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
     """Holm over ``tests`` (in place): each gets ``level``, ``low`` (one-sided lower bound at its
-    Holm level), ``high`` (one-sided upper bound at alpha / m), ``family`` (m) and ``status``:
+    Holm level on the advantage over the strongest guess: the smallest lower bound over its
+    ``arms``), ``high`` (upper bound at alpha / m, Bonferroni over the k arms: the smallest upper
+    bound at alpha / (m k)), ``family`` (m) and ``status``:
     "leaks" (Holm rejects advantage <= 0), "below prior" (high < 0), "under margin"
     (high < threshold), "inconclusive", "too few victims" (fewer than
     :data:`MIN_VERDICT_VICTIMS`: never decided), "no interval" (no per-victim scores) or "at ceiling"
@@ -445,9 +460,10 @@ def decide_tests(tests: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
             t["low"] = t["high"] = math.nan
             t["status"] = "no interval"
             continue
-        se = t["se"]
-        t["low"] = t["advantage"] - _norm_isf(level) * se
-        t["high"] = t["advantage"] + _norm_isf(alpha / m) * se
+        arms = t.get("arms") or {"only": [t["advantage"], t["se"]]}
+        k = len(arms)
+        t["low"] = min(a - _norm_isf(level) * se for a, se in arms.values())
+        t["high"] = min(a + _norm_isf(alpha / (m * k)) * se for a, se in arms.values())
         if int(num(t.get("n"))) < MIN_VERDICT_VICTIMS:
             t["status"] = "too few victims"
         elif rej:
@@ -576,7 +592,7 @@ def bound_text(t: Mapping[str, Any]) -> str:
     family = t.get("family_name") or "this experiment"
     return (
         f"cluster bootstrap over {t['n']} {t.get('over', 'victims')}{run}, {seeds}{fallback}; "
-        f"Holm over {t['family']} tests ({family})"
+        f"Holm over {t['family']} tests; family: {family}"
     )
 
 
