@@ -203,7 +203,9 @@ def test_leaks_on_any_declared_metric_and_the_sentence_names_it():
     assert rs.verdict_label(row) == "leaks (b)"
     assert "leaks on b (lower bound" in v["sentence"] and "Holm over 2 tests" in v["sentence"]
     # the Holm family is stated once, with its level, inside the interval's bound text
-    assert v["sentence"].count("Holm over") == 1 and "Holm over 2 tests at 0.05; family: this experiment)" in v["sentence"]
+    assert (
+        v["sentence"].count("Holm over") == 1 and "Holm over 2 tests at 0.05; family: this experiment)" in v["sentence"]
+    )
 
 
 def test_protected_needs_every_metric_under_the_margin_and_a_positive_control():

@@ -166,6 +166,19 @@ def _se(values: np.ndarray) -> float:
     return float(np.std(finite, ddof=1)) if finite.size >= 2 else math.nan
 
 
+#: Share of the attack's own bootstrap SE below which a paired SE is floored.
+SE_FLOOR_SHARE = 0.05
+
+
+def _floor(se_attack: float, records: float) -> float:
+    """The SE floor of a paired difference: :data:`SE_FLOOR_SHARE` of the attack metric's own
+    bootstrap SE (a paired spread far below it is a coincidence of the sample, e.g. a decoder that
+    copies the prior on these victims), or one record's worth (1 / records) when that is 0 too."""
+    if math.isfinite(se_attack) and se_attack > 0:
+        return SE_FLOOR_SHARE * se_attack
+    return 1.0 / records if records > 0 else math.nan
+
+
 def point_bootstrap(
     metrics: Mapping[str, Any],
     table: VictimTable | None,
@@ -194,8 +207,7 @@ def point_bootstrap(
             if all(part in table.null for part in parts):
                 entry["null"] = table.value(m, "null")
                 entry["se_vs_null"] = _se(att - table_replicates(table, m, "null", counts))
-            weight = min(float(table.weight[part].sum()) for part in parts)
-            entry["se_floor"] = 1.0 / weight if weight > 0 else math.nan
+            entry["se_floor"] = _floor(entry["se"], min(float(table.weight[part].sum()) for part in parts))
             out[m] = {**entry, "n": len(table.victims), "over": "victims"}
     for d in (decisions or {}).values():
         if not isinstance(d, Decisions) or d.labels.all() or not d.labels.any():
@@ -209,7 +221,7 @@ def point_bootstrap(
             continue
         reps, over = decision_replicates(d, rng, replicates)
         for m in names:
-            floor = 1.0 / max(1, int(d.labels.sum()) * int((~d.labels).sum())) ** 0.5
+            floor = _floor(_se(reps), float(d.labels.sum() * (~d.labels).sum()) ** 0.5)
             out[m] = {
                 "attack": full,
                 "prior": None,
@@ -345,7 +357,8 @@ def _seed_test(p: Mapping[str, Any], metric: str, which: str, spec: MetricSpec) 
         elif which == "prior":
             if b.get("prior") is not None:
                 base, se = num(b["prior"]), num(b.get("se_vs_prior"))
-            # else: a data-dependent prior without paired replicates: no valid interval
+            else:  # an AUC without the prior's replicates: an independent draw of the same size
+                se = math.sqrt(2.0) * num(b.get("se"))
         else:
             se = num(b.get("se"))  # the random guess is a constant
         if which != "null" and "null" in cands and math.isfinite(se):
