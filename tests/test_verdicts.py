@@ -284,12 +284,20 @@ def test_margin_is_a_share_of_the_gap_to_a_perfect_attack():
 
 def test_utility_cost_carries_its_interval_or_reads_within_noise():
     leak = [point(None, s, {"a": 0.9}, utility=u) for s, u in enumerate((0.30, 0.25))]
-    quiet = [point(1.0, s, {"a": 0.5}, se=0.001, utility=u) for s, u in enumerate((0.26, 0.29))]
+    # within noise only when the interval holds 0 AND lies inside +- 5 % of the reference (0.01375)
+    quiet = [point(1.0, s, {"a": 0.5}, se=0.001, utility=u) for s, u in enumerate((0.2995, 0.2505))]
     res = results(quiet, reference=leak)
     res["metric_specs"] = {"a": SPECS["a"]}
     v = rs.experiment_verdicts(res)[0]
     assert v["utility_cost"] == pytest.approx(0.0) and v["utility_cost_within_noise"] is True
     assert "where the ndcg@10 cost is within noise (0.0000, 95 % interval [" in v["sentence"]
+    # a 2-seed Student-t interval (1 df) far wider than the margin: not resolved, never "within noise"
+    wide = rs.utility_cost_interval({"0": 0.30, "1": 0.25}, {"0": 0.26, "1": 0.29}, "ndcg@10")
+    assert wide["low"] < -0.4 and wide["high"] > 0.4 and wide["margin"] == pytest.approx(0.01375)
+    assert wide["unresolved"] and not wide["within_noise"]
+    quiet = [point(1.0, s, {"a": 0.5}, se=0.001, utility=u) for s, u in enumerate((0.26, 0.29))]
+    v = rs.experiment_verdicts({**res, "points": quiet})[0]
+    assert v["utility_cost_within_noise"] is False and "ndcg@10 cost is not resolved" in v["sentence"]
     quiet = [point(1.0, s, {"a": 0.5}, se=0.001, utility=u) for s, u in enumerate((0.20, 0.16))]
     v = rs.experiment_verdicts({**res, "points": quiet})[0]
     cost = rs.utility_cost_interval({"0": 0.30, "1": 0.25}, {"0": 0.20, "1": 0.16}, "ndcg@10")

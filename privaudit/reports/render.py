@@ -252,8 +252,11 @@ def roc_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]] | 
             ]
             for f in ("0.01", "0.001"):
                 vals = [num(r.get(f"tpr@{f}")) for r in rocs]
+                ci = rocs[0].get(f"tpr@{f}_ci95") if len(rocs) == 1 else None
                 if all(math.isnan(x) for x in vals):
                     cells.append(f"n/a: < {int(round(1 / float(f)))} negatives")
+                elif isinstance(ci, list) and len(ci) == 2 and all(math.isfinite(num(c)) for c in ci):
+                    cells.append(f"{rs.fmt(vals[0])} {rs.fmt_interval(num(ci[0]), num(ci[1]))}")  # one seed
                 else:
                     cells.append(fmt_pm(*rs.mean_ci95(vals)))
             counts = [sorted({int(num(r.get(k))) for r in rocs}) for k in ("n_pos", "n_neg")]  # over seeds
@@ -265,7 +268,10 @@ def roc_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]] | 
 def format_table(results: Mapping[str, Any]) -> str:
     """The verdict sentences and the summary table as aligned plain text (what the CLI prints)."""
     header, rows, same = _compact_columns(*table_rows(results))
-    lines = [f"verdict: {_plain(v.get('sentence', ''))}" for v in results.get("verdicts") or []]
+    lines = []
+    for v in results.get("verdicts") or []:  # the plain line first, the statistical detail beneath
+        lines.append(f"verdict: {_plain(v.get('plain') or v.get('sentence', ''))}")
+        lines += [f"  detail: {_plain(v['detail'])}"] if v.get("plain") and v.get("detail") else []
     lines.append(plain_table(header, rows, left=0))
     lines += [f"note: {dup} has the same values as {orig} at every point (column left out)" for dup, orig in same]
     roc = roc_rows(results)

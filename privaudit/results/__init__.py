@@ -94,6 +94,7 @@ from privaudit.results.verdicts import (
     strength_label,
     verdict_from_rows,
     verdict_label,
+    verdict_lines,
     verdict_margin,
 )
 
@@ -164,6 +165,7 @@ __all__ = [
     "row_text",
     "verdict_from_rows",
     "verdict_margin",
+    "verdict_lines",
     "experiment_verdicts",
     "audit_points",
     "audit_utility",

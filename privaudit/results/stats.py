@@ -161,6 +161,45 @@ def decision_replicates(decisions: Decisions, rng: np.random.Generator, replicat
     return out, over
 
 
+#: Bootstrap replicates of a TPR-at-low-FPR interval.
+TPR_REPLICATES = 400
+
+
+def tpr_interval(
+    decisions: Decisions, fpr: float, replicates: int = TPR_REPLICATES, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the largest TPR at FPR <= ``fpr`` of ``decisions``,
+    resampling its victims (``groups``) or, without them, its records; (NaN, NaN) when there are
+    fewer than 1 / ``fpr`` negatives (the rate cannot be resolved) or a class is empty."""
+    y = decisions.labels
+    n_neg, n_pos = int((~y).sum()), int(y.sum())
+    if n_pos == 0 or n_neg == 0 or n_neg * fpr < 1:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    if decisions.groups is not None:
+        _, cluster = np.unique(decisions.groups, return_inverse=True)
+    else:
+        cluster = np.arange(y.size)
+    order = np.argsort(-decisions.scores, kind="mergesort")
+    s, yy, cl = decisions.scores[order], y[order], cluster[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])  # tie blocks, highest score first
+    counts = bootstrap_counts(int(cluster.max()) + 1, replicates, rng).astype(float)
+    out = np.empty(int(replicates))
+    step = max(1, 2_000_000 // max(1, y.size))
+    for i in range(0, int(replicates), step):
+        w = counts[i : i + step][:, cl]
+        cp = np.cumsum(np.add.reduceat(w * yy, starts, axis=1), axis=1)
+        cn = np.cumsum(np.add.reduceat(w * ~yy, starts, axis=1), axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ok = cn <= fpr * cn[:, -1:]
+            out[i : i + step] = np.where(ok, cp / cp[:, -1:], 0.0).max(axis=1)
+    finite = out[np.isfinite(out)]
+    if finite.size < 2:
+        return math.nan, math.nan
+    lo, hi = np.percentile(finite, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def _se(values: np.ndarray) -> float:
     finite = values[np.isfinite(values)]
     return float(np.std(finite, ddof=1)) if finite.size >= 2 else math.nan
