@@ -654,6 +654,7 @@ def decide_rows(
     defended: Sequence[Sequence[bool]],
     control: Sequence[bool],
     alpha: float = ALPHA,
+    decided: bool = False,
 ) -> None:
     """Test every metric of every row of ``series`` as one Holm family and give each row its
     ``verdict`` (in place). ``defended[i][j]``: row j of series i ran with a defense;
@@ -662,7 +663,8 @@ def decide_rows(
     for a later row. Each row also gets the ``advantage``, ``advantage_low``,
     ``advantage_high``, ``bound`` and ``against`` of ``primary`` (the first metric if absent)
     and ``leak_metrics`` (metrics that leak, smallest p first)."""
-    decide_tests([t for rows in series for row in rows for t in row["tests"].values()], alpha)
+    if not decided:  # else the caller decided the tests in a larger family (a whole audit)
+        decide_tests([t for rows in series for row in rows for t in row["tests"].values()], alpha)
     for rows, flags, ctrl in zip(series, defended, control):
         leaked = bool(ctrl)
         for row, flag in zip(rows, flags):
