@@ -58,9 +58,11 @@ def test_attack_noise_writes_report_and_prints_table(capsys, tmp_path, csv_data)
     assert code == 0, captured.err
     assert captured.err == ""  # no progress bar when stderr is not a terminal
     lines = captured.out.splitlines()
-    assert lines[0].startswith("verdict: dummy-attack (accuracy): ")  # the verdict sentence comes first
-    assert lines[1].split()[0] == "dummy-noise.scale"
-    assert lines[3].split()[:2] == ["0", "1.000"]
+    # the plain verdict line comes first (<= 160 characters), the statistical detail beneath
+    assert lines[0].startswith("verdict: Dummy-noise up to scale ") and len(lines[0]) <= len("verdict: ") + 160
+    assert lines[1].startswith("  detail: ") and "dummy-noise.scale = " in lines[1] and "Holm over" in lines[1]
+    assert lines[2].split()[0] == "dummy-noise.scale"
+    assert lines[4].split()[:2] == ["0", "1.000"]
     assert lines[-1] == f"report written to {out}/"
     data = json.loads((out / "results.json").read_text())
     assert data["dataset"]["users"] == 24 and data["dataset"]["source"] == csv_data
@@ -300,8 +302,9 @@ def test_fedmvmf_noise_command_end_to_end(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # quiet when piped
-    assert proc.stdout.splitlines()[0].startswith("verdict: mvmf-analytic (rating_accuracy): ")
-    assert proc.stdout.splitlines()[1].split()[:2] == ["laplace.scale", "rating_accuracy"]
+    assert proc.stdout.splitlines()[0].startswith("verdict: Laplace noise up to scale ")
+    assert proc.stdout.splitlines()[1].startswith("  detail: ") and "rating_accuracy" in proc.stdout.splitlines()[1]
+    assert proc.stdout.splitlines()[2].split()[:2] == ["laplace.scale", "rating_accuracy"]
     names = sorted(p.name for p in out.iterdir())
     assert names == [
         "accuracy_vs_noise.png",

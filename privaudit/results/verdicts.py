@@ -361,7 +361,8 @@ def _strength_words(results: Mapping[str, Any], value: Any) -> str:
     sweep = str(results.get("sweep") or "")
     defense, _, param = sweep.partition(".")
     if results.get("noise"):
-        return f"{defense.capitalize()} noise up to scale {fmt_value(value)}"
+        name = defense.capitalize() + ("" if "noise" in defense else " noise")
+        return f"{name} up to scale {fmt_value(value)}"
     return f"{defense} at {param} = {fmt_value(value)}"
 
 
