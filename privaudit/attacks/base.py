@@ -89,6 +89,10 @@ class Attack(Configurable, metaclass=ABCMeta):
     #: Whether :meth:`evaluate` also runs the attack on the null view
     #: (:mod:`privaudit.attacks.null_view`) for the ``baseline_null`` arm of the verdicts.
     null_arm: bool = True
+    #: Whether the null view keeps the victims' own item ids (True: the metrics are defined on the
+    #: uploaded ids, e.g. the rating of every uploaded item) or takes the donor's whole messages
+    #: (False: the id set is what leaks, e.g. which items a client trained).
+    null_keeps_ids: bool = True
 
     @abstractmethod
     def applicable(self, view: View) -> tuple[bool, str]:
@@ -256,7 +260,7 @@ class Attack(Configurable, metaclass=ABCMeta):
             null_rng = rng.spawn(1)[0]
         except (AttributeError, TypeError, ValueError):
             null_rng = np.random.default_rng(np.random.SeedSequence([int(transcript.seed or 0), 0x4E11]))
-        nv = null_view(view, null_rng)
+        nv = null_view(view, null_rng, keep_ids=self.null_keeps_ids)
         if nv is view:
             return {}
         recon = self.run(nv, knowledge, null_rng)

@@ -3,8 +3,10 @@ messages that carry no information about that client's data (same kinds, rounds,
 item ids), so that the attack's own pipeline on it measures what the attack achieves from its
 prior knowledge alone (:meth:`privaudit.attacks.base.Attack.evaluate`, ``baseline_null``).
 
-How a victim's message is replaced (``kind``, ``round`` and the integer arrays -- item ids, flags
--- are kept; only float arrays change):
+How a victim's message is replaced by default (``kind``, ``round`` and the integer arrays -- item
+ids, flags -- are kept; only float arrays change; an attack whose leak is the id set itself, such
+as which items a client trained, declares ``null_keeps_ids = False`` and gets the donor's whole
+messages instead):
 
 * every victim gets one donor, another client, through a random derangement fixed for the whole
   view (so that a multi-round attack sees one donor's coherent messages);
@@ -81,8 +83,10 @@ def derangement(n: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def null_view(view: View, rng: np.random.Generator) -> View:
-    """``view`` with every client sender's messages replaced as the module docstring says."""
+def null_view(view: View, rng: np.random.Generator, keep_ids: bool = True) -> View:
+    """``view`` with every client sender's messages replaced as the module docstring says; with
+    ``keep_ids`` False a victim's messages become its donor's whole messages (item ids
+    included), for attacks whose leak is the id set itself (which items a client trained)."""
     senders = sorted({m.sender for m in view.messages if is_client(m.sender) and m.sender != view.party})
     if len(senders) < 2:
         return view
@@ -119,6 +123,9 @@ def null_view(view: View, rng: np.random.Generator) -> View:
         d = senders[int(donor[code[m.sender]])]
         dmsgs = by.get((m.kind, m.round, d), [])
         dm = dmsgs[pos] if pos < len(dmsgs) else None
+        if not keep_ids and dm is not None:
+            out.append(replace(m, payload=dict(dm.payload)))
+            continue
         payload: dict[str, Any] = {}
         for key, arr in m.payload.items():
             if arr.dtype.kind != "f":
