@@ -37,8 +37,8 @@ the protocol settings its deviation needs (``plan``: a dict, or a string naming 
 undefended and at each swept defense's strongest grid value (the cells of the matrix; not the
 whole grid, to keep the audit's cost), and only the attacks of that plan are evaluated there.
 A malicious run attacks one target, so these cells run at least
-:data:`privaudit.results.MIN_VICTIMS` seeds (the honest runs' seeds first), the fewest victims
-an advantage interval is computed from; the seeds' targets of a cell are pooled into one
+:data:`privaudit.results.MIN_VERDICT_VICTIMS` seeds (the honest runs' seeds first), the fewest
+victims a verdict is decided from; the seeds' targets of a cell are pooled into one
 cluster bootstrap (:func:`_pool_targets`). Nothing malicious runs when no selected attack of the
 protocol is malicious. Every run, attack, matrix cell and verdict records its ``threat``;
 ``threat_verdicts`` holds one sentence per matrix column naming both threat models
@@ -429,9 +429,9 @@ def _plan(audit: Audit) -> tuple[list[_Run], dict[str, Any]]:
         except PrivauditError as exc:
             names = ", ".join(n for n, _ in named)
             raise PrivauditError(f"the malicious server's plan of {names} ({_plan_text(plan)}): {exc}") from None
-        # one target per malicious run: at least MIN_VICTIMS seeds (the fewest victims an
-        # advantage interval is computed from), the honest runs' seeds first
-        more = list(range(seeds[0], seeds[0] + max(len(seeds), rs.MIN_VICTIMS)))
+        # one target per malicious run: at least MIN_VERDICT_VICTIMS seeds (the fewest victims a
+        # verdict is decided from), the honest runs' seeds first
+        more = list(range(seeds[0], seeds[0] + max(len(seeds), rs.MIN_VERDICT_VICTIMS)))
         runs += _runs(protocol_cls, planned, defenses, more, named, audit.canaries, plan)
     return runs, _header(audit, protocol_cls, config, seeds, attacks, defenses, skipped)
 

@@ -87,7 +87,8 @@ class Attack(Configurable, metaclass=ABCMeta):
     #: attack, so that a whole attack x defense grid stays affordable); the audit report lists them.
     audit_params: dict[str, Any] = {}
     #: Whether :meth:`evaluate` also runs the attack on the null view
-    #: (:mod:`privaudit.attacks.null_view`) for the ``baseline_null`` arm of the verdicts.
+    #: (:mod:`privaudit.attacks.null_view`) for the ``baseline_null`` arm of the verdicts (never for
+    #: a malicious-threat attack: its crafted rounds, not the victims' data, decide what it reads).
     null_arm: bool = True
     #: Whether the null view keeps the victims' own item ids (True: the metrics are defined on the
     #: uploaded ids, e.g. the rating of every uploaded item) or takes the donor's whole messages
@@ -242,7 +243,7 @@ class Attack(Configurable, metaclass=ABCMeta):
         decisions = self.decisions(recon, transcript) if recon.supported else {}
         victims = self.victim_table(recon, transcript, knowledge) if recon.supported else None
         null_metrics: dict[str, float] = {}
-        if recon.supported and self.null_arm:
+        if recon.supported and self.null_arm and self.threat != "malicious":  # its own plan decides what it reads
             null_metrics = self._null_arm(view, transcript, knowledge, rng, victims)
         return AttackOutcome(metrics, base, recon, prior, decisions, victims, null_metrics)
 

@@ -48,6 +48,7 @@ from privaudit.results.stats import (
     BOOTSTRAP_REPLICATES,
     BOOTSTRAP_SEED,
     CELL_VERDICTS,
+    MIN_VERDICT_VICTIMS,
     MIN_VICTIMS,
     PROTECTION_MARGIN,
     _norm_isf,  # noqa: F401  (tests use the normal quantile)
@@ -135,6 +136,7 @@ __all__ = [
     "BOOTSTRAP_REPLICATES",
     "BOOTSTRAP_SEED",
     "MIN_VICTIMS",
+    "MIN_VERDICT_VICTIMS",
     "CELL_VERDICTS",
     "stronger_baseline",
     "advantage",
