@@ -50,6 +50,7 @@ from privaudit.results.stats import (
     CELL_VERDICTS,
     MIN_VERDICT_VICTIMS,
     MIN_VICTIMS,
+    NULL_SE_INFLATION,
     PROTECTION_MARGIN,
     _norm_isf,  # noqa: F401  (tests use the normal quantile)
     add_advantages,
@@ -137,6 +138,7 @@ __all__ = [
     "BOOTSTRAP_SEED",
     "MIN_VICTIMS",
     "MIN_VERDICT_VICTIMS",
+    "NULL_SE_INFLATION",
     "CELL_VERDICTS",
     "stronger_baseline",
     "advantage",
