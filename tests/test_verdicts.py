@@ -542,3 +542,37 @@ def test_dummy_protocol_null_end_to_end_calibration():
         leaks += any(r["verdict"] == "leaks" for r in rows)
         below += any(r["verdict"] == "attack below prior" for r in rows)
     assert leaks <= 3 and below <= 3
+
+
+def test_null_view_keeps_ids_and_shapes_and_takes_values_from_other_clients():
+    from privaudit.attacks.null_view import derangement, null_view
+    from privaudit.transcript import Transcript
+
+    t = Transcript("x", parties=["server", "client:0", "client:1", "client:2"])
+    rows = {0: [1, 2], 1: [2, 3], 2: [1, 3]}
+    for c, items in rows.items():
+        vals = np.array([[10.0 * c + i] for i in items])
+        t.add(0, f"client:{c}", "server", "grad_V", {"items": np.array(items), "values": vals})
+        t.add(0, f"client:{c}", "server", "grad_P", {"values": np.full((2, 1), float(c))})
+    view = t.view("server")
+    nv = null_view(view, np.random.default_rng(0))
+    for m, n in zip(view.messages, nv.messages):
+        assert (m.sender, m.kind, m.round) == (n.sender, n.kind, n.round)
+        assert all(n.payload[k].shape == m.payload[k].shape for k in m.payload)
+        own = int(m.sender.split(":")[1])
+        if m.kind == "grad_V":
+            assert np.array_equal(n.payload["items"], m.payload["items"])  # ids kept
+            # every row is another client's row of the same item
+            for item, row in zip(n.payload["items"], n.payload["values"][:, 0]):
+                who = int(row // 10)
+                assert who != own and row == 10.0 * who + item
+        else:
+            assert n.payload["values"][0, 0] != own  # a donor's whole array
+    donors = null_view(view, np.random.default_rng(1), keep_ids=False)
+    assert any(
+        not np.array_equal(a.payload["items"], b.payload["items"])
+        for a, b in zip(view.messages, donors.messages)
+        if a.kind == "grad_V"
+    )
+    d = derangement(7, np.random.default_rng(3))
+    assert sorted(d) == list(range(7)) and not np.any(d == np.arange(7))

@@ -54,6 +54,8 @@ class _Pool:
         self.ids, self.owner, self.rows = ids[order], owner[order], rows[order]
 
     def draw(self, ids: np.ndarray, exclude: int, rng: np.random.Generator) -> np.ndarray:
+        if self.ids.size == 0:  # nobody sent a row: nothing to draw from
+            return np.zeros((ids.size, self.rows.shape[1]), dtype=self.rows.dtype)
         lo = np.searchsorted(self.ids, ids, side="left")
         hi = np.searchsorted(self.ids, ids, side="right")
         count = hi - lo
