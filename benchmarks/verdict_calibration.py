@@ -175,6 +175,27 @@ class NullReplace(Defense):
         return batch
 
 
+class NullDense(Defense):
+    """Every upload with item ids becomes every item's row, each an independent N(0, 1) draw (the
+    id set and the values carry nothing); other uploaded floats are replaced by N(0, 1) noise."""
+
+    description = "benchmark defense: every client uploads every item row, all of them noise"
+    parameters = (Param("scale", 1.0, "unused strength (a grid point for the verdicts)", ge=0),)
+    strength = "scale"
+    default_grid = (1.0,)
+
+    def on_upload(self, batch: UploadBatch, channel) -> UploadBatch:
+        m = int(channel.transcript.config.get("n_items", 0))
+        for payload in batch.payloads:
+            if "items" in payload and "values" in payload and m > 0:
+                payload["items"] = np.arange(m, dtype=np.int64)
+                payload["values"] = channel.rng.normal(size=(m, np.shape(payload["values"])[1]))
+            for key in batch.float_keys(payload):
+                if key != "values" or "items" not in payload:
+                    payload[key] = channel.rng.normal(size=np.shape(payload[key]))
+        return batch
+
+
 #: protocol -> (tiny synthetic data, protocol config, laplace scale of the weak leak, defenses
 #: always on -- fedrec's attack needs virtual items to tell apart)
 SMALL = dict(n_users=40, n_items=60, min_ratings=8, density=0.15)
@@ -193,23 +214,24 @@ PROTOCOLS = {
 
 
 #: Protocols without a null configuration here, and why.
-NO_NULL = {
-    "fedncf": (
-        "its default attack (ncf-update-leak) reads which item rows a client uploaded, and "
-        "null-replace keeps the ids (replacing floats leaves that leak intact: every experiment "
-        "rightly reads leaks); a null needs uploads whose id sets carry nothing, not built yet"
-    ),
-}
+NO_NULL: dict[str, str] = {}
+
+#: The null defense per protocol (default null-replace): FedNCF's attack reads which item rows a
+#: client uploaded, so its null also makes every client upload every row.
+NULL_DEFENSE = {"fedncf": "null-dense"}
 
 
 def protocol_rep(protocol: str, scenario: str, seeds: int, rep: int, scale: float | None = None) -> tuple[bool, bool]:
     """One experiment of ``protocol``: ("leaks" on the tested row, "attack below prior" on it)."""
     if "null-replace" not in registry.available("defense"):
         registry._register("defense", "null-replace")(NullReplace)
+    if "null-dense" not in registry.available("defense"):
+        registry._register("defense", "null-dense")(NullDense)
+    null = NULL_DEFENSE.get(protocol, "null-replace")
     data_kw, config, weak, always = PROTOCOLS[protocol]
     data = synthetic(seed=0, **data_kw)
     if scenario == "null":
-        kw = dict(defenses=[*always, {"name": "null-replace"}], sweep=ex.Sweep("null-replace", "scale", (1.0,)))
+        kw = dict(defenses=[*always, {"name": null}], sweep=ex.Sweep(null, "scale", (1.0,)))
     else:
         kw = dict(defenses=list(always), noise="laplace", scales=(weak if scale is None else scale,))
     res = ex.build_experiment(protocol=protocol, protocol_config=config, seeds=seeds, seed=1000 * rep + 7, **kw).run(
