@@ -33,7 +33,9 @@ point; ``--users``/``--bits`` for the size).
 Built-in protocols (``--protocol fedmvmf|fedrec|fedncf|fedsplit|fedproto``): each repetition is
 one experiment of the protocol at a tiny size (:data:`PROTOCOLS`) with its default attack, one
 grid point, a fresh base seed. Null: the ``null-replace`` defense replaces every uploaded float
-by independent N(0, 1) noise (the messages carry nothing but their shapes and item ids). Weak
+by independent N(0, 1) noise (the messages carry nothing but their shapes and item ids); for
+FedNCF, whose attack reads the uploaded id sets, ``null-dense`` makes every client upload every
+item row, all noise. Weak
 leak: the protocol's ``laplace`` noise at a scale where the attack still leaks a little. Printed
 per seed count: the share of experiments reading "leaks" and "attack below prior" on the null
 with 95 % Clopper-Pearson upper bounds, and the share reading "leaks" on the weak leak (power).
