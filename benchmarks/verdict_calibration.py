@@ -278,7 +278,8 @@ def main() -> None:
     if args.protocol:
         _, config, weak, _always = PROTOCOLS[args.protocol]
         print(
-            f"{args.protocol} {config}, {args.reps} null experiments (null-replace) and {args.power_reps} "
+            f"{args.protocol} {config}, {args.reps} null experiments "
+            f"({NULL_DEFENSE.get(args.protocol, 'null-replace')}) and {args.power_reps} "
             f"weak-leak experiments (laplace scale {weak}) per seed count; 95 % Clopper-Pearson upper bounds"
         )
         print(
