@@ -38,8 +38,8 @@ the protocol settings its deviation needs (``plan``: a dict, or a string naming 
 undefended and at each swept defense's strongest grid value (the cells of the matrix; not the
 whole grid, to keep the audit's cost), and only the attacks of that plan are evaluated there.
 A malicious run attacks one target, so these cells run at least
-:data:`privaudit.results.MIN_VICTIMS` seeds (the honest runs' seeds first), the fewest victims
-an advantage interval is computed from; the seeds' targets of a cell are pooled into one
+:data:`privaudit.results.MIN_VERDICT_VICTIMS` seeds (the honest runs' seeds first), the fewest
+victims a verdict is decided from; the seeds' targets of a cell are pooled into one
 cluster bootstrap (:func:`_pool_targets`). Nothing malicious runs when no selected attack of the
 protocol is malicious. Every run, attack, matrix cell and verdict records its ``threat``;
 ``threat_verdicts`` holds one sentence per matrix column naming both threat models
@@ -598,9 +598,9 @@ def _plan(audit: Audit, n_users: int | None = None) -> tuple[list[_Run], dict[st
             continue
         variants, params = _variants(named, budget)
         entries += [(n, a, params.get(n)) for n, a in variants]
-        # one target per malicious run: at least MIN_VICTIMS seeds (the fewest victims an
-        # advantage interval is computed from), the honest runs' seeds first
-        more = list(range(seeds[0], seeds[0] + max(len(seeds), rs.MIN_VICTIMS)))
+        # one target per malicious run: at least MIN_VERDICT_VICTIMS seeds (the fewest victims a
+        # verdict is decided from), the honest runs' seeds first
+        more = list(range(seeds[0], seeds[0] + max(len(seeds), rs.MIN_VERDICT_VICTIMS)))
         runs += _runs(protocol_cls, planned, defenses, more, variants, audit.canaries, plan, params)
     header = _header(audit, protocol_cls, config, seeds, entries, defenses, skipped)
     header["_unplanned"] = unplanned

@@ -12,6 +12,7 @@ SIGTERM into a normal exit, which shuts the pool down.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -182,6 +183,7 @@ def evaluate_attack(
 
     The entry holds ``attack_metrics``, ``baseline_random`` (the uniform random guess),
     ``baseline_prior`` (the prior-only guess; empty when the attack provides none),
+    ``baseline_null`` (the attack's own pipeline on the null view, when it ran),
     ``supported`` (and ``reason``), and for every per-record :class:`~privaudit.results.Decisions`
     its ROC summary under ``roc``; when ``privacy`` records a claimed epsilon (a DP defense), the
     empirical epsilon lower bound of every decision under ``empirical_epsilon``; under
@@ -197,6 +199,8 @@ def evaluate_attack(
         "baseline_prior": floats(getattr(outcome, "baseline_prior", None)),
         "supported": bool(recon.supported),
     }
+    if getattr(outcome, "baseline_null", None):
+        out["baseline_null"] = floats(outcome.baseline_null)
     if not recon.supported:
         out["reason"] = recon.reason
     decisions = getattr(outcome, "decisions", None) or {}
@@ -214,13 +218,18 @@ def evaluate_attack(
 
 def decision_rocs(decisions: Mapping[str, Any]) -> dict[str, Any]:
     """ROC summary (:func:`privaudit.metrics.roc_summary`) of every decision set, with its
-    ``positive`` label."""
+    ``positive`` label and, beside every resolvable ``tpr@f``, ``tpr@f_ci95``: its 95 %
+    bootstrap interval (:func:`privaudit.results.stats.tpr_interval`)."""
     from privaudit.metrics import roc_summary
+    from privaudit.results.stats import tpr_interval
 
     out = {}
     for name, d in decisions.items():
         roc = roc_summary(d.labels, d.scores)
         roc["positive"] = str(getattr(d, "positive", "positive"))
+        for key in [k for k in roc if k.startswith("tpr@")]:
+            if math.isfinite(float(roc[key])):  # 95 % bootstrap interval over victims (records without ids)
+                roc[key + "_ci95"] = list(tpr_interval(d, float(key[4:])))
         out[str(name)] = roc
     return out
 

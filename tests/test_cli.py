@@ -58,14 +58,18 @@ def test_attack_noise_writes_report_and_prints_table(capsys, tmp_path, csv_data)
     assert code == 0, captured.err
     assert captured.err == ""  # no progress bar when stderr is not a terminal
     lines = captured.out.splitlines()
-    assert lines[0].startswith("verdict: dummy-attack (accuracy): ")  # the verdict sentence comes first
+    # the plain verdict line comes first (<= 160 characters, wrapped at 100), the statistical detail beneath
+    assert lines[0].startswith("verdict: Dummy-noise up to scale ")
+    det = next(i for i, line in enumerate(lines) if line.startswith("  detail: "))
+    assert len(" ".join(x.strip() for x in lines[:det])) <= len("verdict: ") + 160
     head = next(i for i, line in enumerate(lines) if line.startswith("dummy-noise.scale"))
-    assert all(line.startswith("  ") for line in lines[1:head])  # the sentence wrapped beneath
+    assert "dummy-noise.scale = " in " ".join(lines[det:head]) and "Holm over" in " ".join(lines[det:head])
+    assert all(line.startswith("  ") for line in lines[1:head])  # the layers wrapped beneath
     assert lines[head].split() == ["dummy-noise.scale", "accuracy", "prior", "advantage", "[bounds]", "verdict"] + [
         "utility:",
         "ndcg@10",
     ]
-    assert lines[head + 2].split()[:3] == ["0", "1.000", "0.500"]
+    assert lines[head + 2].split()[:2] == ["0", "1.000"]
     assert lines[-1] == f"report written to {out}/"
     assert max(len(line) for line in lines) <= 100  # the first screen fits 100 columns
     data = json.loads((out / "results.json").read_text())
@@ -306,8 +310,10 @@ def test_fedmvmf_noise_command_end_to_end(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # quiet when piped
-    assert proc.stdout.splitlines()[0].startswith("verdict: mvmf-analytic (rating_accuracy): ")
     lines = proc.stdout.splitlines()
+    assert lines[0].startswith("verdict: Laplace noise up to scale ")
+    det = next(i for i, line in enumerate(lines) if line.startswith("  detail: "))
+    assert "rating_accuracy" in " ".join(lines[det : det + 3])
     assert any(line.split()[:2] == ["laplace.scale", "rating_accuracy"] for line in lines)
     assert max(len(line) for line in lines) <= 100  # the first screen fits 100 columns
     names = sorted(p.name for p in out.iterdir())

@@ -164,7 +164,10 @@ def test_x_axis_choice():
 def test_table(noise_results):
     text = reports.format_table(noise_results)
     lines = text.split("\n\n")[0].splitlines()  # the summary table (the ROC table follows)
-    assert lines[0].startswith("verdict: dummy-attack (accuracy): ")  # the verdict sentence opens the output
+    # the plain verdict line opens the output, the statistical detail beneath it
+    assert lines[0].startswith("verdict: ") and len(lines[0]) <= len("verdict: ") + 160
+    assert lines[1].startswith("  detail: ") and "Holm over" in lines[1]
+    lines = lines[1:]
     head = lines[1]
     for column in (
         "dummy-noise.scale",

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from privaudit.attacks.null_view import null_view
 from privaudit.params import Configurable
 from privaudit.registry import RegisteredName
 from privaudit.results import Decisions, MetricSpec, VictimTable
@@ -88,6 +89,14 @@ class Attack(Configurable, metaclass=ABCMeta):
     #: Parameters ``privaudit audit`` uses for this attack (e.g. a victim subsample for a slow
     #: attack, so that a whole attack x defense grid stays affordable); the audit report lists them.
     audit_params: dict[str, Any] = {}
+    #: Whether :meth:`evaluate` also runs the attack on the null view
+    #: (:mod:`privaudit.attacks.null_view`) for the ``baseline_null`` arm of the verdicts (never for
+    #: a malicious-threat attack: its crafted rounds, not the victims' data, decide what it reads).
+    null_arm: bool = True
+    #: Whether the null view keeps the victims' own item ids (True: the metrics are defined on the
+    #: uploaded ids, e.g. the rating of every uploaded item) or takes the donor's whole messages
+    #: (False: the id set is what leaks, e.g. which items a client trained).
+    null_keeps_ids: bool = True
 
     @abstractmethod
     def applicable(self, view: View) -> tuple[bool, str]:
@@ -223,8 +232,10 @@ class Attack(Configurable, metaclass=ABCMeta):
 
         When the attack does not apply, the metrics equal the random baseline and ``reason``
         says why. ``baseline_prior`` is :meth:`prior_baseline` with the same prior knowledge;
-        ``decisions`` is :meth:`decisions` of a
-        supported reconstruction.
+        ``decisions`` is :meth:`decisions` of a supported reconstruction. ``baseline_null`` is
+        the same attack (same knowledge, an independent random stream) on the null view of
+        :mod:`privaudit.attacks.null_view`, scored against the same truth; its per-victim
+        numerators go into the victim table's ``null`` (when its victims and weights match).
         """
         view = transcript.view(self.party)
         ok, reason = self.applicable(view)
@@ -235,7 +246,38 @@ class Attack(Configurable, metaclass=ABCMeta):
         prior = self.prior_baseline(transcript, knowledge)
         decisions = self.decisions(recon, transcript) if recon.supported else {}
         victims = self.victim_table(recon, transcript, knowledge) if recon.supported else None
-        return AttackOutcome(metrics, base, recon, prior, decisions, victims)
+        null_metrics: dict[str, float] = {}
+        if recon.supported and self.null_arm and self.threat != "malicious":  # its own plan decides what it reads
+            null_metrics = self._null_arm(view, transcript, knowledge, rng, victims)
+        return AttackOutcome(metrics, base, recon, prior, decisions, victims, null_metrics)
+
+    def _null_arm(
+        self,
+        view: View,
+        transcript: Transcript,
+        knowledge: dict[str, Any],
+        rng: np.random.Generator,
+        victims: VictimTable | None,
+    ) -> dict[str, float]:
+        """Metrics of the attack on the null view (empty when it does not run there); fills
+        ``victims.null`` in place where the null table scores the same victims and weights."""
+        try:  # an independent stream that leaves ``rng`` where the real arm left it
+            null_rng = rng.spawn(1)[0]
+        except (AttributeError, TypeError, ValueError):
+            null_rng = np.random.default_rng(np.random.SeedSequence([int(transcript.seed or 0), 0x4E11]))
+        nv = null_view(view, null_rng, keep_ids=self.null_keeps_ids)
+        if nv is view:
+            return {}
+        recon = self.run(nv, knowledge, null_rng)
+        if not recon.supported:
+            return {}
+        out = self.score(recon, transcript)
+        table = self.victim_table(recon, transcript, knowledge) if victims is not None else None
+        if table is not None and victims is not None and list(table.victims) == list(victims.victims):
+            for m in victims.attack:
+                if m in table.attack and np.array_equal(table.weight[m], victims.weight[m]):
+                    victims.null[m] = table.attack[m]
+        return out
 
 
 @dataclass
@@ -255,6 +297,9 @@ class AttackOutcome:
         Per-record scores and truth (:meth:`Attack.decisions`); empty if none.
     victims : VictimTable or None
         Per-victim parts of the metrics and of the prior (:meth:`Attack.victim_table`).
+    baseline_null : dict[str, float]
+        The attack's own pipeline on the null view (:mod:`privaudit.attacks.null_view`), same
+        keys; empty when it did not run.
     """
 
     metrics: dict[str, float]
@@ -263,3 +308,4 @@ class AttackOutcome:
     baseline_prior: dict[str, float] = field(default_factory=dict)
     decisions: dict[str, Decisions] = field(default_factory=dict)
     victims: VictimTable | None = None
+    baseline_null: dict[str, float] = field(default_factory=dict)

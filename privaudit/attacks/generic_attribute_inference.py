@@ -63,6 +63,8 @@ def _labels(transcript: Transcript, parties: list[str]) -> tuple[list[str], np.n
 class GenericAttributeInference(Attack):
     """Infer each client's attributes from its uploads with a classifier trained on an auxiliary set."""
 
+    null_keeps_ids = False  # its features are the uploaded id set: the null arm reads a donor's
+
     description = (
         "any recorder with item-embedding uploads: attributes from uploaded rows + auxiliary labelled users "
         "(Zhang et al., IEEE TKDE 2023)"

@@ -79,6 +79,8 @@ def estimate_negatives(ups: dict[str, list], m: int) -> int | None:
 class GenericInteractionInference(GenericTrainedItems):
     """Split each recorded upload's changed item rows into positives and sampled negatives."""
 
+    null_keeps_ids = True  # scored among the uploaded rows: the null keeps them, values from a donor
+
     #: per (client, item): (mean cosine + 1) / 2 over the rounds read, 0 for rows never changed
     decision = ("positive", "positive item")
     description = (

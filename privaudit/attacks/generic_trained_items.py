@@ -55,6 +55,8 @@ def mean_prf(rows: list[tuple[float, float, float]]) -> dict[str, float]:
 class GenericTrainedItems(Attack):
     """Recover each client's trained items from the embedding rows its uploads changed."""
 
+    null_keeps_ids = False  # the leak is the id set: the null arm reads a donor's uploads
+
     description = "any recorder with item-embedding uploads: changed rows reveal each client's trained items"
     party = "server"
     protocols = ("flower",)  # recorded runs; within them the attack chooses itself by message kinds

@@ -46,6 +46,8 @@ from privaudit.transcript import Transcript, View
 class NCFKAnonLinking(OneTarget):
     """Difference per-item counts of cohorts with and without the target (module docstring)."""
 
+    null_arm = False  # it reads server-side per-item counts, which a null view of clients does not reach
+
     description = (
         "FedNCF under secagg: adversarial cohorts with/without the target link items to it via per-item counts (§3.5.2)"
     )

@@ -178,6 +178,8 @@ PRF_SPECS = {
 class NCFUpdateLeak(Attack):
     """Recover a FedNCF client's positives from the rows its plain uploads changed (module docstring)."""
 
+    null_keeps_ids = False  # the leak is the id set: the null arm reads a donor's uploads
+
     description = (
         "FedNCF plain uploads: updated item rows reveal each client's training items (precision/recall of positives)"
     )

@@ -253,8 +253,11 @@ def roc_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]] | 
             ]
             for f in ("0.01", "0.001"):
                 vals = [num(r.get(f"tpr@{f}")) for r in rocs]
+                ci = rocs[0].get(f"tpr@{f}_ci95") if len(rocs) == 1 else None
                 if all(math.isnan(x) for x in vals):
                     cells.append(f"n/a: < {int(round(1 / float(f)))} negatives")
+                elif isinstance(ci, list) and len(ci) == 2 and all(math.isfinite(num(c)) for c in ci):
+                    cells.append(f"{rs.fmt(vals[0])} {rs.fmt_interval(num(ci[0]), num(ci[1]))}")  # one seed
                 else:
                     cells.append(fmt_pm(*rs.mean_ci95(vals)))
             counts = [sorted({int(num(r.get(k))) for r in rocs}) for k in ("n_pos", "n_neg")]  # over seeds
@@ -266,7 +269,10 @@ def roc_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]] | 
 def format_table(results: Mapping[str, Any]) -> str:
     """The verdict sentences and the summary table as aligned plain text (what the CLI prints)."""
     header, rows, same = _compact_columns(*table_rows(results))
-    lines = [f"verdict: {_plain(v.get('sentence', ''))}" for v in results.get("verdicts") or []]
+    lines = []
+    for v in results.get("verdicts") or []:  # the plain line first, the statistical detail beneath
+        lines.append(f"verdict: {_plain(v.get('plain') or v.get('sentence', ''))}")
+        lines += [f"  detail: {_plain(v['detail'])}"] if v.get("plain") and v.get("detail") else []
     lines.append(plain_table(header, rows, left=0))
     lines += [f"note: {dup} has the same values as {orig} at every point (column left out)" for dup, orig in same]
     roc = roc_rows(results)
@@ -319,14 +325,23 @@ def _explained(results: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def verdict_lines(verdict: Mapping[str, Any], width: int = CONSOLE_WIDTH) -> list[str]:
-    """A verdict's sentence for the terminal: ``verdict: `` and its first layer, the layers
-    beneath (``\n`` in the sentence, or a separate ``detail`` entry) indented, all within
-    ``width`` columns."""
-    text = str(verdict.get("sentence", ""))
-    detail = verdict.get("detail")
-    if isinstance(detail, str) and detail.strip() and detail.strip() not in text:
-        text += "\n" + detail
-    return wrap_lines(text, width, first="verdict: ")
+    """A verdict for the terminal, all within ``width`` columns: ``verdict: `` and its plain
+    first line (the ``plain`` entry of :func:`privaudit.results.verdict_lines`), the statistical
+    ``detail`` beneath, then the sentence's further layers (the headline clauses after ``\n``).
+    A verdict without a ``plain`` entry (results written before it) shows its sentence first."""
+    sentence = str(verdict.get("sentence", ""))
+    plain, detail = verdict.get("plain"), verdict.get("detail")
+    has_detail = isinstance(detail, str) and bool(detail.strip())
+    if not (isinstance(plain, str) and plain.strip()):
+        text = sentence + ("\n" + detail if has_detail and detail.strip() not in sentence else "")
+        return wrap_lines(text, width, first="verdict: ")
+    out = wrap_lines(plain, width, first="verdict: ")
+    if has_detail:
+        out += wrap_lines(detail, width, first="  detail: ", indent="    ")
+    clauses = sentence.partition("\n")[2]
+    if clauses.strip():
+        out += wrap_lines(clauses, width, first="  ", indent="    ")
+    return out
 
 
 def _short_verdict(row: Mapping[str, Any]) -> str:

@@ -48,7 +48,9 @@ from privaudit.results.stats import (
     BOOTSTRAP_REPLICATES,
     BOOTSTRAP_SEED,
     CELL_VERDICTS,
+    MIN_VERDICT_VICTIMS,
     MIN_VICTIMS,
+    NULL_SE_INFLATION,
     PROTECTION_MARGIN,
     _norm_isf,  # noqa: F401  (tests use the normal quantile)
     add_advantages,
@@ -94,6 +96,7 @@ from privaudit.results.verdicts import (
     strength_label,
     verdict_from_rows,
     verdict_label,
+    verdict_lines,
     verdict_margin,
 )
 
@@ -134,6 +137,8 @@ __all__ = [
     "BOOTSTRAP_REPLICATES",
     "BOOTSTRAP_SEED",
     "MIN_VICTIMS",
+    "MIN_VERDICT_VICTIMS",
+    "NULL_SE_INFLATION",
     "CELL_VERDICTS",
     "stronger_baseline",
     "advantage",
@@ -164,6 +169,7 @@ __all__ = [
     "row_text",
     "verdict_from_rows",
     "verdict_margin",
+    "verdict_lines",
     "experiment_verdicts",
     "audit_points",
     "audit_utility",

@@ -1,5 +1,5 @@
 """Audit verdicts: every (attack, defense) pair of an audit as experiment-like points, decided as
-one Holm family per attack, summarised as a matrix of cells and one sentence per attack."""
+one Holm family over the whole audit, summarised as a matrix of cells and one sentence per attack."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from privaudit.results.numbers import fmt_value, num
-from privaudit.results.stats import decide_rows, point_random_baseline, privacy_metrics, strength_rows
+from privaudit.results.stats import (
+    decide_rows,
+    decide_tests,
+    point_random_baseline,
+    privacy_metrics,
+    strength_rows,
+)
 from privaudit.results.summary import group_by_value, main_utility, mean_ci95, utility_cost_interval, value_key
 from privaudit.results.verdicts import NO_POWER, row_text, verdict_from_rows, verdict_label, verdict_margin
 
@@ -53,9 +59,8 @@ def _attack_info(audit: Mapping[str, Any], attack: str) -> Mapping[str, Any]:
     return next(a for a in audit.get("attacks") or [] if a["name"] == attack)
 
 
-def _attack_rows(audit: Mapping[str, Any], attack: str) -> dict[str | None, list[dict[str, Any]]]:
-    """Decided rows of every defense of ``attack`` (None: undefended), one Holm family; the
-    undefended run leaking is the positive control of every defense."""
+def _undecided_rows(audit: Mapping[str, Any], attack: str) -> tuple[dict[str | None, list[dict[str, Any]]], list]:
+    """Rows of every defense of ``attack`` (None: undefended) with their tests, not yet decided."""
     info = _attack_info(audit, attack)
     specs = info.get("metric_specs") or {}
     utility = audit_utility(audit)
@@ -63,13 +68,36 @@ def _attack_rows(audit: Mapping[str, Any], attack: str) -> dict[str | None, list
     names: list[str | None] = [None] + [d["name"] for d in audit.get("defenses") or []]
     points = {name: audit_points(audit, attack, name) for name in names}
     metrics = privacy_metrics([p for ps in points.values() for p in ps], specs)
+    return {name: strength_rows(points[name], metrics, specs, utility, margin) for name in names}, names
+
+
+#: The Holm family of an audit's verdicts, as the audit states it.
+AUDIT_FAMILY = "whole audit"
+
+
+def _attack_rows(audit: Mapping[str, Any], attack: str) -> dict[str | None, list[dict[str, Any]]]:
+    """Decided rows of every defense of ``attack`` (None: undefended). One Holm family over the
+    whole audit: every test of every attack, defense, value and metric (so that the audit's
+    family-wise error rate is controlled, not each attack's); the undefended run leaking is the
+    positive control of every defense."""
+    info = _attack_info(audit, attack)
     primary = info.get("primary_metric")
-    rows = {name: strength_rows(points[name], metrics, specs, utility, margin) for name in names}
+    rows: dict[str | None, list[dict[str, Any]]] = {}
+    names: list = []
+    family = []
+    for a in audit.get("attacks") or []:
+        got, got_names = _undecided_rows(audit, a["name"])
+        family += [t for rs in got.values() for row in rs for t in row["tests"].values()]
+        if a["name"] == attack:
+            rows, names = got, got_names
+    decide_tests(family)
+    for t in family:
+        t["family_name"] = AUDIT_FAMILY
     series = [rows[name] for name in names]
     flags = [[name is not None] * len(rows[name]) for name in names]
-    decide_rows(series, primary, flags, [False] * len(names))
+    decide_rows(series, primary, flags, [False] * len(names), decided=True)
     if any(r["verdict"] == "leaks" for r in rows[None]):
-        decide_rows(series, primary, flags, [False] + [True] * (len(names) - 1))
+        decide_rows(series, primary, flags, [False] + [True] * (len(names) - 1), decided=True)
     return rows
 
 

@@ -104,6 +104,10 @@ class VictimTable:
     harmonic : dict[str, tuple[str, str]]
         Metrics derived as the harmonic mean of two of the ratios above (F1 from precision and
         recall): ``{"f1": ("precision", "recall")}``; resampled with them.
+    null : dict[str, numpy.ndarray of shape (n_victims,)]
+        Numerators of the attack's own pipeline on the null view (the victims' messages replaced
+        by ones that carry nothing about their data; :mod:`privaudit.attacks.null_view`), same
+        weights; filled by :meth:`privaudit.attacks.base.Attack.evaluate` (empty otherwise).
     """
 
     victims: list[str]
@@ -112,10 +116,11 @@ class VictimTable:
     prior: dict[str, np.ndarray]
     root: frozenset[str] = frozenset()
     harmonic: dict[str, tuple[str, str]] = field(default_factory=dict)
+    null: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.victims)
-        for part in (self.weight, self.attack, self.prior):
+        for part in (self.weight, self.attack, self.prior, self.null):
             for name in list(part):
                 part[name] = np.asarray(part[name], dtype=float).ravel()
                 if part[name].shape != (n,):
@@ -128,7 +133,7 @@ class VictimTable:
 
     def value(self, metric: str, which: str = "attack", index: np.ndarray | None = None) -> float:
         """The metric over the victims at ``index`` (all by default) for ``which`` in
-        {"attack", "prior"}; NaN when the weights sum to 0."""
+        {"attack", "prior", "null"}; NaN when the weights sum to 0."""
         if metric in self.harmonic:
             a, b = (self.value(m, which, index) for m in self.harmonic[metric])
             return harmonic_mean(a, b)

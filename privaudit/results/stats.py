@@ -1,6 +1,16 @@
-"""The statistical tests behind a verdict: advantages over the stronger baseline, cluster-bootstrap
-standard errors that resample victims, one-sided tests with Holm's correction over a grid's
-points and metrics, and the per-value rows they decide."""
+"""The statistical tests behind a verdict: advantages over every message-free guess (the attack's
+own pipeline on a null view, the prior-only library, the random guess), cluster-bootstrap
+standard errors that resample victims, a run-level term and a between-seed variance, one-sided
+tests with Holm's correction over a grid's points and metrics (an audit: over the whole audit),
+and the per-value rows they decide.
+
+Departures from the design notes (docs/verdicts.md, "Calibrated on the real protocols"): the
+run-level part of the interval is not a literal two-level bootstrap but a random-effects variance
+over seeds (the seeds' sample variance beyond their within-run variance), and with one seed the
+gap between the null arm and the prior-only or random guess on that run (capped at
+:data:`RUN_LEVEL_CAP` bootstrap SEs); the seeds are pooled as independent runs, not by the mean
+of their SEs. Utility costs are still paired by seed: a paired bootstrap over users needs per-user
+utilities the protocols do not return yet."""
 
 from __future__ import annotations
 
@@ -161,9 +171,61 @@ def decision_replicates(decisions: Decisions, rng: np.random.Generator, replicat
     return out, over
 
 
+#: Bootstrap replicates of a TPR-at-low-FPR interval.
+TPR_REPLICATES = 400
+
+
+def tpr_interval(
+    decisions: Decisions, fpr: float, replicates: int = TPR_REPLICATES, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the largest TPR at FPR <= ``fpr`` of ``decisions``,
+    resampling its victims (``groups``) or, without them, its records; (NaN, NaN) when there are
+    fewer than 1 / ``fpr`` negatives (the rate cannot be resolved) or a class is empty."""
+    y = decisions.labels
+    n_neg, n_pos = int((~y).sum()), int(y.sum())
+    if n_pos == 0 or n_neg == 0 or n_neg * fpr < 1:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    if decisions.groups is not None:
+        _, cluster = np.unique(decisions.groups, return_inverse=True)
+    else:
+        cluster = np.arange(y.size)
+    order = np.argsort(-decisions.scores, kind="mergesort")
+    s, yy, cl = decisions.scores[order], y[order], cluster[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])  # tie blocks, highest score first
+    counts = bootstrap_counts(int(cluster.max()) + 1, replicates, rng).astype(float)
+    out = np.empty(int(replicates))
+    step = max(1, 2_000_000 // max(1, y.size))
+    for i in range(0, int(replicates), step):
+        w = counts[i : i + step][:, cl]
+        cp = np.cumsum(np.add.reduceat(w * yy, starts, axis=1), axis=1)
+        cn = np.cumsum(np.add.reduceat(w * ~yy, starts, axis=1), axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ok = cn <= fpr * cn[:, -1:]
+            out[i : i + step] = np.where(ok, cp / cp[:, -1:], 0.0).max(axis=1)
+    finite = out[np.isfinite(out)]
+    if finite.size < 2:
+        return math.nan, math.nan
+    lo, hi = np.percentile(finite, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def _se(values: np.ndarray) -> float:
     finite = values[np.isfinite(values)]
     return float(np.std(finite, ddof=1)) if finite.size >= 2 else math.nan
+
+
+#: Share of the attack's own bootstrap SE below which a paired SE is floored.
+SE_FLOOR_SHARE = 0.05
+
+
+def _floor(se_attack: float, records: float) -> float:
+    """The SE floor of a paired difference: :data:`SE_FLOOR_SHARE` of the attack metric's own
+    bootstrap SE (a paired spread far below it is a coincidence of the sample, e.g. a decoder that
+    copies the prior on these victims), or one record's worth (1 / records) when that is 0 too."""
+    if math.isfinite(se_attack) and se_attack > 0:
+        return SE_FLOOR_SHARE * se_attack
+    return 1.0 / records if records > 0 else math.nan
 
 
 def point_bootstrap(
@@ -187,9 +249,14 @@ def point_bootstrap(
         for m in [*table.attack, *table.harmonic]:
             att = table_replicates(table, m, "attack", counts)
             entry = {"attack": table.value(m), "prior": None, "se": _se(att), "se_vs_prior": None}
-            if all(part in table.prior for part in table.harmonic.get(m, (m,))):
+            parts = table.harmonic.get(m, (m,))
+            if all(part in table.prior for part in parts):
                 entry["prior"] = table.value(m, "prior")
                 entry["se_vs_prior"] = _se(att - table_replicates(table, m, "prior", counts))
+            if all(part in table.null for part in parts):
+                entry["null"] = table.value(m, "null")
+                entry["se_vs_null"] = _se(att - table_replicates(table, m, "null", counts))
+            entry["se_floor"] = _floor(entry["se"], min(float(table.weight[part].sum()) for part in parts))
             out[m] = {**entry, "n": len(table.victims), "over": "victims"}
     for d in (decisions or {}).values():
         if not isinstance(d, Decisions) or d.labels.all() or not d.labels.any():
@@ -203,7 +270,16 @@ def point_bootstrap(
             continue
         reps, over = decision_replicates(d, rng, replicates)
         for m in names:
-            out[m] = {"attack": full, "prior": None, "se": _se(reps), "se_vs_prior": None, "n": n, "over": over}
+            floor = _floor(_se(reps), float(d.labels.sum() * (~d.labels).sum()) ** 0.5)
+            out[m] = {
+                "attack": full,
+                "prior": None,
+                "se": _se(reps),
+                "se_vs_prior": None,
+                "n": n,
+                "over": over,
+                "se_floor": floor,
+            }
     return out
 
 
@@ -255,69 +331,158 @@ def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> tuple[list[bool], li
     return rejected, levels
 
 
+#: Fewest victims (clusters resampled) behind a "leaks", "protected", "no evidence of leakage"
+#: or "attack below prior": below it a test reads "inconclusive (n victims)" (the normal
+#: approximation of a cluster bootstrap over fewer clusters is not trusted, and a handful of
+#: victims can have zero spread).
+MIN_VERDICT_VICTIMS = 10
+
+
+#: The run-level term against the prior-only or random guess is at most this many victim-bootstrap
+#: standard errors (the issue that introduced it measured an across-seed SD of 2.7 mean bootstrap
+#: SEs at the null on FedMVMF; docs/verdicts.md).
+RUN_LEVEL_CAP = 3.0
+
+
+#: The paired victim-bootstrap SE of (attack - null arm) is multiplied by this: the null arm's
+#: donor draw and the decoder's run-wide fitted state are shared by a run's victims, which a
+#: victim bootstrap does not see. Measured at the null (FedMVMF, Laplace scale 1000, seeds
+#: 0-33): the SD of advantage / SE over the seeds was 1.29; 1.5 covers it (docs/verdicts.md).
+NULL_SE_INFLATION = 1.5
+
+
+#: The message-free guesses a point may carry, in the order a tie is broken.
+BASELINES = ("null", "prior", "random")
+
+
+def _candidates(p: Mapping[str, Any], metric: str) -> dict[str, float]:
+    """{"null" | "prior" | "random": value} of the message-free guesses ``p`` carries for ``metric``."""
+    out = {}
+    for which, values in (
+        ("null", p.get("baseline_null") or {}),
+        ("prior", p.get("baseline_prior") or {}),
+        ("random", point_random_baseline(p)),
+    ):
+        v = num(values.get(metric))
+        if math.isfinite(v):
+            out[which] = v
+    return out
+
+
+def _chosen_baseline(points: Sequence[Mapping[str, Any]], metric: str, spec: MetricSpec) -> str | None:
+    """The strongest message-free guess of ``metric`` over the seeds' ``points`` (by its seed mean,
+    among the guesses every point carries): the one an attack must beat."""
+    cands = [_candidates(p, metric) for p in points]
+    common = [w for w in BASELINES if cands and all(w in c for c in cands)]
+    if not common:
+        return None
+    means = {w: float(np.mean([c[w] for c in cands])) for w in common}
+    sign = 1.0 if spec.higher_is_better else -1.0
+    return max(common, key=lambda w: (sign * means[w], -BASELINES.index(w)))
+
+
 def _stronger(points: Sequence[Mapping[str, Any]], metric: str, spec: MetricSpec) -> tuple[list[float], set[str]]:
-    bases, against = [], set()
-    for p in points:
-        base, which = stronger_baseline(
-            (p.get("baseline_prior") or {}).get(metric), point_random_baseline(p).get(metric), spec
-        )
-        bases.append(base)
-        against.add(which)
-    return bases, against
+    which = _chosen_baseline(points, metric, spec)
+    bases = [_candidates(p, metric).get(which, math.nan) if which else math.nan for p in points]
+    return bases, {which} if which else set()
+
+
+def _seed_test(p: Mapping[str, Any], metric: str, which: str, spec: MetricSpec) -> tuple[float, float, float, int, str]:
+    """(advantage, its standard error, SE floor, victims, over) of one seed's point against the
+    baseline ``which``. Against the null arm: the paired victim bootstrap of (attack - null).
+    Against the prior-only guess or the random guess: the victim bootstrap of the difference plus
+    a run-level term, the squared gap between the null arm and that guess on this run (what the
+    decoder gains or loses from its prior alone on this split; absent without a null arm), capped at
+    :data:`RUN_LEVEL_CAP` victim-bootstrap SEs (a larger gap is systematic: the decoder's prior is
+    weaker or stronger than the library on every run, not run-level noise)."""
+    cands = _candidates(p, metric)
+    base = cands.get(which, math.nan)
+    b = (p.get("bootstrap") or {}).get(metric)
+    value = (p.get("attack_metrics") or {}).get(metric)
+    se, floor, n, over = math.nan, 0.0, 0, "victims"
+    if isinstance(b, Mapping):
+        value = b.get("attack", value)
+        n = int(num(b.get("n"))) if math.isfinite(num(b.get("n"))) else 0
+        over = str(b.get("over", "victims"))
+        floor = num(b.get("se_floor")) if math.isfinite(num(b.get("se_floor"))) else 0.0
+        if which == "null":
+            if b.get("null") is not None:
+                base, se = num(b["null"]), num(b.get("se_vs_null"))
+            else:  # an AUC: the null arm is an independent draw of the same size
+                se = math.sqrt(2.0) * num(b.get("se"))
+            se *= NULL_SE_INFLATION  # run-level parts the victim bootstrap misses (module constant)
+        elif which == "prior":
+            if b.get("prior") is not None:
+                base, se = num(b["prior"]), num(b.get("se_vs_prior"))
+            else:  # an AUC without the prior's replicates: an independent draw of the same size
+                se = math.sqrt(2.0) * num(b.get("se"))
+        else:
+            se = num(b.get("se"))  # the random guess is a constant
+        if which != "null" and "null" in cands and math.isfinite(se):
+            gap = min(abs(cands["null"] - base), RUN_LEVEL_CAP * se)
+            se = math.sqrt(se * se + gap * gap)
+    return advantage(value, base, spec), se, floor, n, over
+
+
+def combine_seeds(advantages: Sequence[float], ses: Sequence[float]) -> tuple[float, float]:
+    """(mean, standard error) of the seeds' advantages: the within-run variance (the mean of the
+    seeds' squared bootstrap SEs) over S plus a between-run component, the seeds' sample variance
+    beyond that within part (a random-effects estimate, never negative), over S."""
+    a, v = np.asarray(advantages, float), np.asarray(ses, float) ** 2
+    s = a.size
+    within = float(v.mean())
+    between = max(0.0, float(np.var(a, ddof=1)) - within) if s >= 2 else 0.0
+    return float(a.mean()), math.sqrt((within + between) / s)
 
 
 def metric_test(
     points: Sequence[Mapping[str, Any]], metric: str, spec: MetricSpec, margin: float = PROTECTION_MARGIN
 ) -> dict[str, Any]:
-    """The advantage of ``metric`` over the stronger baseline at one grid value, pooled over the
-    seeds' ``points``: ``advantage`` (seed mean), ``se`` (mean of the seeds' cluster-bootstrap
-    standard errors: an upper bound on the standard error of the mean however the seeds
-    correlate; NaN when a seed has no bootstrap), ``p`` (one-sided normal p-value of advantage
-    <= 0), ``threshold`` (the margin in the metric's unit: ``margin`` times the gap between the
-    baseline and a perfect attack, or ``margin`` itself without a perfect value), ``n`` and
-    ``over`` (victims resampled), ``against``, ``seeds``. Against the prior-only baseline the
-    standard error is that of the paired difference (metric - prior on the same resamples); a
-    bootstrap without the prior's replicates (a decision set's AUC) gives no interval there."""
-    bases, against = _stronger(points, metric, spec)
-    advs, ses, ns, overs = [], [], [], set()
-    for p, base in zip(points, bases):
-        which = stronger_baseline(
-            (p.get("baseline_prior") or {}).get(metric), point_random_baseline(p).get(metric), spec
-        )[1]
-        b = (p.get("bootstrap") or {}).get(metric)
-        value = (p.get("attack_metrics") or {}).get(metric)
-        se = math.nan
-        if isinstance(b, Mapping):
-            value = b.get("attack", value)
-            if which == "random":
-                se = num(b.get("se"))  # the random guess is a constant
-            elif b.get("prior") is not None:
-                base = num(b["prior"])
-                se = num(b.get("se_vs_prior"))
-            # else: a data-dependent prior without paired replicates: no valid interval
-            ns.append(int(num(b.get("n"))) if math.isfinite(num(b.get("n"))) else 0)
-            overs.add(str(b.get("over", "victims")))
-        advs.append(advantage(value, base, spec))
-        ses.append(se)
+    """The advantage of ``metric`` over every message-free guess at one grid value, pooled over
+    the seeds' ``points``.
+
+    The guesses are the attack's own pipeline on the null view (``baseline_null``), the
+    prior-only library (``baseline_prior``) and the random guess, those every seed carries. Per
+    guess and seed, :func:`_seed_test` gives the advantage and its standard error (paired victim
+    bootstrap, with a run-level term against a guess other than the null arm); :func:`combine_seeds`
+    pools the seeds (within- plus between-run variance); each SE is floored at one scored
+    record's worth (``se_floor``: a zero spread is never a certainty).
+
+    Returns ``arms`` ({guess: [advantage, se]}), ``against`` (the strongest guess by seed mean)
+    and its ``advantage``, ``se`` and ``baseline``; ``p`` (the largest one-sided p-value over the
+    guesses: "leaks" must beat every one, an intersection-union test); ``threshold`` (``margin``
+    times the gap between the strongest guess and a perfect attack, or ``margin`` itself without
+    a perfect value); ``n`` (fewest victims of a seed), ``over``, ``seeds``.
+    """
+    which = _chosen_baseline(points, metric, spec)
     out: dict[str, Any] = {
         "metric": metric,
         "advantage": math.nan,
         "se": math.nan,
         "p": math.nan,
         "threshold": math.nan,
-        "n": min(ns) if ns else 0,
-        "over": "records" if "records" in overs else "victims",
-        "against": "prior" if against == {"prior"} else ("random" if against == {"random"} else "mixed"),
+        "n": 0,
+        "over": "victims",
+        "against": which or "random",
         "seeds": len(points),
+        "baseline": math.nan,
+        "arms": {},
     }
-    pairs = list(zip(advs, ses))
-    if not pairs or not all(math.isfinite(a) for a, _ in pairs):
+    if which is None:
         return out
-    out["advantage"] = float(np.mean([a for a, _ in pairs]))
-    finite_bases = [b for b in bases if math.isfinite(num(b))]
+    common = [w for w in BASELINES if all(w in _candidates(p, metric) for p in points)]
+    has_boot = [isinstance((p.get("bootstrap") or {}).get(metric), Mapping) for p in points]
+    first = [_seed_test(p, metric, which, spec) for p in points]
+    ns = [t[3] for t, ok in zip(first, has_boot) if ok]
+    out["n"] = min(ns) if ns else 0
+    out["over"] = "records" if any(t[4] == "records" for t, ok in zip(first, has_boot) if ok) else "victims"
+    if not all(math.isfinite(t[0]) for t in first):
+        return out
+    out["advantage"] = float(np.mean([t[0] for t in first]))
+    out["baseline"] = float(np.mean([_candidates(p, metric)[which] for p in points]))
     perfect = spec_perfect(spec)
-    if perfect is not None and finite_bases:
-        gap = abs(perfect - float(np.mean(finite_bases)))
+    if perfect is not None and math.isfinite(out["baseline"]):
+        gap = abs(perfect - out["baseline"])
         out["gap"] = gap
         out["threshold"] = margin * gap
         if gap <= 1e-12:  # the baseline is already perfect: no attack can beat it, nothing to test
@@ -325,21 +490,32 @@ def metric_test(
             return out
     else:
         out["threshold"] = margin
-    if all(math.isfinite(s) for _, s in pairs):
-        se = float(np.mean([s for _, s in pairs]))
-        out["se"] = se
-        if se > 0:
-            out["p"] = _norm_sf(out["advantage"] / se)
-        else:
-            out["p"] = 0.0 if out["advantage"] > 0 else 1.0
+    out["between_seeds"] = len(points) >= 2
+    pvalues = []
+    for w in common:
+        tests = first if w == which else [_seed_test(p, metric, w, spec) for p in points]
+        advs, ses = [t[0] for t in tests], [t[1] for t in tests]
+        if not all(math.isfinite(x) for x in advs + ses):
+            if w == which:
+                return out  # no interval against the strongest guess: untested
+            continue
+        mean, se = combine_seeds(advs, ses)
+        se = max(se, float(np.mean([t[2] for t in tests])) / math.sqrt(len(tests)))
+        out["arms"][w] = [mean, se]
+        pvalues.append(_norm_sf(mean / se) if se > 0 else (0.0 if mean > 0 else 1.0))
+    out["se"] = out["arms"][which][1]
+    out["p"] = max(pvalues)
     return out
 
 
 def decide_tests(tests: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
     """Holm over ``tests`` (in place): each gets ``level``, ``low`` (one-sided lower bound at its
-    Holm level), ``high`` (one-sided upper bound at alpha / m), ``family`` (m) and ``status``:
+    Holm level on the advantage over the strongest guess: the smallest lower bound over its
+    ``arms``), ``high`` (upper bound at alpha / m, Bonferroni over the k arms: the smallest upper
+    bound at alpha / (m k)), ``family`` (m) and ``status``:
     "leaks" (Holm rejects advantage <= 0), "below prior" (high < 0), "under margin"
-    (high < threshold), "inconclusive", "no interval" (no per-victim scores) or "at ceiling"
+    (high < threshold), "inconclusive", "too few victims" (fewer than
+    :data:`MIN_VERDICT_VICTIMS`: never decided), "no interval" (no per-victim scores) or "at ceiling"
     (the baseline is already a perfect attack: not tested, not counted in m)."""
     rejected, levels = holm([t["p"] for t in tests], alpha)
     m = sum(1 for t in tests if math.isfinite(num(t["p"])))
@@ -354,10 +530,13 @@ def decide_tests(tests: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
             t["low"] = t["high"] = math.nan
             t["status"] = "no interval"
             continue
-        se = t["se"]
-        t["low"] = t["advantage"] - _norm_isf(level) * se
-        t["high"] = t["advantage"] + _norm_isf(alpha / m) * se
-        if rej:
+        arms = t.get("arms") or {"only": [t["advantage"], t["se"]]}
+        k = len(arms)
+        t["low"] = min(a - _norm_isf(level) * se for a, se in arms.values())
+        t["high"] = min(a + _norm_isf(alpha / (m * k)) * se for a, se in arms.values())
+        if int(num(t.get("n"))) < MIN_VERDICT_VICTIMS:
+            t["status"] = "too few victims"
+        elif rej:
             t["status"] = "leaks"
         elif t["high"] < 0:
             t["status"] = "below prior"
@@ -377,7 +556,7 @@ def row_verdict(tests: Mapping[str, Mapping[str, Any]], supported: bool, defende
     status = [t["status"] for t in tests.values() if t["status"] != "at ceiling"]
     if "leaks" in status:
         return "leaks"
-    if "no interval" in status:
+    if "no interval" in status or "too few victims" in status:
         return "inconclusive"
     if "below prior" in status:
         return "attack below prior"
@@ -465,13 +644,25 @@ def strength_rows(
     return rows
 
 
+#: How each message-free guess is named in sentences.
+BASELINE_NAMES = {
+    "null": "the attack on messages that carry nothing about the victims",
+    "prior": "the best guess without the messages",
+    "random": "the random guess",
+}
+
+
 def bound_text(t: Mapping[str, Any]) -> str:
+    """The interval's method: the bootstrap, the seeds and the run-level term, the Holm family."""
     if not math.isfinite(num(t.get("se"))):
         return "no per-victim scores: no interval"
     seeds = f"{t['seeds']} seed{'s' if t['seeds'] != 1 else ''}"
     fallback = ", records resampled as if independent: no victim ids" if t.get("over") == "records" else ""
+    run = " and between seeds" if t.get("between_seeds") else ""
+    family = t.get("family_name") or "this experiment"
     return (
-        f"cluster bootstrap over {t['n']} {t.get('over', 'victims')}, {seeds}{fallback}; Holm over {t['family']} tests"
+        f"cluster bootstrap over {t['n']} {t.get('over', 'victims')}{run}, {seeds}{fallback}; "
+        f"Holm over {t['family']} tests; family: {family}"
     )
 
 
@@ -481,6 +672,7 @@ def decide_rows(
     defended: Sequence[Sequence[bool]],
     control: Sequence[bool],
     alpha: float = ALPHA,
+    decided: bool = False,
 ) -> None:
     """Test every metric of every row of ``series`` as one Holm family and give each row its
     ``verdict`` (in place). ``defended[i][j]``: row j of series i ran with a defense;
@@ -489,7 +681,8 @@ def decide_rows(
     for a later row. Each row also gets the ``advantage``, ``advantage_low``,
     ``advantage_high``, ``bound`` and ``against`` of ``primary`` (the first metric if absent)
     and ``leak_metrics`` (metrics that leak, smallest p first)."""
-    decide_tests([t for rows in series for row in rows for t in row["tests"].values()], alpha)
+    if not decided:  # else the caller decided the tests in a larger family (a whole audit)
+        decide_tests([t for rows in series for row in rows for t in row["tests"].values()], alpha)
     for rows, flags, ctrl in zip(series, defended, control):
         leaked = bool(ctrl)
         for row, flag in zip(rows, flags):

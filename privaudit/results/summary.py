@@ -128,22 +128,42 @@ def utility_cost(reference: float, value: float, metric: str | None, declared: M
     return (reference - value) if spec.higher_is_better else (value - reference)
 
 
+#: A utility cost is "within noise" only when its interval lies within +- this share of the
+#: reference utility (5 %: the verdict margin of the attack side).
+UTILITY_MARGIN = 0.05
+
+
 def utility_cost_interval(
     reference: Mapping[str, float], values: Mapping[str, float], metric: str | None, declared: Mapping | None = None
 ) -> dict[str, Any]:
     """Utility cost paired by seed (``{seed: utility}`` without and with the defense: the
     protocol runs with the same seed): ``cost`` (mean), ``low``/``high`` (95 % Student-t over
-    the paired seeds, NaN with one), ``seeds``, ``within_noise`` (the interval holds 0)."""
+    the paired seeds, NaN with one), ``seeds``, ``margin`` (:data:`UTILITY_MARGIN` of the mean
+    reference utility), ``within_noise`` (the interval holds 0 and is narrower than +- the
+    margin: a cost that small is resolved as negligible) and ``unresolved`` (the interval holds
+    0 but is wider than that: no claim either way)."""
     costs = [
         utility_cost(num(reference[s]), num(values[s]), metric, declared)
         for s in values
         if s in reference and math.isfinite(utility_cost(num(reference[s]), num(values[s]), metric, declared))
     ]
-    out = {"cost": math.nan, "low": math.nan, "high": math.nan, "seeds": len(costs), "within_noise": False}
+    refs = [num(reference[s]) for s in values if s in reference and math.isfinite(num(reference[s]))]
+    margin = UTILITY_MARGIN * abs(float(sum(refs) / len(refs))) if refs else math.nan
+    out = {
+        "cost": math.nan,
+        "low": math.nan,
+        "high": math.nan,
+        "seeds": len(costs),
+        "margin": margin,
+        "within_noise": False,
+        "unresolved": False,
+    }
     if not costs:
         return out
     mean, half = mean_ci95(costs)
     out["cost"] = mean
     if len(costs) >= 2:
-        out.update(low=mean - half, high=mean + half, within_noise=bool(mean - half <= 0.0 <= mean + half))
+        holds = bool(mean - half <= 0.0 <= mean + half)
+        narrow = bool(math.isfinite(margin) and mean - half >= -margin and mean + half <= margin)
+        out.update(low=mean - half, high=mean + half, within_noise=holds and narrow, unresolved=holds and not narrow)
     return out

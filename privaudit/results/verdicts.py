@@ -10,7 +10,15 @@ from typing import Any
 import numpy as np
 
 from privaudit.results.numbers import fmt, fmt_interval, fmt_value, num
-from privaudit.results.stats import ALPHA, PROTECTION_MARGIN, bound_text, decide_rows, privacy_metrics, strength_rows
+from privaudit.results.stats import (
+    ALPHA,
+    BASELINE_NAMES,
+    PROTECTION_MARGIN,
+    bound_text,
+    decide_rows,
+    privacy_metrics,
+    strength_rows,
+)
 from privaudit.results.summary import main_utility, utility_cost_interval
 
 #: What a "no evidence" cell means, for sentences and legends.
@@ -76,11 +84,14 @@ def verdict_label(row: Mapping[str, Any]) -> str:
     tests = row.get("tests") or {}
     if verdict == "inconclusive" and any(t.get("status") == "no interval" for t in tests.values()):
         return "inconclusive (no per-victim scores)"
+    few = [int(num(t.get("n"))) for t in tests.values() if t.get("status") == "too few victims"]
+    if verdict == "inconclusive" and few:
+        return f"inconclusive ({min(few)} victims)"
     return verdict
 
 
 def _test_text(t: Mapping[str, Any], name: bool = True) -> str:
-    base = "the prior-only baseline" if t.get("against") == "prior" else "the random guess"
+    base = BASELINE_NAMES.get(str(t.get("against")), "the random guess")
     what = f"{t['metric']}: advantage" if name else "advantage"
     if not math.isfinite(num(t.get("se"))):
         return f"{what} over {base} {fmt(t['advantage'])} (no per-victim scores: no interval)"
@@ -118,7 +129,7 @@ def row_text(row: Mapping[str, Any], margin: float) -> str:
         return f"is held under the margin ({_under_margin_text(row, margin)})"
     if verdict == "not applicable":
         return "does not apply"
-    open_ = [t for t in tests.values() if t["status"] in ("inconclusive", "no interval")]
+    open_ = [t for t in tests.values() if t["status"] in ("inconclusive", "no interval", "too few victims")]
     if not open_:
         return "is not tested (every baseline is already a perfect attack)"
     return "is inconclusive (" + "; ".join(_test_text(t) for t in open_) + ")"
@@ -133,6 +144,11 @@ def _cost_text(cost: Mapping[str, Any], utility: str, reference: float, value: f
     interval = f"[{fmt(cost['low'], 4)}, {fmt(cost['high'], 4)}] over {cost['seeds']} paired seeds"
     if cost["within_noise"]:
         return f"where the {utility} cost is within noise ({fmt(cost['cost'], 4)}, 95 % interval {interval}) {change}"
+    if cost.get("unresolved"):
+        return (
+            f"where the {utility} cost is not resolved ({fmt(cost['cost'], 4)}, 95 % interval {interval}, wider "
+            f"than ± {fmt(cost['margin'], 4)} = 5 % of the reference) {change}"
+        )
     return f"where {utility} costs {fmt(cost['cost'], 4)} (95 % interval {interval}) against no defense {change}"
 
 
@@ -312,4 +328,102 @@ def experiment_verdicts(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     verdict["rows"] = rows
     if ref_rows:
         verdict["reference_row"] = ref_rows[0]
+    verdict["plain"], verdict["detail"] = verdict_lines(verdict, results)
     return [verdict]
+
+
+#: Plain words for common metrics: "it {phrase}" with the attack's value in ``{}``.
+METRIC_PHRASES = {
+    "rating_accuracy": "recovers {} of ratings exactly",
+    "rated_rating_accuracy": "recovers {} of ratings exactly",
+    "accuracy": "recovers {} of what it targets exactly",
+    "attribute_accuracy": "recovers {} of user attributes",
+    "auc": "tells the targeted records apart with AUC {}",
+    "f1": "finds clients' items with F1 {}",
+    "relative_error": "has a relative error of {}",
+    "rmse": "has an RMSE of {}",
+}
+
+#: Longest plain first line (issue 35: about 160 characters).
+PLAIN_MAX = 160
+
+
+def _pct(value: float, spec: Mapping[str, Any] | None, metric: str = "") -> str:
+    unit = (spec or {}).get("unit") if isinstance(spec, Mapping) else None
+    if "auc" in metric:
+        return fmt(value, 2)
+    if unit == "fraction" or unit is None and 0 <= value <= 1:
+        return f"{100 * value:.0f} %"
+    return fmt(value)
+
+
+def _strength_words(results: Mapping[str, Any], value: Any) -> str:
+    sweep = str(results.get("sweep") or "")
+    defense, _, param = sweep.partition(".")
+    if results.get("noise"):
+        name = defense.capitalize() + ("" if "noise" in defense else " noise")
+        return f"{name} up to scale {fmt_value(value)}"
+    return f"{defense} at {param} = {fmt_value(value)}"
+
+
+def verdict_lines(verdict: Mapping[str, Any], results: Mapping[str, Any] | None = None) -> tuple[str, str]:
+    """(plain line, detail line) of an experiment's verdict (:func:`experiment_verdicts`): the
+    first at most :data:`PLAIN_MAX` characters in plain words, what a newcomer reads ("Laplace
+    noise up to scale 4 does not stop the server: it recovers 39 % of ratings exactly, against
+    37 % by guessing without the messages."); the second the statistical detail (advantage,
+    interval, test, Holm family). Reports and the audit use it for their own rows."""
+    results = results or {}
+    rows = list(verdict.get("rows") or [])
+    metric = str(verdict.get("metric"))
+    specs = results.get("metric_specs") or {}
+    spec = specs.get(metric) if isinstance(specs, Mapping) else None
+    attacker = "the " + str(results.get("party") or "server")
+    if not rows:
+        return f"{verdict.get('attack')}: no result.", ""
+    hit = next((r for r in rows if r.get("verdict") == "protected"), None)
+    row = hit or rows[-1]
+    t = (row.get("tests") or {}).get(metric) or {}
+    adv, base = num(t.get("advantage")), num(t.get("baseline"))
+    higher = not (isinstance(spec, Mapping) and spec.get("higher_is_better") is False)
+    value = base + adv if higher else base - adv
+    recovers = ""
+    if math.isfinite(value) and math.isfinite(base):
+        phrase = METRIC_PHRASES.get(metric, f"reaches {metric} {{}}").format(_pct(value, spec, metric))
+        recovers = f"it {phrase}, against {_pct(base, spec, metric)} by guessing without the messages"
+    sweep = verdict.get("parameter")
+    is_defense = bool(sweep) and str(sweep).split(".", 1)[0] not in ("attack", "protocol")
+    fixed = [d for d in results.get("defenses") or [] if isinstance(d, Mapping) and d.get("name")]
+    with_ = ", ".join(
+        str(d["name"]) + "".join(f" {k}={fmt_value(v)}" for k, v in d.items() if k != "name") for d in fixed
+    )
+    where = (
+        _strength_words(results, row.get("value"))
+        if is_defense
+        else (f"With {with_}" if with_ else "Without a defense")
+    )
+    v = row.get("verdict")
+    if v == "leaks":
+        plain = f"{where} does not stop {attacker}: {recovers}." if is_defense else f"{where}, {recovers}."
+    elif v == "protected":
+        plain = f"{where.replace('up to', 'at')} stops {attacker}: {recovers}."
+    elif v == "attack below prior":
+        plain = f"{where}, the attack does worse than guessing without the messages: not evidence of protection."
+    elif v == "no evidence of leakage":
+        plain = f"{where}, this attack learns nothing measurable ({recovers}), but it has no power here."
+    elif v == "not applicable":
+        plain = f"{where}, this attack does not apply."
+    else:
+        few = verdict_label(row)
+        why = few[len("inconclusive") :].strip() if few.startswith("inconclusive (") else ""
+        plain = f"{where}: not enough evidence either way{' ' + why if why else ''}; {recovers}."
+    plain = plain[0].upper() + plain[1:]
+    if len(plain) > PLAIN_MAX:
+        plain = plain[: PLAIN_MAX - 1].rstrip() + "…"
+    detail = ""
+    if t:
+        detail = f"{verdict_label(row)} at {sweep} = {fmt_value(row.get('value'))}: " if is_defense else ""
+        detail += _holm_note(_test_text(t), [row])
+        family = max((x.get("family", 0) for r in rows for x in (r.get("tests") or {}).values()), default=0)
+        if family and f"Holm over {family}" not in detail:
+            detail += f" [Holm over {family} tests at {fmt_value(ALPHA)}; family: this experiment]"
+    return plain, detail
