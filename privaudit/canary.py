@@ -822,14 +822,12 @@ def claimed_privacy(privacy: Mapping[str, Any]) -> tuple[float, float, str] | No
     return eps, delta, neighbour
 
 
-def _projected_epsilon(defenses: Sequence[Any], config: Mapping[str, Any]) -> float | None:
-    """The total epsilon the DP defenses will account over the protocol's public round count,
-    from their own accountant before the run (one release per round: a lower estimate when a
-    client releases more); None when a defense cannot say (no ``total_epsilon``, a calibrated
-    ``target_epsilon``, an unknown round count)."""
-    from privaudit.defenses.accounting import rounds_of
-
-    rounds = rounds_of(dict(config))
+def _projected_epsilon(defenses: Sequence[Any], config: Mapping[str, Any], protocol_cls: type) -> float | None:
+    """The total epsilon the DP defenses will account over the releases the protocol declares
+    for ``config`` (:meth:`~privaudit.protocols.base.Protocol.release_count`), from their own
+    accountant before the run; None when a defense cannot say (no ``total_epsilon``, a
+    calibrated ``target_epsilon``) or the protocol declares no release count."""
+    rounds = protocol_cls.release_count(dict(config)) or 0
     total = 0.0
     dp = [d for d in defenses if hasattr(d, "total_epsilon") and getattr(d, "strength", None)]
     if not dp or rounds <= 0:
@@ -951,7 +949,7 @@ def canary_audit(
     defenses = [cls(**dict(params)) for cls, params in defense_specs]
     base = protocol_cls.resolve_config(dict(config))
     tested = "run"
-    projected = _projected_epsilon(defenses, base)
+    projected = _projected_epsilon(defenses, base, protocol_cls)
     count = kit.canaries if canaries is None else int(canaries)
     if getattr(kit, "first_round", False) and projected is not None and projected > ceiling(count):
         # the run's claim is above anything the canaries can show (decided before the run, from

@@ -218,7 +218,7 @@ def test_audit_fails_on_the_broken_dp_defense_and_passes_dp_laplace(tmp_path, ca
     err = _fail_lines(capsys)
     assert len(err) == 1, err
     assert err[0].startswith("privaudit: fail: dummy-bit-scores x broken-dp-laplace epsilon=0.3: dp-violation: at ")
-    assert "empirical ε lower bound" in err[0] and "> claimed ε 0.3 (bit decisions)" in err[0]
+    assert "empirical ε lower bound" in err[0] and "> claimed ε " in err[0] and "(bit decisions)" in err[0]
     assert main([*argv, "--defense", "dp-laplace", "-o", str(tmp_path / "ok")]) == 0
     captured = capsys.readouterr()
     assert "privaudit: fail" not in captured.err and "fail-on dp-violation: not met" in captured.out
