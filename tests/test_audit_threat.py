@@ -250,7 +250,8 @@ def _family_audit(tests_by_attack: dict, undefended: dict) -> dict:
 def _test(advantage: float, se: float, threshold: float = 0.05) -> dict:
     from statistics import NormalDist
 
-    return {"advantage": advantage, "se": se, "threshold": threshold, "p": 1 - NormalDist().cdf(advantage / se)}
+    p = 1 - NormalDist().cdf(advantage / se)
+    return {"advantage": advantage, "se": se, "threshold": threshold, "p": p, "n": 50}  # 50 victims
 
 
 def test_malicious_column_is_protected_only_when_every_adaptive_attack_fails(monkeypatch):

@@ -238,10 +238,11 @@ def test_attack_sweep_and_transcript_take_fail_on(tmp_path, capsys):
     argv = ["attack", *DUMMY, "--attack", "dummy-bit-scores", *sweep, "--jobs", "1", "--quiet"]
     assert main([*argv, "-o", str(tmp_path / "sweep"), "--fail-on", "dp-violation"]) == 1
     err = _fail_lines(capsys)
-    assert [e.split(": dp-violation: ")[0] for e in err] == [
-        "privaudit: fail: dummy-bit-scores at broken-dp-laplace.epsilon = 1",
-        "privaudit: fail: dummy-bit-scores at broken-dp-laplace.epsilon = 0.3",
-    ]
+    # the 10x-broken defense: its bit decisions show epsilon above the claim at epsilon = 1 (true
+    # epsilon 10); at 0.3 (true 3) 40 one-bit victims may not, so that line is not required
+    cells = [e.split(": dp-violation: ")[0] for e in err]
+    assert cells[0] == "privaudit: fail: dummy-bit-scores at broken-dp-laplace.epsilon = 1"
+    assert set(cells) <= {cells[0], "privaudit: fail: dummy-bit-scores at broken-dp-laplace.epsilon = 0.3"}
     from tests.dummies import DummyProtocol, tiny_dataset
 
     run = DummyProtocol().run(tiny_dataset(40), {"p": 1, "rounds": 1, "signal": 0.5}, [], 0)

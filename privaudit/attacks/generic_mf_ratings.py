@@ -547,10 +547,10 @@ class GenericMFRatings(Attack):
         self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]
     ) -> VictimTable | None:
         """Per client: exact ratings and squared errors over its rated uploaded items, whether it
-        was claimed (the prior claims nobody) and its exact ratings if claimed (the prior's hits on
-        the same clients)."""
+        was claimed and its exact ratings if claimed; the prior's hits and squared errors on the
+        same clients (the prior claims nobody: its ``accuracy_claimed`` is its overall accuracy)."""
         parties, n, hits, sq, _ = self._attack_parts(reconstruction, transcript)
-        prior_parties, _, prior = self._prior_parts(transcript)
+        prior_parties, prior_n, prior = self._prior_parts(transcript)
         if not parties or not prior_parties:
             return None
         idx = np.array([prior_parties.index(p) for p in parties])
@@ -564,7 +564,9 @@ class GenericMFRatings(Attack):
                 "accuracy": prior_hits,
                 "rmse": prior["rmse"][idx],
                 "claimed": np.zeros(len(parties)),
-                "accuracy_claimed": prior_hits * claimed,
+                # the prior claims nobody: its accuracy_claimed is its accuracy over every client
+                # (prior_baseline), spread over the attack's claimed records
+                "accuracy_claimed": n * claimed * ratio(prior["accuracy"], prior_n),
             },
             root=frozenset({"rmse"}),
         )

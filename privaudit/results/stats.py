@@ -534,7 +534,8 @@ def decide_tests(tests: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
         k = len(arms)
         t["low"] = min(a - _norm_isf(level) * se for a, se in arms.values())
         t["high"] = min(a + _norm_isf(alpha / (m * k)) * se for a, se in arms.values())
-        if int(num(t.get("n"))) < MIN_VERDICT_VICTIMS:
+        n = num(t.get("n"))
+        if not math.isfinite(n) or n < MIN_VERDICT_VICTIMS:  # an unknown count is never enough
             t["status"] = "too few victims"
         elif rej:
             t["status"] = "leaks"
