@@ -2180,7 +2180,7 @@ def _fedmvmf_listing(*defenses: str) -> tr.Transcript:
     return t
 
 
-def _upload(t: tr.Transcript):
+def _grad_v_upload(t: tr.Transcript):
     return t.select("grad_V")[0]
 
 
@@ -2200,13 +2200,13 @@ HOSTILE_DEFENSE_CASES = {
     # masked upload without a defense that declares the masked form
     "masked without secagg": (
         ("paillier",),
-        lambda t: _upload(t).meta.update(masked=True),
+        lambda t: _grad_v_upload(t).meta.update(masked=True),
         "masked upload, but no defense the config lists declares masked uploads",
     ),
     # an int8 upload no listed defense declares
     "int8 rows": (
         ("dp-laplace",),
-        lambda t: _upload(t).payload.__setitem__("values", _upload(t).payload["values"].astype(np.int8)),
+        lambda t: _grad_v_upload(t).payload.__setitem__("values", _grad_v_upload(t).payload["values"].astype(np.int8)),
         "dtype int8 is not float",
     ),
 }

@@ -585,12 +585,12 @@ def _short(text: str, limit: int = ROW_CHARS) -> str:
 
 def verdict_lines(audit: Mapping[str, Any], v: Mapping[str, Any]) -> tuple[str, str]:
     """(plain first line of at most :data:`ROW_CHARS` characters, the statistical detail) of one
-    attack verdict of an audit: the terminal prints the first, the report both.
-
-    Switch point: when :mod:`privaudit.results` provides the two layers of an attack verdict
-    (plain line, detail line), return its plain line here (cut with :func:`_short`) instead of
-    :func:`_plain_verdict`; the detail stays the verdict's ``sentence``."""
-    return _short(printable("verdict: " + _plain_verdict(audit, v))), printable(str(v.get("sentence", "")))
+    attack verdict of an audit: the terminal prints the first, the report both. The first line
+    is the audit's own (:func:`_plain_verdict`: it names the attack and a violated DP claim
+    first); the detail is the statistical layer of :func:`privaudit.results.verdict_lines`
+    when the verdict carries one, else its sentence."""
+    detail = v.get("detail") if isinstance(v.get("detail"), str) and v.get("detail") else v.get("sentence", "")
+    return _short(printable("verdict: " + _plain_verdict(audit, v))), printable(str(detail))
 
 
 def _plain_verdict(audit: Mapping[str, Any], v: Mapping[str, Any]) -> str:
