@@ -576,3 +576,35 @@ def test_null_view_keeps_ids_and_shapes_and_takes_values_from_other_clients():
     )
     d = derangement(7, np.random.default_rng(3))
     assert sorted(d) == list(range(7)) and not np.any(d == np.arange(7))
+
+
+def test_few_victims_decide_only_a_leak_on_student_t():
+    """From MIN_VICTIMS to MIN_VERDICT_VICTIMS victims a test can read "leaks" (Student's t with
+    n - 1 degrees of freedom, floored SE) but never "protected" or "attack below prior"; below
+    MIN_VICTIMS nothing is decided."""
+    from statistics import NormalDist
+
+    from privaudit.results import stats
+
+    def test(adv: float, se: float, n: int) -> dict:
+        z = adv / se
+        return {"advantage": adv, "se": se, "threshold": 0.05, "n": n, "p": stats._tail(z, n)}
+
+    assert stats.MIN_VICTIMS == 5 and stats.MIN_VERDICT_VICTIMS == 10
+    big, null, neg = test(0.6, 0.05, 6), test(0.0, 0.001, 6), test(-0.3, 0.01, 6)
+    stats.decide_tests([big, null, neg])
+    assert big["status"] == "leaks" and null["status"] == neg["status"] == "too few victims"
+    # the t quantile is wider than the normal one: 6 victims, 5 degrees of freedom
+    z = 0.6 / 0.05
+    assert big["low"] < 0.6 - NormalDist().inv_cdf(1 - big["level"]) * 0.05
+    assert stats._tail(z, 6) > 0.5 * math.erfc(z / math.sqrt(2))
+    # t = 1.9 over 6 victims: one-sided p 0.058 on t with 5 degrees of freedom (0.029 on the normal)
+    weak = test(0.19, 0.1, 6)
+    stats.decide_tests([weak])
+    assert weak["status"] == "too few victims"
+    few = test(0.6, 0.05, 4)
+    stats.decide_tests([few])
+    assert few["status"] == "too few victims"
+    many = test(0.0, 0.001, 12)
+    stats.decide_tests([many])
+    assert many["status"] == "under margin"

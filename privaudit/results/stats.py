@@ -331,11 +331,32 @@ def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> tuple[list[bool], li
     return rejected, levels
 
 
-#: Fewest victims (clusters resampled) behind a "leaks", "protected", "no evidence of leakage"
-#: or "attack below prior": below it a test reads "inconclusive (n victims)" (the normal
-#: approximation of a cluster bootstrap over fewer clusters is not trusted, and a handful of
-#: victims can have zero spread).
+#: Fewest victims (clusters resampled) behind a "protected", "no evidence of leakage" or "attack
+#: below prior", and behind a "leaks" decided with the normal approximation: below it a test reads
+#: "inconclusive (n victims)" (the normal approximation of a cluster bootstrap over fewer
+#: clusters is not trusted, and a handful of victims can have zero spread). From
+#: :data:`MIN_VICTIMS` to this, a "leaks" alone can still be decided, on Student's t with n - 1
+#: degrees of freedom and the floored standard error (:func:`decide_tests`).
 MIN_VERDICT_VICTIMS = 10
+
+
+def _tail(z: float, n: float) -> float:
+    """One-sided p-value of ``z`` standard errors over ``n`` victims: Student's t with n - 1
+    degrees of freedom below :data:`MIN_VERDICT_VICTIMS` victims, the normal from there on."""
+    if math.isfinite(n) and MIN_VICTIMS <= n < MIN_VERDICT_VICTIMS:
+        from scipy.stats import t as student
+
+        return float(student.sf(z, df=n - 1))
+    return _norm_sf(z)
+
+
+def _quantile(p: float, n: float) -> float:
+    """The upper ``p`` quantile matching :func:`_tail`."""
+    if math.isfinite(n) and MIN_VICTIMS <= n < MIN_VERDICT_VICTIMS:
+        from scipy.stats import t as student
+
+        return float(student.isf(p, df=n - 1))
+    return _norm_isf(p)
 
 
 #: The run-level term against the prior-only or random guess is at most this many victim-bootstrap
@@ -502,7 +523,7 @@ def metric_test(
         mean, se = combine_seeds(advs, ses)
         se = max(se, float(np.mean([t[2] for t in tests])) / math.sqrt(len(tests)))
         out["arms"][w] = [mean, se]
-        pvalues.append(_norm_sf(mean / se) if se > 0 else (0.0 if mean > 0 else 1.0))
+        pvalues.append(_tail(mean / se, out["n"]) if se > 0 else (0.0 if mean > 0 else 1.0))
     out["se"] = out["arms"][which][1]
     out["p"] = max(pvalues)
     return out
@@ -515,7 +536,7 @@ def decide_tests(tests: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
     bound at alpha / (m k)), ``family`` (m) and ``status``:
     "leaks" (Holm rejects advantage <= 0), "below prior" (high < 0), "under margin"
     (high < threshold), "inconclusive", "too few victims" (fewer than
-    :data:`MIN_VERDICT_VICTIMS`: never decided), "no interval" (no per-victim scores) or "at ceiling"
+    :data:`MIN_VICTIMS`; or fewer than :data:`MIN_VERDICT_VICTIMS` and not a leak on Student's t), "no interval" (no per-victim scores) or "at ceiling"
     (the baseline is already a perfect attack: not tested, not counted in m)."""
     rejected, levels = holm([t["p"] for t in tests], alpha)
     m = sum(1 for t in tests if math.isfinite(num(t["p"])))
@@ -532,11 +553,13 @@ def decide_tests(tests: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
             continue
         arms = t.get("arms") or {"only": [t["advantage"], t["se"]]}
         k = len(arms)
-        t["low"] = min(a - _norm_isf(level) * se for a, se in arms.values())
-        t["high"] = min(a + _norm_isf(alpha / (m * k)) * se for a, se in arms.values())
         n = num(t.get("n"))
-        if not math.isfinite(n) or n < MIN_VERDICT_VICTIMS:  # an unknown count is never enough
+        t["low"] = min(a - _quantile(level, n) * se for a, se in arms.values())
+        t["high"] = min(a + _quantile(alpha / (m * k), n) * se for a, se in arms.values())
+        if not math.isfinite(n) or n < MIN_VICTIMS:  # an unknown count is never enough
             t["status"] = "too few victims"
+        elif n < MIN_VERDICT_VICTIMS:  # a leak on Student's t, nothing else from so few victims
+            t["status"] = "leaks" if rej and t["low"] > 0 else "too few victims"
         elif rej:
             t["status"] = "leaks"
         elif t["high"] < 0:
