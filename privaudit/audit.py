@@ -92,6 +92,7 @@ from privaudit.errors import PrivauditError
 from privaudit.results import audit_matrix as build_matrix
 from privaudit.results import audit_series as pair_series
 from privaudit.runner import scheduler_context
+from privaudit.transcript import is_client
 
 AUDIT_JSON = "audit.json"
 AUDIT_HTML = "audit.html"
@@ -379,9 +380,12 @@ def _execute(run: _Run, dataset: Any, keep: dict | None = None, shared: Any = No
     }
     if run.plan:
         out["plan"] = dict(run.plan)
-    task.names = [run.protocol_name, "", run.defense_name or ""]  # resolved in the main process
+    # resolved in the main process: each defense class of the cell (one, or a stack) by its own name
+    task.names = [run.protocol_name, "", *(registry.name_of(cls) for cls, _ in specs)]
     for attack_name, attack_cls in run.attacks:
-        registry.adopt("attack", attack_name, attack_cls)  # a class re-imported in a worker process
+        # a class re-imported in a worker process, under its registered name (an entry of a swept
+        # attack parameter is named "name:param=value")
+        registry.adopt("attack", attack_name.partition(":")[0], attack_cls)
     try:
         if shared is not None:
             result, defenses = _shared_run(run, shared)
@@ -899,7 +903,7 @@ GATED_VERDICT = "no evidence of leakage"
 
 def _rounds_recorded(transcript: Any) -> int:
     """Rounds of a transcript that hold a client's message (what any attack can read)."""
-    return len({int(m.round) for m in transcript.messages if str(m.sender).startswith("client:")})
+    return len({int(m.round) for m in transcript.messages if is_client(str(m.sender))})
 
 
 def _claim_rounds(privacy: Mapping[str, Any] | None) -> int | None:

@@ -244,8 +244,8 @@ def test_defense_stacks_parse_and_refuse_bad_specs():
 
 def test_attack_pools_the_seeds_targets_into_one_tested_verdict(ds):
     """``privaudit attack`` on a malicious plan: one target per run, so a run alone has no
-    interval; five seeds' targets are pooled into one cluster bootstrap (an interval, but fewer
-    than the 10 victims a verdict needs: inconclusive; two seeds: no interval either)."""
+    interval; five seeds' targets are pooled into one cluster bootstrap (an interval; from 5 to 9
+    victims only a leak is decided, on Student's t; two seeds: no interval)."""
     from privaudit import experiment as ex
     from privaudit import results as rs
 
@@ -261,6 +261,8 @@ def test_attack_pools_the_seeds_targets_into_one_tested_verdict(ds):
     pooled = verdict(5)
     assert "over 5 victims" in pooled["sentence"]
     assert pooled["rows"][0]["tests"]["f1"]["low"] > 0.3  # F1 1.0 against a popularity prior near 0.4
-    # issue 35: fewer than 10 victims (here 5 pooled targets) are never decided, however clear
-    assert rs.verdict_label(pooled["rows"][0]) == "inconclusive (5 victims)"
+    # 5 pooled targets: a leak this clear is decided on Student's t (4 degrees of freedom); a
+    # "protected" never is below 10 victims (tests/test_verdicts.py)
+    assert rs.verdict_label(pooled["rows"][0]) == "leaks (f1)"
+    assert pooled["rows"][0]["tests"]["f1"]["n"] == 5
     assert "inconclusive" in verdict(2)["sentence"]

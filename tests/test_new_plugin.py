@@ -82,6 +82,7 @@ PLUGIN = textwrap.dedent(
         requires = ("grad_V",)
         primary_metric = "accuracy"
         metric_specs = {"accuracy": MetricSpec(True, True, "fraction", "(client, item) pairs guessed right")}
+        null_keeps_ids = False  # its leak is the id set: the null view gives it another client's ids
 
         def applicable(self, view):
             return super().applicable(view)
