@@ -167,7 +167,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         au.decide(result)
     out = au.write_audit(result, args.out, plan_toml=audit_to_toml(spec))
     _say(au.format_matrix(result))
-    from privaudit.reports.headlines import audit_sentence_lines
+    from privaudit.reports.render import audit_sentence_lines
 
     for line in audit_sentence_lines(result):  # a defense the matrix reads protected, named
         _say(line)

@@ -261,16 +261,19 @@ def test_attack_sweep_and_transcript_take_fail_on(tmp_path, capsys):
 
 @pytest.mark.slow  # 15-35 s: five noise multipliers, each with its canary run
 def test_fedmvmf_audit_with_a_protecting_defense_passes(tmp_path, capsys):
-    """dp-gaussian's strongest value (noise multiplier 30) holds every metric of mvmf-aggregate far
-    under the margin on the 200 synthetic users (upper bound 0.008 against a threshold of 0.032);
-    the undefended column leaks and is the positive control."""
+    """dp-gaussian (noise multiplier up to 30) stops mvmf-aggregate: no defended cell leaks, so
+    ``--fail-on leaks,dp-violation`` passes; the undefended column leaks and is the positive
+    control. The cell does not read "protected": the attack reads 2 of the 40 rounds the DP claim
+    covers (the canary gate), and one seed's interval is not under the margin."""
     argv = ["audit", "--protocol", "fedmvmf", "--seeds", "1", "--attack", "mvmf-aggregate", "--defense"]
     code = main([*argv, "dp-gaussian", "-o", str(tmp_path / "a"), "--fail-on", "leaks,dp-violation"])
     out, err = capsys.readouterr()
     assert code == 0 and "privaudit: fail" not in err, err  # stderr may hold the progress line
     assert "fail-on leaks,dp-violation: not met (1 of 2 cells gated" in out
     doc, _ = report_schema.load(tmp_path / "a" / "audit.json")
-    assert [c["verdict"] for c in doc["matrix"]] == ["leaks", "protected"]
+    (undefended, dp) = doc["matrix"]
+    assert undefended["verdict"] == "leaks" and dp["verdict"] in ("inconclusive", "no evidence of leakage")
+    assert "the attack reads 2 of the 40 rounds the claim covers" in dp["dp_gate"]
 
 
 def test_fedmvmf_audit_fails_on_a_leaking_defense_one_line_per_cell(tmp_path, capsys):

@@ -20,7 +20,7 @@ redraws the same text.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from privaudit import results as rs
@@ -162,11 +162,3 @@ def audit_clauses(audit: Mapping[str, Any]) -> list[str]:
         dp = f"; {canary}" if canary else (f"; ε = {fmt(eps, 3)}" if math.isfinite(eps) else "")
         out.append(f"{attack} vs {name}: protected{where}{dp}.")
     return out
-
-
-def audit_sentence_lines(audit: Mapping[str, Any]) -> Sequence[str]:
-    """:func:`audit_clauses` as the lines the CLI prints after the matrix (``note: ...``,
-    wrapped at 100 columns)."""
-    from privaudit.reports.render import wrap_lines
-
-    return [line for c in audit_clauses(audit) for line in wrap_lines(c, first="note: ")]

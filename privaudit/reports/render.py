@@ -344,6 +344,14 @@ def verdict_lines(verdict: Mapping[str, Any], width: int = CONSOLE_WIDTH) -> lis
     return out
 
 
+def audit_sentence_lines(audit: Mapping[str, Any]) -> list[str]:
+    """:func:`privaudit.reports.headlines.audit_clauses` as the lines the CLI prints after the
+    audit matrix (``note: ...``, wrapped at 100 columns)."""
+    from privaudit.reports import headlines
+
+    return [line for c in headlines.audit_clauses(audit) for line in wrap_lines(c, first="note: ")]
+
+
 def _short_verdict(row: Mapping[str, Any]) -> str:
     """A row's verdict in a few words: the label with its one leaking metric named, or the
     number of them, DP flags from the canary audit; the full label is in the report."""
