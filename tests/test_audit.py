@@ -269,3 +269,23 @@ def test_runs_with_a_canary_run_are_handed_out_first():
     assert all(r.canaries == 0 for r in dp if r.seed == 1) and all(r.canaries != 0 for r in dp if r.seed == 0)
     no_canaries, _ = au._plan(au.Audit(protocol="fedmvmf", seeds=1, canaries=0))
     assert {au._cost_rank(r) for r in no_canaries if r.defense_cls is not None} == {1}
+
+
+def test_a_wide_matrix_prints_in_column_groups_of_at_most_100_characters():
+    """Six defense columns do not fit 100 columns: the matrix is printed as several tables, each
+    repeating the attack column, every cell whole."""
+    from privaudit.reports.audit import ROW_CHARS, format_matrix
+
+    defenses = [{"name": f"defense-{k}", "strength": "noise_multiplier", "grid": [30.0]} for k in range(6)]
+    attacks = [{"name": f"attack-{k}", "applies": True} for k in range(3)]
+    matrix = [
+        {"attack": a["name"], "defense": d, "verdict": "attack below prior", "advantage": -0.163}
+        for a in attacks
+        for d in [None] + [x["name"] for x in defenses]
+    ]
+    text = format_matrix({"attacks": attacks, "defenses": defenses, "matrix": matrix, "verdicts": []})
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= ROW_CHARS
+    heads = [line for line in lines if line.startswith("attack (advantage, verdict)")]
+    assert len(heads) >= 2 and all(f"defense-{k}.noise_multiplier=30" in text for k in range(6))
+    assert text.count("-0.163 BELOW-PRIOR") == 3 * 7  # every cell, none cut

@@ -518,6 +518,10 @@ def _esc(text: str) -> str:
     return html.escape(text)
 
 
+#: the longest line an audit row prints in the terminal
+ROW_CHARS = 100
+
+
 def format_matrix(audit: Mapping[str, Any]) -> str:
     """The verdict sentences and the matrix as plain text (what the CLI prints)."""
     cols = ["no defense"] + [
@@ -563,13 +567,28 @@ def format_matrix(audit: Mapping[str, Any]) -> str:
     rows.append(urow)
     lines = [_short(f"threat: {printable(v.get('sentence', ''))}") for v in audit.get("threat_verdicts") or []]
     lines += [verdict_lines(audit, v)[0] for v in audit.get("verdicts") or []]
-    lines.append(plain_table(header, rows, left=1))
+    lines += _column_groups(header, rows)
     lines.append("(statistical detail and canary audits: audit.html / audit.json)")
     return "\n".join(lines)
 
 
-#: the longest line an audit row prints in the terminal
-ROW_CHARS = 100
+def _column_groups(header: list[str], rows: list[list[str]], width: int = ROW_CHARS) -> list[str]:
+    """The matrix as one table, or, when wider than ``width``, as several tables of consecutive
+    defense columns, each repeating the attack column (no cell is cut)."""
+
+    def table(cols: list[int]) -> str:
+        return plain_table([header[j] for j in cols], [[r[j] for j in cols] for r in rows], left=1)
+
+    groups: list[list[int]] = []
+    for j in range(1, len(header)):
+        if groups and max(len(x) for x in table([0, *groups[-1], j]).splitlines()) <= width:
+            groups[-1].append(j)
+        else:
+            groups.append([j])
+    out: list[str] = []
+    for k, cols in enumerate(groups or [[]]):
+        out += ([""] if k else []) + table([0, *cols]).splitlines()
+    return out
 
 
 def _short(text: str, limit: int = ROW_CHARS) -> str:
