@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -274,13 +273,11 @@ def test_implicit_gmf_positives_leak_without_a_negatives_key(tmp_path):
 
 
 @pytest.mark.slow
-def test_plain_fedavg_mf_ratings_from_its_run_config_on_movielens(tmp_path):
+def test_plain_fedavg_mf_ratings_from_its_run_config_on_movielens(tmp_path, ml100k_path):
     """6 MovieLens users, 2 rounds, ridge user vectors, 3 local steps: lr, lam, local-steps and
     mean are read from [tool.flwr.app.config]; the public-info hook gives only the item count
     and the rating scale."""
-    data = os.environ.get("PRIVAUDIT_ML100K", "")
-    if not (Path(data) / "u.data").is_file():
-        pytest.skip("set PRIVAUDIT_ML100K to the MovieLens 100K folder")
+    data = str(ml100k_path)  # $PRIVAUDIT_ML100K, else ../shared/data/ml-100k (skips when absent)
     from privaudit.integrations.flower import record
 
     t = record(APPS / "ridge_mf", clients=6, run_config={"data": data}, cpus_per_client=1).transcript
