@@ -15,9 +15,9 @@ public ``max_score``); precision and F1 of the target's positives, means over th
 from __future__ import annotations
 
 import argparse
-import os
 
 import numpy as np
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
 from privaudit.attacks.active_saturation import NCFActiveSaturation, NCFUnitSaturation
 from privaudit.data import load_dataset, synthetic
@@ -31,7 +31,7 @@ def cost(data: str, models: list[str], global_rounds: int) -> None:
     if data == "synthetic":
         ds = synthetic()
     else:
-        ds = load_dataset(os.environ.get("PRIVAUDIT_ML100K", "ml-100k"))
+        ds = load_dataset(str(ml100k_dir()))  # $PRIVAUDIT_ML100K, else ../shared/data/ml-100k
     print("| model | max_score | HR@10 | rounds aborted |")
     print("|---|---|---|---|")
     for model in models:
