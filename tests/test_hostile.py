@@ -2260,3 +2260,16 @@ def test_a_hostile_release_count_is_refused():
             accounting.declared_releases("liar-rec", {})
     finally:
         registry.unregister("protocol", "liar-rec")
+
+
+# ------------------------------------------------------------------ lead: defenses a protocol cannot run
+
+
+@pytest.mark.parametrize("protocol", ["fedsplit", "fedproto"])
+def test_paillier_on_a_protocol_whose_server_reads_plaintexts_is_refused_before_compute(protocol, capsys, no_compute):
+    from privaudit.cli import main
+
+    code = main(["attack", "--protocol", protocol, "--defense", "paillier", "--seeds", "1", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"defense 'paillier' does not apply to protocol '{protocol}'" in err[0]

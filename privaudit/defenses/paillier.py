@@ -116,6 +116,9 @@ class PaillierDefense(Defense):
     )
     strength = None
     acts_on = (("*", "*"),)  # every upload, encrypted
+    #: protocols whose servers only add what clients upload (FedSplit's server reads per-client
+    #: sums and FedProto's silo its prototypes in the clear: there the defense cannot run)
+    applies_to = ("fedmvmf", "privmvmf", "fedrec")
     default_grid = ()
     #: encrypted uploads, the key holder's key material, the key distribution and the sums sent
     #: to and from the decryptors
