@@ -295,6 +295,48 @@ def test_mf_ratings_estimated_without_public_hyperparameters(plain):
     assert out.reconstruction.meta["decay"] == pytest.approx(decay, abs=1e-6)
 
 
+def test_mf_ratings_estimated_fits_one_mean_for_every_client():
+    """A mean fitted per client is ambiguous by whole steps (ratings 2..5 decode as well as 1..4)
+    and mirrored about the grid's centre; the mean the clients share is not: it is found to 1e-6
+    and every client, the one rating only 3..5 and the one rating 2..5 too, decodes exactly."""
+    from types import SimpleNamespace
+
+    from privaudit.attacks.generic_mf_ratings import EstimatedSteps, LocalSteps, estimate_common_mean, estimate_decay
+
+    rng, hp, mu = np.random.default_rng(5), LocalSteps(0.05, 0.05, 3), 3.53
+    ups, truth = {}, {}
+    for c, low in enumerate([1, 1, 1, 1, 1, 2, 3, 1]):
+        V0, u = rng.normal(0, 0.1, (40, 8)), rng.normal(0, 1, 8)
+        u = u / np.linalg.norm(u) * rng.uniform(0.5, 2.0)
+        r = rng.integers(low, 6, 40).astype(float)
+        r[:2] = (low, 5)
+        V = V0.copy()
+        for _ in range(hp.steps):
+            V -= hp.lr * (-np.outer(r - mu - V @ u, u) + hp.lam * V)
+        ups[f"client:{c}"] = [SimpleNamespace(sent=V0, delta=V - V0, items=np.arange(40))]
+        truth[f"client:{c}"] = r
+    grid = np.arange(1.0, 6.0)
+    est = EstimatedSteps(*estimate_decay(ups), fit_mean=True)
+    assert est.decay == pytest.approx(hp.decay, abs=1e-6)
+    common = estimate_common_mean(ups, est, grid)
+    assert common == pytest.approx(mu, abs=1e-6)
+    known = EstimatedSteps(est.decay, est.rank_ratio)
+    for party, (up,) in ups.items():
+        y, res, *_ = known.decode(known.change(up.sent, up.delta), up.sent, grid - common)
+        assert res < 1e-6 and np.allclose(y + common, truth[party]), party
+    # clients centring by their own means share none: each keeps its own
+    own = {}
+    for party, (up,) in ups.items():
+        r, V0 = truth[party], up.sent
+        u = rng.normal(0, 1, 8)
+        V = V0.copy()
+        for _ in range(hp.steps):
+            V -= hp.lr * (-np.outer(r - r.mean() - V @ u, u) + hp.lam * V)
+        own[party] = [SimpleNamespace(sent=V0, delta=V - V0, items=np.arange(40))]
+    assert estimate_common_mean(own, est, grid) is None
+    assert estimate_common_mean({}, est, grid) is None
+
+
 def test_an_app_without_an_item_matrix_is_not_applicable_with_the_reason(tmp_path):
     rec = FlowerRecorder(SchemaMap.auto_map(), tmp_path)
     rec.start({}, {"n_items": 30})

@@ -25,7 +25,8 @@ no rating of 1) the client is not claimed, and the sign is chosen by the claimed
 item means or, failing that, by more ratings above mu.
 ``generic-mf-ratings-estimated`` does without ``lr``, ``lam`` and ``local_steps``: it
 estimates c^T as the value that makes the clients' D closest to rank one, then fits each
-client's two remaining scalars against the grid.
+client's two remaining scalars against the grid; with the global mean hidden too, it estimates
+the one mean the clients share (:func:`estimate_common_mean`), else fits one per client.
 
 Metrics over the uploaded items of clients with ground truth: ``accuracy`` (exact rating),
 ``rmse``, ``claimed`` (share of clients claimed) and ``accuracy_claimed`` (exact ratings
@@ -351,6 +352,13 @@ class GenericMFRatings(Attack):
     def _mean(self, view: View) -> float | None:
         return known_mean(view.config, self.mean_key)
 
+    def settle_mean(
+        self, hp: Any, ups: dict[str, list], grid: np.ndarray, known: float | None
+    ) -> tuple[Any, float | None, str]:
+        """(training model, global mean, where the mean comes from) for the decode: the public
+        mean as given ("public" or "none": 0)."""
+        return hp, known, "public" if known is not None else "none"
+
     def _rank_ratios(self, ups: dict[str, list], hp: Any) -> list[float]:
         """sigma_2/sigma_1 of D for the first usable upload of up to 5 clients."""
         ratios = []
@@ -390,6 +398,7 @@ class GenericMFRatings(Attack):
             return self.unsupported(why)
         grid = grid_of(view.config)
         known = self._mean(view)
+        hp, known, mean_source = self.settle_mean(hp, ups, grid, known)
         mean = 0.0 if known is None else known  # unknown: the estimated variant fits it per client
         victims: dict[str, dict[str, np.ndarray]] = {}
         for party, us in ups.items():
@@ -426,7 +435,7 @@ class GenericMFRatings(Attack):
             _settle_mirrors(victims, mean, self.grid_tol)
         else:
             _agree_mirrors(victims, float(grid[0] + grid[-1]) / 2, grid)
-        meta = {"clients": len(victims), **hp.describe(), "global_mean": known}
+        meta = {"clients": len(victims), **hp.describe(), "global_mean": known, "mean_source": mean_source}
         return Reconstruction(self.name, self.party, victims, meta=meta)
 
     @staticmethod
@@ -636,11 +645,18 @@ class EstimatedSteps:
         return delta + (1.0 - self.decay) * sent
 
     def decode(self, D: np.ndarray, V: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, float, float, float]:
+        """:meth:`decode_with_mean` without the fitted mean."""
+        return self.decode_with_mean(D, V, grid)[:4]
+
+    def decode_with_mean(
+        self, D: np.ndarray, V: np.ndarray, grid: np.ndarray
+    ) -> tuple[np.ndarray, float, float, float, float]:
         """Ratings y = (D.d) / kappa - rho (V.d) (+ mu with ``fit_mean``) with the client's unknowns
         (kappa > 0, rho, mu) searched on a grid (on at most ``_SEARCH_ROWS`` rows; mu on half
         rating steps), then refitted by least squares against the snapped ratings; the sign of d
         closest to the grid wins. ``grid``: the rating grid minus the known mean (absolute with
-        ``fit_mean``)."""
+        ``fit_mean``). Returns (ratings, grid residual, the other sign's, rank-one residual, mu of
+        the chosen sign; 0 without ``fit_mean``)."""
         _, s, vt = np.linalg.svd(D, full_matrices=False)
         rank_res = float(s[1] / s[0]) if s.size > 1 and s[0] > 0 else (0.0 if s.size and s[0] > 0 else 1.0)
         step = float(grid[1] - grid[0]) if grid.size > 1 else 1.0
@@ -666,11 +682,66 @@ class EstimatedSteps:
                 inv_k, rho = 1.0 / coef[0], coef[1] / coef[0]
                 mu = -coef[2] / coef[0] if self.fit_mean else 0.0
             y = alpha * inv_k - rho * beta + mu
-            fits.append((y, float(np.sqrt(np.mean(_grid_residual(y, grid) ** 2)))))
-        return (*_pick_sign(fits, float(grid[0] + grid[-1]) / 2 if self.fit_mean else 0.0), rank_res)
+            fits.append((y, float(np.sqrt(np.mean(_grid_residual(y, grid) ** 2))), mu))
+        y, res, other = _pick_sign([f[:2] for f in fits], float(grid[0] + grid[-1]) / 2 if self.fit_mean else 0.0)
+        mu = fits[0][2] if y is fits[0][0] else fits[1][2]
+        return y, res, other, rank_res, float(mu)
 
     def describe(self) -> dict[str, float]:
         return {"decay": self.decay, "rank_ratio": self.rank_ratio, "fit_mean": self.fit_mean}
+
+
+def estimate_common_mean(ups: dict[str, list], hp: EstimatedSteps, grid: np.ndarray, clients: int = 20) -> float | None:
+    """The global mean the clients centre by, when they share one (a run-config value), or None.
+
+    A mean fitted per client is ambiguous by whole rating steps (ratings 2..5 decode as well as
+    1..4) and a coarse search can settle in a wrong basin; one mean shared by all clients is
+    not. From the first usable upload of up to ``clients`` clients: the clients that decode onto
+    the grid with their own mean agree on its position within a step (the mode of their means
+    modulo the step, averaged over the agreeing ones); among that position shifted by whole
+    steps (from min(0, lowest rating) to the highest), the one with the smallest summed grid
+    residual when every client is decoded with it as a known mean wins, and its mirror about the
+    grid's centre (which fits alike: the tie goes to more ratings above the centre). None when fewer than two
+    clients decode onto the grid, they do not agree, or the common mean fits the clients worse
+    (median residual) than their own means by more than a twentieth of a step."""
+    step = float(grid[1] - grid[0]) if grid.size > 1 else 1.0
+    sample = [(hp.change(u.sent, u.delta), u.sent) for us in list(ups.values())[:clients] for u in _usable(us)[:1]]
+    own = [hp.decode_with_mean(D, V, grid) for D, V in sample]
+    good = np.array([fit[4] for fit in own if fit[1] < 0.05 * step])
+    if good.size < 2:
+        return None
+    frac = np.mod(good - grid[0], step)
+    gap = np.abs(frac[:, None] - frac[None, :])
+    near = np.minimum(gap, step - gap) < 0.02 * step
+    mode = int(np.argmax(near.sum(axis=1)))
+    if near[mode].sum() < max(2, good.size // 2):
+        return None
+    wrapped = frac[near[mode]] + step * np.round((frac[mode] - frac[near[mode]]) / step)
+    pos = float(np.mean(wrapped))
+    known = EstimatedSteps(hp.decay, hp.rank_ratio)
+    lo = min(0.0, float(grid[0]))
+    candidates = (
+        grid[0]
+        + pos
+        + step * np.arange(np.floor((lo - grid[0] - pos) / step), np.ceil((grid[-1] - grid[0] - pos) / step) + 1)
+    )
+    candidates = candidates[(candidates >= lo - step / 2) & (candidates <= grid[-1] + step / 2)]
+    centre = float(grid[0] + grid[-1]) / 2
+    candidates = np.concatenate([candidates, 2 * centre - candidates])  # (u, r - mu) and (-u, mu - r) upload alike
+    fits = [[known.decode(D, V, grid - m) for D, V in sample] for m in candidates]
+    cost = np.array([float(np.sum([f[1] ** 2 for f in fit])) for fit in fits])
+    # mirrored means fit alike: the tie goes to more decoded ratings above the grid's centre (ratings skew high)
+    above = np.array(
+        [
+            sum(float(np.sum(f[0] + m > centre) - np.sum(f[0] + m < centre)) for f in fit)
+            for m, fit in zip(candidates, fits)
+        ]
+    )
+    tied = cost <= cost.min() + 1e-4 * step**2 * len(sample)
+    k = int(np.flatnonzero(tied)[np.argmax(above[tied])])
+    if float(np.median([f[1] for f in fits[k]])) > float(np.median([fit[1] for fit in own])) + 0.05 * step:
+        return None
+    return float(candidates[k])
 
 
 def estimate_decay(ups: dict[str, list], clients: int = 20) -> tuple[float, float]:
@@ -709,3 +780,15 @@ class GenericMFRatingsEstimated(GenericMFRatings):
         if not any(_usable(us) for us in ups.values()):
             return None, "no upload with a known change of at least two rows"
         return EstimatedSteps(*estimate_decay(ups), fit_mean=self._mean(view) is None), ""
+
+    def settle_mean(
+        self, hp: Any, ups: dict[str, list], grid: np.ndarray, known: float | None
+    ) -> tuple[Any, float | None, str]:
+        """With the mean unknown, the one mean every client centres by (:func:`estimate_common_mean`)
+        when it fits the clients as well as a mean of their own does; else each client's own."""
+        if known is not None or not getattr(hp, "fit_mean", False):
+            return super().settle_mean(hp, ups, grid, known)
+        common = estimate_common_mean(ups, hp, grid)
+        if common is None:
+            return hp, None, "fitted per client"
+        return EstimatedSteps(hp.decay, hp.rank_ratio), common, "estimated, common to the clients"
