@@ -8,6 +8,7 @@ runs the app with ``flwr run``.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -24,6 +25,7 @@ import pytest
 from privaudit.errors import PrivauditError
 from privaudit.integrations.recorded import audit_transcript
 from privaudit.transcript import load
+from tests import flower_loop
 
 pytest.importorskip("flwr", reason='Flower is not installed: pip install "privaudit[flower]"')
 
@@ -57,29 +59,7 @@ def _import_app():
     return server_app, client_app
 
 
-class LoopGrid:
-    """A Flower ``Grid`` delivering each message to a ClientApp in this process (node k holds
-    partition k), as SuperNodes do: the replies come back through the client Mods."""
-
-    def __init__(self, client_app, run_config: dict, nodes: int):
-        from flwr.app import Context, RecordDict
-
-        self.app = client_app
-        self.ids = [1000 + 7 * k for k in range(nodes)]
-        self.contexts = {
-            n: Context(run_id=5, node_id=n, node_config={"partition-id": k}, state=RecordDict(), run_config=run_config)
-            for k, n in enumerate(self.ids)
-        }
-        self.run = None
-
-    def set_run(self, run) -> None:
-        self.run = run
-
-    def get_node_ids(self):
-        return list(self.ids)
-
-    def send_and_receive(self, messages, *, timeout=None):
-        return [self.app(m, self.contexts[m.metadata.dst_node_id]) for m in messages]
+LoopGrid = functools.partial(flower_loop.LoopGrid, first_id=1000, stride=7, run_id=5)
 
 
 def _run_in_process(tmp_path: Path, nodes: int = 5, **overrides) -> Path:

@@ -15,6 +15,7 @@ included) as the SuperNodes do, through the same recorder.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -27,6 +28,7 @@ import pytest
 from privaudit.integrations._flower_dp import check_claims
 from privaudit.integrations.recorded import audit_transcript
 from privaudit.transcript import load
+from tests import flower_loop
 
 pytest.importorskip("flwr", reason='Flower is not installed: pip install "privaudit[flower]"')
 
@@ -35,35 +37,7 @@ MISCONFIGURED = "LocalDpMod(clipping_norm=1.0, sensitivity=1e-4, epsilon=10, del
 CONSISTENT = "LocalDpMod(clipping_norm=1.0, sensitivity=2.0, epsilon=0.5, delta=1e-5)"
 
 
-class LoopGrid:
-    """A Flower ``Grid`` delivering each message to the ClientApp in this process (node k holds
-    partition k of ``nodes``)."""
-
-    def __init__(self, client_app, run_config: dict, nodes: int):
-        from flwr.app import Context, RecordDict
-
-        self.app = client_app
-        self.ids = [5000 + 11 * k for k in range(nodes)]
-        self.contexts = {
-            n: Context(
-                run_id=7,
-                node_id=n,
-                node_config={"partition-id": k, "num-partitions": nodes},
-                state=RecordDict(),
-                run_config=run_config,
-            )
-            for k, n in enumerate(self.ids)
-        }
-        self.run = None
-
-    def set_run(self, run) -> None:
-        self.run = run
-
-    def get_node_ids(self):
-        return list(self.ids)
-
-    def send_and_receive(self, messages, *, timeout=None):
-        return [self.app(m, self.contexts[m.metadata.dst_node_id]) for m in messages]
+LoopGrid = functools.partial(flower_loop.LoopGrid, first_id=5000, stride=11, run_id=7)
 
 
 def record_in_process(app_dir: Path, run_dir: Path, clients: int, canaries: int = 0, **overrides):
