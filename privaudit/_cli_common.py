@@ -15,7 +15,7 @@ from privaudit.errors import PrivauditError
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
 
-class _Parser(argparse.ArgumentParser):
+class ArgParser(argparse.ArgumentParser):
     """argparse that reports a usage mistake as one line (exit code 2)."""
 
     def error(self, message: str):  # noqa: D102 - argparse API
@@ -35,7 +35,7 @@ def command(name: str, help: str):
     return decorator
 
 
-def _byte_size(text: str) -> int:
+def byte_size(text: str) -> int:
     """``--max-bytes`` value: an integer number of bytes, optionally with K, M, G or T (binary)."""
     units = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
     t = text.strip().upper().removesuffix("IB").removesuffix("B")
@@ -46,11 +46,11 @@ def _byte_size(text: str) -> int:
     return int(number) * units[unit]
 
 
-def _max_bytes_arg(p: argparse.ArgumentParser) -> None:
+def max_bytes_arg(p: argparse.ArgumentParser) -> None:
     """The one ``--max-bytes`` option of every command that loads a transcript."""
     p.add_argument(
         "--max-bytes",
-        type=_byte_size,
+        type=byte_size,
         default=None,
         metavar="N[K|M|G]",
         help="byte budget for loading a transcript: members' total uncompressed size; member count and manifest "
@@ -58,7 +58,7 @@ def _max_bytes_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _say(text: object, file=None) -> None:
+def say(text: object, file=None) -> None:
     """Print ``text`` line by line with every control character escaped (:mod:`privaudit._escape`):
     names from files (metrics, defenses, attacks, reasons) never act on the terminal."""
     from privaudit._escape import printable
@@ -66,7 +66,7 @@ def _say(text: object, file=None) -> None:
     print("\n".join(printable(line) for line in str(text).split("\n")), file=file)
 
 
-def _human_bytes(n: int) -> str:
+def human_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -107,17 +107,17 @@ def _data_value(value: str) -> str:
     return value
 
 
-def _data_args(p: argparse.ArgumentParser) -> None:
+def data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--defense", action="append", default=[], metavar="NAME[:k=v,...]", help="activate a defense (repeatable)"
     )
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)"
     )
-    _dataset_args(p)
+    dataset_args(p)
 
 
-def _dataset_args(p: argparse.ArgumentParser) -> None:
+def dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default="synthetic", type=_data_value, metavar="synthetic[:SPEC]|PATH", help=_DATA_HELP)
     p.add_argument(
         "--rating-scale",
@@ -129,14 +129,14 @@ def _dataset_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _force_arg(p: argparse.ArgumentParser) -> None:
+def force_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing output (transcript file or report folder)")
 
 
 # ------------------------------------------------------------------ checks made before any work
 
 
-def _dataset(args: argparse.Namespace):
+def dataset_from_args(args: argparse.Namespace):
     """``--data`` as given, or the dataset loaded with its declared ``--rating-scale``."""
     scale = getattr(args, "rating_scale", None)
     synthetic = str(args.data).strip().lower().startswith("synthetic")
@@ -158,7 +158,9 @@ class _Scheduler:
     requires_extras = ("dask",)
 
 
-def _check_extras(protocol: str | None, attack: str | None = None, defenses=(), *, attacks=(), scheduler=None) -> None:
+def check_cli_extras(
+    protocol: str | None, attack: str | None = None, defenses=(), *, attacks=(), scheduler=None
+) -> None:
     """Refuse a plan whose protocol, attack, defenses or ``--scheduler`` need an extra that is
     not installed."""
     from privaudit import registry
@@ -196,7 +198,7 @@ def _data_tag(data: object, users: int | None) -> str:
     return tag + (f"-u{users}" if users is not None else "")
 
 
-def _default_report_dir(args: argparse.Namespace) -> str:
+def default_report_dir(args: argparse.Namespace) -> str:
     """``privaudit-report/<protocol>-<sweep>-<dataset>/`` (``<transcript file>-transcript``)."""
     from pathlib import Path
 
@@ -211,7 +213,7 @@ def _default_report_dir(args: argparse.Namespace) -> str:
     return str(Path("privaudit-report") / f"{args.protocol}-{label}-{_data_tag(args.data, args.users)}")
 
 
-def _check_writable(path, force: bool, what: str, folder: bool) -> None:
+def check_writable(path, force: bool, what: str, folder: bool) -> None:
     """One-line refusal of an output that cannot be written, or exists without ``--force``.
 
     A report folder (``folder``) may be new (its missing parents are created); a file needs
@@ -249,7 +251,7 @@ def _check_writable(path, force: bool, what: str, folder: bool) -> None:
         raise PrivauditError(f"{path}: not writable")
 
 
-def _warn_short_keys(defenses) -> None:
+def warn_short_keys(defenses) -> None:
     """``warning: ...`` on stderr for every defense with a short key (``(class, params)`` pairs)."""
     for cls, params in defenses:
         line = getattr(cls(**params), "short_key_warning", None)  # defenses are cheap to build (keys are lazy)
@@ -257,14 +259,14 @@ def _warn_short_keys(defenses) -> None:
             print(f"warning: {line}", file=sys.stderr)
 
 
-def _warn_short_key_specs(specs) -> None:
+def warn_short_key_specs(specs) -> None:
     from privaudit import registry
     from privaudit.params import parse_spec
 
-    _warn_short_keys([(registry.get("defense", n), p) for n, p in (parse_spec(s, "--defense") for s in specs or ())])
+    warn_short_keys([(registry.get("defense", n), p) for n, p in (parse_spec(s, "--defense") for s in specs or ())])
 
 
-def _margin_arg(p: argparse.ArgumentParser) -> None:
+def margin_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--margin",
         type=float,
@@ -274,13 +276,13 @@ def _margin_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _margin(value: float) -> float:
+def margin_value(value: float) -> float:
     if not (0.0 < value < 1.0):
         raise PrivauditError(f"--margin must lie strictly between 0 and 1, got {value:g}")
     return float(value)
 
 
-def _fail_on_arg(p: argparse.ArgumentParser, allowed: tuple[str, ...], help_text: str) -> None:
+def fail_on_arg(p: argparse.ArgumentParser, allowed: tuple[str, ...], help_text: str) -> None:
     """``--fail-on A[,B...]`` (repeatable): exit code 1 when the run meets a named condition."""
     from privaudit.gate import fail_on_type
 
@@ -294,7 +296,7 @@ def _fail_on_arg(p: argparse.ArgumentParser, allowed: tuple[str, ...], help_text
     )
 
 
-def _gate(doc, kind: str, fail_on) -> int:
+def gate_exit_code(doc, kind: str, fail_on) -> int:
     """Apply ``--fail-on`` to a written audit or results dict: one stderr line per failing cell
     and exit code 1, else a stdout line saying what was gated and 0 (``docs/ci.md``)."""
     from privaudit.gate import gate_lines, named
@@ -304,7 +306,7 @@ def _gate(doc, kind: str, fail_on) -> int:
         return 0
     lines, summary = gate_lines(doc, kind, conditions)
     for line in lines:
-        _say(f"privaudit: fail: {line}", file=sys.stderr)
+        say(f"privaudit: fail: {line}", file=sys.stderr)
     if not lines:
-        _say(summary)
+        say(summary)
     return 1 if lines else 0

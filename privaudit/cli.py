@@ -22,23 +22,23 @@ from privaudit import (
 )
 from privaudit._cli_common import (
     COMMANDS,
-    _check_extras,
-    _check_writable,
-    _data_args,
-    _dataset,
-    _default_report_dir,
-    _fail_on_arg,
-    _force_arg,
-    _gate,
-    _human_bytes,
-    _margin,
-    _margin_arg,
-    _max_bytes_arg,
-    _Parser,
-    _say,
-    _warn_short_key_specs,
-    _warn_short_keys,
+    ArgParser,
+    check_cli_extras,
+    check_writable,
     command,
+    data_args,
+    dataset_from_args,
+    default_report_dir,
+    fail_on_arg,
+    force_arg,
+    gate_exit_code,
+    human_bytes,
+    margin_arg,
+    margin_value,
+    max_bytes_arg,
+    say,
+    warn_short_key_specs,
+    warn_short_keys,
 )
 from privaudit.errors import PrivauditError, missing_dependency
 from privaudit.gate import FAIL_ON
@@ -75,7 +75,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         width = max((len(r["name"]) for r in rows), default=4)
         for r in rows:
             needs = "".join(f" [needs privaudit[{e}]: not installed]" for e in r["missing"])  # installed: no tag
-            _say(f"{r['kind']:<9} {r['name']:<{width}}  {r['description']}{needs}")
+            say(f"{r['kind']:<9} {r['name']:<{width}}  {r['description']}{needs}")
     for err in registry.plugin_errors():
         print(f"warning: plugin failed to load: {err}", file=sys.stderr)
     return 0
@@ -124,7 +124,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(entries, indent=2, default=str))
     else:
-        _say("\n\n".join("\n".join(_format_description(e)) for e in entries))
+        say("\n\n".join("\n".join(_format_description(e)) for e in entries))
     return 0
 
 
@@ -134,7 +134,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
 def _inspect_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="transcript file (.ptx)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    _max_bytes_arg(p)
+    max_bytes_arg(p)
 
 
 @command("inspect", "summarize a transcript: parties, rounds, message kinds, bytes, private data")(_inspect_args)
@@ -164,7 +164,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     n_mapped, mapped = mapped_bytes(t)
     if n_mapped:  # the first 64 MiB of stored columns are read with their CRCs checked; the rest are mapped
         print(
-            f"mapped      {n_mapped} stored columns ({_human_bytes(mapped)}): CRCs not checked; do not change the file"
+            f"mapped      {n_mapped} stored columns ({human_bytes(mapped)}): CRCs not checked; do not change the file"
         )
     defenses = (s["config"] or {}).get("defenses") or []
     if not defenses:
@@ -177,7 +177,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"{'defenses' if i == 0 else '':<12}{esc(text)}")
     print("kinds:")
     for kind, e in sorted(s["kinds"].items()):
-        print(f"  {esc(kind):<20} {e['messages']:>8} messages  {_human_bytes(e['bytes']):>10}")
+        print(f"  {esc(kind):<20} {e['messages']:>8} messages  {human_bytes(e['bytes']):>10}")
     return 0
 
 
@@ -230,7 +230,7 @@ def _print_estimate(args: argparse.Namespace, seeds: int) -> None:
         points = len(args.scales.split(",")) if args.scales else len(grid)
     from privaudit.experiment import load_data
 
-    n_users = load_data(_dataset(args)).n_users  # loading is cheap next to a run worth estimating
+    n_users = load_data(dataset_from_args(args)).n_users  # loading is cheap next to a run worth estimating
     users = n_users if args.users is None else args.users
     if users > n_users:
         return  # refused with one line when the experiment loads the data
@@ -283,7 +283,7 @@ def _reference_line(results) -> str | None:
 
 def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocol", required=True, help="protocol name (see privaudit list)")
-    _data_args(p)
+    data_args(p)
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     p.add_argument("-o", "--output", required=True, metavar="FILE.ptx", help="transcript file to write")
     p.add_argument("--no-private", action="store_true", help="leave out the clients' private messages (shareable)")
@@ -292,7 +292,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
         metavar="ADDRESS|local:N",
         help="run the clients on a Dask cluster; -o is then a folder of shards (fedmvmf, fedrec pmf-batch; no defenses)",
     )
-    _force_arg(p)
+    force_arg(p)
 
 
 @command("run", "run a protocol once and write its transcript (.ptx)")(_run_args)
@@ -304,13 +304,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.scheduler is not None:  # one protocol run over a Dask cluster: privaudit.sharded
         from privaudit.sharded import cmd_run
 
-        return cmd_run(args, _dataset)
-    _check_writable(args.output, args.force, "-o FILE", folder=False)
-    _check_extras(args.protocol, None, args.defense)
-    _warn_short_key_specs(args.defense)
+        return cmd_run(args, dataset_from_args)
+    check_writable(args.output, args.force, "-o FILE", folder=False)
+    check_cli_extras(args.protocol, None, args.defense)
+    warn_short_key_specs(args.defense)
     args.sweep = args.noise = None
     _print_estimate(args, 1)
-    data = _dataset(args)
+    data = dataset_from_args(args)
     with streaming(args.output, include_private=not args.no_private) as stream:  # rounds written as they end
         result = run_transcript(
             protocol=args.protocol,
@@ -335,7 +335,7 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scales", metavar="LIST", help="noise scales (default: the defense's grid, 0,0.1,0.5,1,2,4 for laplace)"
     )
-    _data_args(p)
+    data_args(p)
     p.add_argument("--sweep", metavar="TARGET.PARAM=V1,V2,...", help="sweep a defense, attack or protocol parameter")
     p.add_argument("--seeds", type=int, default=None, metavar="N", help="run seeds SEED..SEED+N-1 (default 3)")
     p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
@@ -350,14 +350,14 @@ def _attack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o", "--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-<sweep>-<dataset>/)"
     )
-    _force_arg(p)
+    force_arg(p)
     p.add_argument("--quiet", action="store_true", help="do not print the table")
-    _margin_arg(p)
-    _max_bytes_arg(p)
+    margin_arg(p)
+    max_bytes_arg(p)
     p.add_argument(
         "--config", metavar="FILE.toml", help="run the plan of a plan.toml (every report folder records one)"
     )
-    _fail_on_arg(p, FAIL_ON, FAIL_ON_HELP)
+    fail_on_arg(p, FAIL_ON, FAIL_ON_HELP)
     p.epilog = "Parameters of a protocol, attack or defense (defaults, accepted values): privaudit describe NAME"
 
 
@@ -375,13 +375,13 @@ def cmd_attack(args: argparse.Namespace) -> int:
     from privaudit import results as rs
     from privaudit.plan import plan_to_toml
 
-    margin = None if args.margin is None else _margin(args.margin)  # checked before any compute
+    margin = None if args.margin is None else margin_value(args.margin)  # checked before any compute
     defaults_note = None
     if args.protocol and not args.transcript and not args.config:
         defaults_note = _protocol_defaults(args)
     if args.protocol or args.transcript:
-        args.out = args.out or _default_report_dir(args)
-        _check_writable(args.out, args.force, "--out DIR", folder=True)
+        args.out = args.out or default_report_dir(args)
+        check_writable(args.out, args.force, "--out DIR", folder=True)
     plan = None
     if args.config:
         plan, results = _attack_config(args)
@@ -398,12 +398,12 @@ def cmd_attack(args: argparse.Namespace) -> int:
     if not args.quiet:  # every line within reports.CONSOLE_WIDTH columns; the full table is in report.md
         from privaudit.reports.render import wrap_lines
 
-        _say(reports.format_console(results, report=str(out)))
+        say(reports.format_console(results, report=str(out)))
         line = _reference_line(results)
         if line:
-            _say("\n".join(wrap_lines(line)))
-    _say(f"report written to {out}/")
-    return _gate(results, "results", args.fail_on)
+            say("\n".join(wrap_lines(line)))
+    say(f"report written to {out}/")
+    return gate_exit_code(results, "results", args.fail_on)
 
 
 def _unscored_gate(args: argparse.Namespace) -> int:
@@ -413,10 +413,10 @@ def _unscored_gate(args: argparse.Namespace) -> int:
 
     conditions = named(args.fail_on)
     if "inconclusive" in conditions:
-        _say(f"privaudit: fail: {args.transcript}: inconclusive: unscored (no private messages)", file=sys.stderr)
+        say(f"privaudit: fail: {args.transcript}: inconclusive: unscored (no private messages)", file=sys.stderr)
         return 1
     if conditions:
-        _say(f"fail-on {','.join(conditions)}: nothing judged ({args.transcript} holds no private messages)")
+        say(f"fail-on {','.join(conditions)}: nothing judged ({args.transcript} holds no private messages)")
     return 0
 
 
@@ -467,8 +467,8 @@ def _attack_config(args: argparse.Namespace):
 
         sweep = plan.sweep.label if plan.sweep is not None else None
         args.out = str(default_out_dir({"protocol": plan.protocol_cls.name, "sweep": sweep}))
-    _check_writable(args.out, args.force, "--out DIR", folder=True)
-    _warn_short_keys(plan.defenses)
+    check_writable(args.out, args.force, "--out DIR", folder=True)
+    warn_short_keys(plan.defenses)
     return plan, experiment.run_plan(plan)
 
 
@@ -510,7 +510,7 @@ def _attack_simulated(args: argparse.Namespace, defaults_note: str | None):
         raise PrivauditError("give --protocol P (or --transcript FILE)")
     if args.max_bytes is not None:
         raise PrivauditError("--max-bytes applies to --transcript only")
-    _check_extras(
+    check_cli_extras(
         args.protocol, args.attack, args.defense + ([args.noise] if args.noise else []), scheduler=args.scheduler
     )
     seeds = experiment.DEFAULT_SEEDS if args.seeds is None else args.seeds
@@ -520,7 +520,7 @@ def _attack_simulated(args: argparse.Namespace, defaults_note: str | None):
         defenses=_defense_specs(args.defense),
         **_sweep_spec(args),
         protocol_config=parse_assignments(args.set),
-        data=_dataset(args),
+        data=dataset_from_args(args),
         users=args.users,
         seeds=seeds,
         seed=args.seed,
@@ -528,14 +528,14 @@ def _attack_simulated(args: argparse.Namespace, defaults_note: str | None):
         scheduler=args.scheduler,
     )
     plan = exp.plan()  # names resolved and everything validated before any compute
-    _warn_short_keys(plan.defenses)
+    warn_short_keys(plan.defenses)
     from privaudit.reports.render import wrap_lines
     from privaudit.runner import subsample_users
 
     dataset = experiment.load_data(plan.data)  # a data error (or too many --users) stops here,
     sampled = subsample_users(dataset, plan.users, plan.seed)  # before any banner
     if defaults_note:
-        _say("\n".join(wrap_lines(defaults_note)))
+        say("\n".join(wrap_lines(defaults_note)))
     _say_estimate(plan, sampled, plan.protocol_cls.name)
     return plan, experiment.run_plan(plan, dataset=dataset)
 
@@ -560,12 +560,12 @@ ORDER = ("list", "describe", "inspect", "run", "attack", "report", "audit", "rec
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = ArgParser(
         prog="privaudit",
         description="Privacy attacks and audits for federated recommender systems.",
     )
     parser.add_argument("--version", action="version", version=f"privaudit {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgParser)
     order = [n for n in ORDER if n in COMMANDS] + [n for n in COMMANDS if n not in ORDER]
     for name in order:
         help_text, add_arguments, _ = COMMANDS[name]

@@ -9,20 +9,20 @@ import sys
 from pathlib import Path
 
 from privaudit._cli_common import (
-    _byte_size,
-    _check_extras,
-    _check_writable,
-    _dataset,
-    _dataset_args,
-    _default_report_dir,
-    _fail_on_arg,
-    _force_arg,
-    _gate,
-    _margin,
-    _margin_arg,
-    _max_bytes_arg,
-    _say,
+    byte_size,
+    check_cli_extras,
+    check_writable,
     command,
+    dataset_args,
+    dataset_from_args,
+    default_report_dir,
+    fail_on_arg,
+    force_arg,
+    gate_exit_code,
+    margin_arg,
+    margin_value,
+    max_bytes_arg,
+    say,
 )
 from privaudit.errors import PrivauditError
 from privaudit.gate import FAIL_ON
@@ -55,8 +55,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if present and not args.force:
         raise PrivauditError(f"{folder}/ already holds {', '.join(present)}: re-render with --force to replace them")
     out = reports.rerender(args.dir)
-    _say(reports.format_console(reports.read_results(out), report=str(out)))
-    _say(f"report re-rendered in {out}/")
+    say(reports.format_console(reports.read_results(out), report=str(out)))
+    say(f"report re-rendered in {out}/")
     return 0
 
 
@@ -68,7 +68,7 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--transcript", metavar="FILE", help="audit one recorded transcript: every attack that reads it, no simulation"
     )
-    _dataset_args(p)
+    dataset_args(p)
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="set a protocol config value (repeatable)"
     )
@@ -89,11 +89,11 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o", "--out", metavar="DIR", help="report folder (default privaudit-report/<protocol>-audit-<dataset>/)"
     )
-    _force_arg(p)
-    _max_bytes_arg(p)
+    force_arg(p)
+    max_bytes_arg(p)
     p.add_argument("--config", metavar="FILE.toml", help="rerun the plan.toml an audit folder records")
-    _margin_arg(p)
-    _fail_on_arg(p, FAIL_ON, FAIL_ON_HELP)
+    margin_arg(p)
+    fail_on_arg(p, FAIL_ON, FAIL_ON_HELP)
     format_help = p.format_help
 
     def with_protocols() -> str:  # listed only when help is printed (the registry loads lazily)
@@ -137,18 +137,18 @@ def cmd_audit(args: argparse.Namespace) -> int:
             fields["scheduler"] = args.scheduler
         check_bounds(jobs=fields.get("jobs"))
         args.out = args.out or str(au.default_out_dir(fields["protocol"]))
-        _check_writable(args.out, args.force, "--out DIR", folder=True)
+        check_writable(args.out, args.force, "--out DIR", folder=True)
         spec = au.Audit(**fields)
     else:
         if not args.protocol:
             raise PrivauditError("give --protocol P (or --transcript FILE, or --config DIR/plan.toml)")
-        args.out = args.out or _default_report_dir(args)
-        _check_writable(args.out, args.force, "--out DIR", folder=True)
-        _check_extras(args.protocol, None, args.defense or (), attacks=args.attack or (), scheduler=args.scheduler)
+        args.out = args.out or default_report_dir(args)
+        check_writable(args.out, args.force, "--out DIR", folder=True)
+        check_cli_extras(args.protocol, None, args.defense or (), attacks=args.attack or (), scheduler=args.scheduler)
         check_bounds(args.seeds, args.jobs, args.users)
         spec = au.Audit(
             protocol=args.protocol,
-            data=_dataset(args),
+            data=dataset_from_args(args),
             users=args.users,
             sets=parse_assignments(args.set),
             seeds=au.DEFAULT_AUDIT_SEEDS if args.seeds is None else args.seeds,
@@ -159,26 +159,26 @@ def cmd_audit(args: argparse.Namespace) -> int:
             defenses=args.defense,
             threat=args.threat or "both",
         )
-    margin = None if args.margin is None else _margin(args.margin)  # checked before any compute
+    margin = None if args.margin is None else margin_value(args.margin)  # checked before any compute
     _say_audit_estimate(spec)
     result = au.run_audit(spec)
     if margin is not None:
         result["margin"] = margin
         au.decide(result)
     out = au.write_audit(result, args.out, plan_toml=audit_to_toml(spec))
-    _say(au.format_matrix(result))
+    say(au.format_matrix(result))
     from privaudit.reports.render import audit_sentence_lines
 
     for line in audit_sentence_lines(result):  # a defense the matrix reads protected, named
-        _say(line)
+        say(line)
     for a in result["attacks"]:
         if not a.get("applies"):
-            _say(f"note: {a['name']} does not apply to the undefended {result['protocol']} view: {a.get('reason')}")
+            say(f"note: {a['name']} does not apply to the undefended {result['protocol']} view: {a.get('reason')}")
     errors = sorted({r["error"] for r in result["runs"] if "error" in r})
     for e in errors:
-        _say(f"warning: a run failed: {e}", file=sys.stderr)
-    _say(f"audit written to {out}/ ({result['timing']['total_seconds']:.1f} s)")
-    return _gate(result, "audit", args.fail_on)
+        say(f"warning: a run failed: {e}", file=sys.stderr)
+    say(f"audit written to {out}/ ({result['timing']['total_seconds']:.1f} s)")
+    return gate_exit_code(result, "audit", args.fail_on)
 
 
 def _say_audit_estimate(spec) -> None:
@@ -206,9 +206,9 @@ def _audit_transcript(args: argparse.Namespace) -> int:
         raise PrivauditError(f"--transcript cannot be combined with {', '.join(simulation)}")
     from privaudit.results import PROTECTION_MARGIN
 
-    margin = PROTECTION_MARGIN if args.margin is None else _margin(args.margin)
+    margin = PROTECTION_MARGIN if args.margin is None else margin_value(args.margin)
     args.out = args.out or str(Path("privaudit-report") / f"{Path(args.transcript).stem or 'transcript'}-audit")
-    _check_writable(args.out, args.force, "--out DIR", folder=True)
+    check_writable(args.out, args.force, "--out DIR", folder=True)
     result = recorded.audit_transcript(args.transcript, args.attack, max_bytes=args.max_bytes, margin=margin)
     if args.threat not in (None, "both"):  # a recording's threat is its server app's: keep that axis's rows
         from privaudit import registry
@@ -216,17 +216,17 @@ def _audit_transcript(args: argparse.Namespace) -> int:
         threat = {r["attack"]: getattr(registry.get("attack", r["attack"]), "threat", "") for r in result["rows"]}
         result["rows"] = [r for r in result["rows"] if threat[r["attack"]] == args.threat]
     out = recorded.write_audit(result, args.out)
-    _say(recorded.format_audit(result))
+    say(recorded.format_audit(result))
     for d in result["defenses"]:
-        _say(f"defense: {', '.join(f'{k}={v}' for k, v in d.items())}")
+        say(f"defense: {', '.join(f'{k}={v}' for k, v in d.items())}")
     for c in result.get("dp_claims", []):  # one line each: the claim checked against the mechanism
-        _say(f"dp claim: {c['reason']}")
+        say(f"dp claim: {c['reason']}")
     if result.get("canaries"):
-        _say(result["canaries"]["line"])
+        say(result["canaries"]["line"])
     if not result["private_included"]:
         print("note: the transcript holds no private messages: nothing to score against")
-    _say(f"audit written to {out}/")
-    return _gate(result, "audit", args.fail_on)
+    say(f"audit written to {out}/")
+    return gate_exit_code(result, "audit", args.fail_on)
 
 
 # --------------------------------------------------------------------------------------- record
@@ -269,7 +269,7 @@ def _record_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no ground-truth Mod on the clients (the transcript then has no private messages)",
     )
-    _force_arg(p)
+    force_arg(p)
     p.epilog = _RECORD_WARNING
 
 
@@ -289,7 +289,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     from privaudit._escape import printable
     from privaudit.integrations import flower
 
-    _check_writable(args.output, args.force, "-o FILE", folder=False)
+    check_writable(args.output, args.force, "-o FILE", folder=False)
     if not -1 <= args.canaries <= 100_000:
         raise PrivauditError(f"--canaries must be in [0, 100000] (or -1: the default), got {args.canaries}")
     app = flower.load_app(args.flower)
@@ -328,7 +328,7 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("old", metavar="OLD", help="an audit.json or results.json (e.g. from the last release)")
     p.add_argument("new", metavar="NEW", help="a file of the same kind (e.g. from this commit)")
-    _fail_on_arg(
+    fail_on_arg(
         p,
         COMPARE_FAIL_ON,
         "exit code 1 when: changed (a verdict label differs), new-leaks (a defended cell leaks in NEW, not in OLD), "
@@ -337,7 +337,7 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-bytes",
-        type=_byte_size,
+        type=byte_size,
         default=None,
         metavar="N[K|M|G]",
         help="largest file read (default 256M)",
@@ -354,13 +354,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     comparison = compare_files(args.old, args.new, max_bytes=args.max_bytes)
     for line in comparison.lines():
-        _say(line)
+        say(line)
     conditions = named(args.fail_on)
     if not conditions:
         return 0
     failures = comparison.failures(conditions)
     for line in failures:
-        _say(f"privaudit: fail: {line}", file=sys.stderr)
+        say(f"privaudit: fail: {line}", file=sys.stderr)
     if not failures:
-        _say(f"fail-on {','.join(conditions)}: not met")
+        say(f"fail-on {','.join(conditions)}: not met")
     return 1 if failures else 0

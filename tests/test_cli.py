@@ -334,14 +334,14 @@ def test_fedmvmf_noise_command_end_to_end(tmp_path):
 def test_data_path_is_checked_before_any_work_and_tilde_expands(tmp_path, monkeypatch, capsys):
     import argparse
 
-    from privaudit.cli import _dataset
+    from privaudit._cli_common import dataset_from_args
     from privaudit.errors import PrivauditError
 
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "r.csv").write_text("user,item,rating\n1,1,4\n")
-    assert _dataset(argparse.Namespace(data="~/r.csv", rating_scale=None)) == "~/r.csv"
+    assert dataset_from_args(argparse.Namespace(data="~/r.csv", rating_scale=None)) == "~/r.csv"
     with pytest.raises(PrivauditError, match="no such file or folder"):
-        _dataset(argparse.Namespace(data="~/missing.csv", rating_scale=None))
+        dataset_from_args(argparse.Namespace(data="~/missing.csv", rating_scale=None))
     assert main(["attack", "--protocol", "fedmvmf", "--data", str(tmp_path / "missing.csv")]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""  # no defaults line before the error

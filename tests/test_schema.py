@@ -212,7 +212,7 @@ def test_max_bytes_option_refuses_bad_sizes(capsys, value):
 
 
 def test_max_bytes_units():
-    from privaudit._cli_common import _byte_size
+    from privaudit._cli_common import byte_size
 
-    sizes = [_byte_size(v) for v in ("512", "2K", "512M", "4G", "1GiB", "3mb")]
+    sizes = [byte_size(v) for v in ("512", "2K", "512M", "4G", "1GiB", "3mb")]
     assert sizes == [512, 2048, 512 * 2**20, 4 * 2**30, 2**30, 3 * 2**20]

@@ -272,7 +272,7 @@ def test_large_float_payloads_are_stored_and_the_rest_deflated(tmp_path):
 
 
 def test_npy_header_fast_path_agrees_with_numpy():
-    from privaudit.transcript_io._safe import _npy_header
+    from privaudit.transcript_io._safe import npy_header
 
     arrays = [
         np.zeros((167, 20)),
@@ -291,15 +291,15 @@ def test_npy_header_fast_path_agrees_with_numpy():
         np.lib.format.read_magic(ref)
         want = np.lib.format.read_array_header_1_0(ref)
         fast = io.BytesIO(raw)
-        assert _npy_header(fast) == want
+        assert npy_header(fast) == want
         assert fast.tell() == ref.tell()  # left at the data
     # a header numpy accepts but that is not in its writer's form: numpy's parser decides
     header = b"{'shape':(2,),'fortran_order':False,'descr':'<f8'}"
     header += b" " * (63 - (10 + len(header)) % 64) + b"\n"
     raw = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
-    assert _npy_header(io.BytesIO(raw)) == ((2,), False, np.dtype("<f8"))
+    assert npy_header(io.BytesIO(raw)) == ((2,), False, np.dtype("<f8"))
     big = b"\x93NUMPY\x02\x00" + (20_000).to_bytes(4, "little") + b" " * 20_000
     with pytest.raises(ValueError, match="more than"):
-        _npy_header(io.BytesIO(big))
+        npy_header(io.BytesIO(big))
     with pytest.raises(EOFError):
-        _npy_header(io.BytesIO(b"\x93NUMPY\x01\x00\x50\x00{'descr'"))
+        npy_header(io.BytesIO(b"\x93NUMPY\x01\x00\x50\x00{'descr'"))

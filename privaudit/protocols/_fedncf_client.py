@@ -14,7 +14,7 @@ from privaudit.models import ncf
 
 
 @dataclasses.dataclass
-class _ClientData:
+class ClientData:
     """The clients' training data: positives (n x m CSR), excluded items (positives and the
     held-out item, for negative sampling), positives per client, number of items."""
 
@@ -24,7 +24,7 @@ class _ClientData:
     m: int
 
 
-def _init_adam(n: int, m: int, Dt: int, net: dict[str, np.ndarray]) -> dict[str, Any]:
+def init_adam(n: int, m: int, Dt: int, net: dict[str, np.ndarray]) -> dict[str, Any]:
     """Zero per-client Adam moments (n x m x Dtot for the item rows) and step counts."""
     adam: dict[str, Any] = {"step": np.zeros(n, dtype=np.int64)}
     for mk in ("m", "v"):
@@ -34,7 +34,7 @@ def _init_adam(n: int, m: int, Dt: int, net: dict[str, np.ndarray]) -> dict[str,
     return adam
 
 
-def _instances(cfg: Mapping[str, Any], cohort: np.ndarray, data: _ClientData, all_rows: bool, rng) -> tuple:
+def training_instances(cfg: Mapping[str, Any], cohort: np.ndarray, data: ClientData, all_rows: bool, rng) -> tuple:
     """Each member's local rows (sorted ids; every row with ``all_rows``), training instances
     (positives then sampled negatives), instance counts and positive counts."""
     npos = data.n_pos[cohort]
@@ -56,7 +56,7 @@ def _instances(cfg: Mapping[str, Any], cohort: np.ndarray, data: _ClientData, al
     return local, inst_items, n_inst, npos
 
 
-def _adam_slice(adam: dict[str, Any], cohort: np.ndarray, local: list[np.ndarray], L: int, Dt: int) -> dict:
+def adam_slice(adam: dict[str, Any], cohort: np.ndarray, local: list[np.ndarray], L: int, Dt: int) -> dict:
     """The cohort's persistent Adam state, item moments gathered to its local rows (C x L x Dtot)."""
     state: dict[str, Any] = {"step": adam["step"][cohort]}
     for mk in ("m", "v"):
@@ -69,7 +69,7 @@ def _adam_slice(adam: dict[str, Any], cohort: np.ndarray, local: list[np.ndarray
     return state
 
 
-def _adam_store(adam: dict[str, Any], new: dict[str, Any], cohort: np.ndarray, local: list[np.ndarray]) -> None:
+def adam_store(adam: dict[str, Any], new: dict[str, Any], cohort: np.ndarray, local: list[np.ndarray]) -> None:
     """Write the cohort's Adam state after local training back into ``adam``."""
     adam["step"][cohort] = new["step"]
     for mk in ("m", "v"):
@@ -80,7 +80,7 @@ def _adam_store(adam: dict[str, Any], new: dict[str, Any], cohort: np.ndarray, l
             adam[f"{mk}_item"][cohort[c], local[c]] = new[f"{mk}_item"][c, : len(local[c])]
 
 
-def _payloads(cfg, arch, local, n_inst, item_rows, out, net_flat) -> dict[str, list]:
+def upload_payloads(cfg, arch, local, n_inst, item_rows, out, net_flat) -> dict[str, list]:
     """``item_update`` and ``net_update`` payloads of every member, weighted by ``aggregation``."""
     agg = cfg["aggregation"]
     item_payloads, net_payloads = [], []
@@ -95,12 +95,12 @@ def _payloads(cfg, arch, local, n_inst, item_rows, out, net_flat) -> dict[str, l
     return {"item_payloads": item_payloads, "net_payloads": net_payloads}
 
 
-def _model_bytes(items: np.ndarray, net_flat: np.ndarray) -> bytes:
+def model_bytes(items: np.ndarray, net_flat: np.ndarray) -> bytes:
     """A model as sent: float32 item rows (m x Dtot), then float64 network weights."""
     return np.ascontiguousarray(items, dtype=np.float32).tobytes() + np.ascontiguousarray(net_flat).tobytes()
 
 
-def _merge_uploads(first: np.ndarray, a: dict[str, list], b: dict[str, list]) -> dict[str, list]:
+def merge_uploads(first: np.ndarray, a: dict[str, list], b: dict[str, list]) -> dict[str, list]:
     """Interleave two clients' upload lists into cohort order (``first``: bool per member, True
     where the member's uploads are the next ones of ``a``)."""
     out: dict[str, list] = {}

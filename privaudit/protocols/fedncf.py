@@ -104,14 +104,14 @@ from privaudit.metrics import hit_ratio_at_k, ndcg_at_k_loo
 from privaudit.models import ncf
 from privaudit.params import Param
 from privaudit.protocols._fedncf_client import (
-    _adam_slice,
-    _adam_store,
-    _ClientData,
-    _init_adam,
-    _instances,
-    _merge_uploads,
-    _model_bytes,
-    _payloads,
+    ClientData,
+    adam_slice,
+    adam_store,
+    init_adam,
+    merge_uploads,
+    model_bytes,
+    training_instances,
+    upload_payloads,
 )
 from privaudit.protocols.base import Protocol, RunResult, RunSetup, utility_specs_of
 from privaudit.registry import register_protocol
@@ -575,7 +575,7 @@ class FedNCF(Protocol):
         per_global = max(1, -(-len(eligible) // min(cfg["clients_per_round"], len(eligible))))
         return _Run(
             cfg=cfg,
-            data=_ClientData(pos, excl, n_pos, m),
+            data=ClientData(pos, excl, n_pos, m),
             cohorts=cohorts,
             target=target,
             plan=plan,
@@ -588,7 +588,7 @@ class FedNCF(Protocol):
             net=net,
             items=items,
             users=users,
-            adam=_init_adam(n, m, Dt, net) if cfg["client_optimizer"] == "persistent" else None,
+            adam=init_adam(n, m, Dt, net) if cfg["client_optimizer"] == "persistent" else None,
             train_rng=train_rng,
             eval_users=eval_users,
             cand=cand,
@@ -687,10 +687,10 @@ class FedNCF(Protocol):
     @staticmethod
     def _check_round(run, r, cohort, plan, crafted, is_sybil, net_flat) -> str | None:
         """The first abort reason of the ``round-check`` defenses (each member's received model)."""
-        sent = _model_bytes(run.items, net_flat)
+        sent = model_bytes(run.items, net_flat)
         received = [sent] * len(cohort)
         if crafted is not None:
-            other = _model_bytes(crafted[0], ncf.flatten_network(crafted[1], *run.arch))
+            other = model_bytes(crafted[0], ncf.flatten_network(crafted[1], *run.arch))
             received = (
                 [sent if u == run.target else other for u in cohort]
                 if plan == "inconsistent"
@@ -707,7 +707,7 @@ class FedNCF(Protocol):
             mine = cohort == run.target
             up_t = self._local_round(run, cohort[mine], *self._received(run, run.items, run.net))
             up_o = self._local_round(run, cohort[~mine], *self._received(run, *crafted))
-            return _merge_uploads(mine, up_t, up_o)
+            return merge_uploads(mine, up_t, up_o)
         if is_sybil.any():  # sybils upload zeros (no rows, zero weights, no instances)
             up_h = self._local_round(run, cohort[~is_sybil], *self._received(run, run.items, run.net))
             zero = {
@@ -715,7 +715,7 @@ class FedNCF(Protocol):
                 "net_payloads": [{"delta": np.zeros_like(net_flat), "n_instances": np.zeros(1)}],
             }
             zeros = {k: v * int(is_sybil.sum()) for k, v in zero.items()}
-            return _merge_uploads(~is_sybil, up_h, zeros)
+            return merge_uploads(~is_sybil, up_h, zeros)
         sent = crafted if plan == "saturate" else (run.items, run.net)
         return self._local_round(run, cohort, *self._received(run, *sent))
 
@@ -797,7 +797,7 @@ class FedNCF(Protocol):
         per-client Adam state, or None) in place.
         """
         cfg, rng, dp = run.cfg, run.train_rng, run.dp
-        local, inst_items, n_inst, npos = _instances(cfg, cohort, run.data, dp is not None, rng)
+        local, inst_items, n_inst, npos = training_instances(cfg, cohort, run.data, dp is not None, rng)
         C, Dt = len(cohort), items.shape[1]
         L, N = max(len(x) for x in local), int(n_inst.max())
         item_rows = np.zeros((C, L, Dt), dtype=np.float32)
@@ -808,7 +808,7 @@ class FedNCF(Protocol):
             inst_item[c, : n_inst[c]] = np.searchsorted(local[c], inst_items[c])
             inst_label[c, : npos[c]] = 1.0
         self._check_scores(run, cohort, local, items, net)
-        state = _adam_slice(run.adam, cohort, local, L, Dt) if run.adam is not None else None
+        state = adam_slice(run.adam, cohort, local, L, Dt) if run.adam is not None else None
         index, valid = ncf.make_batches(n_inst, cfg["local_epochs"], cfg["batch_size"], rng)
         local_dp = dp.local_training() if dp is not None else None
         settings = ncf.LocalTrainingSettings(
@@ -823,8 +823,8 @@ class FedNCF(Protocol):
         out = ncf.train_cohort(ncf.Architecture(arch, D, tuple(layers)), net, data, settings)
         run.users[cohort] = out["users"]
         if run.adam is not None:
-            _adam_store(run.adam, out["adam_state"], cohort, local)
-        return _payloads(cfg, run.arch, local, n_inst, item_rows, out, ncf.flatten_network(net, *run.arch))
+            adam_store(run.adam, out["adam_state"], cohort, local)
+        return upload_payloads(cfg, run.arch, local, n_inst, item_rows, out, ncf.flatten_network(net, *run.arch))
 
 
 class _Refused(Exception):
@@ -836,7 +836,7 @@ class _Run:
     """The state of one FedNCF run that its rounds update (:meth:`FedNCF.simulate`)."""
 
     cfg: Mapping[str, Any]
-    data: _ClientData
+    data: ClientData
     cohorts: list[np.ndarray]
     target: int
     plan: dict[str, Any] | None  # FedNCF.deviation_plan, or None for an honest server

@@ -18,12 +18,12 @@ from typing import Any
 from privaudit.transcript import DEFAULT_MAX_BYTES, Transcript
 from privaudit.transcript_io import v1, v2
 from privaudit.transcript_io._safe import (
-    _open_archive,
-    _read_manifest,
     atomic_file,
     check_path,
     list_members,
+    open_archive,
     read_header,
+    read_manifest,
 )
 from privaudit.transcript_io.v2 import TranscriptWriter
 
@@ -62,10 +62,10 @@ def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Transcript:
     (:func:`privaudit.transcript.load` documents the checks)."""
     path = Path(path)
     check_path(path, max_bytes)
-    zf = _open_archive(path, max_bytes)
+    zf = open_archive(path, max_bytes)
     with zf, _collector_paused():
         infos, limits = list_members(path, zf, max_bytes)
-        manifest = _read_manifest(path, zf, infos["manifest.json"], limits)
+        manifest = read_manifest(path, zf, infos["manifest.json"], limits)
         header = read_header(path, manifest, READS)
         codes = None
         if header["version"] == v1.VERSION:
@@ -83,7 +83,7 @@ def declared_size(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> int:
     checked as :func:`load` checks them, nothing inflated): what loading it may cost in bytes."""
     path = Path(path)
     check_path(path, max_bytes)
-    with _open_archive(path, max_bytes) as zf:
+    with open_archive(path, max_bytes) as zf:
         infos, _ = list_members(path, zf, max_bytes)
     return sum(info.file_size for info in infos.values())
 

@@ -70,7 +70,7 @@ def _limits(max_bytes: int, n_members: int) -> dict[str, int]:
     }
 
 
-def _fail(path: Any, text: str) -> TranscriptError:
+def fail(path: Any, text: str) -> TranscriptError:
     return TranscriptError(printable(f"{path}: {text}"))
 
 
@@ -84,14 +84,14 @@ def _describe_zip_error(exc: BaseException) -> str:
     return f"unreadable ({type(exc).__name__}: {exc})"
 
 
-def _safe_member(name: Any, where: str) -> str:
+def safe_member(name: Any, where: str) -> str:
     if not isinstance(name, str) or not name:
-        raise _fail(where, "member name must be a non-empty string")
+        raise fail(where, "member name must be a non-empty string")
     if name.startswith(("/", "\\")) or "\\" in name or (len(name) > 1 and name[1] == ":"):
-        raise _fail(where, f"absolute member path {name!r} refused")
+        raise fail(where, f"absolute member path {name!r} refused")
     parts = name.split("/")
     if ".." in parts or posixpath.normpath(name) != name:
-        raise _fail(where, f"member path {name!r} refused (path traversal)")
+        raise fail(where, f"member path {name!r} refused (path traversal)")
     return name
 
 
@@ -99,14 +99,14 @@ def _check_info(path: Path, info: zipfile.ZipInfo) -> None:
     """Refuse member flags zipfile would trip over later (or silently honour)."""
     name = info.filename
     if info.flag_bits & 0x1:
-        raise _fail(path, f"member {name!r} is encrypted (not supported)")
+        raise fail(path, f"member {name!r} is encrypted (not supported)")
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        raise _fail(path, f"member {name!r} uses compression method {info.compress_type} (only stored and deflate)")
+        raise fail(path, f"member {name!r} uses compression method {info.compress_type} (only stored and deflate)")
     if info.create_system == 3 and stat.S_ISLNK(info.external_attr >> 16):
-        raise _fail(path, f"member {name!r} is a symbolic link (refused)")
+        raise fail(path, f"member {name!r} is a symbolic link (refused)")
 
 
-def _simple_dtype(value: Any) -> np.dtype | None:
+def simple_dtype(value: Any) -> np.dtype | None:
     """A plain numeric dtype (bool, int, uint, float, complex) from a dtype string, else None."""
     if not isinstance(value, str) or len(value) > 16:
         return None
@@ -119,7 +119,7 @@ def _simple_dtype(value: Any) -> np.dtype | None:
     return dtype
 
 
-def _shape_list(value: Any) -> list[int] | None:
+def shape_list(value: Any) -> list[int] | None:
     if not isinstance(value, list) or len(value) > _MAX_NDIM:
         return None
     if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
@@ -127,7 +127,7 @@ def _shape_list(value: Any) -> list[int] | None:
     return value
 
 
-def _npy_header(fh: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+def npy_header(fh: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     """``(shape, fortran_order, dtype)`` of a ``.npy`` stream at its start; leaves it at the data.
 
     The canonical header numpy writes is parsed by a strict pattern (much faster than
@@ -162,52 +162,52 @@ def _npy_checked(path: Path, fh: Any, where: str, expected: dict | None) -> tupl
     """The header of an open ``.npy`` member, refused unless it is a plain numeric array that
     agrees with ``expected`` (``{"dtype", "shape"}`` from the manifest) when given."""
     try:
-        shape, fortran, dtype = _npy_header(fh)
+        shape, fortran, dtype = npy_header(fh)
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-        raise _fail(path, f"{where}: {_describe_zip_error(exc)}") from None
+        raise fail(path, f"{where}: {_describe_zip_error(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - numpy parses the header with ast; any failure is a bad header
-        raise _fail(path, f"{where}: not a valid .npy member ({type(exc).__name__}: {exc})") from None
+        raise fail(path, f"{where}: not a valid .npy member ({type(exc).__name__}: {exc})") from None
     if dtype.hasobject:
-        raise _fail(path, f"{where}: object arrays are refused (a pickle is never loaded)")
-    if _simple_dtype(dtype.str) != dtype:
-        raise _fail(path, f"{where}: dtype {dtype} refused (only plain bool/int/uint/float/complex arrays)")
+        raise fail(path, f"{where}: object arrays are refused (a pickle is never loaded)")
+    if simple_dtype(dtype.str) != dtype:
+        raise fail(path, f"{where}: dtype {dtype} refused (only plain bool/int/uint/float/complex arrays)")
     if len(shape) > _MAX_NDIM or any(d < 0 for d in shape):
-        raise _fail(path, f"{where}: invalid shape {shape}")
+        raise fail(path, f"{where}: invalid shape {shape}")
     if expected is not None and (np.dtype(expected["dtype"]) != dtype or list(expected["shape"]) != list(shape)):
-        raise _fail(
+        raise fail(
             path,
             f"{where}: array is {dtype.str} {list(shape)} but the manifest says {expected['dtype']} {expected['shape']}",
         )
     return shape, fortran, dtype
 
 
-def _open_npy(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: dict | None, budget: int) -> Any:
+def open_npy(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: dict | None, budget: int) -> Any:
     """``(stream at the data, shape, fortran, dtype, header bytes)`` of a checked member whose
     declared size matches its header and fits ``budget``."""
     where = f"member {info.filename!r}"
     try:
         fh = zf.open(info)
     except _ZIP_ERRORS as exc:
-        raise _fail(path, f"{where}: {_describe_zip_error(exc)}") from None
+        raise fail(path, f"{where}: {_describe_zip_error(exc)}") from None
     try:
         shape, fortran, dtype = _npy_checked(path, fh, where, expected)
         nbytes = math.prod(shape) * dtype.itemsize
         header_len = fh.tell()
         if info.file_size != header_len + nbytes:
-            raise _fail(path, f"{where}: member holds {info.file_size - header_len} data bytes, header needs {nbytes}")
+            raise fail(path, f"{where}: member holds {info.file_size - header_len} data bytes, header needs {nbytes}")
         if nbytes > budget:
-            raise _fail(path, f"{where}: {nbytes} bytes exceed the remaining budget of {budget} bytes (--max-bytes)")
+            raise fail(path, f"{where}: {nbytes} bytes exceed the remaining budget of {budget} bytes (--max-bytes)")
     except BaseException:
         fh.close()
         raise
     return fh, shape, fortran, dtype, header_len
 
 
-def _read_npy(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: dict | None, budget: int) -> np.ndarray:
+def read_npy(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: dict | None, budget: int) -> np.ndarray:
     """Parse one ``.npy`` member safely: header checks before any data is read, then the data
     inflated chunk by chunk into an array preallocated from the header."""
     where = f"member {info.filename!r}"
-    fh, shape, fortran, dtype, _ = _open_npy(path, zf, info, expected, budget)
+    fh, shape, fortran, dtype, _ = open_npy(path, zf, info, expected, budget)
     with fh:
         count = math.prod(shape)
         nbytes = count * dtype.itemsize
@@ -222,16 +222,16 @@ def _read_npy(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: 
             while got < nbytes:
                 n = fh.readinto(chunk_view[: min(len(chunk), nbytes - got)])
                 if not n:
-                    raise _fail(path, f"{where}: truncated array data")
+                    raise fail(path, f"{where}: truncated array data")
                 if chunk_arr[:n].any():
                     raw[got : got + n] = chunk_arr[:n]
                 got += n
             if fh.read(1):  # reaching the end also makes zipfile check the CRC
-                raise _fail(path, f"{where}: data beyond the array")
+                raise fail(path, f"{where}: data beyond the array")
         except TranscriptError:
             raise
         except _ZIP_ERRORS as exc:
-            raise _fail(path, f"{where}: {_describe_zip_error(exc)}") from None
+            raise fail(path, f"{where}: {_describe_zip_error(exc)}") from None
     return arr.reshape(shape[::-1]).T if fortran else arr.reshape(shape)
 
 
@@ -241,47 +241,47 @@ def member_data_offset(path: Path, fd: int, info: zipfile.ZipInfo, file_size: in
     where = f"member {info.filename!r}"
     head = os.pread(fd, 30, info.header_offset)
     if len(head) != 30 or head[:4] != b"PK\x03\x04":
-        raise _fail(path, f"{where}: no local header at offset {info.header_offset}")
+        raise fail(path, f"{where}: no local header at offset {info.header_offset}")
     name_len, extra_len = struct.unpack("<HH", head[26:30])
     name = os.pread(fd, name_len, info.header_offset + 30)
     if name != info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437", "replace"):
-        raise _fail(path, f"{where}: local and central directory names differ")
+        raise fail(path, f"{where}: local and central directory names differ")
     start = info.header_offset + 30 + name_len + extra_len
     if start + info.compress_size > file_size:
-        raise _fail(path, f"{where}: data runs past the end of the file")
+        raise fail(path, f"{where}: data runs past the end of the file")
     return start
 
 
 def _require(obj: Mapping, key: str, types: type | tuple, where: str) -> Any:
     if key not in obj:
-        raise _fail(where, f"missing field {key!r}")
+        raise fail(where, f"missing field {key!r}")
     value = obj[key]
     if not isinstance(value, types) or (isinstance(value, bool) and types is int):
-        raise _fail(where, f"field {key!r} has the wrong type")
+        raise fail(where, f"field {key!r} has the wrong type")
     return value
 
 
-def _open_archive(path: Path, max_bytes: int) -> zipfile.ZipFile:
+def open_archive(path: Path, max_bytes: int) -> zipfile.ZipFile:
     """Open the ZIP after checking that it is a regular file and its central directory's declared
     size and entry count (a FIFO or a device such as /dev/zero is refused before it is opened)."""
     try:
         regular = stat.S_ISREG(os.stat(path).st_mode)
     except OSError as exc:
-        raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
+        raise fail(path, f"cannot be read ({exc.strerror or exc})") from None
     if not regular:
-        raise _fail(path, "not a regular file (a transcript is a .ptx file)")
+        raise fail(path, "not a regular file (a transcript is a .ptx file)")
     try:
         with open(path, "rb") as fh:
             endrec = zipfile._EndRecData(fh)  # the same end record zipfile itself reads
     except OSError as exc:
-        raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
+        raise fail(path, f"cannot be read ({exc.strerror or exc})") from None
     except _ZIP_ERRORS:
         endrec = None  # zipfile below reports the problem
     if endrec:
         limits = _limits(max_bytes, 0)
         entries, cd_size = int(endrec[zipfile._ECD_ENTRIES_TOTAL]), int(endrec[zipfile._ECD_SIZE])
         if entries > limits["members"] or cd_size > limits["central_directory"]:
-            raise _fail(
+            raise fail(
                 path,
                 f"the archive declares {entries} members in a {cd_size}-byte directory; the limit is "
                 f"{limits['members']} members (raise --max-bytes for larger transcripts)",
@@ -289,12 +289,12 @@ def _open_archive(path: Path, max_bytes: int) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(path, "r")
     except _ZIP_ERRORS as exc:
-        raise _fail(path, f"not a transcript archive ({_describe_zip_error(exc)})") from None
+        raise fail(path, f"not a transcript archive ({_describe_zip_error(exc)})") from None
 
 
-def _read_manifest(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, limits: dict[str, int]) -> dict:
+def read_manifest(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, limits: dict[str, int]) -> dict:
     if info.file_size > limits["manifest_bytes"]:
-        raise _fail(
+        raise fail(
             path,
             f"manifest.json declares {info.file_size} bytes, more than the limit of {limits['manifest_bytes']} "
             f"for an archive of {limits['n_members']} members",
@@ -303,7 +303,7 @@ def _read_manifest(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit
         with zf.open(info) as fh:
             data = fh.read(limits["manifest_bytes"] + 1)
     except _ZIP_ERRORS as exc:
-        raise _fail(path, f"member 'manifest.json': {_describe_zip_error(exc)}") from None
+        raise fail(path, f"member 'manifest.json': {_describe_zip_error(exc)}") from None
     try:
         manifest = _safejson.loads(
             data,
@@ -313,9 +313,9 @@ def _read_manifest(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit
             max_values=limits["manifest_values"],
         )
     except _safejson.JSONLimitError as exc:
-        raise _fail(path, f"manifest.json: {exc}") from None
+        raise fail(path, f"manifest.json: {exc}") from None
     if not isinstance(manifest, dict):
-        raise _fail(path, "manifest.json must hold an object")
+        raise fail(path, "manifest.json must hold an object")
     return manifest
 
 
@@ -331,9 +331,9 @@ def list_members(path: Path, zf: zipfile.ZipFile, max_bytes: int) -> tuple[dict[
     for info in zf.infolist():
         if info.is_dir() and info.file_size == 0:
             continue
-        _safe_member(info.filename, str(path))
+        safe_member(info.filename, str(path))
         if info.filename in infos:
-            raise _fail(path, f"member {info.filename!r} appears twice in the archive (ambiguous; refused)")
+            raise fail(path, f"member {info.filename!r} appears twice in the archive (ambiguous; refused)")
         _check_info(path, info)
         infos[info.filename] = info
         total += info.file_size
@@ -342,36 +342,36 @@ def list_members(path: Path, zf: zipfile.ZipFile, max_bytes: int) -> tuple[dict[
     limits = _limits(max_bytes, len(infos) + slots)
     limits["n_members"] = len(infos)
     if len(infos) > limits["members"]:
-        raise _fail(path, f"{len(infos)} members, more than the limit of {limits['members']} (--max-bytes)")
+        raise fail(path, f"{len(infos)} members, more than the limit of {limits['members']} (--max-bytes)")
     if total > max_bytes:
-        raise _fail(
+        raise fail(
             path, f"uncompressed size {total} bytes exceeds the limit of {max_bytes} bytes (raise it with --max-bytes)"
         )
     if "manifest.json" not in infos:
-        raise _fail(path, "no manifest.json (not a privaudit transcript)")
+        raise fail(path, "no manifest.json (not a privaudit transcript)")
     return infos, limits
 
 
 def read_header(path: Path, manifest: dict, versions: tuple[int, ...]) -> dict[str, Any]:
     """Format, version, protocol, config, seed, dataset and parties of a manifest, checked."""
     if manifest.get("format") != FORMAT_NAME:
-        raise _fail(path, f"unknown format {manifest.get('format')!r} (expected {FORMAT_NAME!r})")
+        raise fail(path, f"unknown format {manifest.get('format')!r} (expected {FORMAT_NAME!r})")
     version = manifest.get("version")
     if type(version) is not int or version not in versions:  # 1.0 and true are not the integer 1
         readable = " and ".join(str(v) for v in versions)
-        raise _fail(path, f"unsupported transcript version {version!r} (this privaudit reads versions {readable})")
+        raise fail(path, f"unsupported transcript version {version!r} (this privaudit reads versions {readable})")
     where = f"{path}: manifest"
     protocol = _require(manifest, "protocol", str, where)
     config = manifest.get("config", {})
     dataset = manifest.get("dataset", {})
     parties = manifest.get("parties", [])
     if not isinstance(config, dict) or not isinstance(dataset, dict):
-        raise _fail(where, "config and dataset must be objects")
+        raise fail(where, "config and dataset must be objects")
     if not isinstance(parties, list) or not all(isinstance(p, str) for p in parties):
-        raise _fail(where, "parties must be a list of strings")
+        raise fail(where, "parties must be a list of strings")
     seed = manifest.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
-        raise _fail(where, "seed must be an integer in [0, 2**63) or null")
+        raise fail(where, "seed must be an integer in [0, 2**63) or null")
     return {
         "version": version,
         "protocol": protocol,
@@ -385,18 +385,18 @@ def read_header(path: Path, manifest: dict, versions: tuple[int, ...]) -> dict[s
 def message_fields(raw: Any, mwhere: str, last_seq: int) -> tuple[int, int, str, str, str, dict, dict]:
     """``(seq, round, sender, receiver, kind, payload refs, meta)`` of one manifest message."""
     if not isinstance(raw, dict):
-        raise _fail(mwhere, "must be an object")
+        raise fail(mwhere, "must be an object")
     seq = _require(raw, "seq", int, mwhere)
     rnd = _require(raw, "round", int, mwhere)
     sender = _require(raw, "sender", str, mwhere)
     receiver = _require(raw, "receiver", str, mwhere)
     kind = _require(raw, "kind", str, mwhere)
     if seq <= last_seq:
-        raise _fail(mwhere, f"seq {seq} does not increase (previous {last_seq})")
+        raise fail(mwhere, f"seq {seq} does not increase (previous {last_seq})")
     refs = raw.get("payload", {})
     meta = raw.get("meta", {})
     if not isinstance(refs, dict) or not isinstance(meta, dict):
-        raise _fail(mwhere, "payload and meta must be objects")
+        raise fail(mwhere, "payload and meta must be objects")
     return seq, rnd, sender, receiver, kind, refs, meta
 
 
@@ -405,9 +405,9 @@ def check_path(path: Path, max_bytes: int) -> None:
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
         raise TranscriptError(f"max_bytes must be a positive integer, got {max_bytes!r}")
     if not path.exists():
-        raise _fail(path, "no such transcript file")
+        raise fail(path, "no such transcript file")
     if path.is_dir():
-        raise _fail(path, "is a directory, not a transcript file")
+        raise fail(path, "is a directory, not a transcript file")
 
 
 # --------------------------------------------------------------------------------------

@@ -20,13 +20,13 @@ import numpy as np
 from privaudit.transcript import Message, Transcript
 from privaudit.transcript_io._safe import (
     FORMAT_NAME,
-    _fail,
-    _read_npy,
-    _safe_member,
-    _shape_list,
-    _simple_dtype,
+    fail,
     jsonable,
     message_fields,
+    read_npy,
+    safe_member,
+    shape_list,
+    simple_dtype,
 )
 
 VERSION = 1
@@ -97,11 +97,11 @@ def _expected(mwhere: str, arrays_table: dict | None, member: str) -> dict | Non
         return None
     expected = arrays_table.get(member)
     if not isinstance(expected, dict):
-        raise _fail(mwhere, f"array {member!r} is not described in the manifest")
-    if _simple_dtype(expected.get("dtype")) is None:
-        raise _fail(mwhere, f"array {member!r} has an invalid dtype in the manifest")
-    if _shape_list(expected.get("shape")) is None:
-        raise _fail(mwhere, f"array {member!r} has an invalid shape in the manifest")
+        raise fail(mwhere, f"array {member!r} is not described in the manifest")
+    if simple_dtype(expected.get("dtype")) is None:
+        raise fail(mwhere, f"array {member!r} has an invalid dtype in the manifest")
+    if shape_list(expected.get("shape")) is None:
+        raise fail(mwhere, f"array {member!r} has an invalid shape in the manifest")
     return expected
 
 
@@ -109,10 +109,10 @@ def read(path: Path, zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo], man
     """The messages of a version-1 manifest, every array read (and checked) once."""
     arrays_table = manifest.get("arrays")
     if arrays_table is not None and not isinstance(arrays_table, dict):
-        raise _fail(f"{path}: manifest", "'arrays' must be an object")
+        raise fail(f"{path}: manifest", "'arrays' must be an object")
     raw_messages = manifest.get("messages")
     if not isinstance(raw_messages, list):
-        raise _fail(
+        raise fail(
             f"{path}: manifest",
             "missing field 'messages'" if raw_messages is None else "field 'messages' has the wrong type",
         )
@@ -126,12 +126,12 @@ def read(path: Path, zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo], man
         last_seq = seq
         payload = {}
         for name, member in refs.items():
-            _safe_member(member, mwhere)
+            safe_member(member, mwhere)
             if member not in infos or member == "manifest.json":
-                raise _fail(mwhere, f"payload {name!r} points at missing array {member!r}")
+                raise fail(mwhere, f"payload {name!r} points at missing array {member!r}")
             if member not in cache:
                 expected = _expected(mwhere, arrays_table, member)
-                cache[member] = _read_npy(path, zf, infos[member], expected, budget)
+                cache[member] = read_npy(path, zf, infos[member], expected, budget)
                 budget -= cache[member].nbytes
             payload[name] = cache[member]
         messages.append(Message(seq, rnd, sender, receiver, kind, payload, meta))

@@ -37,17 +37,17 @@ import numpy as np
 from privaudit.transcript import Message, Transcript
 from privaudit.transcript_io import _sigbus, v1
 from privaudit.transcript_io._safe import (
-    _fail,
-    _open_npy,
-    _read_npy,
-    _safe_member,
-    _shape_list,
-    _simple_dtype,
     commit_temp,
+    fail,
     jsonable,
     member_data_offset,
     npy_header_bytes,
+    open_npy,
     open_temp,
+    read_npy,
+    safe_member,
+    shape_list,
+    simple_dtype,
 )
 
 VERSION = 2
@@ -504,24 +504,24 @@ _SPEC_TYPES = {
 def _spec(path: Path, c: int, raw: Any, infos: dict[str, zipfile.ZipInfo], used: set[str]) -> _Spec:
     where = f"{path}: column {c}"
     if not isinstance(raw, dict):
-        raise _fail(where, "must be an object")
+        raise fail(where, "must be an object")
     for key, types in _SPEC_TYPES.items():
         value = raw.get(key)
         if not isinstance(value, types) or (types is int and isinstance(value, bool)):
-            raise _fail(where, f"field {key!r} is missing or has the wrong type")
-    dtype, trailing = _simple_dtype(raw.get("dtype")), _shape_list(raw.get("shape"))
+            raise fail(where, f"field {key!r} is missing or has the wrong type")
+    dtype, trailing = simple_dtype(raw.get("dtype")), shape_list(raw.get("shape"))
     if dtype is None:
-        raise _fail(where, "invalid dtype in the manifest")
+        raise fail(where, "invalid dtype in the manifest")
     if trailing is None or (raw["scalar"] and trailing):
-        raise _fail(where, "invalid shape in the manifest")
+        raise fail(where, "invalid shape in the manifest")
     if raw["rows"] < 0 or raw["messages"] < 0:
-        raise _fail(where, "rows and messages must not be negative")
+        raise fail(where, "rows and messages must not be negative")
     for key in ("data", "offsets", "owners"):
-        member = _safe_member(raw[key], where)
+        member = safe_member(raw[key], where)
         if member not in infos or member == "manifest.json":
-            raise _fail(where, f"{key} member {member!r} is missing from the archive")
+            raise fail(where, f"{key} member {member!r} is missing from the archive")
         if member in used:
-            raise _fail(where, f"member {member!r} is used twice")
+            raise fail(where, f"member {member!r} is used twice")
         used.add(member)
     keys = ("kind", "round", "field", "scalar", "rows", "messages", "stored", "data", "offsets", "owners")
     return _Spec(dtype=dtype, trailing=list(trailing), **{k: raw[k] for k in keys})
@@ -530,22 +530,22 @@ def _spec(path: Path, c: int, raw: Any, infos: dict[str, zipfile.ZipInfo], used:
 def _check_offsets(path: Path, c: int, spec: _Spec, offsets: np.ndarray) -> None:
     where = f"{path}: column {c} (member {spec.offsets!r})"
     if offsets.size and offsets.min() < 0:
-        raise _fail(where, f"negative offset {int(offsets.min())}")
+        raise fail(where, f"negative offset {int(offsets.min())}")
     if offsets[0] != 0:
-        raise _fail(where, f"offsets start at {int(offsets[0])}, not 0")
+        raise fail(where, f"offsets start at {int(offsets[0])}, not 0")
     steps = np.diff(offsets)
     if steps.size and steps.min() < 0:
         k = int(np.argmax(steps < 0))
-        raise _fail(
+        raise fail(
             where,
             f"offsets are not monotone (slot {k}: {int(offsets[k])} then {int(offsets[k + 1])}: overlapping rows)",
         )
     if offsets[-1] > spec.rows:
-        raise _fail(where, f"offsets run to row {int(offsets[-1])}, out of range of the column's {spec.rows} rows")
+        raise fail(where, f"offsets run to row {int(offsets[-1])}, out of range of the column's {spec.rows} rows")
     if offsets[-1] != spec.rows:
-        raise _fail(where, f"offsets end at row {int(offsets[-1])} but the manifest says the column has {spec.rows}")
+        raise fail(where, f"offsets end at row {int(offsets[-1])} but the manifest says the column has {spec.rows}")
     if spec.scalar and steps.size and (steps != 1).any():
-        raise _fail(where, "a scalar column holds one row per message")
+        raise fail(where, "a scalar column holds one row per message")
 
 
 def _check_owners(path: Path, c: int, spec: _Spec, owners: np.ndarray, table: np.ndarray, names: list) -> None:
@@ -553,17 +553,17 @@ def _check_owners(path: Path, c: int, spec: _Spec, owners: np.ndarray, table: np
     where = f"{path}: column {c} (member {spec.owners!r})"
     if owners.size and (owners.min() < 0 or owners.max() >= len(table)):
         bad = int(owners.min() if owners.min() < 0 else owners.max())
-        raise _fail(where, f"message {bad} is out of range of the {len(table)} messages")
+        raise fail(where, f"message {bad} is out of range of the {len(table)} messages")
     steps = np.diff(owners)
     if steps.size and steps.min() <= 0:
         k = int(np.argmax(steps <= 0))
-        raise _fail(where, f"owners do not increase (slot {k + 1}: message {int(owners[k + 1])}; overlapping payloads)")
+        raise fail(where, f"owners do not increase (slot {k + 1}: message {int(owners[k + 1])}; overlapping payloads)")
     rows = table[owners]
     kind_id = names.index(spec.kind) if spec.kind in names else -1
     wrong = (rows[:, 4] != kind_id) | (rows[:, 1] != spec.round)
     if wrong.any():
         i = int(owners[int(np.argmax(wrong))])
-        raise _fail(
+        raise fail(
             where,
             f"message {i} ({names[table[i, 4]]}, round {int(table[i, 1])}) is not of the column's "
             f"{spec.kind}/{spec.round}/{spec.field}",
@@ -585,20 +585,20 @@ def _stored(
     memory with its CRC checked when ``copy`` (or when the file cannot be mapped), else a
     read-only memory map."""
     where = f"member {info.filename!r}"
-    fh, shape, fortran, dtype, header_len = _open_npy(path, zf, info, expected, budget)
+    fh, shape, fortran, dtype, header_len = open_npy(path, zf, info, expected, budget)
     fh.close()
     if fortran and len(shape) > 1:
-        raise _fail(path, f"{where}: a column must be C-ordered")
+        raise fail(path, f"{where}: a column must be C-ordered")
     if info.compress_size != info.file_size:
-        raise _fail(path, f"{where}: stored, but declares {info.compress_size} bytes in the file for {info.file_size}")
+        raise fail(path, f"{where}: stored, but declares {info.compress_size} bytes in the file for {info.file_size}")
     try:
         with open(path, "rb") as raw:
             fd = raw.fileno()
             start = member_data_offset(path, fd, info, os.fstat(fd).st_size)
     except OSError as exc:
-        raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
+        raise fail(path, f"cannot be read ({exc.strerror or exc})") from None
     if start + info.compress_size > limits.get(info.header_offset, 2**63):
-        raise _fail(path, f"{where}: its declared size runs into the next member (overlapping data)")
+        raise fail(path, f"{where}: its declared size runs into the next member (overlapping data)")
     if not info.file_size - header_len:
         return np.zeros(shape, dtype)
     if not copy:
@@ -609,9 +609,9 @@ def _stored(
         except (OSError, ValueError):  # a file that cannot be mapped (a pipe-backed FUSE file, ...): read it
             pass
     try:
-        arr = _read_npy(path, zf, info, expected, budget)
+        arr = read_npy(path, zf, info, expected, budget)
     except MemoryError:
-        raise _fail(path, f"{where}: not enough memory to read {info.file_size} bytes (lower --max-bytes)") from None
+        raise fail(path, f"{where}: not enough memory to read {info.file_size} bytes (lower --max-bytes)") from None
     arr.setflags(write=False)
     return arr
 
@@ -622,13 +622,13 @@ def _column(
     info = infos[spec.data]
     is_stored = info.compress_type == zipfile.ZIP_STORED
     if spec.stored and not is_stored:
-        raise _fail(path, f"member {spec.data!r} is compressed but column {c} says stored (never memory-mapped)")
+        raise fail(path, f"member {spec.data!r} is compressed but column {c} says stored (never memory-mapped)")
     if is_stored and not spec.stored:
-        raise _fail(path, f"member {spec.data!r} is stored but column {c} says compressed")
+        raise fail(path, f"member {spec.data!r} is stored but column {c} says compressed")
     expected = {"dtype": spec.dtype.str, "shape": [spec.rows, *spec.trailing]}
     if spec.stored:
         return _stored(path, zf, info, expected, budget, copy, limits)
-    arr = _read_npy(path, zf, info, expected, budget)
+    arr = read_npy(path, zf, info, expected, budget)
     arr.setflags(write=False)
     return arr
 
@@ -640,7 +640,7 @@ class _Budget:
         self.left = total
 
     def read(self, path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: dict) -> np.ndarray:
-        arr = _read_npy(path, zf, info, expected, self.left)
+        arr = read_npy(path, zf, info, expected, self.left)
         self.left -= arr.nbytes
         return arr
 
@@ -650,17 +650,17 @@ def _read_table(path: Path, zf: zipfile.ZipFile, infos: dict, manifest: dict, bu
     where = f"{path}: manifest"
     names, n, member = manifest.get("names"), manifest.get("messages"), manifest.get("table")
     if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
-        raise _fail(where, "'names' must be a list of strings")
+        raise fail(where, "'names' must be a list of strings")
     if type(n) is not int or n < 0:
-        raise _fail(where, "'messages' must be a non-negative integer (the number of messages)")
-    if not isinstance(member, str) or _safe_member(member, where) not in infos or member == "manifest.json":
-        raise _fail(where, f"message table {member!r} is missing from the archive")
+        raise fail(where, "'messages' must be a non-negative integer (the number of messages)")
+    if not isinstance(member, str) or safe_member(member, where) not in infos or member == "manifest.json":
+        raise fail(where, f"message table {member!r} is missing from the archive")
     table = budget.read(path, zf, infos[member], {"dtype": "<i8", "shape": [n, 5]})
     if (n and table[:, 0].min() < 0) or (n > 1 and np.diff(table[:, 0]).min() <= 0):
-        raise _fail(f"{path}: member {member!r}", "seq must be non-negative and increase")
+        raise fail(f"{path}: member {member!r}", "seq must be non-negative and increase")
     ids = table[:, 2:]
     if ids.size and (ids.min() < 0 or ids.max() >= len(names)):
-        raise _fail(f"{path}: member {member!r}", f"a name index is out of range of the {len(names)} names")
+        raise fail(f"{path}: member {member!r}", f"a name index is out of range of the {len(names)} names")
     return table, names
 
 
@@ -668,14 +668,14 @@ def _read_meta(path: Path, manifest: dict, n: int) -> dict[int, dict]:
     raw = manifest.get("meta", [])
     where = f"{path}: manifest"
     if not isinstance(raw, list):
-        raise _fail(where, "'meta' must be a list of [message, object] pairs")
+        raise fail(where, "'meta' must be a list of [message, object] pairs")
     out: dict[int, dict] = {}
     last = -1
     for pair in raw:
         if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and isinstance(pair[1], dict)):
-            raise _fail(where, "'meta' must be a list of [message, object] pairs")
+            raise fail(where, "'meta' must be a list of [message, object] pairs")
         if not last < pair[0] < n:
-            raise _fail(where, f"meta of message {pair[0]} is out of order or out of range")
+            raise fail(where, f"meta of message {pair[0]} is out of order or out of range")
         last = pair[0]
         out[last] = pair[1]
     return out
@@ -685,7 +685,7 @@ def _read_columns(path: Path, zf: zipfile.ZipFile, infos: dict, manifest: dict, 
     """``(table, names, [(spec, data, offsets, owners)])``, each checked; every member must be used."""
     raw_columns = manifest.get("columns")
     if not isinstance(raw_columns, list):
-        raise _fail(f"{path}: manifest", "field 'columns' is missing or has the wrong type")
+        raise fail(f"{path}: manifest", "field 'columns' is missing or has the wrong type")
     budget = _Budget(max_bytes - _object_cost(path, infos, manifest, raw_columns, max_bytes))
     table, names = _read_table(path, zf, infos, manifest, budget)
     used: set[str] = {"manifest.json", manifest["table"]}
@@ -706,7 +706,7 @@ def _read_columns(path: Path, zf: zipfile.ZipFile, infos: dict, manifest: dict, 
         out.append((spec, data, offsets, owners))
     stray = sorted(set(infos) - used)
     if stray:
-        raise _fail(path, f"member {stray[0]!r} belongs to no column of the manifest ({len(stray)} such members)")
+        raise fail(path, f"member {stray[0]!r} belongs to no column of the manifest ({len(stray)} such members)")
     return table, names, out
 
 
@@ -723,7 +723,7 @@ def _object_cost(path: Path, infos: dict, manifest: dict, raw_columns: list, max
     cost = n * MESSAGE_OBJECT_BYTES + slots * SLOT_OBJECT_BYTES + len(raw_columns) * COLUMN_OBJECT_BYTES
     declared = sum(info.file_size for info in infos.values())
     if declared + cost > max_bytes:
-        raise _fail(
+        raise fail(
             path,
             f"{n} messages, {slots} payloads and {len(raw_columns)} columns would take about {declared + cost} bytes "
             f"in memory ({declared} declared + {cost} of objects), more than the budget of {max_bytes} bytes "
@@ -743,7 +743,7 @@ def read(path: Path, zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo], man
         for k, i in enumerate(owners.tolist()):
             p = payloads[i]
             if name in p:
-                raise _fail(path, f"message {i} gets payload {name!r} twice (column {c} and an earlier one)")
+                raise fail(path, f"message {i} gets payload {name!r} twice (column {c} and an earlier one)")
             view = data[bounds[k] : bounds[k + 1]]
             p[name] = view.reshape(()) if spec.scalar else view
     messages = [
