@@ -71,7 +71,7 @@ def record_in_process(app_dir: Path, run_dir: Path, clients: int, canaries: int 
     rec.start(cfg, flower._attr(app, app.public_info)(cfg))
     context = Context(run_id=7, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(), run_config=cfg)
     server_app(fg.RecordingGrid(grid, rec), context)
-    return rec.transcript(app=app.name, seed=int(cfg["seed"]), defenses=flower._defenses(rec))
+    return rec.transcript(app=app.name, seed=int(cfg["seed"]), defenses=flower.recorded_defenses(rec))
 
 
 def _variant(tmp: Path, mod: str) -> Path:

@@ -54,7 +54,7 @@ import numpy as np
 
 from privaudit.attack_metrics import f1_score, set_precision_recall
 from privaudit.attacks.base import Reconstruction
-from privaudit.attacks.malicious_fedncf import _Isolation
+from privaudit.attacks.malicious_fedncf import IsolationAttack
 from privaudit.attacks.ncf_update_leak import client_truth
 from privaudit.params import Param
 from privaudit.registry import register_attack
@@ -63,7 +63,7 @@ from privaudit.transcript import Transcript, View
 
 
 @register_attack("ncf-active-saturation")
-class NCFActiveSaturation(_Isolation):
+class NCFActiveSaturation(IsolationAttack):
     """FedNCF: a saturated model (scores ~ -50) leaves negatives' rows still; moved rows = positives."""
 
     description = (
@@ -77,7 +77,7 @@ class NCFActiveSaturation(_Isolation):
     #: sybil clients it needs
     sybils_needed = 0
     metric_specs = {
-        **_Isolation.metric_specs,
+        **IsolationAttack.metric_specs,
         "honest_precision": MetricSpec(
             True, False, "fraction", "precision of the same rounds read as an honest server does", tested=False
         ),
@@ -147,7 +147,7 @@ class NCFActiveSaturation(_Isolation):
         return change > order[cut]
 
     def applicable(self, view: View) -> tuple[bool, str]:
-        ok, reason = super(_Isolation, self).applicable(view)
+        ok, reason = super(IsolationAttack, self).applicable(view)
         if not ok:
             return ok, reason
         mismatch = self.plan_mismatch(view)

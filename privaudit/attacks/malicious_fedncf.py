@@ -73,7 +73,7 @@ DEVIATIONS = {
 }
 
 
-class _Isolation(OneTarget):
+class IsolationAttack(OneTarget):
     """Intersect the item rows the aggregate changed over the deviation rounds (module docstring)."""
 
     party = "server"
@@ -221,7 +221,7 @@ class _Isolation(OneTarget):
 
 
 @register_attack("ncf-sybil-isolation")
-class NCFSybilIsolation(_Isolation):
+class NCFSybilIsolation(IsolationAttack):
     """FedNCF under secagg: a cohort of the target and sybils uploading zeros isolates its update."""
 
     description = (
@@ -232,7 +232,7 @@ class NCFSybilIsolation(_Isolation):
 
 
 @register_attack("ncf-model-inconsistency")
-class NCFModelInconsistency(_Isolation):
+class NCFModelInconsistency(IsolationAttack):
     """FedNCF under secagg: crafted models for all but the target make the aggregate its update."""
 
     description = (

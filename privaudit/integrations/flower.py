@@ -583,7 +583,7 @@ def _simulate(
     if recorder:
         seed = fused.get("seed")
         seed = int(seed) if isinstance(seed, int) and 0 <= seed < 2**63 else None
-        transcript = rec.transcript(app=app.name, seed=seed, defenses=_defenses(rec))
+        transcript = rec.transcript(app=app.name, seed=seed, defenses=recorded_defenses(rec))
         transcript.config["simulation"] = {"clients": clients, "seconds": round(seconds, 3)}
     return Recording(transcript, result.context, seconds, path)
 
@@ -600,7 +600,7 @@ def _canary_count(canaries: int, client_dp: list) -> int:
     return DEFAULT_CANARIES if any(type(m).__name__ == "LocalDpMod" for m in client_dp) else 0
 
 
-def _defenses(rec: FlowerRecorder, delta: float | None = None) -> list[dict[str, Any]]:
+def recorded_defenses(rec: FlowerRecorder, delta: float | None = None) -> list[dict[str, Any]]:
     """The Flower defenses the recorded messages show were active (public facts of the run),
     the DP wrappers of the strategy that drove the Grid, the ClientApp's own DP mods, then the
     DP mods the clients described through the side channel (simulation)."""
@@ -613,7 +613,7 @@ def _defenses(rec: FlowerRecorder, delta: float | None = None) -> list[dict[str,
 
         got = read_canary(rec.run_dir)
         canary = int(got[0].get("node", -1)) if got is not None else None
-    train = [ev for ev in rec.events if ev.direction == "up" and _is_train(ev) and ev.node != canary]
+    train = [ev for ev in rec.events if ev.direction == "up" and is_train_event(ev) and ev.node != canary]
     per_node: dict[int, int] = {}
     for ev in train:
         per_node[ev.node] = per_node.get(ev.node, 0) + 1
@@ -631,7 +631,7 @@ def _same_mod(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return "mod" in a and all(a.get(k) == b.get(k) for k in keys)
 
 
-def _is_train(ev: Any) -> bool:
+def is_train_event(ev: Any) -> bool:
     return str(ev.meta.get("flower", {}).get("message_type", "")).startswith("train")
 
 

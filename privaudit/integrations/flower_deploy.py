@@ -48,7 +48,13 @@ from privaudit.integrations._flower_dp import client_reported, describe
 from privaudit.integrations._flower_mods import calling_client_app, dp_mods, is_dp_mod
 from privaudit.integrations._isolation import check_private_data, check_public_info
 from privaudit.integrations._sidechannel import write_defenses, write_private
-from privaudit.integrations.flower import SIMULATION_DIR_ENV, FlowerRecorder, _defenses, _is_train, require_flwr
+from privaudit.integrations.flower import (
+    SIMULATION_DIR_ENV,
+    FlowerRecorder,
+    is_train_event,
+    recorded_defenses,
+    require_flwr,
+)
 from privaudit.integrations.schema_map import SchemaMap
 
 __all__ = [
@@ -182,13 +188,13 @@ class _DeployRecorder:
 
     def defenses(self, strategy: Any, delta: float | None) -> list[dict[str, Any]]:
         """SecAgg+ (from the messages), the strategy's DP wrappers, the clients' DP mods."""
-        train = [ev for ev in self.rec.events if ev.direction == "up" and _is_train(ev)]
+        train = [ev for ev in self.rec.events if ev.direction == "up" and is_train_event(ev)]
         per_node: dict[int, int] = {}
         for ev in train:
             per_node[ev.node] = per_node.get(ev.node, 0) + 1
         if strategy is not None:  # given to record_run: described instead of the one the Grid saw
             self.rec.strategy = strategy
-        out = _defenses(self.rec, delta)
+        out = recorded_defenses(self.rec, delta)
         client_rounds = max(per_node.values(), default=0)
         return out + client_reported(self.client_defenses, self.reported, client_rounds)
 
