@@ -266,7 +266,9 @@ def test_unreachable_scheduler_and_unsupported_runs(capsys, tmp_path, monkeypatc
         capsys, ["run", "--protocol", "fedmvmf", "--scheduler", "tcp://127.0.0.1:9", "-o", out], "cannot connect"
     )
     _one_line_error(
-        capsys, ["run", "--protocol", "fedncf", "--scheduler", "local:1", "-o", out], "protocol 'fedncf' does not run in client blocks"
+        capsys,
+        ["run", "--protocol", "fedncf", "--scheduler", "local:1", "-o", out],
+        "protocol 'fedncf' does not run in client blocks",
     )
     argv = ["run", "--protocol", "fedmvmf", "--defense", "laplace:scale=1", "--scheduler", "local:1", "-o", out]
     _one_line_error(capsys, argv, "without defenses")
