@@ -203,8 +203,11 @@ class ShardedClients(BlockClients):
 
     def __init__(self, actors: list[Any], n_blocks: int) -> None:
         self.actors, self.n_blocks = actors, n_blocks
+        self.recorded: set[int] = set()  # the rounds whose uploads the blocks' shards hold
 
     def round(self, t: int, record: bool, *state: Any) -> list:
+        if record:
+            self.recorded.add(int(t))
         parts = _in_block_order([a.round(t, record, state) for a in self.actors], self.n_blocks)
         total = Accumulator()
         for _, *values in parts:
@@ -312,7 +315,8 @@ def run_sharded(
 
     common = {"rounds": run.rounds, "out": str(out.resolve()), "header": header, "private": include_private}
     actors = _start(client, BlockShard, len(ranges), block, common)
-    result = run.train(ShardedClients(actors, len(ranges)))
+    clients = ShardedClients(actors, len(ranges))
+    result = run.train(clients)
     server = result.transcript
     # the servers' file names the servers only (a file's JSON is bounded by its members; the
     # manifest's ``clients`` gives the client parties back to :func:`load`)
@@ -320,7 +324,10 @@ def run_sharded(
     Transcript(server.protocol, server.config, server.seed, server.dataset, own, server.messages).save(
         out / "server.ptx"
     )
-    rounds = sorted({m.round for m in server.messages})
+    rounds = sorted({m.round for m in server.messages} | clients.recorded)
+    for r in sorted(set(rounds) - clients.recorded):  # servers' messages only: every block's shard is empty
+        for b, (lo, hi) in enumerate(ranges):
+            _write_shard(out / _block_name(b, r), header, _senders(lo, hi), [], r)
     _write_manifest(out, cls.name, ranges, rounds, include_private, block_size)
     return ShardedRun(result, out, [a.memory().result() for a in actors])
 
