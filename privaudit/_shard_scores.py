@@ -1,5 +1,6 @@
-"""The per-shard attack's truth counts (:func:`privaudit.sharded.attack_shards`): histograms of
-the true values behind the majority baselines, summed over blocks and workers."""
+"""The FedMVMF attacks' truth counts per shard of a sharded run (their ``shard_part`` and
+``merge_shards``, which :func:`privaudit.sharded.attack_shards` calls): histograms of the true
+values behind the majority baselines, summed over blocks."""
 
 from __future__ import annotations
 

@@ -38,7 +38,6 @@ import numpy as np
 from privaudit._escape import printable
 from privaudit._local_cluster import local_cluster, local_workers
 from privaudit._safejson import load_file
-from privaudit._shard_scores import histograms, majority
 from privaudit.errors import MissingDependencyError, PrivauditError, TranscriptError
 from privaudit.protocols.base import BlockClients, Protocol, RunResult, RunSetup
 from privaudit.protocols.blocks import CLIENT_BLOCK, Accumulator, block_ranges
@@ -574,13 +573,12 @@ def load_validated(folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Tr
 # ------------------------------------------------------------------------- attacks per shard
 
 
-def _attack_blocks(folder: str, blocks: list[int], attack: str, max_bytes: int) -> dict[str, Any]:
-    """On a worker: the attack on each block's transcript (:func:`load` of that block), scored per
-    victim (:func:`privaudit.attacks._mvmf.victim_scores`); the sums and the truth histograms."""
+def _attack_blocks(folder: str, blocks: list[int], attack: str, max_bytes: int) -> list[dict[str, Any]]:
+    """On a worker: the attack on each block's transcript (:func:`load` of that block) and what
+    its scores contribute (:meth:`Attack.shard_part`), one part per block."""
     from privaudit import registry
-    from privaudit.attacks._mvmf import victim_scores
 
-    out: dict[str, Any] = {"victims": 0, "hits": {}, "weight": {}, "ratings": {}, "attributes": {}}
+    parts = []
     for b in blocks:
         transcript = load(folder, max_bytes, blocks=[b])
         att = registry.get("attack", attack)()
@@ -588,54 +586,39 @@ def _attack_blocks(folder: str, blocks: list[int], attack: str, max_bytes: int) 
         recon = att.run(transcript.view(att.party), att.prior_knowledge(transcript, rng), rng)
         if not recon.supported:
             raise PrivauditError(f"attack {attack!r} does not apply to this run: {recon.reason}")
-        victims, weight, hits = victim_scores(recon, transcript)
-        out["victims"] += len(victims)
-        for metric in weight:
-            out["hits"][metric] = out["hits"].get(metric, 0.0) + float(hits[metric].sum())
-            out["weight"][metric] = out["weight"].get(metric, 0.0) + float(weight[metric].sum())
-        histograms(transcript, out)
-    return out
+        parts.append(att.shard_part(recon, transcript))
+    return parts
 
 
 def attack_shards(
-    folder: str | Path, client: Any, attack: str = "mvmf-analytic", max_bytes: int = DEFAULT_MAX_BYTES
+    folder: str | Path, client: Any, attack: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> dict[str, Any]:
-    """A per-victim FedMVMF attack on a sharded run, block by block on ``client``'s workers (each
-    worker reads its blocks' shards): the metrics of :func:`privaudit.attacks._mvmf.score_reconstruction`
-    (hits and weights summed over the blocks), and the uniform and majority-value baselines of
-    :func:`privaudit.attacks._mvmf.baselines` from the merged histograms of true values.
+    """An attack on a sharded run, block by block on ``client``'s workers (each worker reads its
+    blocks' shards), for an attack that declares per-shard scoring (:meth:`Attack.shard_part`,
+    :meth:`Attack.merge_shards`; the FedMVMF attacks do). ``attack``: default the run's
+    protocol's ``default_attack``. Returns ``attack``, ``metrics`` and ``baseline`` (what
+    ``merge_shards`` makes of the blocks' parts) and ``blocks``.
 
     Equal to the attack on the merged transcript when each victim's reconstruction depends on its
     own messages only (without noise); under noise the attack's population prior is the block's.
     """
     from privaudit import registry
-    from privaudit.attacks._mvmf import MVMFAttack, rating_domain
-    from privaudit.metrics import uniform_guess_accuracy
+    from privaudit.attacks.base import Attack
 
-    if not issubclass(registry.get("attack", attack), MVMFAttack):
-        raise PrivauditError(f"attack {attack!r}: a sharded run is attacked per shard by the FedMVMF attacks only")
     folder = Path(folder).resolve()
     manifest = read_manifest(folder)
+    attack = attack or registry.get("protocol", manifest["protocol"]).default_attack
+    cls = registry.get("attack", attack)
+    if cls.shard_part is Attack.shard_part:
+        raise PrivauditError(f"attack {attack!r} is not scored per shard (it declares no shard_part)")
     workers = _workers(client)
     futures = [
         client.submit(_attack_blocks, str(folder), chunk, attack, max_bytes, workers=[w], pure=False)
         for w, chunk in zip(workers, _assign(len(manifest["blocks"]), len(workers)))
     ]
-    parts = client.gather(futures)
-    hits = {m: sum(p["hits"].get(m, 0.0) for p in parts) for m in parts[0]["hits"]}
-    weight = {m: sum(p["weight"].get(m, 0.0) for p in parts) for m in parts[0]["weight"]}
-    metrics = {m: hits[m] / weight[m] if weight[m] > 0 else float("nan") for m in hits}
-    metrics["victims"] = float(sum(p["victims"] for p in parts))
-    config = load_transcript(manifest["server"], max_bytes=max_bytes).config
-    lo, hi = rating_domain(config)
-    step = float(config.get("rating_step", 1.0) or 1.0)
-    baseline = {
-        "rating_accuracy": uniform_guess_accuracy(int(round((hi - lo) / step)) + 1),
-        "attribute_accuracy": uniform_guess_accuracy(2),
-        "rating_accuracy_majority": majority(parts, "ratings"),
-        "attribute_accuracy_majority": majority(parts, "attributes"),
-    }
-    return {"attack": attack, "metrics": metrics, "baseline": baseline, "blocks": len(manifest["blocks"])}
+    parts = [part for chunk in client.gather(futures) for part in chunk]
+    merged = cls.merge_shards(parts, load_transcript(manifest["server"], max_bytes=max_bytes).config)
+    return {"attack": attack, **merged, "blocks": len(manifest["blocks"])}
 
 
 # ------------------------------------------------------------------------- command line

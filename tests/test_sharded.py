@@ -99,6 +99,9 @@ def test_fedrec_pmf_batch_two_workers_equal_single_process(client, data, tmp_pat
     np.testing.assert_equal(a["attack_metrics"], attack_transcript(merged)["points"][0]["attack_metrics"])
     with pytest.raises(PrivauditError, match="pmf-batch model only"):
         sharded.run_sharded("fedrec", data, {"model": "pmf-sgd"}, 8, client, tmp_path / "x")
+    # its default attack declares no per-shard scoring: refused before any block is read
+    with pytest.raises(PrivauditError, match="'fedrec-rated-items' is not scored per shard"):
+        sharded.attack_shards(tmp_path, client)
 
 
 def test_block_partials_are_the_whole_sum(data):
