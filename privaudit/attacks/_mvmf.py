@@ -24,6 +24,7 @@ from privaudit.attacks._mvmf_prior import (
     prior_baselines,
     prior_table,
 )
+from privaudit.attacks._mvmf_shards import histograms, majority
 from privaudit.attacks._mvmf_view import (
     FEDMVMF_PROTOCOLS,
     REQUIRED_CONFIG,
@@ -275,9 +276,7 @@ class MVMFAttack(Attack):
     def shard_part(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Any]:
         """One block of a sharded run (:func:`privaudit.sharded.attack_shards`): its victims, the
         sums of :func:`victim_scores`' hits and weights per metric, and the histograms of the true
-        values behind the majority baselines (:func:`privaudit._shard_scores.histograms`)."""
-        from privaudit._shard_scores import histograms
-
+        values behind the majority baselines (:func:`privaudit.attacks._mvmf_shards.histograms`)."""
         victims, weight, hits = victim_scores(reconstruction, transcript)
         out: dict[str, Any] = {"victims": len(victims), "ratings": {}, "attributes": {}}
         out["hits"] = {m: float(hits[m].sum()) for m in weight}
@@ -290,8 +289,6 @@ class MVMFAttack(Attack):
         """The metrics of :func:`score_reconstruction` (hits and weights summed over the blocks,
         equal to the merged transcript's: they are counts) and the uniform and majority-value
         baselines of :func:`baselines` from the summed histograms of true values."""
-        from privaudit._shard_scores import majority
-
         hits = {m: sum(p["hits"].get(m, 0.0) for p in parts) for m in parts[0]["hits"]}
         weight = {m: sum(p["weight"].get(m, 0.0) for p in parts) for m in parts[0]["weight"]}
         metrics = {m: hits[m] / weight[m] if weight[m] > 0 else float("nan") for m in hits}
