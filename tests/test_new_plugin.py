@@ -77,6 +77,16 @@ PLUGIN = textwrap.dedent(
             return BlockPart(partials, [("grad_V", payloads)] if record else None)
 
 
+    class WrongKinds(TinyBlocks):  # for the conformance test: a kind the schema does not upload
+        upload_kinds = ("grad_W",)
+
+
+    class HookedBlocks(TinyBlocks):  # for the conformance test: a round no worker could receive
+        def __init__(self, n_items):
+            super().__init__(n_items)
+            self.hook = lambda x: x  # a lambda does not pickle
+
+
     def _rmse(R, means):
         coo = R.tocoo()
         return float(np.sqrt(np.mean((means[coo.col] - coo.data) ** 2)))
@@ -298,3 +308,20 @@ def test_the_plugin_protocol_shards_over_a_local_cluster(tinyrec, tmp_path):
     # a protocol that declares no block round is refused in one line, naming the ones that can
     with pytest.raises(PrivauditError, match=r"'fedncf' does not run in client blocks .* tinyrec"):
         sharded.run_sharded("fedncf", data, {}, 0, None, tmp_path / "x")
+
+
+def test_the_conformance_suite_checks_a_block_round(tinyrec):
+    """``check_protocol`` runs a declared block round in process: kinds the schema does not
+    declare as client uploads, or a round a worker could not receive, fail it, naming the check."""
+    cases = (
+        (tinyrec.WrongKinds, r"upload_kinds \('grad_W',\) must be client uploads the schema declares \(grad_V\)"),
+        (tinyrec.HookedBlocks, "what a sharded run sends its workers does not pickle"),
+    )
+    for rounds, fragment in cases:
+        broken = type("Broken", (tinyrec.TinyRec,), {"block_round": rounds})
+        registry.register_protocol("tinyrec-broken")(broken)
+        try:
+            with pytest.raises(testing.ConformanceError, match=r"Broken \(block round\): " + fragment):
+                testing.check_protocol(broken)
+        finally:
+            registry.unregister("protocol", "tinyrec-broken")

@@ -712,6 +712,9 @@ class LocalBlocks(BlockClients):
             part = self.rounds.round(block, t, record, *state)
             total.add(*part.partials)
             uploads.append(part.uploads or [])
+            for kind, _ in uploads[-1]:
+                if kind not in self.rounds.upload_kinds:
+                    raise ValueError(f"a block uploaded {kind!r}, not one of its round's upload_kinds")
         for kind in self.rounds.upload_kinds if record else ():
             for (lo, _), own in zip(self.ranges, uploads):
                 for payloads in (p for k, p in own if k == kind):
