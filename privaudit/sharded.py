@@ -1,21 +1,25 @@
 """One protocol run over a Dask cluster: the clients' blocks on the workers, shards on disk.
 
-A sharded run (``privaudit run --scheduler local:N|tcp://HOST:PORT -o DIR``) cuts the clients
-into the blocks of :mod:`privaudit.protocols.blocks` and gives each Dask worker consecutive whole
-blocks, held by a Dask actor. Every round the server broadcasts its state to the actors; each
-computes its blocks' client updates with the same per-block functions as the single-process run,
-writes its recorded uploads as one transcript shard per (block, round) through
-:meth:`Transcript.save`, and returns the blocks' partial sums; the server adds them in block
-order and takes its step. Per-client random draws come from the seed and the block index, so
-the run equals the single-process run at the same seed (arrays, utility, attack metrics).
+A sharded run (``privaudit run --scheduler local:N|tcp://HOST:PORT -o DIR``) drives any protocol
+that declares its client round in blocks (``Protocol.block_round``, a
+:class:`~privaudit.protocols.base.BlockRound`; ``privaudit run --scheduler`` refuses the others
+in one line): the protocol opens the run and cuts its clients into blocks of consecutive
+clients; each Dask worker holds consecutive whole blocks in a Dask actor. Every round the
+server's loop (the protocol's) sends its state to the actors; each runs the protocol's round on
+its blocks, writes their recorded uploads as one transcript shard per (block, round) and returns
+the blocks' partials, which the server adds in block order. Per-client random draws come from
+the seed and the block index, so the run equals the same protocol's run with every block in one
+process (:meth:`Protocol.simulate_blocks`; FedMVMF's and FedRec's single-process runs) at the
+same seed: arrays, utility, attack metrics.
 
 Output directory: ``manifest.json``, ``server.ptx`` (the run's header and the servers'
 messages), ``c<block>-private.ptx`` (the block's private messages) and ``c<block>-r<round>.ptx``
 (its uploads of one recorded round). :func:`load` checks the manifest and every shard and
 returns the transcript in the single-process message order.
 
-Supported: FedMVMF (every setting) and FedRec's ``pmf-batch`` model, without defenses (a
-defense draws its noise in client order over a whole round, which a partition would change).
+Runs go without defenses (a defense draws its noise in client order over a whole round, which
+a partition would change). Built-in protocols in blocks: FedMVMF (every setting) and FedRec's
+federated ``pmf-batch`` model (:func:`shardable` lists the registered ones).
 """
 
 from __future__ import annotations
@@ -31,41 +35,32 @@ from typing import Any
 
 import numpy as np
 
-from privaudit import _safejson
 from privaudit._escape import printable
 from privaudit._local_cluster import local_cluster, local_workers
-from privaudit._shard_scores import histograms, majority
+from privaudit._safejson import load_file
 from privaudit.errors import MissingDependencyError, PrivauditError, TranscriptError
-from privaudit.protocols.base import RunResult, RunSetup
-from privaudit.protocols.blocks import (
-    CLIENT_BLOCK,
-    Accumulator,
-    MVMFBlock,
-    block_ranges,
-    entries_block,
-    mvmf_block_round,
-)
+from privaudit.protocols.base import BlockClients, Protocol, RunResult, RunSetup
+from privaudit.protocols.blocks import CLIENT_BLOCK, Accumulator, block_ranges
 from privaudit.transcript import CLIENT_PREFIX, DEFAULT_MAX_BYTES, Message, Transcript, is_client
 from privaudit.transcript import load as load_transcript
 from privaudit.transcript_io import TranscriptWriter, declared_size
 
 __all__ = [
     "MANIFEST",
-    "SUPPORTED",
     "attack_shards",
+    "block_protocol",
     "dask_client",
     "load",
     "load_validated",
     "parse_scheduler",
     "read_manifest",
     "run_sharded",
+    "shardable",
 ]
 
 MANIFEST = "manifest.json"
 FORMAT = "privaudit-sharded-run"
 VERSION = 1
-#: protocols a sharded run supports
-SUPPORTED = ("fedmvmf", "fedrec")
 _MANIFEST_MAX_BYTES = 64 * 1024**2
 _MAX_BLOCKS = 1 << 20
 _SHARD_NAME = re.compile(r"c(\d{6})-(private|r(\d{6}))\.ptx")
@@ -153,60 +148,46 @@ def _block_name(index: int, round: int | None) -> str:
     return f"c{index:06d}-private.ptx" if round is None else f"c{index:06d}-r{round:06d}.ptx"
 
 
-class MVMFShard:
-    """A Dask actor holding consecutive FedMVMF client blocks (their data and u_u).
+class BlockShard:
+    """A Dask actor holding consecutive client blocks of a run in blocks.
 
-    ``spec``: ``blocks`` (list of ``(index, lo, ratings, weights, X, train_users)``), ``settings``
-    (:class:`MVMFSettings`), ``seed``, ``init_scale``, ``out`` (the run's directory), ``header``
-    (protocol, config, seed, dataset of the run) and ``private`` (write the private shards).
+    ``spec``: ``rounds`` (the protocol's :class:`~privaudit.protocols.base.BlockRound` with the
+    run's settings), ``blocks`` (list of ``(index, lo, hi, block state)``), ``out`` (the run's
+    directory), ``header`` (protocol, config, seed, dataset of the run) and ``private`` (write
+    the blocks' private shards, from :meth:`BlockRound.private`).
     """
 
     def __init__(self, spec: Mapping[str, Any]) -> None:
-        self.st, self.out, self.header = spec["settings"], Path(spec["out"]), spec["header"]
-        self.blocks: list[MVMFBlock] = []
-        self.indices: list[int] = []
-        for index, lo, R, W, X, train_users in spec["blocks"]:
-            self.blocks.append(MVMFBlock.initial(index, lo, R, W, X, self.st.K, spec["seed"], spec["init_scale"]))
-            self.indices.append(index)
-            if spec["private"]:
-                self._write_private(index, lo, R, X, train_users)
+        self.rounds, self.out, self.header = spec["rounds"], Path(spec["out"]), spec["header"]
+        self.blocks: list[tuple[int, int, int, Any]] = list(spec["blocks"])
+        for index, lo, hi, block in self.blocks if spec["private"] else ():
+            messages = self.rounds.private(block)
+            payloads, metas = [p for p, _ in messages], [m for _, m in messages]
+            path = self.out / _block_name(index, None)
+            _write_shard(path, self.header, _senders(lo, hi), [("private", payloads)], 0, metas)
 
-    def _senders(self, block: MVMFBlock) -> list[str]:
-        return [f"client:{u}" for u in range(block.lo, block.lo + block.ratings.shape[0])]
-
-    def _write_private(self, index: int, lo: int, R: Any, X: np.ndarray, train_users: np.ndarray) -> None:
-        """The block's ``private`` messages (the single-process run's: items, ratings, attributes,
-        meta ``dataset_user``); each field's payloads are back-to-back rows of one array."""
-        senders = [f"client:{lo + u}" for u in range(R.shape[0])]
-        ip, items, ratings, X = R.indptr, R.indices.astype(np.int64), R.data.copy(), np.ascontiguousarray(X)
-        payloads = [
-            {"items": items[ip[u] : ip[u + 1]], "ratings": ratings[ip[u] : ip[u + 1]], "attributes": X[u]}
-            for u in range(len(senders))
-        ]
-        metas = [{"dataset_user": int(train_users[u])} for u in range(len(senders))]
-        _write_shard(self.out / _block_name(index, None), self.header, senders, [("private", payloads)], 0, metas)
-
-    def round(
-        self, t: int, V: np.ndarray, P: np.ndarray, record: bool, with_loss: bool = True
-    ) -> list[tuple[int, Any, Any, float]]:
-        """One epoch of every block: ``(block index, sum_V, sum_P, loss part)`` per block; the
-        recorded uploads are written to ``c<block>-r<t>.ptx``."""
+    def round(self, t: int, record: bool, state: tuple) -> list[tuple]:
+        """Round ``t`` of every block: ``(block index, *partials)`` per block; a recorded round's
+        uploads are written to ``c<block>-r<t>.ptx``."""
         out = []
-        for index, block in zip(self.indices, self.blocks):
-            part = mvmf_block_round(block, V, P, self.st, record, with_loss)
+        for index, lo, hi, block in self.blocks:
+            part = self.rounds.round(block, t, record, *state)
             if record:
-                senders = self._senders(block)
-                uploads = [(b.kind, b.payloads()) for b in part.uploads.batches(t, senders)]
-                _write_shard(self.out / _block_name(index, t), self.header, senders, uploads, t)
+                _write_shard(self.out / _block_name(index, t), self.header, _senders(lo, hi), part.uploads or [], t)
                 part.uploads = None
-            out.append((index, part.sum_V, part.sum_P, part.loss))
+            out.append((index, *part.partials))
         return out
 
-    def users(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.concatenate([b.U for b in self.blocks]), np.concatenate([b.U_init for b in self.blocks])
+    def each(self, method: str, args: tuple) -> list[tuple[int, Any]]:
+        """``(block index, rounds.<method>(block, *args))`` per block."""
+        return [(index, getattr(self.rounds, method)(block, *args)) for index, _lo, _hi, block in self.blocks]
 
     def memory(self) -> int:
         return _peak_rss()
+
+
+def _senders(lo: int, hi: int) -> list[str]:
+    return [f"{CLIENT_PREFIX}{u}" for u in range(lo, hi)]
 
 
 def _peak_rss() -> int:
@@ -216,168 +197,32 @@ def _peak_rss() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-class ShardedClients:
-    """The server's side of a sharded FedMVMF run: the actors, one epoch at a time."""
+class ShardedClients(BlockClients):
+    """The server's side of a sharded run: the actors, one round at a time."""
 
     def __init__(self, actors: list[Any], n_blocks: int) -> None:
         self.actors, self.n_blocks = actors, n_blocks
+        self.recorded: set[int] = set()  # the rounds whose uploads the blocks' shards hold
 
-    def round(
-        self, t: int, V: np.ndarray, P: np.ndarray, record: bool, with_loss: bool = True
-    ) -> tuple[np.ndarray, np.ndarray, float]:
-        sum_V, sum_P, loss = _folded([a.round(t, V, P, record, with_loss) for a in self.actors], self.n_blocks)
-        return sum_V, sum_P, loss
-
-    def users(self) -> tuple[np.ndarray, np.ndarray]:
-        got = [a.users().result() for a in self.actors]
-        return np.concatenate([u for u, _ in got]), np.concatenate([u0 for _, u0 in got])
-
-
-class PMFShard:
-    """A Dask actor holding consecutive FedRec client blocks (pmf-batch): their entries, U rows
-    and test entries. ``spec``: ``blocks`` (list of ``(index, lo, entries, U, test rows, test
-    cols, test ratings)``), ``settings`` (lam, max_step, rating range, clip), ``out``, ``header``,
-    ``private``."""
-
-    def __init__(self, spec: Mapping[str, Any]) -> None:
-        self.st, self.out, self.header = spec["settings"], Path(spec["out"]), spec["header"]
-        self.blocks = list(spec["blocks"])
-        for index, lo, E, *_ in self.blocks if spec["private"] else ():
-            senders = [f"client:{lo + u}" for u in range(E.shape[0])]
-            ip, items, ratings = E.indptr, E.cols.astype(np.int64), E.vals.copy()
-            payloads = [
-                {"items": items[ip[u] : ip[u + 1]], "ratings": ratings[ip[u] : ip[u + 1]]} for u in range(len(senders))
-            ]
-            _write_shard(self.out / _block_name(index, None), self.header, senders, [("private", payloads)], 0)
-
-    def round(self, t: int, V: np.ndarray, lr: float, record: bool) -> list[tuple[int, Any, Any, float]]:
-        """One batch iteration of every block: ``(index, total, counts, clipped)`` per block; the
-        recorded uploads go to ``c<block>-r<t>.ptx``."""
-        from privaudit.protocols.blocks import pmf_block_round
-
-        out = []
-        for j, (index, lo, E, U, *tests) in enumerate(self.blocks):
-            part = pmf_block_round(U, E, V, self.st.lam, lr, self.st.max_step, record)
-            self.blocks[j] = (index, lo, E, part.U, *tests)
-            if record:
-                senders = [f"client:{lo + u}" for u in range(E.shape[0])]
-                _write_shard(self.out / _block_name(index, t), self.header, senders, [("grad_V", part.payloads)], t)
-            out.append((index, part.total, part.counts, float(part.clipped)))
-        return out
-
-    def tests(self, V: np.ndarray) -> list[tuple[int, float, float, bool]]:
-        """Per block: its test error sums (:func:`error_sums`) and whether its U is finite."""
-        from privaudit.models import pmf
-        from privaudit.protocols.blocks import error_sums
-
-        st = self.st
-        out = []
-        for index, _lo, _E, U, rows, cols, vals in self.blocks:
-            sq, ab = error_sums(pmf.predict(U, V, rows, cols), vals, st.rating_min, st.rating_max, st.clip)
-            out.append((index, sq, ab, bool(np.isfinite(U).all())))
-        return out
-
-    def users(self) -> np.ndarray:
-        return np.concatenate([b[3] for b in self.blocks])
-
-    def memory(self) -> int:
-        return _peak_rss()
-
-
-def _fedrec_sharded(
-    dataset: Any, config: Mapping[str, Any] | None, seed: int, client: Any, out: Path, private: bool, block_size: int
-) -> tuple[RunResult, Any]:
-    """FedRec pmf-batch over the workers: the single-process loop (:meth:`FedRec.simulate`) with
-    the blocks' iteration (:func:`pmf_block_round`) and test errors on the workers."""
-    import time
-
-    from privaudit.models import pmf
-    from privaudit.protocols import fedrec
-
-    proto = fedrec.FedRec()
-    cfg = proto.resolve_config(config)
-    if cfg["model"] != "pmf-batch" or not cfg["federated"]:
-        raise PrivauditError(
-            "--scheduler runs fedrec's federated pmf-batch model only (the stochastic ones walk clients in turn)"
-        )
-    setup = RunSetup(cfg, dataset, [], int(seed))
-    split_rng, init_rng, _, _ = setup.streams(4)
-    st = fedrec.FedRecSettings.of(cfg, [])
-    fold = fedrec._Fold.of(dataset, cfg, split_rng)
-    transcript = proto.open_transcript(cfg, dataset, [], int(seed), ["server"], **fold.public(), **st.public())
-    del dataset
-    f = fedrec._Factors.initial(init_rng, fold.R_train.shape, st)
-    entries = [pmf.Entries.from_csr(fold.R_train)]
-    ranges = block_ranges(fold.R_train.shape[0], block_size)
-    header = {k: getattr(transcript, k) for k in ("protocol", "config", "seed", "dataset")}
-    settings = _PMFSettings(st.lam, st.max_step, fold.rmin, fold.rmax, st.clip)
-
-    def block(b: int) -> tuple:
-        lo, hi = ranges[b]
-        return (b, lo, entries_block(entries[0], lo, hi), f.U[lo:hi].copy(), *fold.block_tests(lo, hi))
-
-    actors = _start(
-        client,
-        PMFShard,
-        len(ranges),
-        block,
-        {"settings": settings, "out": str(out.resolve()), "header": header, "private": private},
-    )
-    entries.clear()
-    rmse, mae, seconds = [], [], 0.0
-    clipped = 0
-    for t in range(st.T):
-        tic = time.perf_counter()
-        record = t in st.recorded
+    def round(self, t: int, record: bool, *state: Any) -> list:
         if record:
-            transcript.add(t, "server", "server", "state", {"V": f.V.copy()})
-        total = _folded([a.round(t, f.V, st.lr, record) for a in actors], len(ranges))
-        grad, counts, k = total if total else (np.zeros_like(f.V), np.zeros(len(f.V)), 0.0)
-        stepV, k2 = pmf.clip_rows(st.lr * pmf.item_average(grad, counts), st.max_step)
-        f.V = f.V - stepV
-        clipped += int(k) + k2
-        st.lr *= st.decay
-        seconds += time.perf_counter() - tic
-        parts = sorted((p for a in actors for p in a.tests(f.V).result()), key=lambda p: p[0])
-        f.U = f.U if all(p[3] for p in parts) else np.full_like(f.U, np.nan)
-        f.check(t, st)
-        r_, m_ = fedrec.rmse_mae([(p[1], p[2]) for p in parts], len(fold.test_vals))
-        rmse.append(r_)
-        mae.append(m_)
-    f.U = np.concatenate([a.users().result() for a in actors])
-    utility = {"rmse": rmse[-1], "mae": mae[-1], "iteration_seconds": seconds / st.T, "clipped_steps": clipped}
-    model = {
-        "U": f.U,
-        "V": f.V,
-        "W": None,
-        "train": fold.R_train,
-        "test": fold.test,
-        "test_rmse": np.asarray(rmse),
-        "test_mae": np.asarray(mae),
-        "lam": st.lam,
-    }
-    transcript.parties = ["server", *fold.senders]
-    return RunResult(transcript, model, utility), actors
+            self.recorded.add(int(t))
+        parts = _in_block_order([a.round(t, record, state) for a in self.actors], self.n_blocks)
+        total = Accumulator()
+        for _, *values in parts:
+            total.add(*values)
+        return total.values
+
+    def each(self, method: str, *args: Any) -> list:
+        return [value for _, value in _in_block_order([a.each(method, args) for a in self.actors], self.n_blocks)]
 
 
-@dataclass(frozen=True)
-class _PMFSettings:
-    lam: float
-    max_step: float
-    rating_min: float
-    rating_max: float
-    clip: bool
-
-
-def _folded(futures: list[Any], n_blocks: int) -> list:
-    """The blocks' partials from the actors' futures, added in block order."""
+def _in_block_order(futures: list[Any], n_blocks: int) -> list:
+    """The blocks' ``(index, ...)`` results from the actors' futures, in block order."""
     parts = sorted((p for f in futures for p in f.result()), key=lambda p: p[0])
     if [p[0] for p in parts] != list(range(n_blocks)):
         raise RuntimeError("a sharded round did not return every block once")
-    total = Accumulator()
-    for _, *values in parts:
-        total.add(*values)
-    return total.values
+    return parts
 
 
 def _workers(client: Any) -> list[str]:
@@ -408,6 +253,27 @@ def _assign(n_blocks: int, n_workers: int) -> list[list[int]]:
     return [list(range(a, b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+def block_protocol(protocol: str) -> type[Protocol]:
+    """The registered protocol ``protocol`` if it declares a ``block_round`` (its clients run in
+    blocks); otherwise a one-line :class:`PrivauditError` naming those that do."""
+    from privaudit import registry
+
+    cls = registry.get("protocol", protocol)
+    if cls.block_round is None:
+        raise PrivauditError(
+            f"--scheduler: protocol {protocol!r} does not run in client blocks (it declares no block_round), "
+            f"so it cannot be sharded; protocols that can: {', '.join(shardable()) or 'none'}"
+        )
+    return cls
+
+
+def shardable() -> list[str]:
+    """The registered protocols whose clients run in blocks (a ``block_round`` declared)."""
+    from privaudit import registry
+
+    return sorted(name for name, cls in registry.available("protocol").items() if cls.block_round is not None)
+
+
 @dataclass
 class ShardedRun:
     """What :func:`run_sharded` returns: the run's result (its transcript holds the servers'
@@ -428,17 +294,28 @@ def run_sharded(
     include_private: bool = True,
     block_size: int | None = None,
 ) -> ShardedRun:
-    """Run ``protocol`` on ``dataset`` with its client blocks on ``client``'s workers; the shards
-    go to the existing empty directory ``out`` (on a filesystem every worker can write)."""
-    if protocol not in SUPPORTED:
-        raise PrivauditError(f"--scheduler runs {', '.join(SUPPORTED)} sharded, not {protocol!r}")
+    """Run ``protocol`` (one that declares a ``block_round``) on ``dataset`` with its client
+    blocks on ``client``'s workers, without defenses; the shards go to the existing empty
+    directory ``out`` (on a filesystem every worker can write)."""
+    cls = block_protocol(protocol)
     out = Path(out)
     block_size = CLIENT_BLOCK if block_size is None else int(block_size)
-    if protocol == "fedmvmf":
-        result, actors = _fedmvmf_sharded(dataset, config, seed, client, out, include_private, block_size)
-    else:
-        result, actors = _fedrec_sharded(dataset, config, seed, client, out, include_private, block_size)
-    del dataset
+    proto = cls()
+    cfg = proto.resolve_config(config)
+    cls.block_round.check(cfg)
+    run = cls.block_round.open(proto, RunSetup(cfg, dataset, [], int(seed)))
+    del dataset  # the run holds what the server needs; a caller that lets go of it saves its memory
+    header = {k: getattr(run.transcript, k) for k in ("protocol", "config", "seed", "dataset")}
+    ranges = block_ranges(run.n_clients, block_size)
+
+    def block(b: int) -> tuple:
+        lo, hi = ranges[b]
+        return (b, lo, hi, run.block(b, lo, hi))
+
+    common = {"rounds": run.rounds, "out": str(out.resolve()), "header": header, "private": include_private}
+    actors = _start(client, BlockShard, len(ranges), block, common)
+    clients = ShardedClients(actors, len(ranges))
+    result = run.train(clients)
     server = result.transcript
     # the servers' file names the servers only (a file's JSON is bounded by its members; the
     # manifest's ``clients`` gives the client parties back to :func:`load`)
@@ -446,35 +323,12 @@ def run_sharded(
     Transcript(server.protocol, server.config, server.seed, server.dataset, own, server.messages).save(
         out / "server.ptx"
     )
-    n = len(server.parties) - len(own)
-    rounds = sorted({m.round for m in server.messages})
-    _write_manifest(out, protocol, block_ranges(n, block_size), rounds, include_private, block_size)
+    rounds = sorted({m.round for m in server.messages} | clients.recorded)
+    for r in sorted(set(rounds) - clients.recorded):  # servers' messages only: every block's shard is empty
+        for b, (lo, hi) in enumerate(ranges):
+            _write_shard(out / _block_name(b, r), header, _senders(lo, hi), [], r)
+    _write_manifest(out, cls.name, ranges, rounds, include_private, block_size)
     return ShardedRun(result, out, [a.memory().result() for a in actors])
-
-
-def _fedmvmf_sharded(
-    dataset: Any, config: Mapping[str, Any] | None, seed: int, client: Any, out: Path, private: bool, block_size: int
-) -> tuple[RunResult, Any]:
-    """FedMVMF over the workers: :meth:`FedMVMF.train` with :class:`ShardedClients`."""
-    from privaudit.protocols.fedmvmf import FedMVMF
-
-    proto = FedMVMF()
-    cfg = proto.resolve_config(config)
-    run = proto.open_run(RunSetup(cfg, dataset, [], int(seed)), private=False)
-    del dataset  # the split holds what the server needs; a caller that lets go of it saves its memory
-    header = {k: getattr(run.transcript, k) for k in ("protocol", "config", "seed", "dataset")}
-    ranges = block_ranges(run.ratings.shape[0], block_size)
-    X, users = run.views.X_train, run.split["train_users"]
-
-    def block(b: int) -> tuple:
-        part = slice(*ranges[b])
-        return (b, ranges[b][0], run.ratings[part], run.weights[part], X[part], users[part])
-
-    common = {"settings": run.st, "seed": int(seed), "init_scale": float(cfg["init_scale"])}
-    common.update(out=str(out.resolve()), header=header, private=private)
-    actors = _start(client, MVMFShard, len(ranges), block, common)
-    run.ratings = run.weights = None  # the workers hold the clients' data now
-    return proto.train(run, ShardedClients(actors, len(ranges))), actors
 
 
 # ------------------------------------------------------------------------- the directory
@@ -541,7 +395,7 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
     if not folder.is_dir() or path.is_symlink() or not path.is_file():
         raise _fail(folder, f"not a sharded run (no {MANIFEST})")
     try:
-        doc = _safejson.load_file(path, max_bytes=_MANIFEST_MAX_BYTES, max_depth=8)
+        doc = load_file(path, max_bytes=_MANIFEST_MAX_BYTES, max_depth=8)
     except (ValueError, OSError) as exc:
         raise _fail(path, f"unreadable manifest ({str(exc)[:120]})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -550,7 +404,8 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
         raise _fail(
             path, f"manifest version {_short(doc.get('version'))} is not supported (this privaudit reads {VERSION})"
         )
-    if doc.get("protocol") not in SUPPORTED:
+    kinds = _upload_kinds(doc.get("protocol"))
+    if kinds is None:
         raise _fail(path, f"protocol {_short(doc.get('protocol'))} is not one a sharded run supports")
     clients = _int(doc.get("clients"), 0, 10**9, "clients", path)
     size = _int(doc.get("block_size"), 1, 10**9, "block_size", path)
@@ -590,7 +445,23 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
         )
         lo = hi
     server = _member(folder, doc.get("server"), re.compile(r"server\.ptx"), path)
-    return {"protocol": doc["protocol"], "clients": clients, "rounds": rounds, "blocks": checked, "server": server}
+    return {
+        "protocol": doc["protocol"],
+        "upload_kinds": kinds,
+        "clients": clients,
+        "rounds": rounds,
+        "blocks": checked,
+        "server": server,
+    }
+
+
+def _upload_kinds(protocol: Any) -> tuple[str, ...] | None:
+    """The upload kinds a registered protocol's block declares, in transcript order (None when
+    ``protocol`` is no registered protocol that runs in client blocks)."""
+    from privaudit import registry
+
+    cls = registry.available("protocol").get(protocol) if isinstance(protocol, str) else None
+    return None if cls is None or cls.block_round is None else tuple(cls.block_round.upload_kinds)
 
 
 def _check_shard(
@@ -676,9 +547,10 @@ def load(folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, blocks: Sequenc
         shards = []
         for block in chosen:
             shard = load_transcript(block["rounds"][j], max_bytes=max_bytes)
-            _check_shard(shard, server, block["lo"], block["hi"], _UPLOADS[manifest["protocol"]], r, block["rounds"][j])
+            kinds = set(manifest["upload_kinds"])
+            _check_shard(shard, server, block["lo"], block["hi"], kinds, r, block["rounds"][j])
             shards.append(shard)
-        for kind in _UPLOADS_ORDER[manifest["protocol"]]:
+        for kind in manifest["upload_kinds"]:
             for shard in shards:
                 add(m for m in shard.messages if m.kind == kind)
         del shards
@@ -701,13 +573,12 @@ def load_validated(folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Tr
 # ------------------------------------------------------------------------- attacks per shard
 
 
-def _attack_blocks(folder: str, blocks: list[int], attack: str, max_bytes: int) -> dict[str, Any]:
-    """On a worker: the attack on each block's transcript (:func:`load` of that block), scored per
-    victim (:func:`privaudit.attacks._mvmf.victim_scores`); the sums and the truth histograms."""
+def _attack_blocks(folder: str, blocks: list[int], attack: str, max_bytes: int) -> list[dict[str, Any]]:
+    """On a worker: the attack on each block's transcript (:func:`load` of that block) and what
+    its scores contribute (:meth:`Attack.shard_part`), one part per block."""
     from privaudit import registry
-    from privaudit.attacks._mvmf import victim_scores
 
-    out: dict[str, Any] = {"victims": 0, "hits": {}, "weight": {}, "ratings": {}, "attributes": {}}
+    parts = []
     for b in blocks:
         transcript = load(folder, max_bytes, blocks=[b])
         att = registry.get("attack", attack)()
@@ -715,58 +586,39 @@ def _attack_blocks(folder: str, blocks: list[int], attack: str, max_bytes: int) 
         recon = att.run(transcript.view(att.party), att.prior_knowledge(transcript, rng), rng)
         if not recon.supported:
             raise PrivauditError(f"attack {attack!r} does not apply to this run: {recon.reason}")
-        victims, weight, hits = victim_scores(recon, transcript)
-        out["victims"] += len(victims)
-        for metric in weight:
-            out["hits"][metric] = out["hits"].get(metric, 0.0) + float(hits[metric].sum())
-            out["weight"][metric] = out["weight"].get(metric, 0.0) + float(weight[metric].sum())
-        histograms(transcript, out)
-    return out
+        parts.append(att.shard_part(recon, transcript))
+    return parts
 
 
 def attack_shards(
-    folder: str | Path, client: Any, attack: str = "mvmf-analytic", max_bytes: int = DEFAULT_MAX_BYTES
+    folder: str | Path, client: Any, attack: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> dict[str, Any]:
-    """A per-victim FedMVMF attack on a sharded run, block by block on ``client``'s workers (each
-    worker reads its blocks' shards): the metrics of :func:`privaudit.attacks._mvmf.score_reconstruction`
-    (hits and weights summed over the blocks), and the uniform and majority-value baselines of
-    :func:`privaudit.attacks._mvmf.baselines` from the merged histograms of true values.
+    """An attack on a sharded run, block by block on ``client``'s workers (each worker reads its
+    blocks' shards), for an attack that declares per-shard scoring (:meth:`Attack.shard_part`,
+    :meth:`Attack.merge_shards`; the FedMVMF attacks do). ``attack``: default the run's
+    protocol's ``default_attack``. Returns ``attack``, ``metrics`` and ``baseline`` (what
+    ``merge_shards`` makes of the blocks' parts) and ``blocks``.
 
     Equal to the attack on the merged transcript when each victim's reconstruction depends on its
     own messages only (without noise); under noise the attack's population prior is the block's.
     """
     from privaudit import registry
-    from privaudit.attacks._mvmf import MVMFAttack, rating_domain
-    from privaudit.metrics import uniform_guess_accuracy
+    from privaudit.attacks.base import Attack
 
-    if not issubclass(registry.get("attack", attack), MVMFAttack):
-        raise PrivauditError(f"attack {attack!r}: a sharded run is attacked per shard by the FedMVMF attacks only")
     folder = Path(folder).resolve()
     manifest = read_manifest(folder)
+    attack = attack or registry.get("protocol", manifest["protocol"]).default_attack
+    cls = registry.get("attack", attack)
+    if cls.shard_part is Attack.shard_part:
+        raise PrivauditError(f"attack {attack!r} is not scored per shard (it declares no shard_part)")
     workers = _workers(client)
     futures = [
         client.submit(_attack_blocks, str(folder), chunk, attack, max_bytes, workers=[w], pure=False)
         for w, chunk in zip(workers, _assign(len(manifest["blocks"]), len(workers)))
     ]
-    parts = client.gather(futures)
-    hits = {m: sum(p["hits"].get(m, 0.0) for p in parts) for m in parts[0]["hits"]}
-    weight = {m: sum(p["weight"].get(m, 0.0) for p in parts) for m in parts[0]["weight"]}
-    metrics = {m: hits[m] / weight[m] if weight[m] > 0 else float("nan") for m in hits}
-    metrics["victims"] = float(sum(p["victims"] for p in parts))
-    config = load_transcript(manifest["server"], max_bytes=max_bytes).config
-    lo, hi = rating_domain(config)
-    step = float(config.get("rating_step", 1.0) or 1.0)
-    baseline = {
-        "rating_accuracy": uniform_guess_accuracy(int(round((hi - lo) / step)) + 1),
-        "attribute_accuracy": uniform_guess_accuracy(2),
-        "rating_accuracy_majority": majority(parts, "ratings"),
-        "attribute_accuracy_majority": majority(parts, "attributes"),
-    }
-    return {"attack": attack, "metrics": metrics, "baseline": baseline, "blocks": len(manifest["blocks"])}
-
-
-_UPLOADS_ORDER: dict[str, Sequence[str]] = {"fedmvmf": ("grad_V", "grad_P"), "fedrec": ("grad_V",)}
-_UPLOADS = {k: set(v) for k, v in _UPLOADS_ORDER.items()}
+    parts = [part for chunk in client.gather(futures) for part in chunk]
+    merged = cls.merge_shards(parts, load_transcript(manifest["server"], max_bytes=max_bytes).config)
+    return {"attack": attack, **merged, "blocks": len(manifest["blocks"])}
 
 
 # ------------------------------------------------------------------------- command line
@@ -796,12 +648,12 @@ def cmd_run(args: Any, dataset_of: Any) -> int:
     """``privaudit run --scheduler ...``: checks the address, the protocol, the defenses and the
     output folder, connects, then builds the dataset (``dataset_of(args)``: ``--data`` and
     ``--rating-scale`` as the command line reads them) and runs sharded."""
-    from privaudit.experiment import _run_plan_of, build_experiment, load_data, subsample_users
+    from privaudit.experiment import build_experiment, load_data, subsample_users
     from privaudit.plan import parse_assignments
+    from privaudit.runner import check_run_settings
 
     parse_scheduler(args.scheduler)
-    if args.protocol not in SUPPORTED:
-        raise PrivauditError(f"--scheduler runs {', '.join(SUPPORTED)} sharded, not {args.protocol!r}")
+    protocol_cls = block_protocol(args.protocol)
     if args.defense:
         raise PrivauditError(
             "--scheduler runs a protocol without defenses (a defense's noise is drawn over a whole round)"
@@ -815,12 +667,14 @@ def cmd_run(args: Any, dataset_of: Any) -> int:
         seed=args.seed,
         jobs=1,
     )
-    plan = _run_plan_of(exp)
+    check_run_settings(1, exp.seed, 1)
+    config = protocol_cls.resolve_config(exp.protocol_config)
+    protocol_cls.block_round.check(config)
     out = Path(args.output)
     _prepare_output(out, args.force)
     with dask_client(args.scheduler) as client:
         dataset = subsample_users(load_data(dataset_of(args)), args.users, args.seed)
-        done = run_sharded(args.protocol, dataset, plan.config, args.seed, client, out, not args.no_private)
+        done = run_sharded(args.protocol, dataset, config, args.seed, client, out, not args.no_private)
     n_files = sum(1 for _ in out.iterdir())
     print(f"sharded run written to {out}/ ({n_files} files; workers' peak memory {_mib(done.worker_peak)} MiB)")
     for k, v in done.result.utility.items():

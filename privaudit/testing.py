@@ -20,6 +20,11 @@ each have a help text and their defaults resolve.
 protocol's name, valid against its schema (:func:`privaudit.schema.validate`) and equal after a
 round trip through a ``.ptx`` file (read back through the same validation); finite utility
 numbers, the declared ``main_utility`` among them; ``release_count`` a non-negative int or None.
+A protocol that declares its clients in blocks (``block_round``, for sharded runs), on a config
+its block round accepts: ``upload_kinds`` are client uploads its schema declares, what a sharded
+run sends its workers (the round's settings, a block) pickles, and its run in blocks of 7 clients
+in this process (:class:`~privaudit.protocols.base.LocalBlocks`) is valid against its schema with
+one ``private`` message per client.
 
 :func:`check_attack`: its ``metric_specs`` declare ``primary_metric``; on a run of ``protocol``
 (or a given ``transcript``) the attack evaluated on the transcript read back from a file gives
@@ -44,6 +49,7 @@ The runs are small (``DATASET``: 40 users, 60 items) so that a suite of checks s
 from __future__ import annotations
 
 import math
+import pickle
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -181,6 +187,8 @@ def check_protocol(
         "release count",
         f"release_count returned {count!r} (a non-negative int or None)",
     )
+    if not defenses:  # a run in blocks has none
+        _check_blocks(cls, resolved, dataset, seed)
     result = _run(cls, dataset, config, list(defenses or []), seed)
     t = result.transcript
     _need(t.protocol == name, cls, "transcript", f"labelled {t.protocol!r}, registered as {name!r}")
@@ -193,6 +201,42 @@ def check_protocol(
         _need(cls.main_utility in result.utility, cls, "utility", f"main_utility {cls.main_utility!r} not reported")
         _need(math.isfinite(float(result.utility[cls.main_utility])), cls, "utility", "main utility is not finite")
     return t
+
+
+def _check_blocks(cls: type, config: Mapping[str, Any], dataset: Any, seed: int) -> None:
+    """The block round of a protocol that declares one (module docstring); none: nothing."""
+    from privaudit.protocols.base import BlockRound, LocalBlocks, RunSetup
+
+    rounds = cls.block_round
+    if rounds is None:
+        return
+    _need(isinstance(rounds, type) and issubclass(rounds, BlockRound), cls, "block round", "not a BlockRound subclass")
+    try:
+        rounds.check(config)
+    except PrivauditError:
+        return  # this config does not run in blocks (its refusal is the declared one)
+    declared = {m.kind for m in cls.schema.messages if m.upload and m.sender == "client"} if cls.schema else set()
+    kinds = tuple(rounds.upload_kinds)
+    _need(
+        bool(kinds) and set(kinds) <= declared,
+        cls,
+        "block round",
+        f"upload_kinds {kinds} must be client uploads the schema declares ({', '.join(sorted(declared))})",
+    )
+    run = rounds.open(cls(), RunSetup(dict(config), _dataset(dataset), [], seed))
+    try:
+        pickle.dumps((run.rounds, run.block(0, 0, min(7, run.n_clients))))
+    except Exception as exc:  # whatever the pickler raises, the class is at fault
+        raise _fail(cls, "block round", f"what a sharded run sends its workers does not pickle ({exc})") from None
+    t = run.train(LocalBlocks(run, 7)).transcript
+    _validate(cls, t, "block round")
+    private = [m.sender for m in t.messages if m.kind == "private"]
+    _need(
+        private == [f"client:{u}" for u in range(run.n_clients)],
+        cls,
+        "block round",
+        f"expected one private message per client in client order ({run.n_clients}), got {len(private)}",
+    )
 
 
 def null_transcript(transcript: Any, seed: int = 0) -> Any:

@@ -2273,3 +2273,47 @@ def test_paillier_on_a_protocol_whose_server_reads_plaintexts_is_refused_before_
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert f"defense 'paillier' does not apply to protocol '{protocol}'" in err[0]
+
+
+# ------------------------------------------------------------------ shard branch: sharding through the protocol interface
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["--protocol", "privmvmf"], "--scheduler: protocol 'privmvmf' does not run in client blocks"),
+        (["--protocol", "fedncf"], "protocols that can: fedmvmf, fedrec"),
+        (["--protocol", "fedrec", "--set", "model=pmf-sgd"], "runs the federated pmf-batch model only"),
+        (["--protocol", "fedrec", "--set", "federated=false"], "runs the federated pmf-batch model only"),
+    ],
+)
+def test_a_sharded_run_of_a_protocol_without_client_blocks_is_refused_before_compute(
+    argv, expected, capsys, tmp_path, monkeypatch
+):
+    """``run --scheduler`` drives only protocols that declare a block_round (and configs their
+    block round accepts): one line, exit 2, before any data is built, cluster started or file written."""
+    import privaudit.experiment
+    from privaudit import sharded
+    from privaudit.cli import main
+
+    monkeypatch.setattr(privaudit.experiment, "load_data", lambda *a, **k: pytest.fail("data built"))
+    monkeypatch.setattr(sharded, "dask_client", lambda *a, **k: pytest.fail("cluster started"))
+    code = main(["run", *argv, "--scheduler", "local:1", "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    assert expected in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("protocol", ["privmvmf", ["fedmvmf"], "fedmvmf\n", None])
+def test_a_sharded_folder_naming_a_protocol_without_client_blocks_is_refused(protocol, tmp_path):
+    """The manifest's protocol picks the upload kinds a shard may hold: only a registered protocol
+    that declares a block_round is read (no other name, no non-string)."""
+    from privaudit.errors import TranscriptError
+    from privaudit.sharded import load
+
+    manifest = _sharded_manifest(4, 2, [0])
+    manifest["protocol"] = protocol
+    folder = _sharded_folder(tmp_path / "run", manifest, {})
+    with pytest.raises(TranscriptError, match="is not one a sharded run supports"):
+        load(folder)

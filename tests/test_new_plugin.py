@@ -1,7 +1,8 @@
 """A plugin written from scratch in a temporary folder (not the shipped example): a protocol, an
 attack with per-victim scores and a defense that adds a message kind and an int8 payload. It
 registers through the registry API, passes ``privaudit.testing``, and its transcripts (defense
-on) validate in memory and after a round trip through a file, without touching a core file."""
+on) validate in memory and after a round trip through a file; its protocol declares its client
+round in blocks and shards over a Dask LocalCluster; all without touching a core file."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from privaudit import experiment, registry, schema, testing
-from privaudit.errors import TranscriptError
+from privaudit.errors import PrivauditError, TranscriptError
 
 PLUGIN = textwrap.dedent(
     '''
@@ -25,11 +26,70 @@ PLUGIN = textwrap.dedent(
     from privaudit.attacks.base import Attack, Reconstruction
     from privaudit.defenses.base import UPLOAD, Defense
     from privaudit.params import Param
-    from privaudit.protocols.base import Protocol, RunResult, utility_specs_of
+    from privaudit.protocols.base import (
+        BlockPart, BlockRound, BlockRun, Protocol, RunResult, plain_sum, utility_specs_of,
+    )
     from privaudit.results import MetricSpec, VictimTable
     from privaudit.schema import (
         GRAD_ROWS, ITEMS, RATINGS, DefenseSchema, MessageSchema, PayloadField, ProtocolSchema,
     )
+
+
+    def _rows(R):
+        return [(R.indices[R.indptr[u]:R.indptr[u + 1]].astype(np.int64), R.data[R.indptr[u]:R.indptr[u + 1]])
+                for u in range(R.shape[0])]
+
+
+    class TinyBlocks(BlockRound):
+        """A block of clients: its rows of the ratings; its round's partials: the sums and counts
+        of its uploads by item."""
+
+        upload_kinds = ("grad_V",)
+
+        def __init__(self, n_items):
+            self.n_items = n_items
+
+        @classmethod
+        def open(cls, protocol, setup):
+            data = setup.dataset
+            R = sp.csr_matrix(data.ratings)
+            public = {"K": 1, "n_items": data.n_items, "rating_min": data.rating_min, "rating_max": data.rating_max}
+            senders = [f"client:{u}" for u in range(data.n_users)]
+            transcript = protocol.open_transcript(setup.config, data, [], setup.seed, ["server", *senders], **public)
+            means = np.full(data.n_items, float(R.data.mean()))
+
+            def train(clients):
+                for r in range(setup.config["iterations"]):
+                    values, counts = clients.round(r, True, means)
+                    seen = counts > 0
+                    means[seen] += values[seen] / counts[seen]
+                return RunResult(transcript, means, {"rmse": _rmse(R, means)})
+
+            return BlockRun(cls(data.n_items), data.n_users, transcript, lambda b, lo, hi: R[lo:hi], train)
+
+        def private(self, R):
+            return [({"items": items, "ratings": ratings}, None) for items, ratings in _rows(R)]
+
+        def round(self, R, t, record, means):
+            payloads = [{"items": i, "values": (v - means[i])[:, None]} for i, v in _rows(R)]
+            total = plain_sum(payloads, rows=self.n_items)
+            partials = (total["values"][:, 0], total["counts"].astype(float))
+            return BlockPart(partials, [("grad_V", payloads)] if record else None)
+
+
+    class WrongKinds(TinyBlocks):  # for the conformance test: a kind the schema does not upload
+        upload_kinds = ("grad_W",)
+
+
+    class HookedBlocks(TinyBlocks):  # for the conformance test: a round no worker could receive
+        def __init__(self, n_items):
+            super().__init__(n_items)
+            self.hook = lambda x: x  # a lambda does not pickle
+
+
+    def _rmse(R, means):
+        coo = R.tocoo()
+        return float(np.sqrt(np.mean((means[coo.col] - coo.data) ** 2)))
 
 
     class TinyRec(Protocol):
@@ -48,17 +108,19 @@ PLUGIN = textwrap.dedent(
         utility_specs = utility_specs_of("rmse")
         main_utility = "rmse"
         derived_keys = ("K", "n_items", "rating_min", "rating_max")
+        block_round = TinyBlocks  # its clients run in blocks: privaudit.sharded spreads them over workers
 
         @classmethod
         def release_count(cls, config):
             return config.get("iterations")
 
         def simulate(self, setup):
+            if not setup.defenses:
+                return self.simulate_blocks(setup)  # the blocks in this process, as a sharded run's workers
             data = setup.dataset
             R = sp.csr_matrix(data.ratings)
             senders = [f"client:{u}" for u in range(data.n_users)]
-            rows = [(R.indices[R.indptr[u]:R.indptr[u + 1]].astype(np.int64), R.data[R.indptr[u]:R.indptr[u + 1]])
-                    for u in range(data.n_users)]
+            rows = _rows(R)
             private = {s: {"items": rows[u][0], "ratings": rows[u][1]} for u, s in enumerate(senders)}
             public = {"K": 1, "n_items": data.n_items, "rating_min": data.rating_min, "rating_max": data.rating_max}
             (rng,) = setup.streams(1)
@@ -69,9 +131,7 @@ PLUGIN = textwrap.dedent(
                 total = channel.sum(channel.send(r, "grad_V", senders, payloads), rows=data.n_items)
                 seen = total["counts"] > 0
                 means[seen] += np.asarray(total["values"], float)[seen, 0] / total["counts"][seen]
-            coo = R.tocoo()
-            rmse = float(np.sqrt(np.mean((means[coo.col] - coo.data) ** 2)))
-            return RunResult(transcript, means, {"rmse": rmse})
+            return RunResult(transcript, means, {"rmse": _rmse(R, means)})
 
 
     class RatedItems(Attack):
@@ -214,3 +274,54 @@ def test_file_path_and_sweep_path_accept_the_defense_and_name_the_culprit(tinyre
             schema.validate(run.transcript)
     finally:
         registry.register_defense("pseudo-seed")(tinyrec.PseudoSeed)
+
+
+def test_the_plugin_protocol_shards_over_a_local_cluster(tinyrec, tmp_path):
+    """The plugin's protocol declares its round in blocks: spread over a 2-worker LocalCluster (7
+    blocks of 6 clients), its folder loads to the transcript of the same blocks in one process,
+    message for message; the merged run round-trips through a file and the attack reads it."""
+    pytest.importorskip("dask.distributed")
+    from privaudit import sharded
+    from privaudit.data import synthetic
+    from privaudit.protocols.base import RunSetup
+
+    data = synthetic(**testing.DATASET)
+    config = tinyrec.TinyRec.resolve_config({"iterations": 3})
+    local = tinyrec.TinyRec().simulate_blocks(RunSetup(config, data, [], 5), block_size=6)
+    (tmp_path / "run").mkdir()
+    with sharded.dask_client("local:2") as client:  # after the fixture: the workers import the plugin
+        done = sharded.run_sharded("tinyrec", data, config, 5, client, tmp_path / "run", block_size=6)
+    assert len(done.worker_peak) == 2 and sharded.read_manifest(tmp_path / "run")["protocol"] == "tinyrec"
+    merged = sharded.load_validated(tmp_path / "run")
+    assert len(merged) == 40 + 3 * 40  # private messages, then three rounds of uploads
+    for a, b in zip(local.transcript.messages, merged.messages, strict=True):
+        assert (a.seq, a.round, a.sender, a.receiver, a.kind) == (b.seq, b.round, b.sender, b.receiver, b.kind)
+        assert a.payload.keys() == b.payload.keys()
+        assert all(np.array_equal(a.payload[k], b.payload[k]) for k in a.payload), a.seq
+    assert np.array_equal(local.model, done.result.model) and local.utility == done.result.utility
+    assert 0.5 < local.utility["rmse"] < 2.0  # item means of 1..5 ratings
+    # the merged run round-trips through a file; the attack reads the folder and the file alike
+    path = merged.save(tmp_path / "merged.ptx")
+    for source in (path, merged):
+        point = experiment.attack_transcript(source, "tinyrec-rated")["points"][0]
+        assert point["attack_metrics"]["accuracy"] == 1.0 > point["baseline_prior"]["accuracy"] > 0.5
+    # a protocol that declares no block round is refused in one line, naming the ones that can
+    with pytest.raises(PrivauditError, match=r"'fedncf' does not run in client blocks .* tinyrec"):
+        sharded.run_sharded("fedncf", data, {}, 0, None, tmp_path / "x")
+
+
+def test_the_conformance_suite_checks_a_block_round(tinyrec):
+    """``check_protocol`` runs a declared block round in process: kinds the schema does not
+    declare as client uploads, or a round a worker could not receive, fail it, naming the check."""
+    cases = (
+        (tinyrec.WrongKinds, r"upload_kinds \('grad_W',\) must be client uploads the schema declares \(grad_V\)"),
+        (tinyrec.HookedBlocks, "what a sharded run sends its workers does not pickle"),
+    )
+    for rounds, fragment in cases:
+        broken = type("Broken", (tinyrec.TinyRec,), {"block_round": rounds})
+        registry.register_protocol("tinyrec-broken")(broken)
+        try:
+            with pytest.raises(testing.ConformanceError, match=r"Broken \(block round\): " + fragment):
+                testing.check_protocol(broken)
+        finally:
+            registry.unregister("protocol", "tinyrec-broken")

@@ -99,6 +99,9 @@ def test_fedrec_pmf_batch_two_workers_equal_single_process(client, data, tmp_pat
     np.testing.assert_equal(a["attack_metrics"], attack_transcript(merged)["points"][0]["attack_metrics"])
     with pytest.raises(PrivauditError, match="pmf-batch model only"):
         sharded.run_sharded("fedrec", data, {"model": "pmf-sgd"}, 8, client, tmp_path / "x")
+    # its default attack declares no per-shard scoring: refused before any block is read
+    with pytest.raises(PrivauditError, match="'fedrec-rated-items' is not scored per shard"):
+        sharded.attack_shards(tmp_path, client)
 
 
 def test_block_partials_are_the_whole_sum(data):
@@ -266,7 +269,9 @@ def test_unreachable_scheduler_and_unsupported_runs(capsys, tmp_path, monkeypatc
         capsys, ["run", "--protocol", "fedmvmf", "--scheduler", "tcp://127.0.0.1:9", "-o", out], "cannot connect"
     )
     _one_line_error(
-        capsys, ["run", "--protocol", "fedncf", "--scheduler", "local:1", "-o", out], "fedrec sharded, not 'fedncf'"
+        capsys,
+        ["run", "--protocol", "fedncf", "--scheduler", "local:1", "-o", out],
+        "protocol 'fedncf' does not run in client blocks",
     )
     argv = ["run", "--protocol", "fedmvmf", "--defense", "laplace:scale=1", "--scheduler", "local:1", "-o", out]
     _one_line_error(capsys, argv, "without defenses")
@@ -298,8 +303,8 @@ def test_cli_sharded_run_equals_cli_run(capsys, tmp_path):
 
 
 def test_true_values_equal_true_ratings_client_by_client():
-    from privaudit._shard_scores import true_values
     from privaudit.attacks._mvmf import true_ratings
+    from privaudit.attacks._mvmf_shards import true_values
 
     rng = np.random.default_rng(3)
     items, rated, ratings, private = [], [], [], {}

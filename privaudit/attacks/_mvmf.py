@@ -11,6 +11,7 @@ both are re-exported here for the FedMVMF attacks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from privaudit.attacks._mvmf_prior import (
     prior_baselines,
     prior_table,
 )
+from privaudit.attacks._mvmf_shards import histograms, majority
 from privaudit.attacks._mvmf_view import (
     FEDMVMF_PROTOCOLS,
     REQUIRED_CONFIG,
@@ -270,6 +272,36 @@ class MVMFAttack(Attack):
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
         """The prior library, chosen on held-out victims (:func:`prior_baselines`; hindsight marginals)."""
         return prior_baselines(transcript, self._prior_table(transcript, knowledge))
+
+    def shard_part(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Any]:
+        """One block of a sharded run (:func:`privaudit.sharded.attack_shards`): its victims, the
+        sums of :func:`victim_scores`' hits and weights per metric, and the histograms of the true
+        values behind the majority baselines (:func:`privaudit.attacks._mvmf_shards.histograms`)."""
+        victims, weight, hits = victim_scores(reconstruction, transcript)
+        out: dict[str, Any] = {"victims": len(victims), "ratings": {}, "attributes": {}}
+        out["hits"] = {m: float(hits[m].sum()) for m in weight}
+        out["weight"] = {m: float(weight[m].sum()) for m in weight}
+        histograms(transcript, out)
+        return out
+
+    @classmethod
+    def merge_shards(cls, parts: list[dict[str, Any]], config: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+        """The metrics of :func:`score_reconstruction` (hits and weights summed over the blocks,
+        equal to the merged transcript's: they are counts) and the uniform and majority-value
+        baselines of :func:`baselines` from the summed histograms of true values."""
+        hits = {m: sum(p["hits"].get(m, 0.0) for p in parts) for m in parts[0]["hits"]}
+        weight = {m: sum(p["weight"].get(m, 0.0) for p in parts) for m in parts[0]["weight"]}
+        metrics = {m: hits[m] / weight[m] if weight[m] > 0 else float("nan") for m in hits}
+        metrics["victims"] = float(sum(p["victims"] for p in parts))
+        lo, hi = rating_domain(config)
+        step = float(config.get("rating_step", 1.0) or 1.0)
+        baseline = {
+            "rating_accuracy": uniform_guess_accuracy(int(round((hi - lo) / step)) + 1),
+            "attribute_accuracy": uniform_guess_accuracy(2),
+            "rating_accuracy_majority": majority(parts, "ratings"),
+            "attribute_accuracy_majority": majority(parts, "attributes"),
+        }
+        return {"metrics": metrics, "baseline": baseline}
 
     def victim_table(
         self, reconstruction: Reconstruction, transcript: Transcript, knowledge: dict[str, Any]

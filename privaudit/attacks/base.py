@@ -13,6 +13,7 @@ per-client plaintext) says why and scores as the random-guess baseline; it never
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +57,8 @@ class Attack(Configurable, metaclass=ABCMeta):
 
     A subclass implements the abstract methods :meth:`applicable`, :meth:`run`, :meth:`score`,
     :meth:`baseline` and :meth:`prior_baseline` (it cannot be instantiated otherwise);
-    :meth:`prior_knowledge`, :meth:`decisions` and :meth:`victim_table` are optional.
+    :meth:`prior_knowledge`, :meth:`decisions` and :meth:`victim_table` are optional, and so is
+    per-shard scoring of a sharded run (:meth:`shard_part` with :meth:`merge_shards`).
 
     Class attributes
     ----------------
@@ -223,6 +225,19 @@ class Attack(Configurable, metaclass=ABCMeta):
         holds (``VictimTable.value``).
         """
         return None
+
+    def shard_part(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Any] | None:
+        """What this attack's scores on one block of a sharded run contribute
+        (:func:`privaudit.sharded.attack_shards`, on the worker that reads the block's shards):
+        plain sums (hits, weights, counts) that :meth:`merge_shards` adds over the blocks.
+        None (the default): the attack is not scored per shard."""
+        return None
+
+    @classmethod
+    def merge_shards(cls, parts: list[dict[str, Any]], config: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+        """``{"metrics": ..., "baseline": ...}`` of the whole sharded run from the blocks'
+        :meth:`shard_part` (in block order) and the run's public ``config``."""
+        raise NotImplementedError(f"attack {cls.name!r} declares shard_part without merge_shards")
 
     def unsupported(self, reason: str) -> Reconstruction:
         return Reconstruction(self.name, self.party, {}, supported=False, reason=reason)

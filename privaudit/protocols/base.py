@@ -10,9 +10,9 @@ uploads of a batch of clients and gets back what the receiver sees (and, with
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -20,6 +20,7 @@ import scipy.sparse as sp
 from privaudit.defenses.base import Defense, PackedBatch, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.params import Param, declare_on, public_values, resolve_declared
+from privaudit.protocols.blocks import CLIENT_BLOCK, Accumulator, block_ranges
 from privaudit.registry import RegisteredName
 from privaudit.results import MetricSpec
 from privaudit.schema import ProtocolSchema
@@ -430,6 +431,10 @@ class Protocol:
     #: Whether a run may write its transcript while it runs (:func:`privaudit.transcript_io.streaming`):
     #: true for protocols that never read their own transcript's payloads back during the run.
     streams_transcript: bool = False
+    #: The protocol's clients run in blocks of consecutive clients: its :class:`BlockRound` class
+    #: (what a sharded run, ``privaudit run --scheduler``, spreads over Dask workers). None: they
+    #: do not, and a sharded run refuses the protocol.
+    block_round: ClassVar[type[BlockRound] | None] = None
 
     @classmethod
     def estimate_seconds(cls, n_users: int, sets: Mapping[str, Any], defenses: Sequence[str] = ()) -> float | None:
@@ -536,6 +541,19 @@ class Protocol:
         """The protocol's own steps (split, training, evaluation) for a prepared run."""
         raise NotImplementedError
 
+    def simulate_blocks(self, setup: RunSetup, block_size: int = CLIENT_BLOCK) -> RunResult:
+        """The run of a protocol that declares :attr:`block_round`, every block in this process
+        (:class:`LocalBlocks`): the transcript a sharded run's folder loads back to, message for
+        message. Without defenses (a sharded run has none)."""
+        rounds = self.block_round
+        if rounds is None:
+            raise PrivauditError(f"protocol {self.name!r} declares no block_round: its clients do not run in blocks")
+        if setup.defenses:
+            raise PrivauditError(f"protocol {self.name!r}: a run in client blocks takes no defenses")
+        rounds.check(setup.config)
+        run = rounds.open(self, setup)
+        return run.train(LocalBlocks(run, block_size))
+
     def start(
         self,
         setup: RunSetup,
@@ -562,3 +580,147 @@ class Protocol:
                 raise PrivauditError(
                     f"defense {d.name!r} does not apply to protocol {protocol!r} (it supports: {', '.join(d.applies_to)})"
                 )
+
+
+# ------------------------------------------------------------------------- client blocks
+
+
+@dataclass
+class BlockPart:
+    """What one block of clients returns from one round (:meth:`BlockRound.round`).
+
+    Attributes
+    ----------
+    partials : tuple
+        Arrays or floats the server adds over the blocks, in block order (:class:`Accumulator`):
+        the block's upload sums, loss part, counts...
+    uploads : list of (kind, payloads), optional
+        In a recorded round: per kind of :attr:`BlockRound.upload_kinds`, in that order, one
+        payload per client of the block (in client order). None when the round is not recorded.
+    """
+
+    partials: tuple
+    uploads: list[tuple[str, list[Mapping[str, np.ndarray]]]] | None = None
+
+
+class BlockClients:
+    """The clients of a run in blocks, as the server's loop (:attr:`BlockRun.train`) drives them:
+    all blocks in this process (:class:`LocalBlocks`) or on Dask workers (a sharded run). A
+    block's state stays where it is; only the server's state and the blocks' partials move."""
+
+    n_blocks: int
+
+    def round(self, t: int, record: bool, *state: Any) -> list:
+        """One round of every block (:meth:`BlockRound.round` with the server's ``state``): the
+        sums of the blocks' partials, added in block order (an empty list when there are no
+        clients). In a recorded round the uploads are recorded (or written to the blocks' shards)."""
+        raise NotImplementedError
+
+    def each(self, method: str, *args: Any) -> list:
+        """``rounds.<method>(block, *args)`` of every block, in block order (test errors, the
+        clients' final factors...)."""
+        raise NotImplementedError
+
+
+@dataclass
+class BlockRun:
+    """A run opened for client blocks (:meth:`BlockRound.open`), in the server's process.
+
+    Attributes
+    ----------
+    rounds : BlockRound
+        The per-block computation with the run's settings, sent to every worker (picklable).
+    n_clients : int
+        Clients ``client:0`` .. ``client:<n_clients - 1>``, cut into blocks of consecutive clients.
+    transcript : Transcript
+        The run's header; nothing recorded yet (the clients' private messages come from
+        :meth:`BlockRound.private`, the servers' from ``train``).
+    block : callable
+        ``block(index, lo, hi)``: the state of the block of clients ``lo..hi-1`` (picklable; it
+        lives on one worker from then on).
+    train : callable
+        ``train(clients)``: the servers' loop over :class:`BlockClients`, called once every block
+        has been handed out (it may let go of the clients' data), returning the :class:`RunResult`.
+    """
+
+    rounds: BlockRound
+    n_clients: int
+    transcript: Transcript
+    block: Callable[[int, int, int], Any]
+    train: Callable[[BlockClients], RunResult]
+
+
+class BlockRound:
+    """A protocol's client round, one block of consecutive clients at a time: declared as
+    ``Protocol.block_round``, it lets :mod:`privaudit.sharded` spread any such protocol's clients
+    over Dask workers (``privaudit run --scheduler``) without knowing the protocol.
+
+    In the server's process the class opens a run (:meth:`check`, :meth:`open`); the
+    :class:`BlockRun` it returns holds an instance (the run's settings) that is pickled to every
+    worker, where :meth:`private` and :meth:`round` (and any other method ``train`` asks for
+    through :meth:`BlockClients.each`) run on each block held there. The server adds the blocks'
+    partials in block order, so a sharded run equals the run with every block in one process
+    (:meth:`Protocol.simulate_blocks`) bit for bit, whatever the number of workers; per-client
+    random draws must come from the seed and the block index
+    (:func:`privaudit.protocols.blocks.block_rng`) or from the server's process.
+
+    The transcript of a run in blocks holds, in order: every client's ``private`` message (round
+    0), then per round the server's messages (sender ``server``), the blocks' uploads (one kind of
+    :attr:`upload_kinds` after the other, clients in order) and the other parties' messages.
+    """
+
+    #: The kinds a block uploads (client -> server) in a recorded round, in transcript order.
+    upload_kinds: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def check(cls, config: Mapping[str, Any]) -> None:
+        """Refuse a resolved ``config`` whose run does not go in blocks (a one-line
+        :class:`PrivauditError`), before any compute. Default: every config does."""
+
+    @classmethod
+    def open(cls, protocol: Protocol, setup: RunSetup) -> BlockRun:
+        """The run on ``setup`` (no defenses): split, servers' state, transcript header, blocks."""
+        raise NotImplementedError
+
+    def private(self, block: Any) -> list[tuple[Mapping[str, np.ndarray], Mapping[str, Any] | None]]:
+        """``(payload, meta)`` of the ``private`` message of each client of ``block``, in client
+        order (the ground truth attacks are scored against). Default: none."""
+        return []
+
+    def round(self, block: Any, t: int, record: bool, *state: Any) -> BlockPart:
+        """Round ``t`` of ``block``'s clients with the server's ``state`` (updating the block's
+        own state in place): its partials and, when ``record``, its uploads."""
+        raise NotImplementedError
+
+
+class LocalBlocks(BlockClients):
+    """Every block of a :class:`BlockRun` in this process, uploads recorded into its transcript
+    in the order a sharded run's folder loads back to; ``block_size`` clients per block."""
+
+    def __init__(self, run: BlockRun, block_size: int = CLIENT_BLOCK) -> None:
+        self.rounds, self.transcript = run.rounds, run.transcript
+        self.ranges = block_ranges(run.n_clients, block_size)
+        self.n_blocks = len(self.ranges)
+        self.blocks = [run.block(b, lo, hi) for b, (lo, hi) in enumerate(self.ranges)]
+        for (lo, _), block in zip(self.ranges, self.blocks):
+            for u, (payload, meta) in enumerate(self.rounds.private(block)):
+                self.transcript.add(0, f"client:{lo + u}", f"client:{lo + u}", "private", payload, meta)
+
+    def round(self, t: int, record: bool, *state: Any) -> list:
+        total, uploads = Accumulator(), []
+        for block in self.blocks:
+            part = self.rounds.round(block, t, record, *state)
+            total.add(*part.partials)
+            uploads.append(part.uploads or [])
+            for kind, _ in uploads[-1]:
+                if kind not in self.rounds.upload_kinds:
+                    raise ValueError(f"a block uploaded {kind!r}, not one of its round's upload_kinds")
+        for kind in self.rounds.upload_kinds if record else ():
+            for (lo, _), own in zip(self.ranges, uploads):
+                for payloads in (p for k, p in own if k == kind):
+                    for u, payload in enumerate(payloads):
+                        self.transcript.add(t, f"client:{lo + u}", "server", kind, payload)
+        return total.values
+
+    def each(self, method: str, *args: Any) -> list:
+        return [getattr(self.rounds, method)(block, *args) for block in self.blocks]

@@ -70,7 +70,17 @@ from privaudit.defenses.noise import DEFAULT_SCALES
 from privaudit.metrics import ranking_metrics_at_k_factored
 from privaudit.models import mvmf
 from privaudit.params import Param
-from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup, utility_specs_of
+from privaudit.protocols.base import (
+    BlockClients,
+    BlockPart,
+    BlockRound,
+    BlockRun,
+    Channel,
+    Protocol,
+    RunResult,
+    RunSetup,
+    utility_specs_of,
+)
 from privaudit.protocols.blocks import (
     CLIENT_BLOCK,
     Accumulator,
@@ -165,6 +175,73 @@ SCHEMA = ProtocolSchema(
 )
 
 
+@dataclass
+class MVMFClientBlock:
+    """A block of FedMVMF clients as a sharded run's worker holds it: the block and the dataset
+    user of each client (the ``dataset_user`` meta of its private message)."""
+
+    block: MVMFBlock
+    users: np.ndarray
+
+
+class MVMFBlocks(BlockRound):
+    """FedMVMF's clients in blocks (``FedMVMF.block_round``): one epoch of a block is
+    :func:`mvmf_block_round` with the V, P the server sent; its partials ``(sum_V, sum_P, loss
+    part)``; its uploads ``grad_V`` then ``grad_P``. Every setting, without defenses."""
+
+    upload_kinds = ("grad_V", "grad_P")
+
+    def __init__(self, st: MVMFSettings) -> None:
+        self.st = st
+
+    @classmethod
+    def open(cls, protocol: Protocol, setup: RunSetup) -> BlockRun:
+        """:meth:`FedMVMF.open_run` without private messages; a block's u_u are drawn from the seed
+        and the block index (:meth:`MVMFBlock.initial`), as :meth:`MVMFRun.client_blocks` does."""
+        run = protocol.open_run(setup, private=False)
+        X, users, scale = run.views.X_train, run.split["train_users"], float(run.cfg["init_scale"])
+
+        def block(index: int, lo: int, hi: int) -> MVMFClientBlock:
+            R, W = run.ratings[lo:hi], run.weights[lo:hi]
+            return MVMFClientBlock(
+                MVMFBlock.initial(index, lo, R, W, X[lo:hi], run.st.K, setup.seed, scale), users[lo:hi]
+            )
+
+        def train(clients: BlockClients) -> RunResult:
+            run.ratings = run.weights = None  # the blocks hold the clients' data now
+            return protocol.train(run, _ClientsInBlocks(clients))
+
+        return BlockRun(cls(run.st), run.ratings.shape[0], run.transcript, block, train)
+
+    def private(self, client_block: MVMFClientBlock) -> list[tuple[dict[str, np.ndarray], dict[str, Any]]]:
+        """Each client's real training items, ratings and attributes (as :func:`_private_messages`)."""
+        b = client_block.block
+        R, X = b.ratings, np.ascontiguousarray(b.X)
+        ip, items, ratings = R.indptr, R.indices.astype(np.int64), R.data.copy()
+        return [
+            (
+                {"items": items[ip[u] : ip[u + 1]], "ratings": ratings[ip[u] : ip[u + 1]], "attributes": X[u]},
+                {"dataset_user": int(client_block.users[u])},
+            )
+            for u in range(R.shape[0])
+        ]
+
+    def round(
+        self, client_block: MVMFClientBlock, t: int, record: bool, V: np.ndarray, P: np.ndarray, with_loss: bool
+    ) -> BlockPart:
+        b = client_block.block
+        part = mvmf_block_round(b, V, P, self.st, record, with_loss)
+        uploads = None
+        if record:
+            senders = [f"client:{u}" for u in range(b.lo, b.lo + b.ratings.shape[0])]
+            uploads = [(x.kind, x.payloads()) for x in part.uploads.batches(t, senders)]
+        return BlockPart((part.sum_V, part.sum_P, part.loss), uploads)
+
+    def users(self, client_block: MVMFClientBlock) -> tuple[np.ndarray, np.ndarray]:
+        """The block's current and initial u (clients x K each)."""
+        return client_block.block.U, client_block.block.U_init
+
+
 @register_protocol("fedmvmf")
 class FedMVMF(Protocol):
     """Federated MVMF with clients, an FL server and an item server (module docstring)."""
@@ -177,6 +254,7 @@ class FedMVMF(Protocol):
     streams_transcript = True  # `run -o` writes each recorded round as it ends
     default_attack = "mvmf-analytic"
     derived_keys = DERIVED_KEYS
+    block_round = MVMFBlocks  # every setting runs in client blocks (privaudit.sharded)
     #: what ``privaudit attack --protocol fedmvmf`` sweeps when no defense, noise or sweep is named:
     #: the grid of ``--noise laplace`` (on the synthetic data the attack falls to its prior-only
     #: baseline within the grid, at a moderate NDCG@10 cost)
@@ -303,6 +381,23 @@ class FedMVMF(Protocol):
             "test": split["test"],
         }
         return RunResult(run.transcript, model, utility)
+
+
+class _ClientsInBlocks:
+    """:class:`BlockClients` as :meth:`FedMVMF.train` drives its clients (``round``, ``users``)."""
+
+    def __init__(self, clients: BlockClients) -> None:
+        self.clients = clients
+
+    def round(
+        self, t: int, V: np.ndarray, P: np.ndarray, record: bool, with_loss: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        sum_V, sum_P, loss = self.clients.round(t, record, V, P, with_loss)
+        return sum_V, sum_P, loss
+
+    def users(self) -> tuple[np.ndarray, np.ndarray]:
+        got = self.clients.each("users")
+        return np.concatenate([u for u, _ in got]), np.concatenate([u0 for _, u0 in got])
 
 
 def _epoch(run: MVMFRun, clients: Any, t: int, with_loss: bool = True) -> float:

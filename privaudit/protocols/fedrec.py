@@ -80,7 +80,17 @@ from privaudit.defenses.base import CLIENT_DATA, ClientData, Defense
 from privaudit.errors import PrivauditError
 from privaudit.models import pmf
 from privaudit.params import Param
-from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup, utility_specs_of
+from privaudit.protocols.base import (
+    BlockClients,
+    BlockPart,
+    BlockRound,
+    BlockRun,
+    Channel,
+    Protocol,
+    RunResult,
+    RunSetup,
+    utility_specs_of,
+)
 from privaudit.protocols.blocks import (
     CLIENT_BLOCK,
     Accumulator,
@@ -154,6 +164,140 @@ SCHEMA = ProtocolSchema(
 )
 
 
+@dataclass
+class PMFBlock:
+    """A block of FedRec clients (pmf-batch) as a sharded run's worker holds it: its training
+    entries (rows from 0), its U rows and its test entries (rows from 0, columns, ratings)."""
+
+    lo: int
+    entries: pmf.Entries
+    U: np.ndarray
+    test_rows: np.ndarray
+    test_cols: np.ndarray
+    test_vals: np.ndarray
+
+
+@dataclass(frozen=True)
+class PMFBlockSettings:
+    """What a block's iteration and test errors need of the run's settings."""
+
+    lam: float
+    max_step: float
+    rating_min: float
+    rating_max: float
+    clip: bool
+
+
+class PMFBlocks(BlockRound):
+    """FedRec's federated pmf-batch model in client blocks (``FedRec.block_round``): one batch
+    iteration of a block is :func:`pmf_block_round` with the V the server sent and the current
+    learning rate; its partials ``(sum of eq.-8 uploads by item, uploads per item, clipped U
+    steps)``; its uploads ``grad_V``. The stochastic models walk clients in turn: refused."""
+
+    upload_kinds = ("grad_V",)
+
+    def __init__(self, st: PMFBlockSettings) -> None:
+        self.st = st
+
+    @classmethod
+    def check(cls, config: Mapping[str, Any]) -> None:
+        if config["model"] != "pmf-batch" or not config["federated"]:
+            raise PrivauditError(
+                "protocol 'fedrec': a sharded run runs the federated pmf-batch model only "
+                "(the stochastic ones walk clients in turn)"
+            )
+
+    @classmethod
+    def open(cls, protocol: Protocol, setup: RunSetup) -> BlockRun:
+        """The fold, the initial factors (U drawn for all clients at once, as
+        :meth:`FedRec.simulate`) and the server's loop of :meth:`FedRec.simulate` with the blocks'
+        iterations and test errors (:meth:`round`, :meth:`tests`)."""
+        cfg = setup.config
+        cls.check(cfg)
+        split_rng, init_rng, _, _ = setup.streams(4)
+        st = FedRecSettings.of(cfg, [])
+        fold = _Fold.of(setup.dataset, cfg, split_rng)
+        transcript = protocol.open_transcript(
+            cfg, setup.dataset, [], setup.seed, ["server"], **fold.public(), **st.public()
+        )
+        f = _Factors.initial(init_rng, fold.R_train.shape, st)
+        entries = [pmf.Entries.from_csr(fold.R_train)]
+
+        def block(index: int, lo: int, hi: int) -> PMFBlock:
+            return PMFBlock(lo, entries_block(entries[0], lo, hi), f.U[lo:hi].copy(), *fold.block_tests(lo, hi))
+
+        def train(clients: BlockClients) -> RunResult:
+            entries.clear()  # the blocks hold the clients' entries now
+            return _train_blocks(clients, transcript, st, fold, f)
+
+        rounds = cls(PMFBlockSettings(st.lam, st.max_step, fold.rmin, fold.rmax, st.clip))
+        return BlockRun(rounds, fold.R_train.shape[0], transcript, block, train)
+
+    def private(self, block: PMFBlock) -> list[tuple[dict[str, np.ndarray], None]]:
+        """Each client's real training items and ratings."""
+        E = block.entries
+        ip, items, ratings = E.indptr, E.cols.astype(np.int64), E.vals.copy()
+        return [
+            ({"items": items[ip[u] : ip[u + 1]], "ratings": ratings[ip[u] : ip[u + 1]]}, None)
+            for u in range(E.shape[0])
+        ]
+
+    def round(self, block: PMFBlock, t: int, record: bool, V: np.ndarray, lr: float) -> BlockPart:
+        part = pmf_block_round(block.U, block.entries, V, self.st.lam, lr, self.st.max_step, record)
+        block.U = part.U
+        return BlockPart(
+            (part.total, part.counts, float(part.clipped)), [("grad_V", part.payloads)] if record else None
+        )
+
+    def tests(self, block: PMFBlock, V: np.ndarray) -> tuple[float, float, bool]:
+        """The block's test error sums (:func:`error_sums`) and whether its U is finite."""
+        st = self.st
+        pred = pmf.predict(block.U, V, block.test_rows, block.test_cols)
+        sq, ab = error_sums(pred, block.test_vals, st.rating_min, st.rating_max, st.clip)
+        return sq, ab, bool(np.isfinite(block.U).all())
+
+    def users(self, block: PMFBlock) -> np.ndarray:
+        return block.U
+
+
+def _train_blocks(clients: BlockClients, transcript: Any, st: FedRecSettings, fold: _Fold, f: _Factors) -> RunResult:
+    """:meth:`FedRec.simulate`'s loop for the federated pmf-batch model without defenses, the
+    clients' iterations and test errors computed block by block (:class:`PMFBlocks`)."""
+    rmse, mae, seconds, clipped = [], [], 0.0, 0
+    for t in range(st.T):
+        tic = time.perf_counter()
+        record = t in st.recorded
+        if record:
+            transcript.add(t, "server", "server", "state", {"V": f.V.copy()})
+        total = clients.round(t, record, f.V, st.lr)
+        grad, counts, k = total if total else (np.zeros_like(f.V), np.zeros(len(f.V)), 0.0)
+        stepV, k2 = pmf.clip_rows(st.lr * pmf.item_average(grad, counts), st.max_step)
+        f.V = f.V - stepV
+        clipped += int(k) + k2
+        st.lr *= st.decay
+        seconds += time.perf_counter() - tic
+        parts = clients.each("tests", f.V)
+        f.U = f.U if all(p[2] for p in parts) else np.full_like(f.U, np.nan)
+        f.check(t, st)
+        r_, m_ = rmse_mae([(p[0], p[1]) for p in parts], len(fold.test_vals))
+        rmse.append(r_)
+        mae.append(m_)
+    f.U = np.concatenate(clients.each("users"))
+    utility = {"rmse": rmse[-1], "mae": mae[-1], "iteration_seconds": seconds / st.T, "clipped_steps": clipped}
+    model = {
+        "U": f.U,
+        "V": f.V,
+        "W": None,
+        "train": fold.R_train,
+        "test": fold.test,
+        "test_rmse": np.asarray(rmse),
+        "test_mae": np.asarray(mae),
+        "lam": st.lam,
+    }
+    transcript.parties = ["server", *fold.senders]
+    return RunResult(transcript, model, utility)
+
+
 @register_protocol("fedrec")
 class FedRec(Protocol):
     """Federated PMF(B), PMF(S), SVD++(S) with user-average / hybrid filling (module docstring)."""
@@ -163,6 +307,7 @@ class FedRec(Protocol):
     utility_specs = utility_specs_of("rmse", "mae")
     default_attack = "fedrec-rated-items"
     derived_keys = DERIVED_KEYS
+    block_round = PMFBlocks  # the federated pmf-batch model runs in client blocks (privaudit.sharded)
     #: ``privaudit attack --protocol fedrec`` without a defense: user-average filling over rho
     default_defense_specs: tuple[str, ...] = ("sampling:filling=ua",)
     default_sweep_spec: str | None = "sampling.rho=0,1,2,3"

@@ -104,6 +104,7 @@ class PrivMVMF(FedMVMF):
 
     description = "PrivMVMF (PrivMVMF paper §5): FedMVMF SemiALS + paillier encryption + unrated-item sampling"
     schema = FedMVMF.schema  # FedMVMF's messages (paillier's key and sum messages are the defense's)
+    block_round = None  # its clients encrypt every upload: no sharded run (FedMVMF's blocks are plaintext)
     default_attack = "mvmf-aggregate"
     # 2 epochs (FedMVMF: 40) and 10 users by default keep a 2048-bit run short;
     # the paper's setting: --set epochs=40 and --users N (an estimate is printed above 2 minutes)

@@ -1,5 +1,6 @@
-"""The per-shard attack's truth counts (:func:`privaudit.sharded.attack_shards`): histograms of
-the true values behind the majority baselines, summed over blocks and workers."""
+"""The FedMVMF attacks' truth counts per shard of a sharded run (:meth:`MVMFAttack.shard_part`
+and ``merge_shards``, which :func:`privaudit.sharded.attack_shards` calls): histograms of the
+true values behind the majority baselines, summed over blocks."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from privaudit.attacks._mvmf_view import private_payloads
 from privaudit.errors import PrivauditError
 from privaudit.transcript import Transcript
 
@@ -20,8 +22,6 @@ def histograms(transcript: Transcript, out: dict[str, Any]) -> None:
     """Add to ``out["ratings"]`` the counts of every uploaded item's true rating (0 = unrated)
     over the first ``grad_V`` upload of each client, and to ``out["attributes"]`` those of every
     attribute dummy (value -> count)."""
-    from privaudit.attacks._mvmf import private_payloads
-
     private = private_payloads(transcript)
     firsts: dict[str, np.ndarray] = {}
     for m in transcript.select("grad_V"):
@@ -45,7 +45,7 @@ def histograms(transcript: Transcript, out: dict[str, Any]) -> None:
 
 def true_values(items: list[np.ndarray], rated: list[np.ndarray], ratings: list[np.ndarray]) -> np.ndarray:
     """Per client ``c`` its true ratings of ``items[c]`` (0 where ``rated[c]`` lacks the item), the
-    clients' concatenated: :func:`privaudit.attacks._mvmf.true_ratings` of each, in one lookup of
+    clients' concatenated: :func:`privaudit.attacks._mvmf_view.true_ratings` of each, in one lookup of
     the (client, item) pairs among the sorted rated ones."""
     if any(a.size != b.size for a, b in zip(rated, ratings)):
         raise PrivauditError("a private message has ratings and items of different lengths")
