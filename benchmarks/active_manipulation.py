@@ -16,9 +16,9 @@ import os
 
 import numpy as np
 
-from privaudit.attacks.active_saturation import NCFActiveSaturation
-from privaudit.attacks.ncf_interaction_inference import NCFInteractionInference
-from privaudit.attacks.ncf_update_leak import _f1, _prf, client_truth
+from privaudit.attacks.ncf.active_saturation import NCFActiveSaturation
+from privaudit.attacks.ncf.interaction_inference import NCFInteractionInference
+from privaudit.attacks.ncf.update_leak import _f1, _prf, client_truth
 from privaudit.data import load_dataset, synthetic
 from privaudit.defenses.feature_bounds import FeatureBounds
 from privaudit.defenses.ldp_interactions import LDPInteractions

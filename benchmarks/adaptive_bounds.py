@@ -19,7 +19,7 @@ import argparse
 import numpy as np
 from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-from privaudit.attacks.active_saturation import NCFActiveSaturation, NCFUnitSaturation
+from privaudit.attacks.ncf.active_saturation import NCFActiveSaturation, NCFUnitSaturation
 from privaudit.data import load_dataset, synthetic
 from privaudit.defenses.feature_bounds import FeatureBounds
 from privaudit.protocols.fedncf import FedNCF

@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 
-from privaudit.attacks.ncf_update_leak import NCFUpdateLeak
+from privaudit.attacks.ncf.update_leak import NCFUpdateLeak
 from privaudit.data import synthetic
 from privaudit.defenses.dp_sgd import DPSGD
 from privaudit.protocols.fedncf import FedNCF

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
 
-from privaudit.attacks.ncf_kanon_linking import NCFKAnonLinking
+from privaudit.attacks.ncf.kanon_linking import NCFKAnonLinking
 from privaudit.data import load_dataset, synthetic
 from privaudit.defenses.secagg import SecAgg
 from privaudit.protocols.fedncf import FedNCF

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from privaudit.attacks.mvmf_nonlinear import METHODS, MVMFNonlinear
+from privaudit.attacks.mvmf.nonlinear import METHODS, MVMFNonlinear
 from privaudit.data import load_dataset, synthetic
 from privaudit.protocols.fedmvmf import FedMVMF
 

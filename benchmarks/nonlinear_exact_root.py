@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from privaudit import audit, registry, runner
-from privaudit.attacks import mvmf_nonlinear
+from privaudit.attacks.mvmf import nonlinear as mvmf_nonlinear
 
 
 def _attack(transcript, run, exact: bool):

@@ -30,7 +30,7 @@ def nonlinear_points(
     ds, scenarios: list[str], scales: list[float], users: int | None, solves: int = 0, jobs: int = 1
 ) -> list[dict]:
     """mvmf-nonlinear on FedMVMF transcripts: one dict per (scenario, b) with accuracies and baselines."""
-    from privaudit.attacks.mvmf_nonlinear import MVMFNonlinear
+    from privaudit.attacks.mvmf.nonlinear import MVMFNonlinear
 
     out = []
     for sc in scenarios:
@@ -150,8 +150,8 @@ def t_upload_magnitude(ctx: Context) -> str:
 
 
 def q_privmvmf(ctx: Context) -> list[Check]:
-    from privaudit.attacks.mvmf_analytic import MVMFAnalytic
-    from privaudit.attacks.mvmf_nonlinear import MVMFNonlinear
+    from privaudit.attacks.mvmf.analytic import MVMFAnalytic
+    from privaudit.attacks.mvmf.nonlinear import MVMFNonlinear
 
     ds = ctx.dataset()
     checks = []

@@ -101,7 +101,7 @@ HONEST = "honest-but-curious"
 MALICIOUS = "malicious"
 #: values of :attr:`Audit.threat`
 THREATS = (HONEST, MALICIOUS, "both")
-#: how a verdict names a deviation (keys of :data:`privaudit.attacks.malicious_fedncf.DEVIATIONS`),
+#: how a verdict names a deviation (keys of :data:`privaudit.attacks.ncf.malicious.DEVIATIONS`),
 #: in order of preference when an attack declares several
 DEVIATION_NOUNS = {
     "inconsistent-models": "model inconsistency",

@@ -118,10 +118,18 @@ def _load_builtins() -> None:
         return
     _LOADED["builtins"] = True
     for package_name in _PACKAGES.values():
-        package = importlib.import_module(package_name)
-        for info in pkgutil.iter_modules(package.__path__):
-            if info.name == "base" or info.name.startswith("_"):
-                continue
+        _import_public(package_name)
+
+
+def _import_public(package_name: str) -> None:
+    """Import every public module of a built-in package, family subpackages included."""
+    package = importlib.import_module(package_name)
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name == "base" or info.name.startswith("_"):
+            continue
+        if info.ispkg:
+            _import_public(f"{package_name}.{info.name}")
+        else:
             importlib.import_module(f"{package_name}.{info.name}")
 
 

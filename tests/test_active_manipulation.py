@@ -8,9 +8,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from privaudit import registry  # noqa: E402
-from privaudit.attacks.active_saturation import NCFActiveSaturation, NCFUnitSaturation  # noqa: E402
-from privaudit.attacks.malicious_fedncf import DEVIATIONS  # noqa: E402
-from privaudit.attacks.ncf_update_leak import NCFUpdateLeak  # noqa: E402
+from privaudit.attacks.ncf.active_saturation import NCFActiveSaturation, NCFUnitSaturation  # noqa: E402
+from privaudit.attacks.ncf.malicious import DEVIATIONS  # noqa: E402
+from privaudit.attacks.ncf.update_leak import NCFUpdateLeak  # noqa: E402
 from privaudit.data import synthetic  # noqa: E402
 from privaudit.defenses.consistency import ModelConsistency  # noqa: E402
 from privaudit.defenses.feature_bounds import FeatureBounds  # noqa: E402

@@ -226,7 +226,7 @@ def test_a_defense_without_grid_is_one_cell_when_named(threat_registry, ds, tmp_
 
 def test_every_deviation_has_the_noun_a_verdict_names_it_by():
     """The audit's nouns (in priority order) and the attacks' deviations are one vocabulary."""
-    from privaudit.attacks.malicious_fedncf import DEVIATIONS
+    from privaudit.attacks.ncf.malicious import DEVIATIONS
     from privaudit.audit import DEVIATION_NOUNS
 
     assert set(DEVIATION_NOUNS) == set(DEVIATIONS)

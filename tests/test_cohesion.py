@@ -4,7 +4,7 @@
 What is checked instead: no module imports a private name (``_name``) of another privaudit
 module, beyond the ones listed in ``tests/private_imports.txt``. That list is a ratchet: a new
 cross-module private import fails, and so does a listed one that is gone (remove its line), so
-the list only shrinks. Private *modules* (``privaudit/attacks/_mvmf.py``) are a package's
+the list only shrinks. Private *modules* (``privaudit/attacks/mvmf/_core.py``) are a package's
 internals: they and their public names may be imported within the package (and its
 subpackages), never their private names; a long function is allowed
 where a derivation reads better whole.

@@ -269,7 +269,7 @@ def test_mf_ratings_with_local_epochs_l2_and_a_public_mean(plain):
 def test_mirrored_ratings_fit_too_when_the_mean_makes_the_grid_symmetric():
     """(u, y) and (-u, -y) upload the same rows: with mean 3.5 and no rating of 1 both signs sit
     on the grid, so the decode is not claimed (the tie goes to more ratings above the mean)."""
-    from privaudit.attacks.generic_mf_ratings import LocalSteps, decode
+    from privaudit.attacks.generic.mf_ratings import LocalSteps, decode
 
     rng = np.random.default_rng(3)
     V0, u = rng.normal(0, 0.1, (30, 8)), rng.normal(0, 1, 8)
@@ -301,7 +301,7 @@ def test_mf_ratings_estimated_fits_one_mean_for_every_client():
     and every client, the one rating only 3..5 and the one rating 2..5 too, decodes exactly."""
     from types import SimpleNamespace
 
-    from privaudit.attacks.generic_mf_ratings import EstimatedSteps, LocalSteps, estimate_common_mean, estimate_decay
+    from privaudit.attacks.generic.mf_ratings import EstimatedSteps, LocalSteps, estimate_common_mean, estimate_decay
 
     rng, hp, mu = np.random.default_rng(5), LocalSteps(0.05, 0.05, 3), 3.53
     ups, truth = {}, {}

@@ -8,12 +8,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from privaudit import registry  # noqa: E402
-from privaudit.attacks.malicious_fedncf import (  # noqa: E402
+from privaudit.attacks.ncf.malicious import (  # noqa: E402
     DEVIATIONS,
     NCFModelInconsistency,
     NCFSybilIsolation,
 )
-from privaudit.attacks.ncf_update_leak import NCFUpdateLeak  # noqa: E402
+from privaudit.attacks.ncf.update_leak import NCFUpdateLeak  # noqa: E402
 from privaudit.data import synthetic  # noqa: E402
 from privaudit.defenses.consistency import ModelConsistency, VerifiedCohort  # noqa: E402
 from privaudit.defenses.secagg import SecAgg  # noqa: E402

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privaudit.attacks.mvmf_aggregate import MVMFAggregate
-from privaudit.attacks.privmvmf_isolation import PrivMVMFIsolatedDecryption
+from privaudit.attacks.mvmf.aggregate import MVMFAggregate
+from privaudit.attacks.mvmf.privmvmf_isolation import PrivMVMFIsolatedDecryption
 from privaudit.data import synthetic
 from privaudit.defenses.consistency import ModelConsistency
 from privaudit.defenses.paillier import TEST_KEY_LENGTH

@@ -1,4 +1,4 @@
-"""Tests of the closed-form FedMVMF attack ``mvmf-analytic`` (privaudit/attacks/mvmf_analytic.py).
+"""Tests of the closed-form FedMVMF attack ``mvmf-analytic`` (privaudit/attacks/mvmf/analytic.py).
 
 Transcripts come from the real FedMVMF protocol on the synthetic MovieLens-like dataset
 (fast) and on MovieLens 100K (``-m slow``, every user).
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from privaudit import registry
-from privaudit.attacks.mvmf_analytic import MVMFAnalytic
+from privaudit.attacks.mvmf.analytic import MVMFAnalytic
 from privaudit.data import load_dataset, synthetic
 from privaudit.defenses.paillier import TEST_KEY_LENGTH
 from privaudit.transcript import load
@@ -233,7 +233,8 @@ def test_shortcut_declines_when_one_upload_is_off(small, unrated):
 
 
 def test_grad_V_dots_same_from_memory_and_from_disk(small, tmp_path, monkeypatch):
-    from privaudit.attacks import _mvmf, _mvmf_view
+    from privaudit.attacks.mvmf import _core as _mvmf
+    from privaudit.attacks.mvmf import _view as _mvmf_view
     from privaudit.models import mvmf as mvmf_math
 
     tr = _run(small, "semials", "obsonly")
@@ -329,7 +330,7 @@ def test_logsumexp_rows_is_scipy_bit_for_bit(dp_gaussian_run, monkeypatch):
     ties and large magnitudes included, and the joint-clip decode is unchanged with scipy's."""
     from scipy.special import logsumexp
 
-    from privaudit.attacks import _mvmf_decode
+    from privaudit.attacks.mvmf import _decode as _mvmf_decode
 
     rng = np.random.default_rng(0)
     for shape in [(20000, 5), (7, 1), (500, 6), (0, 3)] + [(3000, h) for h in range(2, 12)]:
@@ -354,7 +355,8 @@ def test_clip_scales_computed_once_for_analytic_and_aggregate(dp_gaussian_run, m
     """Under a joint clip (dp-gaussian) mvmf-analytic and the mvmf-analytic inside mvmf-aggregate
     decode the same evidence: clip_scales runs once for both, and every reconstruction is the one
     computed without the cache (the uncached function on every call)."""
-    from privaudit.attacks import _mvmf_decode, mvmf_analytic
+    from privaudit.attacks.mvmf import _decode as _mvmf_decode
+    from privaudit.attacks.mvmf import analytic as mvmf_analytic
 
     tr = dp_gaussian_run
     aggregate = registry.get("attack", "mvmf-aggregate")
@@ -389,7 +391,8 @@ def test_prior_table_and_baselines_once_per_transcript(dp_gaussian_run, monkeypa
     """The prior library and the random/majority baselines are computed once per transcript for
     the three MVMF attacks, equal to the uncached computation; a transcript that grew (a message
     appended) is computed afresh."""
-    from privaudit.attacks import _mvmf, _mvmf_prior
+    from privaudit.attacks.mvmf import _core as _mvmf
+    from privaudit.attacks.mvmf import _prior as _mvmf_prior
 
     tr = dp_gaussian_run
     calls = []
@@ -429,7 +432,7 @@ def test_prior_table_and_baselines_once_per_transcript(dp_gaussian_run, monkeypa
 def test_victim_scores_once_per_evaluation(dp_gaussian_run, monkeypatch):
     """score() and victim_table() of one evaluation share one victim_scores; the metrics and the
     table equal the ones computed from scratch."""
-    from privaudit.attacks import _mvmf
+    from privaudit.attacks.mvmf import _core as _mvmf
 
     calls = []
     plain = _mvmf.victim_scores
@@ -454,7 +457,8 @@ def test_aggregate_single_member_cohorts_pass_uploads_through(small, dp_gaussian
     """mvmf-aggregate with one-member cohorts (plain views, cohort_size 1) takes each upload as
     its sum directly: the reconstruction and diagnostics equal the general path's (per-item sums
     of one member) exactly."""
-    from privaudit.attacks import mvmf_aggregate, mvmf_analytic
+    from privaudit.attacks.mvmf import aggregate as mvmf_aggregate
+    from privaudit.attacks.mvmf import analytic as mvmf_analytic
 
     monkeypatch.setattr(mvmf_analytic, "RESULTS_KEPT", 0)  # every analytic run decodes
     tr = dp_gaussian_run if defended else _run(small, "semials", "obsonly")
@@ -478,7 +482,7 @@ def test_aggregate_reuses_the_analytic_reconstruction_of_the_same_uploads(dp_gau
     again; another transcript with the same uploads (a different population prior) decodes."""
     import copy
 
-    from privaudit.attacks import mvmf_analytic
+    from privaudit.attacks.mvmf import analytic as mvmf_analytic
 
     decodes = []
     plain = MVMFAnalytic._decode_view
@@ -511,7 +515,8 @@ def test_aggregate_reuses_the_analytic_reconstruction_of_the_same_uploads(dp_gau
 def test_large_inputs_are_not_digested(dp_gaussian_run, monkeypatch):
     """Above DIGEST_MAX_BYTES neither cache hashes its inputs (hashing would cost more than the
     repeat it saves): every run decodes and computes clip_scales, with the same reconstruction."""
-    from privaudit.attacks import _mvmf_decode, mvmf_analytic
+    from privaudit.attacks.mvmf import _decode as _mvmf_decode
+    from privaudit.attacks.mvmf import analytic as mvmf_analytic
 
     dp_gaussian_run.derived("mvmf clip scales").clear()
     dp_gaussian_run.derived("mvmf-analytic results").clear()

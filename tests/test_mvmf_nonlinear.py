@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privaudit.attacks import _mvmf
-from privaudit.attacks.mvmf_nonlinear import METHODS, MVMFNonlinear, Setting, UserSystem, Victim
+from privaudit.attacks.mvmf import _core as _mvmf
+from privaudit.attacks.mvmf.nonlinear import METHODS, MVMFNonlinear, Setting, UserSystem, Victim
 from privaudit.data import synthetic
 from privaudit.defenses.noise import LaplaceNoise
 from privaudit.defenses.paillier import TEST_KEY_LENGTH
@@ -166,7 +166,7 @@ def test_least_squares_point_is_scipy_least_squares_of_reduced_system(noisy_view
     x solve their equations exactly, and systems with a root keep the closed-form root."""
     from scipy.optimize import least_squares
 
-    from privaudit.attacks.mvmf_nonlinear import solve_system
+    from privaudit.attacks.mvmf.nonlinear import solve_system
 
     fv = noisy_view
     st = _setting_of(fv)
@@ -206,7 +206,7 @@ def test_least_squares_points_enter_only_victims_without_a_root(noisy_view):
     only when none of its K systems has a real root (the place hybr's unconverged stop had)."""
     import dataclasses
 
-    from privaudit.attacks.mvmf_nonlinear import EXACT_FIT, attack_victim
+    from privaudit.attacks.mvmf.nonlinear import EXACT_FIT, attack_victim
 
     fv = noisy_view
     K = fv.P[0].shape[1]

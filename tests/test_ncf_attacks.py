@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from privaudit.attacks.ncf_kanon_linking import NCFKAnonLinking  # noqa: E402
-from privaudit.attacks.ncf_update_leak import NCFUpdateLeak  # noqa: E402
+from privaudit.attacks.ncf.kanon_linking import NCFKAnonLinking  # noqa: E402
+from privaudit.attacks.ncf.update_leak import NCFUpdateLeak  # noqa: E402
 from privaudit.data import synthetic  # noqa: E402
 from privaudit.defenses.secagg import SecAgg  # noqa: E402
 from privaudit.protocols.fedncf import FedNCF  # noqa: E402

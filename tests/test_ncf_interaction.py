@@ -7,12 +7,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from privaudit.attacks.ncf_interaction_inference import (  # noqa: E402
+from privaudit.attacks.ncf.interaction_inference import (  # noqa: E402
     NCFInteractionInference,
     implied_positives,
     upload_scores,
 )
-from privaudit.attacks.ncf_update_leak import NCFUpdateLeak  # noqa: E402
+from privaudit.attacks.ncf.update_leak import NCFUpdateLeak  # noqa: E402
 from privaudit.data import synthetic  # noqa: E402
 from privaudit.metrics import roc_summary  # noqa: E402
 from privaudit.protocols.fedncf import FedNCF  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privaudit.attacks._mvmf import prior_baselines, prior_table
+from privaudit.attacks.mvmf._core import prior_baselines, prior_table
 from privaudit.data import synthetic
 from privaudit.metrics import roc_summary
 from privaudit.registry import available, get

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privaudit.attacks.mvmf_aggregate import MVMFAggregate
+from privaudit.attacks.mvmf.aggregate import MVMFAggregate
 from privaudit.data import synthetic
 from privaudit.defenses.paillier import TEST_KEY_LENGTH
 from privaudit.protocols.privmvmf import PrivMVMF, privmvmf_defenses

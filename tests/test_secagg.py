@@ -141,7 +141,7 @@ def test_pair_seeds_agree_and_prg_is_deterministic():
 
 def test_fedncf_with_secagg_equals_plain_and_blocks_update_leak():
     pytest.importorskip("torch")
-    from privaudit.attacks.ncf_update_leak import NCFUpdateLeak
+    from privaudit.attacks.ncf.update_leak import NCFUpdateLeak
     from privaudit.data import synthetic
     from privaudit.protocols.fedncf import FedNCF
 

@@ -303,8 +303,8 @@ def test_cli_sharded_run_equals_cli_run(capsys, tmp_path):
 
 
 def test_true_values_equal_true_ratings_client_by_client():
-    from privaudit.attacks._mvmf import true_ratings
-    from privaudit.attacks._mvmf_shards import true_values
+    from privaudit.attacks.mvmf._core import true_ratings
+    from privaudit.attacks.mvmf._shards import true_values
 
     rng = np.random.default_rng(3)
     items, rated, ratings, private = [], [], [], {}

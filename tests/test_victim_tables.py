@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from privaudit.attacks._generic import cross_fit, loo_counts
-from privaudit.attacks.ncf_update_leak import popularity_strategies
+from privaudit.attacks.generic._uploads import cross_fit, loo_counts
+from privaudit.attacks.ncf.update_leak import popularity_strategies
 from privaudit.data import synthetic
 from privaudit.registry import get
 from privaudit.transcript import Transcript

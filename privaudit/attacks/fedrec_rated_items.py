@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._generic import cross_fit, loo_rating_counts, rating_population, ratio
 from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.attacks.generic._uploads import cross_fit, loo_rating_counts, rating_population, ratio
 from privaudit.metrics import auc
 from privaudit.params import Param
 from privaudit.registry import register_attack

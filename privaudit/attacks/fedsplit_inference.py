@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from privaudit.attacks._generic import cross_fit, ratio
 from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.attacks.generic._uploads import cross_fit, ratio
 from privaudit.errors import PrivauditError
 from privaudit.metrics import mean_ci95
 from privaudit.models.cnmf import fit_row_factors
@@ -342,7 +342,7 @@ class FedSplitInference(Attack):
         """The adversary with its auxiliary ratings but without any group's upload.
 
         Known entries are predicted exactly; every other entry by the better (lower relative
-        error on held-out halves of the groups, :func:`~privaudit.attacks._generic.cross_fit`)
+        error on held-out halves of the groups, :func:`~privaudit.attacks.generic._uploads.cross_fit`)
         of a bias model fitted on the known ratings of the group, ``mean + b_user + b_item``
         (biases shrunk towards 0 by ``SHRINK`` pseudo-ratings), and the grand mean of the known
         ratings; the rating midpoint when none is known. Clipped to the rating range.

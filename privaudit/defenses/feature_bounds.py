@@ -2,7 +2,7 @@
 
 Against active data manipulation (Pham, Kulkarni and Houmansadr, "RAIFLE: Reconstruction
 Attacks on Interaction-based Federated Learning with Adversarial Data Manipulation", NDSS 2025;
-:mod:`privaudit.attacks.active_saturation`) a client can refuse features outside public bounds
+:mod:`privaudit.attacks.ncf.active_saturation`) a client can refuse features outside public bounds
 before it trains on them (capability ``download``): every received item row (FedNCF payload
 ``items``, m x Dtot) is scaled down to L2 norm ``max_norm`` when longer, and the prediction bias
 (payload ``bias``, (1,)) is clamped to [-``max_bias``, ``max_bias``]. -1 switches a bound off.

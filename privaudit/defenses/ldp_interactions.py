@@ -7,7 +7,7 @@ every coordinate before sending it. Here it applies to the rows of ``item_update
 (FedNCF: ``values``, one row per updated item id); other uploads pass unchanged. The authors'
 code also clips and noises each row of the network weights' change; this defense leaves
 ``net_update`` alone (its instance count must stay exact for FedAvg weighting), so it protects
-only what :mod:`privaudit.attacks.ncf_interaction_inference` reads. No privacy accounting: the
+only what :mod:`privaudit.attacks.ncf.interaction_inference` reads. No privacy accounting: the
 paper states noise scales, not an epsilon. Noise comes from the channel's simulation generator.
 """
 

@@ -164,7 +164,7 @@ def canary_check(transcript: Any, confidence: float = 0.95) -> dict[str, Any] | 
     Returns ``{"epsilon_lb", "ceiling", "canaries", "guesses", "correct", "rounds", "delta",
     "claimed_epsilon", "delivered_epsilon", "line"}``: ``claimed``/``delivered`` are the
     LocalDpMod's over the canary client's uploads (None without one)."""
-    from privaudit.attacks._generic import client_uploads
+    from privaudit.attacks.generic._uploads import client_uploads
     from privaudit.canary import canary_bound
     from privaudit.integrations._flower_dp import check_claims
 

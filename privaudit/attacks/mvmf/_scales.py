@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privaudit.attacks._mvmf import FlatFedMVMFView, RoundUploads
-from privaudit.attacks._mvmf_rounds import (
+from privaudit.attacks.mvmf._core import FlatFedMVMFView, RoundUploads
+from privaudit.attacks.mvmf._rounds import (
     TINY,
     Round,
     UpdateModel,

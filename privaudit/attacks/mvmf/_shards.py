@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._mvmf_view import private_payloads
+from privaudit.attacks.mvmf._view import private_payloads
 from privaudit.errors import PrivauditError
 from privaudit.transcript import Transcript
 
@@ -45,7 +45,7 @@ def histograms(transcript: Transcript, out: dict[str, Any]) -> None:
 
 def true_values(items: list[np.ndarray], rated: list[np.ndarray], ratings: list[np.ndarray]) -> np.ndarray:
     """Per client ``c`` its true ratings of ``items[c]`` (0 where ``rated[c]`` lacks the item), the
-    clients' concatenated: :func:`privaudit.attacks._mvmf_view.true_ratings` of each, in one lookup of
+    clients' concatenated: :func:`privaudit.attacks.mvmf._view.true_ratings` of each, in one lookup of
     the (client, item) pairs among the sorted rated ones."""
     if any(a.size != b.size for a, b in zip(rated, ratings)):
         raise PrivauditError("a private message has ratings and items of different lengths")

@@ -54,8 +54,8 @@ import numpy as np
 
 from privaudit.attack_metrics import f1_score, set_precision_recall
 from privaudit.attacks.base import Reconstruction
-from privaudit.attacks.malicious_fedncf import IsolationAttack
-from privaudit.attacks.ncf_update_leak import client_truth
+from privaudit.attacks.ncf.malicious import IsolationAttack
+from privaudit.attacks.ncf.update_leak import client_truth
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import MetricSpec

@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._generic import (
+from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.attacks.generic._uploads import (
     client_uploads,
     cross_fit,
     loo_rating_counts,
@@ -52,7 +53,6 @@ from privaudit.attacks._generic import (
     scored_victims,
     uploaders,
 )
-from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec, VictimTable
@@ -538,7 +538,7 @@ class GenericMFRatings(Attack):
         """Over the same (client, rated uploaded item) records: the best of the global and the
         per-item majority of the other clients' ratings (accuracy), and of their global and
         per-item mean (RMSE), each chosen on held-out halves of the clients
-        (:func:`~privaudit.attacks._generic.cross_fit`; counted in hindsight from the other
+        (:func:`~privaudit.attacks.generic._uploads.cross_fit`; counted in hindsight from the other
         clients' private ratings). ``accuracy_claimed`` repeats the accuracy (no claims)."""
         parties, n, num = self._prior_parts(transcript)
         if not parties:

@@ -98,8 +98,8 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks import _mvmf
 from privaudit.attacks.base import Reconstruction
+from privaudit.attacks.mvmf import _core
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.transcript import View
@@ -583,7 +583,7 @@ def _victims(fv: Any, r1: int, r2: int | None) -> tuple[list[Victim], int]:
     order, and the number skipped."""
     victims: list[Victim] = []
     skipped = 0
-    for party in sorted(fv.clients, key=_mvmf.client_sort_key):
+    for party in sorted(fv.clients, key=_core.client_sort_key):
         up = fv.clients[party]
         if r1 not in up.rounds:
             skipped += 1
@@ -624,7 +624,7 @@ def _solve_victims(
 
 
 @register_attack("mvmf-nonlinear")
-class MVMFNonlinear(_mvmf.MVMFAttack):
+class MVMFNonlinear(_core.MVMFAttack):
     """The paper's nonlinear-system reconstruction attack (PrivMVMF paper §4, §6.2)."""
 
     description = "FedMVMF server attack: per user, solve the square nonlinear system of its uploads (scipy root)"
@@ -675,7 +675,7 @@ class MVMFNonlinear(_mvmf.MVMFAttack):
         ok, reason = super().applicable(view)
         if not ok:
             return ok, reason
-        missing = _mvmf.missing_config(view)
+        missing = _core.missing_config(view)
         if missing:
             return False, f"the public config lacks {', '.join(missing)}"
         update, unrated = scenario(view.config)
@@ -690,7 +690,7 @@ class MVMFNonlinear(_mvmf.MVMFAttack):
     def _setting(self, fv: Any, r1: int, r2: int | None, update: str, noisy: bool, method: str, solves: int) -> Setting:
         """The public knowledge of rounds ``r1`` (and ``r2``, SGD) and this attack's solver settings."""
         cfg = fv.config
-        lo, hi = _mvmf.rating_domain(cfg)
+        lo, hi = _core.rating_domain(cfg)
         return Setting(
             V1=fv.V[r1],
             P1=fv.P[r1],
@@ -717,7 +717,7 @@ class MVMFNonlinear(_mvmf.MVMFAttack):
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         t0 = time.perf_counter()
-        fv = _mvmf.parse_view(view)
+        fv = _core.parse_view(view)
         cfg = fv.config
         update, unrated = scenario(cfg)
         rounds = fv.rounds
@@ -750,8 +750,8 @@ class MVMFNonlinear(_mvmf.MVMFAttack):
         for v, (r, x, _, _) in zip(victims, outs):
             recon[v.party] = {
                 "items": v.items.copy(),
-                "ratings": _mvmf.round_ratings(r, cfg),
-                "attributes": _mvmf.round_attributes(x),
+                "ratings": _core.round_ratings(r, cfg),
+                "attributes": _core.round_attributes(x),
             }
         meta = {
             "method": method,

@@ -50,7 +50,7 @@ import numpy as np
 
 from privaudit.attack_metrics import f1_score, set_precision_recall
 from privaudit.attacks.base import Reconstruction
-from privaudit.attacks.ncf_update_leak import (
+from privaudit.attacks.ncf.update_leak import (
     PRF_SPECS,
     OneTarget,
     client_truth,

@@ -19,7 +19,7 @@ Metrics: the MVMF accuracies of the target (``rating_accuracy``, primary; ``rate
 items it decides rated against the target's training ratings, ``rounds_used`` (isolated
 decryptions read) and ``sybils`` (0). Baselines: the uniform guess (precision = the target's share
 of rated items among its uploads, recall 1/2) and the prior library's message-free guesses for the
-target (:class:`privaudit.attacks._mvmf.PriorTable`; for the rated set, the uploads it deems most
+target (:class:`privaudit.attacks.mvmf._core.PriorTable`; for the rated set, the uploads it deems most
 likely rated, as many as the public ``rho`` of ``sampling`` implies). Per-record decisions: rated versus virtual
 per uploaded item. With ``model-consistency`` the decryptors refuse a sum that is not a posted
 cohort's; no isolated decryption exists and the attack does not apply.
@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from privaudit.attack_metrics import f1_score, set_precision_recall
-from privaudit.attacks._mvmf import MVMF_METRIC_SPECS, baselines, true_ratings
-from privaudit.attacks.mvmf_aggregate import MVMFAggregate
+from privaudit.attacks.mvmf._core import MVMF_METRIC_SPECS, baselines, true_ratings
+from privaudit.attacks.mvmf.aggregate import MVMFAggregate
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import MetricSpec

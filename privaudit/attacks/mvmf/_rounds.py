@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privaudit.attacks._mvmf import FlatFedMVMFView, RoundUploads
+from privaudit.attacks.mvmf._core import FlatFedMVMFView, RoundUploads
 
 CHUNK_ELEMENTS = 1 << 23  # padded (users x items x K) elements processed at once
 TINY = 1e-300

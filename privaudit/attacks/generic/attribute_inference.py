@@ -22,14 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._generic import (
+from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.attacks.generic._uploads import (
     changed_items,
     client_uploads,
     missing_note,
     n_items,
     uploaders,
 )
-from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec, VictimTable

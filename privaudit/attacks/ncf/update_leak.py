@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from privaudit.attack_metrics import f1_score, set_precision_recall
-from privaudit.attacks._generic import cross_fit, ratio
 from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.attacks.generic._uploads import cross_fit, ratio
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec, VictimTable
@@ -291,7 +291,7 @@ class NCFUpdateLeak(Attack):
 
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
         """The best of :func:`popularity_strategies`, chosen by F1 on held-out halves of the
-        clients (:func:`~privaudit.attacks._generic.cross_fit`), averaged over the same clients
+        clients (:func:`~privaudit.attacks.generic._uploads.cross_fit`), averaged over the same clients
         as every metric of :meth:`score` (precision and recall as the mean of per-client values,
         F1 of those means)."""
         _, weight, num = self._prior_parts(transcript)

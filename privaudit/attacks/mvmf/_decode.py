@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from scipy.special import logsumexp
 
-from privaudit.attacks._mvmf import FlatFedMVMFView
-from privaudit.attacks._mvmf_rounds import TINY, Round, classify_virtual
+from privaudit.attacks.mvmf._core import FlatFedMVMFView
+from privaudit.attacks.mvmf._rounds import TINY, Round, classify_virtual
 
 
 def em_prior(loglik: np.ndarray, iters: int = 30, max_rows: int = 200_000) -> np.ndarray:

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._generic import cross_fit
-from privaudit.attacks._mvmf_view import (
+from privaudit.attacks.generic._uploads import cross_fit
+from privaudit.attacks.mvmf._view import (
     TINY,
     client_sort_key,
     per_transcript,
@@ -188,7 +188,7 @@ def _value_grid(config: dict[str, Any], truth: np.ndarray) -> np.ndarray:
 @per_transcript
 def prior_table(transcript: Transcript) -> PriorTable:
     """The prior library: message-free strategies scored per victim, each metric's strategy
-    chosen on held-out victims (:func:`privaudit.attacks._generic.cross_fit`: victims at even
+    chosen on held-out victims (:func:`privaudit.attacks.generic._uploads.cross_fit`: victims at even
     positions in client order are scored with the strategy best on the odd ones and vice versa;
     :attr:`PriorTable.fold` is 0 for the even positions).
 

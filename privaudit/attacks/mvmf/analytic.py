@@ -1,10 +1,10 @@
 """``mvmf-analytic``: closed-form server reconstruction attack on FedMVMF.
 
 Every FedMVMF upload row is a multiple of the client's latent vector u = t d, so a rank-1 fit
-gives d, the client's own update rule gives the scale t (:mod:`~privaudit.attacks._mvmf_scales`),
+gives d, the client's own update rule gives the scale t (:mod:`~privaudit.attacks.mvmf._scales`),
 and the ratings and attributes follow in closed form: exact without noise, decoded on the
-rating grid under a prior when noisy (:mod:`~privaudit.attacks._mvmf_decode`) or clipped
-(:mod:`~privaudit.attacks._mvmf_decode_clipped`). Derivation and departures from the paper's
+rating grid under a prior when noisy (:mod:`~privaudit.attacks.mvmf._decode`) or clipped
+(:mod:`~privaudit.attacks.mvmf._decode_clipped`). Derivation and departures from the paper's
 nonlinear-solver attack: ``docs/mvmf-analytic.md``.
 
 Reads only the FedMVMF message kinds ``state``, ``grad_V``, ``grad_P`` and the public config
@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._mvmf import (
+from privaudit.attacks.base import Reconstruction
+from privaudit.attacks.mvmf._clipped import Clipping, clipping_of, rated_log_odds
+from privaudit.attacks.mvmf._core import (
     FlatFedMVMFView,
     MVMFAttack,
     missing_config,
@@ -29,8 +31,7 @@ from privaudit.attacks._mvmf import (
     round_attributes,
     round_ratings,
 )
-from privaudit.attacks._mvmf_clipped import Clipping, clipping_of, rated_log_odds
-from privaudit.attacks._mvmf_decode import (
+from privaudit.attacks.mvmf._decode import (
     DIGEST_MAX_BYTES,
     DecodeSettings,
     accumulate,
@@ -41,15 +42,14 @@ from privaudit.attacks._mvmf_decode import (
     inputs_digest,
     reference_layout,
 )
-from privaudit.attacks._mvmf_decode_clipped import (
+from privaudit.attacks.mvmf._decode_clipped import (
     clipped_evidence,
     decide_clipped,
     first_round_layout,
     stationarity_ratings,
 )
-from privaudit.attacks._mvmf_rounds import TINY, Round, UpdateModel, round_stats
-from privaudit.attacks._mvmf_scales import SHORTCUT_MARGIN, SHORTCUT_TOL, round_scales, shortcut_first_round
-from privaudit.attacks.base import Reconstruction
+from privaudit.attacks.mvmf._rounds import TINY, Round, UpdateModel, round_stats
+from privaudit.attacks.mvmf._scales import SHORTCUT_MARGIN, SHORTCUT_TOL, round_scales, shortcut_first_round
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.transcript import View
@@ -272,7 +272,7 @@ class MVMFAnalytic(MVMFAttack):
         clip: Clipping,
         model: UpdateModel,
     ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
-        """Decode uploads clipped per row by a public DP defense (:mod:`privaudit.attacks._mvmf_clipped`).
+        """Decode uploads clipped per row by a public DP defense (:mod:`privaudit.attacks.mvmf._clipped`).
 
         Censored rows (projection at the clipping bound) contribute only their side of the model
         prediction; uncensored rows their Gaussian likelihood; rounds whose item list for a user

@@ -4,8 +4,8 @@ Scoring follows PrivMVMF paper eq. 43: the attacker clips ratings to the rating 
 (InclUnc: ``[0, rating_max]``, 0 meaning unrated) and attributes to [0, 1], rounds, and the
 accuracy is the fraction of exactly recovered values (over the uploaded items; with InclUnc
 also on the truly rated items and of the rated/unrated decision, :func:`victim_scores`).
-Reading a server view is in :mod:`~privaudit.attacks._mvmf_view`, the prior library (the
-prior-only baseline and the attacks' knowledge) in :mod:`~privaudit.attacks._mvmf_prior`;
+Reading a server view is in :mod:`~privaudit.attacks.mvmf._view`, the prior library (the
+prior-only baseline and the attacks' knowledge) in :mod:`~privaudit.attacks.mvmf._prior`;
 both are re-exported here for the FedMVMF attacks.
 """
 
@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._mvmf_prior import (
+from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.attacks.mvmf._prior import (
     PRIOR_STRATEGIES,
     PopulationPrior,
     PriorTable,
@@ -24,8 +25,8 @@ from privaudit.attacks._mvmf_prior import (
     prior_baselines,
     prior_table,
 )
-from privaudit.attacks._mvmf_shards import histograms, majority
-from privaudit.attacks._mvmf_view import (
+from privaudit.attacks.mvmf._shards import histograms, majority
+from privaudit.attacks.mvmf._view import (
     FEDMVMF_PROTOCOLS,
     REQUIRED_CONFIG,
     ClientUploads,
@@ -45,7 +46,6 @@ from privaudit.attacks._mvmf_view import (
     server_states,
     true_ratings,
 )
-from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.metrics import majority_guess_accuracy, uniform_guess_accuracy
 from privaudit.results import Decisions, MetricSpec, VictimTable
 from privaudit.transcript import Transcript, View, is_client
@@ -276,7 +276,7 @@ class MVMFAttack(Attack):
     def shard_part(self, reconstruction: Reconstruction, transcript: Transcript) -> dict[str, Any]:
         """One block of a sharded run (:func:`privaudit.sharded.attack_shards`): its victims, the
         sums of :func:`victim_scores`' hits and weights per metric, and the histograms of the true
-        values behind the majority baselines (:func:`privaudit.attacks._mvmf_shards.histograms`)."""
+        values behind the majority baselines (:func:`privaudit.attacks.mvmf._shards.histograms`)."""
         victims, weight, hits = victim_scores(reconstruction, transcript)
         out: dict[str, Any] = {"victims": len(victims), "ratings": {}, "attributes": {}}
         out["hits"] = {m: float(hits[m].sum()) for m in weight}

@@ -1,5 +1,5 @@
 """Decoding of the ``mvmf-analytic`` attack under a per-row clipping DP defense: rows at the
-clipping bound are censored observations (:mod:`privaudit.attacks._mvmf_clipped`), summed per
+clipping bound are censored observations (:mod:`privaudit.attacks.mvmf._clipped`), summed per
 (user, item) over the rounds whose item list matches the user's first round."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from typing import Any
 import numpy as np
 from scipy.special import logsumexp
 
-from privaudit.attacks._mvmf import FlatFedMVMFView
-from privaudit.attacks._mvmf_clipped import (
+from privaudit.attacks.mvmf._clipped import (
     Clipping,
     attribute_scale,
     attribute_scale_ml,
@@ -21,8 +20,9 @@ from privaudit.attacks._mvmf_clipped import (
     projection_bound,
     stationarity_posterior,
 )
-from privaudit.attacks._mvmf_decode import KAPPAS, Layout, flat_prior
-from privaudit.attacks._mvmf_rounds import Round, UpdateModel
+from privaudit.attacks.mvmf._core import FlatFedMVMFView
+from privaudit.attacks.mvmf._decode import KAPPAS, Layout, flat_prior
+from privaudit.attacks.mvmf._rounds import Round, UpdateModel
 
 
 def first_round_layout(stats: list[Round], n: int) -> Layout:

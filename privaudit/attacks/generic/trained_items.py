@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._generic import (
+from privaudit.attacks.base import Attack, Reconstruction
+from privaudit.attacks.generic._uploads import (
     changed_items,
     client_uploads,
     cross_fit,
@@ -30,8 +31,7 @@ from privaudit.attacks._generic import (
     truth_items,
     uploaders,
 )
-from privaudit.attacks.base import Attack, Reconstruction
-from privaudit.attacks.ncf_update_leak import popularity_strategies
+from privaudit.attacks.ncf.update_leak import popularity_strategies
 from privaudit.metrics import set_prf
 from privaudit.params import Param
 from privaudit.registry import register_attack
@@ -111,7 +111,7 @@ class GenericTrainedItems(Attack):
 
     def _prior(self, transcript: Transcript, parties: list[str]) -> dict[str, np.ndarray]:
         """Per party (precision, recall, f1) of the popularity strategy chosen by F1 on held-out
-        halves of ``parties`` (:func:`~privaudit.attacks.ncf_update_leak.popularity_strategies`)."""
+        halves of ``parties`` (:func:`~privaudit.attacks.ncf.update_leak.popularity_strategies`)."""
         num, _ = cross_fit(popularity_strategies(transcript, parties, n_items(transcript)), "f1", np.ones(len(parties)))
         return num
 

@@ -46,9 +46,9 @@ from typing import Any
 import numpy as np
 
 from privaudit.attack_metrics import f1_score, set_precision_recall
-from privaudit.attacks._generic import cross_fit
 from privaudit.attacks.base import Attack, Reconstruction
-from privaudit.attacks.ncf_update_leak import PRF_SPECS, client_truth, guess_baseline, popularity_strategies
+from privaudit.attacks.generic._uploads import cross_fit
+from privaudit.attacks.ncf.update_leak import PRF_SPECS, client_truth, guess_baseline, popularity_strategies
 from privaudit.models import ncf
 from privaudit.params import Param
 from privaudit.registry import register_attack

@@ -56,7 +56,8 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._mvmf import (
+from privaudit.attacks.base import Reconstruction
+from privaudit.attacks.mvmf._core import (
     MVMFAttack,
     PopulationPrior,
     client_sort_key,
@@ -66,7 +67,6 @@ from privaudit.attacks._mvmf import (
     round_ratings,
     server_states,
 )
-from privaudit.attacks.base import Reconstruction
 from privaudit.params import Param
 from privaudit.registry import get, register_attack
 from privaudit.transcript import Message, View

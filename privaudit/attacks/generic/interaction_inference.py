@@ -9,7 +9,7 @@ moves a label-1 row along +d logit / d q_i and a label-0 row along the opposite 
 GMF-type scorer that gradient is a multiple of one client vector, so the changes of one upload
 are signed multiples of one direction. Each upload's changed rows are split by the sign of their
 cosine with its oriented top right singular vector
-(:func:`privaudit.attacks.ncf_interaction_inference.upload_scores`: the side whose size matches
+(:func:`privaudit.attacks.ncf.interaction_inference.upload_scores`: the side whose size matches
 the public negative ratio is the positives).
 
 Over a client's first ``rounds`` uploads, an item's score is the mean of its cosine in each
@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from privaudit.attacks._generic import changed_items, client_uploads, n_items
 from privaudit.attacks.base import Reconstruction
-from privaudit.attacks.generic_trained_items import GenericTrainedItems
-from privaudit.attacks.ncf_interaction_inference import implied_positives, upload_scores
+from privaudit.attacks.generic._uploads import changed_items, client_uploads, n_items
+from privaudit.attacks.generic.trained_items import GenericTrainedItems
+from privaudit.attacks.ncf.interaction_inference import implied_positives, upload_scores
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.transcript import Transcript, View

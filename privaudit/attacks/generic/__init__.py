@@ -1,0 +1,1 @@
+"""Attacks on recorded federated runs (Flower): they choose themselves by message kinds."""

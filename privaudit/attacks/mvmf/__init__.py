@@ -1,0 +1,1 @@
+"""MVMF attacks (FedMVMF, PrivMVMF): the server decodes ratings and attributes from item gradients."""
