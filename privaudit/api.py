@@ -190,6 +190,11 @@ class AuditResults(_Document):
         ``force``. Default: ``privaudit-report/<protocol>-audit/``."""
         from privaudit.reports.audit import write_audit_report
 
+        if "rows" in self:
+            raise PrivauditError(
+                "a transcript audit's folder is written by privaudit.integrations.recorded.write_audit "
+                "(privaudit audit --transcript)"
+            )
         out = Path(out_dir) if out_dir is not None else default_audit_dir(str(self.get("protocol")))
         _refuse_full(out, force)
         return write_audit_report(self.to_dict(), out, plan_toml=self.plan_toml)

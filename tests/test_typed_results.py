@@ -51,8 +51,21 @@ def _classes(obj, path="results"):
     return []
 
 
-@pytest.fixture
-def sweep(dummy_registry):
+@pytest.fixture(scope="module")
+def dummies():
+    """The dummy protocol, attacks and defenses, registered for this module's tests."""
+    from tests.dummies import DUMMIES, register_dummies
+
+    register_dummies()
+    try:
+        yield DUMMIES
+    finally:
+        for kind, name in DUMMIES:
+            registry.unregister(kind, name)
+
+
+@pytest.fixture(scope="module")
+def sweep(dummies):
     """A defense sweep of the dummy protocol with reference runs (no scale-0 value), 2 seeds."""
     exp = privaudit.build_experiment(
         protocol="dummy-proto", sweep="dummy-noise.scale=0.5,2", seeds=2, jobs=1, progress=False
@@ -84,6 +97,11 @@ def test_a_sweep_round_trips_through_the_records(sweep):
     assert results.protocol == "dummy-proto" and results.attack == "dummy-attack" and results.seeds == [0, 1]
     with pytest.raises(AttributeError):
         results.no_such_field  # noqa: B018
+    # the renderers take any Mapping: they read the records as they read the dicts
+    from privaudit.reports import render
+
+    assert render.verdict_lines(verdict) == render.verdict_lines(results["verdicts"][0])
+    assert render.format_table(record) == render.format_table(results)
 
 
 def test_unknown_keys_survive_in_place_and_absent_keys_stay_absent(sweep):
@@ -124,7 +142,7 @@ def test_a_record_built_in_code_writes_its_set_and_required_fields():
     assert changed.to_dict() == {"value": 1, "seed": 0, "reason": "no uploads"}
 
 
-def test_repr_html_escapes_a_hostile_attack_name(dummy_registry):
+def test_repr_html_escapes_a_hostile_attack_name(dummies):
     hostile = type("Hostile", (DummyAttack,), {})
     registry.register_attack(HOSTILE)(hostile)
     try:
@@ -141,10 +159,10 @@ def test_repr_html_escapes_a_hostile_attack_name(dummy_registry):
     assert results.verdicts[0].plain.split(":")[0].replace("<", "&lt;")[:8] in page
 
 
-def test_write_report_writes_the_cli_folder(tmp_path, dummy_registry, capsys):
+def test_write_report_writes_the_cli_folder(tmp_path, dummies, capsys):
     csv = write_csv(tmp_path / "ratings.csv", 24)
     cli = tmp_path / "cli"
-    argv = ["attack", "--protocol", "dummy-proto", "--sweep", "dummy-noise.scale=0,1", "--seeds", "2"]
+    argv = ["attack", "--protocol", "dummy-proto", "--sweep", "dummy-noise.scale=0,1", "--seeds", "1"]
     assert main([*argv, "--jobs", "1", "--data", csv, "--out", str(cli), "--quiet"]) == 0
     capsys.readouterr()
     # read back from the CLI's results.json: the same folder, byte for byte
@@ -157,7 +175,7 @@ def test_write_report_writes_the_cli_folder(tmp_path, dummy_registry, capsys):
         assert (cli / name).read_bytes() == (copy / name).read_bytes(), name
     # the in-memory run writes the same files, plan.toml included, results.json equal but for timings
     exp = privaudit.build_experiment(
-        protocol="dummy-proto", sweep="dummy-noise.scale=0,1", seeds=2, jobs=1, data=csv, progress=False
+        protocol="dummy-proto", sweep="dummy-noise.scale=0,1", seeds=1, jobs=1, data=csv, progress=False
     )
     api = exp.run().write_report(tmp_path / "api")
     assert sorted(p.name for p in api.iterdir()) == names
@@ -167,33 +185,50 @@ def test_write_report_writes_the_cli_folder(tmp_path, dummy_registry, capsys):
     )
     with pytest.raises(PrivauditError, match="not empty; pass force=True"):
         again.write_report(copy)  # nothing silently replaced
-    assert again.write_report(copy, force=True) == copy
     with pytest.raises(PrivauditError, match="a results.json, not a audit.json"):
         AuditResults.read(cli / "results.json")
 
 
-def test_audit_results_are_typed_written_like_the_cli_and_shown_escaped(tmp_path, dummy_registry, capsys):
+def test_audit_results_are_typed_written_like_the_cli_and_shown_escaped(tmp_path, dummies):
+    from privaudit import audit as au
+    from privaudit.plan import audit_to_toml
+
     spec = dict(protocol="dummy-proto", seeds=2, jobs=1, attacks=["dummy-attack"], defenses=["dummy-noise"])
     audit = privaudit.run_audit(privaudit.Audit(progress=False, **spec))
     assert isinstance(audit, AuditResults) and _classes(dict(audit)) == []
     record = audit.record
-    assert isinstance(record, AuditRecord) and json.dumps(record.to_dict(), default=str) == json.dumps(
-        dict(audit), default=str
-    )
+    assert isinstance(record, AuditRecord) and dumps_json(record.to_dict()) == dumps_json(audit)
     assert all(isinstance(r, AuditRun) for r in audit.runs) and isinstance(audit.runs[0].attacks["dummy-attack"], Point)
     cells = {(c.attack, c.defense): c for c in audit.matrix}
     assert set(cells) == {("dummy-attack", None), ("dummy-attack", "dummy-noise")}
     assert cells[("dummy-attack", None)].verdict == audit["matrix"][0]["verdict"] == "leaks"
     assert audit.attacks[0].metric_specs["accuracy"]["unit"] == "fraction"  # looked up by name
     out = audit.write_report(tmp_path / "api")
-    argv = ["audit", "--protocol", "dummy-proto", "--seeds", "2", "--jobs", "1", "--attack", "dummy-attack"]
-    assert main([*argv, "--defense", "dummy-noise", "--out", str(tmp_path / "cli")]) == 0
-    capsys.readouterr()
-    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "cli").iterdir())
-    assert (out / "plan.toml").read_text() == (tmp_path / "cli" / "plan.toml").read_text()
+    # what `privaudit audit` writes for the same result (cli_audit: write_audit with the plan's TOML)
+    cli = au.write_audit(dict(audit), tmp_path / "cli", plan_toml=audit_to_toml(privaudit.Audit(**spec)))
+    names = sorted(p.name for p in cli.iterdir())
+    assert names == sorted(p.name for p in out.iterdir()) == ["audit.html", "audit.json", "plan.toml"]
+    for name in names:
+        assert (cli / name).read_bytes() == (out / name).read_bytes(), name
     written = json.loads((out / "audit.json").read_text())
-    assert _no_timings(written) == _no_timings(json.loads((tmp_path / "cli" / "audit.json").read_text()))
     assert AuditResults.read(out / "audit.json").to_json() == (out / "audit.json").read_text()
     # a hostile attack name in the notebook view: escaped
     page = AuditResults.from_dict({**written, "matrix": [{**written["matrix"][0], "attack": HOSTILE}]})._repr_html_()
     assert "<img" not in page and "&lt;img src=x" in page and "<table>" in page
+
+
+def test_a_transcript_audit_round_trips_and_shows_its_rows(dummies):
+    from privaudit.experiment import run_transcript
+    from privaudit.integrations import recorded
+
+    doc = recorded.audit_transcript(run_transcript(protocol="dummy-proto", seed=0).transcript)
+    record = AuditRecord.from_dict(doc)
+    assert dumps_json(record.to_dict()) == dumps_json(doc) and list(record.to_dict()) == list(doc)
+    rows = {r.attack: r for r in record.rows}
+    assert rows["dummy-attack"].verdict == "leaks" and rows["dummy-needs-attack"].applies is False
+    assert isinstance(rows["dummy-attack"].tests["accuracy"], MetricTest)
+    assert record.extra.keys() == {"canaries"}  # a key the record does not declare, kept
+    audit = AuditResults(doc)
+    assert "dummy-attack: leaks" in audit._repr_html_()
+    with pytest.raises(PrivauditError, match="recorded.write_audit"):
+        audit.write_report("unused")
