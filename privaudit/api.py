@@ -88,9 +88,6 @@ class _Document(dict):
 
         return dumps_json(stamped(self.to_dict(), self.KIND))
 
-    def __repr__(self) -> str:
-        return f"<privaudit {type(self).__name__} of {self.get('protocol')!r}: {len(self)} keys>"
-
 
 def _refuse_full(out: Path, force: bool) -> None:
     if not force and out.is_dir() and any(out.iterdir()):
@@ -197,7 +194,7 @@ class AuditResults(_Document):
             )
         out = Path(out_dir) if out_dir is not None else default_audit_dir(str(self.get("protocol")))
         _refuse_full(out, force)
-        return write_audit_report(self.to_dict(), out, plan_toml=self.plan_toml)
+        return write_audit_report(self.record, out, plan_toml=self.plan_toml)  # the renderers read any Mapping
 
     def _repr_html_(self) -> str:
         from privaudit.reports.markup import html_table
@@ -243,5 +240,5 @@ def write_report(
         plan_toml = plan_to_toml(experiment.plan())
     else:
         plan_toml = getattr(results, "plan_toml", None)
-    data = results.to_dict() if isinstance(results, Results) else results
+    data = results.record if isinstance(results, Results) else results  # the renderers read any Mapping
     return render.write_report(data, out, plan_toml=plan_toml)

@@ -70,8 +70,6 @@ def _load(value: Any, meta: Mapping[str, Any]) -> Any:
     """A wire value as the field stores it: records where the shape says so, a deep copy of
     anything else (an unexpected shape is kept as it is: nothing is dropped)."""
     cls, shape = meta.get("record"), meta.get("shape")
-    if isinstance(cls, str):  # a forward reference to a record defined below
-        cls = globals()[cls]
     if cls is None:
         return copy.deepcopy(value)
     one = lambda v: cls.from_dict(v) if isinstance(v, Mapping) else copy.deepcopy(v)  # noqa: E731
@@ -169,7 +167,7 @@ class Record(Mapping):
     def __contains__(self, key: object) -> bool:
         return key in self.wire_keys()
 
-    __hash__ = None  # type: ignore[assignment]  (records hold dicts)
+    __hash__ = None  # type: ignore[assignment]  # records hold dicts: unhashable
 
 
 # ------------------------------------------------------------------------------ results.json
