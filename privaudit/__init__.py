@@ -9,7 +9,9 @@ The names used by the README's Python example are exported here (imported on fir
 ``import privaudit`` stays light): :func:`load_dataset`, :func:`synthetic`,
 :class:`RatingsDataset`, :class:`Transcript`, :func:`get_protocol`, :func:`get_attack`,
 :func:`get_defense`, :class:`Sweep`, :func:`build_experiment`, :func:`run_experiment` and
-:func:`write_report` (the report folder ``privaudit attack`` writes).
+:func:`write_report` (the report folder ``privaudit attack`` writes); what the runs return,
+:class:`Results` and :class:`AuditResults` (:mod:`privaudit.api`), and :class:`Audit` /
+:func:`run_audit` (what ``privaudit audit`` runs).
 """
 
 __version__ = "0.1.0"
@@ -17,10 +19,13 @@ __version__ = "0.1.0"
 from privaudit.errors import DataError, MissingDependencyError, PrivauditError
 
 __all__ = [
+    "Audit",
+    "AuditResults",
     "DataError",
     "MissingDependencyError",
     "PrivauditError",
     "RatingsDataset",
+    "Results",
     "Sweep",
     "Transcript",
     "__version__",
@@ -29,6 +34,7 @@ __all__ = [
     "get_defense",
     "get_protocol",
     "load_dataset",
+    "run_audit",
     "run_experiment",
     "synthetic",
     "write_report",
@@ -42,6 +48,10 @@ _LAZY = {
     "Transcript": ("privaudit.transcript", "Transcript"),
     "build_experiment": ("privaudit.experiment", "build_experiment"),
     "run_experiment": ("privaudit.experiment", "run_experiment"),
+    "Results": ("privaudit.api", "Results"),
+    "AuditResults": ("privaudit.api", "AuditResults"),
+    "Audit": ("privaudit.audit", "Audit"),
+    "run_audit": ("privaudit.audit", "run_audit"),
 }
 
 
@@ -69,8 +79,8 @@ def get_defense(name: str) -> type:
 def write_report(results, out_dir=None, *, experiment=None, force: bool = False):
     """Write the report folder ``privaudit attack`` writes for the same run: ``results.json``,
     ``results.csv``, the figures, ``report.md``, ``report.html`` and, given the ``experiment``
-    (from :func:`build_experiment`) that produced ``results``, its ``plan.toml``; the folder
-    (a :class:`pathlib.Path`).
+    (from :func:`build_experiment`) that produced ``results``, or when ``results`` is the
+    :class:`Results` a plan returned, its ``plan.toml``; the folder (a :class:`pathlib.Path`).
 
     ``out_dir`` defaults to the CLI's ``privaudit-report/<protocol>-<sweep>-<dataset>/``. A folder
     that already holds files is refused (``PrivauditError``) unless ``force=True``, as on the CLI.
@@ -78,16 +88,9 @@ def write_report(results, out_dir=None, *, experiment=None, force: bool = False)
     >>> exp = privaudit.build_experiment(protocol="fedmvmf", noise="laplace", seeds=1, jobs=1)
     >>> privaudit.write_report(exp.run(), "report", experiment=exp)  # doctest: +SKIP
     """
-    from pathlib import Path
+    from privaudit import api
 
-    from privaudit.plan import plan_to_toml
-    from privaudit.reports import render
-
-    out = Path(out_dir) if out_dir is not None else render.default_out_dir(results)
-    if not force and out.is_dir() and any(out.iterdir()):
-        raise PrivauditError(f"{out}: the folder is not empty; pass force=True to replace its report")
-    plan_toml = plan_to_toml(experiment.plan()) if experiment is not None else None
-    return render.write_report(results, out, plan_toml=plan_toml)
+    return api.write_report(results, out_dir, experiment=experiment, force=force)
 
 
 def __getattr__(name: str):

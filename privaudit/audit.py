@@ -87,8 +87,10 @@ import numpy as np
 
 from privaudit import __version__, canary, registry, runner
 from privaudit import results as rs
+from privaudit.api import AuditResults, default_audit_dir
 from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
+from privaudit.plan import audit_to_toml
 from privaudit.results import audit_matrix as build_matrix
 from privaudit.results import audit_series as pair_series
 from privaudit.runner import scheduler_context
@@ -632,7 +634,6 @@ def _header(
         "threat": audit.threat,
         "utility_metric_declared": protocol_cls.main_utility,
         "utility_specs": {k: rs.spec_to_dict(s) for k, s in protocol_cls.utility_specs.items()},
-        "_attack_classes": {name: a for name, a, _ in attacks},
     }
 
 
@@ -781,8 +782,9 @@ def _cost_rank(run: _Run) -> int:
     return 1
 
 
-def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
-    """Run ``audit`` -> the ``audit.json`` dict."""
+def run_audit(audit: Audit, dataset: Any = None) -> AuditResults:
+    """Run ``audit`` -> its :class:`~privaudit.api.AuditResults` (the ``audit.json`` dict with
+    typed attributes; ``plan_toml`` set)."""
     runs, header = _plan(audit)
     t0 = time.perf_counter()
     source = audit.data if isinstance(audit.data, str) else str(audit.data)
@@ -828,7 +830,6 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
             results[i] = o
     run_seconds = time.perf_counter() - t1
     out = dict(header)
-    classes = out.pop("_attack_classes")
     unplanned = out.pop("_unplanned", {})
     declared_utility = out.pop("utility_metric_declared")
     out["dataset"] = dict(dataset.summary(), source=source)
@@ -839,7 +840,8 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
         names = rs.ordered_keys(
             [r["attacks"][a["name"]] for r in results if a["name"] in r.get("attacks", {})], "attack_metrics"
         )
-        a["metric_specs"] = rs.declared_specs(classes[a["name"]], names or [a["primary_metric"]])
+        attack_cls = registry.get("attack", a.get("variant_of") or a["name"])  # names, never classes, in results
+        a["metric_specs"] = rs.declared_specs(attack_cls, names or [a["primary_metric"]])
     if declared_utility:
         out["utility_metric"] = declared_utility
     out["utility_metric"] = rs.audit_utility(out)
@@ -856,7 +858,7 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
         "runs": len(runs),
         "backend": backend or (f"joblib ({audit.jobs} jobs)" if int(audit.jobs) != 1 else "sequential"),
     }
-    return out
+    return AuditResults(out, plan_toml=audit_to_toml(audit))
 
 
 def _pool_targets(out: dict[str, Any]) -> None:
@@ -1292,7 +1294,7 @@ def threat_verdicts(out: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def default_out_dir(protocol: str) -> Path:
-    return Path("privaudit-report") / f"{protocol}-audit"
+    return default_audit_dir(protocol)
 
 
 def write_audit(audit: Mapping[str, Any], out_dir: Path | str | None = None, plan_toml: str | None = None) -> Path:

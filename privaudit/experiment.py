@@ -10,9 +10,11 @@ every seed it
 3. runs ``attack.evaluate(transcript, rng)`` on the attacker's view and records the attack
    metrics, the baselines, the protocol's utility metrics and the seconds taken,
 
-and returns the results as a JSON-able dict (the ``results.json`` schema, documented in
-``docs/results-schema.md``). NaN metrics are kept as ``float('nan')`` here and written as
-``null`` by :func:`privaudit.reports.write_report`.
+and returns the results as a :class:`~privaudit.api.Results`: the JSON-able dict of the
+``results.json`` schema (documented in ``docs/results-schema.md``; :func:`assemble` builds it)
+with typed attributes (:mod:`privaudit.results.typed`). NaN metrics are kept as ``float('nan')``
+here and written as ``null`` by :func:`privaudit.reports.write_report`. The results hold names,
+never classes: what needs the attack class looks its name up in the registry.
 
 Names are looked up once: :func:`build_experiment` takes objects (names, classes, instances,
 ``{"name": ..., **params}``; the command line parses its ``NAME:k=v`` strings into those) and
@@ -56,12 +58,14 @@ import numpy as np
 
 from privaudit import __version__, registry
 from privaudit import results as rs
+from privaudit.api import Results
 from privaudit.errors import PrivauditError
 from privaudit.plan import (
     DEFAULT_SEEDS,
     Plan,
     Sweep,
     parse_sweep,
+    plan_to_toml,
     resolve,
 )
 from privaudit.results import accuracy_metrics, main_utility, summarize_points
@@ -162,8 +166,8 @@ class Experiment:
         """The resolved :class:`~privaudit.plan.Plan` (names looked up, parameters validated)."""
         return resolve(**self.__dict__)
 
-    def run(self, dataset: Any = None) -> dict[str, Any]:
-        """Run every point; the results dict (``results.json`` schema)."""
+    def run(self, dataset: Any = None) -> Results:
+        """Run every point; the :class:`~privaudit.api.Results` (``results.json`` schema)."""
         return run_experiment(self, dataset=dataset)
 
 
@@ -336,7 +340,6 @@ def header_of(plan: Plan) -> dict[str, Any]:
         "utility_metric_declared": plan.protocol_cls.main_utility,
         "utility_specs": {k: rs.spec_to_dict(s) for k, s in plan.protocol_cls.utility_specs.items()},
         "attack_description": registry.describe(plan.attack_cls),
-        "_attack_cls": plan.attack_cls,
     }
 
 
@@ -383,8 +386,9 @@ def _in_order(points: list[dict]) -> list[dict]:
     return points
 
 
-def run_plan(plan: Plan, dataset: Any = None) -> dict[str, Any]:
-    """Execute a resolved plan (on ``dataset`` if given, else on ``plan.data``) -> results dict."""
+def run_plan(plan: Plan, dataset: Any = None) -> Results:
+    """Execute a resolved plan (on ``dataset`` if given, else on ``plan.data``) -> its
+    :class:`~privaudit.api.Results` (``plan_toml`` set: ``write_report`` writes the plan too)."""
     tasks, header = tasks_of(plan), header_of(plan)
     t0 = time.perf_counter()
     if dataset is None:
@@ -408,10 +412,11 @@ def run_plan(plan: Plan, dataset: Any = None) -> dict[str, Any]:
             backend="active" if plan.scheduler else None,
         )
     points = _in_order([p for chunk in chunks for p in chunk])
-    return assemble(header, dataset.summary(), points, time.perf_counter() - t0, source=plan.data, users=plan.users)
+    results = assemble(header, dataset.summary(), points, time.perf_counter() - t0, source=plan.data, users=plan.users)
+    return Results(results, plan_toml=plan_to_toml(plan))
 
 
-def run_experiment(experiment: Experiment, dataset: Any = None) -> dict[str, Any]:
+def run_experiment(experiment: Experiment, dataset: Any = None) -> Results:
     """Resolve and run ``experiment`` (on ``dataset`` if given, else on ``experiment.data``)."""
     return run_plan(experiment.plan(), dataset=dataset)
 
@@ -425,9 +430,11 @@ def assemble(
     source: Any = None,
     users: int | None = None,
 ) -> dict[str, Any]:
-    """The results dict from the plan's header and the points (summaries, verdicts added)."""
+    """The results dict from the plan's header and the points (summaries, verdicts added); the
+    wire format the typed :class:`~privaudit.api.Results` wraps. The attack's class (its threat
+    and declared metric specs) is looked up by its name in the registry."""
     header = dict(header)
-    attack_cls = header.pop("_attack_cls", None)
+    attack_cls = registry.get("attack", header["attack"])
     declared_utility = header.pop("utility_metric_declared", None)
     dataset = dict(dataset_summary)
     if source is not None and "source" not in dataset:
@@ -556,9 +563,9 @@ def attack_transcript(
     *,
     progress: bool | None = None,
     max_bytes: int | None = None,
-) -> dict[str, Any]:
+) -> Results:
     """Attack one transcript (a :class:`~privaudit.transcript.Transcript` or a ``.ptx`` path)
-    -> results dict with a single point (``"value": null``, no utility).
+    -> :class:`~privaudit.api.Results` with a single point (``"value": null``, no utility).
 
     The transcript is checked against its protocol's declared schema (:mod:`privaudit.schema`)
     before the attack sees it; ``max_bytes`` is the loading budget (default
@@ -612,8 +619,7 @@ def attack_transcript(
         "primary_metric": attack_cls.primary_metric,
         "utility_metric_declared": protocol_cls.main_utility,
         "utility_specs": {k: rs.spec_to_dict(s) for k, s in protocol_cls.utility_specs.items()},
-        "_attack_cls": attack_cls,
     }
     results = assemble(header, dict(transcript.dataset), [point], time.perf_counter() - t0)
     results["transcript"] = True
-    return results
+    return Results(results)

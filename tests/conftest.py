@@ -58,11 +58,15 @@ def _written_reports_validate(monkeypatch):
     """Every ``audit.json`` and ``results.json`` a test writes in this process (privaudit's
     writers all commit through ``Staged``) validates against its versioned schema
     (``privaudit/schemas``): checked as it is written (a test may corrupt it afterwards on
-    purpose), reported when the test ends with the file and the first error."""
+    purpose), reported when the test ends with the file and the first error. Each also reads
+    back through the typed records (:mod:`privaudit.results.typed`) to the same JSON text."""
     import json
 
     from privaudit import report_schema
     from privaudit.reports import files
+    from privaudit.results.typed import AuditRecord, ExperimentRun
+
+    records = {"audit": AuditRecord, "results": ExperimentRun}
 
     problems = []
     commit = files.Staged.commit
@@ -72,9 +76,12 @@ def _written_reports_validate(monkeypatch):
         for path in finals:
             if path.name in _SCHEMA_KINDS:
                 kind = _SCHEMA_KINDS[path.name]
-                found = report_schema.problem(json.loads(path.read_text(encoding="utf-8")), kind)
+                doc = json.loads(path.read_text(encoding="utf-8"))
+                found = report_schema.problem(doc, kind)
                 if found is not None:
                     problems.append(f"{path} does not validate against the {kind} schema: {found}")
+                elif json.dumps(records[kind].from_dict(doc).to_dict()) != json.dumps(doc):  # keys in order
+                    problems.append(f"{path} does not round-trip through {records[kind].__name__}")
         return finals
 
     monkeypatch.setattr(files.Staged, "commit", validating_commit)

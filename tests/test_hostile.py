@@ -2317,3 +2317,65 @@ def test_a_sharded_folder_naming_a_protocol_without_client_blocks_is_refused(pro
     folder = _sharded_folder(tmp_path / "run", manifest, {})
     with pytest.raises(TranscriptError, match="is not one a sharded run supports"):
         load(folder)
+
+
+# ------------------------------------------------------------------ branch typed: Results / AuditResults
+
+
+def test_typed_results_refuse_hostile_files_in_one_line(tmp_path):
+    import os
+
+    from privaudit.api import AuditResults, Results
+    from privaudit.errors import PrivauditError
+
+    audit = tmp_path / "audit.json"
+    audit.write_text(
+        '{"schema_version": 1, "privaudit_version": "0", "protocol": "p", "defenses": [], '
+        '"private_included": false, "rows": []}'
+    )
+    cases = {
+        audit: "a audit.json, not a results.json",  # the other kind
+        tmp_path / "missing.json": "no such file",
+        tmp_path: "is a folder",
+    }
+    bad = tmp_path / "bad.json"
+    bad.write_text("[" * 100_000)
+    cases[bad] = "not a valid audit.json or results.json"
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    cases[fifo] = "not a regular file"
+    for path, message in cases.items():
+        with pytest.raises(PrivauditError, match=message) as info:
+            Results.read(path)
+        assert "\n" not in str(info.value)
+    assert AuditResults.read(audit)["rows"] == []
+    with pytest.raises(PrivauditError, match="needs a mapping, got list"):
+        AuditResults.from_dict([])
+    with pytest.raises(PrivauditError, match="needs a mapping, got str"):
+        Results.from_dict("points")
+
+
+def test_typed_results_escape_every_string_in_the_notebook_view():
+    from privaudit.api import AuditResults, Results
+
+    evil = "<script>x()</script>"
+    results = Results.from_dict(
+        {
+            "protocol": evil,
+            "attack": evil,
+            "sweep": evil,
+            "points": [{"value": evil, "seed": 0, "attack_metrics": {evil: 0.5}}],
+            "verdicts": [{"attack": evil, "metric": evil, "sentence": evil, "plain": evil, "detail": evil}],
+        }
+    )
+    page = results._repr_html_()
+    assert "<script>" not in page and page.count("&lt;script&gt;") >= 4
+    audit = AuditResults.from_dict(
+        {
+            "protocol": evil,
+            "matrix": [{"attack": evil, "defense": evil, "value": evil, "verdict": evil, "advantage": None}],
+            "verdicts": [{"attack": evil, "sentence": evil, "dp_violation": False}],
+        }
+    )
+    page = audit._repr_html_()
+    assert "<script>" not in page and page.count("&lt;script&gt;") >= 4
