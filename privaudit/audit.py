@@ -300,6 +300,7 @@ def parse_cell(spec: str, protocol: str, auto_base: bool = False) -> DefenseCell
             if base and base not in names:
                 members.insert(0, (registry.get("defense", base), ()))
                 names.insert(0, base)
+    registry.get("protocol", protocol).check_stack([cls(**dict(params)) for cls, params in members])
     last, fixed = members[-1]
     swept = bool(getattr(last, "strength", None)) and bool(defense_grid(last)) and last.strength not in dict(fixed)
     label = "+".join(_member_text(cls.name, dict(params)) for cls, params in members)
@@ -490,6 +491,13 @@ class Audit:
     progress: bool | None = None
     canaries: int | None = None
     threat: str = "both"
+
+
+def check(audit: Audit) -> None:
+    """Refuse a bad audit before any compute (one-line :class:`PrivauditError`): unknown or
+    inapplicable attacks and defenses, bad parameters, stacks the protocol refuses."""
+    _selected_attacks(audit, audit.protocol)
+    _selected_defenses(audit, audit.protocol)
 
 
 def _selected_attacks(audit: Audit, protocol: str) -> list[type]:

@@ -160,6 +160,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             threat=args.threat or "both",
         )
     margin = None if args.margin is None else margin_value(args.margin)  # checked before any compute
+    au.check(spec)
     _say_audit_estimate(spec)
     result = au.run_audit(spec)
     if margin is not None:

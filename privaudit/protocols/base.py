@@ -444,6 +444,11 @@ class Protocol:
         return None
 
     @classmethod
+    def check_stack(cls, defenses: Sequence[Any]) -> None:
+        """Refuse, before any compute, a stack of ``defenses`` (instances, in order) this protocol
+        cannot run: a :class:`~privaudit.errors.PrivauditError` naming why. Default: accept."""
+
+    @classmethod
     def release_count(cls, config: Mapping[str, Any]) -> int | None:
         """Rounds in which every client sends its uploads in a run with (public) ``config``,
         recorded or not: the releases a DP defense's accountant composes (``privacy_spent``) and

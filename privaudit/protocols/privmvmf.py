@@ -142,6 +142,12 @@ class PrivMVMF(FedMVMF):
         rho = float(sampling.get("rho", 0.0))
         return per * n_users * cfg["epochs"] * (1.0 + rho) * (key / 2048) ** 3
 
+    @classmethod
+    def check_stack(cls, defenses: Sequence[Defense]) -> None:
+        """:func:`privmvmf_defenses` at the default ``w``: a posted cohort below a member's
+        minimum (model-consistency ``min_cohort``) is refused before any compute."""
+        privmvmf_defenses(defenses, float(cls.resolve_config({})["w"]))
+
     def prepare_defenses(self, config: Mapping[str, Any], defenses: list[Defense]) -> list[Defense]:
         """The PrivMVMF defenses (see the module docstring and :func:`privmvmf_defenses`)."""
         return privmvmf_defenses(defenses, float(config["w"]))
