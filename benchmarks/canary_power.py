@@ -69,17 +69,24 @@ def clopper_pearson(k: int, n: int) -> tuple[float, float]:
 
 def design(items: int | None, per_user: int | None) -> None:
     """Use a FedMVMF canary design other than the kit's default (for the comparison in
-    docs/canaries.md): ``items`` canary items in groups of ``per_user`` per canary user."""
+    docs/canaries.md): ``items`` canary items in groups of ``per_user`` per canary user, against
+    either clip norm (the kit's default picks one design per norm: ``for_defenses``)."""
     import dataclasses
 
     default = canary.FedMVMFCanaries()
-    n_items = default.items if items is None else int(items)
-    group = default.per_user if per_user is None else int(per_user)
+    l1_items, l1_group = default.items, default.per_user
+    l2_items, l2_group = default.l2_items, default.l2_per_user
+    if items is not None:
+        l1_items = l2_items = int(items)
+    if per_user is not None:
+        l1_group = l2_group = int(per_user)
 
     @dataclasses.dataclass
     class Design(canary.FedMVMFCanaries):
-        items: int = n_items
-        per_user: int = group
+        items: int = l1_items
+        per_user: int = l1_group
+        l2_items: int = l2_items
+        l2_per_user: int = l2_group
 
     canary.KITS["fedmvmf"] = (Design,)
 
