@@ -66,10 +66,15 @@ bounds would hold at less than 95 %.
 
 "protected" means the mechanism protects (:func:`gate_dp_cells`): a DP cell reads "protected"
 only when, besides the attack's test, its canaries are not all distinguished, their bound is at
-most :data:`WEAK_PRIVACY_EPSILON` and the cell's transcript holds every round the claim covers
-(``rounds_recorded`` of the run); otherwise it reads "no evidence of leakage" with the reasons in
-``dp_gate``, and the attack's verdict is recomputed without that row. Every DP cell has
-``dp_statement`` (the attack test and the canary test in one sentence) and ``dp_violation``
+most :data:`WEAK_PRIVACY_EPSILON`, and the attack is shown to have power at that strength: the
+cell's transcript holds every round the claim covers (``rounds_recorded`` of the run), or, when
+it holds fewer, the cell's planted-signal control (``planted_control`` of its first-seed run,
+:func:`privaudit.canary.planted_control`: the cell's config and noise on data with 200 planted
+canary users, the attack scored on them) finds the planted leak with a lower bound above the
+margin. Without that evidence the cell reads :data:`NO_POWER_LABEL` ("inconclusive (attack
+without power at this noise)"); with it but weak canaries "no evidence of leakage"; the reasons
+are in ``dp_gate`` and the attack's verdict is recomputed without that row. Every DP cell has
+``dp_statement`` (the attack test, its control and the canary test in one sentence) and ``dp_violation``
 (the canary bound above the claim it tests, or the attack's decisions' held-out bound above the
 claimed epsilon; ``dp_violation_source`` names which).
 """
@@ -121,6 +126,7 @@ __all__ = [
     "build_matrix",
     "pair_series",
     "scheduler_context",
+    "gate_row",
     "default_out_dir",
     "attack_threat",
     "attack_plan",
@@ -427,25 +433,52 @@ def _execute(run: _Run, dataset: Any, keep: dict | None = None, shared: Any = No
         scored["seconds"] = seconds
         attacks[attack_name] = scored
     out["attacks"] = attacks
-    claim_rounds = _claim_rounds(out.get("privacy"))
-    if (
-        "epsilon_lb" in (out.get("canary_audit") or {})
-        and claim_rounds
-        and out.get("rounds_recorded") is not None
-        and out["rounds_recorded"] < claim_rounds
-        and run.threat == HONEST
-    ):
-        # the attack cannot read every round the claim covers: would it have found a planted leak?
-        out["planted_control"] = _planted_control(run, specs, dataset)
     return out
 
 
-def _planted_control(run: _Run, specs: list[tuple[Any, dict[str, Any]]], dataset: Any) -> dict[str, Any]:
+def _controls_needed(out: Mapping[str, Any], runs: Sequence[_Run]) -> list[tuple[int, list[str]]]:
+    """(run index, attacks) of the planted-signal controls an audit needs: a first-seed DP run
+    with a canary audit whose transcript holds fewer rounds than its claim covers, for the honest
+    attacks whose own test reads "protected" at its value (only there can a control change a
+    verdict: the gate asks for evidence of the attack's power before "protected")."""
+    honest = {a["name"] for a in out.get("attacks") or [] if a.get("threat", HONEST) == HONEST}
+    need = []
+    for i, r in enumerate(out.get("runs") or []):
+        claim = _claim_rounds(r.get("privacy"))
+        if (
+            "epsilon_lb" not in (r.get("canary_audit") or {})
+            or not claim
+            or r.get("rounds_recorded") is None
+            or r["rounds_recorded"] >= claim
+            or r.get("threat", HONEST) != HONEST
+        ):
+            continue
+        names = [
+            a
+            for a in sorted(honest)
+            if any(
+                row.get("value") == r.get("value") and row.get("verdict") == "protected"
+                for row in pair_series(out, a, r.get("defense"))
+            )
+        ]
+        if names:
+            need.append((i, names))
+    return need
+
+
+def _planted_control(item: tuple[_Run, list[str]], dataset: Any) -> dict[str, Any]:
     """The planted-signal control of a DP cell (:func:`privaudit.canary.planted_control`) for
-    every attack of ``run``, or ``{"error"}``."""
+    the named attacks of the run, or ``{"error"}``."""
+    run, names = item
+    specs = [(run.defense_cls, dict(run.defense_params))] if run.defense_cls is not None else []
+    if run.stack:
+        specs = [(cls, dict(params)) for cls, params in run.stack]
+    for attack_name, attack_cls in run.attacks:
+        registry.adopt("attack", attack_name.partition(":")[0], attack_cls)
     attacks = [
         (name, cls, dict(run.attack_params.get(name, getattr(cls, "audit_params", {})) or {}))
         for name, cls in run.attacks
+        if name in names
     ]
     try:
         return canary.planted_control(
@@ -880,6 +913,27 @@ def run_audit(audit: Audit, dataset: Any = None) -> dict[str, Any]:
         if a["name"] in unplanned:
             a["applies"], a["reason"] = False, unplanned[a["name"]]
     decide(out)
+    need = _controls_needed(out, runs)
+    if need:  # "protected" at a DP cell whose rounds the attack does not all read: planted-signal controls
+        t2 = time.perf_counter()
+        with scheduler_context(audit.scheduler) as backend2:
+            jobs = -1 if audit.scheduler is not None else int(audit.jobs)
+            controls = runner.parallel_map(
+                _planted_control,
+                [(runs[i], names) for i, names in need],
+                dataset,
+                jobs=jobs,
+                progress=audit.progress,
+                desc=f"planted-signal controls {header['protocol']}",
+                parallel=audit.scheduler is not None or (jobs != 1 and len(need) > 1),
+                backend="active" if audit.scheduler else None,
+            )
+        backend = backend or backend2
+        for (i, _), control in zip(need, controls):
+            results[i]["planted_control"] = control
+        out.pop("matrix", None)
+        decide(out)
+        run_seconds += time.perf_counter() - t2
     out["timing"] = {
         "total_seconds": time.perf_counter() - t0,
         "load_seconds": load_seconds,
@@ -1011,11 +1065,9 @@ def dp_gate(
             planted = {**planted, "margin": margin, "power": bool(float(planted["lower"]) > margin)}
         why = f"the attack reads {rounds_read} of the {claim_rounds} rounds the claim covers"
         power = bool(planted["power"]) if planted and "power" in planted else None
-        if attack is None:  # a run's own record: the controls are per attack
-            reasons.append(why)
-        elif power is None:
-            note = canary.planted_sentence(planted) if planted else None
-            reasons.append(f"{why}; {note}" if note else f"{why}, no planted-signal control")
+        if power is None:  # no control (a run's own record, or no "protected" to check) or a failed one
+            note = canary.planted_sentence(planted) if planted and attack is not None else None
+            reasons.append(f"{why}; {note}" if note else why)
         elif not power:
             reasons.append(f"{why}; {canary.planted_sentence(planted)}")
     violated = can is not None and float(can["epsilon_lb"]) > float(can.get("epsilon", np.inf))
@@ -1085,6 +1137,20 @@ def _gated(verdict: Any, gate: Mapping[str, Any]) -> tuple[str, str] | None:
     if gate.get("power") is not True:
         return "inconclusive", NO_POWER_LABEL
     return GATED_VERDICT, f"{GATED_VERDICT} (mechanism not shown to protect)"
+
+
+def gate_row(out: Mapping[str, Any], attack: str, defense: str | None, row: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` of ``attack`` against ``defense`` (a series row of the report's tables) as the DP
+    gate reads it: a "protected" row that :func:`dp_gate` does not let stand gets the verdict and
+    label of :func:`_gated` (a copy; other rows unchanged). Honest attacks only."""
+    threat = {a["name"]: a.get("threat", HONEST) for a in out.get("attacks") or []}
+    if threat.get(attack, HONEST) != HONEST or row.get("verdict") != "protected":
+        return dict(row)
+    gate = dp_gate(out, defense, row.get("value"), attack)
+    new = _gated(row.get("verdict"), gate) if gate is not None else None
+    if new is None:
+        return dict(row)
+    return {**row, "verdict": new[0], "verdict_label": new[1], "gated_from": "protected", "dp_gate": gate["reasons"]}
 
 
 def _gate_rows(out: dict[str, Any], attack: str, defense: str) -> tuple[list[dict[str, Any]], bool]:

@@ -35,7 +35,14 @@ log-likelihood ratio of the two (Laplace: L1, Gaussian: L2), summed over the rec
 It is given which clients and items are canaries (the auditor inserted them), never the bits;
 the bits are scored outside it. When the run's claim, projected from the public config before
 the run, is above the ceiling, the canary run is one epoch (at K = 1, with 10,000 canaries) and is
-tested against the per-round claim (:func:`round_claim`): ``"tested": "first round"``.
+tested against the per-round claim (:func:`round_claim`): ``"tested": "first round"``. Against
+an L2 clip (``dp-gaussian``) at K = 1 each canary rates 16 items (8 high, 8 low, swapped by the
+bit) instead of two: its upload reaches the clip and, where the bit flips the sign of its user
+vector, the two clipped uploads are 0.83 x 2C apart (:meth:`FedMVMFCanaries.for_defenses`).
+
+:func:`planted_control` is the planted-signal control of a DP cell: the cell's config and noise
+on data with planted canary users, an attack evaluated on it and scored on them (does it find a
+leak larger than the margin through the mechanism?).
 
 FedNCF canaries (:class:`FedNCFCanaries`, ``dp-sgd``, neighbour "instance": one training
 instance replaced, the instance count public): the bit picks which of two canary items is a
@@ -103,6 +110,7 @@ __all__ = [
     "at_ceiling",
     "canary_sentence",
     "canary_audit",
+    "plan_run",
     "planted_control",
     "planted_sentence",
 ]
@@ -469,6 +477,7 @@ class FedMVMFCanaries:
         high: float,
         low: float,
         only_round: int | None = None,
+        distances: list | None = None,
     ) -> tuple[np.ndarray, int]:
         """The guesser: per canary client (its index in the transcript; ``items``: the canary
         items' transcript indices, -1 if cold; ``half``: which are in half A), the
@@ -477,7 +486,10 @@ class FedMVMFCanaries:
         from the recorded V, P and clipped as the public defense config declares, under
         Laplace noise (L1 distances) or Gaussian noise (L2), summed over the recorded rounds;
         (scores (m,), rounds used). The noise scale is not needed (it only scales the ratio).
-        Reads only the server's view."""
+        Reads only the server's view. ``distances``: a list that receives, per canary and
+        round, the distance of its two clipped uploads in the clip's norm (L1 for Laplace, L2
+        for Gaussian) over the clip C (the sensitivity is 2; benchmarks/canary_power.py
+        ``--distances``)."""
         cfg = transcript.config
         defense = next((d for d in cfg.get("defenses") or [] if isinstance(d, Mapping) and "clip" in d), None)
         laplace = defense is None or "laplace" in str(defense.get("name", ""))
@@ -535,6 +547,9 @@ class FedMVMFCanaries:
                     llr = np.abs(x - e0) - np.abs(x - e1)
                 else:
                     llr = (x - (e1 + e0) / 2.0) * (e1 - e0)
+                if distances is not None and defense:
+                    gap = np.linalg.norm(e1 - e0, ord=1 if laplace else 2, axis=1)
+                    distances.extend((gap / float(defense["clip"])).tolist())
                 out[[ks[n] for n in idx]] += np.sum(np.where(ok, llr, 0.0), axis=1)
         return out, used
 
@@ -977,6 +992,30 @@ def canary_sentence(audit: Mapping[str, Any] | None) -> str | None:
     )
 
 
+def plan_run(
+    kit: Any, protocol_cls: type, config: Mapping[str, Any], defenses: Sequence[Any], canaries: int | None = None
+) -> tuple[dict[str, Any], str]:
+    """Set up ``kit`` (its canary count and design) for a canary run of ``protocol_cls`` with
+    ``config`` and the ``defenses`` objects: (the run's resolved config, "run" or "first
+    round"). When the run's claim, projected before the run from the public config, is above
+    the ceiling of the canaries, the kit runs the first round alone (``first_round_config``)
+    with ``first_round_canaries``; ``canaries`` overrides the count."""
+    base = protocol_cls.resolve_config(dict(config))
+    tested = "run"
+    projected = _projected_epsilon(defenses, base, protocol_cls)
+    count = kit.canaries if canaries is None else int(canaries)
+    if getattr(kit, "first_round", False) and projected is not None and projected > ceiling(count):
+        # the run's claim is above anything the canaries can show (decided before the run, from
+        # the public config): a one-round canary run, tested against the per-round claim
+        tested = "first round"
+        base = protocol_cls.resolve_config(kit.first_round_config(base))
+        count = kit.first_round_canaries if canaries is None else count
+    kit.canaries = int(count)
+    if hasattr(kit, "for_defenses"):
+        kit.for_defenses(defenses, base)
+    return base, tested
+
+
 def canary_audit(
     protocol_cls: type,
     config: Mapping[str, Any],
@@ -1001,19 +1040,7 @@ def canary_audit(
     if kit is None:
         raise PrivauditError(f"no canary audit for protocol {protocol_cls.name!r} with defense {defense_name!r}")
     defenses = [cls(**dict(params)) for cls, params in defense_specs]
-    base = protocol_cls.resolve_config(dict(config))
-    tested = "run"
-    projected = _projected_epsilon(defenses, base, protocol_cls)
-    count = kit.canaries if canaries is None else int(canaries)
-    if getattr(kit, "first_round", False) and projected is not None and projected > ceiling(count):
-        # the run's claim is above anything the canaries can show (decided before the run, from
-        # the public config): a one-round canary run, tested against the per-round claim
-        tested = "first round"
-        base = protocol_cls.resolve_config(kit.first_round_config(base))
-        count = kit.first_round_canaries if canaries is None else count
-    kit.canaries = int(count)
-    if hasattr(kit, "for_defenses"):
-        kit.for_defenses(defenses, base)
+    base, tested = plan_run(kit, protocol_cls, config, defenses, canaries)
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA7A]))
     augmented, record = kit.insert(dataset, rng)
     cfg = kit.config(base, augmented.n_ratings)
