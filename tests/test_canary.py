@@ -239,6 +239,8 @@ def test_audit_writes_a_canary_audit_on_every_dp_cell_and_gates_protected(synthe
     assert all(len(line) <= ROW_CHARS for line in text.splitlines() if line.startswith("verdict: "))
     html = (tmp_path / "audit.html").read_text()
     assert "DP claims and canaries" in html and "the attack reads 2 of the 4 rounds" in html
+    # the per-pair table shows the gated row (its own test's "protected" at 3 is not protection)
+    assert "inconclusive (attack without power at this noise)" in html and "<td>protected;" not in html
 
     # had the attack read every round: canaries above the weak-privacy level still forbid
     # "protected", canaries below it do not
