@@ -319,9 +319,9 @@ class FedMVMFCanaries:
         (``clip_ord`` 2) at K = 1 takes the ``l2_*`` design (many ratings per canary: its upload
         reaches the clip, the Gaussian ratio reads the whole L2 distance, and where the bit flips
         the sign of the one-float user vector the two uploads are 0.83 x 2C apart); an L1 clip, or
-        K > 1 (no sign flip: the two designs are alike, measured 0.69 against 0.73 at noise
-        multiplier 10 over the 40 default rounds, and the two-rating one is cheaper to record),
-        the two-rating one (the Laplace ratio needs the difference on few coordinates)."""
+        K > 1 (no sign flip, and two ratings already reach the clip: 0.66 x 2C apart at K = 20;
+        the two-rating design is cheaper to record), the two-rating one (the Laplace ratio needs
+        the difference on few coordinates)."""
         norm = max((int(getattr(d, "clip_ord", 1) or 1) for d in defenses), default=1)
         one_float = config is None or int(config.get("K", 1)) == 1
         self.norm = 2 if norm == 2 and one_float else 1
