@@ -21,6 +21,11 @@ its CPU seconds::
 
     python benchmarks/canary_power.py --grid --defense dp-laplace --data ../shared/data/ml-100k
 
+``--distances``: seed 0, the correct defense, the quantiles (10 / 50 / 90 / 99 %) of the distance
+between each canary's two clipped uploads over the sensitivity 2C (a Markdown table row)::
+
+    python benchmarks/canary_power.py --distances --defense dp-gaussian --value 3 --set '{}' --items 16 --per-user 2
+
 FedMVMF default setting (the issue's): K = 1, 2 epochs, dp-laplace epsilon 0.25 per round
 (accounted 0.50 at delta 1e-5), dp-gaussian noise multiplier 3 (accounted 2.7).
 """
@@ -69,17 +74,24 @@ def clopper_pearson(k: int, n: int) -> tuple[float, float]:
 
 def design(items: int | None, per_user: int | None) -> None:
     """Use a FedMVMF canary design other than the kit's default (for the comparison in
-    docs/canaries.md): ``items`` canary items in groups of ``per_user`` per canary user."""
+    docs/canaries.md): ``items`` canary items in groups of ``per_user`` per canary user, against
+    either clip norm (the kit's default picks one design per norm: ``for_defenses``)."""
     import dataclasses
 
     default = canary.FedMVMFCanaries()
-    n_items = default.items if items is None else int(items)
-    group = default.per_user if per_user is None else int(per_user)
+    l1_items, l1_group = default.items, default.per_user
+    n2_items, l2_group = default.l2_items, default.l2_per_user
+    if items is not None:
+        l1_items = n2_items = int(items)
+    if per_user is not None:
+        l1_group = l2_group = int(per_user)
 
     @dataclasses.dataclass
     class Design(canary.FedMVMFCanaries):
-        items: int = n_items
-        per_user: int = group
+        items: int = l1_items
+        per_user: int = l1_group
+        l2_items: int = n2_items
+        l2_per_user: int = l2_group
 
     canary.KITS["fedmvmf"] = (Design,)
 
@@ -107,6 +119,28 @@ def grid(protocol: type, base: type, args: argparse.Namespace) -> None:
     print(f"canary runs: {total:.1f} CPU s")
 
 
+def distances(protocol: type, base: type, params: dict, config: dict, args: argparse.Namespace) -> None:
+    """Seed 0, the correct defense: the distance of each kept canary's two clipped uploads (its
+    S = +1 and S = -1 upload, in the clip's norm) over the sensitivity 2C, the quantity the
+    canary's likelihood ratio reads (first-round config when the audit would use it)."""
+    data = runner.load_data(args.data)
+    kit = canary.canary_kit(args.protocol, args.defense)
+    defenses = [base(**params)]
+    cfg, _ = canary.plan_run(kit, protocol, config, defenses, args.canaries)
+    augmented, record = kit.insert(data, np.random.default_rng(np.random.SeedSequence([0, 0xCA7A])))
+    result = protocol().run(augmented, kit.config(cfg, augmented.n_ratings), defenses, 0)
+    _, clients, items = kit.locate(record, result.model)
+    got: list[float] = []
+    kit.scores(result.transcript, clients, items, record["half"], record["high"], record["low"], distances=got)
+    q = np.quantile(np.asarray(got) / 2.0, [0.1, 0.5, 0.9, 0.99])
+    items_, per_user = kit.design()
+    print(
+        f"| {items_} / {per_user} | K = {cfg['K']}, {cfg['epochs']} epoch(s) | {len(clients)} | "
+        + " | ".join(f"{v:.2f}" for v in q)
+        + " |"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--protocol", default="fedmvmf")
@@ -119,6 +153,9 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=None, help="FedMVMF canary items (default: the kit's)")
     ap.add_argument("--per-user", type=int, default=None, help="FedMVMF canary items per canary user")
     ap.add_argument("--grid", action="store_true", help="the audit's canary runs over the default grid")
+    ap.add_argument(
+        "--distances", action="store_true", help="seed 0: quantiles of the canaries' clipped-upload distance / 2C"
+    )
     ap.add_argument("--data", default="synthetic")
     args = ap.parse_args()
     protocol = registry.get("protocol", args.protocol)
@@ -131,6 +168,9 @@ def main() -> None:
     value = DEFAULT_VALUE[args.defense] if args.value is None else args.value
     params = {STRENGTH[args.defense]: value}
     config = json.loads(args.set)
+    if args.distances:
+        distances(protocol, base, params, config, args)
+        return
     data = runner.load_data("synthetic")
     t0 = time.perf_counter()
     print(f"{args.protocol}, {args.defense} {STRENGTH[args.defense]} = {value:g}, config {config}, {args.seeds} seeds")

@@ -66,10 +66,15 @@ bounds would hold at less than 95 %.
 
 "protected" means the mechanism protects (:func:`gate_dp_cells`): a DP cell reads "protected"
 only when, besides the attack's test, its canaries are not all distinguished, their bound is at
-most :data:`WEAK_PRIVACY_EPSILON` and the cell's transcript holds every round the claim covers
-(``rounds_recorded`` of the run); otherwise it reads "no evidence of leakage" with the reasons in
-``dp_gate``, and the attack's verdict is recomputed without that row. Every DP cell has
-``dp_statement`` (the attack test and the canary test in one sentence) and ``dp_violation``
+most :data:`WEAK_PRIVACY_EPSILON`, and the attack is shown to have power at that strength: the
+cell's transcript holds every round the claim covers (``rounds_recorded`` of the run), or, when
+it holds fewer, the cell's planted-signal control (``planted_control`` of its first-seed run,
+:func:`privaudit.canary.planted_control`: the cell's config and noise on data with 200 planted
+canary users, the attack scored on them) finds the planted leak with a lower bound above the
+margin. Without that evidence the cell reads :data:`NO_POWER_LABEL` ("inconclusive (attack
+without power at this noise)"); with it but weak canaries "no evidence of leakage"; the reasons
+are in ``dp_gate`` and the attack's verdict is recomputed without that row. Every DP cell has
+``dp_statement`` (the attack test, its control and the canary test in one sentence) and ``dp_violation``
 (the canary bound above the claim it tests, or the attack's decisions' held-out bound above the
 claimed epsilon; ``dp_violation_source`` names which).
 """
@@ -123,6 +128,7 @@ __all__ = [
     "build_matrix",
     "pair_series",
     "scheduler_context",
+    "gate_row",
     "default_out_dir",
     "attack_threat",
     "attack_plan",
@@ -431,6 +437,64 @@ def _execute(run: _Run, dataset: Any, keep: dict | None = None, shared: Any = No
         attacks[attack_name] = scored
     out["attacks"] = attacks
     return out
+
+
+def _controls_needed(out: Mapping[str, Any], runs: Sequence[_Run]) -> list[tuple[int, list[str]]]:
+    """(run index, attacks) of the planted-signal controls an audit needs: a first-seed DP run
+    with a canary audit whose transcript holds fewer rounds than its claim covers, for the honest
+    attacks whose own test reads "protected" at its value (only there can a control change a
+    verdict: the gate asks for evidence of the attack's power before "protected")."""
+    honest = {a["name"] for a in out.get("attacks") or [] if a.get("threat", HONEST) == HONEST}
+    need = []
+    for i, r in enumerate(out.get("runs") or []):
+        claim = _claim_rounds(r.get("privacy"))
+        if (
+            "epsilon_lb" not in (r.get("canary_audit") or {})
+            or not claim
+            or r.get("rounds_recorded") is None
+            or r["rounds_recorded"] >= claim
+            or r.get("threat", HONEST) != HONEST
+        ):
+            continue
+        names = [
+            a
+            for a in sorted(honest)
+            if any(
+                row.get("value") == r.get("value") and row.get("verdict") == "protected"
+                for row in pair_series(out, a, r.get("defense"))
+            )
+        ]
+        if names:
+            need.append((i, names))
+    return need
+
+
+def _planted_control(item: tuple[_Run, list[str]], dataset: Any) -> dict[str, Any]:
+    """The planted-signal control of a DP cell (:func:`privaudit.canary.planted_control`) for
+    the named attacks of the run, or ``{"error"}``."""
+    run, names = item
+    specs = [(run.defense_cls, dict(run.defense_params))] if run.defense_cls is not None else []
+    if run.stack:
+        specs = [(cls, dict(params)) for cls, params in run.stack]
+    for attack_name, attack_cls in run.attacks:
+        registry.adopt("attack", attack_name.partition(":")[0], attack_cls)
+    attacks = [
+        (name, cls, dict(run.attack_params.get(name, getattr(cls, "audit_params", {})) or {}))
+        for name, cls in run.attacks
+        if name in names
+    ]
+    try:
+        return canary.planted_control(
+            run.protocol_cls,
+            run.config,
+            specs,
+            dataset,
+            run.seed,
+            attacks,
+            names=[run.defense_name or ""],
+        )
+    except Exception as exc:  # reported on the point, like a failing attack
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _canary_audit(run: _Run, specs: list[tuple[Any, dict[str, Any]]], dataset: Any) -> dict[str, Any]:
@@ -859,6 +923,27 @@ def run_audit(audit: Audit, dataset: Any = None) -> AuditResults:
         if a["name"] in unplanned:
             a["applies"], a["reason"] = False, unplanned[a["name"]]
     decide(out)
+    need = _controls_needed(out, runs)
+    if need:  # "protected" at a DP cell whose rounds the attack does not all read: planted-signal controls
+        t2 = time.perf_counter()
+        with scheduler_context(audit.scheduler) as backend2:
+            jobs = -1 if audit.scheduler is not None else int(audit.jobs)
+            controls = runner.parallel_map(
+                _planted_control,
+                [(runs[i], names) for i, names in need],
+                dataset,
+                jobs=jobs,
+                progress=audit.progress,
+                desc=f"planted-signal controls {header['protocol']}",
+                parallel=audit.scheduler is not None or (jobs != 1 and len(need) > 1),
+                backend="active" if audit.scheduler else None,
+            )
+        backend = backend or backend2
+        for (i, _), control in zip(need, controls):
+            results[i]["planted_control"] = control
+        out.pop("matrix", None)
+        decide(out)
+        run_seconds += time.perf_counter() - t2
     out["timing"] = {
         "total_seconds": time.perf_counter() - t0,
         "load_seconds": load_seconds,
@@ -935,16 +1020,32 @@ def _dp_runs(out: Mapping[str, Any], defense: str, value: Any) -> list[Mapping[s
     ]
 
 
-def dp_gate(out: Mapping[str, Any], defense: str | None, value: Any) -> dict[str, Any] | None:
+def _planted(runs: Sequence[Mapping[str, Any]], attack: str | None) -> dict[str, Any] | None:
+    """``attack``'s entry in the planted-signal control of a DP cell's runs (None: no control)."""
+    for r in runs:
+        ctl = r.get("planted_control")
+        if not isinstance(ctl, Mapping):
+            continue
+        if "error" in ctl:
+            return {"error": ctl["error"]}
+        if attack is not None and attack in (ctl.get("attacks") or {}):
+            return dict(ctl["attacks"][attack])
+    return None
+
+
+def dp_gate(
+    out: Mapping[str, Any], defense: str | None, value: Any, attack: str | None = None
+) -> dict[str, Any] | None:
     """Why a DP cell (``defense`` at ``value`` with an accounted epsilon) cannot read
     "protected", with its canary audit: ``{"reasons": [...], "canary", "claim_rounds",
-    "rounds_read", "canary_violation"}``; None when the cell is not a DP cell.
+    "rounds_read", "canary_violation", "power", "planted"}``; None when the cell is not a DP cell.
 
     Reasons: every canary distinguished (the bound at its ceiling says only "at least this");
-    the canary bound above :data:`WEAK_PRIVACY_EPSILON`; the attack's transcripts hold fewer
-    rounds than the claim covers (it cannot have read them: its result says nothing about the
-    rounds it never saw). No planted-signal control is run: without the canaries' and the
-    rounds' evidence nothing else lets the cell read "protected"."""
+    the canary bound above :data:`WEAK_PRIVACY_EPSILON`; no evidence that ``attack`` had power
+    at this strength. Power is shown when its transcripts hold every round the claim covers, or
+    when the cell's planted-signal control (:func:`privaudit.canary.planted_control`: a run at the
+    same noise whose data carries planted canary users) shows that it finds the planted signal;
+    ``power`` is True / False (the control shows none) / None (no control: not shown)."""
     if defense is None:
         return None
     runs = _dp_runs(out, defense, value)
@@ -965,8 +1066,20 @@ def dp_gate(out: Mapping[str, Any], defense: str | None, value: Any) -> dict[str
     read = [int(r["rounds_recorded"]) for r in runs if r.get("rounds_recorded") is not None]
     claim_rounds = max(claim) if claim else None
     rounds_read = min(read) if read else None
+    power: bool | None = True
+    planted = None
     if claim_rounds and rounds_read is not None and rounds_read < claim_rounds:
-        reasons.append(f"the attack reads {rounds_read} of the {claim_rounds} rounds the claim covers")
+        planted = _planted(runs, attack)
+        if planted and "lower" in planted:  # the audit's margin decides (a found leak larger than it)
+            margin = rs.verdict_margin(out)
+            planted = {**planted, "margin": margin, "power": bool(float(planted["lower"]) > margin)}
+        why = f"the attack reads {rounds_read} of the {claim_rounds} rounds the claim covers"
+        power = bool(planted["power"]) if planted and "power" in planted else None
+        if power is None:  # no control (a run's own record, or no "protected" to check) or a failed one
+            note = canary.planted_sentence(planted) if planted and attack is not None else None
+            reasons.append(f"{why}; {note}" if note else why)
+        elif not power:
+            reasons.append(f"{why}; {canary.planted_sentence(planted)}")
     violated = can is not None and float(can["epsilon_lb"]) > float(can.get("epsilon", np.inf))
     return {
         "reasons": reasons,
@@ -974,11 +1087,18 @@ def dp_gate(out: Mapping[str, Any], defense: str | None, value: Any) -> dict[str
         "claim_rounds": claim_rounds,
         "rounds_read": rounds_read,
         "canary_violation": bool(violated),
+        "power": power,
+        "planted": planted,
     }
 
 
+#: what a "protected" DP row or cell reads when the attack's power at its noise is not shown
+NO_POWER_LABEL = "inconclusive (attack without power at this noise)"
+
+
 def dp_statement(cell: Mapping[str, Any], gate: Mapping[str, Any]) -> str:
-    """One sentence on a DP cell combining the attack test and the canary test."""
+    """One sentence on a DP cell combining the attack test, its planted-signal control and the
+    canary test."""
     verdict = cell.get("verdict")
     attack = {
         "leaks": "the attack leaks",
@@ -987,6 +1107,8 @@ def dp_statement(cell: Mapping[str, Any], gate: Mapping[str, Any]) -> str:
         "inconclusive": "the attack test is inconclusive",
         "attack below prior": "the attack scores below its prior",
     }.get(str(verdict), f"the attack: {verdict}")
+    if cell.get("gated_from") == "protected" and verdict == "inconclusive":
+        attack = "the attack stays under the margin"
     can = gate.get("canary")
     if can is None:
         canaries = "no canary audit"
@@ -994,10 +1116,20 @@ def dp_statement(cell: Mapping[str, Any], gate: Mapping[str, Any]) -> str:
         text = canary.canary_sentence(can)
         claim = "violated" if gate.get("canary_violation") else "consistent"
         canaries = f"canaries: {text}, DP claim {claim}"
+    planted = canary.planted_sentence(gate.get("planted"))
+    if gate.get("power") and planted:
+        attack += f" ({planted})"
     if verdict == "protected":
         end = "protected"
     elif verdict == "leaks" or gate.get("canary_violation"):
         end = "not protected"
+    elif gate.get("power") is not True and cell.get("gated_from") == "protected":
+        end = (
+            "inconclusive, the attack's power at this noise not shown ("
+            + "; ".join(r for r in gate["reasons"] if not r.startswith("all "))
+            + ")"
+        )
+        end = end.replace(" ()", "")
     elif gate["reasons"]:
         end = "not shown to protect (" + "; ".join(r for r in gate["reasons"] if not r.startswith("all ")) + ")"
         end = end.replace(" ()", "")
@@ -1006,18 +1138,46 @@ def dp_statement(cell: Mapping[str, Any], gate: Mapping[str, Any]) -> str:
     return f"{attack}; {canaries}: {end}."
 
 
+def _gated(verdict: Any, gate: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(verdict, label) of a "protected" DP row or cell that ``gate`` does not let stand: without
+    evidence of the attack's power at this noise :data:`NO_POWER_LABEL`, else
+    :data:`GATED_VERDICT`; None when it stands (or is not "protected")."""
+    if verdict != "protected" or not gate["reasons"]:
+        return None
+    if gate.get("power") is not True:
+        return "inconclusive", NO_POWER_LABEL
+    return GATED_VERDICT, f"{GATED_VERDICT} (mechanism not shown to protect)"
+
+
+def gate_row(out: Mapping[str, Any], attack: str, defense: str | None, row: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` of ``attack`` against ``defense`` (a series row of the report's tables) as the DP
+    gate reads it: a "protected" row that :func:`dp_gate` does not let stand gets the verdict and
+    label of :func:`_gated` (a copy; other rows unchanged). Honest attacks only."""
+    threat = {a["name"]: a.get("threat", HONEST) for a in out.get("attacks") or []}
+    if threat.get(attack, HONEST) != HONEST or row.get("verdict") != "protected":
+        return dict(row)
+    gate = dp_gate(out, defense, row.get("value"), attack)
+    new = _gated(row.get("verdict"), gate) if gate is not None else None
+    if new is None:
+        return dict(row)
+    return {**row, "verdict": new[0], "verdict_label": new[1], "gated_from": "protected", "dp_gate": gate["reasons"]}
+
+
 def _gate_rows(out: dict[str, Any], attack: str, defense: str) -> tuple[list[dict[str, Any]], bool]:
     """The decided rows of ``attack`` against ``defense``, every gated "protected" row turned
-    into :data:`GATED_VERDICT` (its ``dp_gate`` reasons attached); whether any row changed."""
+    into :data:`GATED_VERDICT` or "inconclusive" (:func:`_gated`; its ``dp_gate`` reasons
+    attached); whether any row changed."""
     rows = [r for r in pair_series(out, attack, defense) if "tests" in r]
     changed = False
     for row in rows:
-        gate = dp_gate(out, defense, row.get("value"))
+        gate = dp_gate(out, defense, row.get("value"), attack)
         if gate is None:
             continue
         row["dp_gate"] = gate["reasons"]
-        if row.get("verdict") == "protected" and gate["reasons"]:
-            row["verdict"] = GATED_VERDICT
+        new = _gated(row.get("verdict"), gate)
+        if new is not None:
+            row["verdict"] = new[0]
+            row["verdict_label"] = new[1]
             row["gated_from"] = "protected"
             changed = True
     return rows, changed
@@ -1102,12 +1262,13 @@ def gate_dp_cells(out: dict[str, Any]) -> None:
     for cell in out.get("matrix") or []:
         if threat.get(cell.get("attack"), HONEST) != HONEST:
             continue
-        gate = dp_gate(out, cell.get("defense"), cell.get("value"))
+        gate = dp_gate(out, cell.get("defense"), cell.get("value"), cell.get("attack"))
         if gate is None:
             continue
-        if cell.get("verdict") == "protected" and gate["reasons"]:
-            cell["verdict"] = GATED_VERDICT
-            cell["verdict_label"] = f"{GATED_VERDICT} (mechanism not shown to protect)"
+        new = _gated(cell.get("verdict"), gate)
+        if new is not None:
+            cell["verdict"], cell["verdict_label"] = new
+            cell["gated_from"] = "protected"
         # like the attack's own bound (any grid value of the defense), a canary bound above its
         # claim at any value of the defense marks the cell
         canary_hit = any(
@@ -1121,6 +1282,9 @@ def gate_dp_cells(out: dict[str, Any]) -> None:
         cell["dp_gate"] = gate["reasons"]
         cell["claim_rounds"] = gate["claim_rounds"]
         cell["rounds_read"] = gate["rounds_read"]
+        cell["attack_power"] = gate["power"]
+        if gate["planted"] is not None:
+            cell["planted_control"] = gate["planted"]
         cell["dp_statement"] = dp_statement(cell, gate)
     for r in out.get("runs") or []:
         if isinstance(r.get("canary_audit"), Mapping) and r.get("threat", HONEST) == HONEST:

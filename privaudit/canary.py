@@ -35,7 +35,14 @@ log-likelihood ratio of the two (Laplace: L1, Gaussian: L2), summed over the rec
 It is given which clients and items are canaries (the auditor inserted them), never the bits;
 the bits are scored outside it. When the run's claim, projected from the public config before
 the run, is above the ceiling, the canary run is one epoch (at K = 1, with 10,000 canaries) and is
-tested against the per-round claim (:func:`round_claim`): ``"tested": "first round"``.
+tested against the per-round claim (:func:`round_claim`): ``"tested": "first round"``. Against
+an L2 clip (``dp-gaussian``) at K = 1 each canary rates 16 items (8 high, 8 low, swapped by the
+bit) instead of two: its upload reaches the clip and, where the bit flips the sign of its user
+vector, the two clipped uploads are 0.83 x 2C apart (:meth:`FedMVMFCanaries.for_defenses`).
+
+:func:`planted_control` is the planted-signal control of a DP cell: the cell's config and noise
+on data with planted canary users, an attack evaluated on it and scored on them (does it find a
+leak larger than the margin through the mechanism?).
 
 FedNCF canaries (:class:`FedNCFCanaries`, ``dp-sgd``, neighbour "instance": one training
 instance replaced, the instance count public): the bit picks which of two canary items is a
@@ -74,10 +81,23 @@ DEFAULT_CANARIES = 200
 MVMF_CANARIES = 3000
 CANARY_PER_USER = 2
 CANARY_ITEMS = 16
+#: the FedMVMF design against an L2 clip (dp-gaussian) at K = 1 (FedMVMFCanaries.for_defenses): 16 canary items per canary user (8 rated
+#: high, 8 low, swapped by the bit) in 16 groups. The Gaussian likelihood ratio depends only on the
+#: L2 distance of the two clipped uploads, not on how many coordinates carry it; 16 ratings lift
+#: the upload to the clip C (two ratings stay below it: median distance 0.38 of the sensitivity
+#: 2C), and when the bit flips the sign of the canary's user vector (K = 1, about a third of the
+#: groups) the two clipped uploads are 0.83 x 2C apart, the most two positive rating vectors allow.
+#: A 4x-too-small dp-gaussian noise is flagged in 10 of 10 seeds where the two-item design flagged
+#: 1 of 10 (benchmarks/canary_power.py, docs/canaries.md)
+L2_CANARY_PER_USER = 16
+L2_CANARY_ITEMS = 256
 #: the largest epsilon the root search reports (all guesses right among thousands)
 EPSILON_CAP = 50.0
 #: record every round of the canary run when it has at most this many rated entries x epochs
 RECORD_ALL_BUDGET = 2_000_000
+#: canary users of a planted-signal control run (:func:`planted_control`) and its bootstrap draws
+PLANTED_CANARIES = 200
+PLANTED_BOOTSTRAP = 2000
 
 __all__ = [
     "one_run_epsilon",
@@ -90,6 +110,9 @@ __all__ = [
     "at_ceiling",
     "canary_sentence",
     "canary_audit",
+    "plan_run",
+    "planted_control",
+    "planted_sentence",
 ]
 
 
@@ -275,6 +298,11 @@ class FedMVMFCanaries:
     items: int = CANARY_ITEMS
     #: canary items each canary user rates (a group of the canary items: half A, half B)
     per_user: int = CANARY_PER_USER
+    #: the design used against an L2 clip (:meth:`for_defenses`): items, and items per canary user
+    l2_items: int = L2_CANARY_ITEMS
+    l2_per_user: int = L2_CANARY_PER_USER
+    #: the clip norm of the defense the canaries test (1: L1, dp-laplace; 2: L2, dp-gaussian)
+    norm: int = 1
     #: the bit replaces the canary's ratings (a replacement: halved only for an add/remove claim)
     replace = True
     #: the DP defenses whose neighbour relation these canaries instantiate
@@ -285,6 +313,24 @@ class FedMVMFCanaries:
     #: is flagged in 9 of 10 seeds with 10,000 canaries, 6 of 10 with 3,000 (docs/canaries.md)
     first_round = True
     first_round_canaries: int = 10_000
+
+    def for_defenses(self, defenses: Sequence[Any], config: Mapping[str, Any] | None = None) -> None:
+        """Pick the design for the defenses' clip norm and the canary run's ``config``: an L2 clip
+        (``clip_ord`` 2) at K = 1 takes the ``l2_*`` design (many ratings per canary: its upload
+        reaches the clip, the Gaussian ratio reads the whole L2 distance, and where the bit flips
+        the sign of the one-float user vector the two uploads are 0.83 x 2C apart); an L1 clip, or
+        K > 1 (no sign flip, and two ratings already reach the clip: 0.66 x 2C apart at K = 20;
+        the two-rating design is cheaper to record), the two-rating one (the Laplace ratio needs
+        the difference on few coordinates)."""
+        norm = max((int(getattr(d, "clip_ord", 1) or 1) for d in defenses), default=1)
+        one_float = config is None or int(config.get("K", 1)) == 1
+        self.norm = 2 if norm == 2 and one_float else 1
+
+    def design(self) -> tuple[int, int]:
+        """(canary items, canary items per canary user) of the design in use (:meth:`for_defenses`)."""
+        if self.norm == 2:
+            return int(self.l2_items), int(self.l2_per_user)
+        return int(self.items), int(self.per_user)
 
     @staticmethod
     def first_round_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -297,7 +343,8 @@ class FedMVMFCanaries:
         record ``{"users": (m,) dataset indices, "items": (c,) canary items, "half": (c,) bool
         (True: half A), "bits": (m,) bool, "high", "low"}``."""
         n, n_items = dataset.n_users, dataset.n_items
-        m, c, g = int(self.canaries), int(self.items), int(self.per_user)
+        m = int(self.canaries)
+        c, g = self.design()
         if g < 2 or g % 2 or c % g:
             raise PrivauditError(f"FedMVMF canaries: per_user ({g}) must be even, >= 2 and divide items ({c})")
         bits = rng.random(m) < 0.5
@@ -310,7 +357,16 @@ class FedMVMFCanaries:
         values = np.where(np.repeat(bits, g) == half[pos], hi, lo)
         augmented = append_canaries(dataset, rows, items[pos], values, np.zeros(m * g, dtype=np.int64), c)
         users = np.arange(n, n + m)
-        record = {"users": users, "items": items, "half": half, "group": group, "bits": bits, "high": hi, "low": lo}
+        record = {
+            "users": users,
+            "items": items,
+            "half": half,
+            "group": group,
+            "per_user": g,
+            "bits": bits,
+            "high": hi,
+            "low": lo,
+        }
         return augmented, record
 
     def config(self, config: Mapping[str, Any], n_ratings: int) -> dict[str, Any]:
@@ -332,7 +388,7 @@ class FedMVMFCanaries:
         ok_u = (u_pos < train_users.size) & (train_users[np.minimum(u_pos, train_users.size - 1)] == record["users"])
         ok_i = (i_pos < train_items.size) & (train_items[np.minimum(i_pos, train_items.size - 1)] == record["items"])
         half = np.asarray(record["half"], dtype=bool)
-        g = int(self.per_user)
+        g = int(record.get("per_user", self.design()[1]))
         groups = np.arange(half.size) // g
         usable = np.array(
             [(ok_i & half)[groups == k].any() and (ok_i & ~half)[groups == k].any() for k in range(half.size // g)]
@@ -353,6 +409,12 @@ class FedMVMFCanaries:
             record["low"],
         )
         return scores, record["bits"][keep], rounds
+
+    def planted_victims(self, result: Any, record: Mapping[str, Any]) -> list[str]:
+        """The party ids of the canaries a run kept (the planted signal of
+        :func:`planted_control`)."""
+        _, clients, _ = self.locate(record, result.model)
+        return [f"client:{int(c)}" for c in clients]
 
     @staticmethod
     def expected(V: np.ndarray, P: np.ndarray, rows: Sequence[Mapping[int, float]], cfg: Mapping[str, Any]):
@@ -415,6 +477,7 @@ class FedMVMFCanaries:
         high: float,
         low: float,
         only_round: int | None = None,
+        distances: list | None = None,
     ) -> tuple[np.ndarray, int]:
         """The guesser: per canary client (its index in the transcript; ``items``: the canary
         items' transcript indices, -1 if cold; ``half``: which are in half A), the
@@ -423,7 +486,10 @@ class FedMVMFCanaries:
         from the recorded V, P and clipped as the public defense config declares, under
         Laplace noise (L1 distances) or Gaussian noise (L2), summed over the recorded rounds;
         (scores (m,), rounds used). The noise scale is not needed (it only scales the ratio).
-        Reads only the server's view."""
+        Reads only the server's view. ``distances``: a list that receives, per canary and
+        round, the distance of its two clipped uploads in the clip's norm (L1 for Laplace, L2
+        for Gaussian) over the clip C (the sensitivity is 2; benchmarks/canary_power.py
+        ``--distances``)."""
         cfg = transcript.config
         defense = next((d for d in cfg.get("defenses") or [] if isinstance(d, Mapping) and "clip" in d), None)
         laplace = defense is None or "laplace" in str(defense.get("name", ""))
@@ -481,6 +547,9 @@ class FedMVMFCanaries:
                     llr = np.abs(x - e0) - np.abs(x - e1)
                 else:
                     llr = (x - (e1 + e0) / 2.0) * (e1 - e0)
+                if distances is not None and defense:
+                    gap = np.linalg.norm(e1 - e0, ord=1 if laplace else 2, axis=1)
+                    distances.extend((gap / float(defense["clip"])).tolist())
                 out[[ks[n] for n in idx]] += np.sum(np.where(ok, llr, 0.0), axis=1)
         return out, used
 
@@ -923,6 +992,30 @@ def canary_sentence(audit: Mapping[str, Any] | None) -> str | None:
     )
 
 
+def plan_run(
+    kit: Any, protocol_cls: type, config: Mapping[str, Any], defenses: Sequence[Any], canaries: int | None = None
+) -> tuple[dict[str, Any], str]:
+    """Set up ``kit`` (its canary count and design) for a canary run of ``protocol_cls`` with
+    ``config`` and the ``defenses`` objects: (the run's resolved config, "run" or "first
+    round"). When the run's claim, projected before the run from the public config, is above
+    the ceiling of the canaries, the kit runs the first round alone (``first_round_config``)
+    with ``first_round_canaries``; ``canaries`` overrides the count."""
+    base = protocol_cls.resolve_config(dict(config))
+    tested = "run"
+    projected = _projected_epsilon(defenses, base, protocol_cls)
+    count = kit.canaries if canaries is None else int(canaries)
+    if getattr(kit, "first_round", False) and projected is not None and projected > ceiling(count):
+        # the run's claim is above anything the canaries can show (decided before the run, from
+        # the public config): a one-round canary run, tested against the per-round claim
+        tested = "first round"
+        base = protocol_cls.resolve_config(kit.first_round_config(base))
+        count = kit.first_round_canaries if canaries is None else count
+    kit.canaries = int(count)
+    if hasattr(kit, "for_defenses"):
+        kit.for_defenses(defenses, base)
+    return base, tested
+
+
 def canary_audit(
     protocol_cls: type,
     config: Mapping[str, Any],
@@ -947,17 +1040,7 @@ def canary_audit(
     if kit is None:
         raise PrivauditError(f"no canary audit for protocol {protocol_cls.name!r} with defense {defense_name!r}")
     defenses = [cls(**dict(params)) for cls, params in defense_specs]
-    base = protocol_cls.resolve_config(dict(config))
-    tested = "run"
-    projected = _projected_epsilon(defenses, base, protocol_cls)
-    count = kit.canaries if canaries is None else int(canaries)
-    if getattr(kit, "first_round", False) and projected is not None and projected > ceiling(count):
-        # the run's claim is above anything the canaries can show (decided before the run, from
-        # the public config): a one-round canary run, tested against the per-round claim
-        tested = "first round"
-        base = protocol_cls.resolve_config(kit.first_round_config(base))
-        count = kit.first_round_canaries if canaries is None else count
-    kit.canaries = int(count)
+    base, tested = plan_run(kit, protocol_cls, config, defenses, canaries)
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA7A]))
     augmented, record = kit.insert(dataset, rng)
     cfg = kit.config(base, augmented.n_ratings)
@@ -995,3 +1078,134 @@ def canary_audit(
         "ceiling": ceiling(int(bound["canaries"]), delta=delta, confidence=confidence, halved=halve),
         **extra,
     }
+
+
+# ------------------------------------------------------------------------------ planted-signal control
+
+
+def _planted_advantage(table: Any, rows: np.ndarray, metric: str) -> float:
+    """The attack's advantage over the best message-free guess (the prior, or the attack's own
+    pipeline on the null view when it ran) on the victims ``rows`` of ``table`` (a
+    :class:`~privaudit.results.specs.VictimTable`), in the direction of ``metric`` (an RMSE,
+    a ``root`` metric, is better when lower)."""
+    w = float(np.sum(table.weight[metric][rows]))
+    if w <= 0:
+        return math.nan
+    att = float(np.sum(table.attack[metric][rows])) / w
+    guesses = [float(np.sum(table.prior[metric][rows])) / w]
+    if metric in table.null:
+        guesses.append(float(np.sum(table.null[metric][rows])) / w)
+    if metric in table.root:
+        return min(math.sqrt(max(g, 0.0)) for g in guesses) - math.sqrt(max(att, 0.0))
+    return att - max(guesses)
+
+
+def planted_control(
+    protocol_cls: type,
+    config: Mapping[str, Any],
+    defense_specs: Sequence[tuple[type, Mapping[str, Any]]],
+    dataset: Any,
+    seed: int,
+    attacks: Sequence[tuple[str, type, Mapping[str, Any]]],
+    canaries: int = PLANTED_CANARIES,
+    names: Sequence[str] | None = None,
+    confidence: float = 0.95,
+    margin: float | None = None,
+) -> dict[str, Any]:
+    """Planted-signal control of a DP cell: would the attack have found a leak at this noise?
+
+    One run of ``protocol_cls`` with the cell's own ``config`` (same rounds, same recording:
+    the attack reads what it reads in the cell) and defenses (same noise) at ``seed``, on
+    ``dataset`` with ``canaries`` canary users of the protocol's canary kit appended (their
+    ratings are a planted signal: extreme values of private items, swapped at random); each
+    attack ``(name, class, params)`` is evaluated on it and scored on the planted victims only:
+    its advantage over the best guess without the messages (the prior, or its own pipeline on
+    the null view) on its primary metric, with a ``confidence`` one-sided lower bound from a
+    bootstrap over the planted victims. ``power`` is True when that lower bound is above
+    ``margin`` (the verdicts' protection margin by default): the attack finds, through the
+    mechanism, a planted leak larger than the margin. (Above 0 is not enough: the bootstrap over
+    victims omits run-level variation, and at pure noise the planted advantage reads up to
+    +0.015, lower bounds up to 0.001, docs/canaries.md.)
+
+    Returns ``{"canaries", "seconds", "attacks": {name: {"metric", "victims", "advantage",
+    "lower", "power"} or {"supported": False, "reason"} or {"error"}}}``."""
+    import time
+
+    from privaudit.results.stats import PROTECTION_MARGIN
+
+    t0 = time.perf_counter()
+    margin = PROTECTION_MARGIN if margin is None else float(margin)
+    defense_name = (names or [""])[0] or None
+    kit = canary_kit(protocol_cls.name, defense_name)
+    if kit is None or not hasattr(kit, "planted_victims"):
+        raise PrivauditError(f"no planted-signal control for protocol {protocol_cls.name!r}")
+    defenses = [cls(**dict(params)) for cls, params in defense_specs]
+    kit.canaries = int(canaries)
+    cfg = protocol_cls.resolve_config(dict(config))
+    if hasattr(kit, "for_defenses"):
+        kit.for_defenses(defenses, cfg)
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x91A7]))
+    augmented, record = kit.insert(dataset, rng)
+    result = protocol_cls().run(augmented, cfg, defenses, int(seed))
+    planted = set(kit.planted_victims(result, record))
+    out: dict[str, Any] = {"canaries": len(planted), "margin": margin, "attacks": {}}
+    for k, (name, attack_cls, params) in enumerate(attacks):
+        arng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x91A7, k]))
+        try:
+            outcome = attack_cls(**dict(params)).evaluate(result.transcript, arng)
+        except Exception as exc:  # reported, like a failing attack
+            out["attacks"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        table = getattr(outcome, "victims", None)
+        if not outcome.reconstruction.supported or table is None:
+            reason = outcome.reconstruction.reason or "no per-victim results"
+            out["attacks"][name] = {"supported": False, "reason": reason}
+            continue
+        metric = getattr(attack_cls, "primary_metric", None)
+        metric = metric if metric in table.weight else next(iter(table.weight), None)
+        rows = np.array([i for i, v in enumerate(table.victims) if v in planted], dtype=np.int64)
+        if metric is None or rows.size < 2:
+            out["attacks"][name] = {"supported": False, "reason": "the attack scores no planted victim"}
+            continue
+        adv = _planted_advantage(table, rows, metric)
+        boot = np.array(
+            [
+                _planted_advantage(table, rows[arng.integers(0, rows.size, rows.size)], metric)
+                for _ in range(PLANTED_BOOTSTRAP)
+            ]
+        )
+        lower = float(np.nanquantile(boot, 1.0 - confidence))
+        out["attacks"][name] = {
+            "metric": metric,
+            "victims": int(rows.size),
+            "advantage": float(adv),
+            "lower": lower,
+            "margin": margin,
+            "power": bool(lower > margin),
+        }
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def planted_sentence(control: Mapping[str, Any] | None) -> str | None:
+    """One plain clause on an attack's planted-signal control entry: "on 133 planted canary users
+    at the same noise it finds the planted leak (rating_accuracy +0.481, lower bound 0.406 >
+    margin 0.05)" or "... it finds no leak above the margin (rating_accuracy -0.038, lower bound
+    -0.083 ≤ 0.05)"; None without a usable entry."""
+    if not isinstance(control, Mapping):
+        return None
+    if "error" in control:
+        return f"planted-signal control failed ({control['error']})"
+    if control.get("supported") is False:
+        return f"planted-signal control not applicable ({control.get('reason', '')})"
+    if "lower" not in control:
+        return None
+    margin = float(control.get("margin", math.nan))
+    if control["power"]:
+        found, cmp = "finds the planted leak", f"> margin {margin:.2f}"
+    else:
+        found, cmp = "finds no leak above the margin", f"≤ {margin:.2f}"
+    return (
+        f"on {control['victims']} planted canary users at the same noise it {found} "
+        f"({control['metric']} {control['advantage']:+.3f}, lower bound {control['lower']:.3f} {cmp})"
+    )

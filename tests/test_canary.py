@@ -10,6 +10,7 @@ import pytest
 from scipy.stats import norm
 
 from privaudit import canary, registry, runner
+from privaudit.defenses.dp_gaussian import DPGaussian
 from privaudit.defenses.dp_laplace import DPLaplace
 from tests.broken_dp import BrokenDPLaplace
 
@@ -226,6 +227,11 @@ def test_audit_writes_a_canary_audit_on_every_dp_cell_and_gates_protected(synthe
     cell = next(c for c in audit["matrix"] if c["defense"] == "dp-laplace")
     assert cell["verdict"] != "protected" and cell["dp_violation"] is False and cell["dp_violation_source"] == []
     assert cell["dp_statement"].endswith("not shown to protect (the attack reads 2 of the 4 rounds the claim covers).")
+    # the attack reads 2 of 4 rounds: a planted-signal control (a run at the same noise with 200
+    # planted canary users) ran where the attack's own test reads "protected", and only there
+    raw = {r["value"]: r["verdict"] for r in au.pair_series(audit, "mvmf-analytic", "dp-laplace")}
+    controlled = [r["value"] for r in dp if "planted_control" in r]
+    assert controlled == [v for v, verdict in raw.items() if verdict == "protected"] and 3.0 in controlled
     (verdict,) = audit["verdicts"]
     assert verdict["strength"] is None and "protected from" not in verdict["sentence"]
     text = au.format_matrix(audit)
@@ -233,6 +239,8 @@ def test_audit_writes_a_canary_audit_on_every_dp_cell_and_gates_protected(synthe
     assert all(len(line) <= ROW_CHARS for line in text.splitlines() if line.startswith("verdict: "))
     html = (tmp_path / "audit.html").read_text()
     assert "DP claims and canaries" in html and "the attack reads 2 of the 4 rounds" in html
+    # the per-pair table shows the gated row (its own test's "protected" at 3 is not protection)
+    assert "inconclusive (attack without power at this noise)" in html and "<td>protected;" not in html
 
     # had the attack read every round: canaries above the weak-privacy level still forbid
     # "protected", canaries below it do not
@@ -261,6 +269,33 @@ def test_audit_writes_a_canary_audit_on_every_dp_cell_and_gates_protected(synthe
     assert "Not counted as protection at dp-laplace.epsilon = 3: canaries show ε ≥ 1.87" in verdict["sentence"]
     run3["canary_audit"] = kept
 
+    # back to 2 of the 4 rounds read: "protected" at 3 stands only if the planted-signal control
+    # shows the attack finds a planted leak at that noise; it does not (measured: rating_accuracy
+    # -0.09, lower bound -0.15 on 134 planted canary users, margin 0.05): inconclusive
+    for r in audit["runs"]:
+        r["rounds_recorded"] = 2
+    ctl = run3["planted_control"]["attacks"]["mvmf-analytic"]
+    assert ctl["power"] is False and ctl["lower"] < 0 < ctl["victims"] and ctl["metric"] == "rating_accuracy"
+    audit.pop("matrix")
+    au.decide(audit)
+    (verdict,) = audit["verdicts"]
+    assert verdict["strength"] != 3.0 and verdict["dp_gated"] is True
+    assert "= 3: the attack reads 2 of the 4 rounds the claim covers; on " in verdict["sentence"]
+    assert "planted canary users at the same noise it finds no leak above the margin" in verdict["sentence"]
+    # a control that finds a planted leak above the margin (0.05) is the evidence of power:
+    # "protected" stands; one found only above 0 is not
+    run3["planted_control"]["attacks"]["mvmf-analytic"] = {**ctl, "lower": 0.02, "power": True}
+    audit.pop("matrix")
+    au.decide(audit)
+    assert audit["verdicts"][0]["strength"] != 3.0
+    run3["planted_control"]["attacks"]["mvmf-analytic"] = {**ctl, "lower": 0.2, "power": True}
+    audit.pop("matrix")
+    au.decide(audit)
+    assert audit["verdicts"][0]["strength"] == 3.0
+    gate = au.dp_gate(audit, "dp-laplace", 3.0, "mvmf-analytic")
+    assert gate["power"] is True and gate["reasons"] == []
+    run3["planted_control"]["attacks"]["mvmf-analytic"] = ctl
+
     # a canary bound above its claim at any value marks the cell (what --fail-on dp-violation reads)
     run = next(r for r in audit["runs"] if r.get("defense") == "dp-laplace" and r["value"] == 3.0)
     run["canary_audit"] = {**run["canary_audit"], "epsilon_lb": 2.0 * run["canary_audit"]["epsilon"]}
@@ -271,6 +306,63 @@ def test_audit_writes_a_canary_audit_on_every_dp_cell_and_gates_protected(synthe
     assert audit["verdicts"][0]["dp_violation"] is True
     text = au.format_matrix(audit)
     assert "DP claim violated: dp-laplace" in text.splitlines()[0] and "DP-VIOLATED" in text
+
+
+class BrokenDPGaussian4x(DPGaussian):
+    """dp-gaussian whose noise standard deviation is 4x smaller than its claim needs."""
+
+    @property
+    def noise_std(self) -> float:
+        return self.config["noise_multiplier"] * self.sensitivity / 4.0
+
+
+def test_l2_design_flags_a_4x_broken_dp_gaussian_and_not_the_correct_one(synthetic):
+    """Against an L2 clip the kit takes its 16-ratings design (the canary's upload reaches the
+    clip). The default audit's strongest-but-one dp-gaussian cell (noise multiplier 3, per-round
+    claim 1.27 at delta 1e-5, a first-round canary run): a 4x-too-small noise is flagged
+    (benchmarks/canary_power.py: 10 of 10 seeds, median 1.73; seed 0: 1.71, 498 of 562 guesses right on
+    9,001 canaries kept) and the
+    correct one is not (0 of 10, median 0.26; seed 0: 0.19, 338 of 562 guesses)."""
+    kit = canary.FedMVMFCanaries()
+    kit.for_defenses([DPGaussian(noise_multiplier=3.0)])
+    assert kit.design() == (canary.L2_CANARY_ITEMS, canary.L2_CANARY_PER_USER) == (256, 16)
+    kit.for_defenses([DPLaplace(epsilon=1.0)])
+    assert kit.design() == (canary.CANARY_ITEMS, canary.CANARY_PER_USER) == (16, 2)
+    protocol = registry.get("protocol", "fedmvmf")
+    out = {}
+    for name, cls in (("broken", BrokenDPGaussian4x), ("correct", DPGaussian)):
+        out[name] = canary.canary_audit(
+            protocol, {}, [(cls, {"noise_multiplier": 3.0})], synthetic, seed=0, names=["dp-gaussian"]
+        )
+        assert out[name]["tested"] == "first round" and out[name]["epsilon"] == pytest.approx(1.27, abs=0.01)
+    assert out["broken"]["epsilon_lb"] > out["broken"]["epsilon"] > 1.0
+    assert out["correct"]["epsilon_lb"] < 0.6
+
+
+def test_planted_control_finds_the_planted_leak_only_where_the_attack_sees_through(synthetic):
+    """The planted-signal control on the default FedMVMF config: mvmf-analytic against dp-laplace.
+    At epsilon 100 per round the attack finds the 200 planted canary users' ratings (measured:
+    rating_accuracy +0.481 over the best guess without the messages, lower bound 0.406 on 133
+    planted victims kept: power); at 1 it finds nothing (-0.049, lower bound -0.105)."""
+    protocol = registry.get("protocol", "fedmvmf")
+    attack = registry.get("attack", "mvmf-analytic")
+    reading = {}
+    for eps in (100.0, 1.0):
+        out = canary.planted_control(
+            protocol,
+            {},
+            [(DPLaplace, {"epsilon": eps})],
+            synthetic,
+            0,
+            [("mvmf-analytic", attack, dict(getattr(attack, "audit_params", {}) or {}))],
+            names=["dp-laplace"],
+        )
+        reading[eps] = out["attacks"]["mvmf-analytic"]
+        assert out["canaries"] == reading[eps]["victims"] > 100 and out["margin"] == 0.05
+    assert reading[100.0]["power"] is True and reading[100.0]["lower"] > 0.3
+    assert reading[1.0]["power"] is False and reading[1.0]["advantage"] < 0.02
+    assert "finds the planted leak" in canary.planted_sentence(reading[100.0])
+    assert "finds no leak above the margin" in canary.planted_sentence(reading[1.0])
 
 
 def test_claim_read_from_privacy_spent():

@@ -312,8 +312,10 @@ _DP_INTRO = (
     "<p>Every DP cell runs once more on a canary-augmented dataset (randomized canaries, one run: "
     "Steinke, Nasr and Jagielski, NeurIPS 2023). ε_lb is a 95 % lower bound on the mechanism's ε; above the "
     "accounted ε the DP claim is violated. A cell reads \u201cprotected\u201d only when its canaries are not all "
-    "distinguished, ε_lb is at most the weak-privacy level and the attack read every round the claim covers; "
-    "otherwise the reasons are listed. \u201ctested\u201d: the whole run against the accounted ε, or (when that "
+    "distinguished, ε_lb is at most the weak-privacy level and the attack is shown to have power there: it read "
+    "every round the claim covers, or a planted-signal control (the same noise, planted canary users) shows "
+    "it finds a planted leak above the margin; without that it reads “inconclusive (attack without power "
+    "at this noise)”. Otherwise the reasons are listed. \u201ctested\u201d: the whole run against the accounted ε, or (when that "
     "is above what the canaries can show) the first round against the per-round ε.</p>"
 )
 _DP_HEADER = [
@@ -444,11 +446,17 @@ def _threat_rows(threat: list[Mapping[str, Any]]) -> list[list[str]]:
 
 def _pair_sections(audit: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """(svg, caption, table) of every (attack, defense) pair with results."""
+    from privaudit.audit import gate_row  # the DP gate: "protected" only where the mechanism protects
+
     utility = rs.audit_utility(audit)
     out = []
     for a in audit["attacks"]:
         for d in audit["defenses"]:
-            series = [s for s in rs.audit_series(audit, a["name"], d["name"]) if "mean" in s]
+            series = [
+                gate_row(audit, a["name"], d["name"], s)
+                for s in rs.audit_series(audit, a["name"], d["name"])
+                if "mean" in s
+            ]
             if not series:
                 continue
             caption = (

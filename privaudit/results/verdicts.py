@@ -79,6 +79,8 @@ def verdict_label(row: Mapping[str, Any]) -> str:
     """The verdict of a row as a table shows it: the leaking metrics after "leaks", "(no
     per-victim scores)" after an "inconclusive" without interval."""
     verdict = str(row.get("verdict", "n/a"))
+    if row.get("verdict_label"):  # set by the audit's DP gate (privaudit.audit.gate_dp_cells)
+        return str(row["verdict_label"])
     if verdict == "leaks" and row.get("leak_metrics"):
         return f"leaks ({', '.join(row['leak_metrics'])})"
     tests = row.get("tests") or {}
