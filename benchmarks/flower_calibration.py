@@ -40,7 +40,8 @@ applicable" whenever the uploads do not decode onto the rating grid (every null 
 
 Run: ``python benchmarks/flower_calibration.py --recordings 600 --power-recordings 90`` (about 15
 minutes on one core; ``--cache DIR`` keeps the audited recordings, ``--jobs`` runs them in
-parallel processes).
+parallel processes). ``--no-null-arm`` gives the verdicts without the attack's null-view arm
+(the recorded path's verdict before it had one), from the same recordings.
 """
 
 from __future__ import annotations
@@ -248,17 +249,29 @@ def one_recording(eps: float, seed: int, clients: int, folder: str, classes: lis
     return audit_points(t, attack_classes(classes))
 
 
-def experiment(points: list[dict[str, Any]], cls: type) -> str:
+def without_null_arm(point: dict[str, Any]) -> dict[str, Any]:
+    """``point`` without the attack's null-view arm (the recorded path's verdict before it had one)."""
+    out = {k: v for k, v in point.items() if k != "baseline_null"}
+    out["bootstrap"] = {
+        m: {k: v for k, v in b.items() if k not in ("null", "se_vs_null")}
+        for m, b in point.get("bootstrap", {}).items()
+    }
+    return out
+
+
+def experiment(points: list[dict[str, Any]], cls: type, null_arm: bool = True) -> str:
     """The verdict of ``cls`` pooled over the recordings' ``points`` (one per seed)."""
     from privaudit.integrations.recorded import pooled_verdict
 
     usable = [p[cls.name] for p in points]
     if any("reason" in p for p in usable):
         return "not applicable"
-    return pooled_verdict(cls, usable, defended=True)["verdict"]
+    return pooled_verdict(cls, usable if null_arm else [without_null_arm(p) for p in usable], defended=True)["verdict"]
 
 
-def table(records: list[dict[str, Any]], classes: list[type], seeds: int) -> dict[str, dict[str, Any]]:
+def table(
+    records: list[dict[str, Any]], classes: list[type], seeds: int, null_arm: bool = True
+) -> dict[str, dict[str, Any]]:
     """Per attack (and "any"), over the experiments of ``seeds`` disjoint consecutive recordings:
     ``n`` (experiments where the attack applies), ``leaks``, ``below`` ("attack below prior") and
     ``verdicts`` (verdict -> count)."""
@@ -269,7 +282,7 @@ def table(records: list[dict[str, Any]], classes: list[type], seeds: int) -> dic
     counts["any"] = {"leaks": 0, "below": 0, "n": n, "verdicts": Counter()}
     for e in range(n):
         group = records[e * seeds : (e + 1) * seeds]
-        verdicts = {c.name: experiment(group, c) for c in classes}
+        verdicts = {c.name: experiment(group, c, null_arm) for c in classes}
         for name, v in verdicts.items():
             counts[name]["verdicts"][v] += 1
             if v == "not applicable":
@@ -316,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weak-epsilon", type=float, default=WEAK_EPSILON, help="the weak-leak copy's LocalDpMod epsilon")
     ap.add_argument(
         "--attacks", default="", help="comma-separated attacks (default: all but " + ", ".join(SKIPPED) + ")"
+    )
+    ap.add_argument(
+        "--no-null-arm", action="store_true", help="verdicts without the null-view arm (the recorded path before)"
     )
     ap.add_argument("--cache", default="", help="folder of the audited recordings (default: a temporary one)")
     ap.add_argument("--check-engine", type=int, default=0, metavar="N", help="compare N seeds with Ray recordings")
@@ -370,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             f"localdp_mf, {args.clients} clients; null: LocalDpMod epsilon {args.null_epsilon:g}, "
             f"{args.recordings} recordings (seeds 0-{args.recordings - 1}); weak leak: epsilon "
             f"{args.weak_epsilon:g}, {args.power_recordings} recordings; {seconds:.0f} s; share of "
-            "experiments (95 % Clopper-Pearson upper bound)"
+            "experiments (95 % Clopper-Pearson upper bound)" + ("; WITHOUT the null arm" if args.no_null_arm else "")
         )
         print(
             '| seeds | attack | null experiments | null "leaks" | null "attack below prior" | null verdicts '
@@ -378,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print("|---|---|---|---|---|---|---|---|")
         for s in counts:
-            tn, tw = table(null, classes, s), table(weak, classes, s)
+            tn, tw = table(null, classes, s, not args.no_null_arm), table(weak, classes, s, not args.no_null_arm)
             for name in [c.name for c in classes] + ["any"]:
                 n, w = tn[name], tw[name]
                 if not n["n"] and not w["n"]:

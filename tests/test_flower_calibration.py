@@ -92,3 +92,13 @@ def test_bad_flags_exit_2(argv, capsys):
     assert fc.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("--")
+
+
+def test_without_null_arm_drops_only_the_null_arm(null_runs):
+    _, (t, _) = null_runs
+    cls = registry.get("attack", "generic-trained-items")
+    point = transcript_point(cls, t)[0]
+    bare = fc.without_null_arm(point)
+    assert "baseline_null" not in bare and "null" not in bare["bootstrap"]["f1"]
+    assert bare["baseline_prior"] == point["baseline_prior"] and "baseline_null" in point
+    assert pooled_verdict(cls, [bare], defended=True)["tests"]["f1"]["arms"].keys() == {"prior", "random"}
