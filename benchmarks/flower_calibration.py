@@ -57,6 +57,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,31 +70,58 @@ from privaudit.errors import PrivauditError  # noqa: E402
 from privaudit.metrics import clopper_pearson  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "tests" / "flower_apps" / "localdp_mf"
-#: The app's shipped mod line, replaced in the copies.
-SHIPPED = "LocalDpMod(clipping_norm=1.0, sensitivity=1e-4, epsilon=10, delta=1e-5)"
-#: epsilon of the null copy (noise standard deviation 2 * 4.84 / epsilon = 9.7e4 per float).
+APPS = ROOT / "tests" / "flower_apps"
+
+
+@dataclass(frozen=True)
+class App:
+    """A test app of ``tests/flower_apps``, the edits of its ClientApp source that make its null
+    and weak-leak copies (``{mod}``: the LocalDpMod), its run-config overrides and the weak
+    leak's epsilon."""
+
+    edits: tuple[tuple[str, str], ...]
+    weak_epsilon: float
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+
+#: localdp_mf: explicit ratings, its stock LocalDpMod line changed. implicit_gmf: implicit feedback
+#: with 4 sampled negatives per positive, the same mod added to its ClientApp; one round (under the
+#: null's noise the aggregated GMF model of a second round overflows).
+APP_SPECS = {
+    "localdp_mf": App((("LocalDpMod(clipping_norm=1.0, sensitivity=1e-4, epsilon=10, delta=1e-5)", "{mod}"),), 200.0),
+    "implicit_gmf": App(
+        (
+            (
+                "from flwr.clientapp import ClientApp\n",
+                "from flwr.clientapp import ClientApp\nfrom flwr.clientapp.mod import LocalDpMod\n",
+            ),
+            ("app = ClientApp()", "app = ClientApp(mods=[{mod}])"),
+        ),
+        1500.0,
+        (("num-server-rounds", 1),),
+    ),
+}
+#: epsilon of the null copies (noise standard deviation 2 * 4.84 / epsilon = 9.7e4 per float).
 NULL_EPSILON = 1e-4
-#: epsilon of the weak-leak copy (noise standard deviation 0.048 per float): generic-trained-items
-#: reads "leaks" in about a quarter of the one-seed experiments.
-WEAK_EPSILON = 200.0
 #: epsilon of the --check-engine copy (noise standard deviation 9.7e-5: uploads comparable).
 CHECK_EPSILON = 1e5
 #: Attacks not counted by default (see the module docstring).
 SKIPPED = ("generic-mf-ratings-estimated",)
 
 
-def app_copy(folder: Path, epsilon: float) -> Path:
-    """A copy of the localdp_mf app under ``folder`` with ``LocalDpMod(..., epsilon=epsilon)``."""
-    dst = folder / f"localdp_mf_eps{epsilon:g}"
+def app_copy(folder: Path, epsilon: float, app: str = "localdp_mf") -> Path:
+    """A copy of test app ``app`` under ``folder`` with ``LocalDpMod(..., epsilon=epsilon)``."""
+    dst = folder / f"{app}_eps{epsilon:g}"
     if not dst.exists():
-        shutil.copytree(APP, dst, ignore=shutil.ignore_patterns("__pycache__"))
-        path = dst / "localdp_mf" / "client_app.py"
+        shutil.copytree(APPS / app, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        path = dst / app / "client_app.py"
         text = path.read_text()
-        if SHIPPED not in text:
-            raise PrivauditError(f"{path}: the shipped LocalDpMod line changed; update SHIPPED")
         mod = f"LocalDpMod(clipping_norm=1.0, sensitivity=2.0, epsilon={epsilon!r}, delta=1e-5)"
-        path.write_text(text.replace(SHIPPED, mod))
+        for old, new in APP_SPECS[app].edits:
+            if old not in text:
+                raise PrivauditError(f"{path}: no {old.strip()!r} to replace (the app changed; update APP_SPECS)")
+            text = text.replace(old, new.format(mod=mod))
+        path.write_text(text)
     return dst
 
 
@@ -133,11 +161,11 @@ def _fresh_import(app: Any) -> None:
     package = app.clientapp.split(".")[0]
     for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
         del sys.modules[name]
-    sys.path[:] = [p for p in sys.path if not Path(p).name.startswith("localdp_mf_eps")]
+    sys.path[:] = [p for p in sys.path if "_eps" not in Path(p).name]
     sys.path.insert(0, str(app.root))
 
 
-def record_in_process(app_dir: Path, clients: int, seed: int) -> Any:
+def record_in_process(app_dir: Path, clients: int, seed: int, **overrides: Any) -> Any:
     """The transcript ``privaudit record --flower`` builds, the simulation replaced by a loop-back
     Grid in this process (NumPy's and Python's global generators seeded with ``seed``: the
     LocalDpMod noise, FedAvg's node order)."""
@@ -151,7 +179,7 @@ def record_in_process(app_dir: Path, clients: int, seed: int) -> Any:
 
     app = flower.load_app(app_dir)
     _fresh_import(app)
-    cfg = {**app.config, "seed": int(seed)}
+    cfg = {**app.config, **overrides, "seed": int(seed)}
     server_app, client_app = flower._attr(app, app.serverapp), flower._attr(app, app.clientapp)
     with tempfile.TemporaryDirectory(prefix="pa-fc-") as run_dir:
         rec = flower.FlowerRecorder(app.schema, Path(run_dir))
@@ -168,11 +196,11 @@ def record_in_process(app_dir: Path, clients: int, seed: int) -> Any:
         return rec.transcript(app=app.name, seed=int(seed), defenses=flower._defenses(rec))
 
 
-def record_with_ray(app_dir: Path, clients: int, seed: int) -> Any:
+def record_with_ray(app_dir: Path, clients: int, seed: int, **overrides: Any) -> Any:
     """The transcript of ``privaudit record --flower`` (Flower's simulation engine, Ray)."""
     from privaudit.integrations.flower import record
 
-    return record(app_dir, clients=clients, run_config={"seed": int(seed)}, cpus_per_client=1).transcript
+    return record(app_dir, clients=clients, run_config={**overrides, "seed": int(seed)}, cpus_per_client=1).transcript
 
 
 def _by_truth(t: Any) -> dict[bytes, str]:
@@ -240,12 +268,12 @@ def audit_points(t: Any, classes: list[type]) -> dict[str, Any]:
     return out
 
 
-def one_recording(eps: float, seed: int, clients: int, folder: str, classes: list[str]) -> dict[str, Any]:
+def one_recording(app: str, eps: float, seed: int, clients: int, folder: str, classes: list[str]) -> dict[str, Any]:
     """Record seed ``seed`` of the app copy with ``LocalDpMod(..., epsilon=eps)`` and audit it."""
     logging.disable(logging.WARNING)  # Flower's INFO lines per message
-    app_dir = app_copy(Path(folder), eps)
+    app_dir = app_copy(Path(folder), eps, app)
     with contextlib.redirect_stdout(io.StringIO()):
-        t = record_in_process(app_dir, clients, seed)
+        t = record_in_process(app_dir, clients, seed, **dict(APP_SPECS[app].overrides))
     return audit_points(t, attack_classes(classes))
 
 
@@ -295,23 +323,29 @@ def table(
     return counts
 
 
-def _cached(cache: Path, eps: float, seed: int, clients: int, folder: str, classes: list[str]) -> dict[str, Any]:
-    path = cache / f"eps{eps:g}-c{clients}-s{seed}-{'+'.join(classes) or 'default'}.json"
+def _cached(
+    cache: Path, app: str, eps: float, seed: int, clients: int, folder: str, classes: list[str]
+) -> dict[str, Any]:
+    path = cache / f"{app}-eps{eps:g}-c{clients}-s{seed}-{'+'.join(classes) or 'default'}.json"
     if path.exists():
         return json.loads(path.read_text())
-    got = one_recording(eps, seed, clients, folder, classes)
+    got = one_recording(app, eps, seed, clients, folder, classes)
     path.write_text(json.dumps(got, allow_nan=True))
     return got
 
 
-def recordings(eps: float, n: int, first: int, clients: int, jobs: int, cache: Path, classes: list[str]) -> list[dict]:
+def recordings(
+    app: str, eps: float, n: int, first: int, clients: int, jobs: int, cache: Path, classes: list[str]
+) -> list[dict]:
     """``n`` audited recordings of seeds ``first``, ``first + 1``, ... (cached in ``cache``)."""
     from joblib import Parallel, delayed
 
     folder = str(cache / "apps")
     Path(folder).mkdir(parents=True, exist_ok=True)
-    app_copy(Path(folder), eps)  # made once, before parallel workers read it
-    return Parallel(n_jobs=jobs)(delayed(_cached)(cache, eps, first + i, clients, folder, classes) for i in range(n))
+    app_copy(Path(folder), eps, app)  # made once, before parallel workers read it
+    return Parallel(n_jobs=jobs)(
+        delayed(_cached)(cache, app, eps, first + i, clients, folder, classes) for i in range(n)
+    )
 
 
 def _cp(k: int, n: int) -> str:
@@ -326,7 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed-counts", default="1,2,3")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--null-epsilon", type=float, default=NULL_EPSILON, help="the null copy's LocalDpMod epsilon")
-    ap.add_argument("--weak-epsilon", type=float, default=WEAK_EPSILON, help="the weak-leak copy's LocalDpMod epsilon")
+    ap.add_argument("--app", choices=sorted(APP_SPECS), default="localdp_mf", help="the test app")
+    ap.add_argument(
+        "--weak-epsilon", type=float, default=0.0, help="the weak-leak copy's LocalDpMod epsilon (default: the app's)"
+    )
     ap.add_argument(
         "--attacks", default="", help="comma-separated attacks (default: all but " + ", ".join(SKIPPED) + ")"
     )
@@ -346,11 +383,12 @@ def main(argv: list[str] | None = None) -> int:
         or args.recordings < 0
         or args.power_recordings < 0
         or any(s < 1 for s in counts)
-        or not (args.null_epsilon > 0 and args.weak_epsilon > 0)
+        or not (args.null_epsilon > 0 and args.weak_epsilon >= 0)
     ):
         print("--clients must be >= 2, the recording counts >= 0, the seed counts >= 1, epsilons > 0", file=sys.stderr)
         return 2
     names = [a for a in args.attacks.split(",") if a]
+    weak_eps = args.weak_epsilon or APP_SPECS[args.app].weak_epsilon
     classes = attack_classes(names)
     tmp = None
     if args.cache:
@@ -363,29 +401,30 @@ def main(argv: list[str] | None = None) -> int:
         if args.check_engine:
             folder = cache / "apps"
             folder.mkdir(parents=True, exist_ok=True)
-            app_dir = app_copy(folder, CHECK_EPSILON)
+            app_dir = app_copy(folder, CHECK_EPSILON, args.app)
             print(
                 "| seed | Ray s | in-process s | same parties, kinds, rounds, shapes, truth, defenses | max abs upload diff |"
             )
             print("|---|---|---|---|---|")
             for seed in range(args.check_engine):
                 t0 = time.perf_counter()
-                ray = record_with_ray(app_dir, args.clients, seed)
+                over = dict(APP_SPECS[args.app].overrides)
+                ray = record_with_ray(app_dir, args.clients, seed, **over)
                 t1 = time.perf_counter()
                 with contextlib.redirect_stdout(io.StringIO()):
-                    loop = record_in_process(app_dir, args.clients, seed)
+                    loop = record_in_process(app_dir, args.clients, seed, **over)
                 t2 = time.perf_counter()
                 c = compare(loop, ray)
                 print(f"| {seed} | {t1 - t0:.1f} | {t2 - t1:.2f} | {c['same_structure']} | {c['max_abs_diff']:.2e} |")
             return 0
         t0 = time.perf_counter()
-        null = recordings(args.null_epsilon, args.recordings, 0, args.clients, args.jobs, cache, names)
-        weak = recordings(args.weak_epsilon, args.power_recordings, 10**6, args.clients, args.jobs, cache, names)
+        null = recordings(args.app, args.null_epsilon, args.recordings, 0, args.clients, args.jobs, cache, names)
+        weak = recordings(args.app, weak_eps, args.power_recordings, 10**6, args.clients, args.jobs, cache, names)
         seconds = time.perf_counter() - t0
         print(
-            f"localdp_mf, {args.clients} clients; null: LocalDpMod epsilon {args.null_epsilon:g}, "
+            f"{args.app}, {args.clients} clients; null: LocalDpMod epsilon {args.null_epsilon:g}, "
             f"{args.recordings} recordings (seeds 0-{args.recordings - 1}); weak leak: epsilon "
-            f"{args.weak_epsilon:g}, {args.power_recordings} recordings; {seconds:.0f} s; share of "
+            f"{weak_eps:g}, {args.power_recordings} recordings; {seconds:.0f} s; share of "
             "experiments (95 % Clopper-Pearson upper bound)" + ("; WITHOUT the null arm" if args.no_null_arm else "")
         )
         print(

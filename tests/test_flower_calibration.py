@@ -1,8 +1,9 @@
 """The recorded-Flower calibration (benchmarks/flower_calibration.py) and what it fixed.
 
-* generic-trained-items on a recording whose uploads carry nothing (the stock LocalDpMod app
-  with noise of standard deviation 9.7e4 per float) falls back on its prior: F1 at the prior's,
-  not 0 ("attack below prior" on every such recording before);
+* generic-trained-items (and generic-interaction-inference on the implicit-feedback app) on a
+  recording whose uploads carry nothing (a stock LocalDpMod with noise of standard deviation
+  9.7e4 per float) falls back on its prior: F1 at the prior's, not 0 ("attack below prior" on
+  every such recording before);
 * the recorded-Flower audit's verdict has the null arm (``baseline_null``) and pools several
   recordings as seeds (``pooled_verdict``);
 * the benchmark's in-process engine is deterministic per seed, its transcript comparison sees a
@@ -29,11 +30,11 @@ from privaudit import registry  # noqa: E402
 from privaudit.integrations.recorded import audit_transcript, pooled_verdict, transcript_point  # noqa: E402
 
 
-def _record(tmp: Path, eps: float, seed: int, clients: int = 12):
+def _record(tmp: Path, eps: float, seed: int, clients: int = 12, app: str = "localdp_mf"):
     logging.disable(logging.WARNING)
-    app = fc.app_copy(tmp, eps)
+    folder = fc.app_copy(tmp, eps, app)
     with contextlib.redirect_stdout(io.StringIO()):
-        return fc.record_in_process(app, clients, seed)
+        return fc.record_in_process(folder, clients, seed, **dict(fc.APP_SPECS[app].overrides))
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,17 @@ def test_trained_items_fall_back_on_the_prior_when_the_uploads_carry_nothing(nul
     attack = registry.get("attack", "generic-trained-items")()
     recon = attack.run(t.view("server"), {}, None)
     assert all(v["items"].size == 0 for v in recon.victims.values())
+
+
+def test_interaction_inference_falls_back_on_the_prior_on_an_implicit_null(tmp_path):
+    t = _record(tmp_path, fc.NULL_EPSILON, 0, app="implicit_gmf")
+    rows = {r["attack"]: r for r in audit_transcript(t)["rows"]}
+    row = rows["generic-interaction-inference"]
+    # seed 0 of the implicit GMF null copy: prior F1 0.280; the scored rows alone gave 0.000
+    assert row["baseline_prior"]["f1"] == pytest.approx(0.280, abs=0.001)
+    assert abs(row["metrics"]["f1"] - row["baseline_prior"]["f1"]) <= 0.02, row
+    assert row["verdict"] == "no evidence of leakage", row
+    assert rows["generic-trained-items"]["verdict"] == "no evidence of leakage"
 
 
 def test_pooled_verdict_over_recordings(null_runs):

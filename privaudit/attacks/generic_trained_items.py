@@ -60,6 +60,21 @@ def mean_prf(rows: list[tuple[float, float, float]]) -> dict[str, float]:
     }
 
 
+def prior_fill(
+    pred: np.ndarray, party: str, knowledge: dict[str, Any], exclude: np.ndarray | None = None
+) -> np.ndarray:
+    """``pred`` filled up to the client's count from the prior (:meth:`GenericTrainedItems.prior_knowledge`):
+    the items most trained by the other clients, not already predicted nor in ``exclude`` (items
+    the uploads show the client did not train); ``pred`` itself without that knowledge or when it
+    already holds the count."""
+    order = knowledge.get("popularity", {}).get(party)
+    k = int(knowledge.get("k", {}).get(party, 0))
+    if order is None or pred.size >= k:
+        return pred
+    drop = np.isin(order, pred) | (np.isin(order, exclude) if exclude is not None and exclude.size else False)
+    return np.union1d(pred, order[~drop][: k - pred.size])
+
+
 @register_attack("generic-trained-items")
 class GenericTrainedItems(Attack):
     """Recover each client's trained items from the embedding rows its uploads changed."""
@@ -111,17 +126,13 @@ class GenericTrainedItems(Attack):
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         victims: dict[str, dict[str, np.ndarray]] = {}
         m = n_items(view)
-        popularity, sizes = knowledge.get("popularity", {}), knowledge.get("k", {})
         for party, ups in client_uploads(view).items():
             sets = [changed_items(u, m) for u in ups]
             r = len(sets) if self.rounds == -1 else min(self.rounds, len(sets))
             pred = sets[0]
             for s in sets[1:r]:
                 pred = np.intersect1d(pred, s, assume_unique=True)
-            k = int(sizes.get(party, 0))
-            if party in popularity and pred.size < k:  # the rest from the prior: the most popular others
-                order = popularity[party]
-                pred = np.union1d(pred, order[~np.isin(order, pred)][: k - pred.size])
+            pred = prior_fill(pred, party, knowledge)
             seen, counts = np.unique(np.concatenate(sets[:r]), return_counts=True)
             victims[party] = {"items": pred, "seen_items": seen, "seen_share": counts / r}
         return Reconstruction(self.name, self.party, victims, meta={"clients": len(victims)})
