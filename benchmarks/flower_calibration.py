@@ -1,16 +1,23 @@
 """How often the recorded-Flower audit says "leaks" or "attack below prior" on null recordings.
 
-The app is ``tests/flower_apps/localdp_mf`` as its author ships it (Flower's stock FedAvg over
-the whole item matrix, Flower's stock ``LocalDpMod`` on every ClientApp reply, each node one
-user of a seeded synthetic rating matrix: the run config's ``seed`` draws the data, the item
-matrix's start and the split), with only the ``LocalDpMod`` line changed:
+Two test apps of ``tests/flower_apps`` as their authors ship them, each node one user of a
+seeded synthetic matrix (the run config's ``seed`` draws the data, the model's start and the
+split), with only a stock ``LocalDpMod`` changed or added (``--app``, :data:`APP_SPECS`):
 
-* null: ``LocalDpMod(clipping_norm=1.0, sensitivity=2.0, epsilon=1e-4, delta=1e-5)``: Gaussian
-  noise of standard deviation 9.7e4 on every uploaded float, beside a client update clipped to
-  L2 norm 1 over the 2,400 floats of the matrix: the uploads carry nothing usable about the
-  client's ratings (signal-to-noise about 1e-5 per float);
-* weak leak: the same mod at epsilon 200 (:data:`WEAK_EPSILON`; noise standard deviation 0.048
-  per float), where the rows of the trained items still stand out of the noise now and then.
+* ``localdp_mf``: explicit ratings, Flower's stock FedAvg over the whole item matrix, its
+  shipped ``LocalDpMod`` line changed; 2 rounds;
+* ``implicit_gmf``: implicit feedback (GMF, 4 sampled negatives per positive, item biases), the
+  same ``LocalDpMod`` added to its ClientApp; 1 round (under the null's noise the aggregated GMF
+  model of a second round overflows).
+
+The mod is ``LocalDpMod(clipping_norm=1.0, sensitivity=2.0, epsilon=E, delta=1e-5)``:
+
+* null: E = 1e-4: Gaussian noise of standard deviation 9.7e4 on every uploaded float, beside a
+  client update clipped to L2 norm 1: the uploads carry nothing usable about the client's data
+  (signal-to-noise about 1e-5 per float);
+* weak leak: E = 200 (localdp_mf; noise standard deviation 0.048 per float) or 1500
+  (implicit_gmf; 0.0065), where the rows of the trained items still stand out of the noise now
+  and then.
 
 Each recording is one fresh run-config seed (new data, new start, new noise) of ``--clients``
 nodes. Each recording is audited once per attack (the rows of ``privaudit audit --transcript``,
@@ -35,11 +42,13 @@ with the recording's seed, so the table is reproducible.
 Not counted: ``generic-mf-ratings-estimated`` (no per-victim scores: it always reads
 "inconclusive (no per-victim scores)", and it costs about 9 s per recording) unless
 ``--attacks`` names it; ``flower-model-inconsistency`` and ``generic-attribute-inference`` do
-not apply to this app (no secure aggregation, no attributes); ``generic-mf-ratings`` reads "not
-applicable" whenever the uploads do not decode onto the rating grid (every null recording).
+not apply to these apps (no secure aggregation, no attributes); ``generic-mf-ratings`` scores no
+victim whenever the uploads do not decode onto the rating grid ("too few victims to judge (0)"
+on the null) and does not apply to implicit feedback; ``generic-interaction-inference`` does not
+apply to localdp_mf's null (no negative ratio: none in the run config, no row moved twice).
 
-Run: ``python benchmarks/flower_calibration.py --recordings 600 --power-recordings 90`` (about 15
-minutes on one core; ``--cache DIR`` keeps the audited recordings, ``--jobs`` runs them in
+Run: ``python benchmarks/flower_calibration.py --app localdp_mf --recordings 600 --power-recordings
+90`` (about 15 minutes on one core; ``--cache DIR`` keeps the audited recordings, ``--jobs`` runs them in
 parallel processes). ``--no-null-arm`` gives the verdicts without the attack's null-view arm
 (the recorded path's verdict before it had one), from the same recordings.
 """
@@ -403,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             folder.mkdir(parents=True, exist_ok=True)
             app_dir = app_copy(folder, CHECK_EPSILON, args.app)
             print(
-                "| seed | Ray s | in-process s | same parties, kinds, rounds, shapes, truth, defenses | max abs upload diff |"
+                "| seed | Ray s | in-process s | same parties, kinds, rounds, shapes, truth, defenses | max abs float diff |"
             )
             print("|---|---|---|---|---|")
             for seed in range(args.check_engine):
