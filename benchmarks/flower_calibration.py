@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - t0
         print(
             f"{args.app}, {args.clients} clients; null: LocalDpMod epsilon {args.null_epsilon:g}, "
-            f"{args.recordings} recordings (seeds 0-{args.recordings - 1}); weak leak: epsilon "
+            f"{args.recordings} recordings (seeds from 0); weak leak: epsilon "
             f"{weak_eps:g}, {args.power_recordings} recordings; {seconds:.0f} s; share of "
             "experiments (95 % Clopper-Pearson upper bound)" + ("; WITHOUT the null arm" if args.no_null_arm else "")
         )

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import flower_calibration as fc  # noqa: E402
 
 from privaudit import registry  # noqa: E402
+from privaudit.errors import PrivauditError  # noqa: E402
 from privaudit.integrations.recorded import audit_transcript, pooled_verdict, transcript_point  # noqa: E402
 
 
@@ -79,6 +80,8 @@ def test_pooled_verdict_over_recordings(null_runs):
     assert two["tests"]["f1"]["between_seeds"] and two["verdict"] == "no evidence of leakage"
     assert fc.experiment([{cls.name: p} for p in points], cls) == "no evidence of leakage"
     assert fc.experiment([{cls.name: points[0]}, {cls.name: {"reason": "x"}}], cls) == "not applicable"
+    with pytest.raises(PrivauditError, match="no recorded points to judge"):
+        pooled_verdict(cls, [], defended=True)
 
 
 def test_in_process_engine_is_deterministic_and_the_comparison_sees_a_change(null_runs):

@@ -98,6 +98,8 @@ def pooled_verdict(
     the prior-only guess, the random guess -- on the victim cluster bootstrap of each run, the
     runs pooled with a between-run variance; Holm over those metrics). With no weaker setting to
     show the attack's power, it never reads "protected"."""
+    if not points:
+        raise PrivauditError(f"{cls.name}: no recorded points to judge")
     specs = declared_specs(cls, list(points[0]["attack_metrics"]))
     names = privacy_metrics(points, specs)
     (row,) = strength_rows([{**p, "value": None} for p in points], names, specs, None, margin)
