@@ -2,12 +2,14 @@
 
 :func:`audit_transcript` runs every registered attack that reads the transcript's protocol on
 the attacker's view and gives one row per attack: its metrics beside the random and the
-prior-only baselines, and a verdict by the rules of a sweep (every privacy metric tested on a
-cluster bootstrap over the victims, Holm-corrected): ``leaks``, ``attack below prior``,
+prior-only baselines, and a verdict by the rules of a sweep (every privacy metric tested against
+the attack on the null view, the prior-only and the random guess on a cluster bootstrap over the
+victims, Holm-corrected): ``leaks``, ``attack below prior``,
 ``inconclusive``, ``no evidence of leakage`` (one transcript has no weaker setting to show the
 attack's power, so never ``protected``), ``not applicable`` with the reason, naming the active
 defense when one hides the uploads, or ``unscored`` when the transcript holds no ``private``
-messages. :func:`reconstruct` runs
+messages. :func:`transcript_point` and :func:`pooled_verdict` give the same verdict pooled over
+several recordings of one app (seeds; benchmarks/flower_calibration.py). :func:`reconstruct` runs
 attacks without scoring and writes what they recovered, for transcripts without ground truth.
 """
 
@@ -41,7 +43,15 @@ from privaudit.results import (
 from privaudit.schema import validate
 from privaudit.transcript import Transcript, load_validated
 
-__all__ = ["applicable_attacks", "audit_transcript", "format_audit", "reconstruct", "write_audit"]
+__all__ = [
+    "applicable_attacks",
+    "audit_transcript",
+    "format_audit",
+    "pooled_verdict",
+    "reconstruct",
+    "transcript_point",
+    "write_audit",
+]
 
 #: Fewer scored victims than this give no verdict: no bootstrap over so few victims is an interval.
 MIN_VICTIMS = RESULTS_MIN_VICTIMS
@@ -78,14 +88,21 @@ def _seed_rng(transcript: Transcript) -> np.random.Generator:
     return np.random.default_rng([int(transcript.seed or 0), 17])
 
 
-def _tested_verdict(cls: type, point: dict[str, Any], defended: bool, margin: float) -> dict[str, Any]:
-    """The verdict of one attack on one transcript: the transcript is one grid value of a sweep
-    (:func:`privaudit.results.strength_rows` + :func:`~privaudit.results.decide_rows`: every
-    privacy metric tested on the victim cluster bootstrap of this run, Holm over those metrics).
-    With no weaker setting to show the attack's power, it never reads "protected"."""
-    specs = declared_specs(cls, list(point["attack_metrics"]))
-    names = privacy_metrics([point], specs)
-    (row,) = strength_rows([{**point, "value": None}], names, specs, None, margin)
+def pooled_verdict(
+    cls: type, points: list[dict[str, Any]], defended: bool, margin: float = PROTECTION_MARGIN
+) -> dict[str, Any]:
+    """The verdict of one attack on one or more recordings of the same app (one point of
+    :func:`transcript_point` per recording, each a seed): the recordings are one grid value of a
+    sweep (:func:`privaudit.results.strength_rows` + :func:`~privaudit.results.decide_rows`:
+    every privacy metric tested against every message-free guess -- the attack on the null view,
+    the prior-only guess, the random guess -- on the victim cluster bootstrap of each run, the
+    runs pooled with a between-run variance; Holm over those metrics). With no weaker setting to
+    show the attack's power, it never reads "protected"."""
+    if not points:
+        raise PrivauditError(f"{cls.name}: no recorded points to judge")
+    specs = declared_specs(cls, list(points[0]["attack_metrics"]))
+    names = privacy_metrics(points, specs)
+    (row,) = strength_rows([{**p, "value": None} for p in points], names, specs, None, margin)
     primary = getattr(cls, "primary_metric", "accuracy")
     decide_rows([[row]], primary, [[defended]], [False])
     out = {k: row[k] for k in ("verdict", "tests", "leak_metrics", "advantage", "advantage_low", "advantage_high")}
@@ -99,7 +116,37 @@ def _tested_verdict(cls: type, point: dict[str, Any], defended: bool, margin: fl
     if shown is not None:
         t = tests[shown]
         out.update(tested_metric=shown, advantage=t["advantage"], advantage_low=t["low"], advantage_high=t["high"])
+    victims = min(p["attack_metrics"].get("victims", math.inf) for p in points)
+    targets = min(p["attack_metrics"].get("targets", math.inf) for p in points)
+    if not out["tests"]:
+        out["verdict"] = "unscored"
+        out["reason"] = f"the ground truth holds nothing {cls.name} scores ({primary} undefined)"
+    elif victims < MIN_VICTIMS or targets < MIN_TARGETS:
+        out["verdict"] = f"too few victims to judge ({int(min(victims, targets))})"
     return out
+
+
+def transcript_point(cls: type, transcript: Transcript) -> tuple[dict[str, Any] | None, str]:
+    """``(point, "")``: attack ``cls`` evaluated on a transcript with ground truth, as a sweep's
+    point (its metrics, the random, prior-only and null-view guesses, the victim bootstrap); or
+    ``(None, reason)`` when the attack does not apply to it."""
+    attack = cls()
+    ok, reason = attack.applicable(transcript.view(attack.party))
+    if not ok:
+        return None, reason
+    outcome = attack.evaluate(transcript, _seed_rng(transcript))
+    if not outcome.reconstruction.supported:
+        return None, outcome.reconstruction.reason
+    metrics = outcome.metrics
+    point = {
+        "attack_metrics": floats(metrics),
+        "baseline_random": floats(outcome.baseline),
+        "baseline_prior": floats(outcome.baseline_prior),
+        "bootstrap": point_bootstrap(metrics, outcome.victims, outcome.decisions),
+    }
+    if outcome.baseline_null:  # the attack on the null view: the guess that carries its own prior
+        point["baseline_null"] = floats(outcome.baseline_null)
+    return point, ""
 
 
 def audit_transcript(
@@ -134,30 +181,16 @@ def audit_transcript(
                 }
             )
         else:
-            outcome = attack.evaluate(t, _seed_rng(t))
-            recon = outcome.reconstruction
-            if not recon.supported:
-                row.update({"applies": False, "verdict": "not applicable", "reason": recon.reason})
+            point, reason = transcript_point(cls, t)
+            if point is None:
+                row.update({"applies": False, "verdict": "not applicable", "reason": reason})
             else:
-                metrics = outcome.metrics
-                point = {
-                    "attack_metrics": floats(metrics),
-                    "baseline_random": floats(outcome.baseline),
-                    "baseline_prior": floats(outcome.baseline_prior),
-                    "bootstrap": point_bootstrap(metrics, outcome.victims, outcome.decisions),
-                }
-                row.update(_tested_verdict(cls, point, bool(defenses), margin))
-                victims, targets = metrics.get("victims", math.inf), metrics.get("targets", math.inf)
-                if not row["tests"]:
-                    row["verdict"] = "unscored"
-                    row["reason"] = f"the ground truth holds nothing {cls.name} scores ({row['metric']} undefined)"
-                elif victims < MIN_VICTIMS or targets < MIN_TARGETS:
-                    row["verdict"] = f"too few victims to judge ({int(min(victims, targets))})"
+                row.update(pooled_verdict(cls, [point], bool(defenses), margin))
                 row.update(
                     {
-                        "metrics": metrics,
-                        "baseline_random": outcome.baseline,
-                        "baseline_prior": outcome.baseline_prior,
+                        "metrics": point["attack_metrics"],
+                        "baseline_random": point["baseline_random"],
+                        "baseline_prior": point["baseline_prior"],
                     }
                 )
         row["seconds"] = time.perf_counter() - t0

@@ -17,7 +17,10 @@ upload, an upload that did not change its row counting -1 (a positive is trained
 negatives are re-drawn); items scoring above 0 are predicted. The negative ratio is public (the
 app's run config, recorded as ``negatives``) or given as ``negatives``. Scored like
 ``generic-trained-items`` against the client's private ``items`` (its positives), with the same
-held-out popularity prior.
+held-out popularity prior; where fewer items score above 0 than the client has positives (a DP
+mod's noise hides the rows), the set is filled up from that prior, skipping items scored as
+negatives (:func:`~privaudit.attacks.generic.trained_items.prior_fill`; before, noise-only uploads
+gave the empty set and "attack below prior" on every recording: docs/verdicts.md).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 
 from privaudit.attacks.base import Reconstruction
 from privaudit.attacks.generic._uploads import changed_items, client_uploads, n_items
-from privaudit.attacks.generic.trained_items import GenericTrainedItems
+from privaudit.attacks.generic.trained_items import GenericTrainedItems, prior_fill
 from privaudit.attacks.ncf.interaction_inference import implied_positives, upload_scores
 from privaudit.params import Param
 from privaudit.registry import register_attack
@@ -139,7 +142,8 @@ class GenericInteractionInference(GenericTrainedItems):
                 seen |= present
             ids = np.flatnonzero(seen[:m])
             score = total[ids] / max(r, 1)
-            victims[party] = {"items": ids[score > 0], "seen_items": ids, "seen_share": (score + 1.0) / 2.0}
+            pred = prior_fill(ids[score > 0], party, knowledge, exclude=ids[score < 0])
+            victims[party] = {"items": pred, "seen_items": ids, "seen_share": (score + 1.0) / 2.0}
         meta = {"clients": len(victims), "negatives": negatives, "negatives_from": source}
         return Reconstruction(self.name, self.party, victims, meta=meta)
 
