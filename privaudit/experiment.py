@@ -576,7 +576,7 @@ def attack_transcript(
     (``transcript.seed``, 0) of an experiment.
     """
     from privaudit import transcript as tr
-    from privaudit.plan import _resolve_attack
+    from privaudit.plan import resolve_attack
 
     t0 = time.perf_counter()
     if isinstance(transcript, (str, Path)):
@@ -587,7 +587,7 @@ def attack_transcript(
     protocol_cls = registry.get("protocol", transcript.protocol)
     validate_transcript(transcript)
     name, params = component(attack, "attack") if attack is not None else (None, {})
-    attack_cls = _resolve_attack(protocol_cls, name)
+    attack_cls = resolve_attack(protocol_cls, name)
     attack_params = attack_cls(**params).config
     if not transcript.has_private:
         raise PrivauditError(

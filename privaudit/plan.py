@@ -226,7 +226,7 @@ class Plan:
         return next((cls for cls, _ in self.defenses if cls.name == self.sweep.target), None)
 
 
-def _resolve_attack(protocol_cls: type, attack: str | None) -> type:
+def resolve_attack(protocol_cls: type, attack: str | None) -> type:
     name = attack or protocol_cls.default_attack
     if not name:
         raise PrivauditError(f"protocol {protocol_cls.name!r} has no default attack; name one with --attack")
@@ -311,7 +311,7 @@ def resolve(
     if users is not None and int(users) < 1:
         raise PrivauditError(f"--users must be at least 1, got {users}")
     protocol_cls = registry.get("protocol", protocol)
-    attack_cls = _resolve_attack(protocol_cls, attack)
+    attack_cls = resolve_attack(protocol_cls, attack)
     defense_specs = [(registry.get("defense", name), dict(params)) for name, params in defenses]
     if sweep is not None and sweep.target not in ("attack", "protocol"):
         if sweep.target not in [cls.name for cls, _ in defense_specs]:
