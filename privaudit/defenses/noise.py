@@ -7,7 +7,7 @@ entries such as ``items`` are never touched) gets i.i.d. noise:
 * ``laplace``: Laplace(0, b) with b = ``scale`` (standard deviation sqrt(2) b);
 * ``gaussian``: N(0, sigma^2) with sigma = ``scale``.
 
-Noise comes from the channel's simulation generator (``channel.rng``), one vectorized draw per
+Noise comes from the channel's simulation generator (``ctx.rng``), one vectorized draw per
 batch. The noisy uploads are what the server receives and what the transcript records. A round
 the transcript does not record and the server only sums gets the noise on its sums instead, the
 sum over each element's senders drawn at once (:func:`laplace_sums`, :func:`gaussian_sums`):
@@ -18,10 +18,11 @@ mechanisms (no clipping, no accounting): see ``dp-gaussian``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
-from privaudit.defenses.base import ChannelContext, Defense, PackedBatch, UploadBatch
+from privaudit.defenses.base import ChannelContext, Defense, PackedBatch, RoundUploads, UploadBatch
 from privaudit.params import Param
 from privaudit.registry import register_defense
 
@@ -67,13 +68,35 @@ class _AdditiveNoise(Defense):
     strength = "scale"
     acts_on = (("*", "*"),)  # every float of every upload
     default_grid = DEFAULT_SCALES
+    takes_packed = True
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         raise NotImplementedError
 
-    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
-        scale = self.config["scale"]
-        if scale == 0.0 or not batch.payloads:
+    def process_uploads(
+        self, uploads: RoundUploads, ctx: ChannelContext, call_next: Callable[[RoundUploads], RoundUploads]
+    ) -> RoundUploads:
+        """Noise on every uploaded float (one draw per batch); in a round only summed, on the sums."""
+        if self.config["scale"] == 0.0:
+            return call_next(uploads)
+        if uploads.summed:
+            uploads.noise_on_sums(self.noise_sums)
+            return call_next(uploads)
+        return call_next(uploads.map(lambda b: self.noisy(b, ctx.rng)))
+
+    def noisy(self, batch: UploadBatch | PackedBatch, rng: np.random.Generator) -> UploadBatch | PackedBatch:
+        """``batch`` with one draw added over its floats in (payload, key) order: on the packed
+        array when the batch has one float entry (the same order), else on the unpacked payloads."""
+        if isinstance(batch, PackedBatch):
+            keys = batch.float_keys()
+            if len(keys) > 1:
+                return self.noisy(batch.unpacked(), rng)
+            if not batch.senders or not keys or batch.arrays[keys[0]].size == 0:
+                return batch
+            noisy = batch.arrays[keys[0]].astype(np.float64)  # a copy: the clients' plaintext stays as it was
+            noisy += self.draw(rng, noisy.size).reshape(noisy.shape)
+            return dataclasses.replace(batch, arrays={**batch.arrays, keys[0]: noisy})
+        if not batch.payloads:
             return batch
         slots = [(j, key) for j, p in enumerate(batch.payloads) for key in batch.float_keys(p)]
         arrays = [np.asarray(batch.payloads[j][key]) for j, key in slots]
@@ -83,7 +106,7 @@ class _AdditiveNoise(Defense):
             return batch
         # every float in (payload, key) order, as float64, plus one draw: entry by entry the same sums
         flat = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.float64, copy=False)
-        flat += self.draw(channel.rng, total)
+        flat += self.draw(rng, total)
         payloads = [dict(p) for p in batch.payloads]
         end = 0
         for (j, key), arr, size in zip(slots, arrays, sizes):
@@ -91,23 +114,9 @@ class _AdditiveNoise(Defense):
             payloads[j][key] = flat[end - size : end].reshape(arr.shape)
         return dataclasses.replace(batch, payloads=payloads)
 
-    def packs(self, batches: list[PackedBatch]) -> bool:
-        """Packed when every batch has at most one float entry (then its floats in (payload,
-        key) order are that entry's array in order, and the draw lands where it does unpacked)."""
-        return all(len(b.float_keys()) <= 1 for b in batches)
-
-    def on_round_summed(self, batches: list[PackedBatch], channel: ChannelContext) -> list[PackedBatch]:
-        return batches  # the noise goes onto the sums (summed_noise)
-
-    def on_upload_packed(self, batch: PackedBatch, channel: ChannelContext) -> PackedBatch:
-        scale = self.config["scale"]
-        keys = batch.float_keys()
-        if scale == 0.0 or not batch.senders or not keys or batch.arrays[keys[0]].size == 0:
-            return batch
-        values = batch.arrays[keys[0]]
-        noisy = values.astype(np.float64)  # a copy: the clients' plaintext stays as it was
-        noisy += self.draw(channel.rng, noisy.size).reshape(noisy.shape)
-        return dataclasses.replace(batch, arrays={**batch.arrays, keys[0]: noisy})
+    def noise_sums(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray:
+        """The sum of ``counts`` senders' noise, elementwise (:meth:`RoundUploads.noise_on_sums`)."""
+        raise NotImplementedError
 
 
 @register_defense("laplace")
@@ -119,8 +128,8 @@ class LaplaceNoise(_AdditiveNoise):
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return laplace_noise(rng, size, self.config["scale"])
 
-    def summed_noise(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray | None:
-        return laplace_sums(rng, counts, self.config["scale"]) if self.config["scale"] else None
+    def noise_sums(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray:
+        return laplace_sums(rng, counts, self.config["scale"])
 
 
 @register_defense("gaussian")
@@ -132,5 +141,5 @@ class GaussianNoise(_AdditiveNoise):
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return rng.normal(0.0, self.config["scale"], size)
 
-    def summed_noise(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray | None:
-        return gaussian_sums(rng, counts, self.config["scale"]) if self.config["scale"] else None
+    def noise_sums(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray:
+        return gaussian_sums(rng, counts, self.config["scale"])
