@@ -448,11 +448,13 @@ class Defense(Configurable):
     def on_round(self, batches: list[Any], ctx: ChannelContext) -> list[Any]:
         """This defense alone on one round's ``batches`` (as :meth:`on_upload`); not a hook."""
         uploads = RoundUploads(batches[0].round if batches else 0, list(batches))
-        if uploads.packed and not self.takes_packed:
+        if not self.takes_packed and any(isinstance(b, PackedBatch) for b in batches):
             uploads = uploads.unpacked()
         if self.joint_round or len(batches) <= 1:
             return self.process_uploads(uploads, ctx, _received).batches
-        return [self.process_uploads(uploads.replace([b]), ctx, _received).batches[0] for b in uploads.batches]
+        return [
+            self.process_uploads(RoundUploads(uploads.round, [b]), ctx, _received).batches[0] for b in uploads.batches
+        ]
 
     def on_download(self, payload: dict[str, np.ndarray], channel: ChannelContext) -> dict[str, np.ndarray]:
         """Transform what the server sends to clients (default: unchanged)."""
