@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privaudit.defenses.base import AGGREGATION, UPLOAD, Defense, RoundUploads, UploadBatch
+from privaudit.defenses.base import AGGREGATION, UPLOAD, Defense, PackedBatch, RoundUploads, UploadBatch
 from privaudit.protocols.base import Channel
 
 
@@ -123,3 +123,26 @@ def test_noise_goes_on_the_sums_only_in_a_summed_round():
     uploads = RoundUploads(0, [])
     with pytest.raises(ValueError, match="only in a round the receiver only sums"):
         uploads.noise_on_sums(lambda rng, counts: counts)
+
+
+@pytest.mark.parametrize("keys", [("values",), ("values", "extra")])
+def test_with_floats_gives_the_same_numbers_packed_and_unpacked(keys):
+    """The floats a defense changes come in (payload, key) order on either form."""
+    rng = np.random.default_rng(4)
+    bounds = np.array([0, 2, 2, 5])
+    arrays = {"items": np.array([0, 3, 1, 2, 3]), **{k: rng.normal(size=(5, 2)) for k in keys}}
+    packed = PackedBatch(0, "grad_V", ["client:0", "client:1", "client:2"], arrays, bounds)
+    before = {k: v.copy() for k, v in arrays.items()}
+
+    def ramp(flat):
+        flat += np.arange(flat.size)
+        return flat
+
+    got, want = packed.with_floats(ramp), packed.unpacked().with_floats(ramp)
+    assert isinstance(got, PackedBatch) == (len(keys) == 1)
+    got_payloads = got.payloads() if isinstance(got, PackedBatch) else got.payloads
+    for g, w in zip(got_payloads, want.payloads):
+        assert g.keys() == w.keys()
+        for k in g:
+            np.testing.assert_array_equal(g[k], w[k], strict=True)
+    assert all(np.array_equal(arrays[k], before[k]) for k in arrays)  # the clients' plaintext untouched

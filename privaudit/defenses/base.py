@@ -148,6 +148,24 @@ class UploadBatch:
             return [k for k in self.noisy_keys if k in payload]
         return [k for k, v in payload.items() if (v.dtype.kind == "f" if type(v) is np.ndarray else _is_float(v))]
 
+    def with_floats(self, change: Callable[[np.ndarray], np.ndarray]) -> UploadBatch:
+        """This batch with every uploaded float (:meth:`float_keys`, in (payload, key) order) through
+        ``change``, which gets them as one fresh float64 array (it may change it in place) and
+        returns as many; unchanged when there are none. :meth:`PackedBatch.with_floats` gives the
+        same numbers on the packed form."""
+        slots = [(j, key) for j, p in enumerate(self.payloads) for key in self.float_keys(p)]
+        arrays = [np.asarray(self.payloads[j][key]) for j, key in slots]
+        sizes = [a.size for a in arrays]
+        if sum(sizes) == 0:
+            return self
+        flat = change(np.concatenate([a.reshape(-1) for a in arrays]).astype(np.float64, copy=False))
+        payloads = [dict(p) for p in self.payloads]
+        end = 0
+        for (j, key), arr, size in zip(slots, arrays, sizes):
+            end += size
+            payloads[j][key] = flat[end - size : end].reshape(arr.shape)
+        return dataclasses.replace(self, payloads=payloads)
+
 
 @dataclass
 class PackedBatch:
@@ -184,6 +202,18 @@ class PackedBatch:
         if self.noisy_keys is not None:
             return [k for k in self.noisy_keys if k in self.arrays]
         return [k for k, v in self.arrays.items() if v.dtype.kind == "f"]
+
+    def with_floats(self, change: Callable[[np.ndarray], np.ndarray]) -> UploadBatch | PackedBatch:
+        """:meth:`UploadBatch.with_floats`, the same numbers: on the packed array when the batch has
+        one float entry (its order is the (payload, key) order), else on the unpacked batch."""
+        keys = self.float_keys()
+        if len(keys) > 1:
+            return self.unpacked().with_floats(change)
+        if not self.senders or not keys or self.arrays[keys[0]].size == 0:
+            return self
+        values = self.arrays[keys[0]].astype(np.float64)  # a copy: the clients' plaintext stays as it was
+        flat = change(values.reshape(-1))
+        return dataclasses.replace(self, arrays={**self.arrays, keys[0]: flat.reshape(values.shape)})
 
     def entry_sizes(self, key: str) -> np.ndarray:
         """Floats of every sender's entry ``key``, (len(senders),) int64."""

@@ -17,7 +17,6 @@ mechanisms (no clipping, no accounting): see ``dp-gaussian``.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -85,34 +84,14 @@ class _AdditiveNoise(Defense):
         return call_next(uploads.map(lambda b: self.noisy(b, ctx.rng)))
 
     def noisy(self, batch: UploadBatch | PackedBatch, rng: np.random.Generator) -> UploadBatch | PackedBatch:
-        """``batch`` with one draw added over its floats in (payload, key) order: on the packed
-        array when the batch has one float entry (the same order), else on the unpacked payloads."""
-        if isinstance(batch, PackedBatch):
-            keys = batch.float_keys()
-            if len(keys) > 1:
-                return self.noisy(batch.unpacked(), rng)
-            if not batch.senders or not keys or batch.arrays[keys[0]].size == 0:
-                return batch
-            noisy = batch.arrays[keys[0]].astype(np.float64)  # a copy: the clients' plaintext stays as it was
-            noisy += self.draw(rng, noisy.size).reshape(noisy.shape)
-            return dataclasses.replace(batch, arrays={**batch.arrays, keys[0]: noisy})
-        if not batch.payloads:
-            return batch
-        slots = [(j, key) for j, p in enumerate(batch.payloads) for key in batch.float_keys(p)]
-        arrays = [np.asarray(batch.payloads[j][key]) for j, key in slots]
-        sizes = [a.size for a in arrays]
-        total = sum(sizes)
-        if total == 0:
-            return batch
-        # every float in (payload, key) order, as float64, plus one draw: entry by entry the same sums
-        flat = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.float64, copy=False)
-        flat += self.draw(rng, total)
-        payloads = [dict(p) for p in batch.payloads]
-        end = 0
-        for (j, key), arr, size in zip(slots, arrays, sizes):
-            end += size
-            payloads[j][key] = flat[end - size : end].reshape(arr.shape)
-        return dataclasses.replace(batch, payloads=payloads)
+        """``batch`` with one draw added over its floats in (payload, key) order (packed or not,
+        the same numbers: :meth:`UploadBatch.with_floats`)."""
+
+        def add(flat: np.ndarray) -> np.ndarray:
+            flat += self.draw(rng, flat.size)
+            return flat
+
+        return batch.with_floats(add)
 
     def noise_sums(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray:
         """The sum of ``counts`` senders' noise, elementwise (:meth:`RoundUploads.noise_on_sums`)."""
