@@ -92,14 +92,17 @@ class NullNoise(Defense):
     strength = "scale"
     default_grid = (1.0, 2.0, 3.0)
 
-    def on_upload(self, batch: UploadBatch, channel) -> UploadBatch:
+    def process_uploads(self, uploads, ctx, call_next):
+        return call_next(uploads.map(lambda b: self.replaced(b, ctx.rng)))
+
+    def replaced(self, batch: UploadBatch, rng) -> UploadBatch:
         for payload in batch.payloads:
             for key in batch.float_keys(payload):
                 shape = np.shape(payload[key])
                 if self.shared:
-                    payload[key] = channel.rng.normal() + 1e-3 * channel.rng.normal(size=shape)
+                    payload[key] = rng.normal() + 1e-3 * rng.normal(size=shape)
                 else:
-                    payload[key] = channel.rng.normal(size=shape)
+                    payload[key] = rng.normal(size=shape)
         return batch
 
 
@@ -170,11 +173,12 @@ class NullReplace(Defense):
     strength = "scale"
     default_grid = (1.0,)
 
-    def on_upload(self, batch: UploadBatch, channel) -> UploadBatch:
-        for payload in batch.payloads:
-            for key in batch.float_keys(payload):
-                payload[key] = channel.rng.normal(size=np.shape(payload[key]))
-        return batch
+    def process_uploads(self, uploads, ctx, call_next):
+        for batch in uploads.batches:
+            for payload in batch.payloads:
+                for key in batch.float_keys(payload):
+                    payload[key] = ctx.rng.normal(size=np.shape(payload[key]))
+        return call_next(uploads)
 
 
 class NullDense(Defense):
@@ -186,16 +190,17 @@ class NullDense(Defense):
     strength = "scale"
     default_grid = (1.0,)
 
-    def on_upload(self, batch: UploadBatch, channel) -> UploadBatch:
-        m = int(channel.transcript.config.get("n_items", 0))
-        for payload in batch.payloads:
-            if "items" in payload and "values" in payload and m > 0:
-                payload["items"] = np.arange(m, dtype=np.int64)
-                payload["values"] = channel.rng.normal(size=(m, np.shape(payload["values"])[1]))
-            for key in batch.float_keys(payload):
-                if key != "values" or "items" not in payload:
-                    payload[key] = channel.rng.normal(size=np.shape(payload[key]))
-        return batch
+    def process_uploads(self, uploads, ctx, call_next):
+        m = int(ctx.transcript.config.get("n_items", 0))
+        for batch in uploads.batches:
+            for payload in batch.payloads:
+                if "items" in payload and "values" in payload and m > 0:
+                    payload["items"] = np.arange(m, dtype=np.int64)
+                    payload["values"] = ctx.rng.normal(size=(m, np.shape(payload["values"])[1]))
+                for key in batch.float_keys(payload):
+                    if key != "values" or "items" not in payload:
+                        payload[key] = ctx.rng.normal(size=np.shape(payload[key]))
+        return call_next(uploads)
 
 
 #: protocol -> (tiny synthetic data, protocol config, laplace scale of the weak leak, defenses

@@ -22,7 +22,7 @@ import pytest
 from privaudit import registry
 from privaudit.attacks.base import Attack, Reconstruction
 from privaudit.data.dataset import RatingsDataset
-from privaudit.defenses.base import Defense, UploadBatch
+from privaudit.defenses.base import Defense
 from privaudit.params import Param
 from privaudit.protocols.base import Protocol, RunResult
 from privaudit.results import Decisions, MetricSpec, VictimTable
@@ -246,13 +246,13 @@ class DummyNoise(Defense):
     acts_on = (("upload", "values"),)
     default_grid = (0.0, 0.1, 1.0, 10.0)
 
-    def on_upload(self, batch: UploadBatch, channel) -> UploadBatch:
-        if self.scale <= 0:
-            return batch
-        for payload in batch.payloads:
-            for key in batch.float_keys(payload):
-                payload[key] = payload[key] + channel.rng.laplace(0.0, self.scale, size=np.shape(payload[key]))
-        return batch
+    def process_uploads(self, uploads, ctx, call_next):
+        if self.scale > 0:
+            for batch in uploads.batches:
+                for payload in batch.payloads:
+                    for key in batch.float_keys(payload):
+                        payload[key] = payload[key] + ctx.rng.laplace(0.0, self.scale, size=np.shape(payload[key]))
+        return call_next(uploads)
 
     def privacy_spent(self, rounds):
         return {"epsilon": rounds / self.scale} if self.scale > 0 else None
@@ -265,14 +265,15 @@ class DummyEncrypt(Defense):
     acts_on = (("upload", "values"),)
     schema_contribution = DefenseSchema(upload_forms=(ENCRYPTED,))
 
-    def on_upload(self, batch, channel):
-        # stand-in ciphertexts: the plaintext's bytes (a test double, not encryption)
-        batch.payloads = [
-            {"ciphertexts": np.frombuffer(np.asarray(p["values"], np.float64).tobytes(), np.uint8).copy()}
-            for p in batch.payloads
-        ]
-        batch.meta["encrypted"] = True
-        return batch
+    def process_uploads(self, uploads, ctx, call_next):
+        for batch in uploads.batches:
+            # stand-in ciphertexts: the plaintext's bytes (a test double, not encryption)
+            batch.payloads = [
+                {"ciphertexts": np.frombuffer(np.asarray(p["values"], np.float64).tobytes(), np.uint8).copy()}
+                for p in batch.payloads
+            ]
+            batch.meta["encrypted"] = True
+        return call_next(uploads)
 
     def hides_plaintext(self):
         return True
@@ -292,12 +293,13 @@ class DummyBrokenDP(Defense):
     acts_on = (("upload", "values"),)
     default_grid = (2.0, 0.5)
 
-    def on_upload(self, batch: UploadBatch, channel) -> UploadBatch:
+    def process_uploads(self, uploads, ctx, call_next):
         b = 2.0 * self.signal / (self.shortfall * self.epsilon)
-        for payload in batch.payloads:
-            for key in batch.float_keys(payload):
-                payload[key] = payload[key] + channel.rng.laplace(0.0, b, size=np.shape(payload[key]))
-        return batch
+        for batch in uploads.batches:
+            for payload in batch.payloads:
+                for key in batch.float_keys(payload):
+                    payload[key] = payload[key] + ctx.rng.laplace(0.0, b, size=np.shape(payload[key]))
+        return call_next(uploads)
 
     def privacy_spent(self, rounds):
         return {

@@ -2379,3 +2379,30 @@ def test_typed_results_escape_every_string_in_the_notebook_view():
     )
     page = audit._repr_html_()
     assert "<script>" not in page and page.count("&lt;script&gt;") >= 4
+
+
+# ------------------------------------------------------------------------------ dphook branch
+# A plugin defense written against the removed upload hooks: refused by name when it loads.
+
+
+def test_a_plugin_defense_with_a_removed_hook_is_refused_by_name(tmp_path):
+    (tmp_path / "stale_plugin.py").write_text(
+        "from privaudit.defenses.base import Defense\n\n\n"
+        "class Stale(Defense):\n"
+        "    def aggregate(self, batch, channel, rows):\n"
+        "        return None\n"
+    )
+    dist = tmp_path / "stale_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: stale-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[privaudit.defenses]\nstale = stale_plugin:Stale\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "privaudit", "list"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-800:]  # the toolkit still works
+    assert (
+        "plugin failed to load: privaudit.defenses:stale: TypeError: Stale: aggregate is no longer a defense "
+        "hook; override process_uploads(uploads, ctx, call_next)" in proc.stderr
+    ), proc.stderr
+    assert "stale" not in proc.stdout.split()

@@ -196,13 +196,14 @@ PLUGIN = textwrap.dedent(
             payload_dtypes={("grad_V", "values"): "int8"},
         )
 
-        def on_upload(self, batch, channel):
-            for sender, p in zip(batch.senders, batch.payloads):
-                p["values"] = np.clip(np.round(p["values"] / self.step), -127, 127).astype(np.int8)
-                if batch.recorded:
-                    seed = channel.rng.integers(0, 256, 8).astype(np.uint8)
-                    channel.transcript.add(batch.round, sender, "server", "pseudo_seed", {"seed": seed})
-            return batch
+        def process_uploads(self, uploads, ctx, call_next):
+            for batch in uploads.batches:
+                for sender, p in zip(batch.senders, batch.payloads):
+                    p["values"] = np.clip(np.round(p["values"] / self.step), -127, 127).astype(np.int8)
+                    if batch.recorded:
+                        seed = ctx.rng.integers(0, 256, 8).astype(np.uint8)
+                        ctx.transcript.add(batch.round, sender, "server", "pseudo_seed", {"seed": seed})
+            return call_next(uploads)
     '''
 )
 

@@ -14,7 +14,7 @@ import pytest
 
 from privaudit import registry
 from privaudit.data.synthetic import synthetic
-from privaudit.defenses.base import PackedBatch, UploadBatch
+from privaudit.defenses.base import Defense, PackedBatch, RoundUploads, UploadBatch
 from privaudit.defenses.dp_gaussian import DPGaussian
 from privaudit.defenses.dp_laplace import DPLaplace
 from privaudit.protocols import fedmvmf
@@ -64,13 +64,13 @@ def test_fedmvmf_packed_equals_per_client_path(data, name, params, settings, mon
     # every round sent (none only summed), so that the packed and per-client paths draw alike
     monkeypatch.setattr(Channel, "sum_round_packed", lambda self, *a, **k: None)
     unpacked_calls = []
-    send_round = Channel.send_round
-    monkeypatch.setattr(
-        Channel, "send_round", lambda self, *a, **k: unpacked_calls.append(1) or send_round(self, *a, **k)
-    )
+    unpacked = RoundUploads.unpacked
+    monkeypatch.setattr(RoundUploads, "unpacked", lambda self: unpacked_calls.append(1) or unpacked(self))
     packed = run()
+    monkeypatch.setattr(RoundUploads, "unpacked", unpacked)
     declines = name == "dp-gaussian" and "clip_per" in params
     assert bool(unpacked_calls) == declines  # the others took the packed path all the way
+    send_round = Channel.send_round
 
     def per_client(self, round, batches, record=True):
         return send_round(self, round, batches[0].senders, [(b.kind, b.payloads()) for b in batches], record=record)
@@ -107,11 +107,12 @@ class _Channel:
 
 @pytest.mark.parametrize("cls", [DPLaplace, DPGaussian])
 @pytest.mark.parametrize("seed", range(3))
-def test_dp_on_round_packed_equals_on_round(cls, seed):
+def test_dp_packed_round_equals_unpacked_round(cls, seed):
     batches = _packed_round(np.random.default_rng(seed), n=50)
     a, b = cls(clip=0.5), cls(clip=0.5)
-    assert a.packs(batches)
-    got = a.on_round_packed(batches, _Channel(3))
+    assert a.takes_packed
+    got = a.on_round(batches, _Channel(3))
+    assert all(isinstance(g, PackedBatch) for g in got)
     want = b.on_round([x.unpacked() for x in batches], _Channel(3))
     for g, w in zip(got, want):
         for gp, wp in zip(g.payloads(), w.payloads):
@@ -123,14 +124,27 @@ def test_dp_on_round_packed_equals_on_round(cls, seed):
         assert not any(np.shares_memory(x.arrays["values"], g.arrays["values"]) for g in got)
 
 
-def test_packs_declines_layouts_it_cannot_order():
-    batches = _packed_round(np.random.default_rng(0), n=5)
-    assert not DPLaplace(clip=1.0, clip_per="row").packs(batches)
-    assert not DPLaplace(clip=1.0, dense=True).packs(batches)
+def test_packed_path_declines_layouts_it_cannot_order():
+    assert not DPLaplace(clip=1.0, clip_per="row").takes_packed
+    assert not DPLaplace(clip=1.0, dense=True).takes_packed
+    assert not registry.get("defense", "secagg")().takes_packed  # sums itself
+    transcript = type("T", (), {"config": {"n_items": 4}, "add": lambda *a, **k: None})()
     two = [PackedBatch(0, "x", ["client:0"], {"a": np.zeros((1, 2)), "b": np.ones((1, 2))})]
-    assert not DPLaplace(clip=1.0).packs(two) and not registry.get("defense", "laplace")(scale=1.0).packs(two)
-    assert registry.get("defense", "sampling")().packs(batches)  # changes client data only
-    assert not registry.get("defense", "secagg")().packs(batches)  # sums itself
+    for d in (DPLaplace(clip=1.0), registry.get("defense", "laplace")(scale=1.0)):  # two float entries
+        assert Channel([d], transcript, np.random.default_rng(0)).sum_round_packed(0, two, [None]) is None
+    # a defense that changes client data only is not in the upload chain: the round stays packed
+    ch = Channel([registry.get("defense", "sampling")()], transcript, np.random.default_rng(0))
+    assert all(isinstance(b, PackedBatch) for b in ch.send_round_packed(0, _small_round(1), record=False))
+    # one that takes no packed batches gets them unpacked, the same messages
+    seen = []
+
+    class Look(Defense):
+        def process_uploads(self, uploads, ctx, call_next):
+            seen.extend(type(b).__name__ for b in uploads.batches)
+            return call_next(uploads)
+
+    Channel([Look()], transcript, np.random.default_rng(0)).send_round_packed(0, _small_round(1), record=False)
+    assert seen == ["UploadBatch", "UploadBatch"]
 
 
 @pytest.mark.parametrize("per_sender", [2, 25])

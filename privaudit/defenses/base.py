@@ -1,30 +1,35 @@
-"""The :class:`Defense` base class: hooks that change what clients send.
+"""The :class:`Defense` base class: what a defense changes of what clients send.
 
 A defense has parameters (``params``), one of which may be its *strength* (``strength``, e.g. a
 noise scale, an epsilon, a sampling ratio) with a default grid to sweep. Protocols never call a
-defense directly: client uploads go through a :class:`~privaudit.protocols.base.Channel` that
+defense directly: client uploads go through a :class:`~privaudit.protocols.base.Channel`, which
 calls, for every active defense in order,
 
 - :meth:`Defense.on_client_data` before training (e.g. sampling adds virtual items),
-- :meth:`Defense.on_upload` on every batch of uploads (noise, encryption, masking),
-- :meth:`Defense.on_round` on all the messages a client sends in one round when a protocol
-  hands them over together (:meth:`~privaudit.protocols.base.Channel.send_round`; default: each
-  batch through :meth:`Defense.on_upload`), so that a DP defense clips them jointly,
-- :meth:`Defense.aggregate` when the receiver sums a batch (homomorphic or masked sums),
+- :meth:`Defense.process_uploads`, the one upload hook: middleware over a round's uploads
+  (:class:`RoundUploads`) with the signature ``(uploads, ctx, call_next)`` (as Flower's mods):
+  the defense changes the uploads (noise, clipping, encryption, masking), may record its own
+  messages, and hands them on with ``call_next``, which runs the later defenses and returns the
+  uploads as the receiver gets them; ``ctx`` is the uplink (:class:`ChannelContext`: the
+  simulation ``rng``, the ``transcript``, the ``model`` the clients last downloaded),
 - :meth:`Defense.on_download` on what the server sends back.
 
-Optional, for speed: a defense whose :meth:`Defense.packs` accepts a round's
-:class:`PackedBatch` es (one array per entry, as FedMVMF sends them) gets them through
-:meth:`Defense.on_upload_packed` / :meth:`Defense.on_round_packed` with the same numbers, and in
-a round that is only summed through :meth:`Defense.on_round_summed` plus
-:meth:`Defense.summed_noise` (its i.i.d. noise drawn on the sums, same law).
+The fast paths are derived, not written per defense: the uploads may come packed
+(:class:`PackedBatch`, one array per entry) to a defense that declares :attr:`Defense.takes_packed`
+(the others get them unpacked, one dict per sender, the same numbers); in a round the
+receiver only sums (:attr:`RoundUploads.summed`, offered only when every defense takes the round
+packed) a defense puts its i.i.d. noise on the sums (:meth:`RoundUploads.noise_on_sums`); a
+defense that hides plaintext attaches the receiver's sum to the batches it sends
+(:attr:`UploadBatch.receiver_sum`).
 
 What the receiver sees after the defenses is exactly what the transcript records for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,10 +54,15 @@ class ChannelContext(Protocol):
         Simulation randomness (noise draws); never cryptographic material.
     transcript : Transcript
         The run's transcript (public config; defenses may record their own messages).
+    model : dict[str, numpy.ndarray] | None
+        What the server last sent the clients through the channel (the round's downloaded
+        model, after the defenses' :meth:`Defense.on_download`); None before any download or
+        when the protocol sends its model otherwise.
     """
 
     rng: np.random.Generator
     transcript: Transcript
+    model: Mapping[str, np.ndarray] | None
 
 
 @dataclass
@@ -114,6 +124,10 @@ class UploadBatch:
     recorded : bool
         Whether the channel records this batch in the transcript (so that a defense records
         its own messages, e.g. decryptors' sums, for the same rounds only).
+    receiver_sum : callable or None
+        ``receiver_sum(batch, ctx, rows) -> dict``: how the receiver sums this batch when it
+        cannot add plaintext (set by the encrypting or masking defense that made it: homomorphic
+        sums and decryption, unmasking); None: the plain sum.
     """
 
     round: int
@@ -124,12 +138,33 @@ class UploadBatch:
     noisy_keys: tuple[str, ...] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     recorded: bool = True
+    receiver_sum: Callable[[UploadBatch, Any, int | None], dict[str, np.ndarray]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def float_keys(self, payload: dict[str, np.ndarray]) -> list[str]:
         """Names of the entries of ``payload`` that count as uploaded floats."""
         if self.noisy_keys is not None:
             return [k for k in self.noisy_keys if k in payload]
         return [k for k, v in payload.items() if (v.dtype.kind == "f" if type(v) is np.ndarray else _is_float(v))]
+
+    def with_floats(self, change: Callable[[np.ndarray], np.ndarray]) -> UploadBatch:
+        """This batch with every uploaded float (:meth:`float_keys`, in (payload, key) order) through
+        ``change``, which gets them as one fresh float64 array (it may change it in place) and
+        returns as many; unchanged when there are none. :meth:`PackedBatch.with_floats` gives the
+        same numbers on the packed form."""
+        slots = [(j, key) for j, p in enumerate(self.payloads) for key in self.float_keys(p)]
+        arrays = [np.asarray(self.payloads[j][key]) for j, key in slots]
+        sizes = [a.size for a in arrays]
+        if sum(sizes) == 0:
+            return self
+        flat = change(np.concatenate([a.reshape(-1) for a in arrays]).astype(np.float64, copy=False))
+        payloads = [dict(p) for p in self.payloads]
+        end = 0
+        for (j, key), arr, size in zip(slots, arrays, sizes):
+            end += size
+            payloads[j][key] = flat[end - size : end].reshape(arr.shape)
+        return dataclasses.replace(self, payloads=payloads)
 
 
 @dataclass
@@ -140,7 +175,7 @@ class PackedBatch:
     ``bounds`` is given (ragged uploads such as ``items``/``values`` item rows), else
     ``arrays[key][j]`` (one equally shaped array per sender). Same messages, same order and the
     same floats as the unpacked batch (:meth:`payloads`); protocols build it to spare a Python
-    object per client, and only defenses that implement the packed hooks ever see one.
+    object per client, and only defenses that declare :attr:`Defense.takes_packed` ever see one.
 
     Attributes
     ----------
@@ -167,6 +202,18 @@ class PackedBatch:
         if self.noisy_keys is not None:
             return [k for k in self.noisy_keys if k in self.arrays]
         return [k for k, v in self.arrays.items() if v.dtype.kind == "f"]
+
+    def with_floats(self, change: Callable[[np.ndarray], np.ndarray]) -> UploadBatch | PackedBatch:
+        """:meth:`UploadBatch.with_floats`, the same numbers: on the packed array when the batch has
+        one float entry (its order is the (payload, key) order), else on the unpacked batch."""
+        keys = self.float_keys()
+        if len(keys) > 1:
+            return self.unpacked().with_floats(change)
+        if not self.senders or not keys or self.arrays[keys[0]].size == 0:
+            return self
+        values = self.arrays[keys[0]].astype(np.float64)  # a copy: the clients' plaintext stays as it was
+        flat = change(values.reshape(-1))
+        return dataclasses.replace(self, arrays={**self.arrays, keys[0]: flat.reshape(values.shape)})
 
     def entry_sizes(self, key: str) -> np.ndarray:
         """Floats of every sender's entry ``key``, (len(senders),) int64."""
@@ -197,6 +244,55 @@ class PackedBatch:
         )
 
 
+@dataclass
+class RoundUploads:
+    """What clients send in one round, on its way through the defenses (:meth:`Defense.process_uploads`).
+
+    Attributes
+    ----------
+    round : int
+    batches : list[UploadBatch | PackedBatch]
+        One batch per message kind, same senders in the protocol's order; packed
+        (:class:`PackedBatch`) only for a defense that declares :attr:`Defense.takes_packed`.
+        A defense that is not :attr:`Defense.joint_round` gets one batch at a time.
+    summed : bool
+        The round is not recorded and the receiver only sums it: a defense may put its i.i.d.
+        noise on the sums (:meth:`noise_on_sums`) instead of drawing it per uploaded float.
+    sum_noise : list of callables
+        The laws :meth:`noise_on_sums` registered, in the defenses' order.
+    """
+
+    round: int
+    batches: list[Any]
+    summed: bool = False
+    sum_noise: list[Callable[[np.random.Generator, np.ndarray], np.ndarray]] = field(default_factory=list)
+
+    @property
+    def packed(self) -> bool:
+        """Whether every batch is a :class:`PackedBatch`."""
+        return bool(self.batches) and all(isinstance(b, PackedBatch) for b in self.batches)
+
+    def unpacked(self) -> RoundUploads:
+        """The same uploads with every batch an :class:`UploadBatch` (one dict per sender)."""
+        return self.replace([b.unpacked() if isinstance(b, PackedBatch) else b for b in self.batches])
+
+    def replace(self, batches: list[Any]) -> RoundUploads:
+        """These uploads with ``batches`` instead (same round, same sums' noise)."""
+        return dataclasses.replace(self, batches=list(batches))
+
+    def map(self, change: Callable[[Any], Any]) -> RoundUploads:
+        """These uploads with every batch through ``change`` (batch -> batch), in order."""
+        return self.replace([change(b) for b in self.batches])
+
+    def noise_on_sums(self, law: Callable[[np.random.Generator, np.ndarray], np.ndarray]) -> None:
+        """In a :attr:`summed` round: add, to every float element of the receiver's sums,
+        ``law(rng, counts)``, the sum of a defense's i.i.d. noise over ``counts`` senders
+        (float64, the shape of ``counts``; equal in law to summing each sender's own draw)."""
+        if not self.summed:
+            raise ValueError("noise goes on the sums only in a round the receiver only sums")
+        self.sum_noise.append(law)
+
+
 #: dtype -> whether it is a floating-point dtype (``np.issubdtype`` once per dtype, not per entry)
 _FLOAT_DTYPES: dict[np.dtype, bool] = {}
 
@@ -212,19 +308,29 @@ def _is_float(value: Any) -> bool:
 
 #: Capabilities a defense declares (:attr:`Defense.capabilities`): which seams of a protocol it uses.
 CLIENT_DATA = "client-data"  #: :meth:`Defense.on_client_data` changes the clients' training data
-UPLOAD = "upload"  #: :meth:`Defense.on_upload` changes what clients send
+UPLOAD = "upload"  #: :meth:`Defense.process_uploads` changes what clients send
 LOCAL_TRAINING = "local-training"  #: :meth:`Defense.local_training` changes the clients' optimizer (DP-SGD)
-AGGREGATION = "aggregation"  #: :meth:`Defense.aggregate` computes the receiver's sum itself
+AGGREGATION = "aggregation"  #: the receiver's sum is the defense's own (:attr:`UploadBatch.receiver_sum`)
 DOWNLOAD = "download"  #: :meth:`Defense.on_download` changes what the server sends
 ROUND_CHECK = "round-check"  #: :meth:`Defense.abort_reason`: clients check a round before uploading
 CAPABILITIES = (CLIENT_DATA, UPLOAD, LOCAL_TRAINING, AGGREGATION, DOWNLOAD, ROUND_CHECK)
 _HOOKS = {
     "on_client_data": CLIENT_DATA,
-    "on_upload": UPLOAD,
-    "aggregate": AGGREGATION,
+    "process_uploads": UPLOAD,
     "on_download": DOWNLOAD,
     "abort_reason": ROUND_CHECK,
 }
+#: the upload hooks :meth:`Defense.process_uploads` replaced (a subclass defining one is refused,
+#: except ``on_upload``, adapted with a DeprecationWarning)
+_REMOVED_HOOKS = (
+    "on_round",
+    "packs",
+    "on_upload_packed",
+    "on_round_packed",
+    "on_round_summed",
+    "summed_noise",
+    "aggregate",
+)
 
 
 @dataclass(frozen=True)
@@ -290,9 +396,30 @@ class Defense(Configurable):
     #: sensitivity, what is and is not covered (None: the defense claims no DP guarantee)
     privacy_claim: str | None = None
     schema_contribution: DefenseSchema = DefenseSchema()
+    #: :meth:`process_uploads` takes :class:`PackedBatch` es (one array per entry; the same numbers
+    #: as unpacked); the channel unpacks a round before a defense that does not. A round the
+    #: receiver only sums takes the fast path (noise on the sums) only when every upload defense
+    #: takes it packed and each batch has at most one float entry.
+    takes_packed: bool = False
+    #: :meth:`process_uploads` sees all of a round's message kinds at once (a DP defense's joint
+    #: clip); otherwise the channel runs the defenses on one batch, then on the next.
+    joint_round: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        removed = [h for h in _REMOVED_HOOKS if h in cls.__dict__]
+        if removed:
+            raise TypeError(
+                f"{cls.__name__}: {', '.join(removed)} is no longer a defense hook; override "
+                "process_uploads(uploads, ctx, call_next) (docs/extending.md)"
+            )
+        if "on_upload" in cls.__dict__ and "process_uploads" not in cls.__dict__:
+            warnings.warn(
+                f"{cls.__name__}.on_upload: override process_uploads(uploads, ctx, call_next) instead",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls.process_uploads = _adapted(cls.__dict__["on_upload"])
         if "capabilities" in cls.__dict__:
             cls.capabilities = frozenset(cls.__dict__["capabilities"])
         else:
@@ -325,44 +452,39 @@ class Defense(Configurable):
         """Change a client's local data before training (default: unchanged)."""
         return data
 
-    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
-        """Transform a batch of uploads before it leaves the clients (default: unchanged)."""
-        return batch
+    def process_uploads(
+        self, uploads: RoundUploads, ctx: ChannelContext, call_next: Callable[[RoundUploads], RoundUploads]
+    ) -> RoundUploads:
+        """The upload hook: change a round's uploads and hand them on (default: unchanged).
 
-    def on_round(self, batches: list[UploadBatch], channel: ChannelContext) -> list[UploadBatch]:
-        """Transform all the batches of one round together (same senders, in the protocol's
-        order); default: each through :meth:`on_upload`."""
-        return [self.on_upload(b, channel) for b in batches]
+        Middleware as Flower's mods: ``call_next(uploads)`` runs the later defenses and returns
+        the uploads as the receiver gets them (what the channel then records and sums); a
+        defense returns that, or what it makes of it. ``ctx`` is the uplink
+        (:class:`ChannelContext`: ``rng``, ``transcript``, the downloaded ``model``).
 
-    def packs(self, batches: list[PackedBatch]) -> bool:
-        """Whether this defense takes ``batches`` packed (:meth:`on_upload_packed` /
-        :meth:`on_round_packed` give the same numbers as the unpacked hooks). Default: only a
-        defense that changes no upload and computes no sum."""
-        return all(getattr(type(self), h) is getattr(Defense, h) for h in ("on_upload", "on_round", "aggregate"))
+        A defense that changes values draws its randomness from ``ctx.rng`` in the order of the
+        batches, payloads and float keys; in a :attr:`RoundUploads.summed` round it may register
+        its i.i.d. noise on the sums instead (:meth:`RoundUploads.noise_on_sums`). A defense that
+        hides plaintext sets :attr:`UploadBatch.receiver_sum` on the batches it returns.
+        """
+        return call_next(uploads)
 
-    def on_upload_packed(self, batch: PackedBatch, channel: ChannelContext) -> PackedBatch:
-        """:meth:`on_upload` of a packed batch (called only when :meth:`packs`; default: unchanged)."""
-        return batch
+    def on_upload(self, batch: UploadBatch | PackedBatch, ctx: ChannelContext) -> Any:
+        """This defense alone on one batch (:meth:`process_uploads` with nothing after it), for
+        tests and scripts. Deprecated as a hook: a subclass overriding it is adapted (one batch at
+        a time, unpacked) with a DeprecationWarning; override :meth:`process_uploads`."""
+        return self.on_round([batch], ctx)[0]
 
-    def on_round_packed(self, batches: list[PackedBatch], channel: ChannelContext) -> list[PackedBatch]:
-        """:meth:`on_round` of packed batches (called only when :meth:`packs`; default: each
-        through :meth:`on_upload_packed`)."""
-        return [self.on_upload_packed(b, channel) for b in batches]
-
-    def on_round_summed(self, batches: list[PackedBatch], channel: ChannelContext) -> list[PackedBatch]:
-        """An unrecorded round that the receiver only sums (called only when :meth:`packs`):
-        :meth:`on_round_packed` without the i.i.d. noise, which :meth:`summed_noise` then adds
-        to the sums. Default: :meth:`on_round_packed` (a defense that adds no noise)."""
-        return self.on_round_packed(batches, channel)
-
-    def summed_noise(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray | None:
-        """The sum of this defense's i.i.d. noise over ``counts`` senders, elementwise (float64,
-        the shape of ``counts``): equal in law to summing each sender's own draw. None: no noise."""
-        return None
-
-    def aggregate(self, batch: UploadBatch, channel: ChannelContext, rows: int | None) -> dict[str, np.ndarray] | None:
-        """Sum ``batch`` at the receiver, or ``None`` to leave it to the next defense / plain sum."""
-        return None
+    def on_round(self, batches: list[Any], ctx: ChannelContext) -> list[Any]:
+        """This defense alone on one round's ``batches`` (as :meth:`on_upload`); not a hook."""
+        uploads = RoundUploads(batches[0].round if batches else 0, list(batches))
+        if not self.takes_packed and any(isinstance(b, PackedBatch) for b in batches):
+            uploads = uploads.unpacked()
+        if self.joint_round or len(batches) <= 1:
+            return self.process_uploads(uploads, ctx, _received).batches
+        return [
+            self.process_uploads(RoundUploads(uploads.round, [b]), ctx, _received).batches[0] for b in uploads.batches
+        ]
 
     def on_download(self, payload: dict[str, np.ndarray], channel: ChannelContext) -> dict[str, np.ndarray]:
         """Transform what the server sends to clients (default: unchanged)."""
@@ -389,3 +511,17 @@ class Defense(Configurable):
     def hides_plaintext(self) -> bool:
         """True when the receiver sees no per-client plaintext (encryption, secure aggregation)."""
         return False
+
+
+def _received(uploads: RoundUploads) -> RoundUploads:
+    """The end of a defense chain: the uploads as the receiver gets them."""
+    return uploads
+
+
+def _adapted(on_upload: Callable[..., UploadBatch]) -> Callable[..., RoundUploads]:
+    """:meth:`Defense.process_uploads` of an old-style defense's ``on_upload(batch, channel)``."""
+
+    def process_uploads(self: Defense, uploads: RoundUploads, ctx: Any, call_next: Callable) -> RoundUploads:
+        return call_next(uploads.unpacked().map(lambda b: on_upload(self, b, ctx)))
+
+    return process_uploads

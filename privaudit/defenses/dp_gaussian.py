@@ -74,7 +74,7 @@ class DPGaussian(ClippedNoise):
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return rng.normal(0.0, self.noise_std, size)
 
-    def summed_noise(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray | None:
+    def noise_sums(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray:
         return gaussian_sums(rng, counts, self.noise_std)
 
     def total_epsilon(self, value: float, rounds: int) -> float:

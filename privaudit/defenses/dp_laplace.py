@@ -5,7 +5,7 @@ Neighbour relation and sensitivity
 With ``clip_per="user"`` (default) every float a client sends in one round -- every entry
 named by :meth:`UploadBatch.float_keys` of every message of the round, e.g. FedMVMF's
 ``grad_V.values`` and ``grad_P.values``, which the protocol hands over together
-(:meth:`~privaudit.protocols.base.Channel.send_round`) -- is scaled by ONE factor so that their
+(:meth:`~privaudit.protocols.base.Channel.send_round`; the defense is ``joint_round``) -- is scaled by ONE factor so that their
 joint L1 norm is at most ``clip`` = C. Two such clipped releases differ by at most 2C in L1
 whatever the two inputs were, so replacing one rating, or one user's whole data, moves the
 release by at most the sensitivity Delta = 2C (changing one rating moves every row a FedMVMF
@@ -59,12 +59,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from privaudit.defenses import accounting
-from privaudit.defenses.base import ChannelContext, Defense, PackedBatch, UploadBatch
+from privaudit.defenses.base import ChannelContext, Defense, PackedBatch, RoundUploads, UploadBatch
 from privaudit.defenses.noise import laplace_noise, laplace_sums
 from privaudit.errors import PrivauditError
 from privaudit.params import Param
@@ -205,6 +206,7 @@ class ClippedNoise(Defense):
     #: the interval searched for the calibrated parameter
     calibration_range: tuple[float, float] = (1e-4, 1e3)
     acts_on = (("*", "*"),)  # every float of every upload
+    joint_round = True  # one clip over everything a client sends in a round
 
     def validate(self) -> None:
         """Bounds and choices come from the declaration; a target epsilon with a known round
@@ -335,8 +337,23 @@ class ClippedNoise(Defense):
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         raise NotImplementedError
 
-    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
-        return self.on_round([batch], channel)[0]
+    def process_uploads(
+        self, uploads: RoundUploads, ctx: ChannelContext, call_next: Callable[[RoundUploads], RoundUploads]
+    ) -> RoundUploads:
+        """Clip (jointly per client under ``clip_per="user"``), count the releases, add noise: on
+        packed batches when the layout allows (:attr:`takes_packed`, one float entry per batch),
+        else on the unpacked payloads (the same numbers); in a round only summed, the noise goes
+        onto the sums."""
+        if uploads.summed:  # offered only packed, one float entry per batch
+            uploads.noise_on_sums(self.noise_sums)
+            return call_next(uploads.replace(self._round_packed(uploads.batches, ctx, noise=False)))
+        if self.takes_packed and uploads.packed and all(len(b.float_keys()) <= 1 for b in uploads.batches):
+            return call_next(uploads.replace(self._round_packed(uploads.batches, ctx)))
+        return call_next(uploads.replace(self._round(uploads.unpacked().batches, ctx)))
+
+    def noise_sums(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray:
+        """The sum of ``counts`` senders' noise, elementwise (:meth:`RoundUploads.noise_on_sums`)."""
+        raise NotImplementedError
 
     def _begin_round(self, channel: ChannelContext) -> None:
         """Calibrate a target epsilon once; a new transcript starts a new run's release counts."""
@@ -355,23 +372,17 @@ class ClippedNoise(Defense):
                 f"one round (the protocol sends its messages separately); target_epsilon assumes one"
             )
 
-    def packs(self, batches: list[PackedBatch]) -> bool:
-        """Packed under ``clip_per="user"`` without ``dense``, one float entry per batch (the
-        only layouts whose (batch, payload, key) float order is the arrays' order)."""
-        return (
-            self.config["clip_per"] == "user"
-            and not self.config["dense"]
-            and all(len(b.float_keys()) <= 1 for b in batches)
-        )
+    @property
+    def takes_packed(self) -> bool:  # type: ignore[override]
+        """Packed under ``clip_per="user"`` without ``dense`` (with one float entry per batch,
+        the only layouts whose (batch, payload, key) float order is the arrays' order)."""
+        return self.config["clip_per"] == "user" and not self.config["dense"]
 
-    def on_round_summed(self, batches: list[PackedBatch], channel: ChannelContext) -> list[PackedBatch]:
-        """The clip and the release count of :meth:`on_round_packed`; the noise goes onto the sums."""
-        return self.on_round_packed(batches, channel, noise=False)
-
-    def on_round_packed(
+    def _round_packed(
         self, batches: list[PackedBatch], channel: ChannelContext, noise: bool = True
     ) -> list[PackedBatch]:
-        """:meth:`on_round` of packed batches: the same clip factors, releases and noise."""
+        """:meth:`_round` of packed batches: the same clip factors, releases and noise (none
+        without ``noise``: a round whose noise goes onto the sums)."""
         self._begin_round(channel)
         if not any(b.senders for b in batches):
             return batches
@@ -412,7 +423,7 @@ class ClippedNoise(Defense):
         done = {id(b): dataclasses.replace(b, arrays={**b.arrays, key: values}) for b, key, values in out}
         return [done.get(id(b), b) for b in batches]
 
-    def on_round(self, batches: list[UploadBatch], channel: ChannelContext) -> list[UploadBatch]:
+    def _round(self, batches: list[UploadBatch], channel: ChannelContext) -> list[UploadBatch]:
         """Clip (jointly per client under ``clip_per="user"``), count the releases, add noise."""
         self._begin_round(channel)
         batches = [b for b in batches]
@@ -569,7 +580,7 @@ class DPLaplace(ClippedNoise):
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return laplace_noise(rng, size, self.noise_scale)
 
-    def summed_noise(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray | None:
+    def noise_sums(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray:
         return laplace_sums(rng, counts, self.noise_scale)
 
     def total_epsilon(self, value: float, rounds: int) -> float:

@@ -10,7 +10,7 @@ How it plugs into ``fedproto``
 A silo's prototype upload (kind ``prototypes``) passes through :meth:`Channel.send`. When the
 protocol's prototypes are ``dp`` (``prototypes=auto`` picks ``dp`` whenever this defense is
 active), each silo hands the channel its raw rows (``rows``: n_h x m dense float64, with the
-public entry bound ``Lambda`` in the batch meta) and this defense's :meth:`on_upload` replaces
+public entry bound ``Lambda`` in the batch meta) and this defense's :meth:`process_uploads` replaces
 them by k epsilon-DP prototypes (``prototypes``: k x m) before anything leaves the silo — the
 server, and the transcript, see only the prototypes. ``k = 0`` (default) takes the protocol's
 ``k``; ``s = 0`` takes the protocol's public sparsity bound ``s``. ``epsilon`` is the strength
@@ -27,11 +27,12 @@ cluster sizes: clusters release noisy sums, normalised by the silo's noisy size 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
+from privaudit.defenses.base import ChannelContext, Defense, RoundUploads, UploadBatch
 from privaudit.models.private_kmeans import private_prototypes
 from privaudit.params import Param
 from privaudit.registry import register_defense
@@ -93,7 +94,14 @@ class DPPrototypes(Defense):
         self._seen: dict[str, int] = {}  # sender -> prototype uploads made
         self._uploads = 0  # the most any silo made
 
-    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
+    def process_uploads(
+        self, uploads: RoundUploads, ctx: ChannelContext, call_next: Callable[[RoundUploads], RoundUploads]
+    ) -> RoundUploads:
+        """Replace every silo's ``rows`` by its DP prototypes (one batch at a time)."""
+        return call_next(uploads.map(lambda b: self.release(b, ctx)))
+
+    def release(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
+        """``batch`` with DP prototypes instead of rows (other batches unchanged)."""
         if batch.kind != "prototypes" or not any("rows" in p for p in batch.payloads):
             return batch
         for sender, p in zip(batch.senders, batch.payloads):

@@ -14,10 +14,11 @@ paper states noise scales, not an epsilon. Noise comes from the channel's simula
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
-from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
+from privaudit.defenses.base import ChannelContext, Defense, RoundUploads, UploadBatch
 from privaudit.defenses.dp_laplace import clip_rows
 from privaudit.params import Param
 from privaudit.registry import register_defense
@@ -44,7 +45,14 @@ class LDPInteractions(Defense):
     #: lr 0.01 (between 0.1 and 0.3 on the synthetic data); sqrt(1e-3) ~ 0.032 is the authors' code default
     default_grid = (0.0, 0.01, 0.032, 0.1, 0.3, 1.0)
 
-    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
+    def process_uploads(
+        self, uploads: RoundUploads, ctx: ChannelContext, call_next: Callable[[RoundUploads], RoundUploads]
+    ) -> RoundUploads:
+        """Clip and noise every uploaded item row (one batch at a time)."""
+        return call_next(uploads.map(lambda b: self.perturb(b, ctx)))
+
+    def perturb(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
+        """``batch`` with its item rows clipped and noised (other kinds unchanged)."""
         if batch.kind != KIND or not batch.payloads:
             return batch
         sigma, clip = self.config["sigma"], self.config["clip"]

@@ -7,7 +7,7 @@ entries such as ``items`` are never touched) gets i.i.d. noise:
 * ``laplace``: Laplace(0, b) with b = ``scale`` (standard deviation sqrt(2) b);
 * ``gaussian``: N(0, sigma^2) with sigma = ``scale``.
 
-Noise comes from the channel's simulation generator (``channel.rng``), one vectorized draw per
+Noise comes from the channel's simulation generator (``ctx.rng``), one vectorized draw per
 batch. The noisy uploads are what the server receives and what the transcript records. A round
 the transcript does not record and the server only sums gets the noise on its sums instead, the
 sum over each element's senders drawn at once (:func:`laplace_sums`, :func:`gaussian_sums`):
@@ -17,11 +17,11 @@ mechanisms (no clipping, no accounting): see ``dp-gaussian``.
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
-from privaudit.defenses.base import ChannelContext, Defense, PackedBatch, UploadBatch
+from privaudit.defenses.base import ChannelContext, Defense, PackedBatch, RoundUploads, UploadBatch
 from privaudit.params import Param
 from privaudit.registry import register_defense
 
@@ -67,47 +67,35 @@ class _AdditiveNoise(Defense):
     strength = "scale"
     acts_on = (("*", "*"),)  # every float of every upload
     default_grid = DEFAULT_SCALES
+    takes_packed = True
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         raise NotImplementedError
 
-    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
-        scale = self.config["scale"]
-        if scale == 0.0 or not batch.payloads:
-            return batch
-        slots = [(j, key) for j, p in enumerate(batch.payloads) for key in batch.float_keys(p)]
-        arrays = [np.asarray(batch.payloads[j][key]) for j, key in slots]
-        sizes = [a.size for a in arrays]
-        total = sum(sizes)
-        if total == 0:
-            return batch
-        # every float in (payload, key) order, as float64, plus one draw: entry by entry the same sums
-        flat = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.float64, copy=False)
-        flat += self.draw(channel.rng, total)
-        payloads = [dict(p) for p in batch.payloads]
-        end = 0
-        for (j, key), arr, size in zip(slots, arrays, sizes):
-            end += size
-            payloads[j][key] = flat[end - size : end].reshape(arr.shape)
-        return dataclasses.replace(batch, payloads=payloads)
+    def process_uploads(
+        self, uploads: RoundUploads, ctx: ChannelContext, call_next: Callable[[RoundUploads], RoundUploads]
+    ) -> RoundUploads:
+        """Noise on every uploaded float (one draw per batch); in a round only summed, on the sums."""
+        if self.config["scale"] == 0.0:
+            return call_next(uploads)
+        if uploads.summed:
+            uploads.noise_on_sums(self.noise_sums)
+            return call_next(uploads)
+        return call_next(uploads.map(lambda b: self.noisy(b, ctx.rng)))
 
-    def packs(self, batches: list[PackedBatch]) -> bool:
-        """Packed when every batch has at most one float entry (then its floats in (payload,
-        key) order are that entry's array in order, and the draw lands where it does unpacked)."""
-        return all(len(b.float_keys()) <= 1 for b in batches)
+    def noisy(self, batch: UploadBatch | PackedBatch, rng: np.random.Generator) -> UploadBatch | PackedBatch:
+        """``batch`` with one draw added over its floats in (payload, key) order (packed or not,
+        the same numbers: :meth:`UploadBatch.with_floats`)."""
 
-    def on_round_summed(self, batches: list[PackedBatch], channel: ChannelContext) -> list[PackedBatch]:
-        return batches  # the noise goes onto the sums (summed_noise)
+        def add(flat: np.ndarray) -> np.ndarray:
+            flat += self.draw(rng, flat.size)
+            return flat
 
-    def on_upload_packed(self, batch: PackedBatch, channel: ChannelContext) -> PackedBatch:
-        scale = self.config["scale"]
-        keys = batch.float_keys()
-        if scale == 0.0 or not batch.senders or not keys or batch.arrays[keys[0]].size == 0:
-            return batch
-        values = batch.arrays[keys[0]]
-        noisy = values.astype(np.float64)  # a copy: the clients' plaintext stays as it was
-        noisy += self.draw(channel.rng, noisy.size).reshape(noisy.shape)
-        return dataclasses.replace(batch, arrays={**batch.arrays, keys[0]: noisy})
+        return batch.with_floats(add)
+
+    def noise_sums(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray:
+        """The sum of ``counts`` senders' noise, elementwise (:meth:`RoundUploads.noise_on_sums`)."""
+        raise NotImplementedError
 
 
 @register_defense("laplace")
@@ -119,8 +107,8 @@ class LaplaceNoise(_AdditiveNoise):
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return laplace_noise(rng, size, self.config["scale"])
 
-    def summed_noise(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray | None:
-        return laplace_sums(rng, counts, self.config["scale"]) if self.config["scale"] else None
+    def noise_sums(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray:
+        return laplace_sums(rng, counts, self.config["scale"])
 
 
 @register_defense("gaussian")
@@ -132,5 +120,5 @@ class GaussianNoise(_AdditiveNoise):
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return rng.normal(0.0, self.config["scale"], size)
 
-    def summed_noise(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray | None:
-        return gaussian_sums(rng, counts, self.config["scale"]) if self.config["scale"] else None
+    def noise_sums(self, rng: np.random.Generator, counts: np.ndarray) -> np.ndarray:
+        return gaussian_sums(rng, counts, self.config["scale"])

@@ -12,13 +12,14 @@ obfuscators' security assumptions and the departures from the paper: ``docs/pail
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from privaudit.defenses import _paillier_packing as pk
-from privaudit.defenses.base import ChannelContext, Defense, UploadBatch
+from privaudit.defenses.base import AGGREGATION, UPLOAD, ChannelContext, Defense, RoundUploads, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_defense
@@ -115,6 +116,7 @@ class PaillierDefense(Defense):
         ),
     )
     strength = None
+    capabilities = frozenset({UPLOAD, AGGREGATION})
     acts_on = (("*", "*"),)  # every upload, encrypted
     #: protocols whose servers only add what clients upload (FedSplit's server reads per-client
     #: sums and FedProto's silo its prototypes in the clear: there the defense cannot run)
@@ -264,7 +266,13 @@ class PaillierDefense(Defense):
 
     # ------------------------------------------------------------------ client side
 
-    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
+    def process_uploads(
+        self, uploads: RoundUploads, ctx: ChannelContext, call_next: Callable[[RoundUploads], RoundUploads]
+    ) -> RoundUploads:
+        """Encrypt every batch (one at a time); the receiver's sum is homomorphic, then decrypted (:meth:`sum_encrypted`)."""
+        return call_next(uploads.map(lambda b: self.encrypt(b, ctx)))
+
+    def encrypt(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
         """Encrypt every float entry of every payload (fixed point, one exponent), keep ``items`` clear."""
         if not batch.payloads:
             return batch
@@ -331,14 +339,13 @@ class PaillierDefense(Defense):
             batch.noisy_keys,
             meta,
             batch.recorded,
+            receiver_sum=self.sum_encrypted,
         )
 
     # ------------------------------------------------------------------ server + decryptors
 
-    def aggregate(self, batch: UploadBatch, channel: ChannelContext, rows: int | None) -> dict[str, np.ndarray] | None:
+    def sum_encrypted(self, batch: UploadBatch, channel: ChannelContext, rows: int | None) -> dict[str, np.ndarray]:
         """Homomorphic sums per item row / dense entry (per cohort), decrypted by the decryptors."""
-        if batch.meta.get("scheme") != "paillier":
-            return None
         if not batch.payloads:
             return {}
         layout = self.layout(int(batch.meta["max_summands"]))

@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from privaudit.defenses import _secagg_crypto as sc
-from privaudit.defenses.base import Defense, UploadBatch
+from privaudit.defenses.base import AGGREGATION, UPLOAD, ChannelContext, Defense, RoundUploads, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.params import Param
 from privaudit.registry import register_defense
@@ -83,6 +84,7 @@ class SecAgg(Defense):
         Param("threshold", 0.5, "Shamir threshold t = floor(threshold * n) + 1 of n cohort members", gt=0, lt=1),
     )
     strength = "dropout"
+    capabilities = frozenset({UPLOAD, AGGREGATION})
     acts_on = (("*", "*"),)  # every upload, masked
     #: uploads hold unsigned ring elements (meta ``masked``) instead of floats
     schema_contribution = DefenseSchema(upload_forms=(MASKED,))
@@ -190,7 +192,14 @@ class SecAgg(Defense):
             return np.concatenate([dense.ravel(), P])
         return np.concatenate([np.asarray(payload[k], dtype=np.float64).ravel() for k, _ in layout])
 
-    def on_upload(self, batch: UploadBatch, channel: Any) -> UploadBatch:
+    def process_uploads(
+        self, uploads: RoundUploads, ctx: ChannelContext, call_next: Callable[[RoundUploads], RoundUploads]
+    ) -> RoundUploads:
+        """Mask every batch (one at a time); the receiver's sum unmasks (:meth:`unmask`)."""
+        return call_next(uploads.map(lambda b: self.mask(b, ctx)))
+
+    def mask(self, batch: UploadBatch, channel: Any) -> UploadBatch:
+        """``batch`` as the server receives it: the survivors' masked ring vectors."""
         if not batch.payloads:
             return batch
         senders = list(batch.senders)
@@ -249,13 +258,20 @@ class SecAgg(Defense):
             "state": st,
         }
         return UploadBatch(
-            batch.round, batch.kind, [senders[i] for i in keep], out_payloads, batch.receiver, batch.noisy_keys, meta
+            batch.round,
+            batch.kind,
+            [senders[i] for i in keep],
+            out_payloads,
+            batch.receiver,
+            batch.noisy_keys,
+            meta,
+            receiver_sum=self.unmask,
         )
 
     # ------------------------------------------------------------------ server side
-    def aggregate(self, batch: UploadBatch, channel: Any, rows: int | None) -> dict[str, np.ndarray] | None:
-        if not batch.meta.get("masked") or batch.meta.get("secagg") != "mf-secavg":
-            return None
+    def unmask(self, batch: UploadBatch, channel: Any, rows: int | None) -> dict[str, np.ndarray]:
+        """The server's sum of a masked batch: the ring sum, the survivors' self masks and the
+        dropped clients' pair masks removed with the Shamir shares, decoded."""
         info_b = self._batches.pop((batch.round, batch.kind), None)
         if info_b is None:
             raise PrivauditError(f"defense 'secagg': no masking state for round {batch.round} {batch.kind!r}")

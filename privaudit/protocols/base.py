@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 import scipy.sparse as sp
 
-from privaudit.defenses.base import Defense, PackedBatch, UploadBatch
+from privaudit.defenses.base import Defense, PackedBatch, RoundUploads, UploadBatch
 from privaudit.errors import PrivauditError
 from privaudit.params import Param, declare_on, public_values, resolve_declared
 from privaudit.protocols.blocks import CLIENT_BLOCK, Accumulator, block_ranges
@@ -49,10 +49,15 @@ class RunResult:
 class Channel:
     """The uplink: applies the defenses to uploads and records what each party sees.
 
+    Every round's uploads go through the defenses' :meth:`~Defense.process_uploads`, composed
+    once as middleware (the first defense's ``call_next`` runs the second, and so on; the last
+    hands back what the receiver gets), then into the transcript; :meth:`sum` is the receiver's
+    aggregate. The channel is the defenses' context (:class:`~privaudit.defenses.base.ChannelContext`).
+
     Parameters
     ----------
     defenses : sequence of Defense
-        Applied in order on upload; aggregation asks them in reverse order.
+        Applied in order on upload.
     transcript : Transcript
         Receives a message per sender for every recorded batch.
     rng : numpy.random.Generator
@@ -63,6 +68,10 @@ class Channel:
         self.defenses = list(defenses)
         self.transcript = transcript
         self.rng = rng
+        #: what the server last sent the clients through :meth:`download` (None: nothing yet)
+        self.model: dict[str, np.ndarray] | None = None
+        # the defenses that change uploads (the others pass every round on unchanged)
+        self._uploaders = [d for d in self.defenses if type(d).process_uploads is not Defense.process_uploads]
 
     def client_data(self, data: Any) -> Any:
         """Pass client-local data through every defense's ``on_client_data``."""
@@ -98,8 +107,7 @@ class Channel:
             dict(meta or {}),
             bool(record),
         )
-        for defense in self.defenses:
-            batch = defense.on_upload(batch, self)
+        (batch,) = self._through_defenses(RoundUploads(round, [batch])).batches
         if record:
             for sender, payload in zip(batch.senders, batch.payloads):
                 self.transcript.add(round, sender, receiver, kind, payload, batch.meta)
@@ -113,32 +121,40 @@ class Channel:
         record: bool = True,
     ) -> list[UploadBatch]:
         """Upload every message ``(kind, payloads)`` the ``senders`` send in one round, as the
-        receiver sees them: like one :meth:`send` per kind, except that defenses overriding
-        :meth:`Defense.on_round` (a DP defense's joint clip) see the round's batches together."""
+        receiver sees them: like one :meth:`send` per kind, except that a defense that declares
+        :attr:`~Defense.joint_round` (a DP defense's joint clip) sees the round's batches together."""
         batches = [
             UploadBatch(round, kind, list(senders), [dict(p) for p in payloads], recorded=bool(record))
             for kind, payloads in uploads
         ]
         if any(len(b.payloads) != len(b.senders) for b in batches):
             raise ValueError("one payload per sender is required")
-        batches = self._through_defenses(batches, packed=False)
+        batches = self._through_defenses(RoundUploads(round, batches)).batches
         if record:
             self._record(round, batches)
         return batches
 
-    def _through_defenses(self, batches: list[Any], packed: bool) -> list[Any]:
-        """A round's batches through every defense: all batches at once when one defense
-        overrides ``on_round`` (a DP clip), else as :meth:`send` does, every defense on one
-        batch, then the next batch (the packed hooks when ``packed``)."""
-        if any(type(d).on_round is not Defense.on_round for d in self.defenses):
-            for defense in self.defenses:
-                batches = defense.on_round_packed(batches, self) if packed else defense.on_round(batches, self)
-            return batches
-        for j, batch in enumerate(batches):
-            for defense in self.defenses:
-                batch = defense.on_upload_packed(batch, self) if packed else defense.on_upload(batch, self)
-            batches[j] = batch
-        return batches
+    def _through_defenses(self, uploads: RoundUploads) -> RoundUploads:
+        """A round's uploads through the defenses' composed middleware: all batches at once when
+        one defense is :attr:`~Defense.joint_round` (a DP clip), else one batch after the other,
+        each through every defense (the order of the random draws and of the defenses' own
+        messages). A defense that does not take packed batches gets them unpacked."""
+        return uploads.replace([b for part in self._parts(uploads) for b in part.batches])
+
+    def _parts(self, uploads: RoundUploads) -> list[RoundUploads]:
+        """:meth:`_through_defenses` as the parts the chain ran on (one per batch unless joint)."""
+        if any(d.joint_round for d in self._uploaders) or len(uploads.batches) <= 1:
+            return [self._chain(0, uploads)]
+        return [self._chain(0, RoundUploads(uploads.round, [b], uploads.summed)) for b in uploads.batches]
+
+    def _chain(self, i: int, uploads: RoundUploads) -> RoundUploads:
+        """Defenses ``i``, ``i + 1``, ... on ``uploads``: defense i's ``call_next`` runs the rest."""
+        if i == len(self._uploaders):
+            return uploads
+        defense = self._uploaders[i]
+        if not defense.takes_packed and any(isinstance(b, PackedBatch) for b in uploads.batches):
+            uploads = uploads.unpacked()
+        return defense.process_uploads(uploads, self, lambda nxt: self._chain(i + 1, nxt))
 
     def _record(self, round: int, batches: list[Any]) -> None:
         """One message per sender of every batch, as the receiver sees it."""
@@ -149,14 +165,12 @@ class Channel:
 
     def send_round_packed(self, round: int, batches: list[PackedBatch], *, record: bool = True) -> list[Any]:
         """:meth:`send_round` of packed batches (one per message kind, same senders in the same
-        order): packed through the defenses when every one :meth:`~Defense.packs` them, else
-        unpacked first. Returns what the receiver sees (:class:`PackedBatch` or
+        order); each defense gets them packed or unpacked as it declares
+        (:attr:`~Defense.takes_packed`). Returns what the receiver sees (:class:`PackedBatch` or
         :class:`UploadBatch`; :meth:`sum` takes either); same numbers and transcript either way."""
-        if not all(d.packs(batches) for d in self.defenses):
-            return self.send_round(round, batches[0].senders, [(b.kind, b.payloads()) for b in batches], record=record)
         for b in batches:
             b.recorded = bool(record)
-        batches = self._through_defenses(list(batches), packed=True)
+        batches = self._through_defenses(RoundUploads(round, list(batches))).batches
         if record:
             self._record(round, batches)
         return batches
@@ -165,18 +179,20 @@ class Channel:
         self, round: int, batches: list[PackedBatch], rows: Sequence[int | None], index_key: str = "items"
     ) -> list[dict[str, np.ndarray]] | None:
         """The receiver's sums (as :meth:`sum`) of an unrecorded round, one per batch (``rows``:
-        each batch's row count), when every defense takes the batches packed; None otherwise
-        (then send and sum). The defenses' i.i.d. noise is drawn on the sums, as the sum over
-        each element's senders (:meth:`Defense.summed_noise`): the same law as per-sender noise
-        summed, without a draw per uploaded float. Nothing is recorded."""
-        if not all(d.packs(batches) for d in self.defenses):
+        each batch's row count), when every defense that changes uploads takes them packed and
+        each batch has at most one float entry; None otherwise (then send and sum). The round
+        goes through the defenses as :attr:`RoundUploads.summed`: their i.i.d. noise is drawn on
+        the sums, as the sum over each element's senders
+        (:meth:`~privaudit.defenses.base.RoundUploads.noise_on_sums`), the same law as
+        per-sender noise summed, without a draw per uploaded float. Nothing is recorded."""
+        if not all(d.takes_packed for d in self._uploaders) or any(len(b.float_keys()) > 1 for b in batches):
             return None
         for b in batches:
             b.recorded = False
-        for defense in self.defenses:
-            batches = defense.on_round_summed(batches, self)
         out = []
-        for batch, n_rows in zip(batches, rows):
+        parts = self._parts(RoundUploads(round, list(batches), summed=True))
+        laws = [(b, part.sum_noise) for part in parts for b in part.batches]
+        for (batch, noises), n_rows in zip(laws, rows):
             total = packed_sum(batch, n_rows, index_key)
             for key in batch.float_keys():
                 if key not in total:
@@ -186,10 +202,8 @@ class Channel:
                 else:
                     per_row = np.full(total[key].shape[:1], float(len(batch.senders)))
                 counts = np.broadcast_to(per_row.reshape((-1,) + (1,) * (total[key].ndim - 1)), total[key].shape)
-                for defense in self.defenses:
-                    noise = defense.summed_noise(self.rng, counts)
-                    if noise is not None:
-                        total[key] = total[key] + noise
+                for law in noises:
+                    total[key] = total[key] + law(self.rng, counts)
             out.append(total)
         return out
 
@@ -201,21 +215,22 @@ class Channel:
         For payloads with ``index_key`` (item-row uploads), entries are summed into ``rows``
         rows by index (an ``counts`` entry gives how many senders touched each row); other
         entries are summed elementwise. Defenses that hide plaintext (encryption, secure
-        aggregation) compute the sum themselves in :meth:`Defense.aggregate`.
+        aggregation) attach the receiver's sum to the batches they make
+        (:attr:`UploadBatch.receiver_sum`).
         """
         if isinstance(batch, PackedBatch):  # only defenses that compute no sum pack
             return packed_sum(batch, rows, index_key)
-        for defense in reversed(self.defenses):
-            result = defense.aggregate(batch, self, rows)
-            if result is not None:
-                return result
+        if batch.receiver_sum is not None:
+            return batch.receiver_sum(batch, self, rows)
         return plain_sum(batch.payloads, rows, index_key)
 
     def download(self, payload: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Pass a server-to-client payload through every defense's ``on_download``."""
+        """Pass a server-to-client payload through every defense's ``on_download``; the result
+        is the clients' :attr:`model` from then on."""
         out = dict(payload)
         for defense in self.defenses:
             out = defense.on_download(out, self)
+        self.model = out
         return out
 
 

@@ -253,4 +253,5 @@ class IsolatingServer(Channel):
         k = batch.senders.index(self.target)
         alone = dataclasses.replace(batch, senders=members, payloads=[batch.payloads[k]])
         tagged = _Tagged(self.transcript, self.deviation, ("ciphertext_sum",), isolated=True)
-        crypto.aggregate(alone, SimpleNamespace(transcript=tagged, rng=self.rng), rows)
+        if batch.receiver_sum is not None:  # the encrypting defense's sum (homomorphic, then decrypted)
+            batch.receiver_sum(alone, SimpleNamespace(transcript=tagged, rng=self.rng, model=self.model), rows)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from privaudit.defenses.base import ANY, UPLOAD, ChannelContext, Defense, UploadBatch
+from privaudit.defenses.base import ANY, UPLOAD, ChannelContext, Defense, RoundUploads
 from privaudit.params import Param
 
 
@@ -22,11 +24,14 @@ class Quantize(Defense):
     #: every float of every upload (an audit sweeps it on any protocol with uploads)
     acts_on = ((ANY, ANY),)
 
-    def on_upload(self, batch: UploadBatch, channel: ChannelContext) -> UploadBatch:
+    def process_uploads(
+        self, uploads: RoundUploads, ctx: ChannelContext, call_next: Callable[[RoundUploads], RoundUploads]
+    ) -> RoundUploads:
+        """Round the floats of every batch (one dict per sender), then hand them on."""
         step = self.config["step"]
-        if step == 0.0:
-            return batch
-        for payload in batch.payloads:
-            for key in batch.float_keys(payload):
-                payload[key] = np.round(np.asarray(payload[key]) / step) * step
-        return batch
+        if step != 0.0:
+            for batch in uploads.batches:
+                for payload in batch.payloads:
+                    for key in batch.float_keys(payload):
+                        payload[key] = np.round(np.asarray(payload[key]) / step) * step
+        return call_next(uploads)
