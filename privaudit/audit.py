@@ -1297,6 +1297,20 @@ def gate_dp_cells(out: dict[str, Any]) -> None:
     for v in out["verdicts"]:
         if any(c.get("dp_violation") for c in out.get("matrix") or [] if c.get("attack") == v.get("attack")):
             v["dp_violation"] = True
+    # the report's per-pair tables show the gated label too (reports read the document only)
+    out["gated_rows"] = [
+        {"attack": a["name"], "defense": d["name"], **{k: g[k] for k in _GATED_KEYS}}
+        for a in out.get("attacks") or []
+        for d in out.get("defenses") or []
+        for s in pair_series(out, a["name"], d["name"])
+        if "mean" in s
+        for g in [gate_row(out, a["name"], d["name"], s)]
+        if "gated_from" in g
+    ]
+
+
+#: what a gated series row of ``gated_rows`` keeps (its value and the gate's reading)
+_GATED_KEYS = ("value", "verdict", "verdict_label", "gated_from", "dp_gate")
 
 
 def decide(out: dict[str, Any]) -> None:

@@ -446,14 +446,15 @@ def _threat_rows(threat: list[Mapping[str, Any]]) -> list[list[str]]:
 
 def _pair_sections(audit: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """(svg, caption, table) of every (attack, defense) pair with results."""
-    from privaudit.audit import gate_row  # the DP gate: "protected" only where the mechanism protects
+    # the DP gate's reading of each series row ("protected" only where the mechanism protects)
+    gated = {(g["attack"], g["defense"], repr(g["value"])): g for g in audit.get("gated_rows") or []}
 
     utility = rs.audit_utility(audit)
     out = []
     for a in audit["attacks"]:
         for d in audit["defenses"]:
             series = [
-                gate_row(audit, a["name"], d["name"], s)
+                {**s, **gated.get((a["name"], d["name"], repr(s.get("value"))), {})}
                 for s in rs.audit_series(audit, a["name"], d["name"])
                 if "mean" in s
             ]
