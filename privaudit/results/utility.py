@@ -94,10 +94,11 @@ class UserUtility:
 
     def value(self) -> float:
         """The metric these contributions make (NaN without any)."""
-        total = float(self.den.sum())
-        if total <= 0:
+        with np.errstate(over="ignore", invalid="ignore"):
+            total, top = float(self.den.sum()), float(self.num.sum())
+        if not total > 0:
             return math.nan
-        v = float(self.num.sum()) / total
+        v = top / total
         return math.sqrt(max(v, 0.0)) if self.root else v
 
     def to_json(self) -> dict[str, Any]:
@@ -139,8 +140,8 @@ def stored_user_utility(per_user: Mapping[str, UserUtility] | None, metric: str 
 
 
 def _replicates(u: UserUtility, counts: np.ndarray) -> np.ndarray:
-    den = counts @ u.den
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        den = counts @ u.den
         v = np.where(den > 0, (counts @ u.num) / np.where(den > 0, den, 1.0), np.nan)
     return np.sqrt(np.maximum(v, 0.0)) if u.root else v
 
