@@ -68,7 +68,11 @@ def test_stored_contributions_round_trip_and_malformed_ones_cost_only_the_interv
         assert UserUtility.from_json(bad) is None
     ref, val = {"0": 0.30}, {"0": 0.20}
     cost = rs.utility_cost_interval(ref, val, "ndcg@10", None, {"0": {"values": "broken"}}, {"0": None})
-    assert cost["cost"] == pytest.approx(0.1) and math.isnan(cost["low"]) and cost["method"] == "no interval"
+    assert cost["cost"] == pytest.approx(0.1) and math.isnan(cost["low"])
+    assert cost["method"] == "no interval: one seed without per-user utility"
+    few = {"values": [0.3] * 8}  # 8 users: fewer than 10
+    cost = rs.utility_cost_interval(ref, val, "ndcg@10", None, {"0": few}, {"0": few})
+    assert cost["method"] == "no interval: one seed, 8 users (fewer than 10)" and cost_label(cost) == "no interval"
 
 
 def _seed_users(rng, shift):

@@ -256,6 +256,18 @@ def utility_cost_interval(
         mean, half = mean_ci95(costs)
         out.update(low=mean - half, high=mean + half, method=f"Student t over {len(costs)} paired seeds")
         return interval_labels(out)
+    a = UserUtility.from_json((reference_users or {}).get(seeds[0]))
+    b = UserUtility.from_json((value_users or {}).get(seeds[0]))
+    if a is None or b is None:
+        out["method"] = "no interval: one seed without per-user utility"
+    else:
+        units = int(np.count_nonzero((a.den > 0) | (b.den > 0))) if a.den.shape == b.den.shape else -1
+        few = 0 <= units < MIN_UTILITY_UNITS
+        out["method"] = (
+            f"no interval: one seed, {units} {a.over} (fewer than {MIN_UTILITY_UNITS})"
+            if few
+            else "no interval: one seed whose per-user utility does not pair"
+        )
     return out
 
 

@@ -144,7 +144,9 @@ def cost_text(cost: Mapping[str, Any], utility: str, reference: float, value: fl
         return "utility cost unknown (no undefended run)"
     change = f"({fmt(reference, 4)} → {fmt(value, 4)})"
     if not math.isfinite(num(cost.get("low"))):
-        return f"where {utility} costs {fmt(cost['cost'], 4)} against no defense {change}, one seed: no interval"
+        why = str(cost.get("method") or "")
+        why = why.split(": ", 1)[1] if why.startswith("no interval: ") else "one seed"
+        return f"where {utility} costs {fmt(cost['cost'], 4)} against no defense {change}, {why}: no interval"
     x = fmt(cost["cost"], 4)
     interval = f"95 % interval [{fmt(cost['low'], 4)}, {fmt(cost['high'], 4)}], {cost.get('method') or 'paired seeds'}"
     margin = f"± {fmt(cost['margin'], 4)} = 5 % of the reference"
@@ -474,6 +476,8 @@ def utility_clause(cost: Mapping[str, Any], utility: Any) -> str:
     low, high = num(cost.get("low")), num(cost.get("high"))
     interval = f" [{fmt(low, 4)}, {fmt(high, 4)}]" if math.isfinite(low) else ""
     label = str(cost.get("label"))
+    if label == "no interval":
+        return f"Utility ({utility}) cost {fmt(cost.get('cost'), 4)}: {cost.get('method') or label}."
     if label == "within noise":
         label += f" (inside ± {fmt(cost.get('margin'), 4)} = 5 % of the reference)"
     return f"Utility ({utility}) cost {fmt(cost.get('cost'), 4)}{interval}: {label} (95 %, {cost.get('method')})."
