@@ -2339,6 +2339,6 @@ def test_hostile_per_user_utility_only_costs_the_interval(stored):
     good = {"values": [0.3] * 6 + [0.2] * 6}
     cost = rs.utility_cost_interval({"0": 0.25}, {"0": 0.2}, "ndcg@10", None, {"0": good}, {"0": stored})
     assert cost["cost"] == pytest.approx(0.05) and cost["seeds"] == 1
-    bootstrap = cost["method"] == "paired bootstrap over 12 users, 1 seed"
+    bootstrap = cost["method"].startswith("paired bootstrap over 12 users")
     assert bootstrap or cost["method"].startswith("no interval: one seed")
     assert bootstrap == math.isfinite(cost["low"])

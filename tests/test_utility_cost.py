@@ -12,7 +12,7 @@ import pytest
 from privaudit import metrics
 from privaudit import results as rs
 from privaudit.results.stats import combine_seeds
-from privaudit.results.utility import UserUtility, cost_label, interval_labels, paired_bootstrap
+from privaudit.results.utility import UTILITY_RUN_INFLATION, UserUtility, cost_label, interval_labels, paired_bootstrap
 
 Z95 = 1.959963984540054
 
@@ -87,17 +87,20 @@ def test_one_seed_gets_an_interval_and_seeds_pool_like_the_attack_advantages():
     val = {"0": d0.value(), "1": d1.value()}
     one = rs.utility_cost_interval({"0": ref["0"]}, {"0": val["0"]}, "ndcg@10", None, {"0": r0}, {"0": d0})
     b0 = paired_bootstrap(r0, d0)
-    assert one["seeds"] == 1 and one["n"] == 60 and one["method"] == "paired bootstrap over 60 users, 1 seed"
-    assert one["low"] == pytest.approx(b0["cost"] - Z95 * b0["se"]) and one["high"] > one["low"]
+    assert one["seeds"] == 1 and one["n"] == 60
+    assert one["method"] == "paired bootstrap over 60 users, SE x2.1 for run-level variance, 1 seed"
+    # one seed: the bootstrap SE times the run-level inflation (the run is not resampled)
+    assert one["low"] == pytest.approx(b0["cost"] - Z95 * UTILITY_RUN_INFLATION * b0["se"]) and one["high"] > one["low"]
     assert one["resolved"] and cost_label(one) == "costs"  # 0.10 lost: resolved from one seed
     two = rs.utility_cost_interval(ref, val, "ndcg@10", None, {"0": r0, "1": r1}, {"0": d0, "1": d1})
     b1 = paired_bootstrap(r1, d1)
-    mean, se = combine_seeds([b0["cost"], b1["cost"]], [b0["se"], b1["se"]])
+    k = UTILITY_RUN_INFLATION
+    mean, se = combine_seeds([b0["cost"], b1["cost"]], [k * b0["se"], k * b1["se"]])
     assert two["cost"] == pytest.approx(mean) and two["se"] == pytest.approx(se)
     assert two["low"] == pytest.approx(mean - Z95 * se) and two["high"] == pytest.approx(mean + Z95 * se)
-    assert two["method"] == "paired bootstrap over 60 users and between seeds, 2 seeds"
+    assert two["method"] == "paired bootstrap over 60 users and between seeds, SE x2.1 for run-level variance, 2 seeds"
     # the seeds differ (0.10 vs 0.02 lost): the between-seed term widens the interval beyond the within part
-    assert se > math.sqrt((b0["se"] ** 2 + b1["se"] ** 2) / 4)
+    assert se > k * math.sqrt((b0["se"] ** 2 + b1["se"] ** 2) / 4)
 
 
 def test_labels_within_noise_only_when_the_whole_interval_is_inside_the_margin():
@@ -194,7 +197,7 @@ def test_one_seed_of_a_dp_sweep_carries_a_utility_interval_end_to_end(tmp_path):
     cost = row["utility_cost"]
     assert cost["cost"] == pytest.approx(ref["utility"]["ndcg@10"] - point["utility"]["ndcg@10"])
     assert math.isfinite(cost["low"]) and cost["low"] < cost["cost"] < cost["high"]
-    assert cost["method"].startswith("paired bootstrap over ") and cost["method"].endswith("users, 1 seed")
+    assert cost["method"].startswith("paired bootstrap over ") and cost["method"].endswith("variance, 1 seed")
     assert cost["label"] in ("within noise", "costs", "not resolved")
     assert f"Utility (ndcg@10) cost {rs.fmt(cost['cost'], 4)} [" in res["verdicts"][0]["detail"]
     write_report(res, tmp_path / "out")  # results.json validates against schema 2 (conftest)

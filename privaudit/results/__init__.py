@@ -90,6 +90,7 @@ from privaudit.results.summary import (
 )
 from privaudit.results.utility import (
     UTILITY_MARGIN,
+    UTILITY_RUN_INFLATION,
     UserUtility,
     paired_bootstrap,
     stored_user_utility,
@@ -142,6 +143,7 @@ __all__ = [
     "utility_cost",
     "utility_cost_interval",
     "UTILITY_MARGIN",
+    "UTILITY_RUN_INFLATION",
     "UserUtility",
     "paired_bootstrap",
     "stored_user_utility",
