@@ -409,6 +409,10 @@ def _execute(run: _Run, dataset: Any, keep: dict | None = None, shared: Any = No
     if keep is not None:
         keep["result"] = result
     out["utility"] = rs.floats(result.utility)
+    main = rs.main_utility({"points": [out], "utility_metric": run.protocol_cls.main_utility})
+    users = rs.stored_user_utility(getattr(result, "user_utility", None), main)
+    if users:  # the main utility's per-user contributions: its cost's paired bootstrap over users
+        out["utility_users"] = users
     out["protocol_seconds"] = protocol_seconds
     privacy = runner.defense_privacy(defenses, result.transcript)
     if privacy and run.defense_name:
@@ -1219,6 +1223,8 @@ def _regated_verdict(out: dict[str, Any], v: dict[str, Any]) -> dict[str, Any]:
             True,
             margin,
             out.get("utility_specs"),
+            rs.users_by_seed(rs.audit_points(out, a["name"], None), utility),
+            rs.defense_users(out, a["name"], d["name"], utility),
         )
         gated_rows = [r for r in rows if r.get("gated_from")]
         if gated_rows:

@@ -8,7 +8,9 @@ every seed it
 1. builds the defenses (with the swept value where the sweep targets a defense),
 2. runs the protocol, ``Protocol().run(dataset, config, defenses, rng)``,
 3. runs ``attack.evaluate(transcript, rng)`` on the attacker's view and records the attack
-   metrics, the baselines, the protocol's utility metrics and the seconds taken,
+   metrics, the baselines, the protocol's utility metrics (and the main one's per-user
+   contributions, ``utility_users``: the paired bootstrap of a defense's utility cost) and the
+   seconds taken,
 
 and returns the results as a :class:`~privaudit.api.Results`: the JSON-able dict of the
 ``results.json`` schema (documented in ``docs/results-schema.md``; :func:`assemble` builds it)
@@ -348,6 +350,9 @@ def _run_point(task: Task, dataset: Any, attack_jobs: int | None = None) -> list
     result, defenses, protocol_seconds = run_protocol(task, dataset)
     privacy = defense_privacy(defenses, result.transcript)
     utility = rs.floats(result.utility)
+    # the main utility's per-user contributions (compact): its cost's paired bootstrap over users
+    main = main_utility({"points": [{"utility": utility}], "utility_metric": task.protocol_cls.main_utility})
+    users = rs.stored_user_utility(getattr(result, "user_utility", None), main)
     points = []
     for index, value, attack_params in task.variants:
         params = dict(attack_params)
@@ -365,6 +370,7 @@ def _run_point(task: Task, dataset: Any, attack_jobs: int | None = None) -> list
             "seed": task.seed,
             **scored,
             "utility": dict(utility),
+            **({"utility_users": users} if users else {}),
             "seconds": share + attack_seconds,
             "protocol_seconds": share,
             "attack_seconds": attack_seconds,

@@ -51,6 +51,7 @@ from privaudit.attack_metrics import (
 __all__ = [
     "rmse",
     "mae",
+    "error_sums_by_user",
     "hit_ratio_at_k",
     "ndcg_at_k_loo",
     "ranking_metrics_at_k",
@@ -247,6 +248,30 @@ def mae(y_true: Any, y_pred: Any) -> float:
     return float(np.mean(np.abs(a - b)))
 
 
+def error_sums_by_user(y_true: Any, y_pred: Any, users: Any, n_users: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-user error sums of rating predictions: ``(sum (y_true - y_pred)^2, sum |y_true -
+    y_pred|, count)``, each ``(n_users,)`` (float, float, int64), over the entries of each user.
+
+    ``y_true``, ``y_pred``: 1-D, one entry per test rating; ``users``: 1-D int, the user (row,
+    ``0 <= u < n_users``) of each entry. The pooled :func:`rmse` is ``sqrt(sq.sum() /
+    count.sum())`` and :func:`mae` ``ab.sum() / count.sum()``: the per-user contributions whose
+    ratio of sums is the metric (a bootstrap over users resamples them in pairs).
+    """
+    a, b = _paired(y_true, y_pred, "y_true", "y_pred")
+    u = np.asarray(users)
+    if u.shape != a.shape:
+        raise ValueError(f"users must have one entry per rating (shape {a.shape}), got shape {u.shape}")
+    if u.size and not np.issubdtype(u.dtype, np.integer):
+        raise ValueError(f"users must hold integers, got dtype {u.dtype}")
+    n = int(n_users)
+    if u.size and (u.min() < 0 or u.max() >= n):
+        raise ValueError(f"users out of range [0, {n})")
+    err = a - b
+    sq = np.bincount(u, weights=err**2, minlength=n).astype(float)
+    ab = np.bincount(u, weights=np.abs(err), minlength=n).astype(float)
+    return sq, ab, np.bincount(u, minlength=n).astype(np.int64)
+
+
 # --------------------------------------------------------------------------- leave-one-out
 
 
@@ -268,7 +293,16 @@ def _loo_ranks(scores: Any, target_index: Any) -> np.ndarray:
     return (s >= target[:, None]).sum(axis=1) - 1
 
 
-def hit_ratio_at_k(scores: Any, target_index: Any, k: int = 10) -> float:
+def _loo_gains(scores: Any, target_index: Any, k: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per user: (hit 0/1, NDCG gain) of the leave-one-out target (float arrays)."""
+    k = _check_k(k)
+    ranks = _loo_ranks(scores, target_index)
+    hits = (ranks < k).astype(float)
+    gains = np.where(ranks < k, 1.0 / np.log2(ranks + 2.0), 0.0)
+    return hits, gains
+
+
+def hit_ratio_at_k(scores: Any, target_index: Any, k: int = 10, by_user: bool = False) -> Any:
     """Leave-one-out hit ratio HR@k (FedNCF paper §4.1), averaged over users, in [0, 1].
 
     ``scores``: (n_users, n_candidates) float -- each row scores the user's held-out item and
@@ -278,30 +312,30 @@ def hit_ratio_at_k(scores: Any, target_index: Any, k: int = 10) -> float:
     The 0-based rank of the target is the number of *other* candidates whose score is
     ``>=`` the target's: ties are broken pessimistically (a tied negative counts as ranked
     above the target), so a constant scorer gets HR = 0, never a lucky hit.
-    HR_u = 1 if rank_u < k else 0; HR@k = mean_u HR_u.
+    HR_u = 1 if rank_u < k else 0; HR@k = mean_u HR_u. ``by_user``: return ``(HR@k, HR_u)``,
+    the per-user values (n_users,) float whose mean it is.
     """
-    k = _check_k(k)
-    ranks = _loo_ranks(scores, target_index)
-    return float(np.mean(ranks < k))
+    hits, _ = _loo_gains(scores, target_index, k)
+    value = float(np.mean(hits))
+    return (value, hits) if by_user else value
 
 
-def ndcg_at_k_loo(scores: Any, target_index: Any, k: int = 10) -> float:
+def ndcg_at_k_loo(scores: Any, target_index: Any, k: int = 10, by_user: bool = False) -> Any:
     """Leave-one-out NDCG@k (FedNCF paper §4.1), averaged over users, in [0, 1].
 
     Inputs and the pessimistic tie rule as :func:`hit_ratio_at_k`. With one relevant item the
     ideal DCG is 1, so NDCG_u = 1 / log2(rank_u + 2) if rank_u < k else 0 (rank 0-based:
-    the top position gives 1, the second 1/log2(3)).
+    the top position gives 1, the second 1/log2(3)). ``by_user``: return ``(NDCG@k, NDCG_u)``.
     """
-    k = _check_k(k)
-    ranks = _loo_ranks(scores, target_index)
-    gains = np.where(ranks < k, 1.0 / np.log2(ranks + 2.0), 0.0)
-    return float(np.mean(gains))
+    _, gains = _loo_gains(scores, target_index, k)
+    value = float(np.mean(gains))
+    return (value, gains) if by_user else value
 
 
 # --------------------------------------------------------------------------- top-k lists
 
 
-def ranking_metrics_at_k(scores: Any, relevant: Any, k: int = 10, exclude: Any = None) -> dict[str, float]:
+def ranking_metrics_at_k(scores: Any, relevant: Any, k: int = 10, exclude: Any = None, by_user: bool = False) -> Any:
     """NDCG@k, precision@k, recall@k and F1@k of top-k lists (PrivMVMF paper appendix .2,
     eqs. 50-54; there relevance = test rating >= 4 and k = 10).
 
@@ -326,15 +360,18 @@ def ranking_metrics_at_k(scores: Any, relevant: Any, k: int = 10, exclude: Any =
     excluded still count in |Rel_u| (they can never be hit). If no user has a relevant item,
     every value is NaN.
 
-    Returns ``{"ndcg", "precision", "recall", "f1"}``, all floats in [0, 1].
+    Returns ``{"ndcg", "precision", "recall", "f1"}``, all floats in [0, 1]. ``by_user``: return
+    ``(that dict, {"ndcg", "precision", "recall": (n_users,) float})``, the per-user values whose
+    mean over the users with a relevant item is the metric (NaN for the other users; F1 has no
+    per-user form).
     """
     s = _scores_2d(scores)
-    return _ranking_metrics(lambda lo, hi: s[lo:hi], s.shape, relevant, k, exclude)
+    return _ranking_metrics(lambda lo, hi: s[lo:hi], s.shape, relevant, k, exclude, by_user)
 
 
 def ranking_metrics_at_k_factored(
-    user_factors: Any, item_factors: Any, relevant: Any, k: int = 10, exclude: Any = None
-) -> dict[str, float]:
+    user_factors: Any, item_factors: Any, relevant: Any, k: int = 10, exclude: Any = None, by_user: bool = False
+) -> Any:
     """:func:`ranking_metrics_at_k` of ``scores = user_factors @ item_factors.T`` without the
     full score matrix: scores are computed, checked and ranked one block of users at a time
     (peak memory about one block of ``2**22`` scores plus the inputs).
@@ -342,6 +379,7 @@ def ranking_metrics_at_k_factored(
     ``user_factors``: (n_users, d) float; ``item_factors``: (n_items, d) float. Same values,
     bit for bit, as ``ranking_metrics_at_k(user_factors @ item_factors.T, ...)`` when the row
     blocks of the product equal the rows of the full product (true of numpy's float64 matmul).
+    ``by_user`` as :func:`ranking_metrics_at_k`.
     """
     U = np.asarray(user_factors, dtype=float)
     V = np.asarray(item_factors, dtype=float)
@@ -358,10 +396,12 @@ def ranking_metrics_at_k_factored(
             raise ValueError("scores contains NaN; the ranking is undefined")
         return s
 
-    return _ranking_metrics(block, shape, relevant, k, exclude)
+    return _ranking_metrics(block, shape, relevant, k, exclude, by_user)
 
 
-def _ranking_metrics(score_rows, shape: tuple[int, int], relevant: Any, k: Any, exclude: Any) -> dict[str, float]:
+def _ranking_metrics(
+    score_rows, shape: tuple[int, int], relevant: Any, k: Any, exclude: Any, by_user: bool = False
+) -> Any:
     """Body of :func:`ranking_metrics_at_k`; ``score_rows(lo, hi)`` gives score rows lo:hi."""
     k = _check_k(k)
     rel = _matrix(relevant, shape, "relevant")
@@ -372,26 +412,31 @@ def _ranking_metrics(score_rows, shape: tuple[int, int], relevant: Any, k: Any, 
     ideal = np.cumsum(discounts)
 
     tot = {"ndcg": 0.0, "precision": 0.0, "recall": 0.0}
+    users = {name: np.full(shape[0], math.nan) for name in tot} if by_user else {}
     n_users = 0
-    for hits, n_rec, nr in _relevant_user_hits(score_rows, shape, rel, excl, n_rel, k):
+    for hits, n_rec, nr, rows in _relevant_user_hits(score_rows, shape, rel, excl, n_rel, k):
         tp = hits.sum(axis=1)
         dcg = hits @ discounts
         idcg = ideal[np.minimum(kk, nr) - 1]
-        tot["ndcg"] += float(np.sum(dcg / idcg))
         prec = np.divide(tp, n_rec, out=np.zeros(len(tp)), where=n_rec > 0)
-        tot["precision"] += float(np.sum(prec))
-        tot["recall"] += float(np.sum(tp / nr))
+        for name, per in (("ndcg", dcg / idcg), ("precision", prec), ("recall", tp / nr)):
+            tot[name] += float(np.sum(per))
+            if by_user:
+                users[name][rows] = per
         n_users += len(nr)
     if n_users == 0:
-        return {"ndcg": math.nan, "precision": math.nan, "recall": math.nan, "f1": math.nan}
-    out = {name: value / n_users for name, value in tot.items()}
-    p, r = out["precision"], out["recall"]
-    out["f1"] = 2.0 * p * r / (p + r) if p + r > 0 else 0.0
-    return {key: float(out[key]) for key in ("ndcg", "precision", "recall", "f1")}
+        out = {"ndcg": math.nan, "precision": math.nan, "recall": math.nan, "f1": math.nan}
+    else:
+        out = {name: value / n_users for name, value in tot.items()}
+        p, r = out["precision"], out["recall"]
+        out["f1"] = 2.0 * p * r / (p + r) if p + r > 0 else 0.0
+    out = {key: float(out[key]) for key in ("ndcg", "precision", "recall", "f1")}
+    return (out, users) if by_user else out
 
 
 def _relevant_user_hits(score_rows, shape: tuple[int, int], rel: Any, excl: Any, n_rel: np.ndarray, k: int):
-    """Per block of users with at least one relevant item: ``(hits, n_recommended, n_relevant)``.
+    """Per block of users with at least one relevant item: ``(hits, n_recommended, n_relevant,
+    rows)`` (``rows``: the users' row indices).
 
     ``hits`` (users x min(k, items)) bool marks relevant items in each user's top k (ties as in
     :func:`_topk_hits`); users without relevant items are skipped.
@@ -406,7 +451,7 @@ def _relevant_user_hits(score_rows, shape: tuple[int, int], rel: Any, excl: Any,
         rb = _rows(rel, lo, hi)[keep]
         eb = None if excl is None else _rows(excl, lo, hi)[keep]
         hits, n_rec = _topk_hits(score_rows(lo, hi)[keep], rb, eb, k)
-        return hits, n_rec, nr[keep]
+        return hits, n_rec, nr[keep], lo + np.flatnonzero(keep)
 
     blocks = list(_blocks(*shape))
     workers = min(_RANKING_THREADS, len(blocks))
@@ -426,7 +471,7 @@ def _row_counts(m: Any) -> np.ndarray:
     return np.asarray(m.sum(axis=1), dtype=np.int64)
 
 
-def map_at_k(scores: Any, test_matrix: Any, k: int = 10, exclude: Any = None) -> float:
+def map_at_k(scores: Any, test_matrix: Any, k: int = 10, exclude: Any = None, by_user: bool = False) -> Any:
     """Mean average precision MAP@k, DP-prototypes paper eqs. 5-6, in [0, 1].
 
     ``scores``: (n_users, n_items) float. ``test_matrix``: (n_users, n_items), dense or scipy
@@ -439,6 +484,8 @@ def map_at_k(scores: Any, test_matrix: Any, k: int = 10, exclude: Any = None) ->
     denominator is the user's number of relevant items, as in the paper (the common
     ``min(k, |Rel_u|)`` variant differs only when |Rel_u| > k). Eq. 6: MAP@k is the mean of
     AP@k over the users with at least one relevant test item (NaN if there are none).
+    ``by_user``: return ``(MAP@k, AP@k(u))``, the (n_users,) per-user values (NaN for users
+    without a relevant test item).
     """
     k = _check_k(k)
     s = _scores_2d(scores)
@@ -449,14 +496,18 @@ def map_at_k(scores: Any, test_matrix: Any, k: int = 10, exclude: Any = None) ->
     kk = min(k, shape[1])
     positions = np.arange(1, kk + 1, dtype=float)
     total, n_users = 0.0, 0
-    for hits, _, nr in _relevant_user_hits(lambda lo, hi: s[lo:hi], shape, rel, excl, n_rel, k):
+    per_user = np.full(shape[0], math.nan)
+    for hits, _, nr, rows in _relevant_user_hits(lambda lo, hi: s[lo:hi], shape, rel, excl, n_rel, k):
         prec = np.cumsum(hits, axis=1) / positions
-        total += float(np.sum((prec * hits).sum(axis=1) / nr))
+        ap = (prec * hits).sum(axis=1) / nr
+        total += float(np.sum(ap))
+        per_user[rows] = ap
         n_users += len(nr)
-    return total / n_users if n_users else math.nan
+    value = total / n_users if n_users else math.nan
+    return (value, per_user) if by_user else value
 
 
-def mean_rank(scores: Any, test_matrix: Any, exclude: Any = None) -> float:
+def mean_rank(scores: Any, test_matrix: Any, exclude: Any = None, by_user: bool = False) -> Any:
     """Weighted mean percentile rank, DP-prototypes paper eq. 4 (Hu, Koren & Volinsky 2008).
 
     ``scores``: (n_users, n_items) float. ``test_matrix``: (n_users, n_items), dense or scipy
@@ -468,7 +519,9 @@ def mean_rank(scores: Any, test_matrix: Any, exclude: Any = None) -> float:
     ``rank_ui = (#{j: s_uj > s_ui} + 0.5 #{j != i: s_uj = s_ui}) / (n_u - 1)`` -- 0 = top,
     1 = bottom, ties share the average position, so a constant or random scorer gives 0.5.
     Eq. 4: ``mean_rank = sum_{(u,i) in T} x_ui rank_ui / sum_{(u,i) in T} x_ui`` (lower is
-    better; >= 0.5 is no better than random). NaN if T is empty.
+    better; >= 0.5 is no better than random). NaN if T is empty. ``by_user``: return
+    ``(mean_rank, (num_u, den_u))``, each user's ``sum_i x_ui rank_ui`` and ``sum_i x_ui``
+    ((n_users,) float): the metric is their ratio of sums.
     """
     s = _scores_2d(scores)
     shape = s.shape
@@ -491,6 +544,7 @@ def mean_rank(scores: Any, test_matrix: Any, exclude: Any = None) -> float:
             raise ValueError("test_matrix weights must be non-negative")
     excl = None if exclude is None else _matrix(exclude, shape, "exclude")
     num = den = 0.0
+    num_u, den_u = np.zeros(shape[0]), np.zeros(shape[0])
     for lo, hi in _blocks(*shape):
         xb = _rows(x, lo, hi) if sp.issparse(x) else x[lo:hi]
         users, items = np.nonzero(xb)
@@ -508,4 +562,7 @@ def mean_rank(scores: Any, test_matrix: Any, exclude: Any = None) -> float:
         rank = position / (n_avail[users] - 1)
         num += float(np.sum(w * rank))
         den += float(np.sum(w))
-    return num / den if den > 0 else math.nan
+        num_u[lo:hi] = np.bincount(users, weights=w * rank, minlength=hi - lo)
+        den_u[lo:hi] = np.bincount(users, weights=w, minlength=hi - lo)
+    value = num / den if den > 0 else math.nan
+    return (value, (num_u, den_u)) if by_user else value

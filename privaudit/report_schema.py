@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 AUDIT_SCHEMA_VERSION = 1
-RESULTS_SCHEMA_VERSION = 1
+RESULTS_SCHEMA_VERSION = 2
 #: file kind -> the schema file in ``privaudit/schemas`` (and ``docs/``)
 SCHEMA_FILES = {"audit": "audit-schema.json", "results": "results-schema.json"}
 VERSIONS = {"audit": AUDIT_SCHEMA_VERSION, "results": RESULTS_SCHEMA_VERSION}

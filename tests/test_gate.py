@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_DIGESTS = {
     ("audit", 1): "99c5b009596caedc08cfecf6d041df2331ccc53e86305168ad18bab49f47695e",
     ("results", 1): "c6bfd774d4928f4099f55f9ef3a4f5dc39ffcada087c9f000171f770bb520e63",
+    # 2: per-user utility (point.utility_users), the utility cost's interval in verdicts and rows
+    ("results", 2): "947c5c00ebb359da757853f7b0297af93b97aa7982bf01239301cd27c702c1af",
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import struct
 import subprocess
@@ -2406,3 +2407,71 @@ def test_a_plugin_defense_with_a_removed_hook_is_refused_by_name(tmp_path):
         "hook; override process_uploads(uploads, ctx, call_next)" in proc.stderr
     ), proc.stderr
     assert "stale" not in proc.stdout.split()
+
+
+# ------------------------------------------------------------------ branch utilci: per-user utility in results.json
+
+
+def _results_doc(utility_users):
+    point = {"value": None, "seed": 0, "attack_metrics": {}, "utility": {"ndcg@10": 0.3}}
+    if utility_users is not None:
+        point["utility_users"] = utility_users
+    return {
+        "schema_version": 2,
+        "privaudit_version": "0",
+        "protocol": "p",
+        "protocol_config": {},
+        "attack": "a",
+        "sweep": None,
+        "defenses": [],
+        "dataset": {},
+        "points": [point],
+        "summary": [],
+        "verdicts": [],
+    }
+
+
+@pytest.mark.parametrize(
+    "stored, fragment",
+    [
+        ({"ndcg@10": {"values": "0.3"}}, "/points/0/utility_users/ndcg@10"),
+        ({"ndcg@10": {"num": [1.0], "den": [-1.0]}}, "/points/0/utility_users/ndcg@10"),
+        ({"ndcg@10": {"num": ["x"], "den": [1]}}, "/points/0/utility_users/ndcg@10"),
+        ({"ndcg@10": {"over": "users"}}, "/points/0/utility_users/ndcg@10"),
+        ({"ndcg@10": [0.1, 0.2]}, "/points/0/utility_users/ndcg@10"),
+        ({"ndcg@10": {"values": [0.1], "over": "victims"}}, "/points/0/utility_users/ndcg@10"),
+    ],
+)
+def test_compare_refuses_hostile_per_user_utility_in_one_line(stored, fragment, tmp_path, capsys):
+    ok, bad = tmp_path / "ok.json", tmp_path / "bad.json"
+    ok.write_text(json.dumps(_results_doc({"ndcg@10": {"values": [0.3, None], "over": "users"}})))
+    bad.write_text(json.dumps(_results_doc(stored)))
+    _compare_refuses(capsys, ok, bad, fragment)
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        {"values": "0.3"},
+        {"values": [[1]] * 12},
+        {"num": [1.0] * 12, "den": [1.0] * 11},
+        {"num": [float("nan")] * 12, "den": [1.0] * 12},
+        {"num": [1.0] * 12, "den": [-1.0] * 12},
+        {"values": [True] * 12},
+        {"values": [1e308] * 12},
+        "x",
+        None,
+        {"values": [0.2] * 12, "root": "yes"},
+    ],
+)
+def test_hostile_per_user_utility_only_costs_the_interval(stored):
+    """A results dict with malformed per-user utility (Python API, an edited file re-rendered)
+    never raises: the cost keeps its seed-paired value and loses only the bootstrap interval."""
+    from privaudit import results as rs
+
+    good = {"values": [0.3] * 6 + [0.2] * 6}
+    cost = rs.utility_cost_interval({"0": 0.25}, {"0": 0.2}, "ndcg@10", None, {"0": good}, {"0": stored})
+    assert cost["cost"] == pytest.approx(0.05) and cost["seeds"] == 1
+    bootstrap = cost["method"].startswith("paired bootstrap over 12 users")
+    assert bootstrap or cost["method"].startswith("no interval: one seed")
+    assert bootstrap == math.isfinite(cost["low"])

@@ -291,6 +291,7 @@ def test_utility_cost_carries_its_interval_or_reads_within_noise():
     v = rs.experiment_verdicts(res)[0]
     assert v["utility_cost"] == pytest.approx(0.0) and v["utility_cost_within_noise"] is True
     assert "where the ndcg@10 cost is within noise (0.0000, 95 % interval [" in v["sentence"]
+    assert "Student t over 2 paired seeds: inside ± 0.0138 = 5 % of the reference)" in v["sentence"]
     # a 2-seed Student-t interval (1 df) far wider than the margin: not resolved, never "within noise"
     wide = rs.utility_cost_interval({"0": 0.30, "1": 0.25}, {"0": 0.26, "1": 0.29}, "ndcg@10")
     assert wide["low"] < -0.4 and wide["high"] > 0.4 and wide["margin"] == pytest.approx(0.01375)
@@ -302,7 +303,9 @@ def test_utility_cost_carries_its_interval_or_reads_within_noise():
     v = rs.experiment_verdicts({**res, "points": quiet})[0]
     cost = rs.utility_cost_interval({"0": 0.30, "1": 0.25}, {"0": 0.20, "1": 0.16}, "ndcg@10")
     assert cost["seeds"] == 2 and cost["low"] > 0 and not cost["within_noise"]
+    assert cost["resolved"] and cost["method"] == "Student t over 2 paired seeds"
     assert f"where ndcg@10 costs {rs.fmt(cost['cost'], 4)} (95 % interval [{rs.fmt(cost['low'], 4)}" in v["sentence"]
+    assert v["rows"][0]["utility_cost"]["label"] == "costs"
 
 
 def test_canary_audit_text_and_display(big):

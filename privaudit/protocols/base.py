@@ -22,7 +22,7 @@ from privaudit.errors import PrivauditError
 from privaudit.params import Param, declare_on, public_values, resolve_declared
 from privaudit.protocols.blocks import CLIENT_BLOCK, Accumulator, block_ranges
 from privaudit.registry import RegisteredName
-from privaudit.results import MetricSpec
+from privaudit.results import MetricSpec, UserUtility
 from privaudit.schema import ProtocolSchema
 from privaudit.transcript import Transcript
 from privaudit.transcript_io import claim_stream
@@ -39,11 +39,16 @@ class RunResult:
         Protocol-specific trained model (factor matrices, network weights).
     utility : dict[str, float]
         Utility metrics (e.g. ``ndcg@10``, ``rmse``), flat and JSON-able.
+    user_utility : dict[str, UserUtility]
+        Per-user (or per-group) contributions of the utility metrics that decompose (whose mean
+        or ratio of sums is the value in ``utility``): what gives a defense's utility cost a paired
+        bootstrap over users (:mod:`privaudit.results.utility`). Empty: no interval from one seed.
     """
 
     transcript: Transcript
     model: Any
     utility: dict[str, float] = field(default_factory=dict)
+    user_utility: dict[str, UserUtility] = field(default_factory=dict)
 
 
 class Channel:

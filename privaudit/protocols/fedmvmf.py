@@ -92,6 +92,7 @@ from privaudit.protocols.blocks import (
     server_loss,
 )
 from privaudit.registry import register_protocol
+from privaudit.results import UserUtility
 from privaudit.schema import GRAD_ROWS, ITEMS, RATINGS, MessageSchema, PayloadField, ProtocolSchema, n_attributes
 
 #: Config keys the protocol fills in itself (ignored if passed in).
@@ -138,15 +139,20 @@ def ranking_utility(
     k: int,
     exclude: sp.csr_matrix | None = None,
     prefix: str = "",
+    per_user: dict[str, UserUtility] | None = None,
 ) -> dict[str, float]:
     """``{prefix}ndcg@k``, precision, recall, f1 of the scores ``user_factors @ item_factors.T``
-    (ranked one block of users at a time, never the full matrix) with relevance = truth >= threshold."""
+    (ranked one block of users at a time, never the full matrix) with relevance = truth >= threshold.
+    ``per_user``: receives the per-user contributions of ndcg, precision and recall (rows of
+    ``user_factors``; F1 does not decompose)."""
     nan = float("nan")
     keys = ("ndcg", "precision", "recall", "f1")
     if len(user_factors) == 0 or len(item_factors) == 0 or truth.nnz == 0:
         return {f"{prefix}{key}@{k}": nan for key in keys}
     rel = sp.csr_matrix(truth >= threshold)
-    res = ranking_metrics_at_k_factored(user_factors, item_factors, rel, k=k, exclude=exclude)
+    res, users = ranking_metrics_at_k_factored(user_factors, item_factors, rel, k=k, exclude=exclude, by_user=True)
+    if per_user is not None:
+        per_user.update({f"{prefix}{key}@{k}": UserUtility.means(v) for key, v in users.items()})
     return {f"{prefix}{key}@{k}": float(res[key]) for key in keys}
 
 
@@ -360,7 +366,8 @@ class FedMVMF(Protocol):
             losses += [loss] if want else []
             seconds += time.perf_counter() - tic
         U, U_init = clients.users()
-        utility = _evaluate(U, run.state, run.st, cfg, run.views, run.split)
+        per_user: dict[str, UserUtility] = {}
+        utility = _evaluate(U, run.state, run.st, cfg, run.views, run.split, per_user)
         utility["train_loss"] = float(losses[-1])
         utility["epoch_seconds"] = seconds / cfg["epochs"]
         split, state = run.split, run.state
@@ -380,7 +387,7 @@ class FedMVMF(Protocol):
             "train": run.views.R_train,
             "test": split["test"],
         }
-        return RunResult(run.transcript, model, utility)
+        return RunResult(run.transcript, model, utility, per_user)
 
 
 class _ClientsInBlocks:
@@ -572,16 +579,23 @@ def _item_server_step(state: _State, st: MVMFSettings, Y_train: np.ndarray) -> n
 
 
 def _evaluate(
-    U: np.ndarray, state: _State, st: MVMFSettings, cfg: Mapping[str, Any], views: _Views, split: Mapping[str, Any]
+    U: np.ndarray,
+    state: _State,
+    st: MVMFSettings,
+    cfg: Mapping[str, Any],
+    views: _Views,
+    split: Mapping[str, Any],
+    per_user: dict[str, UserUtility] | None = None,
 ) -> dict[str, Any]:
     """Ranking utility of existing users, cold-start users and cold-start items (the cold-start
-    factors are returned under ``_U_cold`` / ``_V_cold``)."""
+    factors are returned under ``_U_cold`` / ``_V_cold``); ``per_user`` receives the existing
+    users' per-user contributions."""
     k, thr = cfg["top_k"], float(cfg["relevance_threshold"])
     U_cold = mvmf.cold_start_users(state.P, views.X_cold, st.alpha, st.lam)
     V_cold = mvmf.cold_start_items(state.Q, views.Y_cold, st.alpha, st.lam)
     V = state.V
     utility: dict[str, Any] = {}
-    utility.update(ranking_utility(U, V, split["test"], thr, k, exclude=views.R_train.astype(bool)))
+    utility.update(ranking_utility(U, V, split["test"], thr, k, exclude=views.R_train.astype(bool), per_user=per_user))
     utility.update(ranking_utility(U_cold, V, split["cold_user_ratings"], thr, k, prefix="cold_user_"))
     utility.update(ranking_utility(U, V_cold, split["cold_item_ratings"], thr, k, prefix="cold_item_"))
     utility["_U_cold"], utility["_V_cold"] = U_cold, V_cold

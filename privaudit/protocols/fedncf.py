@@ -115,6 +115,7 @@ from privaudit.protocols._fedncf_client import (
 )
 from privaudit.protocols.base import Protocol, RunResult, RunSetup, utility_specs_of
 from privaudit.registry import register_protocol
+from privaudit.results import UserUtility
 from privaudit.schema import ITEMS, MessageSchema, PayloadField, ProtocolSchema
 
 DERIVED_KEYS = ("n_items", "n_users", "defenses", "seed")
@@ -174,9 +175,17 @@ def _exclusion(pos: sp.csr_matrix, test_item: np.ndarray, n_items: int) -> sp.cs
 
 
 def ncf_utility(
-    arch: str, D: int, layers: Sequence[int], model: Mapping[str, Any], users: np.ndarray, cand: np.ndarray, k: int
+    arch: str,
+    D: int,
+    layers: Sequence[int],
+    model: Mapping[str, Any],
+    users: np.ndarray,
+    cand: np.ndarray,
+    k: int,
+    per_user: dict[str, UserUtility] | None = None,
 ) -> dict[str, float]:
-    """HR@k and NDCG@k of the leave-one-out candidates (target in column 0)."""
+    """HR@k and NDCG@k of the leave-one-out candidates (target in column 0); ``per_user``
+    receives each evaluated user's hit and NDCG gain (in the order of ``users``)."""
     if len(users) == 0:
         return {f"hr@{k}": float("nan"), f"ndcg@{k}": float("nan")}
     scores = np.concatenate(
@@ -188,7 +197,11 @@ def ncf_utility(
         ]
     )
     target = np.zeros(len(users), dtype=np.int64)
-    return {f"hr@{k}": hit_ratio_at_k(scores, target, k), f"ndcg@{k}": ndcg_at_k_loo(scores, target, k)}
+    hr, hits = hit_ratio_at_k(scores, target, k, by_user=True)
+    ndcg, gains = ndcg_at_k_loo(scores, target, k, by_user=True)
+    if per_user is not None:
+        per_user.update({f"hr@{k}": UserUtility.means(hits), f"ndcg@{k}": UserUtility.means(gains)})
+    return {f"hr@{k}": hr, f"ndcg@{k}": ndcg}
 
 
 #: The messages a transcript of this protocol holds (checked before any attack reads one).
@@ -760,7 +773,8 @@ class FedNCF(Protocol):
             "ndcg_history": run.ndcg_hist,
             "rounds": len(run.cohorts),
         }
-        utility = ncf_utility(*run.arch, model, *run.eval_set)
+        per_user: dict[str, UserUtility] = {}
+        utility = ncf_utility(*run.arch, model, *run.eval_set, per_user=per_user)
         utility["rounds"] = float(len(run.cohorts))
         utility["train_seconds_per_round"] = run.t_train / max(len(run.cohorts), 1)
         if run.dp is not None:
@@ -769,7 +783,7 @@ class FedNCF(Protocol):
             spent = run.dp.spent_by_clients()
             utility["epsilon"] = spent["epsilon"]
             utility["delta"] = spent["delta"]
-        return RunResult(run.transcript, model, utility)
+        return RunResult(run.transcript, model, utility, per_user)
 
     # ------------------------------------------------------------------ one round of local work
     @staticmethod

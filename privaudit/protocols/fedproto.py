@@ -62,10 +62,11 @@ from threadpoolctl import threadpool_limits
 from privaudit.data import zip_silos
 from privaudit.defenses.base import Defense
 from privaudit.errors import PrivauditError
-from privaudit.metrics import map_at_k, mean_rank, rmse
+from privaudit.metrics import error_sums_by_user, map_at_k, mean_rank, rmse
 from privaudit.params import Param
 from privaudit.protocols.base import Protocol, RunResult, RunSetup, utility_specs_of
 from privaudit.registry import register_protocol
+from privaudit.results import UserUtility
 from privaudit.schema import GROUP_PRIVATE, MessageSchema, PayloadField, ProtocolSchema
 
 __all__ = [
@@ -192,10 +193,15 @@ def local_scores(
 
 
 def recommendation_metrics(
-    scores: np.ndarray, train: sp.csr_matrix, test: sp.csr_matrix, k: int = 10
+    scores: np.ndarray,
+    train: sp.csr_matrix,
+    test: sp.csr_matrix,
+    k: int = 10,
+    per_user: dict[str, UserUtility] | None = None,
 ) -> dict[str, float]:
     """``rmse`` on the test entries, ``mean_rank`` (eq. 4) and ``map@k`` over the test users,
-    training items excluded from the rankings."""
+    training items excluded from the rankings. ``per_user`` receives each test user's
+    contributions (in user order): squared-error sums and counts, rank sums and weights, AP@k."""
     te = test.tocoo()
     users = np.unique(te.row)
     if users.size == 0:
@@ -203,11 +209,19 @@ def recommendation_metrics(
     S = np.asarray(scores)[users]
     T = test[users]
     excl = (train[users] != 0).toarray()
-    return {
-        "rmse": rmse(te.data, np.asarray(scores)[te.row, te.col]),
-        "mean_rank": mean_rank(S, T, exclude=excl),
-        f"map@{k}": map_at_k(S, T, k=k, exclude=excl),
-    }
+    pred = np.asarray(scores)[te.row, te.col]
+    rank, (rank_num, rank_den) = mean_rank(S, T, exclude=excl, by_user=True)
+    ap_mean, ap = map_at_k(S, T, k=k, exclude=excl, by_user=True)
+    if per_user is not None:
+        sq, _, count = error_sums_by_user(te.data, pred, np.searchsorted(users, te.row), users.size)
+        per_user.update(
+            {
+                "rmse": UserUtility.sums(sq, count, root=True),
+                "mean_rank": UserUtility.sums(rank_num, rank_den),
+                f"map@{k}": UserUtility.means(ap),
+            }
+        )
+    return {"rmse": rmse(te.data, pred), "mean_rank": rank, f"map@{k}": ap_mean}
 
 
 #: The messages a transcript of this protocol holds (checked before any attack reads one).
@@ -373,9 +387,10 @@ class FedProto(Protocol):
         # silos (lines 8-10): one call, rows are independent given V
         U = fit_users(Xd, received, cfg["lam"], cfg["max_iter"])
         scores = U @ received.T
-        utility = recommendation_metrics(scores, train, test, cfg["map_k"])
+        per_user: dict[str, UserUtility] = {}
+        utility = recommendation_metrics(scores, train, test, cfg["map_k"], per_user)
         utility.update(n_silos=float(H), prototypes_per_silo=float(P.shape[0]) / max(H, 1))
         if batch.meta.get("dp"):  # the DP mechanism that made the prototypes states its budget
             utility["epsilon"] = float(batch.meta["epsilon"])
         model = {"V": V, "U": U, "silos": silos, "prototypes": P, "kind": kind, "train": train, "test": test}
-        return RunResult(transcript, model, utility)
+        return RunResult(transcript, model, utility, per_user)

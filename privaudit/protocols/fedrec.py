@@ -78,6 +78,7 @@ import scipy.sparse as sp
 from privaudit.data.splits import kfold_ratings
 from privaudit.defenses.base import CLIENT_DATA, ClientData, Defense
 from privaudit.errors import PrivauditError
+from privaudit.metrics import error_sums_by_user
 from privaudit.models import pmf
 from privaudit.params import Param
 from privaudit.protocols.base import (
@@ -101,6 +102,7 @@ from privaudit.protocols.blocks import (
     pmf_block_round,
 )
 from privaudit.registry import register_protocol
+from privaudit.results import UserUtility
 from privaudit.schema import GRAD_ROWS, ITEMS, RATINGS, MessageSchema, PayloadField, ProtocolSchema
 
 MODELS = ("pmf-batch", "pmf-sgd", "svdpp-sgd")
@@ -399,6 +401,8 @@ class FedRec(Protocol):
             rmse.append(r_)
             mae.append(m_)
         utility = {"rmse": rmse[-1], "mae": mae[-1], "iteration_seconds": seconds / st.T, "clipped_steps": clipped}
+        sq, ab, count = fold.user_errors(f, st.clip)
+        per_user = {"rmse": UserUtility.sums(sq, count, root=True), "mae": UserUtility.sums(ab, count)}
         model = {
             "U": f.U,
             "V": f.V,
@@ -409,7 +413,7 @@ class FedRec(Protocol):
             "test_mae": np.asarray(mae),
             "lam": st.lam,
         }
-        return RunResult(transcript, model, utility)
+        return RunResult(transcript, model, utility, per_user)
 
 
 @dataclass
@@ -530,6 +534,15 @@ class _Fold:
             for p, r in zip(np.split(pred, cuts[1:]), np.split(self.test_vals, cuts[1:]))
         ]
         return rmse_mae(parts, len(pred))
+
+    def user_errors(self, f: _Factors, clip: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per client: the test entries' squared-error sum, absolute-error sum and count (the
+        contributions whose ratios of sums are :meth:`test_errors`' RMSE and MAE)."""
+        implicit = self.R_train if f.W is not None else None
+        pred = pmf.predict(f.U, f.V, self.test_rows, self.test_cols, f.W, implicit, exclude_self=False)
+        if clip:
+            pred = np.clip(pred, self.rmin, self.rmax)
+        return error_sums_by_user(self.test_vals, pred, self.test_rows, self.R_train.shape[0])
 
     def block_tests(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows (from 0), columns and ratings of the test entries of clients ``lo..hi-1``."""

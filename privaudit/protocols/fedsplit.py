@@ -67,6 +67,7 @@ from privaudit.models.cnmf import CNMF, block_columns, observed
 from privaudit.params import Param
 from privaudit.protocols.base import Channel, Protocol, RunResult, RunSetup, utility_specs_of
 from privaudit.registry import register_protocol
+from privaudit.results import UserUtility
 from privaudit.schema import GROUP_PRIVATE, MessageSchema, PayloadField, ProtocolSchema
 
 __all__ = ["FedSPLIT", "cnmf_from_config"]
@@ -241,6 +242,10 @@ class FedSPLIT(Protocol):
         rmse_local = _group_rmse(g_te, (local.pred - te_vals) ** 2, N)
         rmse_fed = _group_rmse(g_te, (fed_pred - te_vals) ** 2, N)
         utility = _utility(rmse_local, rmse_fed, local.pred, fed_pred, te_vals, N)
+        # rmse (= rmse_fedsplit) is a mean over the groups: its contributions are per group
+        valid = np.isfinite(rmse_local) & np.isfinite(rmse_fed)
+        per_group = UserUtility.means(np.where(valid, rmse_fed, np.nan), over="groups")
+        per_user = {"rmse": per_group, "rmse_fedsplit": per_group}
         utility.update(_communication(transcript))
         utility["cnmf_seconds"] = local.seconds
         utility["server_seconds"] = server.seconds
@@ -264,7 +269,7 @@ class FedSPLIT(Protocol):
             "n_users": groups.n_users,
             "n_ratings": np.bincount(groups.gid[rows], minlength=N).astype(np.int64),
         }
-        return RunResult(transcript, model_out, utility)
+        return RunResult(transcript, model_out, utility, per_user)
 
 
 @dataclass(frozen=True)

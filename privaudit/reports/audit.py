@@ -193,13 +193,14 @@ def _cell(audit: Mapping[str, Any], cell: Mapping[str, Any] | None, defended: bo
 
 
 def _cost(cell: Mapping[str, Any]) -> str:
-    """A cell's utility cost with its interval over paired seeds ("within noise" when it holds 0)."""
+    """A cell's utility cost with its 95 % interval (paired bootstrap over users, or Student t over
+    paired seeds) and its label ("within noise" only when the whole interval is within the margin)."""
     cost = fmt(cell.get("utility_cost"), 4)
     low, high = num(cell.get("utility_cost_low")), num(cell.get("utility_cost_high"))
     if not (math.isfinite(low) and math.isfinite(high)):
         return cost
-    noise = ", within noise" if cell.get("utility_cost_within_noise") else ""
-    return f"{cost} [{fmt(low, 4)}, {fmt(high, 4)}]{noise}"
+    label = cell.get("utility_cost_label") or ("within noise" if cell.get("utility_cost_within_noise") else "")
+    return f"{cost} [{fmt(low, 4)}, {fmt(high, 4)}]" + (f", {label}" if label else "")
 
 
 def _glossary(audit: Mapping[str, Any]) -> list[tuple[str, str]]:

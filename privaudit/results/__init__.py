@@ -4,7 +4,8 @@ library and :mod:`privaudit.metrics`).
 One job per submodule: :mod:`~privaudit.results.specs` (what a metric means; the module attack
 authors import), :mod:`~privaudit.results.numbers` (number formatting),
 :mod:`~privaudit.results.summary` (seed means), :mod:`~privaudit.results.stats` (cluster
-bootstrap over victims, Holm-corrected tests), :mod:`~privaudit.results.verdicts` (verdict text of
+bootstrap over victims, Holm-corrected tests), :mod:`~privaudit.results.utility` (per-user
+utility and the paired bootstrap of a defense's utility cost), :mod:`~privaudit.results.verdicts` (verdict text of
 an experiment) and :mod:`~privaudit.results.matrix` (audit verdicts). This package re-exports
 them, so ``from privaudit import results`` reads every name.
 """
@@ -17,6 +18,7 @@ from privaudit.results.matrix import (
     audit_series,
     audit_utility,
     audit_verdicts,
+    defense_users,
 )
 from privaudit.results.numbers import (
     floats,
@@ -84,8 +86,16 @@ from privaudit.results.summary import (
     ordered_keys,
     summarize_points,
     utility_cost,
-    utility_cost_interval,
     value_key,
+)
+from privaudit.results.utility import (
+    UTILITY_MARGIN,
+    UTILITY_RUN_INFLATION,
+    UserUtility,
+    paired_bootstrap,
+    stored_user_utility,
+    users_by_seed,
+    utility_cost_interval,
 )
 from privaudit.results.verdicts import (
     NO_POWER,
@@ -132,6 +142,12 @@ __all__ = [
     "main_utility",
     "utility_cost",
     "utility_cost_interval",
+    "UTILITY_MARGIN",
+    "UTILITY_RUN_INFLATION",
+    "UserUtility",
+    "paired_bootstrap",
+    "stored_user_utility",
+    "users_by_seed",
     "PROTECTION_MARGIN",
     "ALPHA",
     "BOOTSTRAP_REPLICATES",
@@ -176,4 +192,5 @@ __all__ = [
     "audit_series",
     "audit_matrix",
     "audit_verdicts",
+    "defense_users",
 ]

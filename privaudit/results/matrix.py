@@ -16,13 +16,14 @@ from privaudit.results.stats import (
     privacy_metrics,
     strength_rows,
 )
-from privaudit.results.summary import group_by_value, main_utility, mean_ci95, utility_cost_interval, value_key
+from privaudit.results.summary import group_by_value, main_utility, mean_ci95, value_key
+from privaudit.results.utility import cost_label, users_by_seed, utility_cost_interval
 from privaudit.results.verdicts import NO_POWER, row_text, verdict_from_rows, verdict_label, verdict_margin
 
 
 def audit_points(audit: Mapping[str, Any], attack: str, defense: str | None) -> list[dict[str, Any]]:
     """The runs of one (attack, defense) pair as experiment-like points (``value``, ``seed``,
-    ``attack_metrics``, baselines, ``bootstrap``, ``utility``, ``privacy``, ``roc``,
+    ``attack_metrics``, baselines, ``bootstrap``, ``utility``, ``utility_users``, ``privacy``, ``roc``,
     ``empirical_epsilon``, ``canary_audit``, ``supported``); runs where the protocol or the
     attack failed are left out."""
     out = []
@@ -37,6 +38,7 @@ def audit_points(audit: Mapping[str, Any], attack: str, defense: str | None) -> 
             "seed": r.get("seed"),
             **a,
             "utility": r.get("utility") or {},
+            "utility_users": r.get("utility_users") or {},
             "privacy": r.get("privacy") or {},
         }
         if r.get("canary_audit") is not None and "canary_audit" not in point:
@@ -192,6 +194,8 @@ def audit_matrix(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
                 strongest.get("utility_by_seed") or {},
                 utility,
                 audit.get("utility_specs"),
+                users_by_seed(audit_points(audit, a["name"], None), utility),
+                _users_at(audit, a["name"], d["name"], strongest["value"], utility),
             )
             finite = [s for s in series if math.isfinite(num(s.get("advantage")))]
             best = min(finite, key=lambda s: s["advantage"], default=None)
@@ -211,6 +215,8 @@ def audit_matrix(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "utility_cost_low": cost["low"],
                     "utility_cost_high": cost["high"],
                     "utility_cost_within_noise": cost["within_noise"],
+                    "utility_cost_label": cost_label(cost),
+                    "utility_cost_method": cost["method"],
                     "epsilon": strongest.get("epsilon"),
                     "epsilon_lb": strongest.get("epsilon_lb"),
                     "dp_violation": any(s.get("dp_violation") for s in series),
@@ -222,6 +228,18 @@ def audit_matrix(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
                 }
             )
     return cells
+
+
+def _users_at(audit: Mapping[str, Any], attack: str, defense: str | None, value: Any, utility: str | None) -> dict:
+    """``{seed: per-user utility}`` of the runs of ``defense`` at ``value`` (for ``attack``)."""
+    points = [p for p in audit_points(audit, attack, defense) if value_key(p.get("value")) == value_key(value)]
+    return users_by_seed(points, utility)
+
+
+def defense_users(audit: Mapping[str, Any], attack: str, defense: str | None, utility: str | None) -> dict:
+    """``{value_key(value): {seed: per-user utility}}`` of ``defense``'s runs (for ``attack``)."""
+    groups = group_by_value(audit_points(audit, attack, defense))[1]
+    return {key: users_by_seed(group, utility) for key, group in groups.items()}
 
 
 def _undefended_verdict(attack: str, metric: str, utility: str | None, cost: float | None, text: str) -> dict[str, Any]:
@@ -313,6 +331,8 @@ def audit_verdicts(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
                 True,
                 margin,
                 audit.get("utility_specs"),
+                users_by_seed(audit_points(audit, a["name"], None), utility),
+                defense_users(audit, a["name"], d["name"], utility),
             )
             per_defense.append({**v, "defense": d["name"]})
         stopped = [v for v in per_defense if v["strength"] is not None]

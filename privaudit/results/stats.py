@@ -9,8 +9,8 @@ run-level part of the interval is not a literal two-level bootstrap but a random
 over seeds (the seeds' sample variance beyond their within-run variance), and with one seed the
 gap between the null arm and the prior-only or random guess on that run (capped at
 :data:`RUN_LEVEL_CAP` bootstrap SEs); the seeds are pooled as independent runs, not by the mean
-of their SEs. Utility costs are still paired by seed: a paired bootstrap over users needs per-user
-utilities the protocols do not return yet."""
+of their SEs. Utility costs are a paired bootstrap over users (:mod:`privaudit.results.utility`),
+pooled over seeds with :func:`combine_seeds`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Summaries over seeds: the keys of a grid's points, seed means with Student-t intervals, the
-metrics a report shows, and the utility cost of a defense paired by seed."""
+metrics a report shows, and the utility cost of one seed (its interval:
+:mod:`privaudit.results.utility`)."""
 
 from __future__ import annotations
 
@@ -126,44 +127,3 @@ def utility_cost(reference: float, value: float, metric: str | None, declared: M
     """Utility lost against the reference (positive = worse), in the metric's declared direction."""
     spec = utility_spec(metric, declared)
     return (reference - value) if spec.higher_is_better else (value - reference)
-
-
-#: A utility cost is "within noise" only when its interval lies within +- this share of the
-#: reference utility (5 %: the verdict margin of the attack side).
-UTILITY_MARGIN = 0.05
-
-
-def utility_cost_interval(
-    reference: Mapping[str, float], values: Mapping[str, float], metric: str | None, declared: Mapping | None = None
-) -> dict[str, Any]:
-    """Utility cost paired by seed (``{seed: utility}`` without and with the defense: the
-    protocol runs with the same seed): ``cost`` (mean), ``low``/``high`` (95 % Student-t over
-    the paired seeds, NaN with one), ``seeds``, ``margin`` (:data:`UTILITY_MARGIN` of the mean
-    reference utility), ``within_noise`` (the interval holds 0 and is narrower than +- the
-    margin: a cost that small is resolved as negligible) and ``unresolved`` (the interval holds
-    0 but is wider than that: no claim either way)."""
-    costs = [
-        utility_cost(num(reference[s]), num(values[s]), metric, declared)
-        for s in values
-        if s in reference and math.isfinite(utility_cost(num(reference[s]), num(values[s]), metric, declared))
-    ]
-    refs = [num(reference[s]) for s in values if s in reference and math.isfinite(num(reference[s]))]
-    margin = UTILITY_MARGIN * abs(float(sum(refs) / len(refs))) if refs else math.nan
-    out = {
-        "cost": math.nan,
-        "low": math.nan,
-        "high": math.nan,
-        "seeds": len(costs),
-        "margin": margin,
-        "within_noise": False,
-        "unresolved": False,
-    }
-    if not costs:
-        return out
-    mean, half = mean_ci95(costs)
-    out["cost"] = mean
-    if len(costs) >= 2:
-        holds = bool(mean - half <= 0.0 <= mean + half)
-        narrow = bool(math.isfinite(margin) and mean - half >= -margin and mean + half <= margin)
-        out.update(low=mean - half, high=mean + half, within_noise=holds and narrow, unresolved=holds and not narrow)
-    return out

@@ -19,7 +19,8 @@ from privaudit.results.stats import (
     privacy_metrics,
     strength_rows,
 )
-from privaudit.results.summary import main_utility, utility_cost_interval
+from privaudit.results.summary import group_by_value, main_utility, value_key
+from privaudit.results.utility import cost_summary, users_by_seed, utility_cost_interval
 
 #: What a "no evidence" cell means, for sentences and legends.
 NO_POWER = "attack has no power here"
@@ -137,21 +138,25 @@ def row_text(row: Mapping[str, Any], margin: float) -> str:
     return "is inconclusive (" + "; ".join(_test_text(t) for t in open_) + ")"
 
 
-def _cost_text(cost: Mapping[str, Any], utility: str, reference: float, value: float) -> str:
+def cost_text(cost: Mapping[str, Any], utility: str, reference: float, value: float) -> str:
+    """The utility cost of a defended point as a clause: "within noise" (the whole 95 % interval
+    within +- the margin), "costs X" (the interval excludes 0), "not resolved" (it holds 0 and
+    reaches beyond the margin), or the cost without an interval."""
     if not math.isfinite(num(cost.get("cost"))):
         return "utility cost unknown (no undefended run)"
     change = f"({fmt(reference, 4)} → {fmt(value, 4)})"
-    if cost["seeds"] < 2:
-        return f"where {utility} costs {fmt(cost['cost'], 4)} against no defense {change}, one seed: no interval"
-    interval = f"[{fmt(cost['low'], 4)}, {fmt(cost['high'], 4)}] over {cost['seeds']} paired seeds"
+    if not math.isfinite(num(cost.get("low"))):
+        why = str(cost.get("method") or "")
+        why = why.split(": ", 1)[1] if why.startswith("no interval: ") else "one seed"
+        return f"where {utility} costs {fmt(cost['cost'], 4)} against no defense {change}, {why}: no interval"
+    x = fmt(cost["cost"], 4)
+    interval = f"95 % interval [{fmt(cost['low'], 4)}, {fmt(cost['high'], 4)}], {cost.get('method') or 'paired seeds'}"
+    margin = f"± {fmt(cost['margin'], 4)} = 5 % of the reference"
     if cost["within_noise"]:
-        return f"where the {utility} cost is within noise ({fmt(cost['cost'], 4)}, 95 % interval {interval}) {change}"
+        return f"where the {utility} cost is within noise ({x}, {interval}: inside {margin}) {change}"
     if cost.get("unresolved"):
-        return (
-            f"where the {utility} cost is not resolved ({fmt(cost['cost'], 4)}, 95 % interval {interval}, wider "
-            f"than ± {fmt(cost['margin'], 4)} = 5 % of the reference) {change}"
-        )
-    return f"where {utility} costs {fmt(cost['cost'], 4)} (95 % interval {interval}) against no defense {change}"
+        return f"where the {utility} cost is not resolved ({x}, {interval}: holds 0, wider than {margin}) {change}"
+    return f"where {utility} costs {x} ({interval}) against no defense {change}"
 
 
 def _notes(rows: Sequence[Mapping[str, Any]], parameter: str | None, is_defense: bool) -> tuple[str, bool]:
@@ -202,6 +207,7 @@ def _protected_cost(out: dict[str, Any], cost: Mapping[str, Any]) -> None:
         out["utility_cost_low"] = cost["low"] if math.isfinite(cost["low"]) else None
         out["utility_cost_high"] = cost["high"] if math.isfinite(cost["high"]) else None
         out["utility_cost_within_noise"] = cost["within_noise"]
+        out["utility_cost_method"] = cost.get("method")
 
 
 def _leaks_again(rows: Sequence[Mapping[str, Any]], hit: Mapping[str, Any], parameter: str | None) -> str:
@@ -226,10 +232,15 @@ def verdict_from_rows(
     is_defense: bool,
     margin: float = PROTECTION_MARGIN,
     utility_specs: Mapping[str, Any] | None = None,
+    reference_users: Mapping[str, Any] | None = None,
+    users: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The verdict dict (attack, metric, strength, utility_cost, sentence, ...) of one attack
     over decided rows (:func:`decide_rows`) ordered from the weakest to the strongest tested
-    strength; ``reference`` is the undefended utility per seed."""
+    strength; ``reference`` is the undefended utility per seed, ``reference_users`` its per-user
+    contributions per seed and ``users`` those of the rows (``{value_key(value): {seed: ...}}``),
+    which give the utility cost its paired bootstrap over users
+    (:func:`~privaudit.results.utility.utility_cost_interval`)."""
     reference = dict(reference or {})
     ref_mean = float(np.mean([v for v in reference.values() if math.isfinite(num(v))] or [math.nan]))
     tail, violation = _notes(rows, parameter, is_defense)
@@ -264,15 +275,26 @@ def verdict_from_rows(
         out["sentence"] = _holm_note(body, rows) + tail
         return out
     out.update(strength=hit["value"], crossover="protected")
-    cost = utility_cost_interval(reference, hit.get("utility_by_seed") or {}, utility, utility_specs) if utility else {}
+    cost = (
+        utility_cost_interval(
+            reference,
+            hit.get("utility_by_seed") or {},
+            utility,
+            utility_specs,
+            reference_users,
+            (users or {}).get(value_key(hit["value"])),
+        )
+        if utility
+        else {}
+    )
     _protected_cost(out, cost)
-    cost_text = _cost_text(cost, utility, ref_mean, num(hit.get("utility"))) if utility else "no utility metric"
+    cost_clause = cost_text(cost, utility, ref_mean, num(hit.get("utility"))) if utility else "no utility metric"
     again = _leaks_again(rows, hit, parameter)
     body = (
         f"{name}: protected {'at' if again else 'from'} {parameter} = {fmt_value(hit['value'])}"
         f"{'' if again else ' on'}: every metric's upper bound is below the margin "
         f"({_under_margin_text(hit, margin)}) and the attack leaks at a weaker strength or without "
-        f"defense, {cost_text}."
+        f"defense, {cost_clause}."
     )
     out["sentence"] = _holm_note(body, rows) + again + tail
     return out
@@ -313,9 +335,23 @@ def experiment_verdicts(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     if ref_leaks:  # the undefended reference is a positive control for every defended row
         decide_rows([ref_rows, rows], metric, [[False] * len(ref_rows), defended], [False, True])
     reference: dict[str, float] = {}
+    source: list = []
     if utility:
         source = ref_points or ([p for p in points if num(p.get("value")) == 0] if results.get("noise") else [])
         reference = {str(p.get("seed")): num((p.get("utility") or {}).get(utility)) for p in source}
+    groups = group_by_value(points)[1]
+    if reference:  # every defended row: its utility cost against the undefended run, with its interval
+        for row, flag in zip(rows, defended):
+            if flag:
+                cost = utility_cost_interval(
+                    reference,
+                    row.get("utility_by_seed") or {},
+                    utility,
+                    results.get("utility_specs"),
+                    users_by_seed(source, utility),
+                    users_by_seed(groups[value_key(row["value"])], utility),
+                )
+                row["utility_cost"] = cost_summary(cost)
     verdict = verdict_from_rows(
         str(results.get("attack")),
         metric,
@@ -326,6 +362,8 @@ def experiment_verdicts(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         is_defense,
         margin,
         results.get("utility_specs"),
+        users_by_seed(source, utility),
+        {key: users_by_seed(group, utility) for key, group in groups.items()},
     )
     verdict["rows"] = rows
     if ref_rows:
@@ -428,4 +466,20 @@ def verdict_lines(verdict: Mapping[str, Any], results: Mapping[str, Any] | None 
         family = max((x.get("family", 0) for r in rows for x in (r.get("tests") or {}).values()), default=0)
         if family and f"Holm over {family}" not in detail:
             detail += f" [Holm over {family} tests at {fmt_value(ALPHA)}; family: this experiment]"
+    cost = row.get("utility_cost")
+    if isinstance(cost, Mapping) and math.isfinite(num(cost.get("cost"))):
+        detail += f" {utility_clause(cost, verdict.get('utility_metric'))}"
     return plain, detail
+
+
+def utility_clause(cost: Mapping[str, Any], utility: Any) -> str:
+    """ "Utility (ndcg@10) cost 0.0695 [0.0612, 0.0778]: costs (95 %, paired bootstrap over 768 users,
+    1 seed)." from a row's ``utility_cost`` (:func:`~privaudit.results.utility.cost_summary`)."""
+    low, high = num(cost.get("low")), num(cost.get("high"))
+    interval = f" [{fmt(low, 4)}, {fmt(high, 4)}]" if math.isfinite(low) else ""
+    label = str(cost.get("label"))
+    if label == "no interval":
+        return f"Utility ({utility}) cost {fmt(cost.get('cost'), 4)}: {cost.get('method') or label}."
+    if label == "within noise":
+        label += f" (inside ± {fmt(cost.get('margin'), 4)} = 5 % of the reference)"
+    return f"Utility ({utility}) cost {fmt(cost.get('cost'), 4)}{interval}: {label} (95 %, {cost.get('method')})."
