@@ -14,7 +14,7 @@ def _is_ragged_sequence(x: Any) -> bool:
     return isinstance(x, (list, tuple)) and len(x) > 0 and any(np.ndim(e) >= 1 for e in x)
 
 
-def _flat(x: Any, name: str, dtype: Any = float) -> tuple[np.ndarray, list[int] | None]:
+def flat_values(x: Any, name: str, dtype: Any = float) -> tuple[np.ndarray, list[int] | None]:
     """Flatten an array or a list of per-user arrays; also return the per-part sizes."""
     if sp.issparse(x):
         raise ValueError(f"{name} must be a dense array or a list of arrays, not a sparse matrix")
@@ -24,11 +24,11 @@ def _flat(x: Any, name: str, dtype: Any = float) -> tuple[np.ndarray, list[int] 
     return np.asarray(x, dtype=dtype).ravel(), None
 
 
-def _paired(a: Any, b: Any, name_a: str, name_b: str) -> tuple[np.ndarray, np.ndarray]:
+def paired_values(a: Any, b: Any, name_a: str, name_b: str) -> tuple[np.ndarray, np.ndarray]:
     """Two equally shaped inputs (arrays, or lists of per-user arrays) as flat float arrays."""
     if _is_ragged_sequence(a) or _is_ragged_sequence(b):
-        fa, sa = _flat(a, name_a)
-        fb, sb = _flat(b, name_b)
+        fa, sa = flat_values(a, name_a)
+        fb, sb = flat_values(b, name_b)
         if sa is not None and sb is not None and sa != sb:
             raise ValueError(f"{name_a} and {name_b} have different per-user lengths")
         if fa.size != fb.size:
@@ -44,7 +44,7 @@ def _paired(a: Any, b: Any, name_a: str, name_b: str) -> tuple[np.ndarray, np.nd
     return fa, fb
 
 
-def _stats():
+def scipy_stats():
     """``scipy.stats``, imported on first use (importing it slows every command's start)."""
     from scipy import stats
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from privaudit._metric_inputs import _flat, _paired, _stats
+from privaudit._metric_inputs import flat_values, paired_values, scipy_stats
 
 __all__ = [
     "reconstruction_accuracy",
@@ -66,7 +66,7 @@ def reconstruction_accuracy(true: Any, guess: Any) -> float:
     exact. ``true``/``guess``: arrays of the same shape, or lists of per-user 1-D arrays
     (concatenated; per-user lengths must agree). A NaN guess counts as wrong. In [0, 1].
     """
-    a, b = _paired(true, guess, "true", "guess")
+    a, b = paired_values(true, guess, "true", "guess")
     return float(np.mean(a == b))
 
 
@@ -129,7 +129,7 @@ def auc(labels: Any, scores: Any) -> float:
     n_neg = y.size - n_pos
     if n_pos == 0 or n_neg == 0:
         raise ValueError("AUC needs both positive and negative labels")
-    ranks = _stats().rankdata(s, method="average")
+    ranks = scipy_stats().rankdata(s, method="average")
     u = ranks[y].sum() - n_pos * (n_pos + 1) / 2.0
     return float(u / (n_pos * n_neg))
 
@@ -194,8 +194,8 @@ def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     if n == 0:
         return 0.0, 1.0
     a = (1.0 - confidence) / 2.0
-    lo = 0.0 if k == 0 else float(_stats().beta.ppf(a, k, n - k + 1))
-    hi = 1.0 if k == n else float(_stats().beta.ppf(1 - a, k + 1, n - k))
+    lo = 0.0 if k == 0 else float(scipy_stats().beta.ppf(a, k, n - k + 1))
+    hi = 1.0 if k == n else float(scipy_stats().beta.ppf(1 - a, k + 1, n - k))
     return lo, hi
 
 
@@ -213,7 +213,7 @@ def _threshold_epsilons(
     last = np.r_[ss[1:] != ss[:-1], True]  # thresholds between distinct scores
     tp, fp, thr = tp[last], fp[last], ss[last]
     a = (1.0 - confidence) / 2.0  # a union bound over the two intervals of one test
-    beta = _stats().beta
+    beta = scipy_stats().beta
     tpr_lo = np.where(tp == 0, 0.0, beta.ppf(a, np.maximum(tp, 1), n_pos - tp + 1))
     fpr_hi = np.where(fp == n_neg, 1.0, beta.ppf(1 - a, fp + 1, np.maximum(n_neg - fp, 1)))
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -275,7 +275,7 @@ def empirical_epsilon(
     tp = int(np.sum(ys & (sc >= threshold)))
     fp = int(np.sum(~ys & (sc >= threshold)))
     a = (1.0 - confidence) / 2.0
-    beta = _stats().beta
+    beta = scipy_stats().beta
     tpr_lo = 0.0 if tp == 0 else float(beta.ppf(a, tp, pos - tp + 1))
     fpr_hi = 1.0 if fp == neg else float(beta.ppf(1 - a, fp + 1, neg - fp))
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -316,7 +316,7 @@ def mean_ci95(values: Any) -> tuple[float, float]:
     mean = float(np.mean(v))
     if n == 1:
         return mean, 0.0
-    half = float(_stats().t.ppf(0.975, n - 1) * np.std(v, ddof=1) / math.sqrt(n))
+    half = float(scipy_stats().t.ppf(0.975, n - 1) * np.std(v, ddof=1) / math.sqrt(n))
     return mean, half
 
 
@@ -344,7 +344,7 @@ def majority_guess_accuracy(values: Any, guess: Any = None) -> float:
     guess learned elsewhere (e.g. the majority of an auxiliary set) for an honest baseline.
     Returns ``#{values == guess} / #values`` in [0, 1].
     """
-    v, _ = _flat(values, "values", dtype=None)
+    v, _ = flat_values(values, "values", dtype=None)
     if v.size == 0:
         raise ValueError("values are empty")
     if guess is not None:

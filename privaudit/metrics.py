@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from privaudit._metric_inputs import _paired
+from privaudit._metric_inputs import paired_values
 from privaudit.attack_metrics import (
     auc,
     clopper_pearson,
@@ -238,13 +238,13 @@ def rmse(y_true: Any, y_pred: Any) -> float:
     lengths (concatenated). NaN propagates (a diverged model reports NaN, it does not raise).
     Used for test RMSE in DP-prototypes paper §4.2 and FedSPLIT paper.
     """
-    a, b = _paired(y_true, y_pred, "y_true", "y_pred")
+    a, b = paired_values(y_true, y_pred, "y_true", "y_pred")
     return float(np.sqrt(np.mean((a - b) ** 2)))
 
 
 def mae(y_true: Any, y_pred: Any) -> float:
     """Mean absolute error, ``mean(|y_true - y_pred|)``, in rating units. Inputs as :func:`rmse`."""
-    a, b = _paired(y_true, y_pred, "y_true", "y_pred")
+    a, b = paired_values(y_true, y_pred, "y_true", "y_pred")
     return float(np.mean(np.abs(a - b)))
 
 
@@ -257,7 +257,7 @@ def error_sums_by_user(y_true: Any, y_pred: Any, users: Any, n_users: int) -> tu
     count.sum())`` and :func:`mae` ``ab.sum() / count.sum()``: the per-user contributions whose
     ratio of sums is the metric (a bootstrap over users resamples them in pairs).
     """
-    a, b = _paired(y_true, y_pred, "y_true", "y_pred")
+    a, b = paired_values(y_true, y_pred, "y_true", "y_pred")
     u = np.asarray(users)
     if u.shape != a.shape:
         raise ValueError(f"users must have one entry per rating (shape {a.shape}), got shape {u.shape}")
