@@ -2273,3 +2273,31 @@ def test_paillier_on_a_protocol_whose_server_reads_plaintexts_is_refused_before_
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert f"defense 'paillier' does not apply to protocol '{protocol}'" in err[0]
+
+
+# ------------------------------------------------------------------ ncfdp: benchmarks/fedncf_dp_point.py
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--points", "nosuchpoint"], "unknown point(s) nosuchpoint"),
+        (["--saturate-rounds", "0"], "--saturate-rounds and --saturate-seeds must be at least 1"),
+        (["--csv", "exists.csv"], "exists.csv exists; name a new file"),
+    ],
+)
+def test_fedncf_dp_point_mistakes_exit_2_in_one_line_and_overwrite_nothing(tmp_path, args, message):
+    (tmp_path / "exists.csv").write_text("keep")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "fedncf_dp_point.py"), "--small", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and message in err[0], proc.stderr
+    assert proc.stdout == "" and (tmp_path / "exists.csv").read_text() == "keep"

@@ -1,0 +1,373 @@
+"""Is there a useful DP point of FedNCF on MovieLens 100K? dp-sgd settings vs the non-private model.
+
+    python benchmarks/fedncf_dp_point.py --csv fedncf_dp_point.csv      # ML-100K, the grid of docs/fedncf-dp.md
+    python benchmarks/fedncf_dp_point.py --points np-e1,dp10-lr03       # some points only
+    python benchmarks/fedncf_dp_point.py --small                        # synthetic 60 x 80, 3 points (the test)
+
+FedGMF, MF-FedAvg, c = 20 clients per aggregation round, 4 negatives per positive, embeddings
+N(0, 0.1^2), seed 0, and -- unlike the protocol's default batch of 64 -- **full-batch local steps**
+(``batch_size`` 4096, more than any ML-100K client's 3,680 instances): every client's sampling rate
+is q = 1, so the accounting is the plain composition of ``local_epochs x global_rounds`` Gaussian
+mechanisms (no subsampling amplification and so no Poisson-vs-shuffling approximation), and the
+noise per step is spread over a client's whole local data instead of 64 instances.
+
+Each dp-sgd point gives a target epsilon (delta 1e-5); the noise multiplier is the one at which
+dp-sgd's own accountant (Opacus RDP, replace-one-instance neighbours, sensitivity 2C) spends
+exactly that over the run (:func:`noise_for_epsilon`), and the run's accounted ``epsilon`` (largest
+over clients, for the rounds each took part in) is printed beside it. Unit: **one training
+instance** (a positive or a sampled negative) of one client replaced, its instance count fixed --
+not one rating, not one user (docs/dp-claims.md).
+
+Per point: HR@10 / NDCG@10 (101 candidates, FedNCF paper §4.1) and the gap to the non-private model
+of the same settings. Points marked ``attacks`` record their first 10 aggregation rounds (200
+clients' uploads) and are attacked by ``ncf-update-leak`` and ``ncf-interaction-inference`` (an
+honest-but-curious server, each client's first upload), and by a malicious server that sends every
+member of ``--saturate-rounds`` consecutive cohorts the saturated model (``server=saturate``,
+``ncf-active-saturation`` reading every deviation round; ``--saturate-seeds`` targets; the run stops
+after the deviation rounds, and the target's epsilon printed is that of the full run plus those
+rounds). Verdicts are privaudit's (:func:`privaudit.results.verdicts.experiment_verdicts`).
+
+Prints one JSON line per point as it finishes (and appends it to ``--csv``), then the Markdown
+tables of docs/fedncf-dp.md. Minutes per point on 2 cores (the ``attacks`` points longer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import ml100k_dir  # noqa: E402 - benchmarks/ is the script's folder
+
+from privaudit.data import load_dataset, synthetic
+from privaudit.defenses.dp_sgd import DPSGD, REPLACE_SENSITIVITY, rdp_epsilon
+from privaudit.experiment import attack_transcript, build_experiment, run_experiment
+from privaudit.protocols.fedncf import FedNCF, eval_candidates, implicit_split, rng_streams
+from privaudit.results.verdicts import experiment_verdicts
+
+DELTA = 1e-5
+FULL_BATCH = 4096
+BASE = {
+    "model": "gmf",
+    "aggregation": "mf-fedavg",
+    "clients_per_round": 20,
+    "negatives": 4,
+    "init_std": 0.1,
+    "batch_size": FULL_BATCH,
+    "global_rounds": 20,
+    "local_epochs": 1,
+    "lr": 0.03,
+    "record_rounds": 0,
+}
+ATTACK_ROUNDS = 10  # aggregation rounds recorded for the honest-but-curious attacks
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One setting: protocol overrides of :data:`BASE`, and dp-sgd (None: no defense) as a target
+    ``epsilon`` (the noise multiplier is calibrated to it; 0: clipping only, no noise) and clip C."""
+
+    name: str
+    config: dict[str, Any]
+    epsilon: float | None = None
+    clip: float = 0.1
+    attacks: bool = False
+    note: str = ""
+
+
+E1 = {"local_epochs": 1, "lr": 0.03}
+POINTS = (  # in the order they run: the ones the conclusion rests on first
+    Point("np-e1", E1, attacks=True, note="non-private reference of every E = 1 point"),
+    Point("dp10-lr03", E1, epsilon=10.0, attacks=True),
+    Point("dp10-lr01", {"local_epochs": 1, "lr": 0.01}, epsilon=10.0),
+    Point("dp10-lr003", {"local_epochs": 1, "lr": 0.003}, epsilon=10.0),
+    Point("dp10-c1", E1, epsilon=10.0, clip=1.0, note="C = 1 (above the median per-sample gradient norm)"),
+    Point("dp10-g5", {**E1, "global_rounds": 5}, epsilon=10.0, note="5 global rounds: 4x fewer releases"),
+    Point("clip-only", E1, epsilon=0.0, note="clipping to C = 0.1, no noise (epsilon infinite)"),
+    Point("dp100", E1, epsilon=100.0, attacks=True),
+    Point("dp1000", E1, epsilon=1000.0, attacks=True),
+    Point("dp1", E1, epsilon=1.0),
+    Point("np-e3", {"local_epochs": 3, "lr": 0.01}, note="non-private reference of dp10-e3"),
+    Point("dp10-e3", {"local_epochs": 3, "lr": 0.01}, epsilon=10.0),
+)
+SMALL_BASE = {**BASE, "clients_per_round": 10, "global_rounds": 2}
+SMALL_POINTS = (
+    Point("np-e1", E1, attacks=True),
+    Point("dp10-lr03", E1, epsilon=10.0, attacks=True),
+    Point("dp1000", E1, epsilon=1000.0),
+)
+
+
+def noise_for_epsilon(epsilon: float, steps: int, delta: float = DELTA) -> float:
+    """The dp-sgd noise multiplier sigma at which ``steps`` full-batch steps (q = 1) spend
+    ``epsilon`` by dp-sgd's accountant (Opacus RDP at sigma / 2: replace-one sensitivity 2C)."""
+    from scipy.optimize import brentq
+
+    def gap(log_sigma: float) -> float:
+        return math.log(rdp_epsilon(math.exp(log_sigma) / REPLACE_SENSITIVITY, 1.0, steps, delta)) - math.log(epsilon)
+
+    return math.exp(brentq(gap, math.log(1e-3), math.log(1e5), xtol=1e-8))
+
+
+def popularity_hr(ds: Any, seed: int = 0, k: int = 10) -> float:
+    """HR@k of ranking the candidates by training popularity (the same split and candidates as
+    FedNCF's evaluation with ``seed``; benchmarks/reproduce_fedncf.py)."""
+    streams = rng_streams(seed)
+    pos, test_item = implicit_split(ds, streams["split"], "random")
+    _, cand = eval_candidates(pos, test_item, ds.n_items, 100, streams["eval"])
+    pop = np.asarray(pos.sum(axis=0)).ravel()
+    scores = pop[cand] + 1e-9 * np.random.default_rng(seed).random(cand.shape)
+    return float(np.mean((scores[:, 1:] > scores[:, :1]).sum(axis=1) < k))
+
+
+def gradient_norms(ds: Any, base: dict, rounds: tuple[int, ...], samples: int = 3000) -> list[dict[str, Any]]:
+    """Median per-sample gradient norms of GMF's parameter groups (item row, user vector,
+    prediction weights h, bias b) and of their joint norm (what dp-sgd clips), for positives and
+    uniformly drawn negatives, after ``rounds`` global rounds of the non-private E = 1 setting.
+    GMF: logit s = h . (p * q) + b, dL/ds = sigmoid(s) - y, so dL/dq = dL/ds (h * p),
+    dL/dp = dL/ds (h * q), dL/dh = dL/ds (p * q), dL/db = dL/ds."""
+    out = []
+    rng = np.random.default_rng(1)
+    pos, _ = implicit_split(ds, rng_streams(0)["split"])
+    has = np.flatnonzero(np.diff(pos.indptr) > 0)
+    users = rng.choice(has, samples)
+    items_pos = np.array([rng.choice(pos.indices[pos.indptr[u] : pos.indptr[u + 1]]) for u in users])
+    items_neg = rng.integers(0, ds.n_items, samples)
+    for g in rounds:
+        model = FedNCF().run(ds, {**base, **E1, "global_rounds": g}, [], 0).model
+        h = np.asarray(model["net"]["predict.weight"], dtype=np.float64)
+        b = float(np.asarray(model["net"]["predict.bias"]).ravel()[0])
+        P = np.asarray(model["users"], dtype=np.float64)[users]
+        for label, items in ((1.0, items_pos), (0.0, items_neg)):
+            Q = np.asarray(model["items"], dtype=np.float64)[items]
+            s = (P * Q) @ h + b
+            d = 1.0 / (1.0 + np.exp(-s)) - label
+            parts = {
+                "item": np.abs(d) * np.linalg.norm(h * P, axis=1),
+                "user": np.abs(d) * np.linalg.norm(h * Q, axis=1),
+                "h": np.abs(d) * np.linalg.norm(P * Q, axis=1),
+                "b": np.abs(d),
+            }
+            joint = np.sqrt(sum(v**2 for v in parts.values()))
+            row = {"global_rounds": g, "label": int(label), "joint": float(np.median(joint))}
+            row.update({k: float(np.median(v)) for k, v in parts.items()})
+            row["item_share"] = float(np.median(parts["item"] / joint))
+            out.append(row)
+    return out
+
+
+def _verdict(results: dict) -> dict[str, Any]:
+    v = experiment_verdicts(results)[0]
+    row = v["rows"][-1]
+    t = (row.get("tests") or {}).get(v["metric"]) or {}
+    value = float(t.get("baseline", math.nan)) + float(t.get("advantage", math.nan))
+    lo, hi = t.get("low", math.nan), t.get("high", math.nan)
+    return {
+        "metric": v["metric"],
+        "value": value,
+        "prior": float(t.get("baseline", math.nan)),
+        "advantage": float(t.get("advantage", math.nan)),
+        "ci": [float(lo), float(hi)],
+        "verdict": str(row.get("verdict")),
+    }
+
+
+def honest_attacks(transcript: Any) -> dict[str, Any]:
+    """ncf-update-leak and ncf-interaction-inference (each client's first recorded upload)."""
+    out = {}
+    for name, params in (("ncf-update-leak", {}), ("ncf-interaction-inference", {"rounds": 1})):
+        out[name] = _verdict(attack_transcript(transcript, {"name": name, **params}, progress=False))
+    return out
+
+
+def saturation_attack(ds: Any, cfg: dict, defenses: list, rounds: int, seeds: int) -> dict[str, Any]:
+    """A malicious server's ``rounds`` saturated rounds (ncf-active-saturation reading them all), one
+    target per seed; the run stops after them."""
+    mal = {**cfg, "server": "saturate", "deviation_rounds": rounds, "deviation_start": 0}
+    mal.update(max_rounds=rounds, record_rounds=rounds)
+    exp = build_experiment(
+        protocol="fedncf",
+        attack={"name": "ncf-active-saturation", "rounds": -1},
+        defenses=defenses,
+        protocol_config=mal,
+        seeds=seeds,
+        progress=False,
+    )
+    return _verdict(run_experiment(exp, dataset=ds))
+
+
+def run_point(ds: Any, base: dict, point: Point, args: argparse.Namespace) -> dict[str, Any]:
+    cfg = {**base, **point.config}
+    if point.attacks:
+        cfg["record_rounds"] = ATTACK_ROUNDS
+    steps = int(cfg["local_epochs"]) * int(cfg["global_rounds"])
+    defenses, sigma = [], None
+    if point.epsilon is not None:
+        sigma = 0.0 if point.epsilon == 0 else noise_for_epsilon(point.epsilon, steps)
+        defenses = [{"name": "dp-sgd", "noise_multiplier": sigma, "max_grad_norm": point.clip, "delta": DELTA}]
+    t0 = time.perf_counter()
+    dp = [DPSGD(**{k: v for k, v in d.items() if k != "name"}) for d in defenses]
+    res = FedNCF().run(ds, cfg, dp, 0)
+    row: dict[str, Any] = {
+        "point": point.name,
+        "local_epochs": cfg["local_epochs"],
+        "global_rounds": cfg["global_rounds"],
+        "lr": cfg["lr"],
+        "batch_size": cfg["batch_size"],
+        "clip": point.clip if defenses else None,
+        "noise_multiplier": sigma,
+        "epsilon_target": point.epsilon,
+        "epsilon": res.utility.get("epsilon", math.inf) if defenses else math.inf,
+        "hr@10": res.utility["hr@10"],
+        "ndcg@10": res.utility["ndcg@10"],
+        "seconds": round(time.perf_counter() - t0, 1),
+        "note": point.note,
+    }
+    if point.attacks:
+        row["attacks"] = honest_attacks(res.transcript)
+        del res
+        mal_cfg = {k: v for k, v in cfg.items() if k != "record_rounds"}
+        row["attacks"]["ncf-active-saturation"] = saturation_attack(
+            ds, mal_cfg, defenses, args.saturate_rounds, args.saturate_seeds
+        )
+        if sigma:  # the target's epsilon: the full run's releases plus the deviation rounds
+            extra = int(cfg["local_epochs"]) * args.saturate_rounds
+            row["attacks"]["ncf-active-saturation"]["target_epsilon"] = rdp_epsilon(
+                sigma / REPLACE_SENSITIVITY, 1.0, steps + extra, DELTA
+            )
+        row["seconds"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def _fmt(x: Any, nd: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if math.isinf(x):
+            return "inf"
+        if math.isnan(x):
+            return "n/a"
+        return f"{x:.{nd}g}" if abs(x) >= 1000 else f"{x:.{nd}f}"
+    return str(x)
+
+
+def reference_of(row: dict, rows: dict[str, dict]) -> dict | None:
+    """The non-private point with the same local epochs and lr (np-e1 / np-e3), if run."""
+    for r in rows.values():
+        if r["epsilon_target"] is None and r["local_epochs"] == row["local_epochs"] and r["lr"] == row["lr"]:
+            return r
+    return rows.get("np-e1")
+
+
+def tables(rows: dict[str, dict], pop: float) -> str:
+    out = [
+        f"popularity ranker HR@10: {pop:.3f}",
+        "",
+        "| point | E | global rounds | lr | C | noise multiplier | epsilon (target / accounted) | HR@10 | NDCG@10 "
+        "| HR@10 - non-private | within 0.05 | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows.values():
+        ref = reference_of(r, rows)
+        gap = r["hr@10"] - ref["hr@10"] if ref is not None else math.nan
+        eps = f"{_fmt(r['epsilon_target'])} / {_fmt(r['epsilon'], 4)}"
+        if not r["epsilon_target"]:
+            eps = "inf (no dp-sgd)" if r["epsilon_target"] is None else "inf (no noise)"
+        within = "yes" if gap >= -0.05 else "no"
+        out.append(
+            f"| {r['point']} | {r['local_epochs']} | {r['global_rounds']} | {r['lr']} | {_fmt(r['clip'])} "
+            f"| {_fmt(r['noise_multiplier'])} | {eps} | {r['hr@10']:.3f} | {r['ndcg@10']:.3f} | {gap:+.3f} "
+            f"| {within} | {r['note']} |"
+        )
+    attacked = [r for r in rows.values() if "attacks" in r]
+    if attacked:
+        out += [
+            "",
+            "| point | epsilon | attack | metric | attack value | prior | advantage [95 % CI] | verdict |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in attacked:
+            for name, a in r["attacks"].items():
+                eps = _fmt(a.get("target_epsilon", r["epsilon"]), 4)
+                lo, hi = a["ci"]
+                out.append(
+                    f"| {r['point']} | {eps} | {name} | {a['metric']} | {a['value']:.3f} | {a['prior']:.3f} "
+                    f"| {a['advantage']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {a['verdict']} |"
+                )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="synthetic 60 users x 80 items, 3 points (seconds)")
+    ap.add_argument("--points", default="", help="comma-separated point names (default: all)")
+    ap.add_argument("--csv", default="", help="append one row per point to this new file (refused if it exists)")
+    ap.add_argument(
+        "--grad-norms", action="store_true", help="only the median per-sample gradient norms after 0, 5, 20 rounds"
+    )
+    ap.add_argument("--saturate-rounds", type=int, default=5, help="malicious server's saturated rounds")
+    ap.add_argument("--saturate-seeds", type=int, default=10, help="targets of the malicious server (one per seed)")
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore", message="Optimal order is the", category=UserWarning)  # Opacus, at q = 1
+    points, base = (SMALL_POINTS, SMALL_BASE) if args.small else (POINTS, BASE)
+    names = [p.name for p in points]
+    wanted = [s for s in args.points.split(",") if s] or names
+    unknown = [s for s in wanted if s not in names]
+    if unknown:
+        print(f"fedncf_dp_point: unknown point(s) {', '.join(unknown)}; known: {', '.join(names)}", file=sys.stderr)
+        return 2
+    if args.saturate_rounds < 1 or args.saturate_seeds < 1:
+        print("fedncf_dp_point: --saturate-rounds and --saturate-seeds must be at least 1", file=sys.stderr)
+        return 2
+    csv_path = Path(args.csv) if args.csv else None
+    if csv_path is not None and csv_path.exists():
+        print(f"fedncf_dp_point: {csv_path} exists; name a new file", file=sys.stderr)
+        return 2
+    if args.small:
+        ds = synthetic(n_users=60, n_items=80, seed=0)
+    else:
+        if not ml100k_dir().is_dir():
+            print(f"fedncf_dp_point: no MovieLens 100K at {ml100k_dir()} (set PRIVAUDIT_ML100K)", file=sys.stderr)
+            return 2
+        ds = load_dataset(ml100k_dir())
+        n_max = int(np.diff(implicit_split(ds, rng_streams(0)["split"])[0].indptr).max()) * (1 + BASE["negatives"])
+        assert n_max <= FULL_BATCH, n_max  # q = 1 for every client
+    if args.grad_norms:
+        print("| global rounds | label | joint norm | item row | user vector | h | b | item row / joint |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in gradient_norms(ds, base, (0, 2) if args.small else (0, 5, 20)):
+            print(
+                f"| {r['global_rounds']} | {r['label']} | {r['joint']:.3f} | {r['item']:.3f} | {r['user']:.3f} "
+                f"| {r['h']:.3f} | {r['b']:.3f} | {r['item_share']:.3f} |",
+                flush=True,
+            )
+        return 0
+    pop = popularity_hr(ds)
+    rows: dict[str, dict] = {}
+    for p in points:
+        if p.name not in wanted:
+            continue
+        row = run_point(ds, base, p, args)
+        rows[p.name] = row
+        print(json.dumps(row), flush=True)
+        if csv_path is not None:
+            new = not csv_path.exists()
+            with csv_path.open("a", newline="") as fh:
+                w = csv.writer(fh)
+                if new:
+                    w.writerow(["point", "json"])
+                w.writerow([p.name, json.dumps(row)])
+    print(tables(rows, pop))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
