@@ -267,13 +267,27 @@ def reference_of(row: dict, rows: dict[str, dict]) -> dict | None:
     return rows.get("np-e1")
 
 
+def gdp(sigma: float | None, steps: int, fpr: float = 0.01) -> tuple[float, float]:
+    """(mu, largest TPR at ``fpr``) that ``steps`` full-batch dp-sgd steps at noise multiplier
+    ``sigma`` allow a test of one replaced instance: each step is a Gaussian mechanism with
+    sensitivity 2C and standard deviation sigma C, so the composition is exactly mu-GDP with
+    mu = 2 sqrt(steps) / sigma (Dong, Roth and Su, "Gaussian differential privacy", JRSS B 2022),
+    and no test does better than TPR = Phi(Phi^-1(fpr) + mu)."""
+    from scipy.stats import norm
+
+    if not sigma:
+        return math.inf, 1.0
+    mu = REPLACE_SENSITIVITY * math.sqrt(steps) / sigma
+    return mu, float(norm.cdf(norm.ppf(fpr) + mu))
+
+
 def tables(rows: dict[str, dict], pop: float) -> str:
     out = [
         f"popularity ranker HR@10: {pop:.3f}",
         "",
-        "| point | E | global rounds | lr | C | noise multiplier | epsilon (target / accounted) | HR@10 | NDCG@10 "
-        "| HR@10 - non-private | within 0.05 | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| point | E | global rounds | lr | C | noise multiplier | epsilon (target / accounted) | mu (GDP) "
+        "| TPR bound at FPR 1 % | HR@10 | NDCG@10 | HR@10 - non-private | within 0.05 | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows.values():
         ref = reference_of(r, rows)
@@ -282,9 +296,10 @@ def tables(rows: dict[str, dict], pop: float) -> str:
         if not r["epsilon_target"]:
             eps = "inf (no dp-sgd)" if r["epsilon_target"] is None else "inf (no noise)"
         within = "yes" if gap >= -0.05 else "no"
+        mu, tpr = gdp(r["noise_multiplier"], r["local_epochs"] * r["global_rounds"])
         out.append(
             f"| {r['point']} | {r['local_epochs']} | {r['global_rounds']} | {r['lr']} | {_fmt(r['clip'])} "
-            f"| {_fmt(r['noise_multiplier'])} | {eps} | {r['hr@10']:.3f} | {r['ndcg@10']:.3f} | {gap:+.3f} "
+            f"| {_fmt(r['noise_multiplier'])} | {eps} | {_fmt(mu, 2)} | {tpr:.2f} | {r['hr@10']:.3f} | {r['ndcg@10']:.3f} | {gap:+.3f} "
             f"| {within} | {r['note']} |"
         )
     attacked = [r for r in rows.values() if "attacks" in r]
@@ -313,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--grad-norms", action="store_true", help="only the median per-sample gradient norms after 0, 5, 20 rounds"
     )
+    ap.add_argument("--render", default="", help="only print the tables of the rows of this --csv file")
     ap.add_argument("--saturate-rounds", type=int, default=5, help="malicious server's saturated rounds")
     ap.add_argument("--saturate-seeds", type=int, default=10, help="targets of the malicious server (one per seed)")
     args = ap.parse_args(argv)
@@ -331,6 +347,16 @@ def main(argv: list[str] | None = None) -> int:
     if csv_path is not None and csv_path.exists():
         print(f"fedncf_dp_point: {csv_path} exists; name a new file", file=sys.stderr)
         return 2
+    if args.render:
+        path = Path(args.render)
+        if not path.is_file():
+            print(f"fedncf_dp_point: {path}: no such file", file=sys.stderr)
+            return 2
+        with path.open(newline="") as fh:
+            rows = {r["point"]: json.loads(r["json"]) for r in csv.DictReader(fh)}
+        ds = synthetic(n_users=60, n_items=80, seed=0) if args.small else load_dataset(ml100k_dir())
+        print(tables(rows, popularity_hr(ds)))
+        return 0
     if args.small:
         ds = synthetic(n_users=60, n_items=80, seed=0)
     else:
