@@ -79,24 +79,36 @@ class Point:
     config: dict[str, Any]
     epsilon: float | None = None
     clip: float = 0.1
+    noise: float | None = None  # a fixed noise multiplier instead of a target epsilon (batch < n: slow accounting)
     attacks: bool = False
     note: str = ""
 
 
 E1 = {"local_epochs": 1, "lr": 0.03}
+B64 = {"batch_size": 64, "local_epochs": 2, "lr": 0.01, "global_rounds": 5}  # the protocol's batch and epochs
 POINTS = (  # in the order they run: the ones the conclusion rests on first
     Point("np-e1", E1, attacks=True, note="non-private reference of every E = 1 point"),
     Point("dp10-lr03", E1, epsilon=10.0, attacks=True),
     Point("dp10-lr01", {"local_epochs": 1, "lr": 0.01}, epsilon=10.0),
     Point("dp10-lr003", {"local_epochs": 1, "lr": 0.003}, epsilon=10.0),
-    Point("dp10-c1", E1, epsilon=10.0, clip=1.0, note="C = 1 (above the median per-sample gradient norm)"),
+    Point(
+        "dp10-c1",
+        E1,
+        epsilon=10.0,
+        clip=1.0,
+        note="C = 1 (about the median per-sample norm; 0.1 is below every median)",
+    ),
     Point("dp10-g5", {**E1, "global_rounds": 5}, epsilon=10.0, note="5 global rounds: 4x fewer releases"),
     Point("clip-only", E1, epsilon=0.0, note="clipping to C = 0.1, no noise (epsilon infinite)"),
     Point("dp100", E1, epsilon=100.0, attacks=True),
     Point("dp1000", E1, epsilon=1000.0, attacks=True),
+    Point("dp30", E1, epsilon=30.0),
+    Point("dp300", E1, epsilon=300.0),
     Point("dp1", E1, epsilon=1.0),
     Point("np-e3", {"local_epochs": 3, "lr": 0.01}, note="non-private reference of dp10-e3"),
     Point("dp10-e3", {"local_epochs": 3, "lr": 0.01}, epsilon=10.0),
+    Point("np-b64", B64, note="non-private reference of dp-b64"),
+    Point("dp-b64", B64, noise=3.5, note="batch 64 (q = 64 / n, Poisson-accounted): epsilon as accounted"),
 )
 SMALL_BASE = {**BASE, "clients_per_round": 10, "global_rounds": 2}
 SMALL_POINTS = (
@@ -180,11 +192,52 @@ def _verdict(results: dict) -> dict[str, Any]:
     }
 
 
+def ranked_reading(transcript: Any) -> dict[str, Any]:
+    """A stronger reading of ncf-interaction-inference's per-row scores under dp-sgd, where every
+    client uploads all m rows and the attack's fixed recipe (positives implied by the number of
+    rows) predicts nearly every row: each client's k highest-scoring rows, k its number of
+    positives (public: ``n_instances`` = k (1 + negatives) is uploaded exactly), against the
+    message-free guess with the same k (its k items most popular among the other attacked
+    clients). precision@k (= recall@k) per client; advantage = mean paired difference with a
+    normal 95 % interval over clients ("leaks" when its lower end is above 0). Also the AUC and
+    TPR at 1 % FPR of the scores over all (client, item) records."""
+    from privaudit.attack_metrics import roc_summary
+    from privaudit.registry import get
+
+    rec = get("attack", "ncf-interaction-inference")(rounds=1).evaluate(transcript, np.random.default_rng(0))
+    d = rec.decisions["positive"]
+    m = int(transcript.config["n_items"])
+    S, L = d.scores.reshape(-1, m), d.labels.reshape(-1, m)
+    pop = L.sum(axis=0)[None, :] - L + 1e-6 * np.random.default_rng(1).random(L.shape)
+    k = L.sum(axis=1)
+
+    def prec(score: np.ndarray) -> np.ndarray:
+        top = np.argsort(-score, axis=1, kind="stable")
+        return np.array([L[g, top[g, : k[g]]].mean() for g in range(len(k))])
+
+    diff = prec(S) - prec(pop)
+    half = 1.96 * diff.std(ddof=1) / math.sqrt(len(diff))
+    lo, hi = float(diff.mean() - half), float(diff.mean() + half)
+    roc = roc_summary(d.labels, d.scores)
+    return {
+        "metric": "precision@k",
+        "value": float(prec(S).mean()),
+        "prior": float(prec(pop).mean()),
+        "advantage": float(diff.mean()),
+        "ci": [lo, hi],
+        "verdict": "leaks" if lo > 0 else ("below the popularity guess" if hi < 0 else "no evidence of leakage"),
+        "auc": float(roc["auc"]),
+        "tpr@0.01": float(roc.get("tpr@0.01", math.nan)),
+    }
+
+
 def honest_attacks(transcript: Any) -> dict[str, Any]:
-    """ncf-update-leak and ncf-interaction-inference (each client's first recorded upload)."""
+    """ncf-update-leak and ncf-interaction-inference (each client's first recorded upload), and
+    :func:`ranked_reading` of the latter."""
     out = {}
     for name, params in (("ncf-update-leak", {}), ("ncf-interaction-inference", {"rounds": 1})):
         out[name] = _verdict(attack_transcript(transcript, {"name": name, **params}, progress=False))
+    out["interaction scores, top k (k known)"] = ranked_reading(transcript)
     return out
 
 
@@ -210,8 +263,11 @@ def run_point(ds: Any, base: dict, point: Point, args: argparse.Namespace) -> di
         cfg["record_rounds"] = ATTACK_ROUNDS
     steps = int(cfg["local_epochs"]) * int(cfg["global_rounds"])
     defenses, sigma = [], None
-    if point.epsilon is not None:
+    if point.noise is not None:
+        sigma = float(point.noise)
+    elif point.epsilon is not None:
         sigma = 0.0 if point.epsilon == 0 else noise_for_epsilon(point.epsilon, steps)
+    if sigma is not None:
         defenses = [{"name": "dp-sgd", "noise_multiplier": sigma, "max_grad_norm": point.clip, "delta": DELTA}]
     t0 = time.perf_counter()
     dp = [DPSGD(**{k: v for k, v in d.items() if k != "name"}) for d in defenses]
@@ -243,6 +299,7 @@ def run_point(ds: Any, base: dict, point: Point, args: argparse.Namespace) -> di
             row["attacks"]["ncf-active-saturation"]["target_epsilon"] = rdp_epsilon(
                 sigma / REPLACE_SENSITIVITY, 1.0, steps + extra, DELTA
             )
+            row["attacks"]["ncf-active-saturation"]["target_steps"] = steps + extra
         row["seconds"] = round(time.perf_counter() - t0, 1)
     return row
 
@@ -260,9 +317,10 @@ def _fmt(x: Any, nd: int = 3) -> str:
 
 
 def reference_of(row: dict, rows: dict[str, dict]) -> dict | None:
-    """The non-private point with the same local epochs and lr (np-e1 / np-e3), if run."""
+    """The non-private point with the same batch, local epochs, rounds and lr (np-*), if run."""
+    keys = ("batch_size", "local_epochs", "lr", "global_rounds")
     for r in rows.values():
-        if r["epsilon_target"] is None and r["local_epochs"] == row["local_epochs"] and r["lr"] == row["lr"]:
+        if r["noise_multiplier"] is None and all(r[k] == row[k] for k in keys):
             return r
     return rows.get("np-e1")
 
@@ -292,30 +350,36 @@ def tables(rows: dict[str, dict], pop: float) -> str:
     for r in rows.values():
         ref = reference_of(r, rows)
         gap = r["hr@10"] - ref["hr@10"] if ref is not None else math.nan
-        eps = f"{_fmt(r['epsilon_target'])} / {_fmt(r['epsilon'], 4)}"
-        if not r["epsilon_target"]:
-            eps = "inf (no dp-sgd)" if r["epsilon_target"] is None else "inf (no noise)"
+        eps = f"{_fmt(r['epsilon_target'], 2)} / {_fmt(r['epsilon'], 2)}"
+        if r["noise_multiplier"] is None:
+            eps = "inf (no dp-sgd)"
+        elif r["noise_multiplier"] == 0:
+            eps = "inf (no noise)"
         within = "yes" if gap >= -0.05 else "no"
         mu, tpr = gdp(r["noise_multiplier"], r["local_epochs"] * r["global_rounds"])
+        if r["batch_size"] < FULL_BATCH:  # subsampled steps: not a plain Gaussian composition
+            mu, tpr = math.nan, math.nan
         out.append(
             f"| {r['point']} | {r['local_epochs']} | {r['global_rounds']} | {r['lr']} | {_fmt(r['clip'])} "
-            f"| {_fmt(r['noise_multiplier'])} | {eps} | {_fmt(mu, 2)} | {tpr:.2f} | {r['hr@10']:.3f} | {r['ndcg@10']:.3f} | {gap:+.3f} "
+            f"| {_fmt(r['noise_multiplier'])} | {eps} | {_fmt(mu, 2)} | {_fmt(tpr, 2)} | {r['hr@10']:.3f} | {r['ndcg@10']:.3f} | {gap:+.3f} "
             f"| {within} | {r['note']} |"
         )
     attacked = [r for r in rows.values() if "attacks" in r]
     if attacked:
         out += [
             "",
-            "| point | epsilon | attack | metric | attack value | prior | advantage [95 % CI] | verdict |",
-            "|---|---|---|---|---|---|---|---|",
+            "| point | epsilon | attack | metric | attack value | prior | advantage [95 % CI] | verdict "
+            "| AUC / TPR at 1 % FPR |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in attacked:
             for name, a in r["attacks"].items():
-                eps = _fmt(a.get("target_epsilon", r["epsilon"]), 4)
+                eps = _fmt(a.get("target_epsilon", r["epsilon"]), 2)
                 lo, hi = a["ci"]
                 out.append(
                     f"| {r['point']} | {eps} | {name} | {a['metric']} | {a['value']:.3f} | {a['prior']:.3f} "
-                    f"| {a['advantage']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {a['verdict']} |"
+                    f"| {a['advantage']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {a['verdict']} "
+                    f"| {_fmt(a.get('auc'))} / {_fmt(a.get('tpr@0.01'))} |"
                 )
     return "\n".join(out)
 
