@@ -416,8 +416,17 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             print(f"fedncf_dp_point: {path}: no such file", file=sys.stderr)
             return 2
-        with path.open(newline="") as fh:
-            rows = {r["point"]: json.loads(r["json"]) for r in csv.DictReader(fh)}
+        try:
+            with path.open(newline="") as fh:
+                found = {r["point"]: json.loads(r["json"]) for r in csv.DictReader(fh)}  # a later row of a point wins
+            if not found:
+                raise ValueError("no rows")
+            tables(found, 0.0)
+        except (KeyError, TypeError, ValueError, csv.Error, UnicodeDecodeError):
+            print(f"fedncf_dp_point: {path}: not a CSV written by --csv", file=sys.stderr)
+            return 2
+        order = [p.name for p in points]
+        rows = {k: found[k] for k in sorted(found, key=lambda k: order.index(k) if k in order else len(order))}
         ds = synthetic(n_users=60, n_items=80, seed=0) if args.small else load_dataset(ml100k_dir())
         print(tables(rows, popularity_hr(ds)))
         return 0

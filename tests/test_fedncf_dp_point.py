@@ -41,7 +41,10 @@ def test_small_dp_point_is_accounted_at_its_target_epsilon(tmp_path):
     assert row["epsilon"] == pytest.approx(10.0, rel=1e-6)  # the run's own accounting (Opacus RDP, q = 1)
     assert row["noise_multiplier"] == pytest.approx(1.498, abs=0.001)  # 2 full-batch steps at sigma / 2
     assert 0.0 <= row["hr@10"] <= 1.0
-    assert set(row["attacks"]) == {"ncf-update-leak", "ncf-interaction-inference", "ncf-active-saturation"}
+    attacks = {"ncf-update-leak", "ncf-interaction-inference", "ncf-active-saturation"}
+    assert set(row["attacks"]) == attacks | {"interaction scores, top k (k known)"}
+    ranked = row["attacks"]["interaction scores, top k (k known)"]
+    assert 0.0 <= ranked["value"] <= 1.0 and 0.0 <= ranked["auc"] <= 1.0
     # the malicious server's target took part in 1 more round than the others: its epsilon is larger
     assert row["attacks"]["ncf-active-saturation"]["target_epsilon"] > 10.0
     assert "| dp10-lr03 | 1 | 2 | 0.03 |" in proc.stdout

@@ -2284,6 +2284,8 @@ def test_paillier_on_a_protocol_whose_server_reads_plaintexts_is_refused_before_
         (["--points", "nosuchpoint"], "unknown point(s) nosuchpoint"),
         (["--saturate-rounds", "0"], "--saturate-rounds and --saturate-seeds must be at least 1"),
         (["--csv", "exists.csv"], "exists.csv exists; name a new file"),
+        (["--render", "missing.csv"], "missing.csv: no such file"),
+        (["--render", "exists.csv"], "exists.csv: not a CSV written by --csv"),
     ],
 )
 def test_fedncf_dp_point_mistakes_exit_2_in_one_line_and_overwrite_nothing(tmp_path, args, message):
