@@ -266,8 +266,9 @@ def sign_reading(ds: Any, base: dict, epsilon: float | None, rounds: int, seeds:
         got.append(np.isin(np.argsort(-np.abs(A @ w), kind="stable")[:k], truth).mean())
         prior.append(np.isin(np.argsort(-pop, kind="stable")[:k], truth).mean())
     diff = np.asarray(got) - np.asarray(prior)
-    half = 1.96 * diff.std(ddof=1) / math.sqrt(len(diff))
+    half = 1.96 * diff.std(ddof=1) / math.sqrt(len(diff)) if len(diff) > 1 else math.nan
     lo, hi = float(diff.mean() - half), float(diff.mean() + half)
+    verdict = "leaks" if lo > 0 else ("below the popularity guess" if hi < 0 else "no evidence of leakage")
     return {
         "epsilon": epsilon,
         "noise_multiplier": sigma,
@@ -279,7 +280,7 @@ def sign_reading(ds: Any, base: dict, epsilon: float | None, rounds: int, seeds:
         "prior": float(np.mean(prior)),
         "advantage": float(diff.mean()),
         "ci": [lo, hi],
-        "verdict": "leaks" if lo > 0 else ("below the popularity guess" if hi < 0 else "no evidence of leakage"),
+        "verdict": verdict if len(diff) > 1 else "one target: no interval",
     }
 
 
@@ -465,6 +466,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.saturate_rounds < 1 or args.saturate_seeds < 1:
         print("fedncf_dp_point: --saturate-rounds and --saturate-seeds must be at least 1", file=sys.stderr)
         return 2
+    eps: list[float | None] = []
+    if args.sign_reading:
+        try:
+            eps = [None if e == "none" else float(e) for e in args.sign_reading.split(",")]
+        except ValueError:
+            eps = [-1.0]
+        if any(e is not None and not (e > 0 and math.isfinite(e)) for e in eps):
+            print("fedncf_dp_point: --sign-reading takes positive epsilons or none, comma-separated", file=sys.stderr)
+            return 2
+    if not args.small and not ml100k_dir().is_dir():
+        print(f"fedncf_dp_point: no MovieLens 100K at {ml100k_dir()} (set PRIVAUDIT_ML100K)", file=sys.stderr)
+        return 2
     csv_path = Path(args.csv) if args.csv else None
     if csv_path is not None and csv_path.exists():
         print(f"fedncf_dp_point: {csv_path} exists; name a new file", file=sys.stderr)
@@ -484,6 +497,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fedncf_dp_point: {path}: not a CSV written by --csv", file=sys.stderr)
             return 2
         order = [p.name for p in points]
+        for p in points:  # the notes as the grid states them now
+            if p.name in found:
+                found[p.name]["note"] = p.note
         rows = {k: found[k] for k in sorted(found, key=lambda k: order.index(k) if k in order else len(order))}
         ds = synthetic(n_users=60, n_items=80, seed=0) if args.small else load_dataset(ml100k_dir())
         print(tables(rows, popularity_hr(ds)))
@@ -491,20 +507,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.small:
         ds = synthetic(n_users=60, n_items=80, seed=0)
     else:
-        if not ml100k_dir().is_dir():
-            print(f"fedncf_dp_point: no MovieLens 100K at {ml100k_dir()} (set PRIVAUDIT_ML100K)", file=sys.stderr)
-            return 2
         ds = load_dataset(ml100k_dir())
         n_max = int(np.diff(implicit_split(ds, rng_streams(0)["split"])[0].indptr).max()) * (1 + BASE["negatives"])
         assert n_max <= FULL_BATCH, n_max  # q = 1 for every client
     if args.sign_reading:
-        try:
-            eps = [None if e == "none" else float(e) for e in args.sign_reading.split(",")]
-        except ValueError:
-            eps = [-1.0]
-        if any(e is not None and not e > 0 for e in eps):
-            print("fedncf_dp_point: --sign-reading takes positive epsilons or none, comma-separated", file=sys.stderr)
-            return 2
         print(
             "| target epsilon | noise multiplier | target's epsilon | precision@k | popularity, same k "
             "| advantage [95 % CI] | verdict |"

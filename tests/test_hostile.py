@@ -2286,6 +2286,8 @@ def test_paillier_on_a_protocol_whose_server_reads_plaintexts_is_refused_before_
         (["--csv", "exists.csv"], "exists.csv exists; name a new file"),
         (["--render", "missing.csv"], "missing.csv: no such file"),
         (["--render", "exists.csv"], "exists.csv: not a CSV written by --csv"),
+        (["--sign-reading", "10,-1"], "--sign-reading takes positive epsilons or none"),
+        (["--sign-reading", "ten"], "--sign-reading takes positive epsilons or none"),
     ],
 )
 def test_fedncf_dp_point_mistakes_exit_2_in_one_line_and_overwrite_nothing(tmp_path, args, message):
