@@ -103,7 +103,7 @@ POINTS = (  # in the order they run: the ones the conclusion rests on first
     Point("dp100", E1, epsilon=100.0, attacks=True),
     Point("dp1000", E1, epsilon=1000.0, attacks=True),
     Point("dp30", E1, epsilon=30.0),
-    Point("dp300", E1, epsilon=300.0),
+    Point("dp300", E1, epsilon=300.0, attacks=True),
     Point("dp1", E1, epsilon=1.0),
     Point("np-e3", {"local_epochs": 3, "lr": 0.01}, note="non-private reference of dp10-e3"),
     Point("dp10-e3", {"local_epochs": 3, "lr": 0.01}, epsilon=10.0),
