@@ -86,8 +86,9 @@ class Point:
 
 E1 = {"local_epochs": 1, "lr": 0.03}
 B64 = {"batch_size": 64, "local_epochs": 2, "lr": 0.01, "global_rounds": 5}  # the protocol's batch and epochs
-POINTS = (  # in the order they run: the ones the conclusion rests on first
+POINTS = (  # in the order they run and are shown
     Point("np-e1", E1, attacks=True, note="non-private reference of every E = 1 point"),
+    Point("dp1", E1, epsilon=1.0),
     Point("dp10-lr03", E1, epsilon=10.0, attacks=True),
     Point("dp10-lr01", {"local_epochs": 1, "lr": 0.01}, epsilon=10.0),
     Point("dp10-lr003", {"local_epochs": 1, "lr": 0.003}, epsilon=10.0),
@@ -100,11 +101,10 @@ POINTS = (  # in the order they run: the ones the conclusion rests on first
     ),
     Point("dp10-g5", {**E1, "global_rounds": 5}, epsilon=10.0, note="5 global rounds: 4x fewer releases"),
     Point("clip-only", E1, epsilon=0.0, note="clipping to C = 0.1, no noise (epsilon infinite)"),
-    Point("dp100", E1, epsilon=100.0, attacks=True),
-    Point("dp1000", E1, epsilon=1000.0, attacks=True),
     Point("dp30", E1, epsilon=30.0),
+    Point("dp100", E1, epsilon=100.0, attacks=True),
     Point("dp300", E1, epsilon=300.0, attacks=True),
-    Point("dp1", E1, epsilon=1.0),
+    Point("dp1000", E1, epsilon=1000.0, attacks=True),
     Point("np-e3", {"local_epochs": 3, "lr": 0.01}, note="non-private reference of dp10-e3"),
     Point("dp10-e3", {"local_epochs": 3, "lr": 0.01}, epsilon=10.0),
     Point("np-b64", B64, note="non-private reference of dp-b64"),
