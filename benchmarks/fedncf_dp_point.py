@@ -1,8 +1,11 @@
 """Is there a useful DP point of FedNCF on MovieLens 100K? dp-sgd settings vs the non-private model.
 
-    python benchmarks/fedncf_dp_point.py --csv fedncf_dp_point.csv      # ML-100K, the grid of docs/fedncf-dp.md
-    python benchmarks/fedncf_dp_point.py --points np-e1,dp10-lr03       # some points only
-    python benchmarks/fedncf_dp_point.py --small                        # synthetic 60 x 80, 3 points (the test)
+    python benchmarks/fedncf_dp_point.py --csv points.csv                  # ML-100K, the grid of docs/fedncf-dp.md
+    python benchmarks/fedncf_dp_point.py --points np-e1,dp10-lr03          # some points only
+    python benchmarks/fedncf_dp_point.py --render docs/fedncf-dp-points.csv  # the tables of the recorded rows
+    python benchmarks/fedncf_dp_point.py --grad-norms                      # per-sample gradient norms by group
+    python benchmarks/fedncf_dp_point.py --sign-reading none,10,1000       # sign reading of saturated rounds
+    python benchmarks/fedncf_dp_point.py --small                           # synthetic 60 x 80, 3 points (the test)
 
 FedGMF, MF-FedAvg, c = 20 clients per aggregation round, 4 negatives per positive, embeddings
 N(0, 0.1^2), seed 0, and -- unlike the protocol's default batch of 64 -- **full-batch local steps**
@@ -14,18 +17,21 @@ noise per step is spread over a client's whole local data instead of 64 instance
 Each dp-sgd point gives a target epsilon (delta 1e-5); the noise multiplier is the one at which
 dp-sgd's own accountant (Opacus RDP, replace-one-instance neighbours, sensitivity 2C) spends
 exactly that over the run (:func:`noise_for_epsilon`), and the run's accounted ``epsilon`` (largest
-over clients, for the rounds each took part in) is printed beside it. Unit: **one training
-instance** (a positive or a sampled negative) of one client replaced, its instance count fixed --
-not one rating, not one user (docs/dp-claims.md).
+over clients, for the rounds each took part in) is printed beside it, with the mu-GDP of the
+composition and the TPR at 1 % FPR it allows (:func:`gdp`). Unit: **one training instance** (a
+positive or a sampled negative) of one client replaced, its instance count fixed -- not one
+rating, not one user (docs/dp-claims.md).
 
 Per point: HR@10 / NDCG@10 (101 candidates, FedNCF paper §4.1) and the gap to the non-private model
 of the same settings. Points marked ``attacks`` record their first 10 aggregation rounds (200
 clients' uploads) and are attacked by ``ncf-update-leak`` and ``ncf-interaction-inference`` (an
-honest-but-curious server, each client's first upload), and by a malicious server that sends every
-member of ``--saturate-rounds`` consecutive cohorts the saturated model (``server=saturate``,
-``ncf-active-saturation`` reading every deviation round; ``--saturate-seeds`` targets; the run stops
-after the deviation rounds, and the target's epsilon printed is that of the full run plus those
-rounds). Verdicts are privaudit's (:func:`privaudit.results.verdicts.experiment_verdicts`).
+honest-but-curious server, each client's first upload), :func:`ranked_reading` of the latter's
+scores, and a malicious server that sends every member of ``--saturate-rounds`` consecutive
+cohorts the saturated model (``server=saturate``, ``ncf-active-saturation`` reading every deviation
+round; ``--saturate-seeds`` targets; the run stops after the deviation rounds, and the target's
+epsilon printed is that of the full run plus those rounds). Verdicts are privaudit's
+(:func:`privaudit.results.verdicts.experiment_verdicts`) except the two readings made here, whose
+test is stated in their docstrings. ``--sign-reading``: :func:`sign_reading`.
 
 Prints one JSON line per point as it finishes (and appends it to ``--csv``), then the Markdown
 tables of docs/fedncf-dp.md. Minutes per point on 2 cores (the ``attacks`` points longer).
