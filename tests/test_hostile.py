@@ -2475,3 +2475,35 @@ def test_hostile_per_user_utility_only_costs_the_interval(stored):
     bootstrap = cost["method"].startswith("paired bootstrap over 12 users")
     assert bootstrap or cost["method"].startswith("no interval: one seed")
     assert bootstrap == math.isfinite(cost["low"])
+
+
+# ------------------------------------------------------------------ ncfdp: benchmarks/fedncf_dp_point.py
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--points", "nosuchpoint"], "unknown point(s) nosuchpoint"),
+        (["--saturate-rounds", "0"], "--saturate-rounds and --saturate-seeds must be at least 1"),
+        (["--csv", "exists.csv"], "exists.csv exists; name a new file"),
+        (["--render", "missing.csv"], "missing.csv: no such file"),
+        (["--render", "exists.csv"], "exists.csv: not a CSV written by --csv"),
+        (["--sign-reading", "10,-1"], "--sign-reading takes positive epsilons or none"),
+        (["--sign-reading", "ten"], "--sign-reading takes positive epsilons or none"),
+    ],
+)
+def test_fedncf_dp_point_mistakes_exit_2_in_one_line_and_overwrite_nothing(tmp_path, args, message):
+    (tmp_path / "exists.csv").write_text("keep")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "fedncf_dp_point.py"), "--small", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and message in err[0], proc.stderr
+    assert proc.stdout == "" and (tmp_path / "exists.csv").read_text() == "keep"
