@@ -2273,3 +2273,23 @@ def test_paillier_on_a_protocol_whose_server_reads_plaintexts_is_refused_before_
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert f"defense 'paillier' does not apply to protocol '{protocol}'" in err[0]
+
+
+# ------------------------------------------------------------------ belowprior: the decoders' parameters
+
+
+@pytest.mark.parametrize(
+    "protocol, attack, expect",
+    [
+        ("fedrec", "fedrec-rated-items:decoder=bayes", "decoder"),
+        ("fedncf", "ncf-update-leak:decoder=all", "decoder"),
+        ("fedsplit", "fedsplit-inference:prior_blend=maybe", "prior_blend"),
+    ],
+)
+def test_a_bad_decoder_parameter_is_one_line_before_compute(protocol, attack, expect, capsys, no_compute):
+    from privaudit.cli import main
+
+    code = main(["attack", "--protocol", protocol, "--attack", attack, "--seeds", "1", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert expect in err[0] and "Traceback" not in err[0]

@@ -37,6 +37,17 @@ relative errors, so the attack leaks beyond the baseline when its error is *belo
 steps of 0.05 (§4.4). Departure: the paper's Fig. 4 shows relative errors above 1 at small
 fractions, which comes from leaving unknown users' W at its random initialisation; here they
 get W = 0 (see above), so errors stay near the baseline instead.
+
+Decoder (``prior_blend``, default true): the adversary keeps what it was given (the known
+entries are predicted as known) and predicts every other entry as ``p + w (r - p)``, ``r`` the
+reconstruction above and ``p`` the bias model of the prior library fitted on the known entries
+(both clipped to the rating range), with one weight ``w`` in [0, 1] fitted on the adversary's
+own knowledge: two-fold cross-fitting over each group's known entries (fit on one half, predict
+the other) and the least-squares weight over the held-out entries. Uploads that carry nothing
+give ``w`` ~ 0 (the decoder is the prior), informative ones ``w`` ~ 1. Without it (``prior_blend
+= false``, the paper's decode, whose eq. 4 counts the known entries as reconstructed) the decode
+of noise fell far below the prior (issue 35: "attack below prior" in every null experiment).
+With no known entry there is nothing to calibrate on and the decode is used alone.
 """
 
 from __future__ import annotations

@@ -17,6 +17,17 @@ j = 1..``table_rounds``. Baseline: guessing every item with probability 1/2 (pre
 |positives| / m, recall 1/2). Prior-only baseline: the k items most rated by the other clients
 (:func:`popularity_strategies`, k chosen on held-out clients). Under ``secagg`` the uploads are masked and the attack does not
 apply; under ``dp-sgd`` every row is noised and uploaded, so precision falls to |positives| / m.
+
+Decoders (``decoder``). ``intersection`` is the read above (every item of the intersected
+uploads: recall 1). The default ``posterior`` combines the uploads with the popularity the
+attacker knows without them (:class:`ItemPopularity`, each client left out) by Bayes' rule: per
+item a popularity prior, a likelihood of "in how many of the r uploads" fitted by EM from the
+uploads alone (:func:`_posterior_decode`), and each client's posterior-expected number of items
+of highest posterior. When every client uploads every row (or sets unrelated to its positives)
+the likelihood is flat and the decoder is the popularity guess of the prior library; with one
+plain upload it beats both the read above and the prior (F1 0.518 vs 0.396 and 0.442 in
+``tests/test_ncf_attacks.py``). The prior library's "own k" is the k the client's first upload
+size reveals (:func:`upload_k`), not its true count, which no message-free guess knows.
 """
 
 from __future__ import annotations
