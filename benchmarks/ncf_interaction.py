@@ -36,7 +36,8 @@ def run(ds, model: str, cfg: dict, defenses: list, rounds: int) -> dict:
     res = get("protocol", "fedncf")().run(ds, {"model": model, **cfg}, defenses, 0)
     t = res.transcript
     out = get("attack", "ncf-interaction-inference")(rounds=rounds).evaluate(t, np.random.default_rng(0))
-    leak = get("attack", "ncf-update-leak")(rounds=rounds).evaluate(t, np.random.default_rng(0))
+    # the support-only read of ncf-update-leak (every uploaded row), as docs/reproduction.md quotes
+    leak = get("attack", "ncf-update-leak")(rounds=rounds, decoder="intersection").evaluate(t, np.random.default_rng(0))
     d, u = out.decisions.get("positive"), out.decisions.get("uploaded")
     roc = roc_summary(d.labels, d.scores) if d is not None else {}
     roc_up = roc_summary(u.labels, u.scores) if u is not None else {}

@@ -2507,3 +2507,23 @@ def test_fedncf_dp_point_mistakes_exit_2_in_one_line_and_overwrite_nothing(tmp_p
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(err) == 1 and message in err[0], proc.stderr
     assert proc.stdout == "" and (tmp_path / "exists.csv").read_text() == "keep"
+
+
+# ------------------------------------------------------------------ belowprior: the decoders' parameters
+
+
+@pytest.mark.parametrize(
+    "protocol, attack, expect",
+    [
+        ("fedrec", "fedrec-rated-items:decoder=bayes", "decoder"),
+        ("fedncf", "ncf-update-leak:decoder=all", "decoder"),
+        ("fedsplit", "fedsplit-inference:prior_blend=maybe", "prior_blend"),
+    ],
+)
+def test_a_bad_decoder_parameter_is_one_line_before_compute(protocol, attack, expect, capsys, no_compute):
+    from privaudit.cli import main
+
+    code = main(["attack", "--protocol", protocol, "--attack", attack, "--seeds", "1", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert expect in err[0] and "Traceback" not in err[0]

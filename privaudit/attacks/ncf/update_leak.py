@@ -17,6 +17,17 @@ j = 1..``table_rounds``. Baseline: guessing every item with probability 1/2 (pre
 |positives| / m, recall 1/2). Prior-only baseline: the k items most rated by the other clients
 (:func:`popularity_strategies`, k chosen on held-out clients). Under ``secagg`` the uploads are masked and the attack does not
 apply; under ``dp-sgd`` every row is noised and uploaded, so precision falls to |positives| / m.
+
+Decoders (``decoder``). ``intersection`` is the read above (every item of the intersected
+uploads: recall 1). The default ``posterior`` combines the uploads with the popularity the
+attacker knows without them (:class:`ItemPopularity`, each client left out) by Bayes' rule: per
+item a popularity prior, a likelihood of "in how many of the r uploads" fitted by EM from the
+uploads alone (:func:`_posterior_decode`), and each client's posterior-expected number of items
+of highest posterior. When every client uploads every row (or sets unrelated to its positives)
+the likelihood is flat and the decoder is the popularity guess of the prior library; with one
+plain upload it beats both the read above and the prior (F1 0.518 vs 0.396 and 0.442 in
+``tests/test_ncf_attacks.py``). The prior library's "own k" is the k the client's first upload
+size reveals (:func:`upload_k`), not its true count, which no message-free guess knows.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ import numpy as np
 
 from privaudit.attack_metrics import f1_score, set_precision_recall
 from privaudit.attacks.base import Attack, Reconstruction
-from privaudit.attacks.generic._uploads import cross_fit, ratio
+from privaudit.attacks.generic._uploads import cross_fit, n_items, ratio
 from privaudit.params import Param
 from privaudit.registry import register_attack
 from privaudit.results import Decisions, MetricSpec, VictimTable
@@ -47,7 +58,7 @@ def guess_baseline(transcript: Transcript, parties: list[str]) -> dict[str, floa
 
 
 def popularity_strategies(
-    transcript: Transcript, parties: list[str], n_items: int | None = None
+    transcript: Transcript, parties: list[str], n_items: int | None = None, own_k: dict[str, int] | None = None
 ) -> dict[str, dict[str, np.ndarray]]:
     """Per party, precision, recall and F1 of the message-free guesses "the k items most
     rated by the other clients" (leave-one-out popularity, counted in hindsight from their
@@ -59,7 +70,8 @@ def popularity_strategies(
 
     Returns strategy -> {"precision", "recall", "f1", "scored"} arrays of shape (len(parties),)
     (recall 0 and ``scored`` 0 for a party without positives). ``n_items`` defaults to the
-    public ``n_items``.
+    public ``n_items``. ``own_k``: the k each party's messages reveal (e.g. from its upload size),
+    in place of its true number of positives.
     """
     m = n_items or int(transcript.config.get("n_items", 0)) or 1
     everyone = transcript.clients()
@@ -77,7 +89,7 @@ def popularity_strategies(
         order = np.argsort(-(counts - own), kind="stable")
         others = [n for q, n in sizes.items() if q != party and n]
         for name, k in (
-            ("popularity top-k, own k", truth.size),
+            ("popularity top-k, own k", truth.size if own_k is None else int(own_k.get(party, truth.size))),
             ("popularity top-k, median k", int(np.median(others)) if others else 0),
         ):
             p, r = set_precision_recall(order[: max(k, 0)], truth)
@@ -204,10 +216,23 @@ class NCFUpdateLeak(Attack):
             "rounds", 1, "intersect the item sets of each client's first r recorded uploads (-1: all)", ge=1, also=(-1,)
         ),
         Param("table_rounds", 4, "also report precision/recall for r = 1..N", ge=0),
+        Param(
+            "decoder",
+            "posterior",
+            "'posterior': item sets from the popularity prior times the upload likelihood fitted by EM "
+            "(falls back to the prior when the uploads carry nothing); 'intersection': the paper's read, "
+            "every item of the intersected uploads",
+            choices=("posterior", "intersection"),
+        ),
     )
 
     def applicable(self, view: View) -> tuple[bool, str]:
         return super().applicable(view)  # the base rule: every kind of ``requires``, in plaintext
+
+    def prior_knowledge(self, transcript: Transcript, rng: np.random.Generator) -> dict[str, Any]:
+        """The item popularity among the other clients (:class:`ItemPopularity`, each client left
+        out of its own counts): the same hindsight counts as the prior library's."""
+        return {"popularity": ItemPopularity(transcript)}
 
     def run(self, view: View, knowledge: dict[str, Any], rng: np.random.Generator) -> Reconstruction:
         sets: dict[str, list[np.ndarray]] = {}
@@ -225,7 +250,11 @@ class NCFUpdateLeak(Attack):
                 if len(seq) >= j:
                     out[f"items_r{j}"] = _intersect(seq[:j])
             victims[party] = out
-        return Reconstruction(self.name, self.party, victims, meta={"clients": len(victims)})
+        meta: dict[str, Any] = {"clients": len(victims), "decoder": self.decoder}
+        popularity = knowledge.get("popularity")
+        if self.decoder == "posterior" and isinstance(popularity, ItemPopularity):
+            meta.update(_posterior_decode(victims, popularity, n_items(view), self.rounds))
+        return Reconstruction(self.name, self.party, victims, meta=meta)
 
     def _keys(self, uploads: int) -> list[str]:
         """The reconstruction keys a client with ``uploads`` recorded uploads gets (:meth:`run`)."""
@@ -267,7 +296,7 @@ class NCFUpdateLeak(Attack):
             counts[m.sender] = counts.get(m.sender, 0) + 1
         keys = {p: self._keys(n) for p, n in counts.items()}
         weight = self._weights(transcript, keys)
-        strategies = popularity_strategies(transcript, list(keys))
+        strategies = popularity_strategies(transcript, list(keys), own_k=upload_k(view))
         if not keys:
             return [], weight, {name: np.zeros(0) for name in weight}
         best, _ = cross_fit(strategies, "f1", next(iter(strategies.values()))["scored"])
@@ -291,7 +320,8 @@ class NCFUpdateLeak(Attack):
 
     def prior_baseline(self, transcript: Transcript, knowledge: dict[str, Any]) -> dict[str, float]:
         """The best of :func:`popularity_strategies`, chosen by F1 on held-out halves of the
-        clients (:func:`~privaudit.attacks.generic._uploads.cross_fit`), averaged over the same clients
+        clients (:func:`~privaudit.attacks.generic._uploads.cross_fit`; "own k" is the k a client's first
+        upload size reveals, :func:`upload_k`, not its true count), averaged over the same clients
         as every metric of :meth:`score` (precision and recall as the mean of per-client values,
         F1 of those means)."""
         _, weight, num = self._prior_parts(transcript)
@@ -315,11 +345,26 @@ class NCFUpdateLeak(Attack):
         m = int(transcript.config.get("n_items", 0))
         scores = {}
         for party, rec in reconstruction.victims.items():
-            if "seen_items" in rec:
+            if "posterior" in rec:
+                scores[party] = rec["posterior"]
+            elif "seen_items" in rec:
                 sc = np.zeros(m)
                 sc[rec["seen_items"]] = rec["seen_counts"] / max(int(rec["seen_counts"].max(initial=1)), 1)
                 scores[party] = sc
         return item_decisions(scores, transcript, "training positive", list(reconstruction.victims))
+
+
+def upload_k(view: View) -> dict[str, int]:
+    """Per client, the number of positives its first ``item_update`` reveals: round(|rows| /
+    (1 + negatives)), ``negatives`` the public negatives per positive (a client trains its
+    positives and that many sampled negatives per positive)."""
+    neg = float(view.config.get("negatives", 4) or 0)
+    out: dict[str, int] = {}
+    for m in view.select("item_update"):
+        if m.sender not in out and "items" in m.payload:
+            size = np.unique(np.asarray(m.payload["items"], dtype=np.int64)).size
+            out[m.sender] = int(np.floor(size / (1.0 + neg) + 0.5))
+    return out
 
 
 def _intersect(seq: list[np.ndarray]) -> np.ndarray:
@@ -327,3 +372,92 @@ def _intersect(seq: list[np.ndarray]) -> np.ndarray:
     for s in seq[1:]:
         out = np.intersect1d(out, s, assume_unique=True)
     return out
+
+
+class ItemPopularity:
+    """What the attacker knows besides the messages: how many of the other clients have each
+    item among their positives (each client left out of its own counts; counted in hindsight
+    from their private positives, as the prior library does: an upper bound of public
+    popularity data). Built on first use."""
+
+    def __init__(self, transcript: Transcript) -> None:
+        self._transcript = transcript
+        self._counts: np.ndarray | None = None
+        self._own: dict[str, np.ndarray] = {}
+
+    def others(self, party: str, m: int) -> tuple[np.ndarray, int]:
+        """(counts (m,) of the item among the other clients' positives, number of other clients)."""
+        t = self._transcript
+        if self._counts is None or self._counts.size != m:
+            clients = t.clients()
+            self._own = {p: client_truth(t, p) for p in clients}
+            self._counts = np.zeros(m)
+            for items in self._own.values():
+                self._counts += np.bincount(items[(items >= 0) & (items < m)], minlength=m)[:m]
+        own = np.zeros(m)
+        mine = self._own.get(party)
+        if mine is not None:
+            own[mine[(mine >= 0) & (mine < m)]] = 1.0
+        return self._counts - own, len(self._own) - (mine is not None)
+
+
+def _posterior_decode(
+    victims: dict[str, dict[str, np.ndarray]], popularity: ItemPopularity, m: int, rounds: int, iters: int = 100
+) -> dict[str, Any]:
+    """Replace each victim's ``items`` by the Bayes decision combining the popularity prior with
+    what its uploads say (in place; adds ``posterior``, (m,) P(positive | uploads)).
+
+    Per (client, item): prior pi = (others' count + 1/2) / (others + 1); observation s = in how
+    many of the client's first r uploads the item was (0..r). The likelihoods P(s | positive) and
+    P(s | not) are shared by all clients and fitted by EM (maximum marginal likelihood, pi fixed,
+    1/2 pseudo-count per value), started from the protocol's model (a positive is in every upload).
+    The prior is rescaled to sum to the other clients' mean number of positives. Uploads that
+    carry nothing (every item in every upload, or sets independent of the positives) give equal
+    likelihoods, so the posterior is the prior; uploads that follow the protocol give
+    P(s < r | positive) ~ 0. Each client's set is its top-j items by posterior with j = round(sum
+    of its posteriors), the posterior expected number of positives: with uninformative uploads the
+    prior's top-(others' mean count) items, the popularity strategy of the prior library; measured
+    on the calibration's FedNCF (40 x 60, one upload), F1 0.457 against 0.454 for the plug-in
+    expected-F1 size (2 sum_{top j} q / (j + sum q)), which on null uploads fell 0.013 below the
+    prior. Returns diagnostics for the reconstruction's meta.
+    """
+    parties = [p for p, rec in victims.items() if "seen_items" in rec]
+    if not parties or m <= 0:
+        return {}
+    r = max(int(max(int(victims[p]["seen_counts"].max(initial=0)) for p in parties)), 1)
+    if rounds != -1:
+        r = max(int(rounds), 1)
+    S = np.zeros((len(parties), m), dtype=np.int64)
+    P = np.zeros((len(parties), m))
+    for row, party in enumerate(parties):
+        rec = victims[party]
+        keep = (rec["seen_items"] >= 0) & (rec["seen_items"] < m)
+        S[row, rec["seen_items"][keep]] = np.minimum(rec["seen_counts"][keep], r)
+        counts, n_others = popularity.others(party, m)
+        pi = (counts + 0.5) / (n_others + 1.0)
+        P[row] = pi * (counts.sum() / max(n_others, 1)) / pi.sum()  # sums to the others' mean |positives|
+    P = np.clip(P, 1e-6, 1 - 1e-6)
+    values = r + 1
+    f1 = np.full(values, 0.1 / max(values - 1, 1))
+    f1[r] = 0.9 if values > 1 else 1.0
+    f0 = (np.bincount(S.ravel(), minlength=values) + 0.5) / (S.size + 0.5 * values)
+    for _ in range(iters):
+        a, b = P * f1[S], (1 - P) * f0[S]
+        Q = a / (a + b)
+        new1 = (np.bincount(S.ravel(), weights=Q.ravel(), minlength=values) + 0.5) / (Q.sum() + 0.5 * values)
+        new0 = (np.bincount(S.ravel(), weights=(1 - Q).ravel(), minlength=values) + 0.5) / (
+            (1 - Q).sum() + 0.5 * values
+        )
+        done = np.allclose(new1, f1, atol=1e-9) and np.allclose(new0, f0, atol=1e-9)
+        f1, f0 = new1, new0
+        if done:
+            break
+    a, b = P * f1[S], (1 - P) * f0[S]
+    Q = a / (a + b)
+    for row, party in enumerate(parties):
+        q = Q[row]
+        order = np.argsort(-q, kind="stable")
+        j = max(int(np.floor(q.sum() + 0.5)), 1)
+        victims[party]["items"] = np.sort(order[:j])
+        victims[party]["posterior"] = q
+    return {"likelihood_positive": f1.tolist(), "likelihood_other": f0.tolist()}
