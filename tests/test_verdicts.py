@@ -21,7 +21,7 @@ from tests.dummies import DummyAttack, tiny_dataset, verdict_registry  # noqa: F
 
 pytestmark = pytest.mark.usefixtures("verdict_registry")
 
-Z = rs._norm_isf  # one-sided normal quantile: Z(a) = Phi^-1(1 - a)
+Z = rs.norm_isf  # one-sided normal quantile: Z(a) = Phi^-1(1 - a)
 
 
 @pytest.fixture(scope="module")

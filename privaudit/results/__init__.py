@@ -54,7 +54,6 @@ from privaudit.results.stats import (
     MIN_VICTIMS,
     NULL_SE_INFLATION,
     PROTECTION_MARGIN,
-    _norm_isf,  # noqa: F401  (tests use the normal quantile)
     add_advantages,
     advantage,
     bootstrap_counts,
@@ -66,6 +65,7 @@ from privaudit.results.stats import (
     empirical_summary,
     holm,
     metric_test,
+    norm_isf,  # noqa: F401  (the one-sided normal quantile)
     point_advantages,
     point_bootstrap,
     point_random_baseline,

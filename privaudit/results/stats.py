@@ -309,7 +309,7 @@ def _norm_sf(z: float) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
-def _norm_isf(p: float) -> float:
+def norm_isf(p: float) -> float:
     return NormalDist().inv_cdf(1.0 - p)
 
 
@@ -356,7 +356,7 @@ def _quantile(p: float, n: float) -> float:
         from scipy.stats import t as student
 
         return float(student.isf(p, df=n - 1))
-    return _norm_isf(p)
+    return norm_isf(p)
 
 
 #: The run-level term against the prior-only or random guess is at most this many victim-bootstrap
