@@ -1198,61 +1198,24 @@ def _gate_note(parameter: str, rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _regated_verdict(out: dict[str, Any], v: dict[str, Any]) -> dict[str, Any]:
-    """An attack's audit verdict recomputed from its gated rows (the rule of
-    :func:`privaudit.results.audit_verdicts`: the cheapest defense that protects at some
-    strength, else none) when a gate changed one of its rows; else ``v`` unchanged."""
+    """An attack's audit verdict recomputed from its gated rows (:func:`privaudit.results.attack_verdict`
+    on them, each gated defense's sentence with its gate note) when a gate changed one of its
+    rows; else ``v`` unchanged."""
     a = next(x for x in out.get("attacks") or [] if x["name"] == v["attack"])
     gated = {d["name"]: _gate_rows(out, a["name"], d["name"]) for d in out.get("defenses") or []}
     if not any(changed for _, changed in gated.values()):
         return v
-    utility = rs.audit_utility(out)
-    margin = rs.verdict_margin(out)
-    none = pair_series(out, a["name"], None)
-    base = none[0] if none else {}
-    per_defense = []
-    for d in out.get("defenses") or []:
-        rows = gated[d["name"]][0]
-        parameter = f"{d['name']}.{d['strength']}"
-        w = rs.verdict_from_rows(
-            a["name"],
-            a["primary_metric"],
-            parameter,
-            rows,
-            base.get("utility_by_seed") or {},
-            utility,
-            True,
-            margin,
-            out.get("utility_specs"),
-            rs.users_by_seed(rs.audit_points(out, a["name"], None), utility),
-            rs.defense_users(out, a["name"], d["name"], utility),
-        )
-        gated_rows = [r for r in rows if r.get("gated_from")]
-        if gated_rows:
-            w["sentence"] += " " + _gate_note(parameter, gated_rows)
-        per_defense.append({**w, "defense": d["name"]})
-    stopped = [w for w in per_defense if w["strength"] is not None]
-    if stopped:
-        best = min(stopped, key=lambda w: np.inf if w["utility_cost"] is None else w["utility_cost"])
-        sentence = best["sentence"]
-        others = [w["defense"] for w in per_defense if w["strength"] is None]
-        if others:
-            sentence += f" Not shown to protect at any tested strength of {', '.join(others)}."
-    else:
-        best = {"defense": None, "strength": None, "utility_cost": None}
-        undefended = f"undefended, the attack {rs.row_text(base, margin)}" if base else "no undefended result"
-        sentence = (
-            f"{a['name']} ({a['primary_metric']}): no tested defense strength is shown to protect ({undefended})."
-        )
-        for w in per_defense:
-            rest = w["sentence"].split(": ", 1)[-1]
-            sentence += f" {w['defense']}: {rest}"
+
+    def note(parameter: str, rows: list[dict[str, Any]]) -> str:
+        marked = [r for r in rows if r.get("gated_from")]
+        return _gate_note(parameter, marked) if marked else ""
+
+    w = rs.attack_verdict(out, a, rows_of=lambda d: gated[d][0], note=note)
+    keep = ("defense", "strength", "utility_cost", "sentence")
     return {
         **v,
-        "defense": best["defense"],
-        "strength": best["strength"],
-        "utility_cost": best["utility_cost"],
-        "dp_violation": bool(v.get("dp_violation")) or any(w["dp_violation"] for w in per_defense),
-        "sentence": sentence,
+        **{k: w[k] for k in keep},
+        "dp_violation": bool(v.get("dp_violation")) or w["dp_violation"],
         "dp_gated": True,
     }
 

@@ -13,6 +13,7 @@ them, so ``from privaudit import results`` reads every name.
 from __future__ import annotations
 
 from privaudit.results.matrix import (
+    attack_verdict,
     audit_matrix,
     audit_points,
     audit_series,
@@ -191,6 +192,7 @@ __all__ = [
     "audit_utility",
     "audit_series",
     "audit_matrix",
+    "attack_verdict",
     "audit_verdicts",
     "defense_users",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from privaudit.results.numbers import fmt_value, num
@@ -280,7 +280,12 @@ def _defended_rows(audit: Mapping[str, Any], attack: str, defense: str) -> list[
 
 
 def _unprotected_sentence(
-    audit: Mapping[str, Any], a: Mapping[str, Any], base: Mapping[str, Any], per_defense: list[dict], margin: float
+    audit: Mapping[str, Any],
+    a: Mapping[str, Any],
+    base: Mapping[str, Any],
+    per_defense: list[dict],
+    margin: float,
+    rows_of: Callable[[str], list[dict[str, Any]]],
 ) -> str:
     """Sentence of an attack that no tested defense strength is shown to stop: the undefended
     result and each defense's verdict at its strongest value."""
@@ -292,7 +297,7 @@ def _unprotected_sentence(
         sentence = f"{name} ({metric}): no tested defense strength is shown to protect ({undefended})."
         strongest = []
         for d in audit.get("defenses") or []:
-            rows = _defended_rows(audit, name, d["name"])
+            rows = rows_of(d["name"])
             if rows:
                 strongest.append(
                     f"{d['name']}.{d['strength']} = {fmt_value(rows[-1]['value'])}: {verdict_label(rows[-1])}"
@@ -303,58 +308,75 @@ def _unprotected_sentence(
     return sentence + (" " + " ".join(notes) if notes else "")
 
 
+def attack_verdict(
+    audit: Mapping[str, Any],
+    a: Mapping[str, Any],
+    rows_of: Callable[[str], list[dict[str, Any]]] | None = None,
+    note: Callable[[str, list[dict[str, Any]]], str] | None = None,
+) -> dict[str, Any]:
+    """The audit verdict of attack ``a`` (an entry of ``audit["attacks"]``) over every defense:
+    the cheapest (least utility cost) defense among those that protect at some tested strength,
+    or that no tested defense strength is shown to protect. ``rows_of(defense)``: the decided
+    rows to read (default: the audit's own; the DP gate passes its gated rows); ``note(parameter,
+    rows)``: a sentence appended to that defense's verdict (empty: none)."""
+    rows_of = rows_of or (lambda d: _defended_rows(audit, a["name"], d))
+    utility = audit_utility(audit)
+    margin = verdict_margin(audit)
+    none = audit_series(audit, a["name"], None)
+    base = none[0] if none else {}
+    metric = a["primary_metric"]
+    per_defense = []
+    for d in audit.get("defenses") or []:
+        rows = rows_of(d["name"])
+        parameter = f"{d['name']}.{d['strength']}"
+        v = verdict_from_rows(
+            a["name"],
+            metric,
+            parameter,
+            rows,
+            base.get("utility_by_seed") or {},
+            utility,
+            True,
+            margin,
+            audit.get("utility_specs"),
+            users_by_seed(audit_points(audit, a["name"], None), utility),
+            defense_users(audit, a["name"], d["name"], utility),
+        )
+        extra = note(parameter, rows) if note is not None else ""
+        if extra:  # in the defense's own sentence, and among the notes an unprotected sentence lists
+            v["sentence"] += " " + extra
+            v["notes"] = " ".join(filter(None, [v.get("notes"), extra]))
+        per_defense.append({**v, "defense": d["name"]})
+    stopped = [v for v in per_defense if v["strength"] is not None]
+    if stopped:
+        best = min(stopped, key=lambda v: math.inf if v["utility_cost"] is None else v["utility_cost"])
+        others = [v["defense"] for v in per_defense if v["strength"] is None]
+        sentence = best["sentence"]
+        if others:
+            sentence += f" Not shown to protect at any tested strength of {', '.join(others)}."
+    else:
+        best = {"defense": None, "strength": None, "utility_cost": None}
+        sentence = _unprotected_sentence(audit, a, base, per_defense, margin, rows_of)
+    return {
+        "attack": a["name"],
+        "metric": metric,
+        "defense": best["defense"],
+        "strength": best["strength"],
+        "utility_metric": utility,
+        "utility_cost": best["utility_cost"],
+        "dp_violation": any(v["dp_violation"] for v in per_defense),
+        "sentence": sentence,
+    }
+
+
 def audit_verdicts(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One verdict per attack: the cheapest (least utility cost) defense among those that
-    protect at some tested strength, or that no tested defense strength is shown to protect."""
+    """One verdict per attack (:func:`attack_verdict`), or the undefended cell's when it settles
+    the attack (it does not apply, scores below its prior or has no power)."""
     utility = audit_utility(audit)
     margin = verdict_margin(audit)
     out = []
     for a in audit.get("attacks") or []:
         none = audit_series(audit, a["name"], None)
-        base = none[0] if none else {}
-        settled = _without_defense(a, base, utility, margin)
-        if settled is not None:
-            out.append(settled)
-            continue
-        metric = a["primary_metric"]
-        per_defense = []
-        for d in audit.get("defenses") or []:
-            rows = _defended_rows(audit, a["name"], d["name"])
-            parameter = f"{d['name']}.{d['strength']}"
-            v = verdict_from_rows(
-                a["name"],
-                metric,
-                parameter,
-                rows,
-                base.get("utility_by_seed") or {},
-                utility,
-                True,
-                margin,
-                audit.get("utility_specs"),
-                users_by_seed(audit_points(audit, a["name"], None), utility),
-                defense_users(audit, a["name"], d["name"], utility),
-            )
-            per_defense.append({**v, "defense": d["name"]})
-        stopped = [v for v in per_defense if v["strength"] is not None]
-        if stopped:
-            best = min(stopped, key=lambda v: math.inf if v["utility_cost"] is None else v["utility_cost"])
-            others = [v["defense"] for v in per_defense if v["strength"] is None]
-            sentence = best["sentence"]
-            if others:
-                sentence += f" Not shown to protect at any tested strength of {', '.join(others)}."
-        else:
-            best = {"defense": None, "strength": None, "utility_cost": None}
-            sentence = _unprotected_sentence(audit, a, base, per_defense, margin)
-        out.append(
-            {
-                "attack": a["name"],
-                "metric": metric,
-                "defense": best["defense"],
-                "strength": best["strength"],
-                "utility_metric": utility,
-                "utility_cost": best["utility_cost"],
-                "dp_violation": any(v["dp_violation"] for v in per_defense),
-                "sentence": sentence,
-            }
-        )
+        settled = _without_defense(a, none[0] if none else {}, utility, margin)
+        out.append(settled if settled is not None else attack_verdict(audit, a))
     return out
