@@ -202,7 +202,7 @@ def record_in_process(app_dir: Path, clients: int, seed: int, **overrides: Any) 
         np.random.seed(seed % 2**32)  # Flower's LocalDpMod draws from NumPy's global generator,
         random.seed(seed)  # and FedAvg samples the nodes (their order: which draw is whose) with Python's
         server_app(fg.RecordingGrid(grid, rec), context)
-        return rec.transcript(app=app.name, seed=int(seed), defenses=flower._defenses(rec))
+        return rec.transcript(app=app.name, seed=int(seed), defenses=flower.recorded_defenses(rec))
 
 
 def record_with_ray(app_dir: Path, clients: int, seed: int, **overrides: Any) -> Any:

@@ -16,6 +16,7 @@ from privaudit import registry
 from privaudit.api import AuditResults, Results
 from privaudit.cli import main
 from privaudit.errors import PrivauditError
+from privaudit.report_schema import RESULTS_SCHEMA_VERSION
 from privaudit.reports.files import dumps_json
 from privaudit.results.typed import (
     AuditCell,
@@ -80,7 +81,7 @@ def test_a_sweep_round_trips_through_the_records(sweep):
     record = ExperimentRun.from_dict(results)
     again = record.to_dict()
     assert dumps_json(again) == dumps_json(results) and list(again) == list(results)  # values, NaN, key order
-    assert results.to_json() == dumps_json({"schema_version": 1, **results})
+    assert results.to_json() == dumps_json({"schema_version": RESULTS_SCHEMA_VERSION, **results})
     # typed all the way down
     assert len(record.points) == 4 and all(isinstance(p, Point) for p in record.points)
     assert [p.reference for p in record.reference] == [True, True] and record.points[0].reference is None
