@@ -77,6 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from privaudit import registry  # noqa: E402
 from privaudit.errors import PrivauditError  # noqa: E402
 from privaudit.metrics import clopper_pearson  # noqa: E402
+from tests.flower_loop import LoopGrid as _LoopGrid  # noqa: E402  (the tests' loop-back Grid)
 
 ROOT = Path(__file__).resolve().parents[1]
 APPS = ROOT / "tests" / "flower_apps"
@@ -134,37 +135,6 @@ def app_copy(folder: Path, epsilon: float, app: str = "localdp_mf") -> Path:
     return dst
 
 
-class LoopGrid:
-    """A Flower ``Grid`` that delivers each message to the ClientApp in this process (node k,
-    id 5000 + 11 k, holds partition k), as a SuperNode calls it."""
-
-    def __init__(self, client_app: Any, run_config: dict, nodes: int):
-        from flwr.app import Context, RecordDict
-
-        self.app = client_app
-        self.ids = [5000 + 11 * k for k in range(nodes)]
-        self.contexts = {
-            n: Context(
-                run_id=7,
-                node_id=n,
-                node_config={"partition-id": k, "num-partitions": nodes},
-                state=RecordDict(),
-                run_config=run_config,
-            )
-            for k, n in enumerate(self.ids)
-        }
-        self.run = None
-
-    def set_run(self, run: Any) -> None:
-        self.run = run
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.ids)
-
-    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Any]:
-        return [self.app(m, self.contexts[m.metadata.dst_node_id]) for m in messages]
-
-
 def _fresh_import(app: Any) -> None:
     """Forget the app package's modules: each app copy defines the same package name."""
     package = app.clientapp.split(".")[0]
@@ -196,7 +166,7 @@ def record_in_process(app_dir: Path, clients: int, seed: int, **overrides: Any) 
         truth = fg.private_data_mod(flower._attr(app, app.private_data), run_dir)
         client_app = fg.with_mods(client_app, [truth])
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, SUPERLINK_NODE_ID
-        grid = LoopGrid(client_app, cfg, clients)
+        grid = _LoopGrid(client_app, cfg, clients, first_id=5000, stride=11, run_id=7)
         rec.start(cfg, flower._attr(app, app.public_info)(cfg))
         context = Context(run_id=7, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(), run_config=cfg)
         np.random.seed(seed % 2**32)  # Flower's LocalDpMod draws from NumPy's global generator,
