@@ -618,9 +618,7 @@ class FedNCFCanaries:
 
         Dt = ncf.item_dim(config["model"], int(config["D"]))
         record["u"] = np.full(Dt, float(self.user_scale))
-        proto = protocol_cls()
-        proto.user_vectors = (record["users"], np.tile(record["u"], (len(record["users"]), 1)))
-        return proto
+        return protocol_cls(user_vectors=(record["users"], np.tile(record["u"], (len(record["users"]), 1))))
 
     def score(self, result: Any, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, int]:
         """(guesser scores, bits, rounds observed); the bits are read here, outside the guesser."""

@@ -449,7 +449,7 @@ def test_ncf_guesser_reads_only_the_server_view(small):
     # low noise: the sign of the score is the bit for (nearly) every canary; chance is 1/2
     assert np.mean((before > 0) == record["bits"]) > 0.9
     # an honest run (no canary vectors) is unchanged by the hook's existence
-    assert protocol.user_vectors is None
+    assert protocol().user_vectors is None
 
 
 # ------------------------------------------------------------------------------ FedProto dp-prototypes

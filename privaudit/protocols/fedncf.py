@@ -513,8 +513,11 @@ class FedNCF(Protocol):
         with ncf.single_thread():
             return super().run(dataset, config, defenses, rng)
 
-    #: (user ids, (len, Dtot) initial vectors) of canary clients, set only by privaudit.canary
-    user_vectors: tuple[np.ndarray, np.ndarray] | None = None
+    def __init__(self, user_vectors: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """``user_vectors``: (user ids, (len, Dtot) initial vectors) of clients whose private user
+        vector starts at a chosen value (a canary audit's crafted clients, :mod:`privaudit.canary`;
+        DP-SGD's guarantee holds for any initial state); None: every client's is drawn as usual."""
+        self.user_vectors = user_vectors
 
     @classmethod
     def release_count(cls, config: Mapping[str, Any]) -> int | None:
