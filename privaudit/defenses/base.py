@@ -293,17 +293,10 @@ class RoundUploads:
         self.sum_noise.append(law)
 
 
-#: dtype -> whether it is a floating-point dtype (``np.issubdtype`` once per dtype, not per entry)
-_FLOAT_DTYPES: dict[np.dtype, bool] = {}
-
-
 def _is_float(value: Any) -> bool:
     """Whether ``value`` (anything ``np.asarray`` takes) has a floating-point dtype (kind ``f``)."""
     dtype = value.dtype if isinstance(value, np.ndarray) else np.asarray(value).dtype
-    known = _FLOAT_DTYPES.get(dtype)
-    if known is None:
-        known = _FLOAT_DTYPES[dtype] = bool(np.issubdtype(dtype, np.floating))
-    return known
+    return dtype.kind == "f"
 
 
 #: Capabilities a defense declares (:attr:`Defense.capabilities`): which seams of a protocol it uses.
