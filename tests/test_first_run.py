@@ -170,7 +170,7 @@ def test_default_report_folders_name_the_dataset(tmp_path) -> None:
     parser = cli.build_parser()
 
     def folder(*argv: str) -> str:
-        return cli._default_report_dir(parser.parse_args(["attack", *argv]))
+        return cli.default_report_dir(parser.parse_args(["attack", *argv]))
 
     syn = folder("--protocol", "fedmvmf", "--noise", "laplace")
     csv = folder("--protocol", "fedmvmf", "--noise", "laplace", "--data", str(tmp_path / "ratings.csv"))
