@@ -326,3 +326,22 @@ def test_the_conformance_suite_checks_a_block_round(tinyrec):
                 testing.check_protocol(broken)
         finally:
             registry.unregister("protocol", "tinyrec-broken")
+
+
+def test_the_plugin_is_audited_like_a_built_in(tinyrec, tmp_path, capsys):
+    """``privaudit audit`` on the plugin: undefended and under its int8 defense (which hides no item
+    id) the attack reads "leaks" (advantage 0.080 over its prior, measured), and audit.json validates."""
+    import json
+
+    from privaudit.cli import main
+
+    out = tmp_path / "audit"
+    # --jobs 1: registered through the API in this process (worker processes see entry points only)
+    argv = ["audit", "--protocol", "tinyrec", "--defense", "pseudo-seed", "--seeds", "2", "--jobs", "1"]
+    code = main([*argv, "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
+    doc = json.loads((out / "audit.json").read_text())
+    cells = {(c["defense"], c["value"]): c for c in doc["matrix"]}
+    assert cells[(None, None)]["verdict"] == "leaks" and cells[("pseudo-seed", 1.0)]["verdict"] == "leaks"
+    assert cells[("pseudo-seed", 1.0)]["advantage"] == pytest.approx(0.080, abs=0.01)
+    assert "tinyrec-rated (accuracy): leaks; no tested defense is shown to stop it" in capsys.readouterr().out
