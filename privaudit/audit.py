@@ -128,7 +128,6 @@ __all__ = [
     "build_matrix",
     "pair_series",
     "scheduler_context",
-    "gate_row",
     "default_out_dir",
     "attack_threat",
     "attack_plan",
@@ -1153,20 +1152,6 @@ def _gated(verdict: Any, gate: Mapping[str, Any]) -> tuple[str, str] | None:
     return GATED_VERDICT, f"{GATED_VERDICT} (mechanism not shown to protect)"
 
 
-def gate_row(out: Mapping[str, Any], attack: str, defense: str | None, row: Mapping[str, Any]) -> dict[str, Any]:
-    """``row`` of ``attack`` against ``defense`` (a series row of the report's tables) as the DP
-    gate reads it: a "protected" row that :func:`dp_gate` does not let stand gets the verdict and
-    label of :func:`_gated` (a copy; other rows unchanged). Honest attacks only."""
-    threat = {a["name"]: a.get("threat", HONEST) for a in out.get("attacks") or []}
-    if threat.get(attack, HONEST) != HONEST or row.get("verdict") != "protected":
-        return dict(row)
-    gate = dp_gate(out, defense, row.get("value"), attack)
-    new = _gated(row.get("verdict"), gate) if gate is not None else None
-    if new is None:
-        return dict(row)
-    return {**row, "verdict": new[0], "verdict_label": new[1], "gated_from": "protected", "dp_gate": gate["reasons"]}
-
-
 def _gate_rows(out: dict[str, Any], attack: str, defense: str) -> tuple[list[dict[str, Any]], bool]:
     """The decided rows of ``attack`` against ``defense``, every gated "protected" row turned
     into :data:`GATED_VERDICT` or "inconclusive" (:func:`_gated`; its ``dp_gate`` reasons
@@ -1197,12 +1182,13 @@ def _gate_note(parameter: str, rows: Sequence[Mapping[str, Any]]) -> str:
     return f"Not counted as protection at {parameter} = " + "; = ".join(parts) + "."
 
 
-def _regated_verdict(out: dict[str, Any], v: dict[str, Any]) -> dict[str, Any]:
-    """An attack's audit verdict recomputed from its gated rows (:func:`privaudit.results.attack_verdict`
-    on them, each gated defense's sentence with its gate note) when a gate changed one of its
-    rows; else ``v`` unchanged."""
+def _regated_verdict(
+    out: dict[str, Any], v: dict[str, Any], gated: Mapping[str, tuple[list[dict[str, Any]], bool]]
+) -> dict[str, Any]:
+    """An attack's audit verdict recomputed from its gated rows (``gated``: defense -> the
+    attack's :func:`_gate_rows`; :func:`privaudit.results.attack_verdict` on them, each gated
+    defense's sentence with its gate note) when a gate changed one of its rows; else ``v`` unchanged."""
     a = next(x for x in out.get("attacks") or [] if x["name"] == v["attack"])
-    gated = {d["name"]: _gate_rows(out, a["name"], d["name"]) for d in out.get("defenses") or []}
     if not any(changed for _, changed in gated.values()):
         return v
 
@@ -1259,8 +1245,13 @@ def gate_dp_cells(out: dict[str, Any]) -> None:
         if isinstance(r.get("canary_audit"), Mapping) and r.get("threat", HONEST) == HONEST:
             gate = dp_gate(out, r.get("defense"), r.get("value")) or {}
             r["dp_gate"] = {k: gate.get(k) for k in ("reasons", "claim_rounds", "rounds_read")}
+    gated = {  # every honest attack's rows against every defense, as the DP gate reads them
+        a: {d["name"]: _gate_rows(out, a, d["name"]) for d in out.get("defenses") or []}
+        for a, t in threat.items()
+        if t == HONEST
+    }
     out["verdicts"] = [
-        _regated_verdict(out, v) if threat.get(v.get("attack"), HONEST) == HONEST and v.get("attack") in threat else v
+        _regated_verdict(out, v, gated[v["attack"]]) if v.get("attack") in gated else v
         for v in out.get("verdicts") or []
     ]
     for v in out["verdicts"]:
@@ -1268,13 +1259,11 @@ def gate_dp_cells(out: dict[str, Any]) -> None:
             v["dp_violation"] = True
     # the report's per-pair tables show the gated label too (reports read the document only)
     out["gated_rows"] = [
-        {"attack": a["name"], "defense": d["name"], **{k: g[k] for k in _GATED_KEYS}}
-        for a in out.get("attacks") or []
-        for d in out.get("defenses") or []
-        for s in pair_series(out, a["name"], d["name"])
-        if "mean" in s
-        for g in [gate_row(out, a["name"], d["name"], s)]
-        if "gated_from" in g
+        {"attack": a, "defense": d, **{k: row[k] for k in _GATED_KEYS}}
+        for a, by_defense in gated.items()
+        for d, (rows, _) in by_defense.items()
+        for row in rows
+        if "gated_from" in row
     ]
 
 
